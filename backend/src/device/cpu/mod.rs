@@ -1,0 +1,227 @@
+//! The CPU device: f32 everywhere, the reference every other device is compared with.
+//! Matmuls and attention use all cores through rayon.
+
+mod attention;
+pub mod gemm;
+
+use rayon::prelude::*;
+
+use super::{AttnParams, Device, ForwardBatch, KvLayout};
+use crate::error::DeviceError;
+use crate::loader::HostTensor;
+
+/// A row-major f32 matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl CpuTensor {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// The paged KV cache: per layer, K and V of `[num_slots, num_kv_heads, head_dim]`.
+pub struct CpuKv {
+    pub layout: KvLayout,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
+}
+
+impl CpuKv {
+    fn slot_stride(&self) -> usize {
+        self.layout.num_kv_heads * self.layout.head_dim
+    }
+}
+
+/// Batch metadata for the CPU: the host batch plus each token's sequence.
+pub struct CpuBatch {
+    pub batch: ForwardBatch,
+    pub seq_of_token: Vec<u32>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuDevice;
+
+impl CpuDevice {
+    pub fn new() -> Self {
+        CpuDevice
+    }
+}
+
+fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    for ((o, &xv), &wv) in out.iter_mut().zip(x).zip(w) {
+        *o = wv * (xv * inv);
+    }
+}
+
+impl Device for CpuDevice {
+    type Tensor = CpuTensor;
+    type Kv = CpuKv;
+    type Batch = CpuBatch;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload(&self, t: &HostTensor) -> Result<CpuTensor, DeviceError> {
+        let (rows, cols) = match t.shape.as_slice() {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            s => return Err(DeviceError::Op { device: "cpu", op: "upload", msg: format!("shape {s:?} is not 1-D or 2-D") }),
+        };
+        Ok(CpuTensor { rows, cols, data: t.data.clone() })
+    }
+
+    fn alloc_kv(&self, layout: &KvLayout) -> Result<CpuKv, DeviceError> {
+        let n = layout.num_slots() * layout.num_kv_heads * layout.head_dim;
+        let alloc = || {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| DeviceError::OutOfMemory {
+                device: "cpu",
+                bytes: n * 4,
+                what: "KV cache".into(),
+            })?;
+            v.resize(n, 0.0f32);
+            Ok::<_, DeviceError>(v)
+        };
+        let mut k = Vec::with_capacity(layout.num_layers);
+        let mut v = Vec::with_capacity(layout.num_layers);
+        for _ in 0..layout.num_layers {
+            k.push(alloc()?);
+            v.push(alloc()?);
+        }
+        Ok(CpuKv { layout: *layout, k, v })
+    }
+
+    fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CpuBatch, DeviceError> {
+        let mut seq_of_token = vec![0u32; batch.num_tokens()];
+        for (i, s) in batch.seqs.iter().enumerate() {
+            seq_of_token[s.query_start..s.query_start + s.query_len].fill(i as u32);
+        }
+        Ok(CpuBatch { batch: batch.clone(), seq_of_token })
+    }
+
+    fn embed(&self, table: &CpuTensor, b: &CpuBatch) -> Result<CpuTensor, DeviceError> {
+        let cols = table.cols;
+        let mut data = Vec::with_capacity(b.batch.num_tokens() * cols);
+        for &t in &b.batch.token_ids {
+            data.extend_from_slice(table.row(t as usize));
+        }
+        Ok(CpuTensor { rows: b.batch.num_tokens(), cols, data })
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32) -> Result<CpuTensor, DeviceError> {
+        let mut out = vec![0.0f32; x.data.len()];
+        out.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, r)| rms_norm_row(r, &w.data, eps, o));
+        Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out })
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CpuTensor,
+        delta: &CpuTensor,
+        w: &CpuTensor,
+        eps: f32,
+    ) -> Result<CpuTensor, DeviceError> {
+        for (r, d) in residual.data.iter_mut().zip(&delta.data) {
+            *r += d;
+        }
+        self.rms_norm(residual, w, eps)
+    }
+
+    fn linear(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor, DeviceError> {
+        if x.cols != w.cols {
+            return Err(DeviceError::Op {
+                device: "cpu",
+                op: "linear",
+                msg: format!("x has {} columns, w has {}", x.cols, w.cols),
+            });
+        }
+        let data = gemm::matmul_t(&x.data, &w.data, x.rows, x.cols, w.rows);
+        Ok(CpuTensor { rows: x.rows, cols: w.rows, data })
+    }
+
+    fn rope_and_cache(
+        &self,
+        qkv: &mut CpuTensor,
+        rope: &CpuTensor,
+        kv: &mut CpuKv,
+        layer: usize,
+        b: &CpuBatch,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError> {
+        let d = p.head_dim;
+        let half = d / 2;
+        let max_pos = rope.rows;
+        let heads_rotated = p.num_heads + p.num_kv_heads;
+        let stride = kv.slot_stride();
+        let kv_dim = p.num_kv_heads * d;
+        for (t, row) in qkv.data.chunks_mut(qkv.cols).enumerate() {
+            let pos = b.batch.positions[t] as usize;
+            if pos >= max_pos {
+                return Err(DeviceError::Op {
+                    device: "cpu",
+                    op: "rope",
+                    msg: format!("position {pos} is beyond the model's {max_pos} positions"),
+                });
+            }
+            let cos = &rope.data[pos * d..pos * d + half];
+            let sin = &rope.data[pos * d + half..(pos + 1) * d];
+            for h in 0..heads_rotated {
+                let v = &mut row[h * d..(h + 1) * d];
+                for i in 0..half {
+                    let (x1, x2) = (v[i], v[i + half]);
+                    v[i] = x1 * cos[i] - x2 * sin[i];
+                    v[i + half] = x2 * cos[i] + x1 * sin[i];
+                }
+            }
+            let slot = b.batch.slot_mapping[t] as usize;
+            let k_src = &row[p.num_heads * d..p.num_heads * d + kv_dim];
+            kv.k[layer][slot * stride..slot * stride + kv_dim].copy_from_slice(k_src);
+            let v_src = &row[p.num_heads * d + kv_dim..p.num_heads * d + 2 * kv_dim];
+            kv.v[layer][slot * stride..slot * stride + kv_dim].copy_from_slice(v_src);
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        qkv: &CpuTensor,
+        kv: &CpuKv,
+        layer: usize,
+        b: &CpuBatch,
+        p: &AttnParams,
+    ) -> Result<CpuTensor, DeviceError> {
+        Ok(attention::paged_attention(qkv, kv, layer, b, p))
+    }
+
+    fn silu_mul(&self, gu: &CpuTensor) -> Result<CpuTensor, DeviceError> {
+        let i = gu.cols / 2;
+        let mut out = vec![0.0f32; gu.rows * i];
+        out.par_chunks_mut(i).zip(gu.data.par_chunks(gu.cols)).for_each(|(o, r)| {
+            let (g, u) = r.split_at(i);
+            for j in 0..i {
+                o[j] = g[j] / (1.0 + (-g[j]).exp()) * u[j];
+            }
+        });
+        Ok(CpuTensor { rows: gu.rows, cols: i, data: out })
+    }
+
+    fn gather_logit_rows(&self, x: &CpuTensor, b: &CpuBatch) -> Result<CpuTensor, DeviceError> {
+        let mut data = Vec::with_capacity(b.batch.logit_rows.len() * x.cols);
+        for &r in &b.batch.logit_rows {
+            data.extend_from_slice(x.row(r as usize));
+        }
+        Ok(CpuTensor { rows: b.batch.logit_rows.len(), cols: x.cols, data })
+    }
+
+    fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>, DeviceError> {
+        Ok(t.data.clone())
+    }
+}

@@ -1,0 +1,198 @@
+//! Devices the model runs on, behind one trait.
+//!
+//! The forward pass ([`crate::model::Llama`]) is written once against [`Device`]; a device owns
+//! its tensor and KV-cache types and implements a handful of fused operations. `cpu` is the f32
+//! reference that every other device is held against; `cuda` (bf16, NVRTC kernels + cuBLAS)
+//! implements the same operations.
+//!
+//! The batch is *varlen*: the new tokens of several sequences flattened into one list, each
+//! sequence with some tokens already in the paged KV cache. Chunked prefill, decode and mixed
+//! batches are all this one shape.
+
+pub mod cpu;
+
+use crate::error::{DeviceError, EngineError};
+use crate::loader::HostTensor;
+
+/// Shape of the paged KV cache: `num_blocks` blocks of `block_size` token slots, per layer, for
+/// K and V. A token's slot is `block_id · block_size + offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+    /// Bytes one block takes across all layers, K and V, at `bytes_per_elem`.
+    pub fn block_bytes(&self, bytes_per_elem: usize) -> usize {
+        2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * bytes_per_elem
+    }
+}
+
+/// One sequence's part of a [`ForwardBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqInBatch {
+    /// Index of this sequence's first new token in the flattened batch.
+    pub query_start: usize,
+    /// Number of new tokens this step.
+    pub query_len: usize,
+    /// Tokens in the cache once this step's tokens are written (cached prefix + new).
+    pub context_len: usize,
+    /// Physical block ids, in order, covering at least `context_len` tokens.
+    pub block_table: Vec<u32>,
+}
+
+/// A flattened varlen batch: what one forward pass computes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForwardBatch {
+    /// New tokens of every sequence, sequence after sequence.
+    pub token_ids: Vec<u32>,
+    /// Absolute position of each new token in its sequence.
+    pub positions: Vec<u32>,
+    /// Cache slot each new token's K/V is written to.
+    pub slot_mapping: Vec<u32>,
+    pub seqs: Vec<SeqInBatch>,
+    /// Rows of the batch whose logits are wanted (usually each sequence's last new token).
+    pub logit_rows: Vec<u32>,
+}
+
+impl ForwardBatch {
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Adds one sequence's new tokens: `tokens` go at positions `cached..cached+len` and the
+    /// block table must cover them. Logits are requested for the last new token when
+    /// `want_logits`.
+    pub fn push_seq(&mut self, tokens: &[u32], cached: usize, block_table: &[u32], block_size: usize, want_logits: bool) {
+        let start = self.token_ids.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            let pos = cached + i;
+            self.token_ids.push(t);
+            self.positions.push(pos as u32);
+            self.slot_mapping.push(block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+        }
+        self.seqs.push(SeqInBatch {
+            query_start: start,
+            query_len: tokens.len(),
+            context_len: cached + tokens.len(),
+            block_table: block_table.to_vec(),
+        });
+        if want_logits && !tokens.is_empty() {
+            self.logit_rows.push((start + tokens.len() - 1) as u32);
+        }
+    }
+
+    /// Checks internal consistency against a KV layout; a bad batch never reaches a kernel.
+    pub fn validate(&self, layout: &KvLayout, vocab: usize) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::InvalidBatch(m));
+        let n = self.token_ids.len();
+        if self.positions.len() != n || self.slot_mapping.len() != n {
+            return bad(format!("{n} tokens but {} positions / {} slots", self.positions.len(), self.slot_mapping.len()));
+        }
+        if let Some(&t) = self.token_ids.iter().find(|&&t| t as usize >= vocab) {
+            return bad(format!("token id {t} is outside the vocabulary of {vocab}"));
+        }
+        if let Some(&s) = self.slot_mapping.iter().find(|&&s| s as usize >= layout.num_slots()) {
+            return bad(format!("slot {s} is outside the cache of {} slots", layout.num_slots()));
+        }
+        let mut next = 0;
+        for (i, s) in self.seqs.iter().enumerate() {
+            if s.query_start != next || s.query_len == 0 || s.query_len > s.context_len {
+                return bad(format!("sequence {i} has a bad extent"));
+            }
+            next += s.query_len;
+            if s.block_table.len() * layout.block_size < s.context_len {
+                return bad(format!("sequence {i}: block table too short for {} tokens", s.context_len));
+            }
+            if s.block_table.iter().any(|&b| b as usize >= layout.num_blocks) {
+                return bad(format!("sequence {i}: block id outside the pool"));
+            }
+            for t in s.query_start..s.query_start + s.query_len {
+                let want = s.context_len - s.query_len + (t - s.query_start);
+                if self.positions[t] as usize != want {
+                    return bad(format!("sequence {i}: token {t} has position {} not {want}", self.positions[t]));
+                }
+            }
+        }
+        if next != n {
+            return bad(format!("sequences cover {next} of {n} tokens"));
+        }
+        if self.logit_rows.iter().any(|&r| r as usize >= n) {
+            return bad("logit row outside the batch".into());
+        }
+        Ok(())
+    }
+}
+
+/// Attention shape parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnParams {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// A device: tensors, a paged KV cache, and the fused operations the Llama forward needs.
+/// Activations are 2-D row-major `[tokens, features]`.
+pub trait Device: Send {
+    type Tensor: Send;
+    type Kv: Send;
+    /// Batch metadata in the device's memory.
+    type Batch;
+
+    fn name(&self) -> &'static str;
+    /// Copies a host f32 tensor to the device, converting to the device's weight format.
+    fn upload(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError>;
+    fn alloc_kv(&self, layout: &KvLayout) -> Result<Self::Kv, DeviceError>;
+    fn prepare_batch(&self, batch: &ForwardBatch) -> Result<Self::Batch, DeviceError>;
+    /// Rows of `table` for each token id.
+    fn embed(&self, table: &Self::Tensor, batch: &Self::Batch) -> Result<Self::Tensor, DeviceError>;
+    /// `rms_norm(x) · w`, row by row.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor, DeviceError>;
+    /// `residual += delta`, then returns `rms_norm(residual) · w`.
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor, DeviceError>;
+    /// `x · wᵀ`: x `[n, k]`, w `[m, k]` → `[n, m]`.
+    fn linear(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
+    /// Rotates the q and k parts of `qkv` (`[n, (h + 2·kvh)·d]`) in place with the cos/sin
+    /// `rope` table (`[max_pos, d/2]` cos then `[max_pos, d/2]` sin) and writes k and v into the
+    /// cache of `layer` at the batch's slot mapping.
+    fn rope_and_cache(
+        &self,
+        qkv: &mut Self::Tensor,
+        rope: &Self::Tensor,
+        kv: &mut Self::Kv,
+        layer: usize,
+        batch: &Self::Batch,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError>;
+    /// Causal attention of each new token over its sequence's cached keys/values (which include
+    /// this step's): `[n, h·d]`.
+    fn attention(
+        &self,
+        qkv: &Self::Tensor,
+        kv: &Self::Kv,
+        layer: usize,
+        batch: &Self::Batch,
+        p: &AttnParams,
+    ) -> Result<Self::Tensor, DeviceError>;
+    /// `silu(gate) · up` of a fused `[n, 2·i]` gate|up tensor.
+    fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
+    /// The batch's `logit_rows`.
+    fn gather_logit_rows(&self, x: &Self::Tensor, batch: &Self::Batch) -> Result<Self::Tensor, DeviceError>;
+    /// Copies a tensor to host f32, row-major.
+    fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>, DeviceError>;
+}

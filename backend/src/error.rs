@@ -1,0 +1,71 @@
+//! Typed errors of the engine library, one enum per subsystem.
+
+use std::path::PathBuf;
+
+/// Errors raised while finding, fetching, parsing or converting a model.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("model not found at {path}: {hint}")]
+    NotFound { path: PathBuf, hint: String },
+    #[error("{path}: unsupported architecture `{arch}` (supported: llama / LlamaForCausalLM and Llama-family GGUF)")]
+    UnknownArchitecture { path: PathBuf, arch: String },
+    #[error("{path}: tensor `{tensor}` has unsupported dtype {dtype} (supported: {supported})")]
+    UnsupportedDtype { path: PathBuf, tensor: String, dtype: String, supported: &'static str },
+    #[error("{path}: file is truncated: {what} needs {needed} bytes but only {available} are there")]
+    Truncated { path: PathBuf, what: String, needed: u64, available: u64 },
+    #[error("{path}: {msg}")]
+    Format { path: PathBuf, msg: String },
+    #[error("{path}: missing tensor `{name}`")]
+    MissingTensor { path: PathBuf, name: String },
+    #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    Shape { path: PathBuf, name: String, got: Vec<usize>, expected: Vec<usize> },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, #[source] source: std::io::Error },
+    #[error("{path}: invalid JSON: {source}")]
+    Json { path: PathBuf, #[source] source: serde_json::Error },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("fetching {model}: {msg}")]
+    Fetch { model: String, msg: String },
+}
+
+impl LoadError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return LoadError::NotFound { path, hint: "no such file or directory".into() };
+        }
+        LoadError::Io { path, source }
+    }
+    pub(crate) fn format(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        LoadError::Format { path: path.into(), msg: msg.into() }
+    }
+}
+
+/// Errors raised by a device (CPU or CUDA) while running the model.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("{device}: out of memory allocating {bytes} bytes for {what}")]
+    OutOfMemory { device: &'static str, bytes: usize, what: String },
+    #[error("{device}: {op}: {msg}")]
+    Op { device: &'static str, op: &'static str, msg: String },
+    #[error("device `{0}` is not available: {1}")]
+    Unavailable(String, String),
+}
+
+/// Errors of a forward pass or a generation run.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("KV cache is full: {needed} blocks needed, {free} free")]
+    KvCacheFull { needed: usize, free: usize },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}

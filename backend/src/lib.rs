@@ -1,0 +1,22 @@
+//! Cachet's engine library.
+//!
+//! - [`loader`]: HF (`config.json` + safetensors) and GGUF models, tokenizers, `model fetch`.
+//! - [`model`]: the Llama-family forward pass, written once against the [`device::Device`] trait.
+//! - [`device`]: the devices a model runs on; `cpu` is the reference every other device is held to.
+//! - [`kv`]: the paged KV cache's block bookkeeping.
+//! - [`sampler`], [`generate`]: turning logits into tokens, and a single-sequence generation loop.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod generate;
+pub mod kv;
+pub mod loader;
+pub mod model;
+pub mod rng;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use config::ModelConfig;
+pub use error::{DeviceError, EngineError, LoadError};

@@ -1,0 +1,374 @@
+//! A native GGUF (v2/v3) reader: header, metadata, tensor directory, and dequantisation of
+//! F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 tensors to f32.
+//!
+//! The file is memory-mapped; every read is bounds-checked, so a truncated or corrupt file gives
+//! [`LoadError::Truncated`] / [`LoadError::Format`] instead of a panic. Tensors are converted once,
+//! when the model is loaded.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+use crate::error::LoadError;
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// One metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(Vec<GgufValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl GgufValue {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            GgufValue::U8(v) => Some(v.into()),
+            GgufValue::U16(v) => Some(v.into()),
+            GgufValue::U32(v) => Some(v.into()),
+            GgufValue::U64(v) => Some(v),
+            GgufValue::I8(v) => u64::try_from(v).ok(),
+            GgufValue::I16(v) => u64::try_from(v).ok(),
+            GgufValue::I32(v) => u64::try_from(v).ok(),
+            GgufValue::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v.into()),
+            GgufValue::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// ggml tensor element types that this reader can dequantise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    BF16,
+}
+
+const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1";
+
+impl GgmlType {
+    fn from_id(id: u32) -> Result<Self, String> {
+        Ok(match id {
+            0 => GgmlType::F32,
+            1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
+            8 => GgmlType::Q8_0,
+            30 => GgmlType::BF16,
+            6 => return Err("Q5_0".into()),
+            7 => return Err("Q5_1".into()),
+            10..=15 => return Err(format!("Q{}_K", id - 8)),
+            other => return Err(format!("ggml type {other}")),
+        })
+    }
+    /// (elements per block, bytes per block)
+    fn block(self) -> (usize, usize) {
+        match self {
+            GgmlType::F32 => (1, 4),
+            GgmlType::F16 | GgmlType::BF16 => (1, 2),
+            GgmlType::Q4_0 => (32, 18),
+            GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q8_0 => (32, 34),
+        }
+    }
+}
+
+/// A tensor's directory entry. `dims` is in ggml order: `dims[0]` varies fastest, so a
+/// PyTorch `[rows, cols]` weight is stored as `dims = [cols, rows]`.
+#[derive(Debug, Clone)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub dtype: Result<GgmlType, String>,
+    pub offset: u64,
+}
+
+impl GgufTensorInfo {
+    pub fn num_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Row-major shape (PyTorch order).
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// An open GGUF file.
+pub struct GgufFile {
+    path: PathBuf,
+    mmap: Mmap,
+    pub version: u32,
+    pub metadata: BTreeMap<String, GgufValue>,
+    pub tensors: Vec<GgufTensorInfo>,
+    data_offset: u64,
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], LoadError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
+            LoadError::Truncated {
+                path: self.path.into(),
+                what: what.into(),
+                needed: (self.pos as u64).saturating_add(n as u64),
+                available: self.buf.len() as u64,
+            }
+        })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn arr<const N: usize>(&mut self, what: &str) -> Result<[u8; N], LoadError> {
+        Ok(self.take(N, what)?.try_into().expect("length checked"))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, LoadError> {
+        Ok(u32::from_le_bytes(self.arr(what)?))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, LoadError> {
+        Ok(u64::from_le_bytes(self.arr(what)?))
+    }
+    fn string(&mut self, what: &str) -> Result<String, LoadError> {
+        let n = self.u64(what)?;
+        let bytes = self.take(usize::try_from(n).unwrap_or(usize::MAX), what)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| LoadError::format(self.path, format!("{what}: string is not UTF-8")))
+    }
+    fn value(&mut self, ty: u32, what: &str, depth: u32) -> Result<GgufValue, LoadError> {
+        Ok(match ty {
+            0 => GgufValue::U8(self.arr::<1>(what)?[0]),
+            1 => GgufValue::I8(self.arr::<1>(what)?[0] as i8),
+            2 => GgufValue::U16(u16::from_le_bytes(self.arr(what)?)),
+            3 => GgufValue::I16(i16::from_le_bytes(self.arr(what)?)),
+            4 => GgufValue::U32(self.u32(what)?),
+            5 => GgufValue::I32(i32::from_le_bytes(self.arr(what)?)),
+            6 => GgufValue::F32(f32::from_le_bytes(self.arr(what)?)),
+            7 => GgufValue::Bool(self.arr::<1>(what)?[0] != 0),
+            8 => GgufValue::String(self.string(what)?),
+            9 => {
+                if depth > 2 {
+                    return Err(LoadError::format(self.path, format!("{what}: arrays nested too deep")));
+                }
+                let ety = self.u32(what)?;
+                let n = self.u64(what)?;
+                // Every element takes at least one byte: a count beyond the file is corrupt.
+                if n > (self.buf.len() - self.pos) as u64 {
+                    return Err(LoadError::Truncated {
+                        path: self.path.into(),
+                        what: what.into(),
+                        needed: self.pos as u64 + n,
+                        available: self.buf.len() as u64,
+                    });
+                }
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    items.push(self.value(ety, what, depth + 1)?);
+                }
+                GgufValue::Array(items)
+            }
+            10 => GgufValue::U64(self.u64(what)?),
+            11 => GgufValue::I64(i64::from_le_bytes(self.arr(what)?)),
+            12 => GgufValue::F64(f64::from_le_bytes(self.arr(what)?)),
+            other => return Err(LoadError::format(self.path, format!("{what}: unknown value type {other}"))),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Opens and parses the header, metadata and tensor directory (no tensor data is read).
+    pub fn open(path: &Path) -> Result<Self, LoadError> {
+        let file = std::fs::File::open(path).map_err(|e| LoadError::io(path, e))?;
+        // SAFETY: the map is read-only and private to this process; a file changed underneath a
+        // running process is outside what any loader can defend against.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
+        let mut c = Cursor { buf: &mmap, pos: 0, path };
+        let magic = c.arr::<4>("GGUF magic")?;
+        if &magic != MAGIC {
+            return Err(LoadError::format(path, "not a GGUF file (bad magic)"));
+        }
+        let version = c.u32("GGUF version")?;
+        if !(2..=3).contains(&version) {
+            return Err(LoadError::format(path, format!("GGUF version {version} is not supported (2 or 3)")));
+        }
+        let n_tensors = c.u64("tensor count")?;
+        let n_kv = c.u64("metadata count")?;
+        let mut metadata = BTreeMap::new();
+        for _ in 0..n_kv {
+            let key = c.string("metadata key")?;
+            let ty = c.u32(&key)?;
+            let v = c.value(ty, &key, 0)?;
+            metadata.insert(key, v);
+        }
+        let mut tensors = Vec::new();
+        for _ in 0..n_tensors {
+            let name = c.string("tensor name")?;
+            let nd = c.u32(&name)?;
+            if nd > 4 {
+                return Err(LoadError::format(path, format!("tensor `{name}` has {nd} dimensions (max 4)")));
+            }
+            let dims = (0..nd).map(|_| c.u64(&name)).collect::<Result<Vec<_>, _>>()?;
+            let dtype = GgmlType::from_id(c.u32(&name)?);
+            let offset = c.u64(&name)?;
+            tensors.push(GgufTensorInfo { name, dims, dtype, offset });
+        }
+        let align = metadata.get("general.alignment").and_then(|v| v.as_u64()).unwrap_or(DEFAULT_ALIGNMENT);
+        if align == 0 {
+            return Err(LoadError::format(path, "general.alignment is 0"));
+        }
+        let data_offset = (c.pos as u64).div_ceil(align) * align;
+        Ok(GgufFile { path: path.into(), mmap, version, metadata, tensors, data_offset })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+
+    fn required(&self, key: &str) -> Result<&GgufValue, LoadError> {
+        self.get(key).ok_or_else(|| LoadError::format(&self.path, format!("metadata lacks `{key}`")))
+    }
+    pub fn get_u64(&self, key: &str) -> Result<u64, LoadError> {
+        self.required(key)?
+            .as_u64()
+            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not an integer")))
+    }
+    pub fn get_f64(&self, key: &str) -> Result<f64, LoadError> {
+        self.required(key)?
+            .as_f64()
+            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not a number")))
+    }
+    pub fn get_str(&self, key: &str) -> Result<&str, LoadError> {
+        self.required(key)?
+            .as_str()
+            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not a string")))
+    }
+    pub fn get_array(&self, key: &str) -> Result<&[GgufValue], LoadError> {
+        self.required(key)?
+            .as_array()
+            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not an array")))
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Result<&GgufTensorInfo, LoadError> {
+        self.tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| LoadError::MissingTensor { path: self.path.clone(), name: name.into() })
+    }
+
+    /// Reads one tensor, dequantised to f32, with its row-major shape.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), LoadError> {
+        let info = self.tensor_info(name)?;
+        let dtype = info.dtype.clone().map_err(|dtype| LoadError::UnsupportedDtype {
+            path: self.path.clone(),
+            tensor: name.into(),
+            dtype,
+            supported: SUPPORTED,
+        })?;
+        let n = info.num_elements();
+        let (per_block, block_bytes) = dtype.block();
+        if n % per_block as u64 != 0 {
+            return Err(LoadError::format(
+                &self.path,
+                format!("tensor `{name}`: {n} elements is not a whole number of {per_block}-element blocks"),
+            ));
+        }
+        let nbytes = n / per_block as u64 * block_bytes as u64;
+        let start = self.data_offset + info.offset;
+        let end = start.checked_add(nbytes).unwrap_or(u64::MAX);
+        if end > self.mmap.len() as u64 {
+            return Err(LoadError::Truncated {
+                path: self.path.clone(),
+                what: format!("tensor `{name}`"),
+                needed: end,
+                available: self.mmap.len() as u64,
+            });
+        }
+        let bytes = &self.mmap[start as usize..end as usize];
+        Ok((info.shape(), dequantize(dtype, bytes, n as usize)))
+    }
+}
+
+/// Dequantises `n` elements of `dtype` from `bytes` (whose length the caller checked).
+pub fn dequantize(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n);
+    let h = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+    match dtype {
+        GgmlType::F32 => out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(h)),
+        GgmlType::BF16 => out.extend(bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+        GgmlType::Q8_0 => {
+            for blk in bytes.chunks_exact(34) {
+                let d = h(&blk[0..2]);
+                out.extend(blk[2..34].iter().map(|&q| q as i8 as f32 * d));
+            }
+        }
+        GgmlType::Q4_0 => {
+            for blk in bytes.chunks_exact(18) {
+                let d = h(&blk[0..2]);
+                let qs = &blk[2..18];
+                out.extend(qs.iter().map(|&q| ((q & 0x0f) as i32 - 8) as f32 * d));
+                out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+            }
+        }
+        GgmlType::Q4_1 => {
+            for blk in bytes.chunks_exact(20) {
+                let d = h(&blk[0..2]);
+                let m = h(&blk[2..4]);
+                let qs = &blk[4..20];
+                out.extend(qs.iter().map(|&q| (q & 0x0f) as f32 * d + m));
+                out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
+            }
+        }
+    }
+    debug_assert_eq!(out.len(), n);
+    out
+}

@@ -1,0 +1,397 @@
+//! Finding and loading models: HF directories, GGUF files, and named models that
+//! `cachet model fetch` puts in the local cache.
+//!
+//! Loading converts every weight to f32 host tensors once ([`HostWeights`]); a device then
+//! uploads them in its own format (f32 on the CPU, bf16 on CUDA).
+
+pub mod fetch;
+pub mod gguf;
+pub mod gguf_tokenizer;
+pub mod hf;
+pub mod random;
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{ModelConfig, RopeScaling};
+use crate::error::LoadError;
+use crate::tokenizer::TextTokenizer;
+
+/// A dense row-major f32 tensor in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape {shape:?} vs {} elements", data.len());
+        HostTensor { shape, data }
+    }
+    /// Stacks matrices with equal column counts along rows.
+    pub fn concat_rows(parts: &[HostTensor]) -> HostTensor {
+        let cols = parts[0].shape[1];
+        let rows = parts.iter().map(|p| p.shape[0]).sum();
+        let mut data = Vec::with_capacity(rows * cols);
+        for p in parts {
+            assert_eq!(p.shape[1], cols);
+            data.extend_from_slice(&p.data);
+        }
+        HostTensor { shape: vec![rows, cols], data }
+    }
+}
+
+/// One decoder layer's weights; projections are fused where the forward pass runs them as one
+/// matmul (q|k|v, gate|up).
+#[derive(Debug, Clone)]
+pub struct HostLayer {
+    pub attn_norm: HostTensor,
+    /// `[q_dim + 2·kv_dim, hidden]`
+    pub qkv: HostTensor,
+    /// `[hidden, q_dim]`
+    pub o_proj: HostTensor,
+    pub mlp_norm: HostTensor,
+    /// `[2·intermediate, hidden]`: gate rows first, then up rows.
+    pub gate_up: HostTensor,
+    /// `[hidden, intermediate]`
+    pub down: HostTensor,
+}
+
+#[derive(Debug, Clone)]
+pub struct HostWeights {
+    /// `[vocab, hidden]`
+    pub embed: HostTensor,
+    pub layers: Vec<HostLayer>,
+    pub final_norm: HostTensor,
+    /// `None` when the embeddings are tied.
+    pub lm_head: Option<HostTensor>,
+}
+
+/// A model ready to be put on a device.
+pub struct LoadedModel {
+    pub name: String,
+    pub source: PathBuf,
+    pub config: ModelConfig,
+    pub weights: HostWeights,
+    pub tokenizer: Option<TextTokenizer>,
+}
+
+/// Where a model spec points.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelSource {
+    HfDir(PathBuf),
+    Gguf(PathBuf),
+}
+
+/// Resolves `spec`: a name known to `model fetch` (e.g. `smollm2`), an HF directory, or a
+/// `.gguf` file.
+pub fn resolve(spec: &str) -> Result<ModelSource, LoadError> {
+    if let Some(known) = fetch::known_model(spec) {
+        let path = fetch::cached_path(known);
+        if !path.exists() {
+            return Err(LoadError::NotFound {
+                path,
+                hint: format!("run `cachet model fetch {}` first", known.name),
+            });
+        }
+        return Ok(ModelSource::Gguf(path));
+    }
+    let path = PathBuf::from(spec);
+    if path.is_dir() {
+        if path.join("config.json").exists() {
+            return Ok(ModelSource::HfDir(path));
+        }
+        return Err(LoadError::NotFound {
+            path: path.join("config.json"),
+            hint: "an HF model directory needs config.json".into(),
+        });
+    }
+    if path.is_file() {
+        return Ok(ModelSource::Gguf(path));
+    }
+    Err(LoadError::NotFound {
+        path,
+        hint: format!(
+            "give an HF model directory, a .gguf file, or one of: {}",
+            fetch::KNOWN.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+        ),
+    })
+}
+
+/// Loads a model from `spec` (see [`resolve`]). `progress` draws a progress bar on stderr.
+pub fn load(spec: &str, progress: bool) -> Result<LoadedModel, LoadError> {
+    match resolve(spec)? {
+        ModelSource::HfDir(dir) => load_hf(&dir, progress),
+        ModelSource::Gguf(path) => load_gguf(&path, progress),
+    }
+}
+
+/// Names of one layer's tensors in some file format.
+trait TensorSource {
+    fn path(&self) -> &Path;
+    fn has(&self, name: &str) -> bool;
+    fn get(&self, name: &str) -> Result<HostTensor, LoadError>;
+    fn names(&self) -> WeightNames;
+    /// Converts a q or k projection to HF's row order (GGUF permutes rows for its RoPE).
+    fn fix_qk(&self, t: HostTensor, _n_heads: usize) -> HostTensor {
+        t
+    }
+}
+
+struct WeightNames {
+    embed: &'static str,
+    final_norm: &'static str,
+    lm_head: &'static str,
+    layer: fn(usize, Part) -> String,
+}
+
+#[derive(Clone, Copy)]
+enum Part {
+    AttnNorm,
+    Q,
+    K,
+    V,
+    O,
+    MlpNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+fn checked(src: &dyn TensorSource, name: &str, expected: &[usize]) -> Result<HostTensor, LoadError> {
+    let t = src.get(name)?;
+    if t.shape != expected {
+        return Err(LoadError::Shape {
+            path: src.path().into(),
+            name: name.into(),
+            got: t.shape,
+            expected: expected.to_vec(),
+        });
+    }
+    Ok(t)
+}
+
+fn assemble(src: &dyn TensorSource, cfg: &ModelConfig, progress: bool) -> Result<HostWeights, LoadError> {
+    let names = src.names();
+    let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let bar = progress_bar(progress, cfg.num_hidden_layers as u64 + 2, "loading weights");
+    let embed = checked(src, names.embed, &[v, h])?;
+    bar.inc(1);
+    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    for l in 0..cfg.num_hidden_layers {
+        let n = |p| (names.layer)(l, p);
+        let q = src.fix_qk(checked(src, &n(Part::Q), &[cfg.q_dim(), h])?, cfg.num_attention_heads);
+        let k = src.fix_qk(checked(src, &n(Part::K), &[cfg.kv_dim(), h])?, cfg.num_key_value_heads);
+        let vv = checked(src, &n(Part::V), &[cfg.kv_dim(), h])?;
+        let gate = checked(src, &n(Part::Gate), &[i, h])?;
+        let up = checked(src, &n(Part::Up), &[i, h])?;
+        layers.push(HostLayer {
+            attn_norm: checked(src, &n(Part::AttnNorm), &[h])?,
+            qkv: HostTensor::concat_rows(&[q, k, vv]),
+            o_proj: checked(src, &n(Part::O), &[h, cfg.q_dim()])?,
+            mlp_norm: checked(src, &n(Part::MlpNorm), &[h])?,
+            gate_up: HostTensor::concat_rows(&[gate, up]),
+            down: checked(src, &n(Part::Down), &[h, i])?,
+        });
+        bar.inc(1);
+    }
+    let final_norm = checked(src, names.final_norm, &[h])?;
+    let lm_head = if cfg.tie_word_embeddings || !src.has(names.lm_head) {
+        None
+    } else {
+        Some(checked(src, names.lm_head, &[v, h])?)
+    };
+    bar.inc(1);
+    bar.finish_and_clear();
+    Ok(HostWeights { embed, layers, final_norm, lm_head })
+}
+
+/// A progress bar on stderr, hidden when `show` is false or stderr is not a terminal.
+pub fn progress_bar(show: bool, len: u64, msg: &'static str) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>16} [{bar:30}] {pos}/{len} {elapsed}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(msg);
+    bar
+}
+
+struct HfSource {
+    dir: PathBuf,
+    st: hf::SafetensorsDir,
+}
+
+impl TensorSource for HfSource {
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+    fn has(&self, name: &str) -> bool {
+        self.st.contains(name)
+    }
+    fn get(&self, name: &str) -> Result<HostTensor, LoadError> {
+        self.st.tensor(name)
+    }
+    fn names(&self) -> WeightNames {
+        WeightNames {
+            embed: "model.embed_tokens.weight",
+            final_norm: "model.norm.weight",
+            lm_head: "lm_head.weight",
+            layer: |l, p| {
+                let s = match p {
+                    Part::AttnNorm => "input_layernorm",
+                    Part::Q => "self_attn.q_proj",
+                    Part::K => "self_attn.k_proj",
+                    Part::V => "self_attn.v_proj",
+                    Part::O => "self_attn.o_proj",
+                    Part::MlpNorm => "post_attention_layernorm",
+                    Part::Gate => "mlp.gate_proj",
+                    Part::Up => "mlp.up_proj",
+                    Part::Down => "mlp.down_proj",
+                };
+                format!("model.layers.{l}.{s}.weight")
+            },
+        }
+    }
+}
+
+/// Loads an HF model directory.
+pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
+    let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let src = HfSource { dir: dir.into(), st: hf::SafetensorsDir::open(dir)? };
+    let weights = assemble(&src, &config, progress)?;
+    let tokenizer = if dir.join("tokenizer.json").exists() { Some(TextTokenizer::from_hf_dir(dir)?) } else { None };
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    Ok(LoadedModel { name, source: dir.into(), config, weights, tokenizer })
+}
+
+struct GgufSource {
+    file: gguf::GgufFile,
+    head_dim: usize,
+}
+
+impl TensorSource for GgufSource {
+    fn path(&self) -> &Path {
+        self.file.path()
+    }
+    fn has(&self, name: &str) -> bool {
+        self.file.tensors.iter().any(|t| t.name == name)
+    }
+    fn get(&self, name: &str) -> Result<HostTensor, LoadError> {
+        let (shape, data) = self.file.tensor_f32(name)?;
+        Ok(HostTensor { shape, data })
+    }
+    fn names(&self) -> WeightNames {
+        WeightNames {
+            embed: "token_embd.weight",
+            final_norm: "output_norm.weight",
+            lm_head: "output.weight",
+            layer: |l, p| {
+                let s = match p {
+                    Part::AttnNorm => "attn_norm",
+                    Part::Q => "attn_q",
+                    Part::K => "attn_k",
+                    Part::V => "attn_v",
+                    Part::O => "attn_output",
+                    Part::MlpNorm => "ffn_norm",
+                    Part::Gate => "ffn_gate",
+                    Part::Up => "ffn_up",
+                    Part::Down => "ffn_down",
+                };
+                format!("blk.{l}.{s}.weight")
+            },
+        }
+    }
+    fn fix_qk(&self, t: HostTensor, n_heads: usize) -> HostTensor {
+        unpermute_qk(&t, n_heads, self.head_dim)
+    }
+}
+
+/// Undoes the row permutation llama.cpp's converter applies to q/k projections: within each
+/// head, GGUF row `2b + a` holds HF row `a·(head_dim/2) + b`.
+pub fn unpermute_qk(t: &HostTensor, n_heads: usize, head_dim: usize) -> HostTensor {
+    let cols = t.shape[1];
+    let half = head_dim / 2;
+    let mut out = vec![0.0f32; t.data.len()];
+    for h in 0..n_heads {
+        for a in 0..2 {
+            for b in 0..half {
+                let src = h * head_dim + 2 * b + a;
+                let dst = h * head_dim + a * half + b;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    HostTensor { shape: t.shape.clone(), data: out }
+}
+
+/// Reads a model's shape from GGUF metadata.
+pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
+    let path = file.path();
+    let arch = file.get_str("general.architecture")?.to_string();
+    if arch != "llama" && arch != "mistral" {
+        return Err(LoadError::UnknownArchitecture { path: path.into(), arch });
+    }
+    if file.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
+        return Err(LoadError::format(
+            path,
+            "GGUF with `rope_freqs.weight` (baked llama3 rope scaling) is not supported; load the HF safetensors instead",
+        ));
+    }
+    let k = |s: &str| format!("{arch}.{s}");
+    let hidden_size = file.get_u64(&k("embedding_length"))? as usize;
+    let heads = file.get_u64(&k("attention.head_count"))? as usize;
+    let vocab_size = match file.get(&k("vocab_size")).and_then(|v| v.as_u64()) {
+        Some(v) => v as usize,
+        None => file.get_array("tokenizer.ggml.tokens")?.len(),
+    };
+    let head_dim = file.get(&k("attention.key_length")).and_then(|v| v.as_u64()).map(|v| v as usize);
+    let eos = file.get("tokenizer.ggml.eos_token_id").and_then(|v| v.as_u64());
+    let cfg = ModelConfig {
+        hidden_size,
+        intermediate_size: file.get_u64(&k("feed_forward_length"))? as usize,
+        num_hidden_layers: file.get_u64(&k("block_count"))? as usize,
+        num_attention_heads: heads,
+        num_key_value_heads: file.get(&k("attention.head_count_kv")).and_then(|v| v.as_u64()).unwrap_or(heads as u64)
+            as usize,
+        head_dim: head_dim.unwrap_or(hidden_size / heads.max(1)),
+        vocab_size,
+        rms_norm_eps: file.get_f64(&k("attention.layer_norm_rms_epsilon"))?,
+        rope_theta: file.get(&k("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0),
+        rope_scaling: RopeScaling::Default,
+        tie_word_embeddings: !file.tensors.iter().any(|t| t.name == "output.weight"),
+        max_position_embeddings: file.get(&k("context_length")).and_then(|v| v.as_u64()).unwrap_or(4096) as usize,
+        bos_token_id: file.get("tokenizer.ggml.bos_token_id").and_then(|v| v.as_u64()).map(|v| v as u32),
+        eos_token_ids: eos.map(|e| vec![e as u32]).unwrap_or_default(),
+    };
+    cfg.validate(path)?;
+    Ok(cfg)
+}
+
+/// Loads a GGUF file: weights (dequantised), shape and tokenizer from its metadata.
+pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
+    let file = gguf::GgufFile::open(path)?;
+    let mut config = gguf_config(&file)?;
+    let tokenizer = gguf_tokenizer::from_gguf(&file)?;
+    // Chat models stop at their end-of-turn token too.
+    for special in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>"] {
+        if let Some(id) = tokenizer.token_id(special) {
+            if !config.eos_token_ids.contains(&id) {
+                config.eos_token_ids.push(id);
+            }
+        }
+    }
+    let src = GgufSource { head_dim: config.head_dim, file };
+    let weights = assemble(&src, &config, progress)?;
+    let name = src
+        .file
+        .get("general.name")
+        .and_then(|v| v.as_str())
+        .map(String::from)
+        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+    Ok(LoadedModel { name, source: path.into(), config, weights, tokenizer: Some(tokenizer) })
+}

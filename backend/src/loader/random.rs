@@ -1,0 +1,104 @@
+//! Random weights for any Llama config: tiny models for tests (saved as real HF directories that
+//! transformers loads) and real shapes for performance work (`--load-format dummy`).
+
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+
+use super::{HostLayer, HostTensor, HostWeights};
+use crate::config::ModelConfig;
+use crate::error::LoadError;
+use crate::rng::Rng;
+
+fn normal(rng: &mut Rng, shape: Vec<usize>, std: f64) -> HostTensor {
+    let n = shape.iter().product();
+    HostTensor::new(shape, (0..n).map(|_| (rng.normal() * std) as f32).collect())
+}
+
+fn norm_weight(rng: &mut Rng, n: usize) -> HostTensor {
+    HostTensor::new(vec![n], (0..n).map(|_| (1.0 + 0.2 * (rng.uniform() - 0.5)) as f32).collect())
+}
+
+/// Deterministic random weights for `cfg`, in HF's (unfused) order of tensors.
+pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTensor)> {
+    let mut rng = Rng::new(seed);
+    let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    // Scale like a trained model's: unit-variance activations into each matmul.
+    let s_in = |fan_in: usize| 1.0 / (fan_in as f64).sqrt();
+    let mut out = vec![("model.embed_tokens.weight".to_string(), normal(&mut rng, vec![v, h], 1.0))];
+    for l in 0..cfg.num_hidden_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}.weight");
+        out.push((p("input_layernorm"), norm_weight(&mut rng, h)));
+        out.push((p("self_attn.q_proj"), normal(&mut rng, vec![cfg.q_dim(), h], s_in(h))));
+        out.push((p("self_attn.k_proj"), normal(&mut rng, vec![cfg.kv_dim(), h], s_in(h))));
+        out.push((p("self_attn.v_proj"), normal(&mut rng, vec![cfg.kv_dim(), h], s_in(h))));
+        out.push((p("self_attn.o_proj"), normal(&mut rng, vec![h, cfg.q_dim()], s_in(cfg.q_dim()))));
+        out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
+        out.push((p("mlp.gate_proj"), normal(&mut rng, vec![i, h], s_in(h))));
+        out.push((p("mlp.up_proj"), normal(&mut rng, vec![i, h], s_in(h))));
+        out.push((p("mlp.down_proj"), normal(&mut rng, vec![h, i], s_in(i))));
+    }
+    out.push(("model.norm.weight".into(), norm_weight(&mut rng, h)));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), normal(&mut rng, vec![v, h], s_in(h))));
+    }
+    out
+}
+
+/// Random weights for `cfg`, fused the way devices consume them.
+pub fn random_weights(cfg: &ModelConfig, seed: u64) -> HostWeights {
+    let mut t: std::collections::HashMap<String, HostTensor> = random_hf_tensors(cfg, seed).into_iter().collect();
+    let mut take = |n: String| t.remove(&n).expect("generated above");
+    let layers = (0..cfg.num_hidden_layers)
+        .map(|l| {
+            let mut p = |s: &str| take(format!("model.layers.{l}.{s}.weight"));
+            let (an, q, k, v, o, mn, g, u, d) = (
+                p("input_layernorm"),
+                p("self_attn.q_proj"),
+                p("self_attn.k_proj"),
+                p("self_attn.v_proj"),
+                p("self_attn.o_proj"),
+                p("post_attention_layernorm"),
+                p("mlp.gate_proj"),
+                p("mlp.up_proj"),
+                p("mlp.down_proj"),
+            );
+            HostLayer {
+                attn_norm: an,
+                qkv: HostTensor::concat_rows(&[q, k, v]),
+                o_proj: o,
+                mlp_norm: mn,
+                gate_up: HostTensor::concat_rows(&[g, u]),
+                down: d,
+            }
+        })
+        .collect();
+    HostWeights {
+        embed: take("model.embed_tokens.weight".into()),
+        layers,
+        final_norm: take("model.norm.weight".into()),
+        lm_head: (!cfg.tie_word_embeddings).then(|| take("lm_head.weight".into())),
+    }
+}
+
+/// Writes `config.json` + `model.safetensors` (f32) for a random model.
+pub fn save_random_hf_dir(dir: &Path, cfg: &ModelConfig, seed: u64) -> Result<(), LoadError> {
+    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
+    let cfg_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&cfg.to_hf_json()).expect("json");
+    std::fs::write(&cfg_path, text + "\n").map_err(|e| LoadError::io(&cfg_path, e))?;
+    let tensors = random_hf_tensors(cfg, seed);
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+        .into_iter()
+        .map(|(n, t)| (n, t.data.iter().flat_map(|x| x.to_le_bytes()).collect(), t.shape))
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = bytes
+        .iter()
+        .map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).expect("sizes match")))
+        .collect();
+    let st_path = dir.join("model.safetensors");
+    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(meta), &st_path)
+        .map_err(|e| LoadError::format(&st_path, e.to_string()))?;
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The Llama-family forward pass, written once against [`Device`]: RMSNorm, RoPE, grouped-query
+//! attention over the paged KV cache, SwiGLU MLP, (tied) LM head.
+
+use super::rope;
+use crate::config::ModelConfig;
+use crate::device::{AttnParams, Device, ForwardBatch};
+use crate::error::EngineError;
+use crate::loader::HostWeights;
+
+struct Layer<T> {
+    attn_norm: T,
+    qkv: T,
+    o_proj: T,
+    mlp_norm: T,
+    gate_up: T,
+    down: T,
+}
+
+/// Model weights resident on a device.
+pub struct Llama<D: Device> {
+    pub config: ModelConfig,
+    embed: D::Tensor,
+    layers: Vec<Layer<D::Tensor>>,
+    final_norm: D::Tensor,
+    lm_head: Option<D::Tensor>,
+    rope: D::Tensor,
+    attn: AttnParams,
+    max_positions: usize,
+}
+
+/// Logits of the batch's `logit_rows`: `rows × vocab`, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    pub rows: usize,
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+}
+
+impl<D: Device> Llama<D> {
+    /// Uploads `weights`; positions up to `max_positions` get RoPE tables.
+    pub fn new(dev: &D, config: &ModelConfig, weights: &HostWeights, max_positions: usize) -> Result<Self, EngineError> {
+        let up = |t| dev.upload(t);
+        let layers = weights
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    attn_norm: up(&l.attn_norm)?,
+                    qkv: up(&l.qkv)?,
+                    o_proj: up(&l.o_proj)?,
+                    mlp_norm: up(&l.mlp_norm)?,
+                    gate_up: up(&l.gate_up)?,
+                    down: up(&l.down)?,
+                })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(Llama {
+            config: config.clone(),
+            embed: up(&weights.embed)?,
+            layers,
+            final_norm: up(&weights.final_norm)?,
+            lm_head: weights.lm_head.as_ref().map(up).transpose()?,
+            rope: up(&rope::table(config, max_positions))?,
+            attn: AttnParams {
+                num_heads: config.num_attention_heads,
+                num_kv_heads: config.num_key_value_heads,
+                head_dim: config.head_dim,
+                scale: 1.0 / (config.head_dim as f32).sqrt(),
+            },
+            max_positions,
+        })
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Runs one varlen batch: writes every new token's K/V into `kv` and returns the logits of
+    /// the batch's `logit_rows`.
+    pub fn forward(&self, dev: &D, kv: &mut D::Kv, batch: &ForwardBatch) -> Result<Logits, EngineError> {
+        let eps = self.config.rms_norm_eps as f32;
+        let b = dev.prepare_batch(batch)?;
+        let mut residual = dev.embed(&self.embed, &b)?;
+        let mut x = dev.rms_norm(&residual, &self.layers[0].attn_norm, eps)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut qkv = dev.linear(&x, &layer.qkv)?;
+            dev.rope_and_cache(&mut qkv, &self.rope, kv, l, &b, &self.attn)?;
+            let attn = dev.attention(&qkv, kv, l, &b, &self.attn)?;
+            let o = dev.linear(&attn, &layer.o_proj)?;
+            x = dev.add_rms_norm(&mut residual, &o, &layer.mlp_norm, eps)?;
+            let gu = dev.linear(&x, &layer.gate_up)?;
+            let act = dev.silu_mul(&gu)?;
+            let down = dev.linear(&act, &layer.down)?;
+            let next_norm = self.layers.get(l + 1).map_or(&self.final_norm, |n| &n.attn_norm);
+            x = dev.add_rms_norm(&mut residual, &down, next_norm, eps)?;
+        }
+        let rows = dev.gather_logit_rows(&x, &b)?;
+        let logits = dev.linear(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        Ok(Logits { rows: batch.logit_rows.len(), vocab: self.config.vocab_size, data: dev.to_host(&logits)? })
+    }
+}

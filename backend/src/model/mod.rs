@@ -1,0 +1,8 @@
+//! Models and the runner that owns a device, a model on it and the paged KV cache.
+
+pub mod llama;
+pub mod rope;
+pub mod runner;
+
+pub use llama::{Llama, Logits};
+pub use runner::{ModelRunner, Runner};

@@ -1,0 +1,204 @@
+//! `cachet generate` and `cachet logits`: run a model directly, no server.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use cachet_backend::device::ForwardBatch;
+use cachet_backend::generate::{self, GenerateParams};
+use cachet_backend::kv::SimpleAllocator;
+use cachet_backend::loader::{self, LoadedModel};
+use cachet_backend::model::runner::{cpu_runner, Runner};
+use cachet_backend::sampler::SamplingParams;
+use cachet_backend::tokenizer::{ChatMessage, IncrementalDecoder};
+use clap::{Args, ValueEnum};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceKind {
+    /// The best device present.
+    Auto,
+    /// The f32 CPU reference.
+    Cpu,
+}
+
+#[derive(Args, Debug)]
+pub struct ModelArgs {
+    /// Model: a name from `cachet model list` (e.g. `smollm2`), an HF directory
+    /// (config.json + *.safetensors + tokenizer.json), or a .gguf file.
+    #[arg(long, short)]
+    pub model: String,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Tokens in the paged KV cache's blocks.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Longest sequence (prompt + output) accepted; default: the model's context length, at most 8192.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(long, short)]
+    pub prompt: String,
+    /// Treat the prompt as a user message and apply the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat (default: the template's own, if any).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep only the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Seed for sampling; the same seed gives the same text.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Prompt tokens per forward pass while prefilling.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Comma-separated token ids, e.g. `1,2,3`.
+    #[arg(long, value_delimiter = ',', required_unless_present = "prompt", conflicts_with = "prompt")]
+    pub ids: Vec<u32>,
+    /// Text to tokenize instead of --ids.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// How many of the largest logits to print.
+    #[arg(long, default_value_t = 5)]
+    pub top: usize,
+}
+
+fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
+    let t0 = Instant::now();
+    let m = loader::load(&args.model, true).with_context(|| format!("loading model `{}`", args.model))?;
+    tracing::info!(
+        model = %m.name,
+        params = m.config.num_parameters(),
+        layers = m.config.num_hidden_layers,
+        secs = t0.elapsed().as_secs_f32(),
+        "model loaded"
+    );
+    Ok(m)
+}
+
+fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Result<Box<dyn Runner>> {
+    let max_len = args.max_model_len.unwrap_or(m.config.max_position_embeddings.min(8192));
+    if tokens > max_len {
+        bail!("{tokens} tokens do not fit max_model_len {max_len} (raise --max-model-len)");
+    }
+    let blocks = tokens.div_ceil(args.block_size) + 1;
+    match args.device {
+        DeviceKind::Auto | DeviceKind::Cpu => Ok(cpu_runner(&m.config, &m.weights, blocks, args.block_size, max_len)?),
+    }
+}
+
+pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
+    let m = load(&a.model)?;
+    let tok = m.tokenizer.as_ref().context("this model has no tokenizer; use `cachet logits --ids`")?;
+    let text = if a.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(ChatMessage::new("system", s));
+        }
+        msgs.push(ChatMessage::new("user", &a.prompt));
+        tok.render_chat(&msgs, true)?
+    } else {
+        a.prompt.clone()
+    };
+    let prompt = tok.encode(&text)?;
+    let mut runner = runner_for(&m, &a.model, prompt.len() + a.max_tokens)?;
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+        stop_token_ids: if a.ignore_eos { vec![] } else { m.config.eos_token_ids.clone() },
+        prefill_chunk: a.prefill_chunk,
+    };
+    let mut dec = IncrementalDecoder::new();
+    let mut stdout = std::io::stdout();
+    let t0 = Instant::now();
+    let mut first: Option<f64> = None;
+    let mut write_err = None;
+    let out = generate::generate(runner.as_mut(), &prompt, &params, |id| {
+        first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+        match dec.push(tok, id) {
+            Ok(Some(piece)) => {
+                if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+                    write_err = Some(e);
+                    return false;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("detokenizing: {e}"),
+        }
+        true
+    })?;
+    if let Some(e) = write_err {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
+    }
+    println!();
+    let total = t0.elapsed().as_secs_f64();
+    let ttft = first.unwrap_or(total);
+    let decode_tokens = out.tokens.len().saturating_sub(1);
+    tracing::info!(
+        device = runner.device_name(),
+        prompt_tokens = prompt.len(),
+        generated = out.tokens.len(),
+        finish = ?out.finish,
+        ttft_ms = (ttft * 1e3).round(),
+        decode_tok_per_s = if decode_tokens > 0 { (decode_tokens as f64 / (total - ttft)).round() } else { 0.0 },
+        "done"
+    );
+    Ok(())
+}
+
+pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
+    let m = load(&a.model)?;
+    let ids = match &a.prompt {
+        Some(p) => m.tokenizer.as_ref().context("this model has no tokenizer; pass --ids")?.encode(p)?,
+        None => a.ids.clone(),
+    };
+    if ids.is_empty() {
+        bail!("no token ids given");
+    }
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= m.config.vocab_size) {
+        bail!("token id {bad} is outside the vocabulary (size {})", m.config.vocab_size);
+    }
+    let mut runner = runner_for(&m, &a.model, ids.len())?;
+    let layout = runner.kv_layout();
+    let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);
+    let mut table = Vec::new();
+    alloc.ensure(&mut table, ids.len())?;
+    let mut batch = ForwardBatch::default();
+    batch.push_seq(&ids, 0, &table, layout.block_size, true);
+    let logits = runner.forward(&batch)?;
+    let row = logits.row(0);
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    idx.sort_by(|&x, &y| row[y].total_cmp(&row[x]).then(x.cmp(&y)));
+    let top: Vec<serde_json::Value> =
+        idx.iter().take(a.top).map(|&i| serde_json::json!({"id": i, "logit": row[i]})).collect();
+    println!("{}", serde_json::Value::Array(top));
+    Ok(())
+}

