@@ -68,4 +68,8 @@ pub enum EngineError {
     KvCacheFull { needed: usize, free: usize },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("engine overloaded: {waiting} requests already waiting (limit {limit}); retry later")]
+    Overloaded { waiting: usize, limit: usize },
+    #[error("engine is shut down")]
+    Shutdown,
 }

@@ -7,15 +7,19 @@
 //! - [`sampler`], [`generate`]: turning logits into tokens, and a single-sequence generation loop.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod block_hash;
 pub mod config;
 pub mod device;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kv;
 pub mod loader;
 pub mod model;
+pub mod request;
 pub mod rng;
 pub mod sampler;
+pub mod scheduler;
 pub mod tokenizer;
 
 pub use config::ModelConfig;

@@ -1,0 +1,482 @@
+//! The engine: one thread owns the runner (and so the device); clients submit requests through a
+//! handle and read a stream of events.
+//!
+//! - `submit` refuses at once with [`EngineError::Overloaded`] when `max_waiting` requests are
+//!   already queued (bounded queue, never unbounded waiting).
+//! - Dropping a [`RequestStream`] cancels its request; its KV blocks are freed before the next step.
+//! - Stop token ids, stop strings (text held back while it could still become one), max tokens,
+//!   deadlines.
+//! - Stats (running/waiting, KV blocks, prefix-cache tokens, preemptions) are published after each
+//!   step; KV events (blocks stored/removed) go to subscribers for exact routing.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc as tmpsc};
+
+use crate::block_hash::HashContext;
+use crate::error::EngineError;
+use crate::kv::{KvCacheManager, KvEvent, PoolUsage};
+use crate::model::Runner;
+use crate::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
+use crate::scheduler::{RequestId, Scheduler, SchedulerConfig, SchedulerCounters, StepToken};
+use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineConfig {
+    pub scheduler: SchedulerConfig,
+    pub enable_prefix_caching: bool,
+    /// Share of the pool idle cached blocks may keep (0..=1).
+    pub prefix_cache_cap: f64,
+    /// Requests that may wait for their first step before `submit` refuses.
+    pub max_waiting: usize,
+    /// Model id mixed into block hashes.
+    pub model_id: String,
+    /// Deployment key of the block hashes.
+    #[serde(skip)]
+    pub hash_key: [u8; 32],
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            scheduler: SchedulerConfig::default(),
+            enable_prefix_caching: true,
+            prefix_cache_cap: 1.0,
+            max_waiting: 256,
+            model_id: "model".into(),
+            hash_key: [0; 32],
+        }
+    }
+}
+
+/// A snapshot of the engine's state.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv: PoolUsage,
+    pub counters: SchedulerCounters,
+    pub block_size: usize,
+}
+
+impl EngineStats {
+    /// Fraction of KV blocks held by requests.
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv.total == 0 {
+            0.0
+        } else {
+            self.kv.used as f64 / self.kv.total as f64
+        }
+    }
+}
+
+enum Command {
+    Add { id: RequestId, req: EngineRequest, arrival: Instant, tx: tmpsc::UnboundedSender<EngineEvent> },
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// The events of one request. Dropping it cancels the request.
+pub struct RequestStream {
+    pub id: RequestId,
+    rx: tmpsc::UnboundedReceiver<EngineEvent>,
+    cmd: mpsc::Sender<Command>,
+    done: bool,
+}
+
+impl RequestStream {
+    /// The next event; `None` after `Finished`.
+    pub async fn next(&mut self) -> Option<EngineEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        self.done = matches!(ev, Some(EngineEvent::Finished { .. }) | None);
+        ev
+    }
+    /// Blocking variant for synchronous callers (never call inside an async runtime).
+    pub fn next_blocking(&mut self) -> Option<EngineEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.blocking_recv();
+        self.done = matches!(ev, Some(EngineEvent::Finished { .. }) | None);
+        ev
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.cmd.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+/// A cheap, cloneable handle on the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    cmd: mpsc::Sender<Command>,
+    next_id: Arc<AtomicUsize>,
+    not_started: Arc<AtomicUsize>,
+    stats: Arc<Mutex<EngineStats>>,
+    kv_events: broadcast::Sender<Vec<KvEvent>>,
+    limits: Arc<Limits>,
+}
+
+struct Limits {
+    max_waiting: usize,
+    num_blocks: usize,
+    block_size: usize,
+    max_model_len: usize,
+    vocab: usize,
+    eos: Vec<u32>,
+    hasher: HashContext,
+}
+
+/// The engine thread; joins on drop after asking it to stop.
+pub struct Engine {
+    handle: EngineHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the engine thread over `runner`. `tokenizer` enables stop strings and text in events.
+    pub fn start(runner: Box<dyn Runner>, tokenizer: Option<TextTokenizer>, config: EngineConfig) -> Engine {
+        let layout = runner.kv_layout();
+        let mut sched_cfg = config.scheduler.clone();
+        sched_cfg.max_model_len = sched_cfg.max_model_len.min(runner.max_model_len());
+        let kv = KvCacheManager::new(layout.num_blocks, layout.block_size, config.prefix_cache_cap, config.enable_prefix_caching);
+        let limits = Arc::new(Limits {
+            max_waiting: config.max_waiting,
+            num_blocks: layout.num_blocks,
+            block_size: layout.block_size,
+            max_model_len: sched_cfg.max_model_len,
+            vocab: runner.config().vocab_size,
+            eos: runner.config().eos_token_ids.clone(),
+            hasher: HashContext::new(config.hash_key, [0; 32], config.model_id.clone(), layout.block_size),
+        });
+        let (cmd_tx, cmd_rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(EngineStats { block_size: layout.block_size, ..Default::default() }));
+        let (kv_events, _) = broadcast::channel(1024);
+        let handle = EngineHandle {
+            cmd: cmd_tx,
+            next_id: Arc::new(AtomicUsize::new(1)),
+            not_started: Arc::new(AtomicUsize::new(0)),
+            stats: stats.clone(),
+            kv_events: kv_events.clone(),
+            limits: limits.clone(),
+        };
+        let mut core = EngineCore {
+            runner,
+            tokenizer,
+            sched: Scheduler::new(sched_cfg, kv),
+            streams: Default::default(),
+            cmd_rx,
+            not_started: handle.not_started.clone(),
+            stats,
+            kv_events,
+            hasher: limits.hasher.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("cachet-engine".into())
+            .spawn(move || core.run())
+            .expect("spawning the engine thread");
+        Engine { handle, thread: Some(thread) }
+    }
+
+    pub fn handle(&self) -> EngineHandle {
+        self.handle.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.handle.cmd.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Queues a request and returns its event stream, or refuses at once.
+    pub fn submit(&self, mut req: EngineRequest) -> Result<RequestStream, EngineError> {
+        let l = &self.limits;
+        req.sampling.validate()?;
+        if req.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt has no tokens".into()));
+        }
+        if req.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= l.vocab) {
+            return Err(EngineError::InvalidRequest(format!("token id {t} is outside the vocabulary of {}", l.vocab)));
+        }
+        let total = req.prompt.len() + req.max_tokens;
+        if total > l.max_model_len {
+            return Err(EngineError::InvalidRequest(format!(
+                "prompt ({} tokens) + max_tokens ({}) = {total} exceeds the model's maximum length of {}",
+                req.prompt.len(),
+                req.max_tokens,
+                l.max_model_len
+            )));
+        }
+        if total.div_ceil(l.block_size) > l.num_blocks {
+            return Err(EngineError::InvalidRequest(format!(
+                "{total} tokens need more KV blocks than the cache has ({} of {})",
+                total.div_ceil(l.block_size),
+                l.num_blocks
+            )));
+        }
+        // Admission: count requests not yet started; refuse beyond the limit.
+        let waiting = self.not_started.fetch_add(1, Ordering::SeqCst);
+        if waiting >= l.max_waiting {
+            self.not_started.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Overloaded { waiting, limit: l.max_waiting });
+        }
+        if !req.ignore_eos {
+            for &e in &l.eos {
+                if !req.stop_token_ids.contains(&e) {
+                    req.stop_token_ids.push(e);
+                }
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) as RequestId;
+        let (tx, rx) = tmpsc::unbounded_channel();
+        if self.cmd.send(Command::Add { id, req, arrival: Instant::now(), tx }).is_err() {
+            self.not_started.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Shutdown);
+        }
+        Ok(RequestStream { id, rx, cmd: self.cmd.clone(), done: false })
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().expect("stats lock").clone()
+    }
+
+    /// KV events (blocks stored / removed), one batch per step.
+    pub fn subscribe_kv_events(&self) -> broadcast::Receiver<Vec<KvEvent>> {
+        self.kv_events.subscribe()
+    }
+
+    /// Block hashes of `tokens` for a tenant salt, as the engine computes them.
+    pub fn hash_context(&self, salt: [u8; 32]) -> HashContext {
+        HashContext { salt, ..self.limits.hasher.clone() }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.limits.block_size
+    }
+    pub fn max_model_len(&self) -> usize {
+        self.limits.max_model_len
+    }
+}
+
+struct StreamState {
+    tx: tmpsc::UnboundedSender<EngineEvent>,
+    decoder: IncrementalDecoder,
+    /// All generated text so far and how much of it was sent.
+    text: String,
+    sent: usize,
+    started: bool,
+}
+
+struct EngineCore {
+    runner: Box<dyn Runner>,
+    tokenizer: Option<TextTokenizer>,
+    sched: Scheduler,
+    streams: std::collections::HashMap<RequestId, StreamState>,
+    cmd_rx: mpsc::Receiver<Command>,
+    not_started: Arc<AtomicUsize>,
+    stats: Arc<Mutex<EngineStats>>,
+    kv_events: broadcast::Sender<Vec<KvEvent>>,
+    /// Block-hash context without the salt (each request brings its tenant's).
+    hasher: HashContext,
+}
+
+impl EngineCore {
+    fn run(&mut self) {
+        loop {
+            // Block when idle; otherwise take whatever arrived.
+            if !self.sched.has_work() {
+                match self.cmd_rx.recv() {
+                    Ok(c) => {
+                        if !self.apply(c) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match self.cmd_rx.try_recv() {
+                    Ok(c) => {
+                        if !self.apply(c) {
+                            return;
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
+            }
+            self.reap();
+            if self.sched.has_work() {
+                self.step();
+            }
+            self.publish();
+        }
+    }
+
+    /// Applies a command; `false` means shut down.
+    fn apply(&mut self, c: Command) -> bool {
+        match c {
+            Command::Add { id, req, arrival, tx } => {
+                let hasher = HashContext { salt: req.salt, ..self.hasher.clone() };
+                self.streams.insert(id, StreamState { tx, decoder: IncrementalDecoder::new(), text: String::new(), sent: 0, started: false });
+                self.sched.add(id, req, hasher, arrival);
+            }
+            Command::Cancel(id) => self.finish(id, FinishReason::Cancelled, None),
+            Command::Shutdown => {
+                for id in self.sched.ids() {
+                    self.finish(id, FinishReason::Cancelled, Some("engine shutting down".into()));
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Cancels requests whose client went away and those past their deadline.
+    fn reap(&mut self) {
+        let gone: Vec<RequestId> = self.streams.iter().filter(|(_, s)| s.tx.is_closed()).map(|(&id, _)| id).collect();
+        for id in gone {
+            self.finish(id, FinishReason::Cancelled, None);
+        }
+        for id in self.sched.expired(Instant::now()) {
+            self.finish(id, FinishReason::Error, Some("deadline exceeded".into()));
+        }
+    }
+
+    fn step(&mut self) {
+        let now = Instant::now();
+        let out = self.sched.schedule(now);
+        for sc in &out.scheduled {
+            if let Some(s) = self.streams.get_mut(&sc.id) {
+                if !s.started {
+                    s.started = true;
+                    self.not_started.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+        if out.is_empty() {
+            // Nothing fits right now (e.g. a deadline-expired head); avoid a hot spin.
+            std::thread::sleep(Duration::from_micros(200));
+            return;
+        }
+        let batch = self.sched.build_batch(&out);
+        match self.runner.forward(&batch) {
+            Ok(logits) => {
+                let produced = self.sched.update(&out, &logits, Instant::now());
+                for t in produced {
+                    self.emit(t);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed; failing the step's requests");
+                for sc in &out.scheduled {
+                    self.finish(sc.id, FinishReason::Error, Some(format!("engine error: {e}")));
+                }
+            }
+        }
+    }
+
+    fn emit(&mut self, t: StepToken) {
+        let Some(seq) = self.sched.get(t.id) else { return };
+        let stops = seq.req.stop.clone();
+        let Some(st) = self.streams.get_mut(&t.id) else { return };
+        let at = Instant::now();
+        let mut finish = t.finish;
+        let mut delta = String::new();
+        if let Some(tok) = &self.tokenizer {
+            // Skip the text of a stop token; keep everything else.
+            let is_stop_tok = t.finish == Some(FinishReason::Stop);
+            if !is_stop_tok {
+                if let Ok(Some(piece)) = st.decoder.push(tok, t.token) {
+                    st.text.push_str(&piece);
+                }
+            }
+            let unsent = &st.text[st.sent..];
+            if let Some((pos, _)) = stops.iter().filter_map(|s| unsent.find(s.as_str()).map(|p| (p, s))).min_by_key(|x| x.0) {
+                delta = unsent[..pos].to_string();
+                st.sent = st.text.len();
+                finish = Some(FinishReason::Stop);
+            } else {
+                let hold = if finish.is_some() { 0 } else { held_back(unsent, &stops) };
+                let upto = st.text.len() - hold;
+                delta = st.text[st.sent..upto].to_string();
+                st.sent = upto;
+            }
+        }
+        let _ = st.tx.send(EngineEvent::Token { id: t.token, text: delta, at });
+        if let Some(reason) = finish {
+            self.finish(t.id, reason, None);
+        }
+    }
+
+    /// Ends a request: frees its blocks and sends `Finished`.
+    fn finish(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
+        let Some(seq) = self.sched.remove(id) else { return };
+        let Some(st) = self.streams.remove(&id) else { return };
+        if !st.started {
+            self.not_started.fetch_sub(1, Ordering::SeqCst);
+        }
+        let now = Instant::now();
+        let since = |a: Option<Instant>, b: Instant| a.map(|a| a.saturating_duration_since(b)).unwrap_or_default();
+        let n_out = seq.num_output();
+        let timings = RequestTimings {
+            queue: since(seq.first_scheduled, seq.arrival),
+            prefill: seq.first_token.zip(seq.first_scheduled).map(|(f, s)| f.saturating_duration_since(s)).unwrap_or_default(),
+            ttft: since(seq.first_token, seq.arrival),
+            e2e: now.saturating_duration_since(seq.arrival),
+            mean_itl: match (seq.first_token, seq.last_token) {
+                (Some(f), Some(l)) if n_out > 1 => l.saturating_duration_since(f) / (n_out as u32 - 1),
+                _ => Duration::ZERO,
+            },
+            preemptions: seq.preemptions,
+        };
+        let usage = Usage { prompt_tokens: seq.prompt_len, cached_tokens: seq.cached_tokens.unwrap_or(0), completion_tokens: n_out };
+        let rest = if reason == FinishReason::Stop && st.sent == st.text.len() { String::new() } else { st.text[st.sent..].to_string() };
+        let _ = st.tx.send(EngineEvent::Finished { reason, usage, timings, error, text: rest });
+    }
+
+    fn publish(&mut self) {
+        let events = self.sched.kv.take_events();
+        if !events.is_empty() {
+            let _ = self.kv_events.send(events);
+        }
+        let mut s = self.stats.lock().expect("stats lock");
+        s.running = self.sched.num_running();
+        s.waiting = self.sched.num_waiting();
+        s.kv = self.sched.kv.usage();
+        s.counters = self.sched.counters;
+    }
+}
+
+/// Bytes at the end of `unsent` that could still grow into a stop string.
+fn held_back(unsent: &str, stops: &[String]) -> usize {
+    let mut hold = 0;
+    for s in stops {
+        for k in (1..s.len().min(unsent.len() + 1)).rev() {
+            if unsent.is_char_boundary(unsent.len() - k) && s.is_char_boundary(k) && unsent.ends_with(&s[..k]) {
+                hold = hold.max(k);
+                break;
+            }
+        }
+    }
+    hold
+}

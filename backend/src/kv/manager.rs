@@ -1,0 +1,123 @@
+//! Per-request block tables over the [`BlockPool`]: what the scheduler sees of the KV cache.
+//!
+//! Four calls: [`KvCacheManager::computed_blocks`] (prefix hit), [`KvCacheManager::allocate_slots`]
+//! (`false` → the scheduler must preempt or wait), [`KvCacheManager::free`], and usage. Full blocks
+//! are registered in the prefix cache the moment they are scheduled to fill, so a request later in
+//! the same step can share them: a step writes every token's K/V before any attention reads it.
+
+use std::collections::HashMap;
+
+use super::block_pool::{BlockId, BlockPool, KvEvent, PoolUsage};
+use crate::block_hash::BlockHash;
+
+pub type ReqKey = u64;
+
+#[derive(Debug, Default)]
+struct ReqBlocks {
+    blocks: Vec<BlockId>,
+    /// Leading blocks already registered in the prefix cache.
+    num_cached: usize,
+}
+
+#[derive(Debug)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    block_size: usize,
+    reqs: HashMap<ReqKey, ReqBlocks>,
+}
+
+/// A prefix hit: blocks to reuse and how many tokens they hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ComputedBlocks {
+    pub blocks: Vec<BlockId>,
+    pub num_tokens: usize,
+}
+
+impl KvCacheManager {
+    pub fn new(num_blocks: usize, block_size: usize, cache_cap: f64, enable_prefix_caching: bool) -> Self {
+        KvCacheManager { pool: BlockPool::new(num_blocks, cache_cap, enable_prefix_caching), block_size, reqs: HashMap::new() }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+    pub fn usage(&self) -> PoolUsage {
+        self.pool.usage()
+    }
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.pool.take_events()
+    }
+    pub fn block_table(&self, req: ReqKey) -> &[BlockId] {
+        self.reqs.get(&req).map_or(&[], |r| &r.blocks)
+    }
+
+    /// The longest cached prefix of a request with `num_tokens` tokens and these full-block
+    /// hashes. At least one token is always left to compute (its logits are needed).
+    pub fn computed_blocks(&self, hashes: &[BlockHash], num_tokens: usize) -> ComputedBlocks {
+        if !self.pool.caching() || num_tokens == 0 {
+            return ComputedBlocks::default();
+        }
+        let max_blocks = (num_tokens - 1) / self.block_size;
+        let blocks: Vec<BlockId> = hashes.iter().take(max_blocks).map_while(|h| self.pool.lookup(h)).collect();
+        ComputedBlocks { num_tokens: blocks.len() * self.block_size, blocks }
+    }
+
+    /// Makes room for `num_new` more tokens after `num_computed` (which include `hit`, the prefix
+    /// hit taken on a request's first allocation). Registers every full block whose hash is known.
+    /// Returns `false`, changing nothing, if the pool has too few free blocks.
+    pub fn allocate_slots(
+        &mut self,
+        req: ReqKey,
+        hit: &ComputedBlocks,
+        num_computed: usize,
+        num_new: usize,
+        hashes: &[BlockHash],
+    ) -> bool {
+        let have = self.reqs.get(&req).map_or(0, |r| r.blocks.len()) + hit.blocks.len();
+        let need = (num_computed + num_new).div_ceil(self.block_size).saturating_sub(have);
+        // Touching a hit block that sits idle in the cache takes it out of the free count too.
+        let idle_hits = hit.blocks.iter().filter(|&&b| self.pool.ref_cnt(b) == 0).count();
+        if need + idle_hits > self.pool.num_free() {
+            return false;
+        }
+        self.pool.touch(&hit.blocks);
+        let new = self.pool.allocate(need).expect("free count checked");
+        let entry = self.reqs.entry(req).or_default();
+        if entry.blocks.is_empty() {
+            entry.num_cached = hit.blocks.len();
+        }
+        entry.blocks.extend_from_slice(&hit.blocks);
+        entry.blocks.extend(new);
+        let full = ((num_computed + num_new) / self.block_size).min(hashes.len());
+        for i in entry.num_cached..full {
+            self.pool.cache_block(entry.blocks[i], hashes[i]);
+        }
+        entry.num_cached = entry.num_cached.max(full);
+        true
+    }
+
+    /// Returns a request's blocks to the pool, last block first.
+    pub fn free(&mut self, req: ReqKey) {
+        if let Some(r) = self.reqs.remove(&req) {
+            self.pool.free(r.blocks.into_iter().rev());
+        }
+    }
+
+    /// Drops the blocks past `num_tokens` (rolled-back speculative slots).
+    pub fn truncate(&mut self, req: ReqKey, num_tokens: usize) {
+        if let Some(r) = self.reqs.get_mut(&req) {
+            let keep = num_tokens.div_ceil(self.block_size);
+            if r.blocks.len() > keep {
+                let extra: Vec<BlockId> = r.blocks.drain(keep..).collect();
+                self.pool.free(extra.into_iter().rev());
+            }
+        }
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.reqs.len()
+    }
+}

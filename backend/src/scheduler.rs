@@ -1,0 +1,409 @@
+//! The scheduler: continuous batching at token granularity, after vLLM v1.
+//!
+//! One counter model: every request has `num_computed` tokens catching up to its known tokens
+//! (prompt + output). A step gives each scheduled request some new tokens to compute: a prefill
+//! chunk, a prefix-hit remainder, or one decode token: all the same thing. Budget per step:
+//! `max_num_batched_tokens` tokens and `max_num_seqs` sequences. Running requests are served first
+//! (decode before new prefill); when blocks run out the lowest-priority (then newest) running
+//! request is preempted by recompute: its blocks are freed and it re-queues with its output so far,
+//! so nothing is lost and, with batch-invariant kernels, its output does not change.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::block_hash::{BlockHash, HashContext};
+use crate::device::ForwardBatch;
+use crate::kv::manager::ComputedBlocks;
+use crate::kv::KvCacheManager;
+use crate::model::Logits;
+use crate::request::{EngineRequest, FinishReason};
+use crate::rng::Rng;
+use crate::sampler;
+
+pub type RequestId = u64;
+
+/// How the waiting queue is ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulingPolicy {
+    /// First come, first served.
+    #[default]
+    Fcfs,
+    /// By the request's priority class (lower first), then arrival.
+    Priority,
+    /// Fewest remaining prompt tokens first; waiting earns credit (aging) so nothing starves.
+    ShortestFirst,
+}
+
+impl std::str::FromStr for SchedulingPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fcfs" => Ok(Self::Fcfs),
+            "priority" => Ok(Self::Priority),
+            "shortest-first" | "shortest_first" | "sjf" => Ok(Self::ShortestFirst),
+            o => Err(format!("unknown scheduling policy `{o}` (fcfs, priority, shortest-first)")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub enable_chunked_prefill: bool,
+    pub policy: SchedulingPolicy,
+    /// Shortest-first aging: prompt tokens of credit per second waited.
+    pub aging_tokens_per_sec: f64,
+    pub max_model_len: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            enable_chunked_prefill: true,
+            policy: SchedulingPolicy::Fcfs,
+            aging_tokens_per_sec: 1000.0,
+            max_model_len: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Waiting,
+    Running,
+}
+
+/// A request inside the scheduler.
+#[derive(Debug)]
+pub struct Seq {
+    pub id: RequestId,
+    pub req: EngineRequest,
+    /// Prompt followed by output.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub num_computed: usize,
+    pub status: Status,
+    pub arrival: Instant,
+    /// Arrival order, for stable tie-breaks.
+    pub seq_no: u64,
+    pub hasher: HashContext,
+    pub block_hashes: Vec<BlockHash>,
+    /// Prompt tokens found in the prefix cache at first scheduling.
+    pub cached_tokens: Option<usize>,
+    pub first_scheduled: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    pub preemptions: u32,
+    pub rng: Rng,
+}
+
+impl Seq {
+    pub fn num_output(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+}
+
+/// One scheduled piece of work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub id: RequestId,
+    /// Tokens computed before this step.
+    pub num_computed: usize,
+    pub num_new: usize,
+    /// Whether this step reaches the end of the known tokens, so a token is sampled.
+    pub sample: bool,
+}
+
+/// The plain record a step hands to the runner.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedulerOutput {
+    pub scheduled: Vec<ScheduledSeq>,
+    pub preempted: Vec<RequestId>,
+    pub num_batched_tokens: usize,
+}
+
+impl SchedulerOutput {
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+}
+
+/// A token produced by a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepToken {
+    pub id: RequestId,
+    pub token: u32,
+    /// Set when this token ends the request (stop token, length, model length).
+    pub finish: Option<FinishReason>,
+}
+
+/// Counters the engine exports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SchedulerCounters {
+    pub prefix_queried_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub prompt_tokens_computed: u64,
+    pub generated_tokens: u64,
+}
+
+pub struct Scheduler {
+    pub config: SchedulerConfig,
+    pub kv: KvCacheManager,
+    waiting: Vec<Seq>,
+    running: Vec<Seq>,
+    next_seq_no: u64,
+    pub counters: SchedulerCounters,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
+        Scheduler { config, kv, waiting: Vec::new(), running: Vec::new(), next_seq_no: 0, counters: SchedulerCounters::default() }
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+    pub fn get(&self, id: RequestId) -> Option<&Seq> {
+        self.running.iter().chain(self.waiting.iter()).find(|s| s.id == id)
+    }
+    pub fn ids(&self) -> Vec<RequestId> {
+        self.running.iter().chain(self.waiting.iter()).map(|s| s.id).collect()
+    }
+
+    /// Queues a request. `hasher` carries the deployment key, model id and the request's salt.
+    pub fn add(&mut self, id: RequestId, req: EngineRequest, hasher: HashContext, arrival: Instant) {
+        let tokens = req.prompt.clone();
+        let block_hashes = hasher.hash_all(&tokens);
+        let seed = req.sampling.seed.unwrap_or(id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let seq = Seq {
+            id,
+            prompt_len: tokens.len(),
+            tokens,
+            num_computed: 0,
+            status: Status::Waiting,
+            arrival,
+            seq_no: self.next_seq_no,
+            hasher,
+            block_hashes,
+            cached_tokens: None,
+            first_scheduled: None,
+            first_token: None,
+            last_token: None,
+            preemptions: 0,
+            rng: Rng::new(seed),
+            req,
+        };
+        self.next_seq_no += 1;
+        self.waiting.push(seq);
+    }
+
+    /// Removes a request wherever it is, freeing its blocks at once.
+    pub fn remove(&mut self, id: RequestId) -> Option<Seq> {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else {
+            let i = self.waiting.iter().position(|s| s.id == id)?;
+            self.waiting.remove(i)
+        };
+        self.kv.free(id);
+        Some(seq)
+    }
+
+    /// Ordering key of a waiting request under the policy (smaller runs first).
+    fn waiting_key(&self, s: &Seq, now: Instant) -> (i64, i64, u64) {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs => (0, 0, s.seq_no),
+            SchedulingPolicy::Priority => (s.req.priority as i64, 0, s.seq_no),
+            SchedulingPolicy::ShortestFirst => {
+                let remaining = (s.tokens.len() - s.num_computed) as f64;
+                let waited = now.saturating_duration_since(s.arrival).as_secs_f64();
+                (0, (remaining - waited * self.config.aging_tokens_per_sec) as i64, s.seq_no)
+            }
+        }
+    }
+
+    /// The running request to preempt: lowest priority, then newest.
+    fn victim(&self) -> usize {
+        let key = |s: &Seq| {
+            let p = if self.config.policy == SchedulingPolicy::Priority { s.req.priority } else { 0 };
+            (p, s.seq_no)
+        };
+        (0..self.running.len()).max_by_key(|&i| key(&self.running[i])).expect("running is non-empty")
+    }
+
+    fn preempt(&mut self, idx: usize, out: &mut SchedulerOutput) {
+        let mut s = self.running.remove(idx);
+        self.kv.free(s.id);
+        s.num_computed = 0;
+        s.status = Status::Waiting;
+        s.preemptions += 1;
+        self.counters.preemptions += 1;
+        out.scheduled.retain(|x| x.id != s.id);
+        out.preempted.push(s.id);
+        self.waiting.push(s);
+    }
+
+    /// One scheduling decision.
+    pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_num_batched_tokens;
+
+        // 1. Running requests, in order: decodes and unfinished prefill chunks.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let (id, num_computed, want) = {
+                let s = &self.running[i];
+                (s.id, s.num_computed, s.tokens.len() - s.num_computed)
+            };
+            let num_new = want.min(budget);
+            if num_new == 0 {
+                i += 1;
+                continue;
+            }
+            let mut scheduled = true;
+            loop {
+                let hashes = self.running[i].block_hashes.clone();
+                if self.kv.allocate_slots(id, &ComputedBlocks::default(), num_computed, num_new, &hashes) {
+                    break;
+                }
+                let v = self.victim();
+                let victim_id = self.running[v].id;
+                self.preempt(v, &mut out);
+                if victim_id == id {
+                    scheduled = false;
+                    break;
+                }
+                if v < i {
+                    i -= 1;
+                }
+            }
+            if !scheduled {
+                continue; // `i` now points at the next request
+            }
+            out.scheduled.push(ScheduledSeq { id, num_computed, num_new, sample: num_new == want });
+            budget -= num_new;
+            i += 1;
+        }
+        // Budget spent on requests that were preempted later in the loop comes back.
+        budget = self.config.max_num_batched_tokens - out.scheduled.iter().map(|s| s.num_new).sum::<usize>();
+
+        // 2. Waiting requests, by policy, unless this step had to preempt.
+        if out.preempted.is_empty() {
+            while budget > 0 && self.running.len() < self.config.max_num_seqs && !self.waiting.is_empty() {
+                let best = (0..self.waiting.len()).min_by_key(|&j| self.waiting_key(&self.waiting[j], now)).expect("non-empty");
+                if let Some(d) = self.waiting[best].req.deadline {
+                    if d <= now {
+                        break; // the engine reaps expired requests
+                    }
+                }
+                let s = &self.waiting[best];
+                let hit = self.kv.computed_blocks(&s.block_hashes, s.tokens.len());
+                let num_computed = hit.num_tokens;
+                let want = s.tokens.len() - num_computed;
+                if !self.config.enable_chunked_prefill && want > budget {
+                    break;
+                }
+                let num_new = want.min(budget);
+                let hashes = s.block_hashes.clone();
+                if !self.kv.allocate_slots(s.id, &hit, num_computed, num_new, &hashes) {
+                    break;
+                }
+                let mut s = self.waiting.remove(best);
+                if s.cached_tokens.is_none() {
+                    s.cached_tokens = Some(num_computed.min(s.prompt_len));
+                    self.counters.prefix_queried_tokens += s.prompt_len as u64;
+                    self.counters.prefix_hit_tokens += num_computed.min(s.prompt_len) as u64;
+                }
+                s.first_scheduled.get_or_insert(now);
+                s.num_computed = num_computed;
+                s.status = Status::Running;
+                out.scheduled.push(ScheduledSeq { id: s.id, num_computed, num_new, sample: num_new == want });
+                budget -= num_new;
+                self.running.push(s);
+            }
+        }
+        out.num_batched_tokens = out.scheduled.iter().map(|s| s.num_new).sum();
+        if !out.is_empty() {
+            self.counters.steps += 1;
+        }
+        out
+    }
+
+    /// The forward batch for a step, in `out.scheduled` order; logits come back for the
+    /// sampling entries, in order.
+    pub fn build_batch(&self, out: &SchedulerOutput) -> ForwardBatch {
+        let mut b = ForwardBatch::default();
+        let bs = self.kv.block_size();
+        for sc in &out.scheduled {
+            let s = self.running.iter().find(|s| s.id == sc.id).expect("scheduled requests are running");
+            let toks = &s.tokens[sc.num_computed..sc.num_computed + sc.num_new];
+            b.push_seq(toks, sc.num_computed, self.kv.block_table(sc.id), bs, sc.sample);
+        }
+        b
+    }
+
+    /// Applies a step's logits: advances counters, samples a token for each sampling entry and
+    /// decides which requests finish. Finished requests stay until [`Scheduler::remove`].
+    pub fn update(&mut self, out: &SchedulerOutput, logits: &Logits, now: Instant) -> Vec<StepToken> {
+        let mut produced = Vec::new();
+        let mut row = 0;
+        for sc in &out.scheduled {
+            let max_model_len = self.config.max_model_len;
+            let Some(s) = self.running.iter_mut().find(|s| s.id == sc.id) else { continue };
+            s.num_computed = sc.num_computed + sc.num_new;
+            if sc.num_computed < s.prompt_len {
+                self.counters.prompt_tokens_computed += (s.num_computed.min(s.prompt_len) - sc.num_computed) as u64;
+            }
+            if !sc.sample {
+                continue;
+            }
+            let tok = sampler::sample(logits.row(row), &s.req.sampling, &mut s.rng);
+            row += 1;
+            s.tokens.push(tok);
+            s.hasher.extend(&mut s.block_hashes, &s.tokens);
+            s.first_token.get_or_insert(now);
+            s.last_token = Some(now);
+            self.counters.generated_tokens += 1;
+            let finish = if !s.req.ignore_eos && s.req.stop_token_ids.contains(&tok) {
+                Some(FinishReason::Stop)
+            } else if s.num_output() >= s.req.max_tokens || s.tokens.len() >= max_model_len {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            produced.push(StepToken { id: s.id, token: tok, finish });
+        }
+        produced
+    }
+
+    /// Requests whose deadline has passed.
+    pub fn expired(&self, now: Instant) -> Vec<RequestId> {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .filter(|s| s.req.deadline.is_some_and(|d| d <= now))
+            .map(|s| s.id)
+            .collect()
+    }
+
+    /// How long the oldest waiting request has waited.
+    pub fn oldest_wait(&self, now: Instant) -> Duration {
+        self.waiting.iter().map(|s| now.saturating_duration_since(s.arrival)).max().unwrap_or_default()
+    }
+}
