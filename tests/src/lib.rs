@@ -67,3 +67,58 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
+
+use cachet_backend::engine::{Engine, EngineConfig};
+use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
+
+/// An engine over a CPU runner with `num_blocks` blocks of 16 tokens.
+pub fn engine(m: &LoadedModel, num_blocks: usize, cfg: EngineConfig) -> Engine {
+    let r = cpu_runner(&m.config, &m.weights, num_blocks, 16, 4096).unwrap();
+    Engine::start(r, m.tokenizer.clone(), cfg)
+}
+
+/// Everything a finished stream produced.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub reason: FinishReason,
+    pub usage: Usage,
+    pub timings: RequestTimings,
+    pub first_token_at: Option<std::time::Instant>,
+}
+
+/// Reads a stream to its end (blocking).
+pub fn collect(mut s: cachet_backend::engine::RequestStream) -> Collected {
+    let mut c = Collected {
+        tokens: vec![],
+        text: String::new(),
+        reason: FinishReason::Error,
+        usage: Usage::default(),
+        timings: RequestTimings::default(),
+        first_token_at: None,
+    };
+    while let Some(ev) = s.next_blocking() {
+        match ev {
+            EngineEvent::Token { id, text, at } => {
+                c.first_token_at.get_or_insert(at);
+                c.tokens.push(id);
+                c.text.push_str(&text);
+            }
+            EngineEvent::Finished { reason, usage, timings, error, text } => {
+                assert!(reason != FinishReason::Error, "request failed: {error:?}");
+                c.text.push_str(&text);
+                c.reason = reason;
+                c.usage = usage;
+                c.timings = timings;
+            }
+        }
+    }
+    c
+}
+
+pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
+    let mut r = EngineRequest::new(prompt, max_tokens);
+    r.ignore_eos = true;
+    r
+}

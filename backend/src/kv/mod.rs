@@ -11,3 +11,6 @@ pub mod simple;
 pub use block_pool::{BlockId, BlockPool, KvEvent, PoolUsage};
 pub use manager::KvCacheManager;
 pub use simple::SimpleAllocator;
+
+#[cfg(test)]
+mod tests;

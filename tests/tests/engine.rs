@@ -1,0 +1,249 @@
+//! Engine core on the CPU device: batching, chunking, prefix caching and preemption never change
+//! greedy output; cached-token accounting; isolation between salts; cancellation; overload.
+
+use std::time::{Duration, Instant};
+
+use cachet_backend::engine::EngineConfig;
+use cachet_backend::generate::{generate, GenerateParams};
+use cachet_backend::request::FinishReason;
+use cachet_backend::sampler::SamplingParams;
+use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
+use cachet_backend::tokenizer::ChatMessage;
+use cachet_backend::EngineError;
+use cachet_tests::*;
+
+const QUESTIONS: [&str; 8] = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "How many legs does a spider have?",
+    "What is 12 times 12?",
+    "Write a haiku about the sea.",
+    "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water?",
+    "Translate 'good morning' into Spanish.",
+];
+
+fn prompts() -> Vec<Vec<u32>> {
+    let tok = smollm2().tokenizer.as_ref().unwrap();
+    QUESTIONS
+        .iter()
+        .map(|q| {
+            let msgs = [
+                ChatMessage::new("system", "You are a concise assistant for a travel company. Answer in one short sentence."),
+                ChatMessage::new("user", *q),
+            ];
+            tok.encode(&tok.render_chat(&msgs, true).unwrap()).unwrap()
+        })
+        .collect()
+}
+
+const MAX_TOKENS: usize = 20;
+
+fn baseline(prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let m = smollm2();
+    let mut r = runner(m, 64);
+    prompts
+        .iter()
+        .map(|p| generate(r.as_mut(), p, &GenerateParams { max_tokens: MAX_TOKENS, ..Default::default() }, |_| true).unwrap().tokens)
+        .collect()
+}
+
+fn run_all(cfg: EngineConfig, num_blocks: usize, prompts: &[Vec<u32>]) -> (Vec<Collected>, cachet_backend::engine::EngineStats) {
+    let e = engine(smollm2(), num_blocks, cfg);
+    let h = e.handle();
+    let streams: Vec<_> = prompts.iter().map(|p| h.submit(greedy_request(p.clone(), MAX_TOKENS)).unwrap()).collect();
+    let out: Vec<Collected> = streams.into_iter().map(collect).collect();
+    std::thread::sleep(Duration::from_millis(20));
+    (out, h.stats())
+}
+
+#[test]
+fn greedy_output_is_identical_across_batching_chunking_caching_and_preemption() {
+    let prompts = prompts();
+    let want = baseline(&prompts);
+
+    // 8 concurrent requests, prefix caching on (they share the system prompt).
+    let (got, stats) = run_all(EngineConfig::default(), 256, &prompts);
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "concurrent+cache, prompt {i}");
+        assert_eq!(g.reason, FinishReason::Length);
+    }
+    assert!(stats.counters.prefix_hit_tokens > 0, "the shared system prompt was reused");
+
+    // Chunks of 16 tokens with a 16-token budget per step: prefill interleaves with decode.
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig { max_num_batched_tokens: 16, ..Default::default() },
+        ..Default::default()
+    };
+    let (got, _) = run_all(cfg, 256, &prompts);
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "chunked, prompt {i}");
+    }
+
+    // A pool too small for all eight at once: requests are preempted and recomputed.
+    let cfg = EngineConfig { enable_prefix_caching: false, ..Default::default() };
+    let (got, stats) = run_all(cfg, 14, &prompts);
+    assert!(stats.counters.preemptions > 0, "the small pool forced preemption");
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "after preemption, prompt {i}");
+    }
+    assert_eq!(stats.kv.used, 0, "every block returned");
+}
+
+#[test]
+fn a_shared_200_token_prefix_is_computed_once_and_reported_as_cached() {
+    let m = smollm2();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let mut prefix = tok.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(30)).unwrap();
+    prefix.truncate(200);
+    let a = [prefix.clone(), tok.encode(" Question one: why?").unwrap()].concat();
+    let b = [prefix.clone(), tok.encode(" Another question entirely, please.").unwrap()].concat();
+    let e = engine(m, 128, EngineConfig::default());
+    let h = e.handle();
+    let ra = collect(h.submit(greedy_request(a.clone(), 4)).unwrap());
+    assert_eq!(ra.usage.cached_tokens, 0);
+    let before = h.stats().counters.prompt_tokens_computed;
+    let rb = collect(h.submit(greedy_request(b.clone(), 4)).unwrap());
+    let computed = h.stats().counters.prompt_tokens_computed - before;
+    assert_eq!(rb.usage.cached_tokens, 192, "12 full blocks of the 200-token prefix");
+    assert_eq!(computed as usize, b.len() - 192, "only the uncached tokens were computed");
+    assert_eq!(rb.usage.prompt_tokens, b.len());
+
+    // Another tenant's salt: nothing is shared.
+    let mut other = greedy_request(b.clone(), 4);
+    other.salt = [9; 32];
+    let rc = collect(h.submit(other).unwrap());
+    assert_eq!(rc.usage.cached_tokens, 0);
+    assert_eq!(rc.tokens, rb.tokens);
+}
+
+#[test]
+fn a_dropped_stream_frees_its_blocks_at_once() {
+    let m = tiny("tiny-gqa-llama3");
+    let e = engine(&m, 64, EngineConfig::default());
+    let h = e.handle();
+    let mut s = h.submit(greedy_request((1..100).collect(), 900)).unwrap();
+    for _ in 0..3 {
+        s.next_blocking().unwrap();
+    }
+    assert!(h.stats().kv.used > 0);
+    drop(s);
+    let t0 = Instant::now();
+    while (h.stats().kv.used > 0 || h.stats().running > 0) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.stats().running, 0);
+    assert_eq!(h.stats().kv.used, 0, "cancelled request's blocks are free");
+}
+
+#[test]
+fn a_full_queue_refuses_without_harming_running_requests() {
+    let m = tiny("tiny-gqa-llama3");
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig { max_num_seqs: 1, ..Default::default() },
+        max_waiting: 2,
+        ..Default::default()
+    };
+    let e = engine(&m, 64, cfg);
+    let h = e.handle();
+    let mut running = h.submit(greedy_request((1..50).collect(), 400)).unwrap();
+    running.next_blocking().unwrap(); // it is running now
+    let w1 = h.submit(greedy_request((3..20).collect(), 5)).unwrap();
+    let w2 = h.submit(greedy_request((4..20).collect(), 5)).unwrap();
+    match h.submit(greedy_request((5..20).collect(), 5)) {
+        Err(EngineError::Overloaded { waiting: 2, limit: 2 }) => {}
+        other => panic!("expected Overloaded, got {:?}", other.map(|s| s.id)),
+    }
+    let rest = collect(running);
+    assert_eq!(rest.tokens.len(), 399);
+    assert_eq!(rest.reason, FinishReason::Length);
+    assert_eq!(collect(w1).tokens.len(), 5);
+    assert_eq!(collect(w2).tokens.len(), 5);
+    // Once drained, requests are accepted again.
+    assert!(h.submit(greedy_request((5..20).collect(), 2)).is_ok());
+}
+
+/// Runs a blocker (so the others queue), then returns the order in which the queued requests got
+/// their first token.
+fn first_token_order(policy: SchedulingPolicy, reqs: Vec<cachet_backend::request::EngineRequest>) -> Vec<usize> {
+    let m = tiny("tiny-gqa-llama3");
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig { max_num_seqs: 1, policy, ..Default::default() },
+        ..Default::default()
+    };
+    let e = engine(&m, 128, cfg);
+    let h = e.handle();
+    let mut blocker = h.submit(greedy_request((1..10).collect(), 200)).unwrap();
+    blocker.next_blocking().unwrap();
+    let streams: Vec<_> = reqs.into_iter().map(|r| h.submit(r).unwrap()).collect();
+    collect(blocker);
+    let firsts: Vec<Instant> = streams.into_iter().map(|s| collect(s).first_token_at.unwrap()).collect();
+    let mut order: Vec<usize> = (0..firsts.len()).collect();
+    order.sort_by_key(|&i| firsts[i]);
+    order
+}
+
+#[test]
+fn shortest_first_and_priority_reorder_the_queue() {
+    let long = || greedy_request((1..400).map(|i| i % 300).collect(), 2);
+    let short = || greedy_request((1..20).collect(), 2);
+    assert_eq!(first_token_order(SchedulingPolicy::Fcfs, vec![long(), short(), short()]), vec![0, 1, 2]);
+    assert_eq!(first_token_order(SchedulingPolicy::ShortestFirst, vec![long(), short(), short()]), vec![1, 2, 0]);
+    let mut low = short();
+    low.priority = 5;
+    let mut high = short();
+    high.priority = -1;
+    assert_eq!(first_token_order(SchedulingPolicy::Priority, vec![low, short(), high]), vec![2, 1, 0]);
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them() {
+    let m = smollm2();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let p = tok.encode(&tok.render_chat(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap()).unwrap();
+    let e = engine(m, 64, EngineConfig::default());
+    let h = e.handle();
+    let full = collect(h.submit(greedy_request(p.clone(), 12)).unwrap());
+    assert!(full.text.contains("Paris"), "{}", full.text);
+    let mut r = greedy_request(p, 12);
+    r.stop = vec![" Paris".into()];
+    let cut = collect(h.submit(r).unwrap());
+    assert_eq!(cut.reason, FinishReason::Stop);
+    assert_eq!(cut.text, full.text[..full.text.find(" Paris").unwrap()]);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_eos_stops() {
+    let m = smollm2();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let p = tok.encode(&tok.render_chat(&[ChatMessage::new("user", "Tell me a story.")], true).unwrap()).unwrap();
+    let e = engine(m, 64, EngineConfig::default());
+    let h = e.handle();
+    let sampled = |seed| {
+        let mut r = greedy_request(p.clone(), 16);
+        r.sampling = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: Some(seed) };
+        collect(h.submit(r).unwrap()).tokens
+    };
+    assert_eq!(sampled(42), sampled(42));
+    assert_ne!(sampled(42), sampled(43));
+    let mut r = cachet_backend::request::EngineRequest::new(tok.encode(&tok.render_chat(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap()).unwrap(), 64);
+    r.ignore_eos = false;
+    let c = collect(h.submit(r).unwrap());
+    assert_eq!(c.reason, FinishReason::Stop, "stopped at <|im_end|>");
+    assert!(c.tokens.len() < 64);
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let m = tiny("tiny-gqa-llama3");
+    let e = engine(&m, 8, EngineConfig::default());
+    let h = e.handle();
+    let err = |r| match h.submit(r) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted"),
+    };
+    assert!(err(greedy_request(vec![], 4)).contains("no tokens"));
+    assert!(err(greedy_request(vec![1, 5000], 4)).contains("outside the vocabulary"));
+    assert!(err(greedy_request(vec![1; 100], 200)).contains("KV blocks"));
+    assert!(err(greedy_request(vec![1; 10], 5000)).contains("maximum length"));
+}
