@@ -21,6 +21,7 @@ pub mod rng;
 pub mod sampler;
 pub mod scheduler;
 pub mod tokenizer;
+pub mod workload;
 
 pub use config::ModelConfig;
 pub use error::{DeviceError, EngineError, LoadError};

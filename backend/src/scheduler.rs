@@ -263,6 +263,13 @@ impl Scheduler {
     pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.config.max_num_batched_tokens;
+        // Decodes first (in their order), then unfinished prefills by policy, so a short prompt
+        // is not stuck behind a long prompt's chunks under shortest-first.
+        let mut running = std::mem::take(&mut self.running);
+        let (mut decoding, mut prefilling): (Vec<Seq>, Vec<Seq>) = running.drain(..).partition(|s| s.num_computed >= s.prompt_len);
+        prefilling.sort_by_key(|s| self.waiting_key(s, now));
+        decoding.append(&mut prefilling);
+        self.running = decoding;
 
         // 1. Running requests, in order: decodes and unfinished prefill chunks.
         let mut i = 0;

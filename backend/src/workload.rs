@@ -1,0 +1,155 @@
+//! Deterministic synthetic workloads for benchmarks, shaped like the seed article's: most of each
+//! prompt is a shared system prompt + few-shot prefix (optionally carrying a timestamp and a user id
+//! at the top, as real apps do), the rest is user input; Poisson arrivals.
+
+use std::time::Duration;
+
+use crate::rng::Rng;
+
+const WORDS: &[&str] = &[
+    "order", "shipping", "refund", "account", "password", "invoice", "delivery", "package", "address",
+    "payment", "card", "subscription", "plan", "upgrade", "cancel", "support", "ticket", "status",
+    "tracking", "number", "product", "warranty", "return", "exchange", "size", "color", "store",
+    "online", "mobile", "app", "login", "email", "phone", "message", "help", "problem", "question",
+    "today", "yesterday", "week", "month", "price", "discount", "coupon", "code", "balance", "credit",
+    "the", "my", "a", "is", "was", "not", "why", "how", "when", "can", "you", "please", "and", "it",
+];
+
+/// One request of a workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkItem {
+    /// Arrival time from the start of the run.
+    pub at: Duration,
+    pub system: String,
+    pub user: String,
+    pub max_tokens: usize,
+    pub user_id: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct SeedWorkloadConfig {
+    pub num_requests: usize,
+    /// Mean arrivals per second (Poisson).
+    pub rate: f64,
+    pub seed: u64,
+    /// Words of user input for short and long requests.
+    pub short_user_words: (usize, usize),
+    pub long_user_words: (usize, usize),
+    /// Share of long requests.
+    pub long_fraction: f64,
+    pub max_tokens: usize,
+    /// Put a per-request timestamp and user id at the top of the system prompt.
+    pub volatile_header: bool,
+}
+
+impl Default for SeedWorkloadConfig {
+    fn default() -> Self {
+        SeedWorkloadConfig {
+            num_requests: 24,
+            rate: 1.0,
+            seed: 7,
+            short_user_words: (40, 60),
+            long_user_words: (80, 110),
+            long_fraction: 0.3,
+            max_tokens: 8,
+            volatile_header: false,
+        }
+    }
+}
+
+/// The shared part: a support-bot system prompt and few-shot examples (~240 SmolLM2 tokens).
+pub fn shared_prefix() -> String {
+    let mut s = String::from(
+        "You are Ava, the customer support assistant of Northwind Outfitters, an online store for outdoor \
+         clothing and equipment. Follow these rules: be polite and concise; never invent order details; ask for \
+         the order number when it is missing; refunds are possible within 30 days of delivery for unused items; \
+         exchanges are free for different sizes and colors; shipping takes 3 to 5 business days within the \
+         country and 7 to 14 days abroad; express shipping costs 15 dollars; gift cards cannot be refunded; \
+         escalate legal, safety and payment fraud questions to a human agent and say so.\n\nExamples:\n",
+    );
+    s.push_str("Customer: Where is my package? Order 4471.\nAva: Order 4471 left our warehouse and should arrive within 3 to 5 business days.\n");
+    s.push_str("Customer: Can I return a jacket I wore once?\nAva: Returns are for unused items within 30 days; a worn jacket cannot be returned, but I can help with a warranty claim.\n");
+    s.push_str("Customer: My card was charged twice.\nAva: I am sorry about that. I am escalating this to a human agent who handles payment issues.\n");
+    s
+}
+
+fn words(rng: &mut Rng, n: usize) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]);
+    }
+    out.push('?');
+    out
+}
+
+/// Generates the workload: same config and seed, same requests.
+pub fn seed_workload(cfg: &SeedWorkloadConfig) -> Vec<WorkItem> {
+    let mut rng = Rng::new(cfg.seed);
+    let prefix = shared_prefix();
+    let mut t = 0.0f64;
+    (0..cfg.num_requests)
+        .map(|i| {
+            t += -(1.0 - rng.uniform()).ln() / cfg.rate;
+            let long = rng.uniform() < cfg.long_fraction;
+            let (lo, hi) = if long { cfg.long_user_words } else { cfg.short_user_words };
+            let n = lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
+            let user_id = format!("user-{:06}", rng.next_u64() % 1_000_000);
+            let system = if cfg.volatile_header {
+                let secs = 1_764_000_000 + (t as u64) + i as u64 * 17;
+                format!("Current time: {}. User id: {user_id}.\n{prefix}", rfc3339(secs))
+            } else {
+                prefix.clone()
+            };
+            WorkItem { at: Duration::from_secs_f64(t), system, user: words(&mut rng, n), max_tokens: cfg.max_tokens, user_id }
+        })
+        .collect()
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (civil-from-days).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let sod = secs % 86400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", sod / 3600, sod % 3600 / 60, sod % 60)
+}
+
+/// Percentile (nearest rank) of `xs`; 0 for an empty slice.
+pub fn percentile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+    v[rank.min(v.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_764_417_600), "2025-11-29T12:00:00Z");
+    }
+
+    #[test]
+    fn same_seed_same_workload() {
+        let c = SeedWorkloadConfig::default();
+        assert_eq!(seed_workload(&c), seed_workload(&c));
+        assert_eq!(percentile(&[3.0, 1.0, 2.0, 4.0], 50.0), 2.0);
+        assert_eq!(percentile(&[3.0, 1.0, 2.0, 4.0], 95.0), 4.0);
+    }
+}
