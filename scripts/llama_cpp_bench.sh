@@ -3,6 +3,7 @@
 # copy of the SmolLM2 GGUF, and runs Cachet's CPU bench with llama.cpp side by side.
 #   scripts/llama_cpp_bench.sh [workdir]
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/tmp/cachet-llama-cpp}
 mkdir -p "$work"
 cd "$work"
@@ -17,7 +18,6 @@ if [ ! -x build/bin/llama-bench ]; then
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON
   cmake --build build --target llama-bench llama-quantize -j "$(nproc)"
 fi
-repo=$(cd "$(dirname "$0")/.." && pwd)
 gguf=$(cd "$repo" && cargo run -q --release -p cachet-gateway -- model fetch smollm2)
 [ -f smollm2-f32.gguf ] || build/bin/llama-quantize --allow-requantize "$gguf" smollm2-f32.gguf F32
 cd "$repo"

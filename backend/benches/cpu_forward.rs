@@ -20,8 +20,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// GFLOP/s of the CPU matmul at a prefill-like shape.
 fn gemm_rate(n: usize, k: usize, m: usize) -> f64 {
-    let x: Vec<f32> = (0..n * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
-    let w: Vec<f32> = (0..m * k).map(|i| ((i * 53) % 97) as f32 / 97.0 - 0.5).collect();
+    let x: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5)
+        .collect();
+    let w: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 53) % 97) as f32 / 97.0 - 0.5)
+        .collect();
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
@@ -32,15 +36,30 @@ fn gemm_rate(n: usize, k: usize, m: usize) -> f64 {
 }
 
 fn main() {
-    println!("matmul 512x576 · 1536x576ᵀ: {:.1} GFLOP/s", gemm_rate(512, 576, 1536));
-    println!("matmul 1x576 · 49152x576ᵀ: {:.1} GFLOP/s", gemm_rate(1, 576, 49152));
+    println!(
+        "matmul 512x576 · 1536x576ᵀ: {:.1} GFLOP/s",
+        gemm_rate(512, 576, 1536)
+    );
+    println!(
+        "matmul 1x576 · 49152x576ᵀ: {:.1} GFLOP/s",
+        gemm_rate(1, 576, 49152)
+    );
     let path = fetch::fetch(fetch::known_model("smollm2").unwrap(), true).expect("fetch smollm2");
     let m = loader::load(path.to_str().unwrap(), false).unwrap();
     let bs = 16;
     let prompt_len = 512;
     let decode_len = 128;
-    let mut r = cpu_runner(&m.config, &m.weights, (prompt_len + decode_len) / bs + 2, bs, 4096).unwrap();
-    let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 100 + (i * 7919) % 40000).collect();
+    let mut r = cpu_runner(
+        &m.config,
+        &m.weights,
+        (prompt_len + decode_len) / bs + 2,
+        bs,
+        4096,
+    )
+    .unwrap();
+    let prompt: Vec<u32> = (0..prompt_len as u32)
+        .map(|i| 100 + (i * 7919) % 40000)
+        .collect();
     let threads = rayon::current_num_threads();
 
     let mut prefill = Vec::new();
@@ -63,13 +82,32 @@ fn main() {
         }
         decode.push(decode_len as f64 / t1.elapsed().as_secs_f64());
     }
-    println!("| engine | threads | prefill 512 tok (tok/s) | decode batch 1, ctx 512-640 (tok/s) |");
+    println!(
+        "| engine | threads | prefill 512 tok (tok/s) | decode batch 1, ctx 512-640 (tok/s) |"
+    );
     println!("|---|---|---|---|");
-    println!("| cachet cpu (f32) | {threads} | {:.0} | {:.1} |", median(prefill.clone()), median(decode.clone()));
+    println!(
+        "| cachet cpu (f32) | {threads} | {:.0} | {:.1} |",
+        median(prefill.clone()),
+        median(decode.clone())
+    );
     if let Ok(bench) = std::env::var("LLAMA_BENCH") {
         let f32_gguf = std::env::var("LLAMA_GGUF").unwrap_or_else(|_| path.display().to_string());
         let out = std::process::Command::new(&bench)
-            .args(["-m", &f32_gguf, "-p", "512", "-n", "128", "-t", &threads.to_string(), "-r", "3", "-o", "json"])
+            .args([
+                "-m",
+                &f32_gguf,
+                "-p",
+                "512",
+                "-n",
+                "128",
+                "-t",
+                &threads.to_string(),
+                "-r",
+                "3",
+                "-o",
+                "json",
+            ])
             .output()
             .expect("running llama-bench");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("llama-bench JSON");
@@ -82,7 +120,19 @@ fn main() {
                 row.1 = ts;
             }
         }
-        println!("| llama.cpp ({}) | {threads} | {:.0} | {:.1} |", std::path::Path::new(&f32_gguf).file_name().unwrap().to_string_lossy(), row.0, row.1);
-        println!("| ratio cachet / llama.cpp | | {:.2} | {:.2} |", median(prefill.clone()) / row.0, median(decode.clone()) / row.1);
+        println!(
+            "| llama.cpp ({}) | {threads} | {:.0} | {:.1} |",
+            std::path::Path::new(&f32_gguf)
+                .file_name()
+                .unwrap()
+                .to_string_lossy(),
+            row.0,
+            row.1
+        );
+        println!(
+            "| ratio cachet / llama.cpp | | {:.2} | {:.2} |",
+            median(prefill.clone()) / row.0,
+            median(decode.clone()) / row.1
+        );
     }
 }

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use cachet_backend::engine::{EngineConfig, EngineHandle, Engine};
+use cachet_backend::engine::{Engine, EngineConfig, EngineHandle};
 use cachet_backend::loader::{self, fetch, LoadedModel};
 use cachet_backend::model::runner::cpu_runner;
 use cachet_backend::request::{EngineEvent, EngineRequest, RequestTimings, Usage};
@@ -25,7 +25,10 @@ struct Run {
 
 fn encode(m: &LoadedModel, w: &WorkItem) -> Vec<u32> {
     let tok = m.tokenizer.as_ref().unwrap();
-    let msgs = [ChatMessage::new("system", &w.system), ChatMessage::new("user", &w.user)];
+    let msgs = [
+        ChatMessage::new("system", &w.system),
+        ChatMessage::new("user", &w.user),
+    ];
     tok.encode(&tok.render_chat(&msgs, true).unwrap()).unwrap()
 }
 
@@ -49,7 +52,12 @@ fn replay(h: &EngineHandle, prompts: &[Vec<u32>], items: &[WorkItem]) -> Run {
         }));
     }
     let (timings, usage) = joins.into_iter().map(|j| j.join().unwrap()).unzip();
-    Run { timings, usage, prompt_lens: prompts.iter().map(|p| p.len()).collect(), wall: t0.elapsed() }
+    Run {
+        timings,
+        usage,
+        prompt_lens: prompts.iter().map(|p| p.len()).collect(),
+        wall: t0.elapsed(),
+    }
 }
 
 fn start(m: &LoadedModel, cfg: EngineConfig) -> Engine {
@@ -83,33 +91,66 @@ fn row(name: &str, run: &Run) {
 fn main() {
     let path = fetch::fetch(fetch::known_model("smollm2").unwrap(), true).unwrap();
     let m = loader::load(path.to_str().unwrap(), false).unwrap();
-    let rate: f64 = std::env::var("RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(0.8);
-    let n: usize = std::env::var("N").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
-    let wl = SeedWorkloadConfig { num_requests: n, rate, short_user_words: (70, 90), long_user_words: (120, 160), ..Default::default() };
+    let rate: f64 = std::env::var("RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.8);
+    let n: usize = std::env::var("N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let wl = SeedWorkloadConfig {
+        num_requests: n,
+        rate,
+        short_user_words: (70, 90),
+        long_user_words: (120, 160),
+        ..Default::default()
+    };
     let part = std::env::var("PART").unwrap_or_default();
     let items = seed_workload(&wl);
     let prompts: Vec<Vec<u32>> = items.iter().map(|w| encode(&m, w)).collect();
     let shared = {
         let tok = m.tokenizer.as_ref().unwrap();
         let a = &prompts[0];
-        let b = encode(&m, &WorkItem { user: "x".into(), ..items[0].clone() });
+        let b = encode(
+            &m,
+            &WorkItem {
+                user: "x".into(),
+                ..items[0].clone()
+            },
+        );
         let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
         let _ = tok;
         common
     };
     let mean_len = prompts.iter().map(|p| p.len()).sum::<usize>() as f64 / prompts.len() as f64;
     // Warm-up pass: same shared prefix, other user inputs, run before the measured pass.
-    let warm_items = seed_workload(&SeedWorkloadConfig { num_requests: 4, seed: 99, rate: 100.0, ..wl.clone() });
+    let warm_items = seed_workload(&SeedWorkloadConfig {
+        num_requests: 4,
+        seed: 99,
+        rate: 100.0,
+        ..wl.clone()
+    });
     let warm_prompts: Vec<Vec<u32>> = warm_items.iter().map(|w| encode(&m, w)).collect();
 
     let baseline = EngineConfig {
         enable_prefix_caching: false,
-        scheduler: SchedulerConfig { enable_chunked_prefill: false, policy: SchedulingPolicy::Fcfs, max_num_batched_tokens: 2048, ..Default::default() },
+        scheduler: SchedulerConfig {
+            enable_chunked_prefill: false,
+            policy: SchedulingPolicy::Fcfs,
+            max_num_batched_tokens: 2048,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let all_on = EngineConfig {
         enable_prefix_caching: true,
-        scheduler: SchedulerConfig { enable_chunked_prefill: true, policy: SchedulingPolicy::ShortestFirst, max_num_batched_tokens: 256, ..Default::default() },
+        scheduler: SchedulerConfig {
+            enable_chunked_prefill: true,
+            policy: SchedulingPolicy::ShortestFirst,
+            max_num_batched_tokens: 256,
+            ..Default::default()
+        },
         ..Default::default()
     };
     println!("SmolLM2-135M on the CPU ({} threads); {n} requests, Poisson {rate} req/s, {} output tokens each; \
@@ -118,7 +159,11 @@ fn main() {
     println!("| configuration | TTFT P50 (ms) | TTFT P95 | queue P50 | queue P95 | prefill P50 | prefill P95 | prefix hit | req/s |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut p95 = Vec::new();
-    let seed_part = if part == "mix" { vec![] } else { vec![("baseline", &baseline), ("all on", &all_on)] };
+    let seed_part = if part == "mix" {
+        vec![]
+    } else {
+        vec![("baseline", &baseline), ("all on", &all_on)]
+    };
     for (name, cfg) in seed_part {
         for warm in [false, true] {
             let e = start(&m, cfg.clone());
@@ -127,14 +172,23 @@ fn main() {
                 replay(&h, &warm_prompts, &warm_items);
             }
             let run = replay(&h, &prompts, &items);
-            row(&format!("{name}, {}", if warm { "warm" } else { "cold" }), &run);
-            p95.push(percentile(&run.timings.iter().map(|t| ms(t.ttft)).collect::<Vec<_>>(), 95.0));
+            row(
+                &format!("{name}, {}", if warm { "warm" } else { "cold" }),
+                &run,
+            );
+            p95.push(percentile(
+                &run.timings.iter().map(|t| ms(t.ttft)).collect::<Vec<_>>(),
+                95.0,
+            ));
             let _ = run.prompt_lens;
         }
     }
     if p95.len() == 4 {
-        println!("\nP95 TTFT cut, all on vs baseline: cold {:.0}%, warm {:.0}%",
-            100.0 * (1.0 - p95[2] / p95[0]), 100.0 * (1.0 - p95[3] / p95[1]));
+        println!(
+            "\nP95 TTFT cut, all on vs baseline: cold {:.0}%, warm {:.0}%",
+            100.0 * (1.0 - p95[2] / p95[0]),
+            100.0 * (1.0 - p95[3] / p95[1])
+        );
     }
 
     // Shortest-first vs FCFS on a long/short mix with no shared prefix (caching off for both).
@@ -162,15 +216,40 @@ fn main() {
     ] {
         let cfg = EngineConfig {
             enable_prefix_caching: false,
-            scheduler: SchedulerConfig { policy, max_num_batched_tokens: 512, enable_chunked_prefill: chunked, ..Default::default() },
+            scheduler: SchedulerConfig {
+                policy,
+                max_num_batched_tokens: 512,
+                enable_chunked_prefill: chunked,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let e = start(&m, cfg);
         let run = replay(&e.handle(), &mix_prompts, &mix);
         let q: Vec<f64> = run.timings.iter().map(|t| ms(t.queue)).collect();
-        let short_q: Vec<f64> = run.timings.iter().zip(&run.prompt_lens).filter(|(_, &l)| l < 100).map(|(t, _)| ms(t.queue)).collect();
+        let short_q: Vec<f64> = run
+            .timings
+            .iter()
+            .zip(&run.prompt_lens)
+            .filter(|(_, &l)| l < 100)
+            .map(|(t, _)| ms(t.queue))
+            .collect();
         let t: Vec<f64> = run.timings.iter().map(|t| ms(t.ttft)).collect();
-        let short_t: Vec<f64> = run.timings.iter().zip(&run.prompt_lens).filter(|(_, &l)| l < 100).map(|(t, _)| ms(t.ttft)).collect();
-        println!("| {name} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |", if chunked { "on" } else { "off" }, percentile(&q, 50.0), percentile(&q, 95.0), percentile(&short_q, 95.0), percentile(&short_t, 95.0), percentile(&t, 95.0));
+        let short_t: Vec<f64> = run
+            .timings
+            .iter()
+            .zip(&run.prompt_lens)
+            .filter(|(_, &l)| l < 100)
+            .map(|(t, _)| ms(t.ttft))
+            .collect();
+        println!(
+            "| {name} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            if chunked { "on" } else { "off" },
+            percentile(&q, 50.0),
+            percentile(&q, 95.0),
+            percentile(&short_q, 95.0),
+            percentile(&short_t, 95.0),
+            percentile(&t, 95.0)
+        );
     }
 }

@@ -49,8 +49,19 @@ pub struct HashContext {
 }
 
 impl HashContext {
-    pub fn new(key: [u8; 32], salt: [u8; 32], model_id: impl Into<String>, block_size: usize) -> Self {
-        HashContext { key, salt, model_id: model_id.into(), block_size, extra: Vec::new() }
+    pub fn new(
+        key: [u8; 32],
+        salt: [u8; 32],
+        model_id: impl Into<String>,
+        block_size: usize,
+    ) -> Self {
+        HashContext {
+            key,
+            salt,
+            model_id: model_id.into(),
+            block_size,
+            extra: Vec::new(),
+        }
     }
 
     /// Hash of the first block.

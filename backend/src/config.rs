@@ -58,11 +58,13 @@ impl ModelConfig {
     /// Parameters in the model (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let h = self.hidden_size;
-        let per_layer = h * self.qkv_dim()
-            + self.q_dim() * h
-            + 3 * h * self.intermediate_size
-            + 2 * h;
-        let head = if self.tie_word_embeddings { 0 } else { self.vocab_size * h };
+        let per_layer =
+            h * self.qkv_dim() + self.q_dim() * h + 3 * h * self.intermediate_size + 2 * h;
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            self.vocab_size * h
+        };
         self.vocab_size * h + head + h + per_layer * self.num_hidden_layers
     }
 
@@ -79,7 +81,10 @@ impl ModelConfig {
             ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return bad(format!("head_dim must be even and > 0, got {}", self.head_dim));
+            return bad(format!(
+                "head_dim must be even and > 0, got {}",
+                self.head_dim
+            ));
         }
         if self.hidden_size == 0 || self.vocab_size == 0 || self.num_hidden_layers == 0 {
             return bad("hidden_size, vocab_size and num_hidden_layers must be > 0".into());
@@ -90,10 +95,18 @@ impl ModelConfig {
     /// Reads an HF `config.json`.
     pub fn from_hf_json(path: &Path) -> Result<Self, LoadError> {
         let text = std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))?;
-        let raw: RawHfConfig =
-            serde_json::from_str(&text).map_err(|source| LoadError::Json { path: path.into(), source })?;
-        let arch_ok = raw.model_type.as_deref().map_or(false, |t| t == "llama" || t == "mistral")
-            || raw.architectures.iter().any(|a| a == "LlamaForCausalLM" || a == "MistralForCausalLM");
+        let raw: RawHfConfig = serde_json::from_str(&text).map_err(|source| LoadError::Json {
+            path: path.into(),
+            source,
+        })?;
+        let arch_ok = raw
+            .model_type
+            .as_deref()
+            .map_or(false, |t| t == "llama" || t == "mistral")
+            || raw
+                .architectures
+                .iter()
+                .any(|a| a == "LlamaForCausalLM" || a == "MistralForCausalLM");
         if !arch_ok {
             let arch = raw
                 .architectures
@@ -101,7 +114,10 @@ impl ModelConfig {
                 .cloned()
                 .or(raw.model_type.clone())
                 .unwrap_or_else(|| "<none given>".into());
-            return Err(LoadError::UnknownArchitecture { path: path.into(), arch });
+            return Err(LoadError::UnknownArchitecture {
+                path: path.into(),
+                arch,
+            });
         }
         let need = |v: Option<usize>, name: &str| {
             v.ok_or_else(|| LoadError::format(path, format!("config.json lacks `{name}`")))
@@ -113,7 +129,11 @@ impl ModelConfig {
         let rope_obj = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
         let rope_theta = raw
             .rope_theta
-            .or_else(|| rope_obj.and_then(|r| r.get("rope_theta")).and_then(|v| v.as_f64()))
+            .or_else(|| {
+                rope_obj
+                    .and_then(|r| r.get("rope_theta"))
+                    .and_then(|v| v.as_f64())
+            })
             .unwrap_or(10000.0);
         let rope_scaling = match rope_obj {
             None => RopeScaling::Default,
@@ -121,9 +141,20 @@ impl ModelConfig {
         };
         let eos_token_ids = match raw.eos_token_id {
             None => vec![],
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
-            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
-            Some(other) => return Err(LoadError::format(path, format!("eos_token_id: unexpected {other}"))),
+            Some(serde_json::Value::Number(n)) => {
+                n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
+            }
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as u32)
+                .collect(),
+            Some(other) => {
+                return Err(LoadError::format(
+                    path,
+                    format!("eos_token_id: unexpected {other}"),
+                ))
+            }
         };
         let cfg = ModelConfig {
             hidden_size,
@@ -131,7 +162,9 @@ impl ModelConfig {
             num_hidden_layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
             num_attention_heads,
             num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
-            head_dim: raw.head_dim.unwrap_or(hidden_size / num_attention_heads.max(1)),
+            head_dim: raw
+                .head_dim
+                .unwrap_or(hidden_size / num_attention_heads.max(1)),
             vocab_size: need(raw.vocab_size, "vocab_size")?,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
@@ -172,8 +205,12 @@ impl ModelConfig {
         if let Some(&e) = self.eos_token_ids.first() {
             v["eos_token_id"] = e.into();
         }
-        if let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } =
-            self.rope_scaling
+        if let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } = self.rope_scaling
         {
             v["rope_scaling"] = serde_json::json!({
                 "rope_type": "llama3",

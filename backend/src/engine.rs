@@ -75,7 +75,12 @@ impl EngineStats {
 }
 
 enum Command {
-    Add { id: RequestId, req: EngineRequest, arrival: Instant, tx: tmpsc::UnboundedSender<EngineEvent> },
+    Add {
+        id: RequestId,
+        req: EngineRequest,
+        arrival: Instant,
+        tx: tmpsc::UnboundedSender<EngineEvent>,
+    },
     Cancel(RequestId),
     Shutdown,
 }
@@ -146,11 +151,20 @@ pub struct Engine {
 
 impl Engine {
     /// Starts the engine thread over `runner`. `tokenizer` enables stop strings and text in events.
-    pub fn start(runner: Box<dyn Runner>, tokenizer: Option<TextTokenizer>, config: EngineConfig) -> Engine {
+    pub fn start(
+        runner: Box<dyn Runner>,
+        tokenizer: Option<TextTokenizer>,
+        config: EngineConfig,
+    ) -> Engine {
         let layout = runner.kv_layout();
         let mut sched_cfg = config.scheduler.clone();
         sched_cfg.max_model_len = sched_cfg.max_model_len.min(runner.max_model_len());
-        let kv = KvCacheManager::new(layout.num_blocks, layout.block_size, config.prefix_cache_cap, config.enable_prefix_caching);
+        let kv = KvCacheManager::new(
+            layout.num_blocks,
+            layout.block_size,
+            config.prefix_cache_cap,
+            config.enable_prefix_caching,
+        );
         let limits = Arc::new(Limits {
             max_waiting: config.max_waiting,
             num_blocks: layout.num_blocks,
@@ -158,10 +172,18 @@ impl Engine {
             max_model_len: sched_cfg.max_model_len,
             vocab: runner.config().vocab_size,
             eos: runner.config().eos_token_ids.clone(),
-            hasher: HashContext::new(config.hash_key, [0; 32], config.model_id.clone(), layout.block_size),
+            hasher: HashContext::new(
+                config.hash_key,
+                [0; 32],
+                config.model_id.clone(),
+                layout.block_size,
+            ),
         });
         let (cmd_tx, cmd_rx) = mpsc::channel();
-        let stats = Arc::new(Mutex::new(EngineStats { block_size: layout.block_size, ..Default::default() }));
+        let stats = Arc::new(Mutex::new(EngineStats {
+            block_size: layout.block_size,
+            ..Default::default()
+        }));
         let (kv_events, _) = broadcast::channel(1024);
         let handle = EngineHandle {
             cmd: cmd_tx,
@@ -186,7 +208,10 @@ impl Engine {
             .name("cachet-engine".into())
             .spawn(move || core.run())
             .expect("spawning the engine thread");
-        Engine { handle, thread: Some(thread) }
+        Engine {
+            handle,
+            thread: Some(thread),
+        }
     }
 
     pub fn handle(&self) -> EngineHandle {
@@ -209,13 +234,20 @@ impl EngineHandle {
         let l = &self.limits;
         req.sampling.validate()?;
         if req.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt has no tokens".into()));
+            return Err(EngineError::InvalidRequest(
+                "the prompt has no tokens".into(),
+            ));
         }
         if req.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
         if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= l.vocab) {
-            return Err(EngineError::InvalidRequest(format!("token id {t} is outside the vocabulary of {}", l.vocab)));
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary of {}",
+                l.vocab
+            )));
         }
         let total = req.prompt.len() + req.max_tokens;
         if total > l.max_model_len {
@@ -237,7 +269,10 @@ impl EngineHandle {
         let waiting = self.not_started.fetch_add(1, Ordering::SeqCst);
         if waiting >= l.max_waiting {
             self.not_started.fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::Overloaded { waiting, limit: l.max_waiting });
+            return Err(EngineError::Overloaded {
+                waiting,
+                limit: l.max_waiting,
+            });
         }
         if !req.ignore_eos {
             for &e in &l.eos {
@@ -248,11 +283,25 @@ impl EngineHandle {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) as RequestId;
         let (tx, rx) = tmpsc::unbounded_channel();
-        if self.cmd.send(Command::Add { id, req, arrival: Instant::now(), tx }).is_err() {
+        if self
+            .cmd
+            .send(Command::Add {
+                id,
+                req,
+                arrival: Instant::now(),
+                tx,
+            })
+            .is_err()
+        {
             self.not_started.fetch_sub(1, Ordering::SeqCst);
             return Err(EngineError::Shutdown);
         }
-        Ok(RequestStream { id, rx, cmd: self.cmd.clone(), done: false })
+        Ok(RequestStream {
+            id,
+            rx,
+            cmd: self.cmd.clone(),
+            done: false,
+        })
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -266,7 +315,10 @@ impl EngineHandle {
 
     /// Block hashes of `tokens` for a tenant salt, as the engine computes them.
     pub fn hash_context(&self, salt: [u8; 32]) -> HashContext {
-        HashContext { salt, ..self.limits.hasher.clone() }
+        HashContext {
+            salt,
+            ..self.limits.hasher.clone()
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -335,15 +387,36 @@ impl EngineCore {
     /// Applies a command; `false` means shut down.
     fn apply(&mut self, c: Command) -> bool {
         match c {
-            Command::Add { id, req, arrival, tx } => {
-                let hasher = HashContext { salt: req.salt, ..self.hasher.clone() };
-                self.streams.insert(id, StreamState { tx, decoder: IncrementalDecoder::new(), text: String::new(), sent: 0, started: false });
+            Command::Add {
+                id,
+                req,
+                arrival,
+                tx,
+            } => {
+                let hasher = HashContext {
+                    salt: req.salt,
+                    ..self.hasher.clone()
+                };
+                self.streams.insert(
+                    id,
+                    StreamState {
+                        tx,
+                        decoder: IncrementalDecoder::new(),
+                        text: String::new(),
+                        sent: 0,
+                        started: false,
+                    },
+                );
                 self.sched.add(id, req, hasher, arrival);
             }
             Command::Cancel(id) => self.finish(id, FinishReason::Cancelled, None),
             Command::Shutdown => {
                 for id in self.sched.ids() {
-                    self.finish(id, FinishReason::Cancelled, Some("engine shutting down".into()));
+                    self.finish(
+                        id,
+                        FinishReason::Cancelled,
+                        Some("engine shutting down".into()),
+                    );
                 }
                 return false;
             }
@@ -353,7 +426,12 @@ impl EngineCore {
 
     /// Cancels requests whose client went away and those past their deadline.
     fn reap(&mut self) {
-        let gone: Vec<RequestId> = self.streams.iter().filter(|(_, s)| s.tx.is_closed()).map(|(&id, _)| id).collect();
+        let gone: Vec<RequestId> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.tx.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
         for id in gone {
             self.finish(id, FinishReason::Cancelled, None);
         }
@@ -389,16 +467,24 @@ impl EngineCore {
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed; failing the step's requests");
                 for sc in &out.scheduled {
-                    self.finish(sc.id, FinishReason::Error, Some(format!("engine error: {e}")));
+                    self.finish(
+                        sc.id,
+                        FinishReason::Error,
+                        Some(format!("engine error: {e}")),
+                    );
                 }
             }
         }
     }
 
     fn emit(&mut self, t: StepToken) {
-        let Some(seq) = self.sched.get(t.id) else { return };
+        let Some(seq) = self.sched.get(t.id) else {
+            return;
+        };
         let stops = seq.req.stop.clone();
-        let Some(st) = self.streams.get_mut(&t.id) else { return };
+        let Some(st) = self.streams.get_mut(&t.id) else {
+            return;
+        };
         let at = Instant::now();
         let mut finish = t.finish;
         let mut delta = String::new();
@@ -411,18 +497,30 @@ impl EngineCore {
                 }
             }
             let unsent = &st.text[st.sent..];
-            if let Some((pos, _)) = stops.iter().filter_map(|s| unsent.find(s.as_str()).map(|p| (p, s))).min_by_key(|x| x.0) {
+            if let Some((pos, _)) = stops
+                .iter()
+                .filter_map(|s| unsent.find(s.as_str()).map(|p| (p, s)))
+                .min_by_key(|x| x.0)
+            {
                 delta = unsent[..pos].to_string();
                 st.sent = st.text.len();
                 finish = Some(FinishReason::Stop);
             } else {
-                let hold = if finish.is_some() { 0 } else { held_back(unsent, &stops) };
+                let hold = if finish.is_some() {
+                    0
+                } else {
+                    held_back(unsent, &stops)
+                };
                 let upto = st.text.len() - hold;
                 delta = st.text[st.sent..upto].to_string();
                 st.sent = upto;
             }
         }
-        let _ = st.tx.send(EngineEvent::Token { id: t.token, text: delta, at });
+        let _ = st.tx.send(EngineEvent::Token {
+            id: t.token,
+            text: delta,
+            at,
+        });
         if let Some(reason) = finish {
             self.finish(t.id, reason, None);
         }
@@ -430,28 +528,55 @@ impl EngineCore {
 
     /// Ends a request: frees its blocks and sends `Finished`.
     fn finish(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
-        let Some(seq) = self.sched.remove(id) else { return };
-        let Some(st) = self.streams.remove(&id) else { return };
+        let Some(seq) = self.sched.remove(id) else {
+            return;
+        };
+        let Some(st) = self.streams.remove(&id) else {
+            return;
+        };
         if !st.started {
             self.not_started.fetch_sub(1, Ordering::SeqCst);
         }
         let now = Instant::now();
-        let since = |a: Option<Instant>, b: Instant| a.map(|a| a.saturating_duration_since(b)).unwrap_or_default();
+        let since = |a: Option<Instant>, b: Instant| {
+            a.map(|a| a.saturating_duration_since(b))
+                .unwrap_or_default()
+        };
         let n_out = seq.num_output();
         let timings = RequestTimings {
             queue: since(seq.first_scheduled, seq.arrival),
-            prefill: seq.first_token.zip(seq.first_scheduled).map(|(f, s)| f.saturating_duration_since(s)).unwrap_or_default(),
+            prefill: seq
+                .first_token
+                .zip(seq.first_scheduled)
+                .map(|(f, s)| f.saturating_duration_since(s))
+                .unwrap_or_default(),
             ttft: since(seq.first_token, seq.arrival),
             e2e: now.saturating_duration_since(seq.arrival),
             mean_itl: match (seq.first_token, seq.last_token) {
-                (Some(f), Some(l)) if n_out > 1 => l.saturating_duration_since(f) / (n_out as u32 - 1),
+                (Some(f), Some(l)) if n_out > 1 => {
+                    l.saturating_duration_since(f) / (n_out as u32 - 1)
+                }
                 _ => Duration::ZERO,
             },
             preemptions: seq.preemptions,
         };
-        let usage = Usage { prompt_tokens: seq.prompt_len, cached_tokens: seq.cached_tokens.unwrap_or(0), completion_tokens: n_out };
-        let rest = if reason == FinishReason::Stop && st.sent == st.text.len() { String::new() } else { st.text[st.sent..].to_string() };
-        let _ = st.tx.send(EngineEvent::Finished { reason, usage, timings, error, text: rest });
+        let usage = Usage {
+            prompt_tokens: seq.prompt_len,
+            cached_tokens: seq.cached_tokens.unwrap_or(0),
+            completion_tokens: n_out,
+        };
+        let rest = if reason == FinishReason::Stop && st.sent == st.text.len() {
+            String::new()
+        } else {
+            st.text[st.sent..].to_string()
+        };
+        let _ = st.tx.send(EngineEvent::Finished {
+            reason,
+            usage,
+            timings,
+            error,
+            text: rest,
+        });
     }
 
     fn publish(&mut self) {
@@ -472,7 +597,10 @@ fn held_back(unsent: &str, stops: &[String]) -> usize {
     let mut hold = 0;
     for s in stops {
         for k in (1..s.len().min(unsent.len() + 1)).rev() {
-            if unsent.is_char_boundary(unsent.len() - k) && s.is_char_boundary(k) && unsent.ends_with(&s[..k]) {
+            if unsent.is_char_boundary(unsent.len() - k)
+                && s.is_char_boundary(k)
+                && unsent.ends_with(&s[..k])
+            {
                 hold = hold.max(k);
                 break;
             }

@@ -10,19 +10,44 @@ pub enum LoadError {
     #[error("{path}: unsupported architecture `{arch}` (supported: llama / LlamaForCausalLM and Llama-family GGUF)")]
     UnknownArchitecture { path: PathBuf, arch: String },
     #[error("{path}: tensor `{tensor}` has unsupported dtype {dtype} (supported: {supported})")]
-    UnsupportedDtype { path: PathBuf, tensor: String, dtype: String, supported: &'static str },
-    #[error("{path}: file is truncated: {what} needs {needed} bytes but only {available} are there")]
-    Truncated { path: PathBuf, what: String, needed: u64, available: u64 },
+    UnsupportedDtype {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+        supported: &'static str,
+    },
+    #[error(
+        "{path}: file is truncated: {what} needs {needed} bytes but only {available} are there"
+    )]
+    Truncated {
+        path: PathBuf,
+        what: String,
+        needed: u64,
+        available: u64,
+    },
     #[error("{path}: {msg}")]
     Format { path: PathBuf, msg: String },
     #[error("{path}: missing tensor `{name}`")]
     MissingTensor { path: PathBuf, name: String },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
-    Shape { path: PathBuf, name: String, got: Vec<usize>, expected: Vec<usize> },
+    Shape {
+        path: PathBuf,
+        name: String,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: invalid JSON: {source}")]
-    Json { path: PathBuf, #[source] source: serde_json::Error },
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("fetching {model}: {msg}")]
@@ -33,12 +58,18 @@ impl LoadError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         let path = path.into();
         if source.kind() == std::io::ErrorKind::NotFound {
-            return LoadError::NotFound { path, hint: "no such file or directory".into() };
+            return LoadError::NotFound {
+                path,
+                hint: "no such file or directory".into(),
+            };
         }
         LoadError::Io { path, source }
     }
     pub(crate) fn format(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        LoadError::Format { path: path.into(), msg: msg.into() }
+        LoadError::Format {
+            path: path.into(),
+            msg: msg.into(),
+        }
     }
 }
 
@@ -46,9 +77,17 @@ impl LoadError {
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     #[error("{device}: out of memory allocating {bytes} bytes for {what}")]
-    OutOfMemory { device: &'static str, bytes: usize, what: String },
+    OutOfMemory {
+        device: &'static str,
+        bytes: usize,
+        what: String,
+    },
     #[error("{device}: {op}: {msg}")]
-    Op { device: &'static str, op: &'static str, msg: String },
+    Op {
+        device: &'static str,
+        op: &'static str,
+        msg: String,
+    },
     #[error("device `{0}` is not available: {1}")]
     Unavailable(String, String),
 }

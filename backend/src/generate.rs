@@ -20,7 +20,12 @@ pub struct GenerateParams {
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), stop_token_ids: vec![], prefill_chunk: 512 }
+        GenerateParams {
+            max_tokens: 64,
+            sampling: SamplingParams::greedy(),
+            stop_token_ids: vec![],
+            prefill_chunk: 512,
+        }
     }
 }
 
@@ -47,7 +52,9 @@ pub fn prefill(
     chunk: usize,
 ) -> Result<Logits, EngineError> {
     if prompt.is_empty() {
-        return Err(EngineError::InvalidRequest("the prompt has no tokens".into()));
+        return Err(EngineError::InvalidRequest(
+            "the prompt has no tokens".into(),
+        ));
     }
     let bs = runner.kv_layout().block_size;
     let mut done = 0;
@@ -109,5 +116,8 @@ pub fn generate(
         batch.push_seq(&[tok], pos, &table, layout.block_size, true);
         logits = runner.forward(&batch)?;
     };
-    Ok(GenerateOutput { tokens: out, finish })
+    Ok(GenerateOutput {
+        tokens: out,
+        finish,
+    })
 }

@@ -96,5 +96,11 @@ pub enum EngineEvent {
     /// a possible stop string is held back).
     Token { id: u32, text: String, at: Instant },
     /// The last event of every stream.
-    Finished { reason: FinishReason, usage: Usage, timings: RequestTimings, error: Option<String>, text: String },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        timings: RequestTimings,
+        error: Option<String>,
+        text: String,
+    },
 }

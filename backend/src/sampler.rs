@@ -19,7 +19,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: None }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        }
     }
 }
 
@@ -29,10 +34,16 @@ impl SamplingParams {
     }
     pub fn validate(&self) -> Result<(), EngineError> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(EngineError::InvalidRequest(format!("temperature must be >= 0, got {}", self.temperature)));
+            return Err(EngineError::InvalidRequest(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            )));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(EngineError::InvalidRequest(format!("top_p must be in (0, 1], got {}", self.top_p)));
+            return Err(EngineError::InvalidRequest(format!(
+                "top_p must be in (0, 1], got {}",
+                self.top_p
+            )));
         }
         Ok(())
     }
@@ -57,15 +68,26 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub fn distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
     let t = p.temperature.max(1e-6);
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let k = if p.top_k == 0 { logits.len() } else { p.top_k.min(logits.len()) };
-    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let k = if p.top_k == 0 {
+        logits.len()
+    } else {
+        p.top_k.min(logits.len())
+    };
+    let cmp = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
     if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, cmp);
         idx.truncate(k);
     }
     idx.sort_unstable_by(cmp);
     let max = logits[idx[0] as usize];
-    let mut probs: Vec<(u32, f32)> = idx.iter().map(|&i| (i, ((logits[i as usize] - max) / t).exp())).collect();
+    let mut probs: Vec<(u32, f32)> = idx
+        .iter()
+        .map(|&i| (i, ((logits[i as usize] - max) / t).exp()))
+        .collect();
     let sum: f32 = probs.iter().map(|x| x.1).sum();
     probs.iter_mut().for_each(|x| x.1 /= sum);
     if p.top_p < 1.0 {
@@ -114,9 +136,25 @@ mod tests {
     #[test]
     fn top_k_and_top_p_cut_the_distribution() {
         let logits = [0.0, 1.0, 2.0, 3.0];
-        let d = distribution(&logits, &SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, seed: None });
+        let d = distribution(
+            &logits,
+            &SamplingParams {
+                temperature: 1.0,
+                top_k: 2,
+                top_p: 1.0,
+                seed: None,
+            },
+        );
         assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
-        let d = distribution(&logits, &SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, seed: None });
+        let d = distribution(
+            &logits,
+            &SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.5,
+                seed: None,
+            },
+        );
         assert_eq!(d.len(), 1);
         assert!((d[0].1 - 1.0).abs() < 1e-6);
     }
@@ -124,10 +162,17 @@ mod tests {
     #[test]
     fn seeded_sampling_reproduces_and_follows_the_distribution() {
         let logits = [0.0f32, 1.0, 2.0];
-        let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: Some(3) };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: Some(3),
+        };
         let draw = |seed| {
             let mut rng = Rng::new(seed);
-            (0..4000).map(|_| sample(&logits, &p, &mut rng)).collect::<Vec<_>>()
+            (0..4000)
+                .map(|_| sample(&logits, &p, &mut rng))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(3), draw(3));
         let xs = draw(5);

@@ -43,7 +43,9 @@ impl std::str::FromStr for SchedulingPolicy {
             "fcfs" => Ok(Self::Fcfs),
             "priority" => Ok(Self::Priority),
             "shortest-first" | "shortest_first" | "sjf" => Ok(Self::ShortestFirst),
-            o => Err(format!("unknown scheduling policy `{o}` (fcfs, priority, shortest-first)")),
+            o => Err(format!(
+                "unknown scheduling policy `{o}` (fcfs, priority, shortest-first)"
+            )),
         }
     }
 }
@@ -167,7 +169,14 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
-        Scheduler { config, kv, waiting: Vec::new(), running: Vec::new(), next_seq_no: 0, counters: SchedulerCounters::default() }
+        Scheduler {
+            config,
+            kv,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            next_seq_no: 0,
+            counters: SchedulerCounters::default(),
+        }
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -180,17 +189,33 @@ impl Scheduler {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
     pub fn get(&self, id: RequestId) -> Option<&Seq> {
-        self.running.iter().chain(self.waiting.iter()).find(|s| s.id == id)
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.id == id)
     }
     pub fn ids(&self) -> Vec<RequestId> {
-        self.running.iter().chain(self.waiting.iter()).map(|s| s.id).collect()
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|s| s.id)
+            .collect()
     }
 
     /// Queues a request. `hasher` carries the deployment key, model id and the request's salt.
-    pub fn add(&mut self, id: RequestId, req: EngineRequest, hasher: HashContext, arrival: Instant) {
+    pub fn add(
+        &mut self,
+        id: RequestId,
+        req: EngineRequest,
+        hasher: HashContext,
+        arrival: Instant,
+    ) {
         let tokens = req.prompt.clone();
         let block_hashes = hasher.hash_all(&tokens);
-        let seed = req.sampling.seed.unwrap_or(id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let seed = req
+            .sampling
+            .seed
+            .unwrap_or(id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let seq = Seq {
             id,
             prompt_len: tokens.len(),
@@ -233,7 +258,11 @@ impl Scheduler {
             SchedulingPolicy::ShortestFirst => {
                 let remaining = (s.tokens.len() - s.num_computed) as f64;
                 let waited = now.saturating_duration_since(s.arrival).as_secs_f64();
-                (0, (remaining - waited * self.config.aging_tokens_per_sec) as i64, s.seq_no)
+                (
+                    0,
+                    (remaining - waited * self.config.aging_tokens_per_sec) as i64,
+                    s.seq_no,
+                )
             }
         }
     }
@@ -241,10 +270,16 @@ impl Scheduler {
     /// The running request to preempt: lowest priority, then newest.
     fn victim(&self) -> usize {
         let key = |s: &Seq| {
-            let p = if self.config.policy == SchedulingPolicy::Priority { s.req.priority } else { 0 };
+            let p = if self.config.policy == SchedulingPolicy::Priority {
+                s.req.priority
+            } else {
+                0
+            };
             (p, s.seq_no)
         };
-        (0..self.running.len()).max_by_key(|&i| key(&self.running[i])).expect("running is non-empty")
+        (0..self.running.len())
+            .max_by_key(|&i| key(&self.running[i]))
+            .expect("running is non-empty")
     }
 
     fn preempt(&mut self, idx: usize, out: &mut SchedulerOutput) {
@@ -266,7 +301,9 @@ impl Scheduler {
         // Decodes first (in their order), then unfinished prefills by policy, so a short prompt
         // is not stuck behind a long prompt's chunks under shortest-first.
         let mut running = std::mem::take(&mut self.running);
-        let (mut decoding, mut prefilling): (Vec<Seq>, Vec<Seq>) = running.drain(..).partition(|s| s.num_computed >= s.prompt_len);
+        let (mut decoding, mut prefilling): (Vec<Seq>, Vec<Seq>) = running
+            .drain(..)
+            .partition(|s| s.num_computed >= s.prompt_len);
         prefilling.sort_by_key(|s| self.waiting_key(s, now));
         decoding.append(&mut prefilling);
         self.running = decoding;
@@ -286,7 +323,13 @@ impl Scheduler {
             let mut scheduled = true;
             loop {
                 let hashes = self.running[i].block_hashes.clone();
-                if self.kv.allocate_slots(id, &ComputedBlocks::default(), num_computed, num_new, &hashes) {
+                if self.kv.allocate_slots(
+                    id,
+                    &ComputedBlocks::default(),
+                    num_computed,
+                    num_new,
+                    &hashes,
+                ) {
                     break;
                 }
                 let v = self.victim();
@@ -303,17 +346,28 @@ impl Scheduler {
             if !scheduled {
                 continue; // `i` now points at the next request
             }
-            out.scheduled.push(ScheduledSeq { id, num_computed, num_new, sample: num_new == want });
+            out.scheduled.push(ScheduledSeq {
+                id,
+                num_computed,
+                num_new,
+                sample: num_new == want,
+            });
             budget -= num_new;
             i += 1;
         }
         // Budget spent on requests that were preempted later in the loop comes back.
-        budget = self.config.max_num_batched_tokens - out.scheduled.iter().map(|s| s.num_new).sum::<usize>();
+        budget = self.config.max_num_batched_tokens
+            - out.scheduled.iter().map(|s| s.num_new).sum::<usize>();
 
         // 2. Waiting requests, by policy, unless this step had to preempt.
         if out.preempted.is_empty() {
-            while budget > 0 && self.running.len() < self.config.max_num_seqs && !self.waiting.is_empty() {
-                let best = (0..self.waiting.len()).min_by_key(|&j| self.waiting_key(&self.waiting[j], now)).expect("non-empty");
+            while budget > 0
+                && self.running.len() < self.config.max_num_seqs
+                && !self.waiting.is_empty()
+            {
+                let best = (0..self.waiting.len())
+                    .min_by_key(|&j| self.waiting_key(&self.waiting[j], now))
+                    .expect("non-empty");
                 if let Some(d) = self.waiting[best].req.deadline {
                     if d <= now {
                         break; // the engine reaps expired requests
@@ -328,7 +382,10 @@ impl Scheduler {
                 }
                 let num_new = want.min(budget);
                 let hashes = s.block_hashes.clone();
-                if !self.kv.allocate_slots(s.id, &hit, num_computed, num_new, &hashes) {
+                if !self
+                    .kv
+                    .allocate_slots(s.id, &hit, num_computed, num_new, &hashes)
+                {
                     break;
                 }
                 let mut s = self.waiting.remove(best);
@@ -340,7 +397,12 @@ impl Scheduler {
                 s.first_scheduled.get_or_insert(now);
                 s.num_computed = num_computed;
                 s.status = Status::Running;
-                out.scheduled.push(ScheduledSeq { id: s.id, num_computed, num_new, sample: num_new == want });
+                out.scheduled.push(ScheduledSeq {
+                    id: s.id,
+                    num_computed,
+                    num_new,
+                    sample: num_new == want,
+                });
                 budget -= num_new;
                 self.running.push(s);
             }
@@ -358,24 +420,42 @@ impl Scheduler {
         let mut b = ForwardBatch::default();
         let bs = self.kv.block_size();
         for sc in &out.scheduled {
-            let s = self.running.iter().find(|s| s.id == sc.id).expect("scheduled requests are running");
+            let s = self
+                .running
+                .iter()
+                .find(|s| s.id == sc.id)
+                .expect("scheduled requests are running");
             let toks = &s.tokens[sc.num_computed..sc.num_computed + sc.num_new];
-            b.push_seq(toks, sc.num_computed, self.kv.block_table(sc.id), bs, sc.sample);
+            b.push_seq(
+                toks,
+                sc.num_computed,
+                self.kv.block_table(sc.id),
+                bs,
+                sc.sample,
+            );
         }
         b
     }
 
     /// Applies a step's logits: advances counters, samples a token for each sampling entry and
     /// decides which requests finish. Finished requests stay until [`Scheduler::remove`].
-    pub fn update(&mut self, out: &SchedulerOutput, logits: &Logits, now: Instant) -> Vec<StepToken> {
+    pub fn update(
+        &mut self,
+        out: &SchedulerOutput,
+        logits: &Logits,
+        now: Instant,
+    ) -> Vec<StepToken> {
         let mut produced = Vec::new();
         let mut row = 0;
         for sc in &out.scheduled {
             let max_model_len = self.config.max_model_len;
-            let Some(s) = self.running.iter_mut().find(|s| s.id == sc.id) else { continue };
+            let Some(s) = self.running.iter_mut().find(|s| s.id == sc.id) else {
+                continue;
+            };
             s.num_computed = sc.num_computed + sc.num_new;
             if sc.num_computed < s.prompt_len {
-                self.counters.prompt_tokens_computed += (s.num_computed.min(s.prompt_len) - sc.num_computed) as u64;
+                self.counters.prompt_tokens_computed +=
+                    (s.num_computed.min(s.prompt_len) - sc.num_computed) as u64;
             }
             if !sc.sample {
                 continue;
@@ -394,7 +474,11 @@ impl Scheduler {
             } else {
                 None
             };
-            produced.push(StepToken { id: s.id, token: tok, finish });
+            produced.push(StepToken {
+                id: s.id,
+                token: tok,
+                finish,
+            });
         }
         produced
     }
@@ -411,6 +495,10 @@ impl Scheduler {
 
     /// How long the oldest waiting request has waited.
     pub fn oldest_wait(&self, now: Instant) -> Duration {
-        self.waiting.iter().map(|s| now.saturating_duration_since(s.arrival)).max().unwrap_or_default()
+        self.waiting
+            .iter()
+            .map(|s| now.saturating_duration_since(s.arrival))
+            .max()
+            .unwrap_or_default()
     }
 }

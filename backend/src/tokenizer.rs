@@ -15,7 +15,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -35,7 +38,12 @@ impl TextTokenizer {
         bos_token: Option<String>,
         eos_token: Option<String>,
     ) -> Self {
-        TextTokenizer { inner, chat_template, bos_token, eos_token }
+        TextTokenizer {
+            inner,
+            chat_template,
+            bos_token,
+            eos_token,
+        }
     }
 
     /// `tokenizer.json` + (optional) `tokenizer_config.json` of an HF directory.
@@ -46,23 +54,38 @@ impl TextTokenizer {
         let cfg_path = dir.join("tokenizer_config.json");
         let (mut chat_template, mut bos, mut eos) = (None, None, None);
         if cfg_path.exists() {
-            let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::io(&cfg_path, e))?;
+            let text =
+                std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::io(&cfg_path, e))?;
             let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| LoadError::Json { path: cfg_path.clone(), source })?;
-            chat_template = v.get("chat_template").and_then(|t| t.as_str()).map(String::from);
+                serde_json::from_str(&text).map_err(|source| LoadError::Json {
+                    path: cfg_path.clone(),
+                    source,
+                })?;
+            chat_template = v
+                .get("chat_template")
+                .and_then(|t| t.as_str())
+                .map(String::from);
             let tok = |k: &str| {
-                v.get(k).and_then(|t| t.as_str().map(String::from).or_else(|| {
-                    t.get("content").and_then(|c| c.as_str()).map(String::from)
-                }))
+                v.get(k).and_then(|t| {
+                    t.as_str()
+                        .map(String::from)
+                        .or_else(|| t.get("content").and_then(|c| c.as_str()).map(String::from))
+                })
             };
             bos = tok("bos_token");
             eos = tok("eos_token");
         }
         let jinja = dir.join("chat_template.jinja");
         if chat_template.is_none() && jinja.exists() {
-            chat_template = Some(std::fs::read_to_string(&jinja).map_err(|e| LoadError::io(&jinja, e))?);
+            chat_template =
+                Some(std::fs::read_to_string(&jinja).map_err(|e| LoadError::io(&jinja, e))?);
         }
-        Ok(TextTokenizer { inner, chat_template, bos_token: bos, eos_token: eos })
+        Ok(TextTokenizer {
+            inner,
+            chat_template,
+            bos_token: bos,
+            eos_token: eos,
+        })
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -80,25 +103,43 @@ impl TextTokenizer {
 
     /// Encodes `text`; special tokens written in the text (e.g. `<|im_start|>`) become their ids.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        let enc = self.inner.encode(text, false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, EngineError> {
-        self.inner.decode(ids, skip_special).map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
     /// Renders `messages` with the model's chat template.
-    pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, EngineError> {
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
-            EngineError::InvalidRequest("this model has no chat template; send a plain completion instead".into())
+            EngineError::InvalidRequest(
+                "this model has no chat template; send a plain completion instead".into(),
+            )
         })?;
         let mut env = minijinja::Environment::new();
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env.add_template("chat", template)
-            .map_err(|e| EngineError::InvalidRequest(format!("chat template does not parse: {e}")))?;
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template("chat", template).map_err(|e| {
+            EngineError::InvalidRequest(format!("chat template does not parse: {e}"))
+        })?;
         let tmpl = env.get_template("chat").expect("just added");
         tmpl.render(minijinja::context! {
             messages => messages,
@@ -129,7 +170,10 @@ impl IncrementalDecoder {
         self.ids.push(id);
         let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
         let full = tok.decode(&self.ids[self.prefix_offset..], true)?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             let piece = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();

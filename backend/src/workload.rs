@@ -7,12 +7,67 @@ use std::time::Duration;
 use crate::rng::Rng;
 
 const WORDS: &[&str] = &[
-    "order", "shipping", "refund", "account", "password", "invoice", "delivery", "package", "address",
-    "payment", "card", "subscription", "plan", "upgrade", "cancel", "support", "ticket", "status",
-    "tracking", "number", "product", "warranty", "return", "exchange", "size", "color", "store",
-    "online", "mobile", "app", "login", "email", "phone", "message", "help", "problem", "question",
-    "today", "yesterday", "week", "month", "price", "discount", "coupon", "code", "balance", "credit",
-    "the", "my", "a", "is", "was", "not", "why", "how", "when", "can", "you", "please", "and", "it",
+    "order",
+    "shipping",
+    "refund",
+    "account",
+    "password",
+    "invoice",
+    "delivery",
+    "package",
+    "address",
+    "payment",
+    "card",
+    "subscription",
+    "plan",
+    "upgrade",
+    "cancel",
+    "support",
+    "ticket",
+    "status",
+    "tracking",
+    "number",
+    "product",
+    "warranty",
+    "return",
+    "exchange",
+    "size",
+    "color",
+    "store",
+    "online",
+    "mobile",
+    "app",
+    "login",
+    "email",
+    "phone",
+    "message",
+    "help",
+    "problem",
+    "question",
+    "today",
+    "yesterday",
+    "week",
+    "month",
+    "price",
+    "discount",
+    "coupon",
+    "code",
+    "balance",
+    "credit",
+    "the",
+    "my",
+    "a",
+    "is",
+    "was",
+    "not",
+    "why",
+    "how",
+    "when",
+    "can",
+    "you",
+    "please",
+    "and",
+    "it",
 ];
 
 /// One request of a workload.
@@ -94,16 +149,29 @@ pub fn seed_workload(cfg: &SeedWorkloadConfig) -> Vec<WorkItem> {
         .map(|i| {
             t += -(1.0 - rng.uniform()).ln() / cfg.rate;
             let long = rng.uniform() < cfg.long_fraction;
-            let (lo, hi) = if long { cfg.long_user_words } else { cfg.short_user_words };
+            let (lo, hi) = if long {
+                cfg.long_user_words
+            } else {
+                cfg.short_user_words
+            };
             let n = lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
             let user_id = format!("user-{:06}", rng.next_u64() % 1_000_000);
             let system = if cfg.volatile_header {
                 let secs = 1_764_000_000 + (t as u64) + i as u64 * 17;
-                format!("Current time: {}. User id: {user_id}.\n{prefix}", rfc3339(secs))
+                format!(
+                    "Current time: {}. User id: {user_id}.\n{prefix}",
+                    rfc3339(secs)
+                )
             } else {
                 prefix.clone()
             };
-            WorkItem { at: Duration::from_secs_f64(t), system, user: words(&mut rng, n), max_tokens: cfg.max_tokens, user_id }
+            WorkItem {
+                at: Duration::from_secs_f64(t),
+                system,
+                user: words(&mut rng, n),
+                max_tokens: cfg.max_tokens,
+                user_id,
+            }
         })
         .collect()
 }
@@ -121,7 +189,12 @@ pub fn rfc3339(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", sod / 3600, sod % 3600 / 60, sod % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
 }
 
 /// Percentile (nearest rank) of `xs`; 0 for an empty slice.

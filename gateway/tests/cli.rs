@@ -5,7 +5,10 @@ use std::process::Command;
 use cachet_tests::{fixtures, ids_of, read_json, smollm2_path};
 
 fn cachet(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_cachet")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -16,10 +19,17 @@ fn help_explains_every_subcommand() {
     for sub in ["generate", "logits", "model"] {
         assert!(text.contains(sub), "{text}");
     }
-    for sub in [&["generate", "--help"][..], &["logits", "--help"], &["model", "fetch", "--help"]] {
+    for sub in [
+        &["generate", "--help"][..],
+        &["logits", "--help"],
+        &["model", "fetch", "--help"],
+    ] {
         let out = cachet(sub);
         assert!(out.status.success(), "{sub:?}");
-        assert!(String::from_utf8(out.stdout).unwrap().contains("--"), "{sub:?}");
+        assert!(
+            String::from_utf8(out.stdout).unwrap().contains("--"),
+            "{sub:?}"
+        );
     }
 }
 
@@ -28,12 +38,37 @@ fn logits_prints_transformers_top_k_as_json() {
     let reference = read_json("tiny-gqa-llama3_reference.json");
     let case = &reference["cases"][2];
     let ids = ids_of(&case["ids"]);
-    let ids_arg = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let ids_arg = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let dir = fixtures().join("tiny-gqa-llama3");
-    let out = cachet(&["logits", "--model", dir.to_str().unwrap(), "--ids", &ids_arg, "--top", "3"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = cachet(&[
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--ids",
+        &ids_arg,
+        "--top",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let last: Vec<f64> = case["logits"].as_array().unwrap().last().unwrap().as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let last: Vec<f64> = case["logits"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     let mut order: Vec<usize> = (0..last.len()).collect();
     order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
     let got = got.as_array().unwrap();
@@ -49,16 +84,33 @@ fn logits_prints_transformers_top_k_as_json() {
 fn generate_streams_the_answer() {
     let model = smollm2_path();
     let out = cachet(&[
-        "generate", "--model", model.to_str().unwrap(), "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "16",
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "16",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8(out.stdout).unwrap().contains("Paris"));
 }
 
 #[test]
 fn bad_input_gets_a_clear_error() {
     let dir = fixtures().join("tiny-gqa-llama3");
-    let out = cachet(&["logits", "--model", dir.to_str().unwrap(), "--ids", "1,99999"]);
+    let out = cachet(&[
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--ids",
+        "1,99999",
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
     let out = cachet(&["generate", "--model", "/no/such/model", "--prompt", "x"]);

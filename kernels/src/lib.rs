@@ -47,7 +47,11 @@ mod tests {
     fn every_symbol_is_defined_in_its_source() {
         for s in SOURCES {
             for sym in s.symbols {
-                assert!(s.code.contains(&format!("{sym}(")), "{} lacks {sym}", s.name);
+                assert!(
+                    s.code.contains(&format!("{sym}(")),
+                    "{} lacks {sym}",
+                    s.name
+                );
             }
         }
     }

@@ -59,13 +59,21 @@ pub fn all_logits(r: &mut dyn Runner, ids: &[u32]) -> Logits {
 /// ‖a − b‖ / ‖b‖
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den).sqrt()
 }
 
 pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 use cachet_backend::engine::{Engine, EngineConfig};
@@ -105,7 +113,13 @@ pub fn collect(mut s: cachet_backend::engine::RequestStream) -> Collected {
                 c.tokens.push(id);
                 c.text.push_str(&text);
             }
-            EngineEvent::Finished { reason, usage, timings, error, text } => {
+            EngineEvent::Finished {
+                reason,
+                usage,
+                timings,
+                error,
+                text,
+            } => {
                 assert!(reason != FinishReason::Error, "request failed: {error:?}");
                 c.text.push_str(&text);
                 c.reason = reason;

@@ -4,7 +4,10 @@ use cachet_backend::block_hash::{tenant_salt, HashContext};
 use cachet_tests::*;
 
 fn hex32(s: &str) -> [u8; 32] {
-    let v: Vec<u8> = (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect();
+    let v: Vec<u8> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect();
     v.try_into().unwrap()
 }
 
@@ -16,12 +19,25 @@ fn block_hashes_match_the_committed_vectors() {
         let salt = tenant_salt(&key, case["tenant"].as_str().unwrap());
         assert_eq!(salt, hex32(case["salt"].as_str().unwrap()), "tenant salt");
         let extra_hex = case["extra"].as_str().unwrap();
-        let extra: Vec<u8> = (0..extra_hex.len()).step_by(2).map(|i| u8::from_str_radix(&extra_hex[i..i + 2], 16).unwrap()).collect();
-        let mut ctx = HashContext::new(key, salt, case["model_id"].as_str().unwrap(), case["block_size"].as_u64().unwrap() as usize);
+        let extra: Vec<u8> = (0..extra_hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&extra_hex[i..i + 2], 16).unwrap())
+            .collect();
+        let mut ctx = HashContext::new(
+            key,
+            salt,
+            case["model_id"].as_str().unwrap(),
+            case["block_size"].as_u64().unwrap() as usize,
+        );
         ctx.extra = extra;
         let tokens = ids_of(&case["tokens"]);
         let got: Vec<String> = ctx.hash_all(&tokens).iter().map(|h| h.to_hex()).collect();
-        let want: Vec<String> = case["hashes"].as_array().unwrap().iter().map(|h| h.as_str().unwrap().to_string()).collect();
+        let want: Vec<String> = case["hashes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap().to_string())
+            .collect();
         assert_eq!(got, want, "case {} / {}", case["tenant"], case["model_id"]);
         // Incremental extension gives the same chain.
         let mut inc = Vec::new();

@@ -44,14 +44,33 @@ fn baseline(prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
     let mut r = runner(m, 64);
     prompts
         .iter()
-        .map(|p| generate(r.as_mut(), p, &GenerateParams { max_tokens: MAX_TOKENS, ..Default::default() }, |_| true).unwrap().tokens)
+        .map(|p| {
+            generate(
+                r.as_mut(),
+                p,
+                &GenerateParams {
+                    max_tokens: MAX_TOKENS,
+                    ..Default::default()
+                },
+                |_| true,
+            )
+            .unwrap()
+            .tokens
+        })
         .collect()
 }
 
-fn run_all(cfg: EngineConfig, num_blocks: usize, prompts: &[Vec<u32>]) -> (Vec<Collected>, cachet_backend::engine::EngineStats) {
+fn run_all(
+    cfg: EngineConfig,
+    num_blocks: usize,
+    prompts: &[Vec<u32>],
+) -> (Vec<Collected>, cachet_backend::engine::EngineStats) {
     let e = engine(smollm2(), num_blocks, cfg);
     let h = e.handle();
-    let streams: Vec<_> = prompts.iter().map(|p| h.submit(greedy_request(p.clone(), MAX_TOKENS)).unwrap()).collect();
+    let streams: Vec<_> = prompts
+        .iter()
+        .map(|p| h.submit(greedy_request(p.clone(), MAX_TOKENS)).unwrap())
+        .collect();
     let out: Vec<Collected> = streams.into_iter().map(collect).collect();
     std::thread::sleep(Duration::from_millis(20));
     (out, h.stats())
@@ -68,11 +87,17 @@ fn greedy_output_is_identical_across_batching_chunking_caching_and_preemption() 
         assert_eq!(g.tokens, want[i], "concurrent+cache, prompt {i}");
         assert_eq!(g.reason, FinishReason::Length);
     }
-    assert!(stats.counters.prefix_hit_tokens > 0, "the shared system prompt was reused");
+    assert!(
+        stats.counters.prefix_hit_tokens > 0,
+        "the shared system prompt was reused"
+    );
 
     // Chunks of 16 tokens with a 16-token budget per step: prefill interleaves with decode.
     let cfg = EngineConfig {
-        scheduler: SchedulerConfig { max_num_batched_tokens: 16, ..Default::default() },
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 16,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (got, _) = run_all(cfg, 256, &prompts);
@@ -81,9 +106,15 @@ fn greedy_output_is_identical_across_batching_chunking_caching_and_preemption() 
     }
 
     // A pool too small for all eight at once: requests are preempted and recomputed.
-    let cfg = EngineConfig { enable_prefix_caching: false, ..Default::default() };
+    let cfg = EngineConfig {
+        enable_prefix_caching: false,
+        ..Default::default()
+    };
     let (got, stats) = run_all(cfg, 14, &prompts);
-    assert!(stats.counters.preemptions > 0, "the small pool forced preemption");
+    assert!(
+        stats.counters.preemptions > 0,
+        "the small pool forced preemption"
+    );
     for (i, g) in got.iter().enumerate() {
         assert_eq!(g.tokens, want[i], "after preemption, prompt {i}");
     }
@@ -94,10 +125,16 @@ fn greedy_output_is_identical_across_batching_chunking_caching_and_preemption() 
 fn a_shared_200_token_prefix_is_computed_once_and_reported_as_cached() {
     let m = smollm2();
     let tok = m.tokenizer.as_ref().unwrap();
-    let mut prefix = tok.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(30)).unwrap();
+    let mut prefix = tok
+        .encode(&"The quick brown fox jumps over the lazy dog. ".repeat(30))
+        .unwrap();
     prefix.truncate(200);
     let a = [prefix.clone(), tok.encode(" Question one: why?").unwrap()].concat();
-    let b = [prefix.clone(), tok.encode(" Another question entirely, please.").unwrap()].concat();
+    let b = [
+        prefix.clone(),
+        tok.encode(" Another question entirely, please.").unwrap(),
+    ]
+    .concat();
     let e = engine(m, 128, EngineConfig::default());
     let h = e.handle();
     let ra = collect(h.submit(greedy_request(a.clone(), 4)).unwrap());
@@ -105,8 +142,15 @@ fn a_shared_200_token_prefix_is_computed_once_and_reported_as_cached() {
     let before = h.stats().counters.prompt_tokens_computed;
     let rb = collect(h.submit(greedy_request(b.clone(), 4)).unwrap());
     let computed = h.stats().counters.prompt_tokens_computed - before;
-    assert_eq!(rb.usage.cached_tokens, 192, "12 full blocks of the 200-token prefix");
-    assert_eq!(computed as usize, b.len() - 192, "only the uncached tokens were computed");
+    assert_eq!(
+        rb.usage.cached_tokens, 192,
+        "12 full blocks of the 200-token prefix"
+    );
+    assert_eq!(
+        computed as usize,
+        b.len() - 192,
+        "only the uncached tokens were computed"
+    );
     assert_eq!(rb.usage.prompt_tokens, b.len());
 
     // Another tenant's salt: nothing is shared.
@@ -129,7 +173,8 @@ fn a_dropped_stream_frees_its_blocks_at_once() {
     assert!(h.stats().kv.used > 0);
     drop(s);
     let t0 = Instant::now();
-    while (h.stats().kv.used > 0 || h.stats().running > 0) && t0.elapsed() < Duration::from_secs(5) {
+    while (h.stats().kv.used > 0 || h.stats().running > 0) && t0.elapsed() < Duration::from_secs(5)
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(h.stats().running, 0);
@@ -140,7 +185,10 @@ fn a_dropped_stream_frees_its_blocks_at_once() {
 fn a_full_queue_refuses_without_harming_running_requests() {
     let m = tiny("tiny-gqa-llama3");
     let cfg = EngineConfig {
-        scheduler: SchedulerConfig { max_num_seqs: 1, ..Default::default() },
+        scheduler: SchedulerConfig {
+            max_num_seqs: 1,
+            ..Default::default()
+        },
         max_waiting: 2,
         ..Default::default()
     };
@@ -151,7 +199,10 @@ fn a_full_queue_refuses_without_harming_running_requests() {
     let w1 = h.submit(greedy_request((3..20).collect(), 5)).unwrap();
     let w2 = h.submit(greedy_request((4..20).collect(), 5)).unwrap();
     match h.submit(greedy_request((5..20).collect(), 5)) {
-        Err(EngineError::Overloaded { waiting: 2, limit: 2 }) => {}
+        Err(EngineError::Overloaded {
+            waiting: 2,
+            limit: 2,
+        }) => {}
         other => panic!("expected Overloaded, got {:?}", other.map(|s| s.id)),
     }
     let rest = collect(running);
@@ -165,10 +216,17 @@ fn a_full_queue_refuses_without_harming_running_requests() {
 
 /// Runs a blocker (so the others queue), then returns the order in which the queued requests got
 /// their first token.
-fn first_token_order(policy: SchedulingPolicy, reqs: Vec<cachet_backend::request::EngineRequest>) -> Vec<usize> {
+fn first_token_order(
+    policy: SchedulingPolicy,
+    reqs: Vec<cachet_backend::request::EngineRequest>,
+) -> Vec<usize> {
     let m = tiny("tiny-gqa-llama3");
     let cfg = EngineConfig {
-        scheduler: SchedulerConfig { max_num_seqs: 1, policy, ..Default::default() },
+        scheduler: SchedulerConfig {
+            max_num_seqs: 1,
+            policy,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let e = engine(&m, 128, cfg);
@@ -177,7 +235,10 @@ fn first_token_order(policy: SchedulingPolicy, reqs: Vec<cachet_backend::request
     blocker.next_blocking().unwrap();
     let streams: Vec<_> = reqs.into_iter().map(|r| h.submit(r).unwrap()).collect();
     collect(blocker);
-    let firsts: Vec<Instant> = streams.into_iter().map(|s| collect(s).first_token_at.unwrap()).collect();
+    let firsts: Vec<Instant> = streams
+        .into_iter()
+        .map(|s| collect(s).first_token_at.unwrap())
+        .collect();
     let mut order: Vec<usize> = (0..firsts.len()).collect();
     order.sort_by_key(|&i| firsts[i]);
     order
@@ -187,20 +248,40 @@ fn first_token_order(policy: SchedulingPolicy, reqs: Vec<cachet_backend::request
 fn shortest_first_and_priority_reorder_the_queue() {
     let long = || greedy_request((1..400).map(|i| i % 300).collect(), 2);
     let short = || greedy_request((1..20).collect(), 2);
-    assert_eq!(first_token_order(SchedulingPolicy::Fcfs, vec![long(), short(), short()]), vec![0, 1, 2]);
-    assert_eq!(first_token_order(SchedulingPolicy::ShortestFirst, vec![long(), short(), short()]), vec![1, 2, 0]);
+    assert_eq!(
+        first_token_order(SchedulingPolicy::Fcfs, vec![long(), short(), short()]),
+        vec![0, 1, 2]
+    );
+    assert_eq!(
+        first_token_order(
+            SchedulingPolicy::ShortestFirst,
+            vec![long(), short(), short()]
+        ),
+        vec![1, 2, 0]
+    );
     let mut low = short();
     low.priority = 5;
     let mut high = short();
     high.priority = -1;
-    assert_eq!(first_token_order(SchedulingPolicy::Priority, vec![low, short(), high]), vec![2, 1, 0]);
+    assert_eq!(
+        first_token_order(SchedulingPolicy::Priority, vec![low, short(), high]),
+        vec![2, 1, 0]
+    );
 }
 
 #[test]
 fn stop_strings_end_the_text_before_them() {
     let m = smollm2();
     let tok = m.tokenizer.as_ref().unwrap();
-    let p = tok.encode(&tok.render_chat(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap()).unwrap();
+    let p = tok
+        .encode(
+            &tok.render_chat(
+                &[ChatMessage::new("user", "What is the capital of France?")],
+                true,
+            )
+            .unwrap(),
+        )
+        .unwrap();
     let e = engine(m, 64, EngineConfig::default());
     let h = e.handle();
     let full = collect(h.submit(greedy_request(p.clone(), 12)).unwrap());
@@ -216,17 +297,37 @@ fn stop_strings_end_the_text_before_them() {
 fn seeded_sampling_is_reproducible_and_eos_stops() {
     let m = smollm2();
     let tok = m.tokenizer.as_ref().unwrap();
-    let p = tok.encode(&tok.render_chat(&[ChatMessage::new("user", "Tell me a story.")], true).unwrap()).unwrap();
+    let p = tok
+        .encode(
+            &tok.render_chat(&[ChatMessage::new("user", "Tell me a story.")], true)
+                .unwrap(),
+        )
+        .unwrap();
     let e = engine(m, 64, EngineConfig::default());
     let h = e.handle();
     let sampled = |seed| {
         let mut r = greedy_request(p.clone(), 16);
-        r.sampling = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: Some(seed) };
+        r.sampling = SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.95,
+            seed: Some(seed),
+        };
         collect(h.submit(r).unwrap()).tokens
     };
     assert_eq!(sampled(42), sampled(42));
     assert_ne!(sampled(42), sampled(43));
-    let mut r = cachet_backend::request::EngineRequest::new(tok.encode(&tok.render_chat(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap()).unwrap(), 64);
+    let mut r = cachet_backend::request::EngineRequest::new(
+        tok.encode(
+            &tok.render_chat(
+                &[ChatMessage::new("user", "What is the capital of France?")],
+                true,
+            )
+            .unwrap(),
+        )
+        .unwrap(),
+        64,
+    );
     r.ignore_eos = false;
     let c = collect(h.submit(r).unwrap());
     assert_eq!(c.reason, FinishReason::Stop, "stopped at <|im_end|>");
@@ -246,4 +347,32 @@ fn bad_requests_are_refused_with_a_reason() {
     assert!(err(greedy_request(vec![1, 5000], 4)).contains("outside the vocabulary"));
     assert!(err(greedy_request(vec![1; 100], 200)).contains("KV blocks"));
     assert!(err(greedy_request(vec![1; 10], 5000)).contains("maximum length"));
+}
+
+#[test]
+fn kv_events_report_exactly_the_blocks_stored() {
+    let m = tiny("tiny-gqa-llama3");
+    let e = engine(&m, 64, EngineConfig::default());
+    let h = e.handle();
+    let mut events = h.subscribe_kv_events();
+    let prompt: Vec<u32> = (1..60).collect();
+    let mut r = greedy_request(prompt.clone(), 5);
+    r.salt = [3; 32];
+    let c = collect(h.submit(r).unwrap());
+    let all_tokens: Vec<u32> = [prompt.clone(), c.tokens.clone()].concat();
+    let want = h
+        .hash_context([3; 32])
+        .hash_all(&all_tokens[..all_tokens.len() - 1]);
+    let mut stored = Vec::new();
+    while let Ok(batch) = events.try_recv() {
+        for ev in batch {
+            if let cachet_backend::kv::KvEvent::Stored { hashes } = ev {
+                stored.extend(hashes);
+            }
+        }
+    }
+    assert_eq!(
+        stored, want,
+        "one Stored event per full block, in order, with the shared hash"
+    );
 }

@@ -18,10 +18,18 @@ fn smollm2_top5_logits_match_transformers() {
         let mut order: Vec<usize> = (0..last.len()).collect();
         order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
         for (rank, want) in case["top5"].as_array().unwrap().iter().enumerate() {
-            let (id, logit) = (want["id"].as_u64().unwrap() as usize, want["logit"].as_f64().unwrap());
+            let (id, logit) = (
+                want["id"].as_u64().unwrap() as usize,
+                want["logit"].as_f64().unwrap(),
+            );
             assert_eq!(order[rank], id, "prompt {:?}: rank {rank}", case["prompt"]);
             let rel = (last[id] as f64 - logit).abs() / logit.abs().max(1e-6);
-            assert!(rel <= 1e-3, "prompt {:?}: id {id}: {} vs {logit} (rel {rel:e})", case["prompt"], last[id]);
+            assert!(
+                rel <= 1e-3,
+                "prompt {:?}: id {id}: {} vs {logit} (rel {rel:e})",
+                case["prompt"],
+                last[id]
+            );
         }
     }
 }
@@ -31,14 +39,31 @@ fn smollm2_greedy_chat_answer_names_paris_like_transformers() {
     let m = smollm2();
     let tok = m.tokenizer.as_ref().unwrap();
     let reference = &read_json("smollm2_reference.json")["greedy_chat"];
-    let prompt = tok.render_chat(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap();
-    assert_eq!(prompt, reference["prompt"].as_str().unwrap(), "chat template rendering");
+    let prompt = tok
+        .render_chat(
+            &[ChatMessage::new("user", "What is the capital of France?")],
+            true,
+        )
+        .unwrap();
+    assert_eq!(
+        prompt,
+        reference["prompt"].as_str().unwrap(),
+        "chat template rendering"
+    );
     let ids = tok.encode(&prompt).unwrap();
     assert_eq!(ids, ids_of(&reference["prompt_ids"]));
     let mut r = runner(m, 16);
-    let params = GenerateParams { max_tokens: 24, stop_token_ids: m.config.eos_token_ids.clone(), ..Default::default() };
+    let params = GenerateParams {
+        max_tokens: 24,
+        stop_token_ids: m.config.eos_token_ids.clone(),
+        ..Default::default()
+    };
     let out = generate(r.as_mut(), &ids, &params, |_| true).unwrap();
-    assert_eq!(out.tokens, ids_of(&reference["output_ids"]), "greedy tokens differ from transformers");
+    assert_eq!(
+        out.tokens,
+        ids_of(&reference["output_ids"]),
+        "greedy tokens differ from transformers"
+    );
     let text = tok.decode(&out.tokens, true).unwrap();
     assert!(text.contains("Paris"), "{text}");
 }
@@ -53,11 +78,20 @@ fn check_tiny(name: &str) {
             .as_array()
             .unwrap()
             .iter()
-            .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32))
+            .flat_map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+            })
             .collect();
         let got = all_logits(r.as_mut(), &ids);
         let err = rel_err(&got.data, &want);
-        assert!(err <= 1e-4, "{name}, {} tokens: relative error {err:e}", ids.len());
+        assert!(
+            err <= 1e-4,
+            "{name}, {} tokens: relative error {err:e}",
+            ids.len()
+        );
     }
 }
 
@@ -77,7 +111,12 @@ fn tiny_mha_tied_matches_transformers() {
 fn varlen_batch_with_cached_prefixes_equals_separate_runs() {
     let m = tiny("tiny-gqa-llama3");
     let reference = read_json("tiny-gqa-llama3_reference.json");
-    let seqs: Vec<Vec<u32>> = reference["cases"].as_array().unwrap().iter().map(|c| ids_of(&c["ids"])).collect();
+    let seqs: Vec<Vec<u32>> = reference["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| ids_of(&c["ids"]))
+        .collect();
     let mut r = runner(&m, 32);
     let bs = r.kv_layout().block_size;
     let alone: Vec<Vec<f32>> = seqs

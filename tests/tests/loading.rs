@@ -29,11 +29,16 @@ fn load_err(spec: &Path) -> LoadError {
 #[test]
 fn committed_tiny_models_are_exactly_what_our_generator_writes() {
     let dir = scratch("regen");
-    let cfg = cachet_backend::ModelConfig::from_hf_json(&fixtures().join("tiny-mha-tied/config.json")).unwrap();
+    let cfg =
+        cachet_backend::ModelConfig::from_hf_json(&fixtures().join("tiny-mha-tied/config.json"))
+            .unwrap();
     random::save_random_hf_dir(&dir, &cfg, 2).unwrap();
     let a = std::fs::read(dir.join("model.safetensors")).unwrap();
     let b = std::fs::read(fixtures().join("tiny-mha-tied/model.safetensors")).unwrap();
-    assert!(a == b, "regenerated tiny-mha-tied weights differ from the committed fixture");
+    assert!(
+        a == b,
+        "regenerated tiny-mha-tied weights differ from the committed fixture"
+    );
 }
 
 #[test]
@@ -51,10 +56,15 @@ fn unknown_architecture_is_refused() {
     let dir = scratch("arch");
     copy_tiny(&dir);
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let cfg = cfg.replace("LlamaForCausalLM", "MambaForCausalLM").replace("\"llama\"", "\"mamba\"");
+    let cfg = cfg
+        .replace("LlamaForCausalLM", "MambaForCausalLM")
+        .replace("\"llama\"", "\"mamba\"");
     std::fs::write(dir.join("config.json"), cfg).unwrap();
     let e = load_err(&dir);
-    assert!(matches!(e, LoadError::UnknownArchitecture { ref arch, .. } if arch == "MambaForCausalLM"), "{e}");
+    assert!(
+        matches!(e, LoadError::UnknownArchitecture { ref arch, .. } if arch == "MambaForCausalLM"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -67,14 +77,29 @@ fn wrong_dtype_is_refused_with_the_tensor_named() {
     let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
         .tensors()
         .into_iter()
-        .map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .map(|(n, v)| {
+            (
+                n.to_string(),
+                v.dtype(),
+                v.shape().to_vec(),
+                v.data().to_vec(),
+            )
+        })
         .collect();
-    for t in owned.iter_mut().filter(|t| t.0 == "model.embed_tokens.weight") {
+    for t in owned
+        .iter_mut()
+        .filter(|t| t.0 == "model.embed_tokens.weight")
+    {
         t.1 = safetensors::Dtype::I32;
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = owned
         .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
     let e = load_err(&dir);
@@ -99,7 +124,10 @@ fn truncated_files_are_reported_as_truncated() {
         let p = dir.join(format!("cut{cut}.gguf"));
         std::fs::write(&p, &gguf[..cut]).unwrap();
         let e = load_err(&p);
-        assert!(matches!(e, LoadError::Truncated { .. }), "cut at {cut}: {e}");
+        assert!(
+            matches!(e, LoadError::Truncated { .. }),
+            "cut at {cut}: {e}"
+        );
     }
 }
 
@@ -109,7 +137,10 @@ fn gguf_unsupported_quantisation_names_the_type() {
     let gguf = std::fs::read(smollm2_path()).unwrap();
     let file = GgufFile::open(&smollm2_path()).unwrap();
     let first = &file.tensors[0].name;
-    let name_pos = gguf.windows(first.len()).rposition(|w| w == first.as_bytes()).unwrap();
+    let name_pos = gguf
+        .windows(first.len())
+        .rposition(|w| w == first.as_bytes())
+        .unwrap();
     let dims = file.tensors[0].dims.len();
     let type_pos = name_pos + first.len() + 4 + 8 * dims;
     let mut bytes = gguf.clone();
@@ -118,7 +149,10 @@ fn gguf_unsupported_quantisation_names_the_type() {
     let p = dir.join("q5.gguf");
     std::fs::write(&p, bytes).unwrap();
     let e = load_err(&p);
-    assert!(matches!(e, LoadError::UnsupportedDtype { ref dtype, .. } if dtype == "Q5_0"), "{e}");
+    assert!(
+        matches!(e, LoadError::UnsupportedDtype { ref dtype, .. } if dtype == "Q5_0"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -128,4 +162,114 @@ fn not_a_gguf_is_refused() {
     std::fs::write(&p, b"hello, this is not a model").unwrap();
     let e = load_err(&p);
     assert!(matches!(e, LoadError::Format { .. }), "{e}");
+}
+
+fn tiny_logits(dir: &Path, ids: &[u32]) -> Vec<f32> {
+    let m = loader::load(dir.to_str().unwrap(), false).unwrap();
+    let mut r = runner(&m, 8);
+    all_logits(r.as_mut(), ids).data
+}
+
+/// Rewrites every tensor of a safetensors file with `convert` applied to its f32 bytes.
+fn rewrite(src: &Path, dst_dir: &Path, shards: usize, dtype: safetensors::Dtype) {
+    let bytes = std::fs::read(src).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    let conv = |d: &[u8]| -> Vec<u8> {
+        let f = d
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        match dtype {
+            safetensors::Dtype::F32 => d.to_vec(),
+            safetensors::Dtype::F16 => f
+                .flat_map(|x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+            safetensors::Dtype::BF16 => f
+                .flat_map(|x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            _ => unreachable!(),
+        }
+    };
+    let per = names.len().div_ceil(shards);
+    let mut weight_map = serde_json::Map::new();
+    for (i, chunk) in names.chunks(per).enumerate() {
+        let fname = if shards == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{shards:05}.safetensors", i + 1)
+        };
+        let owned: Vec<(String, Vec<usize>, Vec<u8>)> = chunk
+            .iter()
+            .map(|n| {
+                let v = st.tensor(n).unwrap();
+                (n.clone(), v.shape().to_vec(), conv(v.data()))
+            })
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = owned
+            .iter()
+            .map(|(n, s, b)| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dst_dir.join(&fname)).unwrap();
+        for n in chunk {
+            weight_map.insert(n.clone(), serde_json::Value::String(fname.clone()));
+        }
+    }
+    if shards > 1 {
+        let idx = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(
+            dst_dir.join("model.safetensors.index.json"),
+            idx.to_string(),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn sharded_and_half_precision_safetensors_load() {
+    let src = fixtures().join("tiny-gqa-llama3");
+    let ids: Vec<u32> = (0..30).map(|i| (i * 37 % 311) as u32).collect();
+    let want = tiny_logits(&src, &ids);
+    for (shards, dtype, tol) in [
+        (3, safetensors::Dtype::F32, 1e-7),
+        (1, safetensors::Dtype::F16, 5e-3),
+        (2, safetensors::Dtype::BF16, 3e-2),
+    ] {
+        let dir = scratch(&format!("st-{shards}-{dtype:?}"));
+        std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+        rewrite(&src.join("model.safetensors"), &dir, shards, dtype);
+        let got = tiny_logits(&dir, &ids);
+        let err = rel_err(&got, &want);
+        assert!(
+            err <= tol,
+            "{shards} shards of {dtype:?}: relative error {err:e}"
+        );
+    }
+}
+
+#[test]
+fn hf_directory_tokenizer_and_chat_template_load() {
+    let dir = scratch("hftok");
+    copy_tiny(&dir);
+    let gguf_tok = smollm2().tokenizer.as_ref().unwrap();
+    gguf_tok
+        .inner()
+        .save(dir.join("tokenizer.json"), false)
+        .unwrap();
+    let cfg = serde_json::json!({"chat_template": gguf_tok.chat_template().unwrap(), "bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let m = loader::load(dir.to_str().unwrap(), false).unwrap();
+    let tok = m.tokenizer.unwrap();
+    let text = "Hello, world! 123 🦀 <|im_start|>user";
+    assert_eq!(tok.encode(text).unwrap(), gguf_tok.encode(text).unwrap());
+    let msgs = [cachet_backend::tokenizer::ChatMessage::new("user", "hi")];
+    assert_eq!(
+        tok.render_chat(&msgs, true).unwrap(),
+        gguf_tok.render_chat(&msgs, true).unwrap()
+    );
 }

@@ -10,7 +10,11 @@ fn gguf_tokenizer_matches_transformers_on_mixed_text() {
         let text = case["text"].as_str().unwrap();
         let ids = tok.encode(text).unwrap();
         assert_eq!(ids, ids_of(&case["ids"]), "text {text:?}");
-        assert_eq!(tok.decode(&ids, false).unwrap(), text, "round trip of {text:?}");
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            text,
+            "round trip of {text:?}"
+        );
     }
 }
 

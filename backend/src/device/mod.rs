@@ -70,13 +70,22 @@ impl ForwardBatch {
     /// Adds one sequence's new tokens: `tokens` go at positions `cached..cached+len` and the
     /// block table must cover them. Logits are requested for the last new token when
     /// `want_logits`.
-    pub fn push_seq(&mut self, tokens: &[u32], cached: usize, block_table: &[u32], block_size: usize, want_logits: bool) {
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        cached: usize,
+        block_table: &[u32],
+        block_size: usize,
+        want_logits: bool,
+    ) {
         let start = self.token_ids.len();
         for (i, &t) in tokens.iter().enumerate() {
             let pos = cached + i;
             self.token_ids.push(t);
             self.positions.push(pos as u32);
-            self.slot_mapping.push(block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+            self.slot_mapping.push(
+                block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32,
+            );
         }
         self.seqs.push(SeqInBatch {
             query_start: start,
@@ -94,13 +103,24 @@ impl ForwardBatch {
         let bad = |m: String| Err(EngineError::InvalidBatch(m));
         let n = self.token_ids.len();
         if self.positions.len() != n || self.slot_mapping.len() != n {
-            return bad(format!("{n} tokens but {} positions / {} slots", self.positions.len(), self.slot_mapping.len()));
+            return bad(format!(
+                "{n} tokens but {} positions / {} slots",
+                self.positions.len(),
+                self.slot_mapping.len()
+            ));
         }
         if let Some(&t) = self.token_ids.iter().find(|&&t| t as usize >= vocab) {
             return bad(format!("token id {t} is outside the vocabulary of {vocab}"));
         }
-        if let Some(&s) = self.slot_mapping.iter().find(|&&s| s as usize >= layout.num_slots()) {
-            return bad(format!("slot {s} is outside the cache of {} slots", layout.num_slots()));
+        if let Some(&s) = self
+            .slot_mapping
+            .iter()
+            .find(|&&s| s as usize >= layout.num_slots())
+        {
+            return bad(format!(
+                "slot {s} is outside the cache of {} slots",
+                layout.num_slots()
+            ));
         }
         let mut next = 0;
         for (i, s) in self.seqs.iter().enumerate() {
@@ -109,15 +129,24 @@ impl ForwardBatch {
             }
             next += s.query_len;
             if s.block_table.len() * layout.block_size < s.context_len {
-                return bad(format!("sequence {i}: block table too short for {} tokens", s.context_len));
+                return bad(format!(
+                    "sequence {i}: block table too short for {} tokens",
+                    s.context_len
+                ));
             }
-            if s.block_table.iter().any(|&b| b as usize >= layout.num_blocks) {
+            if s.block_table
+                .iter()
+                .any(|&b| b as usize >= layout.num_blocks)
+            {
                 return bad(format!("sequence {i}: block id outside the pool"));
             }
             for t in s.query_start..s.query_start + s.query_len {
                 let want = s.context_len - s.query_len + (t - s.query_start);
                 if self.positions[t] as usize != want {
-                    return bad(format!("sequence {i}: token {t} has position {} not {want}", self.positions[t]));
+                    return bad(format!(
+                        "sequence {i}: token {t} has position {} not {want}",
+                        self.positions[t]
+                    ));
                 }
             }
         }
@@ -154,9 +183,15 @@ pub trait Device: Send {
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Self::Kv, DeviceError>;
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<Self::Batch, DeviceError>;
     /// Rows of `table` for each token id.
-    fn embed(&self, table: &Self::Tensor, batch: &Self::Batch) -> Result<Self::Tensor, DeviceError>;
+    fn embed(&self, table: &Self::Tensor, batch: &Self::Batch)
+        -> Result<Self::Tensor, DeviceError>;
     /// `rms_norm(x) · w`, row by row.
-    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor, DeviceError>;
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor, DeviceError>;
     /// `residual += delta`, then returns `rms_norm(residual) · w`.
     fn add_rms_norm(
         &self,
@@ -192,7 +227,11 @@ pub trait Device: Send {
     /// `silu(gate) · up` of a fused `[n, 2·i]` gate|up tensor.
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
     /// The batch's `logit_rows`.
-    fn gather_logit_rows(&self, x: &Self::Tensor, batch: &Self::Batch) -> Result<Self::Tensor, DeviceError>;
+    fn gather_logit_rows(
+        &self,
+        x: &Self::Tensor,
+        batch: &Self::Batch,
+    ) -> Result<Self::Tensor, DeviceError>;
     /// Copies a tensor to host f32, row-major.
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>, DeviceError>;
 }

@@ -62,7 +62,16 @@ impl BlockPool {
     /// `num_blocks` blocks; idle cached blocks may keep at most `cache_cap` (a share of the pool,
     /// 0..=1) of it. `caching = false` turns the prefix cache off.
     pub fn new(num_blocks: usize, cache_cap: f64, caching: bool) -> Self {
-        let blocks = vec![Block { ref_cnt: 0, hash: None, prev: NIL, next: NIL, in_lru: false }; num_blocks];
+        let blocks = vec![
+            Block {
+                ref_cnt: 0,
+                hash: None,
+                prev: NIL,
+                next: NIL,
+                in_lru: false
+            };
+            num_blocks
+        ];
         BlockPool {
             blocks,
             // Lowest ids first out.
@@ -120,8 +129,16 @@ impl BlockPool {
 
     fn lru_remove(&mut self, b: BlockId) {
         let Block { prev, next, .. } = self.blocks[b as usize];
-        if prev == NIL { self.lru_head = next } else { self.blocks[prev as usize].next = next }
-        if next == NIL { self.lru_tail = prev } else { self.blocks[next as usize].prev = prev }
+        if prev == NIL {
+            self.lru_head = next
+        } else {
+            self.blocks[prev as usize].next = next
+        }
+        if next == NIL {
+            self.lru_tail = prev
+        } else {
+            self.blocks[next as usize].prev = prev
+        }
         let blk = &mut self.blocks[b as usize];
         blk.prev = NIL;
         blk.next = NIL;
@@ -137,7 +154,11 @@ impl BlockPool {
             blk.next = NIL;
             blk.in_lru = true;
         }
-        if tail == NIL { self.lru_head = b } else { self.blocks[tail as usize].next = b }
+        if tail == NIL {
+            self.lru_head = b
+        } else {
+            self.blocks[tail as usize].next = b
+        }
         self.lru_tail = b;
         self.lru_len += 1;
     }

@@ -34,8 +34,17 @@ pub struct ComputedBlocks {
 }
 
 impl KvCacheManager {
-    pub fn new(num_blocks: usize, block_size: usize, cache_cap: f64, enable_prefix_caching: bool) -> Self {
-        KvCacheManager { pool: BlockPool::new(num_blocks, cache_cap, enable_prefix_caching), block_size, reqs: HashMap::new() }
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        cache_cap: f64,
+        enable_prefix_caching: bool,
+    ) -> Self {
+        KvCacheManager {
+            pool: BlockPool::new(num_blocks, cache_cap, enable_prefix_caching),
+            block_size,
+            reqs: HashMap::new(),
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -61,8 +70,15 @@ impl KvCacheManager {
             return ComputedBlocks::default();
         }
         let max_blocks = (num_tokens - 1) / self.block_size;
-        let blocks: Vec<BlockId> = hashes.iter().take(max_blocks).map_while(|h| self.pool.lookup(h)).collect();
-        ComputedBlocks { num_tokens: blocks.len() * self.block_size, blocks }
+        let blocks: Vec<BlockId> = hashes
+            .iter()
+            .take(max_blocks)
+            .map_while(|h| self.pool.lookup(h))
+            .collect();
+        ComputedBlocks {
+            num_tokens: blocks.len() * self.block_size,
+            blocks,
+        }
     }
 
     /// Makes room for `num_new` more tokens after `num_computed` (which include `hit`, the prefix
@@ -77,9 +93,15 @@ impl KvCacheManager {
         hashes: &[BlockHash],
     ) -> bool {
         let have = self.reqs.get(&req).map_or(0, |r| r.blocks.len()) + hit.blocks.len();
-        let need = (num_computed + num_new).div_ceil(self.block_size).saturating_sub(have);
+        let need = (num_computed + num_new)
+            .div_ceil(self.block_size)
+            .saturating_sub(have);
         // Touching a hit block that sits idle in the cache takes it out of the free count too.
-        let idle_hits = hit.blocks.iter().filter(|&&b| self.pool.ref_cnt(b) == 0).count();
+        let idle_hits = hit
+            .blocks
+            .iter()
+            .filter(|&&b| self.pool.ref_cnt(b) == 0)
+            .count();
         if need + idle_hits > self.pool.num_free() {
             return false;
         }

@@ -11,7 +11,10 @@ pub struct SimpleAllocator {
 
 impl SimpleAllocator {
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        SimpleAllocator { free: (0..num_blocks as u32).rev().collect(), block_size }
+        SimpleAllocator {
+            free: (0..num_blocks as u32).rev().collect(),
+            block_size,
+        }
     }
 
     pub fn num_free(&self) -> usize {
@@ -20,9 +23,14 @@ impl SimpleAllocator {
 
     /// Grows `table` so it covers `num_tokens` tokens.
     pub fn ensure(&mut self, table: &mut Vec<u32>, num_tokens: usize) -> Result<(), EngineError> {
-        let need = num_tokens.div_ceil(self.block_size).saturating_sub(table.len());
+        let need = num_tokens
+            .div_ceil(self.block_size)
+            .saturating_sub(table.len());
         if need > self.free.len() {
-            return Err(EngineError::KvCacheFull { needed: need, free: self.free.len() });
+            return Err(EngineError::KvCacheFull {
+                needed: need,
+                free: self.free.len(),
+            });
         }
         for _ in 0..need {
             table.push(self.free.pop().expect("checked"));

@@ -20,7 +20,13 @@ fn hasher() -> HashContext {
 fn admit(m: &mut KvCacheManager, req: u64, tokens: &[u32]) -> ComputedBlocks {
     let hashes = hasher().hash_all(tokens);
     let hit = m.computed_blocks(&hashes, tokens.len());
-    assert!(m.allocate_slots(req, &hit, hit.num_tokens, tokens.len() - hit.num_tokens, &hashes));
+    assert!(m.allocate_slots(
+        req,
+        &hit,
+        hit.num_tokens,
+        tokens.len() - hit.num_tokens,
+        &hashes
+    ));
     hit
 }
 
@@ -45,7 +51,10 @@ fn allocation_takes_lowest_ids_and_frees_tail_first_into_lru() {
     assert_eq!(p.lookup(&h(2)), None);
     assert_eq!(p.lookup(&h(1)), Some(1));
     let events = p.take_events();
-    assert_eq!(events.last(), Some(&KvEvent::Removed { hashes: vec![h(2)] }));
+    assert_eq!(
+        events.last(),
+        Some(&KvEvent::Removed { hashes: vec![h(2)] })
+    );
 }
 
 #[test]
@@ -64,7 +73,11 @@ fn a_hit_takes_the_block_out_of_the_lru_and_counts_references() {
     assert_eq!(p.ref_cnt(0), 1);
     assert_eq!(p.lru_order(), vec![1]);
     p.free([0]);
-    assert_eq!(p.lru_order(), vec![1, 0], "re-freed block goes to the tail (most recent)");
+    assert_eq!(
+        p.lru_order(),
+        vec![1, 0],
+        "re-freed block goes to the tail (most recent)"
+    );
 }
 
 #[test]
@@ -85,13 +98,21 @@ fn least_recently_used_cached_block_is_evicted_first() {
     assert_eq!(hit.num_tokens, 8);
     assert_eq!(m.block_table(3), &[0, 1, 4]);
     m.free(3);
-    assert_eq!(m.pool().lru_order(), vec![3, 2, 1, 0], "p2 is now least recently used");
+    assert_eq!(
+        m.pool().lru_order(),
+        vec![3, 2, 1, 0],
+        "p2 is now least recently used"
+    );
     // Needing 3 fresh blocks: the empty ones (4, just freed, on top of the stack; then 5), then
     // p2's last block from the LRU head.
     admit(&mut m, 4, &(200..212).collect::<Vec<u32>>());
     assert_eq!(m.block_table(4), &[4, 5, 3]);
     let hashes2 = hasher().hash_all(&p2);
-    assert_eq!(m.computed_blocks(&hashes2, 9).blocks, vec![2], "p2's first block survives, its second is gone");
+    assert_eq!(
+        m.computed_blocks(&hashes2, 9).blocks,
+        vec![2],
+        "p2's first block survives, its second is gone"
+    );
 }
 
 #[test]
@@ -101,7 +122,10 @@ fn full_hit_still_computes_the_last_token() {
     admit(&mut m, 1, &p);
     let hashes = hasher().hash_all(&p);
     let hit = m.computed_blocks(&hashes, p.len());
-    assert_eq!(hit.num_tokens, 4, "8 cached tokens, but the last block is recomputed for its logits");
+    assert_eq!(
+        hit.num_tokens, 4,
+        "8 cached tokens, but the last block is recomputed for its logits"
+    );
 }
 
 #[test]
@@ -130,9 +154,15 @@ fn the_cache_cap_bounds_idle_cached_blocks() {
     assert_eq!(u.free_plain, 7);
     // The oldest request's blocks went first.
     let first: Vec<u32> = (0..8).collect();
-    assert!(m.computed_blocks(&hasher().hash_all(&first), 9).blocks.is_empty());
+    assert!(m
+        .computed_blocks(&hasher().hash_all(&first), 9)
+        .blocks
+        .is_empty());
     let last: Vec<u32> = (200..208).collect();
-    assert_eq!(m.computed_blocks(&hasher().hash_all(&last), 9).num_tokens, 8);
+    assert_eq!(
+        m.computed_blocks(&hasher().hash_all(&last), 9).num_tokens,
+        8
+    );
 }
 
 #[test]

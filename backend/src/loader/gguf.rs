@@ -153,14 +153,16 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], LoadError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            LoadError::Truncated {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| LoadError::Truncated {
                 path: self.path.into(),
                 what: what.into(),
                 needed: (self.pos as u64).saturating_add(n as u64),
                 available: self.buf.len() as u64,
-            }
-        })?;
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -193,7 +195,10 @@ impl<'a> Cursor<'a> {
             8 => GgufValue::String(self.string(what)?),
             9 => {
                 if depth > 2 {
-                    return Err(LoadError::format(self.path, format!("{what}: arrays nested too deep")));
+                    return Err(LoadError::format(
+                        self.path,
+                        format!("{what}: arrays nested too deep"),
+                    ));
                 }
                 let ety = self.u32(what)?;
                 let n = self.u64(what)?;
@@ -215,7 +220,12 @@ impl<'a> Cursor<'a> {
             10 => GgufValue::U64(self.u64(what)?),
             11 => GgufValue::I64(i64::from_le_bytes(self.arr(what)?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.arr(what)?)),
-            other => return Err(LoadError::format(self.path, format!("{what}: unknown value type {other}"))),
+            other => {
+                return Err(LoadError::format(
+                    self.path,
+                    format!("{what}: unknown value type {other}"),
+                ))
+            }
         })
     }
 }
@@ -227,14 +237,21 @@ impl GgufFile {
         // SAFETY: the map is read-only and private to this process; a file changed underneath a
         // running process is outside what any loader can defend against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
-        let mut c = Cursor { buf: &mmap, pos: 0, path };
+        let mut c = Cursor {
+            buf: &mmap,
+            pos: 0,
+            path,
+        };
         let magic = c.arr::<4>("GGUF magic")?;
         if &magic != MAGIC {
             return Err(LoadError::format(path, "not a GGUF file (bad magic)"));
         }
         let version = c.u32("GGUF version")?;
         if !(2..=3).contains(&version) {
-            return Err(LoadError::format(path, format!("GGUF version {version} is not supported (2 or 3)")));
+            return Err(LoadError::format(
+                path,
+                format!("GGUF version {version} is not supported (2 or 3)"),
+            ));
         }
         let n_tensors = c.u64("tensor count")?;
         let n_kv = c.u64("metadata count")?;
@@ -250,19 +267,39 @@ impl GgufFile {
             let name = c.string("tensor name")?;
             let nd = c.u32(&name)?;
             if nd > 4 {
-                return Err(LoadError::format(path, format!("tensor `{name}` has {nd} dimensions (max 4)")));
+                return Err(LoadError::format(
+                    path,
+                    format!("tensor `{name}` has {nd} dimensions (max 4)"),
+                ));
             }
-            let dims = (0..nd).map(|_| c.u64(&name)).collect::<Result<Vec<_>, _>>()?;
+            let dims = (0..nd)
+                .map(|_| c.u64(&name))
+                .collect::<Result<Vec<_>, _>>()?;
             let dtype = GgmlType::from_id(c.u32(&name)?);
             let offset = c.u64(&name)?;
-            tensors.push(GgufTensorInfo { name, dims, dtype, offset });
+            tensors.push(GgufTensorInfo {
+                name,
+                dims,
+                dtype,
+                offset,
+            });
         }
-        let align = metadata.get("general.alignment").and_then(|v| v.as_u64()).unwrap_or(DEFAULT_ALIGNMENT);
+        let align = metadata
+            .get("general.alignment")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(DEFAULT_ALIGNMENT);
         if align == 0 {
             return Err(LoadError::format(path, "general.alignment is 0"));
         }
         let data_offset = (c.pos as u64).div_ceil(align) * align;
-        Ok(GgufFile { path: path.into(), mmap, version, metadata, tensors, data_offset })
+        Ok(GgufFile {
+            path: path.into(),
+            mmap,
+            version,
+            metadata,
+            tensors,
+            data_offset,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -274,45 +311,52 @@ impl GgufFile {
     }
 
     fn required(&self, key: &str) -> Result<&GgufValue, LoadError> {
-        self.get(key).ok_or_else(|| LoadError::format(&self.path, format!("metadata lacks `{key}`")))
+        self.get(key)
+            .ok_or_else(|| LoadError::format(&self.path, format!("metadata lacks `{key}`")))
     }
     pub fn get_u64(&self, key: &str) -> Result<u64, LoadError> {
-        self.required(key)?
-            .as_u64()
-            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not an integer")))
+        self.required(key)?.as_u64().ok_or_else(|| {
+            LoadError::format(&self.path, format!("metadata `{key}` is not an integer"))
+        })
     }
     pub fn get_f64(&self, key: &str) -> Result<f64, LoadError> {
-        self.required(key)?
-            .as_f64()
-            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not a number")))
+        self.required(key)?.as_f64().ok_or_else(|| {
+            LoadError::format(&self.path, format!("metadata `{key}` is not a number"))
+        })
     }
     pub fn get_str(&self, key: &str) -> Result<&str, LoadError> {
-        self.required(key)?
-            .as_str()
-            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not a string")))
+        self.required(key)?.as_str().ok_or_else(|| {
+            LoadError::format(&self.path, format!("metadata `{key}` is not a string"))
+        })
     }
     pub fn get_array(&self, key: &str) -> Result<&[GgufValue], LoadError> {
-        self.required(key)?
-            .as_array()
-            .ok_or_else(|| LoadError::format(&self.path, format!("metadata `{key}` is not an array")))
+        self.required(key)?.as_array().ok_or_else(|| {
+            LoadError::format(&self.path, format!("metadata `{key}` is not an array"))
+        })
     }
 
     pub fn tensor_info(&self, name: &str) -> Result<&GgufTensorInfo, LoadError> {
         self.tensors
             .iter()
             .find(|t| t.name == name)
-            .ok_or_else(|| LoadError::MissingTensor { path: self.path.clone(), name: name.into() })
+            .ok_or_else(|| LoadError::MissingTensor {
+                path: self.path.clone(),
+                name: name.into(),
+            })
     }
 
     /// Reads one tensor, dequantised to f32, with its row-major shape.
     pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), LoadError> {
         let info = self.tensor_info(name)?;
-        let dtype = info.dtype.clone().map_err(|dtype| LoadError::UnsupportedDtype {
-            path: self.path.clone(),
-            tensor: name.into(),
-            dtype,
-            supported: SUPPORTED,
-        })?;
+        let dtype = info
+            .dtype
+            .clone()
+            .map_err(|dtype| LoadError::UnsupportedDtype {
+                path: self.path.clone(),
+                tensor: name.into(),
+                dtype,
+                supported: SUPPORTED,
+            })?;
         let n = info.num_elements();
         let (per_block, block_bytes) = dtype.block();
         if n % per_block as u64 != 0 {
@@ -342,9 +386,17 @@ pub fn dequantize(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n);
     let h = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
     match dtype {
-        GgmlType::F32 => out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        GgmlType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
         GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(h)),
-        GgmlType::BF16 => out.extend(bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+        GgmlType::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
         GgmlType::Q8_0 => {
             for blk in bytes.chunks_exact(34) {
                 let d = h(&blk[0..2]);
@@ -371,4 +423,46 @@ pub fn dequantize(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
     }
     debug_assert_eq!(out.len(), n);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dequantizes_each_block_format() {
+        let d = f16::from_f32(0.5).to_le_bytes();
+        let m = f16::from_f32(-1.0).to_le_bytes();
+        // Q4_0: (q - 8) * d; low nibbles are elements 0..16, high nibbles 16..32.
+        let mut q40 = d.to_vec();
+        q40.extend((0..16u8).map(|i| i | ((15 - i) << 4)));
+        let x = dequantize(GgmlType::Q4_0, &q40, 32);
+        assert_eq!(x[0], -4.0);
+        assert_eq!(x[15], 3.5);
+        assert_eq!(x[16], 3.5);
+        assert_eq!(x[31], -4.0);
+        // Q4_1: q * d + m
+        let mut q41 = [d, m].concat();
+        q41.extend((0..16u8).map(|i| i | (i << 4)));
+        let x = dequantize(GgmlType::Q4_1, &q41, 32);
+        assert_eq!((x[0], x[3], x[19]), (-1.0, 0.5, 0.5));
+        // Q8_0: q * d
+        let mut q8 = d.to_vec();
+        q8.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let x = dequantize(GgmlType::Q8_0, &q8, 32);
+        assert_eq!((x[0], x[16], x[31]), (-8.0, 0.0, 7.5));
+        // F16, BF16, F32
+        assert_eq!(
+            dequantize(GgmlType::F16, &f16::from_f32(1.5).to_le_bytes(), 1),
+            vec![1.5]
+        );
+        assert_eq!(
+            dequantize(GgmlType::BF16, &bf16::from_f32(-2.0).to_le_bytes(), 1),
+            vec![-2.0]
+        );
+        assert_eq!(
+            dequantize(GgmlType::F32, &3.25f32.to_le_bytes(), 1),
+            vec![3.25]
+        );
+    }
 }

@@ -50,16 +50,25 @@ pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
             path.display()
         )));
     }
-    let pre = file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
-    let pre = pre_tokenizer(pre).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
+    let pre = file
+        .get("tokenizer.ggml.pre")
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    let pre =
+        pre_tokenizer(pre).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
     let tokens = file.get_array("tokenizer.ggml.tokens")?;
-    let types = file.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()).unwrap_or(&[]);
+    let types = file
+        .get("tokenizer.ggml.token_type")
+        .and_then(|v| v.as_array())
+        .unwrap_or(&[]);
     let merges = file.get_array("tokenizer.ggml.merges")?;
 
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut added = Vec::new();
     for (id, t) in tokens.iter().enumerate() {
-        let s = t.as_str().ok_or_else(|| LoadError::format(path, format!("token {id} is not a string")))?;
+        let s = t
+            .as_str()
+            .ok_or_else(|| LoadError::format(path, format!("token {id} is not a string")))?;
         vocab.insert(s.to_string(), json!(id));
         let ty = types.get(id).and_then(|v| v.as_u64()).unwrap_or(1);
         if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED {
@@ -71,7 +80,11 @@ pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
     }
     let merges: Vec<Value> = merges
         .iter()
-        .map(|m| m.as_str().map(|s| json!(s)).ok_or_else(|| LoadError::format(path, "a merge is not a string")))
+        .map(|m| {
+            m.as_str()
+                .map(|s| json!(s))
+                .ok_or_else(|| LoadError::format(path, "a merge is not a string"))
+        })
         .collect::<Result<_, _>>()?;
     let doc = json!({
         "version": "1.0",
@@ -88,11 +101,16 @@ pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
             "vocab": vocab, "merges": merges,
         },
     });
-    let inner: tokenizers::Tokenizer = doc
-        .to_string()
-        .parse()
-        .map_err(|e| LoadError::Tokenizer(format!("{}: building the tokenizer failed: {e}", path.display())))?;
-    let chat_template = file.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(String::from);
+    let inner: tokenizers::Tokenizer = doc.to_string().parse().map_err(|e| {
+        LoadError::Tokenizer(format!(
+            "{}: building the tokenizer failed: {e}",
+            path.display()
+        ))
+    })?;
+    let chat_template = file
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.as_str())
+        .map(String::from);
     let name_of = |key: &str| {
         file.get(key)
             .and_then(|v| v.as_u64())

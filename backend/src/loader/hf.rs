@@ -22,13 +22,21 @@ impl SafetensorsDir {
     pub fn open(dir: &Path) -> Result<Self, LoadError> {
         let index_path = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(|e| LoadError::io(&index_path, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|source| LoadError::Json { path: index_path.clone(), source })?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
-                LoadError::format(&index_path, "no `weight_map` object")
-            })?;
-            let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|e| LoadError::io(&index_path, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| LoadError::Json {
+                    path: index_path.clone(),
+                    source,
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| LoadError::format(&index_path, "no `weight_map` object"))?;
+            let mut names: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect();
             names.sort();
             names.dedup();
             names.into_iter().map(|n| dir.join(n)).collect()
@@ -49,7 +57,8 @@ impl SafetensorsDir {
             // SAFETY: read-only private map; see gguf.rs.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(&path, e))?;
             let names: Vec<String> = {
-                let st = SafeTensors::deserialize(&mmap).map_err(|e| safetensors_error(&path, &mmap, e))?;
+                let st = SafeTensors::deserialize(&mmap)
+                    .map_err(|e| safetensors_error(&path, &mmap, e))?;
                 st.names().into_iter().map(String::from).collect()
             };
             for n in names {
@@ -66,18 +75,32 @@ impl SafetensorsDir {
 
     /// Reads `name` as f32.
     pub fn tensor(&self, name: &str) -> Result<HostTensor, LoadError> {
-        let &i = self.index.get(name).ok_or_else(|| LoadError::MissingTensor {
-            path: self.shards.first().map(|s| s.0.clone()).unwrap_or_default(),
-            name: name.into(),
-        })?;
+        let &i = self
+            .index
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor {
+                path: self.shards.first().map(|s| s.0.clone()).unwrap_or_default(),
+                name: name.into(),
+            })?;
         let (path, mmap) = &self.shards[i];
         let st = SafeTensors::deserialize(mmap).map_err(|e| safetensors_error(path, mmap, e))?;
-        let view = st.tensor(name).map_err(|e| LoadError::format(path, e.to_string()))?;
+        let view = st
+            .tensor(name)
+            .map_err(|e| LoadError::format(path, e.to_string()))?;
         let bytes = view.data();
         let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
             other => {
                 return Err(LoadError::UnsupportedDtype {
                     path: path.clone(),
@@ -87,21 +110,25 @@ impl SafetensorsDir {
                 })
             }
         };
-        Ok(HostTensor { shape: view.shape().to_vec(), data })
+        Ok(HostTensor {
+            shape: view.shape().to_vec(),
+            data,
+        })
     }
 }
 
 fn safetensors_error(path: &Path, bytes: &[u8], e: safetensors::SafeTensorError) -> LoadError {
     use safetensors::SafeTensorError as E;
     match e {
-        E::MetadataIncompleteBuffer | E::HeaderTooSmall | E::InvalidOffset(_) | E::InvalidHeaderLength => {
-            LoadError::Truncated {
-                path: path.into(),
-                what: format!("safetensors data ({e})"),
-                needed: declared_len(bytes).unwrap_or(8),
-                available: bytes.len() as u64,
-            }
-        }
+        E::MetadataIncompleteBuffer
+        | E::HeaderTooSmall
+        | E::InvalidOffset(_)
+        | E::InvalidHeaderLength => LoadError::Truncated {
+            path: path.into(),
+            what: format!("safetensors data ({e})"),
+            needed: declared_len(bytes).unwrap_or(8),
+            available: bytes.len() as u64,
+        },
         other => LoadError::format(path, format!("not a valid safetensors file: {other}")),
     }
 }
@@ -110,7 +137,9 @@ fn safetensors_error(path: &Path, bytes: &[u8], e: safetensors::SafeTensorError)
 fn declared_len(bytes: &[u8]) -> Option<u64> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
     let header = bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?);
-    let Some(header) = header else { return Some(8 + n) };
+    let Some(header) = header else {
+        return Some(8 + n);
+    };
     let v: serde_json::Value = serde_json::from_slice(header).ok()?;
     let end = v
         .as_object()?

@@ -25,7 +25,12 @@ pub struct HostTensor {
 
 impl HostTensor {
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape {shape:?} vs {} elements", data.len());
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "shape {shape:?} vs {} elements",
+            data.len()
+        );
         HostTensor { shape, data }
     }
     /// Stacks matrices with equal column counts along rows.
@@ -37,7 +42,10 @@ impl HostTensor {
             assert_eq!(p.shape[1], cols);
             data.extend_from_slice(&p.data);
         }
-        HostTensor { shape: vec![rows, cols], data }
+        HostTensor {
+            shape: vec![rows, cols],
+            data,
+        }
     }
 }
 
@@ -113,7 +121,11 @@ pub fn resolve(spec: &str) -> Result<ModelSource, LoadError> {
         path,
         hint: format!(
             "give an HF model directory, a .gguf file, or one of: {}",
-            fetch::KNOWN.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+            fetch::KNOWN
+                .iter()
+                .map(|k| k.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     })
 }
@@ -158,7 +170,11 @@ enum Part {
     Down,
 }
 
-fn checked(src: &dyn TensorSource, name: &str, expected: &[usize]) -> Result<HostTensor, LoadError> {
+fn checked(
+    src: &dyn TensorSource,
+    name: &str,
+    expected: &[usize],
+) -> Result<HostTensor, LoadError> {
     let t = src.get(name)?;
     if t.shape != expected {
         return Err(LoadError::Shape {
@@ -171,17 +187,31 @@ fn checked(src: &dyn TensorSource, name: &str, expected: &[usize]) -> Result<Hos
     Ok(t)
 }
 
-fn assemble(src: &dyn TensorSource, cfg: &ModelConfig, progress: bool) -> Result<HostWeights, LoadError> {
+fn assemble(
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    progress: bool,
+) -> Result<HostWeights, LoadError> {
     let names = src.names();
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let bar = progress_bar(progress, cfg.num_hidden_layers as u64 + 2, "loading weights");
+    let bar = progress_bar(
+        progress,
+        cfg.num_hidden_layers as u64 + 2,
+        "loading weights",
+    );
     let embed = checked(src, names.embed, &[v, h])?;
     bar.inc(1);
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         let n = |p| (names.layer)(l, p);
-        let q = src.fix_qk(checked(src, &n(Part::Q), &[cfg.q_dim(), h])?, cfg.num_attention_heads);
-        let k = src.fix_qk(checked(src, &n(Part::K), &[cfg.kv_dim(), h])?, cfg.num_key_value_heads);
+        let q = src.fix_qk(
+            checked(src, &n(Part::Q), &[cfg.q_dim(), h])?,
+            cfg.num_attention_heads,
+        );
+        let k = src.fix_qk(
+            checked(src, &n(Part::K), &[cfg.kv_dim(), h])?,
+            cfg.num_key_value_heads,
+        );
         let vv = checked(src, &n(Part::V), &[cfg.kv_dim(), h])?;
         let gate = checked(src, &n(Part::Gate), &[i, h])?;
         let up = checked(src, &n(Part::Up), &[i, h])?;
@@ -203,7 +233,12 @@ fn assemble(src: &dyn TensorSource, cfg: &ModelConfig, progress: bool) -> Result
     };
     bar.inc(1);
     bar.finish_and_clear();
-    Ok(HostWeights { embed, layers, final_norm, lm_head })
+    Ok(HostWeights {
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
 }
 
 /// A progress bar on stderr, hidden when `show` is false or stderr is not a terminal.
@@ -262,11 +297,27 @@ impl TensorSource for HfSource {
 /// Loads an HF model directory.
 pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
     let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
-    let src = HfSource { dir: dir.into(), st: hf::SafetensorsDir::open(dir)? };
+    let src = HfSource {
+        dir: dir.into(),
+        st: hf::SafetensorsDir::open(dir)?,
+    };
     let weights = assemble(&src, &config, progress)?;
-    let tokenizer = if dir.join("tokenizer.json").exists() { Some(TextTokenizer::from_hf_dir(dir)?) } else { None };
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    Ok(LoadedModel { name, source: dir.into(), config, weights, tokenizer })
+    let tokenizer = if dir.join("tokenizer.json").exists() {
+        Some(TextTokenizer::from_hf_dir(dir)?)
+    } else {
+        None
+    };
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    Ok(LoadedModel {
+        name,
+        source: dir.into(),
+        config,
+        weights,
+        tokenizer,
+    })
 }
 
 struct GgufSource {
@@ -322,11 +373,15 @@ pub fn unpermute_qk(t: &HostTensor, n_heads: usize, head_dim: usize) -> HostTens
             for b in 0..half {
                 let src = h * head_dim + 2 * b + a;
                 let dst = h * head_dim + a * half + b;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
             }
         }
     }
-    HostTensor { shape: t.shape.clone(), data: out }
+    HostTensor {
+        shape: t.shape.clone(),
+        data: out,
+    }
 }
 
 /// Reads a model's shape from GGUF metadata.
@@ -334,7 +389,10 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
     let path = file.path();
     let arch = file.get_str("general.architecture")?.to_string();
     if arch != "llama" && arch != "mistral" {
-        return Err(LoadError::UnknownArchitecture { path: path.into(), arch });
+        return Err(LoadError::UnknownArchitecture {
+            path: path.into(),
+            arch,
+        });
     }
     if file.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
         return Err(LoadError::format(
@@ -349,23 +407,39 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
         Some(v) => v as usize,
         None => file.get_array("tokenizer.ggml.tokens")?.len(),
     };
-    let head_dim = file.get(&k("attention.key_length")).and_then(|v| v.as_u64()).map(|v| v as usize);
-    let eos = file.get("tokenizer.ggml.eos_token_id").and_then(|v| v.as_u64());
+    let head_dim = file
+        .get(&k("attention.key_length"))
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize);
+    let eos = file
+        .get("tokenizer.ggml.eos_token_id")
+        .and_then(|v| v.as_u64());
     let cfg = ModelConfig {
         hidden_size,
         intermediate_size: file.get_u64(&k("feed_forward_length"))? as usize,
         num_hidden_layers: file.get_u64(&k("block_count"))? as usize,
         num_attention_heads: heads,
-        num_key_value_heads: file.get(&k("attention.head_count_kv")).and_then(|v| v.as_u64()).unwrap_or(heads as u64)
-            as usize,
+        num_key_value_heads: file
+            .get(&k("attention.head_count_kv"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(heads as u64) as usize,
         head_dim: head_dim.unwrap_or(hidden_size / heads.max(1)),
         vocab_size,
         rms_norm_eps: file.get_f64(&k("attention.layer_norm_rms_epsilon"))?,
-        rope_theta: file.get(&k("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0),
+        rope_theta: file
+            .get(&k("rope.freq_base"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(10000.0),
         rope_scaling: RopeScaling::Default,
         tie_word_embeddings: !file.tensors.iter().any(|t| t.name == "output.weight"),
-        max_position_embeddings: file.get(&k("context_length")).and_then(|v| v.as_u64()).unwrap_or(4096) as usize,
-        bos_token_id: file.get("tokenizer.ggml.bos_token_id").and_then(|v| v.as_u64()).map(|v| v as u32),
+        max_position_embeddings: file
+            .get(&k("context_length"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(4096) as usize,
+        bos_token_id: file
+            .get("tokenizer.ggml.bos_token_id")
+            .and_then(|v| v.as_u64())
+            .map(|v| v as u32),
         eos_token_ids: eos.map(|e| vec![e as u32]).unwrap_or_default(),
     };
     cfg.validate(path)?;
@@ -385,13 +459,26 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
             }
         }
     }
-    let src = GgufSource { head_dim: config.head_dim, file };
+    let src = GgufSource {
+        head_dim: config.head_dim,
+        file,
+    };
     let weights = assemble(&src, &config, progress)?;
     let name = src
         .file
         .get("general.name")
         .and_then(|v| v.as_str())
         .map(String::from)
-        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
-    Ok(LoadedModel { name, source: path.into(), config, weights, tokenizer: Some(tokenizer) })
+        .unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+    Ok(LoadedModel {
+        name,
+        source: path.into(),
+        config,
+        weights,
+        tokenizer: Some(tokenizer),
+    })
 }

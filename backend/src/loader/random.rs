@@ -16,7 +16,12 @@ fn normal(rng: &mut Rng, shape: Vec<usize>, std: f64) -> HostTensor {
 }
 
 fn norm_weight(rng: &mut Rng, n: usize) -> HostTensor {
-    HostTensor::new(vec![n], (0..n).map(|_| (1.0 + 0.2 * (rng.uniform() - 0.5)) as f32).collect())
+    HostTensor::new(
+        vec![n],
+        (0..n)
+            .map(|_| (1.0 + 0.2 * (rng.uniform() - 0.5)) as f32)
+            .collect(),
+    )
 }
 
 /// Deterministic random weights for `cfg`, in HF's (unfused) order of tensors.
@@ -25,14 +30,29 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
     let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     // Scale like a trained model's: unit-variance activations into each matmul.
     let s_in = |fan_in: usize| 1.0 / (fan_in as f64).sqrt();
-    let mut out = vec![("model.embed_tokens.weight".to_string(), normal(&mut rng, vec![v, h], 1.0))];
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        normal(&mut rng, vec![v, h], 1.0),
+    )];
     for l in 0..cfg.num_hidden_layers {
         let p = |s: &str| format!("model.layers.{l}.{s}.weight");
         out.push((p("input_layernorm"), norm_weight(&mut rng, h)));
-        out.push((p("self_attn.q_proj"), normal(&mut rng, vec![cfg.q_dim(), h], s_in(h))));
-        out.push((p("self_attn.k_proj"), normal(&mut rng, vec![cfg.kv_dim(), h], s_in(h))));
-        out.push((p("self_attn.v_proj"), normal(&mut rng, vec![cfg.kv_dim(), h], s_in(h))));
-        out.push((p("self_attn.o_proj"), normal(&mut rng, vec![h, cfg.q_dim()], s_in(cfg.q_dim()))));
+        out.push((
+            p("self_attn.q_proj"),
+            normal(&mut rng, vec![cfg.q_dim(), h], s_in(h)),
+        ));
+        out.push((
+            p("self_attn.k_proj"),
+            normal(&mut rng, vec![cfg.kv_dim(), h], s_in(h)),
+        ));
+        out.push((
+            p("self_attn.v_proj"),
+            normal(&mut rng, vec![cfg.kv_dim(), h], s_in(h)),
+        ));
+        out.push((
+            p("self_attn.o_proj"),
+            normal(&mut rng, vec![h, cfg.q_dim()], s_in(cfg.q_dim())),
+        ));
         out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
         out.push((p("mlp.gate_proj"), normal(&mut rng, vec![i, h], s_in(h))));
         out.push((p("mlp.up_proj"), normal(&mut rng, vec![i, h], s_in(h))));
@@ -40,14 +60,18 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
     }
     out.push(("model.norm.weight".into(), norm_weight(&mut rng, h)));
     if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), normal(&mut rng, vec![v, h], s_in(h))));
+        out.push((
+            "lm_head.weight".into(),
+            normal(&mut rng, vec![v, h], s_in(h)),
+        ));
     }
     out
 }
 
 /// Random weights for `cfg`, fused the way devices consume them.
 pub fn random_weights(cfg: &ModelConfig, seed: u64) -> HostWeights {
-    let mut t: std::collections::HashMap<String, HostTensor> = random_hf_tensors(cfg, seed).into_iter().collect();
+    let mut t: std::collections::HashMap<String, HostTensor> =
+        random_hf_tensors(cfg, seed).into_iter().collect();
     let mut take = |n: String| t.remove(&n).expect("generated above");
     let layers = (0..cfg.num_hidden_layers)
         .map(|l| {
@@ -90,11 +114,22 @@ pub fn save_random_hf_dir(dir: &Path, cfg: &ModelConfig, seed: u64) -> Result<()
     let tensors = random_hf_tensors(cfg, seed);
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
         .into_iter()
-        .map(|(n, t)| (n, t.data.iter().flat_map(|x| x.to_le_bytes()).collect(), t.shape))
+        .map(|(n, t)| {
+            (
+                n,
+                t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                t.shape,
+            )
+        })
         .collect();
     let views: Vec<(String, TensorView<'_>)> = bytes
         .iter()
-        .map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).expect("sizes match")))
+        .map(|(n, b, s)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).expect("sizes match"),
+            )
+        })
         .collect();
     let st_path = dir.join("model.safetensors");
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);

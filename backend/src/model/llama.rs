@@ -44,7 +44,12 @@ impl Logits {
 
 impl<D: Device> Llama<D> {
     /// Uploads `weights`; positions up to `max_positions` get RoPE tables.
-    pub fn new(dev: &D, config: &ModelConfig, weights: &HostWeights, max_positions: usize) -> Result<Self, EngineError> {
+    pub fn new(
+        dev: &D,
+        config: &ModelConfig,
+        weights: &HostWeights,
+        max_positions: usize,
+    ) -> Result<Self, EngineError> {
         let up = |t| dev.upload(t);
         let layers = weights
             .layers
@@ -83,7 +88,12 @@ impl<D: Device> Llama<D> {
 
     /// Runs one varlen batch: writes every new token's K/V into `kv` and returns the logits of
     /// the batch's `logit_rows`.
-    pub fn forward(&self, dev: &D, kv: &mut D::Kv, batch: &ForwardBatch) -> Result<Logits, EngineError> {
+    pub fn forward(
+        &self,
+        dev: &D,
+        kv: &mut D::Kv,
+        batch: &ForwardBatch,
+    ) -> Result<Logits, EngineError> {
         let eps = self.config.rms_norm_eps as f32;
         let b = dev.prepare_batch(batch)?;
         let mut residual = dev.embed(&self.embed, &b)?;
@@ -97,11 +107,18 @@ impl<D: Device> Llama<D> {
             let gu = dev.linear(&x, &layer.gate_up)?;
             let act = dev.silu_mul(&gu)?;
             let down = dev.linear(&act, &layer.down)?;
-            let next_norm = self.layers.get(l + 1).map_or(&self.final_norm, |n| &n.attn_norm);
+            let next_norm = self
+                .layers
+                .get(l + 1)
+                .map_or(&self.final_norm, |n| &n.attn_norm);
             x = dev.add_rms_norm(&mut residual, &down, next_norm, eps)?;
         }
         let rows = dev.gather_logit_rows(&x, &b)?;
         let logits = dev.linear(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?;
-        Ok(Logits { rows: batch.logit_rows.len(), vocab: self.config.vocab_size, data: dev.to_host(&logits)? })
+        Ok(Logits {
+            rows: batch.logit_rows.len(),
+            vocab: self.config.vocab_size,
+            data: dev.to_host(&logits)?,
+        })
     }
 }

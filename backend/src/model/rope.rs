@@ -8,11 +8,21 @@ use crate::loader::HostTensor;
 pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
     let d = cfg.head_dim;
     let base = cfg.rope_theta as f32;
-    let mut f: Vec<f32> = (0..d / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / d as f32)).collect();
-    if let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } =
-        cfg.rope_scaling
+    let mut f: Vec<f32> = (0..d / 2)
+        .map(|i| 1.0 / base.powf((2 * i) as f32 / d as f32))
+        .collect();
+    if let RopeScaling::Llama3 {
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings,
+    } = cfg.rope_scaling
     {
-        let (factor, lo, hi) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
+        let (factor, lo, hi) = (
+            factor as f32,
+            low_freq_factor as f32,
+            high_freq_factor as f32,
+        );
         let old = original_max_position_embeddings as f32;
         let low_wavelen = old / lo;
         let high_wavelen = old / hi;

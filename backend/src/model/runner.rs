@@ -26,7 +26,14 @@ pub struct ModelRunner<D: Device> {
 }
 
 impl<D: Device> ModelRunner<D> {
-    pub fn new(dev: D, config: &ModelConfig, weights: &HostWeights, num_blocks: usize, block_size: usize, max_model_len: usize) -> Result<Self, EngineError> {
+    pub fn new(
+        dev: D,
+        config: &ModelConfig,
+        weights: &HostWeights,
+        num_blocks: usize,
+        block_size: usize,
+        max_model_len: usize,
+    ) -> Result<Self, EngineError> {
         let layout = KvLayout {
             num_layers: config.num_hidden_layers,
             num_blocks,
@@ -36,7 +43,12 @@ impl<D: Device> ModelRunner<D> {
         };
         let model = Llama::new(&dev, config, weights, max_model_len)?;
         let kv = dev.alloc_kv(&layout)?;
-        Ok(ModelRunner { dev, model, kv, layout })
+        Ok(ModelRunner {
+            dev,
+            model,
+            kv,
+            layout,
+        })
     }
 }
 
@@ -75,5 +87,12 @@ pub fn cpu_runner(
     block_size: usize,
     max_model_len: usize,
 ) -> Result<Box<dyn Runner>, EngineError> {
-    Ok(Box::new(ModelRunner::new(CpuDevice::new(), config, weights, num_blocks, block_size, max_model_len)?))
+    Ok(Box::new(ModelRunner::new(
+        CpuDevice::new(),
+        config,
+        weights,
+        num_blocks,
+        block_size,
+        max_model_len,
+    )?))
 }

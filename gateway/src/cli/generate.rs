@@ -79,7 +79,12 @@ pub struct LogitsArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Comma-separated token ids, e.g. `1,2,3`.
-    #[arg(long, value_delimiter = ',', required_unless_present = "prompt", conflicts_with = "prompt")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "prompt",
+        conflicts_with = "prompt"
+    )]
     pub ids: Vec<u32>,
     /// Text to tokenize instead of --ids.
     #[arg(long)]
@@ -95,7 +100,8 @@ fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
         loader::fetch::fetch(known, true).with_context(|| format!("fetching `{}`", known.name))?;
     }
     let t0 = Instant::now();
-    let m = loader::load(&args.model, true).with_context(|| format!("loading model `{}`", args.model))?;
+    let m = loader::load(&args.model, true)
+        .with_context(|| format!("loading model `{}`", args.model))?;
     tracing::info!(
         model = %m.name,
         params = m.config.num_parameters(),
@@ -107,19 +113,30 @@ fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
 }
 
 fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Result<Box<dyn Runner>> {
-    let max_len = args.max_model_len.unwrap_or(m.config.max_position_embeddings.min(8192));
+    let max_len = args
+        .max_model_len
+        .unwrap_or(m.config.max_position_embeddings.min(8192));
     if tokens > max_len {
         bail!("{tokens} tokens do not fit max_model_len {max_len} (raise --max-model-len)");
     }
     let blocks = tokens.div_ceil(args.block_size) + 1;
     match args.device {
-        DeviceKind::Auto | DeviceKind::Cpu => Ok(cpu_runner(&m.config, &m.weights, blocks, args.block_size, max_len)?),
+        DeviceKind::Auto | DeviceKind::Cpu => Ok(cpu_runner(
+            &m.config,
+            &m.weights,
+            blocks,
+            args.block_size,
+            max_len,
+        )?),
     }
 }
 
 pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     let m = load(&a.model)?;
-    let tok = m.tokenizer.as_ref().context("this model has no tokenizer; use `cachet logits --ids`")?;
+    let tok = m
+        .tokenizer
+        .as_ref()
+        .context("this model has no tokenizer; use `cachet logits --ids`")?;
     let text = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
@@ -134,8 +151,17 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     let mut runner = runner_for(&m, &a.model, prompt.len() + a.max_tokens)?;
     let params = GenerateParams {
         max_tokens: a.max_tokens,
-        sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
-        stop_token_ids: if a.ignore_eos { vec![] } else { m.config.eos_token_ids.clone() },
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+        },
+        stop_token_ids: if a.ignore_eos {
+            vec![]
+        } else {
+            m.config.eos_token_ids.clone()
+        },
         prefill_chunk: a.prefill_chunk,
     };
     let mut dec = IncrementalDecoder::new();
@@ -147,7 +173,10 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
         match dec.push(tok, id) {
             Ok(Some(piece)) => {
-                if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+                if let Err(e) = stdout
+                    .write_all(piece.as_bytes())
+                    .and_then(|_| stdout.flush())
+                {
                     write_err = Some(e);
                     return false;
                 }
@@ -181,14 +210,21 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
 pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     let m = load(&a.model)?;
     let ids = match &a.prompt {
-        Some(p) => m.tokenizer.as_ref().context("this model has no tokenizer; pass --ids")?.encode(p)?,
+        Some(p) => m
+            .tokenizer
+            .as_ref()
+            .context("this model has no tokenizer; pass --ids")?
+            .encode(p)?,
         None => a.ids.clone(),
     };
     if ids.is_empty() {
         bail!("no token ids given");
     }
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= m.config.vocab_size) {
-        bail!("token id {bad} is outside the vocabulary (size {})", m.config.vocab_size);
+        bail!(
+            "token id {bad} is outside the vocabulary (size {})",
+            m.config.vocab_size
+        );
     }
     let mut runner = runner_for(&m, &a.model, ids.len())?;
     let layout = runner.kv_layout();
@@ -201,8 +237,11 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     let row = logits.row(0);
     let mut idx: Vec<usize> = (0..row.len()).collect();
     idx.sort_by(|&x, &y| row[y].total_cmp(&row[x]).then(x.cmp(&y)));
-    let top: Vec<serde_json::Value> =
-        idx.iter().take(a.top).map(|&i| serde_json::json!({"id": i, "logit": row[i]})).collect();
+    let top: Vec<serde_json::Value> = idx
+        .iter()
+        .take(a.top)
+        .map(|&i| serde_json::json!({"id": i, "logit": row[i]}))
+        .collect();
     println!("{}", serde_json::Value::Array(top));
     Ok(())
 }

@@ -63,7 +63,11 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
             let known = fetch::known_model(&name).with_context(|| {
                 format!(
                     "unknown model `{name}`; known: {}",
-                    fetch::KNOWN.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+                    fetch::KNOWN
+                        .iter()
+                        .map(|k| k.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             })?;
             let was_there = fetch::cached_path(known).exists();
@@ -77,7 +81,11 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
         ModelCommand::List => {
             for k in fetch::KNOWN {
                 let p = fetch::cached_path(k);
-                let state = if p.exists() { p.display().to_string() } else { "not fetched".into() };
+                let state = if p.exists() {
+                    p.display().to_string()
+                } else {
+                    "not fetched".into()
+                };
                 println!("{:10} {}\n{:10} {state}", k.name, k.description, "");
             }
             Ok(())
@@ -88,7 +96,11 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
                 None => tiny_config(),
             };
             random::save_random_hf_dir(&out, &cfg, seed)?;
-            eprintln!("wrote {} parameters to {}", cfg.num_parameters(), out.display());
+            eprintln!(
+                "wrote {} parameters to {}",
+                cfg.num_parameters(),
+                out.display()
+            );
             Ok(())
         }
     }

@@ -4,6 +4,9 @@
 //! tokens share each loaded row of `w`, with eight independent accumulators per dot product so the
 //! compiler emits vector FMAs. An AVX2+FMA build of the same code is chosen at run time when the
 //! processor has it; results differ from the portable build only by rounding.
+//!
+//! Invariant: every kernel here reduces a dot product in the same order, so a token's output is
+//! bitwise the same whatever batch it is in (the engine's equivalence tests rely on it).
 
 use rayon::prelude::*;
 
@@ -15,6 +18,17 @@ const LANES: usize = 8;
 pub fn matmul_t(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
     assert_eq!(x.len(), n * k);
     assert_eq!(w.len(), m * k);
+    if n == 1 {
+        // Decode: one token, so each output is contiguous in `w`'s row order; no tiles to gather.
+        let mut out = vec![0.0f32; m];
+        out.par_chunks_mut(COLS_PER_TASK * 4)
+            .enumerate()
+            .for_each(|(b, o)| {
+                let c0 = b * COLS_PER_TASK * 4;
+                block(x, &w[c0 * k..(c0 + o.len()) * k], 1, k, o.len(), o);
+            });
+        return out;
+    }
     let blocks: Vec<(usize, Vec<f32>)> = (0..m.div_ceil(COLS_PER_TASK))
         .into_par_iter()
         .map(|b| {
@@ -29,7 +43,8 @@ pub fn matmul_t(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> 
     for (c0, tile) in blocks {
         let w_cols = tile.len() / n.max(1);
         for t in 0..n {
-            out[t * m + c0..t * m + c0 + w_cols].copy_from_slice(&tile[t * w_cols..(t + 1) * w_cols]);
+            out[t * m + c0..t * m + c0 + w_cols]
+                .copy_from_slice(&tile[t * w_cols..(t + 1) * w_cols]);
         }
     }
     out
@@ -94,16 +109,32 @@ unsafe fn dot2x4_avx2(w0: &[f32], w1: &[f32], xs: [&[f32]; 4]) -> [[f32; 4]; 2] 
 }
 
 #[inline(always)]
-fn block_portable<const FUSED: bool>(x: &[f32], w: &[f32], n: usize, k: usize, cols: usize, tile: &mut [f32]) {
+fn block_portable<const FUSED: bool>(
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    cols: usize,
+    tile: &mut [f32],
+) {
     let mut t = 0;
     while t + 4 <= n {
-        let xs = [&x[t * k..(t + 1) * k], &x[(t + 1) * k..(t + 2) * k], &x[(t + 2) * k..(t + 3) * k], &x[(t + 3) * k..(t + 4) * k]];
+        let xs = [
+            &x[t * k..(t + 1) * k],
+            &x[(t + 1) * k..(t + 2) * k],
+            &x[(t + 2) * k..(t + 3) * k],
+            &x[(t + 3) * k..(t + 4) * k],
+        ];
         let mut c = 0;
         while c + 2 <= cols {
             let (w0, w1) = (&w[c * k..(c + 1) * k], &w[(c + 1) * k..(c + 2) * k]);
             #[cfg(target_arch = "x86_64")]
             // SAFETY: FUSED is only true on the path chosen after detecting AVX2 and FMA.
-            let r = if FUSED { unsafe { dot2x4_avx2(w0, w1, xs) } } else { dot2x4::<FUSED>(w0, w1, xs) };
+            let r = if FUSED {
+                unsafe { dot2x4_avx2(w0, w1, xs) }
+            } else {
+                dot2x4::<FUSED>(w0, w1, xs)
+            };
             #[cfg(not(target_arch = "x86_64"))]
             let r = dot2x4::<FUSED>(w0, w1, xs);
             for (j, col) in r.iter().enumerate() {
@@ -149,6 +180,9 @@ fn as_lanes(c: &[f32]) -> &[f32; LANES] {
     c.try_into().expect("chunks_exact yields LANES elements")
 }
 
+/// One row of `w` times one row of `x`. Its reduction order (LANES lane-wise accumulators, then
+/// the lanes summed in order, then the tail) is exactly the 2×4 kernels', so a token's result does
+/// not depend on which kernel, batch or group computed it: batch-invariant output.
 #[inline(always)]
 fn dot<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
@@ -171,7 +205,12 @@ fn dot<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
 #[inline(always)]
 fn dot2x4<const FUSED: bool>(w0: &[f32], w1: &[f32], xs: [&[f32]; 4]) -> [[f32; 4]; 2] {
     let mut acc = [[[0.0f32; LANES]; 4]; 2];
-    let it = lanes(w0).zip(lanes(w1)).zip(lanes(xs[0])).zip(lanes(xs[1])).zip(lanes(xs[2])).zip(lanes(xs[3]));
+    let it = lanes(w0)
+        .zip(lanes(w1))
+        .zip(lanes(xs[0]))
+        .zip(lanes(xs[1]))
+        .zip(lanes(xs[2]))
+        .zip(lanes(xs[3]));
     for (((((a0, a1), b0), b1), b2), b3) in it {
         let ws = [as_lanes(a0), as_lanes(a1)];
         let xv = [as_lanes(b0), as_lanes(b1), as_lanes(b2), as_lanes(b3)];
@@ -212,10 +251,34 @@ mod tests {
             let got = matmul_t(&x, &w, n, k, m);
             for t in 0..n {
                 for c in 0..m {
-                    let want: f64 = (0..k).map(|i| x[t * k + i] as f64 * w[c * k + i] as f64).sum();
-                    assert!((got[t * m + c] as f64 - want).abs() < 1e-4 * (k as f64).sqrt(), "{n}x{k}x{m} at {t},{c}");
+                    let want: f64 = (0..k)
+                        .map(|i| x[t * k + i] as f64 * w[c * k + i] as f64)
+                        .sum();
+                    assert!(
+                        (got[t * m + c] as f64 - want).abs() < 1e-4 * (k as f64).sqrt(),
+                        "{n}x{k}x{m} at {t},{c}"
+                    );
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod invariance {
+    use super::*;
+    use crate::rng::Rng;
+
+    #[test]
+    fn a_rows_result_is_bitwise_independent_of_its_batch() {
+        let mut rng = Rng::new(11);
+        let (k, m) = (83, 37);
+        let x: Vec<f32> = (0..9 * k).map(|_| rng.normal() as f32).collect();
+        let w: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
+        let all = matmul_t(&x, &w, 9, k, m);
+        for t in 0..9 {
+            let one = matmul_t(&x[t * k..(t + 1) * k], &w, 1, k, m);
+            assert_eq!(one, all[t * m..(t + 1) * m].to_vec(), "row {t}");
         }
     }
 }

@@ -73,20 +73,31 @@ impl Device for CpuDevice {
         let (rows, cols) = match t.shape.as_slice() {
             [n] => (1, *n),
             [r, c] => (*r, *c),
-            s => return Err(DeviceError::Op { device: "cpu", op: "upload", msg: format!("shape {s:?} is not 1-D or 2-D") }),
+            s => {
+                return Err(DeviceError::Op {
+                    device: "cpu",
+                    op: "upload",
+                    msg: format!("shape {s:?} is not 1-D or 2-D"),
+                })
+            }
         };
-        Ok(CpuTensor { rows, cols, data: t.data.clone() })
+        Ok(CpuTensor {
+            rows,
+            cols,
+            data: t.data.clone(),
+        })
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CpuKv, DeviceError> {
         let n = layout.num_slots() * layout.num_kv_heads * layout.head_dim;
         let alloc = || {
             let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| DeviceError::OutOfMemory {
-                device: "cpu",
-                bytes: n * 4,
-                what: "KV cache".into(),
-            })?;
+            v.try_reserve_exact(n)
+                .map_err(|_| DeviceError::OutOfMemory {
+                    device: "cpu",
+                    bytes: n * 4,
+                    what: "KV cache".into(),
+                })?;
             v.resize(n, 0.0f32);
             Ok::<_, DeviceError>(v)
         };
@@ -96,7 +107,11 @@ impl Device for CpuDevice {
             k.push(alloc()?);
             v.push(alloc()?);
         }
-        Ok(CpuKv { layout: *layout, k, v })
+        Ok(CpuKv {
+            layout: *layout,
+            k,
+            v,
+        })
     }
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CpuBatch, DeviceError> {
@@ -104,7 +119,10 @@ impl Device for CpuDevice {
         for (i, s) in batch.seqs.iter().enumerate() {
             seq_of_token[s.query_start..s.query_start + s.query_len].fill(i as u32);
         }
-        Ok(CpuBatch { batch: batch.clone(), seq_of_token })
+        Ok(CpuBatch {
+            batch: batch.clone(),
+            seq_of_token,
+        })
     }
 
     fn embed(&self, table: &CpuTensor, b: &CpuBatch) -> Result<CpuTensor, DeviceError> {
@@ -113,13 +131,23 @@ impl Device for CpuDevice {
         for &t in &b.batch.token_ids {
             data.extend_from_slice(table.row(t as usize));
         }
-        Ok(CpuTensor { rows: b.batch.num_tokens(), cols, data })
+        Ok(CpuTensor {
+            rows: b.batch.num_tokens(),
+            cols,
+            data,
+        })
     }
 
     fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32) -> Result<CpuTensor, DeviceError> {
         let mut out = vec![0.0f32; x.data.len()];
-        out.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, r)| rms_norm_row(r, &w.data, eps, o));
-        Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out })
+        out.par_chunks_mut(x.cols)
+            .zip(x.data.par_chunks(x.cols))
+            .for_each(|(o, r)| rms_norm_row(r, &w.data, eps, o));
+        Ok(CpuTensor {
+            rows: x.rows,
+            cols: x.cols,
+            data: out,
+        })
     }
 
     fn add_rms_norm(
@@ -144,7 +172,11 @@ impl Device for CpuDevice {
             });
         }
         let data = gemm::matmul_t(&x.data, &w.data, x.rows, x.cols, w.rows);
-        Ok(CpuTensor { rows: x.rows, cols: w.rows, data })
+        Ok(CpuTensor {
+            rows: x.rows,
+            cols: w.rows,
+            data,
+        })
     }
 
     fn rope_and_cache(
@@ -204,13 +236,19 @@ impl Device for CpuDevice {
     fn silu_mul(&self, gu: &CpuTensor) -> Result<CpuTensor, DeviceError> {
         let i = gu.cols / 2;
         let mut out = vec![0.0f32; gu.rows * i];
-        out.par_chunks_mut(i).zip(gu.data.par_chunks(gu.cols)).for_each(|(o, r)| {
-            let (g, u) = r.split_at(i);
-            for j in 0..i {
-                o[j] = g[j] / (1.0 + (-g[j]).exp()) * u[j];
-            }
-        });
-        Ok(CpuTensor { rows: gu.rows, cols: i, data: out })
+        out.par_chunks_mut(i)
+            .zip(gu.data.par_chunks(gu.cols))
+            .for_each(|(o, r)| {
+                let (g, u) = r.split_at(i);
+                for j in 0..i {
+                    o[j] = g[j] / (1.0 + (-g[j]).exp()) * u[j];
+                }
+            });
+        Ok(CpuTensor {
+            rows: gu.rows,
+            cols: i,
+            data: out,
+        })
     }
 
     fn gather_logit_rows(&self, x: &CpuTensor, b: &CpuBatch) -> Result<CpuTensor, DeviceError> {
@@ -218,7 +256,11 @@ impl Device for CpuDevice {
         for &r in &b.batch.logit_rows {
             data.extend_from_slice(x.row(r as usize));
         }
-        Ok(CpuTensor { rows: b.batch.logit_rows.len(), cols: x.cols, data })
+        Ok(CpuTensor {
+            rows: b.batch.logit_rows.len(),
+            cols: x.cols,
+            data,
+        })
     }
 
     fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>, DeviceError> {
