@@ -1,9 +1,11 @@
-//! Cachet's CUDA C++ kernels, embedded as source.
+//! Cachet's CUDA C++ kernels, embedded as source and compiled at run time with NVRTC.
 //!
-//! The `.cu`/`.cuh` files beside this file are compiled at run time with NVRTC for the GPU at
-//! hand (sm_90 on H200), so building the workspace needs no CUDA toolkit. Kernel symbols are
-//! named `{op}_{dtype}`; every pointer argument is documented in the source as device memory
-//! with its shape.
+//! The `.cu`/`.cuh` files beside this file are compiled for the GPU at hand (sm_90 on H200), so
+//! building the workspace needs no CUDA toolkit. Kernel symbols are named `{op}_{dtype}`; every
+//! pointer argument is documented in the source as device memory with its shape. bf16 values are
+//! carried as raw `u16` bits (no CUDA headers are needed to compile).
+
+pub mod compile;
 
 /// One translation unit.
 #[derive(Debug, Clone, Copy)]
@@ -15,28 +17,45 @@ pub struct KernelSource {
     pub symbols: &'static [&'static str],
 }
 
-/// Headers every unit may `#include` (NVRTC gets them by name).
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("common.cuh"))];
+/// The shared header, inlined where a unit says `#include "common.cuh"`.
+pub const COMMON: &str = include_str!("common.cuh");
 
 /// Every kernel translation unit.
-pub const SOURCES: &[KernelSource] = &[KernelSource {
-    name: "rms_norm.cu",
-    code: include_str!("rms_norm.cu"),
-    symbols: &["rms_norm_bf16", "add_rms_norm_bf16"],
-}];
+pub const SOURCES: &[KernelSource] = &[
+    KernelSource { name: "rms_norm.cu", code: include_str!("rms_norm.cu"), symbols: &["rms_norm_bf16", "add_rms_norm_bf16"] },
+    KernelSource {
+        name: "elementwise.cu",
+        code: include_str!("elementwise.cu"),
+        symbols: &["embed_bf16", "silu_mul_bf16", "gather_rows_bf16"],
+    },
+    KernelSource { name: "rope_kv.cu", code: include_str!("rope_kv.cu"), symbols: &["rope_kv_bf16"] },
+    KernelSource { name: "attention.cu", code: include_str!("attention.cu"), symbols: &["paged_attention_bf16"] },
+];
 
-/// blake3 of every source and header: part of the on-disk cache key for compiled modules.
+/// All units as one translation unit (the header once, at the top).
+pub fn full_source() -> String {
+    let mut s = String::from(COMMON);
+    for unit in SOURCES {
+        s.push_str(&format!("\n// ---- {} ----\n", unit.name));
+        for line in unit.code.lines() {
+            if line.trim() == "#include \"common.cuh\"" {
+                continue;
+            }
+            s.push_str(line);
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// Every kernel symbol.
+pub fn symbols() -> impl Iterator<Item = &'static str> {
+    SOURCES.iter().flat_map(|s| s.symbols.iter().copied())
+}
+
+/// blake3 of the full source: part of the on-disk cache key for compiled modules.
 pub fn source_hash() -> String {
-    let mut h = blake3::Hasher::new();
-    for (name, code) in HEADERS {
-        h.update(name.as_bytes());
-        h.update(code.as_bytes());
-    }
-    for s in SOURCES {
-        h.update(s.name.as_bytes());
-        h.update(s.code.as_bytes());
-    }
-    h.finalize().to_hex().to_string()
+    blake3::hash(full_source().as_bytes()).to_hex().to_string()
 }
 
 #[cfg(test)]
@@ -47,11 +66,7 @@ mod tests {
     fn every_symbol_is_defined_in_its_source() {
         for s in SOURCES {
             for sym in s.symbols {
-                assert!(
-                    s.code.contains(&format!("{sym}(")),
-                    "{} lacks {sym}",
-                    s.name
-                );
+                assert!(s.code.contains(&format!("void {sym}(")), "{} lacks {sym}", s.name);
             }
         }
     }

@@ -1,0 +1,36 @@
+// Embedding lookup, SwiGLU activation, row gathers. One block per row.
+#include "common.cuh"
+
+// out[t, :] = table[ids[t], :]  (into the f32 residual stream)
+//   ids   : device, u32  [n]
+//   table : device, bf16 [vocab, cols]
+//   out   : device, f32  [n, cols]
+extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
+                                      float* __restrict__ out, int cols) {
+    const size_t t = blockIdx.x;
+    const bf16* row = table + (size_t)ids[t] * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]);
+}
+
+// out[t, j] = silu(gu[t, j]) * gu[t, inter + j]
+//   gu  : device, bf16 [n, 2 * inter] (gate columns, then up columns)
+//   out : device, bf16 [n, inter]
+extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter) {
+    const size_t t = blockIdx.x;
+    const bf16* g = gu + t * 2 * inter;
+    for (int j = threadIdx.x; j < inter; j += blockDim.x) {
+        const float x = bf2f(g[j]);
+        out[t * inter + j] = f2bf(x / (1.f + __expf(-x)) * bf2f(g[inter + j]));
+    }
+}
+
+// out[i, :] = x[rows[i], :]
+//   rows : device, u32  [m]
+//   x    : device, bf16 [n, cols]
+//   out  : device, bf16 [m, cols]
+extern "C" __global__ void gather_rows_bf16(const unsigned* __restrict__ rows, const bf16* __restrict__ x,
+                                            bf16* __restrict__ out, int cols) {
+    const size_t i = blockIdx.x;
+    const bf16* src = x + (size_t)rows[i] * cols;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) out[i * cols + j] = src[j];
+}
