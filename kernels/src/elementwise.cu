@@ -34,3 +34,21 @@ extern "C" __global__ void gather_rows_bf16(const unsigned* __restrict__ rows, c
     const bf16* src = x + (size_t)rows[i] * cols;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) out[i * cols + j] = src[j];
 }
+
+// out[i] = mean + std * N(0, 1), from a counter-based hash of (seed, i): the same seed gives the
+// same tensor on any launch shape. For `--load-format dummy` weights.
+//   out : device, bf16 [n]
+extern "C" __global__ void fill_normal_bf16(bf16* __restrict__ out, unsigned long long n, unsigned long long seed,
+                                            float mean, float std) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u1 = ((z >> 40) + 1) * (1.0f / 16777217.0f);
+        const float u2 = ((z & 0xffffffull)) * (1.0f / 16777216.0f);
+        const float r = sqrtf(-2.f * __logf(u1)) * __cosf(6.2831853f * u2);
+        out[i] = f2bf(mean + std * r);
+    }
+}

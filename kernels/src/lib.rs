@@ -26,7 +26,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "elementwise.cu",
         code: include_str!("elementwise.cu"),
-        symbols: &["embed_bf16", "silu_mul_bf16", "gather_rows_bf16"],
+        symbols: &["embed_bf16", "silu_mul_bf16", "gather_rows_bf16", "fill_normal_bf16"],
     },
     KernelSource { name: "rope_kv.cu", code: include_str!("rope_kv.cu"), symbols: &["rope_kv_bf16"] },
     KernelSource { name: "attention.cu", code: include_str!("attention.cu"), symbols: &["paged_attention_bf16"] },

@@ -10,6 +10,7 @@
 //! batches are all this one shape.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostTensor;
@@ -234,4 +235,37 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// Copies a tensor to host f32, row-major.
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>, DeviceError>;
+
+    /// Uploads a table that must keep f32 precision (RoPE cos/sin).
+    fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {
+        self.upload(t)
+    }
+    /// The LM head: like [`Device::linear`], but the logits keep full precision.
+    fn lm_head(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError> {
+        self.linear(x, w)
+    }
+    /// A weight of `shape` drawn from N(mean, std²) by a counter-based generator (`--load-format
+    /// dummy`): made where it lives, never on the host.
+    fn random(&self, shape: &[usize], seed: u64, mean: f32, std: f32) -> Result<Self::Tensor, DeviceError>;
+    /// (free, total) device memory in bytes, where the device has its own.
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// Waits for queued work (for timing).
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    /// The device's measured ceilings (copy bandwidth, matmul rate), where it can measure them.
+    fn calibrate(&self) -> Result<Option<Calibration>, DeviceError> {
+        Ok(None)
+    }
+}
+
+/// Ceilings measured on the device in the same run as a benchmark.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Calibration {
+    /// Device-to-device copy, bytes read + written per second.
+    pub copy_bytes_per_s: f64,
+    /// bf16 GEMM at 8192³, FLOP/s.
+    pub gemm_flops: f64,
 }

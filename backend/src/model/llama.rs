@@ -71,7 +71,45 @@ impl<D: Device> Llama<D> {
             layers,
             final_norm: up(&weights.final_norm)?,
             lm_head: weights.lm_head.as_ref().map(up).transpose()?,
-            rope: up(&rope::table(config, max_positions))?,
+            rope: dev.upload_table(&rope::table(config, max_positions))?,
+            attn: AttnParams {
+                num_heads: config.num_attention_heads,
+                num_kv_heads: config.num_key_value_heads,
+                head_dim: config.head_dim,
+                scale: 1.0 / (config.head_dim as f32).sqrt(),
+            },
+            max_positions,
+        })
+    }
+
+    /// Random weights made on the device (`--load-format dummy`): real shapes for performance
+    /// work, nothing materialised on the host.
+    pub fn random(dev: &D, config: &ModelConfig, seed: u64, max_positions: usize) -> Result<Self, EngineError> {
+        let (h, i, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+        let mut n = 0u64;
+        let mut rnd = |shape: &[usize], mean: f32, std: f32| {
+            n += 1;
+            dev.random(shape, seed.wrapping_mul(1_000_003).wrapping_add(n), mean, std)
+        };
+        let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for _ in 0..config.num_hidden_layers {
+            layers.push(Layer {
+                attn_norm: rnd(&[h], 1.0, 0.05)?,
+                qkv: rnd(&[config.qkv_dim(), h], 0.0, s(h))?,
+                o_proj: rnd(&[h, config.q_dim()], 0.0, s(config.q_dim()))?,
+                mlp_norm: rnd(&[h], 1.0, 0.05)?,
+                gate_up: rnd(&[2 * i, h], 0.0, s(h))?,
+                down: rnd(&[h, i], 0.0, s(i))?,
+            });
+        }
+        Ok(Llama {
+            config: config.clone(),
+            embed: rnd(&[v, h], 0.0, 1.0)?,
+            layers,
+            final_norm: rnd(&[h], 1.0, 0.05)?,
+            lm_head: if config.tie_word_embeddings { None } else { Some(rnd(&[v, h], 0.0, s(h))?) },
+            rope: dev.upload_table(&rope::table(config, max_positions))?,
             attn: AttnParams {
                 num_heads: config.num_attention_heads,
                 num_kv_heads: config.num_key_value_heads,
@@ -114,7 +152,7 @@ impl<D: Device> Llama<D> {
             x = dev.add_rms_norm(&mut residual, &down, next_norm, eps)?;
         }
         let rows = dev.gather_logit_rows(&x, &b)?;
-        let logits = dev.linear(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        let logits = dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?;
         Ok(Logits {
             rows: batch.logit_rows.len(),
             vocab: self.config.vocab_size,

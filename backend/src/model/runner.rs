@@ -1,11 +1,15 @@
 //! [`Runner`]: one object-safe handle on "a model on a device with its KV cache", so the engine
-//! can pick the device at run time (`--device auto|cpu|cuda`).
+//! can pick the device at run time (`--device auto|cpu|cuda`), and the memory plan that sizes the
+//! KV pool: weights first, then blocks from what is left.
+
+use std::str::FromStr;
 
 use super::llama::{Llama, Logits};
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
+use crate::device::cuda::{self, CudaDevice};
 use crate::device::{Device, ForwardBatch, KvLayout};
-use crate::error::EngineError;
+use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
 
 /// A model ready to run batches against its paged KV cache.
@@ -16,7 +20,60 @@ pub trait Runner: Send {
     /// Longest sequence the runner accepts (RoPE table size).
     fn max_model_len(&self) -> usize;
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, EngineError>;
+    /// Waits for queued device work (for timing).
+    fn synchronize(&self) -> Result<(), EngineError>;
+    /// The device's measured ceilings, if it can measure them.
+    fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError>;
 }
+
+/// Which device to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// CUDA when a GPU is usable, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl FromStr for DeviceKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" | "gpu" => Ok(Self::Cuda),
+            o => Err(format!("unknown device `{o}` (auto, cpu, cuda)")),
+        }
+    }
+}
+
+/// How big the KV pool is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBudget {
+    Blocks(usize),
+    Bytes(usize),
+    /// Weights + KV may take this share of the device's memory (vLLM's
+    /// `gpu_memory_utilization`); on the CPU it means that share of 4 GiB.
+    MemoryFraction(f64),
+}
+
+/// Where the weights come from.
+pub enum WeightSource<'a> {
+    Host(&'a HostWeights),
+    /// Random weights made on the device.
+    Dummy { seed: u64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct RunnerOptions {
+    pub device: DeviceKind,
+    pub block_size: usize,
+    pub max_model_len: usize,
+    pub kv: KvBudget,
+}
+
+/// Activations, cuBLAS workspace and the allocator's slack are kept out of the KV pool.
+const DEVICE_RESERVE: usize = 2 << 30;
 
 pub struct ModelRunner<D: Device> {
     dev: D,
@@ -26,29 +83,39 @@ pub struct ModelRunner<D: Device> {
 }
 
 impl<D: Device> ModelRunner<D> {
-    pub fn new(
-        dev: D,
-        config: &ModelConfig,
-        weights: &HostWeights,
-        num_blocks: usize,
-        block_size: usize,
-        max_model_len: usize,
-    ) -> Result<Self, EngineError> {
-        let layout = KvLayout {
+    pub fn new(dev: D, config: &ModelConfig, weights: WeightSource<'_>, opts: &RunnerOptions) -> Result<Self, EngineError> {
+        let model = match weights {
+            WeightSource::Host(w) => Llama::new(&dev, config, w, opts.max_model_len)?,
+            WeightSource::Dummy { seed } => Llama::random(&dev, config, seed, opts.max_model_len)?,
+        };
+        let mut layout = KvLayout {
             num_layers: config.num_hidden_layers,
-            num_blocks,
-            block_size,
+            num_blocks: 0,
+            block_size: opts.block_size,
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
         };
-        let model = Llama::new(&dev, config, weights, max_model_len)?;
+        let elem = if dev.name() == "cpu" { 4 } else { 2 };
+        let block_bytes = layout.block_bytes(elem);
+        layout.num_blocks = match opts.kv {
+            KvBudget::Blocks(n) => n,
+            KvBudget::Bytes(b) => b / block_bytes,
+            KvBudget::MemoryFraction(f) => match dev.memory_info() {
+                Some((free, total)) => {
+                    dev.synchronize()?;
+                    let used = total - free;
+                    let budget = (f * total as f64) as usize;
+                    budget.saturating_sub(used + DEVICE_RESERVE) / block_bytes
+                }
+                None => (f * (4u64 << 30) as f64) as usize / block_bytes,
+            },
+        };
+        if layout.num_blocks == 0 {
+            return Err(DeviceError::OutOfMemory { device: dev.name(), bytes: block_bytes, what: "not even one KV block fits after the weights".into() }.into());
+        }
         let kv = dev.alloc_kv(&layout)?;
-        Ok(ModelRunner {
-            dev,
-            model,
-            kv,
-            layout,
-        })
+        tracing::info!(device = dev.name(), blocks = layout.num_blocks, block_size = layout.block_size, kv_gib = (layout.num_blocks * block_bytes) as f64 / (1u64 << 30) as f64, "KV cache allocated");
+        Ok(ModelRunner { dev, model, kv, layout })
     }
 }
 
@@ -69,30 +136,45 @@ impl<D: Device> Runner for ModelRunner<D> {
         batch.validate(&self.layout, self.model.config.vocab_size)?;
         if let Some(&p) = batch.positions.iter().max() {
             if p as usize >= self.model.max_positions() {
-                return Err(EngineError::InvalidBatch(format!(
-                    "position {p} is beyond max_model_len {}",
-                    self.model.max_positions()
-                )));
+                return Err(EngineError::InvalidBatch(format!("position {p} is beyond max_model_len {}", self.model.max_positions())));
             }
         }
         self.model.forward(&self.dev, &mut self.kv, batch)
     }
+    fn synchronize(&self) -> Result<(), EngineError> {
+        Ok(self.dev.synchronize()?)
+    }
+    fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError> {
+        Ok(self.dev.calibrate()?)
+    }
+}
+
+/// Builds a runner on the requested device.
+pub fn build_runner(config: &ModelConfig, weights: WeightSource<'_>, opts: &RunnerOptions) -> Result<Box<dyn Runner>, EngineError> {
+    let use_cuda = match opts.device {
+        DeviceKind::Cpu => false,
+        DeviceKind::Cuda => {
+            cuda::available()?;
+            true
+        }
+        DeviceKind::Auto => match cuda::available() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::info!("using the CPU device: {e}");
+                false
+            }
+        },
+    };
+    if use_cuda {
+        let dev = CudaDevice::new(0, opts.block_size)?;
+        Ok(Box::new(ModelRunner::new(dev, config, weights, opts)?))
+    } else {
+        Ok(Box::new(ModelRunner::new(CpuDevice::new(), config, weights, opts)?))
+    }
 }
 
 /// A CPU runner with `num_blocks` KV blocks.
-pub fn cpu_runner(
-    config: &ModelConfig,
-    weights: &HostWeights,
-    num_blocks: usize,
-    block_size: usize,
-    max_model_len: usize,
-) -> Result<Box<dyn Runner>, EngineError> {
-    Ok(Box::new(ModelRunner::new(
-        CpuDevice::new(),
-        config,
-        weights,
-        num_blocks,
-        block_size,
-        max_model_len,
-    )?))
+pub fn cpu_runner(config: &ModelConfig, weights: &HostWeights, num_blocks: usize, block_size: usize, max_model_len: usize) -> Result<Box<dyn Runner>, EngineError> {
+    let opts = RunnerOptions { device: DeviceKind::Cpu, block_size, max_model_len, kv: KvBudget::Blocks(num_blocks) };
+    Ok(Box::new(ModelRunner::new(CpuDevice::new(), config, WeightSource::Host(weights), &opts)?))
 }

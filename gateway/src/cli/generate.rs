@@ -8,17 +8,29 @@ use cachet_backend::device::ForwardBatch;
 use cachet_backend::generate::{self, GenerateParams};
 use cachet_backend::kv::SimpleAllocator;
 use cachet_backend::loader::{self, LoadedModel};
-use cachet_backend::model::runner::{cpu_runner, Runner};
+use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::sampler::SamplingParams;
 use cachet_backend::tokenizer::{ChatMessage, IncrementalDecoder};
 use clap::{Args, ValueEnum};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DeviceKind {
-    /// The best device present.
+    /// CUDA when a GPU is usable, else the CPU.
     Auto,
     /// The f32 CPU reference.
     Cpu,
+    /// The bf16 CUDA engine (kernels compiled with NVRTC at start-up).
+    Cuda,
+}
+
+impl From<DeviceKind> for cachet_backend::model::runner::DeviceKind {
+    fn from(d: DeviceKind) -> Self {
+        match d {
+            DeviceKind::Auto => Self::Auto,
+            DeviceKind::Cpu => Self::Cpu,
+            DeviceKind::Cuda => Self::Cuda,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -72,6 +84,9 @@ pub struct GenerateArgs {
     /// Prompt tokens per forward pass while prefilling.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
+    /// Also write the prompt and generated token ids as JSON to this file.
+    #[arg(long)]
+    pub ids_out: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -92,6 +107,9 @@ pub struct LogitsArgs {
     /// How many of the largest logits to print.
     #[arg(long, default_value_t = 5)]
     pub top: usize,
+    /// Also write every logit of the last position as little-endian f32 to this file.
+    #[arg(long)]
+    pub dump: Option<std::path::PathBuf>,
 }
 
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
@@ -119,16 +137,13 @@ fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Resul
     if tokens > max_len {
         bail!("{tokens} tokens do not fit max_model_len {max_len} (raise --max-model-len)");
     }
-    let blocks = tokens.div_ceil(args.block_size) + 1;
-    match args.device {
-        DeviceKind::Auto | DeviceKind::Cpu => Ok(cpu_runner(
-            &m.config,
-            &m.weights,
-            blocks,
-            args.block_size,
-            max_len,
-        )?),
-    }
+    let opts = RunnerOptions {
+        device: args.device.into(),
+        block_size: args.block_size,
+        max_model_len: max_len,
+        kv: KvBudget::Blocks(tokens.div_ceil(args.block_size) + 1),
+    };
+    Ok(build_runner(&m.config, WeightSource::Host(&m.weights), &opts)?)
 }
 
 pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
@@ -186,6 +201,10 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         }
         true
     })?;
+    if let Some(path) = &a.ids_out {
+        let doc = serde_json::json!({"prompt_ids": prompt, "output_ids": out.tokens, "device": runner.device_name()});
+        std::fs::write(path, doc.to_string()).with_context(|| format!("writing {}", path.display()))?;
+    }
     if let Some(e) = write_err {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e.into());
@@ -235,6 +254,10 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     batch.push_seq(&ids, 0, &table, layout.block_size, true);
     let logits = runner.forward(&batch)?;
     let row = logits.row(0);
+    if let Some(path) = &a.dump {
+        let bytes: Vec<u8> = row.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    }
     let mut idx: Vec<usize> = (0..row.len()).collect();
     idx.sort_by(|&x, &y| row[y].total_cmp(&row[x]).then(x.cmp(&y)));
     let top: Vec<serde_json::Value> = idx

@@ -1,5 +1,6 @@
 //! Command-line interface: one subcommand per job.
 
+mod bench;
 mod generate;
 mod model;
 
@@ -41,6 +42,9 @@ pub enum Command {
     /// Fetch, list and create models.
     #[command(subcommand)]
     Model(model::ModelCommand),
+    /// Benchmarks against the device's measured ceilings.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 pub fn init_logging(format: LogFormat, verbose: u8) {
@@ -65,5 +69,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => generate::generate(a),
         Command::Logits(a) => generate::logits(a),
         Command::Model(c) => model::run(c),
+        Command::Bench(c) => bench::run(c),
     }
 }

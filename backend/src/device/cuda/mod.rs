@@ -1,0 +1,515 @@
+//! The CUDA device: bf16 weights and activations, an f32 residual stream, f32 logits; cuBLAS for
+//! every matmul; Cachet's own kernels (compiled by NVRTC at start-up for the GPU's architecture,
+//! cached on disk) for everything else.
+//!
+//! All unsafe code of the GPU path is in this module: kernel launches (argument lists checked
+//! against the kernels' documented signatures) and the cuBLAS call. Every CUDA call's status is
+//! checked and becomes a typed [`DeviceError`].
+//!
+//! cudarc loads libcuda / libnvrtc / libcublas at run time and panics if one is missing, so
+//! [`CudaDevice::new`] probes for them first and fails with a clear error instead.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{sys as blas_sys, CudaBlas};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use super::{AttnParams, Device, ForwardBatch, KvLayout};
+use crate::error::DeviceError;
+use crate::loader::HostTensor;
+
+const DEV: &str = "cuda";
+
+fn op_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DeviceError {
+    move |e| DeviceError::Op { device: DEV, op, msg: format!("{e:?}") }
+}
+
+/// Device memory of a tensor.
+pub enum CudaBuf {
+    Bf16(CudaSlice<u16>),
+    F32(CudaSlice<f32>),
+}
+
+pub struct CudaTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub buf: CudaBuf,
+}
+
+impl CudaTensor {
+    fn bf16(&self, op: &'static str) -> Result<&CudaSlice<u16>, DeviceError> {
+        match &self.buf {
+            CudaBuf::Bf16(b) => Ok(b),
+            CudaBuf::F32(_) => Err(DeviceError::Op { device: DEV, op, msg: "expected a bf16 tensor".into() }),
+        }
+    }
+    fn f32(&self, op: &'static str) -> Result<&CudaSlice<f32>, DeviceError> {
+        match &self.buf {
+            CudaBuf::F32(b) => Ok(b),
+            CudaBuf::Bf16(_) => Err(DeviceError::Op { device: DEV, op, msg: "expected an f32 tensor".into() }),
+        }
+    }
+}
+
+/// The paged KV cache: per layer, K and V of `[num_slots, n_kv, d]` bf16.
+pub struct CudaKv {
+    pub layout: KvLayout,
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+}
+
+/// One step's batch metadata in device memory.
+pub struct CudaBatch {
+    n: usize,
+    ids: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
+    slots: CudaSlice<u32>,
+    seq_of_token: CudaSlice<u32>,
+    block_tables: CudaSlice<u32>,
+    max_blocks: usize,
+    logit_rows: CudaSlice<u32>,
+    num_logit_rows: usize,
+    block_size: usize,
+}
+
+struct Kernels {
+    rms_norm: CudaFunction,
+    add_rms_norm: CudaFunction,
+    embed: CudaFunction,
+    silu_mul: CudaFunction,
+    gather_rows: CudaFunction,
+    rope_kv: CudaFunction,
+    attention: CudaFunction,
+    fill_normal: CudaFunction,
+}
+
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    k: Kernels,
+    pub name: String,
+    pub arch: String,
+    block_size: usize,
+}
+
+// SAFETY: the context, stream, cuBLAS handle and functions are only used from the thread that
+// owns the device (the engine thread); cudarc's handles are thread-agnostic once bound.
+unsafe impl Send for CudaDevice {}
+
+const ATT_THREADS: u32 = 128;
+const ATT_CHUNK: u32 = 2048;
+
+/// Whether a CUDA device can be opened here (libraries present and a GPU visible).
+pub fn available() -> Result<(), DeviceError> {
+    let missing = |lib: &str| DeviceError::Unavailable("cuda".into(), format!("{lib} was not found (is the NVIDIA driver / CUDA 13 on LD_LIBRARY_PATH?)"));
+    // SAFETY: each probe only tries to dlopen a library by its usual names.
+    unsafe {
+        if !cudarc::driver::sys::is_culib_present() {
+            return Err(missing("libcuda"));
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            return Err(missing("libnvrtc"));
+        }
+        if !cudarc::cublas::sys::is_culib_present() {
+            return Err(missing("libcublas"));
+        }
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err(DeviceError::Unavailable("cuda".into(), "no CUDA GPU is visible".into())),
+        Err(e) => Err(DeviceError::Unavailable("cuda".into(), format!("cuInit failed: {e:?}"))),
+    }
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`, compiles (or loads cached) kernels for its architecture.
+    pub fn new(ordinal: usize, block_size: usize) -> Result<Self, DeviceError> {
+        available()?;
+        let ctx = CudaContext::new(ordinal).map_err(op_err("open device"))?;
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx.compute_capability().map_err(op_err("compute capability"))?;
+        let arch = format!("sm_{major}{minor}");
+        let cache = crate::loader::fetch::cache_dir().join("kernels");
+        let compiled = cachet_kernels::compile::compile(&arch, Some(&cache))
+            .map_err(|e| DeviceError::Op { device: DEV, op: "compile kernels", msg: e.to_string() })?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
+            .map_err(op_err("load kernels"))?;
+        let f = |name: &str| module.load_function(name).map_err(op_err("load kernel"));
+        let k = Kernels {
+            rms_norm: f("rms_norm_bf16")?,
+            add_rms_norm: f("add_rms_norm_bf16")?,
+            embed: f("embed_bf16")?,
+            silu_mul: f("silu_mul_bf16")?,
+            gather_rows: f("gather_rows_bf16")?,
+            rope_kv: f("rope_kv_bf16")?,
+            attention: f("paged_attention_bf16")?,
+            fill_normal: f("fill_normal_bf16")?,
+        };
+        let smem = (ATT_CHUNK + 256 + ATT_THREADS) * 4;
+        k.attention
+            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(op_err("attention smem"))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op { device: DEV, op: "cublas", msg: format!("{e:?}") })?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
+        tracing::info!(gpu = %name, %arch, kernels_cached = compiled.from_cache, "CUDA device ready");
+        Ok(CudaDevice { ctx, stream, blas, k, name, arch, block_size })
+    }
+
+    fn alloc_bf16(&self, n: usize, what: &str) -> Result<CudaSlice<u16>, DeviceError> {
+        self.stream.alloc_zeros::<u16>(n.max(1)).map_err(|e| DeviceError::OutOfMemory { device: DEV, bytes: n * 2, what: format!("{what} ({e:?})") })
+    }
+    fn alloc_f32(&self, n: usize, what: &str) -> Result<CudaSlice<f32>, DeviceError> {
+        self.stream.alloc_zeros::<f32>(n.max(1)).map_err(|e| DeviceError::OutOfMemory { device: DEV, bytes: n * 4, what: format!("{what} ({e:?})") })
+    }
+    fn htod_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, DeviceError> {
+        let v = if v.is_empty() { &[0u32][..] } else { v };
+        self.stream.clone_htod(v).map_err(op_err("upload batch"))
+    }
+
+    fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
+        LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// `out = x · wᵀ` with cuBLAS (bf16 inputs, f32 accumulation), out bf16 or f32.
+    fn gemm(&self, x: &CudaTensor, w: &CudaTensor, out_f32: bool) -> Result<CudaTensor, DeviceError> {
+        if x.cols != w.cols {
+            return Err(DeviceError::Op { device: DEV, op: "linear", msg: format!("x has {} columns, w has {}", x.cols, w.cols) });
+        }
+        let (n, k, m) = (x.rows, x.cols, w.rows);
+        let xs = x.bf16("linear")?;
+        let ws = w.bf16("linear")?;
+        let mut out = if out_f32 { CudaBuf::F32(self.alloc_f32(n * m, "linear")?) } else { CudaBuf::Bf16(self.alloc_bf16(n * m, "linear")?) };
+        if n == 0 {
+            return Ok(CudaTensor { rows: n, cols: m, buf: out });
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (xp, _gx) = xs.device_ptr(&self.stream);
+        let (wp, _gw) = ws.device_ptr(&self.stream);
+        let status = {
+            let (op, ot) = match &mut out {
+                CudaBuf::F32(o) => (o.device_ptr_mut(&self.stream), blas_sys::cudaDataType_t::CUDA_R_32F),
+                CudaBuf::Bf16(o) => (o.device_ptr_mut(&self.stream), blas_sys::cudaDataType_t::CUDA_R_16BF),
+            };
+            // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major outᵀ[m, n] = wᵀ·x with w seen as
+            // a k×m column-major matrix (transposed) and x as k×n.
+            // SAFETY: the pointers are live device allocations of the stated sizes (n·k, m·k, n·m
+            // elements of the stated types), on the handle's stream; alpha/beta outlive the call.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle(),
+                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    n as i32,
+                    k as i32,
+                    (&alpha as *const f32).cast(),
+                    wp as *const _,
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                    k as i32,
+                    xp as *const _,
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                    k as i32,
+                    (&beta as *const f32).cast(),
+                    op.0 as *mut _,
+                    ot,
+                    m as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+        };
+        status.map_err(|e| DeviceError::Op { device: DEV, op: "cublasGemmEx", msg: format!("{e:?}") })?;
+        Ok(CudaTensor { rows: n, cols: m, buf: out })
+    }
+}
+
+impl CudaDevice {
+    /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
+    pub fn measure_copy_bandwidth(&self, bytes: usize) -> Result<f64, DeviceError> {
+        let n = bytes / 4;
+        let src = self.random(&[n / 2, 2], 1, 0.0, 1.0)?;
+        let src = src.bf16("copy")?;
+        let mut dst = self.alloc_bf16(src.len(), "copy")?;
+        let mut times = Vec::new();
+        for i in 0..12 {
+            self.synchronize()?;
+            let t = std::time::Instant::now();
+            self.stream.memcpy_dtod(src, &mut dst).map_err(op_err("copy"))?;
+            self.synchronize()?;
+            if i >= 2 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(2.0 * (src.len() * 2) as f64 / times[times.len() / 2])
+    }
+
+    /// cuBLAS bf16 GEMM rate (FLOP/s) at `n`×`n`×`n` on random data.
+    pub fn measure_gemm_flops(&self, n: usize) -> Result<f64, DeviceError> {
+        let a = self.random(&[n, n], 2, 0.0, 1.0)?;
+        let b = self.random(&[n, n], 3, 0.0, 1.0)?;
+        let mut times = Vec::new();
+        for i in 0..13 {
+            self.synchronize()?;
+            let t = std::time::Instant::now();
+            let c = self.gemm(&a, &b, false)?;
+            self.synchronize()?;
+            drop(c);
+            if i >= 3 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(2.0 * (n as f64).powi(3) / times[times.len() / 2])
+    }
+}
+
+fn host_bf16(t: &HostTensor) -> Vec<u16> {
+    t.data.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
+}
+
+fn dims(shape: &[usize], op: &'static str) -> Result<(usize, usize), DeviceError> {
+    match shape {
+        [n] => Ok((1, *n)),
+        [r, c] => Ok((*r, *c)),
+        s => Err(DeviceError::Op { device: DEV, op, msg: format!("shape {s:?} is not 1-D or 2-D") }),
+    }
+}
+
+impl Device for CudaDevice {
+    type Tensor = CudaTensor;
+    type Kv = CudaKv;
+    type Batch = CudaBatch;
+
+    fn name(&self) -> &'static str {
+        DEV
+    }
+
+    fn upload(&self, t: &HostTensor) -> Result<CudaTensor, DeviceError> {
+        let (rows, cols) = dims(&t.shape, "upload")?;
+        let buf = self.stream.clone_htod(&host_bf16(t)).map_err(op_err("upload"))?;
+        Ok(CudaTensor { rows, cols, buf: CudaBuf::Bf16(buf) })
+    }
+
+    fn upload_table(&self, t: &HostTensor) -> Result<CudaTensor, DeviceError> {
+        let (rows, cols) = dims(&t.shape, "upload")?;
+        let buf = self.stream.clone_htod(&t.data).map_err(op_err("upload"))?;
+        Ok(CudaTensor { rows, cols, buf: CudaBuf::F32(buf) })
+    }
+
+    fn random(&self, shape: &[usize], seed: u64, mean: f32, std: f32) -> Result<CudaTensor, DeviceError> {
+        let (rows, cols) = dims(shape, "random")?;
+        let n = rows * cols;
+        let mut buf = self.alloc_bf16(n, "dummy weight")?;
+        let mut b = self.stream.launch_builder(&self.k.fill_normal);
+        let (n64, seed) = (n as u64, seed);
+        b.arg(&mut buf).arg(&n64).arg(&seed).arg(&mean).arg(&std);
+        let cfg = LaunchConfig { grid_dim: (1024, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: fill_normal_bf16(bf16* out [n], u64 n, u64 seed, f32 mean, f32 std).
+        unsafe { b.launch(cfg) }.map_err(op_err("fill_normal"))?;
+        Ok(CudaTensor { rows, cols, buf: CudaBuf::Bf16(buf) })
+    }
+
+    fn alloc_kv(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
+        let n = layout.num_slots() * layout.num_kv_heads * layout.head_dim;
+        let mut k = Vec::with_capacity(layout.num_layers);
+        let mut v = Vec::with_capacity(layout.num_layers);
+        for _ in 0..layout.num_layers {
+            k.push(self.alloc_bf16(n, "KV cache")?);
+            v.push(self.alloc_bf16(n, "KV cache")?);
+        }
+        Ok(CudaKv { layout: *layout, k, v })
+    }
+
+    fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CudaBatch, DeviceError> {
+        let n = batch.num_tokens();
+        let mut seq_of_token = vec![0u32; n];
+        for (i, s) in batch.seqs.iter().enumerate() {
+            seq_of_token[s.query_start..s.query_start + s.query_len].fill(i as u32);
+        }
+        let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
+        let mut tables = vec![0u32; batch.seqs.len().max(1) * max_blocks];
+        for (i, s) in batch.seqs.iter().enumerate() {
+            tables[i * max_blocks..i * max_blocks + s.block_table.len()].copy_from_slice(&s.block_table);
+        }
+        Ok(CudaBatch {
+            n,
+            ids: self.htod_u32(&batch.token_ids)?,
+            pos: self.htod_u32(&batch.positions)?,
+            slots: self.htod_u32(&batch.slot_mapping)?,
+            seq_of_token: self.htod_u32(&seq_of_token)?,
+            block_tables: self.htod_u32(&tables)?,
+            max_blocks,
+            logit_rows: self.htod_u32(&batch.logit_rows)?,
+            num_logit_rows: batch.logit_rows.len(),
+            block_size: self.block_size,
+        })
+    }
+
+    fn embed(&self, table: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {
+        let cols = table.cols;
+        let mut out = self.alloc_f32(b.n * cols, "embedding")?;
+        if b.n > 0 {
+            let w = table.bf16("embed")?;
+            let c = cols as i32;
+            let mut l = self.stream.launch_builder(&self.k.embed);
+            l.arg(&b.ids).arg(w).arg(&mut out).arg(&c);
+            // SAFETY: embed_bf16(u32 ids[n], bf16 table[vocab, cols], f32 out[n, cols], int cols);
+            // ids were validated against the vocabulary by the runner.
+            unsafe { l.launch(Self::rows_config(b.n, 256)) }.map_err(op_err("embed"))?;
+        }
+        Ok(CudaTensor { rows: b.n, cols, buf: CudaBuf::F32(out) })
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor, DeviceError> {
+        let mut out = self.alloc_bf16(x.rows * x.cols, "rms_norm")?;
+        if x.rows > 0 {
+            let c = x.cols as i32;
+            let mut l = self.stream.launch_builder(&self.k.rms_norm);
+            l.arg(x.f32("rms_norm")?).arg(w.bf16("rms_norm")?).arg(&mut out).arg(&c).arg(&eps);
+            // SAFETY: rms_norm_bf16(f32 x[rows, cols], bf16 w[cols], bf16 out[rows, cols], int, float).
+            unsafe { l.launch(Self::rows_config(x.rows, 256)) }.map_err(op_err("rms_norm"))?;
+        }
+        Ok(CudaTensor { rows: x.rows, cols: x.cols, buf: CudaBuf::Bf16(out) })
+    }
+
+    fn add_rms_norm(&self, residual: &mut CudaTensor, delta: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor, DeviceError> {
+        let (rows, cols) = (residual.rows, residual.cols);
+        let mut out = self.alloc_bf16(rows * cols, "add_rms_norm")?;
+        if rows > 0 {
+            let c = cols as i32;
+            let d = delta.bf16("add_rms_norm")?;
+            let wv = w.bf16("add_rms_norm")?;
+            let CudaBuf::F32(r) = &mut residual.buf else {
+                return Err(DeviceError::Op { device: DEV, op: "add_rms_norm", msg: "residual must be f32".into() });
+            };
+            let mut l = self.stream.launch_builder(&self.k.add_rms_norm);
+            l.arg(r).arg(d).arg(wv).arg(&mut out).arg(&c).arg(&eps);
+            // SAFETY: add_rms_norm_bf16(f32 residual[rows, cols], bf16 delta[rows, cols], bf16 w[cols],
+            // bf16 out[rows, cols], int cols, float eps).
+            unsafe { l.launch(Self::rows_config(rows, 256)) }.map_err(op_err("add_rms_norm"))?;
+        }
+        Ok(CudaTensor { rows, cols, buf: CudaBuf::Bf16(out) })
+    }
+
+    fn linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
+        self.gemm(x, w, false)
+    }
+
+    fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
+        self.gemm(x, w, true)
+    }
+
+    fn rope_and_cache(&self, qkv: &mut CudaTensor, rope: &CudaTensor, kv: &mut CudaKv, layer: usize, b: &CudaBatch, p: &AttnParams) -> Result<(), DeviceError> {
+        if b.n == 0 {
+            return Ok(());
+        }
+        let (nh, nkv, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
+        let table = rope.f32("rope")?;
+        let CudaBuf::Bf16(q) = &mut qkv.buf else {
+            return Err(DeviceError::Op { device: DEV, op: "rope", msg: "qkv must be bf16".into() });
+        };
+        let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
+        let mut l = self.stream.launch_builder(&self.k.rope_kv);
+        l.arg(q).arg(table).arg(&b.pos).arg(&b.slots).arg(kc).arg(vc).arg(&nh).arg(&nkv).arg(&d);
+        // SAFETY: rope_kv_bf16(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
+        // bf16 k_cache[slots, nkv, d], bf16 v_cache[slots, nkv, d], int, int, int); positions are below
+        // max_pos and slots inside the cache (validated by the runner).
+        unsafe { l.launch(Self::rows_config(b.n, 128)) }.map_err(op_err("rope_kv"))?;
+        Ok(())
+    }
+
+    fn attention(&self, qkv: &CudaTensor, kv: &CudaKv, layer: usize, b: &CudaBatch, p: &AttnParams) -> Result<CudaTensor, DeviceError> {
+        let mut out = self.alloc_bf16(b.n * p.num_heads * p.head_dim, "attention")?;
+        if b.n > 0 {
+            if p.head_dim as u32 > ATT_THREADS {
+                return Err(DeviceError::Op { device: DEV, op: "attention", msg: format!("head_dim {} > {ATT_THREADS}", p.head_dim) });
+            }
+            let (nh, nkv, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
+            let (mb, bs) = (b.max_blocks as i32, b.block_size as i32);
+            let mut l = self.stream.launch_builder(&self.k.attention);
+            l.arg(qkv.bf16("attention")?)
+                .arg(&kv.k[layer])
+                .arg(&kv.v[layer])
+                .arg(&b.pos)
+                .arg(&b.seq_of_token)
+                .arg(&b.block_tables)
+                .arg(&mb)
+                .arg(&mut out)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&d)
+                .arg(&bs)
+                .arg(&p.scale);
+            let cfg = LaunchConfig {
+                grid_dim: (b.n as u32, p.num_heads as u32, 1),
+                block_dim: (ATT_THREADS, 1, 1),
+                shared_mem_bytes: (p.head_dim as u32 + ATT_CHUNK + ATT_THREADS) * 4,
+            };
+            // SAFETY: paged_attention_bf16 as documented in attention.cu; block tables cover every
+            // position (validated by the runner); shared memory sized as the kernel requires.
+            unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
+        }
+        Ok(CudaTensor { rows: b.n, cols: p.num_heads * p.head_dim, buf: CudaBuf::Bf16(out) })
+    }
+
+    fn silu_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
+        let i = gu.cols / 2;
+        let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
+        if gu.rows > 0 {
+            let ii = i as i32;
+            let mut l = self.stream.launch_builder(&self.k.silu_mul);
+            l.arg(gu.bf16("silu_mul")?).arg(&mut out).arg(&ii);
+            // SAFETY: silu_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i).
+            unsafe { l.launch(Self::rows_config(gu.rows, 256)) }.map_err(op_err("silu_mul"))?;
+        }
+        Ok(CudaTensor { rows: gu.rows, cols: i, buf: CudaBuf::Bf16(out) })
+    }
+
+    fn gather_logit_rows(&self, x: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {
+        let m = b.num_logit_rows;
+        let mut out = self.alloc_bf16(m * x.cols, "gather")?;
+        if m > 0 {
+            let c = x.cols as i32;
+            let mut l = self.stream.launch_builder(&self.k.gather_rows);
+            l.arg(&b.logit_rows).arg(x.bf16("gather")?).arg(&mut out).arg(&c);
+            // SAFETY: gather_rows_bf16(u32 rows[m], bf16 x[n, cols], bf16 out[m, cols], int cols);
+            // rows < n (validated by the runner).
+            unsafe { l.launch(Self::rows_config(m, 256)) }.map_err(op_err("gather"))?;
+        }
+        Ok(CudaTensor { rows: m, cols: x.cols, buf: CudaBuf::Bf16(out) })
+    }
+
+    fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>, DeviceError> {
+        let n = t.rows * t.cols;
+        match &t.buf {
+            CudaBuf::F32(b) => {
+                let mut v = self.stream.clone_dtoh(b).map_err(op_err("download"))?;
+                v.truncate(n);
+                Ok(v)
+            }
+            CudaBuf::Bf16(b) => {
+                let v = self.stream.clone_dtoh(b).map_err(op_err("download"))?;
+                Ok(v.into_iter().take(n).map(|x| bf16::from_bits(x).to_f32()).collect())
+            }
+        }
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.ctx.mem_get_info().ok()
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        self.stream.synchronize().map_err(op_err("synchronize"))
+    }
+
+    fn calibrate(&self) -> Result<Option<super::Calibration>, DeviceError> {
+        Ok(Some(super::Calibration {
+            copy_bytes_per_s: self.measure_copy_bandwidth(4 << 30)?,
+            gemm_flops: self.measure_gemm_flops(8192)?,
+        }))
+    }
+}

@@ -1,0 +1,214 @@
+//! `cachet bench forward`: forward-pass timings of a model on a device against the device's own
+//! measured ceilings (copy bandwidth, cuBLAS GEMM rate), measured in the same run.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use cachet_backend::config::ModelConfig;
+use cachet_backend::device::ForwardBatch;
+use cachet_backend::loader;
+use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
+use clap::{Args, Subcommand, ValueEnum};
+
+use super::generate::DeviceKind;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Decode and prefill timings, with the floor each is held against.
+    Forward(ForwardArgs),
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LoadFormat {
+    /// The model's own weights.
+    Auto,
+    /// Random weights made on the device from the model's config.json (real shapes, no download).
+    Dummy,
+}
+
+#[derive(Args, Debug)]
+pub struct ForwardArgs {
+    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
+    #[arg(long, short)]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Share of device memory for weights + KV cache.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Decode batch sizes (at --decode-context tokens of context each).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    pub decode_batches: Vec<usize>,
+    /// Contexts for batch-1 decode.
+    #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+    pub decode_contexts: Vec<usize>,
+    /// Context of the batched decode rows.
+    #[arg(long, default_value_t = 512)]
+    pub decode_context: usize,
+    /// Prompt lengths to prefill in one pass.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
+    pub prefill: Vec<usize>,
+    /// TTFT of a (cached + new)-token prompt whose first `cached` tokens are in the KV cache, as
+    /// `total:cached`.
+    #[arg(long, default_value = "8192:6144")]
+    pub cached_prefix: String,
+    #[arg(long, default_value_t = 8192)]
+    pub max_model_len: usize,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+}
+
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Forward(a) => forward(a),
+    }
+}
+
+/// Times `f` (after warm-up), synchronising the device; median seconds.
+fn time(r: &mut dyn Runner, warm: usize, reps: usize, mut f: impl FnMut(&mut dyn Runner) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    for _ in 0..warm {
+        f(r)?;
+    }
+    r.synchronize()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f(r)?;
+        r.synchronize()?;
+        v.push(t.elapsed().as_secs_f64());
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+/// A batch of `seqs` sequences, each computing `new` tokens after `ctx` cached ones, with
+/// disjoint block tables from block 0 on.
+fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> ForwardBatch {
+    let per = (ctx + new).div_ceil(bs);
+    let mut b = ForwardBatch::default();
+    for s in 0..seqs {
+        let table: Vec<u32> = ((s * per) as u32..((s + 1) * per) as u32).collect();
+        let toks: Vec<u32> = (0..new).map(|i| ((s * 7919 + i * 31 + 10) % vocab) as u32).collect();
+        b.push_seq(&toks, ctx, &table, bs, true);
+    }
+    b
+}
+
+fn weight_bytes_per_decode_step(c: &ModelConfig, elem: f64) -> f64 {
+    // Every weight is read once per step, except the embedding table (one row per token).
+    let embed = if c.tie_word_embeddings { 0 } else { c.vocab_size * c.hidden_size };
+    (c.num_parameters() - embed) as f64 * elem
+}
+
+fn kv_bytes(c: &ModelConfig, ctx: usize, elem: f64) -> f64 {
+    (ctx * c.num_hidden_layers * 2 * c.kv_dim()) as f64 * elem
+}
+
+fn forward(a: ForwardArgs) -> anyhow::Result<()> {
+    let (config, host);
+    let weights = match a.load_format {
+        LoadFormat::Dummy => {
+            let path = PathBuf::from(&a.model);
+            let cfg_path = if path.is_dir() { path.join("config.json") } else { path };
+            config = ModelConfig::from_hf_json(&cfg_path)?;
+            WeightSource::Dummy { seed: 0 }
+        }
+        LoadFormat::Auto => {
+            if let Some(k) = loader::fetch::known_model(&a.model) {
+                loader::fetch::fetch(k, true)?;
+            }
+            host = loader::load(&a.model, true).with_context(|| format!("loading {}", a.model))?;
+            config = host.config.clone();
+            WeightSource::Host(&host.weights)
+        }
+    };
+    let opts = RunnerOptions {
+        device: a.device.into(),
+        block_size: 16,
+        max_model_len: a.max_model_len,
+        kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
+    };
+    let mut r = build_runner(&config, weights, &opts)?;
+    let dev = r.device_name();
+    let elem = if dev == "cpu" { 4.0 } else { 2.0 };
+    let bs = r.kv_layout().block_size;
+    let cal = r.calibrate()?;
+    let mut rows: Vec<serde_json::Value> = Vec::new();
+    println!("model: {} layers, hidden {}, {:.2} B parameters; device {dev}; KV blocks {}", config.num_hidden_layers, config.hidden_size, config.num_parameters() as f64 / 1e9, r.kv_layout().num_blocks);
+    if let Some(c) = cal {
+        println!("measured ceilings: copy {:.2} TB/s (read+write), bf16 GEMM 8192³ {:.0} TFLOP/s\n", c.copy_bytes_per_s / 1e12, c.gemm_flops / 1e12);
+    }
+    println!("| measurement | time | rate | floor / ceiling | ratio |");
+    println!("|---|---|---|---|---|");
+    let max_blocks = r.kv_layout().num_blocks;
+    for &ctx in &a.decode_contexts {
+        if (ctx + 1).div_ceil(bs) > max_blocks {
+            continue;
+        }
+        let b = batch(1, ctx, 1, bs, config.vocab_size);
+        let t = time(r.as_mut(), 3, 20, |r| r.forward(&b).map(|_| ()).map_err(Into::into))?;
+        let bytes = weight_bytes_per_decode_step(&config, elem) + kv_bytes(&config, ctx, elem);
+        let (floor, ratio) = match cal {
+            Some(c) => {
+                // The copy bandwidth counts reads and writes; a decode step only reads.
+                let f = bytes / (c.copy_bytes_per_s / 2.0) * 1e3;
+                (format!("{f:.2} ms (bytes ÷ copy read rate)"), format!("{:.2}×", t * 1e3 / f))
+            }
+            None => ("-".into(), "-".into()),
+        };
+        println!("| decode batch 1, ctx {ctx} | {:.2} ms/token | {:.1} tok/s | {floor} | {ratio} |", t * 1e3, 1.0 / t);
+        rows.push(serde_json::json!({"kind": "decode", "batch": 1, "ctx": ctx, "ms": t * 1e3, "bytes": bytes}));
+    }
+    for &n in &a.decode_batches {
+        let ctx = a.decode_context;
+        if n * (ctx + 1).div_ceil(bs) > max_blocks {
+            println!("| decode batch {n}, ctx {ctx} | skipped: needs more KV blocks than allocated | | | |");
+            continue;
+        }
+        let b = batch(n, ctx, 1, bs, config.vocab_size);
+        let t = time(r.as_mut(), 3, 10, |r| r.forward(&b).map(|_| ()).map_err(Into::into))?;
+        println!("| decode batch {n}, ctx {ctx} | {:.2} ms/step | {:.0} tok/s | | |", t * 1e3, n as f64 / t);
+        rows.push(serde_json::json!({"kind": "decode", "batch": n, "ctx": ctx, "ms": t * 1e3}));
+    }
+    let matmul_params = (config.num_parameters() - config.vocab_size * config.hidden_size * if config.tie_word_embeddings { 0 } else { 1 }) as f64;
+    let attn_flops = |n: f64, ctx0: f64| {
+        // Causal: token i attends to ctx0 + i + 1 keys; QKᵀ and PV, 2 FLOP per MAC.
+        let keys = n * ctx0 + n * (n + 1.0) / 2.0;
+        4.0 * keys * (config.num_attention_heads * config.head_dim * config.num_hidden_layers) as f64
+    };
+    for &n in &a.prefill {
+        if n.div_ceil(bs) > max_blocks || n > a.max_model_len {
+            continue;
+        }
+        let b = batch(1, 0, n, bs, config.vocab_size);
+        let t = time(r.as_mut(), 2, 5, |r| r.forward(&b).map(|_| ()).map_err(Into::into))?;
+        let flops = 2.0 * n as f64 * (matmul_params - (config.vocab_size * config.hidden_size) as f64) + 2.0 * (config.vocab_size * config.hidden_size) as f64 + attn_flops(n as f64, 0.0);
+        let (ceil, ratio) = match cal {
+            Some(c) => (format!("{:.0} TFLOP/s (cuBLAS)", c.gemm_flops / 1e12), format!("{:.0}%", 100.0 * flops / t / c.gemm_flops)),
+            None => ("-".into(), "-".into()),
+        };
+        println!("| prefill {n} tokens | {:.1} ms | {:.0} TFLOP/s | {ceil} | {ratio} |", t * 1e3, flops / t / 1e12);
+        rows.push(serde_json::json!({"kind": "prefill", "tokens": n, "ms": t * 1e3, "flops": flops}));
+    }
+    if let Some((total, cached)) = a.cached_prefix.split_once(':').and_then(|(x, y)| Some((x.parse::<usize>().ok()?, y.parse::<usize>().ok()?))) {
+        if total.div_ceil(bs) <= max_blocks && total <= a.max_model_len && cached < total {
+            let full = batch(1, 0, total, bs, config.vocab_size);
+            let t_full = time(r.as_mut(), 1, 3, |r| r.forward(&full).map(|_| ()).map_err(Into::into))?;
+            // The cached prefix's K/V are the ones the full run just wrote into the same blocks.
+            let rest = batch(1, cached, total - cached, bs, config.vocab_size);
+            let t_rest = time(r.as_mut(), 1, 3, |r| r.forward(&rest).map(|_| ()).map_err(Into::into))?;
+            println!("| TTFT {total}-token prompt, no cache | {:.1} ms | | | |", t_full * 1e3);
+            println!("| TTFT {total}-token prompt, {cached} cached | {:.1} ms | | | {:.1}× faster |", t_rest * 1e3, t_full / t_rest);
+            rows.push(serde_json::json!({"kind": "ttft_cached", "total": total, "cached": cached, "ms_full": t_full * 1e3, "ms_cached": t_rest * 1e3}));
+        }
+    }
+    if let Some(p) = a.json_out {
+        let doc = serde_json::json!({"device": dev, "calibration": cal, "rows": rows});
+        std::fs::write(&p, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
