@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Everything the H200 session runs, in one call: fidelity table, then the forward benchmarks
+# (8B shape, dummy bf16 weights) with the PyTorch peer. Logs go to $OUT (or ./gpu-out).
+#   CACHET=.carry/cachet GGUF=.carry/smollm2.gguf scripts/gpu_run.sh
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
+export PYTHONUNBUFFERED=1
+bin=${CACHET:-.carry/cachet}
+gguf=${GGUF:-.carry/smollm2.gguf}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+echo "== generate on CUDA"
+"$bin" generate --model "$gguf" --device cuda --chat --prompt "What is the capital of France?" --max-tokens 24 2>&1 | tee "$out/generate.txt"
+echo "== fidelity"
+python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
+echo "== forward bench (8B shape, dummy weights)"
+"$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
+  --json-out "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+if [ "${PEER:-1}" = 1 ]; then
+  echo "== PyTorch peer (transformers LlamaForCausalLM, SDPA, random bf16)"
+  python3 scripts/torch_peer.py --config examples/configs/llama3-8b.json --out "$out/peer.json" 2>&1 | tee "$out/peer.txt"
+fi
