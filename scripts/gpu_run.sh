@@ -9,6 +9,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
 export PYTHONUNBUFFERED=1
 bin=${CACHET:-.carry/cachet}
+if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi
 gguf=${GGUF:-.carry/smollm2.gguf}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "== generate on CUDA"

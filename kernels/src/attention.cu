@@ -1,76 +1,177 @@
-// Paged causal attention with grouped-query heads, for prefill chunks and decode alike: one block
-// per (token, q head) attends over positions 0..pos of its sequence, reading K/V through the block
-// table. Keys are processed in chunks with an online softmax (running max and sum), so any context
-// length fits in a fixed amount of shared memory.
+// Paged causal attention with grouped-query heads over a varlen batch (prefill chunks and decode
+// alike), flash-style: a block takes a tile of up to ATT_TQ consecutive query tokens of one
+// sequence and one q head, walks the sequence's keys in tiles of ATT_TK through the block table
+// (K and V staged in shared memory with coalesced loads), and keeps a running max / sum per query
+// row (online softmax), so any context fits in fixed shared memory. For long contexts with few
+// query tiles (decode), the key range is split over gridDim.z blocks (flash-decoding); the
+// partial results are merged by attention_combine_bf16.
 #include "common.cuh"
 
-#define ATT_CHUNK 2048
+#define ATT_TQ 32
+#define ATT_TK 64
+#define ATT_THREADS 128
+#define ATT_MAXD 128
 
+// One query tile: tokens [start, start + len) of the flattened batch, all of sequence `seq`.
 //   qkv          : device, bf16 [n, (n_heads + 2 * n_kv) * d] (q already rotated)
 //   k_cache      : device, bf16 [num_slots, n_kv, d] of this layer
 //   v_cache      : device, bf16 [num_slots, n_kv, d] of this layer
-//   pos          : device, u32  [n] position of each token (it attends to 0..=pos)
-//   seq_of_token : device, u32  [n]
+//   pos          : device, u32  [n] position of each token (it attends to keys 0..=pos)
+//   tile_seq     : device, u32  [num_tiles]
+//   tile_start   : device, u32  [num_tiles]
+//   tile_len     : device, u32  [num_tiles] (1..=ATT_TQ)
 //   block_tables : device, u32  [num_seqs, max_blocks]
-//   out          : device, bf16 [n, n_heads * d]
-// Launch: grid (n, n_heads), block ATT_THREADS (a multiple of 32, >= d),
-//         dynamic shared memory (d + ATT_CHUNK + blockDim) floats.
-extern "C" __global__ void paged_attention_bf16(const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache,
-                                                const bf16* __restrict__ v_cache, const unsigned* __restrict__ pos,
-                                                const unsigned* __restrict__ seq_of_token,
-                                                const unsigned* __restrict__ block_tables, int max_blocks,
-                                                bf16* __restrict__ out, int n_heads, int n_kv, int d,
-                                                int block_size, float scale) {
+//   out          : device, bf16 [n, n_heads * d], written when gridDim.z == 1
+//   part_o       : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, d] when gridDim.z > 1
+//   part_ml      : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, 2] (running max, sum)
+//   split_len    : keys per split (a multiple of ATT_TK)
+// Launch: grid (num_tiles, n_heads, splits), block ATT_THREADS, dynamic shared memory
+//         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
+    const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
+    const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
+    bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, int d,
+    int block_size, float scale, int split_len) {
     extern __shared__ float smem[];
-    float* q = smem;
-    float* s = smem + d;
-    float* comb = s + ATT_CHUNK;
-    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const int dp = d + 1;  // padded row stride: no bank conflicts across rows
+    float* Qs = smem;                     // [ATT_TQ][dp]
+    float* Ks = Qs + ATT_TQ * dp;         // [ATT_TK][dp]
+    float* Vs = Ks + ATT_TK * dp;         // [ATT_TK][dp]
+    float* Ss = Vs + ATT_TK * dp;         // [ATT_TQ][ATT_TK]
+    const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int kvh = h / (n_heads / n_kv);
     const int cols = (n_heads + 2 * n_kv) * d;
-    const unsigned* table = block_tables + (size_t)seq_of_token[t] * max_blocks;
-    const int ctx = pos[t] + 1;
-    for (int i = tid; i < d; i += blockDim.x) q[i] = bf2f(qkv[(size_t)t * cols + h * d + i]) * scale;
-    const int groups = blockDim.x / d;
-    const int dim = tid % d, grp = tid / d;
-    float m = -CACHET_INF, l = 0.f, acc = 0.f;
-    for (int c0 = 0; c0 < ctx; c0 += ATT_CHUNK) {
-        const int cn = min(ATT_CHUNK, ctx - c0);
-        __syncthreads();  // q is loaded; the previous chunk's s is consumed
-        float lm = -CACHET_INF;
-        for (int j = tid; j < cn; j += blockDim.x) {
-            const int p = c0 + j;
-            const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-            const bf16* kr = k_cache + (slot * n_kv + kvh) * d;
-            float dot = 0.f;
-            for (int i = 0; i < d; ++i) dot += q[i] * bf2f(kr[i]);
-            s[j] = dot;
-            lm = fmaxf(lm, dot);
-        }
-        const float m_new = fmaxf(m, block_max(lm));
-        float ls = 0.f;
-        for (int j = tid; j < cn; j += blockDim.x) {
-            const float e = __expf(s[j] - m_new);
-            s[j] = e;
-            ls += e;
-        }
-        const float alpha = __expf(m - m_new);
-        l = l * alpha + block_sum(ls);  // block_sum's barrier publishes s
-        acc *= alpha;
-        m = m_new;
-        if (grp < groups) {
-            for (int j = grp; j < cn; j += groups) {
-                const int p = c0 + j;
+    const int start = tile_start[tile], qlen = tile_len[tile];
+    const unsigned* table = block_tables + (size_t)tile_seq[tile] * max_blocks;
+    const int ctx_end = pos[start + qlen - 1] + 1;  // keys the last query of the tile sees
+    const int k_begin = split * split_len;
+    const int k_end = min(ctx_end, k_begin + split_len);
+
+    for (int idx = tid; idx < ATT_TQ * d; idx += ATT_THREADS) {
+        const int r = idx / d, i = idx % d;
+        Qs[r * dp + i] = (r < qlen) ? bf2f(qkv[(size_t)(start + r) * cols + h * d + i]) * scale : 0.f;
+    }
+    // Thread layout: row r = tid / 4 of the tile; lane4 = tid % 4 takes keys lane4 + 4j and
+    // output dims lane4 + 4k.
+    const int r = tid >> 2, lane4 = tid & 3;
+    const int my_pos = (r < qlen) ? (int)pos[start + r] : -1;
+    float m = -CACHET_INF, l = 0.f;
+    float acc[ATT_MAXD / 4];
+#pragma unroll
+    for (int k = 0; k < ATT_MAXD / 4; ++k) acc[k] = 0.f;
+
+    for (int k0 = k_begin; k0 < k_end; k0 += ATT_TK) {
+        const int kn = min(ATT_TK, k_end - k0);
+        __syncthreads();  // previous tile's K/V/S consumed (and Q loaded, the first time)
+        for (int idx = tid; idx < ATT_TK * d; idx += ATT_THREADS) {
+            const int c = idx / d, i = idx % d;
+            float kv = 0.f, vv = 0.f;
+            if (c < kn) {
+                const int p = k0 + c;
                 const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-                acc += s[j] * bf2f(v_cache[(slot * n_kv + kvh) * d + dim]);
+                const size_t off = (slot * n_kv + kvh) * d + i;
+                kv = bf2f(k_cache[off]);
+                vv = bf2f(v_cache[off]);
+            }
+            Ks[c * dp + i] = kv;
+            Vs[c * dp + i] = vv;
+        }
+        __syncthreads();
+        // Scores of row r against keys lane4 + 4j.
+        float tile_max = -CACHET_INF;
+#pragma unroll
+        for (int j = 0; j < ATT_TK / 4; ++j) {
+            const int c = lane4 + 4 * j;
+            float s = -CACHET_INF;
+            if (c < kn && k0 + c <= my_pos) {
+                s = 0.f;
+                for (int i = 0; i < d; ++i) s += Qs[r * dp + i] * Ks[c * dp + i];
+            }
+            Ss[r * ATT_TK + c] = s;
+            tile_max = fmaxf(tile_max, s);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float m_new = fmaxf(m, tile_max);
+        // A fully masked row so far keeps m = -inf: scale by 1 and add nothing.
+        const float alpha = (m_new == -CACHET_INF) ? 1.f : __expf(m - m_new);
+        float psum = 0.f;
+#pragma unroll
+        for (int j = 0; j < ATT_TK / 4; ++j) {
+            const int c = lane4 + 4 * j;
+            const float s = Ss[r * ATT_TK + c];
+            const float p = (s == -CACHET_INF) ? 0.f : __expf(s - m_new);
+            Ss[r * ATT_TK + c] = p;
+            psum += p;
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+        l = l * alpha + psum;
+        m = m_new;
+        __syncwarp();  // the row's 4 threads share Ss[r]
+#pragma unroll
+        for (int k = 0; k < ATT_MAXD / 4; ++k) acc[k] *= alpha;
+        for (int c = 0; c < kn; ++c) {
+            const float p = Ss[r * ATT_TK + c];
+            const float* vr = Vs + c * dp;
+#pragma unroll
+            for (int k = 0; k < ATT_MAXD / 4; ++k) {
+                const int i = lane4 + 4 * k;
+                if (i < d) acc[k] += p * vr[i];
             }
         }
     }
-    comb[tid] = (grp < groups) ? acc : 0.f;
-    __syncthreads();
-    if (tid < d) {
-        float o = 0.f;
-        for (int g = 0; g < groups; ++g) o += comb[g * d + tid];
-        out[(size_t)t * n_heads * d + h * d + tid] = f2bf(o / l);
+    if (r >= qlen) return;
+    if (gridDim.z == 1) {
+        const float inv = (l > 0.f) ? 1.f / l : 0.f;
+        bf16* o = out + (size_t)(start + r) * n_heads * d + h * d;
+#pragma unroll
+        for (int k = 0; k < ATT_MAXD / 4; ++k) {
+            const int i = lane4 + 4 * k;
+            if (i < d) o[i] = f2bf(acc[k] * inv);
+        }
+    } else {
+        const size_t base = (((size_t)tile * n_heads + h) * gridDim.z + split) * ATT_TQ + r;
+#pragma unroll
+        for (int k = 0; k < ATT_MAXD / 4; ++k) {
+            const int i = lane4 + 4 * k;
+            if (i < d) part_o[base * d + i] = acc[k];
+        }
+        if (lane4 == 0) {
+            part_ml[base * 2] = m;
+            part_ml[base * 2 + 1] = l;
+        }
+    }
+}
+
+// Merges the splits of paged_attention_bf16: out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.
+//   part_o, part_ml : as written by paged_attention_bf16
+//   tile_start, tile_len : device, u32 [num_tiles]
+//   out : device, bf16 [n, n_heads * d]
+// Launch: grid (num_tiles, n_heads), block ATT_THREADS.
+extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                                  const unsigned* __restrict__ tile_start,
+                                                  const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
+                                                  int n_heads, int d, int splits) {
+    const int tile = blockIdx.x, h = blockIdx.y;
+    const int start = tile_start[tile], qlen = tile_len[tile];
+    for (int idx = threadIdx.x; idx < qlen * d; idx += blockDim.x) {
+        const int r = idx / d, i = idx % d;
+        float M = -CACHET_INF;
+        for (int s = 0; s < splits; ++s) {
+            const size_t b = (((size_t)tile * n_heads + h) * splits + s) * ATT_TQ + r;
+            M = fmaxf(M, part_ml[b * 2]);
+        }
+        float num = 0.f, den = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const size_t b = (((size_t)tile * n_heads + h) * splits + s) * ATT_TQ + r;
+            const float ms = part_ml[b * 2];
+            if (ms == -CACHET_INF) continue;
+            const float w = __expf(ms - M);
+            num += w * part_o[b * d + i];
+            den += w * part_ml[b * 2 + 1];
+        }
+        out[(size_t)(start + r) * n_heads * d + h * d + i] = f2bf(den > 0.f ? num / den : 0.f);
     }
 }

@@ -29,7 +29,11 @@ pub const SOURCES: &[KernelSource] = &[
         symbols: &["embed_bf16", "silu_mul_bf16", "gather_rows_bf16", "fill_normal_bf16"],
     },
     KernelSource { name: "rope_kv.cu", code: include_str!("rope_kv.cu"), symbols: &["rope_kv_bf16"] },
-    KernelSource { name: "attention.cu", code: include_str!("attention.cu"), symbols: &["paged_attention_bf16"] },
+    KernelSource {
+        name: "attention.cu",
+        code: include_str!("attention.cu"),
+        symbols: &["paged_attention_bf16", "attention_combine_bf16"],
+    },
 ];
 
 /// All units as one translation unit (the header once, at the top).

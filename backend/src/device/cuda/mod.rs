@@ -65,12 +65,18 @@ pub struct CudaBatch {
     ids: CudaSlice<u32>,
     pos: CudaSlice<u32>,
     slots: CudaSlice<u32>,
-    seq_of_token: CudaSlice<u32>,
     block_tables: CudaSlice<u32>,
     max_blocks: usize,
     logit_rows: CudaSlice<u32>,
     num_logit_rows: usize,
     block_size: usize,
+    /// Attention query tiles: up to ATT_TQ consecutive tokens of one sequence each.
+    tile_seq: CudaSlice<u32>,
+    tile_start: CudaSlice<u32>,
+    tile_len: CudaSlice<u32>,
+    num_tiles: usize,
+    /// Longest context any tile attends over.
+    max_ctx: usize,
 }
 
 struct Kernels {
@@ -81,6 +87,7 @@ struct Kernels {
     gather_rows: CudaFunction,
     rope_kv: CudaFunction,
     attention: CudaFunction,
+    combine: CudaFunction,
     fill_normal: CudaFunction,
 }
 
@@ -98,8 +105,15 @@ pub struct CudaDevice {
 // owns the device (the engine thread); cudarc's handles are thread-agnostic once bound.
 unsafe impl Send for CudaDevice {}
 
+// Must match attention.cu.
 const ATT_THREADS: u32 = 128;
-const ATT_CHUNK: u32 = 2048;
+const ATT_TQ: usize = 32;
+const ATT_TK: usize = 64;
+const ATT_MAXD: usize = 128;
+
+fn attention_smem_bytes(d: usize) -> u32 {
+    ((ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) * 4) as u32
+}
 
 /// Whether a CUDA device can be opened here (libraries present and a GPU visible).
 pub fn available() -> Result<(), DeviceError> {
@@ -146,9 +160,10 @@ impl CudaDevice {
             gather_rows: f("gather_rows_bf16")?,
             rope_kv: f("rope_kv_bf16")?,
             attention: f("paged_attention_bf16")?,
+            combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
         };
-        let smem = (ATT_CHUNK + 256 + ATT_THREADS) * 4;
+        let smem = attention_smem_bytes(ATT_MAXD);
         k.attention
             .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(op_err("attention smem"))?;
@@ -326,21 +341,33 @@ impl Device for CudaDevice {
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CudaBatch, DeviceError> {
         let n = batch.num_tokens();
-        let mut seq_of_token = vec![0u32; n];
-        for (i, s) in batch.seqs.iter().enumerate() {
-            seq_of_token[s.query_start..s.query_start + s.query_len].fill(i as u32);
-        }
         let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
         let mut tables = vec![0u32; batch.seqs.len().max(1) * max_blocks];
         for (i, s) in batch.seqs.iter().enumerate() {
             tables[i * max_blocks..i * max_blocks + s.block_table.len()].copy_from_slice(&s.block_table);
         }
+        let (mut tseq, mut tstart, mut tlen) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, s) in batch.seqs.iter().enumerate() {
+            let mut off = 0;
+            while off < s.query_len {
+                let len = (s.query_len - off).min(ATT_TQ);
+                tseq.push(i as u32);
+                tstart.push((s.query_start + off) as u32);
+                tlen.push(len as u32);
+                off += len;
+            }
+        }
+        let max_ctx = batch.seqs.iter().map(|s| s.context_len).max().unwrap_or(0);
         Ok(CudaBatch {
+            tile_seq: self.htod_u32(&tseq)?,
+            tile_start: self.htod_u32(&tstart)?,
+            tile_len: self.htod_u32(&tlen)?,
+            num_tiles: tseq.len(),
+            max_ctx,
             n,
             ids: self.htod_u32(&batch.token_ids)?,
             pos: self.htod_u32(&batch.positions)?,
             slots: self.htod_u32(&batch.slot_mapping)?,
-            seq_of_token: self.htod_u32(&seq_of_token)?,
             block_tables: self.htod_u32(&tables)?,
             max_blocks,
             logit_rows: self.htod_u32(&batch.logit_rows)?,
@@ -423,37 +450,64 @@ impl Device for CudaDevice {
     }
 
     fn attention(&self, qkv: &CudaTensor, kv: &CudaKv, layer: usize, b: &CudaBatch, p: &AttnParams) -> Result<CudaTensor, DeviceError> {
-        let mut out = self.alloc_bf16(b.n * p.num_heads * p.head_dim, "attention")?;
-        if b.n > 0 {
-            if p.head_dim as u32 > ATT_THREADS {
-                return Err(DeviceError::Op { device: DEV, op: "attention", msg: format!("head_dim {} > {ATT_THREADS}", p.head_dim) });
-            }
-            let (nh, nkv, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
-            let (mb, bs) = (b.max_blocks as i32, b.block_size as i32);
-            let mut l = self.stream.launch_builder(&self.k.attention);
-            l.arg(qkv.bf16("attention")?)
-                .arg(&kv.k[layer])
-                .arg(&kv.v[layer])
-                .arg(&b.pos)
-                .arg(&b.seq_of_token)
-                .arg(&b.block_tables)
-                .arg(&mb)
-                .arg(&mut out)
-                .arg(&nh)
-                .arg(&nkv)
-                .arg(&d)
-                .arg(&bs)
-                .arg(&p.scale);
-            let cfg = LaunchConfig {
-                grid_dim: (b.n as u32, p.num_heads as u32, 1),
-                block_dim: (ATT_THREADS, 1, 1),
-                shared_mem_bytes: (p.head_dim as u32 + ATT_CHUNK + ATT_THREADS) * 4,
-            };
-            // SAFETY: paged_attention_bf16 as documented in attention.cu; block tables cover every
-            // position (validated by the runner); shared memory sized as the kernel requires.
-            unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
+        let d = p.head_dim;
+        let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
+        if b.n == 0 {
+            return Ok(CudaTensor { rows: 0, cols: p.num_heads * d, buf: CudaBuf::Bf16(out) });
         }
-        Ok(CudaTensor { rows: b.n, cols: p.num_heads * p.head_dim, buf: CudaBuf::Bf16(out) })
+        if d > ATT_MAXD {
+            return Err(DeviceError::Op { device: DEV, op: "attention", msg: format!("head_dim {d} > {ATT_MAXD}") });
+        }
+        // Split long key ranges over more blocks when there are too few query tiles to fill the GPU
+        // (decode); prefill-sized batches run unsplit.
+        let blocks = b.num_tiles * p.num_heads;
+        let want = (264 + blocks - 1) / blocks.max(1);
+        let max_splits = b.max_ctx.div_ceil(256).max(1);
+        let splits = want.clamp(1, max_splits.min(32));
+        let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
+        let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
+        let part_rows = if splits > 1 { b.num_tiles * p.num_heads * splits * ATT_TQ } else { 1 };
+        let mut part_o = self.alloc_f32(if splits > 1 { part_rows * d } else { 1 }, "attention splits")?;
+        let mut part_ml = self.alloc_f32(if splits > 1 { part_rows * 2 } else { 1 }, "attention splits")?;
+        let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
+        let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
+        let mut l = self.stream.launch_builder(&self.k.attention);
+        l.arg(qkv.bf16("attention")?)
+            .arg(&kv.k[layer])
+            .arg(&kv.v[layer])
+            .arg(&b.pos)
+            .arg(&b.tile_seq)
+            .arg(&b.tile_start)
+            .arg(&b.tile_len)
+            .arg(&b.block_tables)
+            .arg(&mb)
+            .arg(&mut out)
+            .arg(&mut part_o)
+            .arg(&mut part_ml)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&di)
+            .arg(&bs)
+            .arg(&p.scale)
+            .arg(&sl);
+        let cfg = LaunchConfig {
+            grid_dim: (b.num_tiles as u32, p.num_heads as u32, splits as u32),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: attention_smem_bytes(d),
+        };
+        // SAFETY: paged_attention_bf16 as documented in attention.cu: tiles cover the batch's tokens
+        // within their sequences, block tables cover every position (validated by the runner), the
+        // split buffers hold tiles × heads × splits × ATT_TQ rows, shared memory is sized for d.
+        unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
+        if splits > 1 {
+            let sp = splits as i32;
+            let mut c = self.stream.launch_builder(&self.k.combine);
+            c.arg(&part_o).arg(&part_ml).arg(&b.tile_start).arg(&b.tile_len).arg(&mut out).arg(&nh).arg(&di).arg(&sp);
+            let cfg = LaunchConfig { grid_dim: (b.num_tiles as u32, p.num_heads as u32, 1), block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: attention_combine_bf16 over the buffers the launch above filled.
+            unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
+        }
+        Ok(CudaTensor { rows: b.n, cols: p.num_heads * d, buf: CudaBuf::Bf16(out) })
     }
 
     fn silu_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
