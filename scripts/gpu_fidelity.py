@@ -59,18 +59,23 @@ def main():
         for c in ref["cases"]:
             cases.append((name, path, c["ids"], m))
 
-    print("| model | tokens | top-1 cuda/cpu/hf | rel err cuda vs cpu | rel err cuda vs transformers (GPU f32) | cpu vs transformers |")
-    print("|---|---|---|---|---|---|")
+    print("| model | tokens | top-1 cuda/cpu/hf | rel err cuda vs cpu | rel err cuda vs transformers (GPU f32) | cpu vs transformers | transformers bf16 vs f32 |")
+    print("|---|---|---|---|---|---|---|")
+    bf16_models = {}
     for name, path, ids, m in cases:
         cu = cachet_logits(a.cachet, path, ids, "cuda")
         cp = cachet_logits(a.cachet, path, ids, "cpu")
         hfl = hf_logits(m, ids)
-        e1, e2, e3 = rel(cu, cp), rel(cu, hfl), rel(cp, hfl)
+        if name not in bf16_models:
+            import copy
+            bf16_models[name] = copy.deepcopy(m).to(torch.bfloat16)
+        hfb = hf_logits(bf16_models[name], ids)
+        e1, e2, e3, e4 = rel(cu, cp), rel(cu, hfl), rel(cp, hfl), rel(hfb, hfl)
         tops = (int(cu.argmax()), int(cp.argmax()), int(hfl.argmax()))
         good = tops[0] == tops[1] == tops[2] and e1 <= TOL and e2 <= TOL
         ok &= good
-        print(f"| {name} | {len(ids)} | {tops[0]}/{tops[1]}/{tops[2]} | {e1:.2e} | {e2:.2e} | {e3:.2e} |{'' if good else ' FAIL'}")
-        rows.append({"model": name, "tokens": len(ids), "top1": tops, "rel_cuda_cpu": e1, "rel_cuda_hf": e2, "rel_cpu_hf": e3})
+        print(f"| {name} | {len(ids)} | {tops[0]}/{tops[1]}/{tops[2]} | {e1:.2e} | {e2:.2e} | {e3:.2e} | {e4:.2e} |{'' if good else ' FAIL'}")
+        rows.append({"model": name, "tokens": len(ids), "top1": tops, "rel_cuda_cpu": e1, "rel_cuda_hf": e2, "rel_cpu_hf": e3, "rel_hf_bf16_f32": e4})
 
     prompts = ["What is the capital of France?", "Write a haiku about the sea.", "List three uses of copper.",
                "Explain photosynthesis in one sentence.", "def fibonacci(n):"]

@@ -68,7 +68,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 2048,
             enable_chunked_prefill: true,
             policy: SchedulingPolicy::Fcfs,
-            aging_tokens_per_sec: 1000.0,
+            aging_tokens_per_sec: 100.0,
             max_model_len: 4096,
         }
     }

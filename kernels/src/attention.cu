@@ -39,6 +39,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
     float* Ks = Qs + ATT_TQ * dp;         // [ATT_TK][dp]
     float* Vs = Ks + ATT_TK * dp;         // [ATT_TK][dp]
     float* Ss = Vs + ATT_TK * dp;         // [ATT_TQ][ATT_TK]
+    __shared__ size_t slot_of[ATT_TK];
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int kvh = h / (n_heads / n_kv);
     const int cols = (n_heads + 2 * n_kv) * d;
@@ -64,18 +65,36 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
     for (int k0 = k_begin; k0 < k_end; k0 += ATT_TK) {
         const int kn = min(ATT_TK, k_end - k0);
         __syncthreads();  // previous tile's K/V/S consumed (and Q loaded, the first time)
-        for (int idx = tid; idx < ATT_TK * d; idx += ATT_THREADS) {
-            const int c = idx / d, i = idx % d;
-            float kv = 0.f, vv = 0.f;
-            if (c < kn) {
-                const int p = k0 + c;
-                const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-                const size_t off = (slot * n_kv + kvh) * d + i;
-                kv = bf2f(k_cache[off]);
-                vv = bf2f(v_cache[off]);
+        if (tid < ATT_TK) {
+            const int p = k0 + tid;
+            slot_of[tid] = (tid < kn) ? (((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh) * d : 0;
+        }
+        __syncthreads();
+        if ((d & 7) == 0) {
+            // 16-byte loads: 8 bf16 per thread per row chunk.
+            const int chunks = d >> 3;
+            for (int idx = tid; idx < ATT_TK * chunks; idx += ATT_THREADS) {
+                const int c = idx / chunks, i = (idx - c * chunks) << 3;
+                uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+                if (c < kn) {
+                    kw = *reinterpret_cast<const uint4*>(k_cache + slot_of[c] + i);
+                    vw = *reinterpret_cast<const uint4*>(v_cache + slot_of[c] + i);
+                }
+                const unsigned kk[4] = {kw.x, kw.y, kw.z, kw.w}, vv[4] = {vw.x, vw.y, vw.z, vw.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    Ks[c * dp + i + 2 * u] = __uint_as_float(kk[u] << 16);
+                    Ks[c * dp + i + 2 * u + 1] = __uint_as_float(kk[u] & 0xffff0000u);
+                    Vs[c * dp + i + 2 * u] = __uint_as_float(vv[u] << 16);
+                    Vs[c * dp + i + 2 * u + 1] = __uint_as_float(vv[u] & 0xffff0000u);
+                }
             }
-            Ks[c * dp + i] = kv;
-            Vs[c * dp + i] = vv;
+        } else {
+            for (int idx = tid; idx < ATT_TK * d; idx += ATT_THREADS) {
+                const int c = idx / d, i = idx - c * d;
+                Ks[c * dp + i] = (c < kn) ? bf2f(k_cache[slot_of[c] + i]) : 0.f;
+                Vs[c * dp + i] = (c < kn) ? bf2f(v_cache[slot_of[c] + i]) : 0.f;
+            }
         }
         __syncthreads();
         // Scores of row r against keys lane4 + 4j.
