@@ -23,3 +23,8 @@ if [ "${PEER:-1}" = 1 ]; then
   echo "== PyTorch peer (transformers LlamaForCausalLM, SDPA, random bf16)"
   python3 scripts/torch_peer.py --config examples/configs/llama3-8b.json --out "$out/peer.json" 2>&1 | tee "$out/peer.txt"
 fi
+if [ "${SIMT:-1}" = 1 ]; then
+  echo "== the same shapes with the CUDA-core attention kernel (CACHET_ATTENTION=simt), for comparison"
+  CACHET_ATTENTION=simt "$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
+    --decode-batches 64 --decode-contexts 4096 --prefill 2048,8192 --cached-prefix none 2>&1 | tee "$out/bench-simt.txt"
+fi

@@ -34,6 +34,11 @@ pub const SOURCES: &[KernelSource] = &[
         code: include_str!("attention.cu"),
         symbols: &["paged_attention_bf16", "attention_combine_bf16"],
     },
+    KernelSource {
+        name: "attention_mma.cu",
+        code: include_str!("attention_mma.cu"),
+        symbols: &["paged_attention_mma_d128_bf16", "paged_attention_mma_d64_bf16"],
+    },
 ];
 
 /// All units as one translation unit (the header once, at the top).

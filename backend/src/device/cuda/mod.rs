@@ -87,6 +87,8 @@ struct Kernels {
     gather_rows: CudaFunction,
     rope_kv: CudaFunction,
     attention: CudaFunction,
+    attention_mma_d64: CudaFunction,
+    attention_mma_d128: CudaFunction,
     combine: CudaFunction,
     fill_normal: CudaFunction,
 }
@@ -99,6 +101,8 @@ pub struct CudaDevice {
     pub name: String,
     pub arch: String,
     block_size: usize,
+    /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
+    simt_attention: bool,
 }
 
 // SAFETY: the context, stream, cuBLAS handle and functions are only used from the thread that
@@ -110,6 +114,11 @@ const ATT_THREADS: u32 = 128;
 const ATT_TQ: usize = 32;
 const ATT_TK: usize = 64;
 const ATT_MAXD: usize = 128;
+
+/// Shared memory of the tensor-core kernel (attention_mma.cu): Q, K and V tiles in bf16.
+fn mma_smem_bytes(d: usize) -> u32 {
+    ((ATT_TQ + 2 * ATT_TK) * (d + 8) * 2) as u32
+}
 
 fn attention_smem_bytes(d: usize) -> u32 {
     ((ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) * 4) as u32
@@ -160,6 +169,8 @@ impl CudaDevice {
             gather_rows: f("gather_rows_bf16")?,
             rope_kv: f("rope_kv_bf16")?,
             attention: f("paged_attention_bf16")?,
+            attention_mma_d64: f("paged_attention_mma_d64_bf16")?,
+            attention_mma_d128: f("paged_attention_mma_d128_bf16")?,
             combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
         };
@@ -167,10 +178,18 @@ impl CudaDevice {
         k.attention
             .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(op_err("attention smem"))?;
+        for (func, d) in [(&k.attention_mma_d64, 64), (&k.attention_mma_d128, 128)] {
+            func.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                mma_smem_bytes(d) as i32,
+            )
+            .map_err(op_err("attention smem"))?;
+        }
+        let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
         let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op { device: DEV, op: "cublas", msg: format!("{e:?}") })?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = compiled.from_cache, "CUDA device ready");
-        Ok(CudaDevice { ctx, stream, blas, k, name, arch, block_size })
+        Ok(CudaDevice { ctx, stream, blas, k, name, arch, block_size, simt_attention })
     }
 
     /// An output buffer: uninitialised, because every kernel and GEMM writing one covers all of it
@@ -246,6 +265,27 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// Merges the attention splits (if any) into `out`.
+    fn finish_attention(
+        &self,
+        mut out: CudaSlice<u16>,
+        part_o: CudaSlice<f32>,
+        part_ml: CudaSlice<f32>,
+        b: &CudaBatch,
+        p: &AttnParams,
+        splits: usize,
+    ) -> Result<CudaTensor, DeviceError> {
+        if splits > 1 {
+            let (nh, di, sp) = (p.num_heads as i32, p.head_dim as i32, splits as i32);
+            let mut c = self.stream.launch_builder(&self.k.combine);
+            c.arg(&part_o).arg(&part_ml).arg(&b.tile_start).arg(&b.tile_len).arg(&mut out).arg(&nh).arg(&di).arg(&sp);
+            let cfg = LaunchConfig { grid_dim: (b.num_tiles as u32, p.num_heads as u32, 1), block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled.
+            unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
+        }
+        Ok(CudaTensor { rows: b.n, cols: p.num_heads * p.head_dim, buf: CudaBuf::Bf16(out) })
+    }
+
     /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
     pub fn measure_copy_bandwidth(&self, bytes: usize) -> Result<f64, DeviceError> {
         let n = bytes / 4;
@@ -478,6 +518,37 @@ impl Device for CudaDevice {
         let mut part_ml = self.alloc_f32(if splits > 1 { part_rows * 2 } else { 1 }, "attention splits")?;
         let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
         let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
+        let grid = (b.num_tiles as u32, p.num_heads as u32, splits as u32);
+        let mma = match d {
+            64 if !self.simt_attention => Some(&self.k.attention_mma_d64),
+            128 if !self.simt_attention => Some(&self.k.attention_mma_d128),
+            _ => None,
+        };
+        if let Some(func) = mma {
+            let mut l = self.stream.launch_builder(func);
+            l.arg(qkv.bf16("attention")?)
+                .arg(&kv.k[layer])
+                .arg(&kv.v[layer])
+                .arg(&b.pos)
+                .arg(&b.tile_seq)
+                .arg(&b.tile_start)
+                .arg(&b.tile_len)
+                .arg(&b.block_tables)
+                .arg(&mb)
+                .arg(&mut out)
+                .arg(&mut part_o)
+                .arg(&mut part_ml)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&bs)
+                .arg(&p.scale)
+                .arg(&sl);
+            let cfg = LaunchConfig { grid_dim: grid, block_dim: (64, 1, 1), shared_mem_bytes: mma_smem_bytes(d) };
+            // SAFETY: paged_attention_mma_d{64,128}_bf16 as documented in attention_mma.cu (the same
+            // buffers as the CUDA-core kernel below, d fixed by the symbol and checked by the match).
+            unsafe { l.launch(cfg) }.map_err(op_err("attention (mma)"))?;
+            return self.finish_attention(out, part_o, part_ml, b, p, splits);
+        }
         let mut l = self.stream.launch_builder(&self.k.attention);
         l.arg(qkv.bf16("attention")?)
             .arg(&kv.k[layer])
@@ -497,24 +568,12 @@ impl Device for CudaDevice {
             .arg(&bs)
             .arg(&p.scale)
             .arg(&sl);
-        let cfg = LaunchConfig {
-            grid_dim: (b.num_tiles as u32, p.num_heads as u32, splits as u32),
-            block_dim: (ATT_THREADS, 1, 1),
-            shared_mem_bytes: attention_smem_bytes(d),
-        };
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: attention_smem_bytes(d) };
         // SAFETY: paged_attention_bf16 as documented in attention.cu: tiles cover the batch's tokens
         // within their sequences, block tables cover every position (validated by the runner), the
         // split buffers hold tiles × heads × splits × ATT_TQ rows, shared memory is sized for d.
         unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
-        if splits > 1 {
-            let sp = splits as i32;
-            let mut c = self.stream.launch_builder(&self.k.combine);
-            c.arg(&part_o).arg(&part_ml).arg(&b.tile_start).arg(&b.tile_len).arg(&mut out).arg(&nh).arg(&di).arg(&sp);
-            let cfg = LaunchConfig { grid_dim: (b.num_tiles as u32, p.num_heads as u32, 1), block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: attention_combine_bf16 over the buffers the launch above filled.
-            unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
-        }
-        Ok(CudaTensor { rows: b.n, cols: p.num_heads * d, buf: CudaBuf::Bf16(out) })
+        self.finish_attention(out, part_o, part_ml, b, p, splits)
     }
 
     fn silu_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
