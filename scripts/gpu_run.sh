@@ -14,6 +14,12 @@ gguf=${GGUF:-.carry/smollm2.gguf}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "== generate on CUDA"
 "$bin" generate --model "$gguf" --device cuda --chat --prompt "What is the capital of France?" --max-tokens 24 2>&1 | tee "$out/generate.txt"
+if [ -x .carry/engine-tests ]; then
+  # Built here with: cargo test --release -p cachet-tests --test engine --no-run (then stripped).
+  echo "== engine-core tests on CUDA"
+  mkdir -p "$CACHET_CACHE_DIR/models/smollm2" && cp "$gguf" "$CACHET_CACHE_DIR/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  CACHET_TEST_DEVICE=cuda .carry/engine-tests --test-threads 1 2>&1 | tee "$out/engine-cuda.txt"
+fi
 echo "== fidelity"
 python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
 echo "== forward bench (8B shape, dummy weights)"

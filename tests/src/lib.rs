@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use cachet_backend::device::ForwardBatch;
 use cachet_backend::kv::SimpleAllocator;
 use cachet_backend::loader::{self, fetch, LoadedModel};
-use cachet_backend::model::runner::{cpu_runner, Runner};
+use cachet_backend::model::runner::{build_runner, cpu_runner, DeviceKind, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::model::Logits;
 
 pub fn fixtures() -> PathBuf {
@@ -40,8 +40,23 @@ pub fn tiny(name: &str) -> LoadedModel {
     loader::load(fixtures().join(name).to_str().unwrap(), false).unwrap()
 }
 
+/// The device the engine tests run on: `CACHET_TEST_DEVICE=cuda` runs them on the GPU (the
+/// fidelity tests against transformers stay on the f32 CPU reference).
+pub fn test_device() -> DeviceKind {
+    match std::env::var("CACHET_TEST_DEVICE").as_deref() {
+        Ok("cuda") => DeviceKind::Cuda,
+        _ => DeviceKind::Cpu,
+    }
+}
+
 pub fn runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
     cpu_runner(&m.config, &m.weights, num_blocks, 16, 4096).unwrap()
+}
+
+/// A runner on [`test_device`].
+pub fn device_runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
+    let opts = RunnerOptions { device: test_device(), block_size: 16, max_model_len: 4096, kv: KvBudget::Blocks(num_blocks) };
+    build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }
 
 /// Logits at every position of `ids` (one sequence, one forward pass).
@@ -81,8 +96,7 @@ use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestT
 
 /// An engine over a CPU runner with `num_blocks` blocks of 16 tokens.
 pub fn engine(m: &LoadedModel, num_blocks: usize, cfg: EngineConfig) -> Engine {
-    let r = cpu_runner(&m.config, &m.weights, num_blocks, 16, 4096).unwrap();
-    Engine::start(r, m.tokenizer.clone(), cfg)
+    Engine::start(device_runner(m, num_blocks), m.tokenizer.clone(), cfg)
 }
 
 /// Everything a finished stream produced.

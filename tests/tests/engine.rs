@@ -41,7 +41,7 @@ const MAX_TOKENS: usize = 20;
 
 fn baseline(prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
     let m = smollm2();
-    let mut r = runner(m, 64);
+    let mut r = device_runner(m, 64);
     prompts
         .iter()
         .map(|p| {
