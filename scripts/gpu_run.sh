@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Everything the H200 session runs, in one call: fidelity table, then the forward benchmarks
 # (8B shape, dummy bf16 weights) with the PyTorch peer. Logs go to $OUT (or ./gpu-out).
+# Test binaries, when carried in .carry (engine-tests, sampling-tests: built with
+# `cargo test --release -p cachet-tests --test engine --test sampling --no-run`), run on CUDA first.
+# FIDELITY=0, PEER=0, SIMT=0 skip parts.
 #   CACHET=.carry/cachet GGUF=.carry/smollm2.gguf scripts/gpu_run.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -20,8 +23,14 @@ if [ -x .carry/engine-tests ]; then
   mkdir -p "$CACHET_CACHE_DIR/models/smollm2" && cp "$gguf" "$CACHET_CACHE_DIR/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
   CACHET_TEST_DEVICE=cuda .carry/engine-tests --test-threads 1 2>&1 | tee "$out/engine-cuda.txt"
 fi
-echo "== fidelity"
-python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
+if [ -x .carry/sampling-tests ]; then
+  echo "== GPU sampling against the host distribution"
+  CACHET_TEST_DEVICE=cuda .carry/sampling-tests --test-threads 1 2>&1 | tee "$out/sampling-cuda.txt"
+fi
+if [ "${FIDELITY:-1}" = 1 ]; then
+  echo "== fidelity"
+  python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
+fi
 echo "== forward bench (8B shape, dummy weights)"
 "$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
   --json-out "$out/bench.json" 2>&1 | tee "$out/bench.txt"

@@ -457,9 +457,10 @@ impl EngineCore {
             return;
         }
         let batch = self.sched.build_batch(&out);
-        match self.runner.forward(&batch) {
-            Ok(logits) => {
-                let produced = self.sched.update(&out, &logits, Instant::now());
+        let rows = self.sched.sampling_rows(&out);
+        match self.runner.forward_step(&batch, &rows) {
+            Ok(step) => {
+                let produced = self.sched.update_step(&out, &step, Instant::now());
                 for t in produced {
                     self.emit(t);
                 }

@@ -16,7 +16,8 @@ use crate::block_hash::{BlockHash, HashContext};
 use crate::device::ForwardBatch;
 use crate::kv::manager::ComputedBlocks;
 use crate::kv::KvCacheManager;
-use crate::model::Logits;
+use crate::device::RowSampling;
+use crate::model::StepOutput;
 use crate::request::{EngineRequest, FinishReason};
 use crate::rng::Rng;
 use crate::sampler;
@@ -437,14 +438,28 @@ impl Scheduler {
         b
     }
 
-    /// Applies a step's logits: advances counters, samples a token for each sampling entry and
-    /// decides which requests finish. Finished requests stay until [`Scheduler::remove`].
-    pub fn update(
-        &mut self,
-        out: &SchedulerOutput,
-        logits: &Logits,
-        now: Instant,
-    ) -> Vec<StepToken> {
+    /// How each sampling entry of `out` picks its token, in logits-row order (for devices that
+    /// sample on the GPU).
+    pub fn sampling_rows(&self, out: &SchedulerOutput) -> Vec<RowSampling> {
+        out.scheduled
+            .iter()
+            .filter(|sc| sc.sample)
+            .filter_map(|sc| self.running.iter().find(|s| s.id == sc.id))
+            .map(|s| RowSampling {
+                temperature: s.req.sampling.temperature,
+                top_k: s.req.sampling.top_k as i32,
+                top_p: s.req.sampling.top_p,
+                pad: 0,
+                seed: s.req.sampling.seed.unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                step: s.num_output() as u64,
+            })
+            .collect()
+    }
+
+    /// Applies a step's output (logits, or tokens the device chose): advances counters, samples a
+    /// token for each sampling entry (on the host, from logits) and decides which requests finish.
+    /// Finished requests stay until [`Scheduler::remove`].
+    pub fn update_step(&mut self, out: &SchedulerOutput, step: &StepOutput, now: Instant) -> Vec<StepToken> {
         let mut produced = Vec::new();
         let mut row = 0;
         for sc in &out.scheduled {
@@ -460,7 +475,10 @@ impl Scheduler {
             if !sc.sample {
                 continue;
             }
-            let tok = sampler::sample(logits.row(row), &s.req.sampling, &mut s.rng);
+            let tok = match step {
+                StepOutput::Logits(logits) => sampler::sample(logits.row(row), &s.req.sampling, &mut s.rng),
+                StepOutput::Tokens(ids) => ids[row],
+            };
             row += 1;
             s.tokens.push(tok);
             s.hasher.extend(&mut s.block_hashes, &s.tokens);

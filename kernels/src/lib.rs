@@ -39,6 +39,7 @@ pub const SOURCES: &[KernelSource] = &[
         code: include_str!("attention_mma.cu"),
         symbols: &["paged_attention_mma_d128_bf16", "paged_attention_mma_d64_bf16"],
     },
+    KernelSource { name: "sampling.cu", code: include_str!("sampling.cu"), symbols: &["sample_f32"] },
 ];
 
 /// All units as one translation unit (the header once, at the top).

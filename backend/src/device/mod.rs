@@ -255,9 +255,46 @@ pub trait Device: Send {
     fn synchronize(&self) -> Result<(), DeviceError> {
         Ok(())
     }
+    /// Picks each logits row's token on the device; `None` if this device samples on the host.
+    fn sample(&self, _logits: &Self::Tensor, _rows: &[RowSampling]) -> Result<Option<Vec<u32>>, DeviceError> {
+        Ok(None)
+    }
     /// The device's measured ceilings (copy bandwidth, matmul rate), where it can measure them.
     fn calibrate(&self) -> Result<Option<Calibration>, DeviceError> {
         Ok(None)
+    }
+}
+
+/// How to pick one row's token on the device (layout shared with `sampling.cu`'s `RowParams`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowSampling {
+    /// 0 (or `top_k == 1`) means greedy.
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub pad: u32,
+    pub seed: u64,
+    /// The request's output index: with the seed, it fixes the random draw.
+    pub step: u64,
+}
+
+impl RowSampling {
+    fn words(&self) -> [u32; 8] {
+        [
+            self.temperature.to_bits(),
+            self.top_k as u32,
+            self.top_p.to_bits(),
+            0,
+            self.seed as u32,
+            (self.seed >> 32) as u32,
+            self.step as u32,
+            (self.step >> 32) as u32,
+        ]
+    }
+    /// The rows as the 32-bit words the device kernel reads.
+    pub fn to_words(rows: &[RowSampling]) -> Vec<u32> {
+        rows.iter().flat_map(|r| r.words()).collect()
     }
 }
 

@@ -126,12 +126,13 @@ impl<D: Device> Llama<D> {
 
     /// Runs one varlen batch: writes every new token's K/V into `kv` and returns the logits of
     /// the batch's `logit_rows`.
-    pub fn forward(
-        &self,
-        dev: &D,
-        kv: &mut D::Kv,
-        batch: &ForwardBatch,
-    ) -> Result<Logits, EngineError> {
+    pub fn forward(&self, dev: &D, kv: &mut D::Kv, batch: &ForwardBatch) -> Result<Logits, EngineError> {
+        let logits = self.forward_logits(dev, kv, batch)?;
+        Ok(Logits { rows: batch.logit_rows.len(), vocab: self.config.vocab_size, data: dev.to_host(&logits)? })
+    }
+
+    /// Like [`Llama::forward`], leaving the logits (`[logit_rows, vocab]`) on the device.
+    pub fn forward_logits(&self, dev: &D, kv: &mut D::Kv, batch: &ForwardBatch) -> Result<D::Tensor, EngineError> {
         let eps = self.config.rms_norm_eps as f32;
         let b = dev.prepare_batch(batch)?;
         let mut residual = dev.embed(&self.embed, &b)?;
@@ -152,11 +153,6 @@ impl<D: Device> Llama<D> {
             x = dev.add_rms_norm(&mut residual, &down, next_norm, eps)?;
         }
         let rows = dev.gather_logit_rows(&x, &b)?;
-        let logits = dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?;
-        Ok(Logits {
-            rows: batch.logit_rows.len(),
-            vocab: self.config.vocab_size,
-            data: dev.to_host(&logits)?,
-        })
+        Ok(dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?)
     }
 }

@@ -5,4 +5,4 @@ pub mod rope;
 pub mod runner;
 
 pub use llama::{Llama, Logits};
-pub use runner::{ModelRunner, Runner};
+pub use runner::{ModelRunner, Runner, StepOutput};

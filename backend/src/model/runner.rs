@@ -8,7 +8,7 @@ use super::llama::{Llama, Logits};
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice};
-use crate::device::{Device, ForwardBatch, KvLayout};
+use crate::device::{Device, ForwardBatch, KvLayout, RowSampling};
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
 
@@ -20,10 +20,22 @@ pub trait Runner: Send {
     /// Longest sequence the runner accepts (RoPE table size).
     fn max_model_len(&self) -> usize;
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, EngineError>;
+    /// One engine step: the chosen token of every logits row when the device samples, else the
+    /// logits for the host sampler. `rows` has one entry per logits row.
+    fn forward_step(&mut self, batch: &ForwardBatch, rows: &[RowSampling]) -> Result<StepOutput, EngineError>;
     /// Waits for queued device work (for timing).
     fn synchronize(&self) -> Result<(), EngineError>;
     /// The device's measured ceilings, if it can measure them.
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError>;
+}
+
+/// What a step produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutput {
+    /// Logits for the host sampler.
+    Logits(Logits),
+    /// Tokens already chosen on the device, one per logits row.
+    Tokens(Vec<u32>),
 }
 
 /// Which device to run on.
@@ -119,6 +131,18 @@ impl<D: Device> ModelRunner<D> {
     }
 }
 
+impl<D: Device> ModelRunner<D> {
+    fn check(&self, batch: &ForwardBatch) -> Result<(), EngineError> {
+        batch.validate(&self.layout, self.model.config.vocab_size)?;
+        if let Some(&p) = batch.positions.iter().max() {
+            if p as usize >= self.model.max_positions() {
+                return Err(EngineError::InvalidBatch(format!("position {p} is beyond max_model_len {}", self.model.max_positions())));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl<D: Device> Runner for ModelRunner<D> {
     fn device_name(&self) -> &'static str {
         self.dev.name()
@@ -133,13 +157,20 @@ impl<D: Device> Runner for ModelRunner<D> {
         self.model.max_positions()
     }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, EngineError> {
-        batch.validate(&self.layout, self.model.config.vocab_size)?;
-        if let Some(&p) = batch.positions.iter().max() {
-            if p as usize >= self.model.max_positions() {
-                return Err(EngineError::InvalidBatch(format!("position {p} is beyond max_model_len {}", self.model.max_positions())));
-            }
-        }
+        self.check(batch)?;
         self.model.forward(&self.dev, &mut self.kv, batch)
+    }
+    fn forward_step(&mut self, batch: &ForwardBatch, rows: &[RowSampling]) -> Result<StepOutput, EngineError> {
+        self.check(batch)?;
+        if rows.len() != batch.logit_rows.len() {
+            return Err(EngineError::InvalidBatch(format!("{} sampling rows for {} logits rows", rows.len(), batch.logit_rows.len())));
+        }
+        let logits = self.model.forward_logits(&self.dev, &mut self.kv, batch)?;
+        if let Some(ids) = self.dev.sample(&logits, rows)? {
+            return Ok(StepOutput::Tokens(ids));
+        }
+        let vocab = self.model.config.vocab_size;
+        Ok(StepOutput::Logits(Logits { rows: batch.logit_rows.len(), vocab, data: self.dev.to_host(&logits)? }))
     }
     fn synchronize(&self) -> Result<(), EngineError> {
         Ok(self.dev.synchronize()?)

@@ -91,6 +91,7 @@ struct Kernels {
     attention_mma_d128: CudaFunction,
     combine: CudaFunction,
     fill_normal: CudaFunction,
+    sample: CudaFunction,
 }
 
 pub struct CudaDevice {
@@ -173,6 +174,7 @@ impl CudaDevice {
             attention_mma_d128: f("paged_attention_mma_d128_bf16")?,
             combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
+            sample: f("sample_f32")?,
         };
         let smem = attention_smem_bytes(ATT_MAXD);
         k.attention
@@ -616,6 +618,25 @@ impl Device for CudaDevice {
                 Ok(v.into_iter().take(n).map(|x| bf16::from_bits(x).to_f32()).collect())
             }
         }
+    }
+
+    fn sample(&self, logits: &CudaTensor, rows: &[super::RowSampling]) -> Result<Option<Vec<u32>>, DeviceError> {
+        let n = logits.rows;
+        if n == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let vocab = logits.cols as i32;
+        let params = self.htod_u32(&super::RowSampling::to_words(rows))?;
+        let any_random = rows.iter().any(|r| r.temperature > 0.0 && r.top_k != 1);
+        let mut scratch = self.alloc_f32(if any_random { n * logits.cols } else { 1 }, "sampling")?;
+        let mut ids = self.htod_u32(&vec![0u32; n])?;
+        let mut l = self.stream.launch_builder(&self.k.sample);
+        l.arg(logits.f32("sample")?).arg(&params).arg(&mut scratch).arg(&mut ids).arg(&vocab);
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: sample_f32(f32 logits[rows, vocab], RowParams params[rows] (8 words each, the
+        // layout of RowSampling), f32 scratch[rows, vocab] when any row samples, u32 out[rows], int).
+        unsafe { l.launch(cfg) }.map_err(op_err("sample"))?;
+        Ok(Some(self.stream.clone_dtoh(&ids).map_err(op_err("download tokens"))?))
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {

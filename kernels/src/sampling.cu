@@ -1,0 +1,144 @@
+// Token selection on the GPU, one block per logits row: greedy (argmax, lowest index on ties) or
+// temperature + top-k + top-p sampling with a counter-based random number of (seed, step), so a
+// seeded request reproduces. Only the chosen ids leave the GPU.
+//
+// top-k and top-p are applied as probability thresholds found by bisection (ties at the threshold
+// are kept together); the draw then walks the kept tokens in index order.
+#include "common.cuh"
+
+#define SAMPLE_THREADS 1024
+
+struct RowParams {
+    float temperature;  // <= 0: greedy
+    int top_k;          // <= 0: all
+    float top_p;        // >= 1: all
+    unsigned pad;
+    unsigned long long seed;
+    unsigned long long step;
+};
+
+__device__ __forceinline__ float uniform01(unsigned long long seed, unsigned long long step) {
+    unsigned long long z = seed ^ (step * 0xD1B54A32D192ED03ull) ^ 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (z >> 40) * (1.0f / 16777216.0f);
+}
+
+// Count and probability mass of entries with p >= t (block-wide).
+__device__ __forceinline__ void mass_above(const float* p, int vocab, float t, float* count, float* mass) {
+    float c = 0.f, m = 0.f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        if (p[i] >= t) {
+            c += 1.f;
+            m += p[i];
+        }
+    }
+    *count = block_sum(c);
+    *mass = block_sum(m);
+}
+
+//   logits  : device, f32 [rows, vocab]
+//   params  : device, RowParams [rows]
+//   scratch : device, f32 [rows, vocab] (probabilities)
+//   out     : device, u32 [rows]
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(const float* __restrict__ logits,
+                                                                       const RowParams* __restrict__ params,
+                                                                       float* __restrict__ scratch,
+                                                                       unsigned* __restrict__ out, int vocab) {
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    __shared__ float chunk_mass[SAMPLE_THREADS];
+    const size_t row = blockIdx.x;
+    const float* x = logits + row * vocab;
+    const RowParams pr = params[row];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // Argmax (lowest index on ties): needed for greedy, and as the max for the softmax.
+    float bv = -CACHET_INF;
+    int bi = 0x7fffffff;
+    for (int i = tid; i < vocab; i += blockDim.x) {
+        const float v = x[i];
+        if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        bv = (lane < (int)(blockDim.x >> 5)) ? best_v[lane] : -CACHET_INF;
+        bi = (lane < (int)(blockDim.x >> 5)) ? best_i[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { best_v[0] = bv; best_i[0] = bi; }
+    }
+    __syncthreads();
+    const float mx = best_v[0];
+    if (pr.temperature <= 0.f || pr.top_k == 1) {
+        if (tid == 0) out[row] = (unsigned)best_i[0];
+        return;
+    }
+    float* p = scratch + row * vocab;
+    for (int i = tid; i < vocab; i += blockDim.x) {
+        const float e = __expf((x[i] - mx) / pr.temperature);
+        p[i] = e;
+    }
+    __syncthreads();
+    // Thresholds (keep p >= t), as the CPU sampler: top-k first, then top-p within the k kept.
+    // p is relative to the max, so every threshold lies in (0, 1]; 40 halvings resolve 2^-40.
+    float cnt, mass;
+    float lo = 0.f;
+    if (pr.top_k > 0 && pr.top_k < vocab) {
+        float hi = 1.f;
+        for (int it = 0; it < 40; ++it) {
+            const float mid = 0.5f * (lo + hi);
+            mass_above(p, vocab, mid, &cnt, &mass);
+            if (cnt >= (float)pr.top_k) lo = mid; else hi = mid;
+        }
+    }
+    if (pr.top_p < 1.f) {
+        mass_above(p, vocab, lo, &cnt, &mass);
+        const float want = pr.top_p * mass;
+        float hi = 1.f;
+        for (int it = 0; it < 40; ++it) {
+            const float mid = 0.5f * (lo + hi);
+            float m2;
+            mass_above(p, vocab, mid, &cnt, &m2);
+            if (m2 >= want) lo = mid; else hi = mid;
+        }
+    }
+    const float t = lo;
+    mass_above(p, vocab, t, &cnt, &mass);
+    // Draw u in [0, mass) and find the token by a prefix sum over contiguous chunks.
+    const float u = uniform01(pr.seed, pr.step) * mass;
+    const int per = (vocab + blockDim.x - 1) / blockDim.x;
+    const int c0 = tid * per, c1 = min(vocab, c0 + per);
+    float local = 0.f;
+    for (int i = c0; i < c1; ++i) if (p[i] >= t) local += p[i];
+    chunk_mass[tid] = local;
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.f;
+        int chosen = best_i[0];
+        for (int c = 0; c < (int)blockDim.x; ++c) {
+            if (acc + chunk_mass[c] > u) {
+                const int a = c * per, b = min(vocab, a + per);
+                for (int i = a; i < b; ++i) {
+                    if (p[i] < t) continue;
+                    acc += p[i];
+                    if (acc > u) { chosen = i; break; }
+                }
+                break;
+            }
+            acc += chunk_mass[c];
+        }
+        out[row] = (unsigned)chosen;
+    }
+}
