@@ -32,7 +32,7 @@ if [ "${FIDELITY:-1}" = 1 ]; then
   python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
 fi
 echo "== forward bench (8B shape, dummy weights)"
-"$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
+"$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda --profile \
   --json-out "$out/bench.json" 2>&1 | tee "$out/bench.txt"
 if [ "${PEER:-1}" = 1 ]; then
   echo "== PyTorch peer (transformers LlamaForCausalLM, SDPA, random bf16)"

@@ -164,33 +164,42 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
     }
 }
 
-// Merges the splits of paged_attention_bf16: out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.
-//   part_o, part_ml : as written by paged_attention_bf16
+// Merges the splits of the attention kernels: out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.
+// Block (unit, y) covers tokens [tile_start + sub * sub_tokens, +ntok) of batch tile unit /
+// units_per_tile (sub = unit % units_per_tile); its row r is token r / group, q head
+// y * group + r % group. The CUDA-core kernel uses group 1, sub_tokens ATT_TQ, units_per_tile 1
+// (y = q head); the tensor-core kernel its own (y = kv head).
+//   part_o, part_ml : [units, gridDim.y, splits, ATT_TQ, d] and [..., 2]
 //   tile_start, tile_len : device, u32 [num_tiles]
 //   out : device, bf16 [n, n_heads * d]
-// Launch: grid (num_tiles, n_heads), block ATT_THREADS.
+// Launch: grid (units, gridDim.y of the attention launch), block ATT_THREADS.
 extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                                   const unsigned* __restrict__ tile_start,
                                                   const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
-                                                  int n_heads, int d, int splits) {
-    const int tile = blockIdx.x, h = blockIdx.y;
-    const int start = tile_start[tile], qlen = tile_len[tile];
-    for (int idx = threadIdx.x; idx < qlen * d; idx += blockDim.x) {
+                                                  int n_heads, int d, int splits, int group, int sub_tokens,
+                                                  int units_per_tile) {
+    const int unit = blockIdx.x, y = blockIdx.y;
+    const int tile = unit / units_per_tile, sub = unit % units_per_tile;
+    const int start = tile_start[tile] + sub * sub_tokens;
+    const int ntok = min(sub_tokens, (int)tile_len[tile] - sub * sub_tokens);
+    if (ntok <= 0) return;
+    for (int idx = threadIdx.x; idx < ntok * group * d; idx += blockDim.x) {
         const int r = idx / d, i = idx % d;
         float M = -CACHET_INF;
         for (int s = 0; s < splits; ++s) {
-            const size_t b = (((size_t)tile * n_heads + h) * splits + s) * ATT_TQ + r;
+            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * ATT_TQ + r;
             M = fmaxf(M, part_ml[b * 2]);
         }
         float num = 0.f, den = 0.f;
         for (int s = 0; s < splits; ++s) {
-            const size_t b = (((size_t)tile * n_heads + h) * splits + s) * ATT_TQ + r;
+            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * ATT_TQ + r;
             const float ms = part_ml[b * 2];
             if (ms == -CACHET_INF) continue;
             const float w = __expf(ms - M);
             num += w * part_o[b * d + i];
             den += w * part_ml[b * 2 + 1];
         }
-        out[(size_t)(start + r) * n_heads * d + h * d + i] = f2bf(den > 0.f ? num / den : 0.f);
+        const int head = y * group + r % group;
+        out[(size_t)(start + r / group) * n_heads * d + head * d + i] = f2bf(den > 0.f ? num / den : 0.f);
     }
 }

@@ -1,7 +1,8 @@
-// Tensor-core variant of paged_attention_bf16 (same tiles, splits and outputs) for head_dim 64 or
-// 128: S = Q·Kᵀ and O += P·V with mma.sync m16n8k16 (bf16 in, f32 accumulate). A block of two warps
-// takes a tile of up to 32 query rows (16 per warp); keys come in tiles of 64 staged in shared
-// memory as bf16. Fragment layouts follow the PTX ISA for mma.m16n8k16 (.row.col):
+// Tensor-core variant of paged_attention_bf16 for head_dim 64 or 128: S = Q·Kᵀ and O += P·V with
+// mma.sync m16n8k16 (bf16 in, f32 accumulate). A block of two warps serves one kv head and takes
+// 32 query rows (16 per warp): `sub_tokens` consecutive tokens × the `group` q heads that share the
+// kv head, so each K/V tile staged in shared memory (bf16) serves the whole GQA group. A batch tile
+// of up to 32 tokens is split into `units_per_tile` such units. Fragment layouts follow the PTX ISA for mma.m16n8k16 (.row.col):
 //   A (16×16): a0 = (r, 2q..2q+1), a1 = (r+8, 2q..), a2 = (r, 2q+8..), a3 = (r+8, 2q+8..)
 //   B (16×8) : b0 = (k = 2q..2q+1, n = r), b1 = (k = 2q+8.., n = r)
 //   C (16×8) : c0,c1 = (r, 2q..2q+1), c2,c3 = (r+8, 2q..2q+1)
@@ -32,21 +33,25 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
                                               const unsigned* __restrict__ block_tables, int max_blocks,
                                               bf16* __restrict__ out, float* __restrict__ part_o,
                                               float* __restrict__ part_ml, int n_heads, int n_kv, int block_size,
-                                              float scale, int split_len) {
+                                              float scale, int split_len, int group, int sub_tokens,
+                                              int units_per_tile) {
     constexpr int DP = D + 8;  // padded bf16 row stride
     extern __shared__ float smem_f[];
     bf16* Qs = reinterpret_cast<bf16*>(smem_f);  // [MMA_TQ][DP]
     bf16* Ks = Qs + MMA_TQ * DP;                 // [MMA_TK][DP]
     bf16* Vs = Ks + MMA_TK * DP;                 // [MMA_TK][DP]
     __shared__ size_t slot_of[MMA_TK];
-    const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+    const int unit = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, fr = lane >> 2, fq = lane & 3;
     const int nthreads = blockDim.x;
-    const int kvh = h / (n_heads / n_kv);
     const int cols = (n_heads + 2 * n_kv) * D;
-    const int start = tile_start[tile], qlen = tile_len[tile];
+    const int start = tile_start[tile] + sub * sub_tokens;
+    const int ntok = min(sub_tokens, (int)tile_len[tile] - sub * sub_tokens);
+    if (ntok <= 0) return;  // the whole block: no barrier skipped
+    const int qlen = ntok * group;  // query rows of this block
     const unsigned* table = block_tables + (size_t)tile_seq[tile] * max_blocks;
-    const int ctx_end = pos[start + qlen - 1] + 1;
+    const int ctx_end = pos[start + ntok - 1] + 1;
     const int k_begin = split * split_len;
     const int k_end = min(ctx_end, k_begin + split_len);
 
@@ -54,7 +59,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         const int r = idx / (D / 2), i = (idx % (D / 2)) * 2;
         unsigned v = 0;
         if (r < qlen) {
-            const bf16* src = qkv + (size_t)(start + r) * cols + h * D + i;
+            const bf16* src = qkv + (size_t)(start + r / group) * cols + (kvh * group + r % group) * D + i;
             v = pack_bf16(bf2f(src[0]) * scale, bf2f(src[1]) * scale);
         }
         *reinterpret_cast<unsigned*>(Qs + r * DP + i) = v;
@@ -72,8 +77,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         qa[kk][3] = *reinterpret_cast<const unsigned*>(base + 8 * DP + 8);
     }
     const int ra = row0 + fr, rb = ra + 8;  // the two rows this thread holds
-    const int pos_a = (ra < qlen) ? (int)pos[start + ra] : -1;
-    const int pos_b = (rb < qlen) ? (int)pos[start + rb] : -1;
+    const int pos_a = (ra < qlen) ? (int)pos[start + ra / group] : -1;
+    const int pos_b = (rb < qlen) ? (int)pos[start + rb / group] : -1;
     float m_a = -CACHET_INF, m_b = -CACHET_INF, l_a = 0.f, l_b = 0.f;
     float o[D / 8][4];
 #pragma unroll
@@ -180,11 +185,11 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int dcol = n * 8 + 2 * fq;
-            if (has_a) *reinterpret_cast<unsigned*>(out + (size_t)(start + ra) * n_heads * D + h * D + dcol) = pack_bf16(o[n][0] * ia, o[n][1] * ia);
-            if (has_b) *reinterpret_cast<unsigned*>(out + (size_t)(start + rb) * n_heads * D + h * D + dcol) = pack_bf16(o[n][2] * ib, o[n][3] * ib);
+            if (has_a) *reinterpret_cast<unsigned*>(out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + dcol) = pack_bf16(o[n][0] * ia, o[n][1] * ia);
+            if (has_b) *reinterpret_cast<unsigned*>(out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + dcol) = pack_bf16(o[n][2] * ib, o[n][3] * ib);
         }
     } else {
-        const size_t base = (((size_t)tile * n_heads + h) * gridDim.z + split) * MMA_TQ;
+        const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int dcol = n * 8 + 2 * fq;
@@ -198,16 +203,19 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     }
 }
 
-// Arguments, layouts and launch as paged_attention_bf16 (attention.cu), except: block of 64 threads
-// (two warps), dynamic shared memory (MMA_TQ + 2 * MMA_TK) * (D + 8) bf16, and no `d` argument.
+// Arguments and layouts as paged_attention_bf16 (attention.cu), except: no `d` argument; `group`
+// = n_heads / n_kv, `sub_tokens` = floor(32 / group) tokens per block, `units_per_tile` =
+// ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits), block of 64 threads,
+// dynamic shared memory (MMA_TQ + 2 * MMA_TK) * (D + 8) bf16; split rows are indexed
+// [unit, kv head, split, row] with row = token_in_unit * group + head_in_group.
 extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d128_bf16(
     const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv,
-    int block_size, float scale, int split_len) {
+    int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
     attention_mma<128>(qkv, k_cache, v_cache, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out,
-                       part_o, part_ml, n_heads, n_kv, block_size, scale, split_len);
+                       part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
 }
 
 extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d64_bf16(
@@ -215,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d64_bf16(
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv,
-    int block_size, float scale, int split_len) {
+    int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
     attention_mma<64>(qkv, k_cache, v_cache, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out,
-                      part_o, part_ml, n_heads, n_kv, block_size, scale, split_len);
+                      part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
 }

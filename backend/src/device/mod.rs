@@ -259,6 +259,12 @@ pub trait Device: Send {
     fn sample(&self, _logits: &Self::Tensor, _rows: &[RowSampling]) -> Result<Option<Vec<u32>>, DeviceError> {
         Ok(None)
     }
+    /// Turns per-operation timing (device events around each operation) on or off.
+    fn set_profiling(&self, _on: bool) {}
+    /// Time per operation since the last call: (operation, total ms, calls), largest first.
+    fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, DeviceError> {
+        Ok(Vec::new())
+    }
     /// The device's measured ceilings (copy bandwidth, matmul rate), where it can measure them.
     fn calibrate(&self) -> Result<Option<Calibration>, DeviceError> {
         Ok(None)

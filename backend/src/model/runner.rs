@@ -27,6 +27,9 @@ pub trait Runner: Send {
     fn synchronize(&self) -> Result<(), EngineError>;
     /// The device's measured ceilings, if it can measure them.
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError>;
+    /// Per-operation device timing (see [`Device::set_profiling`]).
+    fn set_profiling(&self, on: bool);
+    fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, EngineError>;
 }
 
 /// What a step produced.
@@ -177,6 +180,12 @@ impl<D: Device> Runner for ModelRunner<D> {
     }
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError> {
         Ok(self.dev.calibrate()?)
+    }
+    fn set_profiling(&self, on: bool) {
+        self.dev.set_profiling(on)
+    }
+    fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, EngineError> {
+        Ok(self.dev.take_profile()?)
     }
 }
 

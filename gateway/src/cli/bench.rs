@@ -60,6 +60,10 @@ pub struct ForwardArgs {
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
+    /// Also time each operation with device events (decode batch 1 at the longest context, the
+    /// largest decode batch, the longest prefill) and print where the time goes.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -209,9 +213,50 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
             rows.push(serde_json::json!({"kind": "ttft_cached", "total": total, "cached": cached, "ms_full": t_full * 1e3, "ms_cached": t_rest * 1e3}));
         }
     }
+    if a.profile {
+        let mut shapes: Vec<(String, ForwardBatch, usize)> = Vec::new();
+        if let Some(&ctx) = a.decode_contexts.iter().filter(|&&c| (c + 1).div_ceil(bs) <= max_blocks).max() {
+            shapes.push((format!("decode batch 1, ctx {ctx}"), batch(1, ctx, 1, bs, config.vocab_size), 1));
+        }
+        if let Some(&n) = a.decode_batches.iter().filter(|&&n| n * (a.decode_context + 1).div_ceil(bs) <= max_blocks).max() {
+            shapes.push((format!("decode batch {n}, ctx {}", a.decode_context), batch(n, a.decode_context, 1, bs, config.vocab_size), n));
+        }
+        if let Some(&n) = a.prefill.iter().filter(|&&n| n.div_ceil(bs) <= max_blocks && n <= a.max_model_len).max() {
+            shapes.push((format!("prefill {n}"), batch(1, 0, n, bs, config.vocab_size), 1));
+        }
+        for (name, b, n_rows) in shapes {
+            let sample_rows = vec![RowSampling { temperature: 0.0, top_k: 0, top_p: 1.0, pad: 0, seed: 0, step: 0 }; n_rows];
+            r.forward_step(&b, &sample_rows)?;
+            r.synchronize()?;
+            r.set_profiling(true);
+            let t = Instant::now();
+            r.forward_step(&b, &sample_rows)?;
+            r.synchronize()?;
+            let wall = t.elapsed().as_secs_f64() * 1e3;
+            let prof = r.take_profile()?;
+            r.set_profiling(false);
+            if prof.is_empty() {
+                println!("\n{name}: this device has no per-operation timing");
+                continue;
+            }
+            let total: f64 = prof.iter().map(|p| p.1).sum();
+            println!("\nwhere the time goes — {name} (device events; step {wall:.2} ms wall, {total:.2} ms in timed operations):\n");
+            println!("| operation | calls | ms | share |");
+            println!("|---|---|---|---|");
+            for (op, ms, n) in &prof {
+                println!("| {op} | {n} | {ms:.3} | {:.0}% |", 100.0 * ms / wall);
+            }
+            rows_json_profile(&mut rows, &name, wall, &prof);
+        }
+    }
     if let Some(p) = a.json_out {
         let doc = serde_json::json!({"device": dev, "calibration": cal, "rows": rows});
         std::fs::write(&p, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
+}
+
+fn rows_json_profile(rows: &mut Vec<serde_json::Value>, name: &str, wall_ms: f64, prof: &[(String, f64, usize)]) {
+    let ops: Vec<serde_json::Value> = prof.iter().map(|(op, ms, n)| serde_json::json!({"op": op, "ms": ms, "calls": n})).collect();
+    rows.push(serde_json::json!({"kind": "profile", "shape": name, "wall_ms": wall_ms, "ops": ops}));
 }

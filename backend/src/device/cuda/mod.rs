@@ -75,6 +75,7 @@ pub struct CudaBatch {
     tile_start: CudaSlice<u32>,
     tile_len: CudaSlice<u32>,
     num_tiles: usize,
+    tile_lens: Vec<u32>,
     /// Longest context any tile attends over.
     max_ctx: usize,
 }
@@ -104,6 +105,9 @@ pub struct CudaDevice {
     block_size: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
+    /// Per-operation events while profiling.
+    profiling: std::cell::Cell<bool>,
+    events: std::cell::RefCell<Vec<(&'static str, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>>,
 }
 
 // SAFETY: the context, stream, cuBLAS handle and functions are only used from the thread that
@@ -115,6 +119,17 @@ const ATT_THREADS: u32 = 128;
 const ATT_TQ: usize = 32;
 const ATT_TK: usize = 64;
 const ATT_MAXD: usize = 128;
+
+/// How an attention launch laid out its split rows (see attention_combine_bf16).
+#[derive(Clone, Copy)]
+struct CombineShape {
+    units: usize,
+    grid_y: usize,
+    splits: usize,
+    group: usize,
+    sub_tokens: usize,
+    units_per_tile: usize,
+}
 
 /// Shared memory of the tensor-core kernel (attention_mma.cu): Q, K and V tiles in bf16.
 fn mma_smem_bytes(d: usize) -> u32 {
@@ -191,7 +206,18 @@ impl CudaDevice {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op { device: DEV, op: "cublas", msg: format!("{e:?}") })?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = compiled.from_cache, "CUDA device ready");
-        Ok(CudaDevice { ctx, stream, blas, k, name, arch, block_size, simt_attention })
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            blas,
+            k,
+            name,
+            arch,
+            block_size,
+            simt_attention,
+            profiling: std::cell::Cell::new(false),
+            events: std::cell::RefCell::new(Vec::new()),
+        })
     }
 
     /// An output buffer: uninitialised, because every kernel and GEMM writing one covers all of it
@@ -267,6 +293,19 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// Runs `f`, bracketed by timing events when profiling.
+    fn timed<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T, DeviceError>) -> Result<T, DeviceError> {
+        if !self.profiling.get() {
+            return f();
+        }
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(flags).map_err(op_err("event"))?;
+        let out = f()?;
+        let end = self.stream.record_event(flags).map_err(op_err("event"))?;
+        self.events.borrow_mut().push((op, start, end));
+        Ok(out)
+    }
+
     /// Merges the attention splits (if any) into `out`.
     fn finish_attention(
         &self,
@@ -275,13 +314,14 @@ impl CudaDevice {
         part_ml: CudaSlice<f32>,
         b: &CudaBatch,
         p: &AttnParams,
-        splits: usize,
+        sh: CombineShape,
     ) -> Result<CudaTensor, DeviceError> {
-        if splits > 1 {
-            let (nh, di, sp) = (p.num_heads as i32, p.head_dim as i32, splits as i32);
+        if sh.splits > 1 {
+            let (nh, di, sp) = (p.num_heads as i32, p.head_dim as i32, sh.splits as i32);
+            let (g, st, upt) = (sh.group as i32, sh.sub_tokens as i32, sh.units_per_tile as i32);
             let mut c = self.stream.launch_builder(&self.k.combine);
-            c.arg(&part_o).arg(&part_ml).arg(&b.tile_start).arg(&b.tile_len).arg(&mut out).arg(&nh).arg(&di).arg(&sp);
-            let cfg = LaunchConfig { grid_dim: (b.num_tiles as u32, p.num_heads as u32, 1), block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: 0 };
+            c.arg(&part_o).arg(&part_ml).arg(&b.tile_start).arg(&b.tile_len).arg(&mut out).arg(&nh).arg(&di).arg(&sp).arg(&g).arg(&st).arg(&upt);
+            let cfg = LaunchConfig { grid_dim: (sh.units as u32, sh.grid_y as u32, 1), block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled.
             unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
         }
@@ -412,6 +452,7 @@ impl Device for CudaDevice {
             tile_start: self.htod_u32(&tstart)?,
             tile_len: self.htod_u32(&tlen)?,
             num_tiles: tseq.len(),
+            tile_lens: tlen.clone(),
             max_ctx,
             n,
             ids: self.htod_u32(&batch.token_ids)?,
@@ -426,6 +467,7 @@ impl Device for CudaDevice {
     }
 
     fn embed(&self, table: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {
+        self.timed("embed", || {
         let cols = table.cols;
         let mut out = self.alloc_f32(b.n * cols, "embedding")?;
         if b.n > 0 {
@@ -438,9 +480,11 @@ impl Device for CudaDevice {
             unsafe { l.launch(Self::rows_config(b.n, 256)) }.map_err(op_err("embed"))?;
         }
         Ok(CudaTensor { rows: b.n, cols, buf: CudaBuf::F32(out) })
+        })
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor, DeviceError> {
+        self.timed("rms_norm", || {
         let mut out = self.alloc_bf16(x.rows * x.cols, "rms_norm")?;
         if x.rows > 0 {
             let c = x.cols as i32;
@@ -450,9 +494,11 @@ impl Device for CudaDevice {
             unsafe { l.launch(Self::rows_config(x.rows, 256)) }.map_err(op_err("rms_norm"))?;
         }
         Ok(CudaTensor { rows: x.rows, cols: x.cols, buf: CudaBuf::Bf16(out) })
+        })
     }
 
     fn add_rms_norm(&self, residual: &mut CudaTensor, delta: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor, DeviceError> {
+        self.timed("add_rms_norm", || {
         let (rows, cols) = (residual.rows, residual.cols);
         let mut out = self.alloc_bf16(rows * cols, "add_rms_norm")?;
         if rows > 0 {
@@ -469,17 +515,19 @@ impl Device for CudaDevice {
             unsafe { l.launch(Self::rows_config(rows, 256)) }.map_err(op_err("add_rms_norm"))?;
         }
         Ok(CudaTensor { rows, cols, buf: CudaBuf::Bf16(out) })
+        })
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        self.gemm(x, w, false)
+        self.timed(if x.rows == 1 { "gemm (1 row)" } else { "gemm" }, || self.gemm(x, w, false))
     }
 
     fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        self.gemm(x, w, true)
+        self.timed("gemm lm_head", || self.gemm(x, w, true))
     }
 
     fn rope_and_cache(&self, qkv: &mut CudaTensor, rope: &CudaTensor, kv: &mut CudaKv, layer: usize, b: &CudaBatch, p: &AttnParams) -> Result<(), DeviceError> {
+        self.timed("rope+kv_write", || {
         if b.n == 0 {
             return Ok(());
         }
@@ -496,9 +544,11 @@ impl Device for CudaDevice {
         // max_pos and slots inside the cache (validated by the runner).
         unsafe { l.launch(Self::rows_config(b.n, 128)) }.map_err(op_err("rope_kv"))?;
         Ok(())
+        })
     }
 
     fn attention(&self, qkv: &CudaTensor, kv: &CudaKv, layer: usize, b: &CudaBatch, p: &AttnParams) -> Result<CudaTensor, DeviceError> {
+        self.timed("attention", || {
         let d = p.head_dim;
         let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
         if b.n == 0 {
@@ -507,25 +557,41 @@ impl Device for CudaDevice {
         if d > ATT_MAXD {
             return Err(DeviceError::Op { device: DEV, op: "attention", msg: format!("head_dim {d} > {ATT_MAXD}") });
         }
-        // Split long key ranges over more blocks when there are too few query tiles to fill the GPU
-        // (decode); prefill-sized batches run unsplit.
-        let blocks = b.num_tiles * p.num_heads;
-        let want = (264 + blocks - 1) / blocks.max(1);
-        let max_splits = b.max_ctx.div_ceil(256).max(1);
-        let splits = want.clamp(1, max_splits.min(32));
-        let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
-        let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
-        let part_rows = if splits > 1 { b.num_tiles * p.num_heads * splits * ATT_TQ } else { 1 };
-        let mut part_o = self.alloc_f32(if splits > 1 { part_rows * d } else { 1 }, "attention splits")?;
-        let mut part_ml = self.alloc_f32(if splits > 1 { part_rows * 2 } else { 1 }, "attention splits")?;
-        let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
-        let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
-        let grid = (b.num_tiles as u32, p.num_heads as u32, splits as u32);
         let mma = match d {
             64 if !self.simt_attention => Some(&self.k.attention_mma_d64),
             128 if !self.simt_attention => Some(&self.k.attention_mma_d128),
             _ => None,
         };
+        // Work units: the tensor-core kernel serves a GQA group per block (rows = tokens × group),
+        // the CUDA-core kernel one q head per block (rows = tokens).
+        let group = p.num_heads / p.num_kv_heads;
+        if mma.is_some() && group > ATT_TQ {
+            return Err(DeviceError::Op { device: DEV, op: "attention", msg: format!("GQA group {group} > {ATT_TQ}") });
+        }
+        let (sub_tokens, units_per_tile, grid_y) = match mma {
+            Some(_) => {
+                let sub = (ATT_TQ / group).max(1);
+                (sub, ATT_TQ.div_ceil(sub), p.num_kv_heads)
+            }
+            None => (ATT_TQ, 1, p.num_heads),
+        };
+        let units = b.num_tiles * units_per_tile;
+        // Split long key ranges over more blocks when too few blocks have work (decode); prefill-sized
+        // batches run unsplit.
+        let busy: usize = b.tile_lens.iter().map(|&l| (l as usize).div_ceil(sub_tokens)).sum::<usize>() * grid_y;
+        let want = 264usize.div_ceil(busy.max(1));
+        let max_splits = b.max_ctx.div_ceil(256).max(1);
+        let splits = want.clamp(1, max_splits.min(32));
+        let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
+        let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
+        let part_rows = if splits > 1 { units * grid_y * splits * ATT_TQ } else { 1 };
+        let mut part_o = self.alloc_f32(if splits > 1 { part_rows * d } else { 1 }, "attention splits")?;
+        let mut part_ml = self.alloc_f32(if splits > 1 { part_rows * 2 } else { 1 }, "attention splits")?;
+        let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
+        let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
+        let (gi, sti, upti) = (group as i32, sub_tokens as i32, units_per_tile as i32);
+        // Combine rows: token × group for the tensor-core kernel, token alone for the CUDA-core one.
+        let shape = CombineShape { units, grid_y, splits, group: if mma.is_some() { group } else { 1 }, sub_tokens, units_per_tile };
         if let Some(func) = mma {
             let mut l = self.stream.launch_builder(func);
             l.arg(qkv.bf16("attention")?)
@@ -544,12 +610,20 @@ impl Device for CudaDevice {
                 .arg(&nkv)
                 .arg(&bs)
                 .arg(&p.scale)
-                .arg(&sl);
-            let cfg = LaunchConfig { grid_dim: grid, block_dim: (64, 1, 1), shared_mem_bytes: mma_smem_bytes(d) };
-            // SAFETY: paged_attention_mma_d{64,128}_bf16 as documented in attention_mma.cu (the same
-            // buffers as the CUDA-core kernel below, d fixed by the symbol and checked by the match).
+                .arg(&sl)
+                .arg(&gi)
+                .arg(&sti)
+                .arg(&upti);
+            let cfg = LaunchConfig {
+                grid_dim: (units as u32, grid_y as u32, splits as u32),
+                block_dim: (64, 1, 1),
+                shared_mem_bytes: mma_smem_bytes(d),
+            };
+            // SAFETY: paged_attention_mma_d{64,128}_bf16 as documented in attention_mma.cu (d fixed by
+            // the symbol and checked by the match; group ≤ 32 checked above; split buffers sized
+            // units × kv heads × splits × ATT_TQ rows).
             unsafe { l.launch(cfg) }.map_err(op_err("attention (mma)"))?;
-            return self.finish_attention(out, part_o, part_ml, b, p, splits);
+            return self.finish_attention(out, part_o, part_ml, b, p, shape);
         }
         let mut l = self.stream.launch_builder(&self.k.attention);
         l.arg(qkv.bf16("attention")?)
@@ -570,15 +644,21 @@ impl Device for CudaDevice {
             .arg(&bs)
             .arg(&p.scale)
             .arg(&sl);
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: attention_smem_bytes(d) };
+        let cfg = LaunchConfig {
+            grid_dim: (b.num_tiles as u32, p.num_heads as u32, splits as u32),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: attention_smem_bytes(d),
+        };
         // SAFETY: paged_attention_bf16 as documented in attention.cu: tiles cover the batch's tokens
         // within their sequences, block tables cover every position (validated by the runner), the
         // split buffers hold tiles × heads × splits × ATT_TQ rows, shared memory is sized for d.
         unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
-        self.finish_attention(out, part_o, part_ml, b, p, splits)
+        self.finish_attention(out, part_o, part_ml, b, p, shape)
+        })
     }
 
     fn silu_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
+        self.timed("silu_mul", || {
         let i = gu.cols / 2;
         let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
         if gu.rows > 0 {
@@ -589,9 +669,11 @@ impl Device for CudaDevice {
             unsafe { l.launch(Self::rows_config(gu.rows, 256)) }.map_err(op_err("silu_mul"))?;
         }
         Ok(CudaTensor { rows: gu.rows, cols: i, buf: CudaBuf::Bf16(out) })
+        })
     }
 
     fn gather_logit_rows(&self, x: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {
+        self.timed("gather_rows", || {
         let m = b.num_logit_rows;
         let mut out = self.alloc_bf16(m * x.cols, "gather")?;
         if m > 0 {
@@ -603,6 +685,7 @@ impl Device for CudaDevice {
             unsafe { l.launch(Self::rows_config(m, 256)) }.map_err(op_err("gather"))?;
         }
         Ok(CudaTensor { rows: m, cols: x.cols, buf: CudaBuf::Bf16(out) })
+        })
     }
 
     fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>, DeviceError> {
@@ -621,6 +704,7 @@ impl Device for CudaDevice {
     }
 
     fn sample(&self, logits: &CudaTensor, rows: &[super::RowSampling]) -> Result<Option<Vec<u32>>, DeviceError> {
+        self.timed("sample", || {
         let n = logits.rows;
         if n == 0 {
             return Ok(Some(Vec::new()));
@@ -637,6 +721,26 @@ impl Device for CudaDevice {
         // layout of RowSampling), f32 scratch[rows, vocab] when any row samples, u32 out[rows], int).
         unsafe { l.launch(cfg) }.map_err(op_err("sample"))?;
         Ok(Some(self.stream.clone_dtoh(&ids).map_err(op_err("download tokens"))?))
+        })
+    }
+
+    fn set_profiling(&self, on: bool) {
+        self.profiling.set(on);
+        self.events.borrow_mut().clear();
+    }
+
+    fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, DeviceError> {
+        self.synchronize()?;
+        let mut by_op: std::collections::BTreeMap<&'static str, (f64, usize)> = Default::default();
+        for (op, start, end) in self.events.borrow_mut().drain(..) {
+            let ms = start.elapsed_ms(&end).map_err(op_err("event timing"))? as f64;
+            let e = by_op.entry(op).or_default();
+            e.0 += ms;
+            e.1 += 1;
+        }
+        let mut v: Vec<(String, f64, usize)> = by_op.into_iter().map(|(k, (ms, n))| (k.to_string(), ms, n)).collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Ok(v)
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
