@@ -12,15 +12,18 @@ extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]);
 }
 
-// out[t, j] = silu(gu[t, j]) * gu[t, inter + j]
+// out[t, j] = silu(gu[t, j]) * gu[t, inter + j], over a flat grid of n * inter elements (a decode
+// step has one row: one block per row would leave the GPU idle).
 //   gu  : device, bf16 [n, 2 * inter] (gate columns, then up columns)
 //   out : device, bf16 [n, inter]
-extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter) {
-    const size_t t = blockIdx.x;
-    const bf16* g = gu + t * 2 * inter;
-    for (int j = threadIdx.x; j < inter; j += blockDim.x) {
+extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
+                                         unsigned long long total) {
+    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < total;
+         e += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned long long t = e / inter, j = e % inter;
+        const bf16* g = gu + t * 2 * inter;
         const float x = bf2f(g[j]);
-        out[t * inter + j] = f2bf(x / (1.f + __expf(-x)) * bf2f(g[inter + j]));
+        out[e] = f2bf(x / (1.f + __expf(-x)) * bf2f(g[inter + j]));
     }
 }
 

@@ -663,10 +663,13 @@ impl Device for CudaDevice {
         let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
         if gu.rows > 0 {
             let ii = i as i32;
+            let total = (gu.rows * i) as u64;
             let mut l = self.stream.launch_builder(&self.k.silu_mul);
-            l.arg(gu.bf16("silu_mul")?).arg(&mut out).arg(&ii);
-            // SAFETY: silu_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i).
-            unsafe { l.launch(Self::rows_config(gu.rows, 256)) }.map_err(op_err("silu_mul"))?;
+            l.arg(gu.bf16("silu_mul")?).arg(&mut out).arg(&ii).arg(&total);
+            let blocks = total.div_ceil(256).min(4096) as u32;
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: silu_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64 n·i).
+            unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
         }
         Ok(CudaTensor { rows: gu.rows, cols: i, buf: CudaBuf::Bf16(out) })
         })
