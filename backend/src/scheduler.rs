@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::block_hash::{BlockHash, HashContext};
 use crate::device::ForwardBatch;
+use crate::device::RowSampling;
 use crate::kv::manager::ComputedBlocks;
 use crate::kv::KvCacheManager;
-use crate::device::RowSampling;
 use crate::model::StepOutput;
 use crate::request::{EngineRequest, FinishReason};
 use crate::rng::Rng;
@@ -450,7 +450,11 @@ impl Scheduler {
                 top_k: s.req.sampling.top_k as i32,
                 top_p: s.req.sampling.top_p,
                 pad: 0,
-                seed: s.req.sampling.seed.unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                seed: s
+                    .req
+                    .sampling
+                    .seed
+                    .unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 step: s.num_output() as u64,
             })
             .collect()
@@ -459,7 +463,12 @@ impl Scheduler {
     /// Applies a step's output (logits, or tokens the device chose): advances counters, samples a
     /// token for each sampling entry (on the host, from logits) and decides which requests finish.
     /// Finished requests stay until [`Scheduler::remove`].
-    pub fn update_step(&mut self, out: &SchedulerOutput, step: &StepOutput, now: Instant) -> Vec<StepToken> {
+    pub fn update_step(
+        &mut self,
+        out: &SchedulerOutput,
+        step: &StepOutput,
+        now: Instant,
+    ) -> Vec<StepToken> {
         let mut produced = Vec::new();
         let mut row = 0;
         for sc in &out.scheduled {
@@ -476,7 +485,9 @@ impl Scheduler {
                 continue;
             }
             let tok = match step {
-                StepOutput::Logits(logits) => sampler::sample(logits.row(row), &s.req.sampling, &mut s.rng),
+                StepOutput::Logits(logits) => {
+                    sampler::sample(logits.row(row), &s.req.sampling, &mut s.rng)
+                }
                 StepOutput::Tokens(ids) => ids[row],
             };
             row += 1;

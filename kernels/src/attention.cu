@@ -25,6 +25,7 @@
 //   part_o       : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, d] when gridDim.z > 1
 //   part_ml      : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, 2] (running max, sum)
 //   split_len    : keys per split (a multiple of ATT_TK)
+//   group, sub_tokens, units_per_tile : unused here (see attention_mma.cu)
 // Launch: grid (num_tiles, n_heads, splits), block ATT_THREADS, dynamic shared memory
 //         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
@@ -32,7 +33,9 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, int d,
-    int block_size, float scale, int split_len) {
+    int block_size, float scale, int split_len, int /*group*/, int /*sub_tokens*/, int /*units_per_tile*/) {
+    // The last three arguments exist so both attention kernels share one signature; this kernel
+    // always runs one q head per block with rows = tokens (group 1, ATT_TQ tokens, 1 unit per tile).
     extern __shared__ float smem[];
     const int dp = d + 1;  // padded row stride: no bank conflicts across rows
     float* Qs = smem;                     // [ATT_TQ][dp]

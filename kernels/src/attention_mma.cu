@@ -203,7 +203,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     }
 }
 
-// Arguments and layouts as paged_attention_bf16 (attention.cu), except: no `d` argument; `group`
+// Arguments (the same list) and layouts as paged_attention_bf16 (attention.cu), except: `d` is fixed
+// by the symbol; `group`
 // = n_heads / n_kv, `sub_tokens` = floor(32 / group) tokens per block, `units_per_tile` =
 // ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits), block of 64 threads,
 // dynamic shared memory (MMA_TQ + 2 * MMA_TK) * (D + 8) bf16; split rows are indexed
@@ -213,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d128_bf16(
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv,
-    int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
+    int /*d = 128*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
     attention_mma<128>(qkv, k_cache, v_cache, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out,
                        part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
 }
@@ -223,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d64_bf16(
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv,
-    int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
+    int /*d = 64*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
     attention_mma<64>(qkv, k_cache, v_cache, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out,
                       part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
 }

@@ -22,13 +22,26 @@ pub const COMMON: &str = include_str!("common.cuh");
 
 /// Every kernel translation unit.
 pub const SOURCES: &[KernelSource] = &[
-    KernelSource { name: "rms_norm.cu", code: include_str!("rms_norm.cu"), symbols: &["rms_norm_bf16", "add_rms_norm_bf16"] },
+    KernelSource {
+        name: "rms_norm.cu",
+        code: include_str!("rms_norm.cu"),
+        symbols: &["rms_norm_bf16", "add_rms_norm_bf16"],
+    },
     KernelSource {
         name: "elementwise.cu",
         code: include_str!("elementwise.cu"),
-        symbols: &["embed_bf16", "silu_mul_bf16", "gather_rows_bf16", "fill_normal_bf16"],
+        symbols: &[
+            "embed_bf16",
+            "silu_mul_bf16",
+            "gather_rows_bf16",
+            "fill_normal_bf16",
+        ],
     },
-    KernelSource { name: "rope_kv.cu", code: include_str!("rope_kv.cu"), symbols: &["rope_kv_bf16"] },
+    KernelSource {
+        name: "rope_kv.cu",
+        code: include_str!("rope_kv.cu"),
+        symbols: &["rope_kv_bf16"],
+    },
     KernelSource {
         name: "attention.cu",
         code: include_str!("attention.cu"),
@@ -37,9 +50,16 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "attention_mma.cu",
         code: include_str!("attention_mma.cu"),
-        symbols: &["paged_attention_mma_d128_bf16", "paged_attention_mma_d64_bf16"],
+        symbols: &[
+            "paged_attention_mma_d128_bf16",
+            "paged_attention_mma_d64_bf16",
+        ],
     },
-    KernelSource { name: "sampling.cu", code: include_str!("sampling.cu"), symbols: &["sample_f32"] },
+    KernelSource {
+        name: "sampling.cu",
+        code: include_str!("sampling.cu"),
+        symbols: &["sample_f32"],
+    },
 ];
 
 /// All units as one translation unit (the header once, at the top).
@@ -76,7 +96,8 @@ mod tests {
     fn every_symbol_is_defined_in_its_source() {
         for s in SOURCES {
             for sym in s.symbols {
-                let defined = s.code.contains(&format!("void {sym}(")) || s.code.contains(&format!(") {sym}("));
+                let defined = s.code.contains(&format!("void {sym}("))
+                    || s.code.contains(&format!(") {sym}("));
                 assert!(defined, "{} lacks {sym}", s.name);
             }
         }

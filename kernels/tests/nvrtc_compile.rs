@@ -14,12 +14,22 @@ fn pip_nvrtc_lib() -> PathBuf {
     let lib = root.join("nvidia/cu13/lib");
     if !lib.join("libnvrtc.so.13").exists() {
         let status = Command::new("python3")
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--target",
+            ])
             .arg(&root)
             .arg("nvidia-cuda-nvrtc==13.0.*")
             .status()
             .expect("running python3 -m pip");
-        assert!(status.success(), "pip install nvidia-cuda-nvrtc==13.0.* failed");
+        assert!(
+            status.success(),
+            "pip install nvidia-cuda-nvrtc==13.0.* failed"
+        );
     }
     lib
 }
@@ -28,7 +38,10 @@ fn pip_nvrtc_lib() -> PathBuf {
 fn every_kernel_compiles_for_sm90_without_spills() {
     if !compile::nvrtc_available() {
         // The loader reads LD_LIBRARY_PATH at start-up: run this test again in a child process.
-        assert!(std::env::var_os("CACHET_NVRTC_REEXEC").is_none(), "NVRTC still not loadable after installing it");
+        assert!(
+            std::env::var_os("CACHET_NVRTC_REEXEC").is_none(),
+            "NVRTC still not loadable after installing it"
+        );
         let lib = pip_nvrtc_lib();
         let path = match std::env::var("LD_LIBRARY_PATH") {
             Ok(p) if !p.is_empty() => format!("{}:{p}", lib.display()),
@@ -40,7 +53,8 @@ fn every_kernel_compiles_for_sm90_without_spills() {
             .env("CACHET_NVRTC_REEXEC", "1")
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{text}");
         assert!(text.contains("1 passed"), "the child ran the test: {text}");
         println!("{text}");
@@ -48,9 +62,16 @@ fn every_kernel_compiles_for_sm90_without_spills() {
     }
     let (major, minor) = compile::nvrtc_version().unwrap();
     let c = compile::compile_uncached("sm_90").unwrap_or_else(|e| panic!("{e}"));
-    println!("NVRTC {major}.{minor}, {} bytes of sm_90 CUBIN\n{}", c.cubin.len(), c.log);
+    println!(
+        "NVRTC {major}.{minor}, {} bytes of sm_90 CUBIN\n{}",
+        c.cubin.len(),
+        c.log
+    );
     assert!(c.cubin.len() > 1000);
     for sym in cachet_kernels::symbols() {
-        assert!(c.log.contains(sym), "ptxas reported nothing for `{sym}`: was it compiled?");
+        assert!(
+            c.log.contains(sym),
+            "ptxas reported nothing for `{sym}`: was it compiled?"
+        );
     }
 }

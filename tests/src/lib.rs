@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 use cachet_backend::device::ForwardBatch;
 use cachet_backend::kv::SimpleAllocator;
 use cachet_backend::loader::{self, fetch, LoadedModel};
-use cachet_backend::model::runner::{build_runner, cpu_runner, DeviceKind, KvBudget, Runner, RunnerOptions, WeightSource};
+use cachet_backend::model::runner::{
+    build_runner, cpu_runner, DeviceKind, KvBudget, Runner, RunnerOptions, WeightSource,
+};
 use cachet_backend::model::Logits;
 
 pub fn fixtures() -> PathBuf {
@@ -55,7 +57,12 @@ pub fn runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
 
 /// A runner on [`test_device`].
 pub fn device_runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
-    let opts = RunnerOptions { device: test_device(), block_size: 16, max_model_len: 4096, kv: KvBudget::Blocks(num_blocks) };
+    let opts = RunnerOptions {
+        device: test_device(),
+        block_size: 16,
+        max_model_len: 4096,
+        kv: KvBudget::Blocks(num_blocks),
+    };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }
 

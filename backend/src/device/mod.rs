@@ -246,7 +246,13 @@ pub trait Device: Send {
     }
     /// A weight of `shape` drawn from N(mean, std²) by a counter-based generator (`--load-format
     /// dummy`): made where it lives, never on the host.
-    fn random(&self, shape: &[usize], seed: u64, mean: f32, std: f32) -> Result<Self::Tensor, DeviceError>;
+    fn random(
+        &self,
+        shape: &[usize],
+        seed: u64,
+        mean: f32,
+        std: f32,
+    ) -> Result<Self::Tensor, DeviceError>;
     /// (free, total) device memory in bytes, where the device has its own.
     fn memory_info(&self) -> Option<(usize, usize)> {
         None
@@ -256,7 +262,11 @@ pub trait Device: Send {
         Ok(())
     }
     /// Picks each logits row's token on the device; `None` if this device samples on the host.
-    fn sample(&self, _logits: &Self::Tensor, _rows: &[RowSampling]) -> Result<Option<Vec<u32>>, DeviceError> {
+    fn sample(
+        &self,
+        _logits: &Self::Tensor,
+        _rows: &[RowSampling],
+    ) -> Result<Option<Vec<u32>>, DeviceError> {
         Ok(None)
     }
     /// Turns per-operation timing (device events around each operation) on or off.

@@ -16,6 +16,15 @@ struct Layer<T> {
     down: T,
 }
 
+fn attn_params(config: &ModelConfig) -> AttnParams {
+    AttnParams {
+        num_heads: config.num_attention_heads,
+        num_kv_heads: config.num_key_value_heads,
+        head_dim: config.head_dim,
+        scale: 1.0 / (config.head_dim as f32).sqrt(),
+    }
+}
+
 /// Model weights resident on a device.
 pub struct Llama<D: Device> {
     pub config: ModelConfig,
@@ -72,24 +81,33 @@ impl<D: Device> Llama<D> {
             final_norm: up(&weights.final_norm)?,
             lm_head: weights.lm_head.as_ref().map(up).transpose()?,
             rope: dev.upload_table(&rope::table(config, max_positions))?,
-            attn: AttnParams {
-                num_heads: config.num_attention_heads,
-                num_kv_heads: config.num_key_value_heads,
-                head_dim: config.head_dim,
-                scale: 1.0 / (config.head_dim as f32).sqrt(),
-            },
+            attn: attn_params(config),
             max_positions,
         })
     }
 
     /// Random weights made on the device (`--load-format dummy`): real shapes for performance
     /// work, nothing materialised on the host.
-    pub fn random(dev: &D, config: &ModelConfig, seed: u64, max_positions: usize) -> Result<Self, EngineError> {
-        let (h, i, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+    pub fn random(
+        dev: &D,
+        config: &ModelConfig,
+        seed: u64,
+        max_positions: usize,
+    ) -> Result<Self, EngineError> {
+        let (h, i, v) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+        );
         let mut n = 0u64;
         let mut rnd = |shape: &[usize], mean: f32, std: f32| {
             n += 1;
-            dev.random(shape, seed.wrapping_mul(1_000_003).wrapping_add(n), mean, std)
+            dev.random(
+                shape,
+                seed.wrapping_mul(1_000_003).wrapping_add(n),
+                mean,
+                std,
+            )
         };
         let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
@@ -108,14 +126,13 @@ impl<D: Device> Llama<D> {
             embed: rnd(&[v, h], 0.0, 1.0)?,
             layers,
             final_norm: rnd(&[h], 1.0, 0.05)?,
-            lm_head: if config.tie_word_embeddings { None } else { Some(rnd(&[v, h], 0.0, s(h))?) },
-            rope: dev.upload_table(&rope::table(config, max_positions))?,
-            attn: AttnParams {
-                num_heads: config.num_attention_heads,
-                num_kv_heads: config.num_key_value_heads,
-                head_dim: config.head_dim,
-                scale: 1.0 / (config.head_dim as f32).sqrt(),
+            lm_head: if config.tie_word_embeddings {
+                None
+            } else {
+                Some(rnd(&[v, h], 0.0, s(h))?)
             },
+            rope: dev.upload_table(&rope::table(config, max_positions))?,
+            attn: attn_params(config),
             max_positions,
         })
     }
@@ -126,13 +143,27 @@ impl<D: Device> Llama<D> {
 
     /// Runs one varlen batch: writes every new token's K/V into `kv` and returns the logits of
     /// the batch's `logit_rows`.
-    pub fn forward(&self, dev: &D, kv: &mut D::Kv, batch: &ForwardBatch) -> Result<Logits, EngineError> {
+    pub fn forward(
+        &self,
+        dev: &D,
+        kv: &mut D::Kv,
+        batch: &ForwardBatch,
+    ) -> Result<Logits, EngineError> {
         let logits = self.forward_logits(dev, kv, batch)?;
-        Ok(Logits { rows: batch.logit_rows.len(), vocab: self.config.vocab_size, data: dev.to_host(&logits)? })
+        Ok(Logits {
+            rows: batch.logit_rows.len(),
+            vocab: self.config.vocab_size,
+            data: dev.to_host(&logits)?,
+        })
     }
 
     /// Like [`Llama::forward`], leaving the logits (`[logit_rows, vocab]`) on the device.
-    pub fn forward_logits(&self, dev: &D, kv: &mut D::Kv, batch: &ForwardBatch) -> Result<D::Tensor, EngineError> {
+    pub fn forward_logits(
+        &self,
+        dev: &D,
+        kv: &mut D::Kv,
+        batch: &ForwardBatch,
+    ) -> Result<D::Tensor, EngineError> {
         let eps = self.config.rms_norm_eps as f32;
         let b = dev.prepare_batch(batch)?;
         let mut residual = dev.embed(&self.embed, &b)?;

@@ -22,7 +22,11 @@ pub trait Runner: Send {
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, EngineError>;
     /// One engine step: the chosen token of every logits row when the device samples, else the
     /// logits for the host sampler. `rows` has one entry per logits row.
-    fn forward_step(&mut self, batch: &ForwardBatch, rows: &[RowSampling]) -> Result<StepOutput, EngineError>;
+    fn forward_step(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<StepOutput, EngineError>;
     /// Waits for queued device work (for timing).
     fn synchronize(&self) -> Result<(), EngineError>;
     /// The device's measured ceilings, if it can measure them.
@@ -76,7 +80,9 @@ pub enum KvBudget {
 pub enum WeightSource<'a> {
     Host(&'a HostWeights),
     /// Random weights made on the device.
-    Dummy { seed: u64 },
+    Dummy {
+        seed: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -98,7 +104,12 @@ pub struct ModelRunner<D: Device> {
 }
 
 impl<D: Device> ModelRunner<D> {
-    pub fn new(dev: D, config: &ModelConfig, weights: WeightSource<'_>, opts: &RunnerOptions) -> Result<Self, EngineError> {
+    pub fn new(
+        dev: D,
+        config: &ModelConfig,
+        weights: WeightSource<'_>,
+        opts: &RunnerOptions,
+    ) -> Result<Self, EngineError> {
         let model = match weights {
             WeightSource::Host(w) => Llama::new(&dev, config, w, opts.max_model_len)?,
             WeightSource::Dummy { seed } => Llama::random(&dev, config, seed, opts.max_model_len)?,
@@ -126,11 +137,27 @@ impl<D: Device> ModelRunner<D> {
             },
         };
         if layout.num_blocks == 0 {
-            return Err(DeviceError::OutOfMemory { device: dev.name(), bytes: block_bytes, what: "not even one KV block fits after the weights".into() }.into());
+            return Err(DeviceError::OutOfMemory {
+                device: dev.name(),
+                bytes: block_bytes,
+                what: "not even one KV block fits after the weights".into(),
+            }
+            .into());
         }
         let kv = dev.alloc_kv(&layout)?;
-        tracing::info!(device = dev.name(), blocks = layout.num_blocks, block_size = layout.block_size, kv_gib = (layout.num_blocks * block_bytes) as f64 / (1u64 << 30) as f64, "KV cache allocated");
-        Ok(ModelRunner { dev, model, kv, layout })
+        tracing::info!(
+            device = dev.name(),
+            blocks = layout.num_blocks,
+            block_size = layout.block_size,
+            kv_gib = (layout.num_blocks * block_bytes) as f64 / (1u64 << 30) as f64,
+            "KV cache allocated"
+        );
+        Ok(ModelRunner {
+            dev,
+            model,
+            kv,
+            layout,
+        })
     }
 }
 
@@ -139,7 +166,10 @@ impl<D: Device> ModelRunner<D> {
         batch.validate(&self.layout, self.model.config.vocab_size)?;
         if let Some(&p) = batch.positions.iter().max() {
             if p as usize >= self.model.max_positions() {
-                return Err(EngineError::InvalidBatch(format!("position {p} is beyond max_model_len {}", self.model.max_positions())));
+                return Err(EngineError::InvalidBatch(format!(
+                    "position {p} is beyond max_model_len {}",
+                    self.model.max_positions()
+                )));
             }
         }
         Ok(())
@@ -163,17 +193,29 @@ impl<D: Device> Runner for ModelRunner<D> {
         self.check(batch)?;
         self.model.forward(&self.dev, &mut self.kv, batch)
     }
-    fn forward_step(&mut self, batch: &ForwardBatch, rows: &[RowSampling]) -> Result<StepOutput, EngineError> {
+    fn forward_step(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<StepOutput, EngineError> {
         self.check(batch)?;
         if rows.len() != batch.logit_rows.len() {
-            return Err(EngineError::InvalidBatch(format!("{} sampling rows for {} logits rows", rows.len(), batch.logit_rows.len())));
+            return Err(EngineError::InvalidBatch(format!(
+                "{} sampling rows for {} logits rows",
+                rows.len(),
+                batch.logit_rows.len()
+            )));
         }
         let logits = self.model.forward_logits(&self.dev, &mut self.kv, batch)?;
         if let Some(ids) = self.dev.sample(&logits, rows)? {
             return Ok(StepOutput::Tokens(ids));
         }
         let vocab = self.model.config.vocab_size;
-        Ok(StepOutput::Logits(Logits { rows: batch.logit_rows.len(), vocab, data: self.dev.to_host(&logits)? }))
+        Ok(StepOutput::Logits(Logits {
+            rows: batch.logit_rows.len(),
+            vocab,
+            data: self.dev.to_host(&logits)?,
+        }))
     }
     fn synchronize(&self) -> Result<(), EngineError> {
         Ok(self.dev.synchronize()?)
@@ -190,7 +232,11 @@ impl<D: Device> Runner for ModelRunner<D> {
 }
 
 /// Builds a runner on the requested device.
-pub fn build_runner(config: &ModelConfig, weights: WeightSource<'_>, opts: &RunnerOptions) -> Result<Box<dyn Runner>, EngineError> {
+pub fn build_runner(
+    config: &ModelConfig,
+    weights: WeightSource<'_>,
+    opts: &RunnerOptions,
+) -> Result<Box<dyn Runner>, EngineError> {
     let use_cuda = match opts.device {
         DeviceKind::Cpu => false,
         DeviceKind::Cuda => {
@@ -209,12 +255,33 @@ pub fn build_runner(config: &ModelConfig, weights: WeightSource<'_>, opts: &Runn
         let dev = CudaDevice::new(0, opts.block_size)?;
         Ok(Box::new(ModelRunner::new(dev, config, weights, opts)?))
     } else {
-        Ok(Box::new(ModelRunner::new(CpuDevice::new(), config, weights, opts)?))
+        Ok(Box::new(ModelRunner::new(
+            CpuDevice::new(),
+            config,
+            weights,
+            opts,
+        )?))
     }
 }
 
 /// A CPU runner with `num_blocks` KV blocks.
-pub fn cpu_runner(config: &ModelConfig, weights: &HostWeights, num_blocks: usize, block_size: usize, max_model_len: usize) -> Result<Box<dyn Runner>, EngineError> {
-    let opts = RunnerOptions { device: DeviceKind::Cpu, block_size, max_model_len, kv: KvBudget::Blocks(num_blocks) };
-    Ok(Box::new(ModelRunner::new(CpuDevice::new(), config, WeightSource::Host(weights), &opts)?))
+pub fn cpu_runner(
+    config: &ModelConfig,
+    weights: &HostWeights,
+    num_blocks: usize,
+    block_size: usize,
+    max_model_len: usize,
+) -> Result<Box<dyn Runner>, EngineError> {
+    let opts = RunnerOptions {
+        device: DeviceKind::Cpu,
+        block_size,
+        max_model_len,
+        kv: KvBudget::Blocks(num_blocks),
+    };
+    Ok(Box::new(ModelRunner::new(
+        CpuDevice::new(),
+        config,
+        WeightSource::Host(weights),
+        &opts,
+    )?))
 }

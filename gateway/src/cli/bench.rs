@@ -73,7 +73,12 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 }
 
 /// Times `f` (after warm-up), synchronising the device; median seconds.
-fn time(r: &mut dyn Runner, warm: usize, reps: usize, mut f: impl FnMut(&mut dyn Runner) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+fn time(
+    r: &mut dyn Runner,
+    warm: usize,
+    reps: usize,
+    mut f: impl FnMut(&mut dyn Runner) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
     for _ in 0..warm {
         f(r)?;
     }
@@ -96,7 +101,9 @@ fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> Forwar
     let mut b = ForwardBatch::default();
     for s in 0..seqs {
         let table: Vec<u32> = ((s * per) as u32..((s + 1) * per) as u32).collect();
-        let toks: Vec<u32> = (0..new).map(|i| ((s * 7919 + i * 31 + 10) % vocab) as u32).collect();
+        let toks: Vec<u32> = (0..new)
+            .map(|i| ((s * 7919 + i * 31 + 10) % vocab) as u32)
+            .collect();
         b.push_seq(&toks, ctx, &table, bs, true);
     }
     b
@@ -104,7 +111,11 @@ fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> Forwar
 
 fn weight_bytes_per_decode_step(c: &ModelConfig, elem: f64) -> f64 {
     // Every weight is read once per step, except the embedding table (one row per token).
-    let embed = if c.tie_word_embeddings { 0 } else { c.vocab_size * c.hidden_size };
+    let embed = if c.tie_word_embeddings {
+        0
+    } else {
+        c.vocab_size * c.hidden_size
+    };
     (c.num_parameters() - embed) as f64 * elem
 }
 
@@ -117,7 +128,11 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
     let weights = match a.load_format {
         LoadFormat::Dummy => {
             let path = PathBuf::from(&a.model);
-            let cfg_path = if path.is_dir() { path.join("config.json") } else { path };
+            let cfg_path = if path.is_dir() {
+                path.join("config.json")
+            } else {
+                path
+            };
             config = ModelConfig::from_hf_json(&cfg_path)?;
             WeightSource::Dummy { seed: 0 }
         }
@@ -142,9 +157,19 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
     let bs = r.kv_layout().block_size;
     let cal = r.calibrate()?;
     let mut rows: Vec<serde_json::Value> = Vec::new();
-    println!("model: {} layers, hidden {}, {:.2} B parameters; device {dev}; KV blocks {}", config.num_hidden_layers, config.hidden_size, config.num_parameters() as f64 / 1e9, r.kv_layout().num_blocks);
+    println!(
+        "model: {} layers, hidden {}, {:.2} B parameters; device {dev}; KV blocks {}",
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_parameters() as f64 / 1e9,
+        r.kv_layout().num_blocks
+    );
     if let Some(c) = cal {
-        println!("measured ceilings: copy {:.2} TB/s (read+write), bf16 GEMM 8192³ {:.0} TFLOP/s\n", c.copy_bytes_per_s / 1e12, c.gemm_flops / 1e12);
+        println!(
+            "measured ceilings: copy {:.2} TB/s (read+write), bf16 GEMM 8192³ {:.0} TFLOP/s\n",
+            c.copy_bytes_per_s / 1e12,
+            c.gemm_flops / 1e12
+        );
     }
     println!("| measurement | time | rate | floor / ceiling | ratio |");
     println!("|---|---|---|---|---|");
@@ -154,18 +179,36 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
             continue;
         }
         let b = batch(1, ctx, 1, bs, config.vocab_size);
-        let sample_rows = [RowSampling { temperature: 0.0, top_k: 0, top_p: 1.0, pad: 0, seed: 0, step: 0 }];
-        let t = time(r.as_mut(), 3, 20, |r| r.forward_step(&b, &sample_rows).map(|_| ()).map_err(Into::into))?;
+        let sample_rows = [RowSampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            pad: 0,
+            seed: 0,
+            step: 0,
+        }];
+        let t = time(r.as_mut(), 3, 20, |r| {
+            r.forward_step(&b, &sample_rows)
+                .map(|_| ())
+                .map_err(Into::into)
+        })?;
         let bytes = weight_bytes_per_decode_step(&config, elem) + kv_bytes(&config, ctx, elem);
         let (floor, ratio) = match cal {
             Some(c) => {
                 // The copy bandwidth counts reads and writes; a decode step only reads.
                 let f = bytes / (c.copy_bytes_per_s / 2.0) * 1e3;
-                (format!("{f:.2} ms (bytes ÷ copy read rate)"), format!("{:.2}×", t * 1e3 / f))
+                (
+                    format!("{f:.2} ms (bytes ÷ copy read rate)"),
+                    format!("{:.2}×", t * 1e3 / f),
+                )
             }
             None => ("-".into(), "-".into()),
         };
-        println!("| decode batch 1, ctx {ctx} | {:.2} ms/token | {:.1} tok/s | {floor} | {ratio} |", t * 1e3, 1.0 / t);
+        println!(
+            "| decode batch 1, ctx {ctx} | {:.2} ms/token | {:.1} tok/s | {floor} | {ratio} |",
+            t * 1e3,
+            1.0 / t
+        );
         rows.push(serde_json::json!({"kind": "decode", "batch": 1, "ctx": ctx, "ms": t * 1e3, "bytes": bytes}));
     }
     for &n in &a.decode_batches {
@@ -176,56 +219,143 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         }
         let b = batch(n, ctx, 1, bs, config.vocab_size);
         // As the engine runs a decode step: greedy tokens chosen on the device where it can.
-        let sample_rows = vec![RowSampling { temperature: 0.0, top_k: 0, top_p: 1.0, pad: 0, seed: 0, step: 0 }; n];
-        let t = time(r.as_mut(), 3, 10, |r| r.forward_step(&b, &sample_rows).map(|_| ()).map_err(Into::into))?;
-        println!("| decode batch {n}, ctx {ctx} | {:.2} ms/step | {:.0} tok/s | | |", t * 1e3, n as f64 / t);
+        let sample_rows = vec![
+            RowSampling {
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                pad: 0,
+                seed: 0,
+                step: 0
+            };
+            n
+        ];
+        let t = time(r.as_mut(), 3, 10, |r| {
+            r.forward_step(&b, &sample_rows)
+                .map(|_| ())
+                .map_err(Into::into)
+        })?;
+        println!(
+            "| decode batch {n}, ctx {ctx} | {:.2} ms/step | {:.0} tok/s | | |",
+            t * 1e3,
+            n as f64 / t
+        );
         rows.push(serde_json::json!({"kind": "decode", "batch": n, "ctx": ctx, "ms": t * 1e3}));
     }
-    let matmul_params = (config.num_parameters() - config.vocab_size * config.hidden_size * if config.tie_word_embeddings { 0 } else { 1 }) as f64;
+    let matmul_params = (config.num_parameters()
+        - config.vocab_size * config.hidden_size * if config.tie_word_embeddings { 0 } else { 1 })
+        as f64;
     let attn_flops = |n: f64, ctx0: f64| {
         // Causal: token i attends to ctx0 + i + 1 keys; QKᵀ and PV, 2 FLOP per MAC.
         let keys = n * ctx0 + n * (n + 1.0) / 2.0;
-        4.0 * keys * (config.num_attention_heads * config.head_dim * config.num_hidden_layers) as f64
+        4.0 * keys
+            * (config.num_attention_heads * config.head_dim * config.num_hidden_layers) as f64
     };
     for &n in &a.prefill {
         if n.div_ceil(bs) > max_blocks || n > a.max_model_len {
             continue;
         }
         let b = batch(1, 0, n, bs, config.vocab_size);
-        let t = time(r.as_mut(), 2, 5, |r| r.forward(&b).map(|_| ()).map_err(Into::into))?;
-        let flops = 2.0 * n as f64 * (matmul_params - (config.vocab_size * config.hidden_size) as f64) + 2.0 * (config.vocab_size * config.hidden_size) as f64 + attn_flops(n as f64, 0.0);
+        let t = time(r.as_mut(), 2, 5, |r| {
+            r.forward(&b).map(|_| ()).map_err(Into::into)
+        })?;
+        let flops =
+            2.0 * n as f64 * (matmul_params - (config.vocab_size * config.hidden_size) as f64)
+                + 2.0 * (config.vocab_size * config.hidden_size) as f64
+                + attn_flops(n as f64, 0.0);
         let (ceil, ratio) = match cal {
-            Some(c) => (format!("{:.0} TFLOP/s (cuBLAS)", c.gemm_flops / 1e12), format!("{:.0}%", 100.0 * flops / t / c.gemm_flops)),
+            Some(c) => (
+                format!("{:.0} TFLOP/s (cuBLAS)", c.gemm_flops / 1e12),
+                format!("{:.0}%", 100.0 * flops / t / c.gemm_flops),
+            ),
             None => ("-".into(), "-".into()),
         };
-        println!("| prefill {n} tokens | {:.1} ms | {:.0} TFLOP/s | {ceil} | {ratio} |", t * 1e3, flops / t / 1e12);
-        rows.push(serde_json::json!({"kind": "prefill", "tokens": n, "ms": t * 1e3, "flops": flops}));
+        println!(
+            "| prefill {n} tokens | {:.1} ms | {:.0} TFLOP/s | {ceil} | {ratio} |",
+            t * 1e3,
+            flops / t / 1e12
+        );
+        rows.push(
+            serde_json::json!({"kind": "prefill", "tokens": n, "ms": t * 1e3, "flops": flops}),
+        );
     }
-    if let Some((total, cached)) = a.cached_prefix.split_once(':').and_then(|(x, y)| Some((x.parse::<usize>().ok()?, y.parse::<usize>().ok()?))) {
+    if let Some((total, cached)) = a
+        .cached_prefix
+        .split_once(':')
+        .and_then(|(x, y)| Some((x.parse::<usize>().ok()?, y.parse::<usize>().ok()?)))
+    {
         if total.div_ceil(bs) <= max_blocks && total <= a.max_model_len && cached < total {
             let full = batch(1, 0, total, bs, config.vocab_size);
-            let t_full = time(r.as_mut(), 1, 3, |r| r.forward(&full).map(|_| ()).map_err(Into::into))?;
+            let t_full = time(r.as_mut(), 1, 3, |r| {
+                r.forward(&full).map(|_| ()).map_err(Into::into)
+            })?;
             // The cached prefix's K/V are the ones the full run just wrote into the same blocks.
             let rest = batch(1, cached, total - cached, bs, config.vocab_size);
-            let t_rest = time(r.as_mut(), 1, 3, |r| r.forward(&rest).map(|_| ()).map_err(Into::into))?;
-            println!("| TTFT {total}-token prompt, no cache | {:.1} ms | | | |", t_full * 1e3);
-            println!("| TTFT {total}-token prompt, {cached} cached | {:.1} ms | | | {:.1}× faster |", t_rest * 1e3, t_full / t_rest);
+            let t_rest = time(r.as_mut(), 1, 3, |r| {
+                r.forward(&rest).map(|_| ()).map_err(Into::into)
+            })?;
+            println!(
+                "| TTFT {total}-token prompt, no cache | {:.1} ms | | | |",
+                t_full * 1e3
+            );
+            println!(
+                "| TTFT {total}-token prompt, {cached} cached | {:.1} ms | | | {:.1}× faster |",
+                t_rest * 1e3,
+                t_full / t_rest
+            );
             rows.push(serde_json::json!({"kind": "ttft_cached", "total": total, "cached": cached, "ms_full": t_full * 1e3, "ms_cached": t_rest * 1e3}));
         }
     }
     if a.profile {
         let mut shapes: Vec<(String, ForwardBatch, usize)> = Vec::new();
-        if let Some(&ctx) = a.decode_contexts.iter().filter(|&&c| (c + 1).div_ceil(bs) <= max_blocks).max() {
-            shapes.push((format!("decode batch 1, ctx {ctx}"), batch(1, ctx, 1, bs, config.vocab_size), 1));
+        if let Some(&ctx) = a
+            .decode_contexts
+            .iter()
+            .filter(|&&c| (c + 1).div_ceil(bs) <= max_blocks)
+            .max()
+        {
+            shapes.push((
+                format!("decode batch 1, ctx {ctx}"),
+                batch(1, ctx, 1, bs, config.vocab_size),
+                1,
+            ));
         }
-        if let Some(&n) = a.decode_batches.iter().filter(|&&n| n * (a.decode_context + 1).div_ceil(bs) <= max_blocks).max() {
-            shapes.push((format!("decode batch {n}, ctx {}", a.decode_context), batch(n, a.decode_context, 1, bs, config.vocab_size), n));
+        if let Some(&n) = a
+            .decode_batches
+            .iter()
+            .filter(|&&n| n * (a.decode_context + 1).div_ceil(bs) <= max_blocks)
+            .max()
+        {
+            shapes.push((
+                format!("decode batch {n}, ctx {}", a.decode_context),
+                batch(n, a.decode_context, 1, bs, config.vocab_size),
+                n,
+            ));
         }
-        if let Some(&n) = a.prefill.iter().filter(|&&n| n.div_ceil(bs) <= max_blocks && n <= a.max_model_len).max() {
-            shapes.push((format!("prefill {n}"), batch(1, 0, n, bs, config.vocab_size), 1));
+        if let Some(&n) = a
+            .prefill
+            .iter()
+            .filter(|&&n| n.div_ceil(bs) <= max_blocks && n <= a.max_model_len)
+            .max()
+        {
+            shapes.push((
+                format!("prefill {n}"),
+                batch(1, 0, n, bs, config.vocab_size),
+                1,
+            ));
         }
         for (name, b, n_rows) in shapes {
-            let sample_rows = vec![RowSampling { temperature: 0.0, top_k: 0, top_p: 1.0, pad: 0, seed: 0, step: 0 }; n_rows];
+            let sample_rows = vec![
+                RowSampling {
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    pad: 0,
+                    seed: 0,
+                    step: 0
+                };
+                n_rows
+            ];
             r.forward_step(&b, &sample_rows)?;
             r.synchronize()?;
             r.set_profiling(true);
@@ -256,7 +386,17 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn rows_json_profile(rows: &mut Vec<serde_json::Value>, name: &str, wall_ms: f64, prof: &[(String, f64, usize)]) {
-    let ops: Vec<serde_json::Value> = prof.iter().map(|(op, ms, n)| serde_json::json!({"op": op, "ms": ms, "calls": n})).collect();
-    rows.push(serde_json::json!({"kind": "profile", "shape": name, "wall_ms": wall_ms, "ops": ops}));
+fn rows_json_profile(
+    rows: &mut Vec<serde_json::Value>,
+    name: &str,
+    wall_ms: f64,
+    prof: &[(String, f64, usize)],
+) {
+    let ops: Vec<serde_json::Value> = prof
+        .iter()
+        .map(|(op, ms, n)| serde_json::json!({"op": op, "ms": ms, "calls": n}))
+        .collect();
+    rows.push(
+        serde_json::json!({"kind": "profile", "shape": name, "wall_ms": wall_ms, "ops": ops}),
+    );
 }

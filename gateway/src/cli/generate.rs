@@ -143,7 +143,11 @@ fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Resul
         max_model_len: max_len,
         kv: KvBudget::Blocks(tokens.div_ceil(args.block_size) + 1),
     };
-    Ok(build_runner(&m.config, WeightSource::Host(&m.weights), &opts)?)
+    Ok(build_runner(
+        &m.config,
+        WeightSource::Host(&m.weights),
+        &opts,
+    )?)
 }
 
 pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
@@ -203,7 +207,8 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     })?;
     if let Some(path) = &a.ids_out {
         let doc = serde_json::json!({"prompt_ids": prompt, "output_ids": out.tokens, "device": runner.device_name()});
-        std::fs::write(path, doc.to_string()).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, doc.to_string())
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(e) = write_err {
         if e.kind() != std::io::ErrorKind::BrokenPipe {

@@ -267,14 +267,28 @@ impl Device for CpuDevice {
         Ok(t.data.clone())
     }
 
-    fn random(&self, shape: &[usize], seed: u64, mean: f32, std: f32) -> Result<CpuTensor, DeviceError> {
+    fn random(
+        &self,
+        shape: &[usize],
+        seed: u64,
+        mean: f32,
+        std: f32,
+    ) -> Result<CpuTensor, DeviceError> {
         let (rows, cols) = match shape {
             [n] => (1, *n),
             [r, c] => (*r, *c),
-            s => return Err(DeviceError::Op { device: "cpu", op: "random", msg: format!("shape {s:?}") }),
+            s => {
+                return Err(DeviceError::Op {
+                    device: "cpu",
+                    op: "random",
+                    msg: format!("shape {s:?}"),
+                })
+            }
         };
         let mut rng = crate::rng::Rng::new(seed);
-        let data = (0..rows * cols).map(|_| mean + std * rng.normal() as f32).collect();
+        let data = (0..rows * cols)
+            .map(|_| mean + std * rng.normal() as f32)
+            .collect();
         Ok(CpuTensor { rows, cols, data })
     }
 }

@@ -12,7 +12,10 @@
 use std::sync::Arc;
 
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
+};
 use half::bf16;
 
 use super::{AttnParams, Device, ForwardBatch, KvLayout};
@@ -22,7 +25,11 @@ use crate::loader::HostTensor;
 const DEV: &str = "cuda";
 
 fn op_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DeviceError {
-    move |e| DeviceError::Op { device: DEV, op, msg: format!("{e:?}") }
+    move |e| DeviceError::Op {
+        device: DEV,
+        op,
+        msg: format!("{e:?}"),
+    }
 }
 
 /// Device memory of a tensor.
@@ -41,13 +48,21 @@ impl CudaTensor {
     fn bf16(&self, op: &'static str) -> Result<&CudaSlice<u16>, DeviceError> {
         match &self.buf {
             CudaBuf::Bf16(b) => Ok(b),
-            CudaBuf::F32(_) => Err(DeviceError::Op { device: DEV, op, msg: "expected a bf16 tensor".into() }),
+            CudaBuf::F32(_) => Err(DeviceError::Op {
+                device: DEV,
+                op,
+                msg: "expected a bf16 tensor".into(),
+            }),
         }
     }
     fn f32(&self, op: &'static str) -> Result<&CudaSlice<f32>, DeviceError> {
         match &self.buf {
             CudaBuf::F32(b) => Ok(b),
-            CudaBuf::Bf16(_) => Err(DeviceError::Op { device: DEV, op, msg: "expected an f32 tensor".into() }),
+            CudaBuf::Bf16(_) => Err(DeviceError::Op {
+                device: DEV,
+                op,
+                msg: "expected an f32 tensor".into(),
+            }),
         }
     }
 }
@@ -107,7 +122,13 @@ pub struct CudaDevice {
     simt_attention: bool,
     /// Per-operation events while profiling.
     profiling: std::cell::Cell<bool>,
-    events: std::cell::RefCell<Vec<(&'static str, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>>,
+    events: std::cell::RefCell<
+        Vec<(
+            &'static str,
+            cudarc::driver::CudaEvent,
+            cudarc::driver::CudaEvent,
+        )>,
+    >,
 }
 
 // SAFETY: the context, stream, cuBLAS handle and functions are only used from the thread that
@@ -142,7 +163,12 @@ fn attention_smem_bytes(d: usize) -> u32 {
 
 /// Whether a CUDA device can be opened here (libraries present and a GPU visible).
 pub fn available() -> Result<(), DeviceError> {
-    let missing = |lib: &str| DeviceError::Unavailable("cuda".into(), format!("{lib} was not found (is the NVIDIA driver / CUDA 13 on LD_LIBRARY_PATH?)"));
+    let missing = |lib: &str| {
+        DeviceError::Unavailable(
+            "cuda".into(),
+            format!("{lib} was not found (is the NVIDIA driver / CUDA 13 on LD_LIBRARY_PATH?)"),
+        )
+    };
     // SAFETY: each probe only tries to dlopen a library by its usual names.
     unsafe {
         if !cudarc::driver::sys::is_culib_present() {
@@ -157,8 +183,14 @@ pub fn available() -> Result<(), DeviceError> {
     }
     match CudaContext::device_count() {
         Ok(n) if n > 0 => Ok(()),
-        Ok(_) => Err(DeviceError::Unavailable("cuda".into(), "no CUDA GPU is visible".into())),
-        Err(e) => Err(DeviceError::Unavailable("cuda".into(), format!("cuInit failed: {e:?}"))),
+        Ok(_) => Err(DeviceError::Unavailable(
+            "cuda".into(),
+            "no CUDA GPU is visible".into(),
+        )),
+        Err(e) => Err(DeviceError::Unavailable(
+            "cuda".into(),
+            format!("cuInit failed: {e:?}"),
+        )),
     }
 }
 
@@ -168,11 +200,17 @@ impl CudaDevice {
         available()?;
         let ctx = CudaContext::new(ordinal).map_err(op_err("open device"))?;
         let stream = ctx.default_stream();
-        let (major, minor) = ctx.compute_capability().map_err(op_err("compute capability"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(op_err("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
         let cache = crate::loader::fetch::cache_dir().join("kernels");
-        let compiled = cachet_kernels::compile::compile(&arch, Some(&cache))
-            .map_err(|e| DeviceError::Op { device: DEV, op: "compile kernels", msg: e.to_string() })?;
+        let compiled =
+            cachet_kernels::compile::compile(&arch, Some(&cache)).map_err(|e| DeviceError::Op {
+                device: DEV,
+                op: "compile kernels",
+                msg: e.to_string(),
+            })?;
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
             .map_err(op_err("load kernels"))?;
@@ -203,7 +241,11 @@ impl CudaDevice {
             .map_err(op_err("attention smem"))?;
         }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op { device: DEV, op: "cublas", msg: format!("{e:?}") })?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op {
+            device: DEV,
+            op: "cublas",
+            msg: format!("{e:?}"),
+        })?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = compiled.from_cache, "CUDA device ready");
         Ok(CudaDevice {
@@ -224,11 +266,19 @@ impl CudaDevice {
     /// (no memset on the hot path).
     fn alloc_bf16(&self, n: usize, what: &str) -> Result<CudaSlice<u16>, DeviceError> {
         // SAFETY: u16 has no invalid bit patterns; callers fully write the buffer before reading it.
-        unsafe { self.stream.alloc::<u16>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory { device: DEV, bytes: n * 2, what: format!("{what} ({e:?})") })
+        unsafe { self.stream.alloc::<u16>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
+            device: DEV,
+            bytes: n * 2,
+            what: format!("{what} ({e:?})"),
+        })
     }
     fn alloc_f32(&self, n: usize, what: &str) -> Result<CudaSlice<f32>, DeviceError> {
         // SAFETY: as above, for f32.
-        unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory { device: DEV, bytes: n * 4, what: format!("{what} ({e:?})") })
+        unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
+            device: DEV,
+            bytes: n * 4,
+            what: format!("{what} ({e:?})"),
+        })
     }
     fn htod_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, DeviceError> {
         let v = if v.is_empty() { &[0u32][..] } else { v };
@@ -236,28 +286,55 @@ impl CudaDevice {
     }
 
     fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
-        LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// `out = x · wᵀ` with cuBLAS (bf16 inputs, f32 accumulation), out bf16 or f32.
-    fn gemm(&self, x: &CudaTensor, w: &CudaTensor, out_f32: bool) -> Result<CudaTensor, DeviceError> {
+    fn gemm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        out_f32: bool,
+    ) -> Result<CudaTensor, DeviceError> {
         if x.cols != w.cols {
-            return Err(DeviceError::Op { device: DEV, op: "linear", msg: format!("x has {} columns, w has {}", x.cols, w.cols) });
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "linear",
+                msg: format!("x has {} columns, w has {}", x.cols, w.cols),
+            });
         }
         let (n, k, m) = (x.rows, x.cols, w.rows);
         let xs = x.bf16("linear")?;
         let ws = w.bf16("linear")?;
-        let mut out = if out_f32 { CudaBuf::F32(self.alloc_f32(n * m, "linear")?) } else { CudaBuf::Bf16(self.alloc_bf16(n * m, "linear")?) };
+        let mut out = if out_f32 {
+            CudaBuf::F32(self.alloc_f32(n * m, "linear")?)
+        } else {
+            CudaBuf::Bf16(self.alloc_bf16(n * m, "linear")?)
+        };
         if n == 0 {
-            return Ok(CudaTensor { rows: n, cols: m, buf: out });
+            return Ok(CudaTensor {
+                rows: n,
+                cols: m,
+                buf: out,
+            });
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (xp, _gx) = xs.device_ptr(&self.stream);
         let (wp, _gw) = ws.device_ptr(&self.stream);
         let status = {
             let (op, ot) = match &mut out {
-                CudaBuf::F32(o) => (o.device_ptr_mut(&self.stream), blas_sys::cudaDataType_t::CUDA_R_32F),
-                CudaBuf::Bf16(o) => (o.device_ptr_mut(&self.stream), blas_sys::cudaDataType_t::CUDA_R_16BF),
+                CudaBuf::F32(o) => (
+                    o.device_ptr_mut(&self.stream),
+                    blas_sys::cudaDataType_t::CUDA_R_32F,
+                ),
+                CudaBuf::Bf16(o) => (
+                    o.device_ptr_mut(&self.stream),
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                ),
             };
             // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major outᵀ[m, n] = wᵀ·x with w seen as
             // a k×m column-major matrix (transposed) and x as k×n.
@@ -287,14 +364,26 @@ impl CudaDevice {
                 )
             }
         };
-        status.map_err(|e| DeviceError::Op { device: DEV, op: "cublasGemmEx", msg: format!("{e:?}") })?;
-        Ok(CudaTensor { rows: n, cols: m, buf: out })
+        status.map_err(|e| DeviceError::Op {
+            device: DEV,
+            op: "cublasGemmEx",
+            msg: format!("{e:?}"),
+        })?;
+        Ok(CudaTensor {
+            rows: n,
+            cols: m,
+            buf: out,
+        })
     }
 }
 
 impl CudaDevice {
     /// Runs `f`, bracketed by timing events when profiling.
-    fn timed<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T, DeviceError>) -> Result<T, DeviceError> {
+    fn timed<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce() -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
         if !self.profiling.get() {
             return f();
         }
@@ -318,14 +407,36 @@ impl CudaDevice {
     ) -> Result<CudaTensor, DeviceError> {
         if sh.splits > 1 {
             let (nh, di, sp) = (p.num_heads as i32, p.head_dim as i32, sh.splits as i32);
-            let (g, st, upt) = (sh.group as i32, sh.sub_tokens as i32, sh.units_per_tile as i32);
+            let (g, st, upt) = (
+                sh.group as i32,
+                sh.sub_tokens as i32,
+                sh.units_per_tile as i32,
+            );
             let mut c = self.stream.launch_builder(&self.k.combine);
-            c.arg(&part_o).arg(&part_ml).arg(&b.tile_start).arg(&b.tile_len).arg(&mut out).arg(&nh).arg(&di).arg(&sp).arg(&g).arg(&st).arg(&upt);
-            let cfg = LaunchConfig { grid_dim: (sh.units as u32, sh.grid_y as u32, 1), block_dim: (ATT_THREADS, 1, 1), shared_mem_bytes: 0 };
+            c.arg(&part_o)
+                .arg(&part_ml)
+                .arg(&b.tile_start)
+                .arg(&b.tile_len)
+                .arg(&mut out)
+                .arg(&nh)
+                .arg(&di)
+                .arg(&sp)
+                .arg(&g)
+                .arg(&st)
+                .arg(&upt);
+            let cfg = LaunchConfig {
+                grid_dim: (sh.units as u32, sh.grid_y as u32, 1),
+                block_dim: (ATT_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled.
             unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
         }
-        Ok(CudaTensor { rows: b.n, cols: p.num_heads * p.head_dim, buf: CudaBuf::Bf16(out) })
+        Ok(CudaTensor {
+            rows: b.n,
+            cols: p.num_heads * p.head_dim,
+            buf: CudaBuf::Bf16(out),
+        })
     }
 
     /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
@@ -338,7 +449,9 @@ impl CudaDevice {
         for i in 0..12 {
             self.synchronize()?;
             let t = std::time::Instant::now();
-            self.stream.memcpy_dtod(src, &mut dst).map_err(op_err("copy"))?;
+            self.stream
+                .memcpy_dtod(src, &mut dst)
+                .map_err(op_err("copy"))?;
             self.synchronize()?;
             if i >= 2 {
                 times.push(t.elapsed().as_secs_f64());
@@ -369,14 +482,21 @@ impl CudaDevice {
 }
 
 fn host_bf16(t: &HostTensor) -> Vec<u16> {
-    t.data.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
+    t.data
+        .iter()
+        .map(|&x| bf16::from_f32(x).to_bits())
+        .collect()
 }
 
 fn dims(shape: &[usize], op: &'static str) -> Result<(usize, usize), DeviceError> {
     match shape {
         [n] => Ok((1, *n)),
         [r, c] => Ok((*r, *c)),
-        s => Err(DeviceError::Op { device: DEV, op, msg: format!("shape {s:?} is not 1-D or 2-D") }),
+        s => Err(DeviceError::Op {
+            device: DEV,
+            op,
+            msg: format!("shape {s:?} is not 1-D or 2-D"),
+        }),
     }
 }
 
@@ -391,27 +511,52 @@ impl Device for CudaDevice {
 
     fn upload(&self, t: &HostTensor) -> Result<CudaTensor, DeviceError> {
         let (rows, cols) = dims(&t.shape, "upload")?;
-        let buf = self.stream.clone_htod(&host_bf16(t)).map_err(op_err("upload"))?;
-        Ok(CudaTensor { rows, cols, buf: CudaBuf::Bf16(buf) })
+        let buf = self
+            .stream
+            .clone_htod(&host_bf16(t))
+            .map_err(op_err("upload"))?;
+        Ok(CudaTensor {
+            rows,
+            cols,
+            buf: CudaBuf::Bf16(buf),
+        })
     }
 
     fn upload_table(&self, t: &HostTensor) -> Result<CudaTensor, DeviceError> {
         let (rows, cols) = dims(&t.shape, "upload")?;
         let buf = self.stream.clone_htod(&t.data).map_err(op_err("upload"))?;
-        Ok(CudaTensor { rows, cols, buf: CudaBuf::F32(buf) })
+        Ok(CudaTensor {
+            rows,
+            cols,
+            buf: CudaBuf::F32(buf),
+        })
     }
 
-    fn random(&self, shape: &[usize], seed: u64, mean: f32, std: f32) -> Result<CudaTensor, DeviceError> {
+    fn random(
+        &self,
+        shape: &[usize],
+        seed: u64,
+        mean: f32,
+        std: f32,
+    ) -> Result<CudaTensor, DeviceError> {
         let (rows, cols) = dims(shape, "random")?;
         let n = rows * cols;
         let mut buf = self.alloc_bf16(n, "dummy weight")?;
         let mut b = self.stream.launch_builder(&self.k.fill_normal);
         let (n64, seed) = (n as u64, seed);
         b.arg(&mut buf).arg(&n64).arg(&seed).arg(&mean).arg(&std);
-        let cfg = LaunchConfig { grid_dim: (1024, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1024, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: fill_normal_bf16(bf16* out [n], u64 n, u64 seed, f32 mean, f32 std).
         unsafe { b.launch(cfg) }.map_err(op_err("fill_normal"))?;
-        Ok(CudaTensor { rows, cols, buf: CudaBuf::Bf16(buf) })
+        Ok(CudaTensor {
+            rows,
+            cols,
+            buf: CudaBuf::Bf16(buf),
+        })
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
@@ -419,21 +564,38 @@ impl Device for CudaDevice {
         let mut k = Vec::with_capacity(layout.num_layers);
         let mut v = Vec::with_capacity(layout.num_layers);
         let zeros = |what: &str| {
-            self.stream.alloc_zeros::<u16>(n.max(1)).map_err(|e| DeviceError::OutOfMemory { device: DEV, bytes: n * 2, what: format!("{what} ({e:?})") })
+            self.stream
+                .alloc_zeros::<u16>(n.max(1))
+                .map_err(|e| DeviceError::OutOfMemory {
+                    device: DEV,
+                    bytes: n * 2,
+                    what: format!("{what} ({e:?})"),
+                })
         };
         for _ in 0..layout.num_layers {
             k.push(zeros("KV cache")?);
             v.push(zeros("KV cache")?);
         }
-        Ok(CudaKv { layout: *layout, k, v })
+        Ok(CudaKv {
+            layout: *layout,
+            k,
+            v,
+        })
     }
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CudaBatch, DeviceError> {
         let n = batch.num_tokens();
-        let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
+        let max_blocks = batch
+            .seqs
+            .iter()
+            .map(|s| s.block_table.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
         let mut tables = vec![0u32; batch.seqs.len().max(1) * max_blocks];
         for (i, s) in batch.seqs.iter().enumerate() {
-            tables[i * max_blocks..i * max_blocks + s.block_table.len()].copy_from_slice(&s.block_table);
+            tables[i * max_blocks..i * max_blocks + s.block_table.len()]
+                .copy_from_slice(&s.block_table);
         }
         let (mut tseq, mut tstart, mut tlen) = (Vec::new(), Vec::new(), Vec::new());
         for (i, s) in batch.seqs.iter().enumerate() {
@@ -468,131 +630,243 @@ impl Device for CudaDevice {
 
     fn embed(&self, table: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {
         self.timed("embed", || {
-        let cols = table.cols;
-        let mut out = self.alloc_f32(b.n * cols, "embedding")?;
-        if b.n > 0 {
-            let w = table.bf16("embed")?;
-            let c = cols as i32;
-            let mut l = self.stream.launch_builder(&self.k.embed);
-            l.arg(&b.ids).arg(w).arg(&mut out).arg(&c);
-            // SAFETY: embed_bf16(u32 ids[n], bf16 table[vocab, cols], f32 out[n, cols], int cols);
-            // ids were validated against the vocabulary by the runner.
-            unsafe { l.launch(Self::rows_config(b.n, 256)) }.map_err(op_err("embed"))?;
-        }
-        Ok(CudaTensor { rows: b.n, cols, buf: CudaBuf::F32(out) })
+            let cols = table.cols;
+            let mut out = self.alloc_f32(b.n * cols, "embedding")?;
+            if b.n > 0 {
+                let w = table.bf16("embed")?;
+                let c = cols as i32;
+                let mut l = self.stream.launch_builder(&self.k.embed);
+                l.arg(&b.ids).arg(w).arg(&mut out).arg(&c);
+                // SAFETY: embed_bf16(u32 ids[n], bf16 table[vocab, cols], f32 out[n, cols], int cols);
+                // ids were validated against the vocabulary by the runner.
+                unsafe { l.launch(Self::rows_config(b.n, 256)) }.map_err(op_err("embed"))?;
+            }
+            Ok(CudaTensor {
+                rows: b.n,
+                cols,
+                buf: CudaBuf::F32(out),
+            })
         })
     }
 
-    fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor, DeviceError> {
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor, DeviceError> {
         self.timed("rms_norm", || {
-        let mut out = self.alloc_bf16(x.rows * x.cols, "rms_norm")?;
-        if x.rows > 0 {
-            let c = x.cols as i32;
-            let mut l = self.stream.launch_builder(&self.k.rms_norm);
-            l.arg(x.f32("rms_norm")?).arg(w.bf16("rms_norm")?).arg(&mut out).arg(&c).arg(&eps);
-            // SAFETY: rms_norm_bf16(f32 x[rows, cols], bf16 w[cols], bf16 out[rows, cols], int, float).
-            unsafe { l.launch(Self::rows_config(x.rows, 256)) }.map_err(op_err("rms_norm"))?;
-        }
-        Ok(CudaTensor { rows: x.rows, cols: x.cols, buf: CudaBuf::Bf16(out) })
+            let mut out = self.alloc_bf16(x.rows * x.cols, "rms_norm")?;
+            if x.rows > 0 {
+                let c = x.cols as i32;
+                let mut l = self.stream.launch_builder(&self.k.rms_norm);
+                l.arg(x.f32("rms_norm")?)
+                    .arg(w.bf16("rms_norm")?)
+                    .arg(&mut out)
+                    .arg(&c)
+                    .arg(&eps);
+                // SAFETY: rms_norm_bf16(f32 x[rows, cols], bf16 w[cols], bf16 out[rows, cols], int, float).
+                unsafe { l.launch(Self::rows_config(x.rows, 256)) }.map_err(op_err("rms_norm"))?;
+            }
+            Ok(CudaTensor {
+                rows: x.rows,
+                cols: x.cols,
+                buf: CudaBuf::Bf16(out),
+            })
         })
     }
 
-    fn add_rms_norm(&self, residual: &mut CudaTensor, delta: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor, DeviceError> {
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaTensor,
+        delta: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor, DeviceError> {
         self.timed("add_rms_norm", || {
-        let (rows, cols) = (residual.rows, residual.cols);
-        let mut out = self.alloc_bf16(rows * cols, "add_rms_norm")?;
-        if rows > 0 {
-            let c = cols as i32;
-            let d = delta.bf16("add_rms_norm")?;
-            let wv = w.bf16("add_rms_norm")?;
-            let CudaBuf::F32(r) = &mut residual.buf else {
-                return Err(DeviceError::Op { device: DEV, op: "add_rms_norm", msg: "residual must be f32".into() });
-            };
-            let mut l = self.stream.launch_builder(&self.k.add_rms_norm);
-            l.arg(r).arg(d).arg(wv).arg(&mut out).arg(&c).arg(&eps);
-            // SAFETY: add_rms_norm_bf16(f32 residual[rows, cols], bf16 delta[rows, cols], bf16 w[cols],
-            // bf16 out[rows, cols], int cols, float eps).
-            unsafe { l.launch(Self::rows_config(rows, 256)) }.map_err(op_err("add_rms_norm"))?;
-        }
-        Ok(CudaTensor { rows, cols, buf: CudaBuf::Bf16(out) })
+            let (rows, cols) = (residual.rows, residual.cols);
+            let mut out = self.alloc_bf16(rows * cols, "add_rms_norm")?;
+            if rows > 0 {
+                let c = cols as i32;
+                let d = delta.bf16("add_rms_norm")?;
+                let wv = w.bf16("add_rms_norm")?;
+                let CudaBuf::F32(r) = &mut residual.buf else {
+                    return Err(DeviceError::Op {
+                        device: DEV,
+                        op: "add_rms_norm",
+                        msg: "residual must be f32".into(),
+                    });
+                };
+                let mut l = self.stream.launch_builder(&self.k.add_rms_norm);
+                l.arg(r).arg(d).arg(wv).arg(&mut out).arg(&c).arg(&eps);
+                // SAFETY: add_rms_norm_bf16(f32 residual[rows, cols], bf16 delta[rows, cols], bf16 w[cols],
+                // bf16 out[rows, cols], int cols, float eps).
+                unsafe { l.launch(Self::rows_config(rows, 256)) }
+                    .map_err(op_err("add_rms_norm"))?;
+            }
+            Ok(CudaTensor {
+                rows,
+                cols,
+                buf: CudaBuf::Bf16(out),
+            })
         })
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        self.timed(if x.rows == 1 { "gemm (1 row)" } else { "gemm" }, || self.gemm(x, w, false))
+        self.timed(if x.rows == 1 { "gemm (1 row)" } else { "gemm" }, || {
+            self.gemm(x, w, false)
+        })
     }
 
     fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
         self.timed("gemm lm_head", || self.gemm(x, w, true))
     }
 
-    fn rope_and_cache(&self, qkv: &mut CudaTensor, rope: &CudaTensor, kv: &mut CudaKv, layer: usize, b: &CudaBatch, p: &AttnParams) -> Result<(), DeviceError> {
+    fn rope_and_cache(
+        &self,
+        qkv: &mut CudaTensor,
+        rope: &CudaTensor,
+        kv: &mut CudaKv,
+        layer: usize,
+        b: &CudaBatch,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError> {
         self.timed("rope+kv_write", || {
-        if b.n == 0 {
-            return Ok(());
-        }
-        let (nh, nkv, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
-        let table = rope.f32("rope")?;
-        let CudaBuf::Bf16(q) = &mut qkv.buf else {
-            return Err(DeviceError::Op { device: DEV, op: "rope", msg: "qkv must be bf16".into() });
-        };
-        let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
-        let mut l = self.stream.launch_builder(&self.k.rope_kv);
-        l.arg(q).arg(table).arg(&b.pos).arg(&b.slots).arg(kc).arg(vc).arg(&nh).arg(&nkv).arg(&d);
-        // SAFETY: rope_kv_bf16(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
-        // bf16 k_cache[slots, nkv, d], bf16 v_cache[slots, nkv, d], int, int, int); positions are below
-        // max_pos and slots inside the cache (validated by the runner).
-        unsafe { l.launch(Self::rows_config(b.n, 128)) }.map_err(op_err("rope_kv"))?;
-        Ok(())
+            if b.n == 0 {
+                return Ok(());
+            }
+            let (nh, nkv, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
+            let table = rope.f32("rope")?;
+            let CudaBuf::Bf16(q) = &mut qkv.buf else {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "rope",
+                    msg: "qkv must be bf16".into(),
+                });
+            };
+            let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
+            let mut l = self.stream.launch_builder(&self.k.rope_kv);
+            l.arg(q)
+                .arg(table)
+                .arg(&b.pos)
+                .arg(&b.slots)
+                .arg(kc)
+                .arg(vc)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&d);
+            // SAFETY: rope_kv_bf16(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
+            // bf16 k_cache[slots, nkv, d], bf16 v_cache[slots, nkv, d], int, int, int); positions are below
+            // max_pos and slots inside the cache (validated by the runner).
+            unsafe { l.launch(Self::rows_config(b.n, 128)) }.map_err(op_err("rope_kv"))?;
+            Ok(())
         })
     }
 
-    fn attention(&self, qkv: &CudaTensor, kv: &CudaKv, layer: usize, b: &CudaBatch, p: &AttnParams) -> Result<CudaTensor, DeviceError> {
+    fn attention(
+        &self,
+        qkv: &CudaTensor,
+        kv: &CudaKv,
+        layer: usize,
+        b: &CudaBatch,
+        p: &AttnParams,
+    ) -> Result<CudaTensor, DeviceError> {
         self.timed("attention", || {
-        let d = p.head_dim;
-        let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
-        if b.n == 0 {
-            return Ok(CudaTensor { rows: 0, cols: p.num_heads * d, buf: CudaBuf::Bf16(out) });
-        }
-        if d > ATT_MAXD {
-            return Err(DeviceError::Op { device: DEV, op: "attention", msg: format!("head_dim {d} > {ATT_MAXD}") });
-        }
-        let mma = match d {
-            64 if !self.simt_attention => Some(&self.k.attention_mma_d64),
-            128 if !self.simt_attention => Some(&self.k.attention_mma_d128),
-            _ => None,
-        };
-        // Work units: the tensor-core kernel serves a GQA group per block (rows = tokens × group),
-        // the CUDA-core kernel one q head per block (rows = tokens).
-        let group = p.num_heads / p.num_kv_heads;
-        if mma.is_some() && group > ATT_TQ {
-            return Err(DeviceError::Op { device: DEV, op: "attention", msg: format!("GQA group {group} > {ATT_TQ}") });
-        }
-        let (sub_tokens, units_per_tile, grid_y) = match mma {
-            Some(_) => {
-                let sub = (ATT_TQ / group).max(1);
-                (sub, ATT_TQ.div_ceil(sub), p.num_kv_heads)
+            let d = p.head_dim;
+            let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
+            if b.n == 0 {
+                return Ok(CudaTensor {
+                    rows: 0,
+                    cols: p.num_heads * d,
+                    buf: CudaBuf::Bf16(out),
+                });
             }
-            None => (ATT_TQ, 1, p.num_heads),
-        };
-        let units = b.num_tiles * units_per_tile;
-        // Split long key ranges over more blocks when too few blocks have work (decode); prefill-sized
-        // batches run unsplit.
-        let busy: usize = b.tile_lens.iter().map(|&l| (l as usize).div_ceil(sub_tokens)).sum::<usize>() * grid_y;
-        let want = 264usize.div_ceil(busy.max(1));
-        let max_splits = b.max_ctx.div_ceil(256).max(1);
-        let splits = want.clamp(1, max_splits.min(32));
-        let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
-        let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
-        let part_rows = if splits > 1 { units * grid_y * splits * ATT_TQ } else { 1 };
-        let mut part_o = self.alloc_f32(if splits > 1 { part_rows * d } else { 1 }, "attention splits")?;
-        let mut part_ml = self.alloc_f32(if splits > 1 { part_rows * 2 } else { 1 }, "attention splits")?;
-        let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
-        let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
-        let (gi, sti, upti) = (group as i32, sub_tokens as i32, units_per_tile as i32);
-        // Combine rows: token × group for the tensor-core kernel, token alone for the CUDA-core one.
-        let shape = CombineShape { units, grid_y, splits, group: if mma.is_some() { group } else { 1 }, sub_tokens, units_per_tile };
-        if let Some(func) = mma {
+            if d > ATT_MAXD {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "attention",
+                    msg: format!("head_dim {d} > {ATT_MAXD}"),
+                });
+            }
+            let mma = match d {
+                64 if !self.simt_attention => Some(&self.k.attention_mma_d64),
+                128 if !self.simt_attention => Some(&self.k.attention_mma_d128),
+                _ => None,
+            };
+            // Work units: the tensor-core kernel serves a GQA group per block (rows = tokens × group),
+            // the CUDA-core kernel one q head per block (rows = tokens).
+            let group = p.num_heads / p.num_kv_heads;
+            if mma.is_some() && group > ATT_TQ {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "attention",
+                    msg: format!("GQA group {group} > {ATT_TQ}"),
+                });
+            }
+            let (sub_tokens, units_per_tile, grid_y) = match mma {
+                Some(_) => {
+                    let sub = (ATT_TQ / group).max(1);
+                    (sub, ATT_TQ.div_ceil(sub), p.num_kv_heads)
+                }
+                None => (ATT_TQ, 1, p.num_heads),
+            };
+            let units = b.num_tiles * units_per_tile;
+            // Split long key ranges over more blocks when too few blocks have work (decode); prefill-sized
+            // batches run unsplit.
+            let busy: usize = b
+                .tile_lens
+                .iter()
+                .map(|&l| (l as usize).div_ceil(sub_tokens))
+                .sum::<usize>()
+                * grid_y;
+            let want = 264usize.div_ceil(busy.max(1));
+            let max_splits = b.max_ctx.div_ceil(256).max(1);
+            let splits = want.clamp(1, max_splits.min(32));
+            let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
+            let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
+            let part_rows = if splits > 1 {
+                units * grid_y * splits * ATT_TQ
+            } else {
+                1
+            };
+            let mut part_o = self.alloc_f32(
+                if splits > 1 { part_rows * d } else { 1 },
+                "attention splits",
+            )?;
+            let mut part_ml = self.alloc_f32(
+                if splits > 1 { part_rows * 2 } else { 1 },
+                "attention splits",
+            )?;
+            let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
+            let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
+            let (gi, sti, upti) = (group as i32, sub_tokens as i32, units_per_tile as i32);
+            // Combine rows: token × group for the tensor-core kernel, token alone for the CUDA-core one.
+            let shape = CombineShape {
+                units,
+                grid_y,
+                splits,
+                group: if mma.is_some() { group } else { 1 },
+                sub_tokens,
+                units_per_tile,
+            };
+            let (func, cfg) = match mma {
+                Some(f) => (
+                    f,
+                    LaunchConfig {
+                        grid_dim: (units as u32, grid_y as u32, splits as u32),
+                        block_dim: (64, 1, 1),
+                        shared_mem_bytes: mma_smem_bytes(d),
+                    },
+                ),
+                None => (
+                    &self.k.attention,
+                    LaunchConfig {
+                        grid_dim: (b.num_tiles as u32, p.num_heads as u32, splits as u32),
+                        block_dim: (ATT_THREADS, 1, 1),
+                        shared_mem_bytes: attention_smem_bytes(d),
+                    },
+                ),
+            };
             let mut l = self.stream.launch_builder(func);
             l.arg(qkv.bf16("attention")?)
                 .arg(&kv.k[layer])
@@ -608,86 +882,71 @@ impl Device for CudaDevice {
                 .arg(&mut part_ml)
                 .arg(&nh)
                 .arg(&nkv)
+                .arg(&di)
                 .arg(&bs)
                 .arg(&p.scale)
                 .arg(&sl)
                 .arg(&gi)
                 .arg(&sti)
                 .arg(&upti);
-            let cfg = LaunchConfig {
-                grid_dim: (units as u32, grid_y as u32, splits as u32),
-                block_dim: (64, 1, 1),
-                shared_mem_bytes: mma_smem_bytes(d),
-            };
-            // SAFETY: paged_attention_mma_d{64,128}_bf16 as documented in attention_mma.cu (d fixed by
-            // the symbol and checked by the match; group ≤ 32 checked above; split buffers sized
-            // units × kv heads × splits × ATT_TQ rows).
-            unsafe { l.launch(cfg) }.map_err(op_err("attention (mma)"))?;
-            return self.finish_attention(out, part_o, part_ml, b, p, shape);
-        }
-        let mut l = self.stream.launch_builder(&self.k.attention);
-        l.arg(qkv.bf16("attention")?)
-            .arg(&kv.k[layer])
-            .arg(&kv.v[layer])
-            .arg(&b.pos)
-            .arg(&b.tile_seq)
-            .arg(&b.tile_start)
-            .arg(&b.tile_len)
-            .arg(&b.block_tables)
-            .arg(&mb)
-            .arg(&mut out)
-            .arg(&mut part_o)
-            .arg(&mut part_ml)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&di)
-            .arg(&bs)
-            .arg(&p.scale)
-            .arg(&sl);
-        let cfg = LaunchConfig {
-            grid_dim: (b.num_tiles as u32, p.num_heads as u32, splits as u32),
-            block_dim: (ATT_THREADS, 1, 1),
-            shared_mem_bytes: attention_smem_bytes(d),
-        };
-        // SAFETY: paged_attention_bf16 as documented in attention.cu: tiles cover the batch's tokens
-        // within their sequences, block tables cover every position (validated by the runner), the
-        // split buffers hold tiles × heads × splits × ATT_TQ rows, shared memory is sized for d.
-        unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
-        self.finish_attention(out, part_o, part_ml, b, p, shape)
+            // SAFETY: both kernels take this argument list (attention.cu / attention_mma.cu): tiles cover
+            // the batch's tokens within their sequences, block tables cover every position (validated by
+            // the runner), split buffers hold units × grid_y × splits × ATT_TQ rows, shared memory is
+            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 32.
+            unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
+            self.finish_attention(out, part_o, part_ml, b, p, shape)
         })
     }
 
     fn silu_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
         self.timed("silu_mul", || {
-        let i = gu.cols / 2;
-        let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
-        if gu.rows > 0 {
-            let ii = i as i32;
-            let total = (gu.rows * i) as u64;
-            let mut l = self.stream.launch_builder(&self.k.silu_mul);
-            l.arg(gu.bf16("silu_mul")?).arg(&mut out).arg(&ii).arg(&total);
-            let blocks = total.div_ceil(256).min(4096) as u32;
-            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: silu_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64 n·i).
-            unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
-        }
-        Ok(CudaTensor { rows: gu.rows, cols: i, buf: CudaBuf::Bf16(out) })
+            let i = gu.cols / 2;
+            let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
+            if gu.rows > 0 {
+                let ii = i as i32;
+                let total = (gu.rows * i) as u64;
+                let mut l = self.stream.launch_builder(&self.k.silu_mul);
+                l.arg(gu.bf16("silu_mul")?)
+                    .arg(&mut out)
+                    .arg(&ii)
+                    .arg(&total);
+                let blocks = total.div_ceil(256).min(4096) as u32;
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: silu_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64 n·i).
+                unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
+            }
+            Ok(CudaTensor {
+                rows: gu.rows,
+                cols: i,
+                buf: CudaBuf::Bf16(out),
+            })
         })
     }
 
     fn gather_logit_rows(&self, x: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {
         self.timed("gather_rows", || {
-        let m = b.num_logit_rows;
-        let mut out = self.alloc_bf16(m * x.cols, "gather")?;
-        if m > 0 {
-            let c = x.cols as i32;
-            let mut l = self.stream.launch_builder(&self.k.gather_rows);
-            l.arg(&b.logit_rows).arg(x.bf16("gather")?).arg(&mut out).arg(&c);
-            // SAFETY: gather_rows_bf16(u32 rows[m], bf16 x[n, cols], bf16 out[m, cols], int cols);
-            // rows < n (validated by the runner).
-            unsafe { l.launch(Self::rows_config(m, 256)) }.map_err(op_err("gather"))?;
-        }
-        Ok(CudaTensor { rows: m, cols: x.cols, buf: CudaBuf::Bf16(out) })
+            let m = b.num_logit_rows;
+            let mut out = self.alloc_bf16(m * x.cols, "gather")?;
+            if m > 0 {
+                let c = x.cols as i32;
+                let mut l = self.stream.launch_builder(&self.k.gather_rows);
+                l.arg(&b.logit_rows)
+                    .arg(x.bf16("gather")?)
+                    .arg(&mut out)
+                    .arg(&c);
+                // SAFETY: gather_rows_bf16(u32 rows[m], bf16 x[n, cols], bf16 out[m, cols], int cols);
+                // rows < n (validated by the runner).
+                unsafe { l.launch(Self::rows_config(m, 256)) }.map_err(op_err("gather"))?;
+            }
+            Ok(CudaTensor {
+                rows: m,
+                cols: x.cols,
+                buf: CudaBuf::Bf16(out),
+            })
         })
     }
 
@@ -701,29 +960,49 @@ impl Device for CudaDevice {
             }
             CudaBuf::Bf16(b) => {
                 let v = self.stream.clone_dtoh(b).map_err(op_err("download"))?;
-                Ok(v.into_iter().take(n).map(|x| bf16::from_bits(x).to_f32()).collect())
+                Ok(v.into_iter()
+                    .take(n)
+                    .map(|x| bf16::from_bits(x).to_f32())
+                    .collect())
             }
         }
     }
 
-    fn sample(&self, logits: &CudaTensor, rows: &[super::RowSampling]) -> Result<Option<Vec<u32>>, DeviceError> {
+    fn sample(
+        &self,
+        logits: &CudaTensor,
+        rows: &[super::RowSampling],
+    ) -> Result<Option<Vec<u32>>, DeviceError> {
         self.timed("sample", || {
-        let n = logits.rows;
-        if n == 0 {
-            return Ok(Some(Vec::new()));
-        }
-        let vocab = logits.cols as i32;
-        let params = self.htod_u32(&super::RowSampling::to_words(rows))?;
-        let any_random = rows.iter().any(|r| r.temperature > 0.0 && r.top_k != 1);
-        let mut scratch = self.alloc_f32(if any_random { n * logits.cols } else { 1 }, "sampling")?;
-        let mut ids = self.htod_u32(&vec![0u32; n])?;
-        let mut l = self.stream.launch_builder(&self.k.sample);
-        l.arg(logits.f32("sample")?).arg(&params).arg(&mut scratch).arg(&mut ids).arg(&vocab);
-        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: sample_f32(f32 logits[rows, vocab], RowParams params[rows] (8 words each, the
-        // layout of RowSampling), f32 scratch[rows, vocab] when any row samples, u32 out[rows], int).
-        unsafe { l.launch(cfg) }.map_err(op_err("sample"))?;
-        Ok(Some(self.stream.clone_dtoh(&ids).map_err(op_err("download tokens"))?))
+            let n = logits.rows;
+            if n == 0 {
+                return Ok(Some(Vec::new()));
+            }
+            let vocab = logits.cols as i32;
+            let params = self.htod_u32(&super::RowSampling::to_words(rows))?;
+            let any_random = rows.iter().any(|r| r.temperature > 0.0 && r.top_k != 1);
+            let mut scratch =
+                self.alloc_f32(if any_random { n * logits.cols } else { 1 }, "sampling")?;
+            let mut ids = self.htod_u32(&vec![0u32; n])?;
+            let mut l = self.stream.launch_builder(&self.k.sample);
+            l.arg(logits.f32("sample")?)
+                .arg(&params)
+                .arg(&mut scratch)
+                .arg(&mut ids)
+                .arg(&vocab);
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: sample_f32(f32 logits[rows, vocab], RowParams params[rows] (8 words each, the
+            // layout of RowSampling), f32 scratch[rows, vocab] when any row samples, u32 out[rows], int).
+            unsafe { l.launch(cfg) }.map_err(op_err("sample"))?;
+            Ok(Some(
+                self.stream
+                    .clone_dtoh(&ids)
+                    .map_err(op_err("download tokens"))?,
+            ))
         })
     }
 
@@ -741,7 +1020,10 @@ impl Device for CudaDevice {
             e.0 += ms;
             e.1 += 1;
         }
-        let mut v: Vec<(String, f64, usize)> = by_op.into_iter().map(|(k, (ms, n))| (k.to_string(), ms, n)).collect();
+        let mut v: Vec<(String, f64, usize)> = by_op
+            .into_iter()
+            .map(|(k, (ms, n))| (k.to_string(), ms, n))
+            .collect();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         Ok(v)
     }
