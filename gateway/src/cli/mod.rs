@@ -45,6 +45,23 @@ pub enum Command {
     /// Benchmarks against the device's measured ceilings.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Tenant administration helpers.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TenantCommand {
+    /// Print the sha256 of an API key, the form a tenants config stores it in.
+    HashKey {
+        /// The API key.
+        key: String,
+    },
+    /// Check a tenants config (TOML) and list its tenants.
+    Check {
+        /// Path of the config file.
+        path: std::path::PathBuf,
+    },
 }
 
 pub fn init_logging(format: LogFormat, verbose: u8) {
@@ -70,5 +87,30 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logits(a) => generate::logits(a),
         Command::Model(c) => model::run(c),
         Command::Bench(c) => bench::run(c),
+        Command::Tenant(TenantCommand::HashKey { key }) => {
+            println!(
+                "{}",
+                cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(&key))
+            );
+            Ok(())
+        }
+        Command::Tenant(TenantCommand::Check { path }) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let reg = cachet_gateway::tenants::TenantRegistry::from_toml(
+                &text,
+                &[0; 32],
+                std::time::Instant::now(),
+            )?;
+            for t in reg.tenants() {
+                println!(
+                    "{}: {} key(s), priority {}",
+                    t.id(),
+                    t.config.api_key_sha256.len(),
+                    t.config.priority
+                );
+            }
+            Ok(())
+        }
     }
 }

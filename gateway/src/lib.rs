@@ -1,0 +1,3 @@
+//! The Cachet gateway library: tenants, and (growing) the HTTPS server in front of the engine.
+
+pub mod tenants;

@@ -1,0 +1,144 @@
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const KEY: [u8; 32] = [5; 32];
+
+fn example() -> TenantRegistry {
+    let text = include_str!("../../../examples/cachet.toml");
+    TenantRegistry::from_toml(text, &KEY, Instant::now()).unwrap()
+}
+
+#[test]
+fn the_example_config_loads_and_keys_authenticate() {
+    let reg = example();
+    assert_eq!(reg.tenants().len(), 2);
+    assert_eq!(
+        reg.authenticate("sk-acme-example-key").unwrap().id(),
+        "acme"
+    );
+    assert_eq!(
+        reg.authenticate("sk-free-example-key").unwrap().id(),
+        "free-tier"
+    );
+    assert_eq!(
+        reg.authenticate("sk-acme-example-keY").unwrap_err(),
+        Denied::BadKey
+    );
+    assert_eq!(reg.authenticate("").unwrap_err(), Denied::BadKey);
+}
+
+#[test]
+fn salts_isolate_tenants_unless_they_share_a_group() {
+    let text = format!(
+        "{}\n[[tenant]]\nid = \"other\"\napi_key_sha256 = [\"{}\"]\ncache_share_group = \"public-demo\"\n",
+        include_str!("../../../examples/cachet.toml"),
+        hex(&hash_key("k3"))
+    );
+    let reg = TenantRegistry::from_toml(&text, &KEY, Instant::now()).unwrap();
+    let acme = reg.authenticate("sk-acme-example-key").unwrap();
+    let free = reg.authenticate("sk-free-example-key").unwrap();
+    let other = reg.authenticate("k3").unwrap();
+    assert_ne!(acme.salt, free.salt);
+    assert_eq!(free.salt, other.salt, "same cache_share_group, same salt");
+    // A different deployment key gives different salts.
+    let reg2 = TenantRegistry::from_toml(
+        include_str!("../../../examples/cachet.toml"),
+        &[6; 32],
+        Instant::now(),
+    )
+    .unwrap();
+    assert_ne!(
+        reg2.authenticate("sk-acme-example-key").unwrap().salt,
+        acme.salt
+    );
+}
+
+#[test]
+fn model_allow_lists_apply() {
+    let reg = example();
+    assert!(reg
+        .authenticate("sk-acme-example-key")
+        .unwrap()
+        .allows_model("anything"));
+    let free = reg.authenticate("sk-free-example-key").unwrap();
+    assert!(free.allows_model("smollm2"));
+    assert!(!free.allows_model("llama3-8b"));
+}
+
+#[test]
+fn concurrency_cap_and_permits() {
+    let free = example().authenticate("sk-free-example-key").unwrap();
+    let t = Instant::now();
+    let a = free.admit(10, t).unwrap();
+    let _b = free.admit(10, t).unwrap();
+    assert!(matches!(
+        free.admit(10, t),
+        Err(Denied::RateLimited {
+            limit: "concurrent-requests",
+            ..
+        })
+    ));
+    assert_eq!(free.inflight(), 2, "a refusal gives its slot back");
+    drop(a);
+    assert!(free.admit(10, t).is_ok());
+}
+
+#[test]
+fn requests_and_tokens_per_minute_with_retry_after() {
+    let text = format!(
+        "[[tenant]]\nid = \"t\"\napi_key_sha256 = [\"{}\"]\nrequests_per_minute = 2\ntokens_per_minute = 600\n",
+        hex(&hash_key("k"))
+    );
+    let t0 = Instant::now();
+    let reg = TenantRegistry::from_toml(&text, &KEY, t0).unwrap();
+    let t = reg.authenticate("k").unwrap();
+    drop(t.admit(100, t0).unwrap());
+    drop(t.admit(100, t0).unwrap());
+    match t.admit(100, t0) {
+        Err(Denied::RateLimited {
+            limit: "requests-per-minute",
+            retry_after,
+            ..
+        }) => assert_eq!(retry_after, Duration::from_secs(30)),
+        other => panic!("{other:?}"),
+    }
+    let t1 = t0 + Duration::from_secs(30);
+    // 400 of 600 tokens left (+300 refilled, capped at 600): a 700-token prompt can never fit.
+    assert!(matches!(
+        t.admit(700, t1),
+        Err(Denied::TooLarge {
+            asked: 700,
+            capacity: 600,
+            ..
+        })
+    ));
+    // Generated tokens are charged after the fact and delay the next request.
+    t.charge_tokens(600, t1);
+    match t.admit(100, t1) {
+        Err(Denied::RateLimited {
+            limit: "tokens-per-minute",
+            retry_after,
+            ..
+        }) => assert_eq!(retry_after, Duration::from_secs(10)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_configs_say_what_to_fix() {
+    let err = |text: &str| {
+        TenantRegistry::from_toml(text, &KEY, Instant::now())
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err("[[tenant]]\nid = \"a\"\napi_key_sha256 = []\n").contains("hash-key"));
+    assert!(err("[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"abc\"]\n").contains("64 hex digits"));
+    let h = hex(&hash_key("x"));
+    assert!(err(&format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\nrequests_per_minute = 0\n"
+    ))
+    .contains("requests_per_minute must be > 0"));
+    assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n")).contains("unique"));
+    assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key = \"{h}\"\n")).contains("unknown field"));
+}
