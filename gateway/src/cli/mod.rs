@@ -3,6 +3,7 @@
 mod bench;
 mod generate;
 mod model;
+mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -35,6 +36,8 @@ pub enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Serve the OpenAI-compatible API for many tenants over the embedded engine.
+    Serve(serve::ServeArgs),
     /// Generate text from a prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
     /// Print the top-K logits at the last position of a token sequence, as JSON.
@@ -83,6 +86,7 @@ pub fn init_logging(format: LogFormat, verbose: u8) {
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(a) => serve::serve(a),
         Command::Generate(a) => generate::generate(a),
         Command::Logits(a) => generate::logits(a),
         Command::Model(c) => model::run(c),

@@ -1,0 +1,147 @@
+//! `cachet serve`: the gateway over the embedded engine.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use cachet_backend::engine::{Engine, EngineConfig};
+use cachet_backend::loader;
+use cachet_backend::model::runner::{build_runner, KvBudget, RunnerOptions, WeightSource};
+use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
+use cachet_gateway::server::{self, AppState};
+use cachet_gateway::tenants::TenantRegistry;
+use clap::Args;
+
+use super::generate::DeviceKind;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Model: a known name (`smollm2`), an HF directory or a .gguf file.
+    #[arg(long, short)]
+    pub model: String,
+    /// Tenants config (TOML); see examples/cachet.toml.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Address to listen on (plain HTTP/1.1 and HTTP/2).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Most sequences in one engine step.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Token budget of one engine step (prefill chunks + decodes).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Reuse cached prompt prefixes (per tenant salt).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_prefix_caching: bool,
+    /// Split long prompts across steps.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_chunked_prefill: bool,
+    /// fcfs, priority (tenant class) or shortest-first.
+    #[arg(long, default_value = "priority")]
+    pub scheduling_policy: String,
+    /// Share of device memory for weights + KV cache (on the CPU: of 4 GiB).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Longest prompt + output.
+    #[arg(long, default_value_t = 4096)]
+    pub max_model_len: usize,
+    /// Requests that may wait for the engine before new ones get 503 + Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub grace_period: u64,
+}
+
+fn deployment_key() -> anyhow::Result<[u8; 32]> {
+    let mut key = [0u8; 32];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    Ok(key)
+}
+
+pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
+    let key = deployment_key()?;
+    let text = std::fs::read_to_string(&a.config)
+        .with_context(|| format!("reading {}", a.config.display()))?;
+    let tenants = TenantRegistry::from_toml(&text, &key, std::time::Instant::now())
+        .with_context(|| format!("in {}", a.config.display()))?;
+    if let Some(k) = loader::fetch::known_model(&a.model) {
+        loader::fetch::fetch(k, true)?;
+    }
+    let model =
+        loader::load(&a.model, true).with_context(|| format!("loading model `{}`", a.model))?;
+    let tokenizer = model
+        .tokenizer
+        .clone()
+        .context("the model has no tokenizer")?;
+    let opts = RunnerOptions {
+        device: a.device.into(),
+        block_size: a.block_size,
+        max_model_len: a.max_model_len,
+        kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
+    };
+    let runner = build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?;
+    let model_id = loader::fetch::known_model(&a.model)
+        .map(|k| k.name.to_string())
+        .unwrap_or_else(|| model.name.clone());
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: a.max_num_seqs,
+            max_num_batched_tokens: a.max_num_batched_tokens,
+            enable_chunked_prefill: a.enable_chunked_prefill,
+            policy,
+            max_model_len: a.max_model_len,
+            ..Default::default()
+        },
+        enable_prefix_caching: a.enable_prefix_caching,
+        max_waiting: a.max_waiting,
+        model_id: model_id.clone(),
+        hash_key: key,
+        ..Default::default()
+    };
+    let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);
+    let state = Arc::new(AppState {
+        engine: engine.handle(),
+        tokenizer,
+        tenants,
+        model_id,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    });
+    drop(model);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .with_context(|| format!("listening on {}", a.listen))?;
+        tracing::info!(addr = %listener.local_addr()?, "serving");
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::info!("shutdown signal: draining");
+            let _ = tx.send(true);
+        });
+        server::serve(listener, state, rx, Duration::from_secs(a.grace_period)).await?;
+        anyhow::Ok(())
+    })?;
+    drop(engine);
+    tracing::info!("stopped");
+    Ok(())
+}

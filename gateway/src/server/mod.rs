@@ -1,0 +1,453 @@
+//! The HTTP front of the gateway (hyper 1; HTTP/1.1 and HTTP/2): OpenAI-compatible chat and text
+//! completions (JSON or SSE streaming) over the embedded engine, tenant authentication and
+//! admission, `/health`, `/ready`, `/v1/models`.
+//!
+//! A client that goes away drops its response body; the task feeding it then drops the engine
+//! stream, which cancels the request and frees its KV blocks.
+
+pub mod error;
+pub mod openai;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use cachet_backend::engine::EngineHandle;
+use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, Usage};
+use cachet_backend::sampler::SamplingParams;
+use cachet_backend::tokenizer::TextTokenizer;
+use cachet_backend::EngineError;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{header, Method, Request, Response, StatusCode};
+use tokio::sync::{mpsc, watch};
+
+use crate::tenants::{Permit, TenantRegistry};
+use error::ApiError;
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+pub type RespBody = BoxBody<Bytes, Infallible>;
+
+/// What every request handler shares.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: TextTokenizer,
+    pub tenants: TenantRegistry,
+    /// The model name clients send (`model`).
+    pub model_id: String,
+    pub created: u64,
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        .expect("static response parts")
+}
+
+fn error_response(e: &ApiError) -> Response<RespBody> {
+    let mut r = json(e.status, &e.body());
+    if let Some(d) = e.retry_after {
+        let secs = d.as_secs_f64().ceil().max(1.0) as u64;
+        r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+    }
+    r
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Routes one request.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let result = match (&method, path.as_str()) {
+        (&Method::GET, "/health") => Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"}))),
+        (&Method::GET, "/ready") => Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "ready", "model": state.model_id}),
+        )),
+        (&Method::GET, "/v1/models") => models(&state, &req),
+        (&Method::POST, "/v1/chat/completions") => completion(state.clone(), req, true).await,
+        (&Method::POST, "/v1/completions") => completion(state.clone(), req, false).await,
+        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/ready") => {
+            Err(ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                ..ApiError::bad_request(format!("{method} is not allowed on {path}"), None)
+            })
+        }
+        _ => Err(ApiError::not_found(format!("no route {path}"), "not_found")),
+    };
+    Ok(result.unwrap_or_else(|e| error_response(&e)))
+}
+
+fn bearer(req: &Request<Incoming>) -> Option<&str> {
+    req.headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<RespBody>, ApiError> {
+    let tenant = state.tenants.authenticate(bearer(req).unwrap_or(""))?;
+    let data: Vec<serde_json::Value> = [&state.model_id]
+        .iter()
+        .filter(|m| tenant.allows_model(m))
+        .map(|m| serde_json::json!({"id": m, "object": "model", "created": state.created, "owned_by": "cachet"}))
+        .collect();
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": data}),
+    ))
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, ApiError> {
+    let body = Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                ApiError {
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    ..ApiError::bad_request(
+                        format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+                        None,
+                    )
+                }
+            } else {
+                ApiError::bad_request(format!("reading the request body: {e}"), None)
+            }
+        })?;
+    serde_json::from_slice(&body.to_bytes())
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Overloaded { .. } => {
+            ApiError::overloaded(e.to_string(), Duration::from_secs(1))
+        }
+        EngineError::InvalidRequest(m) => ApiError::bad_request(m, None),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+async fn completion(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    chat: bool,
+) -> Result<Response<RespBody>, ApiError> {
+    let tenant = state.tenants.authenticate(bearer(&req).unwrap_or(""))?;
+    let (common, prompt_text) = if chat {
+        let r: openai::ChatRequest = read_json(req).await?;
+        let msgs = r.messages()?;
+        let text = state
+            .tokenizer
+            .render_chat(&msgs, true)
+            .map_err(engine_error)?;
+        (r.common, text)
+    } else {
+        let r: openai::CompletionRequest = read_json(req).await?;
+        let p = r.prompt()?;
+        (r.common, p)
+    };
+    if common.model != state.model_id {
+        return Err(ApiError::not_found(
+            format!(
+                "model `{}` does not exist; GET /v1/models lists them",
+                common.model
+            ),
+            "model_not_found",
+        ));
+    }
+    if !tenant.allows_model(&common.model) {
+        return Err(crate::tenants::Denied::ModelNotAllowed {
+            tenant: tenant.id().into(),
+            model: common.model.clone(),
+        }
+        .into());
+    }
+    let (max_tokens, stop) = common.validate()?;
+    let prompt = state.tokenizer.encode(&prompt_text).map_err(engine_error)?;
+    let room = state.engine.max_model_len().saturating_sub(prompt.len()) as u64;
+    if room == 0 {
+        return Err(ApiError::bad_request(
+            format!(
+                "the prompt has {} tokens, the model's limit is {}",
+                prompt.len(),
+                state.engine.max_model_len()
+            ),
+            Some("messages"),
+        ));
+    }
+    let max_tokens = max_tokens.unwrap_or(room.min(1024));
+    let permit = tenant.admit(prompt.len() as u64, Instant::now())?;
+    let mut er = EngineRequest::new(prompt, max_tokens as usize);
+    er.sampling = SamplingParams {
+        temperature: common.temperature.unwrap_or(1.0),
+        top_k: 0,
+        top_p: common.top_p.unwrap_or(1.0),
+        seed: common.seed,
+    };
+    er.stop = stop;
+    er.salt = tenant.salt;
+    er.priority = tenant.config.priority;
+    er.tag = tenant.id().to_string();
+    let stream = state.engine.submit(er).map_err(engine_error)?;
+    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, stream.id);
+    let include_usage = common
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    let meta = Meta {
+        id,
+        created: now_unix(),
+        model: state.model_id.clone(),
+        chat,
+    };
+    if common.stream {
+        Ok(sse(stream, meta, include_usage, permit))
+    } else {
+        whole(stream, meta, permit).await
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    chat: bool,
+}
+
+fn usage_json(u: &Usage) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+async fn whole(
+    mut stream: cachet_backend::engine::RequestStream,
+    meta: Meta,
+    permit: Permit,
+) -> Result<Response<RespBody>, ApiError> {
+    let mut text = String::new();
+    loop {
+        match stream.next().await {
+            Some(EngineEvent::Token { text: t, .. }) => text.push_str(&t),
+            Some(EngineEvent::Finished {
+                reason,
+                usage,
+                error,
+                text: rest,
+                ..
+            }) => {
+                permit
+                    .tenant()
+                    .charge_tokens(usage.completion_tokens as u64, Instant::now());
+                if reason == FinishReason::Error {
+                    return Err(ApiError::internal(
+                        error.unwrap_or_else(|| "engine error".into()),
+                    ));
+                }
+                text.push_str(&rest);
+                let choice = if meta.chat {
+                    serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason.as_openai()})
+                } else {
+                    serde_json::json!({"index": 0, "text": text, "finish_reason": reason.as_openai()})
+                };
+                let body = serde_json::json!({
+                    "id": meta.id,
+                    "object": if meta.chat { "chat.completion" } else { "text_completion" },
+                    "created": meta.created,
+                    "model": meta.model,
+                    "choices": [choice],
+                    "usage": usage_json(&usage),
+                });
+                return Ok(json(StatusCode::OK, &body));
+            }
+            None => return Err(ApiError::internal("the engine ended the stream early")),
+        }
+    }
+}
+
+/// A response body fed by a channel: dropping it (client gone) closes the channel.
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn sse(
+    mut stream: cachet_backend::engine::RequestStream,
+    meta: Meta,
+    include_usage: bool,
+    permit: Permit,
+) -> Response<RespBody> {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let object = if meta.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+            let choice = if meta.chat {
+                serde_json::json!({"index": 0, "delta": delta, "finish_reason": finish})
+            } else {
+                serde_json::json!({"index": 0, "text": delta.get("content").cloned().unwrap_or_default(), "finish_reason": finish})
+            };
+            let v = serde_json::json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [choice]});
+            Bytes::from(format!("data: {v}\n\n"))
+        };
+        if meta.chat
+            && tx
+                .send(chunk(
+                    serde_json::json!({"role": "assistant", "content": ""}),
+                    None,
+                ))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        loop {
+            match stream.next().await {
+                Some(EngineEvent::Token { text, .. }) => {
+                    if !text.is_empty()
+                        && tx
+                            .send(chunk(serde_json::json!({"content": text}), None))
+                            .await
+                            .is_err()
+                    {
+                        return; // client gone: dropping `stream` cancels the request
+                    }
+                }
+                Some(EngineEvent::Finished {
+                    reason,
+                    usage,
+                    text,
+                    error,
+                    ..
+                }) => {
+                    _permit
+                        .tenant()
+                        .charge_tokens(usage.completion_tokens as u64, Instant::now());
+                    if reason == FinishReason::Error {
+                        let e = ApiError::internal(error.unwrap_or_default());
+                        let _ = tx
+                            .send(Bytes::from(format!("data: {}\n\n", e.body())))
+                            .await;
+                        return;
+                    }
+                    if !text.is_empty() {
+                        let _ = tx
+                            .send(chunk(serde_json::json!({"content": text}), None))
+                            .await;
+                    }
+                    let _ = tx
+                        .send(chunk(serde_json::json!({}), Some(reason.as_openai())))
+                        .await;
+                    if include_usage {
+                        let v = serde_json::json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [], "usage": usage_json(&usage)});
+                        let _ = tx.send(Bytes::from(format!("data: {v}\n\n"))).await;
+                    }
+                    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                    return;
+                }
+                None => return,
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(ChannelBody { rx }.boxed())
+        .expect("static response parts")
+}
+
+/// Accepts connections on `listener` until `shutdown` turns true, then stops accepting and lets
+/// connections in flight finish within `grace`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let (conn_tx, mut conn_rx) = watch::channel(0usize);
+    let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer): (tokio::net::TcpStream, SocketAddr) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => { tracing::warn!(error = %e, "accept failed"); continue; }
+                };
+                let state = state.clone();
+                let active = active.clone();
+                let conn_tx = conn_tx.clone();
+                let mut stop = shutdown.clone();
+                active.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        r = conn.as_mut() => { if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error"); } }
+                        _ = stop.changed() => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
+                    let left = active.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
+                    let _ = conn_tx.send(left);
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("draining: no new connections; waiting for requests in flight");
+    let deadline = tokio::time::sleep(grace);
+    tokio::pin!(deadline);
+    while active.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        tokio::select! {
+            _ = conn_rx.changed() => {}
+            _ = &mut deadline => { tracing::warn!("grace period over; closing the remaining connections"); break; }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The OpenAI request shapes Cachet accepts, validated into engine parameters. Unsupported
+//! parameters are refused by name instead of being ignored.
+
+use serde::Deserialize;
+
+use super::error::ApiError;
+use cachet_backend::tokenizer::ChatMessage;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by chat and text completions.
+#[derive(Debug, Deserialize)]
+pub struct Common {
+    pub model: String,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+    pub n: Option<u32>,
+    pub logprobs: Option<serde_json::Value>,
+    pub tools: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    pub content: serde_json::Value,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessageIn>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: serde_json::Value,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+impl Common {
+    /// Checks what the engine cannot do and returns (max_tokens, stop strings).
+    pub fn validate(&self) -> Result<(Option<u64>, Vec<String>), ApiError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad_request(
+                "n > 1 is not supported; send separate requests",
+                Some("n"),
+            ));
+        }
+        if self
+            .logprobs
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false))
+        {
+            return Err(ApiError::bad_request(
+                "logprobs are not supported",
+                Some("logprobs"),
+            ));
+        }
+        if self.tools.is_some() {
+            return Err(ApiError::bad_request(
+                "tools are not supported",
+                Some("tools"),
+            ));
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::bad_request(
+                    format!("temperature must be between 0 and 2, got {t}"),
+                    Some("temperature"),
+                ));
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::bad_request(
+                    format!("top_p must be in (0, 1], got {p}"),
+                    Some("top_p"),
+                ));
+            }
+        }
+        let max = self.max_completion_tokens.or(self.max_tokens);
+        if max == Some(0) {
+            return Err(ApiError::bad_request(
+                "max_tokens must be at least 1",
+                Some("max_tokens"),
+            ));
+        }
+        let stop = match &self.stop {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 || stop.iter().any(|s| s.is_empty()) {
+            return Err(ApiError::bad_request(
+                "stop takes up to 4 non-empty strings",
+                Some("stop"),
+            ));
+        }
+        Ok((max, stop))
+    }
+}
+
+impl ChatRequest {
+    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::bad_request(
+                "messages must not be empty",
+                Some("messages"),
+            ));
+        }
+        self.messages
+            .iter()
+            .map(|m| {
+                if !["system", "user", "assistant", "developer"].contains(&m.role.as_str()) {
+                    return Err(ApiError::bad_request(
+                        format!("unsupported role `{}`", m.role),
+                        Some("messages"),
+                    ));
+                }
+                let text = match &m.content {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Array(parts) => parts
+                        .iter()
+                        .map(|p| {
+                            match (
+                                p.get("type").and_then(|t| t.as_str()),
+                                p.get("text").and_then(|t| t.as_str()),
+                            ) {
+                                (Some("text"), Some(t)) => Ok(t.to_string()),
+                                _ => Err(ApiError::bad_request(
+                                    "only text content parts are supported",
+                                    Some("messages"),
+                                )),
+                            }
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                        .join(""),
+                    _ => {
+                        return Err(ApiError::bad_request(
+                            "message content must be a string or text parts",
+                            Some("messages"),
+                        ))
+                    }
+                };
+                Ok(ChatMessage::new(
+                    if m.role == "developer" {
+                        "system"
+                    } else {
+                        m.role.as_str()
+                    },
+                    text,
+                ))
+            })
+            .collect()
+    }
+}
+
+impl CompletionRequest {
+    pub fn prompt(&self) -> Result<String, ApiError> {
+        match &self.prompt {
+            serde_json::Value::String(s) if !s.is_empty() => Ok(s.clone()),
+            serde_json::Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+                Ok(a[0].as_str().unwrap_or_default().to_string())
+            }
+            _ => Err(ApiError::bad_request(
+                "prompt must be one non-empty string",
+                Some("prompt"),
+            )),
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `cachet serve` (SmolLM2 on the CPU) against the official `openai` Python client, installed from
+//! PyPI under the target directory on first use.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `openai` package, pip-installed under the target directory.
+fn openai_site() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-openai");
+    if !dir.join("openai").exists() {
+        let st = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg("openai")
+            .status()
+            .expect("python3 -m pip");
+        assert!(st.success(), "pip install openai failed");
+    }
+    dir
+}
+
+fn key_hash(key: &str) -> String {
+    cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
+}
+
+/// Starts `cachet serve` and waits for /health.
+fn start(config: &str) -> (Server, String) {
+    let dir = std::env::temp_dir().join(format!("cachet-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("tenants.toml");
+    std::fs::write(&cfg, config).unwrap();
+    cachet_tests::smollm2_path();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .args([
+            "serve",
+            "--model",
+            "smollm2",
+            "--device",
+            "cpu",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--listen",
+        ])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "cachet serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (server, base)
+}
+
+#[test]
+fn the_official_openai_client_works_against_cachet_serve() {
+    let config = format!(
+        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n\n[[tenant]]\nid = \"limited\"\napi_key_sha256 = [\"{}\"]\nrequests_per_minute = 2\n",
+        key_hash("sk-test-acme"),
+        key_hash("sk-test-limited")
+    );
+    let site = openai_site();
+    let (_server, base) = start(&config);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/openai_check.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .env("PYTHONPATH", &site)
+        .env("BASE_URL", &base)
+        .env("KEY", "sk-test-acme")
+        .env("LIMITED_KEY", "sk-test-limited")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("all checks passed"));
+}

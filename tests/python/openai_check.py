@@ -1,0 +1,95 @@
+"""Cachet's gateway against the official `openai` Python client (plus raw HTTP for bad input).
+
+Run by gateway/tests/openai_client.rs with: BASE_URL, KEY (a tenant key), LIMITED_KEY (a tenant
+allowed 2 requests per minute). Prints one line per check; exits non-zero on the first failure.
+"""
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+import openai
+
+base = os.environ["BASE_URL"]
+client = openai.OpenAI(base_url=base + "/v1", api_key=os.environ["KEY"], max_retries=0)
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def check(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
+    if not cond:
+        sys.exit(1)
+
+
+models = [m.id for m in client.models.list().data]
+check("models.list", models == ["smollm2"], str(models))
+
+r = client.chat.completions.create(model="smollm2", messages=MSG, temperature=0, max_tokens=24)
+check("chat completion names Paris", "Paris" in r.choices[0].message.content, r.choices[0].message.content)
+check("finish_reason", r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
+check("usage", r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens)
+
+r2 = client.chat.completions.create(model="smollm2", messages=MSG, temperature=0, max_tokens=24)
+cached = r2.usage.prompt_tokens_details.cached_tokens
+check("cached_tokens on a repeated prefix", cached >= 16, f"{cached} of {r2.usage.prompt_tokens}")
+
+chunks = list(client.chat.completions.create(model="smollm2", messages=MSG, temperature=0, max_tokens=24,
+                                             stream=True, stream_options={"include_usage": True}))
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check("streamed text equals the non-streamed one", text == r.choices[0].message.content, repr(text))
+check("stream ends with usage", chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0)
+
+c = client.completions.create(model="smollm2", prompt="The capital of France is", temperature=0, max_tokens=8)
+check("text completion", len(c.choices[0].text) > 0 and c.usage.prompt_tokens > 0, repr(c.choices[0].text))
+
+s = client.chat.completions.create(model="smollm2", messages=MSG, temperature=0, max_tokens=24, stop=[" Paris"])
+check("stop string", "Paris" not in s.choices[0].message.content and s.choices[0].finish_reason == "stop", repr(s.choices[0].message.content))
+
+try:
+    openai.OpenAI(base_url=base + "/v1", api_key="sk-wrong", max_retries=0).models.list()
+    check("401 for a bad key", False)
+except openai.AuthenticationError as e:
+    check("401 for a bad key", e.status_code == 401)
+
+limited = openai.OpenAI(base_url=base + "/v1", api_key=os.environ["LIMITED_KEY"], max_retries=0)
+got_429 = None
+for _ in range(4):
+    try:
+        limited.chat.completions.create(model="smollm2", messages=MSG, max_tokens=1)
+    except openai.RateLimitError as e:
+        got_429 = e
+        break
+check("429 over the tenant's limit", got_429 is not None)
+check("Retry-After on the 429", int(got_429.response.headers.get("retry-after", "0")) >= 1, str(dict(got_429.response.headers)))
+
+try:
+    client.chat.completions.create(model="smollm2", messages=MSG, n=2)
+    check("n > 1 refused", False)
+except openai.BadRequestError as e:
+    check("n > 1 refused", "n > 1" in str(e))
+
+
+def raw(path, body, key=os.environ["KEY"]):
+    req = urllib.request.Request(base + path, data=body, method="POST",
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+for name, body, status in [
+    ("malformed JSON", b"{not json", 400),
+    ("wrong types", json.dumps({"model": "smollm2", "messages": "hi"}).encode(), 400),
+    ("empty messages", json.dumps({"model": "smollm2", "messages": []}).encode(), 400),
+    ("unknown model", json.dumps({"model": "gpt-9", "messages": MSG}).encode(), 404),
+    ("oversize body", b'{"model": "smollm2", "messages": [{"role": "user", "content": "' + b"x" * (2 << 20) + b'"}]}', 413),
+]:
+    code, doc = raw("/v1/chat/completions", body)
+    check(f"{name} -> {status}", code == status and "message" in doc.get("error", {}), f"{code} {doc}")
+
+with urllib.request.urlopen(base + "/health") as resp:
+    check("still serving after bad input", resp.status == 200)
+print("all checks passed")
