@@ -51,12 +51,12 @@ fn key_hash(key: &str) -> String {
 
 /// Starts `cachet serve` and waits for /health.
 fn start(config: &str) -> (Server, String) {
-    let dir = std::env::temp_dir().join(format!("cachet-serve-{}", std::process::id()));
+    cachet_tests::smollm2_path();
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("cachet-serve-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("tenants.toml");
     std::fs::write(&cfg, config).unwrap();
-    cachet_tests::smollm2_path();
-    let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
         .args([
             "serve",
@@ -111,4 +111,71 @@ fn the_official_openai_client_works_against_cachet_serve() {
     println!("{text}");
     assert!(out.status.success(), "{text}");
     assert!(text.contains("all checks passed"));
+}
+
+#[test]
+fn sigterm_drains_streams_in_flight_and_refuses_new_connections() {
+    use std::io::{Read, Write};
+    let config = format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-drain")
+    );
+    let (mut server, base) = start(&config);
+    let addr = base.trim_start_matches("http://").to_string();
+    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":64,"temperature":0,"stream":true}"#;
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer sk-drain\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Wait for the first streamed bytes, then ask the server to stop.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: ") {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "connection closed before streaming: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    let st = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // New connections are refused once the listener is closed.
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "still accepting after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The stream in flight runs to its end.
+    loop {
+        let n = conn.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&got).contains("data: [DONE]") {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.contains("\"finish_reason\":\"length\"")
+            || text.contains("\"finish_reason\":\"stop\""),
+        "the stream finished: {text}"
+    );
+    assert!(text.contains("data: [DONE]"));
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "exit status {status:?}");
 }
