@@ -23,10 +23,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The `openai` package, pip-installed under the target directory.
+/// The `openai` and `prometheus_client` packages, pip-installed under the target directory.
 fn openai_site() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-openai");
-    if !dir.join("openai").exists() {
+    if !dir.join("openai").exists() || !dir.join("prometheus_client").exists() {
         let st = Command::new("python3")
             .args([
                 "-m",
@@ -37,10 +37,10 @@ fn openai_site() -> PathBuf {
                 "--target",
             ])
             .arg(&dir)
-            .arg("openai")
+            .args(["openai", "prometheus_client"])
             .status()
             .expect("python3 -m pip");
-        assert!(st.success(), "pip install openai failed");
+        assert!(st.success(), "pip install openai prometheus_client failed");
     }
     dir
 }

@@ -92,4 +92,24 @@ for name, body, status in [
 
 with urllib.request.urlopen(base + "/health") as resp:
     check("still serving after bad input", resp.status == 200)
+
+# /metrics through Prometheus' own parser (the exposition is OpenMetrics text).
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+with urllib.request.urlopen(base + "/metrics") as resp:
+    families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+check("metrics parse", "cachet_time_to_first_token_seconds" in families, ", ".join(sorted(families)))
+ttft = families["cachet_time_to_first_token_seconds"]
+count = [s.value for s in ttft.samples if s.name.endswith("_count")][0]
+check("TTFT histogram counts requests", count >= 5, str(count))
+buckets = sorted(float(s.labels["le"]) for s in ttft.samples if s.name.endswith("_bucket") and s.labels["le"] != "+Inf")
+check("vLLM's TTFT buckets", buckets[:4] == [0.001, 0.005, 0.01, 0.02] and buckets[-1] == 2560.0, str(buckets))
+reqs = {(s.labels["tenant"], s.labels["status"]): s.value for s in families["cachet_requests"].samples if s.name.endswith("_total")}
+check("per-tenant request counters", reqs.get(("acme", "200"), 0) >= 5 and reqs.get(("acme", "400"), 0) >= 1 and reqs.get(("limited", "429"), 0) >= 1, str(reqs))
+hits = families["cachet_prefix_cache_hit_tokens"].samples[0].value
+queried = families["cachet_prefix_cache_queried_tokens"].samples[0].value
+check("prefix-cache tokens", 0 < hits <= queried, f"{hits} of {queried}")
+for name in ["cachet_inter_token_latency_seconds", "cachet_e2e_request_latency_seconds", "cachet_request_queue_time_seconds",
+             "cachet_num_requests_running", "cachet_num_requests_waiting", "cachet_kv_cache_usage_ratio", "cachet_generation_tokens"]:
+    check(f"metric {name}", name in families)
 print("all checks passed")

@@ -115,6 +115,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         tokenizer,
         tenants,
         model_id,
+        metrics: Default::default(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -6,6 +6,7 @@
 //! stream, which cancels the request and frees its KV blocks.
 
 pub mod error;
+pub mod metrics;
 pub mod openai;
 
 use std::convert::Infallible;
@@ -42,6 +43,7 @@ pub struct AppState {
     /// The model name clients send (`model`).
     pub model_id: String,
     pub created: u64,
+    pub metrics: metrics::Metrics,
 }
 
 fn json(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
@@ -82,17 +84,53 @@ pub async fn handle(
             &serde_json::json!({"status": "ready", "model": state.model_id}),
         )),
         (&Method::GET, "/v1/models") => models(&state, &req),
-        (&Method::POST, "/v1/chat/completions") => completion(state.clone(), req, true).await,
-        (&Method::POST, "/v1/completions") => completion(state.clone(), req, false).await,
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/ready") => {
-            Err(ApiError {
-                status: StatusCode::METHOD_NOT_ALLOWED,
-                ..ApiError::bad_request(format!("{method} is not allowed on {path}"), None)
-            })
+        (&Method::GET, "/metrics") => Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .body(Full::new(Bytes::from(state.metrics.render(&state.engine.stats()))).boxed())
+            .expect("static response parts")),
+        (&Method::POST, "/v1/chat/completions") => {
+            counted(&state, completion(state.clone(), req, true).await)
         }
+        (&Method::POST, "/v1/completions") => {
+            counted(&state, completion(state.clone(), req, false).await)
+        }
+        (
+            _,
+            "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/models"
+            | "/health"
+            | "/ready"
+            | "/metrics",
+        ) => Err(ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            ..ApiError::bad_request(format!("{method} is not allowed on {path}"), None)
+        }),
         _ => Err(ApiError::not_found(format!("no route {path}"), "not_found")),
     };
     Ok(result.unwrap_or_else(|e| error_response(&e)))
+}
+
+/// Counts a completion request by tenant and status (errors before authentication count as
+/// tenant `-`).
+fn counted(
+    state: &AppState,
+    r: Result<(Response<RespBody>, String), (ApiError, String)>,
+) -> Result<Response<RespBody>, ApiError> {
+    match r {
+        Ok((resp, tenant)) => {
+            state.metrics.count(&tenant, resp.status().as_u16());
+            Ok(resp)
+        }
+        Err((e, tenant)) => {
+            state.metrics.count(&tenant, e.status.as_u16());
+            Err(e)
+        }
+    }
 }
 
 fn bearer(req: &Request<Incoming>) -> Option<&str> {
@@ -154,8 +192,24 @@ async fn completion(
     state: Arc<AppState>,
     req: Request<Incoming>,
     chat: bool,
+) -> Result<(Response<RespBody>, String), (ApiError, String)> {
+    let tenant = state
+        .tenants
+        .authenticate(bearer(&req).unwrap_or(""))
+        .map_err(|e| (e.into(), "-".to_string()))?;
+    let name = tenant.id().to_string();
+    completion_for(state, req, chat, tenant)
+        .await
+        .map(|r| (r, name.clone()))
+        .map_err(|e| (e, name))
+}
+
+async fn completion_for(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    chat: bool,
+    tenant: Arc<crate::tenants::Tenant>,
 ) -> Result<Response<RespBody>, ApiError> {
-    let tenant = state.tenants.authenticate(bearer(&req).unwrap_or(""))?;
     let (common, prompt_text) = if chat {
         let r: openai::ChatRequest = read_json(req).await?;
         let msgs = r.messages()?;
@@ -224,9 +278,9 @@ async fn completion(
         chat,
     };
     if common.stream {
-        Ok(sse(stream, meta, include_usage, permit))
+        Ok(sse(stream, meta, include_usage, permit, state.clone()))
     } else {
-        whole(stream, meta, permit).await
+        whole(stream, meta, permit, &state).await
     }
 }
 
@@ -250,6 +304,7 @@ async fn whole(
     mut stream: cachet_backend::engine::RequestStream,
     meta: Meta,
     permit: Permit,
+    state: &AppState,
 ) -> Result<Response<RespBody>, ApiError> {
     let mut text = String::new();
     loop {
@@ -260,8 +315,14 @@ async fn whole(
                 usage,
                 error,
                 text: rest,
-                ..
+                timings,
             }) => {
+                state.metrics.observe(
+                    permit.tenant().id(),
+                    &timings,
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                );
                 permit
                     .tenant()
                     .charge_tokens(usage.completion_tokens as u64, Instant::now());
@@ -312,6 +373,7 @@ fn sse(
     meta: Meta,
     include_usage: bool,
     permit: Permit,
+    state: Arc<AppState>,
 ) -> Response<RespBody> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
@@ -358,8 +420,14 @@ fn sse(
                     usage,
                     text,
                     error,
-                    ..
+                    timings,
                 }) => {
+                    state.metrics.observe(
+                        _permit.tenant().id(),
+                        &timings,
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                    );
                     _permit
                         .tenant()
                         .charge_tokens(usage.completion_tokens as u64, Instant::now());

@@ -1,0 +1,207 @@
+//! `/metrics` in the Prometheus text format: request latency histograms with vLLM's bucket
+//! boundaries, per-tenant request/token/error counters, and the engine's state read at scrape
+//! time (running / waiting, KV blocks, prefix-cache queried / hit tokens, preemptions).
+
+use std::sync::atomic::AtomicU64;
+
+use cachet_backend::engine::EngineStats;
+use cachet_backend::request::RequestTimings;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantStatus {
+    pub tenant: String,
+    pub status: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub queue: Histogram,
+    pub requests: Family<TenantStatus, Counter>,
+    pub prompt_tokens: Family<TenantLabel, Counter>,
+    pub generation_tokens: Family<TenantLabel, Counter>,
+    running: Gauge,
+    waiting: Gauge,
+    kv_usage: Gauge<f64, AtomicU64>,
+    kv_blocks_cached: Gauge,
+    kv_blocks_free: Gauge,
+    prefix_queried: Gauge,
+    prefix_hits: Gauge,
+    preemptions: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("cachet");
+        let h = |b: &[f64]| Histogram::new(b.iter().copied());
+        let m = Metrics {
+            ttft: h(TTFT_BUCKETS),
+            itl: h(ITL_BUCKETS),
+            e2e: h(E2E_BUCKETS),
+            queue: h(E2E_BUCKETS),
+            requests: Family::default(),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
+            running: Gauge::default(),
+            waiting: Gauge::default(),
+            kv_usage: Gauge::default(),
+            kv_blocks_cached: Gauge::default(),
+            kv_blocks_free: Gauge::default(),
+            prefix_queried: Gauge::default(),
+            prefix_hits: Gauge::default(),
+            preemptions: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time to first token",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Mean time between output tokens, per request",
+            m.itl.clone(),
+        );
+        registry.register(
+            "e2e_request_latency_seconds",
+            "Arrival to finish",
+            m.e2e.clone(),
+        );
+        registry.register(
+            "request_queue_time_seconds",
+            "Arrival to first scheduled",
+            m.queue.clone(),
+        );
+        registry.register(
+            "requests",
+            "Requests by tenant and HTTP status",
+            m.requests.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens by tenant",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "generation_tokens",
+            "Generated tokens by tenant",
+            m.generation_tokens.clone(),
+        );
+        registry.register(
+            "num_requests_running",
+            "Requests in the engine's running set",
+            m.running.clone(),
+        );
+        registry.register(
+            "num_requests_waiting",
+            "Requests waiting for the engine",
+            m.waiting.clone(),
+        );
+        registry.register(
+            "kv_cache_usage_ratio",
+            "Share of KV blocks held by requests",
+            m.kv_usage.clone(),
+        );
+        registry.register(
+            "kv_blocks_cached_idle",
+            "Free KV blocks that hold a cached prefix",
+            m.kv_blocks_cached.clone(),
+        );
+        registry.register(
+            "kv_blocks_free",
+            "Empty KV blocks",
+            m.kv_blocks_free.clone(),
+        );
+        registry.register(
+            "prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            m.prefix_queried.clone(),
+        );
+        registry.register(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens found in the prefix cache",
+            m.prefix_hits.clone(),
+        );
+        registry.register(
+            "preemptions",
+            "Requests preempted by recompute",
+            m.preemptions.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Records a finished request.
+    pub fn observe(&self, tenant: &str, t: &RequestTimings, prompt: usize, generated: usize) {
+        self.ttft.observe(t.ttft.as_secs_f64());
+        self.e2e.observe(t.e2e.as_secs_f64());
+        self.queue.observe(t.queue.as_secs_f64());
+        if generated > 1 {
+            self.itl.observe(t.mean_itl.as_secs_f64());
+        }
+        let l = TenantLabel {
+            tenant: tenant.to_string(),
+        };
+        self.prompt_tokens.get_or_create(&l).inc_by(prompt as u64);
+        self.generation_tokens
+            .get_or_create(&l)
+            .inc_by(generated as u64);
+    }
+
+    pub fn count(&self, tenant: &str, status: u16) {
+        self.requests
+            .get_or_create(&TenantStatus {
+                tenant: tenant.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+    }
+
+    /// The text exposition, with engine state as of now.
+    pub fn render(&self, s: &EngineStats) -> String {
+        self.running.set(s.running as i64);
+        self.waiting.set(s.waiting as i64);
+        self.kv_usage.set(s.kv_usage());
+        self.kv_blocks_cached.set(s.kv.cached_idle as i64);
+        self.kv_blocks_free.set(s.kv.free_plain as i64);
+        self.prefix_queried
+            .set(s.counters.prefix_queried_tokens as i64);
+        self.prefix_hits.set(s.counters.prefix_hit_tokens as i64);
+        self.preemptions.set(s.counters.preemptions as i64);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
+        out
+    }
+}
