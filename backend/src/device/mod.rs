@@ -161,6 +161,23 @@ impl ForwardBatch {
     }
 }
 
+/// `(rows, cols)` of a 1-D (`[n]` → one row) or 2-D tensor shape; other ranks are an error of `op`.
+pub fn matrix_dims(
+    shape: &[usize],
+    device: &'static str,
+    op: &'static str,
+) -> Result<(usize, usize), DeviceError> {
+    match shape {
+        [n] => Ok((1, *n)),
+        [r, c] => Ok((*r, *c)),
+        s => Err(DeviceError::Op {
+            device,
+            op,
+            msg: format!("shape {s:?} is not 1-D or 2-D"),
+        }),
+    }
+}
+
 /// Attention shape parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnParams {
@@ -296,6 +313,18 @@ pub struct RowSampling {
 }
 
 impl RowSampling {
+    /// Greedy selection (argmax), as a decode step of a benchmark uses.
+    pub fn greedy() -> Self {
+        RowSampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            pad: 0,
+            seed: 0,
+            step: 0,
+        }
+    }
+
     fn words(&self) -> [u32; 8] {
         [
             self.temperature.to_bits(),

@@ -179,14 +179,7 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
             continue;
         }
         let b = batch(1, ctx, 1, bs, config.vocab_size);
-        let sample_rows = [RowSampling {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            pad: 0,
-            seed: 0,
-            step: 0,
-        }];
+        let sample_rows = [RowSampling::greedy()];
         let t = time(r.as_mut(), 3, 20, |r| {
             r.forward_step(&b, &sample_rows)
                 .map(|_| ())
@@ -219,17 +212,7 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         }
         let b = batch(n, ctx, 1, bs, config.vocab_size);
         // As the engine runs a decode step: greedy tokens chosen on the device where it can.
-        let sample_rows = vec![
-            RowSampling {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-                pad: 0,
-                seed: 0,
-                step: 0
-            };
-            n
-        ];
+        let sample_rows = vec![RowSampling::greedy(); n];
         let t = time(r.as_mut(), 3, 10, |r| {
             r.forward_step(&b, &sample_rows)
                 .map(|_| ())
@@ -345,17 +328,7 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
             ));
         }
         for (name, b, n_rows) in shapes {
-            let sample_rows = vec![
-                RowSampling {
-                    temperature: 0.0,
-                    top_k: 0,
-                    top_p: 1.0,
-                    pad: 0,
-                    seed: 0,
-                    step: 0
-                };
-                n_rows
-            ];
+            let sample_rows = vec![RowSampling::greedy(); n_rows];
             r.forward_step(&b, &sample_rows)?;
             r.synchronize()?;
             r.set_profiling(true);

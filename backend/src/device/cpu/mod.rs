@@ -70,17 +70,7 @@ impl Device for CpuDevice {
     }
 
     fn upload(&self, t: &HostTensor) -> Result<CpuTensor, DeviceError> {
-        let (rows, cols) = match t.shape.as_slice() {
-            [n] => (1, *n),
-            [r, c] => (*r, *c),
-            s => {
-                return Err(DeviceError::Op {
-                    device: "cpu",
-                    op: "upload",
-                    msg: format!("shape {s:?} is not 1-D or 2-D"),
-                })
-            }
-        };
+        let (rows, cols) = super::matrix_dims(&t.shape, "cpu", "upload")?;
         Ok(CpuTensor {
             rows,
             cols,
@@ -274,17 +264,7 @@ impl Device for CpuDevice {
         mean: f32,
         std: f32,
     ) -> Result<CpuTensor, DeviceError> {
-        let (rows, cols) = match shape {
-            [n] => (1, *n),
-            [r, c] => (*r, *c),
-            s => {
-                return Err(DeviceError::Op {
-                    device: "cpu",
-                    op: "random",
-                    msg: format!("shape {s:?}"),
-                })
-            }
-        };
+        let (rows, cols) = super::matrix_dims(shape, "cpu", "random")?;
         let mut rng = crate::rng::Rng::new(seed);
         let data = (0..rows * cols)
             .map(|_| mean + std * rng.normal() as f32)

@@ -488,18 +488,6 @@ fn host_bf16(t: &HostTensor) -> Vec<u16> {
         .collect()
 }
 
-fn dims(shape: &[usize], op: &'static str) -> Result<(usize, usize), DeviceError> {
-    match shape {
-        [n] => Ok((1, *n)),
-        [r, c] => Ok((*r, *c)),
-        s => Err(DeviceError::Op {
-            device: DEV,
-            op,
-            msg: format!("shape {s:?} is not 1-D or 2-D"),
-        }),
-    }
-}
-
 impl Device for CudaDevice {
     type Tensor = CudaTensor;
     type Kv = CudaKv;
@@ -510,7 +498,7 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, t: &HostTensor) -> Result<CudaTensor, DeviceError> {
-        let (rows, cols) = dims(&t.shape, "upload")?;
+        let (rows, cols) = super::matrix_dims(&t.shape, DEV, "upload")?;
         let buf = self
             .stream
             .clone_htod(&host_bf16(t))
@@ -523,7 +511,7 @@ impl Device for CudaDevice {
     }
 
     fn upload_table(&self, t: &HostTensor) -> Result<CudaTensor, DeviceError> {
-        let (rows, cols) = dims(&t.shape, "upload")?;
+        let (rows, cols) = super::matrix_dims(&t.shape, DEV, "upload")?;
         let buf = self.stream.clone_htod(&t.data).map_err(op_err("upload"))?;
         Ok(CudaTensor {
             rows,
@@ -539,7 +527,7 @@ impl Device for CudaDevice {
         mean: f32,
         std: f32,
     ) -> Result<CudaTensor, DeviceError> {
-        let (rows, cols) = dims(shape, "random")?;
+        let (rows, cols) = super::matrix_dims(shape, DEV, "random")?;
         let n = rows * cols;
         let mut buf = self.alloc_bf16(n, "dummy weight")?;
         let mut b = self.stream.launch_builder(&self.k.fill_normal);
