@@ -49,8 +49,12 @@ fn key_hash(key: &str) -> String {
     cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
 }
 
-/// Starts `cachet serve` and waits for /health.
+/// Starts `cachet serve` and waits for its port.
 fn start(config: &str) -> (Server, String) {
+    start_with(config, &[])
+}
+
+fn start_with(config: &str, extra: &[&str]) -> (Server, String) {
     cachet_tests::smollm2_path();
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("cachet-serve-{}-{port}", std::process::id()));
@@ -71,6 +75,7 @@ fn start(config: &str) -> (Server, String) {
         .arg(format!("127.0.0.1:{port}"))
         .arg("--config")
         .arg(&cfg)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -89,19 +94,32 @@ fn start(config: &str) -> (Server, String) {
 }
 
 #[test]
-fn the_official_openai_client_works_against_cachet_serve() {
+fn the_official_openai_client_works_against_cachet_serve_over_tls() {
     let config = format!(
         "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n\n[[tenant]]\nid = \"limited\"\napi_key_sha256 = [\"{}\"]\nrequests_per_minute = 2\n",
         key_hash("sk-test-acme"),
         key_hash("sk-test-limited")
     );
     let site = openai_site();
-    let (_server, base) = start(&config);
+    let dir = std::env::temp_dir().join(format!("cachet-openai-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, crt, key) = make_certs(&dir, "openai");
+    let (_server, base) = start_with(
+        &config,
+        &[
+            "--tls-cert",
+            crt.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let base = base.replace("http://", "https://");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/openai_check.py");
     let out = Command::new("python3")
         .arg(&script)
         .env("PYTHONPATH", &site)
         .env("BASE_URL", &base)
+        .env("CA_FILE", &ca)
         .env("KEY", "sk-test-acme")
         .env("LIMITED_KEY", "sk-test-limited")
         .output()
@@ -178,4 +196,111 @@ fn sigterm_drains_streams_in_flight_and_refuses_new_connections() {
     assert!(text.contains("data: [DONE]"));
     let status = server.0.wait().unwrap();
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// A test CA and a server certificate for localhost / 127.0.0.1 signed by it, as PEM files.
+fn make_certs(dir: &std::path::Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("cachet test CA {tag}"));
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca, crt, k) = (
+        dir.join(format!("ca-{tag}.pem")),
+        dir.join(format!("server-{tag}.pem")),
+        dir.join(format!("server-{tag}.key")),
+    );
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    std::fs::write(&crt, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (ca, crt, k)
+}
+
+fn curl(args: &[&str]) -> (bool, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60"])
+        .args(args)
+        .output()
+        .expect("curl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn tls_serves_http2_and_http1_and_reloads_its_certificate() {
+    let dir = std::env::temp_dir().join(format!("cachet-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca1, crt1, key1) = make_certs(&dir, "one");
+    let (crt, key) = (dir.join("live.pem"), dir.join("live.key"));
+    std::fs::copy(&crt1, &crt).unwrap();
+    std::fs::copy(&key1, &key).unwrap();
+    let config = format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-tls")
+    );
+    let (_server, base) = start_with(
+        &config,
+        &[
+            "--tls-cert",
+            crt.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let url = base.replace("http://", "https://");
+    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":16,"temperature":0}"#;
+    for (flag, want) in [("--http2", "2"), ("--http1.1", "1.1")] {
+        let (ok, out) = curl(&[
+            flag,
+            "--cacert",
+            ca1.to_str().unwrap(),
+            "-H",
+            "Authorization: Bearer sk-tls",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            "-w",
+            "\nHTTP_VERSION=%{http_version}",
+            &format!("{url}/v1/chat/completions"),
+        ]);
+        assert!(ok, "{flag}: {out}");
+        assert!(out.contains("Paris"), "{flag}: {out}");
+        assert!(
+            out.contains(&format!("HTTP_VERSION={want}")),
+            "{flag} negotiated: {out}"
+        );
+    }
+    // Plain HTTP on the TLS port is refused; an unknown CA is refused.
+    let (ok, _) = curl(&[&format!("{base}/health")]);
+    assert!(!ok, "plain HTTP must not be served on the TLS port");
+    let (ca2, crt2, key2) = make_certs(&dir, "two");
+    let (ok, _) = curl(&["--cacert", ca2.to_str().unwrap(), &format!("{url}/health")]);
+    assert!(!ok, "a certificate from another CA must not verify yet");
+    // Replace the files: the new certificate is served without a restart.
+    std::fs::copy(&key2, &key).unwrap();
+    std::fs::copy(&crt2, &crt).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let (ok, out) = curl(&["--cacert", ca2.to_str().unwrap(), &format!("{url}/health")]);
+        if ok {
+            assert!(out.contains("ok"), "{out}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "certificate not reloaded: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }

@@ -5,6 +5,7 @@ allowed 2 requests per minute). Prints one line per check; exits non-zero on the
 """
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -12,7 +13,17 @@ import urllib.request
 import openai
 
 base = os.environ["BASE_URL"]
-client = openai.OpenAI(base_url=base + "/v1", api_key=os.environ["KEY"], max_retries=0)
+# TLS with the test's own CA (CA_FILE), as a real client would be configured.
+CA = os.environ.get("CA_FILE")
+SSL = ssl.create_default_context(cafile=CA) if CA else None
+
+
+def make_client(key):
+    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0,
+                         http_client=openai.DefaultHttpxClient(verify=SSL if SSL else True))
+
+
+client = make_client(os.environ["KEY"])
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -23,7 +34,7 @@ def check(name, cond, detail=""):
 
 
 models = [m.id for m in client.models.list().data]
-check("models.list", models == ["smollm2"], str(models))
+check("models.list" + (" over TLS" if CA else ""), models == ["smollm2"] and base.startswith("https://" if CA else "http"), str(models))
 
 r = client.chat.completions.create(model="smollm2", messages=MSG, temperature=0, max_tokens=24)
 check("chat completion names Paris", "Paris" in r.choices[0].message.content, r.choices[0].message.content)
@@ -47,12 +58,12 @@ s = client.chat.completions.create(model="smollm2", messages=MSG, temperature=0,
 check("stop string", "Paris" not in s.choices[0].message.content and s.choices[0].finish_reason == "stop", repr(s.choices[0].message.content))
 
 try:
-    openai.OpenAI(base_url=base + "/v1", api_key="sk-wrong", max_retries=0).models.list()
+    make_client("sk-wrong").models.list()
     check("401 for a bad key", False)
 except openai.AuthenticationError as e:
     check("401 for a bad key", e.status_code == 401)
 
-limited = openai.OpenAI(base_url=base + "/v1", api_key=os.environ["LIMITED_KEY"], max_retries=0)
+limited = make_client(os.environ["LIMITED_KEY"])
 got_429 = None
 for _ in range(4):
     try:
@@ -74,7 +85,7 @@ def raw(path, body, key=os.environ["KEY"]):
     req = urllib.request.Request(base + path, data=body, method="POST",
                                  headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req) as resp:
+        with urllib.request.urlopen(req, context=SSL) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -90,13 +101,13 @@ for name, body, status in [
     code, doc = raw("/v1/chat/completions", body)
     check(f"{name} -> {status}", code == status and "message" in doc.get("error", {}), f"{code} {doc}")
 
-with urllib.request.urlopen(base + "/health") as resp:
+with urllib.request.urlopen(base + "/health", context=SSL) as resp:
     check("still serving after bad input", resp.status == 200)
 
 # /metrics through Prometheus' own parser (the exposition is OpenMetrics text).
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-with urllib.request.urlopen(base + "/metrics") as resp:
+with urllib.request.urlopen(base + "/metrics", context=SSL) as resp:
     families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
 check("metrics parse", "cachet_time_to_first_token_seconds" in families, ", ".join(sorted(families)))
 ttft = families["cachet_time_to_first_token_seconds"]

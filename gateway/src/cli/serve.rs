@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine before new ones get 503 + Retry-After.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
+    /// TLS certificate chain (PEM). With --tls-key, serves HTTPS (HTTP/2 and HTTP/1.1 by ALPN);
+    /// the files are reloaded when they change or on SIGHUP.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
@@ -109,6 +116,10 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         hash_key: key,
         ..Default::default()
     };
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(server::tls::ReloadingCert::new(c, k)?),
+        _ => None,
+    };
     let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);
     let state = Arc::new(AppState {
         engine: engine.handle(),
@@ -131,6 +142,25 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("listening on {}", a.listen))?;
         tracing::info!(addr = %listener.local_addr()?, "serving");
         let (tx, rx) = tokio::sync::watch::channel(false);
+        let tls_config = match &tls {
+            Some(cert) => {
+                let cert = cert.clone();
+                // Reload on file change (polled) and on SIGHUP.
+                tokio::spawn(async move {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+                    let mut tick = tokio::time::interval(Duration::from_secs(2));
+                    loop {
+                        tokio::select! {
+                            _ = hup.recv() => cert.reload(true),
+                            _ = tick.tick() => cert.reload(false),
+                        }
+                    }
+                });
+                Some(server::tls::server_config(tls.clone().expect("checked"))?)
+            }
+            None => None,
+        };
         tokio::spawn(async move {
             use tokio::signal::unix::{signal, SignalKind};
             let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -139,7 +169,14 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             tracing::info!("shutdown signal: draining");
             let _ = tx.send(true);
         });
-        server::serve(listener, state, rx, Duration::from_secs(a.grace_period)).await?;
+        server::serve(
+            listener,
+            state,
+            tls_config,
+            rx,
+            Duration::from_secs(a.grace_period),
+        )
+        .await?;
         anyhow::Ok(())
     })?;
     drop(engine);

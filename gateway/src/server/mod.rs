@@ -8,6 +8,7 @@
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -465,17 +466,19 @@ fn sse(
         .expect("static response parts")
 }
 
-/// Accepts connections on `listener` until `shutdown` turns true, then stops accepting and lets
-/// connections in flight finish within `grace`.
+/// Accepts connections on `listener` (through TLS when `tls` is given) until `shutdown` turns
+/// true, then stops accepting and lets connections in flight finish within `grace`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     let (conn_tx, mut conn_rx) = watch::channel(0usize);
     let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -487,18 +490,31 @@ pub async fn serve(
                 let active = active.clone();
                 let conn_tx = conn_tx.clone();
                 let mut stop = shutdown.clone();
+                let acceptor = acceptor.clone();
                 active.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
                     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        r = conn.as_mut() => { if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error"); } }
-                        _ = stop.changed() => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
+                    macro_rules! run {
+                        ($io:expr) => {{
+                            let conn = builder.serve_connection($io, svc);
+                            tokio::pin!(conn);
+                            tokio::select! {
+                                r = conn.as_mut() => { if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error"); } }
+                                _ = stop.changed() => {
+                                    conn.as_mut().graceful_shutdown();
+                                    let _ = conn.await;
+                                }
+                            }
+                        }};
+                    }
+                    match acceptor {
+                        Some(acc) => match tokio::time::timeout(Duration::from_secs(10), acc.accept(stream)).await {
+                            Ok(Ok(tls_stream)) => run!(TokioIo::new(tls_stream)),
+                            Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        },
+                        None => run!(TokioIo::new(stream)),
                     }
                     let left = active.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
                     let _ = conn_tx.send(left);
