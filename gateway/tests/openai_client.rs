@@ -304,3 +304,52 @@ fn tls_serves_http2_and_http1_and_reloads_its_certificate() {
         std::thread::sleep(Duration::from_millis(300));
     }
 }
+
+#[test]
+fn slow_and_oversized_request_heads_are_cut_off() {
+    use std::io::{Read, Write};
+    let config = format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-limits")
+    );
+    let (_server, base) = start_with(
+        &config,
+        &["--header-read-timeout", "1", "--max-header-bytes", "16384"],
+    );
+    let addr = base.trim_start_matches("http://").to_string();
+    // Slowloris: half a request head, then silence. The server closes the connection.
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = slow.read_to_end(&mut buf);
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "slow client kept for {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        !String::from_utf8_lossy(&buf).contains("200 OK"),
+        "{}",
+        String::from_utf8_lossy(&buf)
+    );
+    // An oversized head gets 431 (or the connection is closed), and the server keeps serving.
+    let mut big = std::net::TcpStream::connect(&addr).unwrap();
+    big.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let filler = "a".repeat(64 * 1024);
+    let _ = big.write_all(
+        format!("GET /health HTTP/1.1\r\nHost: x\r\nX-Filler: {filler}\r\n\r\n").as_bytes(),
+    );
+    let mut resp = Vec::new();
+    let _ = big.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp);
+    assert!(
+        !text.contains("200 OK"),
+        "an oversized head was served: {text}"
+    );
+    let (ok, out) = curl(&[&format!("{base}/health")]);
+    assert!(ok && out.contains("ok"), "{out}");
+}

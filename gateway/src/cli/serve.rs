@@ -63,6 +63,15 @@ pub struct ServeArgs {
     /// TLS private key (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Seconds a client has to send a request's headers (slowloris protection).
+    #[arg(long, default_value_t = 10)]
+    pub header_read_timeout: u64,
+    /// Largest request head in bytes; larger requests get 431.
+    #[arg(long, default_value_t = 32 * 1024)]
+    pub max_header_bytes: usize,
+    /// Connections served at once; more wait in the listen backlog.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
@@ -169,14 +178,13 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             tracing::info!("shutdown signal: draining");
             let _ = tx.send(true);
         });
-        server::serve(
-            listener,
-            state,
-            tls_config,
-            rx,
-            Duration::from_secs(a.grace_period),
-        )
-        .await?;
+        let limits = server::Limits {
+            header_read_timeout: Duration::from_secs(a.header_read_timeout),
+            max_header_bytes: a.max_header_bytes,
+            max_connections: a.max_connections,
+            grace: Duration::from_secs(a.grace_period),
+        };
+        server::serve(listener, state, tls_config, rx, limits).await?;
         anyhow::Ok(())
     })?;
     drop(engine);

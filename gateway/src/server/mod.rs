@@ -466,20 +466,38 @@ fn sse(
         .expect("static response parts")
 }
 
+/// Connection-level limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A client must send a request's headers within this (slowloris).
+    pub header_read_timeout: Duration,
+    /// Largest request head (HTTP/1 buffer, HTTP/2 header list); larger gets 431.
+    pub max_header_bytes: usize,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    pub grace: Duration,
+}
+
 /// Accepts connections on `listener` (through TLS when `tls` is given) until `shutdown` turns
-/// true, then stops accepting and lets connections in flight finish within `grace`.
+/// true, then stops accepting and lets connections in flight finish within `limits.grace`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     tls: Option<Arc<rustls::ServerConfig>>,
     mut shutdown: watch::Receiver<bool>,
-    grace: Duration,
+    limits: Limits,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let (conn_tx, mut conn_rx) = watch::channel(0usize);
     let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let grace = limits.grace;
     loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s.expect("semaphore never closed"),
+            _ = shutdown.changed() => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer): (tokio::net::TcpStream, SocketAddr) = match accepted {
@@ -493,8 +511,15 @@ pub async fn serve(
                 let acceptor = acceptor.clone();
                 active.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(limits.header_read_timeout)
+                        .max_buf_size(limits.max_header_bytes.max(8192));
+                    builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes as u32);
                     macro_rules! run {
                         ($io:expr) => {{
                             let conn = builder.serve_connection($io, svc);
