@@ -23,7 +23,7 @@ use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, Usage};
 use cachet_backend::sampler::SamplingParams;
 use cachet_backend::tokenizer::TextTokenizer;
 use cachet_backend::EngineError;
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
 use hyper::{header, Method, Request, Response, StatusCode};
 use tokio::sync::{mpsc, watch};
@@ -33,6 +33,8 @@ use error::ApiError;
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// How much of a too-large body is read (and dropped) so the client sees the 413.
+pub const DRAIN_BODY_BYTES: usize = 16 << 20;
 
 pub type RespBody = BoxBody<Bytes, Infallible>;
 
@@ -156,26 +158,34 @@ fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<RespBody
     ))
 }
 
+/// Reads a JSON body of at most [`MAX_BODY_BYTES`]. A larger body is read on (and dropped) up to
+/// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset.
 async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, ApiError> {
-    let body = Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                ApiError {
-                    status: StatusCode::PAYLOAD_TOO_LARGE,
-                    ..ApiError::bad_request(
-                        format!("request body is larger than {MAX_BODY_BYTES} bytes"),
-                        None,
-                    )
-                }
-            } else {
-                ApiError::bad_request(format!("reading the request body: {e}"), None)
+    let mut body = req.into_body();
+    let mut buf = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}"), None))?;
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total <= MAX_BODY_BYTES {
+                buf.extend_from_slice(&data);
+            } else if total > DRAIN_BODY_BYTES {
+                break;
             }
-        })?;
-    serde_json::from_slice(&body.to_bytes())
+        }
+    }
+    if total > MAX_BODY_BYTES {
+        return Err(ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..ApiError::bad_request(
+                format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+                None,
+            )
+        });
+    }
+    serde_json::from_slice(&buf)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
 }
 
