@@ -54,6 +54,20 @@ fn start(config: &str) -> (Server, String) {
     start_with(config, &[])
 }
 
+/// Starts `cachet serve` with TLS; returns the https:// base URL.
+fn start_tls(config: &str, cert: &std::path::Path, key: &std::path::Path) -> (Server, String) {
+    let (server, base) = start_with(
+        config,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    (server, base.replace("http://", "https://"))
+}
+
 fn start_with(config: &str, extra: &[&str]) -> (Server, String) {
     cachet_tests::smollm2_path();
     let port = free_port();
@@ -104,16 +118,7 @@ fn the_official_openai_client_works_against_cachet_serve_over_tls() {
     let dir = std::env::temp_dir().join(format!("cachet-openai-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (ca, crt, key) = make_certs(&dir, "openai");
-    let (_server, base) = start_with(
-        &config,
-        &[
-            "--tls-cert",
-            crt.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    );
-    let base = base.replace("http://", "https://");
+    let (_server, base) = start_tls(&config, &crt, &key);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/openai_check.py");
     let out = Command::new("python3")
         .arg(&script)
@@ -248,16 +253,8 @@ fn tls_serves_http2_and_http1_and_reloads_its_certificate() {
         "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",
         key_hash("sk-tls")
     );
-    let (_server, base) = start_with(
-        &config,
-        &[
-            "--tls-cert",
-            crt.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    );
-    let url = base.replace("http://", "https://");
+    let (_server, url) = start_tls(&config, &crt, &key);
+    let base = url.replace("https://", "http://");
     let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":16,"temperature":0}"#;
     for (flag, want) in [("--http2", "2"), ("--http1.1", "1.1")] {
         let (ok, out) = curl(&[
