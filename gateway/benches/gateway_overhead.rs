@@ -1,0 +1,148 @@
+//! Gateway overhead: latency of a short non-streaming chat request (1 output token) through
+//! `cachet serve`'s HTTP path (auth, JSON, template, tokenize, admission, engine, JSON back) vs the
+//! same prompt submitted to the engine in-process, side by side in one run; then request rate with
+//! 8 concurrent clients both ways. SmolLM2 on the CPU; prefix caching on (the prompt repeats), so
+//! the engine part is one cached-prefix step.
+//!
+//!     cargo bench -p cachet-gateway --bench gateway_overhead
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cachet_backend::engine::{Engine, EngineConfig, EngineHandle};
+use cachet_backend::loader::{self, fetch};
+use cachet_backend::model::runner::cpu_runner;
+use cachet_backend::request::{EngineEvent, EngineRequest};
+use cachet_backend::tokenizer::ChatMessage;
+use cachet_backend::workload::percentile;
+use cachet_gateway::server::{self, AppState, Limits};
+use cachet_gateway::tenants::{hash_key, hex, TenantRegistry};
+use http_body_util::{BodyExt, Full};
+
+const N: usize = 60;
+const CONCURRENCY: usize = 8;
+const PER_CLIENT: usize = 15;
+
+async fn in_process(h: &EngineHandle, prompt: &[u32]) -> Duration {
+    let t = Instant::now();
+    let mut r = EngineRequest::new(prompt.to_vec(), 1);
+    r.ignore_eos = true;
+    let mut s = h.submit(r).unwrap();
+    while let Some(ev) = s.next().await {
+        if let EngineEvent::Finished { .. } = ev {
+            break;
+        }
+    }
+    t.elapsed()
+}
+
+type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+async fn via_http(client: &Client, url: &str, body: &str) -> Duration {
+    let t = Instant::now();
+    let req = hyper::Request::post(url)
+        .header("authorization", "Bearer sk-bench")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(v["usage"]["completion_tokens"] == 1);
+    t.elapsed()
+}
+
+fn ms(d: &[Duration]) -> Vec<f64> {
+    d.iter().map(|x| x.as_secs_f64() * 1e3).collect()
+}
+
+fn main() {
+    let path = fetch::fetch(fetch::known_model("smollm2").unwrap(), true).unwrap();
+    let m = loader::load(path.to_str().unwrap(), false).unwrap();
+    let tok = m.tokenizer.clone().unwrap();
+    let runner = cpu_runner(&m.config, &m.weights, 256, 16, 2048).unwrap();
+    let engine = Engine::start(
+        runner,
+        Some(tok.clone()),
+        EngineConfig {
+            model_id: "smollm2".into(),
+            ..Default::default()
+        },
+    );
+    let cfg = format!(
+        "[[tenant]]\nid = \"bench\"\napi_key_sha256 = [\"{}\"]\n",
+        hex(&hash_key("sk-bench"))
+    );
+    let state = Arc::new(AppState {
+        engine: engine.handle(),
+        tokenizer: tok.clone(),
+        tenants: TenantRegistry::from_toml(&cfg, &[0; 32], Instant::now()).unwrap(),
+        model_id: "smollm2".into(),
+        created: 0,
+        metrics: Default::default(),
+    });
+    let question = "What is the capital of France?";
+    let prompt = tok
+        .encode(
+            &tok.render_chat(&[ChatMessage::new("user", question)], true)
+                .unwrap(),
+        )
+        .unwrap();
+    let body = serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": question}], "max_tokens": 1, "temperature": 0}).to_string();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1/chat/completions", listener.local_addr().unwrap());
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        let limits = Limits { header_read_timeout: Duration::from_secs(10), max_header_bytes: 32768, max_connections: 1024, grace: Duration::from_secs(1) };
+        tokio::spawn(server::serve(listener, state, None, rx, limits));
+        let client: Client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let h = engine.handle();
+        // Warm-up: fills the prefix cache and the connection pool.
+        for _ in 0..5 {
+            in_process(&h, &prompt).await;
+            via_http(&client, &url, &body).await;
+        }
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..N {
+            a.push(in_process(&h, &prompt).await);
+            b.push(via_http(&client, &url, &body).await);
+        }
+        let (a, b) = (ms(&a), ms(&b));
+        println!("SmolLM2 on the CPU ({} threads), {N} sequential requests each way, 1 output token, cached prefix\n", rayon::current_num_threads());
+        println!("| path | p50 (ms) | p99 (ms) |");
+        println!("|---|---|---|");
+        println!("| engine in-process | {:.2} | {:.2} |", percentile(&a, 50.0), percentile(&a, 99.0));
+        println!("| through cachet serve (HTTP/1.1, loopback) | {:.2} | {:.2} |", percentile(&b, 50.0), percentile(&b, 99.0));
+        println!("| gateway overhead | {:.2} | {:.2} |", percentile(&b, 50.0) - percentile(&a, 50.0), percentile(&b, 99.0) - percentile(&a, 99.0));
+        for (name, http) in [("engine in-process", false), ("through cachet serve", true)] {
+            let t = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..CONCURRENCY {
+                let (h, client, url, body, prompt) = (h.clone(), client.clone(), url.clone(), body.clone(), prompt.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..PER_CLIENT {
+                        if http {
+                            via_http(&client, &url, &body).await;
+                        } else {
+                            in_process(&h, &prompt).await;
+                        }
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let n = CONCURRENCY * PER_CLIENT;
+            println!("\n{name}: {n} requests from {CONCURRENCY} concurrent clients in {:.2} s = {:.1} req/s", t.elapsed().as_secs_f64(), n as f64 / t.elapsed().as_secs_f64());
+        }
+    });
+}
