@@ -81,7 +81,9 @@ fn main() {
     let state = Arc::new(AppState {
         engine: engine.handle(),
         tokenizer: tok.clone(),
-        tenants: TenantRegistry::from_toml(&cfg, &[0; 32], Instant::now()).unwrap(),
+        tenants: std::sync::RwLock::new(Arc::new(
+            TenantRegistry::from_toml(&cfg, &[0; 32], Instant::now()).unwrap(),
+        )),
         model_id: "smollm2".into(),
         created: 0,
         metrics: Default::default(),

@@ -133,7 +133,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let state = Arc::new(AppState {
         engine: engine.handle(),
         tokenizer,
-        tenants,
+        tenants: std::sync::RwLock::new(Arc::new(tenants)),
         model_id,
         metrics: Default::default(),
         created: std::time::SystemTime::now()
@@ -151,6 +151,27 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("listening on {}", a.listen))?;
         tracing::info!(addr = %listener.local_addr()?, "serving");
         let (tx, rx) = tokio::sync::watch::channel(false);
+        {
+            // SIGHUP re-reads the tenants config; a config that does not parse is refused and the
+            // previous one stays.
+            let (state, path) = (state.clone(), a.config.clone());
+            tokio::spawn(async move {
+                use tokio::signal::unix::{signal, SignalKind};
+                let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+                while hup.recv().await.is_some() {
+                    let loaded = std::fs::read_to_string(&path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|t| TenantRegistry::from_toml(&t, &key, std::time::Instant::now()).map_err(|e| e.to_string()));
+                    match loaded {
+                        Ok(reg) => {
+                            tracing::info!(tenants = reg.tenants().len(), "tenants config reloaded");
+                            state.set_tenants(reg);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "tenants config reload refused; keeping the previous one"),
+                    }
+                }
+            });
+        }
         let tls_config = match &tls {
             Some(cert) => {
                 let cert = cert.clone();

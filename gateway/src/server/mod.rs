@@ -42,11 +42,24 @@ pub type RespBody = BoxBody<Bytes, Infallible>;
 pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: TextTokenizer,
-    pub tenants: TenantRegistry,
+    /// Swapped whole on reload (SIGHUP); requests in flight keep the tenant they authenticated as.
+    pub tenants: std::sync::RwLock<Arc<TenantRegistry>>,
     /// The model name clients send (`model`).
     pub model_id: String,
     pub created: u64,
     pub metrics: metrics::Metrics,
+}
+
+impl AppState {
+    /// The current tenant registry.
+    pub fn tenants(&self) -> Arc<TenantRegistry> {
+        self.tenants.read().expect("tenants lock").clone()
+    }
+
+    /// Replaces the tenant registry (config reload). Limits and concurrency counts start afresh.
+    pub fn set_tenants(&self, reg: TenantRegistry) {
+        *self.tenants.write().expect("tenants lock") = Arc::new(reg);
+    }
 }
 
 fn json(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
@@ -146,7 +159,7 @@ fn bearer(req: &Request<Incoming>) -> Option<&str> {
 }
 
 fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<RespBody>, ApiError> {
-    let tenant = state.tenants.authenticate(bearer(req).unwrap_or(""))?;
+    let tenant = state.tenants().authenticate(bearer(req).unwrap_or(""))?;
     let data: Vec<serde_json::Value> = [&state.model_id]
         .iter()
         .filter(|m| tenant.allows_model(m))
@@ -205,7 +218,7 @@ async fn completion(
     chat: bool,
 ) -> Result<(Response<RespBody>, String), (ApiError, String)> {
     let tenant = state
-        .tenants
+        .tenants()
         .authenticate(bearer(&req).unwrap_or(""))
         .map_err(|e| (e.into(), "-".to_string()))?;
     let name = tenant.id().to_string();
