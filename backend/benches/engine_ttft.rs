@@ -109,20 +109,20 @@ fn main() {
     let part = std::env::var("PART").unwrap_or_default();
     let items = seed_workload(&wl);
     let prompts: Vec<Vec<u32>> = items.iter().map(|w| encode(&m, w)).collect();
-    let shared = {
-        let tok = m.tokenizer.as_ref().unwrap();
-        let a = &prompts[0];
-        let b = encode(
-            &m,
-            &WorkItem {
-                user: "x".into(),
-                ..items[0].clone()
-            },
-        );
-        let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-        let _ = tok;
-        common
-    };
+    // Shared prefix: what the first prompt has in common with the same system prompt and another
+    // user input.
+    let other = encode(
+        &m,
+        &WorkItem {
+            user: "x".into(),
+            ..items[0].clone()
+        },
+    );
+    let shared = prompts[0]
+        .iter()
+        .zip(&other)
+        .take_while(|(x, y)| x == y)
+        .count();
     let mean_len = prompts.iter().map(|p| p.len()).sum::<usize>() as f64 / prompts.len() as f64;
     // Warm-up pass: same shared prefix, other user inputs, run before the measured pass.
     let warm_items = seed_workload(&SeedWorkloadConfig {

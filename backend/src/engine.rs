@@ -482,7 +482,7 @@ impl EngineCore {
         let Some(seq) = self.sched.get(t.id) else {
             return;
         };
-        let stops = seq.req.stop.clone();
+        let stops = &seq.req.stop;
         let Some(st) = self.streams.get_mut(&t.id) else {
             return;
         };
@@ -510,7 +510,7 @@ impl EngineCore {
                 let hold = if finish.is_some() {
                     0
                 } else {
-                    held_back(unsent, &stops)
+                    held_back(unsent, stops)
                 };
                 let upto = st.text.len() - hold;
                 delta = st.text[st.sent..upto].to_string();

@@ -323,13 +323,13 @@ impl Scheduler {
             }
             let mut scheduled = true;
             loop {
-                let hashes = self.running[i].block_hashes.clone();
+                // Disjoint fields: the KV manager mutably, the request's hashes shared (no copy per step).
                 if self.kv.allocate_slots(
                     id,
                     &ComputedBlocks::default(),
                     num_computed,
                     num_new,
-                    &hashes,
+                    &self.running[i].block_hashes,
                 ) {
                     break;
                 }
@@ -382,10 +382,9 @@ impl Scheduler {
                     break;
                 }
                 let num_new = want.min(budget);
-                let hashes = s.block_hashes.clone();
                 if !self
                     .kv
-                    .allocate_slots(s.id, &hit, num_computed, num_new, &hashes)
+                    .allocate_slots(s.id, &hit, num_computed, num_new, &s.block_hashes)
                 {
                     break;
                 }
