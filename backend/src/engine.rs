@@ -1,8 +1,9 @@
 //! The engine: one thread owns the runner (and so the device); clients submit requests through a
 //! handle and read a stream of events.
 //!
-//! - `submit` refuses at once with [`EngineError::Overloaded`] when `max_waiting` requests are
-//!   already queued (bounded queue, never unbounded waiting).
+//! - `submit` refuses at once with [`EngineError::Overloaded`] when `max_waiting` requests, or
+//!   `max_waiting_tokens` prompt tokens, are already queued (bounded queue, never unbounded
+//!   waiting; a request larger than the token bound alone is still taken when nothing waits).
 //! - Dropping a [`RequestStream`] cancels its request; its KV blocks are freed before the next step.
 //! - Stop token ids, stop strings (text held back while it could still become one), max tokens,
 //!   deadlines.
@@ -33,6 +34,8 @@ pub struct EngineConfig {
     pub prefix_cache_cap: f64,
     /// Requests that may wait for their first step before `submit` refuses.
     pub max_waiting: usize,
+    /// Prompt tokens that may wait for their first step before `submit` refuses.
+    pub max_waiting_tokens: usize,
     /// Model id mixed into block hashes.
     pub model_id: String,
     /// Deployment key of the block hashes.
@@ -47,6 +50,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             prefix_cache_cap: 1.0,
             max_waiting: 256,
+            max_waiting_tokens: 256 * 1024,
             model_id: "model".into(),
             hash_key: [0; 32],
         }
@@ -83,6 +87,21 @@ enum Command {
     },
     Cancel(RequestId),
     Shutdown,
+}
+
+/// Requests (and their prompt tokens) submitted but not yet given a first step.
+#[derive(Default)]
+struct Queued {
+    requests: usize,
+    tokens: usize,
+}
+
+type SharedQueue = Arc<Mutex<Queued>>;
+
+fn dequeue(q: &SharedQueue, tokens: usize) {
+    let mut q = q.lock().expect("queue lock");
+    q.requests -= 1;
+    q.tokens -= tokens;
 }
 
 /// The events of one request. Dropping it cancels the request.
@@ -127,7 +146,7 @@ impl Drop for RequestStream {
 pub struct EngineHandle {
     cmd: mpsc::Sender<Command>,
     next_id: Arc<AtomicUsize>,
-    not_started: Arc<AtomicUsize>,
+    queued: SharedQueue,
     stats: Arc<Mutex<EngineStats>>,
     kv_events: broadcast::Sender<Vec<KvEvent>>,
     limits: Arc<Limits>,
@@ -135,6 +154,7 @@ pub struct EngineHandle {
 
 struct Limits {
     max_waiting: usize,
+    max_waiting_tokens: usize,
     num_blocks: usize,
     block_size: usize,
     max_model_len: usize,
@@ -167,6 +187,7 @@ impl Engine {
         );
         let limits = Arc::new(Limits {
             max_waiting: config.max_waiting,
+            max_waiting_tokens: config.max_waiting_tokens,
             num_blocks: layout.num_blocks,
             block_size: layout.block_size,
             max_model_len: sched_cfg.max_model_len,
@@ -188,7 +209,7 @@ impl Engine {
         let handle = EngineHandle {
             cmd: cmd_tx,
             next_id: Arc::new(AtomicUsize::new(1)),
-            not_started: Arc::new(AtomicUsize::new(0)),
+            queued: Default::default(),
             stats: stats.clone(),
             kv_events: kv_events.clone(),
             limits: limits.clone(),
@@ -199,7 +220,7 @@ impl Engine {
             sched: Scheduler::new(sched_cfg, kv),
             streams: Default::default(),
             cmd_rx,
-            not_started: handle.not_started.clone(),
+            queued: handle.queued.clone(),
             stats,
             kv_events,
             hasher: limits.hasher.clone(),
@@ -265,14 +286,25 @@ impl EngineHandle {
                 l.num_blocks
             )));
         }
-        // Admission: count requests not yet started; refuse beyond the limit.
-        let waiting = self.not_started.fetch_add(1, Ordering::SeqCst);
-        if waiting >= l.max_waiting {
-            self.not_started.fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::Overloaded {
-                waiting,
-                limit: l.max_waiting,
-            });
+        // Admission: count requests and prompt tokens not yet started; refuse beyond a limit.
+        let prompt_len = req.prompt.len();
+        {
+            let mut q = self.queued.lock().expect("queue lock");
+            if q.requests >= l.max_waiting {
+                return Err(EngineError::Overloaded {
+                    waiting: q.requests,
+                    limit: l.max_waiting,
+                });
+            }
+            if q.requests > 0 && q.tokens + prompt_len > l.max_waiting_tokens {
+                return Err(EngineError::OverloadedTokens {
+                    queued: q.tokens,
+                    prompt: prompt_len,
+                    limit: l.max_waiting_tokens,
+                });
+            }
+            q.requests += 1;
+            q.tokens += prompt_len;
         }
         if !req.ignore_eos {
             for &e in &l.eos {
@@ -293,7 +325,7 @@ impl EngineHandle {
             })
             .is_err()
         {
-            self.not_started.fetch_sub(1, Ordering::SeqCst);
+            dequeue(&self.queued, prompt_len);
             return Err(EngineError::Shutdown);
         }
         Ok(RequestStream {
@@ -336,6 +368,7 @@ struct StreamState {
     text: String,
     sent: usize,
     started: bool,
+    prompt_len: usize,
 }
 
 struct EngineCore {
@@ -344,7 +377,7 @@ struct EngineCore {
     sched: Scheduler,
     streams: std::collections::HashMap<RequestId, StreamState>,
     cmd_rx: mpsc::Receiver<Command>,
-    not_started: Arc<AtomicUsize>,
+    queued: SharedQueue,
     stats: Arc<Mutex<EngineStats>>,
     kv_events: broadcast::Sender<Vec<KvEvent>>,
     /// Block-hash context without the salt (each request brings its tenant's).
@@ -405,6 +438,7 @@ impl EngineCore {
                         text: String::new(),
                         sent: 0,
                         started: false,
+                        prompt_len: req.prompt.len(),
                     },
                 );
                 self.sched.add(id, req, hasher, arrival);
@@ -447,7 +481,7 @@ impl EngineCore {
             if let Some(s) = self.streams.get_mut(&sc.id) {
                 if !s.started {
                     s.started = true;
-                    self.not_started.fetch_sub(1, Ordering::SeqCst);
+                    dequeue(&self.queued, s.prompt_len);
                 }
             }
         }
@@ -536,7 +570,7 @@ impl EngineCore {
             return;
         };
         if !st.started {
-            self.not_started.fetch_sub(1, Ordering::SeqCst);
+            dequeue(&self.queued, st.prompt_len);
         }
         let now = Instant::now();
         let since = |a: Option<Instant>, b: Instant| {

@@ -109,6 +109,12 @@ pub enum EngineError {
     Tokenizer(String),
     #[error("engine overloaded: {waiting} requests already waiting (limit {limit}); retry later")]
     Overloaded { waiting: usize, limit: usize },
+    #[error("engine overloaded: {queued} prompt tokens already waiting, this prompt has {prompt} (limit {limit}); retry later")]
+    OverloadedTokens {
+        queued: usize,
+        prompt: usize,
+        limit: usize,
+    },
     #[error("engine is shut down")]
     Shutdown,
 }

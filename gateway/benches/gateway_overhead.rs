@@ -104,7 +104,7 @@ fn main() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/v1/chat/completions", listener.local_addr().unwrap());
         let (_tx, rx) = tokio::sync::watch::channel(false);
-        let limits = Limits { header_read_timeout: Duration::from_secs(10), max_header_bytes: 32768, max_connections: 1024, grace: Duration::from_secs(1) };
+        let limits = Limits { header_read_timeout: Duration::from_secs(10), max_header_bytes: 32768, max_connections: 1024, idle_timeout: Duration::from_secs(60), grace: Duration::from_secs(1) };
         tokio::spawn(server::serve(listener, state, None, rx, limits));
         let client: Client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
         let h = engine.handle();

@@ -352,6 +352,66 @@ fn slow_and_oversized_request_heads_are_cut_off() {
 }
 
 #[test]
+fn idle_connections_are_closed_but_quiet_requests_are_not() {
+    use std::io::{Read, Write};
+    let config = format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-idle")
+    );
+    let (_server, base) = start_with(
+        &config,
+        &["--idle-timeout", "1", "--header-read-timeout", "30"],
+    );
+    let addr = base.trim_start_matches("http://").to_string();
+    // An HTTP/2 connection (prior knowledge) that only says hello: no header-read timer applies
+    // here, so it is the idle timeout that ends it, with a GOAWAY frame, about a second later
+    // (and this peer, which never answers the GOAWAY's PING, is dropped a second after that).
+    let mut idle = std::net::TcpStream::connect(&addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let _ = idle.read_to_end(&mut got);
+    let waited = t0.elapsed();
+    assert!(
+        waited > Duration::from_millis(700) && waited < Duration::from_secs(10),
+        "idle HTTP/2 connection closed after {waited:?}"
+    );
+    // Frames: 3-byte length, 1-byte type; GOAWAY is type 7.
+    let mut types = Vec::new();
+    let mut at = 0;
+    while at + 9 <= got.len() {
+        let len = (got[at] as usize) << 16 | (got[at + 1] as usize) << 8 | got[at + 2] as usize;
+        types.push(got[at + 3]);
+        at += 9 + len;
+    }
+    assert!(types.contains(&7), "no GOAWAY among frames {types:?}");
+    // A request that stays quiet for longer than the idle timeout (a non-streaming generation)
+    // is not cut.
+    let body =
+        r#"{"model":"smollm2","prompt":"1, 2, 3, 4, 5, 6,","max_tokens":80,"temperature":0}"#;
+    let t0 = Instant::now();
+    let (ok, out) = curl(&[
+        "--http2-prior-knowledge",
+        "-H",
+        "authorization: Bearer sk-idle",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        body,
+        &format!("{base}/v1/completions"),
+    ]);
+    let took = t0.elapsed();
+    assert!(ok && out.contains("\"completion_tokens\":80"), "{out}");
+    assert!(
+        took > Duration::from_millis(1200),
+        "the generation took only {took:?}; the test needs one longer than the idle timeout"
+    );
+}
+
+#[test]
 fn sighup_reloads_the_tenants_config_and_refuses_a_broken_one() {
     let first = format!(
         "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",

@@ -214,6 +214,41 @@ fn a_full_queue_refuses_without_harming_running_requests() {
     assert!(h.submit(greedy_request((5..20).collect(), 2)).is_ok());
 }
 
+#[test]
+fn the_waiting_queue_is_bounded_in_prompt_tokens_too() {
+    let m = tiny("tiny-gqa-llama3");
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 1,
+            ..Default::default()
+        },
+        max_waiting: 100,
+        max_waiting_tokens: 40,
+        ..Default::default()
+    };
+    let e = engine(&m, 64, cfg);
+    let h = e.handle();
+    let mut running = h.submit(greedy_request((1..50).collect(), 400)).unwrap();
+    running.next_blocking().unwrap();
+    // 30 tokens wait; 30 more would make 60 > 40; 10 more fit exactly.
+    let w1 = h.submit(greedy_request((3..33).collect(), 3)).unwrap();
+    match h.submit(greedy_request((3..33).collect(), 3)) {
+        Err(EngineError::OverloadedTokens {
+            queued: 30,
+            prompt: 30,
+            limit: 40,
+        }) => {}
+        other => panic!("expected OverloadedTokens, got {:?}", other.map(|s| s.id)),
+    }
+    let w2 = h.submit(greedy_request((3..13).collect(), 3)).unwrap();
+    drop(running);
+    assert_eq!(collect(w1).tokens.len(), 3);
+    assert_eq!(collect(w2).tokens.len(), 3);
+    // With nothing waiting, a prompt larger than the bound alone is still taken.
+    let big = h.submit(greedy_request((1..60).collect(), 2)).unwrap();
+    assert_eq!(collect(big).tokens.len(), 2);
+}
+
 /// Runs a blocker (so the others queue), then returns the order in which the queued requests got
 /// their first token.
 fn first_token_order(

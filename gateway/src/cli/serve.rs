@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine before new ones get 503 + Retry-After.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
+    /// Prompt tokens that may wait for the engine before new requests get 503 + Retry-After
+    /// (a single prompt larger than this is still taken when nothing else waits).
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub max_waiting_tokens: usize,
     /// TLS certificate chain (PEM). With --tls-key, serves HTTPS (HTTP/2 and HTTP/1.1 by ALPN);
     /// the files are reloaded when they change or on SIGHUP.
     #[arg(long, requires = "tls_key")]
@@ -72,6 +76,9 @@ pub struct ServeArgs {
     /// Connections served at once; more wait in the listen backlog.
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
+    /// Seconds a connection may sit with no request in flight and no traffic before it is closed.
+    #[arg(long, default_value_t = 60)]
+    pub idle_timeout: u64,
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
@@ -121,6 +128,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         },
         enable_prefix_caching: a.enable_prefix_caching,
         max_waiting: a.max_waiting,
+        max_waiting_tokens: a.max_waiting_tokens,
         model_id: model_id.clone(),
         hash_key: key,
         ..Default::default()
@@ -203,6 +211,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             header_read_timeout: Duration::from_secs(a.header_read_timeout),
             max_header_bytes: a.max_header_bytes,
             max_connections: a.max_connections,
+            idle_timeout: Duration::from_secs(a.idle_timeout),
             grace: Duration::from_secs(a.grace_period),
         };
         server::serve(listener, state, tls_config, rx, limits).await?;

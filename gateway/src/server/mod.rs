@@ -6,6 +6,7 @@
 //! stream, which cancels the request and frees its KV blocks.
 
 pub mod error;
+mod idle;
 pub mod metrics;
 pub mod openai;
 pub mod tls;
@@ -204,7 +205,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Re
 
 fn engine_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::Overloaded { .. } => {
+        EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. } => {
             ApiError::overloaded(e.to_string(), Duration::from_secs(1))
         }
         EngineError::InvalidRequest(m) => ApiError::bad_request(m, None),
@@ -498,6 +499,8 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// A connection with no request in flight and no traffic for this long is closed.
+    pub idle_timeout: Duration,
     pub grace: Duration,
 }
 
@@ -535,7 +538,17 @@ pub async fn serve(
                 active.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
                     let _slot = slot;
-                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    let activity = idle::Activity::new();
+                    let stream = idle::Watched::new(stream, activity.clone());
+                    let act = activity.clone();
+                    let svc = hyper::service::service_fn(move |req| {
+                        let guard = act.begin();
+                        let state = state.clone();
+                        async move {
+                            let resp = handle(state, req).await?;
+                            Ok::<_, Infallible>(resp.map(|b| idle::guard_body(b, guard)))
+                        }
+                    });
                     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     builder
                         .http1()
@@ -552,6 +565,20 @@ pub async fn serve(
                                 _ = stop.changed() => {
                                     conn.as_mut().graceful_shutdown();
                                     let _ = conn.await;
+                                }
+                                _ = activity.idle(limits.idle_timeout) => {
+                                    tracing::debug!(%peer, "closing an idle connection");
+                                    conn.as_mut().graceful_shutdown();
+                                    // A peer that never answers HTTP/2's shutdown PING must not
+                                    // hold the connection: with nothing in flight, drop it.
+                                    loop {
+                                        tokio::select! {
+                                            _ = conn.as_mut() => break,
+                                            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                                                if !activity.busy() { break; }
+                                            }
+                                        }
+                                    }
                                 }
                             }
                         }};
