@@ -471,3 +471,89 @@ fn sighup_reloads_the_tenants_config_and_refuses_a_broken_one() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(models("sk-new"), "200");
 }
+
+/// Sends a raw HTTP/1.1 POST and returns the connection (the response is left to the caller).
+fn post_raw(addr: &str, key: &str, path: &str, body: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+#[test]
+fn a_full_engine_queue_gets_503_and_a_disconnect_cancels_at_once() {
+    use std::io::Read;
+    let config = format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-queue")
+    );
+    let (_server, base) = start_with(&config, &["--max-num-seqs", "1", "--max-waiting", "1"]);
+    let addr = base.trim_start_matches("http://").to_string();
+    // A: a long stream occupies the only engine slot (500 tokens: ~20 s on 2 cores).
+    let mut a = post_raw(
+        &addr,
+        "sk-queue",
+        "/v1/completions",
+        r#"{"model":"smollm2","prompt":"1, 2, 3, 4, 5, 6,","max_tokens":500,"temperature":0,"stream":true}"#,
+    );
+    let mut chunk = [0u8; 4096];
+    let n = a.read(&mut chunk).unwrap();
+    assert!(
+        String::from_utf8_lossy(&chunk[..n]).contains("200 OK"),
+        "{}",
+        String::from_utf8_lossy(&chunk[..n])
+    );
+    // B waits in the engine's queue (limit 1)...
+    let mut b = post_raw(
+        &addr,
+        "sk-queue",
+        "/v1/completions",
+        r#"{"model":"smollm2","prompt":"The capital of France is","max_tokens":3,"temperature":0}"#,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // ...so C is refused at once with 503, Retry-After and OpenAI's error shape.
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-i",
+            "--max-time",
+            "30",
+            "-H",
+            "authorization: Bearer sk-queue",
+        ])
+        .args(["-H", "content-type: application/json", "-d"])
+        .arg(r#"{"model":"smollm2","prompt":"Hello","max_tokens":3}"#)
+        .arg(format!("{base}/v1/completions"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(text.starts_with("http/1.1 503"), "{text}");
+    assert!(text.contains("retry-after: "), "{text}");
+    assert!(text.contains("\"code\":\"overloaded\""), "{text}");
+    // A's client goes away: its request is cancelled at once, so B (which could not start while
+    // A held the only slot) finishes long before A's 500 tokens would have.
+    drop(a);
+    let t0 = Instant::now();
+    let mut resp = Vec::new();
+    while !String::from_utf8_lossy(&resp).contains("\"usage\"") {
+        let n = b.read(&mut chunk).unwrap();
+        assert!(n > 0, "B's connection closed early");
+        resp.extend_from_slice(&chunk[..n]);
+    }
+    let waited = t0.elapsed();
+    assert!(
+        String::from_utf8_lossy(&resp).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
+    assert!(
+        waited < Duration::from_secs(8),
+        "B waited {waited:?} after A's client left"
+    );
+}
