@@ -172,7 +172,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
 // units_per_tile (sub = unit % units_per_tile); its row r is token r / group, q head
 // y * group + r % group. The CUDA-core kernel uses group 1, sub_tokens ATT_TQ, units_per_tile 1
 // (y = q head); the tensor-core kernel its own (y = kv head).
-//   part_o, part_ml : [units, gridDim.y, splits, ATT_TQ, d] and [..., 2]
+//   part_o, part_ml : [units, gridDim.y, splits, unit_rows, d] and [..., 2] (unit_rows: ATT_TQ
+//                     for paged_attention_bf16, 64 for the tensor-core kernel)
 //   tile_start, tile_len : device, u32 [num_tiles]
 //   out : device, bf16 [n, n_heads * d]
 // Launch: grid (units, gridDim.y of the attention launch), block ATT_THREADS.
@@ -180,7 +181,7 @@ extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part
                                                   const unsigned* __restrict__ tile_start,
                                                   const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
                                                   int n_heads, int d, int splits, int group, int sub_tokens,
-                                                  int units_per_tile) {
+                                                  int units_per_tile, int unit_rows) {
     const int unit = blockIdx.x, y = blockIdx.y;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int start = tile_start[tile] + sub * sub_tokens;
@@ -190,12 +191,12 @@ extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part
         const int r = idx / d, i = idx % d;
         float M = -CACHET_INF;
         for (int s = 0; s < splits; ++s) {
-            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * ATT_TQ + r;
+            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * unit_rows + r;
             M = fmaxf(M, part_ml[b * 2]);
         }
         float num = 0.f, den = 0.f;
         for (int s = 0; s < splits; ++s) {
-            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * ATT_TQ + r;
+            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * unit_rows + r;
             const float ms = part_ml[b * 2];
             if (ms == -CACHET_INF) continue;
             const float w = __expf(ms - M);

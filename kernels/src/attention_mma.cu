@@ -1,16 +1,20 @@
 // Tensor-core variant of paged_attention_bf16 for head_dim 64 or 128: S = Q·Kᵀ and O += P·V with
-// mma.sync m16n8k16 (bf16 in, f32 accumulate). A block of two warps serves one kv head and takes
-// 32 query rows (16 per warp): `sub_tokens` consecutive tokens × the `group` q heads that share the
+// mma.sync m16n8k16 (bf16 in, f32 accumulate). A block of four warps serves one kv head and takes
+// 64 query rows (16 per warp): `sub_tokens` consecutive tokens × the `group` q heads that share the
 // kv head, so each K/V tile staged in shared memory (bf16) serves the whole GQA group. A batch tile
-// of up to 32 tokens is split into `units_per_tile` such units. Fragment layouts follow the PTX ISA for mma.m16n8k16 (.row.col):
+// of up to 32 tokens is split into `units_per_tile` such units. K/V tiles are double-buffered:
+// the next tile's rows are copied with cp.async while the tensor cores work on the current one.
+// B fragments come from shared memory through ldmatrix (K as stored, V transposed).
+// Fragment layouts follow the PTX ISA for mma.m16n8k16 (.row.col):
 //   A (16×16): a0 = (r, 2q..2q+1), a1 = (r+8, 2q..), a2 = (r, 2q+8..), a3 = (r+8, 2q+8..)
 //   B (16×8) : b0 = (k = 2q..2q+1, n = r), b1 = (k = 2q+8.., n = r)
 //   C (16×8) : c0,c1 = (r, 2q..2q+1), c2,c3 = (r+8, 2q..2q+1)
 // with r = lane / 4, q = lane % 4.
 #include "common.cuh"
 
-#define MMA_TQ 32
+#define MMA_TQ 64
 #define MMA_TK 64
+#define MMA_THREADS 128
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
     asm volatile(
@@ -24,6 +28,31 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
 }
 
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16 bytes global → shared, bypassing L1; `bytes` = 0 writes zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// Four 8×8 bf16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
 template <int D>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache,
                                               const bf16* __restrict__ v_cache, const unsigned* __restrict__ pos,
@@ -35,16 +64,16 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
                                               float* __restrict__ part_ml, int n_heads, int n_kv, int block_size,
                                               float scale, int split_len, int group, int sub_tokens,
                                               int units_per_tile) {
-    constexpr int DP = D + 8;  // padded bf16 row stride
+    constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
+    constexpr int TILE = MMA_TK * DP;
     extern __shared__ float smem_f[];
-    bf16* Qs = reinterpret_cast<bf16*>(smem_f);  // [MMA_TQ][DP]
-    bf16* Ks = Qs + MMA_TQ * DP;                 // [MMA_TK][DP]
-    bf16* Vs = Ks + MMA_TK * DP;                 // [MMA_TK][DP]
-    __shared__ size_t slot_of[MMA_TK];
+    // Two stages of [K tile | V tile]; Q is staged once in stage 1's K tile before the loop.
+    bf16* stage = reinterpret_cast<bf16*>(smem_f);
+    bf16* Qs = stage + 2 * TILE;
+    __shared__ size_t slot_of[2][MMA_TK];
     const int unit = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, fr = lane >> 2, fq = lane & 3;
-    const int nthreads = blockDim.x;
     const int cols = (n_heads + 2 * n_kv) * D;
     const int start = tile_start[tile] + sub * sub_tokens;
     const int ntok = min(sub_tokens, (int)tile_len[tile] - sub * sub_tokens);
@@ -55,7 +84,28 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     const int k_begin = split * split_len;
     const int k_end = min(ctx_end, k_begin + split_len);
 
-    for (int idx = tid; idx < MMA_TQ * D / 2; idx += nthreads) {
+    // Block-table lookups for the key tile at k0, into slot_of[buf].
+    auto lookup = [&](int k0, int buf) {
+        if (tid < MMA_TK) {
+            const int p = k0 + tid;
+            slot_of[buf][tid] =
+                (p < k_end) ? (((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh) * D : 0;
+        }
+    };
+    // cp.async of the key tile at k0 into stage `buf` (rows past the range are zero-filled).
+    auto fetch = [&](int k0, int buf) {
+        bf16* Ks = stage + buf * 2 * TILE;
+        bf16* Vs = Ks + TILE;
+        for (int idx = tid; idx < MMA_TK * (D / 8); idx += MMA_THREADS) {
+            const int c = idx / (D / 8), i = (idx % (D / 8)) * 8;
+            const int bytes = (k0 + c < k_end) ? 16 : 0;
+            cp_async16(Ks + c * DP + i, k_cache + slot_of[buf][c] + i, bytes);
+            cp_async16(Vs + c * DP + i, v_cache + slot_of[buf][c] + i, bytes);
+        }
+    };
+
+    lookup(k_begin, 0);
+    for (int idx = tid; idx < MMA_TQ * D / 2; idx += MMA_THREADS) {
         const int r = idx / (D / 2), i = (idx % (D / 2)) * 2;
         unsigned v = 0;
         if (r < qlen) {
@@ -65,8 +115,11 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         *reinterpret_cast<unsigned*>(Qs + r * DP + i) = v;
     }
     __syncthreads();
+    if (k_begin < k_end) fetch(k_begin, 0);
+    cp_async_commit();
     // This warp's 16 query rows: A fragments of Q for every 16-wide slice of D.
     const int row0 = warp * 16;
+    const bool active = row0 < qlen;  // warp-uniform: idle warps only help with the copies
     unsigned qa[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -83,36 +136,35 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    // ldmatrix row addresses of this lane: matrix lane / 8, row lane % 8.
+    const int lm = lane >> 3, lr = lane & 7;
 
-    for (int k0 = k_begin; k0 < k_end; k0 += MMA_TK) {
+    int t = 0;
+    for (int k0 = k_begin; k0 < k_end; k0 += MMA_TK, ++t) {
+        const int cur = t & 1, nxt = cur ^ 1;
+        const bool more = k0 + MMA_TK < k_end;
+        if (more) lookup(k0 + MMA_TK, nxt);
+        // Everyone is done with stage nxt (the previous tile, or Q) and sees slot_of[nxt].
+        __syncthreads();
+        if (more) fetch(k0 + MMA_TK, nxt);
+        cp_async_commit();
+        cp_async_wait1();  // this thread's copies of tile t have landed...
+        __syncthreads();   // ...and everyone's
+        if (!active) continue;
+        const bf16* Ks = stage + cur * 2 * TILE;
+        const bf16* Vs = Ks + TILE;
         const int kn = min(MMA_TK, k_end - k0);
-        __syncthreads();
-        if (tid < MMA_TK) {
-            const int p = k0 + tid;
-            slot_of[tid] = (tid < kn) ? (((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh) * D : 0;
-        }
-        __syncthreads();
-        for (int idx = tid; idx < MMA_TK * (D / 8); idx += nthreads) {
-            const int c = idx / (D / 8), i = (idx % (D / 8)) * 8;
-            uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
-            if (c < kn) {
-                kw = *reinterpret_cast<const uint4*>(k_cache + slot_of[c] + i);
-                vw = *reinterpret_cast<const uint4*>(v_cache + slot_of[c] + i);
-            }
-            *reinterpret_cast<uint4*>(Ks + c * DP + i) = kw;
-            *reinterpret_cast<uint4*>(Vs + c * DP + i) = vw;
-        }
-        __syncthreads();
-        // S = Q Kᵀ for 8 blocks of 8 keys.
+        // S = Q Kᵀ for 8 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
         float s[MMA_TK / 8][4];
 #pragma unroll
         for (int nb = 0; nb < MMA_TK / 8; ++nb) {
             s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const bf16* kb = Ks + (nb * 8 + fr) * DP + kk * 16 + 2 * fq;
-                unsigned b[2] = {*reinterpret_cast<const unsigned*>(kb), *reinterpret_cast<const unsigned*>(kb + 8)};
+            for (int kk = 0; kk < D / 16; kk += 2) {
+                unsigned b[4];
+                ldmatrix_x4(b, Ks + (nb * 8 + lr) * DP + kk * 16 + lm * 8);
                 mma_bf16(s[nb], qa[kk], b);
+                mma_bf16(s[nb], qa[kk + 1], b + 2);
             }
         }
         // Mask, then the online softmax of rows a and b.
@@ -164,18 +216,18 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
             o[n][2] *= al_b;
             o[n][3] *= al_b;
         }
-        // O += P V: P's C fragments of key blocks 2j, 2j+1 are the A fragment of key slice j.
+        // O += P V: P's C fragments of key blocks 2j, 2j+1 are the A fragment of key slice j; one
+        // ldmatrix.x4.trans gives the B fragments of two 8-wide D blocks.
 #pragma unroll
         for (int j = 0; j < MMA_TK / 16; ++j) {
             unsigned pa[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
                               pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]), pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
-            const bf16* v0 = Vs + (j * 16 + 2 * fq) * DP;
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                const int dcol = n * 8 + fr;
-                unsigned b[2] = {(unsigned)v0[dcol] | ((unsigned)v0[DP + dcol] << 16),
-                                 (unsigned)v0[8 * DP + dcol] | ((unsigned)v0[9 * DP + dcol] << 16)};
+            for (int n = 0; n < D / 8; n += 2) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, Vs + (j * 16 + (lm & 1) * 8 + lr) * DP + (n + (lm >> 1)) * 8);
                 mma_bf16(o[n], pa, b);
+                mma_bf16(o[n + 1], pa, b + 2);
             }
         }
     }
@@ -204,12 +256,11 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 }
 
 // Arguments (the same list) and layouts as paged_attention_bf16 (attention.cu), except: `d` is fixed
-// by the symbol; `group`
-// = n_heads / n_kv, `sub_tokens` = floor(32 / group) tokens per block, `units_per_tile` =
-// ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits), block of 64 threads,
-// dynamic shared memory (MMA_TQ + 2 * MMA_TK) * (D + 8) bf16; split rows are indexed
-// [unit, kv head, split, row] with row = token_in_unit * group + head_in_group.
-extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d128_bf16(
+// by the symbol; `group` = n_heads / n_kv, `sub_tokens` = min(floor(64 / group), 32) tokens per
+// block, `units_per_tile` = ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits),
+// block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages); split rows are
+// indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) paged_attention_mma_d128_bf16(
     const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
@@ -219,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d128_bf16(
                        part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
 }
 
-extern "C" __global__ void __launch_bounds__(64) paged_attention_mma_d64_bf16(
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) paged_attention_mma_d64_bf16(
     const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,

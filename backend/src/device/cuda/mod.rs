@@ -140,6 +140,10 @@ const ATT_THREADS: u32 = 128;
 const ATT_TQ: usize = 32;
 const ATT_TK: usize = 64;
 const ATT_MAXD: usize = 128;
+/// Query rows (tokens × GQA group) per block of the tensor-core kernel (MMA_TQ in attention_mma.cu).
+const MMA_ROWS: usize = 64;
+/// Threads per block of the tensor-core kernel (four warps of 16 rows).
+const MMA_THREADS: u32 = 128;
 
 /// How an attention launch laid out its split rows (see attention_combine_bf16).
 #[derive(Clone, Copy)]
@@ -150,11 +154,14 @@ struct CombineShape {
     group: usize,
     sub_tokens: usize,
     units_per_tile: usize,
+    /// Rows per unit in the split buffers.
+    unit_rows: usize,
 }
 
-/// Shared memory of the tensor-core kernel (attention_mma.cu): Q, K and V tiles in bf16.
+/// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
+/// bf16 (Q is staged in the second before the loop).
 fn mma_smem_bytes(d: usize) -> u32 {
-    ((ATT_TQ + 2 * ATT_TK) * (d + 8) * 2) as u32
+    (4 * ATT_TK * (d + 8) * 2) as u32
 }
 
 fn attention_smem_bytes(d: usize) -> u32 {
@@ -407,10 +414,11 @@ impl CudaDevice {
     ) -> Result<CudaTensor, DeviceError> {
         if sh.splits > 1 {
             let (nh, di, sp) = (p.num_heads as i32, p.head_dim as i32, sh.splits as i32);
-            let (g, st, upt) = (
+            let (g, st, upt, ur) = (
                 sh.group as i32,
                 sh.sub_tokens as i32,
                 sh.units_per_tile as i32,
+                sh.unit_rows as i32,
             );
             let mut c = self.stream.launch_builder(&self.k.combine);
             c.arg(&part_o)
@@ -423,7 +431,8 @@ impl CudaDevice {
                 .arg(&sp)
                 .arg(&g)
                 .arg(&st)
-                .arg(&upt);
+                .arg(&upt)
+                .arg(&ur);
             let cfg = LaunchConfig {
                 grid_dim: (sh.units as u32, sh.grid_y as u32, 1),
                 block_dim: (ATT_THREADS, 1, 1),
@@ -784,19 +793,19 @@ impl Device for CudaDevice {
             // Work units: the tensor-core kernel serves a GQA group per block (rows = tokens × group),
             // the CUDA-core kernel one q head per block (rows = tokens).
             let group = p.num_heads / p.num_kv_heads;
-            if mma.is_some() && group > ATT_TQ {
+            if mma.is_some() && group > MMA_ROWS {
                 return Err(DeviceError::Op {
                     device: DEV,
                     op: "attention",
-                    msg: format!("GQA group {group} > {ATT_TQ}"),
+                    msg: format!("GQA group {group} > {MMA_ROWS}"),
                 });
             }
-            let (sub_tokens, units_per_tile, grid_y) = match mma {
+            let (sub_tokens, units_per_tile, grid_y, unit_rows) = match mma {
                 Some(_) => {
-                    let sub = (ATT_TQ / group).max(1);
-                    (sub, ATT_TQ.div_ceil(sub), p.num_kv_heads)
+                    let sub = (MMA_ROWS / group).clamp(1, ATT_TQ);
+                    (sub, ATT_TQ.div_ceil(sub), p.num_kv_heads, MMA_ROWS)
                 }
-                None => (ATT_TQ, 1, p.num_heads),
+                None => (ATT_TQ, 1, p.num_heads, ATT_TQ),
             };
             let units = b.num_tiles * units_per_tile;
             // Split long key ranges over more blocks when too few blocks have work (decode); prefill-sized
@@ -813,7 +822,7 @@ impl Device for CudaDevice {
             let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
             let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
             let part_rows = if splits > 1 {
-                units * grid_y * splits * ATT_TQ
+                units * grid_y * splits * unit_rows
             } else {
                 1
             };
@@ -836,13 +845,14 @@ impl Device for CudaDevice {
                 group: if mma.is_some() { group } else { 1 },
                 sub_tokens,
                 units_per_tile,
+                unit_rows,
             };
             let (func, cfg) = match mma {
                 Some(f) => (
                     f,
                     LaunchConfig {
                         grid_dim: (units as u32, grid_y as u32, splits as u32),
-                        block_dim: (64, 1, 1),
+                        block_dim: (MMA_THREADS, 1, 1),
                         shared_mem_bytes: mma_smem_bytes(d),
                     },
                 ),
@@ -879,8 +889,8 @@ impl Device for CudaDevice {
                 .arg(&upti);
             // SAFETY: both kernels take this argument list (attention.cu / attention_mma.cu): tiles cover
             // the batch's tokens within their sequences, block tables cover every position (validated by
-            // the runner), split buffers hold units × grid_y × splits × ATT_TQ rows, shared memory is
-            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 32.
+            // the runner), split buffers hold units × grid_y × splits × unit_rows rows, shared memory is
+            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64.
             unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
             self.finish_attention(out, part_o, part_ml, b, p, shape)
         })
