@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Quick CUDA-vs-CPU logits check of both attention kernels (no model download): a random GQA model
-# with head_dim 64 (tensor-core kernel, group 4, split-K) and the tiny fixtures (CUDA-core kernel).
+# Quick CUDA-vs-CPU logits check of both attention kernels (no model download): random GQA models
+# with head_dim 64 and 128 (tensor-core kernel, group 4, split-K for the short prompts, several
+# units per sequence for the long ones) and the tiny fixtures (CUDA-core kernel).
 set -euo pipefail
 bin=${CACHET:-.carry/cachet}
 "$bin" model random --config examples/configs/small-gqa-d64.json --out /tmp/m64 --seed 3 2>/dev/null
-for model in /tmp/m64 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied; do
-  for n in 1 37 300; do
+"$bin" model random --config examples/configs/small-gqa-d128.json --out /tmp/m128 --seed 4 2>/dev/null
+for model in /tmp/m64 /tmp/m128 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied; do
+  max=$(python3 -c "import json; print(json.load(open('$model/config.json'))['max_position_embeddings'])")
+  for n in 1 37 300 1500; do
+    [ "$n" -le "$max" ] || continue
     ids=$(python3 -c "print(','.join(str((i * 37 + 5) % 250) for i in range($n)))")
     for dev in cuda cpu; do
       "$bin" logits --model "$model" --device "$dev" --ids "$ids" --dump "/tmp/$dev.f32" --top 1 >/dev/null 2>&1

@@ -27,6 +27,8 @@ if [ -x .carry/sampling-tests ]; then
   echo "== GPU sampling against the host distribution"
   CACHET_TEST_DEVICE=cuda .carry/sampling-tests --test-threads 1 2>&1 | tee "$out/sampling-cuda.txt"
 fi
+echo "== attention kernels vs the CPU reference (random GQA models, d64 and d128)"
+CACHET="$bin" bash scripts/gpu_attention_check.sh 2>&1 | tee "$out/attention-check.txt"
 if [ "${FIDELITY:-1}" = 1 ]; then
   echo "== fidelity"
   python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"

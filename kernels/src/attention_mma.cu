@@ -14,6 +14,7 @@
 
 #define MMA_TQ 64
 #define MMA_TK 64
+#define MMA_HK 16
 #define MMA_THREADS 128
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
@@ -24,9 +25,21 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsi
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Two floats → bf16x2 (round to nearest even) in one instruction; `lo` in the low half.
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned r;
@@ -70,8 +83,11 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     // Two stages of [K tile | V tile]; Q is staged once in stage 1's K tile before the loop.
     bf16* stage = reinterpret_cast<bf16*>(smem_f);
     bf16* Qs = stage + 2 * TILE;
-    __shared__ size_t slot_of[2][MMA_TK];
-    const int unit = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    // Rows of the key tiles in the cache, in 16-byte units (32 bits: up to 64 GiB per layer).
+    __shared__ unsigned slot_of[2][MMA_TK];
+    // Units in reverse: the last tokens of a prompt have the longest causal range, so they start
+    // first and the short ones fill in behind them.
+    const int unit = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, fr = lane >> 2, fq = lane & 3;
     const int cols = (n_heads + 2 * n_kv) * D;
@@ -89,30 +105,41 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         if (tid < MMA_TK) {
             const int p = k0 + tid;
             slot_of[buf][tid] =
-                (p < k_end) ? (((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh) * D : 0;
+                (p < k_end) ? ((table[p / block_size] * block_size + p % block_size) * n_kv + kvh) * (D / 8) : 0;
         }
     };
     // cp.async of the key tile at k0 into stage `buf` (rows past the range are zero-filled).
     auto fetch = [&](int k0, int buf) {
         bf16* Ks = stage + buf * 2 * TILE;
         bf16* Vs = Ks + TILE;
+        const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
+        const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
         for (int idx = tid; idx < MMA_TK * (D / 8); idx += MMA_THREADS) {
-            const int c = idx / (D / 8), i = (idx % (D / 8)) * 8;
+            const int c = idx / (D / 8), i = idx % (D / 8);
             const int bytes = (k0 + c < k_end) ? 16 : 0;
-            cp_async16(Ks + c * DP + i, k_cache + slot_of[buf][c] + i, bytes);
-            cp_async16(Vs + c * DP + i, v_cache + slot_of[buf][c] + i, bytes);
+            cp_async16(Ks + c * DP + i * 8, kc + slot_of[buf][c] + i, bytes);
+            cp_async16(Vs + c * DP + i * 8, vc + slot_of[buf][c] + i, bytes);
         }
     };
 
     lookup(k_begin, 0);
-    for (int idx = tid; idx < MMA_TQ * D / 2; idx += MMA_THREADS) {
-        const int r = idx / (D / 2), i = (idx % (D / 2)) * 2;
-        unsigned v = 0;
+    // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
+    // them is the softmax's exp.
+    const float qscale = scale * LOG2E;
+    for (int idx = tid; idx < MMA_TQ * D / 8; idx += MMA_THREADS) {
+        const int r = idx / (D / 8), i = (idx % (D / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
         if (r < qlen) {
-            const bf16* src = qkv + (size_t)(start + r / group) * cols + (kvh * group + r % group) * D + i;
-            v = pack_bf16(bf2f(src[0]) * scale, bf2f(src[1]) * scale);
+            const uint4 x = *reinterpret_cast<const uint4*>(
+                qkv + (size_t)(start + r / group) * cols + (kvh * group + r % group) * D + i);
+            const unsigned w[4] = {x.x, x.y, x.z, x.w};
+            unsigned o4[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                o4[k] = pack_bf16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale);
+            v = make_uint4(o4[0], o4[1], o4[2], o4[3]);
         }
-        *reinterpret_cast<unsigned*>(Qs + r * DP + i) = v;
+        *reinterpret_cast<uint4*>(Qs + r * DP + i) = v;
     }
     __syncthreads();
     if (k_begin < k_end) fetch(k_begin, 0);
@@ -132,6 +159,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     const int ra = row0 + fr, rb = ra + 8;  // the two rows this thread holds
     const int pos_a = (ra < qlen) ? (int)pos[start + ra / group] : -1;
     const int pos_b = (rb < qlen) ? (int)pos[start + rb / group] : -1;
+    const int first_pos = pos[start];  // the unit's tokens are consecutive: the smallest position
     float m_a = -CACHET_INF, m_b = -CACHET_INF, l_a = 0.f, l_b = 0.f;
     float o[D / 8][4];
 #pragma unroll
@@ -154,80 +182,94 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         const bf16* Ks = stage + cur * 2 * TILE;
         const bf16* Vs = Ks + TILE;
         const int kn = min(MMA_TK, k_end - k0);
-        // S = Q Kᵀ for 8 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
-        float s[MMA_TK / 8][4];
+        // The tile in two halves of MMA_HK keys (fewer live score registers: 3 blocks fit an SM).
 #pragma unroll
-        for (int nb = 0; nb < MMA_TK / 8; ++nb) {
-            s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+        for (int h = 0; h < MMA_TK; h += MMA_HK) {
+            const bf16* Kh = Ks + h * DP;
+            const bf16* Vh = Vs + h * DP;
+            const int hn = kn - h, kb = k0 + h;  // keys of this half in range; its first key
+            if (hn <= 0) continue;
+            // S = Q Kᵀ for 4 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
+            float s[MMA_HK / 8][4];
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk += 2) {
-                unsigned b[4];
-                ldmatrix_x4(b, Ks + (nb * 8 + lr) * DP + kk * 16 + lm * 8);
-                mma_bf16(s[nb], qa[kk], b);
-                mma_bf16(s[nb], qa[kk + 1], b + 2);
+            for (int nb = 0; nb < MMA_HK / 8; ++nb) {
+                s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk += 2) {
+                    unsigned b[4];
+                    ldmatrix_x4(b, Kh + (nb * 8 + lr) * DP + kk * 16 + lm * 8);
+                    mma_bf16(s[nb], qa[kk], b);
+                    mma_bf16(s[nb], qa[kk + 1], b + 2);
+                }
             }
-        }
-        // Mask, then the online softmax of rows a and b.
-        float tmax_a = -CACHET_INF, tmax_b = -CACHET_INF;
+            // Mask (only tiles that reach past the range or the unit's first position), then the
+            // online softmax of rows a and b.
+            if (hn < MMA_HK || kb + MMA_HK - 1 > first_pos) {
 #pragma unroll
-        for (int nb = 0; nb < MMA_TK / 8; ++nb) {
+                for (int nb = 0; nb < MMA_HK / 8; ++nb) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = nb * 8 + 2 * fq + e;
-                const int kp = k0 + c;
-                if (c >= kn || kp > pos_a) s[nb][e] = -CACHET_INF;
-                if (c >= kn || kp > pos_b) s[nb][2 + e] = -CACHET_INF;
-                tmax_a = fmaxf(tmax_a, s[nb][e]);
-                tmax_b = fmaxf(tmax_b, s[nb][2 + e]);
+                    for (int e = 0; e < 2; ++e) {
+                        const int c = nb * 8 + 2 * fq + e;
+                        const int kp = kb + c;
+                        if (c >= hn || kp > pos_a) s[nb][e] = -CACHET_INF;
+                        if (c >= hn || kp > pos_b) s[nb][2 + e] = -CACHET_INF;
+                    }
+                }
             }
-        }
-        tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 1));
-        tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 2));
-        tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, 1));
-        tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, 2));
-        const float mn_a = fmaxf(m_a, tmax_a), mn_b = fmaxf(m_b, tmax_b);
-        const float al_a = (mn_a == -CACHET_INF) ? 1.f : __expf(m_a - mn_a);
-        const float al_b = (mn_b == -CACHET_INF) ? 1.f : __expf(m_b - mn_b);
-        float sum_a = 0.f, sum_b = 0.f;
+            float tmax_a = -CACHET_INF, tmax_b = -CACHET_INF;
 #pragma unroll
-        for (int nb = 0; nb < MMA_TK / 8; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float pa = (s[nb][e] == -CACHET_INF) ? 0.f : __expf(s[nb][e] - mn_a);
-                const float pb = (s[nb][2 + e] == -CACHET_INF) ? 0.f : __expf(s[nb][2 + e] - mn_b);
-                s[nb][e] = pa;
-                s[nb][2 + e] = pb;
-                sum_a += pa;
-                sum_b += pb;
+            for (int nb = 0; nb < MMA_HK / 8; ++nb) {
+                tmax_a = fmaxf(tmax_a, fmaxf(s[nb][0], s[nb][1]));
+                tmax_b = fmaxf(tmax_b, fmaxf(s[nb][2], s[nb][3]));
             }
-        }
-        sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 1);
-        sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
-        sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 1);
-        sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
-        l_a = l_a * al_a + sum_a;
-        l_b = l_b * al_b + sum_b;
-        m_a = mn_a;
-        m_b = mn_b;
+            tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 1));
+            tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, 2));
+            tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, 1));
+            tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, 2));
+            const float mn_a = fmaxf(m_a, tmax_a), mn_b = fmaxf(m_b, tmax_b);
+            const float al_a = (mn_a == -CACHET_INF) ? 1.f : fast_exp2(m_a - mn_a);
+            const float al_b = (mn_b == -CACHET_INF) ? 1.f : fast_exp2(m_b - mn_b);
+            float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            o[n][0] *= al_a;
-            o[n][1] *= al_a;
-            o[n][2] *= al_b;
-            o[n][3] *= al_b;
-        }
-        // O += P V: P's C fragments of key blocks 2j, 2j+1 are the A fragment of key slice j; one
-        // ldmatrix.x4.trans gives the B fragments of two 8-wide D blocks.
+            for (int nb = 0; nb < MMA_HK / 8; ++nb) {
 #pragma unroll
-        for (int j = 0; j < MMA_TK / 16; ++j) {
-            unsigned pa[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
-                              pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]), pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
+                for (int e = 0; e < 2; ++e) {
+                    const float pa = (s[nb][e] == -CACHET_INF) ? 0.f : fast_exp2(s[nb][e] - mn_a);
+                    const float pb = (s[nb][2 + e] == -CACHET_INF) ? 0.f : fast_exp2(s[nb][2 + e] - mn_b);
+                    s[nb][e] = pa;
+                    s[nb][2 + e] = pb;
+                    sum_a += pa;
+                    sum_b += pb;
+                }
+            }
+            sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 1);
+            sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
+            sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 1);
+            sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
+            l_a = l_a * al_a + sum_a;
+            l_b = l_b * al_b + sum_b;
+            m_a = mn_a;
+            m_b = mn_b;
 #pragma unroll
-            for (int n = 0; n < D / 8; n += 2) {
-                unsigned b[4];
-                ldmatrix_x4_trans(b, Vs + (j * 16 + (lm & 1) * 8 + lr) * DP + (n + (lm >> 1)) * 8);
-                mma_bf16(o[n], pa, b);
-                mma_bf16(o[n + 1], pa, b + 2);
+            for (int n = 0; n < D / 8; ++n) {
+                o[n][0] *= al_a;
+                o[n][1] *= al_a;
+                o[n][2] *= al_b;
+                o[n][3] *= al_b;
+            }
+            // O += P V: P's C fragments of key blocks 2j, 2j+1 are the A fragment of key slice j; one
+            // ldmatrix.x4.trans gives the B fragments of two 8-wide D blocks.
+#pragma unroll
+            for (int j = 0; j < MMA_HK / 16; ++j) {
+                unsigned pa[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
+                                  pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]), pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+                for (int n = 0; n < D / 8; n += 2) {
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, Vh + (j * 16 + (lm & 1) * 8 + lr) * DP + (n + (lm >> 1)) * 8);
+                    mma_bf16(o[n], pa, b);
+                    mma_bf16(o[n + 1], pa, b + 2);
+                }
             }
         }
     }
@@ -249,8 +291,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
             if (has_b) { part_o[(base + rb) * D + dcol] = o[n][2]; part_o[(base + rb) * D + dcol + 1] = o[n][3]; }
         }
         if (fq == 0) {
-            if (has_a) { part_ml[(base + ra) * 2] = m_a; part_ml[(base + ra) * 2 + 1] = l_a; }
-            if (has_b) { part_ml[(base + rb) * 2] = m_b; part_ml[(base + rb) * 2 + 1] = l_b; }
+            // The running max goes out in natural-log units, as attention_combine_bf16 expects.
+            if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
+            if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
         }
     }
 }
@@ -260,7 +303,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 // block, `units_per_tile` = ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits),
 // block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) paged_attention_mma_d128_bf16(
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) paged_attention_mma_d128_bf16(
     const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
@@ -270,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) paged_attention_mma_d1
                        part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) paged_attention_mma_d64_bf16(
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) paged_attention_mma_d64_bf16(
     const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,

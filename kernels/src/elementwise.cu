@@ -27,6 +27,30 @@ extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __re
     }
 }
 
+// The same, 8 elements per thread with 16-byte loads and stores, for inter % 8 == 0 and
+// n * inter / 8 < 2^32 (32-bit index math: the flat 64-bit division above costs more than the
+// memory traffic at prefill sizes).
+//   total8 : n * inter / 8
+extern "C" __global__ void silu_mul_bf16x8(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
+                                           unsigned total8) {
+    const unsigned inter8 = inter / 8;
+    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total8; e += gridDim.x * blockDim.x) {
+        const unsigned t = e / inter8, j = e % inter8;
+        const uint4 gv = reinterpret_cast<const uint4*>(gu)[(size_t)t * 2 * inter8 + j];
+        const uint4 uv = reinterpret_cast<const uint4*>(gu)[(size_t)t * 2 * inter8 + inter8 + j];
+        const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+        unsigned ow[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float g0 = bf2f((bf16)(gw[k] & 0xffffu)), g1 = bf2f((bf16)(gw[k] >> 16));
+            const float u0 = bf2f((bf16)(uw[k] & 0xffffu)), u1 = bf2f((bf16)(uw[k] >> 16));
+            const float o0 = g0 / (1.f + __expf(-g0)) * u0, o1 = g1 / (1.f + __expf(-g1)) * u1;
+            ow[k] = (unsigned)f2bf(o0) | ((unsigned)f2bf(o1) << 16);
+        }
+        reinterpret_cast<uint4*>(out)[e] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+    }
+}
+
 // out[i, :] = x[rows[i], :]
 //   rows : device, u32  [m]
 //   x    : device, bf16 [n, cols]

@@ -33,6 +33,7 @@ pub const SOURCES: &[KernelSource] = &[
         symbols: &[
             "embed_bf16",
             "silu_mul_bf16",
+            "silu_mul_bf16x8",
             "gather_rows_bf16",
             "fill_normal_bf16",
         ],

@@ -100,6 +100,7 @@ struct Kernels {
     add_rms_norm: CudaFunction,
     embed: CudaFunction,
     silu_mul: CudaFunction,
+    silu_mul_x8: CudaFunction,
     gather_rows: CudaFunction,
     rope_kv: CudaFunction,
     attention: CudaFunction,
@@ -118,6 +119,8 @@ pub struct CudaDevice {
     pub name: String,
     pub arch: String,
     block_size: usize,
+    /// Streaming multiprocessors (sizes the attention split).
+    sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
     /// Per-operation events while profiling.
@@ -144,6 +147,8 @@ const ATT_MAXD: usize = 128;
 const MMA_ROWS: usize = 64;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
 const MMA_THREADS: u32 = 128;
+/// Blocks of the tensor-core kernel resident per SM (its __launch_bounds__ minimum).
+const MMA_BLOCKS_PER_SM: usize = 3;
 
 /// How an attention launch laid out its split rows (see attention_combine_bf16).
 #[derive(Clone, Copy)]
@@ -211,6 +216,11 @@ impl CudaDevice {
             .compute_capability()
             .map_err(op_err("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(op_err("SM count"))? as usize;
         let cache = crate::loader::fetch::cache_dir().join("kernels");
         let compiled =
             cachet_kernels::compile::compile(&arch, Some(&cache)).map_err(|e| DeviceError::Op {
@@ -227,6 +237,7 @@ impl CudaDevice {
             add_rms_norm: f("add_rms_norm_bf16")?,
             embed: f("embed_bf16")?,
             silu_mul: f("silu_mul_bf16")?,
+            silu_mul_x8: f("silu_mul_bf16x8")?,
             gather_rows: f("gather_rows_bf16")?,
             rope_kv: f("rope_kv_bf16")?,
             attention: f("paged_attention_bf16")?,
@@ -263,6 +274,7 @@ impl CudaDevice {
             name,
             arch,
             block_size,
+            sms,
             simt_attention,
             profiling: std::cell::Cell::new(false),
             events: std::cell::RefCell::new(Vec::new()),
@@ -816,7 +828,10 @@ impl Device for CudaDevice {
                 .map(|&l| (l as usize).div_ceil(sub_tokens))
                 .sum::<usize>()
                 * grid_y;
-            let want = 264usize.div_ceil(busy.max(1));
+            // As many splits as still fit one wave (the tensor-core kernel runs 3 blocks per SM,
+            // the CUDA-core one 2): a partial second wave costs more than the split saves.
+            let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
+            let want = (wave / busy.max(1)).max(1);
             let max_splits = b.max_ctx.div_ceil(256).max(1);
             let splits = want.clamp(1, max_splits.min(32));
             let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
@@ -900,9 +915,25 @@ impl Device for CudaDevice {
         self.timed("silu_mul", || {
             let i = gu.cols / 2;
             let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
-            if gu.rows > 0 {
-                let ii = i as i32;
-                let total = (gu.rows * i) as u64;
+            let total = gu.rows * i;
+            let ii = i as i32;
+            if total > 0 && i % 8 == 0 && total / 8 < u32::MAX as usize {
+                let total8 = (total / 8) as u32;
+                let mut l = self.stream.launch_builder(&self.k.silu_mul_x8);
+                l.arg(gu.bf16("silu_mul")?)
+                    .arg(&mut out)
+                    .arg(&ii)
+                    .arg(&total8);
+                let cfg = LaunchConfig {
+                    grid_dim: (total8.div_ceil(256).min(8192), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: silu_mul_bf16x8(bf16 gu[n, 2i], bf16 out[n, i], int i, u32 n·i/8) with
+                // i % 8 == 0 and both buffers whole allocations (16-byte aligned).
+                unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
+            } else if total > 0 {
+                let total = total as u64;
                 let mut l = self.stream.launch_builder(&self.k.silu_mul);
                 l.arg(gu.bf16("silu_mul")?)
                     .arg(&mut out)
