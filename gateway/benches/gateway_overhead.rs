@@ -132,6 +132,7 @@ async fn measure(setup: &Setup, tok: &TextTokenizer) {
         model_id: "smollm2".into(),
         created: 0,
         metrics: Default::default(),
+        templates: None,
     });
     let question = "What is the capital of France?";
     let prompt = tok

@@ -1,4 +1,6 @@
-//! The Cachet gateway library: tenants, and (growing) the HTTPS server in front of the engine.
+//! The Cachet gateway library: tenants, the HTTPS server in front of the engine, and the
+//! sandbox that runs tenants' prompt templates.
 
+pub mod sandbox;
 pub mod server;
 pub mod tenants;

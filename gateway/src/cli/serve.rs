@@ -82,6 +82,28 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
+    /// Directory where tenants' prompt templates (Wasm) are stored; enables the templates API
+    /// (`/v1/templates`) and the `template` field of chat requests.
+    #[arg(long)]
+    pub templates_dir: Option<PathBuf>,
+    /// Wall-clock budget of one template call, in milliseconds (tenants may set less).
+    #[arg(long, default_value_t = 50)]
+    pub template_deadline_ms: u64,
+    /// Fuel (about one unit per Wasm instruction) of one template call.
+    #[arg(long, default_value_t = 200_000_000)]
+    pub template_fuel: u64,
+    /// Linear memory of one template instance, in MiB.
+    #[arg(long, default_value_t = 32)]
+    pub template_memory_mib: usize,
+    /// Largest template reply, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    pub template_output_kib: usize,
+    /// Largest template module that may be uploaded, in MiB.
+    #[arg(long, default_value_t = 4)]
+    pub template_module_mib: usize,
+    /// Template calls in flight at once (sandbox pool slots).
+    #[arg(long, default_value_t = 64)]
+    pub template_instances: u32,
 }
 
 fn deployment_key() -> anyhow::Result<[u8; 32]> {
@@ -137,8 +159,27 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         (Some(c), Some(k)) => Some(server::tls::ReloadingCert::new(c, k)?),
         _ => None,
     };
+    let templates = match &a.templates_dir {
+        Some(dir) => {
+            let sandbox =
+                cachet_gateway::sandbox::Sandbox::new(cachet_gateway::sandbox::SandboxConfig {
+                    deadline: Duration::from_millis(a.template_deadline_ms.max(1)),
+                    fuel: a.template_fuel,
+                    memory_bytes: a.template_memory_mib << 20,
+                    output_bytes: a.template_output_kib << 10,
+                    module_bytes: a.template_module_mib << 20,
+                    instances: a.template_instances.max(1),
+                    ..Default::default()
+                })?;
+            let store = cachet_gateway::sandbox::store::TemplateStore::open(dir, sandbox)
+                .with_context(|| format!("opening the templates directory {}", dir.display()))?;
+            Some(Arc::new(store))
+        }
+        None => None,
+    };
     let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);
     let state = Arc::new(AppState {
+        templates,
         engine: engine.handle(),
         tokenizer,
         tenants: std::sync::RwLock::new(Arc::new(tenants)),

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use hyper::StatusCode;
 
+use crate::sandbox::TemplateError;
 use crate::tenants::Denied;
 
 /// Where an error comes from.
@@ -102,6 +103,30 @@ impl From<Denied> for ApiError {
             Denied::TooLarge { .. } => ApiError {
                 code: Some("request_too_large"),
                 ..ApiError::bad_request(message, None)
+            },
+        }
+    }
+}
+
+impl From<TemplateError> for ApiError {
+    fn from(e: TemplateError) -> Self {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError {
+            status,
+            kind: match e.status() {
+                422 => "template_error",
+                503 => "server_error",
+                500 => "server_error",
+                _ => "invalid_request_error",
+            },
+            code: Some(e.code()),
+            message: e.to_string(),
+            param: None,
+            retry_after: matches!(e, TemplateError::Busy).then(|| Duration::from_secs(1)),
+            source: if e.status() >= 500 {
+                Source::Internal
+            } else {
+                Source::Client
             },
         }
     }

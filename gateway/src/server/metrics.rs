@@ -32,6 +32,17 @@ pub struct TenantLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TemplateOutcome {
+    pub tenant: String,
+    /// `ok`, or the error code (`template_timeout`, `template_trap`, …).
+    pub outcome: String,
+}
+
+const TEMPLATE_BUCKETS: &[f64] = &[
+    0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantStatus {
     pub tenant: String,
     pub status: String,
@@ -46,6 +57,8 @@ pub struct Metrics {
     pub requests: Family<TenantStatus, Counter>,
     pub prompt_tokens: Family<TenantLabel, Counter>,
     pub generation_tokens: Family<TenantLabel, Counter>,
+    pub template_calls: Family<TemplateOutcome, Counter>,
+    pub template_seconds: Histogram,
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
@@ -74,6 +87,8 @@ impl Metrics {
             requests: Family::default(),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
+            template_calls: Family::default(),
+            template_seconds: h(TEMPLATE_BUCKETS),
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: Gauge::default(),
@@ -118,6 +133,16 @@ impl Metrics {
             "generation_tokens",
             "Generated tokens by tenant",
             m.generation_tokens.clone(),
+        );
+        registry.register(
+            "template_calls",
+            "Tenant template calls by outcome (ok or the error code)",
+            m.template_calls.clone(),
+        );
+        registry.register(
+            "template_call_seconds",
+            "Time of a template call, fresh instance included",
+            m.template_seconds.clone(),
         );
         registry.register(
             "num_requests_running",
@@ -177,6 +202,19 @@ impl Metrics {
         self.generation_tokens
             .get_or_create(&l)
             .inc_by(generated as u64);
+    }
+
+    /// Records a template call.
+    pub fn template_call(&self, tenant: &str, outcome: &str, seconds: Option<f64>) {
+        self.template_calls
+            .get_or_create(&TemplateOutcome {
+                tenant: tenant.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+        if let Some(s) = seconds {
+            self.template_seconds.observe(s);
+        }
     }
 
     pub fn count(&self, tenant: &str, status: u16) {

@@ -9,6 +9,7 @@ pub mod error;
 mod idle;
 pub mod metrics;
 pub mod openai;
+pub mod templates;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -49,6 +50,8 @@ pub struct AppState {
     pub model_id: String,
     pub created: u64,
     pub metrics: metrics::Metrics,
+    /// Tenants' prompt templates (`--templates-dir`); `None` disables them.
+    pub templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
 }
 
 impl AppState {
@@ -115,6 +118,9 @@ pub async fn handle(
         (&Method::POST, "/v1/completions") => {
             counted(&state, completion(state.clone(), req, false).await)
         }
+        (_, p) if p == "/v1/templates" || p.starts_with("/v1/templates/") => {
+            templates::admin(state.clone(), req).await
+        }
         (
             _,
             "/v1/chat/completions"
@@ -175,6 +181,14 @@ fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<RespBody
 /// Reads a JSON body of at most [`MAX_BODY_BYTES`]. A larger body is read on (and dropped) up to
 /// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset.
 async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, ApiError> {
+    let buf = read_body(req, MAX_BODY_BYTES).await?;
+    serde_json::from_slice(&buf)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
+}
+
+/// Reads a body of at most `limit` bytes. A larger body is read on (and dropped) up to
+/// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset.
+async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Vec<u8>, ApiError> {
     let mut body = req.into_body();
     let mut buf = Vec::new();
     let mut total = 0usize;
@@ -183,24 +197,20 @@ async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Re
             .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}"), None))?;
         if let Ok(data) = frame.into_data() {
             total += data.len();
-            if total <= MAX_BODY_BYTES {
+            if total <= limit {
                 buf.extend_from_slice(&data);
-            } else if total > DRAIN_BODY_BYTES {
+            } else if total > DRAIN_BODY_BYTES.max(limit) {
                 break;
             }
         }
     }
-    if total > MAX_BODY_BYTES {
+    if total > limit {
         return Err(ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
-            ..ApiError::bad_request(
-                format!("request body is larger than {MAX_BODY_BYTES} bytes"),
-                None,
-            )
+            ..ApiError::bad_request(format!("request body is larger than {limit} bytes"), None)
         });
     }
-    serde_json::from_slice(&buf)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
+    Ok(buf)
 }
 
 fn engine_error(e: EngineError) -> ApiError {
@@ -235,9 +245,17 @@ async fn completion_for(
     chat: bool,
     tenant: Arc<crate::tenants::Tenant>,
 ) -> Result<Response<RespBody>, ApiError> {
+    let mut hints = None;
     let (common, prompt_text) = if chat {
         let r: openai::ChatRequest = read_json(req).await?;
         let msgs = r.messages()?;
+        let msgs = match templates::apply(&state, &tenant, &r, &msgs).await? {
+            Some(applied) => {
+                hints = Some((applied.rendered.stop, applied.rendered.max_tokens));
+                applied.messages
+            }
+            None => msgs,
+        };
         let text = state
             .tokenizer
             .render_chat(&msgs, true)
@@ -264,7 +282,17 @@ async fn completion_for(
         }
         .into());
     }
-    let (max_tokens, stop) = common.validate()?;
+    let (max_tokens, mut stop) = common.validate()?;
+    // The template's hints: more stop strings, and a cap on the output.
+    let mut cap = None;
+    if let Some((extra, max_hint)) = hints {
+        for s in extra {
+            if !s.is_empty() && !stop.contains(&s) {
+                stop.push(s);
+            }
+        }
+        cap = max_hint.map(u64::from);
+    }
     let prompt = state.tokenizer.encode(&prompt_text).map_err(engine_error)?;
     let room = state.engine.max_model_len().saturating_sub(prompt.len()) as u64;
     if room == 0 {
@@ -278,6 +306,7 @@ async fn completion_for(
         ));
     }
     let max_tokens = max_tokens.unwrap_or(room.min(1024));
+    let max_tokens = cap.map_or(max_tokens, |c| max_tokens.min(c.max(1)));
     let permit = tenant.admit(prompt.len() as u64, Instant::now())?;
     let mut er = EngineRequest::new(prompt, max_tokens as usize);
     er.sampling = SamplingParams {

@@ -47,6 +47,11 @@ pub struct ChatMessageIn {
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessageIn>,
+    /// The tenant's template to render the messages with (Cachet extension; `extra_body` in
+    /// the OpenAI client). Without it the tenant's `default_template` applies, if any.
+    pub template: Option<String>,
+    /// Variables for the template (Cachet extension).
+    pub template_variables: Option<std::collections::BTreeMap<String, String>>,
     #[serde(flatten)]
     pub common: Common,
 }

@@ -37,6 +37,19 @@ pub struct TenantConfig {
     /// Models this tenant may use; empty means all.
     #[serde(default)]
     pub allowed_models: Vec<String>,
+    /// sha256 (hex) of keys that may manage this tenant's templates (`/v1/templates`); a tenant
+    /// without one cannot upload templates.
+    #[serde(default)]
+    pub admin_key_sha256: Vec<String>,
+    /// Template for chat requests that name none.
+    pub default_template: Option<String>,
+    /// Passed to the tenant's templates as `tenant.metadata`.
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// Template budgets of this tenant (within the gateway's `--template-*` limits).
+    pub template_deadline_ms: Option<u64>,
+    pub template_fuel: Option<u64>,
+    pub template_memory_mib: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -183,6 +196,7 @@ impl Tenant {
 #[derive(Debug, Default)]
 pub struct TenantRegistry {
     by_key: HashMap<[u8; 32], Arc<Tenant>>,
+    by_admin_key: HashMap<[u8; 32], Arc<Tenant>>,
     tenants: Vec<Arc<Tenant>>,
 }
 
@@ -265,6 +279,20 @@ impl TenantRegistry {
                     return Err(bad("an API key is listed twice".into()));
                 }
             }
+            for h in &cfg.admin_key_sha256 {
+                let key = parse_hex32(h)
+                    .ok_or_else(|| bad(format!("admin_key_sha256 `{h}` is not 64 hex digits")))?;
+                if reg.by_admin_key.insert(key, tenant.clone()).is_some() {
+                    return Err(bad("an admin key is listed twice".into()));
+                }
+            }
+            if let Some(t) = &cfg.default_template {
+                if !crate::sandbox::store::valid_name(t) {
+                    return Err(bad(format!(
+                        "default_template `{t}` is not a template name (a-z, 0-9, `-`, `_`)"
+                    )));
+                }
+            }
             reg.tenants.push(tenant);
         }
         Ok(reg)
@@ -274,6 +302,14 @@ impl TenantRegistry {
     pub fn authenticate(&self, api_key: &str) -> Result<Arc<Tenant>, Denied> {
         self.by_key
             .get(&hash_key(api_key))
+            .cloned()
+            .ok_or(Denied::BadKey)
+    }
+
+    /// The tenant whose templates an admin key manages.
+    pub fn authenticate_admin(&self, admin_key: &str) -> Result<Arc<Tenant>, Denied> {
+        self.by_admin_key
+            .get(&hash_key(admin_key))
             .cloned()
             .ok_or(Denied::BadKey)
     }

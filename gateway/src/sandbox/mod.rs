@@ -1,0 +1,570 @@
+//! Tenant prompt templates in a wasmtime sandbox (ABI: `guest-sdk/ABI.md`).
+//!
+//! - One wasmtime [`Engine`] with the pooling allocator: instance slots, memories and tables are
+//!   reserved up front, so a fresh instance per call costs microseconds, and the number of
+//!   template calls in flight is bounded (a full pool answers `template_busy`).
+//! - Each module is validated once (binary Wasm, size cap, exports with their types, imports only
+//!   `cachet.log`, ABI version) and kept as an [`InstancePre`] in an LRU keyed by the blake3 of
+//!   its bytes: the same module uploaded twice compiles once.
+//! - Every call: a new [`Store`] and instance (nothing survives between requests or tenants), a
+//!   fuel budget, an epoch deadline (a ticker thread advances the epoch every
+//!   [`EPOCH_TICK`]), a memory cap enforced by a [`ResourceLimiter`], and an output cap. Every
+//!   failure is a typed [`TemplateError`] for that request alone.
+
+pub mod store;
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cachet_guest_sdk::{Rendered, Request, ABI_VERSION};
+use wasmtime::{
+    Caller, Config, Engine, ExternType, InstanceAllocationStrategy, InstancePre, Linker, Module,
+    PoolingAllocationConfig, ResourceLimiter, Store, Trap, ValType,
+};
+
+/// How often the epoch advances; deadlines are whole ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(2);
+
+/// Sandbox-wide limits (a tenant's own budgets may only be tighter).
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Wall-clock budget of one call.
+    pub deadline: Duration,
+    /// Fuel (roughly, Wasm instructions) of one call.
+    pub fuel: u64,
+    /// Linear memory of one instance.
+    pub memory_bytes: usize,
+    /// Largest reply a template may return.
+    pub output_bytes: usize,
+    /// Largest module that may be uploaded.
+    pub module_bytes: usize,
+    /// Template calls in flight at once (pool slots).
+    pub instances: u32,
+    /// Compiled modules kept in memory.
+    pub cached_modules: usize,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            deadline: Duration::from_millis(50),
+            fuel: 200_000_000,
+            memory_bytes: 32 << 20,
+            output_bytes: 1 << 20,
+            module_bytes: 4 << 20,
+            instances: 64,
+            cached_modules: 256,
+        }
+    }
+}
+
+/// A tenant's budgets for one call, within the sandbox's.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub deadline: Duration,
+    pub fuel: u64,
+    pub memory_bytes: usize,
+}
+
+/// Why a template could not be stored or run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("the upload is not a WebAssembly module: {0}")]
+    NotWasm(String),
+    #[error("the module is {size} bytes; the limit is {limit}")]
+    ModuleTooLarge { size: usize, limit: usize },
+    #[error("the module must export {what}")]
+    MissingExport { what: String },
+    #[error("the module imports `{module}.{name}`; templates may import only `cachet.log` (i32, i32) -> ()")]
+    ForbiddenImport { module: String, name: String },
+    #[error("the module speaks template ABI version {found}; this gateway speaks {expected}")]
+    AbiVersion { found: i64, expected: u32 },
+    #[error("template `{0}` not found")]
+    NotFound(String),
+    #[error("template `{name}` has no version {version}")]
+    NoSuchVersion { name: String, version: u32 },
+    #[error("version {version} of `{name}` is active; activate another version first")]
+    VersionActive { name: String, version: u32 },
+    #[error("template names are 1-64 characters of a-z, 0-9, `-` and `_`; got `{0}`")]
+    BadName(String),
+    #[error("the template ran past its {0:?} deadline")]
+    Timeout(Duration),
+    #[error("the template used up its fuel ({0} units)")]
+    OutOfFuel(u64),
+    #[error("the template went over its memory limit of {limit} bytes")]
+    OutOfMemory { limit: usize },
+    #[error("the template trapped: {0}")]
+    Trap(String),
+    #[error("the template's reply is {size} bytes; the limit is {limit}")]
+    OutputTooLarge { size: usize, limit: usize },
+    #[error("the template's reply is malformed: {0}")]
+    BadOutput(String),
+    #[error("the template refused the request: {0}")]
+    Refused(String),
+    #[error("all template sandboxes are busy; retry shortly")]
+    Busy,
+    #[error("template storage: {0}")]
+    Storage(String),
+}
+
+impl TemplateError {
+    /// Machine-readable code for API errors and metrics.
+    pub fn code(&self) -> &'static str {
+        use TemplateError::*;
+        match self {
+            NotWasm(_) => "template_not_wasm",
+            ModuleTooLarge { .. } => "template_too_large",
+            MissingExport { .. } => "template_missing_export",
+            ForbiddenImport { .. } => "template_forbidden_import",
+            AbiVersion { .. } => "template_abi_version",
+            NotFound(_) | NoSuchVersion { .. } => "template_not_found",
+            VersionActive { .. } => "template_version_active",
+            BadName(_) => "template_bad_name",
+            Timeout(_) => "template_timeout",
+            OutOfFuel(_) => "template_out_of_fuel",
+            OutOfMemory { .. } => "template_out_of_memory",
+            Trap(_) => "template_trap",
+            OutputTooLarge { .. } => "template_output_too_large",
+            BadOutput(_) => "template_bad_output",
+            Refused(_) => "template_refused",
+            Busy => "template_busy",
+            Storage(_) => "template_storage",
+        }
+    }
+
+    /// HTTP status: 400 for a bad upload, 404 unknown, 409 conflict, 422 for a template that
+    /// failed on this request (the tenant's code, not the gateway), 503 when the pool is full.
+    pub fn status(&self) -> u16 {
+        use TemplateError::*;
+        match self {
+            NotWasm(_)
+            | MissingExport { .. }
+            | ForbiddenImport { .. }
+            | AbiVersion { .. }
+            | BadName(_) => 400,
+            ModuleTooLarge { .. } => 413,
+            NotFound(_) | NoSuchVersion { .. } => 404,
+            VersionActive { .. } => 409,
+            Timeout(_)
+            | OutOfFuel(_)
+            | OutOfMemory { .. }
+            | Trap(_)
+            | OutputTooLarge { .. }
+            | BadOutput(_)
+            | Refused(_) => 422,
+            Busy => 503,
+            Storage(_) => 500,
+        }
+    }
+}
+
+/// Per-call host state.
+struct Host {
+    memory_limit: usize,
+    memory_refused: bool,
+    tag: Arc<str>,
+    log_lines: u32,
+}
+
+impl ResourceLimiter for Host {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_limit {
+            self.memory_refused = true;
+            wasmtime::bail!(
+                "memory limit of {} bytes reached (asked for {desired})",
+                self.memory_limit
+            );
+        }
+        Ok(true)
+    }
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= TABLE_ELEMENTS)
+    }
+}
+
+const TABLE_ELEMENTS: usize = 10_000;
+const MAX_LOG_LINES: u32 = 16;
+const MAX_LOG_BYTES: u32 = 1024;
+
+/// A validated, compiled template module.
+pub struct Compiled {
+    pre: InstancePre<Host>,
+    pub hash: [u8; 32],
+    pub size: usize,
+}
+
+/// What one call cost.
+#[derive(Debug, Clone, Copy)]
+pub struct CallStats {
+    pub elapsed: Duration,
+    pub fuel_used: u64,
+}
+
+/// The sandbox: engine, linker, module cache and epoch ticker.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<Host>,
+    cache: Mutex<lru::LruCache<[u8; 32], Arc<Compiled>>>,
+    config: SandboxConfig,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Sandbox {
+    pub fn new(config: SandboxConfig) -> anyhow::Result<Arc<Sandbox>> {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_core_instances(config.instances)
+            .total_memories(config.instances)
+            .total_tables(config.instances)
+            .max_memory_size(config.memory_bytes)
+            .table_elements(TABLE_ELEMENTS);
+        let mut wc = Config::new();
+        wc.allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+            .epoch_interruption(true)
+            .consume_fuel(true);
+        let engine = Engine::new(&wc)?;
+        let mut linker = Linker::new(&engine);
+        linker.func_wrap(
+            "cachet",
+            "log",
+            |mut caller: Caller<'_, Host>, ptr: u32, len: u32| {
+                let host = caller.data();
+                if host.log_lines >= MAX_LOG_LINES {
+                    return;
+                }
+                let tag = host.tag.clone();
+                let len = len.min(MAX_LOG_BYTES) as usize;
+                let Some(mem) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+                    return;
+                };
+                let data = mem.data(&caller);
+                let line = data
+                    .get(ptr as usize..(ptr as usize).saturating_add(len))
+                    .map(|b| String::from_utf8_lossy(b).into_owned());
+                caller.data_mut().log_lines += 1;
+                if let Some(line) = line {
+                    tracing::info!(template = %tag, "{line}");
+                }
+            },
+        )?;
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let engine = engine.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("cachet-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        engine.increment_epoch();
+                    }
+                })?;
+        }
+        let cap = NonZeroUsize::new(config.cached_modules.max(1)).expect("max(1)");
+        Ok(Arc::new(Sandbox {
+            engine,
+            linker,
+            cache: Mutex::new(lru::LruCache::new(cap)),
+            config,
+            stop,
+        }))
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    /// The sandbox's budgets, tightened by a tenant's (`None` keeps the sandbox's).
+    pub fn budget(
+        &self,
+        deadline: Option<Duration>,
+        fuel: Option<u64>,
+        memory: Option<usize>,
+    ) -> Budget {
+        let c = &self.config;
+        Budget {
+            deadline: deadline.map_or(c.deadline, |d| d.min(c.deadline)),
+            fuel: fuel.map_or(c.fuel, |f| f.min(c.fuel)),
+            memory_bytes: memory.map_or(c.memory_bytes, |m| m.min(c.memory_bytes)),
+        }
+    }
+
+    /// A compiled module by the blake3 of its bytes, if it is in the cache.
+    pub fn cached(&self, hash: &[u8; 32]) -> Option<Arc<Compiled>> {
+        self.cache.lock().expect("cache lock").get(hash).cloned()
+    }
+
+    /// Validates and compiles a module (or returns the cached one with the same bytes).
+    pub fn compile(&self, bytes: &[u8]) -> Result<Arc<Compiled>, TemplateError> {
+        if bytes.len() > self.config.module_bytes {
+            return Err(TemplateError::ModuleTooLarge {
+                size: bytes.len(),
+                limit: self.config.module_bytes,
+            });
+        }
+        let hash = *blake3::hash(bytes).as_bytes();
+        if let Some(c) = self.cache.lock().expect("cache lock").get(&hash) {
+            return Ok(c.clone());
+        }
+        if !bytes.starts_with(b"\0asm") {
+            return Err(TemplateError::NotWasm(
+                "it does not start with the Wasm magic bytes `\\0asm` (upload the binary .wasm, not text)".into(),
+            ));
+        }
+        let module = Module::from_binary(&self.engine, bytes)
+            .map_err(|e| TemplateError::NotWasm(format!("{e:#}")))?;
+        check_interface(&module)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&module)
+            .map_err(|e| TemplateError::NotWasm(format!("{e:#}")))?;
+        let compiled = Arc::new(Compiled {
+            pre,
+            hash,
+            size: bytes.len(),
+        });
+        // The ABI version, asked under the sandbox's own budget.
+        let budget = self.budget(None, None, None);
+        let mut store = self.store(&budget, "upload".into());
+        let found = (|| {
+            let inst = compiled.pre.instantiate(&mut store)?;
+            let f = inst.get_typed_func::<(), i32>(&mut store, "cachet_abi_version")?;
+            f.call(&mut store, ())
+        })()
+        .map_err(|e| classify(e, &store, &budget))?;
+        if found as i64 != ABI_VERSION as i64 {
+            return Err(TemplateError::AbiVersion {
+                found: found as i64,
+                expected: ABI_VERSION,
+            });
+        }
+        self.cache
+            .lock()
+            .expect("cache lock")
+            .put(hash, compiled.clone());
+        Ok(compiled)
+    }
+
+    fn store(&self, budget: &Budget, tag: Arc<str>) -> Store<Host> {
+        let mut store = Store::new(
+            &self.engine,
+            Host {
+                memory_limit: budget.memory_bytes,
+                memory_refused: false,
+                tag,
+                log_lines: 0,
+            },
+        );
+        store.limiter(|h| h as &mut dyn ResourceLimiter);
+        store.set_fuel(budget.fuel).expect("fuel is enabled");
+        let ticks = budget.deadline.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64;
+        store.set_epoch_deadline(ticks.max(1));
+        store.epoch_deadline_trap();
+        store
+    }
+
+    /// Renders `req` with a fresh instance of `module` under `budget`. `tag` names the tenant
+    /// and template in the module's log lines.
+    pub fn render(
+        &self,
+        module: &Compiled,
+        req: &Request,
+        budget: &Budget,
+        tag: Arc<str>,
+    ) -> Result<(Rendered, CallStats), TemplateError> {
+        let input = serde_json::to_vec(req).map_err(|e| TemplateError::Storage(e.to_string()))?;
+        let t0 = Instant::now();
+        let mut store = self.store(budget, tag);
+        let reply = (|| -> wasmtime::Result<Vec<u8>> {
+            let inst = module.pre.instantiate(&mut store)?;
+            let memory = inst
+                .get_memory(&mut store, "memory")
+                .ok_or_else(|| wasmtime::format_err!("no memory export"))?;
+            let alloc = inst.get_typed_func::<u32, u32>(&mut store, "cachet_alloc")?;
+            let render = inst.get_typed_func::<(u32, u32), u64>(&mut store, "cachet_render")?;
+            let len = u32::try_from(input.len())
+                .map_err(|_| wasmtime::format_err!("request too large"))?;
+            let ptr = alloc.call(&mut store, len)?;
+            memory
+                .write(&mut store, ptr as usize, &input)
+                .map_err(|_| {
+                    wasmtime::format_err!(
+                        "cachet_alloc returned memory outside the module's memory"
+                    )
+                })?;
+            let packed = render.call(&mut store, (ptr, len))?;
+            let (optr, olen) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
+            if olen > self.config.output_bytes {
+                return Err(wasmtime::Error::new(OutputCap(olen)));
+            }
+            let bytes = memory
+                .data(&store)
+                .get(optr..optr.saturating_add(olen))
+                .ok_or_else(|| {
+                    wasmtime::Error::new(BadReply(format!(
+                        "the reply ({olen} bytes at {optr}) lies outside the module's memory"
+                    )))
+                })?;
+            Ok(bytes.to_vec())
+        })()
+        .map_err(|e| {
+            if let Some(OutputCap(n)) = e.downcast_ref::<OutputCap>() {
+                return TemplateError::OutputTooLarge {
+                    size: *n,
+                    limit: self.config.output_bytes,
+                };
+            }
+            if let Some(BadReply(m)) = e.downcast_ref::<BadReply>() {
+                return TemplateError::BadOutput(m.clone());
+            }
+            classify(e, &store, budget)
+        })?;
+        let fuel_used = budget.fuel - store.get_fuel().unwrap_or(0);
+        let rendered = parse_reply(&reply)?;
+        Ok((
+            rendered,
+            CallStats {
+                elapsed: t0.elapsed(),
+                fuel_used,
+            },
+        ))
+    }
+}
+
+#[derive(Debug)]
+struct OutputCap(usize);
+impl std::fmt::Display for OutputCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "reply of {} bytes", self.0)
+    }
+}
+impl std::error::Error for OutputCap {}
+
+#[derive(Debug)]
+struct BadReply(String);
+impl std::fmt::Display for BadReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for BadReply {}
+
+/// Maps a failed instantiation or call to what happened to the guest.
+fn classify(e: wasmtime::Error, store: &Store<Host>, budget: &Budget) -> TemplateError {
+    if store.data().memory_refused {
+        return TemplateError::OutOfMemory {
+            limit: budget.memory_bytes,
+        };
+    }
+    if let Some(trap) = e.downcast_ref::<Trap>() {
+        return match trap {
+            Trap::Interrupt => TemplateError::Timeout(budget.deadline),
+            Trap::OutOfFuel => TemplateError::OutOfFuel(budget.fuel),
+            other => TemplateError::Trap(other.to_string()),
+        };
+    }
+    let msg = format!("{e:#}");
+    if msg.contains("maximum concurrent") || msg.contains("pooling") && msg.contains("limit") {
+        return TemplateError::Busy;
+    }
+    if msg.contains("memory") && (msg.contains("exceeds") || msg.contains("minimum")) {
+        return TemplateError::OutOfMemory {
+            limit: budget.memory_bytes,
+        };
+    }
+    TemplateError::Trap(msg)
+}
+
+/// The reply: `Rendered`, or `{"error": "..."}` when the template refuses.
+fn parse_reply(bytes: &[u8]) -> Result<Rendered, TemplateError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| TemplateError::BadOutput(format!("the reply is not UTF-8: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| TemplateError::BadOutput(format!("the reply is not JSON: {e}")))?;
+    if let Some(err) = v.get("error") {
+        return Err(TemplateError::Refused(
+            err.as_str()
+                .unwrap_or("(no message)")
+                .chars()
+                .take(500)
+                .collect(),
+        ));
+    }
+    let r: Rendered = serde_json::from_value(v).map_err(|e| {
+        TemplateError::BadOutput(format!(
+            "the reply does not match {{segments: [{{role, text, cache}}], stop?, max_tokens?}}: {e}"
+        ))
+    })?;
+    if r.segments.is_empty() {
+        return Err(TemplateError::BadOutput("the reply has no segments".into()));
+    }
+    if let Some(s) = r.segments.iter().find(|s| s.role.trim().is_empty()) {
+        return Err(TemplateError::BadOutput(format!(
+            "a segment has an empty role (text {:?})",
+            s.text.chars().take(40).collect::<String>()
+        )));
+    }
+    Ok(r)
+}
+
+/// Exports with their types, and imports: only `cachet.log`.
+fn check_interface(module: &Module) -> Result<(), TemplateError> {
+    for imp in module.imports() {
+        let ok = imp.module() == "cachet"
+            && imp.name() == "log"
+            && matches!(imp.ty(), ExternType::Func(f)
+                if f.params().map(|p| p.is_i32()).eq([true, true]) && f.results().len() == 0);
+        if !ok {
+            return Err(TemplateError::ForbiddenImport {
+                module: imp.module().into(),
+                name: imp.name().into(),
+            });
+        }
+    }
+    let func = |name: &str, params: &[fn(&ValType) -> bool], results: &[fn(&ValType) -> bool]| {
+        let want = format!(
+            "function `{name}` with {} parameter(s) and {} result(s) (see guest-sdk/ABI.md)",
+            params.len(),
+            results.len()
+        );
+        match module.get_export(name) {
+            Some(ExternType::Func(f))
+                if f.params().len() == params.len()
+                    && f.results().len() == results.len()
+                    && f.params().zip(params).all(|(p, ok)| ok(&p))
+                    && f.results().zip(results).all(|(r, ok)| ok(&r)) =>
+            {
+                Ok(())
+            }
+            _ => Err(TemplateError::MissingExport { what: want }),
+        }
+    };
+    let i32_: fn(&ValType) -> bool = |t| t.is_i32();
+    let i64_: fn(&ValType) -> bool = |t| t.is_i64();
+    if !matches!(module.get_export("memory"), Some(ExternType::Memory(_))) {
+        return Err(TemplateError::MissingExport {
+            what: "a memory named `memory`".into(),
+        });
+    }
+    func("cachet_abi_version", &[], &[i32_])?;
+    func("cachet_alloc", &[i32_], &[i32_])?;
+    func("cachet_render", &[i32_, i32_], &[i64_])?;
+    Ok(())
+}

@@ -1,0 +1,309 @@
+//! Templates on disk, per tenant, versioned:
+//!
+//! ```text
+//! <dir>/<tenant>/<name>/v<N>.wasm     every uploaded version (never rewritten)
+//! <dir>/<tenant>/<name>/active        the active version number (replaced atomically)
+//! ```
+//!
+//! Uploads are validated and compiled before they are written; activation is a rename, so a
+//! reader sees the old version or the new one, never a mix. The index is rebuilt from the
+//! directory at start-up, so templates survive a restart.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::{Compiled, Sandbox, TemplateError};
+
+/// One stored version.
+#[derive(Debug, Clone, Serialize)]
+pub struct VersionInfo {
+    pub version: u32,
+    /// blake3 of the module bytes (hex).
+    pub hash: String,
+    pub size: usize,
+    /// Upload time, seconds since the Unix epoch.
+    pub created: u64,
+    #[serde(skip)]
+    raw_hash: [u8; 32],
+}
+
+/// A template and its versions, as listed by the admin API.
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateInfo {
+    pub name: String,
+    pub active: Option<u32>,
+    pub versions: Vec<VersionInfo>,
+}
+
+#[derive(Default)]
+struct Entry {
+    versions: BTreeMap<u32, VersionInfo>,
+    active: Option<u32>,
+}
+
+/// All tenants' templates.
+pub struct TemplateStore {
+    dir: PathBuf,
+    sandbox: Arc<Sandbox>,
+    index: RwLock<HashMap<(String, String), Entry>>,
+}
+
+fn storage(e: impl std::fmt::Display) -> TemplateError {
+    TemplateError::Storage(e.to_string())
+}
+
+/// Template names: 1-64 of a-z, 0-9, `-`, `_`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// Tenant ids become directory names: anything but [A-Za-z0-9_-] is hex-escaped.
+fn tenant_dir(tenant: &str) -> String {
+    tenant
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02x}")
+            }
+        })
+        .collect()
+}
+
+fn untenant_dir(dir: &str) -> Option<String> {
+    let mut out = Vec::new();
+    let b = dir.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            out.push(u8::from_str_radix(dir.get(i + 1..i + 3)?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+impl TemplateStore {
+    /// Opens (creating) `dir` and indexes what is there.
+    pub fn open(dir: &Path, sandbox: Arc<Sandbox>) -> Result<TemplateStore, TemplateError> {
+        std::fs::create_dir_all(dir).map_err(storage)?;
+        let mut index = HashMap::new();
+        for t in std::fs::read_dir(dir).map_err(storage)?.flatten() {
+            let Some(tenant) = t.file_name().to_str().and_then(untenant_dir) else {
+                continue;
+            };
+            let Ok(names) = std::fs::read_dir(t.path()) else {
+                continue;
+            };
+            for n in names.flatten() {
+                let Some(name) = n.file_name().to_str().map(str::to_string) else {
+                    continue;
+                };
+                if !valid_name(&name) {
+                    continue;
+                }
+                let mut entry = Entry::default();
+                for f in std::fs::read_dir(n.path()).map_err(storage)?.flatten() {
+                    let fname = f.file_name().to_string_lossy().into_owned();
+                    let Some(v) = fname
+                        .strip_prefix('v')
+                        .and_then(|s| s.strip_suffix(".wasm"))
+                        .and_then(|s| s.parse::<u32>().ok())
+                    else {
+                        continue;
+                    };
+                    let bytes = std::fs::read(f.path()).map_err(storage)?;
+                    let created = f
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_secs());
+                    let h = blake3::hash(&bytes);
+                    entry.versions.insert(
+                        v,
+                        VersionInfo {
+                            version: v,
+                            hash: h.to_hex().to_string(),
+                            size: bytes.len(),
+                            created,
+                            raw_hash: *h.as_bytes(),
+                        },
+                    );
+                }
+                entry.active = std::fs::read_to_string(n.path().join("active"))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .filter(|v| entry.versions.contains_key(v));
+                if !entry.versions.is_empty() {
+                    index.insert((tenant.clone(), name), entry);
+                }
+            }
+        }
+        Ok(TemplateStore {
+            dir: dir.to_path_buf(),
+            sandbox,
+            index: RwLock::new(index),
+        })
+    }
+
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
+    }
+
+    fn path(&self, tenant: &str, name: &str) -> PathBuf {
+        self.dir.join(tenant_dir(tenant)).join(name)
+    }
+
+    /// Validates, compiles and stores a new version; the first version of a template becomes
+    /// active by itself.
+    pub fn upload(
+        &self,
+        tenant: &str,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<(VersionInfo, bool), TemplateError> {
+        if !valid_name(name) {
+            return Err(TemplateError::BadName(name.into()));
+        }
+        let compiled = self.sandbox.compile(bytes)?;
+        let dir = self.path(tenant, name);
+        std::fs::create_dir_all(&dir).map_err(storage)?;
+        let mut index = self.index.write().expect("index lock");
+        let entry = index
+            .entry((tenant.to_string(), name.to_string()))
+            .or_default();
+        let version = entry.versions.keys().next_back().map_or(1, |v| v + 1);
+        write_atomically(&dir.join(format!("v{version}.wasm")), bytes).map_err(storage)?;
+        let info = VersionInfo {
+            version,
+            hash: blake3::Hash::from_bytes(compiled.hash).to_hex().to_string(),
+            size: bytes.len(),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            raw_hash: compiled.hash,
+        };
+        entry.versions.insert(version, info.clone());
+        let activated = entry.active.is_none();
+        if activated {
+            write_atomically(&dir.join("active"), version.to_string().as_bytes())
+                .map_err(storage)?;
+            entry.active = Some(version);
+        }
+        Ok((info, activated))
+    }
+
+    /// A tenant's templates.
+    pub fn list(&self, tenant: &str) -> Vec<TemplateInfo> {
+        let index = self.index.read().expect("index lock");
+        let mut out: Vec<TemplateInfo> = index
+            .iter()
+            .filter(|((t, _), _)| t == tenant)
+            .map(|((_, name), e)| TemplateInfo {
+                name: name.clone(),
+                active: e.active,
+                versions: e.versions.values().cloned().collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Makes `version` the one requests use, atomically.
+    pub fn activate(&self, tenant: &str, name: &str, version: u32) -> Result<(), TemplateError> {
+        let mut index = self.index.write().expect("index lock");
+        let entry = index
+            .get_mut(&(tenant.to_string(), name.to_string()))
+            .ok_or_else(|| TemplateError::NotFound(name.into()))?;
+        if !entry.versions.contains_key(&version) {
+            return Err(TemplateError::NoSuchVersion {
+                name: name.into(),
+                version,
+            });
+        }
+        write_atomically(
+            &self.path(tenant, name).join("active"),
+            version.to_string().as_bytes(),
+        )
+        .map_err(storage)?;
+        entry.active = Some(version);
+        Ok(())
+    }
+
+    /// Deletes one version (not the active one) or, with `None`, the whole template.
+    pub fn delete(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<(), TemplateError> {
+        let mut index = self.index.write().expect("index lock");
+        let key = (tenant.to_string(), name.to_string());
+        let entry = index
+            .get_mut(&key)
+            .ok_or_else(|| TemplateError::NotFound(name.into()))?;
+        let dir = self.path(tenant, name);
+        match version {
+            None => {
+                std::fs::remove_dir_all(&dir).map_err(storage)?;
+                index.remove(&key);
+            }
+            Some(v) => {
+                if !entry.versions.contains_key(&v) {
+                    return Err(TemplateError::NoSuchVersion {
+                        name: name.into(),
+                        version: v,
+                    });
+                }
+                if entry.active == Some(v) {
+                    return Err(TemplateError::VersionActive {
+                        name: name.into(),
+                        version: v,
+                    });
+                }
+                std::fs::remove_file(dir.join(format!("v{v}.wasm"))).map_err(storage)?;
+                entry.versions.remove(&v);
+            }
+        }
+        Ok(())
+    }
+
+    /// The active version of a tenant's template, compiled (from the sandbox's cache when warm).
+    pub fn resolve(&self, tenant: &str, name: &str) -> Result<Arc<Compiled>, TemplateError> {
+        let (version, hash) = {
+            let index = self.index.read().expect("index lock");
+            let e = index
+                .get(&(tenant.to_string(), name.to_string()))
+                .ok_or_else(|| TemplateError::NotFound(name.into()))?;
+            let v = e
+                .active
+                .ok_or_else(|| TemplateError::NotFound(name.into()))?;
+            (v, e.versions[&v].raw_hash)
+        };
+        if let Some(c) = self.sandbox.cached(&hash) {
+            return Ok(c);
+        }
+        let bytes = std::fs::read(self.path(tenant, name).join(format!("v{version}.wasm")))
+            .map_err(storage)?;
+        self.sandbox.compile(&bytes)
+    }
+}

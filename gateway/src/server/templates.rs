@@ -1,0 +1,269 @@
+//! Tenant templates over HTTP: the admin API (scoped to the tenant of the admin key) and the
+//! step of a chat request that runs the tenant's template.
+//!
+//! ```text
+//! GET    /v1/templates                          list this tenant's templates and versions
+//! PUT    /v1/templates/{name}                   upload a version (body: the .wasm bytes)
+//! POST   /v1/templates/{name}/activate          {"version": N}: the version requests use
+//! POST   /v1/templates/{name}/render            dry run: a chat request body → the prompt
+//! DELETE /v1/templates/{name}                   the template and all its versions
+//! DELETE /v1/templates/{name}/versions/{N}      one inactive version
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cachet_backend::tokenizer::ChatMessage;
+use cachet_guest_sdk::{Message, Rendered, Request as TemplateRequest, Tenant as TemplateTenant};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+
+use super::error::ApiError;
+use super::{bearer, json, openai, read_body, read_json, AppState, RespBody};
+use crate::sandbox::store::TemplateStore;
+use crate::tenants::Tenant;
+
+/// What a template made of a chat request.
+pub struct Applied {
+    pub messages: Vec<ChatMessage>,
+    pub rendered: Rendered,
+    pub elapsed: Duration,
+    pub fuel_used: u64,
+}
+
+fn store(state: &AppState) -> Result<&Arc<TemplateStore>, ApiError> {
+    state.templates.as_ref().ok_or_else(|| {
+        ApiError::not_found(
+            "templates are not enabled on this gateway (start `cachet serve` with --templates-dir)",
+            "templates_disabled",
+        )
+    })
+}
+
+fn rfc3339_now() -> String {
+    cachet_backend::workload::rfc3339(
+        SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    )
+}
+
+/// Runs the template a chat request names (or the tenant's default), if any.
+pub async fn apply(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    req: &openai::ChatRequest,
+    messages: &[ChatMessage],
+) -> Result<Option<Applied>, ApiError> {
+    let Some(name) = req
+        .template
+        .clone()
+        .or_else(|| tenant.config.default_template.clone())
+    else {
+        return Ok(None);
+    };
+    let input = TemplateRequest {
+        model: req.common.model.clone(),
+        messages: messages
+            .iter()
+            .map(|m| Message {
+                role: m.role.clone(),
+                content: m.content.clone(),
+            })
+            .collect(),
+        variables: req.template_variables.clone().unwrap_or_default(),
+        tenant: TemplateTenant {
+            id: tenant.id().to_string(),
+            metadata: tenant.config.metadata.clone(),
+        },
+        user: req.common.user.clone(),
+        now: rfc3339_now(),
+    };
+    run(state, tenant, &name, input).await.map(Some)
+}
+
+async fn run(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    name: &str,
+    input: TemplateRequest,
+) -> Result<Applied, ApiError> {
+    let outcome = async {
+        let store = store(state)?.clone();
+        let module = store.resolve(tenant.id(), name)?;
+        let c = &tenant.config;
+        let sandbox = store.sandbox().clone();
+        let budget = sandbox.budget(
+            c.template_deadline_ms.map(Duration::from_millis),
+            c.template_fuel,
+            c.template_memory_mib.map(|m| (m as usize) << 20),
+        );
+        let tag: Arc<str> = format!("{}/{name}", tenant.id()).into();
+        let (rendered, stats) =
+            tokio::task::spawn_blocking(move || sandbox.render(&module, &input, &budget, tag))
+                .await
+                .map_err(|e| ApiError::internal(format!("template task: {e}")))??;
+        Ok::<_, ApiError>((rendered, stats))
+    }
+    .await;
+    match outcome {
+        Ok((rendered, stats)) => {
+            state
+                .metrics
+                .template_call(tenant.id(), "ok", Some(stats.elapsed.as_secs_f64()));
+            // Consecutive segments of one role make one message.
+            let mut messages: Vec<ChatMessage> = Vec::new();
+            for s in &rendered.segments {
+                match messages.last_mut() {
+                    Some(m) if m.role == s.role => m.content.push_str(&s.text),
+                    _ => messages.push(ChatMessage::new(s.role.clone(), s.text.clone())),
+                }
+            }
+            Ok(Applied {
+                messages,
+                rendered,
+                elapsed: stats.elapsed,
+                fuel_used: stats.fuel_used,
+            })
+        }
+        Err(e) => {
+            state
+                .metrics
+                .template_call(tenant.id(), e.code.unwrap_or("error"), None);
+            if e.status.is_server_error() || e.status == StatusCode::UNPROCESSABLE_ENTITY {
+                tracing::warn!(tenant = tenant.id(), template = name, error = %e.message, "template failed");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn ok_json(status: StatusCode, v: serde_json::Value) -> Result<Response<RespBody>, ApiError> {
+    Ok(json(status, &v))
+}
+
+/// The admin API. `path` is below `/v1/templates`.
+pub async fn admin(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, ApiError> {
+    let tenant = state
+        .tenants()
+        .authenticate_admin(bearer(&req).unwrap_or(""))
+        .map_err(|_| ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            code: Some("invalid_admin_key"),
+            ..ApiError::bad_request(
+                "the templates API needs one of the tenant's admin keys (admin_key_sha256 in the tenants config) as `Authorization: Bearer <key>`",
+                None,
+            )
+        })?;
+    let store = store(&state)?.clone();
+    let path = req.uri().path().to_string();
+    let rest: Vec<&str> = path
+        .trim_start_matches("/v1/templates")
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let method = req.method().clone();
+    let t = tenant.id().to_string();
+    match (&method, rest.as_slice()) {
+        (&Method::GET, []) => ok_json(
+            StatusCode::OK,
+            serde_json::json!({"object": "list", "data": store.list(&t)}),
+        ),
+        (&Method::PUT, [name]) => {
+            let limit = store.sandbox().config().module_bytes;
+            let bytes = read_body(req, limit).await?;
+            let name = name.to_string();
+            let s2 = store.clone();
+            let (info, activated) =
+                tokio::task::spawn_blocking(move || s2.upload(&t, &name, &bytes))
+                    .await
+                    .map_err(|e| ApiError::internal(format!("upload task: {e}")))??;
+            tracing::info!(tenant = tenant.id(), version = info.version, hash = %info.hash, "template uploaded");
+            ok_json(
+                StatusCode::CREATED,
+                serde_json::json!({"version": info, "active": activated}),
+            )
+        }
+        (&Method::POST, [name, "activate"]) => {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Activate {
+                version: u32,
+            }
+            let name = name.to_string();
+            let a: Activate = read_json(req).await?;
+            store.activate(&t, &name, a.version)?;
+            ok_json(
+                StatusCode::OK,
+                serde_json::json!({"name": name, "active": a.version}),
+            )
+        }
+        (&Method::POST, [name, "render"]) => {
+            let name = name.to_string();
+            let r: openai::ChatRequest = read_json(req).await?;
+            let msgs = r.messages()?;
+            let input = TemplateRequest {
+                model: r.common.model.clone(),
+                messages: msgs
+                    .iter()
+                    .map(|m| Message {
+                        role: m.role.clone(),
+                        content: m.content.clone(),
+                    })
+                    .collect(),
+                variables: r.template_variables.clone().unwrap_or_default(),
+                tenant: TemplateTenant {
+                    id: tenant.id().to_string(),
+                    metadata: tenant.config.metadata.clone(),
+                },
+                user: r.common.user.clone(),
+                now: rfc3339_now(),
+            };
+            let applied = run(&state, &tenant, &name, input).await?;
+            let prompt = state
+                .tokenizer
+                .render_chat(&applied.messages, true)
+                .map_err(super::engine_error)?;
+            let tokens = state
+                .tokenizer
+                .encode(&prompt)
+                .map_err(super::engine_error)?;
+            ok_json(
+                StatusCode::OK,
+                serde_json::json!({
+                    "segments": applied.rendered.segments,
+                    "stop": applied.rendered.stop,
+                    "max_tokens": applied.rendered.max_tokens,
+                    "prompt": prompt,
+                    "prompt_tokens": tokens.len(),
+                    "elapsed_us": applied.elapsed.as_micros() as u64,
+                    "fuel_used": applied.fuel_used,
+                }),
+            )
+        }
+        (&Method::DELETE, [name]) => {
+            store.delete(&t, name, None)?;
+            ok_json(
+                StatusCode::OK,
+                serde_json::json!({"name": name, "deleted": true}),
+            )
+        }
+        (&Method::DELETE, [name, "versions", v]) => {
+            let v: u32 = v.parse().map_err(|_| {
+                ApiError::bad_request(format!("`{v}` is not a version number"), None)
+            })?;
+            store.delete(&t, name, Some(v))?;
+            ok_json(
+                StatusCode::OK,
+                serde_json::json!({"name": name, "version": v, "deleted": true}),
+            )
+        }
+        _ => Err(ApiError::not_found(
+            format!("no route {method} {path} (see GET /v1/templates)"),
+            "not_found",
+        )),
+    }
+}
