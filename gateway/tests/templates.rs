@@ -1,0 +1,407 @@
+//! Tenant templates in the sandbox: the example templates built with the project's script render
+//! the expected prompts; hostile guests (written in WAT here) each get the right error within the
+//! deadline while good calls keep succeeding.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cachet_gateway::sandbox::{Budget, Sandbox, SandboxConfig, TemplateError};
+use cachet_guest_sdk::{Cache, Message, Request, Segment, Tenant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds an example template with scripts/build-template.sh; returns the module bytes.
+pub fn build_example(name: &str) -> Vec<u8> {
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/build-template.sh"))
+        .arg(repo().join("examples/templates").join(name))
+        .output()
+        .expect("running scripts/build-template.sh");
+    assert!(
+        out.status.success(),
+        "building {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = String::from_utf8(out.stdout).unwrap();
+    std::fs::read(path.trim()).unwrap()
+}
+
+fn sandbox() -> Arc<Sandbox> {
+    Sandbox::new(SandboxConfig::default()).unwrap()
+}
+
+fn request(question: &str) -> Request {
+    Request {
+        model: "smollm2".into(),
+        messages: vec![Message {
+            role: "user".into(),
+            content: question.into(),
+        }],
+        variables: Default::default(),
+        tenant: Tenant {
+            id: "acme".into(),
+            metadata: Default::default(),
+        },
+        user: Some("user-42".into()),
+        now: "2026-11-29T12:00:00Z".into(),
+    }
+}
+
+#[test]
+fn the_example_templates_build_and_render_the_expected_prompts() {
+    let sb = sandbox();
+    let budget = sb.budget(None, None, None);
+    // Support bot: persona + two few-shot pairs, static; the question, dynamic.
+    let m = sb.compile(&build_example("support-bot")).unwrap();
+    let (r, stats) = sb
+        .render(&m, &request("Why is my light red?"), &budget, "t".into())
+        .unwrap();
+    assert_eq!(r.segments.len(), 6);
+    assert!(r.segments[0]
+        .text
+        .starts_with("You are Ada, the support assistant"));
+    assert_eq!(
+        r.segments.iter().map(|s| s.cache).collect::<Vec<_>>(),
+        [
+            Cache::Static,
+            Cache::Static,
+            Cache::Static,
+            Cache::Static,
+            Cache::Static,
+            Cache::Dynamic
+        ]
+    );
+    assert_eq!(
+        r.segments
+            .iter()
+            .map(|s| s.role.as_str())
+            .collect::<Vec<_>>(),
+        ["system", "user", "assistant", "user", "assistant", "user"]
+    );
+    assert_eq!(
+        r.segments[5],
+        Segment::varying("user", "Why is my light red?")
+    );
+    assert_eq!(r.max_tokens, Some(256));
+    assert!(stats.fuel_used > 0);
+    // The same static prefix for another question.
+    let (r2, _) = sb
+        .render(&m, &request("Another question"), &budget, "t".into())
+        .unwrap();
+    assert_eq!(r.segments[..5], r2.segments[..5]);
+
+    // RAG: numbered documents from the `documents` variable.
+    let m = sb.compile(&build_example("rag")).unwrap();
+    let mut req = request("Who wrote it?");
+    req.variables.insert(
+        "documents".into(),
+        r#"[{"title": "Dune", "text": "Dune is a 1965 novel by Frank Herbert."}, {"title": "Foundation", "text": " Written by Isaac Asimov. "}]"#.into(),
+    );
+    let (r, _) = sb.render(&m, &req, &budget, "t".into()).unwrap();
+    assert_eq!(r.segments[0].cache, Cache::Static);
+    assert_eq!(
+        r.segments[1].text,
+        "Documents:\n\n[1] Dune\nDune is a 1965 novel by Frank Herbert.\n\n[2] Foundation\nWritten by Isaac Asimov.\n\n"
+    );
+    assert_eq!(r.segments[2].text, "Question: Who wrote it?");
+    // A malformed variable is the template's refusal, with its message.
+    req.variables.insert("documents".into(), "not json".into());
+    match sb.render(&m, &req, &budget, "t".into()) {
+        Err(TemplateError::Refused(msg)) => assert!(msg.contains("JSON array"), "{msg}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    // Clock + user id at the very start of the "static" system prompt.
+    let m = sb.compile(&build_example("clock-user")).unwrap();
+    let (r, _) = sb
+        .render(&m, &request("Balance?"), &budget, "t".into())
+        .unwrap();
+    assert!(
+        r.segments[0]
+            .text
+            .starts_with("Current time: 2026-11-29T12:00:00Z. User id: user-42.\nYou are the assistant of Contoso Bank."),
+        "{}",
+        r.segments[0].text
+    );
+    assert_eq!(r.segments[0].cache, Cache::Static);
+}
+
+/// A module with the ABI's exports; `render` is the body of `cachet_render` (params: ptr, len;
+/// result: i64), `extra` more module fields.
+fn guest(render: &str, extra: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(module
+            {extra}
+            (memory (export "memory") 1)
+            (func (export "cachet_abi_version") (result i32) i32.const 1)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const 8192)
+            (func (export "cachet_render") (param i32 i32) (result i64) {render}))"#
+    ))
+    .unwrap()
+}
+
+/// A guest whose reply is `reply`, stored at offset 1024.
+fn replying(reply: &[u8]) -> Vec<u8> {
+    let escaped: String = reply.iter().map(|b| format!("\\{b:02x}")).collect();
+    guest(
+        &format!("i64.const {}", (1024u64 << 32) | reply.len() as u64),
+        &format!(r#"(data (i32.const 1024) "{escaped}")"#),
+    )
+}
+
+const GOOD_REPLY: &[u8] = br#"{"segments":[{"role":"user","text":"hello","cache":"dynamic"}]}"#;
+
+fn expect_err(sb: &Sandbox, bytes: &[u8], budget: &Budget) -> (TemplateError, Duration) {
+    let m = sb.compile(bytes).expect("the module validates");
+    let t0 = Instant::now();
+    let e = sb
+        .render(&m, &request("hi"), budget, "hostile".into())
+        .expect_err("the call must fail");
+    (e, t0.elapsed())
+}
+
+#[test]
+fn hostile_guests_get_the_right_error_within_the_deadline() {
+    let sb = sandbox();
+    let budget = sb.budget(None, None, None);
+    let deadline = budget.deadline;
+    // Infinite loop: the epoch deadline stops it.
+    let (e, took) = expect_err(&sb, &guest("(loop br 0) i64.const 0", ""), &budget);
+    assert_eq!(e, TemplateError::Timeout(deadline));
+    assert!(took < deadline * 4, "stopped after {took:?}");
+    // The same loop with a small fuel budget and a long deadline: out of fuel.
+    let tight = Budget {
+        deadline: Duration::from_secs(5),
+        fuel: 1_000_000,
+        memory_bytes: budget.memory_bytes,
+    };
+    let (e, took) = expect_err(&sb, &guest("(loop br 0) i64.const 0", ""), &tight);
+    assert_eq!(e, TemplateError::OutOfFuel(1_000_000));
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Memory bomb: grow until refused.
+    let bomb = "(loop (drop (memory.grow (i32.const 16))) br 0) i64.const 0";
+    let (e, took) = expect_err(&sb, &guest(bomb, ""), &budget);
+    assert_eq!(
+        e,
+        TemplateError::OutOfMemory {
+            limit: budget.memory_bytes
+        }
+    );
+    assert!(took < deadline * 4, "{took:?}");
+    // A declared giant reply, and a real one over the cap.
+    let (e, _) = expect_err(&sb, &guest("i64.const 0x7fffffff", ""), &budget);
+    assert!(
+        matches!(
+            e,
+            TemplateError::OutputTooLarge {
+                size: 0x7fff_ffff,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let big = "(drop (memory.grow (i32.const 40))) i64.const 0x200000";
+    let (e, _) = expect_err(&sb, &guest(big, ""), &budget);
+    assert!(matches!(e, TemplateError::OutputTooLarge { .. }), "{e:?}");
+    // A reply that points outside memory.
+    let (e, _) = expect_err(&sb, &guest("i64.const 0x0000fff000000100", ""), &budget);
+    assert!(matches!(e, TemplateError::BadOutput(_)), "{e:?}");
+    // Trap.
+    let (e, _) = expect_err(&sb, &guest("unreachable", ""), &budget);
+    assert!(
+        matches!(e, TemplateError::Trap(ref m) if m.contains("unreachable")),
+        "{e:?}"
+    );
+    // Not JSON, not UTF-8, JSON of the wrong shape, no segments.
+    for (reply, what) in [
+        (&b"this is not json"[..], "not JSON"),
+        (&b"\xff\xfe{}"[..], "not UTF-8"),
+        (&br#"{"segments": "nope"}"#[..], "does not match"),
+        (&br#"{"segments": []}"#[..], "no segments"),
+    ] {
+        let (e, _) = expect_err(&sb, &replying(reply), &budget);
+        assert!(
+            matches!(&e, TemplateError::BadOutput(m) if m.contains(what)),
+            "{what}: {e:?}"
+        );
+    }
+    // Every one of these answers 422 with its own code.
+    assert_eq!(TemplateError::Timeout(deadline).status(), 422);
+    assert_eq!(TemplateError::Timeout(deadline).code(), "template_timeout");
+}
+
+#[test]
+fn bad_modules_are_refused_at_upload() {
+    let sb = sandbox();
+    assert!(matches!(
+        sb.compile(b"hello, this is not wasm"),
+        Err(TemplateError::NotWasm(_))
+    ));
+    // The text format is refused too: upload the binary.
+    assert!(matches!(
+        sb.compile(b"(module)"),
+        Err(TemplateError::NotWasm(_))
+    ));
+    // Truncated binary.
+    let good = replying(GOOD_REPLY);
+    assert!(matches!(
+        sb.compile(&good[..good.len() / 2]),
+        Err(TemplateError::NotWasm(_))
+    ));
+    // Missing export.
+    let no_render = wat::parse_str(
+        r#"(module (memory (export "memory") 1)
+            (func (export "cachet_abi_version") (result i32) i32.const 1)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const 0))"#,
+    )
+    .unwrap();
+    match sb.compile(&no_render) {
+        Err(TemplateError::MissingExport { what }) => assert!(what.contains("cachet_render")),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    // Wrong type of an export.
+    let wrong_type = wat::parse_str(
+        r#"(module (memory (export "memory") 1)
+            (func (export "cachet_abi_version") (result i32) i32.const 1)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const 0)
+            (func (export "cachet_render") (param i32 i32) (result i32) i32.const 0))"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        sb.compile(&wrong_type),
+        Err(TemplateError::MissingExport { .. })
+    ));
+    // Forbidden import (WASI), and a wrongly typed log import.
+    let wasi = guest(
+        "i64.const 0",
+        r#"(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))"#,
+    );
+    assert_eq!(
+        sb.compile(&wasi).err(),
+        Some(TemplateError::ForbiddenImport {
+            module: "wasi_snapshot_preview1".into(),
+            name: "fd_write".into()
+        })
+    );
+    let bad_log = guest(
+        "i64.const 0",
+        r#"(import "cachet" "log" (func (param i64)))"#,
+    );
+    assert!(matches!(
+        sb.compile(&bad_log),
+        Err(TemplateError::ForbiddenImport { .. })
+    ));
+    let ok_log = guest(
+        "i64.const 0",
+        r#"(import "cachet" "log" (func (param i32 i32)))"#,
+    );
+    assert!(sb.compile(&ok_log).is_ok());
+    // Another ABI version.
+    let v2 = wat::parse_str(
+        r#"(module (memory (export "memory") 1)
+            (func (export "cachet_abi_version") (result i32) i32.const 2)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const 0)
+            (func (export "cachet_render") (param i32 i32) (result i64) i64.const 0))"#,
+    )
+    .unwrap();
+    assert_eq!(
+        sb.compile(&v2).err(),
+        Some(TemplateError::AbiVersion {
+            found: 2,
+            expected: 1
+        })
+    );
+    // Over the size cap.
+    let small = Sandbox::new(SandboxConfig {
+        module_bytes: 64,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(matches!(
+        small.compile(&good),
+        Err(TemplateError::ModuleTooLarge { .. })
+    ));
+    // A module whose start-up loops (in the ABI version call) is stopped too.
+    let looping_version = wat::parse_str(
+        r#"(module (memory (export "memory") 1)
+            (func (export "cachet_abi_version") (result i32) (loop br 0) i32.const 1)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const 0)
+            (func (export "cachet_render") (param i32 i32) (result i64) i64.const 0))"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        sb.compile(&looping_version),
+        Err(TemplateError::Timeout(_))
+    ));
+}
+
+#[test]
+fn good_calls_succeed_while_hostile_ones_run_and_no_state_leaks() {
+    let sb = sandbox();
+    let budget = sb.budget(None, None, None);
+    let good = sb.compile(&replying(GOOD_REPLY)).unwrap();
+    let looping = sb.compile(&guest("(loop br 0) i64.const 0", "")).unwrap();
+    let bomb = sb
+        .compile(&guest(
+            "(loop (drop (memory.grow (i32.const 16))) br 0) i64.const 0",
+            "",
+        ))
+        .unwrap();
+    // A guest with state: a global counter it bumps, whose value sets its reply's length. On a
+    // fresh instance the counter is 1 and the reply is exactly GOOD_REPLY; on a reused one the
+    // reply would take in the `X` after it and stop being JSON.
+    let counter = sb
+        .compile(&guest(
+            &format!(
+                "(global.set $n (i32.add (global.get $n) (i32.const 1))) \
+                 (i64.or (i64.const 0x40000000000) (i64.extend_i32_u (i32.add (global.get $n) (i32.const {}))))",
+                GOOD_REPLY.len() - 1
+            ),
+            &format!(
+                r#"(global $n (mut i32) (i32.const 0)) (data (i32.const 1024) "{}X")"#,
+                std::str::from_utf8(GOOD_REPLY).unwrap().replace('"', "\\\"")
+            ),
+        ))
+        .unwrap();
+    std::thread::scope(|s| {
+        let mut hostile = Vec::new();
+        for i in 0..4 {
+            let (sb, m) = (&sb, if i % 2 == 0 { &looping } else { &bomb });
+            hostile.push(s.spawn(move || {
+                sb.render(m, &request("x"), &budget, "hostile".into())
+                    .unwrap_err()
+            }));
+        }
+        let t0 = Instant::now();
+        let mut ok = 0;
+        while t0.elapsed() < Duration::from_millis(150) {
+            let (r, _) = sb
+                .render(&good, &request("hi"), &budget, "good".into())
+                .unwrap();
+            assert_eq!(r.segments[0].text, "hello");
+            let (r, _) = sb
+                .render(&counter, &request("hi"), &budget, "counter".into())
+                .unwrap();
+            assert_eq!(r.segments[0].text, "hello");
+            ok += 1;
+        }
+        assert!(ok > 10, "only {ok} good calls in 150 ms");
+        for h in hostile {
+            let e = h.join().unwrap();
+            assert!(
+                matches!(
+                    e,
+                    TemplateError::Timeout(_) | TemplateError::OutOfMemory { .. }
+                ),
+                "{e:?}"
+            );
+        }
+    });
+}
