@@ -2,35 +2,15 @@
 //! the expected prompts; hostile guests (written in WAT here) each get the right error within the
 //! deadline while good calls keep succeeding.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cachet_gateway::sandbox::{Budget, Sandbox, SandboxConfig, TemplateError};
 use cachet_guest_sdk::{Cache, Message, Request, Segment, Tenant};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Builds an example template with scripts/build-template.sh; returns the module bytes.
-pub fn build_example(name: &str) -> Vec<u8> {
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/build-template.sh"))
-        .arg(repo().join("examples/templates").join(name))
-        .output()
-        .expect("running scripts/build-template.sh");
-    assert!(
-        out.status.success(),
-        "building {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = String::from_utf8(out.stdout).unwrap();
-    std::fs::read(path.trim()).unwrap()
+/// An example template's module bytes, built with the project's script.
+fn build_example(name: &str) -> Vec<u8> {
+    std::fs::read(cachet_tests::build_template(name)).unwrap()
 }
 
 fn sandbox() -> Arc<Sandbox> {

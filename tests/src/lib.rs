@@ -157,3 +157,23 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
     r.ignore_eos = true;
     r
 }
+
+/// Builds an example template (`examples/templates/<name>`) with `scripts/build-template.sh`
+/// (installing the wasm toolchain first if needed) and returns the path of its `.wasm`.
+pub fn build_template(name: &str) -> PathBuf {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate sits in the repository")
+        .to_path_buf();
+    let out = std::process::Command::new("bash")
+        .arg(repo.join("scripts/build-template.sh"))
+        .arg(repo.join("examples/templates").join(name))
+        .output()
+        .expect("running scripts/build-template.sh");
+    assert!(
+        out.status.success(),
+        "building template {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
