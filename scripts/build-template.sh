@@ -14,7 +14,8 @@ env -u RUSTUP_TOOLCHAIN -u CARGO RUSTC=/usr/bin/rustc CARGO_TARGET_DIR="$target_
   /usr/bin/cargo build --quiet --release --manifest-path "$crate/Cargo.toml" \
   --target wasm32-unknown-unknown \
   --config 'target.wasm32-unknown-unknown.linker = "wasm-ld-22"' \
-  --config 'profile.release.opt-level = "s"' --config 'profile.release.panic = "abort"' >&2
+  --config 'target.wasm32-unknown-unknown.rustflags = ["-C", "link-arg=-zstack-size=65536"]' \
+  --config 'profile.release.opt-level = 3' --config 'profile.release.panic = "abort"' >&2
 wasm="$target_dir/wasm32-unknown-unknown/release/$name.wasm"
 if [ -n "${2:-}" ]; then cp "$wasm" "$2"; wasm=$2; fi
 echo "$wasm"

@@ -278,9 +278,9 @@ mod runtime {
     use core::alloc::{GlobalAlloc, Layout};
     use core::cell::Cell;
 
-    /// Bump allocation over pages grown at the end of memory: an instance lives for one call,
-    /// so nothing is ever freed. A failed grow (the gateway's memory cap) fails the allocation,
-    /// which traps.
+    /// Bump allocation from the linker's `__heap_base` to the end of memory, growing memory
+    /// when full: an instance lives for one call, so nothing is ever freed. A failed grow (the
+    /// gateway's memory cap) fails the allocation, which traps.
     struct Bump {
         next: Cell<usize>,
         end: Cell<usize>,
@@ -294,9 +294,13 @@ mod runtime {
     unsafe impl GlobalAlloc for Bump {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             if self.end.get() == 0 {
-                let top = core::arch::wasm32::memory_size(0) * PAGE;
-                self.next.set(top);
-                self.end.set(top);
+                extern "C" {
+                    static __heap_base: u8;
+                }
+                // SAFETY: wasm-ld defines `__heap_base`; only its address is taken.
+                let base = unsafe { core::ptr::addr_of!(__heap_base) } as usize;
+                self.next.set(base);
+                self.end.set(core::arch::wasm32::memory_size(0) * PAGE);
             }
             let start = (self.next.get() + layout.align() - 1) & !(layout.align() - 1);
             let Some(stop) = start.checked_add(layout.size()) else {
