@@ -385,3 +385,103 @@ fn good_calls_succeed_while_hostile_ones_run_and_no_state_leaks() {
         }
     });
 }
+
+#[test]
+fn a_tenants_budgets_only_tighten_the_sandbox_and_apply() {
+    let sb = sandbox();
+    let wide = sb.budget(
+        Some(Duration::from_secs(60)),
+        Some(u64::MAX),
+        Some(usize::MAX),
+    );
+    let c = SandboxConfig::default();
+    assert_eq!(
+        (wide.deadline, wide.fuel, wide.memory_bytes),
+        (c.deadline, c.fuel, c.memory_bytes)
+    );
+    let tight = sb.budget(Some(Duration::from_millis(5)), Some(1_000), Some(1 << 20));
+    assert_eq!(
+        (tight.deadline, tight.fuel, tight.memory_bytes),
+        (Duration::from_millis(5), 1_000, 1 << 20)
+    );
+    // A template that needs 2 MiB fits the sandbox but not a 1 MiB tenant.
+    let grow = sb
+        .compile(&replying_after(
+            GOOD_REPLY,
+            "(drop (memory.grow (i32.const 32)))",
+        ))
+        .unwrap();
+    assert!(sb
+        .render(
+            &grow,
+            &request("hi"),
+            &sb.budget(None, None, None),
+            "t".into()
+        )
+        .is_ok());
+    let small = sb.budget(None, None, Some(1 << 20));
+    assert_eq!(
+        sb.render(&grow, &request("hi"), &small, "t".into()).err(),
+        Some(TemplateError::OutOfMemory { limit: 1 << 20 })
+    );
+    // And a 5 ms tenant deadline stops a loop in about 5 ms, not the sandbox's 50.
+    let looping = sb.compile(&guest("(loop br 0) i64.const 0", "")).unwrap();
+    let fast = sb.budget(Some(Duration::from_millis(5)), None, None);
+    let t0 = Instant::now();
+    assert_eq!(
+        sb.render(&looping, &request("hi"), &fast, "t".into()).err(),
+        Some(TemplateError::Timeout(Duration::from_millis(5)))
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(40),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+/// Like `replying`, running `before` first (e.g. to use memory).
+fn replying_after(reply: &[u8], before: &str) -> Vec<u8> {
+    let escaped: String = reply.iter().map(|b| format!("\\{b:02x}")).collect();
+    guest(
+        &format!(
+            "{before} i64.const {}",
+            (1024u64 << 32) | reply.len() as u64
+        ),
+        &format!(r#"(data (i32.const 1024) "{escaped}")"#),
+    )
+}
+
+#[test]
+fn the_log_import_writes_and_bad_pointers_are_harmless() {
+    let sb = sandbox();
+    let budget = sb.budget(None, None, None);
+    // Logs a line from its data, then one from far outside its memory, then 40 more (the host
+    // keeps 16 per call), then replies.
+    let module = wat::parse_str(format!(
+        r#"(module
+            (import "cachet" "log" (func $log (param i32 i32)))
+            (memory (export "memory") 1)
+            (data (i32.const 1024) "{}")
+            (data (i32.const 2048) "hello")
+            (func (export "cachet_abi_version") (result i32) i32.const 1)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const 8192)
+            (func (export "cachet_render") (param i32 i32) (result i64)
+                (call $log (i32.const 2048) (i32.const 5))
+                (call $log (i32.const 0x7ffffff0) (i32.const 100))
+                (local.set 0 (i32.const 40))
+                (loop (call $log (i32.const 2048) (i32.const 5))
+                      (local.set 0 (i32.sub (local.get 0) (i32.const 1)))
+                      (br_if 0 (local.get 0)))
+                i64.const {}))"#,
+        std::str::from_utf8(GOOD_REPLY)
+            .unwrap()
+            .replace('"', "\\\""),
+        (1024u64 << 32) | GOOD_REPLY.len() as u64
+    ))
+    .unwrap();
+    let m = sb.compile(&module).unwrap();
+    let (r, _) = sb
+        .render(&m, &request("hi"), &budget, "logger".into())
+        .unwrap();
+    assert_eq!(r.segments[0].text, "hello");
+}
