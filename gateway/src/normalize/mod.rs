@@ -1,0 +1,232 @@
+//! Prompt normalization: makes the cacheable prefix of prompts identical across requests.
+//!
+//! Templates (and people) write volatile values into text that is otherwise the same for every
+//! request: "Current time: 2026-11-29T12:00:00Z. User id: user-42." at the top of a system prompt
+//! makes every prompt differ from its first tokens on, and the prefix cache never hits. The
+//! normalizer finds such spans in the *static* segments ([`detect`]), cuts them out (with their
+//! labels, and the separators they leave), and relocates them, verbatim, into one context block
+//! placed right before the first *dynamic* segment: the model still sees every value, and the
+//! static prefix is the same for everyone.
+//!
+//! Without a tenant template, the model's chat template applies and the system message and
+//! earlier turns count as static; the last message is dynamic.
+//!
+//! Properties (tested): idempotent; no value lost; requests that differ only in volatile values
+//! get the same static segments; text without volatile spans is unchanged.
+
+pub mod detect;
+pub mod tokens;
+
+use cachet_guest_sdk::{Cache, Segment};
+use regex::Regex;
+
+/// What the normalizer does for a tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Leave prompts as they are.
+    Off,
+    /// Move volatile spans out of static segments (the default).
+    #[default]
+    Relocate,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Mode::Off),
+            "relocate" => Ok(Mode::Relocate),
+            other => Err(format!(
+                "normalize must be \"off\" or \"relocate\", not \"{other}\""
+            )),
+        }
+    }
+}
+
+/// A tenant's normalization rules.
+#[derive(Debug, Clone, Default)]
+pub struct Rules {
+    pub mode: Mode,
+    /// Tenant-defined volatile patterns, on top of the built-in ones.
+    pub patterns: Vec<Regex>,
+}
+
+impl Rules {
+    /// Rules from a tenant's config values; an error says which pattern is wrong.
+    pub fn new(mode: Option<&str>, patterns: &[String]) -> Result<Rules, String> {
+        let mode = mode.map_or(Ok(Mode::Relocate), str::parse)?;
+        let patterns = patterns
+            .iter()
+            .map(|p| {
+                Regex::new(p).map_err(|e| format!("volatile_patterns entry `{p}` is not a regex: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Rules { mode, patterns })
+    }
+}
+
+/// A normalized prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalized {
+    pub segments: Vec<Segment>,
+    /// The relocated spans, verbatim, in prompt order.
+    pub relocated: Vec<String>,
+}
+
+/// Segments of a plain chat request: every message but the last is static.
+pub fn chat_segments(messages: &[(String, String)]) -> Vec<Segment> {
+    let n = messages.len();
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, (role, text))| Segment {
+            role: role.clone(),
+            text: text.clone(),
+            cache: if i + 1 < n {
+                Cache::Static
+            } else {
+                Cache::Dynamic
+            },
+        })
+        .collect()
+}
+
+/// Normalizes `segments` under `rules`.
+pub fn normalize(segments: &[Segment], rules: &Rules) -> Normalized {
+    let mut out = segments.to_vec();
+    let mut relocated = Vec::new();
+    if rules.mode == Mode::Off {
+        return Normalized {
+            segments: out,
+            relocated,
+        };
+    }
+    for s in out.iter_mut().filter(|s| s.cache == Cache::Static) {
+        let spans = detect::find(&s.text, &rules.patterns);
+        if spans.is_empty() {
+            continue;
+        }
+        relocated.extend(spans.iter().map(|sp| s.text[sp.start..sp.end].to_string()));
+        s.text = cut(&s.text, &spans);
+    }
+    if relocated.is_empty() {
+        return Normalized {
+            segments: out,
+            relocated,
+        };
+    }
+    let mut block = relocated.join("\n");
+    block.push_str("\n\n");
+    match out.iter().position(|s| s.cache == Cache::Dynamic) {
+        Some(i) => {
+            let role = out[i].role.clone();
+            out.insert(
+                i,
+                Segment {
+                    role,
+                    text: block,
+                    cache: Cache::Dynamic,
+                },
+            );
+        }
+        None => out.push(Segment {
+            role: "user".into(),
+            text: block,
+            cache: Cache::Dynamic,
+        }),
+    }
+    Normalized {
+        segments: out,
+        relocated,
+    }
+}
+
+/// `text` without `spans`, and without the separators they leave behind: a span that starts a
+/// sentence takes the punctuation and blanks after it; a span inside a sentence takes the blank
+/// before it; a line that only the cut emptied goes with its newline.
+fn cut(text: &str, spans: &[detect::Span]) -> String {
+    let b = text.as_bytes();
+    let blank = |c: u8| c == b' ' || c == b'\t';
+    let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
+    for sp in spans {
+        let (mut start, mut end) = (sp.start, sp.end);
+        // The character before the span, looking through blanks and earlier cuts.
+        let mut k = start;
+        loop {
+            while k > 0 && blank(b[k - 1]) {
+                k -= 1;
+            }
+            match ranges.last() {
+                Some(&(rs, re)) if k > rs && k <= re => k = rs,
+                _ => break,
+            }
+        }
+        let starts_sentence = k == 0 || matches!(b[k - 1], b'\n' | b'.' | b'!' | b'?' | b';' | b':');
+        if starts_sentence {
+            if end < b.len() && matches!(b[end], b'.' | b',' | b';') {
+                end += 1;
+            }
+            while end < b.len() && blank(b[end]) {
+                end += 1;
+            }
+        } else if b[start - 1] == b' '
+            && (end >= b.len()
+                || matches!(b[end], b' ' | b',' | b'.' | b';' | b':' | b'!' | b'?' | b')' | b'\n'))
+        {
+            start -= 1;
+        }
+        match ranges.last_mut() {
+            Some(r) if start <= r.1 => r.1 = r.1.max(end),
+            _ => ranges.push((start, end)),
+        }
+    }
+    // Newlines are never cut: split ranges around them.
+    let mut pieces: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+    for (s, e) in ranges {
+        let mut a = s;
+        for (i, _) in text[s..e].match_indices('\n') {
+            if a < s + i {
+                pieces.push((a, s + i));
+            }
+            a = s + i + 1;
+        }
+        if a < e {
+            pieces.push((a, e));
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut pi = 0;
+    let mut line_start = 0;
+    let mut first = true;
+    for line in text.split('\n') {
+        let line_end = line_start + line.len();
+        let mut kept = String::with_capacity(line.len());
+        let mut at = line_start;
+        let mut touched = false;
+        while pi < pieces.len() && pieces[pi].1 <= line_end {
+            let (ps, pe) = pieces[pi];
+            kept.push_str(&text[at..ps]);
+            at = pe;
+            touched = true;
+            pi += 1;
+        }
+        kept.push_str(&text[at..line_end]);
+        let emptied = touched && kept.trim().is_empty();
+        if !emptied {
+            if !first {
+                out.push('\n');
+            }
+            out.push_str(if touched {
+                kept.trim_end_matches([' ', '\t'])
+            } else {
+                &kept
+            });
+            first = false;
+        }
+        line_start = line_end + 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,255 @@
+use super::*;
+
+fn seg(role: &str, text: &str, cache: Cache) -> Segment {
+    Segment {
+        role: role.into(),
+        text: text.into(),
+        cache,
+    }
+}
+
+fn rules() -> Rules {
+    Rules::default()
+}
+
+fn statics(n: &Normalized) -> Vec<String> {
+    n.segments
+        .iter()
+        .filter(|s| s.cache == Cache::Static)
+        .map(|s| s.text.clone())
+        .collect()
+}
+
+#[test]
+fn the_clock_and_user_id_at_the_top_of_a_system_prompt_move_before_the_question() {
+    let prompt = |now: &str, user: &str| {
+        vec![
+            seg(
+                "system",
+                &format!("Current time: {now}. User id: {user}.\nYou are the assistant of Contoso Bank. Be brief."),
+                Cache::Static,
+            ),
+            seg("user", "What is my balance?", Cache::Dynamic),
+        ]
+    };
+    let a = normalize(&prompt("2026-11-29T12:00:00Z", "user-42"), &rules());
+    let b = normalize(&prompt("2026-11-30T08:15:30Z", "user-7"), &rules());
+    assert_eq!(
+        statics(&a),
+        ["You are the assistant of Contoso Bank. Be brief."]
+    );
+    assert_eq!(statics(&a), statics(&b));
+    assert_eq!(
+        a.relocated,
+        ["Current time: 2026-11-29T12:00:00Z", "User id: user-42"]
+    );
+    assert_eq!(
+        a.segments[1],
+        seg(
+            "user",
+            "Current time: 2026-11-29T12:00:00Z\nUser id: user-42\n\n",
+            Cache::Dynamic
+        )
+    );
+    assert_eq!(a.segments[2], seg("user", "What is my balance?", Cache::Dynamic));
+    // Idempotent.
+    assert_eq!(normalize(&a.segments, &rules()), Normalized { segments: a.segments.clone(), relocated: vec![] });
+    // Off means off.
+    let off = Rules {
+        mode: Mode::Off,
+        ..Rules::default()
+    };
+    assert_eq!(normalize(&prompt("2026-11-29T12:00:00Z", "u"), &off).segments, prompt("2026-11-29T12:00:00Z", "u"));
+}
+
+#[test]
+fn every_volatile_format_is_found() {
+    let cases = [
+        ("Generated 2026-11-29T12:00:00.123+01:00 by the scheduler", "2026-11-29T12:00:00.123+01:00"),
+        ("Sent on Sun, 29 Nov 2026 12:00:00 +0000 via mail", "Sun, 29 Nov 2026 12:00:00 +0000"),
+        ("Logged at 2026-11-29 12:00 in Paris", "2026-11-29 12:00"),
+        ("The meeting is Nov 29, 2026 in room B", "Nov 29, 2026"),
+        ("The meeting is Sunday, November 29, 2026 at 9:30 AM sharp", "Sunday, November 29, 2026 at 9:30 AM"),
+        ("Filed 29 Nov 2026 with the clerk", "29 Nov 2026"),
+        ("Due 11/29/2026 at the latest", "11/29/2026"),
+        ("The train leaves at 14:35 UTC from track 4", "14:35 UTC"),
+        ("Snapshot 1795000000 was taken", "1795000000"),
+        ("Snapshot 1795000000123 was taken", "1795000000123"),
+        ("Request 3f2b8c1e-9a4d-4c7b-8e21-5d6f7a8b9c0d failed", "3f2b8c1e-9a4d-4c7b-8e21-5d6f7a8b9c0d"),
+        ("Commit 9fceb02d0ae598e95dc970b74767f19372d61af8 is live", "9fceb02d0ae598e95dc970b74767f19372d61af8"),
+        ("Token dXNlcjQyOnNlY3JldDEyMzQ1Njc4OTA= expired", "dXNlcjQyOnNlY3JldDEyMzQ1Njc4OTA="),
+        ("Write to alice.smith+ops@example.co.uk soon", "alice.smith+ops@example.co.uk"),
+        ("Context session_id=abc123XYZ ok", "session_id=abc123XYZ"),
+        ("Hello Customer ID: 99812, welcome back", "Customer ID: 99812"),
+    ];
+    for (text, want) in cases {
+        let spans = detect::find(text, &[]);
+        let got: Vec<&str> = spans.iter().map(|s| &text[s.start..s.end]).collect();
+        assert_eq!(got, [want], "in {text:?}");
+    }
+    // A tenant's own pattern.
+    let extra = [Regex::new(r"ORD-\d{6}").unwrap()];
+    let spans = detect::find("Your order ORD-123456 shipped", &extra);
+    assert_eq!(spans.len(), 1);
+    assert_eq!(spans[0].kind, "tenant");
+    // Labels come along.
+    let text = "Today is 2026-11-29. Be kind.";
+    let s = detect::find(text, &[]);
+    assert_eq!(&text[s[0].start..s[0].end], "Today is 2026-11-29");
+}
+
+/// Ordinary instructions: nothing in them may be taken for a volatile value.
+const PLAIN: &[&str] = &[
+    "You are a helpful assistant.",
+    "Answer in at most 3 sentences.",
+    "Our office is in Room 101 of Building 7.",
+    "Pi is about 3.14159 and e about 2.71828.",
+    "Version 2 of the API supports 50 requests per second.",
+    "The 1990s were a decade of change; 2020 was not.",
+    "Use the format key: value for settings, e.g. colour: blue.",
+    "Never share passwords, card numbers or PINs.",
+    "Refer to section 4.2.1 of the manual.",
+    "Prices: a small coffee costs $3.50 and a large one $4.",
+    "Reply in English or French (fr-FR) only.",
+    "Step 1: read the question. Step 2: think. Step 3: answer.",
+    "The ratio is 16:9 for wide screens.",
+    "Call +44 20 7946 0958 for support.",
+];
+
+#[test]
+fn text_without_volatile_spans_is_unchanged() {
+    for t in PLAIN {
+        let spans = detect::find(t, &[]);
+        assert!(spans.is_empty(), "{t:?}: {spans:?}");
+    }
+    let segs = vec![
+        seg("system", &PLAIN.join("\n"), Cache::Static),
+        seg("user", "Hi at 12:00 from bob@example.com", Cache::Dynamic),
+    ];
+    let n = normalize(&segs, &rules());
+    assert_eq!(n.segments, segs, "dynamic segments are never touched");
+    assert!(n.relocated.is_empty());
+}
+
+/// A tiny deterministic generator for the property tests.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn hex(&mut self, n: usize) -> String {
+        (0..n)
+            .map(|_| b"0123456789abcdef"[self.below(16) as usize] as char)
+            .collect()
+    }
+    /// A labelled or bare volatile value, and the exact value text.
+    fn volatile(&mut self) -> (String, String) {
+        let y = 2020 + self.below(10);
+        let (mo, d, h, mi, s) = (1 + self.below(12), 1 + self.below(28), self.below(24), self.below(60), self.below(60));
+        const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+        let value = match self.below(9) {
+            0 => format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z"),
+            1 => format!("{y}-{mo:02}-{d:02} {h:02}:{mi:02}"),
+            2 => format!("{} {d}, {y}", MONTHS[mo as usize - 1]),
+            3 => format!("{}", 1_600_000_000 + self.below(300_000_000)),
+            4 => format!("{}-{}-4{}-a{}-{}", self.hex(8), self.hex(4), self.hex(3), self.hex(3), self.hex(12)),
+            5 => format!("u{}x{}", self.below(1000), self.hex(17)),
+            6 => format!("user{}@example.org", self.below(100_000)),
+            7 => format!("{h:02}:{mi:02}"),
+            _ => format!("{}{}", self.hex(12), self.below(1_000_000)),
+        };
+        let labelled = match self.below(4) {
+            0 => format!("Current time: {value}"),
+            1 => format!("User id: {value}"),
+            2 => format!("Reference = {value}"),
+            _ => value.clone(),
+        };
+        (labelled, value)
+    }
+}
+
+/// A system prompt of plain sentences with volatile values put in at the given slots (the same
+/// slots and sentences for two requests: only the values differ).
+fn prompt_with(rng: &mut Rng, shape: &[(usize, bool)]) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut values = Vec::new();
+    for &(sentence, with_value) in shape {
+        if with_value {
+            let (labelled, value) = rng.volatile();
+            text.push_str(&labelled);
+            text.push_str(". ");
+            values.push(value);
+        }
+        text.push_str(PLAIN[sentence]);
+        text.push(if sentence % 3 == 0 { '\n' } else { ' ' });
+    }
+    (text, values)
+}
+
+#[test]
+fn properties_hold_on_random_prompts() {
+    let mut shapes = Rng(0x5eed);
+    for case in 0..1000 {
+        let n = 1 + shapes.below(8) as usize;
+        let shape: Vec<(usize, bool)> = (0..n)
+            .map(|_| (shapes.below(PLAIN.len() as u64) as usize, shapes.below(3) == 0))
+            .collect();
+        let mut r1 = Rng(1000 + case);
+        let mut r2 = Rng(9_000_000 + case * 7);
+        let (t1, v1) = prompt_with(&mut r1, &shape);
+        let (t2, _) = prompt_with(&mut r2, &shape);
+        let segs = |t: &str| vec![seg("system", t, Cache::Static), seg("user", "question?", Cache::Dynamic)];
+        let a = normalize(&segs(&t1), &rules());
+        let b = normalize(&segs(&t2), &rules());
+        // Same static prefix for requests that differ only in volatile values.
+        assert_eq!(statics(&a), statics(&b), "case {case}:\n{t1}\n---\n{t2}");
+        // No value lost: each one is in the context block, verbatim.
+        let block = a.segments.iter().find(|s| s.cache == Cache::Dynamic).unwrap();
+        for v in &v1 {
+            assert!(block.text.contains(v.as_str()), "case {case}: {v:?} lost from {:?}", block.text);
+            assert!(!statics(&a)[0].contains(v.as_str()), "case {case}: {v:?} still static");
+        }
+        // Nothing else is lost: every plain sentence is still in the static text.
+        for &(s, _) in &shape {
+            assert!(statics(&a)[0].contains(PLAIN[s]), "case {case}: lost {:?}", PLAIN[s]);
+        }
+        // Idempotent.
+        assert_eq!(normalize(&a.segments, &rules()).segments, a.segments, "case {case}");
+        // Without volatile values, unchanged.
+        if v1.is_empty() {
+            assert_eq!(a.segments, segs(&t1), "case {case}");
+        }
+    }
+}
+
+#[test]
+fn chat_requests_count_earlier_turns_as_static() {
+    let msgs = [
+        ("system".to_string(), "Be brief. Session id: 8812".to_string()),
+        ("user".to_string(), "hi".to_string()),
+        ("assistant".to_string(), "hello".to_string()),
+        ("user".to_string(), "what time is it? 12:00?".to_string()),
+    ];
+    let segs = chat_segments(&msgs);
+    assert_eq!(
+        segs.iter().map(|s| s.cache).collect::<Vec<_>>(),
+        [Cache::Static, Cache::Static, Cache::Static, Cache::Dynamic]
+    );
+    let n = normalize(&segs, &rules());
+    assert_eq!(n.segments[0].text, "Be brief.");
+    assert_eq!(n.segments[3], seg("user", "Session id: 8812\n\n", Cache::Dynamic));
+    assert_eq!(n.segments[4].text, "what time is it? 12:00?");
+}
+
+#[test]
+fn bad_rules_say_what_to_fix() {
+    assert!(Rules::new(Some("sometimes"), &[]).unwrap_err().contains("\"off\" or \"relocate\""));
+    assert!(Rules::new(None, &["(unclosed".into()]).unwrap_err().contains("(unclosed"));
+    assert_eq!(Rules::new(None, &[]).unwrap().mode, Mode::Relocate);
+}
