@@ -744,10 +744,26 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
         "adm-acme",
         &chat("Balance?", "support"),
     );
+    // The clock and the user id moved out of the system prompt (normalization), and the model
+    // still sees them, right before the question.
+    let prompt = dry["prompt"].as_str().unwrap();
     assert!(
-        dry["prompt"].as_str().unwrap().contains("User id: user-7."),
+        prompt.contains("<|im_start|>system\nYou are the assistant of Contoso Bank.")
+            && prompt.contains("User id: user-7\n\nBalance?"),
         "{dry}"
     );
+    assert_eq!(dry["relocated"].as_array().unwrap().len(), 2, "{dry}");
+    // So another user, at another time, hits the cached system prompt.
+    let (code, _) = http_json("POST", &url, "sk-acme", &chat("Balance?", "support"));
+    assert_eq!(code, 200);
+    let mut other_user = chat("Card limit?", "support");
+    other_user["user"] = "user-8".into();
+    let (code, r) = http_json("POST", &url, "sk-acme", &other_user);
+    assert_eq!(code, 200, "{r}");
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 32, "only {cached} cached tokens: {r}");
     let (code, v) = http(
         "DELETE",
         &format!("{t}/support/versions/2"),

@@ -179,6 +179,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);
     let state = Arc::new(AppState {
+        prefix_tokens: cachet_gateway::normalize::tokens::PrefixTokens::new(&tokenizer, 4096),
         templates,
         engine: engine.handle(),
         tokenizer,

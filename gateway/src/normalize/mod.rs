@@ -58,7 +58,8 @@ impl Rules {
         let patterns = patterns
             .iter()
             .map(|p| {
-                Regex::new(p).map_err(|e| format!("volatile_patterns entry `{p}` is not a regex: {e}"))
+                Regex::new(p)
+                    .map_err(|e| format!("volatile_patterns entry `{p}` is not a regex: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Rules { mode, patterns })
@@ -89,6 +90,39 @@ pub fn chat_segments(messages: &[(String, String)]) -> Vec<Segment> {
             },
         })
         .collect()
+}
+
+/// Chat messages from segments (consecutive segments of one role make one message), and where
+/// the first dynamic text starts: (message index, byte offset in its content).
+pub fn to_messages(
+    segments: &[Segment],
+) -> (
+    Vec<cachet_backend::tokenizer::ChatMessage>,
+    Option<(usize, usize)>,
+) {
+    let mut messages: Vec<cachet_backend::tokenizer::ChatMessage> = Vec::new();
+    let mut first_dynamic = None;
+    for s in segments {
+        let n = messages.len();
+        match messages.last_mut() {
+            Some(m) if m.role == s.role => {
+                if s.cache == Cache::Dynamic && first_dynamic.is_none() {
+                    first_dynamic = Some((n - 1, m.content.len()));
+                }
+                m.content.push_str(&s.text);
+            }
+            _ => {
+                if s.cache == Cache::Dynamic && first_dynamic.is_none() {
+                    first_dynamic = Some((messages.len(), 0));
+                }
+                messages.push(cachet_backend::tokenizer::ChatMessage::new(
+                    s.role.clone(),
+                    s.text.clone(),
+                ));
+            }
+        }
+    }
+    (messages, first_dynamic)
 }
 
 /// Normalizes `segments` under `rules`.
@@ -161,7 +195,8 @@ fn cut(text: &str, spans: &[detect::Span]) -> String {
                 _ => break,
             }
         }
-        let starts_sentence = k == 0 || matches!(b[k - 1], b'\n' | b'.' | b'!' | b'?' | b';' | b':');
+        let starts_sentence =
+            k == 0 || matches!(b[k - 1], b'\n' | b'.' | b'!' | b'?' | b';' | b':');
         if starts_sentence {
             if end < b.len() && matches!(b[end], b'.' | b',' | b';') {
                 end += 1;
@@ -171,7 +206,10 @@ fn cut(text: &str, spans: &[detect::Span]) -> String {
             }
         } else if b[start - 1] == b' '
             && (end >= b.len()
-                || matches!(b[end], b' ' | b',' | b'.' | b';' | b':' | b'!' | b'?' | b')' | b'\n'))
+                || matches!(
+                    b[end],
+                    b' ' | b',' | b'.' | b';' | b':' | b'!' | b'?' | b')' | b'\n'
+                ))
         {
             start -= 1;
         }

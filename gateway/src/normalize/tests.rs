@@ -51,36 +51,72 @@ fn the_clock_and_user_id_at_the_top_of_a_system_prompt_move_before_the_question(
             Cache::Dynamic
         )
     );
-    assert_eq!(a.segments[2], seg("user", "What is my balance?", Cache::Dynamic));
+    assert_eq!(
+        a.segments[2],
+        seg("user", "What is my balance?", Cache::Dynamic)
+    );
     // Idempotent.
-    assert_eq!(normalize(&a.segments, &rules()), Normalized { segments: a.segments.clone(), relocated: vec![] });
+    assert_eq!(
+        normalize(&a.segments, &rules()),
+        Normalized {
+            segments: a.segments.clone(),
+            relocated: vec![]
+        }
+    );
     // Off means off.
     let off = Rules {
         mode: Mode::Off,
         ..Rules::default()
     };
-    assert_eq!(normalize(&prompt("2026-11-29T12:00:00Z", "u"), &off).segments, prompt("2026-11-29T12:00:00Z", "u"));
+    assert_eq!(
+        normalize(&prompt("2026-11-29T12:00:00Z", "u"), &off).segments,
+        prompt("2026-11-29T12:00:00Z", "u")
+    );
 }
 
 #[test]
 fn every_volatile_format_is_found() {
     let cases = [
-        ("Generated 2026-11-29T12:00:00.123+01:00 by the scheduler", "2026-11-29T12:00:00.123+01:00"),
-        ("Sent on Sun, 29 Nov 2026 12:00:00 +0000 via mail", "Sun, 29 Nov 2026 12:00:00 +0000"),
+        (
+            "Generated 2026-11-29T12:00:00.123+01:00 by the scheduler",
+            "2026-11-29T12:00:00.123+01:00",
+        ),
+        (
+            "Sent on Sun, 29 Nov 2026 12:00:00 +0000 via mail",
+            "Sun, 29 Nov 2026 12:00:00 +0000",
+        ),
         ("Logged at 2026-11-29 12:00 in Paris", "2026-11-29 12:00"),
         ("The meeting is Nov 29, 2026 in room B", "Nov 29, 2026"),
-        ("The meeting is Sunday, November 29, 2026 at 9:30 AM sharp", "Sunday, November 29, 2026 at 9:30 AM"),
+        (
+            "The meeting is Sunday, November 29, 2026 at 9:30 AM sharp",
+            "Sunday, November 29, 2026 at 9:30 AM",
+        ),
         ("Filed 29 Nov 2026 with the clerk", "29 Nov 2026"),
         ("Due 11/29/2026 at the latest", "11/29/2026"),
         ("The train leaves at 14:35 UTC from track 4", "14:35 UTC"),
         ("Snapshot 1795000000 was taken", "1795000000"),
         ("Snapshot 1795000000123 was taken", "1795000000123"),
-        ("Request 3f2b8c1e-9a4d-4c7b-8e21-5d6f7a8b9c0d failed", "3f2b8c1e-9a4d-4c7b-8e21-5d6f7a8b9c0d"),
-        ("Commit 9fceb02d0ae598e95dc970b74767f19372d61af8 is live", "9fceb02d0ae598e95dc970b74767f19372d61af8"),
-        ("Token dXNlcjQyOnNlY3JldDEyMzQ1Njc4OTA= expired", "dXNlcjQyOnNlY3JldDEyMzQ1Njc4OTA="),
-        ("Write to alice.smith+ops@example.co.uk soon", "alice.smith+ops@example.co.uk"),
+        (
+            "Request 3f2b8c1e-9a4d-4c7b-8e21-5d6f7a8b9c0d failed",
+            "3f2b8c1e-9a4d-4c7b-8e21-5d6f7a8b9c0d",
+        ),
+        (
+            "Commit 9fceb02d0ae598e95dc970b74767f19372d61af8 is live",
+            "9fceb02d0ae598e95dc970b74767f19372d61af8",
+        ),
+        (
+            "Token dXNlcjQyOnNlY3JldDEyMzQ1Njc4OTA= expired",
+            "dXNlcjQyOnNlY3JldDEyMzQ1Njc4OTA=",
+        ),
+        (
+            "Write to alice.smith+ops@example.co.uk soon",
+            "alice.smith+ops@example.co.uk",
+        ),
         ("Context session_id=abc123XYZ ok", "session_id=abc123XYZ"),
-        ("Hello Customer ID: 99812, welcome back", "Customer ID: 99812"),
+        (
+            "Hello Customer ID: 99812, welcome back",
+            "Customer ID: 99812",
+        ),
     ];
     for (text, want) in cases {
         let spans = detect::find(text, &[]);
@@ -151,14 +187,29 @@ impl Rng {
     /// A labelled or bare volatile value, and the exact value text.
     fn volatile(&mut self) -> (String, String) {
         let y = 2020 + self.below(10);
-        let (mo, d, h, mi, s) = (1 + self.below(12), 1 + self.below(28), self.below(24), self.below(60), self.below(60));
-        const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+        let (mo, d, h, mi, s) = (
+            1 + self.below(12),
+            1 + self.below(28),
+            self.below(24),
+            self.below(60),
+            self.below(60),
+        );
+        const MONTHS: [&str; 12] = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ];
         let value = match self.below(9) {
             0 => format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z"),
             1 => format!("{y}-{mo:02}-{d:02} {h:02}:{mi:02}"),
             2 => format!("{} {d}, {y}", MONTHS[mo as usize - 1]),
             3 => format!("{}", 1_600_000_000 + self.below(300_000_000)),
-            4 => format!("{}-{}-4{}-a{}-{}", self.hex(8), self.hex(4), self.hex(3), self.hex(3), self.hex(12)),
+            4 => format!(
+                "{}-{}-4{}-a{}-{}",
+                self.hex(8),
+                self.hex(4),
+                self.hex(3),
+                self.hex(3),
+                self.hex(12)
+            ),
             5 => format!("u{}x{}", self.below(1000), self.hex(17)),
             6 => format!("user{}@example.org", self.below(100_000)),
             7 => format!("{h:02}:{mi:02}"),
@@ -198,29 +249,58 @@ fn properties_hold_on_random_prompts() {
     for case in 0..1000 {
         let n = 1 + shapes.below(8) as usize;
         let shape: Vec<(usize, bool)> = (0..n)
-            .map(|_| (shapes.below(PLAIN.len() as u64) as usize, shapes.below(3) == 0))
+            .map(|_| {
+                (
+                    shapes.below(PLAIN.len() as u64) as usize,
+                    shapes.below(3) == 0,
+                )
+            })
             .collect();
         let mut r1 = Rng(1000 + case);
         let mut r2 = Rng(9_000_000 + case * 7);
         let (t1, v1) = prompt_with(&mut r1, &shape);
         let (t2, _) = prompt_with(&mut r2, &shape);
-        let segs = |t: &str| vec![seg("system", t, Cache::Static), seg("user", "question?", Cache::Dynamic)];
+        let segs = |t: &str| {
+            vec![
+                seg("system", t, Cache::Static),
+                seg("user", "question?", Cache::Dynamic),
+            ]
+        };
         let a = normalize(&segs(&t1), &rules());
         let b = normalize(&segs(&t2), &rules());
         // Same static prefix for requests that differ only in volatile values.
         assert_eq!(statics(&a), statics(&b), "case {case}:\n{t1}\n---\n{t2}");
         // No value lost: each one is in the context block, verbatim.
-        let block = a.segments.iter().find(|s| s.cache == Cache::Dynamic).unwrap();
+        let block = a
+            .segments
+            .iter()
+            .find(|s| s.cache == Cache::Dynamic)
+            .unwrap();
         for v in &v1 {
-            assert!(block.text.contains(v.as_str()), "case {case}: {v:?} lost from {:?}", block.text);
-            assert!(!statics(&a)[0].contains(v.as_str()), "case {case}: {v:?} still static");
+            assert!(
+                block.text.contains(v.as_str()),
+                "case {case}: {v:?} lost from {:?}",
+                block.text
+            );
+            assert!(
+                !statics(&a)[0].contains(v.as_str()),
+                "case {case}: {v:?} still static"
+            );
         }
         // Nothing else is lost: every plain sentence is still in the static text.
         for &(s, _) in &shape {
-            assert!(statics(&a)[0].contains(PLAIN[s]), "case {case}: lost {:?}", PLAIN[s]);
+            assert!(
+                statics(&a)[0].contains(PLAIN[s]),
+                "case {case}: lost {:?}",
+                PLAIN[s]
+            );
         }
         // Idempotent.
-        assert_eq!(normalize(&a.segments, &rules()).segments, a.segments, "case {case}");
+        assert_eq!(
+            normalize(&a.segments, &rules()).segments,
+            a.segments,
+            "case {case}"
+        );
         // Without volatile values, unchanged.
         if v1.is_empty() {
             assert_eq!(a.segments, segs(&t1), "case {case}");
@@ -231,7 +311,10 @@ fn properties_hold_on_random_prompts() {
 #[test]
 fn chat_requests_count_earlier_turns_as_static() {
     let msgs = [
-        ("system".to_string(), "Be brief. Session id: 8812".to_string()),
+        (
+            "system".to_string(),
+            "Be brief. Session id: 8812".to_string(),
+        ),
         ("user".to_string(), "hi".to_string()),
         ("assistant".to_string(), "hello".to_string()),
         ("user".to_string(), "what time is it? 12:00?".to_string()),
@@ -243,13 +326,20 @@ fn chat_requests_count_earlier_turns_as_static() {
     );
     let n = normalize(&segs, &rules());
     assert_eq!(n.segments[0].text, "Be brief.");
-    assert_eq!(n.segments[3], seg("user", "Session id: 8812\n\n", Cache::Dynamic));
+    assert_eq!(
+        n.segments[3],
+        seg("user", "Session id: 8812\n\n", Cache::Dynamic)
+    );
     assert_eq!(n.segments[4].text, "what time is it? 12:00?");
 }
 
 #[test]
 fn bad_rules_say_what_to_fix() {
-    assert!(Rules::new(Some("sometimes"), &[]).unwrap_err().contains("\"off\" or \"relocate\""));
-    assert!(Rules::new(None, &["(unclosed".into()]).unwrap_err().contains("(unclosed"));
+    assert!(Rules::new(Some("sometimes"), &[])
+        .unwrap_err()
+        .contains("\"off\" or \"relocate\""));
+    assert!(Rules::new(None, &["(unclosed".into()])
+        .unwrap_err()
+        .contains("(unclosed"));
     assert_eq!(Rules::new(None, &[]).unwrap().mode, Mode::Relocate);
 }

@@ -83,10 +83,7 @@ impl PrefixTokens {
             Some(p) => (p, true),
             None => {
                 let p = Arc::new(tok.encode(head)?);
-                self.cache
-                    .lock()
-                    .expect("cache lock")
-                    .put(key, p.clone());
+                self.cache.lock().expect("cache lock").put(key, p.clone());
                 (p, false)
             }
         };

@@ -38,6 +38,9 @@ pub struct TemplateOutcome {
     pub outcome: String,
 }
 
+const PREFIX_BUCKETS: &[f64] = &[
+    0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
 const TEMPLATE_BUCKETS: &[f64] = &[
     0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
 ];
@@ -59,6 +62,8 @@ pub struct Metrics {
     pub generation_tokens: Family<TenantLabel, Counter>,
     pub template_calls: Family<TemplateOutcome, Counter>,
     pub template_seconds: Histogram,
+    pub stable_prefix_tokens: Histogram,
+    pub relocated_spans: Family<TenantLabel, Counter>,
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
@@ -89,6 +94,8 @@ impl Metrics {
             generation_tokens: Family::default(),
             template_calls: Family::default(),
             template_seconds: h(TEMPLATE_BUCKETS),
+            stable_prefix_tokens: h(PREFIX_BUCKETS),
+            relocated_spans: Family::default(),
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: Gauge::default(),
@@ -143,6 +150,16 @@ impl Metrics {
             "template_call_seconds",
             "Time of a template call, fresh instance included",
             m.template_seconds.clone(),
+        );
+        registry.register(
+            "stable_prefix_tokens",
+            "Tokens of a chat prompt's request-independent prefix, after normalization",
+            m.stable_prefix_tokens.clone(),
+        );
+        registry.register(
+            "normalizer_relocated_spans",
+            "Volatile spans moved out of static prompt segments, by tenant",
+            m.relocated_spans.clone(),
         );
         registry.register(
             "num_requests_running",
@@ -202,6 +219,18 @@ impl Metrics {
         self.generation_tokens
             .get_or_create(&l)
             .inc_by(generated as u64);
+    }
+
+    /// Records a normalized chat prompt.
+    pub fn normalized(&self, tenant: &str, relocated: usize, stable_tokens: usize) {
+        self.stable_prefix_tokens.observe(stable_tokens as f64);
+        if relocated > 0 {
+            self.relocated_spans
+                .get_or_create(&TenantLabel {
+                    tenant: tenant.to_string(),
+                })
+                .inc_by(relocated as u64);
+        }
     }
 
     /// Records a template call.

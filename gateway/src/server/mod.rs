@@ -52,6 +52,8 @@ pub struct AppState {
     pub metrics: metrics::Metrics,
     /// Tenants' prompt templates (`--templates-dir`); `None` disables them.
     pub templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
+    /// Tokens of recent static prompt prefixes.
+    pub prefix_tokens: crate::normalize::tokens::PrefixTokens,
 }
 
 impl AppState {
@@ -246,25 +248,27 @@ async fn completion_for(
     tenant: Arc<crate::tenants::Tenant>,
 ) -> Result<Response<RespBody>, ApiError> {
     let mut hints = None;
-    let (common, prompt_text) = if chat {
+    let (common, prompt) = if chat {
         let r: openai::ChatRequest = read_json(req).await?;
         let msgs = r.messages()?;
-        let msgs = match templates::apply(&state, &tenant, &r, &msgs).await? {
+        let segments = match templates::apply(&state, &tenant, &r, &msgs).await? {
             Some(applied) => {
                 hints = Some((applied.rendered.stop, applied.rendered.max_tokens));
-                applied.messages
+                applied.rendered.segments
             }
-            None => msgs,
+            None => crate::normalize::chat_segments(
+                &msgs
+                    .iter()
+                    .map(|m| (m.role.clone(), m.content.clone()))
+                    .collect::<Vec<_>>(),
+            ),
         };
-        let text = state
-            .tokenizer
-            .render_chat(&msgs, true)
-            .map_err(engine_error)?;
-        (r.common, text)
+        (r.common, prepare(&state, &tenant, &segments)?.ids)
     } else {
         let r: openai::CompletionRequest = read_json(req).await?;
         let p = r.prompt()?;
-        (r.common, p)
+        let ids = state.tokenizer.encode(&p).map_err(engine_error)?;
+        (r.common, ids)
     };
     if common.model != state.model_id {
         return Err(ApiError::not_found(
@@ -293,7 +297,6 @@ async fn completion_for(
         }
         cap = max_hint.map(u64::from);
     }
-    let prompt = state.tokenizer.encode(&prompt_text).map_err(engine_error)?;
     let room = state.engine.max_model_len().saturating_sub(prompt.len()) as u64;
     if room == 0 {
         return Err(ApiError::bad_request(
@@ -336,6 +339,44 @@ async fn completion_for(
     } else {
         whole(stream, meta, permit, &state).await
     }
+}
+
+/// A chat prompt ready for the engine: normalized, rendered, tokenized.
+pub struct Prepared {
+    pub segments: Vec<cachet_guest_sdk::Segment>,
+    pub relocated: Vec<String>,
+    pub prompt: String,
+    pub ids: Vec<u32>,
+    /// Tokens of the request-independent prefix (cached tokenization).
+    pub stable_tokens: usize,
+}
+
+/// Normalizes `segments` under the tenant's rules, renders them with the chat template, and
+/// tokenizes with the static prefix's tokens cached.
+pub fn prepare(
+    state: &AppState,
+    tenant: &crate::tenants::Tenant,
+    segments: &[cachet_guest_sdk::Segment],
+) -> Result<Prepared, ApiError> {
+    let n = crate::normalize::normalize(segments, &tenant.rules);
+    let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
+    let (prompt, boundary) =
+        crate::normalize::tokens::render_with_boundary(&state.tokenizer, &messages, first_dynamic)
+            .map_err(engine_error)?;
+    let enc = state
+        .prefix_tokens
+        .encode(&state.tokenizer, &prompt, boundary.unwrap_or(0))
+        .map_err(engine_error)?;
+    state
+        .metrics
+        .normalized(tenant.id(), n.relocated.len(), enc.stable_tokens);
+    Ok(Prepared {
+        segments: n.segments,
+        relocated: n.relocated,
+        prompt,
+        ids: enc.ids,
+        stable_tokens: enc.stable_tokens,
+    })
 }
 
 struct Meta {

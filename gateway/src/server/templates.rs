@@ -25,7 +25,6 @@ use crate::tenants::Tenant;
 
 /// What a template made of a chat request.
 pub struct Applied {
-    pub messages: Vec<ChatMessage>,
     pub rendered: Rendered,
     pub elapsed: Duration,
     pub fuel_used: u64,
@@ -111,16 +110,7 @@ async fn run(
             state
                 .metrics
                 .template_call(tenant.id(), "ok", Some(stats.elapsed.as_secs_f64()));
-            // Consecutive segments of one role make one message.
-            let mut messages: Vec<ChatMessage> = Vec::new();
-            for s in &rendered.segments {
-                match messages.last_mut() {
-                    Some(m) if m.role == s.role => m.content.push_str(&s.text),
-                    _ => messages.push(ChatMessage::new(s.role.clone(), s.text.clone())),
-                }
-            }
             Ok(Applied {
-                messages,
                 rendered,
                 elapsed: stats.elapsed,
                 fuel_used: stats.fuel_used,
@@ -223,22 +213,18 @@ pub async fn admin(
                 now: rfc3339_now(),
             };
             let applied = run(&state, &tenant, &name, input).await?;
-            let prompt = state
-                .tokenizer
-                .render_chat(&applied.messages, true)
-                .map_err(super::engine_error)?;
-            let tokens = state
-                .tokenizer
-                .encode(&prompt)
-                .map_err(super::engine_error)?;
+            let prepared = super::prepare(&state, &tenant, &applied.rendered.segments)?;
             ok_json(
                 StatusCode::OK,
                 serde_json::json!({
                     "segments": applied.rendered.segments,
+                    "normalized": prepared.segments,
+                    "relocated": prepared.relocated,
                     "stop": applied.rendered.stop,
                     "max_tokens": applied.rendered.max_tokens,
-                    "prompt": prompt,
-                    "prompt_tokens": tokens.len(),
+                    "prompt": prepared.prompt,
+                    "prompt_tokens": prepared.ids.len(),
+                    "stable_prefix_tokens": prepared.stable_tokens,
                     "elapsed_us": applied.elapsed.as_micros() as u64,
                     "fuel_used": applied.fuel_used,
                 }),

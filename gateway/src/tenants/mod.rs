@@ -50,6 +50,11 @@ pub struct TenantConfig {
     pub template_deadline_ms: Option<u64>,
     pub template_fuel: Option<u64>,
     pub template_memory_mib: Option<u64>,
+    /// Prompt normalization: "relocate" (default) or "off".
+    pub normalize: Option<String>,
+    /// More volatile-value patterns (regexes) for the normalizer, e.g. `ORD-\\d{6}`.
+    #[serde(default)]
+    pub volatile_patterns: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,6 +98,8 @@ pub enum Denied {
 pub struct Tenant {
     pub config: TenantConfig,
     pub salt: [u8; 32],
+    /// The normalizer's rules for this tenant.
+    pub rules: crate::normalize::Rules,
     requests: Option<Mutex<TokenBucket>>,
     tokens: Option<Mutex<TokenBucket>>,
     inflight: AtomicU32,
@@ -261,8 +268,12 @@ impl TenantRegistry {
                     .as_deref()
                     .unwrap_or(&format!("tenant:{}", cfg.id)),
             );
+            let rules =
+                crate::normalize::Rules::new(cfg.normalize.as_deref(), &cfg.volatile_patterns)
+                    .map_err(bad)?;
             let tenant = Arc::new(Tenant {
                 salt,
+                rules,
                 requests: cfg
                     .requests_per_minute
                     .map(|n| Mutex::new(TokenBucket::per_minute(n, now))),
