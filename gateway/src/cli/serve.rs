@@ -6,60 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use cachet_backend::engine::{Engine, EngineConfig};
-use cachet_backend::loader;
-use cachet_backend::model::runner::{build_runner, KvBudget, RunnerOptions, WeightSource};
-use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
 use cachet_gateway::server::{self, AppState};
 use cachet_gateway::tenants::TenantRegistry;
 use clap::Args;
 
-use super::generate::DeviceKind;
-
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Model: a known name (`smollm2`), an HF directory or a .gguf file.
-    #[arg(long, short)]
-    pub model: String,
+    #[command(flatten)]
+    pub engine: super::engine_args::EngineArgs,
     /// Tenants config (TOML); see examples/cachet.toml.
     #[arg(long, short)]
     pub config: PathBuf,
     /// Address to listen on (plain HTTP/1.1 and HTTP/2).
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
-    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
-    pub device: DeviceKind,
-    /// Most sequences in one engine step.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
-    /// Token budget of one engine step (prefill chunks + decodes).
-    #[arg(long, default_value_t = 2048)]
-    pub max_num_batched_tokens: usize,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// Reuse cached prompt prefixes (per tenant salt).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub enable_prefix_caching: bool,
-    /// Split long prompts across steps.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub enable_chunked_prefill: bool,
-    /// fcfs, priority (tenant class) or shortest-first.
-    #[arg(long, default_value = "priority")]
-    pub scheduling_policy: String,
-    /// Share of device memory for weights + KV cache (on the CPU: of 4 GiB).
-    #[arg(long, default_value_t = 0.9)]
-    pub gpu_memory_utilization: f64,
-    /// Longest prompt + output.
-    #[arg(long, default_value_t = 4096)]
-    pub max_model_len: usize,
-    /// Requests that may wait for the engine before new ones get 503 + Retry-After.
-    #[arg(long, default_value_t = 256)]
-    pub max_waiting: usize,
-    /// Prompt tokens that may wait for the engine before new requests get 503 + Retry-After
-    /// (a single prompt larger than this is still taken when nothing else waits).
-    #[arg(long, default_value_t = 256 * 1024)]
-    pub max_waiting_tokens: usize,
     /// TLS certificate chain (PEM). With --tls-key, serves HTTPS (HTTP/2 and HTTP/1.1 by ALPN);
     /// the files are reloaded when they change or on SIGHUP.
     #[arg(long, requires = "tls_key")]
@@ -106,55 +66,17 @@ pub struct ServeArgs {
     pub template_instances: u32,
 }
 
-fn deployment_key() -> anyhow::Result<[u8; 32]> {
-    let mut key = [0u8; 32];
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-    Ok(key)
-}
-
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
-    let key = deployment_key()?;
+    let key = a.engine.hash_key()?;
     let text = std::fs::read_to_string(&a.config)
         .with_context(|| format!("reading {}", a.config.display()))?;
     let tenants = TenantRegistry::from_toml(&text, &key, std::time::Instant::now())
         .with_context(|| format!("in {}", a.config.display()))?;
-    if let Some(k) = loader::fetch::known_model(&a.model) {
-        loader::fetch::fetch(k, true)?;
-    }
-    let model =
-        loader::load(&a.model, true).with_context(|| format!("loading model `{}`", a.model))?;
-    let tokenizer = model
-        .tokenizer
-        .clone()
-        .context("the model has no tokenizer")?;
-    let opts = RunnerOptions {
-        device: a.device.into(),
-        block_size: a.block_size,
-        max_model_len: a.max_model_len,
-        kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
-    };
-    let runner = build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?;
-    let model_id = loader::fetch::known_model(&a.model)
-        .map(|k| k.name.to_string())
-        .unwrap_or_else(|| model.name.clone());
-    let cfg = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_seqs: a.max_num_seqs,
-            max_num_batched_tokens: a.max_num_batched_tokens,
-            enable_chunked_prefill: a.enable_chunked_prefill,
-            policy,
-            max_model_len: a.max_model_len,
-            ..Default::default()
-        },
-        enable_prefix_caching: a.enable_prefix_caching,
-        max_waiting: a.max_waiting,
-        max_waiting_tokens: a.max_waiting_tokens,
-        model_id: model_id.clone(),
-        hash_key: key,
-        ..Default::default()
-    };
+    let super::engine_args::Started {
+        engine,
+        tokenizer,
+        model_id,
+    } = a.engine.start(key)?;
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(c), Some(k)) => Some(server::tls::ReloadingCert::new(c, k)?),
         _ => None,
@@ -177,7 +99,6 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);
     let state = Arc::new(AppState {
         prefix_tokens: cachet_gateway::normalize::tokens::PrefixTokens::new(&tokenizer, 4096),
         templates,
@@ -191,7 +112,6 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
-    drop(model);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

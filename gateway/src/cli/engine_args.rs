@@ -1,0 +1,142 @@
+//! The engine's options, shared by `cachet serve` (embedded engine) and `cachet worker`, named as
+//! vLLM users know them.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cachet_backend::engine::{Engine, EngineConfig};
+use cachet_backend::loader;
+use cachet_backend::model::runner::{build_runner, KvBudget, RunnerOptions, WeightSource};
+use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
+use cachet_backend::tokenizer::TextTokenizer;
+use clap::Args;
+
+use super::generate::DeviceKind;
+
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Model: a known name (`smollm2`), an HF directory or a .gguf file.
+    #[arg(long, short)]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Most sequences in one engine step.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Token budget of one engine step (prefill chunks + decodes).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Reuse cached prompt prefixes (per tenant salt).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_prefix_caching: bool,
+    /// Split long prompts across steps.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_chunked_prefill: bool,
+    /// fcfs, priority (tenant class) or shortest-first.
+    #[arg(long, default_value = "priority")]
+    pub scheduling_policy: String,
+    /// Share of device memory for weights + KV cache (on the CPU: of 4 GiB).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Longest prompt + output.
+    #[arg(long, default_value_t = 4096)]
+    pub max_model_len: usize,
+    /// Requests that may wait for the engine before new ones get 503 + Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting: usize,
+    /// Prompt tokens that may wait for the engine before new requests get 503 + Retry-After
+    /// (a single prompt larger than this is still taken when nothing else waits).
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub max_waiting_tokens: usize,
+    /// File holding the 32-byte deployment key of the block hashes, as 64 hex digits. The gateway
+    /// and its `cachet worker`s must share it (exact prefix routing compares their hashes); without
+    /// it a random key is drawn at start-up.
+    #[arg(long, env = "CACHET_HASH_KEY_FILE")]
+    pub hash_key_file: Option<PathBuf>,
+}
+
+/// A started engine.
+pub struct Started {
+    pub engine: Engine,
+    pub tokenizer: TextTokenizer,
+    pub model_id: String,
+}
+
+impl EngineArgs {
+    /// The deployment key: from `--hash-key-file`, or random.
+    pub fn hash_key(&self) -> anyhow::Result<[u8; 32]> {
+        match &self.hash_key_file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading the hash key file {}", p.display()))?;
+                let t = text.trim();
+                let bytes: Option<Vec<u8>> = (t.len() == 64)
+                    .then(|| {
+                        (0..32)
+                            .map(|i| u8::from_str_radix(&t[2 * i..2 * i + 2], 16).ok())
+                            .collect()
+                    })
+                    .flatten();
+                bytes
+                    .and_then(|b| b.try_into().ok())
+                    .with_context(|| format!("{} must hold 64 hex digits (32 bytes)", p.display()))
+            }
+            None => {
+                let mut key = [0u8; 32];
+                use std::io::Read;
+                std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+                Ok(key)
+            }
+        }
+    }
+
+    /// Loads the model (fetching a known one), builds the runner and starts the engine thread.
+    pub fn start(&self, key: [u8; 32]) -> anyhow::Result<Started> {
+        let a = self;
+        let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
+        if let Some(k) = loader::fetch::known_model(&a.model) {
+            loader::fetch::fetch(k, true)?;
+        }
+        let model =
+            loader::load(&a.model, true).with_context(|| format!("loading model `{}`", a.model))?;
+        let tokenizer = model
+            .tokenizer
+            .clone()
+            .context("the model has no tokenizer")?;
+        let opts = RunnerOptions {
+            device: a.device.into(),
+            block_size: a.block_size,
+            max_model_len: a.max_model_len,
+            kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
+        };
+        let runner = build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?;
+        let model_id = loader::fetch::known_model(&a.model)
+            .map(|k| k.name.to_string())
+            .unwrap_or_else(|| model.name.clone());
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                max_num_seqs: a.max_num_seqs,
+                max_num_batched_tokens: a.max_num_batched_tokens,
+                enable_chunked_prefill: a.enable_chunked_prefill,
+                policy,
+                max_model_len: a.max_model_len,
+                ..Default::default()
+            },
+            enable_prefix_caching: a.enable_prefix_caching,
+            max_waiting: a.max_waiting,
+            max_waiting_tokens: a.max_waiting_tokens,
+            model_id: model_id.clone(),
+            hash_key: key,
+            ..Default::default()
+        };
+        let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);
+        Ok(Started {
+            engine,
+            tokenizer,
+            model_id,
+        })
+    }
+}
