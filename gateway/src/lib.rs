@@ -5,3 +5,4 @@ pub mod normalize;
 pub mod sandbox;
 pub mod server;
 pub mod tenants;
+pub mod worker;

@@ -5,6 +5,7 @@ mod engine_args;
 mod generate;
 mod model;
 mod serve;
+mod worker;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -39,6 +40,8 @@ pub enum LogFormat {
 pub enum Command {
     /// Serve the OpenAI-compatible API for many tenants over the embedded engine.
     Serve(serve::ServeArgs),
+    /// Run the engine alone as a worker for a gateway: token ids in, token stream out, KV events.
+    Worker(worker::WorkerArgs),
     /// Generate text from a prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
     /// Print the top-K logits at the last position of a token sequence, as JSON.
@@ -88,6 +91,7 @@ pub fn init_logging(format: LogFormat, verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(a) => serve::serve(a),
+        Command::Worker(a) => worker::worker(a),
         Command::Generate(a) => generate::generate(a),
         Command::Logits(a) => generate::logits(a),
         Command::Model(c) => model::run(c),

@@ -1,0 +1,62 @@
+//! `cachet worker`: the engine alone behind an HTTP API, for a gateway in front of many.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use cachet_gateway::worker::{self, KvTracker, WorkerState};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub engine: super::engine_args::EngineArgs,
+    /// Address to listen on (plain HTTP/1.1 and HTTP/2; put it on a private network).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    pub listen: SocketAddr,
+    /// Bearer token the gateway must send (`CACHET_WORKER_TOKEN`); none: no check.
+    #[arg(long, env = "CACHET_WORKER_TOKEN")]
+    pub auth_token: Option<String>,
+}
+
+pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
+    let key = a.engine.hash_key()?;
+    if a.engine.hash_key_file.is_none() {
+        tracing::warn!("no --hash-key-file: this worker's block hashes match no gateway's; exact prefix routing needs the gateway's key");
+    }
+    let started = a.engine.start(key)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (handle, model_id) = (started.engine.handle(), started.model_id.clone());
+    rt.block_on(async move {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let state = Arc::new(WorkerState {
+            tracker: KvTracker::follow(&handle),
+            engine: handle,
+            model_id: model_id.clone(),
+            key_id: worker::key_id(&key),
+            auth_token: a.auth_token.clone(),
+            closing: rx.clone(),
+        });
+        let listener = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .with_context(|| format!("listening on {}", a.listen))?;
+        tracing::info!(addr = %listener.local_addr()?, model = %model_id, key_id = %state.key_id, "worker serving");
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            tracing::info!("draining");
+            let _ = tx.send(true);
+        });
+        worker::serve(listener, state, rx).await?;
+        anyhow::Ok(())
+    })?;
+    drop(started);
+    tracing::info!("stopped");
+    Ok(())
+}

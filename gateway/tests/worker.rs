@@ -1,0 +1,230 @@
+//! `cachet worker`: token ids in, the in-process engine's tokens out; KV events that name
+//! exactly the block hashes the gateway computes with the shared deployment key.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cachet_backend::block_hash::HashContext;
+use cachet_backend::engine::EngineConfig;
+use cachet_gateway::worker::protocol::{GenerateRequest, KvWire, StateReply, WireEvent};
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn curl(args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
+    cachet_tests::smollm2_path();
+    let key = [7u8; 32];
+    let dir = std::env::temp_dir().join(format!("cachet-worker-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("hash.key");
+    std::fs::write(&key_file, cachet_gateway::tenants::hex(&key)).unwrap();
+    let port = free_port();
+    let _w = Proc(
+        Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .args([
+                "worker",
+                "--model",
+                "smollm2",
+                "--device",
+                "cpu",
+                "--gpu-memory-utilization",
+                "0.1",
+            ])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--auth-token",
+                "tok",
+            ])
+            .arg("--hash-key-file")
+            .arg(&key_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while curl(&[&format!("{base}/health")]).0 != 200 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the worker did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let auth = "authorization: Bearer tok";
+    // Auth, state, key id.
+    assert_eq!(curl(&[&format!("{base}/v1/state")]).0, 401);
+    let (code, body) = curl(&["-H", auth, &format!("{base}/v1/state")]);
+    assert_eq!(code, 200, "{body}");
+    let st: StateReply = serde_json::from_str(&body).unwrap();
+    assert_eq!(st.model, "smollm2");
+    assert_eq!(st.key_id, cachet_gateway::worker::key_id(&key));
+    assert_eq!(st.block_size, 16);
+    // Follow the KV events from here on.
+    let mut events = Proc(
+        Command::new("curl")
+            .args(["-sSN", "-H", auth, &format!("{base}/v1/kv_events")])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (etx, erx) = std::sync::mpsc::channel::<KvWire>();
+    let out = events.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if etx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    match erx.recv_timeout(Duration::from_secs(10)).unwrap() {
+        KvWire::Snapshot { blocks, .. } => assert!(blocks.is_empty()),
+        other => panic!("the stream must open with a snapshot, got {other:?}"),
+    }
+    // Generate greedily from token ids.
+    let m = cachet_tests::smollm2();
+    let tok = m.tokenizer.clone().unwrap();
+    let prompt = tok
+        .encode(
+            &tok.render_chat(
+                &[cachet_backend::tokenizer::ChatMessage::new(
+                    "user",
+                    "What is the capital of France? Answer in one short sentence, please.",
+                )],
+                true,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    let salt = [3u8; 32];
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: 12,
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        seed: None,
+        stop: vec![],
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        salt: cachet_gateway::tenants::hex(&salt),
+        priority: 0,
+        tag: "t".into(),
+    };
+    let body = serde_json::to_string(&req).unwrap();
+    let (code, out) = curl(&["-H", auth, "-d", &body, &format!("{base}/v1/generate")]);
+    assert_eq!(code, 200, "{out}");
+    let wire: Vec<WireEvent> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<u32> = wire
+        .iter()
+        .filter_map(|e| match e {
+            WireEvent::Token { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    match wire.last().unwrap() {
+        WireEvent::Finished { usage, .. } => {
+            assert_eq!(
+                (usage.prompt_tokens, usage.completion_tokens),
+                (prompt.len(), 12)
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // The same tokens as the engine in-process.
+    let e = cachet_tests::engine(m, 64, EngineConfig::default());
+    let mut r = cachet_tests::greedy_request(prompt.clone(), 12);
+    r.ignore_eos = true;
+    let local = cachet_tests::collect(e.handle().submit(r).unwrap());
+    assert_eq!(ids, local.tokens);
+    // The stored blocks are the hashes of the prompt's (and output's) full blocks, computed here
+    // with the shared key and the tenant's salt.
+    let want = HashContext::new(key, salt, "smollm2", 16).hash_all(&prompt);
+    let mut stored = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while want.iter().any(|h| !stored.contains(&h.to_hex())) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match erx.recv_timeout(left) {
+            Ok(KvWire::Stored { blocks, .. }) => stored.extend(blocks),
+            Ok(_) => {}
+            Err(_) => panic!("missing stored blocks; got {stored:?}"),
+        }
+    }
+    // A new subscriber's snapshot holds them too.
+    let (code, snap) = curl(&[
+        "-H",
+        auth,
+        "--max-time",
+        "2",
+        &format!("{base}/v1/kv_events"),
+    ]);
+    assert!(code == 200 || code == 0, "{code}");
+    let first: KvWire = serde_json::from_str(snap.lines().next().unwrap()).unwrap();
+    match first {
+        KvWire::Snapshot { blocks, .. } => {
+            for h in &want {
+                assert!(blocks.contains(&h.to_hex()));
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    // Bad input: clear errors.
+    let (code, out) = curl(&[
+        "-H",
+        auth,
+        "-d",
+        "{not json",
+        &format!("{base}/v1/generate"),
+    ]);
+    assert_eq!(code, 400, "{out}");
+    let mut bad = req.clone();
+    bad.salt = "abc".into();
+    let (code, out) = curl(&[
+        "-H",
+        auth,
+        "-d",
+        &serde_json::to_string(&bad).unwrap(),
+        &format!("{base}/v1/generate"),
+    ]);
+    assert!(code == 400 && out.contains("salt"), "{code} {out}");
+    let mut bad = req;
+    bad.prompt = vec![];
+    let (code, out) = curl(&[
+        "-H",
+        auth,
+        "-d",
+        &serde_json::to_string(&bad).unwrap(),
+        &format!("{base}/v1/generate"),
+    ]);
+    assert!(code == 400 && out.contains("no tokens"), "{code} {out}");
+}
