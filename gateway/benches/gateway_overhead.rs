@@ -133,6 +133,7 @@ async fn measure(setup: &Setup, tok: &TextTokenizer) {
         created: 0,
         metrics: Default::default(),
         templates: None,
+        pool: None,
         prefix_tokens: cachet_gateway::normalize::tokens::PrefixTokens::new(tok, 64),
     });
     let question = "What is the capital of France?";

@@ -6,4 +6,5 @@ pub mod route;
 pub mod sandbox;
 pub mod server;
 pub mod tenants;
+pub mod upstream;
 pub mod worker;

@@ -42,6 +42,17 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
+    /// A `cachet worker` to route requests to (repeat for a pool; the embedded engine then only
+    /// tokenizes). Workers must share --hash-key-file with the gateway for exact prefix routing.
+    #[arg(long = "worker", value_name = "URL")]
+    pub workers: Vec<String>,
+    /// How to choose a worker: prefix (exact cached-prefix overlap against load), round_robin,
+    /// least_load or session (by the request's `user`).
+    #[arg(long, default_value = "prefix")]
+    pub routing: String,
+    /// Bearer token for the workers (`CACHET_WORKER_TOKEN`).
+    #[arg(long, env = "CACHET_WORKER_TOKEN")]
+    pub worker_token: Option<String>,
     /// Directory where tenants' prompt templates (Wasm) are stored; enables the templates API
     /// (`/v1/templates`) and the `template` field of chat requests.
     #[arg(long)]
@@ -99,7 +110,28 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let pool = if a.workers.is_empty() {
+        None
+    } else {
+        let policy = cachet_gateway::route::by_name(&a.routing).map_err(anyhow::Error::msg)?;
+        let pool = rt.block_on(async {
+            cachet_gateway::upstream::Pool::start(
+                &a.workers,
+                a.worker_token.clone(),
+                policy,
+                key,
+                &model_id,
+                engine.handle().block_size(),
+            )
+        });
+        tracing::info!(workers = a.workers.len(), routing = %a.routing, "routing to workers");
+        Some(pool)
+    };
     let state = Arc::new(AppState {
+        pool,
         prefix_tokens: cachet_gateway::normalize::tokens::PrefixTokens::new(&tokenizer, 4096),
         templates,
         engine: engine.handle(),
@@ -112,9 +144,6 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(a.listen)
             .await

@@ -46,6 +46,17 @@ const TEMPLATE_BUCKETS: &[f64] = &[
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub policy: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantStatus {
     pub tenant: String,
     pub status: String,
@@ -64,6 +75,10 @@ pub struct Metrics {
     pub template_seconds: Histogram,
     pub stable_prefix_tokens: Histogram,
     pub relocated_spans: Family<TenantLabel, Counter>,
+    pub routing_decisions: Family<RouteLabel, Counter>,
+    pub routed_requests: Family<WorkerLabel, Counter>,
+    pub predicted_cached_tokens: Counter,
+    pub cached_tokens: Counter,
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
@@ -96,6 +111,10 @@ impl Metrics {
             template_seconds: h(TEMPLATE_BUCKETS),
             stable_prefix_tokens: h(PREFIX_BUCKETS),
             relocated_spans: Family::default(),
+            routing_decisions: Family::default(),
+            routed_requests: Family::default(),
+            predicted_cached_tokens: Counter::default(),
+            cached_tokens: Counter::default(),
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: Gauge::default(),
@@ -162,6 +181,26 @@ impl Metrics {
             m.relocated_spans.clone(),
         );
         registry.register(
+            "routing_decisions",
+            "Routing decisions by policy and reason (prefix_hit, no_overlap, failover, ...)",
+            m.routing_decisions.clone(),
+        );
+        registry.register(
+            "routed_requests",
+            "Requests sent to each worker",
+            m.routed_requests.clone(),
+        );
+        registry.register(
+            "routing_predicted_cached_tokens",
+            "Prompt tokens the router expected the chosen worker to hold",
+            m.predicted_cached_tokens.clone(),
+        );
+        registry.register(
+            "prompt_cached_tokens",
+            "Prompt tokens served from a prefix cache (as the engine or worker reported)",
+            m.cached_tokens.clone(),
+        );
+        registry.register(
             "num_requests_running",
             "Requests in the engine's running set",
             m.running.clone(),
@@ -219,6 +258,22 @@ impl Metrics {
         self.generation_tokens
             .get_or_create(&l)
             .inc_by(generated as u64);
+    }
+
+    /// Records a routing decision.
+    pub fn routed(&self, policy: &str, reason: &str, worker: &str, predicted_cached: usize) {
+        self.routing_decisions
+            .get_or_create(&RouteLabel {
+                policy: policy.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+        self.routed_requests
+            .get_or_create(&WorkerLabel {
+                worker: worker.to_string(),
+            })
+            .inc();
+        self.predicted_cached_tokens.inc_by(predicted_cached as u64);
     }
 
     /// Records a normalized chat prompt.

@@ -54,6 +54,8 @@ pub struct AppState {
     pub templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
     /// Tokens of recent static prompt prefixes.
     pub prefix_tokens: crate::normalize::tokens::PrefixTokens,
+    /// `cachet worker`s to route to (`--worker`); `None`: the embedded engine serves.
+    pub pool: Option<Arc<crate::upstream::Pool>>,
 }
 
 impl AppState {
@@ -215,6 +217,14 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Vec<u8>, ApiE
     Ok(buf)
 }
 
+fn upstream_error(e: crate::upstream::UpstreamError) -> ApiError {
+    use crate::upstream::UpstreamError::*;
+    match e {
+        Rejected(m) => ApiError::bad_request(m, None),
+        other => ApiError::overloaded(other.to_string(), Duration::from_secs(1)),
+    }
+}
+
 fn engine_error(e: EngineError) -> ApiError {
     match e {
         EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. } => {
@@ -322,8 +332,23 @@ async fn completion_for(
     er.salt = tenant.salt;
     er.priority = tenant.config.priority;
     er.tag = tenant.id().to_string();
-    let stream = state.engine.submit(er).map_err(engine_error)?;
-    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, stream.id);
+    let stream = match &state.pool {
+        Some(pool) => {
+            let (stream, routed) = pool
+                .submit(&er, common.user.as_deref())
+                .await
+                .map_err(upstream_error)?;
+            state.metrics.routed(
+                pool.policy.name(),
+                routed.reason,
+                &pool.workers[routed.worker].url,
+                routed.predicted_cached_tokens,
+            );
+            stream
+        }
+        None => crate::upstream::local(&state.engine, er).map_err(engine_error)?,
+    };
+    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, stream.id());
     let include_usage = common
         .stream_options
         .as_ref()
@@ -396,7 +421,7 @@ fn usage_json(u: &Usage) -> serde_json::Value {
 }
 
 async fn whole(
-    mut stream: cachet_backend::engine::RequestStream,
+    mut stream: crate::upstream::TokenStream,
     meta: Meta,
     permit: Permit,
     state: &AppState,
@@ -418,6 +443,10 @@ async fn whole(
                     usage.prompt_tokens,
                     usage.completion_tokens,
                 );
+                state
+                    .metrics
+                    .cached_tokens
+                    .inc_by(usage.cached_tokens as u64);
                 permit
                     .tenant()
                     .charge_tokens(usage.completion_tokens as u64, Instant::now());
@@ -464,7 +493,7 @@ impl Body for ChannelBody {
 }
 
 fn sse(
-    mut stream: cachet_backend::engine::RequestStream,
+    mut stream: crate::upstream::TokenStream,
     meta: Meta,
     include_usage: bool,
     permit: Permit,
@@ -523,6 +552,10 @@ fn sse(
                         usage.prompt_tokens,
                         usage.completion_tokens,
                     );
+                    state
+                        .metrics
+                        .cached_tokens
+                        .inc_by(usage.cached_tokens as u64);
                     _permit
                         .tenant()
                         .charge_tokens(usage.completion_tokens as u64, Instant::now());

@@ -1,0 +1,235 @@
+//! `cachet serve` in front of two `cachet worker`s: prefix routing sends a repeated prefix to
+//! the worker that holds it (exact, from its KV events), round robin does not; a worker that
+//! dies is routed around.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn cachet(args: &[&str]) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .args(args)
+            .args([
+                "--model",
+                "smollm2",
+                "--device",
+                "cpu",
+                "--gpu-memory-utilization",
+                "0.1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn get(url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "60",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            url,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn chat(base: &str, system: &str, question: &str) -> (u16, serde_json::Value) {
+    let body = serde_json::json!({"model": "smollm2", "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]});
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}"])
+        .args([
+            "-H",
+            "authorization: Bearer sk-route",
+            "-d",
+            &body.to_string(),
+        ])
+        .arg(format!("{base}/v1/chat/completions"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+fn wait_for(url: &str) {
+    let t0 = Instant::now();
+    while get(url).0 != 200 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "{url} did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn cached(r: &serde_json::Value) -> u64 {
+    r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Requests each worker got, from the gateway's metrics.
+fn routed(base: &str) -> Vec<u64> {
+    let (_, m) = get(&format!("{base}/metrics"));
+    let mut v: Vec<(String, u64)> = m
+        .lines()
+        .filter(|l| l.starts_with("cachet_routed_requests_total{"))
+        .map(|l| {
+            let (k, n) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), n.parse().unwrap())
+        })
+        .collect();
+    v.sort();
+    v.into_iter().map(|(_, n)| n).collect()
+}
+
+#[test]
+fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_worker() {
+    cachet_tests::smollm2_path();
+    let dir = std::env::temp_dir().join(format!("cachet-routing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("hash.key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let key = key.to_str().unwrap().to_string();
+    let cfg = dir.join("tenants.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[tenant]]\nid = \"r\"\napi_key_sha256 = [\"{}\"]\n",
+            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key("sk-route"))
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap().to_string();
+    let (p1, p2, pp, pr) = (free_port(), free_port(), free_port(), free_port());
+    let w1 = cachet(&[
+        "worker",
+        "--listen",
+        &format!("127.0.0.1:{p1}"),
+        "--hash-key-file",
+        &key,
+    ]);
+    let _w2 = cachet(&[
+        "worker",
+        "--listen",
+        &format!("127.0.0.1:{p2}"),
+        "--hash-key-file",
+        &key,
+    ]);
+    let (u1, u2) = (
+        format!("http://127.0.0.1:{p1}"),
+        format!("http://127.0.0.1:{p2}"),
+    );
+    wait_for(&format!("{u1}/health"));
+    wait_for(&format!("{u2}/health"));
+    let gateway = |port: u16, routing: &str| {
+        cachet(&[
+            "serve",
+            "--config",
+            &cfg,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--hash-key-file",
+            &key,
+            "--worker",
+            &u1,
+            "--worker",
+            &u2,
+            "--routing",
+            routing,
+        ])
+    };
+    let _prefix = gateway(pp, "prefix");
+    let _rr = gateway(pr, "round_robin");
+    let (bp, br) = (
+        format!("http://127.0.0.1:{pp}"),
+        format!("http://127.0.0.1:{pr}"),
+    );
+    wait_for(&format!("{bp}/health"));
+    wait_for(&format!("{br}/health"));
+    let system = |topic: &str| {
+        format!("You are the {topic} assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.")
+    };
+    // Give the pools a moment to see both workers.
+    let t0 = Instant::now();
+    while chat(&bp, "warm-up", "hi").0 != 200 || chat(&br, "warm-up", "hi").0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    // Prefix routing: three questions under one system prompt; after the first, each finds it
+    // cached, on whichever worker took the first.
+    let sys = system("billing");
+    let before = routed(&bp);
+    let (code, first) = chat(&bp, &sys, "Where is my invoice?");
+    assert_eq!(code, 200, "{first}");
+    for q in ["Can I pay by card?", "Why was I charged twice?"] {
+        std::thread::sleep(Duration::from_millis(300)); // the KV events reach the gateway
+        let (code, r) = chat(&bp, &sys, q);
+        assert_eq!(code, 200, "{r}");
+        assert!(cached(&r) >= 32, "prefix routing missed the cache: {r}");
+    }
+    let after = routed(&bp);
+    let moved: Vec<u64> = after
+        .iter()
+        .zip(before.iter().chain(std::iter::repeat(&0)))
+        .map(|(a, b)| a - b)
+        .collect();
+    assert!(
+        moved.contains(&3),
+        "all three went to one worker: {before:?} → {after:?}"
+    );
+    // Round robin: the same pattern under a fresh prompt alternates workers, so the second
+    // request lands where nothing is cached.
+    let sys = system("shipping");
+    let (code, _) = chat(&br, &sys, "Where is my parcel?");
+    assert_eq!(code, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, r) = chat(&br, &sys, "Can I change the address?");
+    assert_eq!(code, 200);
+    assert!(
+        cached(&r) < 16,
+        "round robin should have switched workers: {r}"
+    );
+    // A dead worker is routed around: every request still succeeds.
+    drop(w1);
+    for i in 0..4 {
+        let (code, r) = chat(&bp, &system("returns"), &format!("Question {i}?"));
+        assert_eq!(code, 200, "{r}");
+    }
+    let (_, m) = get(&format!("{bp}/metrics"));
+    assert!(
+        m.contains("cachet_routing_decisions_total{policy=\"prefix\",reason=\"prefix_hit\"}"),
+        "{m}"
+    );
+}
