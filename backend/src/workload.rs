@@ -176,6 +176,154 @@ pub fn seed_workload(cfg: &SeedWorkloadConfig) -> Vec<WorkItem> {
         .collect()
 }
 
+/// The multi-worker routing workload: tenants, prefix groups with Zipf popularity, system
+/// prompts that carry the request time and the user id at the top, multi-turn sessions.
+#[derive(Debug, Clone)]
+pub struct RoutingWorkloadConfig {
+    pub num_requests: usize,
+    /// Mean arrivals per second (Poisson, open loop).
+    pub rate: f64,
+    pub seed: u64,
+    pub tenants: usize,
+    /// Distinct system prompts (prefix groups), spread over the tenants.
+    pub groups: usize,
+    /// Zipf exponent of group popularity.
+    pub zipf: f64,
+    /// Chance that a request continues an open session of its group (else a new session).
+    pub continue_session: f64,
+    /// Turns after which a session ends.
+    pub max_turns: usize,
+    /// Put the time and user id at the top of the system prompt (what normalization fixes).
+    pub volatile_header: bool,
+    pub max_tokens: usize,
+}
+
+impl Default for RoutingWorkloadConfig {
+    fn default() -> Self {
+        RoutingWorkloadConfig {
+            num_requests: 120,
+            rate: 1.5,
+            seed: 11,
+            tenants: 2,
+            groups: 8,
+            zipf: 1.0,
+            continue_session: 0.5,
+            max_turns: 4,
+            volatile_header: true,
+            max_tokens: 4,
+        }
+    }
+}
+
+/// One request of the routing workload: a chat.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatItem {
+    pub at: Duration,
+    /// Index of the tenant (its API key is the runner's business).
+    pub tenant: usize,
+    pub group: usize,
+    pub user_id: String,
+    /// (role, content) messages: system, earlier turns, the new user message.
+    pub messages: Vec<(String, String)>,
+    pub max_tokens: usize,
+}
+
+const COMPANIES: &[&str] = &[
+    "Northwind Outfitters",
+    "Contoso Bank",
+    "Fabrikam Motors",
+    "Tailspin Travel",
+    "Litware Games",
+    "Adventure Works",
+    "Wingtip Toys",
+    "Proseware Health",
+    "Lucerne Publishing",
+    "Margie Travel",
+    "Trey Research",
+    "Coho Winery",
+    "Alpine Ski House",
+    "Blue Yonder Air",
+    "Woodgrove Bank",
+    "Humongous Insurance",
+];
+
+/// A group's system prompt (~200 SmolLM2 tokens), distinct from the first sentence on.
+pub fn group_prompt(group: usize) -> String {
+    let company = COMPANIES[group % COMPANIES.len()];
+    let mut s = format!(
+        "You are the assistant of {company} (desk {group}). Help customers of {company} with their questions, politely and briefly. "
+    );
+    s.push_str(&shared_prefix());
+    s
+}
+
+/// Generates the routing workload: same config and seed, same requests.
+pub fn routing_workload(cfg: &RoutingWorkloadConfig) -> Vec<ChatItem> {
+    let mut rng = Rng::new(cfg.seed);
+    // Zipf weights over groups.
+    let weights: Vec<f64> = (1..=cfg.groups)
+        .map(|k| 1.0 / (k as f64).powf(cfg.zipf))
+        .collect();
+    let total: f64 = weights.iter().sum();
+    // Open sessions per group: (user id, history).
+    let mut sessions: Vec<Vec<(String, Vec<(String, String)>)>> = vec![Vec::new(); cfg.groups];
+    let mut t = 0.0f64;
+    let mut next_user = 0;
+    (0..cfg.num_requests)
+        .map(|i| {
+            t += -(1.0 - rng.uniform()).ln() / cfg.rate;
+            let mut u = rng.uniform() * total;
+            let mut group = 0;
+            while group + 1 < cfg.groups && u >= weights[group] {
+                u -= weights[group];
+                group += 1;
+            }
+            let open = &mut sessions[group];
+            let (user_id, history) = if !open.is_empty() && rng.uniform() < cfg.continue_session {
+                let k = (rng.next_u64() % open.len() as u64) as usize;
+                open.swap_remove(k)
+            } else {
+                next_user += 1;
+                (
+                    format!("user-{:05}", next_user * 7919 % 100_000),
+                    Vec::new(),
+                )
+            };
+            let n = 8 + (rng.next_u64() % 12) as usize;
+            let question = words(&mut rng, n);
+            let mut system = group_prompt(group);
+            if cfg.volatile_header {
+                let secs = 1_764_417_600 + t as u64 + i as u64;
+                system = format!(
+                    "Current time: {}. User id: {user_id}.\n{system}",
+                    rfc3339(secs)
+                );
+            }
+            let mut messages = vec![("system".to_string(), system)];
+            messages.extend(history.iter().cloned());
+            messages.push(("user".to_string(), question.clone()));
+            let mut history = history;
+            history.push(("user".to_string(), question));
+            history.push((
+                "assistant".to_string(),
+                "Thank you for your message. I have looked into it and will help you right away."
+                    .to_string(),
+            ));
+            if history.len() / 2 < cfg.max_turns {
+                sessions[group].push((user_id.clone(), history));
+            }
+            ChatItem {
+                at: Duration::from_secs_f64(t),
+                tenant: group % cfg.tenants.max(1),
+                group,
+                user_id,
+                messages,
+                max_tokens: cfg.max_tokens,
+            }
+        })
+        .collect()
+}
+
 /// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (civil-from-days).
 pub fn rfc3339(secs: u64) -> String {
     let days = (secs / 86400) as i64;
@@ -216,6 +364,24 @@ mod tests {
     fn rfc3339_known_dates() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_764_417_600), "2025-11-29T12:00:00Z");
+    }
+
+    #[test]
+    fn the_routing_workload_is_deterministic_zipf_and_has_sessions() {
+        let c = RoutingWorkloadConfig::default();
+        let w = routing_workload(&c);
+        assert_eq!(w, routing_workload(&c));
+        let count = |g: usize| w.iter().filter(|x| x.group == g).count();
+        assert!(
+            count(0) > count(c.groups - 1),
+            "group 0 is the most popular"
+        );
+        assert!(
+            w.iter().any(|x| x.messages.len() > 2),
+            "some requests continue a session"
+        );
+        assert!(w[0].messages[0].1.starts_with("Current time: "));
+        assert!(w.windows(2).all(|p| p[0].at <= p[1].at));
     }
 
     #[test]

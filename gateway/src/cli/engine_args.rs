@@ -51,6 +51,10 @@ pub struct EngineArgs {
     /// (a single prompt larger than this is still taken when nothing else waits).
     #[arg(long, default_value_t = 256 * 1024)]
     pub max_waiting_tokens: usize,
+    /// KV cache blocks to allocate, instead of sizing the pool from --gpu-memory-utilization
+    /// (for experiments with a small cache).
+    #[arg(long)]
+    pub num_gpu_blocks_override: Option<usize>,
     /// File holding the 32-byte deployment key of the block hashes, as 64 hex digits. The gateway
     /// and its `cachet worker`s must share it (exact prefix routing compares their hashes); without
     /// it a random key is drawn at start-up.
@@ -110,7 +114,10 @@ impl EngineArgs {
             device: a.device.into(),
             block_size: a.block_size,
             max_model_len: a.max_model_len,
-            kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
+            kv: match a.num_gpu_blocks_override {
+                Some(n) => KvBudget::Blocks(n),
+                None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
+            },
         };
         let runner = build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?;
         let model_id = loader::fetch::known_model(&a.model)
