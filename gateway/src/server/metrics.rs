@@ -77,6 +77,7 @@ pub struct Metrics {
     pub relocated_spans: Family<TenantLabel, Counter>,
     pub routing_decisions: Family<RouteLabel, Counter>,
     pub routed_requests: Family<WorkerLabel, Counter>,
+    pub worker_inflight: Family<WorkerLabel, Gauge>,
     pub predicted_cached_tokens: Counter,
     pub cached_tokens: Counter,
     running: Gauge,
@@ -113,6 +114,7 @@ impl Metrics {
             relocated_spans: Family::default(),
             routing_decisions: Family::default(),
             routed_requests: Family::default(),
+            worker_inflight: Family::default(),
             predicted_cached_tokens: Counter::default(),
             cached_tokens: Counter::default(),
             running: Gauge::default(),
@@ -191,6 +193,11 @@ impl Metrics {
             m.routed_requests.clone(),
         );
         registry.register(
+            "worker_inflight_requests",
+            "Requests the gateway has in flight on each worker",
+            m.worker_inflight.clone(),
+        );
+        registry.register(
             "routing_predicted_cached_tokens",
             "Prompt tokens the router expected the chosen worker to hold",
             m.predicted_cached_tokens.clone(),
@@ -258,6 +265,15 @@ impl Metrics {
         self.generation_tokens
             .get_or_create(&l)
             .inc_by(generated as u64);
+    }
+
+    /// Sets the per-worker load gauges (at scrape time).
+    pub fn worker_load(&self, inflight: &[(String, usize)]) {
+        for (w, n) in inflight {
+            self.worker_inflight
+                .get_or_create(&WorkerLabel { worker: w.clone() })
+                .set(*n as i64);
+        }
     }
 
     /// Records a routing decision.

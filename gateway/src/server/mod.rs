@@ -108,14 +108,19 @@ pub async fn handle(
             &serde_json::json!({"status": "ready", "model": state.model_id}),
         )),
         (&Method::GET, "/v1/models") => models(&state, &req),
-        (&Method::GET, "/metrics") => Ok(Response::builder()
+        (&Method::GET, "/metrics") => Ok({
+            if let Some(pool) = &state.pool {
+                state.metrics.worker_load(&pool.inflight());
+            }
+            Response::builder()
             .status(StatusCode::OK)
             .header(
                 header::CONTENT_TYPE,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )
             .body(Full::new(Bytes::from(state.metrics.render(&state.engine.stats()))).boxed())
-            .expect("static response parts")),
+            .expect("static response parts")
+        }),
         (&Method::POST, "/v1/chat/completions") => {
             counted(&state, completion(state.clone(), req, true).await)
         }
