@@ -113,13 +113,13 @@ pub async fn handle(
                 state.metrics.worker_load(&pool.inflight());
             }
             Response::builder()
-            .status(StatusCode::OK)
-            .header(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )
-            .body(Full::new(Bytes::from(state.metrics.render(&state.engine.stats()))).boxed())
-            .expect("static response parts")
+                .status(StatusCode::OK)
+                .header(
+                    header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )
+                .body(Full::new(Bytes::from(state.metrics.render(&state.engine.stats()))).boxed())
+                .expect("static response parts")
         }),
         (&Method::POST, "/v1/chat/completions") => {
             counted(&state, completion(state.clone(), req, true).await)
