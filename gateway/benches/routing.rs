@@ -14,33 +14,18 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cachet_backend::loader::{self, fetch};
 use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
 use cachet_backend::workload::{percentile, routing_workload, ChatItem, RoutingWorkloadConfig};
+use cachet_tests::{free_port, Proc};
 use http_body_util::{BodyExt, Full};
 
 const WORKERS: usize = 4;
 const BLOCK: usize = 16;
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
     std::env::var(k)

@@ -1,7 +1,6 @@
 //! `cachet serve` (SmolLM2 on the CPU) against the official `openai` Python client, installed from
 //! PyPI under the target directory on first use.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,13 +14,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use cachet_tests::free_port;
 
 /// The `openai` and `prometheus_client` packages, pip-installed under the target directory.
 fn openai_site() -> PathBuf {

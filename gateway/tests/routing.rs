@@ -2,24 +2,10 @@
 //! the worker that holds it (exact, from its KV events), round robin does not; a worker that
 //! dies is routed around.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use cachet_tests::{free_port, Proc};
 use std::time::{Duration, Instant};
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn cachet(args: &[&str]) -> Proc {
     Proc(
@@ -38,25 +24,6 @@ fn cachet(args: &[&str]) -> Proc {
             .spawn()
             .unwrap(),
     )
-}
-
-fn get(url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "60",
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-            url,
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 fn chat(base: &str, system: &str, question: &str) -> (u16, serde_json::Value) {
@@ -83,7 +50,7 @@ fn chat(base: &str, system: &str, question: &str) -> (u16, serde_json::Value) {
 
 fn wait_for(url: &str) {
     let t0 = Instant::now();
-    while get(url).0 != 200 {
+    while cachet_tests::curl_status(&[url]).0 != 200 {
         assert!(
             t0.elapsed() < Duration::from_secs(90),
             "{url} did not come up"
@@ -98,9 +65,32 @@ fn cached(r: &serde_json::Value) -> u64 {
         .unwrap()
 }
 
+/// Waits until the gateway knows (from the workers' KV events) of at least `n` blocks on one
+/// worker.
+fn wait_for_blocks(base: &str, n: u64) {
+    let t0 = Instant::now();
+    loop {
+        let (_, m) = cachet_tests::curl_status(&[&format!("{base}/metrics")]);
+        let most = m
+            .lines()
+            .filter(|l| l.starts_with("cachet_worker_cached_blocks{"))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<u64>().ok()))
+            .max()
+            .unwrap_or(0);
+        if most >= n {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the gateway saw only {most} of {n} blocks"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Requests each worker got, from the gateway's metrics.
 fn routed(base: &str) -> Vec<u64> {
-    let (_, m) = get(&format!("{base}/metrics"));
+    let (_, m) = cachet_tests::curl_status(&[&format!("{base}/metrics")]);
     let mut v: Vec<(String, u64)> = m
         .lines()
         .filter(|l| l.starts_with("cachet_routed_requests_total{"))
@@ -194,7 +184,7 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
     let (code, first) = chat(&bp, &sys, "Where is my invoice?");
     assert_eq!(code, 200, "{first}");
     for q in ["Can I pay by card?", "Why was I charged twice?"] {
-        std::thread::sleep(Duration::from_millis(300)); // the KV events reach the gateway
+        wait_for_blocks(&bp, first["usage"]["prompt_tokens"].as_u64().unwrap() / 16);
         let (code, r) = chat(&bp, &sys, q);
         assert_eq!(code, 200, "{r}");
         assert!(cached(&r) >= 32, "prefix routing missed the cache: {r}");
@@ -212,9 +202,9 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
     // Round robin: the same pattern under a fresh prompt alternates workers, so the second
     // request lands where nothing is cached.
     let sys = system("shipping");
-    let (code, _) = chat(&br, &sys, "Where is my parcel?");
+    let (code, first) = chat(&br, &sys, "Where is my parcel?");
     assert_eq!(code, 200);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_blocks(&br, first["usage"]["prompt_tokens"].as_u64().unwrap() / 16);
     let (code, r) = chat(&br, &sys, "Can I change the address?");
     assert_eq!(code, 200);
     assert!(
@@ -227,7 +217,7 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
         let (code, r) = chat(&bp, &system("returns"), &format!("Question {i}?"));
         assert_eq!(code, 200, "{r}");
     }
-    let (_, m) = get(&format!("{bp}/metrics"));
+    let (_, m) = cachet_tests::curl_status(&[&format!("{bp}/metrics")]);
     assert!(
         m.contains("cachet_routing_decisions_total{policy=\"prefix\",reason=\"prefix_hit\"}"),
         "{m}"

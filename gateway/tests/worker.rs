@@ -2,39 +2,13 @@
 //! exactly the block hashes the gateway computes with the shared deployment key.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cachet_backend::block_hash::HashContext;
 use cachet_backend::engine::EngineConfig;
 use cachet_gateway::worker::protocol::{GenerateRequest, KvWire, StateReply, WireEvent};
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn curl(args: &[&str]) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}"])
-        .args(args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.trim().parse().unwrap_or(0), body.to_string())
-}
+use cachet_tests::{curl_status, free_port, Proc};
 
 #[test]
 fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
@@ -71,7 +45,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     );
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
-    while curl(&[&format!("{base}/health")]).0 != 200 {
+    while curl_status(&[&format!("{base}/health")]).0 != 200 {
         assert!(
             t0.elapsed() < Duration::from_secs(60),
             "the worker did not start"
@@ -80,8 +54,8 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     }
     let auth = "authorization: Bearer tok";
     // Auth, state, key id.
-    assert_eq!(curl(&[&format!("{base}/v1/state")]).0, 401);
-    let (code, body) = curl(&["-H", auth, &format!("{base}/v1/state")]);
+    assert_eq!(curl_status(&[&format!("{base}/v1/state")]).0, 401);
+    let (code, body) = curl_status(&["-H", auth, &format!("{base}/v1/state")]);
     assert_eq!(code, 200, "{body}");
     let st: StateReply = serde_json::from_str(&body).unwrap();
     assert_eq!(st.model, "smollm2");
@@ -139,7 +113,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         tag: "t".into(),
     };
     let body = serde_json::to_string(&req).unwrap();
-    let (code, out) = curl(&["-H", auth, "-d", &body, &format!("{base}/v1/generate")]);
+    let (code, out) = curl_status(&["-H", auth, "-d", &body, &format!("{base}/v1/generate")]);
     assert_eq!(code, 200, "{out}");
     let wire: Vec<WireEvent> = out
         .lines()
@@ -181,7 +155,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         }
     }
     // A new subscriber's snapshot holds them too.
-    let (code, snap) = curl(&[
+    let (code, snap) = curl_status(&[
         "-H",
         auth,
         "--max-time",
@@ -199,7 +173,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         other => panic!("{other:?}"),
     }
     // Bad input: clear errors.
-    let (code, out) = curl(&[
+    let (code, out) = curl_status(&[
         "-H",
         auth,
         "-d",
@@ -209,7 +183,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     assert_eq!(code, 400, "{out}");
     let mut bad = req.clone();
     bad.salt = "abc".into();
-    let (code, out) = curl(&[
+    let (code, out) = curl_status(&[
         "-H",
         auth,
         "-d",
@@ -219,7 +193,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     assert!(code == 400 && out.contains("salt"), "{code} {out}");
     let mut bad = req;
     bad.prompt = vec![];
-    let (code, out) = curl(&[
+    let (code, out) = curl_status(&[
         "-H",
         auth,
         "-d",

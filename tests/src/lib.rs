@@ -177,3 +177,34 @@ pub fn build_template(name: &str) -> PathBuf {
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
+
+/// A child process killed (and reaped) when dropped.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("binding a free port")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
+
+/// Runs `curl -sS` with `args`; returns (HTTP status, body). Status 0: no response.
+pub fn curl_status(args: &[&str]) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("running curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}

@@ -78,6 +78,7 @@ pub struct Metrics {
     pub routing_decisions: Family<RouteLabel, Counter>,
     pub routed_requests: Family<WorkerLabel, Counter>,
     pub worker_inflight: Family<WorkerLabel, Gauge>,
+    pub worker_cached_blocks: Family<WorkerLabel, Gauge>,
     pub predicted_cached_tokens: Counter,
     pub cached_tokens: Counter,
     running: Gauge,
@@ -115,6 +116,7 @@ impl Metrics {
             routing_decisions: Family::default(),
             routed_requests: Family::default(),
             worker_inflight: Family::default(),
+            worker_cached_blocks: Family::default(),
             predicted_cached_tokens: Counter::default(),
             cached_tokens: Counter::default(),
             running: Gauge::default(),
@@ -198,6 +200,11 @@ impl Metrics {
             m.worker_inflight.clone(),
         );
         registry.register(
+            "worker_cached_blocks",
+            "KV blocks each worker holds, as the gateway knows from its KV events",
+            m.worker_cached_blocks.clone(),
+        );
+        registry.register(
             "routing_predicted_cached_tokens",
             "Prompt tokens the router expected the chosen worker to hold",
             m.predicted_cached_tokens.clone(),
@@ -268,11 +275,13 @@ impl Metrics {
     }
 
     /// Sets the per-worker load gauges (at scrape time).
-    pub fn worker_load(&self, inflight: &[(String, usize)]) {
-        for (w, n) in inflight {
-            self.worker_inflight
-                .get_or_create(&WorkerLabel { worker: w.clone() })
-                .set(*n as i64);
+    pub fn worker_load(&self, load: &[(String, usize, usize)]) {
+        for (w, inflight, blocks) in load {
+            let l = WorkerLabel { worker: w.clone() };
+            self.worker_inflight.get_or_create(&l).set(*inflight as i64);
+            self.worker_cached_blocks
+                .get_or_create(&l)
+                .set(*blocks as i64);
         }
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use cachet_backend::engine::EngineHandle;
-use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, Usage};
+use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
 use cachet_backend::sampler::SamplingParams;
 use cachet_backend::tokenizer::TextTokenizer;
 use cachet_backend::EngineError;
@@ -110,7 +110,7 @@ pub async fn handle(
         (&Method::GET, "/v1/models") => models(&state, &req),
         (&Method::GET, "/metrics") => Ok({
             if let Some(pool) = &state.pool {
-                state.metrics.worker_load(&pool.inflight());
+                state.metrics.worker_load(&pool.load());
             }
             Response::builder()
                 .status(StatusCode::OK)
@@ -409,6 +409,23 @@ pub fn prepare(
     })
 }
 
+/// Records a finished request: metrics, and the generated tokens against the tenant's budget.
+fn account(state: &AppState, permit: &Permit, usage: &Usage, timings: &RequestTimings) {
+    state.metrics.observe(
+        permit.tenant().id(),
+        timings,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    );
+    state
+        .metrics
+        .cached_tokens
+        .inc_by(usage.cached_tokens as u64);
+    permit
+        .tenant()
+        .charge_tokens(usage.completion_tokens as u64, Instant::now());
+}
+
 struct Meta {
     id: String,
     created: u64,
@@ -442,19 +459,7 @@ async fn whole(
                 text: rest,
                 timings,
             }) => {
-                state.metrics.observe(
-                    permit.tenant().id(),
-                    &timings,
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                );
-                state
-                    .metrics
-                    .cached_tokens
-                    .inc_by(usage.cached_tokens as u64);
-                permit
-                    .tenant()
-                    .charge_tokens(usage.completion_tokens as u64, Instant::now());
+                account(state, &permit, &usage, &timings);
                 if reason == FinishReason::Error {
                     return Err(ApiError::internal(
                         error.unwrap_or_else(|| "engine error".into()),
@@ -551,19 +556,7 @@ fn sse(
                     error,
                     timings,
                 }) => {
-                    state.metrics.observe(
-                        _permit.tenant().id(),
-                        &timings,
-                        usage.prompt_tokens,
-                        usage.completion_tokens,
-                    );
-                    state
-                        .metrics
-                        .cached_tokens
-                        .inc_by(usage.cached_tokens as u64);
-                    _permit
-                        .tenant()
-                        .charge_tokens(usage.completion_tokens as u64, Instant::now());
+                    account(&state, &_permit, &usage, &timings);
                     if reason == FinishReason::Error {
                         let e = ApiError::internal(error.unwrap_or_default());
                         let _ = tx

@@ -543,11 +543,17 @@ impl Pool {
         Err(UpstreamError::AllFailed(errors.join("; ")))
     }
 
-    /// Per-worker in-flight counts, for metrics.
-    pub fn inflight(&self) -> Vec<(String, usize)> {
+    /// Per worker: (url, requests in flight, block hashes the gateway knows it holds), for metrics.
+    pub fn load(&self) -> Vec<(String, usize, usize)> {
         self.workers
             .iter()
-            .map(|w| (w.url.clone(), w.inflight.load(Ordering::Relaxed)))
+            .map(|w| {
+                (
+                    w.url.clone(),
+                    w.inflight.load(Ordering::Relaxed),
+                    w.blocks.read().expect("blocks lock").len(),
+                )
+            })
             .collect()
     }
 }
