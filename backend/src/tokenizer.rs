@@ -29,6 +29,8 @@ pub struct TextTokenizer {
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// The chat template compiled once (rendering runs per request), or why it does not compile.
+    compiled: std::sync::Arc<std::sync::OnceLock<Result<minijinja::Environment<'static>, String>>>,
 }
 
 impl TextTokenizer {
@@ -43,6 +45,7 @@ impl TextTokenizer {
             chat_template,
             bos_token,
             eos_token,
+            compiled: Default::default(),
         }
     }
 
@@ -85,6 +88,7 @@ impl TextTokenizer {
             chat_template,
             bos_token: bos,
             eos_token: eos,
+            compiled: Default::default(),
         })
     }
 
@@ -127,20 +131,26 @@ impl TextTokenizer {
                 "this model has no chat template; send a plain completion instead".into(),
             )
         })?;
-        let mut env = minijinja::Environment::new();
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        env.add_template("chat", template).map_err(|e| {
-            EngineError::InvalidRequest(format!("chat template does not parse: {e}"))
-        })?;
-        let tmpl = env.get_template("chat").expect("just added");
+        let env = self
+            .compiled
+            .get_or_init(|| {
+                let mut env = minijinja::Environment::new();
+                env.add_function(
+                    "raise_exception",
+                    |msg: String| -> Result<String, minijinja::Error> {
+                        Err(minijinja::Error::new(
+                            minijinja::ErrorKind::InvalidOperation,
+                            msg,
+                        ))
+                    },
+                );
+                env.add_template_owned("chat", template.to_string())
+                    .map_err(|e| format!("chat template does not parse: {e}"))?;
+                Ok(env)
+            })
+            .as_ref()
+            .map_err(|e| EngineError::InvalidRequest(e.clone()))?;
+        let tmpl = env.get_template("chat").expect("added at compile time");
         tmpl.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
