@@ -405,31 +405,50 @@ fn main() {
         println!(
             "\n### working set {ratio}× of the KV capacity: {WORKERS} workers × {blocks} blocks\n"
         );
-        let oracle = run(
-            &s,
-            "oracle (no volatile fields, one shared cache)",
-            "round_robin",
-            true,
-            1,
-            blocks * WORKERS,
-            &plain,
-        );
+        // CACHET_BENCH_CONFIGS picks a subset: rr-off, rr-on, prefix-off, prefix-on, single-on, oracle.
+        let want = std::env::var("CACHET_BENCH_CONFIGS")
+            .unwrap_or_else(|_| "rr-off,rr-on,prefix-off,prefix-on,single-on,oracle".into());
+        let on = |k: &str| want.split(',').any(|x| x.trim() == k);
         let mut runs = Vec::new();
-        for (policy, normalize) in [
-            ("round_robin", false),
-            ("round_robin", true),
-            ("prefix", false),
-            ("prefix", true),
+        for (key, policy, normalize) in [
+            ("rr-off", "round_robin", false),
+            ("rr-on", "round_robin", true),
+            ("prefix-off", "prefix", false),
+            ("prefix-on", "prefix", true),
         ] {
-            let name = format!(
-                "{policy}, normalization {}",
-                if normalize { "on" } else { "off" }
-            );
-            runs.push(run(&s, &name, policy, normalize, WORKERS, blocks, &items));
+            if on(key) {
+                let name = format!(
+                    "{policy}, normalization {}",
+                    if normalize { "on" } else { "off" }
+                );
+                runs.push(run(&s, &name, policy, normalize, WORKERS, blocks, &items));
+            }
         }
+        if on("single-on") {
+            let name = "single cache (one worker, all blocks), normalization on";
+            runs.push(run(
+                &s,
+                name,
+                "round_robin",
+                true,
+                1,
+                blocks * WORKERS,
+                &items,
+            ));
+        }
+        let oracle = if on("oracle") {
+            let name = "oracle (no volatile fields, one shared cache)";
+            run(&s, name, "round_robin", true, 1, blocks * WORKERS, &plain)
+        } else {
+            RunResult::default()
+        };
         println!("| configuration | prefix hit rate (tokens) | TTFT P50 (ms) | TTFT P95 (ms) | throughput (req/s) | errors |");
         println!("|---|---|---|---|---|---|");
-        for r in runs.iter().chain(std::iter::once(&oracle)) {
+        for r in runs
+            .iter()
+            .chain(std::iter::once(&oracle))
+            .filter(|r| !r.name.is_empty())
+        {
             println!(
                 "| {} | {:.1}% | {:.0} | {:.0} | {:.2} | {} |",
                 r.name,
@@ -440,10 +459,14 @@ fn main() {
                 r.errors
             );
         }
-        let (rr, pn) = (&runs[0], &runs[3]);
-        println!("\nnormalization on, prefix routing: {:.2}× the oracle's hit rate; {:.2}× round-robin (normalization off) throughput; TTFT P95 {:.2}× lower", pn.hit_rate / oracle.hit_rate.max(1e-9), pn.throughput / rr.throughput.max(1e-9), percentile(&rr.ttft_ms, 95.0) / percentile(&pn.ttft_ms, 95.0).max(1e-9));
+        if runs.len() >= 4 && !oracle.name.is_empty() {
+            let (rr, pn) = (&runs[0], &runs[3]);
+            println!("\nnormalization on, prefix routing: {:.2}× the oracle's hit rate; {:.2}× round-robin (normalization off) throughput; TTFT P95 {:.2}× lower", pn.hit_rate / oracle.hit_rate.max(1e-9), pn.throughput / rr.throughput.max(1e-9), percentile(&rr.ttft_ms, 95.0) / percentile(&pn.ttft_ms, 95.0).max(1e-9));
+        }
         let mut plot = runs.clone();
-        plot.push(oracle.clone());
+        if !oracle.name.is_empty() {
+            plot.push(oracle.clone());
+        }
         std::fs::write(
             out_dir.join(format!("ttft-cdf-{ratio}.svg")),
             svg(
