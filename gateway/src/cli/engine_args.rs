@@ -76,16 +76,7 @@ impl EngineArgs {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading the hash key file {}", p.display()))?;
-                let t = text.trim();
-                let bytes: Option<Vec<u8>> = (t.len() == 64)
-                    .then(|| {
-                        (0..32)
-                            .map(|i| u8::from_str_radix(&t[2 * i..2 * i + 2], 16).ok())
-                            .collect()
-                    })
-                    .flatten();
-                bytes
-                    .and_then(|b| b.try_into().ok())
+                cachet_gateway::tenants::parse_hex32(text.trim())
                     .with_context(|| format!("{} must hold 64 hex digits (32 bytes)", p.display()))
             }
             None => {

@@ -197,7 +197,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Re
 
 /// Reads a body of at most `limit` bytes. A larger body is read on (and dropped) up to
 /// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset.
-async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Vec<u8>, ApiError> {
     let mut body = req.into_body();
     let mut buf = Vec::new();
     let mut total = 0usize;

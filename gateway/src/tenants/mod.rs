@@ -216,12 +216,13 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+/// 64 hex digits → 32 bytes.
+pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
     if s.len() != 64 {
         return None;
     }
     let v: Option<Vec<u8>> = (0..32)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
+        .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
         .collect();
     v?.try_into().ok()
 }

@@ -276,25 +276,10 @@ fn kv_events(state: &WorkerState) -> Response<Body> {
 }
 
 async fn generate(state: &WorkerState, req: Request<Incoming>) -> Response<Body> {
-    let mut body = req.into_body();
-    let mut buf = Vec::new();
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(f) => {
-                if let Ok(d) = f.into_data() {
-                    buf.extend_from_slice(&d);
-                    if buf.len() > MAX_BODY {
-                        return error(
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            "too_large",
-                            format!("the request body is larger than {MAX_BODY} bytes"),
-                        );
-                    }
-                }
-            }
-            Err(e) => return error(StatusCode::BAD_REQUEST, "bad_body", e),
-        }
-    }
+    let buf = match crate::server::read_body(req, MAX_BODY).await {
+        Ok(b) => b,
+        Err(e) => return error(e.status, "bad_body", e.message),
+    };
     let g: GenerateRequest = match serde_json::from_slice(&buf) {
         Ok(g) => g,
         Err(e) => {

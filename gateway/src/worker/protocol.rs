@@ -94,15 +94,7 @@ pub fn hex_hash(h: &BlockHash) -> String {
     crate::tenants::hex(&h.0)
 }
 
-pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let v: Option<Vec<u8>> = (0..32)
-        .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect();
-    v?.try_into().ok()
-}
+pub use crate::tenants::parse_hex32;
 
 pub fn parse_hash(s: &str) -> Option<BlockHash> {
     parse_hex32(s).map(BlockHash)
