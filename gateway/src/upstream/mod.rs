@@ -40,6 +40,8 @@ struct Health {
     failures: u32,
     open_until: Option<Instant>,
     key_mismatch: bool,
+    /// `Worker::finished` when the poll that brought `state` was sent.
+    finished_at_report: usize,
 }
 
 /// One `cachet worker`.
@@ -49,6 +51,8 @@ pub struct Worker {
     token: Option<String>,
     health: Mutex<Health>,
     inflight: AtomicUsize,
+    /// Streams of ours the worker accepted that have since ended (monotonic).
+    finished: AtomicUsize,
     blocks: RwLock<HashSet<BlockHash>>,
 }
 
@@ -106,12 +110,21 @@ impl Worker {
             cached_blocks: 0,
         });
         let mismatch = h.key_mismatch;
+        // The report counted our requests that were there when it was taken; those that have
+        // finished since are gone (without this, the worker that just served a prefix looks
+        // busy until the next poll, and the prefix's next request is sent elsewhere).
+        let gone = self
+            .finished
+            .load(Ordering::Relaxed)
+            .saturating_sub(h.finished_at_report);
         drop(h);
+        let waiting = s.waiting.saturating_sub(gone);
+        let running = s.running.saturating_sub(gone - (s.waiting - waiting));
         WorkerView {
             healthy: self.healthy(),
             inflight: self.inflight.load(Ordering::Relaxed),
-            running: s.running,
-            waiting: s.waiting,
+            running,
+            waiting,
             kv_used: s.kv_used,
             kv_total: s.kv_total,
             overlap_blocks: if mismatch { 0 } else { self.overlap(hashes) },
@@ -121,6 +134,7 @@ impl Worker {
     /// Polls `/v1/state` for ever (health and load).
     async fn poll(self: Arc<Self>, key_id: String) {
         loop {
+            let mark = self.finished.load(Ordering::Relaxed);
             let got = async {
                 let resp = tokio::time::timeout(
                     Duration::from_secs(2),
@@ -151,6 +165,7 @@ impl Worker {
                     h.key_mismatch = s.key_id != key_id;
                     let was_down = h.state.is_none() || h.failures > 0;
                     h.state = Some(s);
+                    h.finished_at_report = mark;
                     h.failures = 0;
                     if was_down {
                         tracing::info!(worker = %self.url, "worker up");
@@ -263,6 +278,7 @@ pub struct RemoteStream {
 impl Drop for RemoteStream {
     fn drop(&mut self) {
         self.worker.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.finished.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -397,6 +413,7 @@ impl Pool {
                     token: token.clone(),
                     health: Default::default(),
                     inflight: AtomicUsize::new(0),
+                    finished: AtomicUsize::new(0),
                     blocks: Default::default(),
                 })
             })
@@ -564,4 +581,62 @@ pub fn local(
     er: EngineRequest,
 ) -> Result<TokenStream, cachet_backend::EngineError> {
     engine.submit(er).map(TokenStream::Local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> Worker {
+        Worker {
+            url: "http://127.0.0.1:9".into(),
+            client: hyper_util::client::legacy::Client::builder(
+                hyper_util::rt::TokioExecutor::new(),
+            )
+            .build_http(),
+            token: None,
+            health: Default::default(),
+            inflight: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            blocks: Default::default(),
+        }
+    }
+
+    fn report(w: &Worker, running: usize, waiting: usize) {
+        let mut h = w.health.lock().unwrap();
+        h.state = Some(StateReply {
+            model: "m".into(),
+            block_size: 16,
+            max_model_len: 2048,
+            key_id: String::new(),
+            running,
+            waiting,
+            kv_total: 100,
+            kv_used: 0,
+            cached_blocks: 0,
+        });
+        h.finished_at_report = w.finished.load(Ordering::Relaxed);
+    }
+
+    #[test]
+    fn a_report_taken_before_our_requests_finished_does_not_keep_them_as_load() {
+        let w = worker();
+        // The report saw our two requests and one of someone else's, waiting.
+        w.inflight.store(2, Ordering::Relaxed);
+        report(&w, 2, 1);
+        assert_eq!(w.view(&[]).load(), 3);
+        // Ours finish before the next poll: only the other one is left.
+        for _ in 0..2 {
+            w.inflight.fetch_sub(1, Ordering::Relaxed);
+            w.finished.fetch_add(1, Ordering::Relaxed);
+        }
+        let v = w.view(&[]);
+        assert_eq!((v.running + v.waiting, v.load()), (1, 1));
+        // A new report resets the count; our requests in flight are never under-counted.
+        w.inflight.store(4, Ordering::Relaxed);
+        report(&w, 1, 0);
+        assert_eq!(w.view(&[]).load(), 4);
+        w.finished.fetch_add(3, Ordering::Relaxed);
+        assert_eq!(w.view(&[]).load(), 4);
+    }
 }
