@@ -5,7 +5,8 @@
 //   qkv      : device, bf16 [n, (n_heads + 2 * n_kv) * d], rotated in place (q and k heads)
 //   rope     : device, f32  [max_pos, d]: cos of the d/2 frequencies, then their sin
 //   pos      : device, u32  [n] absolute positions
-//   slots    : device, u32  [n] cache slot of each token (block * block_size + offset)
+//   slots    : device, u32  [n] cache slot of each token (block * block_size + offset); 0xFFFFFFFF
+//              marks a padding row (CUDA-graph decode batches), whose K/V are not written
 //   k_cache  : device, bf16 [num_slots, n_kv, d] of this layer
 //   v_cache  : device, bf16 [num_slots, n_kv, d] of this layer
 extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __restrict__ rope,
@@ -26,6 +27,7 @@ extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __r
         v[j + half] = f2bf(x2 * c + x1 * s);
     }
     __syncthreads();
+    if (slots[t] == 0xFFFFFFFFu) return;
     const size_t base = (size_t)slots[t] * n_kv * d;
     const int kv_dim = n_kv * d;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {

@@ -62,6 +62,8 @@ pub fn device_runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
         block_size: 16,
         max_model_len: 4096,
         kv: KvBudget::Blocks(num_blocks),
+        // Decode steps replay CUDA graphs on the GPU, as served.
+        cuda_graph_sizes: vec![1, 2, 4, 8, 16],
     };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }

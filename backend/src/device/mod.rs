@@ -296,6 +296,50 @@ pub trait Device: Send {
     fn calibrate(&self) -> Result<Option<Calibration>, DeviceError> {
         Ok(None)
     }
+
+    /// Captures replayable decode-step graphs (CUDA graphs) for the padded batch sizes `sizes`
+    /// and every context bucket up to `max_len`: `body` is the forward pass from a device batch
+    /// to `[rows, vocab]` logits. `None` where the device has no graphs.
+    fn capture_decode_graphs(
+        &self,
+        _kv: &mut Self::Kv,
+        _sizes: &[usize],
+        _max_len: usize,
+        _vocab: usize,
+        _body: &mut ForwardBody<'_, Self>,
+    ) -> Result<Option<GraphReport>, EngineError> {
+        Ok(None)
+    }
+    /// Runs `batch` by replaying a captured graph when it is a decode step (one new token per
+    /// sequence, logits for each) of a captured size; `None`: run it eagerly.
+    fn forward_graphed(
+        &self,
+        _kv: &mut Self::Kv,
+        _batch: &ForwardBatch,
+        _body: &mut ForwardBody<'_, Self>,
+    ) -> Result<Option<Self::Tensor>, EngineError> {
+        Ok(None)
+    }
+    /// Turns replaying captured graphs on or off (they stay captured); whether any exist.
+    fn set_graphs_enabled(&self, _kv: &mut Self::Kv, _on: bool) -> bool {
+        false
+    }
+}
+
+/// The forward pass from a prepared batch to logits, as graphs capture it.
+pub type ForwardBody<'a, D> = dyn FnMut(
+        &mut <D as Device>::Kv,
+        &<D as Device>::Batch,
+    ) -> Result<<D as Device>::Tensor, EngineError>
+    + 'a;
+
+/// What capturing decode graphs took.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct GraphReport {
+    pub graphs: usize,
+    /// Device memory the graphs hold (their activations and static buffers).
+    pub bytes: usize,
+    pub capture_ms: f64,
 }
 
 /// How to pick one row's token on the device (layout shared with `sampling.cu`'s `RowParams`).

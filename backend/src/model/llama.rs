@@ -3,7 +3,7 @@
 
 use super::rope;
 use crate::config::ModelConfig;
-use crate::device::{AttnParams, Device, ForwardBatch};
+use crate::device::{AttnParams, Device, ForwardBatch, GraphReport};
 use crate::error::EngineError;
 use crate::loader::HostWeights;
 
@@ -164,14 +164,39 @@ impl<D: Device> Llama<D> {
         kv: &mut D::Kv,
         batch: &ForwardBatch,
     ) -> Result<D::Tensor, EngineError> {
-        let eps = self.config.rms_norm_eps as f32;
+        if let Some(t) = dev.forward_graphed(kv, batch, &mut |kv, b| self.forward_on(dev, kv, b))? {
+            return Ok(t);
+        }
         let b = dev.prepare_batch(batch)?;
-        let mut residual = dev.embed(&self.embed, &b)?;
+        self.forward_on(dev, kv, &b)
+    }
+
+    /// Captures the device's decode graphs (where it has them) for batches of up to each of
+    /// `sizes` sequences.
+    pub fn capture_decode_graphs(
+        &self,
+        dev: &D,
+        kv: &mut D::Kv,
+        sizes: &[usize],
+    ) -> Result<Option<GraphReport>, EngineError> {
+        dev.capture_decode_graphs(
+            kv,
+            sizes,
+            self.max_positions,
+            self.config.vocab_size,
+            &mut |kv, b| self.forward_on(dev, kv, b),
+        )
+    }
+
+    /// The forward pass on a batch already on the device.
+    fn forward_on(&self, dev: &D, kv: &mut D::Kv, b: &D::Batch) -> Result<D::Tensor, EngineError> {
+        let eps = self.config.rms_norm_eps as f32;
+        let mut residual = dev.embed(&self.embed, b)?;
         let mut x = dev.rms_norm(&residual, &self.layers[0].attn_norm, eps)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let mut qkv = dev.linear(&x, &layer.qkv)?;
-            dev.rope_and_cache(&mut qkv, &self.rope, kv, l, &b, &self.attn)?;
-            let attn = dev.attention(&qkv, kv, l, &b, &self.attn)?;
+            dev.rope_and_cache(&mut qkv, &self.rope, kv, l, b, &self.attn)?;
+            let attn = dev.attention(&qkv, kv, l, b, &self.attn)?;
             let o = dev.linear(&attn, &layer.o_proj)?;
             x = dev.add_rms_norm(&mut residual, &o, &layer.mlp_norm, eps)?;
             let gu = dev.linear(&x, &layer.gate_up)?;
@@ -183,7 +208,7 @@ impl<D: Device> Llama<D> {
                 .map_or(&self.final_norm, |n| &n.attn_norm);
             x = dev.add_rms_norm(&mut residual, &down, next_norm, eps)?;
         }
-        let rows = dev.gather_logit_rows(&x, &b)?;
+        let rows = dev.gather_logit_rows(&x, b)?;
         Ok(dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?)
     }
 }

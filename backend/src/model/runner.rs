@@ -8,7 +8,7 @@ use super::llama::{Llama, Logits};
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice};
-use crate::device::{Device, ForwardBatch, KvLayout, RowSampling};
+use crate::device::{Device, ForwardBatch, GraphReport, KvLayout, RowSampling};
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
 
@@ -31,6 +31,11 @@ pub trait Runner: Send {
     fn synchronize(&self) -> Result<(), EngineError>;
     /// The device's measured ceilings, if it can measure them.
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError>;
+    /// Turns replaying decode graphs on or off (for eager-vs-graph comparisons); whether the
+    /// runner has any.
+    fn set_cuda_graphs(&mut self, on: bool) -> bool;
+    /// What capturing the decode graphs took, if the runner has them.
+    fn cuda_graphs(&self) -> Option<GraphReport>;
     /// Per-operation device timing (see [`Device::set_profiling`]).
     fn set_profiling(&self, on: bool);
     fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, EngineError>;
@@ -91,7 +96,14 @@ pub struct RunnerOptions {
     pub block_size: usize,
     pub max_model_len: usize,
     pub kv: KvBudget,
+    /// Decode batch sizes to capture CUDA graphs for (a step of `n` sequences replays the
+    /// smallest size ≥ n; larger steps run eagerly); empty: always eager (vLLM's
+    /// `--enforce-eager`). Devices without graphs ignore it.
+    pub cuda_graph_sizes: Vec<usize>,
 }
+
+/// vLLM's capture sizes, up to 256.
+pub const DEFAULT_CUDA_GRAPH_SIZES: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
 /// Activations, cuBLAS workspace and the allocator's slack are kept out of the KV pool.
 const DEVICE_RESERVE: usize = 2 << 30;
@@ -101,6 +113,7 @@ pub struct ModelRunner<D: Device> {
     model: Llama<D>,
     kv: D::Kv,
     layout: KvLayout,
+    graphs: Option<GraphReport>,
 }
 
 impl<D: Device> ModelRunner<D> {
@@ -144,7 +157,7 @@ impl<D: Device> ModelRunner<D> {
             }
             .into());
         }
-        let kv = dev.alloc_kv(&layout)?;
+        let mut kv = dev.alloc_kv(&layout)?;
         tracing::info!(
             device = dev.name(),
             blocks = layout.num_blocks,
@@ -152,11 +165,23 @@ impl<D: Device> ModelRunner<D> {
             kv_gib = (layout.num_blocks * block_bytes) as f64 / (1u64 << 30) as f64,
             "KV cache allocated"
         );
+        // Graph memory comes out of DEVICE_RESERVE, next to the eager activations.
+        let graphs = model.capture_decode_graphs(&dev, &mut kv, &opts.cuda_graph_sizes)?;
+        if let Some(g) = graphs {
+            tracing::info!(
+                graphs = g.graphs,
+                mib = g.bytes as f64 / (1u64 << 20) as f64,
+                ms = g.capture_ms,
+                sizes = ?opts.cuda_graph_sizes,
+                "decode CUDA graphs captured"
+            );
+        }
         Ok(ModelRunner {
             dev,
             model,
             kv,
             layout,
+            graphs,
         })
     }
 }
@@ -226,6 +251,12 @@ impl<D: Device> Runner for ModelRunner<D> {
     fn set_profiling(&self, on: bool) {
         self.dev.set_profiling(on)
     }
+    fn set_cuda_graphs(&mut self, on: bool) -> bool {
+        self.dev.set_graphs_enabled(&mut self.kv, on)
+    }
+    fn cuda_graphs(&self) -> Option<GraphReport> {
+        self.graphs
+    }
     fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, EngineError> {
         Ok(self.dev.take_profile()?)
     }
@@ -277,6 +308,7 @@ pub fn cpu_runner(
         block_size,
         max_model_len,
         kv: KvBudget::Blocks(num_blocks),
+        cuda_graph_sizes: Vec::new(),
     };
     Ok(Box::new(ModelRunner::new(
         CpuDevice::new(),

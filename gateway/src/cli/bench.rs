@@ -60,6 +60,19 @@ pub struct ForwardArgs {
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
+    /// Run eagerly: no CUDA graphs for the decode steps.
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Decode batch sizes to capture CUDA graphs for.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16,32,64,128,256"
+    )]
+    pub cuda_graph_sizes: Vec<usize>,
+    /// Decode batch sizes timed eagerly and from CUDA graphs side by side.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    pub graph_batches: Vec<usize>,
     /// Also time each operation with device events (decode batch 1 at the longest context, the
     /// largest decode batch, the longest prefill) and print where the time goes.
     #[arg(long)]
@@ -150,6 +163,11 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         block_size: 16,
         max_model_len: a.max_model_len,
         kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
+        cuda_graph_sizes: if a.enforce_eager {
+            vec![]
+        } else {
+            a.cuda_graph_sizes.clone()
+        },
     };
     let mut r = build_runner(&config, weights, &opts)?;
     let dev = r.device_name();
@@ -225,6 +243,44 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
             n as f64 / t
         );
         rows.push(serde_json::json!({"kind": "decode", "batch": n, "ctx": ctx, "ms": t * 1e3}));
+    }
+    if let Some(g) = r.cuda_graphs() {
+        println!(
+            "\nCUDA graphs: {} captured in {:.0} ms, holding {:.0} MiB\n",
+            g.graphs,
+            g.capture_ms,
+            g.bytes as f64 / (1u64 << 20) as f64
+        );
+        println!(
+            "| decode step, ctx {} | eager | CUDA graphs | graphs / eager |",
+            a.decode_context
+        );
+        println!("|---|---|---|---|");
+        for &n in &a.graph_batches {
+            let ctx = a.decode_context;
+            if n * (ctx + 1).div_ceil(bs) > max_blocks {
+                continue;
+            }
+            let b = batch(n, ctx, 1, bs, config.vocab_size);
+            let sample_rows = vec![RowSampling::greedy(); n];
+            let mut step = |r: &mut dyn Runner| -> anyhow::Result<()> {
+                r.forward_step(&b, &sample_rows)?;
+                Ok(())
+            };
+            r.set_cuda_graphs(false);
+            let eager = time(r.as_mut(), 3, 20, &mut step)?;
+            r.set_cuda_graphs(true);
+            let graphed = time(r.as_mut(), 3, 20, &mut step)?;
+            println!(
+                "| batch {n} | {:.3} ms | {:.3} ms | {:.2}× |",
+                eager * 1e3,
+                graphed * 1e3,
+                graphed / eager
+            );
+            rows.push(serde_json::json!({"kind": "graphs", "batch": n, "ctx": ctx,
+                "eager_ms": eager * 1e3, "graph_ms": graphed * 1e3}));
+        }
+        println!();
     }
     let matmul_params = (config.num_parameters()
         - config.vocab_size * config.hidden_size * if config.tie_word_embeddings { 0 } else { 1 })

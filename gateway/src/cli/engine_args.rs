@@ -60,6 +60,17 @@ pub struct EngineArgs {
     /// it a random key is drawn at start-up.
     #[arg(long, env = "CACHET_HASH_KEY_FILE")]
     pub hash_key_file: Option<PathBuf>,
+    /// Run every step eagerly: no CUDA graphs for decode steps (vLLM's flag).
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Decode batch sizes to capture CUDA graphs for at start-up (a step of n sequences replays
+    /// the smallest size ≥ n; sizes past the first that covers --max-num-seqs are dropped).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16,32,64,128,256"
+    )]
+    pub cuda_graph_sizes: Vec<usize>,
 }
 
 /// A started engine.
@@ -88,6 +99,20 @@ impl EngineArgs {
         }
     }
 
+    /// The graph sizes to capture: up to the first that covers --max-num-seqs.
+    pub fn graph_sizes(&self) -> Vec<usize> {
+        if self.enforce_eager {
+            return Vec::new();
+        }
+        let mut sizes: Vec<usize> = self.cuda_graph_sizes.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if let Some(i) = sizes.iter().position(|&s| s >= self.max_num_seqs) {
+            sizes.truncate(i + 1);
+        }
+        sizes
+    }
+
     /// Loads the model (fetching a known one), builds the runner and starts the engine thread.
     pub fn start(&self, key: [u8; 32]) -> anyhow::Result<Started> {
         let a = self;
@@ -109,6 +134,7 @@ impl EngineArgs {
                 Some(n) => KvBudget::Blocks(n),
                 None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
             },
+            cuda_graph_sizes: self.graph_sizes(),
         };
         let runner = build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?;
         let model_id = loader::fetch::known_model(&a.model)

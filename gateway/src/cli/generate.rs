@@ -48,6 +48,9 @@ pub struct ModelArgs {
     /// Longest sequence (prompt + output) accepted; default: the model's context length, at most 8192.
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// Run every step eagerly: no CUDA graph for the decode steps.
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 #[derive(Args, Debug)]
@@ -142,6 +145,8 @@ fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Resul
         block_size: args.block_size,
         max_model_len: max_len,
         kv: KvBudget::Blocks(tokens.div_ceil(args.block_size) + 1),
+        // One sequence: its decode steps replay one graph.
+        cuda_graph_sizes: if args.enforce_eager { vec![] } else { vec![1] },
     };
     Ok(build_runner(
         &m.config,

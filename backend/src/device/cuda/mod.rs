@@ -9,6 +9,8 @@
 //! cudarc loads libcuda / libnvrtc / libcublas at run time and panics if one is missing, so
 //! [`CudaDevice::new`] probes for them first and fails with a clear error instead.
 
+mod graphs;
+
 use std::sync::Arc;
 
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
@@ -72,6 +74,8 @@ pub struct CudaKv {
     pub layout: KvLayout,
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
+    /// Decode graphs captured over this cache.
+    graphs: Option<graphs::DecodeGraphs>,
 }
 
 /// One step's batch metadata in device memory.
@@ -115,6 +119,7 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    _blas_workspace: CudaSlice<u8>,
     k: Kernels,
     pub name: String,
     pub arch: String,
@@ -145,6 +150,8 @@ const ATT_TK: usize = 64;
 const ATT_MAXD: usize = 128;
 /// Query rows (tokens × GQA group) per block of the tensor-core kernel (MMA_TQ in attention_mma.cu).
 const MMA_ROWS: usize = 64;
+/// cuBLAS workspace (what NVIDIA recommends for Hopper).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
 const MMA_THREADS: u32 = 128;
 /// Blocks of the tensor-core kernel resident per SM (its __launch_bounds__ minimum).
@@ -211,7 +218,12 @@ impl CudaDevice {
     pub fn new(ordinal: usize, block_size: usize) -> Result<Self, DeviceError> {
         available()?;
         let ctx = CudaContext::new(ordinal).map_err(op_err("open device"))?;
-        let stream = ctx.default_stream();
+        // Everything runs on one stream, so cudarc's cross-stream event tracking is not needed
+        // (and its events would break graph capture).
+        // SAFETY: no buffer of this context is ever used on another stream.
+        unsafe { ctx.disable_event_tracking() };
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(op_err("create stream"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(op_err("compute capability"))?;
@@ -264,12 +276,36 @@ impl CudaDevice {
             op: "cublas",
             msg: format!("{e:?}"),
         })?;
+        // cuBLAS gets a workspace of its own up front, so no GEMM allocates while a graph is
+        // being captured.
+        let workspace =
+            unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE) }.map_err(op_err("cublas workspace"))?;
+        {
+            let (ptr, _g) = workspace.device_ptr(&stream);
+            // SAFETY: a live allocation of CUBLAS_WORKSPACE bytes, kept for the handle's lifetime
+            // (stored in the device next to it).
+            let status = unsafe {
+                blas_sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as *mut std::ffi::c_void,
+                    CUBLAS_WORKSPACE,
+                )
+            };
+            if status != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "cublasSetWorkspace",
+                    msg: format!("{status:?}"),
+                });
+            }
+        }
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = compiled.from_cache, "CUDA device ready");
         Ok(CudaDevice {
             ctx,
             stream,
             blas,
+            _blas_workspace: workspace,
             k,
             name,
             arch,
@@ -589,6 +625,7 @@ impl Device for CudaDevice {
             layout: *layout,
             k,
             v,
+            graphs: None,
         })
     }
 
@@ -1070,5 +1107,35 @@ impl Device for CudaDevice {
             copy_bytes_per_s: self.measure_copy_bandwidth(4 << 30)?,
             gemm_flops: self.measure_gemm_flops(8192)?,
         }))
+    }
+
+    fn capture_decode_graphs(
+        &self,
+        kv: &mut CudaKv,
+        sizes: &[usize],
+        max_len: usize,
+        vocab: usize,
+        body: &mut super::ForwardBody<'_, Self>,
+    ) -> Result<Option<super::GraphReport>, crate::error::EngineError> {
+        self.capture_all(kv, sizes, max_len, vocab, body)
+    }
+
+    fn forward_graphed(
+        &self,
+        kv: &mut CudaKv,
+        batch: &ForwardBatch,
+        body: &mut super::ForwardBody<'_, Self>,
+    ) -> Result<Option<CudaTensor>, crate::error::EngineError> {
+        self.replay(kv, batch, body)
+    }
+
+    fn set_graphs_enabled(&self, kv: &mut CudaKv, on: bool) -> bool {
+        match &mut kv.graphs {
+            Some(g) => {
+                g.enabled = on;
+                true
+            }
+            None => false,
+        }
     }
 }
