@@ -3,7 +3,7 @@
 # (8B shape, dummy bf16 weights) with the PyTorch peer. Logs go to $OUT (or ./gpu-out).
 # Test binaries, when carried in .carry (engine-tests, sampling-tests: built with
 # `cargo test --release -p cachet-tests --test engine --test sampling --no-run`), run on CUDA first.
-# FIDELITY=0, PEER=0, SIMT=0 skip parts.
+# FIDELITY=0, PEER=0, SIMT=0, NCU=0 skip parts.
 #   CACHET=.carry/cachet GGUF=.carry/smollm2.gguf scripts/gpu_run.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -44,4 +44,12 @@ if [ "${SIMT:-1}" = 1 ]; then
   echo "== the same shapes with the CUDA-core attention kernel (CACHET_ATTENTION=simt), for comparison"
   CACHET_ATTENTION=simt "$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
     --decode-batches 64 --decode-contexts 4096 --prefill 2048,8192 --cached-prefix none 2>&1 | tee "$out/bench-simt.txt"
+fi
+if [ "${NCU:-1}" = 1 ] && [ -x /opt/nvidia/nsight-compute/2025.3.1/ncu ]; then
+  echo "== per-kernel time of eager decode steps (batch 1, ctx 4096) under Nsight Compute"
+  /opt/nvidia/nsight-compute/2025.3.1/ncu --csv --print-units base --metrics gpu__time_duration.sum \
+    --launch-skip 1500 --launch-count 330 "$bin" bench forward --model examples/configs/llama3-8b.json \
+    --load-format dummy --device cuda --enforce-eager --decode-contexts 4096 --decode-batches 1 --prefill 512 \
+    --cached-prefix none --gpu-memory-utilization 0.5 > "$out/ncu.csv" 2>/dev/null
+  python3 scripts/ncu_summary.py "$out/ncu.csv" 2>&1 | tee "$out/ncu-summary.txt"
 fi

@@ -176,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
 //                     for paged_attention_bf16, 64 for the tensor-core kernel)
 //   tile_start, tile_len : device, u32 [num_tiles]
 //   out : device, bf16 [n, n_heads * d]
-// Launch: grid (units, gridDim.y of the attention launch), block ATT_THREADS.
+// Launch: grid (units, gridDim.y of the attention launch), any block size (the host uses 512).
 extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                                   const unsigned* __restrict__ tile_start,
                                                   const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
@@ -189,19 +189,21 @@ extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part
     if (ntok <= 0) return;
     for (int idx = threadIdx.x; idx < ntok * group * d; idx += blockDim.x) {
         const int r = idx / d, i = idx % d;
+        const size_t b0 = ((size_t)unit * gridDim.y + y) * splits * unit_rows + r;
+        // Loads independent of each other and free of branches, so they are all in flight at
+        // once (a decode step's combine is latency-bound).
         float M = -CACHET_INF;
-        for (int s = 0; s < splits; ++s) {
-            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * unit_rows + r;
-            M = fmaxf(M, part_ml[b * 2]);
-        }
+#pragma unroll 8
+        for (int s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(b0 + (size_t)s * unit_rows) * 2]);
         float num = 0.f, den = 0.f;
+#pragma unroll 8
         for (int s = 0; s < splits; ++s) {
-            const size_t b = (((size_t)unit * gridDim.y + y) * splits + s) * unit_rows + r;
-            const float ms = part_ml[b * 2];
-            if (ms == -CACHET_INF) continue;
-            const float w = __expf(ms - M);
-            num += w * part_o[b * d + i];
-            den += w * part_ml[b * 2 + 1];
+            const size_t b = b0 + (size_t)s * unit_rows;
+            const float ms = part_ml[b * 2], ls = part_ml[b * 2 + 1], os = part_o[b * d + i];
+            const bool empty = ms == -CACHET_INF;
+            const float w = __expf(empty ? 0.f : ms - M);
+            num += empty ? 0.f : w * os;
+            den += empty ? 0.f : w * ls;
         }
         const int head = y * group + r % group;
         out[(size_t)(start + r / group) * n_heads * d + head * d + i] = f2bf(den > 0.f ? num / den : 0.f);

@@ -1,6 +1,15 @@
 // RMSNorm, and the fused residual-add + RMSNorm of each decoder sub-layer. One block per row.
 // The residual stream is kept in f32; normalised activations are bf16.
+//
+// A decode step normalises a handful of rows, so each launch is a few blocks and its time is
+// memory latency, not bandwidth: when a row fits RMS_PER_THREAD elements per thread, every load
+// of the row is issued up front into registers (one round trip to memory, not one per loop
+// iteration), the sum reduced, and the outputs written from the registers. Launch with
+// blockDim.x a multiple of 32, ideally ceil(cols / RMS_PER_THREAD) rounded up; longer rows take
+// the looping path.
 #include "common.cuh"
+
+#define RMS_PER_THREAD 8
 
 // out[r, :] = rms_norm(x[r, :]) * w
 //   x   : device, f32  [rows, cols]
@@ -10,6 +19,24 @@ extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const bf16
                                          bf16* __restrict__ out, int cols, float eps) {
     const size_t row = blockIdx.x;
     const float* xr = x + row * cols;
+    if (cols <= RMS_PER_THREAD * (int)blockDim.x) {
+        float v[RMS_PER_THREAD], wv[RMS_PER_THREAD];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = i < cols ? xr[i] : 0.f;
+            wv[k] = i < cols ? bf2f(w[i]) : 0.f;
+            ss += v[k] * v[k];
+        }
+        const float inv = rsqrtf(block_sum(ss) / cols + eps);
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < cols) out[row * cols + i] = f2bf(wv[k] * (v[k] * inv));
+        }
+        return;
+    }
     float ss = 0.f;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss) / cols + eps);
@@ -27,6 +54,28 @@ extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const
                                              float eps) {
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;
+    const bf16* dr = delta + row * cols;
+    if (cols <= RMS_PER_THREAD * (int)blockDim.x) {
+        float v[RMS_PER_THREAD], wv[RMS_PER_THREAD];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = i < cols ? rr[i] + bf2f(dr[i]) : 0.f;
+            wv[k] = i < cols ? bf2f(w[i]) : 0.f;
+            ss += v[k] * v[k];
+        }
+        const float inv = rsqrtf(block_sum(ss) / cols + eps);
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < cols) {
+                rr[i] = v[k];
+                out[row * cols + i] = f2bf(wv[k] * (v[k] * inv));
+            }
+        }
+        return;
+    }
     float ss = 0.f;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         const float v = rr[i] + bf2f(delta[row * cols + i]);

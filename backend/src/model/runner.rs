@@ -166,7 +166,13 @@ impl<D: Device> ModelRunner<D> {
             "KV cache allocated"
         );
         // Graph memory comes out of DEVICE_RESERVE, next to the eager activations.
-        let graphs = model.capture_decode_graphs(&dev, &mut kv, &opts.cuda_graph_sizes)?;
+        let graphs = match model.capture_decode_graphs(&dev, &mut kv, &opts.cuda_graph_sizes) {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(error = %e, "capturing decode CUDA graphs failed: running eagerly");
+                None
+            }
+        };
         if let Some(g) = graphs {
             tracing::info!(
                 graphs = g.graphs,

@@ -150,6 +150,10 @@ const ATT_TK: usize = 64;
 const ATT_MAXD: usize = 128;
 /// Query rows (tokens × GQA group) per block of the tensor-core kernel (MMA_TQ in attention_mma.cu).
 const MMA_ROWS: usize = 64;
+/// Threads of a combine block: one output element each (a decode token's GQA group × d).
+const COMBINE_THREADS: u32 = 512;
+/// Shortest key range an attention split is given.
+const MIN_SPLIT: usize = 128;
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
@@ -340,6 +344,13 @@ impl CudaDevice {
         self.stream.clone_htod(v).map_err(op_err("upload batch"))
     }
 
+    /// A row-normalisation launch: one block per row, threads enough that each keeps at most
+    /// RMS_PER_THREAD (rms_norm.cu) elements in registers.
+    fn norm_config(rows: usize, cols: usize) -> LaunchConfig {
+        let threads = (cols.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        Self::rows_config(rows, threads)
+    }
+
     fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
@@ -483,7 +494,7 @@ impl CudaDevice {
                 .arg(&ur);
             let cfg = LaunchConfig {
                 grid_dim: (sh.units as u32, sh.grid_y as u32, 1),
-                block_dim: (ATT_THREADS, 1, 1),
+                block_dim: (COMBINE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled.
@@ -712,7 +723,8 @@ impl Device for CudaDevice {
                     .arg(&c)
                     .arg(&eps);
                 // SAFETY: rms_norm_bf16(f32 x[rows, cols], bf16 w[cols], bf16 out[rows, cols], int, float).
-                unsafe { l.launch(Self::rows_config(x.rows, 256)) }.map_err(op_err("rms_norm"))?;
+                unsafe { l.launch(Self::norm_config(x.rows, x.cols)) }
+                    .map_err(op_err("rms_norm"))?;
             }
             Ok(CudaTensor {
                 rows: x.rows,
@@ -747,7 +759,7 @@ impl Device for CudaDevice {
                 l.arg(r).arg(d).arg(wv).arg(&mut out).arg(&c).arg(&eps);
                 // SAFETY: add_rms_norm_bf16(f32 residual[rows, cols], bf16 delta[rows, cols], bf16 w[cols],
                 // bf16 out[rows, cols], int cols, float eps).
-                unsafe { l.launch(Self::rows_config(rows, 256)) }
+                unsafe { l.launch(Self::norm_config(rows, cols)) }
                     .map_err(op_err("add_rms_norm"))?;
             }
             Ok(CudaTensor {
@@ -801,10 +813,16 @@ impl Device for CudaDevice {
                 .arg(&nh)
                 .arg(&nkv)
                 .arg(&d);
+            let cfg = LaunchConfig {
+                grid_dim: (b.n as u32, (p.num_heads + p.num_kv_heads) as u32, 1),
+                block_dim: ((p.head_dim / 2) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: rope_kv_bf16(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
-            // bf16 k_cache[slots, nkv, d], bf16 v_cache[slots, nkv, d], int, int, int); positions are below
-            // max_pos and slots inside the cache (validated by the runner).
-            unsafe { l.launch(Self::rows_config(b.n, 128)) }.map_err(op_err("rope_kv"))?;
+            // bf16 k_cache[slots, nkv, d], bf16 v_cache[slots, nkv, d], int, int, int) on grid (n, nh + nkv),
+            // block d/2 (d even, checked by the config; attention caps it at 128); positions are below max_pos and slots inside
+            // the cache or the padding mark (validated by the runner).
+            unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
             Ok(())
         })
     }
@@ -869,7 +887,7 @@ impl Device for CudaDevice {
             // the CUDA-core one 2): a partial second wave costs more than the split saves.
             let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
             let want = (wave / busy.max(1)).max(1);
-            let max_splits = b.max_ctx.div_ceil(256).max(1);
+            let max_splits = b.max_ctx.div_ceil(MIN_SPLIT).max(1);
             let splits = want.clamp(1, max_splits.min(32));
             let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
             let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
