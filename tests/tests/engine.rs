@@ -306,26 +306,24 @@ fn shortest_first_and_priority_reorder_the_queue() {
 
 #[test]
 fn stop_strings_end_the_text_before_them() {
-    let m = smollm2();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let p = tok
-        .encode(
-            &tok.render_chat(
-                &[ChatMessage::new("user", "What is the capital of France?")],
-                true,
-            )
-            .unwrap(),
-        )
-        .unwrap();
-    let e = engine(m, 64, EngineConfig::default());
+    // The stop string is taken from the model's own greedy text (the third word onwards), so
+    // the test holds whatever words a device's rounding picks.
+    let p = prompts()[0].clone();
+    let e = engine(smollm2(), 64, EngineConfig::default());
     let h = e.handle();
     let full = collect(h.submit(greedy_request(p.clone(), 12)).unwrap());
-    assert!(full.text.contains("Paris"), "{}", full.text);
+    let cut_at = full
+        .text
+        .match_indices(' ')
+        .nth(1)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("fewer than three words: {:?}", full.text));
+    let stop: String = full.text[cut_at..].chars().take(6).collect();
     let mut r = greedy_request(p, 12);
-    r.stop = vec![" Paris".into()];
+    r.stop = vec![stop.clone()];
     let cut = collect(h.submit(r).unwrap());
-    assert_eq!(cut.reason, FinishReason::Stop);
-    assert_eq!(cut.text, full.text[..full.text.find(" Paris").unwrap()]);
+    assert_eq!(cut.reason, FinishReason::Stop, "stop {stop:?} in {:?}", full.text);
+    assert_eq!(cut.text, full.text[..full.text.find(&stop).unwrap()]);
 }
 
 #[test]
@@ -352,17 +350,8 @@ fn seeded_sampling_is_reproducible_and_eos_stops() {
     };
     assert_eq!(sampled(42), sampled(42));
     assert_ne!(sampled(42), sampled(43));
-    let mut r = cachet_backend::request::EngineRequest::new(
-        tok.encode(
-            &tok.render_chat(
-                &[ChatMessage::new("user", "What is the capital of France?")],
-                true,
-            )
-            .unwrap(),
-        )
-        .unwrap(),
-        64,
-    );
+    // Asked for one short sentence, the model ends its turn (<|im_end|>) well before 64 tokens.
+    let mut r = cachet_backend::request::EngineRequest::new(prompts()[0].clone(), 64);
     r.ignore_eos = false;
     let c = collect(h.submit(r).unwrap());
     assert_eq!(c.reason, FinishReason::Stop, "stopped at <|im_end|>");
