@@ -41,6 +41,8 @@ pub struct EngineConfig {
     /// Deployment key of the block hashes.
     #[serde(skip)]
     pub hash_key: [u8; 32],
+    /// N-gram speculative decoding (off when `None`).
+    pub speculative: Option<crate::spec::SpecConfig>,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +55,7 @@ impl Default for EngineConfig {
             max_waiting_tokens: 256 * 1024,
             model_id: "model".into(),
             hash_key: [0; 32],
+            speculative: None,
         }
     }
 }
@@ -214,10 +217,12 @@ impl Engine {
             kv_events: kv_events.clone(),
             limits: limits.clone(),
         };
+        let mut sched = Scheduler::new(sched_cfg, kv);
+        sched.set_speculation(config.speculative.clone(), runner.samples_on_device());
         let mut core = EngineCore {
             runner,
             tokenizer,
-            sched: Scheduler::new(sched_cfg, kv),
+            sched,
             streams: Default::default(),
             cmd_rx,
             queued: handle.queued.clone(),
@@ -369,6 +374,8 @@ struct StreamState {
     sent: usize,
     started: bool,
     prompt_len: usize,
+    /// Tokens sent (a speculative step can produce tokens past a stop string: not counted).
+    emitted: usize,
 }
 
 struct EngineCore {
@@ -439,6 +446,7 @@ impl EngineCore {
                         sent: 0,
                         started: false,
                         prompt_len: req.prompt.len(),
+                        emitted: 0,
                     },
                 );
                 self.sched.add(id, req, hasher, arrival);
@@ -551,6 +559,7 @@ impl EngineCore {
                 st.sent = upto;
             }
         }
+        st.emitted += 1;
         let _ = st.tx.send(EngineEvent::Token {
             id: t.token,
             text: delta,
@@ -577,7 +586,7 @@ impl EngineCore {
             a.map(|a| a.saturating_duration_since(b))
                 .unwrap_or_default()
         };
-        let n_out = seq.num_output();
+        let n_out = st.emitted;
         let timings = RequestTimings {
             queue: since(seq.first_scheduled, seq.arrival),
             prefill: seq

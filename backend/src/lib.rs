@@ -20,6 +20,7 @@ pub mod request;
 pub mod rng;
 pub mod sampler;
 pub mod scheduler;
+pub mod spec;
 pub mod tokenizer;
 pub mod workload;
 

@@ -21,6 +21,7 @@ use crate::model::StepOutput;
 use crate::request::{EngineRequest, FinishReason};
 use crate::rng::Rng;
 use crate::sampler;
+use crate::spec::{verify_draft, SpecConfig, SpecState, MAX_SPECULATIVE_TOKENS};
 
 pub type RequestId = u64;
 
@@ -103,6 +104,8 @@ pub struct Seq {
     pub last_token: Option<Instant>,
     pub preemptions: u32,
     pub rng: Rng,
+    /// N-gram speculation, when the engine speculates and this request may.
+    pub spec: Option<SpecState>,
 }
 
 impl Seq {
@@ -123,6 +126,8 @@ pub struct ScheduledSeq {
     pub num_new: usize,
     /// Whether this step reaches the end of the known tokens, so a token is sampled.
     pub sample: bool,
+    /// Draft tokens computed after the last known one (part of `num_new`), each with logits.
+    pub drafts: Vec<u32>,
 }
 
 /// The plain record a step hands to the runner.
@@ -157,6 +162,14 @@ pub struct SchedulerCounters {
     pub steps: u64,
     pub prompt_tokens_computed: u64,
     pub generated_tokens: u64,
+    /// Draft tokens proposed and accepted by speculative decoding.
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    /// Verifications by the number of drafts accepted (0..=k).
+    pub spec_acceptance_lengths: [u64; MAX_SPECULATIVE_TOKENS + 1],
+    /// 1 when the last step could speculate, 0 when speculation is configured but stood down
+    /// (too many decoding requests), 0 when not configured.
+    pub spec_active: u64,
 }
 
 pub struct Scheduler {
@@ -166,6 +179,10 @@ pub struct Scheduler {
     running: Vec<Seq>,
     next_seq_no: u64,
     pub counters: SchedulerCounters,
+    spec: Option<SpecConfig>,
+    /// The runner picks tokens on the device (argmax per row there): sampled requests cannot
+    /// be verified exactly and do not speculate.
+    device_samples: bool,
 }
 
 impl Scheduler {
@@ -177,7 +194,38 @@ impl Scheduler {
             running: Vec::new(),
             next_seq_no: 0,
             counters: SchedulerCounters::default(),
+            spec: None,
+            device_samples: false,
         }
+    }
+
+    /// Turns n-gram speculative decoding on (see [`crate::spec`]).
+    pub fn set_speculation(&mut self, spec: Option<SpecConfig>, device_samples: bool) {
+        self.spec = spec;
+        self.device_samples = device_samples;
+    }
+
+    /// Draft tokens for running request `i` this step: none while it cools down, never past its
+    /// token limits or `budget`.
+    fn propose_drafts(&mut self, i: usize, budget: usize) -> Vec<u32> {
+        let Some(cfg) = &self.spec else {
+            return Vec::new();
+        };
+        let max_model_len = self.config.max_model_len;
+        let s = &mut self.running[i];
+        let room = cfg
+            .num_speculative_tokens
+            .min(s.req.max_tokens.saturating_sub(s.num_output() + 1))
+            .min(max_model_len.saturating_sub(s.tokens.len()))
+            .min(budget.saturating_sub(1));
+        let Some(st) = s.spec.as_mut() else {
+            return Vec::new();
+        };
+        if st.cooldown > 0 {
+            st.cooldown -= 1;
+            return Vec::new();
+        }
+        st.index.propose(&s.tokens, room)
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -233,6 +281,11 @@ impl Scheduler {
             last_token: None,
             preemptions: 0,
             rng: Rng::new(seed),
+            spec: self
+                .spec
+                .as_ref()
+                .filter(|_| !self.device_samples || req.sampling.is_greedy())
+                .map(SpecState::new),
             req,
         };
         self.next_seq_no += 1;
@@ -309,6 +362,19 @@ impl Scheduler {
         decoding.append(&mut prefilling);
         self.running = decoding;
 
+        // Speculation stands down when many requests decode: verifying drafts then costs
+        // compute a small, memory-bound batch gets for free.
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.num_computed + 1 == s.tokens.len())
+            .count();
+        let speculate = self
+            .spec
+            .as_ref()
+            .is_some_and(|c| decoding <= c.disable_by_batch_size);
+        self.counters.spec_active = speculate as u64;
+
         // 1. Running requests, in order: decodes and unfinished prefill chunks.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
@@ -316,6 +382,35 @@ impl Scheduler {
                 let s = &self.running[i];
                 (s.id, s.num_computed, s.tokens.len() - s.num_computed)
             };
+            let mut drafts = if speculate && want == 1 {
+                self.propose_drafts(i, budget)
+            } else {
+                Vec::new()
+            };
+            // Drafts only take blocks that are free: they never preempt anyone.
+            if !drafts.is_empty()
+                && !self.kv.allocate_slots(
+                    id,
+                    &ComputedBlocks::default(),
+                    num_computed,
+                    1 + drafts.len(),
+                    &self.running[i].block_hashes,
+                )
+            {
+                drafts.clear();
+            }
+            if !drafts.is_empty() {
+                budget -= 1 + drafts.len();
+                out.scheduled.push(ScheduledSeq {
+                    id,
+                    num_computed,
+                    num_new: 1 + drafts.len(),
+                    sample: true,
+                    drafts,
+                });
+                i += 1;
+                continue;
+            }
             let num_new = want.min(budget);
             if num_new == 0 {
                 i += 1;
@@ -352,6 +447,7 @@ impl Scheduler {
                 num_computed,
                 num_new,
                 sample: num_new == want,
+                drafts: Vec::new(),
             });
             budget -= num_new;
             i += 1;
@@ -402,6 +498,7 @@ impl Scheduler {
                     num_computed,
                     num_new,
                     sample: num_new == want,
+                    drafts: Vec::new(),
                 });
                 budget -= num_new;
                 self.running.push(s);
@@ -425,6 +522,15 @@ impl Scheduler {
                 .iter()
                 .find(|s| s.id == sc.id)
                 .expect("scheduled requests are running");
+            if !sc.drafts.is_empty() {
+                // The last known token, then the drafts; logits at every one of them.
+                let mut toks = vec![s.tokens[sc.num_computed]];
+                toks.extend_from_slice(&sc.drafts);
+                let start = b.num_tokens() as u32;
+                b.push_seq(&toks, sc.num_computed, self.kv.block_table(sc.id), bs, false);
+                b.logit_rows.extend(start..start + toks.len() as u32);
+                continue;
+            }
             let toks = &s.tokens[sc.num_computed..sc.num_computed + sc.num_new];
             b.push_seq(
                 toks,
@@ -443,19 +549,22 @@ impl Scheduler {
         out.scheduled
             .iter()
             .filter(|sc| sc.sample)
-            .filter_map(|sc| self.running.iter().find(|s| s.id == sc.id))
-            .map(|s| RowSampling {
-                temperature: s.req.sampling.temperature,
-                top_k: s.req.sampling.top_k as i32,
-                top_p: s.req.sampling.top_p,
-                pad: 0,
-                seed: s
-                    .req
-                    .sampling
-                    .seed
-                    .unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                step: s.num_output() as u64,
+            .filter_map(|sc| {
+                let s = self.running.iter().find(|s| s.id == sc.id)?;
+                Some((0..=sc.drafts.len()).map(move |j| RowSampling {
+                    temperature: s.req.sampling.temperature,
+                    top_k: s.req.sampling.top_k as i32,
+                    top_p: s.req.sampling.top_p,
+                    pad: 0,
+                    seed: s
+                        .req
+                        .sampling
+                        .seed
+                        .unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                    step: (s.num_output() + j) as u64,
+                }))
             })
+            .flatten()
             .collect()
     }
 
@@ -475,6 +584,59 @@ impl Scheduler {
             let Some(s) = self.running.iter_mut().find(|s| s.id == sc.id) else {
                 continue;
             };
+            if !sc.drafts.is_empty() {
+                // Verify the drafts in order; the first disagreement emits the model's own token
+                // and ends the step for this request; all accepted earn one more (the bonus).
+                let mut emitted = 0;
+                let mut accepted = 0;
+                for j in 0..=sc.drafts.len() {
+                    let (tok, ok) = match step {
+                        StepOutput::Logits(logits) if j < sc.drafts.len() => {
+                            verify_draft(logits.row(row + j), &s.req.sampling, sc.drafts[j], &mut s.rng)
+                        }
+                        StepOutput::Logits(logits) => {
+                            (sampler::sample(logits.row(row + j), &s.req.sampling, &mut s.rng), false)
+                        }
+                        StepOutput::Tokens(ids) => {
+                            (ids[row + j], j < sc.drafts.len() && ids[row + j] == sc.drafts[j])
+                        }
+                    };
+                    accepted += ok as usize;
+                    emitted += 1;
+                    s.tokens.push(tok);
+                    s.hasher.extend(&mut s.block_hashes, &s.tokens);
+                    s.first_token.get_or_insert(now);
+                    s.last_token = Some(now);
+                    self.counters.generated_tokens += 1;
+                    let finish = if !s.req.ignore_eos && s.req.stop_token_ids.contains(&tok) {
+                        Some(FinishReason::Stop)
+                    } else if s.num_output() >= s.req.max_tokens || s.tokens.len() >= max_model_len {
+                        Some(FinishReason::Length)
+                    } else {
+                        None
+                    };
+                    produced.push(StepToken {
+                        id: s.id,
+                        token: tok,
+                        finish,
+                    });
+                    if finish.is_some() || !ok {
+                        break;
+                    }
+                }
+                row += sc.drafts.len() + 1;
+                // Positions up to the last emitted token hold the right K/V (the last known token
+                // and the accepted drafts); slots past them are rolled back.
+                s.num_computed = sc.num_computed + emitted;
+                self.kv.truncate(s.id, s.tokens.len());
+                self.counters.spec_draft_tokens += sc.drafts.len() as u64;
+                self.counters.spec_accepted_tokens += accepted as u64;
+                self.counters.spec_acceptance_lengths[accepted] += 1;
+                if let (Some(cfg), Some(st)) = (&self.spec, s.spec.as_mut()) {
+                    st.record(cfg, sc.drafts.len(), accepted);
+                }
+                continue;
+            }
             s.num_computed = sc.num_computed + sc.num_new;
             if sc.num_computed < s.prompt_len {
                 self.counters.prompt_tokens_computed +=

@@ -119,4 +119,22 @@ fn bad_input_gets_a_clear_error() {
     let out = cachet(&["model", "fetch", "gpt-17"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown model"));
+    // A bad --speculative-config is refused before any model is loaded, saying what to fix.
+    for (cfg, says) in [
+        ("{\"method\": \"eagle\"}", "use \"ngram\""),
+        ("{\"num_speculative_tokens\": 99}", "num_speculative_tokens must be"),
+        ("{\"lookahead\": 3}", "unknown field"),
+        ("ngram", "must be a JSON object"),
+    ] {
+        let out = cachet(&[
+            "worker",
+            "--model",
+            "/no/such/model",
+            "--speculative-config",
+            cfg,
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{cfg}: {err}");
+    }
 }

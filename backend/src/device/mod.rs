@@ -286,6 +286,10 @@ pub trait Device: Send {
     ) -> Result<Option<Vec<u32>>, DeviceError> {
         Ok(None)
     }
+    /// Whether [`Device::sample`] picks tokens here (then the host sees no probabilities).
+    fn samples_on_device(&self) -> bool {
+        false
+    }
     /// Turns per-operation timing (device events around each operation) on or off.
     fn set_profiling(&self, _on: bool) {}
     /// Time per operation since the last call: (operation, total ms, calls), largest first.

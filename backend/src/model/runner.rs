@@ -31,6 +31,8 @@ pub trait Runner: Send {
     fn synchronize(&self) -> Result<(), EngineError>;
     /// The device's measured ceilings, if it can measure them.
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError>;
+    /// Whether steps come back as tokens chosen on the device (see [`StepOutput`]).
+    fn samples_on_device(&self) -> bool;
     /// Turns replaying decode graphs on or off (for eager-vs-graph comparisons); whether the
     /// runner has any.
     fn set_cuda_graphs(&mut self, on: bool) -> bool;
@@ -256,6 +258,9 @@ impl<D: Device> Runner for ModelRunner<D> {
     }
     fn set_profiling(&self, on: bool) {
         self.dev.set_profiling(on)
+    }
+    fn samples_on_device(&self) -> bool {
+        self.dev.samples_on_device()
     }
     fn set_cuda_graphs(&mut self, on: bool) -> bool {
         self.dev.set_graphs_enabled(&mut self.kv, on)

@@ -60,6 +60,13 @@ pub struct EngineArgs {
     /// it a random key is drawn at start-up.
     #[arg(long, env = "CACHET_HASH_KEY_FILE")]
     pub hash_key_file: Option<PathBuf>,
+    /// N-gram (prompt-lookup) speculative decoding, as vLLM's JSON, e.g.
+    /// '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+    /// "prompt_lookup_min": 2}'; also "disable_by_batch_size" (no speculation in a step with more
+    /// decoding requests, default 8), "min_acceptance_rate" (a request below it pauses for
+    /// "cooldown_steps" steps; 0.3 and 16). Off by default.
+    #[arg(long)]
+    pub speculative_config: Option<String>,
     /// Run every step eagerly: no CUDA graphs for decode steps (vLLM's flag).
     #[arg(long)]
     pub enforce_eager: bool,
@@ -113,10 +120,24 @@ impl EngineArgs {
         sizes
     }
 
+    /// The parsed `--speculative-config`.
+    pub fn speculative(&self) -> anyhow::Result<Option<cachet_backend::spec::SpecConfig>> {
+        let Some(text) = &self.speculative_config else {
+            return Ok(None);
+        };
+        let c: cachet_backend::spec::SpecConfig = serde_json::from_str(text).with_context(|| {
+            format!("--speculative-config must be a JSON object like {{\"method\": \"ngram\", \"num_speculative_tokens\": 4}}, got `{text}`")
+        })?;
+        c.validate()
+            .map_err(|e| anyhow::anyhow!("--speculative-config: {e}"))?;
+        Ok(Some(c))
+    }
+
     /// Loads the model (fetching a known one), builds the runner and starts the engine thread.
     pub fn start(&self, key: [u8; 32]) -> anyhow::Result<Started> {
         let a = self;
         let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
+        let speculative = a.speculative()?;
         if let Some(k) = loader::fetch::known_model(&a.model) {
             loader::fetch::fetch(k, true)?;
         }
@@ -154,6 +175,7 @@ impl EngineArgs {
             max_waiting_tokens: a.max_waiting_tokens,
             model_id: model_id.clone(),
             hash_key: key,
+            speculative,
             ..Default::default()
         };
         let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);

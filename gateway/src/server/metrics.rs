@@ -57,6 +57,11 @@ pub struct WorkerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AcceptedLabel {
+    pub accepted_drafts: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantStatus {
     pub tenant: String,
     pub status: String,
@@ -89,6 +94,10 @@ pub struct Metrics {
     prefix_queried: Gauge,
     prefix_hits: Gauge,
     preemptions: Gauge,
+    spec_drafts: Gauge,
+    spec_accepted: Gauge,
+    spec_active: Gauge,
+    spec_verifications: Family<AcceptedLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -127,6 +136,10 @@ impl Metrics {
             prefix_queried: Gauge::default(),
             prefix_hits: Gauge::default(),
             preemptions: Gauge::default(),
+            spec_drafts: Gauge::default(),
+            spec_accepted: Gauge::default(),
+            spec_active: Gauge::default(),
+            spec_verifications: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -254,6 +267,26 @@ impl Metrics {
             "Requests preempted by recompute",
             m.preemptions.clone(),
         );
+        registry.register(
+            "spec_draft_tokens",
+            "Draft tokens proposed by n-gram speculative decoding",
+            m.spec_drafts.clone(),
+        );
+        registry.register(
+            "spec_accepted_tokens",
+            "Draft tokens the model accepted",
+            m.spec_accepted.clone(),
+        );
+        registry.register(
+            "spec_active",
+            "1 when the last engine step could speculate, 0 when speculation is off or stood down under load",
+            m.spec_active.clone(),
+        );
+        registry.register(
+            "spec_verifications",
+            "Speculative verifications by the number of drafts accepted (the acceptance-length histogram)",
+            m.spec_verifications.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -346,6 +379,18 @@ impl Metrics {
             .set(s.counters.prefix_queried_tokens as i64);
         self.prefix_hits.set(s.counters.prefix_hit_tokens as i64);
         self.preemptions.set(s.counters.preemptions as i64);
+        self.spec_drafts.set(s.counters.spec_draft_tokens as i64);
+        self.spec_accepted.set(s.counters.spec_accepted_tokens as i64);
+        self.spec_active.set(s.counters.spec_active as i64);
+        for (n, &count) in s.counters.spec_acceptance_lengths.iter().enumerate() {
+            if count > 0 {
+                self.spec_verifications
+                    .get_or_create(&AcceptedLabel {
+                        accepted_drafts: n.to_string(),
+                    })
+                    .set(count as i64);
+            }
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String");

@@ -1090,6 +1090,10 @@ impl Device for CudaDevice {
         })
     }
 
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
     fn set_profiling(&self, on: bool) {
         self.profiling.set(on);
         self.events.borrow_mut().clear();

@@ -1,0 +1,347 @@
+//! N-gram (prompt-lookup) speculative decoding.
+//!
+//! A decoding request proposes the tokens that followed the most recent earlier occurrence of
+//! its last `n` tokens (`n` from `prompt_lookup_max` down to `prompt_lookup_min`) in its own
+//! prompt + output: copy-heavy work (editing code, quoting a document, reformatting JSON) repeats
+//! itself, and such drafts cost no model. The scheduler computes the drafts as extra tokens of the
+//! request's step (the counter model: drafts are just tokens to compute) with logits for every
+//! one; [`verify_draft`] keeps the longest prefix the model agrees with plus one token of its own,
+//! so greedy output is exactly non-speculative output, and sampled output has exactly the target
+//! distribution. KV slots past the accepted tokens are rolled back, and since block hashes only
+//! ever cover accepted tokens, no cached block is registered from a rejected draft.
+//!
+//! Each request has its own index (drafts never come from another request, let alone another
+//! tenant: acceptance timing would leak their text). Speculation turns itself off for a step
+//! with many decoding requests (verification then costs compute that a memory-bound small batch
+//! gets for free) and, per request, while its acceptance rate is low.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::rng::Rng;
+use crate::sampler::{self, SamplingParams};
+
+/// Most draft tokens per step a request may propose.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+/// vLLM's `--speculative-config` for `"method": "ngram"`, plus when to stand down.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpecConfig {
+    /// Only "ngram" (prompt lookup).
+    pub method: String,
+    pub num_speculative_tokens: usize,
+    pub prompt_lookup_max: usize,
+    pub prompt_lookup_min: usize,
+    /// No speculation in a step with more decoding requests than this.
+    pub disable_by_batch_size: usize,
+    /// A request whose running acceptance rate (drafts accepted / proposed, exponentially
+    /// averaged) falls below this stops proposing for `cooldown_steps` steps.
+    pub min_acceptance_rate: f64,
+    pub cooldown_steps: u32,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            method: "ngram".into(),
+            num_speculative_tokens: 4,
+            prompt_lookup_max: 4,
+            prompt_lookup_min: 2,
+            disable_by_batch_size: 8,
+            min_acceptance_rate: 0.3,
+            cooldown_steps: 16,
+        }
+    }
+}
+
+impl SpecConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.method != "ngram" {
+            return Err(format!(
+                "speculative method `{}` is not supported: use \"ngram\"",
+                self.method
+            ));
+        }
+        if self.num_speculative_tokens == 0 || self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS
+        {
+            return Err(format!(
+                "num_speculative_tokens must be 1..={MAX_SPECULATIVE_TOKENS}, got {}",
+                self.num_speculative_tokens
+            ));
+        }
+        if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
+            return Err(format!(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got {} and {}",
+                self.prompt_lookup_min, self.prompt_lookup_max
+            ));
+        }
+        if self.prompt_lookup_max > 32 {
+            return Err(format!(
+                "prompt_lookup_max must be at most 32, got {}",
+                self.prompt_lookup_max
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_acceptance_rate) {
+            return Err(format!(
+                "min_acceptance_rate must be in [0, 1], got {}",
+                self.min_acceptance_rate
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn ngram_key(gram: &[u32]) -> u64 {
+    // FNV-1a over the tokens, then the length: collisions only cost a proposal (checked below).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &t in gram {
+        for b in t.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h ^ (gram.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Where each n-gram of a request's tokens (for n in min..=max) last ended. Updated with the new
+/// tokens only: a proposal costs `max - min + 1` lookups, never a rescan.
+#[derive(Debug, Clone)]
+pub struct NgramIndex {
+    min: usize,
+    max: usize,
+    /// n-gram → exclusive end of its latest occurrence that has a token after it.
+    last_end: HashMap<u64, u32>,
+    /// Ends below this are indexed.
+    indexed: usize,
+}
+
+impl NgramIndex {
+    pub fn new(min: usize, max: usize) -> Self {
+        NgramIndex {
+            min,
+            max,
+            last_end: HashMap::new(),
+            indexed: 0,
+        }
+    }
+
+    fn update(&mut self, tokens: &[u32]) {
+        // An occurrence ending at e is useful only if tokens[e] exists: index ends < len.
+        let len = tokens.len();
+        for e in self.indexed.max(self.min)..len {
+            for n in self.min..=self.max.min(e) {
+                self.last_end.insert(ngram_key(&tokens[e - n..e]), e as u32);
+            }
+        }
+        self.indexed = self.indexed.max(len);
+    }
+
+    /// Up to `k` tokens that followed the latest earlier occurrence of the longest matching
+    /// suffix of `tokens`.
+    pub fn propose(&mut self, tokens: &[u32], k: usize) -> Vec<u32> {
+        let len = tokens.len();
+        if k == 0 || len < self.min + 1 {
+            self.update(tokens);
+            return Vec::new();
+        }
+        // Ends below len are indexed; the suffix's own end is len, so it never matches itself.
+        self.update(tokens);
+        let mut out = Vec::new();
+        for n in (self.min..=self.max.min(len - 1)).rev() {
+            let suffix = &tokens[len - n..];
+            if let Some(&e) = self.last_end.get(&ngram_key(suffix)) {
+                let e = e as usize;
+                if e >= n && &tokens[e - n..e] == suffix {
+                    out.extend_from_slice(&tokens[e..(e + k).min(len)]);
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A request's speculation state.
+#[derive(Debug, Clone)]
+pub struct SpecState {
+    pub index: NgramIndex,
+    /// Exponential average of accepted / proposed.
+    pub acceptance: f64,
+    /// Steps left without proposing.
+    pub cooldown: u32,
+}
+
+impl SpecState {
+    pub fn new(cfg: &SpecConfig) -> Self {
+        SpecState {
+            index: NgramIndex::new(cfg.prompt_lookup_min, cfg.prompt_lookup_max),
+            acceptance: 1.0,
+            cooldown: 0,
+        }
+    }
+
+    /// Records a verification; stands the request down for a while when drafts keep failing.
+    pub fn record(&mut self, cfg: &SpecConfig, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        self.acceptance = 0.7 * self.acceptance + 0.3 * accepted as f64 / proposed as f64;
+        if self.acceptance < cfg.min_acceptance_rate {
+            self.cooldown = cfg.cooldown_steps;
+            // A fresh chance after the cool-down, not an immediate relapse.
+            self.acceptance = (cfg.min_acceptance_rate + 1.0) / 2.0;
+        }
+    }
+}
+
+/// Verifies one draft token against the model's logits at its position: returns the token to
+/// emit and whether it is the draft.
+///
+/// Greedy: the argmax, accepted when it equals the draft. Sampled: the draft is a point mass, so
+/// speculative sampling accepts it with probability p(draft) and otherwise draws from p with the
+/// draft removed and renormalised — the emitted token is distributed exactly as p.
+pub fn verify_draft(logits: &[f32], params: &SamplingParams, draft: u32, rng: &mut Rng) -> (u32, bool) {
+    if params.is_greedy() {
+        let t = sampler::argmax(logits);
+        return (t, t == draft);
+    }
+    let dist = sampler::distribution(logits, params);
+    let pd = dist
+        .iter()
+        .find(|x| x.0 == draft)
+        .map_or(0.0, |x| x.1 as f64);
+    if rng.uniform() < pd {
+        return (draft, true);
+    }
+    let rest = 1.0 - pd;
+    if rest <= 0.0 {
+        return (draft, true);
+    }
+    let u = rng.uniform() * rest;
+    let mut acc = 0.0;
+    let mut last = None;
+    for &(id, pr) in &dist {
+        if id == draft {
+            continue;
+        }
+        acc += pr as f64;
+        last = Some(id);
+        if u < acc {
+            return (id, false);
+        }
+    }
+    (last.unwrap_or(draft), last.is_none())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proposes_what_followed_the_latest_longest_match() {
+        let mut ix = NgramIndex::new(2, 4);
+        // ... 5 6 7 [8 9] ... 5 6 7 [1 2] ... 5 6 7 → the latest "5 6 7" was followed by 1 2.
+        let t = [5, 6, 7, 8, 9, 0, 5, 6, 7, 1, 2, 3, 5, 6, 7];
+        assert_eq!(ix.propose(&t, 2), vec![1, 2]);
+        assert_eq!(ix.propose(&t, 8), vec![1, 2, 3, 5, 6, 7]);
+        // A longer match wins over a later shorter one: "4 5 6 7" occurred once, before 8.
+        let mut ix = NgramIndex::new(2, 4);
+        let t = [4, 5, 6, 7, 8, 0, 5, 6, 7, 1, 4, 5, 6, 7];
+        assert_eq!(ix.propose(&t, 1), vec![8]);
+        // No match: nothing proposed; the suffix never matches itself.
+        assert!(NgramIndex::new(2, 3).propose(&[1, 2, 3, 4], 4).is_empty());
+        let mut ix = NgramIndex::new(2, 3);
+        assert!(ix.propose(&[7, 7], 4).is_empty());
+        assert_eq!(ix.propose(&[7, 7, 7], 4), vec![7]);
+    }
+
+    #[test]
+    fn the_index_grows_with_the_tokens_and_matches_a_rescan() {
+        let mut rng = Rng::new(1);
+        let mut tokens: Vec<u32> = Vec::new();
+        let mut ix = NgramIndex::new(1, 3);
+        for _ in 0..400 {
+            tokens.push((rng.next_u64() % 6) as u32);
+            let got = ix.propose(&tokens, 3);
+            // The rescan: longest n first, then the latest earlier end.
+            let mut want = Vec::new();
+            'n: for n in (1..=3.min(tokens.len().saturating_sub(1))).rev() {
+                let len = tokens.len();
+                let suffix = &tokens[len - n..];
+                for e in (n..len).rev() {
+                    if &tokens[e - n..e] == suffix {
+                        want = tokens[e..(e + 3).min(len)].to_vec();
+                        break 'n;
+                    }
+                }
+            }
+            assert_eq!(got, want, "at {}", tokens.len());
+        }
+    }
+
+    #[test]
+    fn verified_tokens_follow_the_target_distribution_whatever_the_draft() {
+        // Speculative sampling is exact: for a fixed draft, the emitted token's frequencies match
+        // p (chi-square, 5 degrees of freedom, p < 0.001 critical value 20.5).
+        let logits = [0.5f32, 1.5, -0.3, 2.0, 0.0, 1.0];
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        };
+        let p: Vec<f64> = {
+            let d = sampler::distribution(&logits, &params);
+            let mut v = vec![0.0; logits.len()];
+            for (id, pr) in d {
+                v[id as usize] = pr as f64;
+            }
+            v
+        };
+        for draft in [3u32, 2, 5] {
+            let mut rng = Rng::new(draft as u64 + 10);
+            let n = 40_000;
+            let mut counts = vec![0usize; logits.len()];
+            let mut accepted = 0;
+            for _ in 0..n {
+                let (t, ok) = verify_draft(&logits, &params, draft, &mut rng);
+                counts[t as usize] += 1;
+                accepted += ok as usize;
+            }
+            let chi2: f64 = counts
+                .iter()
+                .zip(&p)
+                .map(|(&c, &q)| (c as f64 - n as f64 * q).powi(2) / (n as f64 * q))
+                .sum();
+            assert!(chi2 < 20.5, "draft {draft}: chi2 {chi2}, counts {counts:?}, p {p:?}");
+            // And the draft is accepted exactly as often as the model would pick it.
+            let rate = accepted as f64 / n as f64;
+            assert!((rate - p[draft as usize]).abs() < 0.01, "{rate} vs {}", p[draft as usize]);
+        }
+        // With top-k, a draft outside the candidates is never accepted.
+        let params = SamplingParams {
+            top_k: 2,
+            ..params
+        };
+        let mut rng = Rng::new(3);
+        for _ in 0..1000 {
+            let (t, ok) = verify_draft(&logits, &params, 2, &mut rng);
+            assert!(!ok && (t == 3 || t == 1));
+        }
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_a_reason() {
+        let bad = |f: fn(&mut SpecConfig)| {
+            let mut c = SpecConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err()
+        };
+        assert!(bad(|c| c.method = "eagle".into()).contains("ngram"));
+        assert!(bad(|c| c.num_speculative_tokens = 0).contains("num_speculative_tokens"));
+        assert!(bad(|c| c.prompt_lookup_min = 5).contains("prompt_lookup_min"));
+        assert!(SpecConfig::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,309 @@
+//! N-gram speculative decoding through the engine: exact greedy output, the target distribution
+//! kept under sampling, no cached block from a rejected draft, standing down under load and
+//! after rejections.
+
+use std::time::Duration;
+
+use cachet_backend::engine::{EngineConfig, EngineStats};
+use cachet_backend::kv::KvEvent;
+use cachet_backend::sampler::SamplingParams;
+use cachet_backend::spec::SpecConfig;
+use cachet_backend::tokenizer::ChatMessage;
+use cachet_tests::*;
+
+fn spec(f: impl FnOnce(&mut SpecConfig)) -> Option<SpecConfig> {
+    let mut c = SpecConfig::default();
+    f(&mut c);
+    c.validate().unwrap();
+    Some(c)
+}
+
+/// Copy-heavy chat prompts: the answer quotes the question.
+fn copy_prompts() -> Vec<Vec<u32>> {
+    let tok = smollm2().tokenizer.as_ref().unwrap();
+    [
+        "Repeat this sentence exactly, twice: The quick brown fox jumps over the lazy dog near the river bank.",
+        "Add a docstring to this function and return the whole function:\ndef area(width, height):\n    return width * height",
+        "Rewrite as JSON with keys name, age and city: name Alice Smith, age 30, city Paris.",
+        "Copy this list in reverse order: apples, bananas, cherries, dates, elderberries, figs.",
+    ]
+    .iter()
+    .map(|q| {
+        tok.encode(
+            &tok.render_chat(&[ChatMessage::new("user", *q)], true)
+                .unwrap(),
+        )
+        .unwrap()
+    })
+    .collect()
+}
+
+fn run(
+    m: &cachet_backend::loader::LoadedModel,
+    speculative: Option<SpecConfig>,
+    requests: Vec<cachet_backend::request::EngineRequest>,
+) -> (Vec<Collected>, EngineStats) {
+    let cfg = EngineConfig {
+        speculative,
+        max_waiting: 100_000,
+        max_waiting_tokens: usize::MAX,
+        ..Default::default()
+    };
+    let e = engine(m, 256, cfg);
+    let h = e.handle();
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| h.submit(r).unwrap())
+        .collect();
+    let out: Vec<Collected> = streams.into_iter().map(collect).collect();
+    std::thread::sleep(Duration::from_millis(20));
+    (out, h.stats())
+}
+
+#[test]
+fn greedy_output_is_identical_with_speculation_and_takes_fewer_steps() {
+    let m = smollm2();
+    let reqs = || {
+        copy_prompts()
+            .into_iter()
+            .map(|p| greedy_request(p, 48))
+            .collect::<Vec<_>>()
+    };
+    let (off, s_off) = run(m, None, reqs());
+    let (on, s_on) = run(m, spec(|_| {}), reqs());
+    for (a, b) in off.iter().zip(&on) {
+        assert_eq!(a.tokens, b.tokens, "{:?} vs {:?}", a.text, b.text);
+        assert_eq!(a.usage.completion_tokens, b.usage.completion_tokens);
+    }
+    let c = s_on.counters;
+    assert!(c.spec_draft_tokens > 0 && c.spec_accepted_tokens > 0, "{c:?}");
+    assert_eq!(
+        c.spec_acceptance_lengths.iter().sum::<u64>() > 0,
+        true,
+        "verifications recorded"
+    );
+    assert!(
+        c.steps < s_off.counters.steps,
+        "{} steps with speculation, {} without",
+        c.steps,
+        s_off.counters.steps
+    );
+    assert_eq!(s_off.counters.spec_draft_tokens, 0);
+    // Rolled-back slots are returned: nothing is held once every request is done.
+    assert_eq!(s_on.kv.used, 0, "{:?}", s_on.kv);
+    eprintln!(
+        "{} steps → {}; drafts {} accepted {} ({:?})",
+        s_off.counters.steps,
+        c.steps,
+        c.spec_draft_tokens,
+        c.spec_accepted_tokens,
+        &c.spec_acceptance_lengths[..5]
+    );
+}
+
+#[test]
+fn stop_strings_and_lengths_hold_when_a_step_accepts_several_tokens() {
+    let m = smollm2();
+    let p = copy_prompts()[0].clone();
+    let (full, _) = run(m, spec(|_| {}), vec![greedy_request(p.clone(), 40)]);
+    let text = &full[0].text;
+    // A stop string inside a run of accepted drafts: the text ends right before it, and the
+    // usage counts the tokens sent, not the ones verified past it.
+    let at = text.find(" fox").expect("the sentence is repeated");
+    let mut r = greedy_request(p.clone(), 40);
+    r.stop = vec![" fox".into()];
+    let (cut, _) = run(m, spec(|_| {}), vec![r]);
+    assert_eq!(cut[0].text, text[..at]);
+    assert!(cut[0].usage.completion_tokens <= full[0].usage.completion_tokens);
+    assert_eq!(cut[0].tokens.len(), cut[0].usage.completion_tokens);
+    // max_tokens is never exceeded by a bonus token.
+    for n in [1usize, 2, 5, 9] {
+        let (o, _) = run(m, spec(|_| {}), vec![greedy_request(p.clone(), n)]);
+        assert_eq!(o[0].tokens, full[0].tokens[..n], "max_tokens {n}");
+    }
+}
+
+#[test]
+fn no_cached_block_ever_holds_a_rejected_draft() {
+    // A random tiny model rejects most drafts; the prompt repeats itself so drafts are
+    // proposed at every step. Stored blocks must be exactly the blocks of accepted tokens.
+    let m = tiny("tiny-gqa-llama3");
+    let prompt: Vec<u32> = (1..40).chain(1..40).collect();
+    let cfg = EngineConfig {
+        speculative: spec(|c| {
+            c.prompt_lookup_min = 1;
+            c.min_acceptance_rate = 0.0;
+        }),
+        ..Default::default()
+    };
+    let e = engine(&m, 64, cfg);
+    let h = e.handle();
+    let mut events = h.subscribe_kv_events();
+    let mut r = greedy_request(prompt.clone(), 60);
+    r.salt = [5; 32];
+    let c = collect(h.submit(r).unwrap());
+    std::thread::sleep(Duration::from_millis(20));
+    let stats = h.stats().counters;
+    assert!(stats.spec_draft_tokens > stats.spec_accepted_tokens, "{stats:?}");
+    let all: Vec<u32> = [prompt, c.tokens.clone()].concat();
+    let want = h.hash_context([5; 32]).hash_all(&all[..all.len() - 1]);
+    let mut stored = Vec::new();
+    while let Ok(batch) = events.try_recv() {
+        for ev in batch {
+            if let KvEvent::Stored { hashes } = ev {
+                stored.extend(hashes);
+            }
+        }
+    }
+    assert_eq!(stored, want);
+    // And the output is the non-speculative one.
+    let e = engine(&m, 64, EngineConfig::default());
+    let base = collect(
+        e.handle()
+            .submit(greedy_request((1..40).chain(1..40).collect(), 60))
+            .unwrap(),
+    );
+    assert_eq!(base.tokens, c.tokens);
+}
+
+#[test]
+fn sampled_speculation_keeps_the_target_distribution() {
+    // Two-sample chi-square test of homogeneity between the output tokens at positions 2-4
+    // with and without speculation (temperature 1, top-k 3, 1,500 seeds each). The prompt is
+    // B, the model's own greedy continuation G of B, then B again: the likely first tokens
+    // occur in G, so the drafts (what followed them there) are tokens the model often picks
+    // too, and both acceptance and rejection are exercised.
+    let m = tiny("tiny-gqa-llama3");
+    let b: Vec<u32> = (1..60).collect();
+    let g = run(&m, None, vec![greedy_request(b.clone(), 8)]).0[0].tokens.clone();
+    let prompt: Vec<u32> = [b.clone(), g, b].concat();
+    let n = 1500;
+    let reqs = || {
+        (0..n)
+            .map(|i| {
+                let mut r = greedy_request(prompt.clone(), 4);
+                r.sampling = SamplingParams {
+                    temperature: 1.0,
+                    top_k: 3,
+                    top_p: 1.0,
+                    seed: Some(1000 + i as u64),
+                };
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let (off, _) = run(&m, None, reqs());
+    let (on, stats) = run(
+        &m,
+        spec(|c| {
+            c.prompt_lookup_min = 1;
+            c.num_speculative_tokens = 3;
+            c.min_acceptance_rate = 0.0;
+            c.disable_by_batch_size = 100_000;
+        }),
+        reqs(),
+    );
+    let c = stats.counters;
+    let rate = c.spec_accepted_tokens as f64 / c.spec_draft_tokens as f64;
+    assert!(
+        c.spec_draft_tokens > n as u64 && (0.1..0.9).contains(&rate),
+        "drafts verified, some accepted, some not: {c:?}"
+    );
+    for pos in 1..4 {
+        let count = |runs: &[Collected]| {
+            let mut h = std::collections::HashMap::<u32, f64>::new();
+            for r in runs {
+                *h.entry(r.tokens[pos]).or_default() += 1.0;
+            }
+            h
+        };
+        let (a, b) = (count(&off), count(&on));
+        let mut keys: Vec<u32> = a.keys().chain(b.keys()).copied().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        // Rare tokens pooled so every cell expects at least 10.
+        let (mut chi2, mut cells) = (0.0, 0);
+        let (mut ra, mut rb) = (0.0, 0.0);
+        let mut cell = |x: f64, y: f64| {
+            let e = (x + y) / 2.0;
+            chi2 += (x - e).powi(2) / e + (y - e).powi(2) / e;
+            cells += 1;
+        };
+        for k in keys {
+            let (x, y) = (
+                a.get(&k).copied().unwrap_or(0.0),
+                b.get(&k).copied().unwrap_or(0.0),
+            );
+            if x + y >= 20.0 {
+                cell(x, y);
+            } else {
+                ra += x;
+                rb += y;
+            }
+        }
+        if ra + rb > 0.0 {
+            cell(ra, rb);
+        }
+        // p < 0.001 critical values of chi-square with (cells - 1) degrees of freedom, bounded
+        // above by the Wilson–Hilferty approximation.
+        let df = (cells - 1) as f64;
+        let z = 3.09;
+        let crit = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
+        assert!(
+            chi2 < crit,
+            "position {pos}: chi2 {chi2:.1} over {cells} cells (critical {crit:.1})"
+        );
+    }
+}
+
+#[test]
+fn speculation_stands_down_under_load_and_after_rejections() {
+    let m = tiny("tiny-gqa-llama3");
+    let prompt: Vec<u32> = (1..40).chain(1..40).collect();
+    let reqs = |k: usize| {
+        (0..k)
+            .map(|_| greedy_request(prompt.clone(), 40))
+            .collect::<Vec<_>>()
+    };
+    let keen = |c: &mut SpecConfig| {
+        c.prompt_lookup_min = 1;
+        c.min_acceptance_rate = 0.0;
+    };
+    // Eager: drafts at (almost) every step.
+    let (base, s) = run(&m, spec(keen), reqs(1));
+    let eager = s.counters.spec_draft_tokens;
+    let verifications = |c: &cachet_backend::scheduler::SchedulerCounters| {
+        c.spec_acceptance_lengths.iter().sum::<u64>()
+    };
+    let eager_checks = verifications(&s.counters);
+    assert!(eager >= 10 && eager_checks >= 4, "{:?}", s.counters);
+    // With more decoding requests than disable_by_batch_size, none at all, same output.
+    let (loaded, s) = run(
+        &m,
+        spec(|c| {
+            keen(c);
+            c.disable_by_batch_size = 2;
+        }),
+        reqs(3),
+    );
+    assert_eq!(s.counters.spec_draft_tokens, 0, "{:?}", s.counters);
+    assert_eq!(s.counters.spec_active, 0);
+    assert!(loaded.iter().all(|r| r.tokens == base[0].tokens));
+    // A request whose drafts keep failing cools down (an acceptance bar no draft run meets,
+    // and a cool-down longer than the output): one verification, then none.
+    let (cooled, s) = run(
+        &m,
+        spec(|c| {
+            keen(c);
+            c.min_acceptance_rate = 1.0;
+            c.cooldown_steps = 1000;
+        }),
+        reqs(1),
+    );
+    let checks = verifications(&s.counters);
+    assert!(
+        checks < eager_checks,
+        "{checks} verifications with a cool-down vs {eager_checks} without"
+    );
+    assert_eq!(cooled[0].tokens, base[0].tokens);
+}
