@@ -3,7 +3,7 @@
 # (8B shape, dummy bf16 weights) with the PyTorch peer. Logs go to $OUT (or ./gpu-out).
 # Test binaries, when carried in .carry (engine-tests, sampling-tests: built with
 # `cargo test --release -p cachet-tests --test engine --test sampling --no-run`), run on CUDA first.
-# FIDELITY=0, PEER=0, SIMT=0, NCU=0 skip parts.
+# FIDELITY=0, PEER=0, SIMT=0, NCU=0, ATTN=0, FORWARD=0, SPEC=0 skip parts.
 #   CACHET=.carry/cachet GGUF=.carry/smollm2.gguf scripts/gpu_run.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -27,15 +27,29 @@ if [ -x .carry/sampling-tests ]; then
   echo "== GPU sampling against the host distribution"
   CACHET_TEST_DEVICE=cuda .carry/sampling-tests --test-threads 1 2>&1 | tee "$out/sampling-cuda.txt"
 fi
-echo "== attention kernels vs the CPU reference (random GQA models, d64 and d128)"
-CACHET="$bin" bash scripts/gpu_attention_check.sh 2>&1 | tee "$out/attention-check.txt"
+if [ -x .carry/speculative-tests ]; then
+  echo "== speculative decoding tests on CUDA"
+  CACHET_TEST_DEVICE=cuda .carry/speculative-tests --test-threads 1 2>&1 | tee "$out/speculative-cuda.txt"
+fi
+if [ "${ATTN:-1}" = 1 ]; then
+  echo "== attention kernels vs the CPU reference (random GQA models, d64 and d128)"
+  CACHET="$bin" bash scripts/gpu_attention_check.sh 2>&1 | tee "$out/attention-check.txt"
+fi
 if [ "${FIDELITY:-1}" = 1 ]; then
   echo "== fidelity"
   python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
 fi
-echo "== forward bench (8B shape, dummy weights)"
-"$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda --profile \
-  --json-out "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+if [ "${FORWARD:-1}" = 1 ]; then
+  echo "== forward bench (8B shape, dummy weights)"
+  "$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda --profile \
+    --json-out "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+fi
+if [ "${SPEC:-1}" = 1 ]; then
+  echo "== speculative decoding off vs on: SmolLM2 (drafts accepted), then the 8B shape (dummy weights: drafts rejected)"
+  { "$bin" bench spec --model "$gguf" --device cuda --max-tokens 96 --high-batch 48 --json-out "$out/spec-smollm2.json" 2>&1
+    "$bin" bench spec --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "$gguf" --device cuda \
+      --max-tokens 64 --high-batch 64 --json-out "$out/spec-8b.json" 2>&1; } | grep -v INFO | tee "$out/spec.txt"
+fi
 if [ "${PEER:-1}" = 1 ]; then
   echo "== PyTorch peer (transformers LlamaForCausalLM, SDPA, random bf16)"
   python3 scripts/torch_peer.py --config examples/configs/llama3-8b.json --out "$out/peer.json" 2>&1 | tee "$out/peer.txt"

@@ -527,7 +527,13 @@ impl Scheduler {
                 let mut toks = vec![s.tokens[sc.num_computed]];
                 toks.extend_from_slice(&sc.drafts);
                 let start = b.num_tokens() as u32;
-                b.push_seq(&toks, sc.num_computed, self.kv.block_table(sc.id), bs, false);
+                b.push_seq(
+                    &toks,
+                    sc.num_computed,
+                    self.kv.block_table(sc.id),
+                    bs,
+                    false,
+                );
                 b.logit_rows.extend(start..start + toks.len() as u32);
                 continue;
             }
@@ -551,17 +557,19 @@ impl Scheduler {
             .filter(|sc| sc.sample)
             .filter_map(|sc| {
                 let s = self.running.iter().find(|s| s.id == sc.id)?;
-                Some((0..=sc.drafts.len()).map(move |j| RowSampling {
-                    temperature: s.req.sampling.temperature,
-                    top_k: s.req.sampling.top_k as i32,
-                    top_p: s.req.sampling.top_p,
-                    pad: 0,
-                    seed: s
-                        .req
-                        .sampling
-                        .seed
-                        .unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                    step: (s.num_output() + j) as u64,
+                Some((0..=sc.drafts.len()).map(move |j| {
+                    RowSampling {
+                        temperature: s.req.sampling.temperature,
+                        top_k: s.req.sampling.top_k as i32,
+                        top_p: s.req.sampling.top_p,
+                        pad: 0,
+                        seed: s
+                            .req
+                            .sampling
+                            .seed
+                            .unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                        step: (s.num_output() + j) as u64,
+                    }
                 }))
             })
             .flatten()
@@ -591,15 +599,20 @@ impl Scheduler {
                 let mut accepted = 0;
                 for j in 0..=sc.drafts.len() {
                     let (tok, ok) = match step {
-                        StepOutput::Logits(logits) if j < sc.drafts.len() => {
-                            verify_draft(logits.row(row + j), &s.req.sampling, sc.drafts[j], &mut s.rng)
-                        }
-                        StepOutput::Logits(logits) => {
-                            (sampler::sample(logits.row(row + j), &s.req.sampling, &mut s.rng), false)
-                        }
-                        StepOutput::Tokens(ids) => {
-                            (ids[row + j], j < sc.drafts.len() && ids[row + j] == sc.drafts[j])
-                        }
+                        StepOutput::Logits(logits) if j < sc.drafts.len() => verify_draft(
+                            logits.row(row + j),
+                            &s.req.sampling,
+                            sc.drafts[j],
+                            &mut s.rng,
+                        ),
+                        StepOutput::Logits(logits) => (
+                            sampler::sample(logits.row(row + j), &s.req.sampling, &mut s.rng),
+                            false,
+                        ),
+                        StepOutput::Tokens(ids) => (
+                            ids[row + j],
+                            j < sc.drafts.len() && ids[row + j] == sc.drafts[j],
+                        ),
                     };
                     accepted += ok as usize;
                     emitted += 1;
@@ -610,7 +623,8 @@ impl Scheduler {
                     self.counters.generated_tokens += 1;
                     let finish = if !s.req.ignore_eos && s.req.stop_token_ids.contains(&tok) {
                         Some(FinishReason::Stop)
-                    } else if s.num_output() >= s.req.max_tokens || s.tokens.len() >= max_model_len {
+                    } else if s.num_output() >= s.req.max_tokens || s.tokens.len() >= max_model_len
+                    {
                         Some(FinishReason::Length)
                     } else {
                         None

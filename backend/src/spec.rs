@@ -202,7 +202,12 @@ impl SpecState {
 /// Greedy: the argmax, accepted when it equals the draft. Sampled: the draft is a point mass, so
 /// speculative sampling accepts it with probability p(draft) and otherwise draws from p with the
 /// draft removed and renormalised — the emitted token is distributed exactly as p.
-pub fn verify_draft(logits: &[f32], params: &SamplingParams, draft: u32, rng: &mut Rng) -> (u32, bool) {
+pub fn verify_draft(
+    logits: &[f32],
+    params: &SamplingParams,
+    draft: u32,
+    rng: &mut Rng,
+) -> (u32, bool) {
     if params.is_greedy() {
         let t = sampler::argmax(logits);
         return (t, t == draft);
@@ -315,16 +320,20 @@ mod tests {
                 .zip(&p)
                 .map(|(&c, &q)| (c as f64 - n as f64 * q).powi(2) / (n as f64 * q))
                 .sum();
-            assert!(chi2 < 20.5, "draft {draft}: chi2 {chi2}, counts {counts:?}, p {p:?}");
+            assert!(
+                chi2 < 20.5,
+                "draft {draft}: chi2 {chi2}, counts {counts:?}, p {p:?}"
+            );
             // And the draft is accepted exactly as often as the model would pick it.
             let rate = accepted as f64 / n as f64;
-            assert!((rate - p[draft as usize]).abs() < 0.01, "{rate} vs {}", p[draft as usize]);
+            assert!(
+                (rate - p[draft as usize]).abs() < 0.01,
+                "{rate} vs {}",
+                p[draft as usize]
+            );
         }
         // With top-k, a draft outside the candidates is never accepted.
-        let params = SamplingParams {
-            top_k: 2,
-            ..params
-        };
+        let params = SamplingParams { top_k: 2, ..params };
         let mut rng = Rng::new(3);
         for _ in 0..1000 {
             let (t, ok) = verify_draft(&logits, &params, 2, &mut rng);

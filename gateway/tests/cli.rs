@@ -122,7 +122,10 @@ fn bad_input_gets_a_clear_error() {
     // A bad --speculative-config is refused before any model is loaded, saying what to fix.
     for (cfg, says) in [
         ("{\"method\": \"eagle\"}", "use \"ngram\""),
-        ("{\"num_speculative_tokens\": 99}", "num_speculative_tokens must be"),
+        (
+            "{\"num_speculative_tokens\": 99}",
+            "num_speculative_tokens must be",
+        ),
         ("{\"lookahead\": 3}", "unknown field"),
         ("ngram", "must be a JSON object"),
     ] {

@@ -322,7 +322,12 @@ fn stop_strings_end_the_text_before_them() {
     let mut r = greedy_request(p, 12);
     r.stop = vec![stop.clone()];
     let cut = collect(h.submit(r).unwrap());
-    assert_eq!(cut.reason, FinishReason::Stop, "stop {stop:?} in {:?}", full.text);
+    assert_eq!(
+        cut.reason,
+        FinishReason::Stop,
+        "stop {stop:?} in {:?}",
+        full.text
+    );
     assert_eq!(cut.text, full.text[..full.text.find(&stop).unwrap()]);
 }
 

@@ -17,6 +17,9 @@ use super::generate::DeviceKind;
 pub enum BenchCommand {
     /// Decode and prefill timings, with the floor each is held against.
     Forward(ForwardArgs),
+    /// N-gram speculative decoding off vs on: copy-heavy and free-chat workloads, batch 1 and
+    /// a high batch, tokens per forward pass and decode speed, output identity.
+    Spec(super::bench_spec::SpecArgs),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -82,6 +85,7 @@ pub struct ForwardArgs {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Forward(a) => forward(a),
+        BenchCommand::Spec(a) => super::bench_spec::run(a),
     }
 }
 

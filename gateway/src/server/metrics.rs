@@ -380,7 +380,8 @@ impl Metrics {
         self.prefix_hits.set(s.counters.prefix_hit_tokens as i64);
         self.preemptions.set(s.counters.preemptions as i64);
         self.spec_drafts.set(s.counters.spec_draft_tokens as i64);
-        self.spec_accepted.set(s.counters.spec_accepted_tokens as i64);
+        self.spec_accepted
+            .set(s.counters.spec_accepted_tokens as i64);
         self.spec_active.set(s.counters.spec_active as i64);
         for (n, &count) in s.counters.spec_acceptance_lengths.iter().enumerate() {
             if count > 0 {

@@ -1,0 +1,275 @@
+//! `cachet bench spec`: n-gram speculative decoding off vs on, measured side by side in one run,
+//! on a copy-heavy workload (answers that quote their input) and a free-chat one, at batch 1
+//! and at a high batch: tokens per forward pass, decode tokens/s, and whether the greedy output
+//! is identical (it must be).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use cachet_backend::config::ModelConfig;
+use cachet_backend::engine::{Engine, EngineConfig};
+use cachet_backend::loader;
+use cachet_backend::model::runner::{
+    build_runner, KvBudget, RunnerOptions, WeightSource, DEFAULT_CUDA_GRAPH_SIZES,
+};
+use cachet_backend::request::{EngineEvent, EngineRequest};
+use cachet_backend::scheduler::SchedulerConfig;
+use cachet_backend::spec::SpecConfig;
+use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
+use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
+use clap::Args;
+
+use super::bench::LoadFormat;
+use super::generate::DeviceKind;
+
+#[derive(Args, Debug)]
+pub struct SpecArgs {
+    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
+    #[arg(long, short, default_value = "smollm2")]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Whose tokenizer and chat template turn the prompts into ids with dummy weights.
+    #[arg(long, default_value = "smollm2")]
+    pub tokenizer: String,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Share of device memory for weights + KV cache.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Tokens generated per request (greedy; with dummy weights end-of-text is ignored).
+    #[arg(long, default_value_t = 96)]
+    pub max_tokens: usize,
+    /// Concurrent requests of the high-load run (each workload's prompts, repeated).
+    #[arg(long, default_value_t = 48)]
+    pub high_batch: usize,
+    /// The speculation measured against none (vLLM's JSON form).
+    #[arg(
+        long,
+        default_value = r#"{"method": "ngram", "num_speculative_tokens": 4}"#
+    )]
+    pub speculative_config: String,
+    #[arg(long, default_value_t = 4096)]
+    pub max_model_len: usize,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+}
+
+/// One configuration's measurements.
+struct Run {
+    outputs: Vec<Vec<u32>>,
+    generated: usize,
+    /// Decode steps: every step but each request's (single) prefill step (meaningful when the
+    /// requests ran one at a time).
+    decode_steps: u64,
+    decode_tokens: usize,
+    decode_secs: f64,
+    wall_secs: f64,
+    drafts: u64,
+    accepted: u64,
+}
+
+fn collect(mut s: cachet_backend::engine::RequestStream) -> anyhow::Result<(Vec<u32>, f64)> {
+    let mut tokens = Vec::new();
+    loop {
+        match s.next_blocking() {
+            Some(EngineEvent::Token { id, .. }) => tokens.push(id),
+            Some(EngineEvent::Finished { timings, error, .. }) => {
+                if let Some(e) = error {
+                    bail!("request failed: {e}");
+                }
+                return Ok((tokens, (timings.e2e - timings.ttft).as_secs_f64()));
+            }
+            None => bail!("the engine stopped"),
+        }
+    }
+}
+
+pub fn run(a: SpecArgs) -> anyhow::Result<()> {
+    let spec: SpecConfig = serde_json::from_str(&a.speculative_config)
+        .context("--speculative-config must be a JSON object")?;
+    spec.validate().map_err(anyhow::Error::msg)?;
+    let dummy = a.load_format == LoadFormat::Dummy;
+    let (config, host, tokenizer): (ModelConfig, Option<loader::LoadedModel>, TextTokenizer) =
+        if dummy {
+            let path = PathBuf::from(&a.model);
+            let cfg = if path.is_dir() {
+                path.join("config.json")
+            } else {
+                path
+            };
+            if let Some(k) = loader::fetch::known_model(&a.tokenizer) {
+                loader::fetch::fetch(k, true)?;
+            }
+            let t = loader::load(&a.tokenizer, true)
+                .with_context(|| format!("loading the tokenizer of {}", a.tokenizer))?;
+            let tok = t.tokenizer.context("that model has no tokenizer")?;
+            (ModelConfig::from_hf_json(&cfg)?, None, tok)
+        } else {
+            if let Some(k) = loader::fetch::known_model(&a.model) {
+                loader::fetch::fetch(k, true)?;
+            }
+            let m = loader::load(&a.model, true).with_context(|| format!("loading {}", a.model))?;
+            let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
+            (m.config.clone(), Some(m), tok)
+        };
+    let encode = |q: &str| -> anyhow::Result<Vec<u32>> {
+        let text = tokenizer.render_chat(&[ChatMessage::new("user", q)], true)?;
+        let ids = tokenizer.encode(&text)?;
+        Ok(ids
+            .into_iter()
+            .map(|t| t % config.vocab_size as u32)
+            .collect())
+    };
+    let start = |speculative: Option<SpecConfig>| -> anyhow::Result<Engine> {
+        let opts = RunnerOptions {
+            device: a.device.into(),
+            block_size: 16,
+            max_model_len: a.max_model_len,
+            kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
+            cuda_graph_sizes: DEFAULT_CUDA_GRAPH_SIZES.to_vec(),
+        };
+        let weights = match &host {
+            Some(m) => WeightSource::Host(&m.weights),
+            None => WeightSource::Dummy { seed: 0 },
+        };
+        let runner = build_runner(&config, weights, &opts)?;
+        Ok(Engine::start(
+            runner,
+            Some(tokenizer.clone()),
+            EngineConfig {
+                scheduler: SchedulerConfig {
+                    max_num_seqs: a.high_batch.max(64),
+                    max_model_len: a.max_model_len,
+                    ..Default::default()
+                },
+                speculative,
+                max_waiting: 100_000,
+                ..Default::default()
+            },
+        ))
+    };
+    let request = |p: &Vec<u32>| {
+        let mut r = EngineRequest::new(p.clone(), a.max_tokens);
+        r.ignore_eos = dummy;
+        r
+    };
+    // One engine per configuration, the same prompts through each, one at a time then all at once.
+    let measure = |prompts: &[Vec<u32>], speculative: Option<SpecConfig>, concurrent: usize| {
+        let engine = start(speculative)?;
+        let h = engine.handle();
+        let t0 = Instant::now();
+        let mut results = Vec::new();
+        if concurrent <= 1 {
+            for p in prompts {
+                results.push(collect(h.submit(request(p))?)?);
+            }
+        } else {
+            let streams = prompts
+                .iter()
+                .cycle()
+                .take(concurrent)
+                .map(|p| h.submit(request(p)))
+                .collect::<Result<Vec<_>, _>>()?;
+            for s in streams {
+                results.push(collect(s)?);
+            }
+        }
+        let wall_secs = t0.elapsed().as_secs_f64();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let c = h.stats().counters;
+        let generated: usize = results.iter().map(|r| r.0.len()).sum();
+        anyhow::Ok(Run {
+            decode_tokens: results.iter().map(|r| r.0.len().saturating_sub(1)).sum(),
+            decode_secs: results.iter().map(|r| r.1).sum(),
+            outputs: results.into_iter().map(|r| r.0).collect(),
+            generated,
+            decode_steps: c.steps.saturating_sub(prompts.len() as u64),
+            wall_secs,
+            drafts: c.spec_draft_tokens,
+            accepted: c.spec_accepted_tokens,
+        })
+    };
+    println!(
+        "model {} ({}), device {:?}, {} tokens per request, speculation {}\n",
+        a.model,
+        if dummy {
+            "dummy weights"
+        } else {
+            "real weights"
+        },
+        a.device,
+        a.max_tokens,
+        a.speculative_config
+    );
+    // A throwaway run first, so neither configuration pays for a cold start.
+    measure(&[encode(COPY_HEAVY[0])?], None, 1)?;
+    println!("| workload | batch | tokens / forward off → on | decode tok/s off → on | on / off | drafts accepted | greedy output identical |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for (name, texts) in [("copy-heavy", COPY_HEAVY), ("free chat", FREE_CHAT)] {
+        let prompts = texts
+            .iter()
+            .map(|q| encode(q))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        for batch in [1, a.high_batch] {
+            let off = measure(&prompts, None, batch)?;
+            let on = measure(&prompts, Some(spec.clone()), batch)?;
+            let identical = off.outputs == on.outputs;
+            // Batch 1: per-request decode speed (time after the first token); high batch:
+            // all tokens over the wall time.
+            let (r_off, r_on) = if batch == 1 {
+                (
+                    off.decode_tokens as f64 / off.decode_secs,
+                    on.decode_tokens as f64 / on.decode_secs,
+                )
+            } else {
+                (
+                    off.generated as f64 / off.wall_secs,
+                    on.generated as f64 / on.wall_secs,
+                )
+            };
+            let per_fwd = |r: &Run| {
+                if batch == 1 {
+                    format!(
+                        "{:.2}",
+                        r.decode_tokens as f64 / r.decode_steps.max(1) as f64
+                    )
+                } else {
+                    "-".into()
+                }
+            };
+            let acc = if on.drafts > 0 {
+                format!(
+                    "{:.0}% of {}",
+                    100.0 * on.accepted as f64 / on.drafts as f64,
+                    on.drafts
+                )
+            } else {
+                "none proposed".into()
+            };
+            println!(
+                "| {name} | {batch} | {} → {} | {:.1} → {:.1} | **{:.2}×** | {acc} | {} |",
+                per_fwd(&off),
+                per_fwd(&on),
+                r_off,
+                r_on,
+                r_on / r_off,
+                if identical { "yes" } else { "NO" }
+            );
+            rows.push(serde_json::json!({
+                "workload": name, "batch": batch,
+                "tok_per_s_off": r_off, "tok_per_s_on": r_on, "ratio": r_on / r_off,
+                "decode_steps_off": off.decode_steps, "decode_steps_on": on.decode_steps,
+                "decode_tokens": on.decode_tokens,
+                "drafts": on.drafts, "accepted": on.accepted, "identical": identical,
+            }));
+        }
+    }
+    if let Some(p) = &a.json_out {
+        std::fs::write(p, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(())
+}
