@@ -223,3 +223,95 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
         "{m}"
     );
 }
+
+/// The config file lists the pool: the gateway's own engine (`kind = "embedded"`) next to a
+/// `cachet worker`. Round robin uses both; prefix routing finds a prefix on whichever holds it,
+/// the embedded engine's blocks known exactly from its own KV events.
+#[test]
+fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
+    cachet_tests::smollm2_path();
+    let dir = std::env::temp_dir().join(format!("cachet-embedded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("hash.key");
+    std::fs::write(&key, "cd".repeat(32)).unwrap();
+    let key = key.to_str().unwrap().to_string();
+    let pw = free_port();
+    let worker_url = format!("http://127.0.0.1:{pw}");
+    let _w = cachet(&[
+        "worker",
+        "--listen",
+        &format!("127.0.0.1:{pw}"),
+        "--hash-key-file",
+        &key,
+    ]);
+    let cfg = dir.join("cachet.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[tenant]]\nid = \"r\"\napi_key_sha256 = [\"{}\"]\n\n[[upstream]]\nkind = \"embedded\"\n\n[[upstream]]\nkind = \"cachet\"\nurl = \"{worker_url}\"\n",
+            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key("sk-route"))
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap().to_string();
+    wait_for(&format!("{worker_url}/health"));
+    let gateway = |port: u16, routing: &str| {
+        cachet(&[
+            "serve",
+            "--config",
+            &cfg,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--hash-key-file",
+            &key,
+            "--routing",
+            routing,
+        ])
+    };
+    let (pr, pp) = (free_port(), free_port());
+    let _rr = gateway(pr, "round_robin");
+    let _prefix = gateway(pp, "prefix");
+    let (br, bp) = (
+        format!("http://127.0.0.1:{pr}"),
+        format!("http://127.0.0.1:{pp}"),
+    );
+    wait_for(&format!("{br}/health"));
+    wait_for(&format!("{bp}/health"));
+    let t0 = Instant::now();
+    while chat(&br, "warm-up", "hi").0 != 200 || chat(&bp, "warm-up", "hi").0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Round robin: four requests, two on each member.
+    for i in 0..4 {
+        let (code, r) = chat(&br, "You are terse.", &format!("Say {i}."));
+        assert_eq!(code, 200, "{r}");
+    }
+    let (_, m) = cachet_tests::curl_status(&[&format!("{br}/metrics")]);
+    for w in ["embedded", worker_url.as_str()] {
+        let line = m
+            .lines()
+            .find(|l| {
+                l.starts_with("cachet_routed_requests_total{") && l.contains(&format!("\"{w}\""))
+            })
+            .unwrap_or_else(|| panic!("no requests routed to {w}: {m}"));
+        let n: f64 = line.rsplit_once(' ').unwrap().1.parse().unwrap();
+        assert!(n >= 2.0, "{line}");
+    }
+    // Prefix routing: a long system prompt, then two more questions under it: each finds it
+    // cached wherever the first went.
+    let sys = "You are the billing assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.";
+    let (code, first) = chat(&bp, sys, "Where is my invoice?");
+    assert_eq!(code, 200, "{first}");
+    for q in ["Can I pay by card?", "Why was I charged twice?"] {
+        wait_for_blocks(&bp, first["usage"]["prompt_tokens"].as_u64().unwrap() / 16);
+        let (code, r) = chat(&bp, sys, q);
+        assert_eq!(code, 200, "{r}");
+        assert!(cached(&r) >= 32, "prefix routing missed the cache: {r}");
+    }
+    let (_, m) = cachet_tests::curl_status(&[&format!("{bp}/metrics")]);
+    assert!(
+        m.contains("cachet_worker_cached_blocks{worker=\"embedded\"}"),
+        "{m}"
+    );
+}

@@ -42,8 +42,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
-    /// A `cachet worker` to route requests to (repeat for a pool; the embedded engine then only
-    /// tokenizes). Workers must share --hash-key-file with the gateway for exact prefix routing.
+    /// A `cachet worker` to route requests to (repeat for a pool; with the config's
+    /// `[[upstream]]`s they make one pool, and unless one of those is `kind = "embedded"` the
+    /// embedded engine then only tokenizes). Workers must share --hash-key-file with the gateway
+    /// for exact prefix routing.
     #[arg(long = "worker", value_name = "URL")]
     pub workers: Vec<String>,
     /// How to choose a worker: prefix (exact cached-prefix overlap against load), round_robin,
@@ -83,6 +85,8 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", a.config.display()))?;
     let tenants = TenantRegistry::from_toml(&text, &key, std::time::Instant::now())
         .with_context(|| format!("in {}", a.config.display()))?;
+    let upstreams = cachet_gateway::tenants::upstreams_from_toml(&text)
+        .with_context(|| format!("in {}", a.config.display()))?;
     let super::engine_args::Started {
         engine,
         tokenizer,
@@ -113,13 +117,25 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let pool = if a.workers.is_empty() {
+    // The pool: the config's [[upstream]]s, then each --worker.
+    use cachet_gateway::tenants::UpstreamConfig;
+    use cachet_gateway::upstream::Member;
+    let mut members: Vec<Member> = upstreams
+        .iter()
+        .map(|u| match u {
+            UpstreamConfig::Cachet { url } => Member::Remote(url.clone()),
+            UpstreamConfig::Embedded {} => Member::Embedded(engine.handle()),
+        })
+        .collect();
+    members.extend(a.workers.iter().cloned().map(Member::Remote));
+    let pool = if members.is_empty() {
         None
     } else {
         let policy = cachet_gateway::route::by_name(&a.routing).map_err(anyhow::Error::msg)?;
+        let n = members.len();
         let pool = rt.block_on(async {
             cachet_gateway::upstream::Pool::start(
-                &a.workers,
+                &members,
                 a.worker_token.clone(),
                 policy,
                 key,
@@ -127,7 +143,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 engine.handle().block_size(),
             )
         });
-        tracing::info!(workers = a.workers.len(), routing = %a.routing, "routing to workers");
+        tracing::info!(upstreams = n, routing = %a.routing, "routing to a pool");
         Some(pool)
     };
     let state = Arc::new(AppState {

@@ -62,6 +62,41 @@ pub struct TenantConfig {
 struct TenantsFile {
     #[serde(default)]
     tenant: Vec<TenantConfig>,
+    #[serde(default)]
+    upstream: Vec<UpstreamConfig>,
+}
+
+/// An `[[upstream]]` of the config file: where the gateway sends requests (read at start-up).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum UpstreamConfig {
+    /// A `cachet worker` at `url` (exact prefix routing from its KV events).
+    Cachet { url: String },
+    /// The gateway's own engine, as one member of the pool.
+    Embedded {},
+}
+
+/// The `[[upstream]]` entries of a config file.
+pub fn upstreams_from_toml(text: &str) -> Result<Vec<UpstreamConfig>, ConfigError> {
+    let file: TenantsFile = toml::from_str(text)?;
+    let mut seen = std::collections::HashSet::new();
+    for u in &file.upstream {
+        let name = match u {
+            UpstreamConfig::Cachet { url } => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}` is not an http:// or https:// URL"
+                    )));
+                }
+                url.trim_end_matches('/').to_string()
+            }
+            UpstreamConfig::Embedded {} => "embedded".to_string(),
+        };
+        if !seen.insert(name.clone()) {
+            return Err(ConfigError::Upstream(format!("`{name}` is listed twice")));
+        }
+    }
+    Ok(file.upstream)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +105,8 @@ pub enum ConfigError {
     Toml(#[from] toml::de::Error),
     #[error("tenant `{tenant}`: {msg}")]
     Invalid { tenant: String, msg: String },
+    #[error("upstream: {0}")]
+    Upstream(String),
 }
 
 /// Why a request was refused.

@@ -142,3 +142,42 @@ fn bad_configs_say_what_to_fix() {
     assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n")).contains("unique"));
     assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key = \"{h}\"\n")).contains("unknown field"));
 }
+
+#[test]
+fn upstreams_are_read_from_the_config_and_bad_ones_refused() {
+    let ok = r#"
+[[tenant]]
+id = "a"
+api_key_sha256 = ["0000000000000000000000000000000000000000000000000000000000000000"]
+
+[[upstream]]
+kind = "embedded"
+
+[[upstream]]
+kind = "cachet"
+url = "http://10.0.0.2:9000/"
+"#;
+    assert_eq!(
+        upstreams_from_toml(ok).unwrap(),
+        vec![
+            UpstreamConfig::Embedded {},
+            UpstreamConfig::Cachet {
+                url: "http://10.0.0.2:9000/".into()
+            }
+        ]
+    );
+    assert!(upstreams_from_toml("").unwrap().is_empty());
+    let err = |t: &str| upstreams_from_toml(t).unwrap_err().to_string();
+    assert!(err("[[upstream]]\nkind = \"vllm\"\n").contains("unknown variant `vllm`"));
+    assert!(err("[[upstream]]\nkind = \"cachet\"\n").contains("missing field `url`"));
+    assert!(err("[[upstream]]\nkind = \"cachet\"\nurl = \"10.0.0.2\"\n").contains("not an http"));
+    assert!(
+        err("[[upstream]]\nkind = \"embedded\"\n[[upstream]]\nkind = \"embedded\"\n")
+            .contains("listed twice")
+    );
+    assert!(
+        err("[[upstream]]\nkind = \"embedded\"\nurl = \"http://x\"\n").contains("unknown field")
+    );
+    // And the tenants part still parses the same file.
+    TenantRegistry::from_toml(ok, &[0; 32], std::time::Instant::now()).unwrap();
+}

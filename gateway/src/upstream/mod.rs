@@ -54,6 +54,20 @@ pub struct Worker {
     /// Streams of ours the worker accepted that have since ended (monotonic).
     finished: AtomicUsize,
     blocks: RwLock<HashSet<BlockHash>>,
+    /// The gateway's own engine, when this member is it (then `url` is [`EMBEDDED`]).
+    local: Option<EngineHandle>,
+}
+
+/// The name the embedded engine goes by in the pool (metrics labels, logs).
+pub const EMBEDDED: &str = "embedded";
+
+/// A member of the pool.
+#[derive(Clone)]
+pub enum Member {
+    /// A `cachet worker` at this base URL.
+    Remote(String),
+    /// The gateway's own engine.
+    Embedded(EngineHandle),
 }
 
 impl Worker {
@@ -128,6 +142,61 @@ impl Worker {
             kv_used: s.kv_used,
             kv_total: s.kv_total,
             overlap_blocks: if mismatch { 0 } else { self.overlap(hashes) },
+        }
+    }
+
+    /// Reads the embedded engine's load for ever (it is healthy while the gateway runs).
+    async fn poll_local(self: Arc<Self>, engine: EngineHandle, key_id: String) {
+        loop {
+            let mark = self.finished.load(Ordering::Relaxed);
+            let st = engine.stats();
+            {
+                let mut h = self.health.lock().expect("health lock");
+                h.state = Some(StateReply {
+                    model: String::new(),
+                    block_size: st.block_size,
+                    max_model_len: engine.max_model_len(),
+                    key_id: key_id.clone(),
+                    running: st.running,
+                    waiting: st.waiting,
+                    kv_total: st.kv.total,
+                    kv_used: st.kv.used,
+                    cached_blocks: self.blocks.read().expect("blocks lock").len(),
+                });
+                h.finished_at_report = mark;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Follows the embedded engine's KV events for ever (subscribed before its first request).
+    async fn follow_local(
+        self: Arc<Self>,
+        mut rx: tokio::sync::broadcast::Receiver<Vec<cachet_backend::kv::KvEvent>>,
+    ) {
+        use cachet_backend::kv::KvEvent;
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            match rx.recv().await {
+                Ok(batch) => {
+                    let mut blocks = self.blocks.write().expect("blocks lock");
+                    for ev in batch {
+                        match ev {
+                            KvEvent::Stored { hashes } => blocks.extend(hashes),
+                            KvEvent::Removed { hashes } => {
+                                for h in hashes {
+                                    blocks.remove(&h);
+                                }
+                            }
+                            KvEvent::Cleared => blocks.clear(),
+                        }
+                    }
+                }
+                // Missed changes: forget everything (routing then under-, never over-estimates
+                // what is cached here).
+                Err(RecvError::Lagged(_)) => self.blocks.write().expect("blocks lock").clear(),
+                Err(RecvError::Closed) => return,
+            }
         }
     }
 
@@ -264,6 +333,21 @@ impl Lines {
 pub enum TokenStream {
     Local(RequestStream),
     Remote(RemoteStream),
+    /// The embedded engine as a member of the pool.
+    Member(MemberStream),
+}
+
+/// A stream of the embedded engine taken through the pool: counted as its load until dropped.
+pub struct MemberStream {
+    stream: RequestStream,
+    worker: Arc<Worker>,
+}
+
+impl Drop for MemberStream {
+    fn drop(&mut self) {
+        self.worker.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.finished.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Events from a worker; dropping it closes the connection, which cancels the request there.
@@ -321,6 +405,7 @@ impl TokenStream {
         match self {
             TokenStream::Local(s) => s.id,
             TokenStream::Remote(r) => r.id,
+            TokenStream::Member(m) => m.stream.id,
         }
     }
 
@@ -329,6 +414,7 @@ impl TokenStream {
     pub async fn next(&mut self) -> Option<EngineEvent> {
         match self {
             TokenStream::Local(s) => s.next().await,
+            TokenStream::Member(m) => m.stream.next().await,
             TokenStream::Remote(r) => {
                 if r.done {
                     return None;
@@ -392,7 +478,7 @@ impl Pool {
     /// A pool over `urls`, with background health, load and KV-event followers (call inside a
     /// tokio runtime). `key` and `model_id` must be the workers' (checked through `key_id`).
     pub fn start(
-        urls: &[String],
+        members: &[Member],
         token: Option<String>,
         policy: Box<dyn Policy>,
         key: [u8; 32],
@@ -404,23 +490,33 @@ impl Pool {
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build_http();
         let key_id = crate::worker::key_id(&key);
-        let workers: Vec<Arc<Worker>> = urls
-            .iter()
-            .map(|u| {
-                Arc::new(Worker {
-                    url: u.trim_end_matches('/').to_string(),
-                    client: client.clone(),
-                    token: token.clone(),
-                    health: Default::default(),
-                    inflight: AtomicUsize::new(0),
-                    finished: AtomicUsize::new(0),
-                    blocks: Default::default(),
-                })
-            })
-            .collect();
-        for w in &workers {
-            tokio::spawn(w.clone().poll(key_id.clone()));
-            tokio::spawn(w.clone().follow());
+        let mut workers: Vec<Arc<Worker>> = Vec::new();
+        for m in members {
+            let (url, local) = match m {
+                Member::Remote(u) => (u.trim_end_matches('/').to_string(), None),
+                Member::Embedded(e) => (EMBEDDED.to_string(), Some(e.clone())),
+            };
+            let w = Arc::new(Worker {
+                url,
+                client: client.clone(),
+                token: token.clone(),
+                health: Default::default(),
+                inflight: AtomicUsize::new(0),
+                finished: AtomicUsize::new(0),
+                blocks: Default::default(),
+                local: local.clone(),
+            });
+            match local {
+                Some(engine) => {
+                    tokio::spawn(w.clone().follow_local(engine.subscribe_kv_events()));
+                    tokio::spawn(w.clone().poll_local(engine, key_id.clone()));
+                }
+                None => {
+                    tokio::spawn(w.clone().poll(key_id.clone()));
+                    tokio::spawn(w.clone().follow());
+                }
+            }
+            workers.push(w);
         }
         Arc::new(Pool {
             workers,
@@ -484,6 +580,36 @@ impl Pool {
         let mut errors = Vec::new();
         for (attempt, &i) in decision.order.iter().enumerate() {
             let w = &self.workers[i];
+            let routed = |attempt: usize| Routed {
+                worker: i,
+                reason: if attempt == 0 {
+                    decision.reason
+                } else {
+                    "failover"
+                },
+                predicted_cached_tokens: views[i].overlap_blocks * self.hasher.block_size,
+                attempts: attempt + 1,
+            };
+            if let Some(engine) = &w.local {
+                match engine.submit(er.clone()) {
+                    Ok(s) => {
+                        w.inflight.fetch_add(1, Ordering::Relaxed);
+                        return Ok((
+                            TokenStream::Member(MemberStream {
+                                stream: s,
+                                worker: w.clone(),
+                            }),
+                            routed(attempt),
+                        ));
+                    }
+                    Err(e @ cachet_backend::EngineError::Overloaded { .. })
+                    | Err(e @ cachet_backend::EngineError::OverloadedTokens { .. }) => {
+                        errors.push(format!("{}: {e}", w.url));
+                        continue;
+                    }
+                    Err(e) => return Err(UpstreamError::Rejected(e.to_string())),
+                }
+            }
             w.inflight.fetch_add(1, Ordering::Relaxed);
             let mut stream = RemoteStream {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -532,20 +658,7 @@ impl Pool {
                 Ok(Some(ev)) => {
                     stream.first = Some(ev);
                     w.succeeded();
-                    return Ok((
-                        TokenStream::Remote(stream),
-                        Routed {
-                            worker: i,
-                            reason: if attempt == 0 {
-                                decision.reason
-                            } else {
-                                "failover"
-                            },
-                            predicted_cached_tokens: views[i].overlap_blocks
-                                * self.hasher.block_size,
-                            attempts: attempt + 1,
-                        },
-                    ));
+                    return Ok((TokenStream::Remote(stream), routed(attempt)));
                 }
                 Ok(None) => {
                     w.failed();
@@ -599,6 +712,7 @@ mod tests {
             inflight: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
             blocks: Default::default(),
+            local: None,
         }
     }
 
