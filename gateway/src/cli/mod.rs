@@ -65,7 +65,7 @@ pub enum TenantCommand {
         /// The API key.
         key: String,
     },
-    /// Check a tenants config (TOML) and list its tenants.
+    /// Check a config (TOML) and list its tenants and upstreams.
     Check {
         /// Path of the config file.
         path: std::path::PathBuf,
@@ -119,6 +119,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     t.config.api_key_sha256.len(),
                     t.config.priority
                 );
+            }
+            for u in cachet_gateway::tenants::upstreams_from_toml(&text)? {
+                match u {
+                    cachet_gateway::tenants::UpstreamConfig::Cachet { url } => {
+                        println!("upstream: cachet worker {url}")
+                    }
+                    cachet_gateway::tenants::UpstreamConfig::Embedded {} => {
+                        println!("upstream: the embedded engine")
+                    }
+                }
             }
             Ok(())
         }
