@@ -27,7 +27,11 @@ fn cachet(args: &[&str]) -> Proc {
 }
 
 fn chat(base: &str, system: &str, question: &str) -> (u16, serde_json::Value) {
-    let body = serde_json::json!({"model": "smollm2", "max_tokens": 2, "temperature": 0,
+    chat_n(base, system, question, 2)
+}
+
+fn chat_n(base: &str, system: &str, question: &str, max_tokens: u32) -> (u16, serde_json::Value) {
+    let body = serde_json::json!({"model": "smollm2", "max_tokens": max_tokens, "temperature": 0,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]});
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}"])
@@ -89,18 +93,26 @@ fn wait_for_blocks(base: &str, n: u64) {
 }
 
 /// Requests each worker got, from the gateway's metrics.
-fn routed(base: &str) -> Vec<u64> {
+fn routed(base: &str) -> std::collections::BTreeMap<String, u64> {
     let (_, m) = cachet_tests::curl_status(&[&format!("{base}/metrics")]);
-    let mut v: Vec<(String, u64)> = m
-        .lines()
+    m.lines()
         .filter(|l| l.starts_with("cachet_routed_requests_total{"))
         .map(|l| {
             let (k, n) = l.rsplit_once(' ').unwrap();
             (k.to_string(), n.parse().unwrap())
         })
-        .collect();
-    v.sort();
-    v.into_iter().map(|(_, n)| n).collect()
+        .collect()
+}
+
+/// Requests each worker got between two `routed` readings.
+fn moved(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> Vec<u64> {
+    after
+        .iter()
+        .map(|(k, n)| n - before.get(k).copied().unwrap_or(0))
+        .collect()
 }
 
 #[test]
@@ -190,13 +202,8 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
         assert!(cached(&r) >= 32, "prefix routing missed the cache: {r}");
     }
     let after = routed(&bp);
-    let moved: Vec<u64> = after
-        .iter()
-        .zip(before.iter().chain(std::iter::repeat(&0)))
-        .map(|(a, b)| a - b)
-        .collect();
     assert!(
-        moved.contains(&3),
+        moved(&before, &after).contains(&3),
         "all three went to one worker: {before:?} → {after:?}"
     );
     // Round robin: the same pattern under a fresh prompt alternates workers, so the second
@@ -313,5 +320,143 @@ fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
     assert!(
         m.contains("cachet_worker_cached_blocks{worker=\"embedded\"}"),
         "{m}"
+    );
+}
+
+/// OpenAI-compatible upstreams (here two more `cachet serve`s, reached as any OpenAI server is:
+/// text to `/v1/completions`, with an API key): prefix routing sends a repeated system prompt to
+/// the server it went to before (approximate routing from request history), where it is cached.
+#[test]
+fn openai_compatible_upstreams_are_routed_to_from_request_history() {
+    cachet_tests::smollm2_path();
+    let dir = std::env::temp_dir().join(format!("cachet-openai-up-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tenant = |id: &str, key: &str| {
+        format!(
+            "[[tenant]]\nid = \"{id}\"\napi_key_sha256 = [\"{}\"]\n",
+            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
+        )
+    };
+    let up_cfg = dir.join("upstream.toml");
+    std::fs::write(&up_cfg, tenant("gateway", "sk-up")).unwrap();
+    let (p1, p2, pa) = (free_port(), free_port(), free_port());
+    let upstream = |port: u16| {
+        cachet(&[
+            "serve",
+            "--config",
+            up_cfg.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+    };
+    let (_u1, _u2) = (upstream(p1), upstream(p2));
+    let (u1, u2) = (
+        format!("http://127.0.0.1:{p1}"),
+        format!("http://127.0.0.1:{p2}"),
+    );
+    let cfg = dir.join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}\n[[upstream]]\nkind = \"openai\"\nurl = \"{u1}\"\napi_key_env = \"CACHET_TEST_UPSTREAM_KEY\"\n\n[[upstream]]\nkind = \"openai\"\nurl = \"{u2}\"\napi_key_env = \"CACHET_TEST_UPSTREAM_KEY\"\n",
+            tenant("r", "sk-route")
+        ),
+    )
+    .unwrap();
+    let _gateway = Proc(
+        Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
+            .arg(format!("127.0.0.1:{pa}"))
+            .args([
+                "--routing",
+                "prefix",
+                "--model",
+                "smollm2",
+                "--device",
+                "cpu",
+            ])
+            .args(["--gpu-memory-utilization", "0.1"])
+            .env("CACHET_TEST_UPSTREAM_KEY", "sk-up")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let ba = format!("http://127.0.0.1:{pa}");
+    for u in [&u1, &u2, &ba] {
+        wait_for(&format!("{u}/health"));
+    }
+    let t0 = Instant::now();
+    while chat(&ba, "warm-up", "hi").0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A long request on one upstream while a second system prompt arrives: the second goes to
+    // the other (load), so the two prompts live on different servers.
+    let other = "You are the billing assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind invoices and payments. Never discuss shipping.";
+    let sys = "You are the shipping assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.";
+    let busy = {
+        let ba = ba.clone();
+        std::thread::spawn(move || chat_n(&ba, other, "List every invoice field.", 96))
+    };
+    // Routed once its first token is back (warm-up + this one).
+    let t0 = Instant::now();
+    while routed(&ba).values().sum::<u64>() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the long request never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = routed(&ba);
+    let (code, first) = chat(&ba, sys, "Where is my parcel?");
+    assert_eq!(code, 200, "{first}");
+    assert_eq!(busy.join().unwrap().0, 200);
+    assert!(
+        first["choices"][0]["message"]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "{first}"
+    );
+    assert!(
+        first["usage"]["prompt_tokens"].as_u64().unwrap() > 32,
+        "{first}"
+    );
+    for q in ["Can I change the address?", "How long does delivery take?"] {
+        let (code, r) = chat(&ba, sys, q);
+        assert_eq!(code, 200, "{r}");
+        assert!(cached(&r) >= 32, "history routing missed the cache: {r}");
+    }
+    // Idle again, both equally loaded: only the history says where the prompt went (without it
+    // the tie goes to the first upstream, which never saw it).
+    let after = routed(&ba);
+    assert!(
+        moved(&before, &after).contains(&3),
+        "not all on one upstream: {before:?} → {after:?}"
+    );
+    // Streaming passes through, ending with usage and [DONE].
+    let body = serde_json::json!({"model": "smollm2", "max_tokens": 4, "temperature": 0, "stream": true,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "system", "content": sys}, {"role": "user", "content": "Hello?"}]});
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-N",
+            "--max-time",
+            "60",
+            "-H",
+            "authorization: Bearer sk-route",
+            "-d",
+        ])
+        .arg(body.to_string())
+        .arg(format!("{ba}/v1/chat/completions"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("\"content\"")
+            && text.contains("\"usage\"")
+            && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
     );
 }

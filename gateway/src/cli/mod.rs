@@ -128,6 +128,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     cachet_gateway::tenants::UpstreamConfig::Embedded {} => {
                         println!("upstream: the embedded engine")
                     }
+                    cachet_gateway::tenants::UpstreamConfig::Openai { url, model, .. } => {
+                        println!(
+                            "upstream: OpenAI-compatible server {url} (model {})",
+                            model.as_deref().unwrap_or("as served")
+                        )
+                    }
                 }
             }
             Ok(())

@@ -125,6 +125,19 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .map(|u| match u {
             UpstreamConfig::Cachet { url } => Member::Remote(url.clone()),
             UpstreamConfig::Embedded {} => Member::Embedded(engine.handle()),
+            UpstreamConfig::Openai {
+                url,
+                model,
+                api_key_env,
+                history_blocks,
+            } => Member::OpenAi {
+                url: url.clone(),
+                target: Arc::new(cachet_gateway::upstream::openai::Target::new(
+                    model.clone().unwrap_or_else(|| model_id.clone()),
+                    api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
+                    history_blocks.unwrap_or(1 << 16),
+                )),
+            },
         })
         .collect();
     members.extend(a.workers.iter().cloned().map(Member::Remote));

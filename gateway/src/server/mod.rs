@@ -263,7 +263,8 @@ async fn completion_for(
     tenant: Arc<crate::tenants::Tenant>,
 ) -> Result<Response<RespBody>, ApiError> {
     let mut hints = None;
-    let (common, prompt) = if chat {
+    // The prompt as token ids (engines) and as text (OpenAI-compatible upstreams).
+    let (common, prompt, prompt_text) = if chat {
         let r: openai::ChatRequest = read_json(req).await?;
         let msgs = r.messages()?;
         let segments = match templates::apply(&state, &tenant, &r, &msgs).await? {
@@ -278,12 +279,13 @@ async fn completion_for(
                     .collect::<Vec<_>>(),
             ),
         };
-        (r.common, prepare(&state, &tenant, &segments)?.ids)
+        let p = prepare(&state, &tenant, &segments)?;
+        (r.common, p.ids, p.prompt)
     } else {
         let r: openai::CompletionRequest = read_json(req).await?;
         let p = r.prompt()?;
         let ids = state.tokenizer.encode(&p).map_err(engine_error)?;
-        (r.common, ids)
+        (r.common, ids, p)
     };
     if common.model != state.model_id {
         return Err(ApiError::not_found(
@@ -340,7 +342,7 @@ async fn completion_for(
     let stream = match &state.pool {
         Some(pool) => {
             let (stream, routed) = pool
-                .submit(&er, common.user.as_deref())
+                .submit(&er, &prompt_text, common.user.as_deref())
                 .await
                 .map_err(upstream_error)?;
             state.metrics.routed(

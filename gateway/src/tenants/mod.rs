@@ -74,6 +74,16 @@ pub enum UpstreamConfig {
     Cachet { url: String },
     /// The gateway's own engine, as one member of the pool.
     Embedded {},
+    /// Any OpenAI-compatible server at `url` (`/v1/completions`; text in, approximate routing
+    /// from the prompts sent there). `model`: the name it serves (default: the gateway's model
+    /// id); `api_key_env`: an environment variable holding its API key; `history_blocks`: how many
+    /// prompt blocks the gateway remembers sending (about the server's KV cache, default 65536).
+    Openai {
+        url: String,
+        model: Option<String>,
+        api_key_env: Option<String>,
+        history_blocks: Option<usize>,
+    },
 }
 
 /// The `[[upstream]]` entries of a config file.
@@ -91,6 +101,36 @@ pub fn upstreams_from_toml(text: &str) -> Result<Vec<UpstreamConfig>, ConfigErro
                 url.trim_end_matches('/').to_string()
             }
             UpstreamConfig::Embedded {} => "embedded".to_string(),
+            UpstreamConfig::Openai {
+                url,
+                api_key_env,
+                history_blocks,
+                ..
+            } => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}` is not an http:// or https:// URL"
+                    )));
+                }
+                if url.starts_with("https://") {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}`: upstreams are reached over plain HTTP for now (put a TLS proxy in front)"
+                    )));
+                }
+                if let Some(v) = api_key_env {
+                    if std::env::var(v).is_err() {
+                        return Err(ConfigError::Upstream(format!(
+                            "`{url}`: api_key_env names `{v}`, which is not set"
+                        )));
+                    }
+                }
+                if *history_blocks == Some(0) {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}`: history_blocks must be at least 1"
+                    )));
+                }
+                url.trim_end_matches('/').to_string()
+            }
         };
         if !seen.insert(name.clone()) {
             return Err(ConfigError::Upstream(format!("`{name}` is listed twice")));

@@ -20,6 +20,8 @@ use cachet_backend::request::{EngineEvent, EngineRequest};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
+pub mod openai;
+
 use crate::route::{Policy, RouteRequest, WorkerView};
 use crate::worker::protocol::{parse_hash, GenerateRequest, KvWire, StateReply, WireEvent};
 
@@ -56,6 +58,8 @@ pub struct Worker {
     blocks: RwLock<HashSet<BlockHash>>,
     /// The gateway's own engine, when this member is it (then `url` is [`EMBEDDED`]).
     local: Option<EngineHandle>,
+    /// An OpenAI-compatible server (text in), routed to from request history.
+    openai: Option<Arc<openai::Target>>,
 }
 
 /// The name the embedded engine goes by in the pool (metrics labels, logs).
@@ -68,6 +72,11 @@ pub enum Member {
     Remote(String),
     /// The gateway's own engine.
     Embedded(EngineHandle),
+    /// An OpenAI-compatible server at this base URL (`/v1/completions` is appended).
+    OpenAi {
+        url: String,
+        target: Arc<openai::Target>,
+    },
 }
 
 impl Worker {
@@ -141,7 +150,11 @@ impl Worker {
             waiting,
             kv_used: s.kv_used,
             kv_total: s.kv_total,
-            overlap_blocks: if mismatch { 0 } else { self.overlap(hashes) },
+            overlap_blocks: match &self.openai {
+                Some(t) => t.overlap(hashes),
+                None if mismatch => 0,
+                None => self.overlap(hashes),
+            },
         }
     }
 
@@ -335,6 +348,8 @@ pub enum TokenStream {
     Remote(RemoteStream),
     /// The embedded engine as a member of the pool.
     Member(MemberStream),
+    /// An OpenAI-compatible server.
+    OpenAi(openai::OpenAiStream),
 }
 
 /// A stream of the embedded engine taken through the pool: counted as its load until dropped.
@@ -406,6 +421,7 @@ impl TokenStream {
             TokenStream::Local(s) => s.id,
             TokenStream::Remote(r) => r.id,
             TokenStream::Member(m) => m.stream.id,
+            TokenStream::OpenAi(o) => o.id,
         }
     }
 
@@ -415,6 +431,7 @@ impl TokenStream {
         match self {
             TokenStream::Local(s) => s.next().await,
             TokenStream::Member(m) => m.stream.next().await,
+            TokenStream::OpenAi(o) => o.next().await,
             TokenStream::Remote(r) => {
                 if r.done {
                     return None;
@@ -492,9 +509,14 @@ impl Pool {
         let key_id = crate::worker::key_id(&key);
         let mut workers: Vec<Arc<Worker>> = Vec::new();
         for m in members {
-            let (url, local) = match m {
-                Member::Remote(u) => (u.trim_end_matches('/').to_string(), None),
-                Member::Embedded(e) => (EMBEDDED.to_string(), Some(e.clone())),
+            let (url, local, target) = match m {
+                Member::Remote(u) => (u.trim_end_matches('/').to_string(), None, None),
+                Member::Embedded(e) => (EMBEDDED.to_string(), Some(e.clone()), None),
+                Member::OpenAi { url, target } => (
+                    url.trim_end_matches('/').to_string(),
+                    None,
+                    Some(target.clone()),
+                ),
             };
             let w = Arc::new(Worker {
                 url,
@@ -505,7 +527,13 @@ impl Pool {
                 finished: AtomicUsize::new(0),
                 blocks: Default::default(),
                 local: local.clone(),
+                openai: target.clone(),
             });
+            if let Some(t) = target {
+                tokio::spawn(openai::poll(w.clone(), t, key_id.clone()));
+                workers.push(w);
+                continue;
+            }
             match local {
                 Some(engine) => {
                     tokio::spawn(w.clone().follow_local(engine.subscribe_kv_events()));
@@ -542,6 +570,7 @@ impl Pool {
     pub async fn submit(
         &self,
         er: &EngineRequest,
+        text: &str,
         session_key: Option<&str>,
     ) -> Result<(TokenStream, Routed), UpstreamError> {
         let hashes = HashContext {
@@ -590,6 +619,22 @@ impl Pool {
                 predicted_cached_tokens: views[i].overlap_blocks * self.hasher.block_size,
                 attempts: attempt + 1,
             };
+            if let Some(t) = &w.openai {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                match openai::start(w, t, text, er, id).await {
+                    Ok(stream) => {
+                        t.remember(&hashes);
+                        w.succeeded();
+                        return Ok((TokenStream::OpenAi(stream), routed(attempt)));
+                    }
+                    Err(openai::StartError::Rejected(m)) => return Err(UpstreamError::Rejected(m)),
+                    Err(openai::StartError::Failed(m)) => {
+                        w.failed();
+                        errors.push(m);
+                        continue;
+                    }
+                }
+            }
             if let Some(engine) = &w.local {
                 match engine.submit(er.clone()) {
                     Ok(s) => {
@@ -673,7 +718,8 @@ impl Pool {
         Err(UpstreamError::AllFailed(errors.join("; ")))
     }
 
-    /// Per worker: (url, requests in flight, block hashes the gateway knows it holds), for metrics.
+    /// Per worker: (url, requests in flight, block hashes the gateway knows it holds — or, for an
+    /// OpenAI-compatible server, remembers sending), for metrics.
     pub fn load(&self) -> Vec<(String, usize, usize)> {
         self.workers
             .iter()
@@ -681,7 +727,10 @@ impl Pool {
                 (
                     w.url.clone(),
                     w.inflight.load(Ordering::Relaxed),
-                    w.blocks.read().expect("blocks lock").len(),
+                    match &w.openai {
+                        Some(t) => t.remembered(),
+                        None => w.blocks.read().expect("blocks lock").len(),
+                    },
                 )
             })
             .collect()
@@ -713,6 +762,7 @@ mod tests {
             finished: AtomicUsize::new(0),
             blocks: Default::default(),
             local: None,
+            openai: None,
         }
     }
 
