@@ -31,6 +31,8 @@ pub struct TextTokenizer {
     eos_token: Option<String>,
     /// The chat template compiled once (rendering runs per request), or why it does not compile.
     compiled: std::sync::Arc<std::sync::OnceLock<Result<minijinja::Environment<'static>, String>>>,
+    /// See [`TextTokenizer::for_dummy_model`]: (model vocabulary, this vocabulary).
+    wrap_ids: Option<(u32, u32)>,
 }
 
 impl TextTokenizer {
@@ -46,6 +48,7 @@ impl TextTokenizer {
             bos_token,
             eos_token,
             compiled: Default::default(),
+            wrap_ids: None,
         }
     }
 
@@ -89,6 +92,7 @@ impl TextTokenizer {
             bos_token: bos,
             eos_token: eos,
             compiled: Default::default(),
+            wrap_ids: None,
         })
     }
 
@@ -111,13 +115,32 @@ impl TextTokenizer {
             .inner
             .encode(text, false)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        Ok(match self.wrap_ids {
+            Some((m, _)) => enc.get_ids().iter().map(|&i| i % m).collect(),
+            None => enc.get_ids().to_vec(),
+        })
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, EngineError> {
+        let wrapped: Vec<u32>;
+        let ids = match self.wrap_ids {
+            Some((_, n)) => {
+                wrapped = ids.iter().map(|&i| i % n).collect();
+                &wrapped[..]
+            }
+            None => ids,
+        };
         self.inner
             .decode(ids, skip_special)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// Serves a model with random weights and a vocabulary of `model_vocab` ids of its own
+    /// (`--load-format dummy` benchmarks): text encodes to ids modulo `model_vocab`, and ids
+    /// decode modulo this tokenizer's vocabulary (they would otherwise decode to nothing).
+    pub fn for_dummy_model(mut self, model_vocab: usize) -> Self {
+        self.wrap_ids = Some((model_vocab.max(1) as u32, self.vocab_size() as u32));
+        self
     }
 
     /// Renders `messages` with the model's chat template.

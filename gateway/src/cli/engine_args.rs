@@ -15,9 +15,18 @@ use super::generate::DeviceKind;
 
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Model: a known name (`smollm2`), an HF directory or a .gguf file.
+    /// Model: a known name (`smollm2`), an HF directory or a .gguf file; with
+    /// `--load-format dummy`, a config.json (or a directory holding one).
     #[arg(long, short)]
     pub model: String,
+    /// `dummy`: random weights made on the device from the model's config (real shapes, for
+    /// benchmarks); needs --tokenizer.
+    #[arg(long, value_enum, default_value_t = super::bench::LoadFormat::Auto)]
+    pub load_format: super::bench::LoadFormat,
+    /// Whose tokenizer and chat template serve a `--load-format dummy` model (a model name or
+    /// path); generated ids are shown modulo its vocabulary.
+    #[arg(long)]
+    pub tokenizer: Option<String>,
     #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
     pub device: DeviceKind,
     /// Most sequences in one engine step.
@@ -138,15 +147,37 @@ impl EngineArgs {
         let a = self;
         let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
         let speculative = a.speculative()?;
-        if let Some(k) = loader::fetch::known_model(&a.model) {
-            loader::fetch::fetch(k, true)?;
-        }
-        let model =
-            loader::load(&a.model, true).with_context(|| format!("loading model `{}`", a.model))?;
-        let tokenizer = model
+        let dummy = a.load_format == super::bench::LoadFormat::Dummy;
+        let load = |name: &str| -> anyhow::Result<loader::LoadedModel> {
+            if let Some(k) = loader::fetch::known_model(name) {
+                loader::fetch::fetch(k, true)?;
+            }
+            loader::load(name, true).with_context(|| format!("loading model `{name}`"))
+        };
+        let (model, dummy_config) = if dummy {
+            let tok_name = a
+                .tokenizer
+                .as_deref()
+                .context("--load-format dummy needs --tokenizer (e.g. smollm2) for its text")?;
+            let path = PathBuf::from(&a.model);
+            let cfg = if path.is_dir() {
+                path.join("config.json")
+            } else {
+                path
+            };
+            let config = cachet_backend::config::ModelConfig::from_hf_json(&cfg)
+                .with_context(|| format!("reading {}", cfg.display()))?;
+            (load(tok_name)?, Some((config, cfg)))
+        } else {
+            (load(&a.model)?, None)
+        };
+        let mut tokenizer = model
             .tokenizer
             .clone()
             .context("the model has no tokenizer")?;
+        if let Some((config, _)) = &dummy_config {
+            tokenizer = tokenizer.for_dummy_model(config.vocab_size);
+        }
         let opts = RunnerOptions {
             device: a.device.into(),
             block_size: a.block_size,
@@ -157,10 +188,23 @@ impl EngineArgs {
             },
             cuda_graph_sizes: self.graph_sizes(),
         };
-        let runner = build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?;
-        let model_id = loader::fetch::known_model(&a.model)
-            .map(|k| k.name.to_string())
-            .unwrap_or_else(|| model.name.clone());
+        let (runner, model_id) = match &dummy_config {
+            Some((config, path)) => (
+                build_runner(config, WeightSource::Dummy { seed: 0 }, &opts)?,
+                path.parent()
+                    .filter(|_| path.file_name().is_some_and(|f| f == "config.json"))
+                    .and_then(|d| d.file_name())
+                    .or_else(|| path.file_stem())
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "dummy".into()),
+            ),
+            None => (
+                build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?,
+                loader::fetch::known_model(&a.model)
+                    .map(|k| k.name.to_string())
+                    .unwrap_or_else(|| model.name.clone()),
+            ),
+        };
         let cfg = EngineConfig {
             scheduler: SchedulerConfig {
                 max_num_seqs: a.max_num_seqs,

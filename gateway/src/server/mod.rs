@@ -262,6 +262,9 @@ async fn completion_for(
     chat: bool,
     tenant: Arc<crate::tenants::Tenant>,
 ) -> Result<Response<RespBody>, ApiError> {
+    let arrived = Instant::now();
+    // `x-cachet-timings: 1` asks for the server-side split of the request's time in its usage.
+    let want_timings = req.headers().contains_key("x-cachet-timings");
     let mut hints = None;
     // The prompt as token ids (engines) and as text (OpenAI-compatible upstreams).
     let (common, prompt, prompt_text) = if chat {
@@ -339,6 +342,7 @@ async fn completion_for(
     er.salt = tenant.salt;
     er.priority = tenant.config.priority;
     er.tag = tenant.id().to_string();
+    er.ignore_eos = common.ignore_eos;
     let stream = match &state.pool {
         Some(pool) => {
             let (stream, routed) = pool
@@ -365,6 +369,7 @@ async fn completion_for(
         created: now_unix(),
         model: state.model_id.clone(),
         chat,
+        prepare: want_timings.then(|| arrived.elapsed()),
     };
     if common.stream {
         Ok(sse(stream, meta, include_usage, permit, state.clone()))
@@ -433,6 +438,9 @@ struct Meta {
     created: u64,
     model: String,
     chat: bool,
+    /// Set when the client asked for timings: parsing, template, normalization and
+    /// tokenization up to the engine's admission.
+    prepare: Option<Duration>,
 }
 
 fn usage_json(u: &Usage) -> serde_json::Value {
@@ -442,6 +450,27 @@ fn usage_json(u: &Usage) -> serde_json::Value {
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     })
+}
+
+/// The usage object, with the server-side timings when the client asked for them
+/// (`cachet_timings`, milliseconds: prepare = parse + template + normalize + tokenize; queue =
+/// engine arrival → first scheduled (KV allocation included); prefill = first scheduled → first
+/// token; engine_ttft = queue + prefill; e2e and mean inter-token latency in the engine).
+fn usage_with_timings(u: &Usage, meta: &Meta, t: &RequestTimings) -> serde_json::Value {
+    let mut v = usage_json(u);
+    if let Some(p) = meta.prepare {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        v["cachet_timings"] = serde_json::json!({
+            "prepare_ms": ms(p),
+            "queue_ms": ms(t.queue),
+            "prefill_ms": ms(t.prefill),
+            "engine_ttft_ms": ms(t.ttft),
+            "engine_e2e_ms": ms(t.e2e),
+            "mean_itl_ms": ms(t.mean_itl),
+            "preemptions": t.preemptions,
+        });
+    }
+    v
 }
 
 async fn whole(
@@ -479,7 +508,7 @@ async fn whole(
                     "created": meta.created,
                     "model": meta.model,
                     "choices": [choice],
-                    "usage": usage_json(&usage),
+                    "usage": usage_with_timings(&usage, &meta, &timings),
                 });
                 return Ok(json(StatusCode::OK, &body));
             }
@@ -575,7 +604,7 @@ fn sse(
                         .send(chunk(serde_json::json!({}), Some(reason.as_openai())))
                         .await;
                     if include_usage {
-                        let v = serde_json::json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [], "usage": usage_json(&usage)});
+                        let v = serde_json::json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [], "usage": usage_with_timings(&usage, &meta, &timings)});
                         let _ = tx.send(Bytes::from(format!("data: {v}\n\n"))).await;
                     }
                     let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;

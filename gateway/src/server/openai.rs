@@ -36,6 +36,9 @@ pub struct Common {
     pub n: Option<u32>,
     pub logprobs: Option<serde_json::Value>,
     pub tools: Option<serde_json::Value>,
+    /// Generate `max_tokens` whatever the model says (vLLM's extra parameter; for benchmarks).
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug, Deserialize)]
