@@ -310,69 +310,6 @@ fn run(
     }
 }
 
-/// TTFT CDFs as an SVG (log-scaled time axis).
-fn svg(runs: &[RunResult], title: &str) -> String {
-    let (w, h, l, b) = (720.0, 420.0, 70.0, 50.0);
-    let (pw, ph) = (w - l - 20.0, h - b - 40.0);
-    let all: Vec<f64> = runs
-        .iter()
-        .flat_map(|r| r.ttft_ms.iter().copied())
-        .collect();
-    let lo = all
-        .iter()
-        .copied()
-        .fold(f64::INFINITY, f64::min)
-        .max(1.0)
-        .log10()
-        .floor();
-    let hi = all
-        .iter()
-        .copied()
-        .fold(1.0, f64::max)
-        .log10()
-        .ceil()
-        .max(lo + 1.0);
-    let x = |ms: f64| l + (ms.max(1.0).log10() - lo) / (hi - lo) * pw;
-    let y = |q: f64| 40.0 + (1.0 - q) * ph;
-    let colors = ["#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#7f7f7f"];
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="14">{title}</text>"#,
-        w / 2.0
-    );
-    s.push_str(&format!(r#"<line x1="{l}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{l}" y1="40" x2="{l}" y2="{}" stroke="black"/>"#, 40.0 + ph, l + pw, 40.0 + ph, 40.0 + ph));
-    let mut e = lo;
-    while e <= hi {
-        let ms = 10f64.powf(e);
-        s.push_str(&format!(r#"<line x1="{0}" y1="40" x2="{0}" y2="{1}" stroke="gainsboro"/><text x="{0}" y="{2}" text-anchor="middle">{3}</text>"#, x(ms), 40.0 + ph, 40.0 + ph + 16.0, if ms >= 1000.0 { format!("{} s", ms / 1000.0) } else { format!("{ms} ms") }));
-        e += 1.0;
-    }
-    for q in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        s.push_str(&format!(
-            r#"<text x="{}" y="{}" text-anchor="end">{q}</text>"#,
-            l - 6.0,
-            y(q) + 4.0
-        ));
-    }
-    s.push_str(&format!(r#"<text x="{}" y="{}" text-anchor="middle">time to first token (log scale)</text><text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">fraction of requests</text>"#, l + pw / 2.0, h - 8.0, 40.0 + ph / 2.0, 40.0 + ph / 2.0));
-    for (i, r) in runs.iter().enumerate() {
-        let mut v = r.ttft_ms.clone();
-        v.sort_by(f64::total_cmp);
-        let pts: Vec<String> = v
-            .iter()
-            .enumerate()
-            .map(|(k, &ms)| format!("{:.1},{:.1}", x(ms), y((k + 1) as f64 / v.len() as f64)))
-            .collect();
-        let c = colors[i % colors.len()];
-        s.push_str(&format!(
-            r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
-            pts.join(" ")
-        ));
-        s.push_str(&format!(r#"<rect x="{}" y="{}" width="14" height="3" fill="{c}"/><text x="{}" y="{}">{}</text>"#, l + 12.0, 52.0 + 16.0 * i as f64, l + 32.0, 57.0 + 16.0 * i as f64, r.name));
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
 fn main() {
     let path = fetch::fetch(fetch::known_model("smollm2").unwrap(), true).unwrap();
     let tok = loader::load(path.to_str().unwrap(), false)
@@ -469,12 +406,16 @@ fn main() {
         }
         std::fs::write(
             out_dir.join(format!("ttft-cdf-{ratio}.svg")),
-            svg(
-                &plot,
+            cachet_gateway::report::cdf_svg(
+                &plot
+                    .iter()
+                    .map(|r| (r.name.clone(), r.ttft_ms.clone()))
+                    .collect::<Vec<_>>(),
                 &format!(
                     "TTFT CDF, working set {ratio}× of KV capacity, {} requests",
                     cfg.num_requests
                 ),
+                "time to first token (log scale)",
             ),
         )
         .unwrap();
