@@ -75,8 +75,11 @@ pub fn stacked_bars_svg(
     title: &str,
     y_label: &str,
 ) -> String {
-    let (w, h, l, b) = (120.0 + 90.0 * bars.len() as f64, 440.0, 70.0, 110.0);
-    let (pw, ph) = (w - l - 150.0, h - b - 40.0);
+    // Room on the right for the legend's part names.
+    let legend = 40.0 + 7.0 * parts.iter().map(|p| p.len()).max().unwrap_or(0) as f64;
+    let (l, h, b) = (70.0, 440.0, 110.0);
+    let w = l + 90.0 * bars.len() as f64 + legend + 20.0;
+    let (pw, ph) = (w - l - legend - 20.0, h - b - 40.0);
     let top = bars
         .iter()
         .map(|(_, v)| v.iter().sum::<f64>())

@@ -20,6 +20,10 @@ pub enum BenchCommand {
     /// N-gram speculative decoding off vs on: copy-heavy and free-chat workloads, batch 1 and
     /// a high batch, tokens per forward pass and decode speed, output identity.
     Spec(super::bench_spec::SpecArgs),
+    /// The seed article's TTFT experiment through the gateway: baseline vs all optimizations
+    /// (and each alone with --ablation), cold and warm, with the server-side split of TTFT,
+    /// a report and plots.
+    Ttft(super::bench_ttft::TtftArgs),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -86,6 +90,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Forward(a) => forward(a),
         BenchCommand::Spec(a) => super::bench_spec::run(a),
+        BenchCommand::Ttft(a) => super::bench_ttft::run(a),
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_spec;
+mod bench_ttft;
 mod engine_args;
 mod generate;
 mod model;
