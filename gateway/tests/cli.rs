@@ -141,3 +141,64 @@ fn bad_input_gets_a_clear_error() {
         assert!(err.contains(says), "{cfg}: {err}");
     }
 }
+
+/// The TTFT experiment's machinery end to end at toy scale (a random 2-layer model on the CPU):
+/// servers per configuration, the server-side split in every record, the report and the plots.
+/// (The numbers themselves come from the H200: BENCHMARKS.md.)
+#[test]
+fn the_ttft_experiment_runs_and_writes_its_report() {
+    cachet_tests::smollm2_path();
+    let out = std::env::temp_dir().join(format!("cachet-ttft-{}", std::process::id()));
+    let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/configs/small-gqa-d64.json");
+    let o = cachet(&[
+        "bench",
+        "ttft",
+        "--model",
+        cfg.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--gpu-memory-utilization",
+        "0.05",
+        "--requests",
+        "8",
+        "--rate",
+        "8",
+        "--max-tokens",
+        "4",
+        "--warmup",
+        "2",
+        "--configs",
+        "baseline,all-on",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains("All on vs baseline, cold") && report.contains("| all-on | warm |"),
+        "{report}"
+    );
+    let raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let runs = raw["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4);
+    let hit = |i: usize| {
+        let r = runs[i]["records"].as_array().unwrap();
+        assert!(r.iter().all(|x| x["error"].is_null()), "{r:?}");
+        assert!(r
+            .iter()
+            .all(|x| x["prefill_ms"].as_f64().unwrap() > 0.0 && x["output_tokens"] == 4));
+        r.iter()
+            .map(|x| x["cached_tokens"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    // The baseline caches nothing; all-on (normalization + prefix cache) reuses the shared prefix.
+    assert_eq!(hit(0) + hit(1), 0);
+    assert!(hit(3) > 0);
+    for f in ["ttft-cdf-cold.svg", "ttft-cdf-warm.svg", "ttft-parts.svg"] {
+        assert!(std::fs::read_to_string(out.join(f))
+            .unwrap()
+            .contains("</svg>"));
+    }
+}
