@@ -112,6 +112,22 @@ impl Seq {
     pub fn num_output(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
+
+    /// Appends a generated token (hashing any block it completes) and says whether it ends the
+    /// request: a stop token, `max_tokens`, or the model's length.
+    fn append(&mut self, tok: u32, now: Instant, max_model_len: usize) -> Option<FinishReason> {
+        self.tokens.push(tok);
+        self.hasher.extend(&mut self.block_hashes, &self.tokens);
+        self.first_token.get_or_insert(now);
+        self.last_token = Some(now);
+        if !self.req.ignore_eos && self.req.stop_token_ids.contains(&tok) {
+            Some(FinishReason::Stop)
+        } else if self.num_output() >= self.req.max_tokens || self.tokens.len() >= max_model_len {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
     }
@@ -616,19 +632,8 @@ impl Scheduler {
                     };
                     accepted += ok as usize;
                     emitted += 1;
-                    s.tokens.push(tok);
-                    s.hasher.extend(&mut s.block_hashes, &s.tokens);
-                    s.first_token.get_or_insert(now);
-                    s.last_token = Some(now);
                     self.counters.generated_tokens += 1;
-                    let finish = if !s.req.ignore_eos && s.req.stop_token_ids.contains(&tok) {
-                        Some(FinishReason::Stop)
-                    } else if s.num_output() >= s.req.max_tokens || s.tokens.len() >= max_model_len
-                    {
-                        Some(FinishReason::Length)
-                    } else {
-                        None
-                    };
+                    let finish = s.append(tok, now, max_model_len);
                     produced.push(StepToken {
                         id: s.id,
                         token: tok,
@@ -666,18 +671,8 @@ impl Scheduler {
                 StepOutput::Tokens(ids) => ids[row],
             };
             row += 1;
-            s.tokens.push(tok);
-            s.hasher.extend(&mut s.block_hashes, &s.tokens);
-            s.first_token.get_or_insert(now);
-            s.last_token = Some(now);
             self.counters.generated_tokens += 1;
-            let finish = if !s.req.ignore_eos && s.req.stop_token_ids.contains(&tok) {
-                Some(FinishReason::Stop)
-            } else if s.num_output() >= s.req.max_tokens || s.tokens.len() >= max_model_len {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
+            let finish = s.append(tok, now, max_model_len);
             produced.push(StepToken {
                 id: s.id,
                 token: tok,

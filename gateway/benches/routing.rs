@@ -154,14 +154,7 @@ async fn one(
     let t0 = Instant::now();
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
-        let s = resp.status();
-        let b = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(format!("{s}: {}", String::from_utf8_lossy(&b)));
+        return Err(cachet_gateway::upstream::error_text(resp).await);
     }
     let mut body = resp.into_body();
     let mut ttft = None;

@@ -67,16 +67,8 @@ pub struct ForwardArgs {
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
-    /// Run eagerly: no CUDA graphs for the decode steps.
-    #[arg(long)]
-    pub enforce_eager: bool,
-    /// Decode batch sizes to capture CUDA graphs for.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1,2,4,8,16,32,64,128,256"
-    )]
-    pub cuda_graph_sizes: Vec<usize>,
+    #[command(flatten)]
+    pub graphs: super::engine_args::GraphArgs,
     /// Decode batch sizes timed eagerly and from CUDA graphs side by side.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub graph_batches: Vec<usize>,
@@ -172,11 +164,7 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         block_size: 16,
         max_model_len: a.max_model_len,
         kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
-        cuda_graph_sizes: if a.enforce_eager {
-            vec![]
-        } else {
-            a.cuda_graph_sizes.clone()
-        },
+        cuda_graph_sizes: a.graphs.sizes(usize::MAX),
     };
     let mut r = build_runner(&config, weights, &opts)?;
     let dev = r.device_name();

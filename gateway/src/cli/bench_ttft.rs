@@ -203,14 +203,7 @@ async fn one(client: &Client, url: &str, key: &str, model: &str, it: &WorkItem) 
         }
     };
     if !resp.status().is_success() {
-        let s = resp.status();
-        let b = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        rec.error = Some(format!("{s}: {}", String::from_utf8_lossy(&b)));
+        rec.error = Some(cachet_gateway::upstream::error_text(resp).await);
         return rec;
     }
     let mut body = resp.into_body();

@@ -76,17 +76,41 @@ pub struct EngineArgs {
     /// "cooldown_steps" steps; 0.3 and 16). Off by default.
     #[arg(long)]
     pub speculative_config: Option<String>,
+    #[command(flatten)]
+    pub graphs: GraphArgs,
+}
+
+/// CUDA graph options, shared by the engine's commands and `bench forward`.
+#[derive(Args, Debug, Clone)]
+pub struct GraphArgs {
     /// Run every step eagerly: no CUDA graphs for decode steps (vLLM's flag).
     #[arg(long)]
     pub enforce_eager: bool,
     /// Decode batch sizes to capture CUDA graphs for at start-up (a step of n sequences replays
-    /// the smallest size ≥ n; sizes past the first that covers --max-num-seqs are dropped).
+    /// the smallest size ≥ n; for an engine, sizes past the first that covers --max-num-seqs
+    /// are dropped).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "1,2,4,8,16,32,64,128,256"
     )]
     pub cuda_graph_sizes: Vec<usize>,
+}
+
+impl GraphArgs {
+    /// The sizes to capture (none with --enforce-eager), up to the first that covers `max_seqs`.
+    pub fn sizes(&self, max_seqs: usize) -> Vec<usize> {
+        if self.enforce_eager {
+            return Vec::new();
+        }
+        let mut sizes: Vec<usize> = self.cuda_graph_sizes.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if let Some(i) = sizes.iter().position(|&s| s >= max_seqs) {
+            sizes.truncate(i + 1);
+        }
+        sizes
+    }
 }
 
 /// A started engine.
@@ -113,20 +137,6 @@ impl EngineArgs {
                 Ok(key)
             }
         }
-    }
-
-    /// The graph sizes to capture: up to the first that covers --max-num-seqs.
-    pub fn graph_sizes(&self) -> Vec<usize> {
-        if self.enforce_eager {
-            return Vec::new();
-        }
-        let mut sizes: Vec<usize> = self.cuda_graph_sizes.clone();
-        sizes.sort_unstable();
-        sizes.dedup();
-        if let Some(i) = sizes.iter().position(|&s| s >= self.max_num_seqs) {
-            sizes.truncate(i + 1);
-        }
-        sizes
     }
 
     /// The parsed `--speculative-config`.
@@ -186,7 +196,7 @@ impl EngineArgs {
                 Some(n) => KvBudget::Blocks(n),
                 None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
             },
-            cuda_graph_sizes: self.graph_sizes(),
+            cuda_graph_sizes: self.graphs.sizes(self.max_num_seqs),
         };
         let (runner, model_id) = match &dummy_config {
             Some((config, path)) => (

@@ -25,6 +25,18 @@ pub mod openai;
 use crate::route::{Policy, RouteRequest, WorkerView};
 use crate::worker::protocol::{parse_hash, GenerateRequest, KvWire, StateReply, WireEvent};
 
+/// "STATUS: body" of a failed HTTP response, for error messages.
+pub async fn error_text(resp: hyper::Response<Incoming>) -> String {
+    let status = resp.status();
+    let b = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    format!("{status}: {}", String::from_utf8_lossy(&b))
+}
+
 /// How often each worker's state is polled.
 pub const POLL: Duration = Duration::from_millis(500);
 /// Consecutive failures that open a worker's circuit, and for how long.
@@ -666,17 +678,7 @@ impl Pool {
                     Ok(resp) if resp.status().is_success() => Lines::new(resp.into_body()),
                     Ok(resp) if resp.status().is_client_error() => {
                         w.inflight.fetch_sub(1, Ordering::Relaxed);
-                        let status = resp.status();
-                        let b = resp
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|c| c.to_bytes())
-                            .unwrap_or_default();
-                        return Err(UpstreamError::Rejected(format!(
-                            "{status}: {}",
-                            String::from_utf8_lossy(&b)
-                        )));
+                        return Err(UpstreamError::Rejected(error_text(resp).await));
                     }
                     Ok(resp) => {
                         w.inflight.fetch_sub(1, Ordering::Relaxed);

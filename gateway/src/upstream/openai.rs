@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cachet_backend::block_hash::BlockHash;
 use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use lru::LruCache;
 
 use super::{Lines, Worker};
@@ -332,13 +332,7 @@ pub(super) async fn start(
                 w.inflight
                     .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 let status = resp.status();
-                let b = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes())
-                    .unwrap_or_default();
-                let msg = format!("{}: {status}: {}", w.url, String::from_utf8_lossy(&b));
+                let msg = format!("{}: {}", w.url, super::error_text(resp).await);
                 return Err(
                     if status.is_client_error() && status != hyper::StatusCode::TOO_MANY_REQUESTS {
                         StartError::Rejected(msg)
