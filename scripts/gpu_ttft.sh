@@ -10,7 +10,9 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
 bin=${CACHET:-.carry/cachet}
 configs=baseline,all-on
-[ "${ABLATION:-0}" = 1 ] && configs=+prefix-cache,+normalization,+chunked-prefill,+shortest-first,+cuda-graphs,+speculation
+if [ "${ABLATION:-0}" = 1 ]; then
+  configs=+prefix-cache,+normalization,+chunked-prefill,+shortest-first,+cuda-graphs,+speculation
+fi
 "$bin" bench ttft --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "${TOKENIZER:-.carry/smollm2.gguf}" \
   --device cuda --requests "${REQUESTS:-600}" --rate "${RATE:-30}" --max-tokens "${MAX_TOKENS:-64}" --warmup 32 \
   --configs "$configs" --modes "${MODES:-cold,warm}" --out "$out"
