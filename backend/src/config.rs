@@ -74,13 +74,16 @@ impl ModelConfig {
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
             return bad("num_attention_heads and num_key_value_heads must be > 0".into());
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "head_dim must be even and > 0, got {}",
                 self.head_dim
@@ -102,7 +105,7 @@ impl ModelConfig {
         let arch_ok = raw
             .model_type
             .as_deref()
-            .map_or(false, |t| t == "llama" || t == "mistral")
+            .is_some_and(|t| t == "llama" || t == "mistral")
             || raw
                 .architectures
                 .iter()

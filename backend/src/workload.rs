@@ -265,8 +265,9 @@ pub fn routing_workload(cfg: &RoutingWorkloadConfig) -> Vec<ChatItem> {
         .map(|k| 1.0 / (k as f64).powf(cfg.zipf))
         .collect();
     let total: f64 = weights.iter().sum();
-    // Open sessions per group: (user id, history).
-    let mut sessions: Vec<Vec<(String, Vec<(String, String)>)>> = vec![Vec::new(); cfg.groups];
+    // Open sessions per group: (user id, history of (role, content)).
+    type Session = (String, Vec<(String, String)>);
+    let mut sessions: Vec<Vec<Session>> = vec![Vec::new(); cfg.groups];
     let mut t = 0.0f64;
     let mut next_user = 0;
     (0..cfg.num_requests)
@@ -356,6 +357,27 @@ pub fn percentile(xs: &[f64], p: f64) -> f64 {
     v[rank.min(v.len()) - 1]
 }
 
+/// The speculative-decoding benchmark's copy-heavy requests: answers that quote their input
+/// (code editing, JSON reformatting, summaries that quote, table conversion).
+pub const COPY_HEAVY: &[&str] = &[
+    "Rename the variable `total` to `sum_of_items` in this Python function and return the whole function:\n```python\ndef compute_total(items):\n    total = 0\n    for item in items:\n        if item.price > 0:\n            total += item.price * item.quantity\n    return total\n```",
+    "Reformat this JSON with two-space indentation, keeping every key and value:\n{\"id\": 4812, \"name\": \"Northwind Router X2\", \"price\": 149.99, \"tags\": [\"network\", \"wifi6\", \"mesh\"], \"stock\": {\"warehouse\": 120, \"store\": 8}}",
+    "Summarize this support ticket, quoting the customer's exact words for the problem:\nCustomer: \"My router keeps dropping the connection every evening around 8 pm, and the status light turns orange.\"\nAgent: \"Have you tried updating the firmware?\"\nCustomer: \"Yes, I updated it yesterday and the problem is still there.\"",
+    "Add type hints to this function and return it:\n```python\ndef merge(a, b):\n    result = dict(a)\n    for key, value in b.items():\n        result[key] = value\n    return result\n```",
+    "Convert this CSV to a Markdown table:\nname,role,city\nAlice,engineer,Paris\nBob,designer,Berlin\nCarol,manager,Madrid\nDan,analyst,Lisbon",
+    "Fix the spelling in this paragraph and repeat it in full: The quick brown fox jumsp over the lazy dog while the farmer watchs from the barn, and the children laugh at the dog becuase it does not move at all.",
+];
+
+/// The speculative-decoding benchmark's free-chat requests: nothing to copy.
+pub const FREE_CHAT: &[&str] = &[
+    "What are three good habits for staying productive when working from home?",
+    "Explain in simple words why the sky is blue.",
+    "Give me a short idea for a birthday gift for a friend who likes hiking.",
+    "What is the difference between a virus and a bacterium?",
+    "Suggest a name for a small coffee shop and explain why.",
+    "How do I make a simple tomato pasta sauce?",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,24 +414,3 @@ mod tests {
         assert_eq!(percentile(&[3.0, 1.0, 2.0, 4.0], 95.0), 4.0);
     }
 }
-
-/// The speculative-decoding benchmark's copy-heavy requests: answers that quote their input
-/// (code editing, JSON reformatting, summaries that quote, table conversion).
-pub const COPY_HEAVY: &[&str] = &[
-    "Rename the variable `total` to `sum_of_items` in this Python function and return the whole function:\n```python\ndef compute_total(items):\n    total = 0\n    for item in items:\n        if item.price > 0:\n            total += item.price * item.quantity\n    return total\n```",
-    "Reformat this JSON with two-space indentation, keeping every key and value:\n{\"id\": 4812, \"name\": \"Northwind Router X2\", \"price\": 149.99, \"tags\": [\"network\", \"wifi6\", \"mesh\"], \"stock\": {\"warehouse\": 120, \"store\": 8}}",
-    "Summarize this support ticket, quoting the customer's exact words for the problem:\nCustomer: \"My router keeps dropping the connection every evening around 8 pm, and the status light turns orange.\"\nAgent: \"Have you tried updating the firmware?\"\nCustomer: \"Yes, I updated it yesterday and the problem is still there.\"",
-    "Add type hints to this function and return it:\n```python\ndef merge(a, b):\n    result = dict(a)\n    for key, value in b.items():\n        result[key] = value\n    return result\n```",
-    "Convert this CSV to a Markdown table:\nname,role,city\nAlice,engineer,Paris\nBob,designer,Berlin\nCarol,manager,Madrid\nDan,analyst,Lisbon",
-    "Fix the spelling in this paragraph and repeat it in full: The quick brown fox jumsp over the lazy dog while the farmer watchs from the barn, and the children laugh at the dog becuase it does not move at all.",
-];
-
-/// The speculative-decoding benchmark's free-chat requests: nothing to copy.
-pub const FREE_CHAT: &[&str] = &[
-    "What are three good habits for staying productive when working from home?",
-    "Explain in simple words why the sky is blue.",
-    "Give me a short idea for a birthday gift for a friend who likes hiking.",
-    "What is the difference between a virus and a bacterium?",
-    "Suggest a name for a small coffee shop and explain why.",
-    "How do I make a simple tomato pasta sauce?",
-];

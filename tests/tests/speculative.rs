@@ -77,9 +77,8 @@ fn greedy_output_is_identical_with_speculation_and_takes_fewer_steps() {
         c.spec_draft_tokens > 0 && c.spec_accepted_tokens > 0,
         "{c:?}"
     );
-    assert_eq!(
+    assert!(
         c.spec_acceptance_lengths.iter().sum::<u64>() > 0,
-        true,
         "verifications recorded"
     );
     assert!(

@@ -230,7 +230,7 @@ impl BlockPool {
             if blk.ref_cnt > 0 {
                 continue;
             }
-            let is_cached = blk.hash.map_or(false, |h| self.cached.get(&h) == Some(&b));
+            let is_cached = blk.hash.is_some_and(|h| self.cached.get(&h) == Some(&b));
             if is_cached {
                 self.lru_push_tail(b);
             } else {

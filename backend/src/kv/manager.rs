@@ -114,8 +114,9 @@ impl KvCacheManager {
         entry.blocks.extend_from_slice(&hit.blocks);
         entry.blocks.extend(new);
         let full = ((num_computed + num_new) / self.block_size).min(hashes.len());
-        for i in entry.num_cached..full {
-            self.pool.cache_block(entry.blocks[i], hashes[i]);
+        let start = entry.num_cached.min(full);
+        for (&b, &h) in entry.blocks[start..full].iter().zip(&hashes[start..full]) {
+            self.pool.cache_block(b, h);
         }
         entry.num_cached = entry.num_cached.max(full);
         true

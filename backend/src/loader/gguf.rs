@@ -367,7 +367,7 @@ impl GgufFile {
         }
         let nbytes = n / per_block as u64 * block_bytes as u64;
         let start = self.data_offset + info.offset;
-        let end = start.checked_add(nbytes).unwrap_or(u64::MAX);
+        let end = start.saturating_add(nbytes);
         if end > self.mmap.len() as u64 {
             return Err(LoadError::Truncated {
                 path: self.path.clone(),

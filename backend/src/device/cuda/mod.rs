@@ -972,7 +972,7 @@ impl Device for CudaDevice {
             let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
             let total = gu.rows * i;
             let ii = i as i32;
-            if total > 0 && i % 8 == 0 && total / 8 < u32::MAX as usize {
+            if total > 0 && i.is_multiple_of(8) && total / 8 < u32::MAX as usize {
                 let total8 = (total / 8) as u32;
                 let mut l = self.stream.launch_builder(&self.k.silu_mul_x8);
                 l.arg(gu.bf16("silu_mul")?)
