@@ -63,6 +63,26 @@ fn wait_for(url: &str) {
     }
 }
 
+/// Waits until every gateway in `bases` is up and answers a chat (its pool sees its members).
+fn ready(bases: &[&str]) {
+    for b in bases {
+        wait_for(&format!("{b}/health"));
+    }
+    let t0 = Instant::now();
+    while bases.iter().any(|b| chat(b, "warm-up", "hi").0 != 200) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no gateway answered"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A ~60-token system prompt about `topic` (more than three 16-token blocks).
+fn system(topic: &str) -> String {
+    format!("You are the {topic} assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.")
+}
+
 fn cached(r: &serde_json::Value) -> u64 {
     r["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
@@ -177,17 +197,8 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
         format!("http://127.0.0.1:{pp}"),
         format!("http://127.0.0.1:{pr}"),
     );
-    wait_for(&format!("{bp}/health"));
-    wait_for(&format!("{br}/health"));
-    let system = |topic: &str| {
-        format!("You are the {topic} assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.")
-    };
+    ready(&[&bp, &br]);
     // Give the pools a moment to see both workers.
-    let t0 = Instant::now();
-    while chat(&bp, "warm-up", "hi").0 != 200 || chat(&br, "warm-up", "hi").0 != 200 {
-        assert!(t0.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(200));
-    }
     std::thread::sleep(Duration::from_millis(600));
     // Prefix routing: three questions under one system prompt; after the first, each finds it
     // cached, on whichever worker took the first.
@@ -282,13 +293,7 @@ fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
         format!("http://127.0.0.1:{pr}"),
         format!("http://127.0.0.1:{pp}"),
     );
-    wait_for(&format!("{br}/health"));
-    wait_for(&format!("{bp}/health"));
-    let t0 = Instant::now();
-    while chat(&br, "warm-up", "hi").0 != 200 || chat(&bp, "warm-up", "hi").0 != 200 {
-        assert!(t0.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ready(&[&br, &bp]);
     // Round robin: four requests, two on each member.
     for i in 0..4 {
         let (code, r) = chat(&br, "You are terse.", &format!("Say {i}."));
@@ -307,7 +312,7 @@ fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
     }
     // Prefix routing: a long system prompt, then two more questions under it: each finds it
     // cached wherever the first went.
-    let sys = "You are the billing assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.";
+    let sys = &system("billing");
     let (code, first) = chat(&bp, sys, "Where is my invoice?");
     assert_eq!(code, 200, "{first}");
     for q in ["Can I pay by card?", "Why was I charged twice?"] {
@@ -383,18 +388,13 @@ fn openai_compatible_upstreams_are_routed_to_from_request_history() {
             .unwrap(),
     );
     let ba = format!("http://127.0.0.1:{pa}");
-    for u in [&u1, &u2, &ba] {
-        wait_for(&format!("{u}/health"));
-    }
-    let t0 = Instant::now();
-    while chat(&ba, "warm-up", "hi").0 != 200 {
-        assert!(t0.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for(&format!("{u1}/health"));
+    wait_for(&format!("{u2}/health"));
+    ready(&[&ba]);
     // A long request on one upstream while a second system prompt arrives: the second goes to
     // the other (load), so the two prompts live on different servers.
     let other = "You are the billing assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind invoices and payments. Never discuss shipping.";
-    let sys = "You are the shipping assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.";
+    let sys = &system("shipping");
     let busy = {
         let ba = ba.clone();
         std::thread::spawn(move || chat_n(&ba, other, "List every invoice field.", 96))
