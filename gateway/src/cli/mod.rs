@@ -51,7 +51,8 @@ pub enum Command {
     /// Fetch, list and create models.
     #[command(subcommand)]
     Model(model::ModelCommand),
-    /// Benchmarks against the device's measured ceilings.
+    /// Benchmarks: the forward pass against the device's ceilings, speculative decoding off vs on,
+    /// and the TTFT experiment through the gateway.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Tenant administration helpers.
