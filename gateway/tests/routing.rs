@@ -83,6 +83,26 @@ fn system(topic: &str) -> String {
     format!("You are the {topic} assistant of Northwind Routers. Answer in at most three sentences, politely, and only about Northwind products. If you do not know, say so and offer to open a ticket for the customer.")
 }
 
+/// A scratch directory for one test's files.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cachet-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Three questions under one system prompt through `base`: after the first, each must find the
+/// prompt cached wherever the first went (waiting for the gateway to learn of its blocks).
+fn assert_prefix_reused(base: &str, sys: &str) {
+    let (code, first) = chat(base, sys, "Where is my invoice?");
+    assert_eq!(code, 200, "{first}");
+    for q in ["Can I pay by card?", "Why was I charged twice?"] {
+        wait_for_blocks(base, first["usage"]["prompt_tokens"].as_u64().unwrap() / 16);
+        let (code, r) = chat(base, sys, q);
+        assert_eq!(code, 200, "{r}");
+        assert!(cached(&r) >= 32, "prefix routing missed the cache: {r}");
+    }
+}
+
 fn cached(r: &serde_json::Value) -> u64 {
     r["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
@@ -138,8 +158,7 @@ fn moved(
 #[test]
 fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_worker() {
     cachet_tests::smollm2_path();
-    let dir = std::env::temp_dir().join(format!("cachet-routing-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("routing");
     let key = dir.join("hash.key");
     std::fs::write(&key, "ab".repeat(32)).unwrap();
     let key = key.to_str().unwrap().to_string();
@@ -204,14 +223,7 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
     // cached, on whichever worker took the first.
     let sys = system("billing");
     let before = routed(&bp);
-    let (code, first) = chat(&bp, &sys, "Where is my invoice?");
-    assert_eq!(code, 200, "{first}");
-    for q in ["Can I pay by card?", "Why was I charged twice?"] {
-        wait_for_blocks(&bp, first["usage"]["prompt_tokens"].as_u64().unwrap() / 16);
-        let (code, r) = chat(&bp, &sys, q);
-        assert_eq!(code, 200, "{r}");
-        assert!(cached(&r) >= 32, "prefix routing missed the cache: {r}");
-    }
+    assert_prefix_reused(&bp, &sys);
     let after = routed(&bp);
     assert!(
         moved(&before, &after).contains(&3),
@@ -248,8 +260,7 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
 #[test]
 fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
     cachet_tests::smollm2_path();
-    let dir = std::env::temp_dir().join(format!("cachet-embedded-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("embedded");
     let key = dir.join("hash.key");
     std::fs::write(&key, "cd".repeat(32)).unwrap();
     let key = key.to_str().unwrap().to_string();
@@ -313,14 +324,7 @@ fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
     // Prefix routing: a long system prompt, then two more questions under it: each finds it
     // cached wherever the first went.
     let sys = &system("billing");
-    let (code, first) = chat(&bp, sys, "Where is my invoice?");
-    assert_eq!(code, 200, "{first}");
-    for q in ["Can I pay by card?", "Why was I charged twice?"] {
-        wait_for_blocks(&bp, first["usage"]["prompt_tokens"].as_u64().unwrap() / 16);
-        let (code, r) = chat(&bp, sys, q);
-        assert_eq!(code, 200, "{r}");
-        assert!(cached(&r) >= 32, "prefix routing missed the cache: {r}");
-    }
+    assert_prefix_reused(&bp, sys);
     let (_, m) = cachet_tests::curl_status(&[&format!("{bp}/metrics")]);
     assert!(
         m.contains("cachet_worker_cached_blocks{worker=\"embedded\"}"),
@@ -334,8 +338,7 @@ fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
 #[test]
 fn openai_compatible_upstreams_are_routed_to_from_request_history() {
     cachet_tests::smollm2_path();
-    let dir = std::env::temp_dir().join(format!("cachet-openai-up-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("openai-up");
     let tenant = |id: &str, key: &str| {
         format!(
             "[[tenant]]\nid = \"{id}\"\napi_key_sha256 = [\"{}\"]\n",
