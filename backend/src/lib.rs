@@ -12,6 +12,7 @@ pub mod config;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod fidelity;
 pub mod generate;
 pub mod kv;
 pub mod loader;

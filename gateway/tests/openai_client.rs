@@ -19,23 +19,7 @@ use cachet_tests::free_port;
 /// The `openai` and `prometheus_client` packages, pip-installed under the target directory.
 fn openai_site() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-openai");
-    if !dir.join("openai").exists() || !dir.join("prometheus_client").exists() {
-        let st = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "--target",
-            ])
-            .arg(&dir)
-            .args(["openai", "prometheus_client"])
-            .status()
-            .expect("python3 -m pip");
-        assert!(st.success(), "pip install openai prometheus_client failed");
-    }
-    dir
+    cachet_tests::pip_target(dir, &["openai", "prometheus_client"], "prometheus_client")
 }
 
 fn key_hash(key: &str) -> String {

@@ -14,8 +14,10 @@
 
 // One query tile: tokens [start, start + len) of the flattened batch, all of sequence `seq`.
 //   qkv          : device, bf16 [n, (n_heads + 2 * n_kv) * d] (q already rotated)
-//   k_cache      : device, bf16 [num_slots, n_kv, d] of this layer
-//   v_cache      : device, bf16 [num_slots, n_kv, d] of this layer
+//   k_cache      : device, bf16 [num_slots, n_kv, d] of this layer (paged_attention_fp8: e4m3)
+//   v_cache      : device, bf16 [num_slots, n_kv, d] of this layer (paged_attention_fp8: e4m3)
+//   k_scale      : device, f32  [num_slots, n_kv] (paged_attention_fp8 only; value = code * scale)
+//   v_scale      : device, f32  [num_slots, n_kv] (paged_attention_fp8 only)
 //   pos          : device, u32  [n] position of each token (it attends to keys 0..=pos)
 //   tile_seq     : device, u32  [num_tiles]
 //   tile_start   : device, u32  [num_tiles]
@@ -28,14 +30,13 @@
 //   group, sub_tokens, units_per_tile : unused here (see attention_mma.cu)
 // Launch: grid (num_tiles, n_heads, splits), block ATT_THREADS, dynamic shared memory
 //         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats.
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
-    const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-    const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
+template <bool FP8>
+__device__ __forceinline__ void paged_attention(
+    const bf16* __restrict__ qkv, const void* __restrict__ k_cache, const void* __restrict__ v_cache,
+    const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, int d,
-    int block_size, float scale, int split_len, int /*group*/, int /*sub_tokens*/, int /*units_per_tile*/) {
-    // The last three arguments exist so both attention kernels share one signature; this kernel
-    // always runs one q head per block with rows = tokens (group 1, ATT_TQ tokens, 1 unit per tile).
+    int block_size, float scale, int split_len) {
     extern __shared__ float smem[];
     const int dp = d + 1;  // padded row stride: no bank conflicts across rows
     float* Qs = smem;                     // [ATT_TQ][dp]
@@ -43,6 +44,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
     float* Vs = Ks + ATT_TK * dp;         // [ATT_TK][dp]
     float* Ss = Vs + ATT_TK * dp;         // [ATT_TQ][ATT_TK]
     __shared__ size_t slot_of[ATT_TK];
+    __shared__ float k_sc[ATT_TK], v_sc[ATT_TK];  // FP8: each key's scales
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int kvh = h / (n_heads / n_kv);
     const int cols = (n_heads + 2 * n_kv) * d;
@@ -70,18 +72,46 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
         __syncthreads();  // previous tile's K/V/S consumed (and Q loaded, the first time)
         if (tid < ATT_TK) {
             const int p = k0 + tid;
-            slot_of[tid] = (tid < kn) ? (((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh) * d : 0;
+            const size_t head = (tid < kn) ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
+            slot_of[tid] = head * d;
+            if constexpr (FP8) {
+                k_sc[tid] = (tid < kn) ? k_scale[head] : 0.f;
+                v_sc[tid] = (tid < kn) ? v_scale[head] : 0.f;
+            }
         }
         __syncthreads();
-        if ((d & 7) == 0) {
+        if constexpr (FP8) {
+            // 8-byte loads: 8 codes per thread per row chunk (d is a multiple of 8 for FP8).
+            const int chunks = d >> 3;
+            const fp8* kq = static_cast<const fp8*>(k_cache);
+            const fp8* vq = static_cast<const fp8*>(v_cache);
+            for (int idx = tid; idx < ATT_TK * chunks; idx += ATT_THREADS) {
+                const int c = idx / chunks, i = (idx - c * chunks) << 3;
+                uint2 kw = make_uint2(0, 0), vw = make_uint2(0, 0);
+                if (c < kn) {
+                    kw = *reinterpret_cast<const uint2*>(kq + slot_of[c] + i);
+                    vw = *reinterpret_cast<const uint2*>(vq + slot_of[c] + i);
+                }
+                const float ks = k_sc[c], vs = v_sc[c];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const unsigned kb = ((u < 4 ? kw.x : kw.y) >> (8 * (u & 3))) & 0xffu;
+                    const unsigned vb = ((u < 4 ? vw.x : vw.y) >> (8 * (u & 3))) & 0xffu;
+                    Ks[c * dp + i + u] = e4m3f(kb) * ks;
+                    Vs[c * dp + i + u] = e4m3f(vb) * vs;
+                }
+            }
+        } else if ((d & 7) == 0) {
+            const bf16* k_cache16 = static_cast<const bf16*>(k_cache);
+            const bf16* v_cache16 = static_cast<const bf16*>(v_cache);
             // 16-byte loads: 8 bf16 per thread per row chunk.
             const int chunks = d >> 3;
             for (int idx = tid; idx < ATT_TK * chunks; idx += ATT_THREADS) {
                 const int c = idx / chunks, i = (idx - c * chunks) << 3;
                 uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
                 if (c < kn) {
-                    kw = *reinterpret_cast<const uint4*>(k_cache + slot_of[c] + i);
-                    vw = *reinterpret_cast<const uint4*>(v_cache + slot_of[c] + i);
+                    kw = *reinterpret_cast<const uint4*>(k_cache16 + slot_of[c] + i);
+                    vw = *reinterpret_cast<const uint4*>(v_cache16 + slot_of[c] + i);
                 }
                 const unsigned kk[4] = {kw.x, kw.y, kw.z, kw.w}, vv[4] = {vw.x, vw.y, vw.z, vw.w};
 #pragma unroll
@@ -93,10 +123,12 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
                 }
             }
         } else {
+            const bf16* k_cache16 = static_cast<const bf16*>(k_cache);
+            const bf16* v_cache16 = static_cast<const bf16*>(v_cache);
             for (int idx = tid; idx < ATT_TK * d; idx += ATT_THREADS) {
                 const int c = idx / d, i = idx - c * d;
-                Ks[c * dp + i] = (c < kn) ? bf2f(k_cache[slot_of[c] + i]) : 0.f;
-                Vs[c * dp + i] = (c < kn) ? bf2f(v_cache[slot_of[c] + i]) : 0.f;
+                Ks[c * dp + i] = (c < kn) ? bf2f(k_cache16[slot_of[c] + i]) : 0.f;
+                Vs[c * dp + i] = (c < kn) ? bf2f(v_cache16[slot_of[c] + i]) : 0.f;
             }
         }
         __syncthreads();
@@ -165,6 +197,28 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(
             part_ml[base * 2 + 1] = l;
         }
     }
+}
+
+// The last three arguments exist so all attention kernels share one signature; this kernel always
+// runs one q head per block with rows = tokens (group 1, ATT_TQ tokens, 1 unit per tile).
+#define PAGED_ATTENTION_ARGS(KV)                                                                              \
+    const bf16 *__restrict__ qkv, const KV *__restrict__ k_cache, const KV *__restrict__ v_cache,             \
+        const float *__restrict__ k_scale, const float *__restrict__ v_scale, const unsigned *__restrict__ pos, \
+        const unsigned *__restrict__ tile_seq, const unsigned *__restrict__ tile_start,                       \
+        const unsigned *__restrict__ tile_len, const unsigned *__restrict__ block_tables, int max_blocks,     \
+        bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \
+        int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile
+#define PAGED_ATTENTION_CALL                                                                                  \
+    qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out, \
+        part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(PAGED_ATTENTION_ARGS(bf16)) {
+    paged_attention<false>(PAGED_ATTENTION_CALL);
+}
+
+// As paged_attention_bf16 over an FP8 cache (d a multiple of 8).
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PAGED_ATTENTION_ARGS(fp8)) {
+    paged_attention<true>(PAGED_ATTENTION_CALL);
 }
 
 // Merges the splits of the attention kernels: out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.

@@ -66,9 +66,27 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16* p) {
                  : "r"(smem_addr(p)));
 }
 
-template <int D>
-__device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache,
-                                              const bf16* __restrict__ v_cache, const unsigned* __restrict__ pos,
+// 16 e4m3 codes (one 16-byte load) times `scale` → 16 bf16 in shared memory (two 16-byte stores).
+__device__ __forceinline__ void dequant16(bf16* dst, uint4 w, float scale) {
+    const unsigned words[4] = {w.x, w.y, w.z, w.w};
+    unsigned o[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const unsigned x = words[k];
+        o[2 * k] = pack_bf16(e4m3f(x & 0xffu) * scale, e4m3f((x >> 8) & 0xffu) * scale);
+        o[2 * k + 1] = pack_bf16(e4m3f((x >> 16) & 0xffu) * scale, e4m3f(x >> 24) * scale);
+    }
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head); each K/V tile is
+// dequantized into the same bf16 shared-memory stages with plain loads (cp.async cannot convert),
+// so the tensor-core loop is the bf16 one.
+template <int D, bool FP8>
+__device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, const void* __restrict__ k_cache,
+                                              const void* __restrict__ v_cache, const float* __restrict__ k_scale,
+                                              const float* __restrict__ v_scale, const unsigned* __restrict__ pos,
                                               const unsigned* __restrict__ tile_seq,
                                               const unsigned* __restrict__ tile_start,
                                               const unsigned* __restrict__ tile_len,
@@ -83,8 +101,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     // Two stages of [K tile | V tile]; Q is staged once in stage 1's K tile before the loop.
     bf16* stage = reinterpret_cast<bf16*>(smem_f);
     bf16* Qs = stage + 2 * TILE;
-    // Rows of the key tiles in the cache, in 16-byte units (32 bits: up to 64 GiB per layer).
+    // Rows (slot * n_kv + kv head) of the key tiles in the cache, and (FP8) their scales.
     __shared__ unsigned slot_of[2][MMA_TK];
+    __shared__ float k_sc[2][MMA_TK], v_sc[2][MMA_TK];
     // Units in reverse: the last tokens of a prompt have the longest causal range, so they start
     // first and the short ones fill in behind them.
     const int unit = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
@@ -104,8 +123,12 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     auto lookup = [&](int k0, int buf) {
         if (tid < MMA_TK) {
             const int p = k0 + tid;
-            slot_of[buf][tid] =
-                (p < k_end) ? ((table[p / block_size] * block_size + p % block_size) * n_kv + kvh) * (D / 8) : 0;
+            const unsigned row = (p < k_end) ? (table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
+            slot_of[buf][tid] = row;
+            if constexpr (FP8) {
+                k_sc[buf][tid] = (p < k_end) ? k_scale[row] : 0.f;
+                v_sc[buf][tid] = (p < k_end) ? v_scale[row] : 0.f;
+            }
         }
     };
     // cp.async of the key tile at k0 into stage `buf` (rows past the range are zero-filled).
@@ -114,11 +137,27 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         bf16* Vs = Ks + TILE;
         const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
         const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
-        for (int idx = tid; idx < MMA_TK * (D / 8); idx += MMA_THREADS) {
-            const int c = idx / (D / 8), i = idx % (D / 8);
-            const int bytes = (k0 + c < k_end) ? 16 : 0;
-            cp_async16(Ks + c * DP + i * 8, kc + slot_of[buf][c] + i, bytes);
-            cp_async16(Vs + c * DP + i * 8, vc + slot_of[buf][c] + i, bytes);
+        if constexpr (FP8) {
+            // 16 codes per 16-byte load; rows past the range get zeros.
+            for (int idx = tid; idx < MMA_TK * (D / 16); idx += MMA_THREADS) {
+                const int c = idx / (D / 16), i = idx % (D / 16);
+                uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+                if (k0 + c < k_end) {
+                    const size_t at = (size_t)slot_of[buf][c] * (D / 16) + i;
+                    kw = kc[at];
+                    vw = vc[at];
+                }
+                dequant16(Ks + c * DP + i * 16, kw, k_sc[buf][c]);
+                dequant16(Vs + c * DP + i * 16, vw, v_sc[buf][c]);
+            }
+        } else {
+            for (int idx = tid; idx < MMA_TK * (D / 8); idx += MMA_THREADS) {
+                const int c = idx / (D / 8), i = idx % (D / 8);
+                const int bytes = (k0 + c < k_end) ? 16 : 0;
+                const size_t at = (size_t)slot_of[buf][c] * (D / 8) + i;
+                cp_async16(Ks + c * DP + i * 8, kc + at, bytes);
+                cp_async16(Vs + c * DP + i * 8, vc + at, bytes);
+            }
         }
     };
 
@@ -303,22 +342,21 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 // block, `units_per_tile` = ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits),
 // block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) paged_attention_mma_d128_bf16(
-    const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-    const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
-    const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
-    bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv,
-    int /*d = 128*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
-    attention_mma<128>(qkv, k_cache, v_cache, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out,
-                       part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
-}
+// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8).
+#define MMA_KERNEL(NAME, D, FP8, KV)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(                                        \
+        const bf16* __restrict__ qkv, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,         \
+        const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, \
+        const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,                       \
+        const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,     \
+        bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, \
+        int /*d*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) { \
+        attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
+                              block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
+                              split_len, group, sub_tokens, units_per_tile);                                  \
+    }
 
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) paged_attention_mma_d64_bf16(
-    const bf16* __restrict__ qkv, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-    const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
-    const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
-    bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv,
-    int /*d = 64*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) {
-    attention_mma<64>(qkv, k_cache, v_cache, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out,
-                      part_o, part_ml, n_heads, n_kv, block_size, scale, split_len, group, sub_tokens, units_per_tile);
-}
+MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16)
+MMA_KERNEL(paged_attention_mma_d64_bf16, 64, false, bf16)
+MMA_KERNEL(paged_attention_mma_d128_fp8, 128, true, fp8)
+MMA_KERNEL(paged_attention_mma_d64_fp8, 64, true, fp8)

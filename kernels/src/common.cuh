@@ -51,3 +51,35 @@ __device__ __forceinline__ float block_max(float v) {
     v = (lane < (int)(blockDim.x >> 5)) ? partial_max[lane] : -CACHET_INF;
     return warp_max(v);
 }
+
+// FP8 e4m3fn (largest finite 448, no infinities) for the KV cache, in integer arithmetic so it
+// compiles for any architecture and matches backend/src/device/fp8.rs.
+typedef unsigned char fp8;
+#define E4M3_MAX 448.f
+
+// f32 → e4m3fn: round to nearest even, saturate at ±448, NaN → 0x7f.
+__device__ __forceinline__ fp8 f2e4m3(float x) {
+    const unsigned sign = (__float_as_uint(x) >> 24) & 0x80u;
+    const float a = fabsf(x);
+    unsigned q;
+    if (a != a) {
+        q = 0x7fu;
+    } else if (a >= E4M3_MAX) {
+        q = 0x7eu;
+    } else if (a < 0.015625f) {
+        q = (unsigned)__float2int_rn(a * 512.f);  // subnormals: multiples of 2^-9
+    } else {
+        const unsigned b = __float_as_uint(a), rem = b & 0xfffffu;
+        q = (((b >> 23) - 120u) << 3) | ((b >> 20) & 7u);
+        q += (rem > 0x80000u || (rem == 0x80000u && (q & 1u))) ? 1u : 0u;
+        q = min(q, 0x7eu);
+    }
+    return (fp8)(sign | q);
+}
+
+// e4m3fn → f32 (no denormal f32 arithmetic: safe under --use_fast_math's flush-to-zero).
+__device__ __forceinline__ float e4m3f(unsigned c) {
+    const unsigned em = c & 0x7fu;
+    const float f = (em >= 8u) ? __uint_as_float((em << 20) + (120u << 23)) : (float)em * 0.001953125f;
+    return __uint_as_float(__float_as_uint(f) | ((c & 0x80u) << 24));
+}

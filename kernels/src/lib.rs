@@ -41,12 +41,16 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "rope_kv.cu",
         code: include_str!("rope_kv.cu"),
-        symbols: &["rope_kv_bf16"],
+        symbols: &["rope_kv_bf16", "rope_kv_fp8"],
     },
     KernelSource {
         name: "attention.cu",
         code: include_str!("attention.cu"),
-        symbols: &["paged_attention_bf16", "attention_combine_bf16"],
+        symbols: &[
+            "paged_attention_bf16",
+            "paged_attention_fp8",
+            "attention_combine_bf16",
+        ],
     },
     KernelSource {
         name: "attention_mma.cu",
@@ -54,6 +58,8 @@ pub const SOURCES: &[KernelSource] = &[
         symbols: &[
             "paged_attention_mma_d128_bf16",
             "paged_attention_mma_d64_bf16",
+            "paged_attention_mma_d128_fp8",
+            "paged_attention_mma_d64_fp8",
         ],
     },
     KernelSource {

@@ -3,17 +3,23 @@
 // thread's loads are independent, so a decode step (a few tokens) costs one memory round trip.
 #include "common.cuh"
 
-//   qkv      : device, bf16 [n, (n_heads + 2 * n_kv) * d], rotated in place (q and k heads)
-//   rope     : device, f32  [max_pos, d]: cos of the d/2 frequencies, then their sin
-//   pos      : device, u32  [n] absolute positions
-//   slots    : device, u32  [n] cache slot of each token (block * block_size + offset); 0xFFFFFFFF
-//              marks a padding row (CUDA-graph decode batches), whose K/V are not written
-//   k_cache  : device, bf16 [num_slots, n_kv, d] of this layer
-//   v_cache  : device, bf16 [num_slots, n_kv, d] of this layer
-// Launch: grid (n, n_heads + n_kv), block d / 2.
-extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __restrict__ rope,
+// The block's largest |a| and |b| over its threads (non-negative floats order as their bits).
+__device__ __forceinline__ void block_amax2(float a, float b, float* ma, float* mb) {
+    __shared__ unsigned am[2];
+    if (threadIdx.x == 0) am[0] = am[1] = 0u;
+    __syncthreads();
+    atomicMax(&am[0], __float_as_uint(a));
+    atomicMax(&am[1], __float_as_uint(b));
+    __syncthreads();
+    *ma = __uint_as_float(am[0]);
+    *mb = __uint_as_float(am[1]);
+}
+
+template <bool FP8>
+__device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __restrict__ rope,
                                         const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
-                                        bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int n_heads,
+                                        void* __restrict__ k_cache, void* __restrict__ v_cache,
+                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
                                         int n_kv, int d) {
     const size_t t = blockIdx.x;
     const int h = blockIdx.y, half = d / 2, j = threadIdx.x;
@@ -22,17 +28,67 @@ extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __r
     const float* cs = rope + (size_t)pos[t] * d;
     const float x1 = bf2f(v[j]), x2 = bf2f(v[j + half]);
     const float c = cs[j], s = cs[half + j];
-    const bf16 y1 = f2bf(x1 * c - x2 * s), y2 = f2bf(x2 * c + x1 * s);
+    const float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+    const bf16 y1 = f2bf(r1), y2 = f2bf(r2);
     v[j] = y1;
     v[j + half] = y2;
     const unsigned slot = slots[t];
-    if (h < n_heads || slot == 0xFFFFFFFFu) return;
+    if (h < n_heads || slot == 0xFFFFFFFFu) return;  // block-uniform
     // A k head: its rotated values and its v head go to the cache.
     const int kh = h - n_heads;
-    const size_t base = ((size_t)slot * n_kv + kh) * d;
+    const size_t head = (size_t)slot * n_kv + kh, base = head * d;
     const bf16* vr = row + (n_heads + n_kv + kh) * d;
-    k_cache[base + j] = y1;
-    k_cache[base + j + half] = y2;
-    v_cache[base + j] = vr[j];
-    v_cache[base + j + half] = vr[j + half];
+    if constexpr (FP8) {
+        // One scale per token and head: the head's largest magnitude maps to E4M3_MAX. K is
+        // quantized from the rotation's f32 result, not its bf16 rounding.
+        const float v1 = bf2f(vr[j]), v2 = bf2f(vr[j + half]);
+        float ka, va;
+        block_amax2(fmaxf(fabsf(r1), fabsf(r2)), fmaxf(fabsf(v1), fabsf(v2)), &ka, &va);
+        const float ki = ka > 0.f ? E4M3_MAX / ka : 0.f, vi = va > 0.f ? E4M3_MAX / va : 0.f;
+        fp8* kc = static_cast<fp8*>(k_cache) + base;
+        fp8* vc = static_cast<fp8*>(v_cache) + base;
+        kc[j] = f2e4m3(r1 * ki);
+        kc[j + half] = f2e4m3(r2 * ki);
+        vc[j] = f2e4m3(v1 * vi);
+        vc[j + half] = f2e4m3(v2 * vi);
+        if (j == 0) {
+            k_scale[head] = ka / E4M3_MAX;
+            v_scale[head] = va / E4M3_MAX;
+        }
+    } else {
+        bf16* kc = static_cast<bf16*>(k_cache) + base;
+        bf16* vc = static_cast<bf16*>(v_cache) + base;
+        kc[j] = y1;
+        kc[j + half] = y2;
+        vc[j] = vr[j];
+        vc[j + half] = vr[j + half];
+    }
+}
+
+//   qkv      : device, bf16 [n, (n_heads + 2 * n_kv) * d], rotated in place (q and k heads)
+//   rope     : device, f32  [max_pos, d]: cos of the d/2 frequencies, then their sin
+//   pos      : device, u32  [n] absolute positions
+//   slots    : device, u32  [n] cache slot of each token (block * block_size + offset); 0xFFFFFFFF
+//              marks a padding row (CUDA-graph decode batches), whose K/V are not written
+//   k_cache  : device, bf16 [num_slots, n_kv, d] of this layer
+//   v_cache  : device, bf16 [num_slots, n_kv, d] of this layer
+//   k_scale, v_scale : unused (see rope_kv_fp8)
+// Launch: grid (n, n_heads + n_kv), block d / 2.
+extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __restrict__ rope,
+                                        const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
+                                        bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
+                                        int n_kv, int d) {
+    rope_kv<false>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d);
+}
+
+// As rope_kv_bf16 into an FP8 cache:
+//   k_cache, v_cache : device, e4m3 [num_slots, n_kv, d] of this layer
+//   k_scale, v_scale : device, f32  [num_slots, n_kv]: value = code * scale
+extern "C" __global__ void rope_kv_fp8(bf16* __restrict__ qkv, const float* __restrict__ rope,
+                                       const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
+                                       fp8* __restrict__ k_cache, fp8* __restrict__ v_cache,
+                                       float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
+                                       int n_kv, int d) {
+    rope_kv<true>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d);
 }

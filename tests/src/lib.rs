@@ -57,6 +57,15 @@ pub fn runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
 
 /// A runner on [`test_device`].
 pub fn device_runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
+    device_runner_with(m, num_blocks, Default::default())
+}
+
+/// A runner on [`test_device`] whose KV cache stores `dtype`.
+pub fn device_runner_with(
+    m: &LoadedModel,
+    num_blocks: usize,
+    dtype: cachet_backend::device::KvCacheDtype,
+) -> Box<dyn Runner> {
     let opts = RunnerOptions {
         device: test_device(),
         block_size: 16,
@@ -64,6 +73,7 @@ pub fn device_runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
         kv: KvBudget::Blocks(num_blocks),
         // Decode steps replay CUDA graphs on the GPU, as served.
         cuda_graph_sizes: vec![1, 2, 4, 8, 16],
+        kv_cache_dtype: dtype,
     };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }
@@ -209,4 +219,27 @@ pub fn curl_status(args: &[&str]) -> (u16, String) {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// Installs PyPI `packages` into `dir` (`pip install --target`) unless `marker` (a path under
+/// `dir`) is already there; returns `dir`, for PYTHONPATH. Reference implementations the tests
+/// compare against come this way (no one here wrote them).
+pub fn pip_target(dir: PathBuf, packages: &[&str], marker: &str) -> PathBuf {
+    if !dir.join(marker).exists() {
+        let st = std::process::Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&dir)
+            .args(packages)
+            .status()
+            .expect("running python3 -m pip");
+        assert!(st.success(), "pip install {packages:?} failed");
+    }
+    dir
 }

@@ -11,9 +11,44 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod fp8;
 
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostTensor;
+
+/// How the KV cache stores keys and values (vLLM's `--kv-cache-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    /// The device's activation type: f32 on the CPU, bf16 on CUDA.
+    #[default]
+    Auto,
+    /// FP8 e4m3 with an f32 scale per token and KV head ([`fp8`]): about half the bytes of bf16.
+    Fp8E4m3,
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" | "bf16" => Ok(KvCacheDtype::Auto),
+            "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8E4m3),
+            "fp8_e5m2" => {
+                Err("fp8_e5m2 is not supported: use fp8 (e4m3 with per-token scales)".into())
+            }
+            other => Err(format!("unknown KV cache dtype {other:?}: use auto or fp8")),
+        }
+    }
+}
+
+impl std::fmt::Display for KvCacheDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8E4m3 => "fp8",
+        })
+    }
+}
 
 /// Shape of the paged KV cache: `num_blocks` blocks of `block_size` token slots, per layer, for
 /// K and V. A token's slot is `block_id · block_size + offset`.
@@ -24,15 +59,21 @@ pub struct KvLayout {
     pub block_size: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    pub dtype: KvCacheDtype,
 }
 
 impl KvLayout {
     pub fn num_slots(&self) -> usize {
         self.num_blocks * self.block_size
     }
-    /// Bytes one block takes across all layers, K and V, at `bytes_per_elem`.
-    pub fn block_bytes(&self, bytes_per_elem: usize) -> usize {
-        2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * bytes_per_elem
+    /// Bytes one block takes across all layers, K and V: `native_elem` bytes per value in the
+    /// device's own type, or an FP8 code per value plus a scale per token-head.
+    pub fn block_bytes(&self, native_elem: usize) -> usize {
+        let head = match self.dtype {
+            KvCacheDtype::Auto => self.head_dim * native_elem,
+            KvCacheDtype::Fp8E4m3 => fp8::fp8_head_bytes(self.head_dim),
+        };
+        2 * self.num_layers * self.block_size * self.num_kv_heads * head
     }
 }
 

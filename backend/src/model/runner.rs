@@ -8,7 +8,7 @@ use super::llama::{Llama, Logits};
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice};
-use crate::device::{Device, ForwardBatch, GraphReport, KvLayout, RowSampling};
+use crate::device::{Device, ForwardBatch, GraphReport, KvCacheDtype, KvLayout, RowSampling};
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
 
@@ -102,6 +102,8 @@ pub struct RunnerOptions {
     /// smallest size ≥ n; larger steps run eagerly); empty: always eager (vLLM's
     /// `--enforce-eager`). Devices without graphs ignore it.
     pub cuda_graph_sizes: Vec<usize>,
+    /// How the KV cache stores keys and values (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// vLLM's capture sizes, up to 256.
@@ -135,6 +137,7 @@ impl<D: Device> ModelRunner<D> {
             block_size: opts.block_size,
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
+            dtype: opts.kv_cache_dtype,
         };
         let elem = if dev.name() == "cpu" { 4 } else { 2 };
         let block_bytes = layout.block_bytes(elem);
@@ -164,6 +167,7 @@ impl<D: Device> ModelRunner<D> {
             device = dev.name(),
             blocks = layout.num_blocks,
             block_size = layout.block_size,
+            dtype = %layout.dtype,
             kv_gib = (layout.num_blocks * block_bytes) as f64 / (1u64 << 30) as f64,
             "KV cache allocated"
         );
@@ -320,6 +324,7 @@ pub fn cpu_runner(
         max_model_len,
         kv: KvBudget::Blocks(num_blocks),
         cuda_graph_sizes: Vec::new(),
+        kv_cache_dtype: KvCacheDtype::Auto,
     };
     Ok(Box::new(ModelRunner::new(
         CpuDevice::new(),

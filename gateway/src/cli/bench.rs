@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cachet_backend::config::ModelConfig;
-use cachet_backend::device::{ForwardBatch, RowSampling};
+use cachet_backend::device::{ForwardBatch, KvLayout, RowSampling};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
+use cachet_backend::tokenizer::TextTokenizer;
 use clap::{Args, Subcommand, ValueEnum};
 
 use super::generate::DeviceKind;
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// (and each alone with --ablation), cold and warm, with the server-side split of TTFT,
     /// a report and plots.
     Ttft(super::bench_ttft::TtftArgs),
+    /// FP8 KV cache fidelity: logits with an FP8 cache vs the device's own KV type at short and
+    /// long contexts (error, top-1 and KL), greedy agreement on chat prompts, blocks per GiB.
+    KvFp8(super::bench_fp8::KvFp8Args),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -76,6 +80,10 @@ pub struct ForwardArgs {
     /// largest decode batch, the longest prefill) and print where the time goes.
     #[arg(long)]
     pub profile: bool,
+    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3
+    /// with a scale per token and KV head: about twice the blocks in the same memory).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -83,6 +91,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Forward(a) => forward(a),
         BenchCommand::Spec(a) => super::bench_spec::run(a),
         BenchCommand::Ttft(a) => super::bench_ttft::run(a),
+        BenchCommand::KvFp8(a) => super::bench_fp8::run(a),
     }
 }
 
@@ -123,6 +132,41 @@ fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> Forwar
     b
 }
 
+/// A benchmark's model: its config, its host weights (`None` with dummy weights: they are made on
+/// the device) and the tokenizer that turns prompts into ids (another model's with dummy weights).
+pub fn load_bench_model(
+    model: &str,
+    format: LoadFormat,
+    tokenizer: &str,
+) -> anyhow::Result<(ModelConfig, Option<loader::LoadedModel>, TextTokenizer)> {
+    let fetch_known = |name: &str| -> anyhow::Result<()> {
+        if let Some(k) = loader::fetch::known_model(name) {
+            loader::fetch::fetch(k, true)?;
+        }
+        Ok(())
+    };
+    if format == LoadFormat::Dummy {
+        let path = PathBuf::from(model);
+        let cfg = if path.is_dir() {
+            path.join("config.json")
+        } else {
+            path
+        };
+        fetch_known(tokenizer)?;
+        let t = loader::load(tokenizer, true)
+            .with_context(|| format!("loading the tokenizer of {tokenizer}"))?;
+        let tok = t.tokenizer.context("that model has no tokenizer")?;
+        let config = ModelConfig::from_hf_json(&cfg)
+            .with_context(|| format!("reading {}", cfg.display()))?;
+        Ok((config, None, tok))
+    } else {
+        fetch_known(model)?;
+        let m = loader::load(model, true).with_context(|| format!("loading {model}"))?;
+        let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
+        Ok((m.config.clone(), Some(m), tok))
+    }
+}
+
 fn weight_bytes_per_decode_step(c: &ModelConfig, elem: f64) -> f64 {
     // Every weight is read once per step, except the embedding table (one row per token).
     let embed = if c.tie_word_embeddings {
@@ -133,8 +177,9 @@ fn weight_bytes_per_decode_step(c: &ModelConfig, elem: f64) -> f64 {
     (c.num_parameters() - embed) as f64 * elem
 }
 
-fn kv_bytes(c: &ModelConfig, ctx: usize, elem: f64) -> f64 {
-    (ctx * c.num_hidden_layers * 2 * c.kv_dim()) as f64 * elem
+/// K and V bytes a decode step reads at `ctx` tokens of context (FP8: codes and scales).
+fn kv_bytes(layout: &KvLayout, ctx: usize, elem: f64) -> f64 {
+    (ctx * layout.block_bytes(elem as usize)) as f64 / layout.block_size as f64
 }
 
 fn forward(a: ForwardArgs) -> anyhow::Result<()> {
@@ -165,6 +210,7 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         max_model_len: a.max_model_len,
         kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
         cuda_graph_sizes: a.graphs.sizes(usize::MAX),
+        kv_cache_dtype: a.kv_cache_dtype,
     };
     let mut r = build_runner(&config, weights, &opts)?;
     let dev = r.device_name();
@@ -200,7 +246,8 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
                 .map(|_| ())
                 .map_err(Into::into)
         })?;
-        let bytes = weight_bytes_per_decode_step(&config, elem) + kv_bytes(&config, ctx, elem);
+        let bytes =
+            weight_bytes_per_decode_step(&config, elem) + kv_bytes(&r.kv_layout(), ctx, elem);
         let (floor, ratio) = match cal {
             Some(c) => {
                 // DRAM moves a copy's reads and writes at this combined rate; a decode step's

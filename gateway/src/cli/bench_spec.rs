@@ -7,16 +7,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use cachet_backend::config::ModelConfig;
 use cachet_backend::engine::{Engine, EngineConfig};
-use cachet_backend::loader;
 use cachet_backend::model::runner::{
     build_runner, KvBudget, RunnerOptions, WeightSource, DEFAULT_CUDA_GRAPH_SIZES,
 };
 use cachet_backend::request::{EngineEvent, EngineRequest};
 use cachet_backend::scheduler::SchedulerConfig;
 use cachet_backend::spec::SpecConfig;
-use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
+use cachet_backend::tokenizer::ChatMessage;
 use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
 use clap::Args;
 
@@ -92,29 +90,8 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
         .context("--speculative-config must be a JSON object")?;
     spec.validate().map_err(anyhow::Error::msg)?;
     let dummy = a.load_format == LoadFormat::Dummy;
-    let (config, host, tokenizer): (ModelConfig, Option<loader::LoadedModel>, TextTokenizer) =
-        if dummy {
-            let path = PathBuf::from(&a.model);
-            let cfg = if path.is_dir() {
-                path.join("config.json")
-            } else {
-                path
-            };
-            if let Some(k) = loader::fetch::known_model(&a.tokenizer) {
-                loader::fetch::fetch(k, true)?;
-            }
-            let t = loader::load(&a.tokenizer, true)
-                .with_context(|| format!("loading the tokenizer of {}", a.tokenizer))?;
-            let tok = t.tokenizer.context("that model has no tokenizer")?;
-            (ModelConfig::from_hf_json(&cfg)?, None, tok)
-        } else {
-            if let Some(k) = loader::fetch::known_model(&a.model) {
-                loader::fetch::fetch(k, true)?;
-            }
-            let m = loader::load(&a.model, true).with_context(|| format!("loading {}", a.model))?;
-            let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
-            (m.config.clone(), Some(m), tok)
-        };
+    let (config, host, tokenizer) =
+        super::bench::load_bench_model(&a.model, a.load_format, &a.tokenizer)?;
     let encode = |q: &str| -> anyhow::Result<Vec<u32>> {
         let text = tokenizer.render_chat(&[ChatMessage::new("user", q)], true)?;
         let ids = tokenizer.encode(&text)?;
@@ -130,6 +107,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             max_model_len: a.max_model_len,
             kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
             cuda_graph_sizes: DEFAULT_CUDA_GRAPH_SIZES.to_vec(),
+            kv_cache_dtype: Default::default(),
         };
         let weights = match &host {
             Some(m) => WeightSource::Host(&m.weights),

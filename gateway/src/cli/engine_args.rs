@@ -64,6 +64,10 @@ pub struct EngineArgs {
     /// (for experiments with a small cache).
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
+    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3
+    /// with a scale per token and KV head: about twice the blocks in the same memory).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
     /// File holding the 32-byte deployment key of the block hashes, as 64 hex digits. The gateway
     /// and its `cachet worker`s must share it (exact prefix routing compares their hashes); without
     /// it a random key is drawn at start-up.
@@ -197,6 +201,7 @@ impl EngineArgs {
                 None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
             },
             cuda_graph_sizes: self.graphs.sizes(self.max_num_seqs),
+            kv_cache_dtype: a.kv_cache_dtype,
         };
         let (runner, model_id) = match &dummy_config {
             Some((config, path)) => (

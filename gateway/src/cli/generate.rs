@@ -51,6 +51,10 @@ pub struct ModelArgs {
     /// Run every step eagerly: no CUDA graph for the decode steps.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3
+    /// with a scale per token and KV head: about twice the blocks in the same memory).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
 }
 
 #[derive(Args, Debug)]
@@ -147,6 +151,7 @@ fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Resul
         kv: KvBudget::Blocks(tokens.div_ceil(args.block_size) + 1),
         // One sequence: its decode steps replay one graph.
         cuda_graph_sizes: if args.enforce_eager { vec![] } else { vec![1] },
+        kv_cache_dtype: args.kv_cache_dtype,
     };
     Ok(build_runner(
         &m.config,

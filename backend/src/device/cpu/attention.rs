@@ -1,11 +1,63 @@
 //! Paged causal attention on the CPU: each new token attends over its sequence's keys
 //! `0..=position`, found through the block table. Exact softmax in f32 (max-subtracted); work is
-//! split over (token, head) pairs.
+//! split over (token, head) pairs. An FP8 cache is first dequantized, per sequence and KV head,
+//! into dense rows (the values the GPU kernels compute with).
 
 use rayon::prelude::*;
 
-use super::{CpuBatch, CpuKv, CpuTensor};
-use crate::device::AttnParams;
+use super::{CpuBatch, CpuKv, CpuKvStore, CpuTensor};
+use crate::device::{fp8, AttnParams, SeqInBatch};
+
+/// Key and value rows of position `j` of a sequence, for one KV head.
+trait Rows: Sync {
+    fn k(&self, seq: usize, kvh: usize, j: usize) -> &[f32];
+    fn v(&self, seq: usize, kvh: usize, j: usize) -> &[f32];
+}
+
+/// An f32 cache read in place through the block tables.
+struct Paged<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    seqs: &'a [SeqInBatch],
+    bs: usize,
+    nkv: usize,
+    d: usize,
+}
+
+impl Paged<'_> {
+    fn at(&self, seq: usize, kvh: usize, j: usize) -> std::ops::Range<usize> {
+        let s = &self.seqs[seq];
+        let slot = s.block_table[j / self.bs] as usize * self.bs + j % self.bs;
+        let o = (slot * self.nkv + kvh) * self.d;
+        o..o + self.d
+    }
+}
+
+impl Rows for Paged<'_> {
+    fn k(&self, seq: usize, kvh: usize, j: usize) -> &[f32] {
+        &self.k[self.at(seq, kvh, j)]
+    }
+    fn v(&self, seq: usize, kvh: usize, j: usize) -> &[f32] {
+        &self.v[self.at(seq, kvh, j)]
+    }
+}
+
+/// Dequantized rows: `[seq · nkv + kvh]` → `[context_len · d]` for K and for V.
+struct Dense {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    nkv: usize,
+    d: usize,
+}
+
+impl Rows for Dense {
+    fn k(&self, seq: usize, kvh: usize, j: usize) -> &[f32] {
+        &self.k[seq * self.nkv + kvh][j * self.d..(j + 1) * self.d]
+    }
+    fn v(&self, seq: usize, kvh: usize, j: usize) -> &[f32] {
+        &self.v[seq * self.nkv + kvh][j * self.d..(j + 1) * self.d]
+    }
+}
 
 pub fn paged_attention(
     qkv: &CpuTensor,
@@ -14,26 +66,71 @@ pub fn paged_attention(
     b: &CpuBatch,
     p: &AttnParams,
 ) -> CpuTensor {
+    let (d, nkv, bs) = (p.head_dim, p.num_kv_heads, kv.layout.block_size);
+    let seqs = &b.batch.seqs;
+    match &kv.store {
+        CpuKvStore::F32 { k, v } => attend(
+            qkv,
+            b,
+            p,
+            &Paged {
+                k: &k[layer],
+                v: &v[layer],
+                seqs,
+                bs,
+                nkv,
+                d,
+            },
+        ),
+        CpuKvStore::Fp8 {
+            k,
+            v,
+            k_scale,
+            v_scale,
+        } => {
+            let dense = |codes: &[u8], scales: &[f32]| -> Vec<Vec<f32>> {
+                (0..seqs.len() * nkv)
+                    .into_par_iter()
+                    .map(|i| {
+                        let (s, kvh) = (&seqs[i / nkv], i % nkv);
+                        let mut out = vec![0f32; s.context_len * d];
+                        for (j, row) in out.chunks_mut(d).enumerate() {
+                            let slot = s.block_table[j / bs] as usize * bs + j % bs;
+                            let h = slot * nkv + kvh;
+                            fp8::dequantize_head(&codes[h * d..(h + 1) * d], scales[h], row);
+                        }
+                        out
+                    })
+                    .collect()
+            };
+            let rows = Dense {
+                k: dense(&k[layer], &k_scale[layer]),
+                v: dense(&v[layer], &v_scale[layer]),
+                nkv,
+                d,
+            };
+            attend(qkv, b, p, &rows)
+        }
+    }
+}
+
+fn attend(qkv: &CpuTensor, b: &CpuBatch, p: &AttnParams, rows: &impl Rows) -> CpuTensor {
     let d = p.head_dim;
     let n = qkv.rows;
     let group = p.num_heads / p.num_kv_heads;
-    let bs = kv.layout.block_size;
-    let stride = p.num_kv_heads * d;
-    let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
     let mut out = vec![0.0f32; n * p.num_heads * d];
     out.par_chunks_mut(d)
         .enumerate()
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
             let (t, h) = (idx / p.num_heads, idx % p.num_heads);
             let kvh = h / group;
-            let seq = &b.batch.seqs[b.seq_of_token[t] as usize];
+            let seq = b.seq_of_token[t] as usize;
             let ctx = b.batch.positions[t] as usize + 1;
             let q = &qkv.data[t * qkv.cols + h * d..t * qkv.cols + (h + 1) * d];
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for j in 0..ctx {
-                let slot = seq.block_table[j / bs] as usize * bs + j % bs;
-                let k = &kc[slot * stride + kvh * d..slot * stride + (kvh + 1) * d];
+                let k = rows.k(seq, kvh, j);
                 let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * p.scale;
                 max = max.max(s);
                 scores.push(s);
@@ -45,9 +142,7 @@ pub fn paged_attention(
             }
             o.fill(0.0);
             for (j, &w) in scores.iter().enumerate() {
-                let slot = seq.block_table[j / bs] as usize * bs + j % bs;
-                let v = &vc[slot * stride + kvh * d..slot * stride + (kvh + 1) * d];
-                for (oi, vi) in o.iter_mut().zip(v) {
+                for (oi, vi) in o.iter_mut().zip(rows.v(seq, kvh, j)) {
                     *oi += w * vi;
                 }
             }

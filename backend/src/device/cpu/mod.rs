@@ -6,7 +6,7 @@ pub mod gemm;
 
 use rayon::prelude::*;
 
-use super::{AttnParams, Device, ForwardBatch, KvLayout};
+use super::{fp8, AttnParams, Device, ForwardBatch, KvCacheDtype, KvLayout};
 use crate::error::DeviceError;
 use crate::loader::HostTensor;
 
@@ -24,16 +24,56 @@ impl CpuTensor {
     }
 }
 
-/// The paged KV cache: per layer, K and V of `[num_slots, num_kv_heads, head_dim]`.
+/// The paged KV cache: per layer, K and V of `[num_slots, num_kv_heads, head_dim]`, in f32, or
+/// (FP8) as e4m3 codes with a scale per `[num_slots, num_kv_heads]`.
 pub struct CpuKv {
     pub layout: KvLayout,
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    pub store: CpuKvStore,
+}
+
+pub enum CpuKvStore {
+    F32 {
+        k: Vec<Vec<f32>>,
+        v: Vec<Vec<f32>>,
+    },
+    Fp8 {
+        k: Vec<Vec<u8>>,
+        v: Vec<Vec<u8>>,
+        k_scale: Vec<Vec<f32>>,
+        v_scale: Vec<Vec<f32>>,
+    },
 }
 
 impl CpuKv {
     fn slot_stride(&self) -> usize {
         self.layout.num_kv_heads * self.layout.head_dim
+    }
+
+    /// Stores one token's K and V (`[num_kv_heads · head_dim]` each) at `slot` of `layer`.
+    fn write(&mut self, layer: usize, slot: usize, k_src: &[f32], v_src: &[f32]) {
+        let (stride, d) = (self.slot_stride(), self.layout.head_dim);
+        let range = slot * stride..(slot + 1) * stride;
+        match &mut self.store {
+            CpuKvStore::F32 { k, v } => {
+                k[layer][range.clone()].copy_from_slice(k_src);
+                v[layer][range].copy_from_slice(v_src);
+            }
+            CpuKvStore::Fp8 {
+                k,
+                v,
+                k_scale,
+                v_scale,
+            } => {
+                let nkv = self.layout.num_kv_heads;
+                for h in 0..nkv {
+                    let (lo, hi) = (slot * stride + h * d, slot * stride + (h + 1) * d);
+                    k_scale[layer][slot * nkv + h] =
+                        fp8::quantize_head(&k_src[h * d..(h + 1) * d], &mut k[layer][lo..hi]);
+                    v_scale[layer][slot * nkv + h] =
+                        fp8::quantize_head(&v_src[h * d..(h + 1) * d], &mut v[layer][lo..hi]);
+                }
+            }
+        }
     }
 }
 
@@ -50,6 +90,23 @@ impl CpuDevice {
     pub fn new() -> Self {
         CpuDevice
     }
+}
+
+/// `layers` zero-filled vectors of `len`, or an out-of-memory error instead of an abort.
+fn zeroed_layers<T: Clone>(layers: usize, len: usize, zero: T) -> Result<Vec<Vec<T>>, DeviceError> {
+    (0..layers)
+        .map(|_| {
+            let mut v = Vec::new();
+            v.try_reserve_exact(len)
+                .map_err(|_| DeviceError::OutOfMemory {
+                    device: "cpu",
+                    bytes: len * std::mem::size_of::<T>(),
+                    what: "KV cache".into(),
+                })?;
+            v.resize(len, zero.clone());
+            Ok(v)
+        })
+        .collect()
 }
 
 fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -79,28 +136,24 @@ impl Device for CpuDevice {
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CpuKv, DeviceError> {
-        let n = layout.num_slots() * layout.num_kv_heads * layout.head_dim;
-        let alloc = || {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .map_err(|_| DeviceError::OutOfMemory {
-                    device: "cpu",
-                    bytes: n * 4,
-                    what: "KV cache".into(),
-                })?;
-            v.resize(n, 0.0f32);
-            Ok::<_, DeviceError>(v)
+        let heads = layout.num_slots() * layout.num_kv_heads;
+        let n = heads * layout.head_dim;
+        let layers = |len: usize, zero| zeroed_layers(layout.num_layers, len, zero);
+        let store = match layout.dtype {
+            KvCacheDtype::Auto => CpuKvStore::F32 {
+                k: layers(n, 0.0f32)?,
+                v: layers(n, 0.0f32)?,
+            },
+            KvCacheDtype::Fp8E4m3 => CpuKvStore::Fp8 {
+                k: zeroed_layers(layout.num_layers, n, 0u8)?,
+                v: zeroed_layers(layout.num_layers, n, 0u8)?,
+                k_scale: layers(heads, 0.0f32)?,
+                v_scale: layers(heads, 0.0f32)?,
+            },
         };
-        let mut k = Vec::with_capacity(layout.num_layers);
-        let mut v = Vec::with_capacity(layout.num_layers);
-        for _ in 0..layout.num_layers {
-            k.push(alloc()?);
-            v.push(alloc()?);
-        }
         Ok(CpuKv {
             layout: *layout,
-            k,
-            v,
+            store,
         })
     }
 
@@ -182,7 +235,6 @@ impl Device for CpuDevice {
         let half = d / 2;
         let max_pos = rope.rows;
         let heads_rotated = p.num_heads + p.num_kv_heads;
-        let stride = kv.slot_stride();
         let kv_dim = p.num_kv_heads * d;
         for (t, row) in qkv.data.chunks_mut(qkv.cols).enumerate() {
             let pos = b.batch.positions[t] as usize;
@@ -205,9 +257,8 @@ impl Device for CpuDevice {
             }
             let slot = b.batch.slot_mapping[t] as usize;
             let k_src = &row[p.num_heads * d..p.num_heads * d + kv_dim];
-            kv.k[layer][slot * stride..slot * stride + kv_dim].copy_from_slice(k_src);
             let v_src = &row[p.num_heads * d + kv_dim..p.num_heads * d + 2 * kv_dim];
-            kv.v[layer][slot * stride..slot * stride + kv_dim].copy_from_slice(v_src);
+            kv.write(layer, slot, k_src, v_src);
         }
         Ok(())
     }

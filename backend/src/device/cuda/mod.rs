@@ -20,7 +20,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-use super::{AttnParams, Device, ForwardBatch, KvLayout};
+use super::{AttnParams, Device, ForwardBatch, KvCacheDtype, KvLayout};
 use crate::error::DeviceError;
 use crate::loader::HostTensor;
 
@@ -69,11 +69,14 @@ impl CudaTensor {
     }
 }
 
-/// The paged KV cache: per layer, K and V of `[num_slots, n_kv, d]` bf16.
+/// The paged KV cache: per layer, K and V of `[num_slots, n_kv, d]`, bf16 (as raw bytes) or e4m3
+/// codes with f32 scales of `[num_slots, n_kv]` (one-element placeholders for bf16).
 pub struct CudaKv {
     pub layout: KvLayout,
-    k: Vec<CudaSlice<u16>>,
-    v: Vec<CudaSlice<u16>>,
+    k: Vec<CudaSlice<u8>>,
+    v: Vec<CudaSlice<u8>>,
+    k_scale: Vec<CudaSlice<f32>>,
+    v_scale: Vec<CudaSlice<f32>>,
     /// Decode graphs captured over this cache.
     graphs: Option<graphs::DecodeGraphs>,
 }
@@ -110,6 +113,10 @@ struct Kernels {
     attention: CudaFunction,
     attention_mma_d64: CudaFunction,
     attention_mma_d128: CudaFunction,
+    rope_kv_fp8: CudaFunction,
+    attention_fp8: CudaFunction,
+    attention_mma_d64_fp8: CudaFunction,
+    attention_mma_d128_fp8: CudaFunction,
     combine: CudaFunction,
     fill_normal: CudaFunction,
     sample: CudaFunction,
@@ -259,15 +266,25 @@ impl CudaDevice {
             attention: f("paged_attention_bf16")?,
             attention_mma_d64: f("paged_attention_mma_d64_bf16")?,
             attention_mma_d128: f("paged_attention_mma_d128_bf16")?,
+            rope_kv_fp8: f("rope_kv_fp8")?,
+            attention_fp8: f("paged_attention_fp8")?,
+            attention_mma_d64_fp8: f("paged_attention_mma_d64_fp8")?,
+            attention_mma_d128_fp8: f("paged_attention_mma_d128_fp8")?,
             combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
             sample: f("sample_f32")?,
         };
         let smem = attention_smem_bytes(ATT_MAXD);
-        k.attention
-            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(op_err("attention smem"))?;
-        for (func, d) in [(&k.attention_mma_d64, 64), (&k.attention_mma_d128, 128)] {
+        for func in [&k.attention, &k.attention_fp8] {
+            func.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(op_err("attention smem"))?;
+        }
+        for (func, d) in [
+            (&k.attention_mma_d64, 64),
+            (&k.attention_mma_d128, 128),
+            (&k.attention_mma_d64_fp8, 64),
+            (&k.attention_mma_d128_fp8, 128),
+        ] {
             func.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 mma_smem_bytes(d) as i32,
@@ -616,28 +633,47 @@ impl Device for CudaDevice {
     }
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
-        let n = layout.num_slots() * layout.num_kv_heads * layout.head_dim;
-        let mut k = Vec::with_capacity(layout.num_layers);
-        let mut v = Vec::with_capacity(layout.num_layers);
-        let zeros = |what: &str| {
-            self.stream
-                .alloc_zeros::<u16>(n.max(1))
+        let heads = layout.num_slots() * layout.num_kv_heads;
+        let n = heads * layout.head_dim;
+        let fp8 = layout.dtype == KvCacheDtype::Fp8E4m3;
+        if fp8 && layout.head_dim % 8 != 0 {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "alloc_kv",
+                msg: format!(
+                    "an FP8 KV cache needs head_dim divisible by 8 (got {})",
+                    layout.head_dim
+                ),
+            });
+        }
+        let (bytes, scales) = if fp8 { (n, heads) } else { (2 * n, 1) };
+        fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+            stream: &Arc<CudaStream>,
+            n: usize,
+        ) -> Result<CudaSlice<T>, DeviceError> {
+            stream
+                .alloc_zeros::<T>(n.max(1))
                 .map_err(|e| DeviceError::OutOfMemory {
                     device: DEV,
-                    bytes: n * 2,
-                    what: format!("{what} ({e:?})"),
+                    bytes: n * std::mem::size_of::<T>(),
+                    what: format!("KV cache ({e:?})"),
                 })
+        }
+        let mut kv = CudaKv {
+            layout: *layout,
+            k: Vec::with_capacity(layout.num_layers),
+            v: Vec::with_capacity(layout.num_layers),
+            k_scale: Vec::with_capacity(layout.num_layers),
+            v_scale: Vec::with_capacity(layout.num_layers),
+            graphs: None,
         };
         for _ in 0..layout.num_layers {
-            k.push(zeros("KV cache")?);
-            v.push(zeros("KV cache")?);
+            kv.k.push(zeros(&self.stream, bytes)?);
+            kv.v.push(zeros(&self.stream, bytes)?);
+            kv.k_scale.push(zeros(&self.stream, scales)?);
+            kv.v_scale.push(zeros(&self.stream, scales)?);
         }
-        Ok(CudaKv {
-            layout: *layout,
-            k,
-            v,
-            graphs: None,
-        })
+        Ok(kv)
     }
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CudaBatch, DeviceError> {
@@ -802,14 +838,19 @@ impl Device for CudaDevice {
                     msg: "qkv must be bf16".into(),
                 });
             };
-            let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
-            let mut l = self.stream.launch_builder(&self.k.rope_kv);
+            let func = match kv.layout.dtype {
+                KvCacheDtype::Auto => &self.k.rope_kv,
+                KvCacheDtype::Fp8E4m3 => &self.k.rope_kv_fp8,
+            };
+            let mut l = self.stream.launch_builder(func);
             l.arg(q)
                 .arg(table)
                 .arg(&b.pos)
                 .arg(&b.slots)
-                .arg(kc)
-                .arg(vc)
+                .arg(&mut kv.k[layer])
+                .arg(&mut kv.v[layer])
+                .arg(&mut kv.k_scale[layer])
+                .arg(&mut kv.v_scale[layer])
                 .arg(&nh)
                 .arg(&nkv)
                 .arg(&d);
@@ -818,8 +859,9 @@ impl Device for CudaDevice {
                 block_dim: ((p.head_dim / 2) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: rope_kv_bf16(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
-            // bf16 k_cache[slots, nkv, d], bf16 v_cache[slots, nkv, d], int, int, int) on grid (n, nh + nkv),
+            // SAFETY: rope_kv_{bf16,fp8}(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
+            // k_cache[slots, nkv, d], v_cache[slots, nkv, d] (bf16 or e4m3, as allocated for the layout's
+            // dtype), f32 k_scale/v_scale[slots, nkv] (fp8), int, int, int) on grid (n, nh + nkv),
             // block d/2 (d even, checked by the config; attention caps it at 128); positions are below max_pos and slots inside
             // the cache or the padding mark (validated by the runner).
             unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
@@ -852,9 +894,13 @@ impl Device for CudaDevice {
                     msg: format!("head_dim {d} > {ATT_MAXD}"),
                 });
             }
-            let mma = match d {
-                64 if !self.simt_attention => Some(&self.k.attention_mma_d64),
-                128 if !self.simt_attention => Some(&self.k.attention_mma_d128),
+            let fp8 = kv.layout.dtype == KvCacheDtype::Fp8E4m3;
+            let mma = match (d, fp8) {
+                _ if self.simt_attention => None,
+                (64, false) => Some(&self.k.attention_mma_d64),
+                (128, false) => Some(&self.k.attention_mma_d128),
+                (64, true) => Some(&self.k.attention_mma_d64_fp8),
+                (128, true) => Some(&self.k.attention_mma_d128_fp8),
                 _ => None,
             };
             // Work units: the tensor-core kernel serves a GQA group per block (rows = tokens × group),
@@ -927,7 +973,11 @@ impl Device for CudaDevice {
                     },
                 ),
                 None => (
-                    &self.k.attention,
+                    if fp8 {
+                        &self.k.attention_fp8
+                    } else {
+                        &self.k.attention
+                    },
                     LaunchConfig {
                         grid_dim: (b.num_tiles as u32, p.num_heads as u32, splits as u32),
                         block_dim: (ATT_THREADS, 1, 1),
@@ -939,6 +989,8 @@ impl Device for CudaDevice {
             l.arg(qkv.bf16("attention")?)
                 .arg(&kv.k[layer])
                 .arg(&kv.v[layer])
+                .arg(&kv.k_scale[layer])
+                .arg(&kv.v_scale[layer])
                 .arg(&b.pos)
                 .arg(&b.tile_seq)
                 .arg(&b.tile_start)
@@ -957,7 +1009,8 @@ impl Device for CudaDevice {
                 .arg(&gi)
                 .arg(&sti)
                 .arg(&upti);
-            // SAFETY: both kernels take this argument list (attention.cu / attention_mma.cu): tiles cover
+            // SAFETY: every attention kernel takes this argument list (attention.cu / attention_mma.cu), the
+            // _fp8 ones chosen exactly for an FP8 cache (codes + scales allocated by alloc_kv): tiles cover
             // the batch's tokens within their sequences, block tables cover every position (validated by
             // the runner), split buffers hold units × grid_y × splits × unit_rows rows, shared memory is
             // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64.

@@ -1,0 +1,181 @@
+//! `cachet bench kv-fp8`: what an FP8 KV cache costs in fidelity and gives in capacity, measured
+//! against the device's own KV type (bf16 on CUDA, f32 on the CPU) with the same weights in one
+//! run: logits of the last positions of short and long prompts (relative error, largest error,
+//! top-1 agreement, KL), greedy agreement on chat prompts (real weights only: random weights say
+//! nothing about answers), and KV blocks per GiB.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cachet_backend::device::{KvCacheDtype, KvLayout};
+use cachet_backend::fidelity::{compare_logits, greedy_agreement};
+use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
+use cachet_backend::rng::Rng;
+use cachet_backend::tokenizer::ChatMessage;
+use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
+use clap::Args;
+
+use super::bench::LoadFormat;
+use super::generate::DeviceKind;
+
+#[derive(Args, Debug)]
+pub struct KvFp8Args {
+    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
+    #[arg(long, short, default_value = "smollm2")]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Whose tokenizer turns the prompts into ids with dummy weights.
+    #[arg(long, default_value = "smollm2")]
+    pub tokenizer: String,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Prompt lengths whose last positions' logits are compared.
+    #[arg(long, value_delimiter = ',', default_value = "512,8192")]
+    pub contexts: Vec<usize>,
+    /// Positions compared at the end of each prompt.
+    #[arg(long, default_value_t = 64)]
+    pub positions: usize,
+    /// Tokens greedily generated per chat prompt (0: skip the greedy comparison).
+    #[arg(long, default_value_t = 64)]
+    pub greedy_tokens: usize,
+    /// Prompt tokens per prefill pass.
+    #[arg(long, default_value_t = 2048)]
+    pub chunk: usize,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+}
+
+/// Long natural text for a real model's tokenizer: the workloads' prompts, numbered, repeated.
+fn long_text(n: usize) -> String {
+    let mut s = String::new();
+    let all: Vec<&str> = COPY_HEAVY.iter().chain(FREE_CHAT).copied().collect();
+    let mut i = 0;
+    // ~4 characters a token: enough text, then the ids are cut to length.
+    while s.len() < n * 6 {
+        s.push_str(&format!("\n\nNote {}. {}", i + 1, all[i % all.len()]));
+        i += 1;
+    }
+    s
+}
+
+pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
+    let (config, host, tokenizer) =
+        super::bench::load_bench_model(&a.model, a.load_format, &a.tokenizer)?;
+    let dummy = host.is_none();
+    let longest = a.contexts.iter().copied().max().unwrap_or(512);
+    let max_len = (longest + a.greedy_tokens + 256).max(1024);
+    let blocks = max_len.div_ceil(16) + 2;
+    let make = |dtype: KvCacheDtype| -> anyhow::Result<Box<dyn Runner>> {
+        let opts = RunnerOptions {
+            device: a.device.into(),
+            block_size: 16,
+            max_model_len: max_len,
+            kv: KvBudget::Blocks(blocks),
+            cuda_graph_sizes: vec![1],
+            kv_cache_dtype: dtype,
+        };
+        let w = match &host {
+            Some(m) => WeightSource::Host(&m.weights),
+            None => WeightSource::Dummy { seed: 0 },
+        };
+        Ok(build_runner(&config, w, &opts)?)
+    };
+    let mut reference = make(KvCacheDtype::Auto)?;
+    let mut fp8 = make(KvCacheDtype::Fp8E4m3)?;
+    let dev = reference.device_name();
+    let native = if dev == "cpu" { 4 } else { 2 };
+    let per_gib = |l: KvLayout| (1usize << 30) / l.block_bytes(native);
+    let (ref_blocks, fp8_blocks) = (per_gib(reference.kv_layout()), per_gib(fp8.kv_layout()));
+    println!(
+        "model {} ({} layers, {} KV heads × {}), device {dev}, {} weights",
+        a.model,
+        config.num_hidden_layers,
+        config.num_key_value_heads,
+        config.head_dim,
+        if dummy { "random" } else { "real" }
+    );
+    println!(
+        "KV blocks of 16 tokens per GiB: {} {ref_blocks}, fp8 {fp8_blocks} ({:.2}×)\n",
+        if dev == "cpu" { "f32" } else { "bf16" },
+        fp8_blocks as f64 / ref_blocks as f64
+    );
+    let vocab = config.vocab_size as u32;
+    let mut rng = Rng::new(7);
+    let long_ids = if dummy {
+        Vec::new()
+    } else {
+        tokenizer.encode(&long_text(longest))?
+    };
+    println!("| context | positions | rel. error | max error (× logit RMS) | top-1 agreement | mean KL (nats) |");
+    println!("|---|---|---|---|---|---|");
+    let mut diffs = Vec::new();
+    for &ctx in &a.contexts {
+        let prompt: Vec<u32> = if dummy {
+            (0..ctx)
+                .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                .collect()
+        } else {
+            anyhow::ensure!(
+                long_ids.len() >= ctx,
+                "the long text has only {} tokens",
+                long_ids.len()
+            );
+            long_ids[..ctx].to_vec()
+        };
+        let d = compare_logits(
+            reference.as_mut(),
+            fp8.as_mut(),
+            &prompt,
+            a.positions,
+            a.chunk,
+        )
+        .with_context(|| format!("comparing at context {ctx}"))?;
+        println!(
+            "| {} | {} | {:.2e} | {:.3} ({:.3}) | {:.1}% | {:.2e} |",
+            d.context,
+            d.positions,
+            d.rel_err,
+            d.max_abs_err,
+            d.max_err_over_rms,
+            d.top1_agreement * 100.0,
+            d.mean_kl
+        );
+        diffs.push(d);
+    }
+    let greedy = if dummy || a.greedy_tokens == 0 {
+        None
+    } else {
+        let prompts = COPY_HEAVY
+            .iter()
+            .chain(FREE_CHAT)
+            .map(|q| {
+                let text = tokenizer.render_chat(&[ChatMessage::new("user", *q)], true)?;
+                Ok(tokenizer.encode(&text)?)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let g = greedy_agreement(reference.as_mut(), fp8.as_mut(), &prompts, a.greedy_tokens)?;
+        println!(
+            "\ngreedy, {} chat prompts × {} tokens: {} identical; {:.1}% of tokens before the first divergence; first divergence at {:?}",
+            g.prompts,
+            a.greedy_tokens,
+            g.identical,
+            g.agreement_rate * 100.0,
+            g.first_divergence
+        );
+        Some(g)
+    };
+    if let Some(path) = &a.json_out {
+        let v = serde_json::json!({
+            "model": a.model,
+            "device": dev,
+            "dummy_weights": dummy,
+            "blocks_per_gib": {"reference": ref_blocks, "fp8": fp8_blocks},
+            "logits": diffs,
+            "greedy": greedy,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(())
+}
