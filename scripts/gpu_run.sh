@@ -3,7 +3,8 @@
 # (8B shape, dummy bf16 weights) with the PyTorch peer. Logs go to $OUT (or ./gpu-out).
 # Test binaries, when carried in .carry (engine-tests, sampling-tests: built with
 # `cargo test --release -p cachet-tests --test engine --test sampling --no-run`), run on CUDA first.
-# FIDELITY=0, PEER=0, SIMT=0, NCU=0, ATTN=0, FORWARD=0, SPEC=0 skip parts.
+# FIDELITY=0, PEER=0, SIMT=0, NCU=0, ATTN=0, FORWARD=0, SPEC=0, KVFP8=0 skip parts; TTFT=1 runs
+# scripts/gpu_ttft.sh at the end (its environment: RATE, REQUESTS, ABLATION, MODES).
 #   CACHET=.carry/cachet GGUF=.carry/smollm2.gguf scripts/gpu_run.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -31,6 +32,13 @@ if [ -x .carry/speculative-tests ]; then
   echo "== speculative decoding tests on CUDA"
   CACHET_TEST_DEVICE=cuda .carry/speculative-tests --test-threads 1 2>&1 | tee "$out/speculative-cuda.txt"
 fi
+if [ -x .carry/kv-fp8-tests ]; then
+  # The codec test needs PyPI (ml_dtypes), which this machine cannot reach: CI runs it.
+  echo "== FP8 KV cache tests on CUDA (tensor-core kernels, then the CUDA-core kernel)"
+  { CACHET_TEST_DEVICE=cuda .carry/kv-fp8-tests --test-threads 1 --nocapture --skip e4m3_codec_matches_ml_dtypes 2>&1
+    CACHET_ATTENTION=simt CACHET_TEST_DEVICE=cuda .carry/kv-fp8-tests --test-threads 1 --nocapture \
+      --skip e4m3_codec_matches_ml_dtypes 2>&1; } | tee "$out/kv-fp8-cuda.txt"
+fi
 if [ "${ATTN:-1}" = 1 ]; then
   echo "== attention kernels vs the CPU reference (random GQA models, d64 and d128)"
   CACHET="$bin" bash scripts/gpu_attention_check.sh 2>&1 | tee "$out/attention-check.txt"
@@ -38,6 +46,12 @@ fi
 if [ "${FIDELITY:-1}" = 1 ]; then
   echo "== fidelity"
   python3 scripts/gpu_fidelity.py --cachet "$bin" --gguf "$gguf" --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
+fi
+if [ "${KVFP8:-1}" = 1 ]; then
+  echo "== FP8 KV cache fidelity vs bf16 KV: SmolLM2 (real weights), then the 8B shape (random weights)"
+  { "$bin" bench kv-fp8 --model "$gguf" --device cuda --contexts 512,8192 --json-out "$out/kv-fp8-smollm2.json" 2>&1
+    "$bin" bench kv-fp8 --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "$gguf" --device cuda \
+      --contexts 512,8192 --json-out "$out/kv-fp8-8b.json" 2>&1; } | grep -v INFO | tee "$out/kv-fp8.txt"
 fi
 if [ "${FORWARD:-1}" = 1 ]; then
   echo "== forward bench (8B shape, dummy weights)"
@@ -66,4 +80,16 @@ if [ "${NCU:-1}" = 1 ] && [ -x /opt/nvidia/nsight-compute/2025.3.1/ncu ]; then
     --load-format dummy --device cuda --enforce-eager --decode-contexts 4096 --decode-batches 1 --prefill 512 \
     --cached-prefix none --gpu-memory-utilization 0.5 > "$out/ncu.csv" 2>/dev/null
   python3 scripts/ncu_summary.py "$out/ncu.csv" 2>&1 | tee "$out/ncu-summary.txt"
+fi
+if [ "${FP8FORWARD:-0}" = 1 ]; then
+  echo "== decode with bf16 vs FP8 KV (8B shape), side by side"
+  for dt in auto fp8; do
+    "$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda --kv-cache-dtype $dt \
+      --decode-batches 1,64,256 --decode-contexts 512,4096 --decode-context 2048 --prefill 2048,8192 \
+      --graph-batches 1 --json-out "$out/bench-kv-$dt.json" 2>&1 | grep -v INFO | tee "$out/bench-kv-$dt.txt"
+  done
+fi
+if [ "${TTFT:-0}" = 1 ]; then
+  echo "== the TTFT experiment"
+  OUT="$out" CACHET="$bin" TOKENIZER="$gguf" bash scripts/gpu_ttft.sh 2>&1 | grep -v INFO | tail -60
 fi

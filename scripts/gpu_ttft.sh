@@ -3,7 +3,7 @@
 # dummy bf16 weights behind `cachet serve`, baseline vs all optimizations, cold and warm (then, with
 # ABLATION=1, each optimization alone: run it as a second call, the device allows 10 minutes a call).
 # Results, report and plots go to $OUT/ttft (or ./gpu-out/ttft).
-#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf RATE=30 REQUESTS=600 bash scripts/gpu_ttft.sh
+#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf RATE=40 REQUESTS=800 bash scripts/gpu_ttft.sh
 set -euo pipefail
 out=${OUT:-gpu-out}/ttft
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -11,8 +11,8 @@ export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
 bin=${CACHET:-.carry/cachet}
 configs=baseline,all-on
 if [ "${ABLATION:-0}" = 1 ]; then
-  configs=+prefix-cache,+normalization,+chunked-prefill,+shortest-first,+cuda-graphs,+speculation
+  configs=+prefix-cache,+normalization,+chunked-prefill,+shortest-first,+cuda-graphs,+speculation,+fp8-kv
 fi
 "$bin" bench ttft --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "${TOKENIZER:-.carry/smollm2.gguf}" \
-  --device cuda --requests "${REQUESTS:-600}" --rate "${RATE:-30}" --max-tokens "${MAX_TOKENS:-64}" --warmup 32 \
+  --device cuda --requests "${REQUESTS:-800}" --rate "${RATE:-40}" --max-tokens "${MAX_TOKENS:-64}" --warmup 32 \
   --configs "$configs" --modes "${MODES:-cold,warm}" --out "$out"

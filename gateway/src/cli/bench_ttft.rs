@@ -8,7 +8,7 @@
 //! and warm (after a warm-up pass), one after the other on the same device:
 //!
 //! - **baseline**: no prefix cache, no normalization, no chunked prefill, FCFS, no CUDA graphs,
-//!   no speculation (bf16 KV);
+//!   no speculation, bf16 KV;
 //! - **all-on**: every optimization;
 //! - with `--ablation`, each optimization alone on top of the baseline.
 //!
@@ -65,7 +65,7 @@ pub struct TtftArgs {
     #[arg(long, default_value_t = 16)]
     pub warmup: usize,
     /// Configurations: baseline, all-on, or +prefix-cache, +normalization, +chunked-prefill,
-    /// +shortest-first, +cuda-graphs, +speculation (one optimization on the baseline).
+    /// +shortest-first, +cuda-graphs, +speculation, +fp8-kv (one optimization on the baseline).
     #[arg(long, value_delimiter = ',', default_value = "baseline,all-on")]
     pub configs: Vec<String>,
     /// Also run each optimization alone.
@@ -82,13 +82,14 @@ pub struct TtftArgs {
     pub serve_args: Option<String>,
 }
 
-const OPTIMIZATIONS: [&str; 6] = [
+const OPTIMIZATIONS: [&str; 7] = [
     "prefix-cache",
     "normalization",
     "chunked-prefill",
     "shortest-first",
     "cuda-graphs",
     "speculation",
+    "fp8-kv",
 ];
 
 /// The optimizations a configuration name turns on.
@@ -351,6 +352,9 @@ fn run_one(
     }
     if !has("cuda-graphs") {
         args.push("--enforce-eager".into());
+    }
+    if has("fp8-kv") {
+        args.extend(["--kv-cache-dtype".into(), "fp8".into()]);
     }
     if has("speculation") {
         args.extend([
