@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The seed article's TTFT experiment on the GPU machine, in one call: the Llama-3-8B shape with
-# dummy bf16 weights behind `cachet serve`, baseline vs all optimizations, cold and warm (then, with
-# ABLATION=1, each optimization alone: run it as a second call, the device allows 10 minutes a call).
-# Results, report and plots go to $OUT/ttft (or ./gpu-out/ttft).
-#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf RATE=40 REQUESTS=800 bash scripts/gpu_ttft.sh
+# dummy bf16 weights behind `cachet serve`, baseline vs all optimizations, cold and warm, at LOAD
+# (default 0.9) × the baseline's capacity measured first in the same run, or at RATE req/s if set.
+# With ABLATION=1, each optimization alone instead (run it as a second call at the first call's
+# rate: the device allows 10 minutes a call; the rate of the last run is left in /tmp/ttft-rate).
+# Results, report and plots go to $OUT/$TTFT_DIR (default gpu-out/ttft).
+#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf LOAD=0.9 REQUESTS=1200 bash scripts/gpu_ttft.sh
+#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf RATE=$(cat /tmp/ttft-rate) ABLATION=1 MODES=warm bash scripts/gpu_ttft.sh
 set -euo pipefail
-out=${OUT:-gpu-out}/ttft
+out=${OUT:-gpu-out}/${TTFT_DIR:-ttft}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
 bin=${CACHET:-.carry/cachet}
@@ -13,6 +16,10 @@ configs=baseline,all-on
 if [ "${ABLATION:-0}" = 1 ]; then
   configs=+prefix-cache,+normalization,+chunked-prefill,+shortest-first,+cuda-graphs,+speculation,+fp8-kv
 fi
+rate_args=(--load "${LOAD:-0.9}")
+if [ -n "${RATE:-}" ]; then rate_args=(--rate "$RATE"); fi
 "$bin" bench ttft --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "${TOKENIZER:-.carry/smollm2.gguf}" \
-  --device cuda --requests "${REQUESTS:-800}" --rate "${RATE:-40}" --max-tokens "${MAX_TOKENS:-64}" --warmup 32 \
+  --device cuda --requests "${REQUESTS:-1200}" "${rate_args[@]}" --max-tokens "${MAX_TOKENS:-64}" --warmup 32 \
   --configs "$configs" --modes "${MODES:-cold,warm}" --out "$out"
+sed -n 's/^Workload: [0-9]* requests, Poisson \([0-9.]*\) req\/s.*/\1/p' "$out/report.md" > /tmp/ttft-rate
+echo "rate: $(cat /tmp/ttft-rate) req/s"

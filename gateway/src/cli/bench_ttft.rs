@@ -50,9 +50,16 @@ pub struct TtftArgs {
     /// Measured requests per run.
     #[arg(long, default_value_t = 200)]
     pub requests: usize,
-    /// Mean arrivals per second (Poisson): pick one that loads the device.
+    /// Mean arrivals per second (Poisson): pick one that loads the device, or use --load.
     #[arg(long, default_value_t = 4.0)]
     pub rate: f64,
+    /// Set the rate to this share of the baseline's capacity, measured first (a burst of
+    /// requests to a baseline server: completed requests per second), e.g. 0.9; overrides --rate.
+    #[arg(long)]
+    pub load: Option<f64>,
+    /// The baseline's measured capacity (req/s), when --load measured it.
+    #[arg(skip)]
+    pub capacity: Option<f64>,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
     /// Output tokens per request (fixed: ignore_eos).
@@ -464,16 +471,44 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
         volatile_header: true,
         ..Default::default()
     };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()?;
+    if let Some(f) = a.load {
+        anyhow::ensure!(
+            f > 0.0,
+            "--load must be positive (a share of the capacity, e.g. 0.9)"
+        );
+        let burst: Vec<WorkItem> = seed_workload(&SeedWorkloadConfig {
+            num_requests: a.requests.min(400),
+            seed: a.seed + 2000,
+            ..wl.clone()
+        })
+        .into_iter()
+        .map(|mut it| {
+            it.at = Duration::ZERO;
+            it
+        })
+        .collect();
+        eprintln!(
+            "measuring the baseline's capacity: a burst of {} requests ...",
+            burst.len()
+        );
+        let r = run_one(&a, &tenants, "baseline", "capacity", &burst, &[], &rt)?;
+        let done = r.records.iter().filter(|x| x.error.is_none()).count();
+        let cap = done as f64 / r.wall_s;
+        a.capacity = Some(cap);
+        a.rate = (f * cap * 10.0).round() / 10.0;
+        eprintln!("baseline capacity {cap:.1} req/s: rate {} req/s", a.rate);
+    }
+    let wl = SeedWorkloadConfig { rate: a.rate, ..wl };
     let items = seed_workload(&wl);
     let warmup = seed_workload(&SeedWorkloadConfig {
         num_requests: a.warmup,
         seed: a.seed + 1000,
         ..wl.clone()
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()?;
     let mut results = Vec::new();
     for config in &a.configs {
         for mode in &a.modes {
@@ -554,6 +589,11 @@ fn report(a: &TtftArgs, results: &[RunResult]) -> String {
         "Workload: {} requests, Poisson {} req/s, seed {}, {} output tokens each (ignore_eos), {:.0}% long inputs; model {} ({:?}), device {:?}.\n\n",
         a.requests, a.rate, a.seed, a.max_tokens, a.long_fraction * 100.0, a.model, a.load_format, a.device
     );
+    if let (Some(cap), Some(f)) = (a.capacity, a.load) {
+        s.push_str(&format!(
+            "Rate = {f} × the baseline's capacity, measured first in the same run: {cap:.1} req/s (a burst of requests to a fresh baseline server).\n\n"
+        ));
+    }
     if let Some(r) = results.first() {
         let prompt: Vec<f64> = r.col(|x| x.prompt_tokens as f64);
         s.push_str(&format!(
