@@ -31,8 +31,9 @@ pub struct TextTokenizer {
     eos_token: Option<String>,
     /// The chat template compiled once (rendering runs per request), or why it does not compile.
     compiled: std::sync::Arc<std::sync::OnceLock<Result<minijinja::Environment<'static>, String>>>,
-    /// See [`TextTokenizer::for_dummy_model`]: (model vocabulary, this vocabulary).
-    wrap_ids: Option<(u32, u32)>,
+    /// See [`TextTokenizer::for_dummy_model`]: the model's vocabulary size, and the ids of this
+    /// tokenizer that decode on their own to visible text.
+    wrap_ids: Option<(u32, std::sync::Arc<Vec<u32>>)>,
 }
 
 impl TextTokenizer {
@@ -115,7 +116,7 @@ impl TextTokenizer {
             .inner
             .encode(text, false)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        Ok(match self.wrap_ids {
+        Ok(match &self.wrap_ids {
             Some((m, _)) => enc.get_ids().iter().map(|&i| i % m).collect(),
             None => enc.get_ids().to_vec(),
         })
@@ -123,9 +124,12 @@ impl TextTokenizer {
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, EngineError> {
         let wrapped: Vec<u32>;
-        let ids = match self.wrap_ids {
-            Some((_, n)) => {
-                wrapped = ids.iter().map(|&i| i % n).collect();
+        let ids = match &self.wrap_ids {
+            Some((_, plain)) => {
+                wrapped = ids
+                    .iter()
+                    .map(|&i| plain[i as usize % plain.len()])
+                    .collect();
                 &wrapped[..]
             }
             None => ids,
@@ -136,10 +140,24 @@ impl TextTokenizer {
     }
 
     /// Serves a model with random weights and a vocabulary of `model_vocab` ids of its own
-    /// (`--load-format dummy` benchmarks): text encodes to ids modulo `model_vocab`, and ids
-    /// decode modulo this tokenizer's vocabulary (they would otherwise decode to nothing).
+    /// through this tokenizer: prompt ids are taken modulo the model's vocabulary, generated ids
+    /// are shown as this tokenizer's *plain* tokens (those that decode on their own to visible
+    /// text: no special tokens, no partial UTF-8 bytes), so each generated token streams as text
+    /// the moment it is made, as a real model's would (text-level timings stay meaningful).
     pub fn for_dummy_model(mut self, model_vocab: usize) -> Self {
-        self.wrap_ids = Some((model_vocab.max(1) as u32, self.vocab_size() as u32));
+        let plain: Vec<u32> = (0..self.vocab_size() as u32)
+            .filter(|&i| {
+                self.inner
+                    .decode(&[i], true)
+                    .is_ok_and(|t| !t.trim().is_empty() && !t.contains('\u{FFFD}'))
+            })
+            .collect();
+        let plain = if plain.is_empty() {
+            (0..self.vocab_size().max(1) as u32).collect()
+        } else {
+            plain
+        };
+        self.wrap_ids = Some((model_vocab.max(1) as u32, std::sync::Arc::new(plain)));
         self
     }
 

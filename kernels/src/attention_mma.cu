@@ -66,23 +66,39 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16* p) {
                  : "r"(smem_addr(p)));
 }
 
+// Two e4m3 codes (low byte first) times `scale` → bf16x2. sm_89+ converts in hardware (exact:
+// every e4m3 value is an f16), older GPUs in integer arithmetic (common.cuh); same results.
+__device__ __forceinline__ unsigned dequant2(unsigned two, float scale) {
+#if __CUDA_ARCH__ >= 890
+    unsigned h2;
+    float lo, hi;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)two));
+    asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h2));
+    return pack_bf16(lo * scale, hi * scale);
+#else
+    return pack_bf16(e4m3f(two & 0xffu) * scale, e4m3f((two >> 8) & 0xffu) * scale);
+#endif
+}
+
 // 16 e4m3 codes (one 16-byte load) times `scale` → 16 bf16 in shared memory (two 16-byte stores).
 __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, float scale) {
     const unsigned words[4] = {w.x, w.y, w.z, w.w};
     unsigned o[8];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        const unsigned x = words[k];
-        o[2 * k] = pack_bf16(e4m3f(x & 0xffu) * scale, e4m3f((x >> 8) & 0xffu) * scale);
-        o[2 * k + 1] = pack_bf16(e4m3f((x >> 16) & 0xffu) * scale, e4m3f(x >> 24) * scale);
+        o[2 * k] = dequant2(words[k] & 0xffffu, scale);
+        o[2 * k + 1] = dequant2(words[k] >> 16, scale);
     }
     reinterpret_cast<uint4*>(dst)[0] = make_uint4(o[0], o[1], o[2], o[3]);
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-// FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head); each K/V tile is
-// dequantized into the same bf16 shared-memory stages with plain loads (cp.async cannot convert),
-// so the tensor-core loop is the bf16 one.
+// FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head). cp.async cannot convert,
+// so the next tile's codes and scales are loaded into registers before the current tile is
+// computed and dequantized into the other bf16 stage after it (the same double buffering, through
+// registers); the tensor-core loop is the bf16 one.
 template <int D, bool FP8>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, const void* __restrict__ k_cache,
                                               const void* __restrict__ v_cache, const float* __restrict__ k_scale,
@@ -103,7 +119,6 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     bf16* Qs = stage + 2 * TILE;
     // Rows (slot * n_kv + kv head) of the key tiles in the cache, and (FP8) their scales.
     __shared__ unsigned slot_of[2][MMA_TK];
-    __shared__ float k_sc[2][MMA_TK], v_sc[2][MMA_TK];
     // Units in reverse: the last tokens of a prompt have the longest causal range, so they start
     // first and the short ones fill in behind them.
     const int unit = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
@@ -125,39 +140,51 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
             const int p = k0 + tid;
             const unsigned row = (p < k_end) ? (table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
             slot_of[buf][tid] = row;
-            if constexpr (FP8) {
-                k_sc[buf][tid] = (p < k_end) ? k_scale[row] : 0.f;
-                v_sc[buf][tid] = (p < k_end) ? v_scale[row] : 0.f;
-            }
         }
     };
-    // cp.async of the key tile at k0 into stage `buf` (rows past the range are zero-filled).
+    // bf16: cp.async of the key tile at k0 into stage `buf` (rows past the range are zero-filled).
     auto fetch = [&](int k0, int buf) {
         bf16* Ks = stage + buf * 2 * TILE;
         bf16* Vs = Ks + TILE;
         const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
         const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
-        if constexpr (FP8) {
-            // 16 codes per 16-byte load; rows past the range get zeros.
-            for (int idx = tid; idx < MMA_TK * (D / 16); idx += MMA_THREADS) {
-                const int c = idx / (D / 16), i = idx % (D / 16);
-                uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
-                if (k0 + c < k_end) {
-                    const size_t at = (size_t)slot_of[buf][c] * (D / 16) + i;
-                    kw = kc[at];
-                    vw = vc[at];
-                }
-                dequant16(Ks + c * DP + i * 16, kw, k_sc[buf][c]);
-                dequant16(Vs + c * DP + i * 16, vw, v_sc[buf][c]);
+        for (int idx = tid; idx < MMA_TK * (D / 8); idx += MMA_THREADS) {
+            const int c = idx / (D / 8), i = idx % (D / 8);
+            const int bytes = (k0 + c < k_end) ? 16 : 0;
+            const size_t at = (size_t)slot_of[buf][c] * (D / 8) + i;
+            cp_async16(Ks + c * DP + i * 8, kc + at, bytes);
+            cp_async16(Vs + c * DP + i * 8, vc + at, bytes);
+        }
+    };
+    // FP8 tiles: each thread's PER 16-code chunks of K and of V, and their rows' scales.
+    constexpr int CH = D / 16, PER = MMA_TK * CH / MMA_THREADS;
+    uint4 kr[FP8 ? PER : 1], vr[FP8 ? PER : 1];
+    float ksr[FP8 ? PER : 1], vsr[FP8 ? PER : 1];
+    auto load_regs = [&](int k0, int buf) {
+        const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
+        const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const int idx = tid + u * MMA_THREADS, c = idx / CH, i = idx % CH;
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            ksr[u] = vsr[u] = 0.f;
+            if (k0 + c < k_end) {
+                const unsigned row = slot_of[buf][c];
+                kr[u] = kc[(size_t)row * CH + i];
+                vr[u] = vc[(size_t)row * CH + i];
+                ksr[u] = k_scale[row];
+                vsr[u] = v_scale[row];
             }
-        } else {
-            for (int idx = tid; idx < MMA_TK * (D / 8); idx += MMA_THREADS) {
-                const int c = idx / (D / 8), i = idx % (D / 8);
-                const int bytes = (k0 + c < k_end) ? 16 : 0;
-                const size_t at = (size_t)slot_of[buf][c] * (D / 8) + i;
-                cp_async16(Ks + c * DP + i * 8, kc + at, bytes);
-                cp_async16(Vs + c * DP + i * 8, vc + at, bytes);
-            }
+        }
+    };
+    auto store_regs = [&](int buf) {
+        bf16* Ks = stage + buf * 2 * TILE;
+        bf16* Vs = Ks + TILE;
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const int idx = tid + u * MMA_THREADS, c = idx / CH, i = idx % CH;
+            dequant16(Ks + c * DP + i * 16, kr[u], ksr[u]);
+            dequant16(Vs + c * DP + i * 16, vr[u], vsr[u]);
         }
     };
 
@@ -181,8 +208,15 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         *reinterpret_cast<uint4*>(Qs + r * DP + i) = v;
     }
     __syncthreads();
-    if (k_begin < k_end) fetch(k_begin, 0);
-    cp_async_commit();
+    if constexpr (FP8) {
+        if (k_begin < k_end) {
+            load_regs(k_begin, 0);
+            store_regs(0);
+        }
+    } else {
+        if (k_begin < k_end) fetch(k_begin, 0);
+        cp_async_commit();
+    }
     // This warp's 16 query rows: A fragments of Q for every 16-wide slice of D.
     const int row0 = warp * 16;
     const bool active = row0 < qlen;  // warp-uniform: idle warps only help with the copies
@@ -213,11 +247,22 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         if (more) lookup(k0 + MMA_TK, nxt);
         // Everyone is done with stage nxt (the previous tile, or Q) and sees slot_of[nxt].
         __syncthreads();
-        if (more) fetch(k0 + MMA_TK, nxt);
-        cp_async_commit();
-        cp_async_wait1();  // this thread's copies of tile t have landed...
-        __syncthreads();   // ...and everyone's
-        if (!active) continue;
+        if constexpr (FP8) {
+            // Tile t was dequantized into stage cur before the barrier; tile t + 1's codes are in
+            // flight while it is computed.
+            if (more) load_regs(k0 + MMA_TK, nxt);
+        } else {
+            if (more) fetch(k0 + MMA_TK, nxt);
+            cp_async_commit();
+            cp_async_wait1();  // this thread's copies of tile t have landed...
+            __syncthreads();   // ...and everyone's
+        }
+        if (!active) {
+            if constexpr (FP8) {
+                if (more) store_regs(nxt);
+            }
+            continue;
+        }
         const bf16* Ks = stage + cur * 2 * TILE;
         const bf16* Vs = Ks + TILE;
         const int kn = min(MMA_TK, k_end - k0);
@@ -311,6 +356,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
                 }
             }
         }
+        if constexpr (FP8) {
+            if (more) store_regs(nxt);
+        }
     }
     const bool has_a = ra < qlen, has_b = rb < qlen;
     if (gridDim.z == 1) {
@@ -343,8 +391,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 // block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
 // The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8).
+// FP8 variants keep the next tile in registers: 2 blocks per SM instead of 3.
 #define MMA_KERNEL(NAME, D, FP8, KV)                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(                                        \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, FP8 ? 2 : 3) NAME(                                        \
         const bf16* __restrict__ qkv, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,         \
         const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, \
         const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,                       \

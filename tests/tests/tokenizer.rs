@@ -43,3 +43,28 @@ fn incremental_decoding_never_splits_a_character() {
     }
     assert_eq!(out, text);
 }
+
+#[test]
+fn a_dummy_models_every_generated_token_streams_as_text_at_once() {
+    // Random weights pick arbitrary ids; shown through SmolLM2's plain tokens, each one is text
+    // the moment it is made (no partial UTF-8 byte or special token holding the stream back).
+    let tok = smollm2()
+        .tokenizer
+        .clone()
+        .unwrap()
+        .for_dummy_model(128_256);
+    let mut dec = cachet_backend::tokenizer::IncrementalDecoder::new();
+    for id in (0..128_256u32).step_by(97) {
+        let piece = dec.push(&tok, id).unwrap();
+        assert!(
+            piece.is_some_and(|p| !p.is_empty()),
+            "id {id} streamed nothing"
+        );
+    }
+    // Prompt ids stay inside the model's vocabulary.
+    assert!(tok
+        .encode("hello world")
+        .unwrap()
+        .iter()
+        .all(|&i| i < 128_256));
+}

@@ -930,8 +930,12 @@ impl Device for CudaDevice {
                 .sum::<usize>()
                 * grid_y;
             // As many splits as still fit one wave (the tensor-core kernel runs 3 blocks per SM,
-            // the CUDA-core one 2): a partial second wave costs more than the split saves.
-            let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
+            // its FP8 variant and the CUDA-core one 2): a partial second wave costs more than the split saves.
+            let wave = self.sms
+                * match (mma.is_some(), fp8) {
+                    (true, false) => MMA_BLOCKS_PER_SM,
+                    _ => 2, // the FP8 tensor-core kernels' __launch_bounds__ minimum too
+                };
             let want = (wave / busy.max(1)).max(1);
             let max_splits = b.max_ctx.div_ceil(MIN_SPLIT).max(1);
             let splits = want.clamp(1, max_splits.min(32));
