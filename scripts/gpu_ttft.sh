@@ -5,7 +5,7 @@
 # With ABLATION=1, each optimization alone instead (run it as a second call at the first call's
 # rate: the device allows 10 minutes a call; the rate of the last run is left in /tmp/ttft-rate).
 # Results, report and plots go to $OUT/$TTFT_DIR (default gpu-out/ttft).
-#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf LOAD=0.9 REQUESTS=1200 bash scripts/gpu_ttft.sh
+#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf LOAD=1.0 REQUESTS=1200 bash scripts/gpu_ttft.sh
 #   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf RATE=$(cat /tmp/ttft-rate) ABLATION=1 MODES=warm bash scripts/gpu_ttft.sh
 set -euo pipefail
 out=${OUT:-gpu-out}/${TTFT_DIR:-ttft}
@@ -16,7 +16,7 @@ configs=baseline,all-on
 if [ "${ABLATION:-0}" = 1 ]; then
   configs=+prefix-cache,+normalization,+chunked-prefill,+shortest-first,+cuda-graphs,+speculation,+fp8-kv
 fi
-rate_args=(--load "${LOAD:-0.9}")
+rate_args=(--load "${LOAD:-1.0}")
 if [ -n "${RATE:-}" ]; then rate_args=(--rate "$RATE"); fi
 "$bin" bench ttft --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "${TOKENIZER:-.carry/smollm2.gguf}" \
   --device cuda --requests "${REQUESTS:-1200}" "${rate_args[@]}" --max-tokens "${MAX_TOKENS:-64}" --warmup 32 \
