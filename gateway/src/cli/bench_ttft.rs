@@ -387,10 +387,7 @@ fn run_one(
     } else {
         "sk-raw"
     };
-    let client: Client =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build_http();
+    let client: Client = cachet_gateway::upstream::http_client();
     rt.block_on(async {
         let t0 = Instant::now();
         loop {

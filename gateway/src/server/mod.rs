@@ -662,6 +662,7 @@ pub async fn serve(
                     Ok(x) => x,
                     Err(e) => { tracing::warn!(error = %e, "accept failed"); continue; }
                 };
+                tune_accepted(&stream);
                 let state = state.clone();
                 let active = active.clone();
                 let conn_tx = conn_tx.clone();
@@ -741,4 +742,27 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+/// Socket options of an accepted client connection. Streamed tokens are small writes: without
+/// TCP_NODELAY, Nagle's algorithm holds one back until the client's (delayed, ~40 ms) ACK of the
+/// previous write arrives; measured on the H200, every request whose first token came sooner saw
+/// it at ~43 ms.
+fn tune_accepted(stream: &tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "TCP_NODELAY not set");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn accepted_connections_send_small_writes_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        assert!(!stream.nodelay().unwrap(), "the OS default has Nagle on");
+        super::tune_accepted(&stream);
+        assert!(stream.nodelay().unwrap());
+    }
 }

@@ -43,7 +43,7 @@ pub const POLL: Duration = Duration::from_millis(500);
 pub const TRIP_AFTER: u32 = 3;
 pub const OPEN_FOR: Duration = Duration::from_secs(5);
 
-type Client = hyper_util::client::legacy::Client<
+pub type Client = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
     Full<Bytes>,
 >;
@@ -59,6 +59,16 @@ struct Health {
 }
 
 /// One `cachet worker`.
+/// The HTTP client the gateway talks to its workers with: TCP_NODELAY (a streamed token must not
+/// wait for Nagle's algorithm), idle connections kept 30 s.
+pub fn http_client() -> Client {
+    let mut conn = hyper_util::client::legacy::connect::HttpConnector::new();
+    conn.set_nodelay(true);
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(conn)
+}
+
 pub struct Worker {
     pub url: String,
     client: Client,
@@ -514,10 +524,7 @@ impl Pool {
         model_id: &str,
         block_size: usize,
     ) -> Arc<Pool> {
-        let client: Client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build_http();
+        let client: Client = http_client();
         let key_id = crate::worker::key_id(&key);
         let mut workers: Vec<Arc<Worker>> = Vec::new();
         for m in members {
