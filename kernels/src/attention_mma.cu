@@ -51,6 +51,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
+// 4 bytes global → shared (through L1: .cg takes 16 only); `bytes` = 0 writes zeros.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
@@ -95,10 +99,10 @@ __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, float scale) {
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-// FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head). cp.async cannot convert,
-// so the next tile's codes and scales are loaded into registers before the current tile is
-// computed and dequantized into the other bf16 stage after it (the same double buffering, through
-// registers); the tensor-core loop is the bf16 one.
+// FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head). Codes and scales are
+// copied with cp.async, two tiles ahead, into two raw stages (64 rows × D bytes each for K and V);
+// each tile is then dequantized into one bf16 K/V tile that the same tensor-core loop reads. Half
+// the bytes of the bf16 path in flight per tile, twice the tiles: the same shared memory budget.
 template <int D, bool FP8>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, const void* __restrict__ k_cache,
                                               const void* __restrict__ v_cache, const float* __restrict__ k_scale,
@@ -114,10 +118,14 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
     constexpr int TILE = MMA_TK * DP;
     extern __shared__ float smem_f[];
-    // Two stages of [K tile | V tile]; Q is staged once in stage 1's K tile before the loop.
+    // bf16: two stages of [K tile | V tile]; Q is staged once in stage 1's K tile before the loop.
+    // FP8: one [K tile | V tile], then two raw stages of [K codes | V codes] (MMA_TK × D bytes
+    // each), where Q is staged before the loop.
     bf16* stage = reinterpret_cast<bf16*>(smem_f);
-    bf16* Qs = stage + 2 * TILE;
-    // Rows (slot * n_kv + kv head) of the key tiles in the cache, and (FP8) their scales.
+    fp8* raw = reinterpret_cast<fp8*>(stage + 2 * TILE);
+    bf16* Qs = FP8 ? reinterpret_cast<bf16*>(raw) : stage + 2 * TILE;
+    __shared__ float raw_scale[FP8 ? 2 : 1][2][MMA_TK];  // [stage][K, V][row]
+    // bf16: rows (slot * n_kv + kv head) of the key tiles in the cache.
     __shared__ unsigned slot_of[2][MMA_TK];
     // Units in reverse: the last tokens of a prompt have the longest causal range, so they start
     // first and the short ones fill in behind them.
@@ -156,39 +164,44 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
             cp_async16(Vs + c * DP + i * 8, vc + at, bytes);
         }
     };
-    // FP8 tiles: each thread's PER 16-code chunks of K and of V, and their rows' scales.
-    constexpr int CH = D / 16, PER = MMA_TK * CH / MMA_THREADS;
-    uint4 kr[FP8 ? PER : 1], vr[FP8 ? PER : 1];
-    float ksr[FP8 ? PER : 1], vsr[FP8 ? PER : 1];
-    auto load_regs = [&](int k0, int buf) {
+    // FP8: cp.async of the codes and scales of the key tile at k0 into raw stage `buf` (rows past
+    // the range are zero-filled: code 0, scale 0).
+    auto issue = [&](int k0, int buf) {
+        constexpr int CH = D / 16;  // 16-code chunks per row
+        fp8* rk = raw + buf * 2 * MMA_TK * D;
+        fp8* rv = rk + MMA_TK * D;
         const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
         const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
-#pragma unroll
-        for (int u = 0; u < PER; ++u) {
-            const int idx = tid + u * MMA_THREADS, c = idx / CH, i = idx % CH;
-            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
-            ksr[u] = vsr[u] = 0.f;
-            if (k0 + c < k_end) {
-                const unsigned row = slot_of[buf][c];
-                kr[u] = kc[(size_t)row * CH + i];
-                vr[u] = vc[(size_t)row * CH + i];
-                ksr[u] = k_scale[row];
-                vsr[u] = v_scale[row];
-            }
+        for (int idx = tid; idx < MMA_TK * CH; idx += MMA_THREADS) {
+            const int c = idx / CH, i = idx % CH, p = k0 + c;
+            const bool in = p < k_end;
+            const size_t row = in ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
+            cp_async16(rk + c * D + i * 16, kc + row * CH + i, in ? 16 : 0);
+            cp_async16(rv + c * D + i * 16, vc + row * CH + i, in ? 16 : 0);
+        }
+        if (tid < MMA_TK) {
+            const int p = k0 + tid;
+            const bool in = p < k_end;
+            const size_t row = in ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
+            cp_async4(&raw_scale[FP8 ? buf : 0][0][tid], k_scale + row, in ? 4 : 0);
+            cp_async4(&raw_scale[FP8 ? buf : 0][1][tid], v_scale + row, in ? 4 : 0);
         }
     };
-    auto store_regs = [&](int buf) {
-        bf16* Ks = stage + buf * 2 * TILE;
-        bf16* Vs = Ks + TILE;
-#pragma unroll
-        for (int u = 0; u < PER; ++u) {
-            const int idx = tid + u * MMA_THREADS, c = idx / CH, i = idx % CH;
-            dequant16(Ks + c * DP + i * 16, kr[u], ksr[u]);
-            dequant16(Vs + c * DP + i * 16, vr[u], vsr[u]);
+    // FP8: raw stage `buf` → the bf16 K/V tile.
+    auto dequant_stage = [&](int buf) {
+        constexpr int CH = D / 16;
+        const fp8* rk = raw + buf * 2 * MMA_TK * D;
+        const fp8* rv = rk + MMA_TK * D;
+        for (int idx = tid; idx < MMA_TK * CH; idx += MMA_THREADS) {
+            const int c = idx / CH, i = idx % CH;
+            dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16),
+                      raw_scale[FP8 ? buf : 0][0][c]);
+            dequant16(stage + TILE + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16),
+                      raw_scale[FP8 ? buf : 0][1][c]);
         }
     };
 
-    lookup(k_begin, 0);
+    if constexpr (!FP8) lookup(k_begin, 0);
     // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
     // them is the softmax's exp.
     const float qscale = scale * LOG2E;
@@ -208,12 +221,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         *reinterpret_cast<uint4*>(Qs + r * DP + i) = v;
     }
     __syncthreads();
-    if constexpr (FP8) {
-        if (k_begin < k_end) {
-            load_regs(k_begin, 0);
-            store_regs(0);
-        }
-    } else {
+    if constexpr (!FP8) {
         if (k_begin < k_end) fetch(k_begin, 0);
         cp_async_commit();
     }
@@ -239,31 +247,36 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     // ldmatrix row addresses of this lane: matrix lane / 8, row lane % 8.
     const int lm = lane >> 3, lr = lane & 7;
+    if constexpr (FP8) {
+        __syncthreads();  // every warp holds its Q fragments: the raw stages are free
+        if (k_begin < k_end) issue(k_begin, 0);
+        cp_async_commit();
+        if (k_begin + MMA_TK < k_end) issue(k_begin + MMA_TK, 1);
+        cp_async_commit();
+    }
 
     int t = 0;
     for (int k0 = k_begin; k0 < k_end; k0 += MMA_TK, ++t) {
         const int cur = t & 1, nxt = cur ^ 1;
         const bool more = k0 + MMA_TK < k_end;
-        if (more) lookup(k0 + MMA_TK, nxt);
-        // Everyone is done with stage nxt (the previous tile, or Q) and sees slot_of[nxt].
-        __syncthreads();
         if constexpr (FP8) {
-            // Tile t was dequantized into stage cur before the barrier; tile t + 1's codes are in
-            // flight while it is computed.
-            if (more) load_regs(k0 + MMA_TK, nxt);
+            cp_async_wait1();  // this thread's copies of tile t have landed (t + 1 may be in flight)...
+            __syncthreads();   // ...and everyone's; everyone is done with the bf16 tile (tile t - 1)
+            dequant_stage(cur);
+            __syncthreads();   // the bf16 tile is ready; raw stage cur is free
+            if (k0 + 2 * MMA_TK < k_end) issue(k0 + 2 * MMA_TK, cur);
+            cp_async_commit();
         } else {
+            if (more) lookup(k0 + MMA_TK, nxt);
+            // Everyone is done with stage nxt (the previous tile, or Q) and sees slot_of[nxt].
+            __syncthreads();
             if (more) fetch(k0 + MMA_TK, nxt);
             cp_async_commit();
             cp_async_wait1();  // this thread's copies of tile t have landed...
             __syncthreads();   // ...and everyone's
         }
-        if (!active) {
-            if constexpr (FP8) {
-                if (more) store_regs(nxt);
-            }
-            continue;
-        }
-        const bf16* Ks = stage + cur * 2 * TILE;
+        if (!active) continue;
+        const bf16* Ks = stage + (FP8 ? 0 : cur * 2 * TILE);
         const bf16* Vs = Ks + TILE;
         const int kn = min(MMA_TK, k_end - k0);
         // The tile in two halves of MMA_HK keys (fewer live score registers: 3 blocks fit an SM).
@@ -356,9 +369,6 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
                 }
             }
         }
-        if constexpr (FP8) {
-            if (more) store_regs(nxt);
-        }
     }
     const bool has_a = ra < qlen, has_b = rb < qlen;
     if (gridDim.z == 1) {
@@ -388,12 +398,12 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 // Arguments (the same list) and layouts as paged_attention_bf16 (attention.cu), except: `d` is fixed
 // by the symbol; `group` = n_heads / n_kv, `sub_tokens` = min(floor(64 / group), 32) tokens per
 // block, `units_per_tile` = ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits),
-// block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages); split rows are
+// block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
+// tile of 2 * MMA_TK * (D + 8) bf16 plus 4 * MMA_TK * D bytes of raw stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
 // The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8).
-// FP8 variants keep the next tile in registers: 2 blocks per SM instead of 3.
 #define MMA_KERNEL(NAME, D, FP8, KV)                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, FP8 ? 2 : 3) NAME(                                        \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(                                        \
         const bf16* __restrict__ qkv, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,         \
         const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, \
         const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,                       \

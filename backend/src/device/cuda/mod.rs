@@ -187,6 +187,12 @@ fn mma_smem_bytes(d: usize) -> u32 {
     (4 * ATT_TK * (d + 8) * 2) as u32
 }
 
+/// Shared memory of the FP8 tensor-core kernels: one bf16 K/V tile and two raw stages of K and V
+/// codes (Q is staged in the raw stages before the loop).
+fn mma_fp8_smem_bytes(d: usize) -> u32 {
+    (2 * ATT_TK * (d + 8) * 2 + 4 * ATT_TK * d) as u32
+}
+
 fn attention_smem_bytes(d: usize) -> u32 {
     ((ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) * 4) as u32
 }
@@ -279,15 +285,15 @@ impl CudaDevice {
             func.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                 .map_err(op_err("attention smem"))?;
         }
-        for (func, d) in [
-            (&k.attention_mma_d64, 64),
-            (&k.attention_mma_d128, 128),
-            (&k.attention_mma_d64_fp8, 64),
-            (&k.attention_mma_d128_fp8, 128),
+        for (func, bytes) in [
+            (&k.attention_mma_d64, mma_smem_bytes(64)),
+            (&k.attention_mma_d128, mma_smem_bytes(128)),
+            (&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64)),
+            (&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128)),
         ] {
             func.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                mma_smem_bytes(d) as i32,
+                bytes as i32,
             )
             .map_err(op_err("attention smem"))?;
         }
@@ -929,13 +935,9 @@ impl Device for CudaDevice {
                 .map(|&l| (l as usize).div_ceil(sub_tokens))
                 .sum::<usize>()
                 * grid_y;
-            // As many splits as still fit one wave (the tensor-core kernel runs 3 blocks per SM,
-            // its FP8 variant and the CUDA-core one 2): a partial second wave costs more than the split saves.
-            let wave = self.sms
-                * match (mma.is_some(), fp8) {
-                    (true, false) => MMA_BLOCKS_PER_SM,
-                    _ => 2, // the FP8 tensor-core kernels' __launch_bounds__ minimum too
-                };
+            // As many splits as still fit one wave (the tensor-core kernels run 3 blocks per SM,
+            // the CUDA-core one 2): a partial second wave costs more than the split saves.
+            let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
             let want = (wave / busy.max(1)).max(1);
             let max_splits = b.max_ctx.div_ceil(MIN_SPLIT).max(1);
             let splits = want.clamp(1, max_splits.min(32));
@@ -973,7 +975,11 @@ impl Device for CudaDevice {
                     LaunchConfig {
                         grid_dim: (units as u32, grid_y as u32, splits as u32),
                         block_dim: (MMA_THREADS, 1, 1),
-                        shared_mem_bytes: mma_smem_bytes(d),
+                        shared_mem_bytes: if fp8 {
+                            mma_fp8_smem_bytes(d)
+                        } else {
+                            mma_smem_bytes(d)
+                        },
                     },
                 ),
                 None => (
