@@ -68,6 +68,16 @@ pub fn cdf_svg(series: &[(String, Vec<f64>)], title: &str, x_label: &str) -> Str
     s
 }
 
+/// The smallest of 1, 2, 2.5 or 5 × 10^k that is at least `x` (axis steps with round labels).
+fn nice_step(x: f64) -> f64 {
+    let p = 10f64.powf(x.max(1e-9).log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|&v| v >= x * (1.0 - 1e-12))
+        .unwrap_or(10.0 * p)
+}
+
 /// One bar per `(name, part values)`, the parts stacked in the order of `parts` (milliseconds).
 pub fn stacked_bars_svg(
     bars: &[(String, Vec<f64>)],
@@ -80,18 +90,20 @@ pub fn stacked_bars_svg(
     let (l, h, b) = (70.0, 440.0, 110.0);
     let w = l + 90.0 * bars.len() as f64 + legend + 20.0;
     let (pw, ph) = (w - l - legend - 20.0, h - b - 40.0);
-    let top = bars
-        .iter()
-        .map(|(_, v)| v.iter().sum::<f64>())
-        .fold(1e-9, f64::max)
-        * 1.1;
+    let top = 4.0
+        * nice_step(
+            bars.iter()
+                .map(|(_, v)| v.iter().sum::<f64>())
+                .fold(1e-9, f64::max)
+                / 4.0,
+        );
     let y = |ms: f64| 40.0 + ph - ms / top * ph;
     let mut s = header(w, h, title);
     s.push_str(&format!(r#"<line x1="{l}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{l}" y1="40" x2="{l}" y2="{}" stroke="black"/>"#, 40.0 + ph, l + pw, 40.0 + ph, 40.0 + ph));
     for k in 0..=4 {
         let ms = top * k as f64 / 4.0;
         s.push_str(&format!(
-            r#"<text x="{}" y="{}" text-anchor="end">{:.0}</text><line x1="{l}" y1="{1}" x2="{}" y2="{1}" stroke="gainsboro"/>"#,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text><line x1="{l}" y1="{1}" x2="{}" y2="{1}" stroke="gainsboro"/>"#,
             l - 6.0,
             y(ms),
             ms,
@@ -154,5 +166,21 @@ mod tests {
         );
         assert!(bars.contains(">queue<") && bars.contains(">on<"));
         assert_eq!(bars.matches("<rect").count(), 1 + 4 + 2);
+        // The axis tops out at 4 round steps above the tallest bar (3.0): 0, 1, 2, 3, 4.
+        assert!(bars.contains(">4<") && !bars.contains(">3.3<"));
+    }
+
+    #[test]
+    fn axis_steps_are_round() {
+        for (x, want) in [
+            (6.8, 10.0),
+            (7.5, 10.0),
+            (2.1, 2.5),
+            (0.3, 0.5),
+            (120.0, 200.0),
+            (1.0, 1.0),
+        ] {
+            assert!((nice_step(x) - want).abs() < 1e-9, "{x}: {}", nice_step(x));
+        }
     }
 }
