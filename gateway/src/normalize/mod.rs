@@ -5,8 +5,10 @@
 //! makes every prompt differ from its first tokens on, and the prefix cache never hits. The
 //! normalizer finds such spans in the *static* segments ([`detect`]), cuts them out (with their
 //! labels, and the separators they leave), and relocates them, verbatim, into one context block
-//! placed right before the first *dynamic* segment: the model still sees every value, and the
-//! static prefix is the same for everyone.
+//! placed right before the first *dynamic* segment (`relocate`) or right after it
+//! (`relocate-after`): the model still sees every value, and the static prefix is the same for
+//! everyone. After the dynamic text, a multi-turn conversation's earlier user messages stay
+//! cacheable too (the next turn's prompt repeats them without this turn's values).
 //!
 //! Without a tenant template, the model's chat template applies and the system message and
 //! earlier turns count as static; the last message is dynamic.
@@ -25,9 +27,12 @@ use regex::Regex;
 pub enum Mode {
     /// Leave prompts as they are.
     Off,
-    /// Move volatile spans out of static segments (the default).
+    /// Move volatile spans out of static segments into a block before the first dynamic segment
+    /// (the default).
     #[default]
     Relocate,
+    /// The same, with the block after the first dynamic segment.
+    RelocateAfter,
 }
 
 impl std::str::FromStr for Mode {
@@ -36,8 +41,9 @@ impl std::str::FromStr for Mode {
         match s {
             "off" => Ok(Mode::Off),
             "relocate" => Ok(Mode::Relocate),
+            "relocate-after" => Ok(Mode::RelocateAfter),
             other => Err(format!(
-                "normalize must be \"off\" or \"relocate\", not \"{other}\""
+                "normalize must be \"off\", \"relocate\" or \"relocate-after\", not \"{other}\""
             )),
         }
     }
@@ -149,13 +155,18 @@ pub fn normalize(segments: &[Segment], rules: &Rules) -> Normalized {
             relocated,
         };
     }
-    let mut block = relocated.join("\n");
-    block.push_str("\n\n");
+    let after = rules.mode == Mode::RelocateAfter;
+    let values = relocated.join("\n");
+    let block = if after {
+        format!("\n\n{values}")
+    } else {
+        format!("{values}\n\n")
+    };
     match out.iter().position(|s| s.cache == Cache::Dynamic) {
         Some(i) => {
             let role = out[i].role.clone();
             out.insert(
-                i,
+                if after { i + 1 } else { i },
                 Segment {
                     role,
                     text: block,

@@ -337,9 +337,68 @@ fn chat_requests_count_earlier_turns_as_static() {
 fn bad_rules_say_what_to_fix() {
     assert!(Rules::new(Some("sometimes"), &[])
         .unwrap_err()
-        .contains("\"off\" or \"relocate\""));
+        .contains("\"off\", \"relocate\" or \"relocate-after\""));
     assert!(Rules::new(None, &["(unclosed".into()])
         .unwrap_err()
         .contains("(unclosed"));
     assert_eq!(Rules::new(None, &[]).unwrap().mode, Mode::Relocate);
+}
+
+#[test]
+fn relocate_after_puts_the_values_behind_the_new_message_so_the_next_turn_reuses_it() {
+    let after = Rules::new(Some("relocate-after"), &[]).unwrap();
+    let system = "Current time: 2026-11-29T12:00:00Z. You are a helpful assistant.";
+    let turn = |msgs: &[(&str, &str)], rules: &Rules| {
+        let msgs: Vec<(String, String)> = msgs
+            .iter()
+            .map(|(r, t)| (r.to_string(), t.to_string()))
+            .collect();
+        let n = normalize(&chat_segments(&msgs), rules);
+        let (messages, _) = to_messages(&n.segments);
+        messages
+            .iter()
+            .map(|m| format!("<{}>{}", m.role, m.content))
+            .collect::<String>()
+    };
+    let t1 = [("system", system), ("user", "What is a B-tree?")];
+    let t2 = [
+        ("system", system),
+        ("user", "What is a B-tree?"),
+        ("assistant", "A balanced search tree."),
+        ("user", "And a trie?"),
+    ];
+    // After: the first turn's question precedes its values, so the second turn's prompt (which
+    // repeats the question without them) shares it.
+    let (a1, a2) = (turn(&t1, &after), turn(&t2, &after));
+    assert!(
+        a1.contains("<user>What is a B-tree?\n\nCurrent time: 2026-11-29T12:00:00Z"),
+        "{a1}"
+    );
+    let shared = |x: &str, y: &str| x.bytes().zip(y.bytes()).take_while(|(a, b)| a == b).count();
+    assert!(
+        a2.starts_with(&a1[..a1.find("\n\nCurrent time").unwrap()]),
+        "{a1}\n{a2}"
+    );
+    assert!(
+        a2.ends_with("And a trie?\n\nCurrent time: 2026-11-29T12:00:00Z"),
+        "{a2}"
+    );
+    // Before (the default): the values come first, so the turns share only the system prompt.
+    let (b1, b2) = (turn(&t1, &rules()), turn(&t2, &rules()));
+    assert!(
+        b1.contains("<user>Current time: 2026-11-29T12:00:00Z\n\nWhat is a B-tree?"),
+        "{b1}"
+    );
+    assert!(shared(&b1, &b2) < shared(&a1, &a2));
+    // Idempotent and lossless as before.
+    let segs = chat_segments(&[
+        ("system".into(), system.into()),
+        ("user".into(), "Hi".into()),
+    ]);
+    let once = normalize(&segs, &after);
+    assert_eq!(normalize(&once.segments, &after).segments, once.segments);
+    assert_eq!(
+        once.relocated,
+        vec!["Current time: 2026-11-29T12:00:00Z".to_string()]
+    );
 }

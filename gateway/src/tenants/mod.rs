@@ -50,7 +50,8 @@ pub struct TenantConfig {
     pub template_deadline_ms: Option<u64>,
     pub template_fuel: Option<u64>,
     pub template_memory_mib: Option<u64>,
-    /// Prompt normalization: "relocate" (default) or "off".
+    /// Prompt normalization: "relocate" (default: volatile values move into a block before the
+    /// new message), "relocate-after" (after it: earlier turns stay cacheable) or "off".
     pub normalize: Option<String>,
     /// More volatile-value patterns (regexes) for the normalizer, e.g. `ORD-\\d{6}`.
     #[serde(default)]
