@@ -132,38 +132,54 @@ fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> Forwar
     b
 }
 
-/// A benchmark's model: its config, its host weights (`None` with dummy weights: they are made on
-/// the device) and the tokenizer that turns prompts into ids (another model's with dummy weights).
-pub fn load_bench_model(
-    model: &str,
-    format: LoadFormat,
-    tokenizer: &str,
-) -> anyhow::Result<(ModelConfig, Option<loader::LoadedModel>, TextTokenizer)> {
-    let fetch_known = |name: &str| -> anyhow::Result<()> {
-        if let Some(k) = loader::fetch::known_model(name) {
-            loader::fetch::fetch(k, true)?;
-        }
-        Ok(())
-    };
-    if format == LoadFormat::Dummy {
-        let path = PathBuf::from(model);
-        let cfg = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path
+/// The model a benchmark runs, and where.
+#[derive(Args, Debug)]
+pub struct BenchModelArgs {
+    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
+    #[arg(long, short, default_value = "smollm2")]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Whose tokenizer turns the prompts into ids with dummy weights.
+    #[arg(long, default_value = "smollm2")]
+    pub tokenizer: String,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+}
+
+impl BenchModelArgs {
+    /// The model's config, its host weights (`None` with dummy weights: they are made on the
+    /// device) and the tokenizer that turns prompts into ids (another model's with dummy weights).
+    pub fn load(
+        &self,
+    ) -> anyhow::Result<(ModelConfig, Option<loader::LoadedModel>, TextTokenizer)> {
+        let fetch_known = |name: &str| -> anyhow::Result<()> {
+            if let Some(k) = loader::fetch::known_model(name) {
+                loader::fetch::fetch(k, true)?;
+            }
+            Ok(())
         };
-        fetch_known(tokenizer)?;
-        let t = loader::load(tokenizer, true)
-            .with_context(|| format!("loading the tokenizer of {tokenizer}"))?;
-        let tok = t.tokenizer.context("that model has no tokenizer")?;
-        let config = ModelConfig::from_hf_json(&cfg)
-            .with_context(|| format!("reading {}", cfg.display()))?;
-        Ok((config, None, tok))
-    } else {
-        fetch_known(model)?;
-        let m = loader::load(model, true).with_context(|| format!("loading {model}"))?;
-        let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
-        Ok((m.config.clone(), Some(m), tok))
+        let (model, tokenizer) = (&self.model, &self.tokenizer);
+        if self.load_format == LoadFormat::Dummy {
+            let path = PathBuf::from(model);
+            let cfg = if path.is_dir() {
+                path.join("config.json")
+            } else {
+                path
+            };
+            fetch_known(tokenizer)?;
+            let t = loader::load(tokenizer, true)
+                .with_context(|| format!("loading the tokenizer of {tokenizer}"))?;
+            let tok = t.tokenizer.context("that model has no tokenizer")?;
+            let config = ModelConfig::from_hf_json(&cfg)
+                .with_context(|| format!("reading {}", cfg.display()))?;
+            Ok((config, None, tok))
+        } else {
+            fetch_known(model)?;
+            let m = loader::load(model, true).with_context(|| format!("loading {model}"))?;
+            let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
+            Ok((m.config.clone(), Some(m), tok))
+        }
     }
 }
 

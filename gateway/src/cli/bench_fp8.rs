@@ -15,21 +15,10 @@ use cachet_backend::tokenizer::ChatMessage;
 use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
 use clap::Args;
 
-use super::bench::LoadFormat;
-use super::generate::DeviceKind;
-
 #[derive(Args, Debug)]
 pub struct KvFp8Args {
-    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
-    #[arg(long, short, default_value = "smollm2")]
-    pub model: String,
-    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
-    pub load_format: LoadFormat,
-    /// Whose tokenizer turns the prompts into ids with dummy weights.
-    #[arg(long, default_value = "smollm2")]
-    pub tokenizer: String,
-    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
-    pub device: DeviceKind,
+    #[command(flatten)]
+    pub m: super::bench::BenchModelArgs,
     /// Prompt lengths whose last positions' logits are compared.
     #[arg(long, value_delimiter = ',', default_value = "512,8192")]
     pub contexts: Vec<usize>,
@@ -61,15 +50,14 @@ fn long_text(n: usize) -> String {
 }
 
 pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
-    let (config, host, tokenizer) =
-        super::bench::load_bench_model(&a.model, a.load_format, &a.tokenizer)?;
+    let (config, host, tokenizer) = a.m.load()?;
     let dummy = host.is_none();
     let longest = a.contexts.iter().copied().max().unwrap_or(512);
     let max_len = (longest + a.greedy_tokens + 256).max(1024);
     let blocks = max_len.div_ceil(16) + 2;
     let make = |dtype: KvCacheDtype| -> anyhow::Result<Box<dyn Runner>> {
         let opts = RunnerOptions {
-            device: a.device.into(),
+            device: a.m.device.into(),
             block_size: 16,
             max_model_len: max_len,
             kv: KvBudget::Blocks(blocks),
@@ -90,7 +78,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
     let (ref_blocks, fp8_blocks) = (per_gib(reference.kv_layout()), per_gib(fp8.kv_layout()));
     println!(
         "model {} ({} layers, {} KV heads × {}), device {dev}, {} weights",
-        a.model,
+        a.m.model,
         config.num_hidden_layers,
         config.num_key_value_heads,
         config.head_dim,
@@ -168,7 +156,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
     };
     if let Some(path) = &a.json_out {
         let v = serde_json::json!({
-            "model": a.model,
+            "model": a.m.model,
             "device": dev,
             "dummy_weights": dummy,
             "blocks_per_gib": {"reference": ref_blocks, "fp8": fp8_blocks},

@@ -19,20 +19,11 @@ use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
 use clap::Args;
 
 use super::bench::LoadFormat;
-use super::generate::DeviceKind;
 
 #[derive(Args, Debug)]
 pub struct SpecArgs {
-    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
-    #[arg(long, short, default_value = "smollm2")]
-    pub model: String,
-    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
-    pub load_format: LoadFormat,
-    /// Whose tokenizer and chat template turn the prompts into ids with dummy weights.
-    #[arg(long, default_value = "smollm2")]
-    pub tokenizer: String,
-    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
-    pub device: DeviceKind,
+    #[command(flatten)]
+    pub m: super::bench::BenchModelArgs,
     /// Share of device memory for weights + KV cache.
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
@@ -89,9 +80,8 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
     let spec: SpecConfig = serde_json::from_str(&a.speculative_config)
         .context("--speculative-config must be a JSON object")?;
     spec.validate().map_err(anyhow::Error::msg)?;
-    let dummy = a.load_format == LoadFormat::Dummy;
-    let (config, host, tokenizer) =
-        super::bench::load_bench_model(&a.model, a.load_format, &a.tokenizer)?;
+    let dummy = a.m.load_format == LoadFormat::Dummy;
+    let (config, host, tokenizer) = a.m.load()?;
     let encode = |q: &str| -> anyhow::Result<Vec<u32>> {
         let text = tokenizer.render_chat(&[ChatMessage::new("user", q)], true)?;
         let ids = tokenizer.encode(&text)?;
@@ -102,7 +92,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
     };
     let start = |speculative: Option<SpecConfig>| -> anyhow::Result<Engine> {
         let opts = RunnerOptions {
-            device: a.device.into(),
+            device: a.m.device.into(),
             block_size: 16,
             max_model_len: a.max_model_len,
             kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
@@ -172,13 +162,13 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
     };
     println!(
         "model {} ({}), device {:?}, {} tokens per request, speculation {}\n",
-        a.model,
+        a.m.model,
         if dummy {
             "dummy weights"
         } else {
             "real weights"
         },
-        a.device,
+        a.m.device,
         a.max_tokens,
         a.speculative_config
     );
