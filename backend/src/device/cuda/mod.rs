@@ -642,7 +642,7 @@ impl Device for CudaDevice {
         let heads = layout.num_slots() * layout.num_kv_heads;
         let n = heads * layout.head_dim;
         let fp8 = layout.dtype == KvCacheDtype::Fp8E4m3;
-        if fp8 && layout.head_dim % 8 != 0 {
+        if fp8 && !layout.head_dim.is_multiple_of(8) {
             return Err(DeviceError::Op {
                 device: DEV,
                 op: "alloc_kv",
