@@ -41,7 +41,7 @@ if [ -x .carry/kv-fp8-tests ]; then
 fi
 if [ "${ATTN:-1}" = 1 ]; then
   echo "== attention kernels vs the CPU reference (random GQA models, d64 and d128)"
-  CACHET="$bin" bash scripts/gpu_attention_check.sh 2>&1 | tee "$out/attention-check.txt"
+  CACHET="$bin" KV="auto fp8" bash scripts/gpu_attention_check.sh 2>&1 | tee "$out/attention-check.txt"
 fi
 if [ "${FIDELITY:-1}" = 1 ]; then
   echo "== fidelity"
