@@ -181,13 +181,7 @@ async fn get(client: &Client, url: &str, key: &str) -> Result<(u16, Bytes), Stri
         .map_err(|e| e.to_string())?;
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, body))
+    Ok((status, cachet_gateway::upstream::read_body(resp).await?))
 }
 
 /// One streamed chat request with server timings.

@@ -25,15 +25,19 @@ pub mod openai;
 use crate::route::{Policy, RouteRequest, WorkerView};
 use crate::worker::protocol::{parse_hash, GenerateRequest, KvWire, StateReply, WireEvent};
 
-/// "STATUS: body" of a failed HTTP response, for error messages.
-pub async fn error_text(resp: hyper::Response<Incoming>) -> String {
-    let status = resp.status();
-    let b = resp
-        .into_body()
+/// A response's whole body.
+pub async fn read_body(resp: hyper::Response<Incoming>) -> Result<Bytes, String> {
+    resp.into_body()
         .collect()
         .await
         .map(|c| c.to_bytes())
-        .unwrap_or_default();
+        .map_err(|e| e.to_string())
+}
+
+/// "STATUS: body" of a failed HTTP response, for error messages.
+pub async fn error_text(resp: hyper::Response<Incoming>) -> String {
+    let status = resp.status();
+    let b = read_body(resp).await.unwrap_or_default();
     format!("{status}: {}", String::from_utf8_lossy(&b))
 }
 
@@ -251,12 +255,7 @@ impl Worker {
                 if !resp.status().is_success() {
                     return Err(format!("status {}", resp.status()));
                 }
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .to_bytes();
+                let body = read_body(resp).await?;
                 serde_json::from_slice::<StateReply>(&body).map_err(|e| e.to_string())
             }
             .await;
