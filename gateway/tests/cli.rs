@@ -162,8 +162,8 @@ fn the_ttft_experiment_runs_and_writes_its_report() {
         "0.05",
         "--requests",
         "8",
-        "--rate",
-        "8",
+        "--load",
+        "2",
         "--max-tokens",
         "4",
         "--warmup",
@@ -183,6 +183,17 @@ fn the_ttft_experiment_runs_and_writes_its_report() {
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     let runs = raw["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 4);
+    // --load: the baseline's capacity was measured first and the rate is twice it (rounded).
+    let capacity = raw["baseline_capacity_rps"].as_f64().unwrap();
+    let rate = raw["rate_rps"].as_f64().unwrap();
+    assert!(
+        capacity > 0.0 && (rate - 2.0 * capacity).abs() <= 0.051,
+        "{capacity} {rate}"
+    );
+    assert!(
+        report.contains("× the baseline's capacity, measured first"),
+        "{report}"
+    );
     let hit = |i: usize| {
         let r = runs[i]["records"].as_array().unwrap();
         assert!(r.iter().all(|x| x["error"].is_null()), "{r:?}");

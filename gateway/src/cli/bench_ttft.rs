@@ -488,6 +488,11 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
         );
         let r = run_one(&a, &tenants, "baseline", "capacity", &burst, &[], &rt)?;
         let done = r.records.iter().filter(|x| x.error.is_none()).count();
+        anyhow::ensure!(
+            done > 0,
+            "no request of the capacity burst completed (server log: {})",
+            a.out.join("logs/baseline-capacity.log").display()
+        );
         let cap = done as f64 / r.wall_s;
         a.capacity = Some(cap);
         a.rate = (f * cap * 10.0).round() / 10.0;
@@ -524,6 +529,10 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
         a.out.join("results.json"),
         serde_json::to_string(&serde_json::json!({
             "args": format!("{a:?}"),
+            "rate_rps": a.rate,
+            "baseline_capacity_rps": a.capacity,
+            "requests": a.requests,
+            "seed": a.seed,
             "runs": results,
         }))?,
     )?;
