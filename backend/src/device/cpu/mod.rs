@@ -138,17 +138,17 @@ impl Device for CpuDevice {
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CpuKv, DeviceError> {
         let heads = layout.num_slots() * layout.num_kv_heads;
         let n = heads * layout.head_dim;
-        let layers = |len: usize, zero| zeroed_layers(layout.num_layers, len, zero);
+        let l = layout.num_layers;
         let store = match layout.dtype {
             KvCacheDtype::Auto => CpuKvStore::F32 {
-                k: layers(n, 0.0f32)?,
-                v: layers(n, 0.0f32)?,
+                k: zeroed_layers(l, n, 0.0f32)?,
+                v: zeroed_layers(l, n, 0.0f32)?,
             },
             KvCacheDtype::Fp8E4m3 => CpuKvStore::Fp8 {
-                k: zeroed_layers(layout.num_layers, n, 0u8)?,
-                v: zeroed_layers(layout.num_layers, n, 0u8)?,
-                k_scale: layers(heads, 0.0f32)?,
-                v_scale: layers(heads, 0.0f32)?,
+                k: zeroed_layers(l, n, 0u8)?,
+                v: zeroed_layers(l, n, 0u8)?,
+                k_scale: zeroed_layers(l, heads, 0.0f32)?,
+                v_scale: zeroed_layers(l, heads, 0.0f32)?,
             },
         };
         Ok(CpuKv {
