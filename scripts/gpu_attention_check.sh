@@ -3,7 +3,9 @@
 # with head_dim 64 and 128 (tensor-core kernel, group 4, split-K for the short prompts, several
 # units per sequence for the long ones) and the tiny fixtures (CUDA-core kernel). KV="auto fp8"
 # also checks the FP8 KV cache (CUDA FP8 against the CPU's FP8 reference; looser bound: the two
-# quantize K from bf16 vs f32 rotations, so a few codes round the other way).
+# quantize K from bf16 vs f32 rotations, so a few codes round the other way). Each prompt is
+# checked twice: as one prefill, and with its last token as a decode step of its own (the
+# fused GEMV path of a one-row step and the decode attention).
 set -euo pipefail
 bin=${CACHET:-.carry/cachet}
 "$bin" model random --config examples/configs/small-gqa-d64.json --out /tmp/m64 --seed 3 2>/dev/null
@@ -15,14 +17,17 @@ for model in /tmp/m64 /tmp/m128 tests/fixtures/tiny-gqa-llama3 tests/fixtures/ti
   for n in 1 37 300 1500; do
     [ "$n" -le "$max" ] || continue
     ids=$(python3 -c "print(','.join(str((i * 37 + 5) % 250) for i in range($n)))")
+    for mode in prefill decode; do
+    flag=$([ "$mode" = decode ] && echo --decode-last || true)
     for dev in cuda cpu; do
-      "$bin" logits --model "$model" --device "$dev" --kv-cache-dtype "$kv" --ids "$ids" --dump "/tmp/$dev.f32" --top 1 >/dev/null 2>&1
+      "$bin" logits --model "$model" --device "$dev" --kv-cache-dtype "$kv" --ids "$ids" --dump "/tmp/$dev.f32" --top 1 $flag >/dev/null 2>&1
     done
     python3 -c "
 import numpy as np
 a = np.fromfile('/tmp/cuda.f32', '<f4').astype(np.float64); b = np.fromfile('/tmp/cpu.f32', '<f4').astype(np.float64)
 e = np.linalg.norm(a - b) / np.linalg.norm(b)
-print(f'$model kv $kv n=$n rel err {e:.2e} top1 {a.argmax()}/{b.argmax()}', 'OK' if e < $tol and a.argmax() == b.argmax() else 'FAIL')"
+print(f'$model kv $kv n=$n $mode rel err {e:.2e} top1 {a.argmax()}/{b.argmax()}', 'OK' if e < $tol and a.argmax() == b.argmax() else 'FAIL')"
+    done
   done
 done
 done

@@ -3,8 +3,8 @@
 # (8B shape, dummy bf16 weights) with the PyTorch peer. Logs go to $OUT (or ./gpu-out).
 # Test binaries, when carried in .carry (engine-tests, sampling-tests: built with
 # `cargo test --release -p cachet-tests --test engine --test sampling --no-run`), run on CUDA first.
-# FIDELITY=0, PEER=0, SIMT=0, NCU=0, ATTN=0, FORWARD=0, SPEC=0, KVFP8=0 skip parts; TTFT=1 runs
-# scripts/gpu_ttft.sh at the end (its environment: RATE, REQUESTS, ABLATION, MODES).
+# FIDELITY=0, PEER=0, SIMT=0, NCU=0, ATTN=0, FORWARD=0, SPEC=0, KVFP8=0, GEMVAB=0 skip parts;
+# TTFT=1 runs scripts/gpu_ttft.sh at the end (its environment: RATE, REQUESTS, ABLATION, MODES).
 #   CACHET=.carry/cachet GGUF=.carry/smollm2.gguf scripts/gpu_run.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -57,6 +57,12 @@ if [ "${FORWARD:-1}" = 1 ]; then
   echo "== forward bench (8B shape, dummy weights)"
   "$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda --profile \
     --json-out "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+fi
+if [ "${GEMVAB:-1}" = 1 ]; then
+  echo "== decode steps with cuBLAS and separate norm / SwiGLU launches (CACHET_GEMV=off), for comparison"
+  CACHET_GEMV=off "$bin" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
+    --decode-batches 16 --prefill 512 --cached-prefix none --graph-batches 1,4 --profile \
+    --json-out "$out/bench-gemv-off.json" 2>&1 | tee "$out/bench-gemv-off.txt"
 fi
 if [ "${SPEC:-1}" = 1 ]; then
   echo "== speculative decoding off vs on: SmolLM2 (drafts accepted), then the 8B shape (dummy weights: drafts rejected)"

@@ -63,18 +63,49 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        name: "gemv.cu",
+        code: include_str!("gemv.cu"),
+        symbols: &[
+            "gemv_bf16_r1",
+            "gemv_bf16_r2",
+            "gemv_bf16_r4",
+            "gemv_norm_bf16_r1",
+            "gemv_norm_bf16_r2",
+            "gemv_norm_bf16_r4",
+            "gemv_norm_swiglu_bf16_r1",
+            "gemv_norm_swiglu_bf16_r2",
+            "gemv_norm_swiglu_bf16_r4",
+        ],
+    },
+    KernelSource {
         name: "sampling.cu",
         code: include_str!("sampling.cu"),
         symbols: &["sample_f32"],
     },
 ];
 
+/// Environment variable naming a directory whose `.cu`/`.cuh` files replace the embedded ones of
+/// the same name (kernel work on a GPU machine without rebuilding the binary; the compile cache
+/// is keyed by the resulting source, so nothing stale is loaded).
+pub const SOURCE_DIR_ENV: &str = "CACHET_KERNEL_DIR";
+
+/// `code`, or the file of the same name in `$CACHET_KERNEL_DIR` when there is one.
+fn unit_code(name: &str, code: &'static str) -> std::borrow::Cow<'static, str> {
+    let Some(dir) = std::env::var_os(SOURCE_DIR_ENV) else {
+        return code.into();
+    };
+    match std::fs::read_to_string(std::path::Path::new(&dir).join(name)) {
+        Ok(s) => s.into(),
+        Err(_) => code.into(),
+    }
+}
+
 /// All units as one translation unit (the header once, at the top).
 pub fn full_source() -> String {
-    let mut s = String::from(COMMON);
+    let mut s = unit_code("common.cuh", COMMON).into_owned();
     for unit in SOURCES {
         s.push_str(&format!("\n// ---- {} ----\n", unit.name));
-        for line in unit.code.lines() {
+        for line in unit_code(unit.name, unit.code).lines() {
             if line.trim() == "#include \"common.cuh\"" {
                 continue;
             }

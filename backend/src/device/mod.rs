@@ -294,6 +294,49 @@ pub trait Device: Send {
     /// Copies a tensor to host f32, row-major.
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>, DeviceError>;
 
+    /// A sub-layer's input: `residual += delta` when there is a delta, then
+    /// `rms_norm(residual) · norm`.
+    fn norm(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: Option<&Self::Tensor>,
+        norm: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor, DeviceError> {
+        match delta {
+            Some(d) => self.add_rms_norm(residual, d, norm, eps),
+            None => self.rms_norm(residual, norm, eps),
+        }
+    }
+
+    /// [`Device::norm`] then `· wᵀ`; one fused pass where the device has one (decode steps).
+    fn norm_linear(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: Option<&Self::Tensor>,
+        norm: &Self::Tensor,
+        eps: f32,
+        w: &Self::Tensor,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let x = self.norm(residual, delta, norm, eps)?;
+        self.linear(&x, w)
+    }
+
+    /// [`Device::norm`], the fused gate|up projection, then `silu(gate) · up`; one fused pass
+    /// where the device has one (decode steps).
+    fn norm_swiglu(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: Option<&Self::Tensor>,
+        norm: &Self::Tensor,
+        eps: f32,
+        gate_up: &Self::Tensor,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let x = self.norm(residual, delta, norm, eps)?;
+        let gu = self.linear(&x, gate_up)?;
+        self.silu_mul(&gu)
+    }
+
     /// Uploads a table that must keep f32 precision (RoPE cos/sin).
     fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {
         self.upload(t)

@@ -192,22 +192,30 @@ impl<D: Device> Llama<D> {
     fn forward_on(&self, dev: &D, kv: &mut D::Kv, b: &D::Batch) -> Result<D::Tensor, EngineError> {
         let eps = self.config.rms_norm_eps as f32;
         let mut residual = dev.embed(&self.embed, b)?;
-        let mut x = dev.rms_norm(&residual, &self.layers[0].attn_norm, eps)?;
+        // Each sub-layer's output is added into the residual stream by the next one's
+        // normalisation (fused with its projection where the device can).
+        let mut pending: Option<D::Tensor> = None;
         for (l, layer) in self.layers.iter().enumerate() {
-            let mut qkv = dev.linear(&x, &layer.qkv)?;
+            let mut qkv = dev.norm_linear(
+                &mut residual,
+                pending.as_ref(),
+                &layer.attn_norm,
+                eps,
+                &layer.qkv,
+            )?;
             dev.rope_and_cache(&mut qkv, &self.rope, kv, l, b, &self.attn)?;
             let attn = dev.attention(&qkv, kv, l, b, &self.attn)?;
             let o = dev.linear(&attn, &layer.o_proj)?;
-            x = dev.add_rms_norm(&mut residual, &o, &layer.mlp_norm, eps)?;
-            let gu = dev.linear(&x, &layer.gate_up)?;
-            let act = dev.silu_mul(&gu)?;
-            let down = dev.linear(&act, &layer.down)?;
-            let next_norm = self
-                .layers
-                .get(l + 1)
-                .map_or(&self.final_norm, |n| &n.attn_norm);
-            x = dev.add_rms_norm(&mut residual, &down, next_norm, eps)?;
+            let act = dev.norm_swiglu(
+                &mut residual,
+                Some(&o),
+                &layer.mlp_norm,
+                eps,
+                &layer.gate_up,
+            )?;
+            pending = Some(dev.linear(&act, &layer.down)?);
         }
+        let x = dev.norm(&mut residual, pending.as_ref(), &self.final_norm, eps)?;
         let rows = dev.gather_logit_rows(&x, b)?;
         Ok(dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?)
     }

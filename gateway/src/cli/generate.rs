@@ -117,6 +117,10 @@ pub struct LogitsArgs {
     /// Also write every logit of the last position as little-endian f32 to this file.
     #[arg(long)]
     pub dump: Option<std::path::PathBuf>,
+    /// Run the last token as a decode step of its own (the rest prefilled first), the way
+    /// generation computes it, instead of as the last row of one prefill.
+    #[arg(long)]
+    pub decode_last: bool,
 }
 
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
@@ -261,13 +265,17 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
         );
     }
     let mut runner = runner_for(&m, &a.model, ids.len())?;
-    let layout = runner.kv_layout();
-    let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);
-    let mut table = Vec::new();
-    alloc.ensure(&mut table, ids.len())?;
-    let mut batch = ForwardBatch::default();
-    batch.push_seq(&ids, 0, &table, layout.block_size, true);
-    let logits = runner.forward(&batch)?;
+    let logits = if a.decode_last {
+        cachet_backend::fidelity::last_logits(runner.as_mut(), &ids, 1, ids.len())?
+    } else {
+        let layout = runner.kv_layout();
+        let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);
+        let mut table = Vec::new();
+        alloc.ensure(&mut table, ids.len())?;
+        let mut batch = ForwardBatch::default();
+        batch.push_seq(&ids, 0, &table, layout.block_size, true);
+        runner.forward(&batch)?
+    };
     let row = logits.row(0);
     if let Some(path) = &a.dump {
         let bytes: Vec<u8> = row.iter().flat_map(|x| x.to_le_bytes()).collect();

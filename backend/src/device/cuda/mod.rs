@@ -120,6 +120,10 @@ struct Kernels {
     combine: CudaFunction,
     fill_normal: CudaFunction,
     sample: CudaFunction,
+    /// gemv.cu, one per entry of GEMV_ROWS.
+    gemv: [CudaFunction; 3],
+    gemv_norm: [CudaFunction; 3],
+    gemv_norm_swiglu: [CudaFunction; 3],
 }
 
 pub struct CudaDevice {
@@ -135,6 +139,9 @@ pub struct CudaDevice {
     sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
+    /// Decode-sized projections (up to GEMV_ROWS' last rows) through gemv.cu, norms and SwiGLU
+    /// fused in; off with `CACHET_GEMV=off` (cuBLAS and separate launches), for comparisons.
+    gemv: bool,
     /// Per-operation events while profiling.
     profiling: std::cell::Cell<bool>,
     events: std::cell::RefCell<
@@ -167,6 +174,13 @@ const CUBLAS_WORKSPACE: usize = 32 << 20;
 const MMA_THREADS: u32 = 128;
 /// Blocks of the tensor-core kernel resident per SM (its __launch_bounds__ minimum).
 const MMA_BLOCKS_PER_SM: usize = 3;
+
+/// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
+const GEMV_ROWS: [usize; 3] = [1, 2, 4];
+/// Threads of a GEMV block (GEMV_THREADS in gemv.cu); one block per SM.
+const GEMV_THREADS: u32 = 512;
+/// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
+const GEMV_SMEM_MAX: usize = 96 << 10;
 
 /// How an attention launch laid out its split rows (see attention_combine_bf16).
 #[derive(Clone, Copy)]
@@ -279,6 +293,17 @@ impl CudaDevice {
             combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
             sample: f("sample_f32")?,
+            gemv: [f("gemv_bf16_r1")?, f("gemv_bf16_r2")?, f("gemv_bf16_r4")?],
+            gemv_norm: [
+                f("gemv_norm_bf16_r1")?,
+                f("gemv_norm_bf16_r2")?,
+                f("gemv_norm_bf16_r4")?,
+            ],
+            gemv_norm_swiglu: [
+                f("gemv_norm_swiglu_bf16_r1")?,
+                f("gemv_norm_swiglu_bf16_r2")?,
+                f("gemv_norm_swiglu_bf16_r4")?,
+            ],
         };
         let smem = attention_smem_bytes(ATT_MAXD);
         for func in [&k.attention, &k.attention_fp8] {
@@ -297,7 +322,15 @@ impl CudaDevice {
             )
             .map_err(op_err("attention smem"))?;
         }
+        for func in k.gemv_norm.iter().chain(&k.gemv_norm_swiglu) {
+            func.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                GEMV_SMEM_MAX as i32,
+            )
+            .map_err(op_err("gemv smem"))?;
+        }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
+        let gemv = !std::env::var("CACHET_GEMV").is_ok_and(|v| v == "off");
         let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op {
             device: DEV,
             op: "cublas",
@@ -339,6 +372,7 @@ impl CudaDevice {
             block_size,
             sms,
             simt_attention,
+            gemv,
             profiling: std::cell::Cell::new(false),
             events: std::cell::RefCell::new(Vec::new()),
         })
@@ -467,6 +501,128 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// Which GEMV instantiation serves `rows` input rows of `k` features, if any.
+    fn gemv_variant(&self, rows: usize, k: usize) -> Option<usize> {
+        if !self.gemv || rows == 0 || k % 8 != 0 || k > i32::MAX as usize {
+            return None;
+        }
+        GEMV_ROWS.iter().position(|&r| rows <= r)
+    }
+
+    fn gemv_config(&self, smem: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.sms as u32, 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        }
+    }
+
+    /// `x · wᵀ` for a few rows with gemv.cu.
+    fn gemv(&self, x: &CudaTensor, w: &CudaTensor, v: usize) -> Result<CudaTensor, DeviceError> {
+        let (rows, k, n) = (x.rows, x.cols, w.rows);
+        let mut out = self.alloc_bf16(rows * n, "gemv")?;
+        let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
+        let mut l = self.stream.launch_builder(&self.k.gemv[v]);
+        l.arg(w.bf16("gemv")?)
+            .arg(x.bf16("gemv")?)
+            .arg(&mut out)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&ri);
+        // SAFETY: gemv_bf16_r{R}(bf16 w[n, k], bf16 x[rows, k], bf16 y[rows, n], int n, int k,
+        // int rows) with rows ≤ R, k % 8 == 0 (gemv_variant) and fresh 16-byte-aligned
+        // allocations, so every row starts 16-byte aligned.
+        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
+        Ok(CudaTensor {
+            rows,
+            cols: n,
+            buf: CudaBuf::Bf16(out),
+        })
+    }
+
+    /// The GEMV instantiation that fuses a norm over `residual` into a projection by `w`, if
+    /// one fits.
+    fn gemv_norm_variant(
+        &self,
+        residual: &CudaTensor,
+        w: &CudaTensor,
+        swiglu: bool,
+    ) -> Option<usize> {
+        let v = self.gemv_variant(residual.rows, residual.cols)?;
+        let fits = GEMV_ROWS[v] * residual.cols * 2 <= GEMV_SMEM_MAX
+            && w.cols == residual.cols
+            && !(swiglu && w.rows % 2 != 0);
+        fits.then_some(v)
+    }
+
+    /// [`Device::norm_linear`] (or, `swiglu`, [`Device::norm_swiglu`]) in one gemv.cu launch of
+    /// instantiation `v` ([`CudaDevice::gemv_norm_variant`]).
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_norm(
+        &self,
+        residual: &mut CudaTensor,
+        delta: Option<&CudaTensor>,
+        norm: &CudaTensor,
+        eps: f32,
+        w: &CudaTensor,
+        swiglu: bool,
+        v: usize,
+    ) -> Result<CudaTensor, DeviceError> {
+        let (rows, k) = (residual.rows, residual.cols);
+        let smem = GEMV_ROWS[v] * k * 2;
+        let n = if swiglu { w.rows / 2 } else { w.rows };
+        let mut out = self.alloc_bf16(rows * n, "gemv")?;
+        let CudaBuf::F32(res) = &residual.buf else {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "gemv",
+                msg: "residual must be f32".into(),
+            });
+        };
+        let mut res_out = match delta {
+            Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
+            None => None,
+        };
+        let null = 0u64;
+        let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
+        let func = if swiglu {
+            &self.k.gemv_norm_swiglu[v]
+        } else {
+            &self.k.gemv_norm[v]
+        };
+        let mut l = self.stream.launch_builder(func);
+        l.arg(res);
+        match delta {
+            Some(d) => l.arg(d.bf16("gemv")?),
+            None => l.arg(&null),
+        };
+        match &mut res_out {
+            Some(r) => l.arg(r),
+            None => l.arg(&null),
+        };
+        l.arg(norm.bf16("gemv")?)
+            .arg(w.bf16("gemv")?)
+            .arg(&mut out)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&ri)
+            .arg(&eps);
+        // SAFETY: gemv_norm[_swiglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null,
+        // f32 residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or 2n, k], bf16 out[rows, n],
+        // int n, int k, int rows, float eps): rows ≤ R, k % 8 == 0, R·k·2 bytes of dynamic shared
+        // memory within the attribute set at start-up; residual_out is a fresh buffer, so no
+        // block reads what another writes.
+        unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv"))?;
+        if let Some(r) = res_out {
+            residual.buf = CudaBuf::F32(r);
+        }
+        Ok(CudaTensor {
+            rows,
+            cols: n,
+            buf: CudaBuf::Bf16(out),
+        })
+    }
+
     /// Runs `f`, bracketed by timing events when profiling.
     fn timed<T>(
         &self,
@@ -813,9 +969,47 @@ impl Device for CudaDevice {
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        self.timed(if x.rows == 1 { "gemm (1 row)" } else { "gemm" }, || {
-            self.gemm(x, w, false)
-        })
+        match self.gemv_variant(x.rows, x.cols) {
+            Some(v) if x.cols == w.cols => self.timed("gemv", || self.gemv(x, w, v)),
+            _ => self.timed(if x.rows == 1 { "gemm (1 row)" } else { "gemm" }, || {
+                self.gemm(x, w, false)
+            }),
+        }
+    }
+
+    fn norm_linear(
+        &self,
+        residual: &mut CudaTensor,
+        delta: Option<&CudaTensor>,
+        norm: &CudaTensor,
+        eps: f32,
+        w: &CudaTensor,
+    ) -> Result<CudaTensor, DeviceError> {
+        if let Some(v) = self.gemv_norm_variant(residual, w, false) {
+            return self.timed("gemv + norm", || {
+                self.gemv_norm(residual, delta, norm, eps, w, false, v)
+            });
+        }
+        let x = self.norm(residual, delta, norm, eps)?;
+        self.linear(&x, w)
+    }
+
+    fn norm_swiglu(
+        &self,
+        residual: &mut CudaTensor,
+        delta: Option<&CudaTensor>,
+        norm: &CudaTensor,
+        eps: f32,
+        gate_up: &CudaTensor,
+    ) -> Result<CudaTensor, DeviceError> {
+        if let Some(v) = self.gemv_norm_variant(residual, gate_up, true) {
+            return self.timed("gemv + norm + swiglu", || {
+                self.gemv_norm(residual, delta, norm, eps, gate_up, true, v)
+            });
+        }
+        let x = self.norm(residual, delta, norm, eps)?;
+        let gu = self.linear(&x, gate_up)?;
+        self.silu_mul(&gu)
     }
 
     fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
