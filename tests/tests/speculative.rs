@@ -68,9 +68,10 @@ fn greedy_output_is_identical_with_speculation_and_takes_fewer_steps() {
     };
     let (off, s_off) = run(m, None, reqs());
     let (on, s_on) = run(m, spec(|_| {}), reqs());
-    for (a, b) in off.iter().zip(&on) {
-        assert_eq!(a.tokens, b.tokens, "{:?} vs {:?}", a.text, b.text);
-        assert_eq!(a.usage.completion_tokens, b.usage.completion_tokens);
+    for ((a, b), p) in off.iter().zip(&on).zip(copy_prompts()) {
+        let what = format!("{:?} vs {:?}", a.text, b.text);
+        assert_greedy_agrees(m, &p, &a.tokens, &b.tokens, &what);
+        assert_eq!(b.tokens.len(), b.usage.completion_tokens);
     }
     let c = s_on.counters;
     assert!(
@@ -165,7 +166,13 @@ fn no_cached_block_ever_holds_a_rejected_draft() {
             .submit(greedy_request((1..40).chain(1..40).collect(), 60))
             .unwrap(),
     );
-    assert_eq!(base.tokens, c.tokens);
+    assert_greedy_agrees(
+        &m,
+        &(1..40).chain(1..40).collect::<Vec<_>>(),
+        &base.tokens,
+        &c.tokens,
+        "spec vs base",
+    );
 }
 
 #[test]
@@ -297,7 +304,9 @@ fn speculation_stands_down_under_load_and_after_rejections() {
     );
     assert_eq!(s.counters.spec_draft_tokens, 0, "{:?}", s.counters);
     assert_eq!(s.counters.spec_active, 0);
-    assert!(loaded.iter().all(|r| r.tokens == base[0].tokens));
+    for r in &loaded {
+        assert_greedy_agrees(&m, &prompt, &base[0].tokens, &r.tokens, "under load");
+    }
     // A request whose drafts keep failing cools down (an acceptance bar no draft run meets,
     // and a cool-down longer than the output): one verification, then none.
     let (cooled, s) = run(
@@ -314,5 +323,11 @@ fn speculation_stands_down_under_load_and_after_rejections() {
         checks < eager_checks,
         "{checks} verifications with a cool-down vs {eager_checks} without"
     );
-    assert_eq!(cooled[0].tokens, base[0].tokens);
+    assert_greedy_agrees(
+        &m,
+        &prompt,
+        &base[0].tokens,
+        &cooled[0].tokens,
+        "cooled down",
+    );
 }

@@ -139,9 +139,9 @@ pub struct CudaDevice {
     sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
-    /// Decode-sized projections (up to GEMV_ROWS' last rows) through gemv.cu, norms and SwiGLU
-    /// fused in; off with `CACHET_GEMV=off` (cuBLAS and separate launches), for comparisons.
-    gemv: bool,
+    /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
+    /// SwiGLU fused in; `CACHET_GEMV=off` (0) or a row count sets it, for comparisons.
+    gemv_max_rows: usize,
     /// Per-operation events while profiling.
     profiling: std::cell::Cell<bool>,
     events: std::cell::RefCell<
@@ -177,6 +177,8 @@ const MMA_BLOCKS_PER_SM: usize = 3;
 
 /// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
 const GEMV_ROWS: [usize; 3] = [1, 2, 4];
+/// Rows served by gemv.cu unless CACHET_GEMV says otherwise.
+const GEMV_DEFAULT_ROWS: usize = 4;
 /// Threads of a GEMV block (GEMV_THREADS in gemv.cu); one block per SM.
 const GEMV_THREADS: u32 = 512;
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
@@ -330,7 +332,16 @@ impl CudaDevice {
             .map_err(op_err("gemv smem"))?;
         }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
-        let gemv = !std::env::var("CACHET_GEMV").is_ok_and(|v| v == "off");
+        let gemv_max_rows = match std::env::var("CACHET_GEMV").as_deref() {
+            Ok("off") => 0,
+            Ok(v) => v.parse::<usize>().map_err(|_| DeviceError::Op {
+                device: DEV,
+                op: "CACHET_GEMV",
+                msg: format!("`{v}`: expected off or a row count"),
+            })?,
+            Err(_) => GEMV_DEFAULT_ROWS,
+        }
+        .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
         let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op {
             device: DEV,
             op: "cublas",
@@ -372,7 +383,7 @@ impl CudaDevice {
             block_size,
             sms,
             simt_attention,
-            gemv,
+            gemv_max_rows,
             profiling: std::cell::Cell::new(false),
             events: std::cell::RefCell::new(Vec::new()),
         })
@@ -503,7 +514,7 @@ impl CudaDevice {
 impl CudaDevice {
     /// Which GEMV instantiation serves `rows` input rows of `k` features, if any.
     fn gemv_variant(&self, rows: usize, k: usize) -> Option<usize> {
-        if !self.gemv || rows == 0 || k % 8 != 0 || k > i32::MAX as usize {
+        if rows == 0 || rows > self.gemv_max_rows || k % 8 != 0 || k > i32::MAX as usize {
             return None;
         }
         GEMV_ROWS.iter().position(|&r| rows <= r)
