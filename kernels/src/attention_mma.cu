@@ -25,6 +25,22 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsi
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The same with f16 inputs (the FP8 path: every e4m3 value is an f16, converted in one step).
+__device__ __forceinline__ void mma_f16(float* c, const unsigned* a, const unsigned* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Two floats → f16x2 (round to nearest even); `lo` in the low half.
+__device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // Two floats → bf16x2 (round to nearest even) in one instruction; `lo` in the low half.
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     unsigned r;
@@ -70,30 +86,31 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16* p) {
                  : "r"(smem_addr(p)));
 }
 
-// Two e4m3 codes (low byte first) times `scale` → bf16x2. sm_89+ converts in hardware (exact:
-// every e4m3 value is an f16), older GPUs in integer arithmetic (common.cuh); same results.
-__device__ __forceinline__ unsigned dequant2(unsigned two, float scale) {
+// Two e4m3 codes (low byte first) → f16x2, exactly (every e4m3 value is an f16): one instruction
+// on sm_89+, integer arithmetic (common.cuh) before.
+__device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned two) {
 #if __CUDA_ARCH__ >= 890
     unsigned h2;
-    float lo, hi;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)two));
-    asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h2));
-    return pack_bf16(lo * scale, hi * scale);
+    return h2;
 #else
-    return pack_bf16(e4m3f(two & 0xffu) * scale, e4m3f((two >> 8) & 0xffu) * scale);
+    return pack_f16(e4m3f(two & 0xffu), e4m3f((two >> 8) & 0xffu));
 #endif
 }
 
-// 16 e4m3 codes (one 16-byte load) times `scale` → 16 bf16 in shared memory (two 16-byte stores).
-__device__ __forceinline__ void dequant16(bf16* dst, uint4 w, float scale) {
+// 16 e4m3 codes (one 16-byte load) → 16 f16 in shared memory (two 16-byte stores), times `scale2`
+// (f16x2, both halves the scale) when `scaled` (V; K's scales are applied to the scores).
+__device__ __forceinline__ void dequant16(bf16* dst, uint4 w, bool scaled, unsigned scale2) {
     const unsigned words[4] = {w.x, w.y, w.z, w.w};
     unsigned o[8];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        o[2 * k] = dequant2(words[k] & 0xffffu, scale);
-        o[2 * k + 1] = dequant2(words[k] >> 16, scale);
+        o[2 * k] = e4m3x2_f16x2(words[k] & 0xffffu);
+        o[2 * k + 1] = e4m3x2_f16x2(words[k] >> 16);
+    }
+    if (scaled) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(o[k]) : "r"(scale2));
     }
     reinterpret_cast<uint4*>(dst)[0] = make_uint4(o[0], o[1], o[2], o[3]);
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
@@ -101,8 +118,9 @@ __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, float scale) {
 
 // FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head). Codes and scales are
 // copied with cp.async, two tiles ahead, into two raw stages (64 rows × D bytes each for K and V);
-// each tile is then dequantized into one bf16 K/V tile that the same tensor-core loop reads. Half
-// the bytes of the bf16 path in flight per tile, twice the tiles: the same shared memory budget.
+// each tile is then converted into one f16 K/V tile (K as plain codes, its scales applied to the
+// scores; V times its scales), and the tensor-core loop runs in f16 (Q and P in f16 too): one
+// conversion per two values. Half the bytes of the bf16 path in flight per tile, twice the tiles.
 template <int D, bool FP8>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, const void* __restrict__ k_cache,
                                               const void* __restrict__ v_cache, const float* __restrict__ k_scale,
@@ -125,6 +143,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     fp8* raw = reinterpret_cast<fp8*>(stage + 2 * TILE);
     bf16* Qs = FP8 ? reinterpret_cast<bf16*>(raw) : stage + 2 * TILE;
     __shared__ float raw_scale[FP8 ? 2 : 1][2][MMA_TK];  // [stage][K, V][row]
+    __shared__ float tile_k_scale[FP8 ? MMA_TK : 1];      // K scales of the tile being computed
     // bf16: rows (slot * n_kv + kv head) of the key tiles in the cache.
     __shared__ unsigned slot_of[2][MMA_TK];
     // Units in reverse: the last tokens of a prompt have the longest causal range, so they start
@@ -194,11 +213,12 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         const fp8* rv = rk + MMA_TK * D;
         for (int idx = tid; idx < MMA_TK * CH; idx += MMA_THREADS) {
             const int c = idx / CH, i = idx % CH;
-            dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16),
-                      raw_scale[FP8 ? buf : 0][0][c]);
-            dequant16(stage + TILE + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16),
-                      raw_scale[FP8 ? buf : 0][1][c]);
+            const float vs = raw_scale[FP8 ? buf : 0][1][c];
+            dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16), false, 0u);
+            dequant16(stage + TILE + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16), true,
+                      pack_f16(vs, vs));
         }
+        if (tid < MMA_TK) tile_k_scale[tid] = raw_scale[FP8 ? buf : 0][0][tid];
     };
 
     if constexpr (!FP8) lookup(k_begin, 0);
@@ -215,7 +235,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
             unsigned o4[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-                o4[k] = pack_bf16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale);
+                o4[k] = FP8 ? pack_f16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale)
+                            : pack_bf16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale);
             v = make_uint4(o4[0], o4[1], o4[2], o4[3]);
         }
         *reinterpret_cast<uint4*>(Qs + r * DP + i) = v;
@@ -295,8 +316,26 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
                 for (int kk = 0; kk < D / 16; kk += 2) {
                     unsigned b[4];
                     ldmatrix_x4(b, Kh + (nb * 8 + lr) * DP + kk * 16 + lm * 8);
-                    mma_bf16(s[nb], qa[kk], b);
-                    mma_bf16(s[nb], qa[kk + 1], b + 2);
+                    if constexpr (FP8) {
+                        mma_f16(s[nb], qa[kk], b);
+                        mma_f16(s[nb], qa[kk + 1], b + 2);
+                    } else {
+                        mma_bf16(s[nb], qa[kk], b);
+                        mma_bf16(s[nb], qa[kk + 1], b + 2);
+                    }
+                }
+            }
+            if constexpr (FP8) {
+                // Scores of plain K codes times each key's scale (before masking: a row past the
+                // range has scale 0, and -inf × 0 would be NaN).
+#pragma unroll
+                for (int nb = 0; nb < MMA_HK / 8; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float ks = tile_k_scale[h + nb * 8 + 2 * fq + e];
+                        s[nb][e] *= ks;
+                        s[nb][2 + e] *= ks;
+                    }
                 }
             }
             // Mask (only tiles that reach past the range or the unit's first position), then the
@@ -358,14 +397,29 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
             // ldmatrix.x4.trans gives the B fragments of two 8-wide D blocks.
 #pragma unroll
             for (int j = 0; j < MMA_HK / 16; ++j) {
-                unsigned pa[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
-                                  pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]), pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
+                unsigned pa[4];
+                if constexpr (FP8) {
+                    pa[0] = pack_f16(s[2 * j][0], s[2 * j][1]);
+                    pa[1] = pack_f16(s[2 * j][2], s[2 * j][3]);
+                    pa[2] = pack_f16(s[2 * j + 1][0], s[2 * j + 1][1]);
+                    pa[3] = pack_f16(s[2 * j + 1][2], s[2 * j + 1][3]);
+                } else {
+                    pa[0] = pack_bf16(s[2 * j][0], s[2 * j][1]);
+                    pa[1] = pack_bf16(s[2 * j][2], s[2 * j][3]);
+                    pa[2] = pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]);
+                    pa[3] = pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3]);
+                }
 #pragma unroll
                 for (int n = 0; n < D / 8; n += 2) {
                     unsigned b[4];
                     ldmatrix_x4_trans(b, Vh + (j * 16 + (lm & 1) * 8 + lr) * DP + (n + (lm >> 1)) * 8);
-                    mma_bf16(o[n], pa, b);
-                    mma_bf16(o[n + 1], pa, b + 2);
+                    if constexpr (FP8) {
+                        mma_f16(o[n], pa, b);
+                        mma_f16(o[n + 1], pa, b + 2);
+                    } else {
+                        mma_bf16(o[n], pa, b);
+                        mma_bf16(o[n + 1], pa, b + 2);
+                    }
                 }
             }
         }
