@@ -40,53 +40,65 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-// One batch of a lane's weight loads: NW rows (1, or gate and up) × GEMV_UNROLL / NW units.
-template <int NW>
-struct WBatch {
-    uint4 v[NW][GEMV_UNROLL / NW];
-};
-
-// Loads the batch at unit i (units i, i + 32, ...; zeros past the row's end).
-template <int NW>
-__device__ __forceinline__ void load_batch(const uint4* const (&w)[NW], int i, int k8, WBatch<NW>& b) {
-    constexpr int U = GEMV_UNROLL / NW;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const bool in = i + 32 * u < k8;
-#pragma unroll
-        for (int q = 0; q < NW; ++q) b.v[q][u] = in ? load_stream(w[q] + i + 32 * u) : make_uint4(0, 0, 0, 0);
-    }
-}
-
-// acc[q][r] += W_q[row, :] · x[r, :] over this lane's share (units lane, lane + 32, ...), with
-// the lane's first batch already loaded into b (so a caller can issue it before a prologue).
-//   w  : NW weight rows of k8 units of 8 bf16
+// acc[r] += W[row, :] · x[r, :] over this lane's share (lane, lane + 32, ... in 8-element units).
+//   w  : one weight row, k8 units of 8 bf16
 //   x  : input rows of k8 units (shared or global memory); rows past `rows` read the last one
 //        (in bounds; their sums are dropped by the caller)
-template <int NW, int R>
-__device__ __forceinline__ void rows_dot(const uint4* const (&w)[NW], const uint4* x, int k8, int rows,
-                                         WBatch<NW>& b, float (&acc)[NW][R]) {
-    constexpr int U = GEMV_UNROLL / NW;
+template <int R>
+__device__ __forceinline__ void row_dot(const uint4* __restrict__ w, const uint4* x, int k8, int rows,
+                                        float (&acc)[R]) {
     const int lane = threadIdx.x & 31;
     const uint4* xr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) xr[r] = x + (r < rows ? r : rows - 1) * k8;
-    for (int base = 0;;) {
-        const int i = base + lane;
+    int i = lane;
+    for (; i + 32 * (GEMV_UNROLL - 1) < k8; i += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) wv[u] = load_stream(w + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] = dot8(wv[u], xr[r][i + 32 * u], acc[r]);
+    }
+    for (; i < k8; i += 32) {
+        const uint4 wv = load_stream(w + i);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = dot8(wv, xr[r][i], acc[r]);
+    }
+}
+
+// The same for two weight rows at once (gate and up), sharing the input loads.
+template <int R>
+__device__ __forceinline__ void row_dot2(const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint4* x,
+                                         int k8, float (&a)[R], float (&b)[R]) {
+    const int lane = threadIdx.x & 31;
+    constexpr int U = GEMV_UNROLL / 2;
+    int i = lane;
+    for (; i + 32 * (U - 1) < k8; i += 32 * U) {
+        uint4 va[U], vb[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (i + 32 * u < k8) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const uint4 xv = xr[r][i + 32 * u];
-#pragma unroll
-                    for (int q = 0; q < NW; ++q) acc[q][r] = dot8(b.v[q][u], xv, acc[q][r]);
-                }
-            }
+            va[u] = load_stream(wa + i + 32 * u);
+            vb[u] = load_stream(wb + i + 32 * u);
         }
-        base += 32 * U;
-        if (base >= k8) break;
-        load_batch<NW>(w, base + lane, k8, b);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint4 xv = x[r * k8 + i + 32 * u];
+                a[r] = dot8(va[u], xv, a[r]);
+                b[r] = dot8(vb[u], xv, b[r]);
+            }
+    }
+    for (; i < k8; i += 32) {
+        const uint4 va = load_stream(wa + i), vb = load_stream(wb + i);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint4 xv = x[r * k8 + i];
+            a[r] = dot8(va, xv, a[r]);
+            b[r] = dot8(vb, xv, b[r]);
+        }
     }
 }
 
@@ -154,35 +166,28 @@ __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual
     __syncthreads();
 }
 
-// Stores the warp's sums for output j of each row r < rows (lane 0).
-template <int R>
-__device__ __forceinline__ void store_sums(float (&acc)[R], bf16* __restrict__ y, int n, int j, int rows) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float s = warp_sum(acc[r]);
-        if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
-    }
-}
-
 // y[r, j] = x[r, :] · W[j, :], r < rows.
 //   w : device, bf16 [n, k];  x : device, bf16 [rows, k];  y : device, bf16 [rows, n]
 template <int R>
 __device__ __forceinline__ void gemv_plain(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ y,
                                            int n, int k, int rows) {
-    const int warps = gridDim.x * (blockDim.x >> 5), lane = threadIdx.x & 31;
+    const int warps = gridDim.x * (blockDim.x >> 5);
     const int k8 = k >> 3;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
-        const uint4* wr[1] = {reinterpret_cast<const uint4*>(w + (size_t)j * k)};
-        WBatch<1> b;
-        load_batch<1>(wr, lane, k8, b);
-        float acc[1][R] = {};
-        rows_dot<1, R>(wr, reinterpret_cast<const uint4*>(x), k8, rows, b, acc);
-        store_sums<R>(acc[0], y, n, j, rows);
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.f;
+        row_dot<R>(reinterpret_cast<const uint4*>(w + (size_t)j * k), xv, k8, rows, acc);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float s = warp_sum(acc[r]);
+            if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
+        }
     }
 }
 
-// y[r, j] = rms_norm(residual[r] (+ delta[r])) · W[j, :]; see norm_prologue. Each warp's first
-// batch of weight loads is issued before the prologue, so DRAM works while the block normalises.
+// y[r, j] = rms_norm(residual[r] (+ delta[r])) · W[j, :]; see norm_prologue.
 //   residual : device, f32 [rows, k]; delta : device, bf16 [rows, k] or null;
 //   residual_out : device, f32 [rows, k] or null; norm_w : device, bf16 [k];
 //   w : device, bf16 [n, k]; y : device, bf16 [rows, n]
@@ -192,22 +197,20 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
                                           const bf16* __restrict__ w, bf16* __restrict__ y, int n, int k, int rows,
                                           float eps) {
     extern __shared__ uint4 gemv_xs[];
-    const int warps = gridDim.x * (blockDim.x >> 5), lane = threadIdx.x & 31;
-    const int k8 = k >> 3;
-    const int j0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    WBatch<1> b;
-    if (j0 < n) {
-        const uint4* wr[1] = {reinterpret_cast<const uint4*>(w + (size_t)j0 * k)};
-        load_batch<1>(wr, lane, k8, b);
-    }
     prefetch_first(w, n, k);
     norm_prologue<R>(residual, delta, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows, eps);
-    for (int j = j0; j < n; j += warps) {
-        const uint4* wr[1] = {reinterpret_cast<const uint4*>(w + (size_t)j * k)};
-        if (j != j0) load_batch<1>(wr, lane, k8, b);
-        float acc[1][R] = {};
-        rows_dot<1, R>(wr, gemv_xs, k8, R, b, acc);
-        store_sums<R>(acc[0], y, n, j, rows);
+    const int warps = gridDim.x * (blockDim.x >> 5);
+    const int k8 = k >> 3;
+    for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.f;
+        row_dot<R>(reinterpret_cast<const uint4*>(w + (size_t)j * k), gemv_xs, k8, R, acc);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float s = warp_sum(acc[r]);
+            if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
+        }
     }
 }
 
@@ -220,26 +223,21 @@ __device__ __forceinline__ void gemv_norm_swiglu(const float* __restrict__ resid
                                                  const bf16* __restrict__ w, bf16* __restrict__ act, int inter, int k,
                                                  int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    const int warps = gridDim.x * (blockDim.x >> 5), lane = threadIdx.x & 31;
-    const int k8 = k >> 3;
-    const int j0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    WBatch<2> b;
-    if (j0 < inter) {
-        const uint4* wr[2] = {reinterpret_cast<const uint4*>(w + (size_t)j0 * k),
-                              reinterpret_cast<const uint4*>(w + (size_t)(inter + j0) * k)};
-        load_batch<2>(wr, lane, k8, b);
-    }
+    prefetch_first(w, inter, k);
     norm_prologue<R>(residual, delta, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows, eps);
-    for (int j = j0; j < inter; j += warps) {
-        const uint4* wr[2] = {reinterpret_cast<const uint4*>(w + (size_t)j * k),
-                              reinterpret_cast<const uint4*>(w + (size_t)(inter + j) * k)};
-        if (j != j0) load_batch<2>(wr, lane, k8, b);
-        float acc[2][R] = {};
-        rows_dot<2, R>(wr, gemv_xs, k8, R, b, acc);
+    const int warps = gridDim.x * (blockDim.x >> 5);
+    const int k8 = k >> 3;
+    for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < inter; j += warps) {
+        float g[R], u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) g[r] = u[r] = 0.f;
+        row_dot2<R>(reinterpret_cast<const uint4*>(w + (size_t)j * k),
+                    reinterpret_cast<const uint4*>(w + (size_t)(inter + j) * k), gemv_xs, k8, g, u);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float gs = bf2f(f2bf(warp_sum(acc[0][r]))), us = bf2f(f2bf(warp_sum(acc[1][r])));
-            if (lane == 0 && r < rows) act[(size_t)r * inter + j] = f2bf(gs / (1.f + __expf(-gs)) * us);
+            const float gs = bf2f(f2bf(warp_sum(g[r]))), us = bf2f(f2bf(warp_sum(u[r])));
+            if ((threadIdx.x & 31) == 0 && r < rows)
+                act[(size_t)r * inter + j] = f2bf(gs / (1.f + __expf(-gs)) * us);
         }
     }
 }

@@ -177,8 +177,10 @@ const MMA_BLOCKS_PER_SM: usize = 3;
 
 /// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
 const GEMV_ROWS: [usize; 3] = [1, 2, 4];
-/// Rows served by gemv.cu unless CACHET_GEMV says otherwise.
-const GEMV_DEFAULT_ROWS: usize = 4;
+/// Rows served by gemv.cu unless CACHET_GEMV says otherwise: one. On the H200 (8B shape) the
+/// 2- and 4-row instantiations are slower than cuBLAS (5.19 vs 4.90 ms and 6.02 vs 4.98 ms a
+/// step), whose time hardly grows from 1 to 4 rows; one row is where the fused kernels win.
+const GEMV_DEFAULT_ROWS: usize = 1;
 /// Threads of a GEMV block (GEMV_THREADS in gemv.cu); one block per SM.
 const GEMV_THREADS: u32 = 512;
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
