@@ -80,21 +80,3 @@ extern "C" __global__ void fill_normal_bf16(bf16* __restrict__ out, unsigned lon
     }
 }
 
-// Starts streaming bytes [0, bytes) at p into L2 and returns at once (the copy engine does the
-// rest: Hopper's bulk prefetch, one instruction per PREFETCH_CHUNK; older GPUs get one prefetch
-// per 128-byte line). For weights about to be read after a latency-bound kernel.
-//   p : device, any
-// Launch: any grid; threads take chunks round-robin.
-#define PREFETCH_CHUNK (64u << 10)
-extern "C" __global__ void prefetch_l2(const char* __restrict__ p, unsigned long long bytes) {
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x * PREFETCH_CHUNK;
-    for (unsigned long long off = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) * PREFETCH_CHUNK;
-         off < bytes; off += stride) {
-        const unsigned len = (unsigned)min((unsigned long long)PREFETCH_CHUNK, bytes - off) & ~15u;
-#if __CUDA_ARCH__ >= 900
-        if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len) : "memory");
-#else
-        for (unsigned b = 0; b < len; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off + b));
-#endif
-    }
-}

@@ -36,7 +36,6 @@ pub const SOURCES: &[KernelSource] = &[
             "silu_mul_bf16x8",
             "gather_rows_bf16",
             "fill_normal_bf16",
-            "prefetch_l2",
         ],
     },
     KernelSource {

@@ -337,13 +337,6 @@ pub trait Device: Send {
         self.silu_mul(&gu)
     }
 
-    /// A hint: `w` will multiply activations of as many rows as `x` has, after the work queued
-    /// next (the attention), so a device may start streaming it into its cache meanwhile. No
-    /// effect on results.
-    fn prefetch_weights(&self, _w: &Self::Tensor, _x: &Self::Tensor) -> Result<(), DeviceError> {
-        Ok(())
-    }
-
     /// Uploads a table that must keep f32 precision (RoPE cos/sin).
     fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {
         self.upload(t)

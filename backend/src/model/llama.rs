@@ -203,9 +203,6 @@ impl<D: Device> Llama<D> {
                 eps,
                 &layer.qkv,
             )?;
-            // RoPE and the attention of a decode step leave DRAM mostly idle: the output
-            // projection's weights can stream into the cache meanwhile.
-            dev.prefetch_weights(&layer.o_proj, &qkv)?;
             dev.rope_and_cache(&mut qkv, &self.rope, kv, l, b, &self.attn)?;
             let attn = dev.attention(&qkv, kv, l, b, &self.attn)?;
             let o = dev.linear(&attn, &layer.o_proj)?;

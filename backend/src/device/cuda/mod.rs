@@ -119,7 +119,6 @@ struct Kernels {
     attention_mma_d128_fp8: CudaFunction,
     combine: CudaFunction,
     fill_normal: CudaFunction,
-    prefetch: CudaFunction,
     sample: CudaFunction,
     /// gemv.cu, one per entry of GEMV_ROWS.
     gemv: [CudaFunction; 3],
@@ -147,8 +146,6 @@ pub struct CudaDevice {
     /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
     /// SwiGLU fused in; `CACHET_GEMV=off` (0) or a row count sets it, for comparisons.
     gemv_max_rows: usize,
-    /// Weight prefetch into L2 during decode attention (`CACHET_PREFETCH=off` turns it off).
-    prefetch: bool,
     /// Per-operation events while profiling.
     profiling: std::cell::Cell<bool>,
     events: std::cell::RefCell<
@@ -187,8 +184,6 @@ const MMA_BLOCKS_PER_SM: usize = 3;
 
 /// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
 const GEMV_ROWS: [usize; 3] = [1, 2, 4];
-/// Bytes per prefetch instruction (PREFETCH_CHUNK in elementwise.cu).
-const PREFETCH_CHUNK: u64 = 64 << 10;
 /// Rows served by gemv.cu unless CACHET_GEMV says otherwise: one. On the H200 (8B shape) the
 /// 2- and 4-row instantiations are slower than cuBLAS (5.19 vs 4.90 ms and 6.02 vs 4.98 ms a
 /// step), whose time hardly grows from 1 to 4 rows; one row is where the fused kernels win.
@@ -310,7 +305,6 @@ impl CudaDevice {
             attention_mma_d128_fp8: f("paged_attention_mma_d128_fp8")?,
             combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
-            prefetch: f("prefetch_l2")?,
             sample: f("sample_f32")?,
             gemv: [f("gemv_bf16_r1")?, f("gemv_bf16_r2")?, f("gemv_bf16_r4")?],
             gemv_norm: [
@@ -411,7 +405,6 @@ impl CudaDevice {
             attn_counters,
             simt_attention,
             gemv_max_rows,
-            prefetch: !std::env::var("CACHET_PREFETCH").is_ok_and(|v| v == "off"),
             profiling: std::cell::Cell::new(false),
             events: std::cell::RefCell::new(Vec::new()),
         })
@@ -1014,31 +1007,6 @@ impl Device for CudaDevice {
                 self.gemm(x, w, false)
             }),
         }
-    }
-
-    fn prefetch_weights(&self, w: &CudaTensor, x: &CudaTensor) -> Result<(), DeviceError> {
-        // Decode-sized steps only: a prefill's attention keeps the GPU busy by itself.
-        if !self.prefetch || x.rows == 0 || x.rows > self.gemv_max_rows {
-            return Ok(());
-        }
-        let CudaBuf::Bf16(buf) = &w.buf else {
-            return Ok(());
-        };
-        self.timed("prefetch", || {
-            let bytes = (w.rows * w.cols * 2) as u64;
-            let chunks = bytes.div_ceil(PREFETCH_CHUNK) as u32;
-            let mut l = self.stream.launch_builder(&self.k.prefetch);
-            l.arg(buf).arg(&bytes);
-            let cfg = LaunchConfig {
-                grid_dim: (chunks.div_ceil(256).max(1), 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: prefetch_l2(const char* p, u64 bytes) over a live allocation of at least
-            // `bytes` bytes (rows × cols bf16); it only issues cache prefetches.
-            unsafe { l.launch(cfg) }.map_err(op_err("prefetch"))?;
-            Ok(())
-        })
     }
 
     fn norm_linear(
