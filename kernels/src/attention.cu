@@ -27,7 +27,7 @@
 //   part_o       : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, d] when gridDim.z > 1
 //   part_ml      : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, 2] (running max, sum)
 //   split_len    : keys per split (a multiple of ATT_TK)
-//   group, sub_tokens, units_per_tile, counters : unused here (see attention_mma.cu)
+//   group, sub_tokens, units_per_tile : unused here (see attention_mma.cu)
 // Launch: grid (num_tiles, n_heads, splits), block ATT_THREADS, dynamic shared memory
 //         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats.
 template <bool FP8>
@@ -207,8 +207,7 @@ __device__ __forceinline__ void paged_attention(
         const unsigned *__restrict__ tile_seq, const unsigned *__restrict__ tile_start,                       \
         const unsigned *__restrict__ tile_len, const unsigned *__restrict__ block_tables, int max_blocks,     \
         bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \
-        int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile,     \
-        unsigned *__restrict__ counters
+        int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile
 #define PAGED_ATTENTION_CALL                                                                                  \
     qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out, \
         part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len
@@ -232,31 +231,29 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PA
 //   tile_start, tile_len : device, u32 [num_tiles]
 //   out : device, bf16 [n, n_heads * d]
 // Launch: grid (units, gridDim.y of the attention launch), any block size (the host uses 512).
-// One combine unit (unit, y) of attention_combine_bf16 by the calling block (any size). Reads go
-// through L2 (ld.cg): when the attention kernel's last split block calls this, the other
-// splits' results were written by other SMs.
-__device__ __forceinline__ void combine_unit(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                             const unsigned* __restrict__ tile_start,
-                                             const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
-                                             int n_heads, int d, int splits, int group, int sub_tokens,
-                                             int units_per_tile, int unit_rows, int unit, int y, int ny) {
+extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                                  const unsigned* __restrict__ tile_start,
+                                                  const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
+                                                  int n_heads, int d, int splits, int group, int sub_tokens,
+                                                  int units_per_tile, int unit_rows) {
+    const int unit = blockIdx.x, y = blockIdx.y;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int start = tile_start[tile] + sub * sub_tokens;
     const int ntok = min(sub_tokens, (int)tile_len[tile] - sub * sub_tokens);
     if (ntok <= 0) return;
     for (int idx = threadIdx.x; idx < ntok * group * d; idx += blockDim.x) {
         const int r = idx / d, i = idx % d;
-        const size_t b0 = ((size_t)unit * ny + y) * splits * unit_rows + r;
+        const size_t b0 = ((size_t)unit * gridDim.y + y) * splits * unit_rows + r;
         // Loads independent of each other and free of branches, so they are all in flight at
         // once (a decode step's combine is latency-bound).
         float M = -CACHET_INF;
 #pragma unroll 8
-        for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(part_ml + (b0 + (size_t)s * unit_rows) * 2));
+        for (int s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(b0 + (size_t)s * unit_rows) * 2]);
         float num = 0.f, den = 0.f;
 #pragma unroll 8
         for (int s = 0; s < splits; ++s) {
             const size_t b = b0 + (size_t)s * unit_rows;
-            const float ms = __ldcg(part_ml + b * 2), ls = __ldcg(part_ml + b * 2 + 1), os = __ldcg(part_o + b * d + i);
+            const float ms = part_ml[b * 2], ls = part_ml[b * 2 + 1], os = part_o[b * d + i];
             const bool empty = ms == -CACHET_INF;
             const float w = __expf(empty ? 0.f : ms - M);
             num += empty ? 0.f : w * os;
@@ -265,13 +262,4 @@ __device__ __forceinline__ void combine_unit(const float* __restrict__ part_o, c
         const int head = y * group + r % group;
         out[(size_t)(start + r / group) * n_heads * d + head * d + i] = f2bf(den > 0.f ? num / den : 0.f);
     }
-}
-
-extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                                  const unsigned* __restrict__ tile_start,
-                                                  const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
-                                                  int n_heads, int d, int splits, int group, int sub_tokens,
-                                                  int units_per_tile, int unit_rows) {
-    combine_unit(part_o, part_ml, tile_start, tile_len, out, n_heads, d, splits, group, sub_tokens, units_per_tile,
-                 unit_rows, blockIdx.x, blockIdx.y, gridDim.y);
 }

@@ -132,7 +132,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
                                               bf16* __restrict__ out, float* __restrict__ part_o,
                                               float* __restrict__ part_ml, int n_heads, int n_kv, int block_size,
                                               float scale, int split_len, int group, int sub_tokens,
-                                              int units_per_tile, unsigned* __restrict__ counters) {
+                                              int units_per_tile) {
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
     constexpr int TILE = MMA_TK * DP;
     extern __shared__ float smem_f[];
@@ -446,25 +446,6 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
             if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
             if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
         }
-        if (counters) {
-            // The last split block of this (unit, kv head) to finish merges all of them (no
-            // combine launch): its results are made visible, then a ticket is taken; the block
-            // drawing the last one resets the counter for the next launch (or graph replay).
-            __shared__ int merge;
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                unsigned* c = counters + (size_t)unit * n_kv + kvh;
-                merge = atomicAdd(c, 1u) == gridDim.z - 1;
-                if (merge) *c = 0;
-            }
-            __syncthreads();
-            if (merge) {
-                __threadfence();
-                combine_unit(part_o, part_ml, tile_start, tile_len, out, n_heads, D, gridDim.z, group, sub_tokens,
-                             units_per_tile, MMA_TQ, unit, kvh, n_kv);
-            }
-        }
     }
 }
 
@@ -474,10 +455,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 // block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
 // tile of 2 * MMA_TK * (D + 8) bf16 plus 4 * MMA_TK * D bytes of raw stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
-// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8). `counters`
-// (device, u32 [units * n_kv], zero between launches) makes the split blocks merge their results
-// themselves (the last to finish, as attention_combine_bf16 would); null leaves that to a
-// combine launch.
+// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8).
 #define MMA_KERNEL(NAME, D, FP8, KV)                                                                          \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(                                        \
         const bf16* __restrict__ qkv, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,         \
@@ -485,11 +463,10 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,                       \
         const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,     \
         bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, \
-        int /*d*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile,   \
-        unsigned* __restrict__ counters) {                                                                    \
+        int /*d*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) { \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                              split_len, group, sub_tokens, units_per_tile, counters);                        \
+                              split_len, group, sub_tokens, units_per_tile);                                  \
     }
 
 MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16)

@@ -137,10 +137,6 @@ pub struct CudaDevice {
     block_size: usize,
     /// Streaming multiprocessors (sizes the attention split).
     sms: usize,
-    /// Split-merge tickets of the tensor-core attention kernels (one per unit × kv head, zero
-    /// between launches: the last block of each unit resets its own). None with
-    /// `CACHET_ATTENTION_MERGE=off` (a combine launch merges the splits), for comparisons.
-    attn_counters: Option<CudaSlice<u32>>,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
     /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
@@ -170,9 +166,6 @@ const ATT_MAXD: usize = 128;
 const MMA_ROWS: usize = 64;
 /// Threads of a combine block: one output element each (a decode token's GQA group × d).
 const COMBINE_THREADS: u32 = 512;
-/// Units × kv heads whose attention splits can merge in the attention launch itself (the
-/// counters' size); larger split launches are merged by a combine launch.
-const ATT_COUNTERS: usize = 1 << 16;
 /// Shortest key range an attention split is given.
 const MIN_SPLIT: usize = 128;
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
@@ -204,8 +197,6 @@ struct CombineShape {
     units_per_tile: usize,
     /// Rows per unit in the split buffers.
     unit_rows: usize,
-    /// The attention launch merged its own splits (tensor-core kernels with counters).
-    merged: bool,
 }
 
 /// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
@@ -381,15 +372,6 @@ impl CudaDevice {
                 });
             }
         }
-        let attn_counters = if std::env::var("CACHET_ATTENTION_MERGE").is_ok_and(|v| v == "off") {
-            None
-        } else {
-            Some(
-                stream
-                    .alloc_zeros::<u32>(ATT_COUNTERS)
-                    .map_err(op_err("attention counters"))?,
-            )
-        };
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = compiled.from_cache, "CUDA device ready");
         Ok(CudaDevice {
@@ -402,7 +384,6 @@ impl CudaDevice {
             arch,
             block_size,
             sms,
-            attn_counters,
             simt_attention,
             gemv_max_rows,
             profiling: std::cell::Cell::new(false),
@@ -682,7 +663,7 @@ impl CudaDevice {
         p: &AttnParams,
         sh: CombineShape,
     ) -> Result<CudaTensor, DeviceError> {
-        if sh.splits > 1 && !sh.merged {
+        if sh.splits > 1 {
             let (nh, di, sp) = (p.num_heads as i32, p.head_dim as i32, sh.splits as i32);
             let (g, st, upt, ur) = (
                 sh.group as i32,
@@ -1194,12 +1175,7 @@ impl Device for CudaDevice {
                 sub_tokens,
                 units_per_tile,
                 unit_rows,
-                merged: mma.is_some()
-                    && self.attn_counters.is_some()
-                    && splits > 1
-                    && units * grid_y <= ATT_COUNTERS,
             };
-            let null = 0u64;
             let (func, cfg) = match mma {
                 Some(f) => (
                     f,
@@ -1250,16 +1226,11 @@ impl Device for CudaDevice {
                 .arg(&gi)
                 .arg(&sti)
                 .arg(&upti);
-            match &self.attn_counters {
-                Some(c) if shape.merged => l.arg(c),
-                _ => l.arg(&null),
-            };
             // SAFETY: every attention kernel takes this argument list (attention.cu / attention_mma.cu), the
             // _fp8 ones chosen exactly for an FP8 cache (codes + scales allocated by alloc_kv): tiles cover
             // the batch's tokens within their sequences, block tables cover every position (validated by
             // the runner), split buffers hold units × grid_y × splits × unit_rows rows, shared memory is
-            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64;
-            // the counters (zero between launches) cover units × n_kv when passed.
+            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64.
             unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
             self.finish_attention(out, part_o, part_ml, b, p, shape)
         })
