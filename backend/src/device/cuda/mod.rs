@@ -177,10 +177,11 @@ const MMA_BLOCKS_PER_SM: usize = 3;
 
 /// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
 const GEMV_ROWS: [usize; 3] = [1, 2, 4];
-/// Rows served by gemv.cu unless CACHET_GEMV says otherwise: one. On the H200 (8B shape) the
-/// 2- and 4-row instantiations are slower than cuBLAS (5.19 vs 4.90 ms and 6.02 vs 4.98 ms a
-/// step), whose time hardly grows from 1 to 4 rows; one row is where the fused kernels win.
-const GEMV_DEFAULT_ROWS: usize = 1;
+/// Rows served by gemv.cu unless CACHET_GEMV says otherwise: up to two. Measured on the H200
+/// (8B shape, CUDA graphs): 1 row 4.46 vs 4.87 ms a step with cuBLAS, 2 rows 4.66 vs 4.93 ms,
+/// but 4 rows 5.33 vs 5.04 ms (cuBLAS hardly slows from 1 to 4 rows; the GEMV's arithmetic
+/// per weight grows with the rows).
+const GEMV_DEFAULT_ROWS: usize = 2;
 /// Threads of a GEMV block (GEMV_THREADS in gemv.cu); one block per SM.
 const GEMV_THREADS: u32 = 512;
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
