@@ -517,7 +517,7 @@ impl CudaDevice {
 impl CudaDevice {
     /// Which GEMV instantiation serves `rows` input rows of `k` features, if any.
     fn gemv_variant(&self, rows: usize, k: usize) -> Option<usize> {
-        if rows == 0 || rows > self.gemv_max_rows || k % 8 != 0 || k > i32::MAX as usize {
+        if rows == 0 || rows > self.gemv_max_rows || !k.is_multiple_of(8) || k > i32::MAX as usize {
             return None;
         }
         GEMV_ROWS.iter().position(|&r| rows <= r)
@@ -565,7 +565,7 @@ impl CudaDevice {
         let v = self.gemv_variant(residual.rows, residual.cols)?;
         let fits = GEMV_ROWS[v] * residual.cols * 2 <= GEMV_SMEM_MAX
             && w.cols == residual.cols
-            && !(swiglu && w.rows % 2 != 0);
+            && (!swiglu || w.rows.is_multiple_of(2));
         fits.then_some(v)
     }
 
