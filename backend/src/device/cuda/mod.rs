@@ -139,6 +139,9 @@ pub struct CudaDevice {
     sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
+    /// Shortest key range of an attention split and most splits (`CACHET_ATTENTION_SPLIT=keys,n`
+    /// overrides MIN_SPLIT and MAX_SPLITS, for comparisons).
+    split: (usize, usize),
     /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
     /// SwiGLU fused in; `CACHET_GEMV=off` (0) or a row count sets it, for comparisons.
     gemv_max_rows: usize,
@@ -168,6 +171,8 @@ const MMA_ROWS: usize = 64;
 const COMBINE_THREADS: u32 = 512;
 /// Shortest key range an attention split is given.
 const MIN_SPLIT: usize = 128;
+/// Most blocks a key range is split over.
+const MAX_SPLITS: usize = 32;
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
@@ -335,6 +340,18 @@ impl CudaDevice {
             .map_err(op_err("gemv smem"))?;
         }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
+        let split = match std::env::var("CACHET_ATTENTION_SPLIT") {
+            Err(_) => (MIN_SPLIT, MAX_SPLITS),
+            Ok(v) => v
+                .split_once(',')
+                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
+                .filter(|&(k, n): &(usize, usize)| k > 0 && n > 0)
+                .ok_or_else(|| DeviceError::Op {
+                    device: DEV,
+                    op: "CACHET_ATTENTION_SPLIT",
+                    msg: format!("`{v}`: expected `min_keys,max_splits`, e.g. `128,32`"),
+                })?,
+        };
         let gemv_max_rows = match std::env::var("CACHET_GEMV").as_deref() {
             Ok("off") => 0,
             Ok(v) => v.parse::<usize>().map_err(|_| DeviceError::Op {
@@ -386,6 +403,7 @@ impl CudaDevice {
             block_size,
             sms,
             simt_attention,
+            split,
             gemv_max_rows,
             profiling: std::cell::Cell::new(false),
             events: std::cell::RefCell::new(Vec::new()),
@@ -1147,8 +1165,8 @@ impl Device for CudaDevice {
             // the CUDA-core one 2): a partial second wave costs more than the split saves.
             let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
             let want = (wave / busy.max(1)).max(1);
-            let max_splits = b.max_ctx.div_ceil(MIN_SPLIT).max(1);
-            let splits = want.clamp(1, max_splits.min(32));
+            let max_splits = b.max_ctx.div_ceil(self.split.0).max(1);
+            let splits = want.clamp(1, max_splits.min(self.split.1));
             let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
             let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
             let part_rows = if splits > 1 {
