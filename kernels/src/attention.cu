@@ -244,20 +244,32 @@ extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part
     for (int idx = threadIdx.x; idx < ntok * group * d; idx += blockDim.x) {
         const int r = idx / d, i = idx % d;
         const size_t b0 = ((size_t)unit * gridDim.y + y) * splits * unit_rows + r;
-        // Loads independent of each other and free of branches, so they are all in flight at
-        // once (a decode step's combine is latency-bound).
-        float M = -CACHET_INF;
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(b0 + (size_t)s * unit_rows) * 2]);
-        float num = 0.f, den = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) {
-            const size_t b = b0 + (size_t)s * unit_rows;
-            const float ms = part_ml[b * 2], ls = part_ml[b * 2 + 1], os = part_o[b * d + i];
-            const bool empty = ms == -CACHET_INF;
-            const float w = __expf(empty ? 0.f : ms - M);
-            num += empty ? 0.f : w * os;
-            den += empty ? 0.f : w * ls;
+        // One pass: every split's (m, l, o) loaded in a batch of 16 before any is used (one memory
+        // round trip for up to 16 splits), merged with a running max.
+        float M = -CACHET_INF, num = 0.f, den = 0.f;
+        for (int s0 = 0; s0 < splits; s0 += 16) {
+            float ms[16], ls[16], os[16];
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const size_t b = b0 + (size_t)min(s0 + j, splits - 1) * unit_rows;
+                ms[j] = s0 + j < splits ? part_ml[b * 2] : -CACHET_INF;
+                ls[j] = part_ml[b * 2 + 1];
+                os[j] = part_o[b * d + i];
+            }
+            float m_new = M;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) m_new = fmaxf(m_new, ms[j]);
+            if (m_new == -CACHET_INF) continue;
+            const float c = __expf(M - m_new);  // M = -inf: 0
+            num *= c;
+            den *= c;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const float w = ms[j] == -CACHET_INF ? 0.f : __expf(ms[j] - m_new);
+                num += w * os[j];
+                den += w * ls[j];
+            }
+            M = m_new;
         }
         const int head = y * group + r % group;
         out[(size_t)(start + r / group) * n_heads * d + head * d + i] = f2bf(den > 0.f ? num / den : 0.f);

@@ -170,9 +170,9 @@ const MMA_ROWS: usize = 64;
 /// Threads of a combine block: one output element each (a decode token's GQA group × d).
 const COMBINE_THREADS: u32 = 512;
 /// Shortest key range an attention split is given.
-const MIN_SPLIT: usize = 128;
+const MIN_SPLIT: usize = 64;
 /// Most blocks a key range is split over.
-const MAX_SPLITS: usize = 32;
+const MAX_SPLITS: usize = 64;
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
