@@ -655,6 +655,36 @@ impl CudaDevice {
         })
     }
 
+    /// [`Device::norm_linear`] (or, `swiglu`, [`Device::norm_swiglu`]): one fused gemv.cu launch
+    /// where the rows fit one, else the norm, the GEMM (and SwiGLU) as separate launches.
+    fn norm_projection(
+        &self,
+        residual: &mut CudaTensor,
+        delta: Option<&CudaTensor>,
+        norm: &CudaTensor,
+        eps: f32,
+        w: &CudaTensor,
+        swiglu: bool,
+    ) -> Result<CudaTensor, DeviceError> {
+        if let Some(v) = self.gemv_norm_variant(residual, w, swiglu) {
+            let op = if swiglu {
+                "gemv + norm + swiglu"
+            } else {
+                "gemv + norm"
+            };
+            return self.timed(op, || {
+                self.gemv_norm(residual, delta, norm, eps, w, swiglu, v)
+            });
+        }
+        let x = self.norm(residual, delta, norm, eps)?;
+        let y = self.linear(&x, w)?;
+        if swiglu {
+            self.silu_mul(&y)
+        } else {
+            Ok(y)
+        }
+    }
+
     /// Runs `f`, bracketed by timing events when profiling.
     fn timed<T>(
         &self,
@@ -1017,13 +1047,7 @@ impl Device for CudaDevice {
         eps: f32,
         w: &CudaTensor,
     ) -> Result<CudaTensor, DeviceError> {
-        if let Some(v) = self.gemv_norm_variant(residual, w, false) {
-            return self.timed("gemv + norm", || {
-                self.gemv_norm(residual, delta, norm, eps, w, false, v)
-            });
-        }
-        let x = self.norm(residual, delta, norm, eps)?;
-        self.linear(&x, w)
+        self.norm_projection(residual, delta, norm, eps, w, false)
     }
 
     fn norm_swiglu(
@@ -1034,14 +1058,7 @@ impl Device for CudaDevice {
         eps: f32,
         gate_up: &CudaTensor,
     ) -> Result<CudaTensor, DeviceError> {
-        if let Some(v) = self.gemv_norm_variant(residual, gate_up, true) {
-            return self.timed("gemv + norm + swiglu", || {
-                self.gemv_norm(residual, delta, norm, eps, gate_up, true, v)
-            });
-        }
-        let x = self.norm(residual, delta, norm, eps)?;
-        let gu = self.linear(&x, gate_up)?;
-        self.silu_mul(&gu)
+        self.norm_projection(residual, delta, norm, eps, gate_up, true)
     }
 
     fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
