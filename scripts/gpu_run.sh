@@ -5,6 +5,8 @@
 # `cargo test --release -p cachet-tests --test engine --test sampling --no-run`), run on CUDA first.
 # FIDELITY=0, PEER=0, SIMT=0, NCU=0, ATTN=0, FORWARD=0, SPEC=0, KVFP8=0, GEMVAB=0 skip parts;
 # TTFT=1 runs scripts/gpu_ttft.sh at the end (its environment: RATE, REQUESTS, ABLATION, MODES).
+# The fidelity step loads the GGUF in transformers, which needs the `gguf` package: carry its
+# wheel in .whl/ (`pip download --no-deps -d .whl gguf`; the machine has no index).
 #   CACHET=.carry/cachet GGUF=.carry/smollm2.gguf scripts/gpu_run.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
