@@ -7,6 +7,9 @@
 
 pub mod compile;
 
+use std::borrow::Cow;
+use std::path::Path;
+
 /// One translation unit.
 #[derive(Debug, Clone, Copy)]
 pub struct KernelSource {
@@ -89,23 +92,38 @@ pub const SOURCES: &[KernelSource] = &[
 /// is keyed by the resulting source, so nothing stale is loaded).
 pub const SOURCE_DIR_ENV: &str = "CACHET_KERNEL_DIR";
 
-/// `code`, or the file of the same name in `$CACHET_KERNEL_DIR` when there is one.
-fn unit_code(name: &str, code: &'static str) -> std::borrow::Cow<'static, str> {
-    let Some(dir) = std::env::var_os(SOURCE_DIR_ENV) else {
+/// `code`, or the file of the same name in `dir` when there is one.
+fn unit_code(dir: Option<&Path>, name: &str, code: &'static str) -> Cow<'static, str> {
+    let Some(dir) = dir else {
         return code.into();
     };
-    match std::fs::read_to_string(std::path::Path::new(&dir).join(name)) {
+    match std::fs::read_to_string(dir.join(name)) {
         Ok(s) => s.into(),
-        Err(_) => code.into(),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!(
+                    "{SOURCE_DIR_ENV}: reading {}: {e}; using the built-in {name}",
+                    dir.join(name).display()
+                );
+            }
+            code.into()
+        }
     }
 }
 
-/// All units as one translation unit (the header once, at the top).
+/// All units as one translation unit (the header once, at the top), with the files of
+/// `$CACHET_KERNEL_DIR` in place of the embedded ones where it has them.
 pub fn full_source() -> String {
-    let mut s = unit_code("common.cuh", COMMON).into_owned();
+    let dir = std::env::var_os(SOURCE_DIR_ENV).map(std::path::PathBuf::from);
+    full_source_with(dir.as_deref())
+}
+
+/// [`full_source`] with the overriding files read from `dir`.
+pub fn full_source_with(dir: Option<&Path>) -> String {
+    let mut s = unit_code(dir, "common.cuh", COMMON).into_owned();
     for unit in SOURCES {
         s.push_str(&format!("\n// ---- {} ----\n", unit.name));
-        for line in unit_code(unit.name, unit.code).lines() {
+        for line in unit_code(dir, unit.name, unit.code).lines() {
             if line.trim() == "#include \"common.cuh\"" {
                 continue;
             }
@@ -129,6 +147,28 @@ pub fn source_hash() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_dir_replaces_only_the_files_it_has() {
+        let dir = std::env::temp_dir().join(format!("cachet-kernel-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("gemv.cu"), "// replaced gemv\n").unwrap();
+        let s = full_source_with(Some(&dir));
+        assert!(s.contains("// replaced gemv"));
+        assert!(
+            !s.contains("gemv_norm_swiglu_bf16_r1"),
+            "the embedded gemv.cu is gone"
+        );
+        assert!(
+            s.contains("void rms_norm_bf16("),
+            "the other units are the embedded ones"
+        );
+        assert_eq!(
+            full_source_with(None),
+            full_source_with(Some(&dir.join("missing")))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn every_symbol_is_defined_in_its_source() {
