@@ -131,6 +131,52 @@ pub fn greedy_agreement(
     })
 }
 
+/// Where two greedy outputs of one prompt part, and how near a tie the model is there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Divergence {
+    /// Index of the first output token that differs.
+    pub at: usize,
+    /// The two outputs' tokens there.
+    pub tokens: (u32, u32),
+    /// Their logits and the top logit, from a fresh forward pass over the prompt and the common
+    /// output prefix (its last token run as a decode step).
+    pub logits: (f32, f32),
+    pub top: f32,
+}
+
+impl Divergence {
+    /// How far the further of the two tokens is below the top logit: 0 when one of them is the
+    /// argmax and the other ties it; near 0 at a near tie, which a bf16 device may order either way.
+    pub fn gap(&self) -> f32 {
+        (self.top - self.logits.0).max(self.top - self.logits.1)
+    }
+}
+
+/// Where greedy outputs `a` and `b` of `prompt` first differ (`None`: identical, or one ends
+/// where the other goes on — a stop, not a choice between two tokens), with the logits of both
+/// tokens there from `runner`.
+pub fn greedy_divergence(
+    runner: &mut dyn Runner,
+    prompt: &[u32],
+    a: &[u32],
+    b: &[u32],
+) -> Result<Option<Divergence>, EngineError> {
+    let Some(at) = a.iter().zip(b).position(|(x, y)| x != y) else {
+        return Ok(None);
+    };
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(&a[..at]);
+    let l = last_logits(runner, &seq, 1, seq.len())?;
+    let row = l.row(0);
+    let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    Ok(Some(Divergence {
+        at,
+        tokens: (a[at], b[at]),
+        logits: (row[a[at] as usize], row[b[at] as usize]),
+        top,
+    }))
+}
+
 fn argmax(x: &[f32]) -> usize {
     x.iter()
         .enumerate()
@@ -158,6 +204,41 @@ fn kl_div(p: &[f32], q: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_divergence_reports_both_tokens_logits_against_the_top() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/tiny-gqa-llama3");
+        let m = crate::loader::load(dir.to_str().unwrap(), false).unwrap();
+        let mut r = crate::model::runner::cpu_runner(&m.config, &m.weights, 64, 16, 512).unwrap();
+        let prompt: Vec<u32> = (1..20).collect();
+        let params = GenerateParams {
+            max_tokens: 12,
+            ..Default::default()
+        };
+        let a = generate(r.as_mut(), &prompt, &params, |_| true)
+            .unwrap()
+            .tokens;
+        assert_eq!(
+            greedy_divergence(r.as_mut(), &prompt, &a, &a).unwrap(),
+            None
+        );
+        // The same output with its 6th token swapped for another: parts there, the greedy token
+        // at the top, the other below it.
+        let mut b = a.clone();
+        b[5] = (a[5] + 1) % m.config.vocab_size as u32;
+        let d = greedy_divergence(r.as_mut(), &prompt, &a, &b)
+            .unwrap()
+            .unwrap();
+        assert_eq!((d.at, d.tokens), (5, (a[5], b[5])));
+        assert_eq!(d.logits.0, d.top);
+        assert!(d.logits.1 < d.top && d.gap() == d.top - d.logits.1);
+        // One output ending early is a stop, not a divergence.
+        assert_eq!(
+            greedy_divergence(r.as_mut(), &prompt, &a, &a[..4]).unwrap(),
+            None
+        );
+    }
 
     #[test]
     fn kl_is_zero_for_equal_rows_and_positive_otherwise() {

@@ -263,29 +263,28 @@ pub fn assert_greedy_agrees(
     if want == got {
         return;
     }
-    let d = want
-        .iter()
-        .zip(got)
-        .position(|(a, b)| a != b)
-        .unwrap_or(want.len().min(got.len()));
     assert!(
-        test_device() != DeviceKind::Cpu && d < want.len().min(got.len()),
-        "{what}: outputs differ at token {d}\n want {want:?}\n  got {got:?}"
+        test_device() != DeviceKind::Cpu,
+        "{what}: outputs differ\n want {want:?}\n  got {got:?}"
     );
-    let mut seq = prompt.to_vec();
-    seq.extend_from_slice(&want[..d]);
-    let mut r = device_runner(m, seq.len().div_ceil(16) + 1);
-    let l = cachet_backend::fidelity::last_logits(r.as_mut(), &seq, 1, seq.len()).unwrap();
-    let row = l.row(0);
-    let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let (a, b) = (row[want[d] as usize], row[got[d] as usize]);
+    let mut r = device_runner(m, (prompt.len() + want.len()).div_ceil(16) + 1);
+    let d = cachet_backend::fidelity::greedy_divergence(r.as_mut(), prompt, want, got)
+        .unwrap()
+        .unwrap_or_else(|| {
+            panic!(
+                "{what}: one output stops where the other goes on\n want {want:?}\n  got {got:?}"
+            )
+        });
     eprintln!(
-        "{what}: parts at token {d} ({} vs {}): logits {a:.4} / {b:.4}, top {top:.4}",
-        want[d], got[d]
+        "{what}: parts at token {} ({} vs {}): logits {:.4} / {:.4}, top {:.4}",
+        d.at, d.tokens.0, d.tokens.1, d.logits.0, d.logits.1, d.top
     );
     assert!(
-        top - a <= NEAR_TIE && top - b <= NEAR_TIE,
-        "{what}: outputs differ at token {d} where the model is not at a near tie \
-         (logits {a} / {b}, top {top})\n want {want:?}\n  got {got:?}"
+        d.gap() <= NEAR_TIE,
+        "{what}: outputs differ at token {} where the model is not at a near tie \
+         (logits {:?}, top {})\n want {want:?}\n  got {got:?}",
+        d.at,
+        d.logits,
+        d.top
     );
 }
