@@ -587,76 +587,9 @@ impl CudaDevice {
         fits.then_some(v)
     }
 
-    /// [`Device::norm_linear`] (or, `swiglu`, [`Device::norm_swiglu`]) in one gemv.cu launch of
-    /// instantiation `v` ([`CudaDevice::gemv_norm_variant`]).
-    #[allow(clippy::too_many_arguments)]
-    fn gemv_norm(
-        &self,
-        residual: &mut CudaTensor,
-        delta: Option<&CudaTensor>,
-        norm: &CudaTensor,
-        eps: f32,
-        w: &CudaTensor,
-        swiglu: bool,
-        v: usize,
-    ) -> Result<CudaTensor, DeviceError> {
-        let (rows, k) = (residual.rows, residual.cols);
-        let smem = GEMV_ROWS[v] * k * 2;
-        let n = if swiglu { w.rows / 2 } else { w.rows };
-        let mut out = self.alloc_bf16(rows * n, "gemv")?;
-        let CudaBuf::F32(res) = &residual.buf else {
-            return Err(DeviceError::Op {
-                device: DEV,
-                op: "gemv",
-                msg: "residual must be f32".into(),
-            });
-        };
-        let mut res_out = match delta {
-            Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
-            None => None,
-        };
-        let null = 0u64;
-        let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let func = if swiglu {
-            &self.k.gemv_norm_swiglu[v]
-        } else {
-            &self.k.gemv_norm[v]
-        };
-        let mut l = self.stream.launch_builder(func);
-        l.arg(res);
-        match delta {
-            Some(d) => l.arg(d.bf16("gemv")?),
-            None => l.arg(&null),
-        };
-        match &mut res_out {
-            Some(r) => l.arg(r),
-            None => l.arg(&null),
-        };
-        l.arg(norm.bf16("gemv")?)
-            .arg(w.bf16("gemv")?)
-            .arg(&mut out)
-            .arg(&ni)
-            .arg(&ki)
-            .arg(&ri)
-            .arg(&eps);
-        // SAFETY: gemv_norm[_swiglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null,
-        // f32 residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or 2n, k], bf16 out[rows, n],
-        // int n, int k, int rows, float eps): rows ≤ R, k % 8 == 0, R·k·2 bytes of dynamic shared
-        // memory within the attribute set at start-up; residual_out is a fresh buffer, so no
-        // block reads what another writes.
-        unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv"))?;
-        if let Some(r) = res_out {
-            residual.buf = CudaBuf::F32(r);
-        }
-        Ok(CudaTensor {
-            rows,
-            cols: n,
-            buf: CudaBuf::Bf16(out),
-        })
-    }
-
     /// [`Device::norm_linear`] (or, `swiglu`, [`Device::norm_swiglu`]): one fused gemv.cu launch
-    /// where the rows fit one, else the norm, the GEMM (and SwiGLU) as separate launches.
+    /// where the rows fit one ([`CudaDevice::gemv_norm_variant`]), else the norm, the GEMM (and
+    /// SwiGLU) as separate launches.
     fn norm_projection(
         &self,
         residual: &mut CudaTensor,
@@ -666,23 +599,71 @@ impl CudaDevice {
         w: &CudaTensor,
         swiglu: bool,
     ) -> Result<CudaTensor, DeviceError> {
-        if let Some(v) = self.gemv_norm_variant(residual, w, swiglu) {
-            let op = if swiglu {
-                "gemv + norm + swiglu"
-            } else {
-                "gemv + norm"
-            };
-            return self.timed(op, || {
-                self.gemv_norm(residual, delta, norm, eps, w, swiglu, v)
-            });
-        }
-        let x = self.norm(residual, delta, norm, eps)?;
-        let y = self.linear(&x, w)?;
-        if swiglu {
-            self.silu_mul(&y)
+        let Some(v) = self.gemv_norm_variant(residual, w, swiglu) else {
+            let x = self.norm(residual, delta, norm, eps)?;
+            let y = self.linear(&x, w)?;
+            return if swiglu { self.silu_mul(&y) } else { Ok(y) };
+        };
+        let op = if swiglu {
+            "gemv + norm + swiglu"
         } else {
-            Ok(y)
-        }
+            "gemv + norm"
+        };
+        self.timed(op, || {
+            let (rows, k) = (residual.rows, residual.cols);
+            let smem = GEMV_ROWS[v] * k * 2;
+            let n = if swiglu { w.rows / 2 } else { w.rows };
+            let mut out = self.alloc_bf16(rows * n, "gemv")?;
+            let CudaBuf::F32(res) = &residual.buf else {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "gemv",
+                    msg: "residual must be f32".into(),
+                });
+            };
+            let mut res_out = match delta {
+                Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
+                None => None,
+            };
+            let null = 0u64;
+            let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
+            let func = if swiglu {
+                &self.k.gemv_norm_swiglu[v]
+            } else {
+                &self.k.gemv_norm[v]
+            };
+            let mut l = self.stream.launch_builder(func);
+            l.arg(res);
+            match delta {
+                Some(d) => l.arg(d.bf16("gemv")?),
+                None => l.arg(&null),
+            };
+            match &mut res_out {
+                Some(r) => l.arg(r),
+                None => l.arg(&null),
+            };
+            l.arg(norm.bf16("gemv")?)
+                .arg(w.bf16("gemv")?)
+                .arg(&mut out)
+                .arg(&ni)
+                .arg(&ki)
+                .arg(&ri)
+                .arg(&eps);
+            // SAFETY: gemv_norm[_swiglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null,
+            // f32 residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or 2n, k], bf16 out[rows, n],
+            // int n, int k, int rows, float eps): rows ≤ R, k % 8 == 0, R·k·2 bytes of dynamic shared
+            // memory within the attribute set at start-up; residual_out is a fresh buffer, so no
+            // block reads what another writes.
+            unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv"))?;
+            if let Some(r) = res_out {
+                residual.buf = CudaBuf::F32(r);
+            }
+            Ok(CudaTensor {
+                rows,
+                cols: n,
+                buf: CudaBuf::Bf16(out),
+            })
+        })
     }
 
     /// Runs `f`, bracketed by timing events when profiling.
