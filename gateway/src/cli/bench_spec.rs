@@ -93,20 +93,27 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             .map(|t| t % config.vocab_size as u32)
             .collect())
     };
-    let start = |speculative: Option<SpecConfig>| -> anyhow::Result<Engine> {
-        let opts = RunnerOptions {
-            device: a.m.device.into(),
-            block_size: 16,
-            max_model_len: a.max_model_len,
-            kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
-            cuda_graph_sizes: DEFAULT_CUDA_GRAPH_SIZES.to_vec(),
-            kv_cache_dtype: Default::default(),
-        };
+    // A runner of the model on the chosen device with this KV budget and these decode graphs.
+    let runner = |kv: KvBudget, cuda_graph_sizes: Vec<usize>| {
         let weights = match &host {
             Some(m) => WeightSource::Host(&m.weights),
             None => WeightSource::Dummy { seed: 0 },
         };
-        let runner = build_runner(&config, weights, &opts)?;
+        let opts = RunnerOptions {
+            device: a.m.device.into(),
+            block_size: 16,
+            max_model_len: a.max_model_len,
+            kv,
+            cuda_graph_sizes,
+            kv_cache_dtype: Default::default(),
+        };
+        build_runner(&config, weights, &opts)
+    };
+    let start = |speculative: Option<SpecConfig>| -> anyhow::Result<Engine> {
+        let runner = runner(
+            KvBudget::MemoryFraction(a.gpu_memory_utilization),
+            DEFAULT_CUDA_GRAPH_SIZES.to_vec(),
+        )?;
         Ok(Engine::start(
             runner,
             Some(tokenizer.clone()),
@@ -195,21 +202,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
                 Vec::new()
             } else {
                 let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + a.max_tokens;
-                let mut probe = build_runner(
-                    &config,
-                    match &host {
-                        Some(m) => WeightSource::Host(&m.weights),
-                        None => WeightSource::Dummy { seed: 0 },
-                    },
-                    &RunnerOptions {
-                        device: a.m.device.into(),
-                        block_size: 16,
-                        max_model_len: a.max_model_len,
-                        kv: KvBudget::Blocks(longest.div_ceil(16) + 1),
-                        cuda_graph_sizes: Vec::new(),
-                        kv_cache_dtype: Default::default(),
-                    },
-                )?;
+                let mut probe = runner(KvBudget::Blocks(longest.div_ceil(16) + 1), Vec::new())?;
                 let mut found = Vec::new();
                 for (i, (x, y)) in off.outputs.iter().zip(&on.outputs).enumerate() {
                     let p = &prompts[i % prompts.len()];
