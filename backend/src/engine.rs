@@ -68,6 +68,9 @@ pub struct EngineStats {
     pub kv: PoolUsage,
     pub counters: SchedulerCounters,
     pub block_size: usize,
+    /// What a speculative verification step has cost relative to a plain decode step (1 until
+    /// both kinds have run).
+    pub spec_cost_ratio: f64,
 }
 
 impl EngineStats {
@@ -206,6 +209,7 @@ impl Engine {
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats {
             block_size: layout.block_size,
+            spec_cost_ratio: 1.0,
             ..Default::default()
         }));
         let (kv_events, _) = broadcast::channel(1024);
@@ -500,8 +504,11 @@ impl EngineCore {
         }
         let batch = self.sched.build_batch(&out);
         let rows = self.sched.sampling_rows(&out);
+        let started = Instant::now();
         match self.runner.forward_step(&batch, &rows) {
             Ok(step) => {
+                self.sched
+                    .record_step_time(&out, started.elapsed().as_secs_f64());
                 let produced = self.sched.update_step(&out, &step, Instant::now());
                 for t in produced {
                     self.emit(t);
@@ -633,6 +640,7 @@ impl EngineCore {
         s.waiting = self.sched.num_waiting();
         s.kv = self.sched.kv.usage();
         s.counters = self.sched.counters;
+        s.spec_cost_ratio = self.sched.spec_cost_ratio();
     }
 }
 

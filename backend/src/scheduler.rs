@@ -21,7 +21,7 @@ use crate::model::StepOutput;
 use crate::request::{EngineRequest, FinishReason};
 use crate::rng::Rng;
 use crate::sampler;
-use crate::spec::{verify_draft, SpecConfig, SpecState, MAX_SPECULATIVE_TOKENS};
+use crate::spec::{verify_draft, SpecConfig, SpecState, StepCost, MAX_SPECULATIVE_TOKENS};
 
 pub type RequestId = u64;
 
@@ -196,6 +196,8 @@ pub struct Scheduler {
     next_seq_no: u64,
     pub counters: SchedulerCounters,
     spec: Option<SpecConfig>,
+    /// Measured cost of verification steps relative to plain decode steps.
+    step_cost: StepCost,
     /// The runner picks tokens on the device (argmax per row there): sampled requests cannot
     /// be verified exactly and do not speculate.
     device_samples: bool,
@@ -211,6 +213,7 @@ impl Scheduler {
             next_seq_no: 0,
             counters: SchedulerCounters::default(),
             spec: None,
+            step_cost: StepCost::default(),
             device_samples: false,
         }
     }
@@ -565,6 +568,28 @@ impl Scheduler {
         b
     }
 
+    /// Records how long the forward pass of `out` took, for speculation's cost model: decode-only
+    /// steps small enough to speculate count, with drafts as verification steps.
+    pub fn record_step_time(&mut self, out: &SchedulerOutput, secs: f64) {
+        let Some(cfg) = &self.spec else {
+            return;
+        };
+        let decode_only = out
+            .scheduled
+            .iter()
+            .all(|sc| sc.sample && sc.num_new == sc.drafts.len() + 1);
+        if !decode_only || out.scheduled.len() > cfg.disable_by_batch_size {
+            return;
+        }
+        let verified = out.scheduled.iter().any(|sc| !sc.drafts.is_empty());
+        self.step_cost.record(verified, secs);
+    }
+
+    /// What a verification step has cost relative to a plain decode step (1 until measured).
+    pub fn spec_cost_ratio(&self) -> f64 {
+        self.step_cost.ratio()
+    }
+
     /// How each sampling entry of `out` picks its token, in logits-row order (for devices that
     /// sample on the GPU).
     pub fn sampling_rows(&self, out: &SchedulerOutput) -> Vec<RowSampling> {
@@ -603,6 +628,7 @@ impl Scheduler {
     ) -> Vec<StepToken> {
         let mut produced = Vec::new();
         let mut row = 0;
+        let cost = self.step_cost.ratio();
         for sc in &out.scheduled {
             let max_model_len = self.config.max_model_len;
             let Some(s) = self.running.iter_mut().find(|s| s.id == sc.id) else {
@@ -652,7 +678,7 @@ impl Scheduler {
                 self.counters.spec_accepted_tokens += accepted as u64;
                 self.counters.spec_acceptance_lengths[accepted] += 1;
                 if let (Some(cfg), Some(st)) = (&self.spec, s.spec.as_mut()) {
-                    st.record(cfg, sc.drafts.len(), accepted);
+                    st.record(cfg, sc.drafts.len(), accepted, cost);
                 }
                 continue;
             }

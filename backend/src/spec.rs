@@ -40,6 +40,10 @@ pub struct SpecConfig {
     /// averaged) falls below this stops proposing for `cooldown_steps` steps.
     pub min_acceptance_rate: f64,
     pub cooldown_steps: u32,
+    /// A request also stands down while its drafts do not pay for their verification: when its
+    /// tokens per verification step (exponentially averaged) fall below this times the measured
+    /// cost of a verification step relative to a plain decode step. 0 turns the check off.
+    pub min_speedup: f64,
 }
 
 impl Default for SpecConfig {
@@ -52,6 +56,7 @@ impl Default for SpecConfig {
             disable_by_batch_size: 8,
             min_acceptance_rate: 0.3,
             cooldown_steps: 16,
+            min_speedup: 1.0,
         }
     }
 }
@@ -87,6 +92,12 @@ impl SpecConfig {
             return Err(format!(
                 "min_acceptance_rate must be in [0, 1], got {}",
                 self.min_acceptance_rate
+            ));
+        }
+        if !(0.0..=4.0).contains(&self.min_speedup) {
+            return Err(format!(
+                "min_speedup must be in [0, 4], got {}",
+                self.min_speedup
             ));
         }
         Ok(())
@@ -163,14 +174,21 @@ impl NgramIndex {
     }
 }
 
+/// Most doublings of a repeated stand-down's cool-down.
+const MAX_BACKOFF: u32 = 4;
+
 /// A request's speculation state.
 #[derive(Debug, Clone)]
 pub struct SpecState {
     pub index: NgramIndex,
     /// Exponential average of accepted / proposed.
     pub acceptance: f64,
+    /// Exponential average of tokens emitted per verification step (accepted drafts + 1).
+    pub yield_per_step: f64,
     /// Steps left without proposing.
     pub cooldown: u32,
+    /// Stand-downs in a row: each doubles the next cool-down (up to 2^MAX_BACKOFF).
+    pub strikes: u32,
 }
 
 impl SpecState {
@@ -178,20 +196,63 @@ impl SpecState {
         SpecState {
             index: NgramIndex::new(cfg.prompt_lookup_min, cfg.prompt_lookup_max),
             acceptance: 1.0,
+            yield_per_step: (cfg.num_speculative_tokens + 1) as f64,
             cooldown: 0,
+            strikes: 0,
         }
     }
 
-    /// Records a verification; stands the request down for a while when drafts keep failing.
-    pub fn record(&mut self, cfg: &SpecConfig, proposed: usize, accepted: usize) {
+    /// Records a verification and stands the request down for a while when its drafts keep
+    /// failing, or when they do not pay for themselves: `cost` is what a verification step costs
+    /// relative to a plain decode step, as measured by the engine (1 before it knows).
+    pub fn record(&mut self, cfg: &SpecConfig, proposed: usize, accepted: usize, cost: f64) {
         if proposed == 0 {
             return;
         }
         self.acceptance = 0.7 * self.acceptance + 0.3 * accepted as f64 / proposed as f64;
-        if self.acceptance < cfg.min_acceptance_rate {
-            self.cooldown = cfg.cooldown_steps;
+        self.yield_per_step = 0.7 * self.yield_per_step + 0.3 * (accepted + 1) as f64;
+        if 2 * accepted >= proposed {
+            self.strikes = 0;
+        }
+        let bar = cfg.min_speedup * cost;
+        if self.acceptance < cfg.min_acceptance_rate || self.yield_per_step < bar {
+            self.cooldown = cfg.cooldown_steps << self.strikes.min(MAX_BACKOFF);
+            self.strikes += 1;
             // A fresh chance after the cool-down, not an immediate relapse.
             self.acceptance = (cfg.min_acceptance_rate + 1.0) / 2.0;
+            self.yield_per_step = (bar.max(1.0) + (cfg.num_speculative_tokens + 1) as f64) / 2.0;
+        }
+    }
+}
+
+/// What a verification step costs relative to a plain decode step, measured on the steps the
+/// engine runs: exponential averages of the wall time of small decode-only steps with drafts
+/// and without.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepCost {
+    plain: Option<f64>,
+    verify: Option<f64>,
+}
+
+impl StepCost {
+    /// Records a decode-only step of `secs` seconds that verified drafts or not.
+    pub fn record(&mut self, verified: bool, secs: f64) {
+        let slot = if verified {
+            &mut self.verify
+        } else {
+            &mut self.plain
+        };
+        *slot = Some(match *slot {
+            Some(t) => 0.8 * t + 0.2 * secs,
+            None => secs,
+        });
+    }
+
+    /// verification ÷ plain step time, or 1 until both have been seen.
+    pub fn ratio(&self) -> f64 {
+        match (self.plain, self.verify) {
+            (Some(p), Some(v)) if p > 0.0 => v / p,
+            _ => 1.0,
         }
     }
 }
@@ -351,6 +412,82 @@ mod tests {
         assert!(bad(|c| c.method = "eagle".into()).contains("ngram"));
         assert!(bad(|c| c.num_speculative_tokens = 0).contains("num_speculative_tokens"));
         assert!(bad(|c| c.prompt_lookup_min = 5).contains("prompt_lookup_min"));
+        assert!(bad(|c| c.min_speedup = -1.0).contains("min_speedup"));
         assert!(SpecConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn drafts_that_do_not_pay_for_their_verification_stand_down_with_backoff() {
+        let cfg = SpecConfig::default(); // 4 drafts, acceptance bar 0.3, min_speedup 1
+                                         // Half the drafts accepted (3 tokens a verification): worth it even at twice the cost.
+        let mut st = SpecState::new(&cfg);
+        for _ in 0..50 {
+            st.record(&cfg, 4, 2, 2.0);
+        }
+        assert_eq!(st.cooldown, 0, "{st:?}");
+        // One of three drafts accepted: a rate above the bar (0.33), 2 tokens per verification —
+        // not worth a verification step that costs 2.5 plain ones.
+        let cfg3 = SpecConfig {
+            num_speculative_tokens: 3,
+            ..SpecConfig::default()
+        };
+        let mut st = SpecState::new(&cfg3);
+        let mut stood_down = false;
+        for _ in 0..50 {
+            st.record(&cfg3, 3, 1, 2.5);
+            if st.cooldown > 0 {
+                stood_down = true;
+                break;
+            }
+        }
+        assert!(stood_down, "{st:?}");
+        assert_eq!(st.cooldown, cfg3.cooldown_steps);
+        // The same drafts on a weight-bound step (a verification costs 1.2 plain ones) pay.
+        let mut st = SpecState::new(&cfg3);
+        for _ in 0..50 {
+            st.record(&cfg3, 3, 1, 1.2);
+        }
+        assert_eq!(st.cooldown, 0, "{st:?}");
+        // The check can be turned off.
+        let off = SpecConfig {
+            min_speedup: 0.0,
+            ..cfg3.clone()
+        };
+        let mut st = SpecState::new(&off);
+        for _ in 0..50 {
+            st.record(&off, 3, 1, 2.5);
+        }
+        assert_eq!(st.cooldown, 0);
+        // Failing again and again: each cool-down twice the last, up to 2^4 times the first.
+        let mut st = SpecState::new(&cfg);
+        let mut cooldowns = Vec::new();
+        for _ in 0..8 {
+            while st.cooldown == 0 {
+                st.record(&cfg, 4, 0, 1.0);
+            }
+            cooldowns.push(st.cooldown);
+            st.cooldown = 0;
+        }
+        assert_eq!(cooldowns, [16, 32, 64, 128, 256, 256, 256, 256]);
+        // A good verification (half accepted) resets the back-off.
+        st.record(&cfg, 4, 2, 1.0);
+        while st.cooldown == 0 {
+            st.record(&cfg, 4, 0, 1.0);
+        }
+        assert_eq!(st.cooldown, 16);
+    }
+
+    #[test]
+    fn step_cost_is_the_ratio_of_averaged_step_times() {
+        let mut c = StepCost::default();
+        assert_eq!(c.ratio(), 1.0);
+        c.record(false, 0.010);
+        assert_eq!(c.ratio(), 1.0, "no verification step seen yet");
+        c.record(true, 0.015);
+        assert!((c.ratio() - 1.5).abs() < 1e-12);
+        for _ in 0..100 {
+            c.record(true, 0.012);
+        }
+        assert!((c.ratio() - 1.2).abs() < 1e-6, "{}", c.ratio());
     }
 }

@@ -133,6 +133,7 @@ fn no_cached_block_ever_holds_a_rejected_draft() {
         speculative: spec(|c| {
             c.prompt_lookup_min = 1;
             c.min_acceptance_rate = 0.0;
+            c.min_speedup = 0.0;
         }),
         ..Default::default()
     };
@@ -215,6 +216,7 @@ fn sampled_speculation_keeps_the_target_distribution() {
             c.prompt_lookup_min = 1;
             c.num_speculative_tokens = 3;
             c.min_acceptance_rate = 0.0;
+            c.min_speedup = 0.0;
             c.disable_by_batch_size = 100_000;
         }),
         reqs(),
@@ -284,6 +286,7 @@ fn speculation_stands_down_under_load_and_after_rejections() {
     let keen = |c: &mut SpecConfig| {
         c.prompt_lookup_min = 1;
         c.min_acceptance_rate = 0.0;
+        c.min_speedup = 0.0;
     };
     // Eager: drafts at (almost) every step.
     let (base, s) = run(&m, spec(keen), reqs(1));

@@ -61,6 +61,8 @@ struct Run {
     wall_secs: f64,
     drafts: u64,
     accepted: u64,
+    /// Measured verification-step time over plain-step time (the stand-down's cost model).
+    cost_ratio: f64,
 }
 
 fn collect(mut s: cachet_backend::engine::RequestStream) -> anyhow::Result<(Vec<u32>, f64)> {
@@ -157,7 +159,8 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
         }
         let wall_secs = t0.elapsed().as_secs_f64();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        let c = h.stats().counters;
+        let stats = h.stats();
+        let c = stats.counters;
         let generated: usize = results.iter().map(|r| r.0.len()).sum();
         anyhow::Ok(Run {
             decode_tokens: results.iter().map(|r| r.0.len().saturating_sub(1)).sum(),
@@ -168,6 +171,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             wall_secs,
             drafts: c.spec_draft_tokens,
             accepted: c.spec_accepted_tokens,
+            cost_ratio: stats.spec_cost_ratio,
         })
     };
     println!(
@@ -252,9 +256,10 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             };
             let acc = if on.drafts > 0 {
                 format!(
-                    "{:.0}% of {}",
+                    "{:.0}% of {} (verify step {:.2}× a plain one)",
                     100.0 * on.accepted as f64 / on.drafts as f64,
-                    on.drafts
+                    on.drafts,
+                    on.cost_ratio
                 )
             } else {
                 "none proposed".into()
@@ -274,6 +279,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
                 "decode_steps_off": off.decode_steps, "decode_steps_on": on.decode_steps,
                 "decode_tokens": on.decode_tokens,
                 "drafts": on.drafts, "accepted": on.accepted, "identical": identical,
+                "verify_cost_ratio": on.cost_ratio,
                 "divergences": divergences,
             }));
         }

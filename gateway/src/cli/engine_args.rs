@@ -77,7 +77,9 @@ pub struct EngineArgs {
     /// '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
     /// "prompt_lookup_min": 2}'; also "disable_by_batch_size" (no speculation in a step with more
     /// decoding requests, default 8), "min_acceptance_rate" (a request below it pauses for
-    /// "cooldown_steps" steps; 0.3 and 16). Off by default.
+    /// "cooldown_steps" steps, doubling while it keeps failing; 0.3 and 16) and "min_speedup"
+    /// (a request also pauses while its tokens per verification step stay below this times the
+    /// measured cost of a verification step over a plain one; 1.0, 0 = off). Off by default.
     #[arg(long)]
     pub speculative_config: Option<String>,
     #[command(flatten)]

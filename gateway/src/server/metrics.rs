@@ -89,6 +89,7 @@ pub struct Metrics {
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
+    spec_cost_ratio: Gauge<f64, AtomicU64>,
     kv_blocks_cached: Gauge,
     kv_blocks_free: Gauge,
     prefix_queried: Gauge,
@@ -131,6 +132,7 @@ impl Metrics {
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: Gauge::default(),
+            spec_cost_ratio: Gauge::default(),
             kv_blocks_cached: Gauge::default(),
             kv_blocks_free: Gauge::default(),
             prefix_queried: Gauge::default(),
@@ -283,6 +285,11 @@ impl Metrics {
             m.spec_active.clone(),
         );
         registry.register(
+            "spec_cost_ratio",
+            "Measured time of a speculative verification step over a plain decode step (what drafts must pay for)",
+            m.spec_cost_ratio.clone(),
+        );
+        registry.register(
             "spec_verifications",
             "Speculative verifications by the number of drafts accepted (the acceptance-length histogram)",
             m.spec_verifications.clone(),
@@ -383,6 +390,7 @@ impl Metrics {
         self.spec_accepted
             .set(s.counters.spec_accepted_tokens as i64);
         self.spec_active.set(s.counters.spec_active as i64);
+        self.spec_cost_ratio.set(s.spec_cost_ratio);
         for (n, &count) in s.counters.spec_acceptance_lengths.iter().enumerate() {
             if count > 0 {
                 self.spec_verifications
