@@ -66,20 +66,6 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
-        name: "attention_decode.cu",
-        code: include_str!("attention_decode.cu"),
-        symbols: &[
-            "attention_decode_d128_g4_bf16",
-            "attention_decode_d128_g8_bf16",
-            "attention_decode_d64_g4_bf16",
-            "attention_decode_d64_g8_bf16",
-            "attention_decode_d128_g4_fp8",
-            "attention_decode_d128_g8_fp8",
-            "attention_decode_d64_g4_fp8",
-            "attention_decode_d64_g8_fp8",
-        ],
-    },
-    KernelSource {
         name: "gemv.cu",
         code: include_str!("gemv.cu"),
         symbols: &[

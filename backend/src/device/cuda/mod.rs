@@ -118,8 +118,6 @@ struct Kernels {
     attention_mma_d64_fp8: CudaFunction,
     attention_mma_d128_fp8: CudaFunction,
     combine: CudaFunction,
-    /// attention_decode.cu, indexed by [decode_kernel_index].
-    attention_decode: [CudaFunction; 8],
     fill_normal: CudaFunction,
     sample: CudaFunction,
     /// gemv.cu, one per entry of GEMV_ROWS.
@@ -141,9 +139,6 @@ pub struct CudaDevice {
     sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
-    /// Serve decode steps (one token per sequence) with attention_decode.cu; off with
-    /// `CACHET_ATTENTION=mma` (the tensor-core kernel for every step) or `simt`.
-    decode_attention: bool,
     /// Shortest key range of an attention split and most splits (`CACHET_ATTENTION_SPLIT=keys,n`
     /// overrides MIN_SPLIT and MAX_SPLITS, for comparisons).
     split: (usize, usize),
@@ -178,42 +173,6 @@ const COMBINE_THREADS: u32 = 512;
 const MIN_SPLIT: usize = 64;
 /// Most blocks a key range is split over.
 const MAX_SPLITS: usize = 64;
-/// Threads of a decode-attention block (DEC_THREADS in attention_decode.cu).
-const DEC_THREADS: u32 = 128;
-/// Keys per shared-memory chunk of the decode kernel (DEC_TK).
-const DEC_TK: usize = 64;
-/// Block-table entries a decode split may span (DEC_MAX_BLOCKS).
-const DEC_MAX_BLOCKS: usize = 512;
-/// Split lengths of the decode kernel are multiples of this many keys.
-const DEC_SPLIT_STEP: usize = 16;
-/// (head_dim, most GQA group, FP8 cache) of each attention_decode.cu kernel, in Kernels order.
-const DECODE_KERNELS: [(usize, usize, bool); 8] = [
-    (64, 4, false),
-    (64, 8, false),
-    (128, 4, false),
-    (128, 8, false),
-    (64, 4, true),
-    (64, 8, true),
-    (128, 4, true),
-    (128, 8, true),
-];
-
-/// Shared memory of a decode-attention kernel: two stages of K and V chunks, reused at the end
-/// for the four warps' partial outputs (f32, GM heads × d each).
-fn decode_smem_bytes(d: usize, gm: usize, fp8: bool) -> u32 {
-    let value = if fp8 { 1 } else { 2 };
-    (2 * 2 * DEC_TK * d * value).max(4 * gm * d * 4) as u32
-}
-
-/// The decode kernel for (head_dim, group, cache dtype), if one serves it, and its blocks per SM
-/// (its __launch_bounds__ minimum).
-fn decode_kernel_index(d: usize, group: usize, fp8: bool) -> Option<(usize, usize)> {
-    DECODE_KERNELS
-        .iter()
-        .position(|&(kd, gm, kf)| kd == d && kf == fp8 && group <= gm && (gm == 4 || group > 4))
-        .map(|i| (i, if DECODE_KERNELS[i].1 == 4 { 3 } else { 2 }))
-}
-
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
@@ -342,16 +301,6 @@ impl CudaDevice {
             attention_mma_d64_fp8: f("paged_attention_mma_d64_fp8")?,
             attention_mma_d128_fp8: f("paged_attention_mma_d128_fp8")?,
             combine: f("attention_combine_bf16")?,
-            attention_decode: [
-                f("attention_decode_d64_g4_bf16")?,
-                f("attention_decode_d64_g8_bf16")?,
-                f("attention_decode_d128_g4_bf16")?,
-                f("attention_decode_d128_g8_bf16")?,
-                f("attention_decode_d64_g4_fp8")?,
-                f("attention_decode_d64_g8_fp8")?,
-                f("attention_decode_d128_g4_fp8")?,
-                f("attention_decode_d128_g8_fp8")?,
-            ],
             fill_normal: f("fill_normal_bf16")?,
             sample: f("sample_f32")?,
             gemv: [f("gemv_bf16_r1")?, f("gemv_bf16_r2")?, f("gemv_bf16_r4")?],
@@ -383,14 +332,6 @@ impl CudaDevice {
             )
             .map_err(op_err("attention smem"))?;
         }
-        for (i, func) in k.attention_decode.iter().enumerate() {
-            let (d, gm, fp8) = DECODE_KERNELS[i];
-            func.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                decode_smem_bytes(d, gm, fp8) as i32,
-            )
-            .map_err(op_err("attention smem"))?;
-        }
         for func in k.gemv_norm.iter().chain(&k.gemv_norm_swiglu) {
             func.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -398,19 +339,7 @@ impl CudaDevice {
             )
             .map_err(op_err("gemv smem"))?;
         }
-        let (simt_attention, decode_attention) = match std::env::var("CACHET_ATTENTION").as_deref()
-        {
-            Err(_) | Ok("auto") => (false, true),
-            Ok("mma") => (false, false),
-            Ok("simt") => (true, false),
-            Ok(v) => {
-                return Err(DeviceError::Op {
-                    device: DEV,
-                    op: "CACHET_ATTENTION",
-                    msg: format!("`{v}`: expected auto, mma or simt"),
-                })
-            }
-        };
+        let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
         let split = match std::env::var("CACHET_ATTENTION_SPLIT") {
             Err(_) => (MIN_SPLIT, MAX_SPLITS),
             Ok(v) => v
@@ -474,7 +403,6 @@ impl CudaDevice {
             block_size,
             sms,
             simt_attention,
-            decode_attention,
             split,
             gemv_max_rows,
             profiling: std::cell::Cell::new(false),
@@ -753,91 +681,6 @@ impl CudaDevice {
         let end = self.stream.record_event(flags).map_err(op_err("event"))?;
         self.events.borrow_mut().push((op, start, end));
         Ok(out)
-    }
-
-    /// Attention for a step whose every tile is one token (decode) through attention_decode.cu
-    /// kernel `i` (DECODE_KERNELS), which runs `per_sm` blocks per SM: one block per (sequence,
-    /// kv head, key split), the splits sized so the launch fills about one wave.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_decode(
-        &self,
-        qkv: &CudaTensor,
-        kv: &CudaKv,
-        layer: usize,
-        b: &CudaBatch,
-        p: &AttnParams,
-        out: CudaSlice<u16>,
-        i: usize,
-        per_sm: usize,
-    ) -> Result<CudaTensor, DeviceError> {
-        let (d, group) = (p.head_dim, p.num_heads / p.num_kv_heads);
-        let busy = b.num_tiles * p.num_kv_heads;
-        let want = (self.sms * per_sm / busy.max(1)).max(1);
-        let max_splits = b.max_ctx.div_ceil(self.split.0).max(1);
-        let splits = want.clamp(1, max_splits.min(self.split.1));
-        // A split may span at most DEC_MAX_BLOCKS - 1 cache blocks (its table entries are staged).
-        let longest = ((DEC_MAX_BLOCKS - 1) * b.block_size) / DEC_SPLIT_STEP * DEC_SPLIT_STEP;
-        let split_len = (b.max_ctx.div_ceil(splits).div_ceil(DEC_SPLIT_STEP) * DEC_SPLIT_STEP)
-            .clamp(DEC_SPLIT_STEP, longest);
-        let splits = b.max_ctx.div_ceil(split_len).max(1);
-        let rows = if splits > 1 {
-            b.num_tiles * p.num_kv_heads * splits * group
-        } else {
-            1
-        };
-        let mut part_o =
-            self.alloc_f32(if splits > 1 { rows * d } else { 1 }, "attention splits")?;
-        let mut part_ml =
-            self.alloc_f32(if splits > 1 { rows * 2 } else { 1 }, "attention splits")?;
-        let mut out = out;
-        let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
-        let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
-        let (gi, one) = (group as i32, 1i32);
-        let (kd, gm, fp8) = DECODE_KERNELS[i];
-        let mut l = self.stream.launch_builder(&self.k.attention_decode[i]);
-        l.arg(qkv.bf16("attention")?)
-            .arg(&kv.k[layer])
-            .arg(&kv.v[layer])
-            .arg(&kv.k_scale[layer])
-            .arg(&kv.v_scale[layer])
-            .arg(&b.pos)
-            .arg(&b.tile_seq)
-            .arg(&b.tile_start)
-            .arg(&b.tile_len)
-            .arg(&b.block_tables)
-            .arg(&mb)
-            .arg(&mut out)
-            .arg(&mut part_o)
-            .arg(&mut part_ml)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&di)
-            .arg(&bs)
-            .arg(&p.scale)
-            .arg(&sl)
-            .arg(&gi)
-            .arg(&one)
-            .arg(&one);
-        let cfg = LaunchConfig {
-            grid_dim: (b.num_tiles as u32, p.num_kv_heads as u32, splits as u32),
-            block_dim: (DEC_THREADS, 1, 1),
-            shared_mem_bytes: decode_smem_bytes(kd, gm, fp8),
-        };
-        // SAFETY: attention_decode_d{D}_g{GM}_{bf16|fp8} takes the attention argument list; the
-        // caller chose it for this head_dim, a group ≤ GM and this cache dtype, every tile is one
-        // token, split_len spans < DEC_MAX_BLOCKS cache blocks, the split buffers hold tiles ×
-        // n_kv × splits × group rows, and its shared memory was allowed at start-up.
-        unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
-        let shape = CombineShape {
-            units: b.num_tiles,
-            grid_y: p.num_kv_heads,
-            splits,
-            group,
-            sub_tokens: 1,
-            units_per_tile: 1,
-            unit_rows: group,
-        };
-        self.finish_attention(out, part_o, part_ml, b, p, shape)
     }
 
     /// Merges the attention splits (if any) into `out`.
@@ -1282,12 +1125,6 @@ impl Device for CudaDevice {
                 });
             }
             let fp8 = kv.layout.dtype == KvCacheDtype::Fp8E4m3;
-            let group = p.num_heads / p.num_kv_heads;
-            if self.decode_attention && b.tile_lens.iter().all(|&l| l == 1) {
-                if let Some((i, per_sm)) = decode_kernel_index(d, group, fp8) {
-                    return self.attention_decode(qkv, kv, layer, b, p, out, i, per_sm);
-                }
-            }
             let mma = match (d, fp8) {
                 _ if self.simt_attention => None,
                 (64, false) => Some(&self.k.attention_mma_d64),
@@ -1298,6 +1135,7 @@ impl Device for CudaDevice {
             };
             // Work units: the tensor-core kernel serves a GQA group per block (rows = tokens × group),
             // the CUDA-core kernel one q head per block (rows = tokens).
+            let group = p.num_heads / p.num_kv_heads;
             if mma.is_some() && group > MMA_ROWS {
                 return Err(DeviceError::Op {
                     device: DEV,
