@@ -66,6 +66,17 @@ pub fn device_runner_with(
     num_blocks: usize,
     dtype: cachet_backend::device::KvCacheDtype,
 ) -> Box<dyn Runner> {
+    device_runner_for(m, num_blocks, dtype, None)
+}
+
+/// A runner on [`test_device`] whose KV cache stores `dtype`, with CUDA graphs for the
+/// verification steps of `spec` too (as `cachet serve` captures them).
+pub fn device_runner_for(
+    m: &LoadedModel,
+    num_blocks: usize,
+    dtype: cachet_backend::device::KvCacheDtype,
+    spec: Option<&cachet_backend::spec::SpecConfig>,
+) -> Box<dyn Runner> {
     let opts = RunnerOptions {
         device: test_device(),
         block_size: 16,
@@ -73,6 +84,7 @@ pub fn device_runner_with(
         kv: KvBudget::Blocks(num_blocks),
         // Decode steps replay CUDA graphs on the GPU, as served.
         cuda_graph_sizes: vec![1, 2, 4, 8, 16],
+        cuda_graph_verify: spec.map(cachet_backend::model::runner::VerifyGraphs::for_spec),
         kv_cache_dtype: dtype,
     };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
@@ -115,7 +127,8 @@ use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestT
 
 /// An engine over a CPU runner with `num_blocks` blocks of 16 tokens.
 pub fn engine(m: &LoadedModel, num_blocks: usize, cfg: EngineConfig) -> Engine {
-    Engine::start(device_runner(m, num_blocks), m.tokenizer.clone(), cfg)
+    let runner = device_runner_for(m, num_blocks, Default::default(), cfg.speculative.as_ref());
+    Engine::start(runner, m.tokenizer.clone(), cfg)
 }
 
 /// Everything a finished stream produced.

@@ -391,7 +391,7 @@ pub trait Device: Send {
     fn capture_decode_graphs(
         &self,
         _kv: &mut Self::Kv,
-        _sizes: &[usize],
+        _shapes: &GraphShapes,
         _max_len: usize,
         _vocab: usize,
         _body: &mut ForwardBody<'_, Self>,
@@ -399,7 +399,8 @@ pub trait Device: Send {
         Ok(None)
     }
     /// Runs `batch` by replaying a captured graph when it is a decode step (one new token per
-    /// sequence, logits for each) of a captured size; `None`: run it eagerly.
+    /// sequence, logits for each) or a verification step (a few tokens per sequence, logits for
+    /// every one) of a captured shape; `None`: run it eagerly.
     fn forward_graphed(
         &self,
         _kv: &mut Self::Kv,
@@ -420,6 +421,29 @@ pub type ForwardBody<'a, D> = dyn FnMut(
         &<D as Device>::Batch,
     ) -> Result<<D as Device>::Tensor, EngineError>
     + 'a;
+
+/// Which decode steps get CUDA graphs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GraphShapes {
+    /// Batch sizes of plain decode steps (one new token per sequence): a step of `n` sequences
+    /// replays the smallest size ≥ n.
+    pub sizes: Vec<usize>,
+    /// Speculative verification steps (the last known token and its drafts, logits for each):
+    /// up to this many tokens per sequence, padded to it; 0 = none. Captured for the sizes of
+    /// at most `verify_max_seqs` sequences (speculation stands down above them).
+    pub verify_tokens: usize,
+    pub verify_max_seqs: usize,
+}
+
+impl GraphShapes {
+    /// Plain decode graphs for `sizes`, no verification graphs.
+    pub fn decode(sizes: &[usize]) -> Self {
+        GraphShapes {
+            sizes: sizes.to_vec(),
+            ..Default::default()
+        }
+    }
+}
 
 /// What capturing decode graphs took.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]

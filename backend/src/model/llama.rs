@@ -3,7 +3,7 @@
 
 use super::rope;
 use crate::config::ModelConfig;
-use crate::device::{AttnParams, Device, ForwardBatch, GraphReport};
+use crate::device::{AttnParams, Device, ForwardBatch, GraphReport, GraphShapes};
 use crate::error::EngineError;
 use crate::loader::HostWeights;
 
@@ -171,17 +171,16 @@ impl<D: Device> Llama<D> {
         self.forward_on(dev, kv, &b)
     }
 
-    /// Captures the device's decode graphs (where it has them) for batches of up to each of
-    /// `sizes` sequences.
+    /// Captures the device's decode graphs (where it has them) for the steps `shapes` names.
     pub fn capture_decode_graphs(
         &self,
         dev: &D,
         kv: &mut D::Kv,
-        sizes: &[usize],
+        shapes: &GraphShapes,
     ) -> Result<Option<GraphReport>, EngineError> {
         dev.capture_decode_graphs(
             kv,
-            sizes,
+            shapes,
             self.max_positions,
             self.config.vocab_size,
             &mut |kv, b| self.forward_on(dev, kv, b),

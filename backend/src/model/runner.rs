@@ -8,7 +8,9 @@ use super::llama::{Llama, Logits};
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice};
-use crate::device::{Device, ForwardBatch, GraphReport, KvCacheDtype, KvLayout, RowSampling};
+use crate::device::{
+    Device, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout, RowSampling,
+};
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
 
@@ -102,8 +104,29 @@ pub struct RunnerOptions {
     /// smallest size ≥ n; larger steps run eagerly); empty: always eager (vLLM's
     /// `--enforce-eager`). Devices without graphs ignore it.
     pub cuda_graph_sizes: Vec<usize>,
+    /// Speculative verification steps to capture graphs for too (with `cuda_graph_sizes`).
+    pub cuda_graph_verify: Option<VerifyGraphs>,
     /// How the KV cache stores keys and values (`--kv-cache-dtype`).
     pub kv_cache_dtype: KvCacheDtype,
+}
+
+/// The verification steps of n-gram speculation, for their CUDA graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifyGraphs {
+    /// Most tokens a sequence verifies in a step: 1 + num_speculative_tokens.
+    pub tokens_per_seq: usize,
+    /// Most sequences in a verification step (speculation's disable_by_batch_size).
+    pub max_seqs: usize,
+}
+
+impl VerifyGraphs {
+    /// The verification steps speculation with `cfg` runs.
+    pub fn for_spec(cfg: &crate::spec::SpecConfig) -> Self {
+        VerifyGraphs {
+            tokens_per_seq: 1 + cfg.num_speculative_tokens,
+            max_seqs: cfg.disable_by_batch_size,
+        }
+    }
 }
 
 /// vLLM's capture sizes, up to 256.
@@ -172,7 +195,12 @@ impl<D: Device> ModelRunner<D> {
             "KV cache allocated"
         );
         // Graph memory comes out of DEVICE_RESERVE, next to the eager activations.
-        let graphs = match model.capture_decode_graphs(&dev, &mut kv, &opts.cuda_graph_sizes) {
+        let shapes = GraphShapes {
+            sizes: opts.cuda_graph_sizes.clone(),
+            verify_tokens: opts.cuda_graph_verify.map_or(0, |v| v.tokens_per_seq),
+            verify_max_seqs: opts.cuda_graph_verify.map_or(0, |v| v.max_seqs),
+        };
+        let graphs = match model.capture_decode_graphs(&dev, &mut kv, &shapes) {
             Ok(g) => g,
             Err(e) => {
                 tracing::warn!(error = %e, "capturing decode CUDA graphs failed: running eagerly");
@@ -185,6 +213,7 @@ impl<D: Device> ModelRunner<D> {
                 mib = g.bytes as f64 / (1u64 << 20) as f64,
                 ms = g.capture_ms,
                 sizes = ?opts.cuda_graph_sizes,
+                verify = ?opts.cuda_graph_verify,
                 "decode CUDA graphs captured"
             );
         }
@@ -324,6 +353,7 @@ pub fn cpu_runner(
         max_model_len,
         kv: KvBudget::Blocks(num_blocks),
         cuda_graph_sizes: Vec::new(),
+        cuda_graph_verify: None,
         kv_cache_dtype: KvCacheDtype::Auto,
     };
     Ok(Box::new(ModelRunner::new(

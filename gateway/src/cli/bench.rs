@@ -226,6 +226,7 @@ fn forward(a: ForwardArgs) -> anyhow::Result<()> {
         max_model_len: a.max_model_len,
         kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
         cuda_graph_sizes: a.graphs.sizes(usize::MAX),
+        cuda_graph_verify: None,
         kv_cache_dtype: a.kv_cache_dtype,
     };
     let mut r = build_runner(&config, weights, &opts)?;

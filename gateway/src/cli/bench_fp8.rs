@@ -62,6 +62,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
             max_model_len: max_len,
             kv: KvBudget::Blocks(blocks),
             cuda_graph_sizes: vec![1],
+            cuda_graph_verify: None,
             kv_cache_dtype: dtype,
         };
         let w = match &host {

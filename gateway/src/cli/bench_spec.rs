@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::fidelity;
 use cachet_backend::model::runner::{
-    build_runner, KvBudget, RunnerOptions, WeightSource, DEFAULT_CUDA_GRAPH_SIZES,
+    build_runner, KvBudget, RunnerOptions, VerifyGraphs, WeightSource, DEFAULT_CUDA_GRAPH_SIZES,
 };
 use cachet_backend::request::{EngineEvent, EngineRequest};
 use cachet_backend::scheduler::SchedulerConfig;
@@ -44,6 +44,10 @@ pub struct SpecArgs {
     pub speculative_config: String,
     #[arg(long, default_value_t = 4096)]
     pub max_model_len: usize,
+    /// Run verification steps eagerly (capture CUDA graphs for plain decode steps only), for
+    /// comparison with the default.
+    #[arg(long)]
+    pub eager_verification: bool,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
@@ -96,7 +100,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             .collect())
     };
     // A runner of the model on the chosen device with this KV budget and these decode graphs.
-    let runner = |kv: KvBudget, cuda_graph_sizes: Vec<usize>| {
+    let runner = |kv: KvBudget, cuda_graph_sizes: Vec<usize>, verify: Option<VerifyGraphs>| {
         let weights = match &host {
             Some(m) => WeightSource::Host(&m.weights),
             None => WeightSource::Dummy { seed: 0 },
@@ -107,14 +111,20 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             max_model_len: a.max_model_len,
             kv,
             cuda_graph_sizes,
+            cuda_graph_verify: verify,
             kv_cache_dtype: Default::default(),
         };
         build_runner(&config, weights, &opts)
     };
     let start = |speculative: Option<SpecConfig>| -> anyhow::Result<Engine> {
+        let verify = speculative
+            .as_ref()
+            .filter(|_| !a.eager_verification)
+            .map(VerifyGraphs::for_spec);
         let runner = runner(
             KvBudget::MemoryFraction(a.gpu_memory_utilization),
             DEFAULT_CUDA_GRAPH_SIZES.to_vec(),
+            verify,
         )?;
         Ok(Engine::start(
             runner,
@@ -175,7 +185,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
         })
     };
     println!(
-        "model {} ({}), device {:?}, {} tokens per request, speculation {}\n",
+        "model {} ({}), device {:?}, {} tokens per request, speculation {}, verification steps {}\n",
         a.m.model,
         if dummy {
             "dummy weights"
@@ -184,7 +194,12 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
         },
         a.m.device,
         a.max_tokens,
-        a.speculative_config
+        a.speculative_config,
+        if a.eager_verification {
+            "eager"
+        } else {
+            "from CUDA graphs where the device has them"
+        }
     );
     // A throwaway run first, so neither configuration pays for a cold start.
     measure(&[encode(COPY_HEAVY[0])?], None, 1)?;
@@ -206,7 +221,8 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
                 Vec::new()
             } else {
                 let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + a.max_tokens;
-                let mut probe = runner(KvBudget::Blocks(longest.div_ceil(16) + 1), Vec::new())?;
+                let mut probe =
+                    runner(KvBudget::Blocks(longest.div_ceil(16) + 1), Vec::new(), None)?;
                 let mut found = Vec::new();
                 for (i, (x, y)) in off.outputs.iter().zip(&on.outputs).enumerate() {
                     let p = &prompts[i % prompts.len()];

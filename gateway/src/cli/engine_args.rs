@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::loader;
-use cachet_backend::model::runner::{build_runner, KvBudget, RunnerOptions, WeightSource};
+use cachet_backend::model::runner::{
+    build_runner, KvBudget, RunnerOptions, VerifyGraphs, WeightSource,
+};
 use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
 use cachet_backend::tokenizer::TextTokenizer;
 use clap::Args;
@@ -203,6 +205,7 @@ impl EngineArgs {
                 None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
             },
             cuda_graph_sizes: self.graphs.sizes(self.max_num_seqs),
+            cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
             kv_cache_dtype: a.kv_cache_dtype,
         };
         let (runner, model_id) = match &dummy_config {

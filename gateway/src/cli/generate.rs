@@ -155,6 +155,7 @@ fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Resul
         kv: KvBudget::Blocks(tokens.div_ceil(args.block_size) + 1),
         // One sequence: its decode steps replay one graph.
         cuda_graph_sizes: if args.enforce_eager { vec![] } else { vec![1] },
+        cuda_graph_verify: None,
         kv_cache_dtype: args.kv_cache_dtype,
     };
     Ok(build_runner(

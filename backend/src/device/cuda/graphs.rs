@@ -13,6 +13,13 @@
 //! context: a replay covers contexts up to its bucket, exactly as an eager launch planned for
 //! that context would.
 //!
+//! Speculative verification steps (the last known token of each sequence and up to k drafts,
+//! logits for every token) get graphs of their own when asked for: each sequence padded to
+//! 1 + k tokens (padding tokens repeat the position of the sequence's last real token, so they
+//! see no key it does not, write no K/V, and their logits are dropped), on a second static
+//! batch whose attention tiles are 1 + k tokens long. Without them a verification step of a
+//! launch-bound model costs several plain steps and speculation cannot pay.
+//!
 //! All of it is captured at start-up (the activations it allocates stay reserved, and are
 //! reported); a shape that has no graph runs eagerly.
 
@@ -23,7 +30,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::{op_err, CudaBatch, CudaBuf, CudaDevice, CudaKv, CudaTensor, DEV};
-use crate::device::{Device, ForwardBatch, ForwardBody, GraphReport};
+use crate::device::{Device, ForwardBatch, ForwardBody, GraphReport, GraphShapes};
 use crate::error::{DeviceError, EngineError};
 
 /// Padding rows' slot: their K/V are not written.
@@ -42,15 +49,23 @@ unsafe impl Send for Graph {}
 /// The graphs of one KV cache (they bake in its buffers).
 pub struct DecodeGraphs {
     pub enabled: bool,
-    /// Padded batch sizes, ascending.
+    /// Padded batch sizes of plain decode steps, ascending.
     sizes: Vec<usize>,
+    /// Tokens per sequence of verification steps (0: no verification graphs) and their padded
+    /// batch sizes, ascending.
+    verify_tokens: usize,
+    verify_sizes: Vec<usize>,
     max_len: usize,
     vocab: usize,
-    /// Block-table width of the static batch: enough blocks for `max_len` tokens.
+    /// Block-table width of the static batches: enough blocks for `max_len` tokens.
     width: usize,
+    /// Static batch of plain decode steps (one token per sequence).
     batch: CudaBatch,
+    /// Static batch of verification steps (`verify_tokens` per sequence), if any.
+    verify_batch: Option<CudaBatch>,
     logits: CudaSlice<f32>,
-    graphs: HashMap<(usize, usize), Graph>,
+    /// By (tokens per sequence, padded batch size, context bucket).
+    graphs: HashMap<(usize, usize, usize), Graph>,
     report: GraphReport,
 }
 
@@ -74,39 +89,46 @@ impl DecodeGraphs {
     }
 }
 
-/// Whether `batch` is a decode step a graph can run: one new token per sequence, logits for
-/// each in order.
-fn is_decode(batch: &ForwardBatch) -> bool {
-    !batch.seqs.is_empty()
-        && batch.seqs.iter().all(|s| s.query_len == 1)
-        && batch.logit_rows.len() == batch.seqs.len()
+/// The most new tokens any sequence of `batch` has, when it is a step a graph can run: every
+/// sequence with at least one new token and logits for every token, in order (a decode step
+/// has one token per sequence; a verification step the last known token and its drafts).
+fn graph_tokens(batch: &ForwardBatch) -> Option<usize> {
+    let all_logits = batch.logit_rows.len() == batch.token_ids.len()
         && batch
             .logit_rows
             .iter()
             .enumerate()
-            .all(|(i, &r)| r as usize == i)
+            .all(|(i, &r)| r as usize == i);
+    if batch.seqs.is_empty() || !all_logits || batch.seqs.iter().any(|s| s.query_len == 0) {
+        return None;
+    }
+    batch.seqs.iter().map(|s| s.query_len).max()
 }
 
 impl CudaDevice {
-    /// Static batch buffers for up to `rows` decode rows of `width` block-table entries.
-    fn static_batch(&self, rows: usize, width: usize) -> Result<CudaBatch, DeviceError> {
-        let seq: Vec<u32> = (0..rows as u32).collect();
+    /// Static batch buffers for up to `seqs` sequences of `q` new tokens each (one attention
+    /// tile per sequence, logits for every token) and `width` block-table entries.
+    fn static_batch(&self, seqs: usize, q: usize, width: usize) -> Result<CudaBatch, DeviceError> {
+        let rows = seqs * q;
+        let seq: Vec<u32> = (0..seqs as u32).collect();
+        let starts: Vec<u32> = (0..seqs as u32).map(|i| i * q as u32).collect();
+        let all: Vec<u32> = (0..rows as u32).collect();
         let zeros = vec![0u32; rows];
         Ok(CudaBatch {
             n: rows,
             ids: self.htod_u32(&zeros)?,
             pos: self.htod_u32(&zeros)?,
             slots: self.htod_u32(&vec![PAD_SLOT; rows])?,
-            block_tables: self.htod_u32(&vec![0u32; rows * width])?,
+            block_tables: self.htod_u32(&vec![0u32; seqs * width])?,
             max_blocks: width,
-            logit_rows: self.htod_u32(&seq)?,
+            logit_rows: self.htod_u32(&all)?,
             num_logit_rows: rows,
             block_size: self.block_size,
             tile_seq: self.htod_u32(&seq)?,
-            tile_start: self.htod_u32(&seq)?,
-            tile_len: self.htod_u32(&vec![1u32; rows])?,
-            num_tiles: rows,
-            tile_lens: vec![1; rows],
+            tile_start: self.htod_u32(&starts)?,
+            tile_len: self.htod_u32(&vec![q as u32; seqs])?,
+            num_tiles: seqs,
+            tile_lens: vec![q as u32; seqs],
             max_ctx: 0,
         })
     }
@@ -114,36 +136,60 @@ impl CudaDevice {
     pub(super) fn capture_all(
         &self,
         kv: &mut CudaKv,
-        sizes: &[usize],
+        shapes: &GraphShapes,
         max_len: usize,
         vocab: usize,
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Option<GraphReport>, EngineError> {
-        let mut sizes: Vec<usize> = sizes.iter().copied().filter(|&s| s > 0).collect();
+        let mut sizes: Vec<usize> = shapes.sizes.iter().copied().filter(|&s| s > 0).collect();
         sizes.sort_unstable();
         sizes.dedup();
         let Some(&largest) = sizes.last() else {
             return Ok(None);
         };
+        // Verification steps: the sizes up to verify_max_seqs, and the smallest size above it
+        // (a step of verify_max_seqs sequences must find one).
+        let q = shapes.verify_tokens;
+        let verify_sizes: Vec<usize> = if q > 1 {
+            let upto = sizes
+                .iter()
+                .position(|&s| s >= shapes.verify_max_seqs)
+                .map_or(sizes.len(), |i| i + 1);
+            sizes[..upto].to_vec()
+        } else {
+            Vec::new()
+        };
         let t0 = Instant::now();
         self.synchronize()?;
         let free0 = self.ctx.mem_get_info().map_err(op_err("memory info"))?.0;
         let width = max_len.div_ceil(self.block_size).max(1);
+        let verify_rows = verify_sizes.last().map_or(0, |&s| s * q);
         let mut g = DecodeGraphs {
             enabled: true,
             sizes: sizes.clone(),
+            verify_tokens: if verify_sizes.is_empty() { 0 } else { q },
+            verify_sizes: verify_sizes.clone(),
             max_len,
             vocab,
             width,
-            batch: self.static_batch(largest, width)?,
-            logits: self.alloc_f32(largest * vocab, "graph logits")?,
+            batch: self.static_batch(largest, 1, width)?,
+            verify_batch: match verify_sizes.last() {
+                Some(&s) => Some(self.static_batch(s, q, width)?),
+                None => None,
+            },
+            logits: self.alloc_f32(largest.max(verify_rows) * vocab, "graph logits")?,
             graphs: HashMap::new(),
             report: GraphReport::default(),
         };
-        for &size in &sizes {
+        let shapes: Vec<(usize, usize)> = sizes
+            .iter()
+            .map(|&s| (1, s))
+            .chain(verify_sizes.iter().map(|&s| (q, s)))
+            .collect();
+        for (tokens, size) in shapes {
             for bucket in g.buckets() {
-                let graph = self.capture(&mut g, kv, size, bucket, body)?;
-                g.graphs.insert((size, bucket), graph);
+                let graph = self.capture(&mut g, kv, tokens, size, bucket, body)?;
+                g.graphs.insert((tokens, size, bucket), graph);
             }
         }
         self.synchronize()?;
@@ -158,26 +204,38 @@ impl CudaDevice {
         Ok(Some(report))
     }
 
-    /// Records the forward pass of a `size`-row decode batch whose longest context is at most
-    /// `bucket`.
+    /// Records the forward pass of a batch of `size` sequences of `tokens` new tokens each
+    /// (1: a decode step; more: a verification step) whose longest context is at most `bucket`.
     fn capture(
         &self,
         g: &mut DecodeGraphs,
         kv: &mut CudaKv,
+        tokens: usize,
         size: usize,
         bucket: usize,
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Graph, EngineError> {
-        g.batch.n = size;
-        g.batch.num_tiles = size;
-        g.batch.num_logit_rows = size;
-        g.batch.tile_lens = vec![1; size];
-        g.batch.max_ctx = bucket;
+        let vocab = g.vocab;
+        let batch = if tokens == 1 {
+            &mut g.batch
+        } else {
+            g.verify_batch.as_mut().ok_or(DeviceError::Op {
+                device: DEV,
+                op: "graph capture",
+                msg: "no static batch for verification steps".into(),
+            })?
+        };
+        let rows = size * tokens;
+        batch.n = rows;
+        batch.num_tiles = size;
+        batch.num_logit_rows = rows;
+        batch.tile_lens = vec![tokens as u32; size];
+        batch.max_ctx = bucket;
         let was_profiling = self.profiling.replace(false);
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(op_err("begin graph capture"))?;
-        let recorded = body(kv, &g.batch).and_then(|t| {
+        let recorded = body(kv, batch).and_then(|t| {
             let CudaBuf::F32(src) = &t.buf else {
                 return Err(DeviceError::Op {
                     device: DEV,
@@ -186,7 +244,7 @@ impl CudaDevice {
                 }
                 .into());
             };
-            let mut dst = g.logits.slice_mut(0..size * g.vocab);
+            let mut dst = g.logits.slice_mut(0..rows * vocab);
             self.stream
                 .memcpy_dtod(src, &mut dst)
                 .map_err(op_err("graph logits copy"))?;
@@ -214,7 +272,7 @@ impl CudaDevice {
         batch: &ForwardBatch,
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Option<CudaTensor>, EngineError> {
-        if self.profiling.get() || !is_decode(batch) {
+        if self.profiling.get() || graph_tokens(batch).is_none() {
             return Ok(None);
         }
         let Some(mut g) = kv.graphs.take() else {
@@ -232,9 +290,20 @@ impl CudaDevice {
         batch: &ForwardBatch,
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Option<CudaTensor>, EngineError> {
-        let rows = batch.seqs.len();
+        let Some(most) = graph_tokens(batch) else {
+            return Ok(None);
+        };
+        // Decode steps take the one-token graphs; verification steps the padded ones.
+        let (q, sizes) = if most == 1 {
+            (1, &g.sizes)
+        } else if most <= g.verify_tokens {
+            (g.verify_tokens, &g.verify_sizes)
+        } else {
+            return Ok(None);
+        };
+        let seqs = batch.seqs.len();
         let max_ctx = batch.seqs.iter().map(|s| s.context_len).max().unwrap_or(0);
-        let Some(&size) = g.sizes.iter().find(|&&s| s >= rows) else {
+        let Some(&size) = sizes.iter().find(|&&s| s >= seqs) else {
             return Ok(None);
         };
         if !g.enabled
@@ -244,41 +313,76 @@ impl CudaDevice {
             return Ok(None);
         }
         let bucket = g.bucket(max_ctx);
-        let mut ids = vec![0u32; size];
-        let mut pos = vec![0u32; size];
-        let mut slots = vec![PAD_SLOT; size];
+        let rows = size * q;
+        let mut ids = vec![0u32; rows];
+        let mut pos = vec![0u32; rows];
+        let mut slots = vec![PAD_SLOT; rows];
         let mut tables = vec![0u32; size * g.width];
         for (i, s) in batch.seqs.iter().enumerate() {
-            ids[i] = batch.token_ids[s.query_start];
-            pos[i] = batch.positions[s.query_start];
-            slots[i] = batch.slot_mapping[s.query_start];
+            let last = s.query_start + s.query_len - 1;
+            for j in 0..q {
+                let r = i * q + j;
+                let src = s.query_start + j;
+                // Padding repeats the last real token's position: it sees what that token sees.
+                pos[r] = batch.positions[src.min(last)];
+                if src <= last {
+                    ids[r] = batch.token_ids[src];
+                    slots[r] = batch.slot_mapping[src];
+                }
+            }
             tables[i * g.width..i * g.width + s.block_table.len()].copy_from_slice(&s.block_table);
         }
+        let vocab = g.vocab;
+        let static_batch = if q == 1 {
+            &mut g.batch
+        } else {
+            g.verify_batch.as_mut().ok_or(DeviceError::Op {
+                device: DEV,
+                op: "graph replay",
+                msg: "no static batch for verification steps".into(),
+            })?
+        };
         let up = |src: &[u32], dst: &mut CudaSlice<u32>| {
             self.stream
                 .memcpy_htod(src, &mut dst.slice_mut(0..src.len()))
                 .map_err(op_err("graph batch upload"))
         };
-        up(&ids, &mut g.batch.ids)?;
-        up(&pos, &mut g.batch.pos)?;
-        up(&slots, &mut g.batch.slots)?;
-        up(&tables, &mut g.batch.block_tables)?;
-        if !g.graphs.contains_key(&(size, bucket)) {
-            let graph = self.capture(g, kv, size, bucket, body)?;
-            g.graphs.insert((size, bucket), graph);
+        up(&ids, &mut static_batch.ids)?;
+        up(&pos, &mut static_batch.pos)?;
+        up(&slots, &mut static_batch.slots)?;
+        up(&tables, &mut static_batch.block_tables)?;
+        if !g.graphs.contains_key(&(q, size, bucket)) {
+            let graph = self.capture(g, kv, q, size, bucket, body)?;
+            g.graphs.insert((q, size, bucket), graph);
             g.report.graphs = g.graphs.len();
         }
-        g.graphs[&(size, bucket)]
+        g.graphs[&(q, size, bucket)]
             .0
             .launch()
             .map_err(op_err("graph launch"))?;
-        let mut out = self.alloc_f32(rows * g.vocab, "logits")?;
-        self.stream
-            .memcpy_dtod(&g.logits.slice(0..rows * g.vocab), &mut out)
-            .map_err(op_err("graph logits copy"))?;
+        // Logits of the real tokens, in the batch's order (sequence after sequence).
+        let n = batch.token_ids.len();
+        let mut out = self.alloc_f32(n * vocab, "logits")?;
+        if q == 1 || batch.seqs.iter().all(|s| s.query_len == q) {
+            self.stream
+                .memcpy_dtod(&g.logits.slice(0..n * vocab), &mut out)
+                .map_err(op_err("graph logits copy"))?;
+        } else {
+            for (i, s) in batch.seqs.iter().enumerate() {
+                let from = i * q * vocab;
+                let to = s.query_start * vocab;
+                let len = s.query_len * vocab;
+                self.stream
+                    .memcpy_dtod(
+                        &g.logits.slice(from..from + len),
+                        &mut out.slice_mut(to..to + len),
+                    )
+                    .map_err(op_err("graph logits copy"))?;
+            }
+        }
         Ok(Some(CudaTensor {
-            rows,
-            cols: g.vocab,
+            rows: n,
+            cols: vocab,
             buf: CudaBuf::F32(out),
         }))
     }

@@ -1421,12 +1421,12 @@ impl Device for CudaDevice {
     fn capture_decode_graphs(
         &self,
         kv: &mut CudaKv,
-        sizes: &[usize],
+        shapes: &super::GraphShapes,
         max_len: usize,
         vocab: usize,
         body: &mut super::ForwardBody<'_, Self>,
     ) -> Result<Option<super::GraphReport>, crate::error::EngineError> {
-        self.capture_all(kv, sizes, max_len, vocab, body)
+        self.capture_all(kv, shapes, max_len, vocab, body)
     }
 
     fn forward_graphed(
