@@ -68,9 +68,13 @@ if [ "${GEMVAB:-1}" = 1 ]; then
 fi
 if [ "${SPEC:-1}" = 1 ]; then
   echo "== speculative decoding off vs on: SmolLM2 (drafts accepted), then the 8B shape (dummy weights: drafts rejected)"
-  { "$bin" bench spec --model "$gguf" --device cuda --max-tokens 96 --high-batch 48 --json-out "$out/spec-smollm2.json" 2>&1
-    "$bin" bench spec --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "$gguf" --device cuda \
-      --max-tokens 64 --high-batch 64 --json-out "$out/spec-8b.json" 2>&1; } | grep -v INFO | tee "$out/spec.txt"
+  # Each also with --eager-verification: verification steps without CUDA graphs, side by side.
+  { for ev in "" --eager-verification; do
+      "$bin" bench spec --model "$gguf" --device cuda --max-tokens 96 --high-batch 48 $ev \
+        --json-out "$out/spec-smollm2${ev:+-eager}.json" 2>&1
+      "$bin" bench spec --model examples/configs/llama3-8b.json --load-format dummy --tokenizer "$gguf" --device cuda \
+        --max-tokens 64 --high-batch 64 $ev --json-out "$out/spec-8b${ev:+-eager}.json" 2>&1
+    done; } | grep -v INFO | tee "$out/spec.txt"
 fi
 if [ "${PEER:-1}" = 1 ]; then
   echo "== PyTorch peer (transformers LlamaForCausalLM, SDPA, random bf16)"
