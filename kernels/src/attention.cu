@@ -213,15 +213,11 @@ __device__ __forceinline__ void paged_attention(
         part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(PAGED_ATTENTION_ARGS(bf16)) {
-    pdl_trigger();
-    pdl_wait();  // launched dependent on RoPE + KV write
     paged_attention<false>(PAGED_ATTENTION_CALL);
 }
 
 // As paged_attention_bf16 over an FP8 cache (d a multiple of 8).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PAGED_ATTENTION_ARGS(fp8)) {
-    pdl_trigger();
-    pdl_wait();  // launched dependent on RoPE + KV write
     paged_attention<true>(PAGED_ATTENTION_CALL);
 }
 
@@ -240,8 +236,6 @@ extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part
                                                   const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
                                                   int n_heads, int d, int splits, int group, int sub_tokens,
                                                   int units_per_tile, int unit_rows) {
-    pdl_trigger();  // the O projection (a GEMV) may start warming its weights
-    pdl_wait();     // launched dependent on the attention: its partial results first
     const int unit = blockIdx.x, y = blockIdx.y;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int start = tile_start[tile] + sub * sub_tokens;

@@ -464,8 +464,6 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
         const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,     \
         bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, \
         int /*d*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) { \
-        pdl_trigger(); /* the next launch may start (and a GEMV warm its weights) */                        \
-        pdl_wait();    /* launched dependent on RoPE + KV write: its q and K/V first */                    \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
                               split_len, group, sub_tokens, units_per_tile);                                  \

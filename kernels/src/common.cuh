@@ -16,23 +16,6 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
-// Programmatic dependent launch (sm_90+). A kernel launched with the PDL attribute may start
-// while its predecessor on the stream is still running: pdl_wait() blocks until the predecessor
-// has completed and its writes are visible — call it before reading anything the predecessor
-// wrote and before writing anything at all (only immutable data, e.g. weights, may be read
-// before it). pdl_trigger() lets this kernel's own successor launch early (once every block of
-// this grid has triggered or exited). Both do nothing without PDL or before sm_90.
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -7,7 +7,6 @@
 //   out   : device, f32  [n, cols]
 extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
                                       float* __restrict__ out, int cols) {
-    pdl_trigger();
     const size_t t = blockIdx.x;
     const bf16* row = table + (size_t)ids[t] * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]);

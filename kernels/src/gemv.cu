@@ -13,10 +13,6 @@
 // The arithmetic matches the unfused kernels (add_rms_norm_bf16, silu_mul_bf16x8): the
 // normalised input and the gate/up values are rounded to bf16 where those round them.
 //
-// Launched with programmatic dependent launch (common.cuh): each block lets its successor launch
-// at once, warms L2 with its first weight rows (immutable) while the predecessor finishes, and
-// only then waits for the predecessor's outputs.
-//
 // Requirements (checked by the host): k % 8 == 0, every pointer 16-byte aligned, blockDim.x ==
 // GEMV_THREADS, dynamic shared memory R * k * 2 bytes for the norm variants.
 #include "common.cuh"
@@ -175,9 +171,6 @@ __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual
 template <int R>
 __device__ __forceinline__ void gemv_plain(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ y,
                                            int n, int k, int rows) {
-    pdl_trigger();
-    prefetch_first(w, n, k);
-    pdl_wait();
     const int warps = gridDim.x * (blockDim.x >> 5);
     const int k8 = k >> 3;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
@@ -204,9 +197,7 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
                                           const bf16* __restrict__ w, bf16* __restrict__ y, int n, int k, int rows,
                                           float eps) {
     extern __shared__ uint4 gemv_xs[];
-    pdl_trigger();
     prefetch_first(w, n, k);
-    pdl_wait();
     norm_prologue<R>(residual, delta, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows, eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
     const int k8 = k >> 3;
@@ -232,10 +223,7 @@ __device__ __forceinline__ void gemv_norm_swiglu(const float* __restrict__ resid
                                                  const bf16* __restrict__ w, bf16* __restrict__ act, int inter, int k,
                                                  int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    pdl_trigger();
     prefetch_first(w, inter, k);
-    prefetch_first(w + (size_t)inter * k, inter, k);
-    pdl_wait();
     norm_prologue<R>(residual, delta, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows, eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
     const int k8 = k >> 3;

@@ -79,8 +79,6 @@ extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __r
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
                                         int n_kv, int d) {
-    pdl_trigger();
-    pdl_wait();  // launched dependent on the QKV projection
     rope_kv<false>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d);
 }
 
@@ -92,7 +90,5 @@ extern "C" __global__ void rope_kv_fp8(bf16* __restrict__ qkv, const float* __re
                                        fp8* __restrict__ k_cache, fp8* __restrict__ v_cache,
                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
                                        int n_kv, int d) {
-    pdl_trigger();
-    pdl_wait();  // launched dependent on the QKV projection
     rope_kv<true>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d);
 }

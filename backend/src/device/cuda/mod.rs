@@ -145,9 +145,6 @@ pub struct CudaDevice {
     /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
     /// SwiGLU fused in; `CACHET_GEMV=off` (0) or a row count sets it, for comparisons.
     gemv_max_rows: usize,
-    /// Launch the GEMVs with programmatic dependent launch (sm_90+; `CACHET_PDL=off` for
-    /// comparisons): each starts warming its weights while the kernel before it finishes.
-    pdl: bool,
     /// Per-operation events while profiling.
     profiling: std::cell::Cell<bool>,
     events: std::cell::RefCell<
@@ -194,15 +191,6 @@ const GEMV_DEFAULT_ROWS: usize = 2;
 const GEMV_THREADS: u32 = 512;
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 const GEMV_SMEM_MAX: usize = 96 << 10;
-
-/// One argument of [`CudaDevice::launch_dependent`].
-#[derive(Clone, Copy)]
-enum KernelArg {
-    /// A device address (0: null).
-    Ptr(u64),
-    I32(i32),
-    F32(f32),
-}
 
 /// How an attention launch laid out its split rows (see attention_combine_bf16).
 #[derive(Clone, Copy)]
@@ -374,17 +362,6 @@ impl CudaDevice {
             Err(_) => GEMV_DEFAULT_ROWS,
         }
         .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
-        let pdl = match std::env::var("CACHET_PDL").as_deref() {
-            Ok("off") => false,
-            Ok("on") | Err(_) => major >= 9,
-            Ok(v) => {
-                return Err(DeviceError::Op {
-                    device: DEV,
-                    op: "CACHET_PDL",
-                    msg: format!("`{v}`: expected on or off"),
-                })
-            }
-        };
         let blas = CudaBlas::new(stream.clone()).map_err(|e| DeviceError::Op {
             device: DEV,
             op: "cublas",
@@ -428,7 +405,6 @@ impl CudaDevice {
             simt_attention,
             split,
             gemv_max_rows,
-            pdl,
             profiling: std::cell::Cell::new(false),
             events: std::cell::RefCell::new(Vec::new()),
         })
@@ -565,81 +541,6 @@ impl CudaDevice {
         GEMV_ROWS.iter().position(|&r| rows <= r)
     }
 
-    /// Launches `func` with `args` — programmatically dependent on the previous launch when
-    /// PDL is on (the kernel must call `pdl_wait()` before reading its inputs or writing; see
-    /// common.cuh), else as an ordinary launch.
-    ///
-    /// # Safety
-    /// `args` must match the kernel's parameter list in number, order and type, and every
-    /// pointer must be valid for what the kernel does with it.
-    unsafe fn launch_dependent(
-        &self,
-        func: &CudaFunction,
-        cfg: LaunchConfig,
-        args: &[KernelArg],
-    ) -> Result<(), DeviceError> {
-        use cudarc::driver::sys;
-        // Each argument in an 8-byte slot; a 4-byte one in its low half (little-endian), which is
-        // where the driver reads it.
-        let mut slots: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => p,
-                KernelArg::I32(v) => v as u32 as u64,
-                KernelArg::F32(v) => v.to_bits() as u64,
-            })
-            .collect();
-        let mut params: Vec<*mut std::ffi::c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut std::ffi::c_void)
-            .collect();
-        // SAFETY: a plain C struct and union; zero is a valid bit pattern for both.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let lc = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: if self.pdl {
-                &mut attr
-            } else {
-                std::ptr::null_mut()
-            },
-            numAttrs: self.pdl as u32,
-        };
-        self.ctx.bind_to_thread().map_err(op_err("bind context"))?;
-        // SAFETY: the caller vouches for the arguments; `params` points into `slots`, both alive
-        // until the call returns (the driver copies the values at launch).
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &lc,
-                func.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(op_err("launch"))
-    }
-
-    /// The device address of a buffer, as a kernel argument.
-    fn ptr<T>(&self, s: &CudaSlice<T>) -> KernelArg {
-        let (p, _sync) = s.device_ptr(&self.stream);
-        KernelArg::Ptr(p)
-    }
-
-    /// The device address of a buffer a kernel writes, as a kernel argument.
-    fn ptr_mut<T>(&self, s: &mut CudaSlice<T>) -> KernelArg {
-        let (p, _sync) = s.device_ptr_mut(&self.stream);
-        KernelArg::Ptr(p)
-    }
-
     fn gemv_config(&self, smem: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (self.sms as u32, 1, 1),
@@ -653,19 +554,17 @@ impl CudaDevice {
         let (rows, k, n) = (x.rows, x.cols, w.rows);
         let mut out = self.alloc_bf16(rows * n, "gemv")?;
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let args = [
-            self.ptr(w.bf16("gemv")?),
-            self.ptr(x.bf16("gemv")?),
-            self.ptr_mut(&mut out),
-            KernelArg::I32(ni),
-            KernelArg::I32(ki),
-            KernelArg::I32(ri),
-        ];
+        let mut l = self.stream.launch_builder(&self.k.gemv[v]);
+        l.arg(w.bf16("gemv")?)
+            .arg(x.bf16("gemv")?)
+            .arg(&mut out)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&ri);
         // SAFETY: gemv_bf16_r{R}(bf16 w[n, k], bf16 x[rows, k], bf16 y[rows, n], int n, int k,
         // int rows) with rows ≤ R, k % 8 == 0 (gemv_variant) and fresh 16-byte-aligned
-        // allocations, so every row starts 16-byte aligned; the kernel waits for its
-        // predecessor before reading x or writing y.
-        unsafe { self.launch_dependent(&self.k.gemv[v], self.gemv_config(0), &args) }?;
+        // allocations, so every row starts 16-byte aligned.
+        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
         Ok(CudaTensor {
             rows,
             cols: n,
@@ -726,37 +625,36 @@ impl CudaDevice {
                 Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
                 None => None,
             };
+            let null = 0u64;
             let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
             let func = if swiglu {
                 &self.k.gemv_norm_swiglu[v]
             } else {
                 &self.k.gemv_norm[v]
             };
-            let args = [
-                self.ptr(res),
-                match delta {
-                    Some(d) => self.ptr(d.bf16("gemv")?),
-                    None => KernelArg::Ptr(0),
-                },
-                match &mut res_out {
-                    Some(r) => self.ptr_mut(r),
-                    None => KernelArg::Ptr(0),
-                },
-                self.ptr(norm.bf16("gemv")?),
-                self.ptr(w.bf16("gemv")?),
-                self.ptr_mut(&mut out),
-                KernelArg::I32(ni),
-                KernelArg::I32(ki),
-                KernelArg::I32(ri),
-                KernelArg::F32(eps),
-            ];
+            let mut l = self.stream.launch_builder(func);
+            l.arg(res);
+            match delta {
+                Some(d) => l.arg(d.bf16("gemv")?),
+                None => l.arg(&null),
+            };
+            match &mut res_out {
+                Some(r) => l.arg(r),
+                None => l.arg(&null),
+            };
+            l.arg(norm.bf16("gemv")?)
+                .arg(w.bf16("gemv")?)
+                .arg(&mut out)
+                .arg(&ni)
+                .arg(&ki)
+                .arg(&ri)
+                .arg(&eps);
             // SAFETY: gemv_norm[_swiglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null,
             // f32 residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or 2n, k], bf16 out[rows, n],
             // int n, int k, int rows, float eps): rows ≤ R, k % 8 == 0, R·k·2 bytes of dynamic shared
             // memory within the attribute set at start-up; residual_out is a fresh buffer, so no
-            // block reads what another writes; the kernel waits for its predecessor before reading
-            // the residual or writing.
-            unsafe { self.launch_dependent(func, self.gemv_config(smem), &args) }?;
+            // block reads what another writes.
+            unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv"))?;
             if let Some(r) = res_out {
                 residual.buf = CudaBuf::F32(r);
             }
@@ -803,28 +701,26 @@ impl CudaDevice {
                 sh.units_per_tile as i32,
                 sh.unit_rows as i32,
             );
-            let args = [
-                self.ptr(&part_o),
-                self.ptr(&part_ml),
-                self.ptr(&b.tile_start),
-                self.ptr(&b.tile_len),
-                self.ptr_mut(&mut out),
-                KernelArg::I32(nh),
-                KernelArg::I32(di),
-                KernelArg::I32(sp),
-                KernelArg::I32(g),
-                KernelArg::I32(st),
-                KernelArg::I32(upt),
-                KernelArg::I32(ur),
-            ];
+            let mut c = self.stream.launch_builder(&self.k.combine);
+            c.arg(&part_o)
+                .arg(&part_ml)
+                .arg(&b.tile_start)
+                .arg(&b.tile_len)
+                .arg(&mut out)
+                .arg(&nh)
+                .arg(&di)
+                .arg(&sp)
+                .arg(&g)
+                .arg(&st)
+                .arg(&upt)
+                .arg(&ur);
             let cfg = LaunchConfig {
                 grid_dim: (sh.units as u32, sh.grid_y as u32, 1),
                 block_dim: (COMBINE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled
-            // (it waits for that launch before reading them).
-            unsafe { self.launch_dependent(&self.k.combine, cfg, &args) }?;
+            // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled.
+            unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
         }
         Ok(CudaTensor {
             rows: b.n,
@@ -1176,19 +1072,18 @@ impl Device for CudaDevice {
                 KvCacheDtype::Auto => &self.k.rope_kv,
                 KvCacheDtype::Fp8E4m3 => &self.k.rope_kv_fp8,
             };
-            let args = [
-                self.ptr_mut(q),
-                self.ptr(table),
-                self.ptr(&b.pos),
-                self.ptr(&b.slots),
-                self.ptr_mut(&mut kv.k[layer]),
-                self.ptr_mut(&mut kv.v[layer]),
-                self.ptr_mut(&mut kv.k_scale[layer]),
-                self.ptr_mut(&mut kv.v_scale[layer]),
-                KernelArg::I32(nh),
-                KernelArg::I32(nkv),
-                KernelArg::I32(d),
-            ];
+            let mut l = self.stream.launch_builder(func);
+            l.arg(q)
+                .arg(table)
+                .arg(&b.pos)
+                .arg(&b.slots)
+                .arg(&mut kv.k[layer])
+                .arg(&mut kv.v[layer])
+                .arg(&mut kv.k_scale[layer])
+                .arg(&mut kv.v_scale[layer])
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&d);
             let cfg = LaunchConfig {
                 grid_dim: (b.n as u32, (p.num_heads + p.num_kv_heads) as u32, 1),
                 block_dim: ((p.head_dim / 2) as u32, 1, 1),
@@ -1198,8 +1093,8 @@ impl Device for CudaDevice {
             // k_cache[slots, nkv, d], v_cache[slots, nkv, d] (bf16 or e4m3, as allocated for the layout's
             // dtype), f32 k_scale/v_scale[slots, nkv] (fp8), int, int, int) on grid (n, nh + nkv),
             // block d/2 (d even, checked by the config; attention caps it at 128); positions are below max_pos and slots inside
-            // the cache or the padding mark (validated by the runner); it waits for its predecessor first.
-            unsafe { self.launch_dependent(func, cfg, &args) }?;
+            // the cache or the padding mark (validated by the runner).
+            unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
             Ok(())
         })
     }
@@ -1324,38 +1219,36 @@ impl Device for CudaDevice {
                     },
                 ),
             };
-            let args = [
-                self.ptr(qkv.bf16("attention")?),
-                self.ptr(&kv.k[layer]),
-                self.ptr(&kv.v[layer]),
-                self.ptr(&kv.k_scale[layer]),
-                self.ptr(&kv.v_scale[layer]),
-                self.ptr(&b.pos),
-                self.ptr(&b.tile_seq),
-                self.ptr(&b.tile_start),
-                self.ptr(&b.tile_len),
-                self.ptr(&b.block_tables),
-                KernelArg::I32(mb),
-                self.ptr_mut(&mut out),
-                self.ptr_mut(&mut part_o),
-                self.ptr_mut(&mut part_ml),
-                KernelArg::I32(nh),
-                KernelArg::I32(nkv),
-                KernelArg::I32(di),
-                KernelArg::I32(bs),
-                KernelArg::F32(p.scale),
-                KernelArg::I32(sl),
-                KernelArg::I32(gi),
-                KernelArg::I32(sti),
-                KernelArg::I32(upti),
-            ];
+            let mut l = self.stream.launch_builder(func);
+            l.arg(qkv.bf16("attention")?)
+                .arg(&kv.k[layer])
+                .arg(&kv.v[layer])
+                .arg(&kv.k_scale[layer])
+                .arg(&kv.v_scale[layer])
+                .arg(&b.pos)
+                .arg(&b.tile_seq)
+                .arg(&b.tile_start)
+                .arg(&b.tile_len)
+                .arg(&b.block_tables)
+                .arg(&mb)
+                .arg(&mut out)
+                .arg(&mut part_o)
+                .arg(&mut part_ml)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&di)
+                .arg(&bs)
+                .arg(&p.scale)
+                .arg(&sl)
+                .arg(&gi)
+                .arg(&sti)
+                .arg(&upti);
             // SAFETY: every attention kernel takes this argument list (attention.cu / attention_mma.cu), the
             // _fp8 ones chosen exactly for an FP8 cache (codes + scales allocated by alloc_kv): tiles cover
             // the batch's tokens within their sequences, block tables cover every position (validated by
             // the runner), split buffers hold units × grid_y × splits × unit_rows rows, shared memory is
-            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64;
-            // every one waits for its predecessor before reading or writing.
-            unsafe { self.launch_dependent(func, cfg, &args) }?;
+            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64.
+            unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
             self.finish_attention(out, part_o, part_ml, b, p, shape)
         })
     }
