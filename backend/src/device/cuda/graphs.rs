@@ -76,6 +76,18 @@ impl DecodeGraphs {
             .min(self.max_len.next_power_of_two())
     }
 
+    /// The static batch of steps with `tokens` new tokens per sequence.
+    fn static_batch_for(&mut self, tokens: usize) -> Result<&mut CudaBatch, DeviceError> {
+        if tokens == 1 {
+            return Ok(&mut self.batch);
+        }
+        self.verify_batch.as_mut().ok_or(DeviceError::Op {
+            device: DEV,
+            op: "graph",
+            msg: "no static batch for verification steps".into(),
+        })
+    }
+
     fn buckets(&self) -> Vec<usize> {
         let mut v = Vec::new();
         let mut b = MIN_BUCKET.min(self.max_len.next_power_of_two());
@@ -216,15 +228,7 @@ impl CudaDevice {
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Graph, EngineError> {
         let vocab = g.vocab;
-        let batch = if tokens == 1 {
-            &mut g.batch
-        } else {
-            g.verify_batch.as_mut().ok_or(DeviceError::Op {
-                device: DEV,
-                op: "graph capture",
-                msg: "no static batch for verification steps".into(),
-            })?
-        };
+        let batch = g.static_batch_for(tokens)?;
         let rows = size * tokens;
         batch.n = rows;
         batch.num_tiles = size;
@@ -333,15 +337,7 @@ impl CudaDevice {
             tables[i * g.width..i * g.width + s.block_table.len()].copy_from_slice(&s.block_table);
         }
         let vocab = g.vocab;
-        let static_batch = if q == 1 {
-            &mut g.batch
-        } else {
-            g.verify_batch.as_mut().ok_or(DeviceError::Op {
-                device: DEV,
-                op: "graph replay",
-                msg: "no static batch for verification steps".into(),
-            })?
-        };
+        let static_batch = g.static_batch_for(q)?;
         let up = |src: &[u32], dst: &mut CudaSlice<u32>| {
             self.stream
                 .memcpy_htod(src, &mut dst.slice_mut(0..src.len()))
