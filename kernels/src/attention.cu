@@ -222,56 +222,78 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PA
 }
 
 // Merges the splits of the attention kernels: out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.
-// Block (unit, y) covers tokens [tile_start + sub * sub_tokens, +ntok) of batch tile unit /
-// units_per_tile (sub = unit % units_per_tile); its row r is token r / group, q head
-// y * group + r % group. The CUDA-core kernel uses group 1, sub_tokens ATT_TQ, units_per_tile 1
+// Block (unit, y, z) covers tokens [tile_start + sub * sub_tokens, +ntok) of batch tile unit /
+// units_per_tile (sub = unit % units_per_tile); its rows r are token r / group, q head
+// y * group + r % group, and it takes COMBINE_ELEMS of the unit's ntok · group · d outputs from
+// z · COMBINE_ELEMS. The CUDA-core kernel uses group 1, sub_tokens ATT_TQ, units_per_tile 1
 // (y = q head); the tensor-core kernel its own (y = kv head).
+// Four lanes of a warp share each output element, each taking every fourth batch of 16 splits:
+// up to 64 splits cost one memory round trip (all of a lane's loads issued before any is used),
+// and the four partial merges meet through two shuffles.
 //   part_o, part_ml : [units, gridDim.y, splits, unit_rows, d] and [..., 2] (unit_rows: ATT_TQ
 //                     for paged_attention_bf16, 64 for the tensor-core kernel)
 //   tile_start, tile_len : device, u32 [num_tiles]
 //   out : device, bf16 [n, n_heads * d]
-// Launch: grid (units, gridDim.y of the attention launch), any block size (the host uses 512).
-extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                                  const unsigned* __restrict__ tile_start,
-                                                  const unsigned* __restrict__ tile_len, bf16* __restrict__ out,
-                                                  int n_heads, int d, int splits, int group, int sub_tokens,
-                                                  int units_per_tile, int unit_rows) {
+// Launch: grid (units, gridDim.y of the attention launch, ceil(rows · d / COMBINE_ELEMS) for the
+// most rows a unit has), block COMBINE_THREADS.
+#define COMBINE_THREADS 512
+#define COMBINE_ELEMS (COMBINE_THREADS / 4)
+#define COMBINE_BATCH 16
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
+    attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                           const unsigned* __restrict__ tile_start, const unsigned* __restrict__ tile_len,
+                           bf16* __restrict__ out, int n_heads, int d, int splits, int group, int sub_tokens,
+                           int units_per_tile, int unit_rows) {
     const int unit = blockIdx.x, y = blockIdx.y;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int start = tile_start[tile] + sub * sub_tokens;
     const int ntok = min(sub_tokens, (int)tile_len[tile] - sub * sub_tokens);
     if (ntok <= 0) return;
-    for (int idx = threadIdx.x; idx < ntok * group * d; idx += blockDim.x) {
-        const int r = idx / d, i = idx % d;
-        const size_t b0 = ((size_t)unit * gridDim.y + y) * splits * unit_rows + r;
-        // One pass: every split's (m, l, o) loaded in a batch of 16 before any is used (one memory
-        // round trip for up to 16 splits), merged with a running max.
-        float M = -CACHET_INF, num = 0.f, den = 0.f;
-        for (int s0 = 0; s0 < splits; s0 += 16) {
-            float ms[16], ls[16], os[16];
+    // Lanes 8q..8q+7 of a warp: split group q, elements warp · 8 + lane % 8 of the block's share.
+    const int lane = threadIdx.x & 31, sg = lane >> 3;
+    const int idx = blockIdx.z * COMBINE_ELEMS + (threadIdx.x >> 5) * 8 + (lane & 7);
+    const bool live = idx < ntok * group * d;  // dead lanes still join the shuffles
+    const int r = live ? idx / d : 0, i = live ? idx % d : 0;
+    const size_t b0 = ((size_t)unit * gridDim.y + y) * splits * unit_rows + r;
+    float M = -CACHET_INF, num = 0.f, den = 0.f;
+    for (int s0 = sg * COMBINE_BATCH; s0 < splits; s0 += 4 * COMBINE_BATCH) {
+        float ms[COMBINE_BATCH], ls[COMBINE_BATCH], os[COMBINE_BATCH];
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const size_t b = b0 + (size_t)min(s0 + j, splits - 1) * unit_rows;
-                ms[j] = s0 + j < splits ? part_ml[b * 2] : -CACHET_INF;
-                ls[j] = part_ml[b * 2 + 1];
-                os[j] = part_o[b * d + i];
-            }
-            float m_new = M;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) m_new = fmaxf(m_new, ms[j]);
-            if (m_new == -CACHET_INF) continue;
-            const float c = __expf(M - m_new);  // M = -inf: 0
-            num *= c;
-            den *= c;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const float w = ms[j] == -CACHET_INF ? 0.f : __expf(ms[j] - m_new);
-                num += w * os[j];
-                den += w * ls[j];
-            }
-            M = m_new;
+        for (int j = 0; j < COMBINE_BATCH; ++j) {
+            const size_t b = b0 + (size_t)min(s0 + j, splits - 1) * unit_rows;
+            ms[j] = (live && s0 + j < splits) ? part_ml[b * 2] : -CACHET_INF;
+            ls[j] = live ? part_ml[b * 2 + 1] : 0.f;
+            os[j] = live ? part_o[b * d + i] : 0.f;
         }
-        const int head = y * group + r % group;
-        out[(size_t)(start + r / group) * n_heads * d + head * d + i] = f2bf(den > 0.f ? num / den : 0.f);
+        float m_new = M;
+#pragma unroll
+        for (int j = 0; j < COMBINE_BATCH; ++j) m_new = fmaxf(m_new, ms[j]);
+        if (m_new == -CACHET_INF) continue;
+        const float c = __expf(M - m_new);  // M = -inf: 0
+        num *= c;
+        den *= c;
+#pragma unroll
+        for (int j = 0; j < COMBINE_BATCH; ++j) {
+            const float w = ms[j] == -CACHET_INF ? 0.f : __expf(ms[j] - m_new);
+            num += w * os[j];
+            den += w * ls[j];
+        }
+        M = m_new;
     }
+    // Merge the four split groups' (M, num, den).
+#pragma unroll
+    for (int o = 8; o <= 16; o <<= 1) {
+        const float M2 = __shfl_xor_sync(0xffffffffu, M, o);
+        const float n2 = __shfl_xor_sync(0xffffffffu, num, o);
+        const float d2 = __shfl_xor_sync(0xffffffffu, den, o);
+        const float Mx = fmaxf(M, M2);
+        const float a = M == -CACHET_INF ? 0.f : __expf(M - Mx);
+        const float b = M2 == -CACHET_INF ? 0.f : __expf(M2 - Mx);
+        num = num * a + n2 * b;
+        den = den * a + d2 * b;
+        M = Mx;
+    }
+    if (!live || sg != 0) return;
+    const int head = y * group + r % group;
+    out[(size_t)(start + r / group) * n_heads * d + head * d + i] = f2bf(den > 0.f ? num / den : 0.f);
 }

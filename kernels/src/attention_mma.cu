@@ -451,7 +451,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 
 // Arguments (the same list) and layouts as paged_attention_bf16 (attention.cu), except: `d` is fixed
 // by the symbol; `group` = n_heads / n_kv, `sub_tokens` = min(floor(64 / group), 32) tokens per
-// block, `units_per_tile` = ceil(32 / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits),
+// block, `units_per_tile` = ceil(longest tile / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits),
 // block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
 // tile of 2 * MMA_TK * (D + 8) bf16 plus 4 * MMA_TK * D bytes of raw stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.

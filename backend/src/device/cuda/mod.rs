@@ -167,8 +167,10 @@ const ATT_TK: usize = 64;
 const ATT_MAXD: usize = 128;
 /// Query rows (tokens × GQA group) per block of the tensor-core kernel (MMA_TQ in attention_mma.cu).
 const MMA_ROWS: usize = 64;
-/// Threads of a combine block: one output element each (a decode token's GQA group × d).
+/// Threads of a combine block (COMBINE_THREADS in attention.cu): four per output element.
 const COMBINE_THREADS: u32 = 512;
+/// Output elements a combine block merges (COMBINE_ELEMS).
+const COMBINE_ELEMS: usize = 128;
 /// Shortest key range an attention split is given.
 const MIN_SPLIT: usize = 64;
 /// Most blocks a key range is split over.
@@ -714,12 +716,21 @@ impl CudaDevice {
                 .arg(&st)
                 .arg(&upt)
                 .arg(&ur);
+            // Outputs of the fullest unit: its tokens (at most sub_tokens, at most the longest
+            // tile) × group × d, COMBINE_ELEMS a block.
+            let longest = b.tile_lens.iter().copied().max().unwrap_or(1) as usize;
+            let elems = sh.sub_tokens.min(longest) * sh.group * p.head_dim;
             let cfg = LaunchConfig {
-                grid_dim: (sh.units as u32, sh.grid_y as u32, 1),
+                grid_dim: (
+                    sh.units as u32,
+                    sh.grid_y as u32,
+                    elems.div_ceil(COMBINE_ELEMS) as u32,
+                ),
                 block_dim: (COMBINE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled.
+            // SAFETY: attention_combine_bf16 over the split buffers the attention launch filled;
+            // blocks past a unit's outputs return.
             unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
         }
         Ok(CudaTensor {
@@ -1145,8 +1156,11 @@ impl Device for CudaDevice {
             }
             let (sub_tokens, units_per_tile, grid_y, unit_rows) = match mma {
                 Some(_) => {
+                    // Units of `sub` tokens, as many per tile as its longest tile needs (one for
+                    // a decode step), so no block is launched only to find no tokens.
                     let sub = (MMA_ROWS / group).clamp(1, ATT_TQ);
-                    (sub, ATT_TQ.div_ceil(sub), p.num_kv_heads, MMA_ROWS)
+                    let longest = b.tile_lens.iter().copied().max().unwrap_or(1) as usize;
+                    (sub, longest.div_ceil(sub).max(1), p.num_kv_heads, MMA_ROWS)
                 }
                 None => (ATT_TQ, 1, p.num_heads, ATT_TQ),
             };
