@@ -239,11 +239,10 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PA
 #define COMBINE_THREADS 512
 #define COMBINE_ELEMS (COMBINE_THREADS / 4)
 #define COMBINE_BATCH 16
-extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
-    attention_combine_bf16(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                           const unsigned* __restrict__ tile_start, const unsigned* __restrict__ tile_len,
-                           bf16* __restrict__ out, int n_heads, int d, int splits, int group, int sub_tokens,
-                           int units_per_tile, int unit_rows) {
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attention_combine_bf16(
+    const float* __restrict__ part_o, const float* __restrict__ part_ml, const unsigned* __restrict__ tile_start,
+    const unsigned* __restrict__ tile_len, bf16* __restrict__ out, int n_heads, int d, int splits, int group,
+    int sub_tokens, int units_per_tile, int unit_rows) {
     const int unit = blockIdx.x, y = blockIdx.y;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int start = tile_start[tile] + sub * sub_tokens;
