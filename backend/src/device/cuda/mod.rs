@@ -139,9 +139,10 @@ pub struct CudaDevice {
     sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
-    /// Shortest key range of an attention split and most splits (`CACHET_ATTENTION_SPLIT=keys,n`
-    /// overrides MIN_SPLIT and MAX_SPLITS, for comparisons).
-    split: (usize, usize),
+    /// Shortest key range of an attention split, most splits, and how many waves of blocks the
+    /// splits may fill (`CACHET_ATTENTION_SPLIT=keys,n[,waves]` overrides MIN_SPLIT, MAX_SPLITS
+    /// and 1, for comparisons).
+    split: (usize, usize, usize),
     /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
     /// SwiGLU fused in; `CACHET_GEMV=off` (0) or a row count sets it, for comparisons.
     gemv_max_rows: usize,
@@ -343,16 +344,26 @@ impl CudaDevice {
         }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
         let split = match std::env::var("CACHET_ATTENTION_SPLIT") {
-            Err(_) => (MIN_SPLIT, MAX_SPLITS),
-            Ok(v) => v
-                .split_once(',')
-                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
-                .filter(|&(k, n): &(usize, usize)| k > 0 && n > 0)
-                .ok_or_else(|| DeviceError::Op {
-                    device: DEV,
-                    op: "CACHET_ATTENTION_SPLIT",
-                    msg: format!("`{v}`: expected `min_keys,max_splits`, e.g. `128,32`"),
-                })?,
+            Err(_) => (MIN_SPLIT, MAX_SPLITS, 1),
+            Ok(v) => {
+                let n: Vec<usize> = v
+                    .split(',')
+                    .map(|x| x.trim().parse().unwrap_or(0))
+                    .collect();
+                match n[..] {
+                    [k, s] if k > 0 && s > 0 => (k, s, 1),
+                    [k, s, w] if k > 0 && s > 0 && w > 0 => (k, s, w),
+                    _ => {
+                        return Err(DeviceError::Op {
+                            device: DEV,
+                            op: "CACHET_ATTENTION_SPLIT",
+                            msg: format!(
+                                "`{v}`: expected `min_keys,max_splits[,waves]`, e.g. `128,32` or `64,64,2`"
+                            ),
+                        })
+                    }
+                }
+            }
         };
         let gemv_max_rows = match std::env::var("CACHET_GEMV").as_deref() {
             Ok("off") => 0,
@@ -1176,7 +1187,7 @@ impl Device for CudaDevice {
             // As many splits as still fit one wave (the tensor-core kernels run 3 blocks per SM,
             // the CUDA-core one 2): a partial second wave costs more than the split saves.
             let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
-            let want = (wave / busy.max(1)).max(1);
+            let want = (wave * self.split.2 / busy.max(1)).max(1);
             let max_splits = b.max_ctx.div_ceil(self.split.0).max(1);
             let splits = want.clamp(1, max_splits.min(self.split.1));
             let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
