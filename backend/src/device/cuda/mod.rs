@@ -141,7 +141,7 @@ pub struct CudaDevice {
     simt_attention: bool,
     /// Shortest key range of an attention split, most splits, and how many waves of blocks the
     /// splits may fill (`CACHET_ATTENTION_SPLIT=keys,n[,waves]` overrides MIN_SPLIT, MAX_SPLITS
-    /// and 1, for comparisons).
+    /// and SPLIT_WAVES, for comparisons).
     split: (usize, usize, usize),
     /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
     /// SwiGLU fused in; `CACHET_GEMV=off` (0) or a row count sets it, for comparisons.
@@ -176,6 +176,11 @@ const COMBINE_ELEMS: usize = 128;
 const MIN_SPLIT: usize = 64;
 /// Most blocks a key range is split over.
 const MAX_SPLITS: usize = 64;
+/// Waves of attention blocks the splits may fill. Measured on the H200 (8B shape, ctx 4096,
+/// graphs), two waves against one: batch 1 4.59 vs 4.64 ms, batch 2 4.94 vs 5.10, batch 4 5.58 vs
+/// 5.80, batch 16 7.52 vs 9.01, batch 64 17.77 vs 17.71 — with the one-round-trip combine, more
+/// and shorter splits pay even as a partial second wave.
+const SPLIT_WAVES: usize = 2;
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
@@ -344,14 +349,14 @@ impl CudaDevice {
         }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
         let split = match std::env::var("CACHET_ATTENTION_SPLIT") {
-            Err(_) => (MIN_SPLIT, MAX_SPLITS, 1),
+            Err(_) => (MIN_SPLIT, MAX_SPLITS, SPLIT_WAVES),
             Ok(v) => {
                 let n: Vec<usize> = v
                     .split(',')
                     .map(|x| x.trim().parse().unwrap_or(0))
                     .collect();
                 match n[..] {
-                    [k, s] if k > 0 && s > 0 => (k, s, 1),
+                    [k, s] if k > 0 && s > 0 => (k, s, SPLIT_WAVES),
                     [k, s, w] if k > 0 && s > 0 && w > 0 => (k, s, w),
                     _ => {
                         return Err(DeviceError::Op {
@@ -1184,8 +1189,8 @@ impl Device for CudaDevice {
                 .map(|&l| (l as usize).div_ceil(sub_tokens))
                 .sum::<usize>()
                 * grid_y;
-            // As many splits as still fit one wave (the tensor-core kernels run 3 blocks per SM,
-            // the CUDA-core one 2): a partial second wave costs more than the split saves.
+            // As many splits as fill SPLIT_WAVES waves of blocks (the tensor-core kernels run 3
+            // blocks per SM, the CUDA-core one 2).
             let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
             let want = (wave * self.split.2 / busy.max(1)).max(1);
             let max_splits = b.max_ctx.div_ceil(self.split.0).max(1);
