@@ -139,10 +139,11 @@ pub struct CudaDevice {
     sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
-    /// Shortest key range of an attention split, most splits, and how many waves of blocks the
-    /// splits may fill (`CACHET_ATTENTION_SPLIT=keys,n[,waves]` overrides MIN_SPLIT, MAX_SPLITS
-    /// and SPLIT_WAVES, for comparisons).
-    split: (usize, usize, usize),
+    /// Shortest key range of an attention split, most splits, how many waves of blocks the
+    /// splits may fill, and the multiple of keys a tensor-core split is rounded to
+    /// (`CACHET_ATTENTION_SPLIT=keys,n[,waves[,step]]` overrides MIN_SPLIT, MAX_SPLITS,
+    /// SPLIT_WAVES and ATT_TK, for comparisons; the CUDA-core kernel always takes ATT_TK).
+    split: (usize, usize, usize, usize),
     /// Projections of at most this many rows (≤ GEMV_ROWS' last) go through gemv.cu, norms and
     /// SwiGLU fused in; `CACHET_GEMV=off` (0) or a row count sets it, for comparisons.
     gemv_max_rows: usize,
@@ -349,21 +350,22 @@ impl CudaDevice {
         }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
         let split = match std::env::var("CACHET_ATTENTION_SPLIT") {
-            Err(_) => (MIN_SPLIT, MAX_SPLITS, SPLIT_WAVES),
+            Err(_) => (MIN_SPLIT, MAX_SPLITS, SPLIT_WAVES, ATT_TK),
             Ok(v) => {
                 let n: Vec<usize> = v
                     .split(',')
                     .map(|x| x.trim().parse().unwrap_or(0))
                     .collect();
                 match n[..] {
-                    [k, s] if k > 0 && s > 0 => (k, s, SPLIT_WAVES),
-                    [k, s, w] if k > 0 && s > 0 && w > 0 => (k, s, w),
+                    [k, s] if k > 0 && s > 0 => (k, s, SPLIT_WAVES, ATT_TK),
+                    [k, s, w] if k > 0 && s > 0 && w > 0 => (k, s, w, ATT_TK),
+                    [k, s, w, t] if k > 0 && s > 0 && w > 0 && t > 0 => (k, s, w, t),
                     _ => {
                         return Err(DeviceError::Op {
                             device: DEV,
                             op: "CACHET_ATTENTION_SPLIT",
                             msg: format!(
-                                "`{v}`: expected `min_keys,max_splits[,waves]`, e.g. `128,32` or `64,64,2`"
+                                "`{v}`: expected `min_keys,max_splits[,waves[,step]]`, e.g. `128,32` or `64,64,2`"
                             ),
                         })
                     }
@@ -1195,7 +1197,10 @@ impl Device for CudaDevice {
             let want = (wave * self.split.2 / busy.max(1)).max(1);
             let max_splits = b.max_ctx.div_ceil(self.split.0).max(1);
             let splits = want.clamp(1, max_splits.min(self.split.1));
-            let split_len = b.max_ctx.div_ceil(splits).div_ceil(ATT_TK) * ATT_TK;
+            // The CUDA-core kernel needs whole key tiles per split; the tensor-core one masks
+            // any range.
+            let step = if mma.is_some() { self.split.3 } else { ATT_TK };
+            let split_len = b.max_ctx.div_ceil(splits).div_ceil(step) * step;
             let splits = b.max_ctx.div_ceil(split_len.max(1)).max(1);
             let part_rows = if splits > 1 {
                 units * grid_y * splits * unit_rows
