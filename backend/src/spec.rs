@@ -416,14 +416,25 @@ mod tests {
         assert!(SpecConfig::default().validate().is_ok());
     }
 
+    /// A fresh state after `n` verifications of `proposed` drafts, `accepted` of them, at a
+    /// verification cost of `cost` plain steps (stopping at the first stand-down).
+    fn after(cfg: &SpecConfig, n: usize, proposed: usize, accepted: usize, cost: f64) -> SpecState {
+        let mut st = SpecState::new(cfg);
+        for _ in 0..n {
+            st.record(cfg, proposed, accepted, cost);
+            if st.cooldown > 0 {
+                break;
+            }
+        }
+        st
+    }
+
     #[test]
     fn drafts_that_do_not_pay_for_their_verification_stand_down_with_backoff() {
-        let cfg = SpecConfig::default(); // 4 drafts, acceptance bar 0.3, min_speedup 1
-                                         // Half the drafts accepted (3 tokens a verification): worth it even at twice the cost.
-        let mut st = SpecState::new(&cfg);
-        for _ in 0..50 {
-            st.record(&cfg, 4, 2, 2.0);
-        }
+        // 4 drafts, acceptance bar 0.3, min_speedup 1.
+        let cfg = SpecConfig::default();
+        // Half the drafts accepted (3 tokens a verification): worth it even at twice the cost.
+        let st = after(&cfg, 50, 4, 2, 2.0);
         assert_eq!(st.cooldown, 0, "{st:?}");
         // One of three drafts accepted: a rate above the bar (0.33), 2 tokens per verification —
         // not worth a verification step that costs 2.5 plain ones.
@@ -431,33 +442,17 @@ mod tests {
             num_speculative_tokens: 3,
             ..SpecConfig::default()
         };
-        let mut st = SpecState::new(&cfg3);
-        let mut stood_down = false;
-        for _ in 0..50 {
-            st.record(&cfg3, 3, 1, 2.5);
-            if st.cooldown > 0 {
-                stood_down = true;
-                break;
-            }
-        }
-        assert!(stood_down, "{st:?}");
-        assert_eq!(st.cooldown, cfg3.cooldown_steps);
+        let st = after(&cfg3, 50, 3, 1, 2.5);
+        assert_eq!(st.cooldown, cfg3.cooldown_steps, "{st:?}");
         // The same drafts on a weight-bound step (a verification costs 1.2 plain ones) pay.
-        let mut st = SpecState::new(&cfg3);
-        for _ in 0..50 {
-            st.record(&cfg3, 3, 1, 1.2);
-        }
+        let st = after(&cfg3, 50, 3, 1, 1.2);
         assert_eq!(st.cooldown, 0, "{st:?}");
         // The check can be turned off.
         let off = SpecConfig {
             min_speedup: 0.0,
             ..cfg3.clone()
         };
-        let mut st = SpecState::new(&off);
-        for _ in 0..50 {
-            st.record(&off, 3, 1, 2.5);
-        }
-        assert_eq!(st.cooldown, 0);
+        assert_eq!(after(&off, 50, 3, 1, 2.5).cooldown, 0);
         // Failing again and again: each cool-down twice the last, up to 2^4 times the first.
         let mut st = SpecState::new(&cfg);
         let mut cooldowns = Vec::new();

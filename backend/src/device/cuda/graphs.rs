@@ -276,13 +276,13 @@ impl CudaDevice {
         batch: &ForwardBatch,
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Option<CudaTensor>, EngineError> {
-        if self.profiling.get() || graph_tokens(batch).is_none() {
+        let Some(most) = graph_tokens(batch).filter(|_| !self.profiling.get()) else {
             return Ok(None);
-        }
+        };
         let Some(mut g) = kv.graphs.take() else {
             return Ok(None);
         };
-        let out = self.replay_with(&mut g, kv, batch, body);
+        let out = self.replay_with(&mut g, kv, batch, most, body);
         kv.graphs = Some(g);
         out
     }
@@ -292,12 +292,10 @@ impl CudaDevice {
         g: &mut DecodeGraphs,
         kv: &mut CudaKv,
         batch: &ForwardBatch,
+        most: usize,
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Option<CudaTensor>, EngineError> {
-        let Some(most) = graph_tokens(batch) else {
-            return Ok(None);
-        };
-        // Decode steps take the one-token graphs; verification steps the padded ones.
+        // `most`: the most new tokens a sequence has (graph_tokens). Decode steps take the one-token graphs; verification steps the padded ones.
         let (q, sizes) = if most == 1 {
             (1, &g.sizes)
         } else if most <= g.verify_tokens {
