@@ -199,15 +199,10 @@ __device__ __forceinline__ void paged_attention(
     }
 }
 
-// The last three arguments exist so all attention kernels share one signature; this kernel always
-// runs one q head per block with rows = tokens (group 1, ATT_TQ tokens, 1 unit per tile).
-#define PAGED_ATTENTION_ARGS(KV)                                                                              \
-    const bf16 *__restrict__ qkv, const KV *__restrict__ k_cache, const KV *__restrict__ v_cache,             \
-        const float *__restrict__ k_scale, const float *__restrict__ v_scale, const unsigned *__restrict__ pos, \
-        const unsigned *__restrict__ tile_seq, const unsigned *__restrict__ tile_start,                       \
-        const unsigned *__restrict__ tile_len, const unsigned *__restrict__ block_tables, int max_blocks,     \
-        bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \
-        int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile
+// Arguments: PAGED_ATTENTION_ARGS (common.cuh). `group`, `sub_tokens`, `units_per_tile`, `rope`,
+// `slots` and `fused` exist so all attention kernels share one signature; this kernel always runs
+// one q head per block with rows = tokens (group 1, ATT_TQ tokens, 1 unit per tile), over K/V the
+// rope_kv launch has written.
 #define PAGED_ATTENTION_CALL                                                                                  \
     qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out, \
         part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len

@@ -116,14 +116,43 @@ __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, bool scaled, unsig
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+// RoPE of 8 pairs: x1 = a[0..8), x2 = b[0..8) (bf16, 16-byte aligned), cos = cs[0..8) and sin =
+// cs[half..half + 8). Each rotated value is rounded to bf16 (as rope_kv stores it), then times
+// `mul` (the Q pre-scale; 1 for K) rounded to bf16 again: lo = a's, hi = b's 8 results.
+__device__ __forceinline__ void rope8(const bf16* a, const bf16* b, const float* cs, int half, float mul,
+                                      uint4* lo, uint4* hi) {
+    const uint4 xa = *reinterpret_cast<const uint4*>(a), xb = *reinterpret_cast<const uint4*>(b);
+    const float4 c0 = *reinterpret_cast<const float4*>(cs), c1 = *reinterpret_cast<const float4*>(cs + 4);
+    const float4 s0 = *reinterpret_cast<const float4*>(cs + half);
+    const float4 s1 = *reinterpret_cast<const float4*>(cs + half + 4);
+    const unsigned wa[4] = {xa.x, xa.y, xa.z, xa.w}, wb[4] = {xb.x, xb.y, xb.z, xb.w};
+    const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+    const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+    unsigned oa[4], ob[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float r[2][2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float x1 = bf2f((bf16)((wa[k] >> (16 * e)) & 0xffffu));
+            const float x2 = bf2f((bf16)((wb[k] >> (16 * e)) & 0xffffu));
+            rope_rotate(x1, x2, c[2 * k + e], s[2 * k + e], &r[0][e], &r[1][e]);
+        }
+        oa[k] = pack_bf16(bf2f(f2bf(r[0][0])) * mul, bf2f(f2bf(r[0][1])) * mul);
+        ob[k] = pack_bf16(bf2f(f2bf(r[1][0])) * mul, bf2f(f2bf(r[1][1])) * mul);
+    }
+    *lo = make_uint4(oa[0], oa[1], oa[2], oa[3]);
+    *hi = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+}
+
 // FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head). Codes and scales are
 // copied with cp.async, two tiles ahead, into two raw stages (64 rows × D bytes each for K and V);
 // each tile is then converted into one f16 K/V tile (K as plain codes, its scales applied to the
 // scores; V times its scales), and the tensor-core loop runs in f16 (Q and P in f16 too): one
 // conversion per two values. Half the bytes of the bf16 path in flight per tile, twice the tiles.
 template <int D, bool FP8>
-__device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, const void* __restrict__ k_cache,
-                                              const void* __restrict__ v_cache, const float* __restrict__ k_scale,
+__device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void* __restrict__ k_cache,
+                                              void* __restrict__ v_cache, const float* __restrict__ k_scale,
                                               const float* __restrict__ v_scale, const unsigned* __restrict__ pos,
                                               const unsigned* __restrict__ tile_seq,
                                               const unsigned* __restrict__ tile_start,
@@ -132,7 +161,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
                                               bf16* __restrict__ out, float* __restrict__ part_o,
                                               float* __restrict__ part_ml, int n_heads, int n_kv, int block_size,
                                               float scale, int split_len, int group, int sub_tokens,
-                                              int units_per_tile) {
+                                              int units_per_tile, const float* __restrict__ rope,
+                                              const unsigned* __restrict__ slots, int fused) {
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
     constexpr int TILE = MMA_TK * DP;
     extern __shared__ float smem_f[];
@@ -225,21 +255,60 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
     // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
     // them is the softmax's exp.
     const float qscale = scale * LOG2E;
-    for (int idx = tid; idx < MMA_TQ * D / 8; idx += MMA_THREADS) {
-        const int r = idx / (D / 8), i = (idx % (D / 8)) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < qlen) {
-            const uint4 x = *reinterpret_cast<const uint4*>(
-                qkv + (size_t)(start + r / group) * cols + (kvh * group + r % group) * D + i);
-            const unsigned w[4] = {x.x, x.y, x.z, x.w};
-            unsigned o4[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                o4[k] = FP8 ? pack_f16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale)
-                            : pack_bf16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale);
-            v = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+    if (!FP8 && fused) {
+        // Fused decode path (bf16 cache, every sequence one unit): the q and k heads arrive
+        // unrotated and no rope_kv launch ran. Q is rotated as it is staged (8 pairs per thread:
+        // elements i.. and i + D/2..), and the block whose key range holds a new token's position
+        // rotates that token's k head, writes it and its v head into the cache, and reads them
+        // back with the rest of the tile below (the barrier after this orders the writes before
+        // the copies). Each position lies in exactly one split, so each write has one writer, and
+        // no other block reads it: a unit's new keys are its own sequence's, in its own range.
+        constexpr int HALF = D / 2, PAIRS = HALF / 8;  // 8-pair chunks per head
+        for (int idx = tid; idx < MMA_TQ * PAIRS; idx += MMA_THREADS) {
+            const int r = idx / PAIRS, i = (idx % PAIRS) * 8;
+            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+            if (r < qlen) {
+                const int tok = start + r / group;
+                const bf16* q = qkv + (size_t)tok * cols + (kvh * group + r % group) * D;
+                rope8(q + i, q + HALF + i, rope + (size_t)pos[tok] * D + i, HALF, qscale, &lo, &hi);
+            }
+            *reinterpret_cast<uint4*>(Qs + r * DP + i) = lo;
+            *reinterpret_cast<uint4*>(Qs + r * DP + HALF + i) = hi;
         }
-        *reinterpret_cast<uint4*>(Qs + r * DP + i) = v;
+        for (int idx = tid; idx < ntok * PAIRS; idx += MMA_THREADS) {
+            const int t = idx / PAIRS, i = (idx % PAIRS) * 8, tok = start + t;
+            const int p = pos[tok];
+            const unsigned slot = slots[tok];
+            if (p < k_begin || p >= k_begin + split_len || slot == 0xFFFFFFFFu) continue;
+            const bf16* k = qkv + (size_t)tok * cols + (n_heads + kvh) * D;
+            const uint4* v = reinterpret_cast<const uint4*>(k + n_kv * D);
+            uint4 lo, hi;
+            rope8(k + i, k + HALF + i, rope + (size_t)p * D + i, HALF, 1.f, &lo, &hi);
+            const size_t at = ((size_t)slot * n_kv + kvh) * D;
+            uint4* kc = reinterpret_cast<uint4*>(static_cast<bf16*>(k_cache) + at);
+            uint4* vc = reinterpret_cast<uint4*>(static_cast<bf16*>(v_cache) + at);
+            kc[i / 8] = lo;
+            kc[(HALF + i) / 8] = hi;
+            vc[i / 8] = v[i / 8];
+            vc[(HALF + i) / 8] = v[(HALF + i) / 8];
+        }
+    } else {
+        for (int idx = tid; idx < MMA_TQ * D / 8; idx += MMA_THREADS) {
+            const int r = idx / (D / 8), i = (idx % (D / 8)) * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < qlen) {
+                const uint4 x = *reinterpret_cast<const uint4*>(
+                    qkv + (size_t)(start + r / group) * cols + (kvh * group + r % group) * D + i);
+                const unsigned w[4] = {x.x, x.y, x.z, x.w};
+                unsigned o4[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    o4[k] = FP8 ? pack_f16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale)
+                                : pack_bf16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale);
+                v = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+            }
+            *reinterpret_cast<uint4*>(Qs + r * DP + i) = v;
+        }
     }
     __syncthreads();
     if constexpr (!FP8) {
@@ -455,18 +524,16 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, cons
 // block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
 // tile of 2 * MMA_TK * (D + 8) bf16 plus 4 * MMA_TK * D bytes of raw stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
-// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8).
+// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8). `fused` = 1 (bf16
+// symbols only, and only when every sequence of the batch is one unit: units_per_tile = 1 and
+// every tile shorter than 32 tokens) takes the q and k heads unrotated and does rope_kv's work
+// itself: `rope` is rope_kv's cos/sin table, `slots` the tokens' cache slots (0xFFFFFFFF: a
+// padding row, written nowhere); with `fused` = 0 they are not read.
 #define MMA_KERNEL(NAME, D, FP8, KV)                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(                                        \
-        const bf16* __restrict__ qkv, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,         \
-        const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, \
-        const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,                       \
-        const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,     \
-        bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, \
-        int /*d*/, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile) { \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(PAGED_ATTENTION_ARGS(KV)) {             \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                              split_len, group, sub_tokens, units_per_tile);                                  \
+                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused);              \
     }
 
 MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16)

@@ -83,3 +83,23 @@ __device__ __forceinline__ float e4m3f(unsigned c) {
     const float f = (em >= 8u) ? __uint_as_float((em << 20) + (120u << 23)) : (float)em * 0.001953125f;
     return __uint_as_float(__float_as_uint(f) | ((c & 0x80u) << 24));
 }
+
+// RoPE of one pair (x1, x2) = (v[i], v[i + d/2]) by cos c and sin s, every product and sum rounded
+// on its own (no FMA contraction): the same bits wherever a rotation happens (rope_kv.cu, the
+// fused decode path of attention_mma.cu) and the CPU reference's f32 arithmetic.
+__device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s, float* r1, float* r2) {
+    *r1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    *r2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+// The argument list of every paged attention kernel (attention.cu, attention_mma.cu); KV is the
+// cache's element type. `rope`, `slots` and `fused` serve the tensor-core kernel's fused decode
+// path (see attention_mma.cu); the others ignore them.
+#define PAGED_ATTENTION_ARGS(KV)                                                                              \
+    const bf16 *__restrict__ qkv, KV *__restrict__ k_cache, KV *__restrict__ v_cache,                         \
+        const float *__restrict__ k_scale, const float *__restrict__ v_scale, const unsigned *__restrict__ pos, \
+        const unsigned *__restrict__ tile_seq, const unsigned *__restrict__ tile_start,                       \
+        const unsigned *__restrict__ tile_len, const unsigned *__restrict__ block_tables, int max_blocks,     \
+        bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \
+        int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile,     \
+        const float *__restrict__ rope, const unsigned *__restrict__ slots, int fused

@@ -28,7 +28,8 @@ __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __r
     const float* cs = rope + (size_t)pos[t] * d;
     const float x1 = bf2f(v[j]), x2 = bf2f(v[j + half]);
     const float c = cs[j], s = cs[half + j];
-    const float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+    float r1, r2;
+    rope_rotate(x1, x2, c, s, &r1, &r2);
     const bf16 y1 = f2bf(r1), y2 = f2bf(r2);
     v[j] = y1;
     v[j + half] = y2;

@@ -261,24 +261,17 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x · wᵀ`: x `[n, k]`, w `[m, k]` → `[n, m]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
-    /// Rotates the q and k parts of `qkv` (`[n, (h + 2·kvh)·d]`) in place with the cos/sin
-    /// `rope` table (`[max_pos, d/2]` cos then `[max_pos, d/2]` sin) and writes k and v into the
-    /// cache of `layer` at the batch's slot mapping.
-    fn rope_and_cache(
+    /// The attention of a layer: rotates the q and k parts of `qkv` (`[n, (h + 2·kvh)·d]`) with
+    /// the cos/sin `rope` table (`[max_pos, d/2]` cos then `[max_pos, d/2]` sin), writes k and v
+    /// into the cache of `layer` at the batch's slot mapping, then returns the causal attention
+    /// of each new token over its sequence's cached keys/values (which include this step's):
+    /// `[n, h·d]`. One call, so a device may fuse the rotation and the cache write into the
+    /// attention itself; `qkv` is scratch afterwards.
+    fn attention(
         &self,
         qkv: &mut Self::Tensor,
         rope: &Self::Tensor,
         kv: &mut Self::Kv,
-        layer: usize,
-        batch: &Self::Batch,
-        p: &AttnParams,
-    ) -> Result<(), DeviceError>;
-    /// Causal attention of each new token over its sequence's cached keys/values (which include
-    /// this step's): `[n, h·d]`.
-    fn attention(
-        &self,
-        qkv: &Self::Tensor,
-        kv: &Self::Kv,
         layer: usize,
         batch: &Self::Batch,
         p: &AttnParams,

@@ -202,8 +202,7 @@ impl<D: Device> Llama<D> {
                 eps,
                 &layer.qkv,
             )?;
-            dev.rope_and_cache(&mut qkv, &self.rope, kv, l, b, &self.attn)?;
-            let attn = dev.attention(&qkv, kv, l, b, &self.attn)?;
+            let attn = dev.attention(&mut qkv, &self.rope, kv, l, b, &self.attn)?;
             let o = dev.linear(&attn, &layer.o_proj)?;
             let act = dev.norm_swiglu(
                 &mut residual,

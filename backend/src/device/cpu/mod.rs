@@ -222,7 +222,7 @@ impl Device for CpuDevice {
         })
     }
 
-    fn rope_and_cache(
+    fn attention(
         &self,
         qkv: &mut CpuTensor,
         rope: &CpuTensor,
@@ -230,47 +230,8 @@ impl Device for CpuDevice {
         layer: usize,
         b: &CpuBatch,
         p: &AttnParams,
-    ) -> Result<(), DeviceError> {
-        let d = p.head_dim;
-        let half = d / 2;
-        let max_pos = rope.rows;
-        let heads_rotated = p.num_heads + p.num_kv_heads;
-        let kv_dim = p.num_kv_heads * d;
-        for (t, row) in qkv.data.chunks_mut(qkv.cols).enumerate() {
-            let pos = b.batch.positions[t] as usize;
-            if pos >= max_pos {
-                return Err(DeviceError::Op {
-                    device: "cpu",
-                    op: "rope",
-                    msg: format!("position {pos} is beyond the model's {max_pos} positions"),
-                });
-            }
-            let cos = &rope.data[pos * d..pos * d + half];
-            let sin = &rope.data[pos * d + half..(pos + 1) * d];
-            for h in 0..heads_rotated {
-                let v = &mut row[h * d..(h + 1) * d];
-                for i in 0..half {
-                    let (x1, x2) = (v[i], v[i + half]);
-                    v[i] = x1 * cos[i] - x2 * sin[i];
-                    v[i + half] = x2 * cos[i] + x1 * sin[i];
-                }
-            }
-            let slot = b.batch.slot_mapping[t] as usize;
-            let k_src = &row[p.num_heads * d..p.num_heads * d + kv_dim];
-            let v_src = &row[p.num_heads * d + kv_dim..p.num_heads * d + 2 * kv_dim];
-            kv.write(layer, slot, k_src, v_src);
-        }
-        Ok(())
-    }
-
-    fn attention(
-        &self,
-        qkv: &CpuTensor,
-        kv: &CpuKv,
-        layer: usize,
-        b: &CpuBatch,
-        p: &AttnParams,
     ) -> Result<CpuTensor, DeviceError> {
+        rope_and_cache(qkv, rope, kv, layer, b, p)?;
         Ok(attention::paged_attention(qkv, kv, layer, b, p))
     }
 
@@ -322,4 +283,46 @@ impl Device for CpuDevice {
             .collect();
         Ok(CpuTensor { rows, cols, data })
     }
+}
+
+/// Rotates the q and k parts of `qkv` in place and writes k and v into the cache of `layer` at
+/// the batch's slot mapping.
+fn rope_and_cache(
+    qkv: &mut CpuTensor,
+    rope: &CpuTensor,
+    kv: &mut CpuKv,
+    layer: usize,
+    b: &CpuBatch,
+    p: &AttnParams,
+) -> Result<(), DeviceError> {
+    let d = p.head_dim;
+    let half = d / 2;
+    let max_pos = rope.rows;
+    let heads_rotated = p.num_heads + p.num_kv_heads;
+    let kv_dim = p.num_kv_heads * d;
+    for (t, row) in qkv.data.chunks_mut(qkv.cols).enumerate() {
+        let pos = b.batch.positions[t] as usize;
+        if pos >= max_pos {
+            return Err(DeviceError::Op {
+                device: "cpu",
+                op: "rope",
+                msg: format!("position {pos} is beyond the model's {max_pos} positions"),
+            });
+        }
+        let cos = &rope.data[pos * d..pos * d + half];
+        let sin = &rope.data[pos * d + half..(pos + 1) * d];
+        for h in 0..heads_rotated {
+            let v = &mut row[h * d..(h + 1) * d];
+            for i in 0..half {
+                let (x1, x2) = (v[i], v[i + half]);
+                v[i] = x1 * cos[i] - x2 * sin[i];
+                v[i + half] = x2 * cos[i] + x1 * sin[i];
+            }
+        }
+        let slot = b.batch.slot_mapping[t] as usize;
+        let k_src = &row[p.num_heads * d..p.num_heads * d + kv_dim];
+        let v_src = &row[p.num_heads * d + kv_dim..p.num_heads * d + 2 * kv_dim];
+        kv.write(layer, slot, k_src, v_src);
+    }
+    Ok(())
 }

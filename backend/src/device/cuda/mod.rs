@@ -102,6 +102,13 @@ pub struct CudaBatch {
     max_ctx: usize,
 }
 
+impl CudaBatch {
+    /// Tokens of the longest attention tile (0 for an empty batch).
+    fn longest_tile(&self) -> usize {
+        self.tile_lens.iter().copied().max().unwrap_or(0) as usize
+    }
+}
+
 struct Kernels {
     rms_norm: CudaFunction,
     add_rms_norm: CudaFunction,
@@ -139,6 +146,9 @@ pub struct CudaDevice {
     sms: usize,
     /// Force the CUDA-core attention kernel (`CACHET_ATTENTION=simt`), for comparisons.
     simt_attention: bool,
+    /// Let the tensor-core attention rotate q/k and write K/V itself where it can (see
+    /// `fuses_rope`); `CACHET_ROPE=separate` keeps the rope_kv launch, for comparisons.
+    fused_rope: bool,
     /// Shortest key range of an attention split, most splits, how many waves of blocks the
     /// splits may fill, and the multiple of keys a tensor-core split is rounded to
     /// (`CACHET_ATTENTION_SPLIT=keys,n[,waves[,step]]` overrides MIN_SPLIT, MAX_SPLITS,
@@ -173,6 +183,12 @@ const MMA_ROWS: usize = 64;
 const COMBINE_THREADS: u32 = 512;
 /// Output elements a combine block merges (COMBINE_ELEMS).
 const COMBINE_ELEMS: usize = 128;
+
+/// Tokens per block unit of the tensor-core attention: as many as fill its MMA_ROWS query rows
+/// with a GQA group each, at most a tile.
+fn mma_sub_tokens(group: usize) -> usize {
+    (MMA_ROWS / group).clamp(1, ATT_TQ)
+}
 /// Shortest key range an attention split is given.
 const MIN_SPLIT: usize = 64;
 /// Most blocks a key range is split over.
@@ -349,6 +365,7 @@ impl CudaDevice {
             .map_err(op_err("gemv smem"))?;
         }
         let simt_attention = std::env::var("CACHET_ATTENTION").is_ok_and(|v| v == "simt");
+        let fused_rope = !std::env::var("CACHET_ROPE").is_ok_and(|v| v == "separate");
         let split = match std::env::var("CACHET_ATTENTION_SPLIT") {
             Err(_) => (MIN_SPLIT, MAX_SPLITS, SPLIT_WAVES, ATT_TK),
             Ok(v) => {
@@ -423,6 +440,7 @@ impl CudaDevice {
             block_size,
             sms,
             simt_attention,
+            fused_rope,
             split,
             gemv_max_rows,
             profiling: std::cell::Cell::new(false),
@@ -703,6 +721,91 @@ impl CudaDevice {
         Ok(out)
     }
 
+    /// The tensor-core attention kernel for head_dim `d` and the cache's dtype, if there is one
+    /// (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core kernel).
+    fn mma_attention(&self, d: usize, fp8: bool) -> Option<&CudaFunction> {
+        match (d, fp8) {
+            _ if self.simt_attention => None,
+            (64, false) => Some(&self.k.attention_mma_d64),
+            (128, false) => Some(&self.k.attention_mma_d128),
+            (64, true) => Some(&self.k.attention_mma_d64_fp8),
+            (128, true) => Some(&self.k.attention_mma_d128_fp8),
+            _ => None,
+        }
+    }
+
+    /// Whether the attention kernel rotates q and k and writes K/V itself (no rope_kv launch):
+    /// the tensor-core kernel over a bf16 cache, when each sequence of the batch is one block
+    /// unit (decode steps, verification steps, short chunks): every tile at most `sub_tokens`
+    /// long and shorter than ATT_TQ, so no sequence was cut into several tiles whose blocks
+    /// would read each other's new keys.
+    fn fuses_rope(&self, b: &CudaBatch, p: &AttnParams, fp8: bool) -> bool {
+        let group = p.num_heads / p.num_kv_heads.max(1);
+        let longest = b.longest_tile();
+        self.fused_rope
+            && b.n > 0
+            && !fp8
+            && group <= MMA_ROWS
+            && self.mma_attention(p.head_dim, fp8).is_some()
+            && longest <= mma_sub_tokens(group)
+            && longest < ATT_TQ
+    }
+
+    /// RoPE on the q and k heads of `qkv`, in place, and the K/V write into the cache of `layer`
+    /// (rope_kv.cu): the step before the attention kernel, unless that kernel does it itself.
+    fn rope_and_cache(
+        &self,
+        qkv: &mut CudaTensor,
+        rope: &CudaTensor,
+        kv: &mut CudaKv,
+        layer: usize,
+        b: &CudaBatch,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError> {
+        self.timed("rope+kv_write", || {
+            if b.n == 0 {
+                return Ok(());
+            }
+            let (nh, nkv, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
+            let table = rope.f32("rope")?;
+            let CudaBuf::Bf16(q) = &mut qkv.buf else {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "rope",
+                    msg: "qkv must be bf16".into(),
+                });
+            };
+            let func = match kv.layout.dtype {
+                KvCacheDtype::Auto => &self.k.rope_kv,
+                KvCacheDtype::Fp8E4m3 => &self.k.rope_kv_fp8,
+            };
+            let mut l = self.stream.launch_builder(func);
+            l.arg(q)
+                .arg(table)
+                .arg(&b.pos)
+                .arg(&b.slots)
+                .arg(&mut kv.k[layer])
+                .arg(&mut kv.v[layer])
+                .arg(&mut kv.k_scale[layer])
+                .arg(&mut kv.v_scale[layer])
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&d);
+            let cfg = LaunchConfig {
+                grid_dim: (b.n as u32, (p.num_heads + p.num_kv_heads) as u32, 1),
+                block_dim: ((p.head_dim / 2) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: rope_kv_{bf16,fp8}(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
+            // k_cache[slots, nkv, d], v_cache[slots, nkv, d] (bf16 or e4m3, as allocated for the layout's
+            // dtype), f32 k_scale/v_scale[slots, nkv] (fp8), int, int, int) on grid (n, nh + nkv),
+            // block d/2 (d even, checked by the config; attention caps it at 128); positions are below max_pos and slots inside
+            // the cache or the padding mark (validated by the runner).
+            unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
+            Ok(())
+        })
+    }
+
     /// Merges the attention splits (if any) into `out`.
     fn finish_attention(
         &self,
@@ -736,7 +839,7 @@ impl CudaDevice {
                 .arg(&ur);
             // Outputs of the fullest unit: its tokens (at most sub_tokens, at most the longest
             // tile) × group × d, COMBINE_ELEMS a block.
-            let longest = b.tile_lens.iter().copied().max().unwrap_or(1) as usize;
+            let longest = b.longest_tile().max(1);
             let elems = sh.sub_tokens.min(longest) * sh.group * p.head_dim;
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -1075,7 +1178,7 @@ impl Device for CudaDevice {
         self.timed("gemm lm_head", || self.gemm(x, w, true))
     }
 
-    fn rope_and_cache(
+    fn attention(
         &self,
         qkv: &mut CudaTensor,
         rope: &CudaTensor,
@@ -1083,59 +1186,12 @@ impl Device for CudaDevice {
         layer: usize,
         b: &CudaBatch,
         p: &AttnParams,
-    ) -> Result<(), DeviceError> {
-        self.timed("rope+kv_write", || {
-            if b.n == 0 {
-                return Ok(());
-            }
-            let (nh, nkv, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
-            let table = rope.f32("rope")?;
-            let CudaBuf::Bf16(q) = &mut qkv.buf else {
-                return Err(DeviceError::Op {
-                    device: DEV,
-                    op: "rope",
-                    msg: "qkv must be bf16".into(),
-                });
-            };
-            let func = match kv.layout.dtype {
-                KvCacheDtype::Auto => &self.k.rope_kv,
-                KvCacheDtype::Fp8E4m3 => &self.k.rope_kv_fp8,
-            };
-            let mut l = self.stream.launch_builder(func);
-            l.arg(q)
-                .arg(table)
-                .arg(&b.pos)
-                .arg(&b.slots)
-                .arg(&mut kv.k[layer])
-                .arg(&mut kv.v[layer])
-                .arg(&mut kv.k_scale[layer])
-                .arg(&mut kv.v_scale[layer])
-                .arg(&nh)
-                .arg(&nkv)
-                .arg(&d);
-            let cfg = LaunchConfig {
-                grid_dim: (b.n as u32, (p.num_heads + p.num_kv_heads) as u32, 1),
-                block_dim: ((p.head_dim / 2) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: rope_kv_{bf16,fp8}(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
-            // k_cache[slots, nkv, d], v_cache[slots, nkv, d] (bf16 or e4m3, as allocated for the layout's
-            // dtype), f32 k_scale/v_scale[slots, nkv] (fp8), int, int, int) on grid (n, nh + nkv),
-            // block d/2 (d even, checked by the config; attention caps it at 128); positions are below max_pos and slots inside
-            // the cache or the padding mark (validated by the runner).
-            unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
-            Ok(())
-        })
-    }
-
-    fn attention(
-        &self,
-        qkv: &CudaTensor,
-        kv: &CudaKv,
-        layer: usize,
-        b: &CudaBatch,
-        p: &AttnParams,
     ) -> Result<CudaTensor, DeviceError> {
+        let fp8 = kv.layout.dtype == KvCacheDtype::Fp8E4m3;
+        let fused = self.fuses_rope(b, p, fp8);
+        if !fused {
+            self.rope_and_cache(qkv, rope, kv, layer, b, p)?;
+        }
         self.timed("attention", || {
             let d = p.head_dim;
             let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
@@ -1153,15 +1209,7 @@ impl Device for CudaDevice {
                     msg: format!("head_dim {d} > {ATT_MAXD}"),
                 });
             }
-            let fp8 = kv.layout.dtype == KvCacheDtype::Fp8E4m3;
-            let mma = match (d, fp8) {
-                _ if self.simt_attention => None,
-                (64, false) => Some(&self.k.attention_mma_d64),
-                (128, false) => Some(&self.k.attention_mma_d128),
-                (64, true) => Some(&self.k.attention_mma_d64_fp8),
-                (128, true) => Some(&self.k.attention_mma_d128_fp8),
-                _ => None,
-            };
+            let mma = self.mma_attention(d, fp8);
             // Work units: the tensor-core kernel serves a GQA group per block (rows = tokens × group),
             // the CUDA-core kernel one q head per block (rows = tokens).
             let group = p.num_heads / p.num_kv_heads;
@@ -1176,8 +1224,8 @@ impl Device for CudaDevice {
                 Some(_) => {
                     // Units of `sub` tokens, as many per tile as its longest tile needs (one for
                     // a decode step), so no block is launched only to find no tokens.
-                    let sub = (MMA_ROWS / group).clamp(1, ATT_TQ);
-                    let longest = b.tile_lens.iter().copied().max().unwrap_or(1) as usize;
+                    let sub = mma_sub_tokens(group);
+                    let longest = b.longest_tile().max(1);
                     (sub, longest.div_ceil(sub).max(1), p.num_kv_heads, MMA_ROWS)
                 }
                 None => (ATT_TQ, 1, p.num_heads, ATT_TQ),
@@ -1218,6 +1266,7 @@ impl Device for CudaDevice {
             let (nh, nkv, di) = (p.num_heads as i32, p.num_kv_heads as i32, d as i32);
             let (mb, bs, sl) = (b.max_blocks as i32, b.block_size as i32, split_len as i32);
             let (gi, sti, upti) = (group as i32, sub_tokens as i32, units_per_tile as i32);
+            let fi = fused as i32;
             // Combine rows: token × group for the tensor-core kernel, token alone for the CUDA-core one.
             let shape = CombineShape {
                 units,
@@ -1256,8 +1305,8 @@ impl Device for CudaDevice {
             };
             let mut l = self.stream.launch_builder(func);
             l.arg(qkv.bf16("attention")?)
-                .arg(&kv.k[layer])
-                .arg(&kv.v[layer])
+                .arg(&mut kv.k[layer])
+                .arg(&mut kv.v[layer])
                 .arg(&kv.k_scale[layer])
                 .arg(&kv.v_scale[layer])
                 .arg(&b.pos)
@@ -1277,12 +1326,17 @@ impl Device for CudaDevice {
                 .arg(&sl)
                 .arg(&gi)
                 .arg(&sti)
-                .arg(&upti);
+                .arg(&upti)
+                .arg(rope.f32("rope")?)
+                .arg(&b.slots)
+                .arg(&fi);
             // SAFETY: every attention kernel takes this argument list (attention.cu / attention_mma.cu), the
             // _fp8 ones chosen exactly for an FP8 cache (codes + scales allocated by alloc_kv): tiles cover
             // the batch's tokens within their sequences, block tables cover every position (validated by
             // the runner), split buffers hold units × grid_y × splits × unit_rows rows, shared memory is
-            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64.
+            // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64;
+            // `fused` only where fuses_rope allows it (each sequence one unit, bf16 cache), with the
+            // rope table (max_pos × d, positions validated by the runner) and one slot per token.
             unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
             self.finish_attention(out, part_o, part_ml, b, p, shape)
         })
