@@ -107,6 +107,14 @@ impl CudaBatch {
     fn longest_tile(&self) -> usize {
         self.tile_lens.iter().copied().max().unwrap_or(0) as usize
     }
+
+    /// Whether each sequence's new tokens form one attention unit of `sub_tokens` (decode and
+    /// verification steps, short chunks): no tile longer than a unit, and none a full ATT_TQ,
+    /// so no sequence was cut into several tiles.
+    fn one_unit_per_sequence(&self, sub_tokens: usize) -> bool {
+        let longest = self.longest_tile();
+        longest <= sub_tokens && longest < ATT_TQ
+    }
 }
 
 struct Kernels {
@@ -196,7 +204,8 @@ const MAX_SPLITS: usize = 64;
 /// Waves of attention blocks the splits may fill. Measured on the H200 (8B shape, ctx 4096,
 /// graphs), two waves against one: batch 1 4.59 vs 4.64 ms, batch 2 4.94 vs 5.10, batch 4 5.58 vs
 /// 5.80, batch 16 7.52 vs 9.01, batch 64 17.77 vs 17.71 — with the one-round-trip combine, more
-/// and shorter splits pay even as a partial second wave.
+/// and shorter splits pay even as a partial second wave. Decode and verification steps only: a
+/// 512-token prefill split three ways took 23 ms against 14 unsplit.
 const SPLIT_WAVES: usize = 2;
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
@@ -741,14 +750,12 @@ impl CudaDevice {
     /// would read each other's new keys.
     fn fuses_rope(&self, b: &CudaBatch, p: &AttnParams, fp8: bool) -> bool {
         let group = p.num_heads / p.num_kv_heads.max(1);
-        let longest = b.longest_tile();
         self.fused_rope
             && b.n > 0
             && !fp8
             && group <= MMA_ROWS
             && self.mma_attention(p.head_dim, fp8).is_some()
-            && longest <= mma_sub_tokens(group)
-            && longest < ATT_TQ
+            && b.one_unit_per_sequence(mma_sub_tokens(group))
     }
 
     /// RoPE on the q and k heads of `qkv`, in place, and the K/V write into the cache of `layer`
@@ -1240,9 +1247,17 @@ impl Device for CudaDevice {
                 .sum::<usize>()
                 * grid_y;
             // As many splits as fill SPLIT_WAVES waves of blocks (the tensor-core kernels run 3
-            // blocks per SM, the CUDA-core one 2).
+            // blocks per SM, the CUDA-core one 2) when every unit is a sequence's whole step
+            // (decode, verification): each attends over its full range. Units of a longer prompt
+            // attend over causal triangles and their partials cost a round trip: one wave (a
+            // 512-token prefill ran 23 ms split three ways, 14 ms unsplit).
             let wave = self.sms * if mma.is_some() { MMA_BLOCKS_PER_SM } else { 2 };
-            let want = (wave * self.split.2 / busy.max(1)).max(1);
+            let waves = if b.one_unit_per_sequence(sub_tokens) {
+                self.split.2
+            } else {
+                1
+            };
+            let want = (wave * waves / busy.max(1)).max(1);
             let max_splits = b.max_ctx.div_ceil(self.split.0).max(1);
             let splits = want.clamp(1, max_splits.min(self.split.1));
             // The CUDA-core kernel needs whole key tiles per split; the tensor-core one masks
