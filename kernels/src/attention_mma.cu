@@ -116,11 +116,9 @@ __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, bool scaled, unsig
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-// RoPE of 8 pairs: x1 = a[0..8), x2 = b[0..8) (bf16, 16-byte aligned), cos = cs[0..8) and sin =
-// cs[half..half + 8). Each rotated value is rounded to bf16 (as rope_kv stores it), then times
-// `mul` (the Q pre-scale; 1 for K) rounded to bf16 again: lo = a's, hi = b's 8 results.
-__device__ __forceinline__ void rope8(const bf16* a, const bf16* b, const float* cs, int half, float mul,
-                                      uint4* lo, uint4* hi) {
+// RoPE of 8 pairs in f32: x1 = a[0..8), x2 = b[0..8) (bf16, 16-byte aligned), cos = cs[0..8) and
+// sin = cs[half..half + 8); r[0] the rotated a, r[1] the rotated b.
+__device__ __forceinline__ void rope8(const bf16* a, const bf16* b, const float* cs, int half, float (&r)[2][8]) {
     const uint4 xa = *reinterpret_cast<const uint4*>(a), xb = *reinterpret_cast<const uint4*>(b);
     const float4 c0 = *reinterpret_cast<const float4*>(cs), c1 = *reinterpret_cast<const float4*>(cs + 4);
     const float4 s0 = *reinterpret_cast<const float4*>(cs + half);
@@ -128,21 +126,33 @@ __device__ __forceinline__ void rope8(const bf16* a, const bf16* b, const float*
     const unsigned wa[4] = {xa.x, xa.y, xa.z, xa.w}, wb[4] = {xb.x, xb.y, xb.z, xb.w};
     const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
     const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-    unsigned oa[4], ob[4];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const float x1 = bf2f((bf16)((wa[e / 2] >> (16 * (e & 1))) & 0xffffu));
+        const float x2 = bf2f((bf16)((wb[e / 2] >> (16 * (e & 1))) & 0xffffu));
+        rope_rotate(x1, x2, c[e], s[e], &r[0][e], &r[1][e]);
+    }
+}
+
+// Eight rotated values as rope_kv stores them (bf16), times `mul` (the Q pre-scale; 1 for K),
+// packed as bf16 or, with F16, as f16 (the FP8 path's Q).
+template <bool F16>
+__device__ __forceinline__ uint4 pack8(const float (&r)[8], float mul) {
+    unsigned o[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        float r[2][2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const float x1 = bf2f((bf16)((wa[k] >> (16 * e)) & 0xffffu));
-            const float x2 = bf2f((bf16)((wb[k] >> (16 * e)) & 0xffffu));
-            rope_rotate(x1, x2, c[2 * k + e], s[2 * k + e], &r[0][e], &r[1][e]);
-        }
-        oa[k] = pack_bf16(bf2f(f2bf(r[0][0])) * mul, bf2f(f2bf(r[0][1])) * mul);
-        ob[k] = pack_bf16(bf2f(f2bf(r[1][0])) * mul, bf2f(f2bf(r[1][1])) * mul);
+        const float lo = bf2f(f2bf(r[2 * k])) * mul, hi = bf2f(f2bf(r[2 * k + 1])) * mul;
+        o[k] = F16 ? pack_f16(lo, hi) : pack_bf16(lo, hi);
     }
-    *lo = make_uint4(oa[0], oa[1], oa[2], oa[3]);
-    *hi = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Eight e4m3 codes of r · inv, low byte first.
+__device__ __forceinline__ uint2 codes8(const float* r, float inv) {
+    unsigned w[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[e / 4] |= (unsigned)f2e4m3(r[e] * inv) << (8 * (e % 4));
+    return make_uint2(w[0], w[1]);
 }
 
 // FP8: the cache holds e4m3 codes with an f32 scale per (slot, kv head). Codes and scales are
@@ -152,8 +162,8 @@ __device__ __forceinline__ void rope8(const bf16* a, const bf16* b, const float*
 // conversion per two values. Half the bytes of the bf16 path in flight per tile, twice the tiles.
 template <int D, bool FP8>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void* __restrict__ k_cache,
-                                              void* __restrict__ v_cache, const float* __restrict__ k_scale,
-                                              const float* __restrict__ v_scale, const unsigned* __restrict__ pos,
+                                              void* __restrict__ v_cache, float* __restrict__ k_scale,
+                                              float* __restrict__ v_scale, const unsigned* __restrict__ pos,
                                               const unsigned* __restrict__ tile_seq,
                                               const unsigned* __restrict__ tile_start,
                                               const unsigned* __restrict__ tile_len,
@@ -255,14 +265,15 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
     // them is the softmax's exp.
     const float qscale = scale * LOG2E;
-    if (!FP8 && fused) {
-        // Fused decode path (bf16 cache, every sequence one unit): the q and k heads arrive
-        // unrotated and no rope_kv launch ran. Q is rotated as it is staged (8 pairs per thread:
-        // elements i.. and i + D/2..), and the block whose key range holds a new token's position
-        // rotates that token's k head, writes it and its v head into the cache, and reads them
-        // back with the rest of the tile below (the barrier after this orders the writes before
-        // the copies). Each position lies in exactly one split, so each write has one writer, and
-        // no other block reads it: a unit's new keys are its own sequence's, in its own range.
+    if (fused) {
+        // Fused decode path (every sequence one unit): the q and k heads arrive unrotated and no
+        // rope_kv launch ran. Q is rotated as it is staged (8 pairs per thread: elements i.. and
+        // i + D/2..), and the block whose key range holds a new token's position rotates that
+        // token's k head, writes it and its v head into the cache (bf16, or e4m3 codes with the
+        // head's scale, exactly as rope_kv does) and reads them back with the rest of the tile
+        // below (the barrier after this orders the writes before the copies). Each position lies
+        // in exactly one split, so each write has one writer, and no other block reads it: a
+        // unit's new keys are its own sequence's, in its own range.
         constexpr int HALF = D / 2, PAIRS = HALF / 8;  // 8-pair chunks per head
         for (int idx = tid; idx < MMA_TQ * PAIRS; idx += MMA_THREADS) {
             const int r = idx / PAIRS, i = (idx % PAIRS) * 8;
@@ -270,11 +281,16 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             if (r < qlen) {
                 const int tok = start + r / group;
                 const bf16* q = qkv + (size_t)tok * cols + (kvh * group + r % group) * D;
-                rope8(q + i, q + HALF + i, rope + (size_t)pos[tok] * D + i, HALF, qscale, &lo, &hi);
+                float rot[2][8];
+                rope8(q + i, q + HALF + i, rope + (size_t)pos[tok] * D + i, HALF, rot);
+                lo = pack8<FP8>(rot[0], qscale);
+                hi = pack8<FP8>(rot[1], qscale);
             }
             *reinterpret_cast<uint4*>(Qs + r * DP + i) = lo;
             *reinterpret_cast<uint4*>(Qs + r * DP + HALF + i) = hi;
         }
+        // A token's PAIRS chunks are PAIRS consecutive lanes of one warp (ntok * PAIRS is a
+        // multiple of PAIRS), and whether they write is the token's: the group reduces together.
         for (int idx = tid; idx < ntok * PAIRS; idx += MMA_THREADS) {
             const int t = idx / PAIRS, i = (idx % PAIRS) * 8, tok = start + t;
             const int p = pos[tok];
@@ -282,15 +298,47 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             if (p < k_begin || p >= k_begin + split_len || slot == 0xFFFFFFFFu) continue;
             const bf16* k = qkv + (size_t)tok * cols + (n_heads + kvh) * D;
             const uint4* v = reinterpret_cast<const uint4*>(k + n_kv * D);
-            uint4 lo, hi;
-            rope8(k + i, k + HALF + i, rope + (size_t)p * D + i, HALF, 1.f, &lo, &hi);
-            const size_t at = ((size_t)slot * n_kv + kvh) * D;
-            uint4* kc = reinterpret_cast<uint4*>(static_cast<bf16*>(k_cache) + at);
-            uint4* vc = reinterpret_cast<uint4*>(static_cast<bf16*>(v_cache) + at);
-            kc[i / 8] = lo;
-            kc[(HALF + i) / 8] = hi;
-            vc[i / 8] = v[i / 8];
-            vc[(HALF + i) / 8] = v[(HALF + i) / 8];
+            float rot[2][8];
+            rope8(k + i, k + HALF + i, rope + (size_t)p * D + i, HALF, rot);
+            const size_t head = (size_t)slot * n_kv + kvh;
+            const uint4 v1 = v[i / 8], v2 = v[(HALF + i) / 8];
+            if constexpr (FP8) {
+                // One scale per token and head: its largest magnitude maps to E4M3_MAX; K from the
+                // rotation's f32 result.
+                const unsigned vw[8] = {v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w};
+                float vf[2][8], ka = 0.f, va = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    vf[0][e] = bf2f((bf16)((vw[e / 2] >> (16 * (e & 1))) & 0xffffu));
+                    vf[1][e] = bf2f((bf16)((vw[4 + e / 2] >> (16 * (e & 1))) & 0xffffu));
+                    ka = fmaxf(ka, fmaxf(fabsf(rot[0][e]), fabsf(rot[1][e])));
+                    va = fmaxf(va, fmaxf(fabsf(vf[0][e]), fabsf(vf[1][e])));
+                }
+                const unsigned mask = ((1u << PAIRS) - 1u) << (lane & ~(PAIRS - 1));
+#pragma unroll
+                for (int o = 1; o < PAIRS; o <<= 1) {
+                    ka = fmaxf(ka, __shfl_xor_sync(mask, ka, o));
+                    va = fmaxf(va, __shfl_xor_sync(mask, va, o));
+                }
+                const float ki = ka > 0.f ? E4M3_MAX / ka : 0.f, vi = va > 0.f ? E4M3_MAX / va : 0.f;
+                uint2* kc = reinterpret_cast<uint2*>(static_cast<fp8*>(k_cache) + head * D);
+                uint2* vc = reinterpret_cast<uint2*>(static_cast<fp8*>(v_cache) + head * D);
+                kc[i / 8] = codes8(rot[0], ki);
+                kc[(HALF + i) / 8] = codes8(rot[1], ki);
+                vc[i / 8] = codes8(vf[0], vi);
+                vc[(HALF + i) / 8] = codes8(vf[1], vi);
+                if (i == 0) {
+                    k_scale[head] = ka / E4M3_MAX;
+                    v_scale[head] = va / E4M3_MAX;
+                }
+            } else {
+                uint4* kc = reinterpret_cast<uint4*>(static_cast<bf16*>(k_cache) + head * D);
+                uint4* vc = reinterpret_cast<uint4*>(static_cast<bf16*>(v_cache) + head * D);
+                kc[i / 8] = pack8<false>(rot[0], 1.f);
+                kc[(HALF + i) / 8] = pack8<false>(rot[1], 1.f);
+                vc[i / 8] = v1;
+                vc[(HALF + i) / 8] = v2;
+            }
         }
     } else {
         for (int idx = tid; idx < MMA_TQ * D / 8; idx += MMA_THREADS) {
@@ -524,9 +572,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
 // tile of 2 * MMA_TK * (D + 8) bf16 plus 4 * MMA_TK * D bytes of raw stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
-// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8). `fused` = 1 (bf16
-// symbols only, and only when every sequence of the batch is one unit: units_per_tile = 1 and
-// every tile shorter than 32 tokens) takes the q and k heads unrotated and does rope_kv's work
+// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8). `fused` = 1 (only
+// when every sequence of the batch is one unit: units_per_tile = 1 and every tile shorter than 32
+// tokens) takes the q and k heads unrotated and does rope_kv's work
 // itself: `rope` is rope_kv's cos/sin table, `slots` the tokens' cache slots (0xFFFFFFFF: a
 // padding row, written nowhere); with `fused` = 0 they are not read.
 #define MMA_KERNEL(NAME, D, FP8, KV)                                                                          \

@@ -97,7 +97,7 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s
 // path (see attention_mma.cu); the others ignore them.
 #define PAGED_ATTENTION_ARGS(KV)                                                                              \
     const bf16 *__restrict__ qkv, KV *__restrict__ k_cache, KV *__restrict__ v_cache,                         \
-        const float *__restrict__ k_scale, const float *__restrict__ v_scale, const unsigned *__restrict__ pos, \
+        float *__restrict__ k_scale, float *__restrict__ v_scale, const unsigned *__restrict__ pos,             \
         const unsigned *__restrict__ tile_seq, const unsigned *__restrict__ tile_start,                       \
         const unsigned *__restrict__ tile_len, const unsigned *__restrict__ block_tables, int max_blocks,     \
         bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \

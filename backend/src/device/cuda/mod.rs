@@ -744,7 +744,7 @@ impl CudaDevice {
     }
 
     /// Whether the attention kernel rotates q and k and writes K/V itself (no rope_kv launch):
-    /// the tensor-core kernel over a bf16 cache, when each sequence of the batch is one block
+    /// the tensor-core kernel (bf16 or FP8 cache), when each sequence of the batch is one block
     /// unit (decode steps, verification steps, short chunks): every tile at most `sub_tokens`
     /// long and shorter than ATT_TQ, so no sequence was cut into several tiles whose blocks
     /// would read each other's new keys.
@@ -752,7 +752,6 @@ impl CudaDevice {
         let group = p.num_heads / p.num_kv_heads.max(1);
         self.fused_rope
             && b.n > 0
-            && !fp8
             && group <= MMA_ROWS
             && self.mma_attention(p.head_dim, fp8).is_some()
             && b.one_unit_per_sequence(mma_sub_tokens(group))
@@ -1322,8 +1321,8 @@ impl Device for CudaDevice {
             l.arg(qkv.bf16("attention")?)
                 .arg(&mut kv.k[layer])
                 .arg(&mut kv.v[layer])
-                .arg(&kv.k_scale[layer])
-                .arg(&kv.v_scale[layer])
+                .arg(&mut kv.k_scale[layer])
+                .arg(&mut kv.v_scale[layer])
                 .arg(&b.pos)
                 .arg(&b.tile_seq)
                 .arg(&b.tile_start)
@@ -1350,7 +1349,7 @@ impl Device for CudaDevice {
             // the batch's tokens within their sequences, block tables cover every position (validated by
             // the runner), split buffers hold units × grid_y × splits × unit_rows rows, shared memory is
             // sized for d, the tensor-core kernel only for its own d (the match above) and group ≤ 64;
-            // `fused` only where fuses_rope allows it (each sequence one unit, bf16 cache), with the
+            // `fused` only where fuses_rope allows it (each sequence one unit), with the
             // rope table (max_pos × d, positions validated by the runner) and one slot per token.
             unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
             self.finish_attention(out, part_o, part_ml, b, p, shape)
