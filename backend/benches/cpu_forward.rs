@@ -40,10 +40,13 @@ fn main() {
         "matmul 512x576 · 1536x576ᵀ: {:.1} GFLOP/s",
         gemm_rate(512, 576, 1536)
     );
-    println!(
-        "matmul 1x576 · 49152x576ᵀ: {:.1} GFLOP/s",
-        gemm_rate(1, 576, 49152)
-    );
+    // The LM head of a decode step (1 row) and of a verification step (1 + 4 drafts).
+    for n in [1, 5] {
+        println!(
+            "matmul {n}x576 · 49152x576ᵀ: {:.1} GFLOP/s",
+            gemm_rate(n, 576, 49152)
+        );
+    }
     let path = fetch::fetch(fetch::known_model("smollm2").unwrap(), true).expect("fetch smollm2");
     let m = loader::load(path.to_str().unwrap(), false).unwrap();
     let bs = 16;
