@@ -121,3 +121,26 @@ pub fn generate(
         finish,
     })
 }
+
+/// Logits of the last `rows` positions of `prompt` (its earlier tokens prefilled in chunks of
+/// `chunk`), leaving the runner's cache free again.
+pub fn last_logits(
+    r: &mut dyn Runner,
+    prompt: &[u32],
+    rows: usize,
+    chunk: usize,
+) -> Result<Logits, EngineError> {
+    let rows = rows.clamp(1, prompt.len());
+    let split = prompt.len() - rows;
+    let layout = r.kv_layout();
+    let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);
+    let mut table = Vec::new();
+    if split > 0 {
+        prefill(r, &mut alloc, &mut table, &prompt[..split], chunk)?;
+    }
+    alloc.ensure(&mut table, prompt.len())?;
+    let mut b = ForwardBatch::default();
+    b.push_seq(&prompt[split..], split, &table, layout.block_size, false);
+    b.logit_rows = (0..rows as u32).collect();
+    r.forward(&b)
+}

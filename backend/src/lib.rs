@@ -12,7 +12,6 @@ pub mod config;
 pub mod device;
 pub mod engine;
 pub mod error;
-pub mod fidelity;
 pub mod generate;
 pub mod kv;
 pub mod loader;
@@ -22,8 +21,8 @@ pub mod rng;
 pub mod sampler;
 pub mod scheduler;
 pub mod spec;
+pub mod tensor;
 pub mod tokenizer;
-pub mod workload;
 
 pub use config::ModelConfig;
 pub use error::{DeviceError, EngineError, LoadError};

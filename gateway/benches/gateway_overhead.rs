@@ -19,7 +19,7 @@ use cachet_backend::loader::{self, fetch, HostWeights};
 use cachet_backend::model::runner::cpu_runner;
 use cachet_backend::request::{EngineEvent, EngineRequest};
 use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
-use cachet_backend::workload::percentile;
+use cachet_bench::workload::percentile;
 use cachet_gateway::server::{self, AppState, Limits};
 use cachet_gateway::tenants::{hash_key, hex, TenantRegistry};
 use http_body_util::{BodyExt, Full};

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cachet_backend::loader::{self, fetch};
 use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
-use cachet_backend::workload::{percentile, routing_workload, ChatItem, RoutingWorkloadConfig};
+use cachet_bench::workload::{percentile, routing_workload, ChatItem, RoutingWorkloadConfig};
 use cachet_tests::{free_port, Proc};
 use http_body_util::{BodyExt, Full};
 
@@ -438,7 +438,7 @@ fn main() {
         }
         std::fs::write(
             out_dir.join(format!("ttft-cdf-{ratio}.svg")),
-            cachet_gateway::report::cdf_svg(
+            cachet_bench::report::cdf_svg(
                 &plot
                     .iter()
                     .map(|r| (r.name.clone(), r.ttft_ms.clone()))

@@ -2,7 +2,6 @@
 //! sandbox that runs tenants' prompt templates.
 
 pub mod normalize;
-pub mod report;
 pub mod route;
 pub mod sandbox;
 pub mod server;

@@ -57,12 +57,18 @@ pub fn nvrtc_version() -> Result<(i32, i32), CompileError> {
     Ok((major, minor))
 }
 
-/// Compiles every kernel for `arch` (e.g. `sm_90`), or loads the cached CUBIN from `cache_dir`.
-pub fn compile(arch: &str, cache_dir: Option<&Path>) -> Result<Compiled, CompileError> {
+/// Compiles every kernel for `arch` (e.g. `sm_90`), or loads the cached CUBIN from `cache_dir`;
+/// `source_dir` substitutes kernel files by name (see [`crate::SOURCE_DIR_ENV`]).
+pub fn compile(
+    arch: &str,
+    cache_dir: Option<&Path>,
+    source_dir: Option<&Path>,
+) -> Result<Compiled, CompileError> {
     let (major, minor) = nvrtc_version()?;
+    let source = crate::full_source_with(source_dir);
     let key = format!(
         "{}-{arch}-nvrtc{major}.{minor}",
-        &crate::source_hash()[..16]
+        &crate::source_hash(&source)[..16]
     );
     if let Some(dir) = cache_dir {
         let path = dir.join(format!("{key}.cubin"));
@@ -75,7 +81,7 @@ pub fn compile(arch: &str, cache_dir: Option<&Path>) -> Result<Compiled, Compile
             });
         }
     }
-    let compiled = compile_uncached(arch)?;
+    let compiled = compile_source(arch, &source)?;
     if let Some(dir) = cache_dir {
         std::fs::create_dir_all(dir).map_err(|source| CompileError::Io {
             path: dir.into(),
@@ -101,12 +107,17 @@ fn to_string(v: Vec<std::ffi::c_char>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Compiles without the disk cache and checks the resource report for spills.
+/// Compiles the embedded kernels without the disk cache and checks the resource report for spills.
 pub fn compile_uncached(arch: &str) -> Result<Compiled, CompileError> {
+    compile_source(arch, &crate::full_source_with(None))
+}
+
+/// Compiles `source` (a [`crate::full_source_with`]) and checks the report for spills.
+fn compile_source(arch: &str, source: &str) -> Result<Compiled, CompileError> {
     if !nvrtc_available() {
         return Err(CompileError::NvrtcMissing);
     }
-    let src = std::ffi::CString::new(crate::full_source()).expect("no NUL in kernel sources");
+    let src = std::ffi::CString::new(source).expect("no NUL in kernel sources");
     let name = std::ffi::CString::new("cachet_kernels.cu").expect("static name");
     let err = |stage, e: result::NvrtcError, log: String| CompileError::Nvrtc {
         stage,

@@ -87,9 +87,10 @@ pub const SOURCES: &[KernelSource] = &[
     },
 ];
 
-/// Environment variable naming a directory whose `.cu`/`.cuh` files replace the embedded ones of
-/// the same name (kernel work on a GPU machine without rebuilding the binary; the compile cache
-/// is keyed by the resulting source, so nothing stale is loaded).
+/// The environment variable the CUDA device reads for a directory whose `.cu`/`.cuh` files replace
+/// the embedded ones of the same name (kernel work on a GPU machine without rebuilding the binary;
+/// the compile cache is keyed by the resulting source, so nothing stale is loaded). This crate
+/// never reads it: callers pass the directory.
 pub const SOURCE_DIR_ENV: &str = "CACHET_KERNEL_DIR";
 
 /// `code`, or the file of the same name in `dir` when there is one.
@@ -111,14 +112,8 @@ fn unit_code(dir: Option<&Path>, name: &str, code: &'static str) -> Cow<'static,
     }
 }
 
-/// All units as one translation unit (the header once, at the top), with the files of
-/// `$CACHET_KERNEL_DIR` in place of the embedded ones where it has them.
-pub fn full_source() -> String {
-    let dir = std::env::var_os(SOURCE_DIR_ENV).map(std::path::PathBuf::from);
-    full_source_with(dir.as_deref())
-}
-
-/// [`full_source`] with the overriding files read from `dir`.
+/// All units as one translation unit (the header once, at the top), with the files of `dir` (a
+/// [`SOURCE_DIR_ENV`] directory) in place of the embedded ones where it has them.
 pub fn full_source_with(dir: Option<&Path>) -> String {
     let mut s = unit_code(dir, "common.cuh", COMMON).into_owned();
     for unit in SOURCES {
@@ -139,9 +134,9 @@ pub fn symbols() -> impl Iterator<Item = &'static str> {
     SOURCES.iter().flat_map(|s| s.symbols.iter().copied())
 }
 
-/// blake3 of the full source: part of the on-disk cache key for compiled modules.
-pub fn source_hash() -> String {
-    blake3::hash(full_source().as_bytes()).to_hex().to_string()
+/// blake3 of a full source: part of the on-disk cache key for compiled modules.
+pub fn source_hash(source: &str) -> String {
+    blake3::hash(source.as_bytes()).to_hex().to_string()
 }
 
 #[cfg(test)]

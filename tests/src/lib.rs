@@ -281,7 +281,7 @@ pub fn assert_greedy_agrees(
         "{what}: outputs differ\n want {want:?}\n  got {got:?}"
     );
     let mut r = device_runner(m, (prompt.len() + want.len()).div_ceil(16) + 1);
-    let d = cachet_backend::fidelity::greedy_divergence(r.as_mut(), prompt, want, got)
+    let d = cachet_bench::fidelity::greedy_divergence(r.as_mut(), prompt, want, got)
         .unwrap()
         .unwrap_or_else(|| {
             panic!(

@@ -11,10 +11,10 @@ use cachet_backend::device::fp8::{decode_e4m3, encode_e4m3};
 use cachet_backend::device::{KvCacheDtype, KvLayout};
 use cachet_backend::engine::Engine;
 use cachet_backend::engine::EngineConfig;
-use cachet_backend::fidelity::{compare_logits, greedy_agreement};
 use cachet_backend::rng::Rng;
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
+use cachet_bench::fidelity::{compare_logits, greedy_agreement};
+use cachet_bench::workload::{COPY_HEAVY, FREE_CHAT};
 use cachet_tests::*;
 
 const ML_DTYPES: &str = r#"

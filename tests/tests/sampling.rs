@@ -96,7 +96,7 @@ fn check<D: Device>(dev: &D) {
 #[test]
 fn sampling_follows_the_distribution_and_reproduces() {
     match test_device() {
-        DeviceKind::Cuda => check(&CudaDevice::new(0, 16).unwrap()),
+        DeviceKind::Cuda => check(&CudaDevice::new(0, 16, Default::default()).unwrap()),
         _ => check(&CpuDevice::new()),
     }
 }

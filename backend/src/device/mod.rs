@@ -14,7 +14,7 @@ pub mod cuda;
 pub mod fp8;
 
 use crate::error::{DeviceError, EngineError};
-use crate::loader::HostTensor;
+use crate::tensor::HostTensor;
 
 /// How the KV cache stores keys and values (vLLM's `--kv-cache-dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

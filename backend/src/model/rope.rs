@@ -2,7 +2,7 @@
 //! computes them (f32 inverse frequencies, f32 angle = position · inv_freq) so logits agree.
 
 use crate::config::{ModelConfig, RopeScaling};
-use crate::loader::HostTensor;
+use crate::tensor::HostTensor;
 
 /// Inverse frequencies, one per pair of rotated dimensions.
 pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {

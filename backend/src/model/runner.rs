@@ -7,7 +7,7 @@ use std::str::FromStr;
 use super::llama::{Llama, Logits};
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
-use crate::device::cuda::{self, CudaDevice};
+use crate::device::cuda::{self, CudaDevice, CudaOptions};
 use crate::device::{
     Device, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout, RowSampling,
 };
@@ -327,7 +327,9 @@ pub fn build_runner(
         },
     };
     if use_cuda {
-        let dev = CudaDevice::new(0, opts.block_size)?;
+        // The switches are read here, once; the kernel cache lives with the model cache.
+        let cuda = CudaOptions::from_env(Some(crate::loader::fetch::cache_dir().join("kernels")))?;
+        let dev = CudaDevice::new(0, opts.block_size, cuda)?;
         Ok(Box::new(ModelRunner::new(dev, config, weights, opts)?))
     } else {
         Ok(Box::new(ModelRunner::new(

@@ -15,6 +15,14 @@ use clap::Args;
 
 use super::generate::DeviceKind;
 
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    /// The model's own weights.
+    Auto,
+    /// Random weights made on the device from the model's config.json (real shapes, no download).
+    Dummy,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// Model: a known name (`smollm2`), an HF directory or a .gguf file; with
@@ -23,8 +31,8 @@ pub struct EngineArgs {
     pub model: String,
     /// `dummy`: random weights made on the device from the model's config (real shapes, for
     /// benchmarks); needs --tokenizer.
-    #[arg(long, value_enum, default_value_t = super::bench::LoadFormat::Auto)]
-    pub load_format: super::bench::LoadFormat,
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
     /// Whose tokenizer and chat template serve a `--load-format dummy` model (a model name or
     /// path); generated ids are shown modulo its vocabulary.
     #[arg(long)]
@@ -165,7 +173,7 @@ impl EngineArgs {
         let a = self;
         let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
         let speculative = a.speculative()?;
-        let dummy = a.load_format == super::bench::LoadFormat::Dummy;
+        let dummy = a.load_format == LoadFormat::Dummy;
         let load = |name: &str| -> anyhow::Result<loader::LoadedModel> {
             if let Some(k) = loader::fetch::known_model(name) {
                 loader::fetch::fetch(k, true)?;

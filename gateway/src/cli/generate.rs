@@ -267,7 +267,7 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     }
     let mut runner = runner_for(&m, &a.model, ids.len())?;
     let logits = if a.decode_last {
-        cachet_backend::fidelity::last_logits(runner.as_mut(), &ids, 1, ids.len())?
+        cachet_backend::generate::last_logits(runner.as_mut(), &ids, 1, ids.len())?
     } else {
         let layout = runner.kv_layout();
         let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);

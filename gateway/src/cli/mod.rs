@@ -1,9 +1,6 @@
 //! Command-line interface: one subcommand per job.
 
 mod bench;
-mod bench_fp8;
-mod bench_spec;
-mod bench_ttft;
 mod engine_args;
 mod generate;
 mod model;

@@ -40,11 +40,7 @@ fn store(state: &AppState) -> Result<&Arc<TemplateStore>, ApiError> {
 }
 
 fn rfc3339_now() -> String {
-    cachet_backend::workload::rfc3339(
-        SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    )
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
 
 /// Runs the template a chat request names (or the tenant's default), if any.

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::{fp8, AttnParams, Device, ForwardBatch, KvCacheDtype, KvLayout};
 use crate::error::DeviceError;
-use crate::loader::HostTensor;
+use crate::tensor::HostTensor;
 
 /// A row-major f32 matrix.
 #[derive(Debug, Clone, PartialEq)]

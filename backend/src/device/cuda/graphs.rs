@@ -235,7 +235,7 @@ impl CudaDevice {
         batch.num_logit_rows = rows;
         batch.tile_lens = vec![tokens as u32; size];
         batch.max_ctx = bucket;
-        let was_profiling = self.profiling.replace(false);
+        let was_profiling = self.pause_profiling();
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(op_err("begin graph capture"))?;
@@ -259,7 +259,7 @@ impl CudaDevice {
             .stream
             .end_capture(CUgraphInstantiate_flags(0))
             .map_err(op_err("end graph capture"));
-        self.profiling.set(was_profiling);
+        self.resume_profiling(was_profiling);
         recorded?;
         let graph = graph?.ok_or(DeviceError::Op {
             device: DEV,
@@ -276,7 +276,7 @@ impl CudaDevice {
         batch: &ForwardBatch,
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Option<CudaTensor>, EngineError> {
-        let Some(most) = graph_tokens(batch).filter(|_| !self.profiling.get()) else {
+        let Some(most) = graph_tokens(batch).filter(|_| !self.profiling_on()) else {
             return Ok(None);
         };
         let Some(mut g) = kv.graphs.take() else {

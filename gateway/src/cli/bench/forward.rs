@@ -9,34 +9,10 @@ use cachet_backend::config::ModelConfig;
 use cachet_backend::device::{ForwardBatch, KvLayout, RowSampling};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
-use cachet_backend::tokenizer::TextTokenizer;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::Args;
 
-use super::generate::DeviceKind;
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// Decode and prefill timings, with the floor each is held against.
-    Forward(ForwardArgs),
-    /// N-gram speculative decoding off vs on: copy-heavy and free-chat workloads, batch 1 and
-    /// a high batch, tokens per forward pass and decode speed, output identity.
-    Spec(super::bench_spec::SpecArgs),
-    /// The seed article's TTFT experiment through the gateway: baseline vs all optimizations
-    /// (and each alone with --ablation), cold and warm, with the server-side split of TTFT,
-    /// a report and plots.
-    Ttft(super::bench_ttft::TtftArgs),
-    /// FP8 KV cache fidelity: logits with an FP8 cache vs the device's own KV type at short and
-    /// long contexts (error, top-1 and KL), greedy agreement on chat prompts, blocks per GiB.
-    KvFp8(super::bench_fp8::KvFp8Args),
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LoadFormat {
-    /// The model's own weights.
-    Auto,
-    /// Random weights made on the device from the model's config.json (real shapes, no download).
-    Dummy,
-}
+use super::super::engine_args::{GraphArgs, LoadFormat};
+use super::super::generate::DeviceKind;
 
 #[derive(Args, Debug)]
 pub struct ForwardArgs {
@@ -72,7 +48,7 @@ pub struct ForwardArgs {
     #[arg(long)]
     pub json_out: Option<PathBuf>,
     #[command(flatten)]
-    pub graphs: super::engine_args::GraphArgs,
+    pub graphs: GraphArgs,
     /// Decode batch sizes timed eagerly and from CUDA graphs side by side.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub graph_batches: Vec<usize>,
@@ -84,15 +60,6 @@ pub struct ForwardArgs {
     /// with a scale per token and KV head: about twice the blocks in the same memory).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
-}
-
-pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {
-        BenchCommand::Forward(a) => forward(a),
-        BenchCommand::Spec(a) => super::bench_spec::run(a),
-        BenchCommand::Ttft(a) => super::bench_ttft::run(a),
-        BenchCommand::KvFp8(a) => super::bench_fp8::run(a),
-    }
 }
 
 /// Times `f` (after warm-up), synchronising the device; median seconds.
@@ -132,57 +99,6 @@ fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> Forwar
     b
 }
 
-/// The model a benchmark runs, and where.
-#[derive(Args, Debug)]
-pub struct BenchModelArgs {
-    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
-    #[arg(long, short, default_value = "smollm2")]
-    pub model: String,
-    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
-    pub load_format: LoadFormat,
-    /// Whose tokenizer turns the prompts into ids with dummy weights.
-    #[arg(long, default_value = "smollm2")]
-    pub tokenizer: String,
-    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
-    pub device: DeviceKind,
-}
-
-impl BenchModelArgs {
-    /// The model's config, its host weights (`None` with dummy weights: they are made on the
-    /// device) and the tokenizer that turns prompts into ids (another model's with dummy weights).
-    pub fn load(
-        &self,
-    ) -> anyhow::Result<(ModelConfig, Option<loader::LoadedModel>, TextTokenizer)> {
-        let fetch_known = |name: &str| -> anyhow::Result<()> {
-            if let Some(k) = loader::fetch::known_model(name) {
-                loader::fetch::fetch(k, true)?;
-            }
-            Ok(())
-        };
-        let (model, tokenizer) = (&self.model, &self.tokenizer);
-        if self.load_format == LoadFormat::Dummy {
-            let path = PathBuf::from(model);
-            let cfg = if path.is_dir() {
-                path.join("config.json")
-            } else {
-                path
-            };
-            fetch_known(tokenizer)?;
-            let t = loader::load(tokenizer, true)
-                .with_context(|| format!("loading the tokenizer of {tokenizer}"))?;
-            let tok = t.tokenizer.context("that model has no tokenizer")?;
-            let config = ModelConfig::from_hf_json(&cfg)
-                .with_context(|| format!("reading {}", cfg.display()))?;
-            Ok((config, None, tok))
-        } else {
-            fetch_known(model)?;
-            let m = loader::load(model, true).with_context(|| format!("loading {model}"))?;
-            let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
-            Ok((m.config.clone(), Some(m), tok))
-        }
-    }
-}
-
 fn weight_bytes_per_decode_step(c: &ModelConfig, elem: f64) -> f64 {
     // Every weight is read once per step, except the embedding table (one row per token).
     let embed = if c.tie_word_embeddings {
@@ -198,7 +114,7 @@ fn kv_bytes(layout: &KvLayout, ctx: usize, elem: f64) -> f64 {
     (ctx * layout.block_bytes(elem as usize)) as f64 / layout.block_size as f64
 }
 
-fn forward(a: ForwardArgs) -> anyhow::Result<()> {
+pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     let (config, host);
     let weights = match a.load_format {
         LoadFormat::Dummy => {

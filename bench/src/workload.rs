@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::rng::Rng;
+use cachet_backend::rng::Rng;
 
 const WORDS: &[&str] = &[
     "order",
@@ -325,25 +325,9 @@ pub fn routing_workload(cfg: &RoutingWorkloadConfig) -> Vec<ChatItem> {
         .collect()
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (civil-from-days).
+/// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time.
 pub fn rfc3339(secs: u64) -> String {
-    let days = (secs / 86400) as i64;
-    let sod = secs % 86400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(secs)).to_string()
 }
 
 /// Percentile (nearest rank) of `xs`; 0 for an empty slice.

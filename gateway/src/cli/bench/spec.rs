@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use cachet_backend::engine::{Engine, EngineConfig};
-use cachet_backend::fidelity;
 use cachet_backend::model::runner::{
     build_runner, KvBudget, RunnerOptions, VerifyGraphs, WeightSource, DEFAULT_CUDA_GRAPH_SIZES,
 };
@@ -18,15 +17,16 @@ use cachet_backend::request::{EngineEvent, EngineRequest};
 use cachet_backend::scheduler::SchedulerConfig;
 use cachet_backend::spec::SpecConfig;
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
+use cachet_bench::fidelity;
+use cachet_bench::workload::{COPY_HEAVY, FREE_CHAT};
 use clap::Args;
 
-use super::bench::LoadFormat;
+use super::super::engine_args::LoadFormat;
 
 #[derive(Args, Debug)]
 pub struct SpecArgs {
     #[command(flatten)]
-    pub m: super::bench::BenchModelArgs,
+    pub m: super::BenchModelArgs,
     /// Share of device memory for weights + KV cache.
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,

@@ -5,15 +5,18 @@
 //!   `max_waiting_tokens` prompt tokens, are already queued (bounded queue, never unbounded
 //!   waiting; a request larger than the token bound alone is still taken when nothing waits).
 //! - Dropping a [`RequestStream`] cancels its request; its KV blocks are freed before the next step.
-//! - Stop token ids, stop strings (text held back while it could still become one), max tokens,
-//!   deadlines.
+//! - Stop token ids, stop strings (text held back while it could still become one: [`output`]),
+//!   max tokens, deadlines.
 //! - Stats (running/waiting, KV blocks, prefix-cache tokens, preemptions) are published after each
 //!   step; KV events (blocks stored/removed) go to subscribers for exact routing.
+
+mod core;
+pub mod output;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc as tmpsc};
@@ -21,10 +24,11 @@ use tokio::sync::{broadcast, mpsc as tmpsc};
 use crate::block_hash::HashContext;
 use crate::error::EngineError;
 use crate::kv::{KvCacheManager, KvEvent, PoolUsage};
+use crate::model::step_sampler::StepSampler;
 use crate::model::Runner;
-use crate::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
-use crate::scheduler::{RequestId, Scheduler, SchedulerConfig, SchedulerCounters, StepToken};
-use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
+use crate::request::{EngineEvent, EngineRequest};
+use crate::scheduler::{RequestId, Scheduler, SchedulerConfig, SchedulerCounters};
+use crate::tokenizer::TextTokenizer;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EngineConfig {
@@ -84,7 +88,7 @@ impl EngineStats {
     }
 }
 
-enum Command {
+pub(crate) enum Command {
     Add {
         id: RequestId,
         req: EngineRequest,
@@ -97,14 +101,14 @@ enum Command {
 
 /// Requests (and their prompt tokens) submitted but not yet given a first step.
 #[derive(Default)]
-struct Queued {
+pub(crate) struct Queued {
     requests: usize,
     tokens: usize,
 }
 
-type SharedQueue = Arc<Mutex<Queued>>;
+pub(crate) type SharedQueue = Arc<Mutex<Queued>>;
 
-fn dequeue(q: &SharedQueue, tokens: usize) {
+pub(crate) fn dequeue(q: &SharedQueue, tokens: usize) {
     let mut q = q.lock().expect("queue lock");
     q.requests -= 1;
     q.tokens -= tokens;
@@ -223,10 +227,11 @@ impl Engine {
         };
         let mut sched = Scheduler::new(sched_cfg, kv);
         sched.set_speculation(config.speculative.clone(), runner.samples_on_device());
-        let mut core = EngineCore {
+        let mut core = core::EngineCore {
             runner,
             tokenizer,
             sched,
+            sampler: StepSampler::new(),
             streams: Default::default(),
             cmd_rx,
             queued: handle.queued.clone(),
@@ -368,295 +373,4 @@ impl EngineHandle {
     pub fn max_model_len(&self) -> usize {
         self.limits.max_model_len
     }
-}
-
-struct StreamState {
-    tx: tmpsc::UnboundedSender<EngineEvent>,
-    decoder: IncrementalDecoder,
-    /// All generated text so far and how much of it was sent.
-    text: String,
-    sent: usize,
-    started: bool,
-    prompt_len: usize,
-    /// Tokens sent (a speculative step can produce tokens past a stop string: not counted).
-    emitted: usize,
-}
-
-struct EngineCore {
-    runner: Box<dyn Runner>,
-    tokenizer: Option<TextTokenizer>,
-    sched: Scheduler,
-    streams: std::collections::HashMap<RequestId, StreamState>,
-    cmd_rx: mpsc::Receiver<Command>,
-    queued: SharedQueue,
-    stats: Arc<Mutex<EngineStats>>,
-    kv_events: broadcast::Sender<Vec<KvEvent>>,
-    /// Block-hash context without the salt (each request brings its tenant's).
-    hasher: HashContext,
-}
-
-impl EngineCore {
-    fn run(&mut self) {
-        loop {
-            // Block when idle; otherwise take whatever arrived.
-            if !self.sched.has_work() {
-                match self.cmd_rx.recv() {
-                    Ok(c) => {
-                        if !self.apply(c) {
-                            return;
-                        }
-                    }
-                    Err(_) => return,
-                }
-            }
-            loop {
-                match self.cmd_rx.try_recv() {
-                    Ok(c) => {
-                        if !self.apply(c) {
-                            return;
-                        }
-                    }
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => return,
-                }
-            }
-            self.reap();
-            if self.sched.has_work() {
-                self.step();
-            }
-            self.publish();
-        }
-    }
-
-    /// Applies a command; `false` means shut down.
-    fn apply(&mut self, c: Command) -> bool {
-        match c {
-            Command::Add {
-                id,
-                req,
-                arrival,
-                tx,
-            } => {
-                let hasher = HashContext {
-                    salt: req.salt,
-                    ..self.hasher.clone()
-                };
-                self.streams.insert(
-                    id,
-                    StreamState {
-                        tx,
-                        decoder: IncrementalDecoder::new(),
-                        text: String::new(),
-                        sent: 0,
-                        started: false,
-                        prompt_len: req.prompt.len(),
-                        emitted: 0,
-                    },
-                );
-                self.sched.add(id, req, hasher, arrival);
-            }
-            Command::Cancel(id) => self.finish(id, FinishReason::Cancelled, None),
-            Command::Shutdown => {
-                for id in self.sched.ids() {
-                    self.finish(
-                        id,
-                        FinishReason::Cancelled,
-                        Some("engine shutting down".into()),
-                    );
-                }
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Cancels requests whose client went away and those past their deadline.
-    fn reap(&mut self) {
-        let gone: Vec<RequestId> = self
-            .streams
-            .iter()
-            .filter(|(_, s)| s.tx.is_closed())
-            .map(|(&id, _)| id)
-            .collect();
-        for id in gone {
-            self.finish(id, FinishReason::Cancelled, None);
-        }
-        for id in self.sched.expired(Instant::now()) {
-            self.finish(id, FinishReason::Error, Some("deadline exceeded".into()));
-        }
-    }
-
-    fn step(&mut self) {
-        let now = Instant::now();
-        let out = self.sched.schedule(now);
-        for sc in &out.scheduled {
-            if let Some(s) = self.streams.get_mut(&sc.id) {
-                if !s.started {
-                    s.started = true;
-                    dequeue(&self.queued, s.prompt_len);
-                }
-            }
-        }
-        if out.is_empty() {
-            // Nothing fits right now (e.g. a deadline-expired head); avoid a hot spin.
-            std::thread::sleep(Duration::from_micros(200));
-            return;
-        }
-        let batch = self.sched.build_batch(&out);
-        let rows = self.sched.sampling_rows(&out);
-        let started = Instant::now();
-        match self.runner.forward_step(&batch, &rows) {
-            Ok(step) => {
-                self.sched
-                    .record_step_time(&out, started.elapsed().as_secs_f64());
-                let produced = self.sched.update_step(&out, &step, Instant::now());
-                for t in produced {
-                    self.emit(t);
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "forward pass failed; failing the step's requests");
-                for sc in &out.scheduled {
-                    self.finish(
-                        sc.id,
-                        FinishReason::Error,
-                        Some(format!("engine error: {e}")),
-                    );
-                }
-            }
-        }
-    }
-
-    fn emit(&mut self, t: StepToken) {
-        let Some(seq) = self.sched.get(t.id) else {
-            return;
-        };
-        let stops = &seq.req.stop;
-        let Some(st) = self.streams.get_mut(&t.id) else {
-            return;
-        };
-        let at = Instant::now();
-        let mut finish = t.finish;
-        let mut delta = String::new();
-        if let Some(tok) = &self.tokenizer {
-            // Skip the text of a stop token; keep everything else.
-            let is_stop_tok = t.finish == Some(FinishReason::Stop);
-            if !is_stop_tok {
-                if let Ok(Some(piece)) = st.decoder.push(tok, t.token) {
-                    st.text.push_str(&piece);
-                }
-            }
-            let unsent = &st.text[st.sent..];
-            if let Some((pos, _)) = stops
-                .iter()
-                .filter_map(|s| unsent.find(s.as_str()).map(|p| (p, s)))
-                .min_by_key(|x| x.0)
-            {
-                delta = unsent[..pos].to_string();
-                st.sent = st.text.len();
-                finish = Some(FinishReason::Stop);
-            } else {
-                let hold = if finish.is_some() {
-                    0
-                } else {
-                    held_back(unsent, stops)
-                };
-                let upto = st.text.len() - hold;
-                delta = st.text[st.sent..upto].to_string();
-                st.sent = upto;
-            }
-        }
-        st.emitted += 1;
-        let _ = st.tx.send(EngineEvent::Token {
-            id: t.token,
-            text: delta,
-            at,
-        });
-        if let Some(reason) = finish {
-            self.finish(t.id, reason, None);
-        }
-    }
-
-    /// Ends a request: frees its blocks and sends `Finished`.
-    fn finish(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
-        let Some(seq) = self.sched.remove(id) else {
-            return;
-        };
-        let Some(st) = self.streams.remove(&id) else {
-            return;
-        };
-        if !st.started {
-            dequeue(&self.queued, st.prompt_len);
-        }
-        let now = Instant::now();
-        let since = |a: Option<Instant>, b: Instant| {
-            a.map(|a| a.saturating_duration_since(b))
-                .unwrap_or_default()
-        };
-        let n_out = st.emitted;
-        let timings = RequestTimings {
-            queue: since(seq.first_scheduled, seq.arrival),
-            prefill: seq
-                .first_token
-                .zip(seq.first_scheduled)
-                .map(|(f, s)| f.saturating_duration_since(s))
-                .unwrap_or_default(),
-            ttft: since(seq.first_token, seq.arrival),
-            e2e: now.saturating_duration_since(seq.arrival),
-            mean_itl: match (seq.first_token, seq.last_token) {
-                (Some(f), Some(l)) if n_out > 1 => {
-                    l.saturating_duration_since(f) / (n_out as u32 - 1)
-                }
-                _ => Duration::ZERO,
-            },
-            preemptions: seq.preemptions,
-        };
-        let usage = Usage {
-            prompt_tokens: seq.prompt_len,
-            cached_tokens: seq.cached_tokens.unwrap_or(0),
-            completion_tokens: n_out,
-        };
-        let rest = if reason == FinishReason::Stop && st.sent == st.text.len() {
-            String::new()
-        } else {
-            st.text[st.sent..].to_string()
-        };
-        let _ = st.tx.send(EngineEvent::Finished {
-            reason,
-            usage,
-            timings,
-            error,
-            text: rest,
-        });
-    }
-
-    fn publish(&mut self) {
-        let events = self.sched.kv.take_events();
-        if !events.is_empty() {
-            let _ = self.kv_events.send(events);
-        }
-        let mut s = self.stats.lock().expect("stats lock");
-        s.running = self.sched.num_running();
-        s.waiting = self.sched.num_waiting();
-        s.kv = self.sched.kv.usage();
-        s.counters = self.sched.counters;
-        s.spec_cost_ratio = self.sched.spec_cost_ratio();
-    }
-}
-
-/// Bytes at the end of `unsent` that could still grow into a stop string.
-fn held_back(unsent: &str, stops: &[String]) -> usize {
-    let mut hold = 0;
-    for s in stops {
-        for k in (1..s.len().min(unsent.len() + 1)).rev() {
-            if unsent.is_char_boundary(unsent.len() - k)
-                && s.is_char_boundary(k)
-                && unsent.ends_with(&s[..k])
-            {
-                hold = hold.max(k);
-                break;
-            }
-        }
-    }
-    hold
 }

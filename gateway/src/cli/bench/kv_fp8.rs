@@ -8,17 +8,17 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use cachet_backend::device::{KvCacheDtype, KvLayout};
-use cachet_backend::fidelity::{compare_logits, greedy_agreement};
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::rng::Rng;
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_backend::workload::{COPY_HEAVY, FREE_CHAT};
+use cachet_bench::fidelity::{compare_logits, greedy_agreement};
+use cachet_bench::workload::{COPY_HEAVY, FREE_CHAT};
 use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct KvFp8Args {
     #[command(flatten)]
-    pub m: super::bench::BenchModelArgs,
+    pub m: super::BenchModelArgs,
     /// Prompt lengths whose last positions' logits are compared.
     #[arg(long, value_delimiter = ',', default_value = "512,8192")]
     pub contexts: Vec<usize>,

@@ -4,33 +4,9 @@
 
 use serde::Serialize;
 
-use crate::error::EngineError;
-use crate::generate::{generate, prefill, GenerateParams};
-use crate::kv::SimpleAllocator;
-use crate::model::{Logits, Runner};
-
-/// Logits of the last `rows` positions of `prompt` (its earlier tokens prefilled in chunks of
-/// `chunk`), leaving the runner's cache free again.
-pub fn last_logits(
-    r: &mut dyn Runner,
-    prompt: &[u32],
-    rows: usize,
-    chunk: usize,
-) -> Result<Logits, EngineError> {
-    let rows = rows.clamp(1, prompt.len());
-    let split = prompt.len() - rows;
-    let layout = r.kv_layout();
-    let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);
-    let mut table = Vec::new();
-    if split > 0 {
-        prefill(r, &mut alloc, &mut table, &prompt[..split], chunk)?;
-    }
-    alloc.ensure(&mut table, prompt.len())?;
-    let mut b = crate::device::ForwardBatch::default();
-    b.push_seq(&prompt[split..], split, &table, layout.block_size, false);
-    b.logit_rows = (0..rows as u32).collect();
-    r.forward(&b)
-}
+use cachet_backend::error::EngineError;
+use cachet_backend::generate::{generate, last_logits, GenerateParams};
+use cachet_backend::model::Runner;
 
 /// Logits of a candidate against a reference at the same positions.
 #[derive(Debug, Clone, Serialize)]
@@ -209,8 +185,9 @@ mod tests {
     fn a_divergence_reports_both_tokens_logits_against_the_top() {
         let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/fixtures/tiny-gqa-llama3");
-        let m = crate::loader::load(dir.to_str().unwrap(), false).unwrap();
-        let mut r = crate::model::runner::cpu_runner(&m.config, &m.weights, 64, 16, 512).unwrap();
+        let m = cachet_backend::loader::load(dir.to_str().unwrap(), false).unwrap();
+        let mut r =
+            cachet_backend::model::runner::cpu_runner(&m.config, &m.weights, 64, 16, 512).unwrap();
         let prompt: Vec<u32> = (1..20).collect();
         let params = GenerateParams {
             max_tokens: 12,

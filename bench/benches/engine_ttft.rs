@@ -2,7 +2,7 @@
 //! and warm, for (a) prefix caching off, FCFS, no chunked prefill vs (b) everything on; then
 //! shortest-first vs FCFS queue time on a mix of long and short prompts. Same workload, one run.
 //!
-//!     cargo bench -p cachet-backend --bench engine_ttft
+//!     cargo bench -p cachet-bench --bench engine_ttft
 //!
 //! `RATE=<req/s>` and `N=<requests>` change the load.
 
@@ -14,7 +14,7 @@ use cachet_backend::model::runner::cpu_runner;
 use cachet_backend::request::{EngineEvent, EngineRequest, RequestTimings, Usage};
 use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_backend::workload::{percentile, seed_workload, SeedWorkloadConfig, WorkItem};
+use cachet_bench::workload::{percentile, seed_workload, SeedWorkloadConfig, WorkItem};
 
 struct Run {
     timings: Vec<RequestTimings>,

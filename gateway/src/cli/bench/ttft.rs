@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use cachet_backend::workload::{percentile, seed_workload, SeedWorkloadConfig, WorkItem};
+use cachet_bench::workload::{percentile, seed_workload, SeedWorkloadConfig, WorkItem};
 use clap::Args;
 use http_body_util::{BodyExt, Full};
 
-use super::bench::LoadFormat;
-use super::generate::DeviceKind;
+use super::super::engine_args::LoadFormat;
+use super::super::generate::DeviceKind;
 
 #[derive(Args, Debug)]
 pub struct TtftArgs {
@@ -547,7 +547,7 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
             .collect();
         std::fs::write(
             a.out.join(format!("ttft-cdf-{mode}.svg")),
-            cachet_gateway::report::cdf_svg(
+            cachet_bench::report::cdf_svg(
                 &series,
                 &format!("TTFT, {mode} ({} requests at {} req/s)", a.requests, a.rate),
                 "time to first token (log scale)",
@@ -568,7 +568,7 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
         .collect();
     std::fs::write(
         a.out.join("ttft-parts.svg"),
-        cachet_gateway::report::stacked_bars_svg(
+        cachet_bench::report::stacked_bars_svg(
             &bars,
             &[
                 "prepare (parse, normalize, tokenize)",

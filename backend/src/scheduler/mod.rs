@@ -1,4 +1,6 @@
-//! The scheduler: continuous batching at token granularity, after vLLM v1.
+//! The scheduler: continuous batching at token granularity, after vLLM v1. It plans; it does
+//! not build device batches or sample (that is the runner's side: `model::input_batch`,
+//! `sampler::StepSampler`).
 //!
 //! One counter model: every request has `num_computed` tokens catching up to its known tokens
 //! (prompt + output). A step gives each scheduled request some new tokens to compute: a prefill
@@ -7,167 +9,30 @@
 //! (decode before new prefill); when blocks run out the lowest-priority (then newest) running
 //! request is preempted by recompute: its blocks are freed and it re-queues with its output so far,
 //! so nothing is lost and, with batch-invariant kernels, its output does not change.
+//!
+//! - [`policy`]: the waiting queue's order and the preemption victim;
+//! - [`seq`]: a request's state inside the scheduler;
+//! - [`output`]: the records of a step ([`SchedulerOutput`] out, [`SampledSeq`] back in).
+
+pub mod output;
+pub mod policy;
+pub mod seq;
+#[cfg(test)]
+mod tests;
 
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::block_hash::{BlockHash, HashContext};
-use crate::device::ForwardBatch;
-use crate::device::RowSampling;
+pub use output::{RequestId, SampledSeq, ScheduledSeq, SchedulerOutput, StepToken};
+pub use policy::{SchedulerConfig, SchedulingPolicy};
+pub use seq::{Seq, Status};
+
+use crate::block_hash::HashContext;
 use crate::kv::manager::ComputedBlocks;
 use crate::kv::KvCacheManager;
-use crate::model::StepOutput;
-use crate::request::{EngineRequest, FinishReason};
-use crate::rng::Rng;
-use crate::sampler;
-use crate::spec::{verify_draft, SpecConfig, SpecState, StepCost, MAX_SPECULATIVE_TOKENS};
-
-pub type RequestId = u64;
-
-/// How the waiting queue is ordered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum SchedulingPolicy {
-    /// First come, first served.
-    #[default]
-    Fcfs,
-    /// By the request's priority class (lower first), then arrival.
-    Priority,
-    /// Fewest remaining prompt tokens first; waiting earns credit (aging) so nothing starves.
-    ShortestFirst,
-}
-
-impl std::str::FromStr for SchedulingPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "fcfs" => Ok(Self::Fcfs),
-            "priority" => Ok(Self::Priority),
-            "shortest-first" | "shortest_first" | "sjf" => Ok(Self::ShortestFirst),
-            o => Err(format!(
-                "unknown scheduling policy `{o}` (fcfs, priority, shortest-first)"
-            )),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SchedulerConfig {
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub enable_chunked_prefill: bool,
-    pub policy: SchedulingPolicy,
-    /// Shortest-first aging: prompt tokens of credit per second waited.
-    pub aging_tokens_per_sec: f64,
-    pub max_model_len: usize,
-}
-
-impl Default for SchedulerConfig {
-    fn default() -> Self {
-        SchedulerConfig {
-            max_num_seqs: 64,
-            max_num_batched_tokens: 2048,
-            enable_chunked_prefill: true,
-            policy: SchedulingPolicy::Fcfs,
-            aging_tokens_per_sec: 100.0,
-            max_model_len: 4096,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Waiting,
-    Running,
-}
-
-/// A request inside the scheduler.
-#[derive(Debug)]
-pub struct Seq {
-    pub id: RequestId,
-    pub req: EngineRequest,
-    /// Prompt followed by output.
-    pub tokens: Vec<u32>,
-    pub prompt_len: usize,
-    pub num_computed: usize,
-    pub status: Status,
-    pub arrival: Instant,
-    /// Arrival order, for stable tie-breaks.
-    pub seq_no: u64,
-    pub hasher: HashContext,
-    pub block_hashes: Vec<BlockHash>,
-    /// Prompt tokens found in the prefix cache at first scheduling.
-    pub cached_tokens: Option<usize>,
-    pub first_scheduled: Option<Instant>,
-    pub first_token: Option<Instant>,
-    pub last_token: Option<Instant>,
-    pub preemptions: u32,
-    pub rng: Rng,
-    /// N-gram speculation, when the engine speculates and this request may.
-    pub spec: Option<SpecState>,
-}
-
-impl Seq {
-    pub fn num_output(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
-
-    /// Appends a generated token (hashing any block it completes) and says whether it ends the
-    /// request: a stop token, `max_tokens`, or the model's length.
-    fn append(&mut self, tok: u32, now: Instant, max_model_len: usize) -> Option<FinishReason> {
-        self.tokens.push(tok);
-        self.hasher.extend(&mut self.block_hashes, &self.tokens);
-        self.first_token.get_or_insert(now);
-        self.last_token = Some(now);
-        if !self.req.ignore_eos && self.req.stop_token_ids.contains(&tok) {
-            Some(FinishReason::Stop)
-        } else if self.num_output() >= self.req.max_tokens || self.tokens.len() >= max_model_len {
-            Some(FinishReason::Length)
-        } else {
-            None
-        }
-    }
-    pub fn output(&self) -> &[u32] {
-        &self.tokens[self.prompt_len..]
-    }
-}
-
-/// One scheduled piece of work.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScheduledSeq {
-    pub id: RequestId,
-    /// Tokens computed before this step.
-    pub num_computed: usize,
-    pub num_new: usize,
-    /// Whether this step reaches the end of the known tokens, so a token is sampled.
-    pub sample: bool,
-    /// Draft tokens computed after the last known one (part of `num_new`), each with logits.
-    pub drafts: Vec<u32>,
-}
-
-/// The plain record a step hands to the runner.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SchedulerOutput {
-    pub scheduled: Vec<ScheduledSeq>,
-    pub preempted: Vec<RequestId>,
-    pub num_batched_tokens: usize,
-}
-
-impl SchedulerOutput {
-    pub fn is_empty(&self) -> bool {
-        self.scheduled.is_empty()
-    }
-}
-
-/// A token produced by a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StepToken {
-    pub id: RequestId,
-    pub token: u32,
-    /// Set when this token ends the request (stop token, length, model length).
-    pub finish: Option<FinishReason>,
-}
+use crate::request::EngineRequest;
+use crate::spec::{SpecConfig, SpecState, StepCost, MAX_SPECULATIVE_TOKENS};
 
 /// Counters the engine exports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -280,10 +145,6 @@ impl Scheduler {
     ) {
         let tokens = req.prompt.clone();
         let block_hashes = hasher.hash_all(&tokens);
-        let seed = req
-            .sampling
-            .seed
-            .unwrap_or(id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let seq = Seq {
             id,
             prompt_len: tokens.len(),
@@ -299,7 +160,6 @@ impl Scheduler {
             first_token: None,
             last_token: None,
             preemptions: 0,
-            rng: Rng::new(seed),
             spec: self
                 .spec
                 .as_ref()
@@ -323,38 +183,6 @@ impl Scheduler {
         Some(seq)
     }
 
-    /// Ordering key of a waiting request under the policy (smaller runs first).
-    fn waiting_key(&self, s: &Seq, now: Instant) -> (i64, i64, u64) {
-        match self.config.policy {
-            SchedulingPolicy::Fcfs => (0, 0, s.seq_no),
-            SchedulingPolicy::Priority => (s.req.priority as i64, 0, s.seq_no),
-            SchedulingPolicy::ShortestFirst => {
-                let remaining = (s.tokens.len() - s.num_computed) as f64;
-                let waited = now.saturating_duration_since(s.arrival).as_secs_f64();
-                (
-                    0,
-                    (remaining - waited * self.config.aging_tokens_per_sec) as i64,
-                    s.seq_no,
-                )
-            }
-        }
-    }
-
-    /// The running request to preempt: lowest priority, then newest.
-    fn victim(&self) -> usize {
-        let key = |s: &Seq| {
-            let p = if self.config.policy == SchedulingPolicy::Priority {
-                s.req.priority
-            } else {
-                0
-            };
-            (p, s.seq_no)
-        };
-        (0..self.running.len())
-            .max_by_key(|&i| key(&self.running[i]))
-            .expect("running is non-empty")
-    }
-
     fn preempt(&mut self, idx: usize, out: &mut SchedulerOutput) {
         let mut s = self.running.remove(idx);
         self.kv.free(s.id);
@@ -367,6 +195,28 @@ impl Scheduler {
         self.waiting.push(s);
     }
 
+    /// The entry for `s` computing `tokens` after `num_computed` (its blocks already allocated).
+    fn entry(
+        &self,
+        s: &Seq,
+        num_computed: usize,
+        tokens: Vec<u32>,
+        sample: bool,
+        drafts: Vec<u32>,
+    ) -> ScheduledSeq {
+        ScheduledSeq {
+            id: s.id,
+            num_computed,
+            tokens,
+            block_table: self.kv.block_table(s.id).to_vec(),
+            sample,
+            drafts,
+            sampling: s.req.sampling.clone(),
+            seed: s.seed(),
+            num_output: s.num_output(),
+        }
+    }
+
     /// One scheduling decision.
     pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
@@ -377,7 +227,7 @@ impl Scheduler {
         let (mut decoding, mut prefilling): (Vec<Seq>, Vec<Seq>) = running
             .drain(..)
             .partition(|s| s.num_computed >= s.prompt_len);
-        prefilling.sort_by_key(|s| self.waiting_key(s, now));
+        prefilling.sort_by_key(|s| policy::waiting_key(&self.config, s, now));
         decoding.append(&mut prefilling);
         self.running = decoding;
 
@@ -420,13 +270,12 @@ impl Scheduler {
             }
             if !drafts.is_empty() {
                 budget -= 1 + drafts.len();
-                out.scheduled.push(ScheduledSeq {
-                    id,
-                    num_computed,
-                    num_new: 1 + drafts.len(),
-                    sample: true,
-                    drafts,
-                });
+                let s = &self.running[i];
+                // The last known token, then the drafts; logits at every one of them.
+                let mut toks = vec![s.tokens[num_computed]];
+                toks.extend_from_slice(&drafts);
+                out.scheduled
+                    .push(self.entry(s, num_computed, toks, true, drafts));
                 i += 1;
                 continue;
             }
@@ -447,7 +296,7 @@ impl Scheduler {
                 ) {
                     break;
                 }
-                let v = self.victim();
+                let v = policy::victim(&self.config, &self.running);
                 let victim_id = self.running[v].id;
                 self.preempt(v, &mut out);
                 if victim_id == id {
@@ -461,19 +310,16 @@ impl Scheduler {
             if !scheduled {
                 continue; // `i` now points at the next request
             }
-            out.scheduled.push(ScheduledSeq {
-                id,
-                num_computed,
-                num_new,
-                sample: num_new == want,
-                drafts: Vec::new(),
-            });
+            let s = &self.running[i];
+            let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
+            out.scheduled
+                .push(self.entry(s, num_computed, toks, num_new == want, Vec::new()));
             budget -= num_new;
             i += 1;
         }
         // Budget spent on requests that were preempted later in the loop comes back.
         budget = self.config.max_num_batched_tokens
-            - out.scheduled.iter().map(|s| s.num_new).sum::<usize>();
+            - out.scheduled.iter().map(|s| s.num_new()).sum::<usize>();
 
         // 2. Waiting requests, by policy, unless this step had to preempt.
         if out.preempted.is_empty() {
@@ -482,7 +328,7 @@ impl Scheduler {
                 && !self.waiting.is_empty()
             {
                 let best = (0..self.waiting.len())
-                    .min_by_key(|&j| self.waiting_key(&self.waiting[j], now))
+                    .min_by_key(|&j| policy::waiting_key(&self.config, &self.waiting[j], now))
                     .expect("non-empty");
                 if let Some(d) = self.waiting[best].req.deadline {
                     if d <= now {
@@ -512,60 +358,18 @@ impl Scheduler {
                 s.first_scheduled.get_or_insert(now);
                 s.num_computed = num_computed;
                 s.status = Status::Running;
-                out.scheduled.push(ScheduledSeq {
-                    id: s.id,
-                    num_computed,
-                    num_new,
-                    sample: num_new == want,
-                    drafts: Vec::new(),
-                });
+                let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
+                out.scheduled
+                    .push(self.entry(&s, num_computed, toks, num_new == want, Vec::new()));
                 budget -= num_new;
                 self.running.push(s);
             }
         }
-        out.num_batched_tokens = out.scheduled.iter().map(|s| s.num_new).sum();
+        out.num_batched_tokens = out.scheduled.iter().map(|s| s.num_new()).sum();
         if !out.is_empty() {
             self.counters.steps += 1;
         }
         out
-    }
-
-    /// The forward batch for a step, in `out.scheduled` order; logits come back for the
-    /// sampling entries, in order.
-    pub fn build_batch(&self, out: &SchedulerOutput) -> ForwardBatch {
-        let mut b = ForwardBatch::default();
-        let bs = self.kv.block_size();
-        for sc in &out.scheduled {
-            let s = self
-                .running
-                .iter()
-                .find(|s| s.id == sc.id)
-                .expect("scheduled requests are running");
-            if !sc.drafts.is_empty() {
-                // The last known token, then the drafts; logits at every one of them.
-                let mut toks = vec![s.tokens[sc.num_computed]];
-                toks.extend_from_slice(&sc.drafts);
-                let start = b.num_tokens() as u32;
-                b.push_seq(
-                    &toks,
-                    sc.num_computed,
-                    self.kv.block_table(sc.id),
-                    bs,
-                    false,
-                );
-                b.logit_rows.extend(start..start + toks.len() as u32);
-                continue;
-            }
-            let toks = &s.tokens[sc.num_computed..sc.num_computed + sc.num_new];
-            b.push_seq(
-                toks,
-                sc.num_computed,
-                self.kv.block_table(sc.id),
-                bs,
-                sc.sample,
-            );
-        }
-        b
     }
 
     /// Records how long the forward pass of `out` took, for speculation's cost model: decode-only
@@ -577,7 +381,7 @@ impl Scheduler {
         let decode_only = out
             .scheduled
             .iter()
-            .all(|sc| sc.sample && sc.num_new == sc.drafts.len() + 1);
+            .all(|sc| sc.sample && sc.num_new() == sc.drafts.len() + 1);
         if !decode_only || out.scheduled.len() > cfg.disable_by_batch_size {
             return;
         }
@@ -590,73 +394,31 @@ impl Scheduler {
         self.step_cost.ratio()
     }
 
-    /// How each sampling entry of `out` picks its token, in logits-row order (for devices that
-    /// sample on the GPU).
-    pub fn sampling_rows(&self, out: &SchedulerOutput) -> Vec<RowSampling> {
-        out.scheduled
-            .iter()
-            .filter(|sc| sc.sample)
-            .filter_map(|sc| {
-                let s = self.running.iter().find(|s| s.id == sc.id)?;
-                Some((0..=sc.drafts.len()).map(move |j| {
-                    RowSampling {
-                        temperature: s.req.sampling.temperature,
-                        top_k: s.req.sampling.top_k as i32,
-                        top_p: s.req.sampling.top_p,
-                        pad: 0,
-                        seed: s
-                            .req
-                            .sampling
-                            .seed
-                            .unwrap_or(s.id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                        step: (s.num_output() + j) as u64,
-                    }
-                }))
-            })
-            .flatten()
-            .collect()
-    }
-
-    /// Applies a step's output (logits, or tokens the device chose): advances counters, samples a
-    /// token for each sampling entry (on the host, from logits) and decides which requests finish.
-    /// Finished requests stay until [`Scheduler::remove`].
-    pub fn update_step(
+    /// Applies what a step sampled (`sampled[i]` for `out.scheduled[i]`): advances counters,
+    /// appends the tokens and decides which requests finish. Finished requests stay until
+    /// [`Scheduler::remove`].
+    pub fn update(
         &mut self,
         out: &SchedulerOutput,
-        step: &StepOutput,
+        sampled: &[SampledSeq],
         now: Instant,
     ) -> Vec<StepToken> {
+        assert_eq!(
+            out.scheduled.len(),
+            sampled.len(),
+            "one sampled entry per scheduled one"
+        );
         let mut produced = Vec::new();
-        let mut row = 0;
         let cost = self.step_cost.ratio();
-        for sc in &out.scheduled {
-            let max_model_len = self.config.max_model_len;
+        let max_model_len = self.config.max_model_len;
+        for (sc, got) in out.scheduled.iter().zip(sampled) {
             let Some(s) = self.running.iter_mut().find(|s| s.id == sc.id) else {
                 continue;
             };
             if !sc.drafts.is_empty() {
-                // Verify the drafts in order; the first disagreement emits the model's own token
-                // and ends the step for this request; all accepted earn one more (the bonus).
+                // The accepted drafts, then the model's own token; a finish stops the run.
                 let mut emitted = 0;
-                let mut accepted = 0;
-                for j in 0..=sc.drafts.len() {
-                    let (tok, ok) = match step {
-                        StepOutput::Logits(logits) if j < sc.drafts.len() => verify_draft(
-                            logits.row(row + j),
-                            &s.req.sampling,
-                            sc.drafts[j],
-                            &mut s.rng,
-                        ),
-                        StepOutput::Logits(logits) => (
-                            sampler::sample(logits.row(row + j), &s.req.sampling, &mut s.rng),
-                            false,
-                        ),
-                        StepOutput::Tokens(ids) => (
-                            ids[row + j],
-                            j < sc.drafts.len() && ids[row + j] == sc.drafts[j],
-                        ),
-                    };
-                    accepted += ok as usize;
+                for &tok in &got.tokens {
                     emitted += 1;
                     self.counters.generated_tokens += 1;
                     let finish = s.append(tok, now, max_model_len);
@@ -665,11 +427,11 @@ impl Scheduler {
                         token: tok,
                         finish,
                     });
-                    if finish.is_some() || !ok {
+                    if finish.is_some() {
                         break;
                     }
                 }
-                row += sc.drafts.len() + 1;
+                let accepted = got.accepted_drafts.min(emitted);
                 // Positions up to the last emitted token hold the right K/V (the last known token
                 // and the accepted drafts); slots past them are rolled back.
                 s.num_computed = sc.num_computed + emitted;
@@ -682,7 +444,7 @@ impl Scheduler {
                 }
                 continue;
             }
-            s.num_computed = sc.num_computed + sc.num_new;
+            s.num_computed = sc.num_computed + sc.num_new();
             if sc.num_computed < s.prompt_len {
                 self.counters.prompt_tokens_computed +=
                     (s.num_computed.min(s.prompt_len) - sc.num_computed) as u64;
@@ -690,13 +452,9 @@ impl Scheduler {
             if !sc.sample {
                 continue;
             }
-            let tok = match step {
-                StepOutput::Logits(logits) => {
-                    sampler::sample(logits.row(row), &s.req.sampling, &mut s.rng)
-                }
-                StepOutput::Tokens(ids) => ids[row],
+            let Some(&tok) = got.tokens.first() else {
+                continue;
             };
-            row += 1;
             self.counters.generated_tokens += 1;
             let finish = s.append(tok, now, max_model_len);
             produced.push(StepToken {

@@ -1,0 +1,202 @@
+//! Launching a layer's attention: RoPE + the K/V write (`rope_kv.cu`, unless the attention does
+//! it itself), the attention kernel the [`AttentionPlan`] chose, and the split combine.
+
+use cudarc::driver::CudaFunction;
+
+use super::attention_plan::{AttentionPlan, Capabilities, StepShape};
+use super::batch::CudaBatch;
+use super::kernels::{attention_smem_bytes, mma_fp8_smem_bytes, mma_smem_bytes};
+use super::launch::{AttentionArgs, CombineArgs, LayerKv};
+use super::tensor::{CudaKv, CudaTensor};
+use super::CudaDevice;
+use crate::device::{AttnParams, KvCacheDtype};
+use crate::error::DeviceError;
+
+fn layer_kv(kv: &mut CudaKv, layer: usize) -> LayerKv<'_> {
+    LayerKv {
+        k: &mut kv.k[layer],
+        v: &mut kv.v[layer],
+        k_scale: &mut kv.k_scale[layer],
+        v_scale: &mut kv.v_scale[layer],
+    }
+}
+
+impl CudaDevice {
+    /// The tensor-core attention kernel for head_dim `d` and the cache's dtype, if there is one
+    /// (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core kernel).
+    fn mma_attention(&self, d: usize, fp8: bool) -> Option<&CudaFunction> {
+        match (d, fp8) {
+            _ if self.options.simt_attention => None,
+            (64, false) => Some(&self.k.attention_mma_d64),
+            (128, false) => Some(&self.k.attention_mma_d128),
+            (64, true) => Some(&self.k.attention_mma_d64_fp8),
+            (128, true) => Some(&self.k.attention_mma_d128_fp8),
+            _ => None,
+        }
+    }
+
+    /// The plan of an attention launch over batch `b`.
+    pub(super) fn attention_plan(
+        &self,
+        b: &CudaBatch,
+        p: &AttnParams,
+        fp8: bool,
+    ) -> Result<AttentionPlan, DeviceError> {
+        AttentionPlan::choose(
+            &StepShape {
+                tile_lens: &b.tile_lens,
+                max_ctx: b.max_ctx,
+                num_heads: p.num_heads,
+                num_kv_heads: p.num_kv_heads,
+                head_dim: p.head_dim,
+            },
+            &Capabilities {
+                sms: self.sms,
+                tensor_cores: self.mma_attention(p.head_dim, fp8).is_some(),
+                fused_rope: self.options.fused_rope,
+                split: self.options.split,
+            },
+        )
+    }
+
+    /// RoPE on the q and k heads of `qkv`, in place, and the K/V write into the cache of `layer`
+    /// (rope_kv.cu): the step before the attention kernel, unless that kernel does it itself.
+    fn rope_and_cache(
+        &self,
+        qkv: &mut CudaTensor,
+        rope: &CudaTensor,
+        kv: &mut CudaKv,
+        layer: usize,
+        b: &CudaBatch,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError> {
+        self.timed("rope+kv_write", || {
+            if b.n == 0 {
+                return Ok(());
+            }
+            let func = match kv.layout.dtype {
+                KvCacheDtype::Auto => &self.k.rope_kv,
+                KvCacheDtype::Fp8E4m3 => &self.k.rope_kv_fp8,
+            };
+            self.launch_rope_kv(
+                func,
+                qkv.bf16_mut("rope")?,
+                rope.f32("rope")?,
+                &b.pos,
+                &b.slots,
+                layer_kv(kv, layer),
+                b.n,
+                (p.num_heads, p.num_kv_heads, p.head_dim),
+            )
+        })
+    }
+
+    /// [`crate::device::Device::attention`] on this device.
+    pub(super) fn paged_attention(
+        &self,
+        qkv: &mut CudaTensor,
+        rope: &CudaTensor,
+        kv: &mut CudaKv,
+        layer: usize,
+        b: &CudaBatch,
+        p: &AttnParams,
+    ) -> Result<CudaTensor, DeviceError> {
+        let fp8 = kv.layout.dtype == KvCacheDtype::Fp8E4m3;
+        let d = p.head_dim;
+        if b.n == 0 {
+            let out = self.alloc_bf16(0, "attention")?;
+            return Ok(CudaTensor::new_bf16(0, p.num_heads * d, out));
+        }
+        let plan = self.attention_plan(b, p, fp8)?;
+        if !plan.fused_rope {
+            self.rope_and_cache(qkv, rope, kv, layer, b, p)?;
+        }
+        self.timed("attention", || {
+            let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
+            let rows = plan.part_rows();
+            let split = plan.splits > 1;
+            let mut part_o =
+                self.alloc_f32(if split { rows * d } else { 1 }, "attention splits")?;
+            let mut part_ml =
+                self.alloc_f32(if split { rows * 2 } else { 1 }, "attention splits")?;
+            let mma = self.mma_attention(d, fp8);
+            let (func, grid, shared) = match mma {
+                Some(f) => (
+                    f,
+                    (plan.units, plan.grid_y, plan.splits),
+                    if fp8 {
+                        mma_fp8_smem_bytes(d)
+                    } else {
+                        mma_smem_bytes(d)
+                    },
+                ),
+                None => (
+                    if fp8 {
+                        &self.k.attention_fp8
+                    } else {
+                        &self.k.attention
+                    },
+                    (b.num_tiles, p.num_heads, plan.splits),
+                    attention_smem_bytes(d),
+                ),
+            };
+            self.launch_attention(
+                func,
+                AttentionArgs {
+                    qkv: qkv.bf16("attention")?,
+                    kv: layer_kv(kv, layer),
+                    pos: &b.pos,
+                    tile_seq: &b.tile_seq,
+                    tile_start: &b.tile_start,
+                    tile_len: &b.tile_len,
+                    block_tables: &b.block_tables,
+                    max_blocks: b.max_blocks as i32,
+                    out: &mut out,
+                    part_o: &mut part_o,
+                    part_ml: &mut part_ml,
+                    num_heads: p.num_heads as i32,
+                    num_kv_heads: p.num_kv_heads as i32,
+                    head_dim: d as i32,
+                    block_size: b.block_size as i32,
+                    scale: p.scale,
+                    split_len: plan.split_len as i32,
+                    group: plan.group as i32,
+                    sub_tokens: plan.sub_tokens as i32,
+                    units_per_tile: plan.units_per_tile as i32,
+                    rope: rope.f32("rope")?,
+                    slots: &b.slots,
+                    fused: plan.fused_rope as i32,
+                },
+                grid,
+                plan.tensor_cores,
+                shared,
+            )?;
+            if split {
+                // Combine rows: token × group for the tensor-core kernel, token alone for the
+                // CUDA-core one; outputs of the fullest unit: its tokens (at most sub_tokens, at
+                // most the longest tile) × group × d.
+                let group = if plan.tensor_cores { plan.group } else { 1 };
+                let elems = plan.sub_tokens.min(b.longest_tile().max(1)) * group * d;
+                self.launch_combine(
+                    CombineArgs {
+                        part_o: &part_o,
+                        part_ml: &part_ml,
+                        tile_start: &b.tile_start,
+                        tile_len: &b.tile_len,
+                        out: &mut out,
+                        num_heads: p.num_heads as i32,
+                        head_dim: d as i32,
+                        splits: plan.splits as i32,
+                        group: group as i32,
+                        sub_tokens: plan.sub_tokens as i32,
+                        units_per_tile: plan.units_per_tile as i32,
+                        unit_rows: plan.unit_rows as i32,
+                    },
+                    (plan.units, plan.grid_y),
+                    elems,
+                )?;
+            }
+            Ok(CudaTensor::new_bf16(b.n, p.num_heads * d, out))
+        })
+    }
+}

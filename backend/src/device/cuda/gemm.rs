@@ -1,0 +1,138 @@
+//! Matrix products through cuBLAS: bf16 inputs, f32 accumulation, bf16 or f32 out. The handle
+//! gets a workspace of its own at start-up, so no GEMM allocates while a graph is captured.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{sys as blas_sys, CudaBlas};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::tensor::{CudaBuf, CudaTensor};
+use super::{op_err, CudaDevice, DEV};
+use crate::error::DeviceError;
+
+/// cuBLAS workspace (what NVIDIA recommends for Hopper).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// A cuBLAS handle on the device's stream, with its workspace.
+pub struct Blas {
+    pub(super) handle: CudaBlas,
+    _workspace: CudaSlice<u8>,
+}
+
+fn blas_err(op: &'static str) -> impl Fn(String) -> DeviceError {
+    move |msg| DeviceError::Op {
+        device: DEV,
+        op,
+        msg,
+    }
+}
+
+impl Blas {
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, DeviceError> {
+        let handle =
+            CudaBlas::new(stream.clone()).map_err(|e| blas_err("cublas")(format!("{e:?}")))?;
+        // SAFETY: u8 has no invalid bit patterns and cuBLAS only writes its workspace.
+        let workspace =
+            unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE) }.map_err(op_err("cublas workspace"))?;
+        {
+            let (ptr, _g) = workspace.device_ptr(stream);
+            // SAFETY: a live allocation of CUBLAS_WORKSPACE bytes, kept for the handle's lifetime
+            // (stored next to it).
+            let status = unsafe {
+                blas_sys::cublasSetWorkspace_v2(
+                    *handle.handle(),
+                    ptr as *mut std::ffi::c_void,
+                    CUBLAS_WORKSPACE,
+                )
+            };
+            if status != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(blas_err("cublasSetWorkspace")(format!("{status:?}")));
+            }
+        }
+        Ok(Blas {
+            handle,
+            _workspace: workspace,
+        })
+    }
+}
+
+impl CudaDevice {
+    /// `out = x · wᵀ` with cuBLAS (bf16 inputs, f32 accumulation), out bf16 or f32.
+    pub(super) fn gemm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        out_f32: bool,
+    ) -> Result<CudaTensor, DeviceError> {
+        if x.cols != w.cols {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "linear",
+                msg: format!("x has {} columns, w has {}", x.cols, w.cols),
+            });
+        }
+        let (n, k, m) = (x.rows, x.cols, w.rows);
+        let xs = x.bf16("linear")?;
+        let ws = w.bf16("linear")?;
+        let mut out = if out_f32 {
+            CudaBuf::F32(self.alloc_f32(n * m, "linear")?)
+        } else {
+            CudaBuf::Bf16(self.alloc_bf16(n * m, "linear")?)
+        };
+        if n == 0 {
+            return Ok(CudaTensor {
+                rows: n,
+                cols: m,
+                buf: out,
+            });
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (xp, _gx) = xs.device_ptr(&self.stream);
+        let (wp, _gw) = ws.device_ptr(&self.stream);
+        let status = {
+            let (op, ot) = match &mut out {
+                CudaBuf::F32(o) => (
+                    o.device_ptr_mut(&self.stream),
+                    blas_sys::cudaDataType_t::CUDA_R_32F,
+                ),
+                CudaBuf::Bf16(o) => (
+                    o.device_ptr_mut(&self.stream),
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                ),
+            };
+            // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major outᵀ[m, n] = wᵀ·x with w
+            // seen as a k×m column-major matrix (transposed) and x as k×n.
+            // SAFETY: the pointers are live device allocations of the stated sizes (n·k, m·k, n·m
+            // elements of the stated types), on the handle's stream; alpha/beta outlive the call.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle.handle(),
+                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    n as i32,
+                    k as i32,
+                    (&alpha as *const f32).cast(),
+                    wp as *const _,
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                    k as i32,
+                    xp as *const _,
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                    k as i32,
+                    (&beta as *const f32).cast(),
+                    op.0 as *mut _,
+                    ot,
+                    m as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+        };
+        status.map_err(|e| blas_err("cublasGemmEx")(format!("{e:?}")))?;
+        Ok(CudaTensor {
+            rows: n,
+            cols: m,
+            buf: out,
+        })
+    }
+}

@@ -1,0 +1,111 @@
+//! Projections of a few rows (decode steps) through `gemv.cu`: weights streamed once with 16-byte
+//! loads, one warp per output row, the sub-layer's residual add + RMSNorm fused in as a
+//! prologue and SwiGLU as the gate/up epilogue. Steps with more rows than `gemv_max_rows` (or
+//! shapes the kernels cannot take) go through the norm kernels and cuBLAS.
+
+use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
+use super::tensor::{CudaBuf, CudaTensor};
+use super::{CudaDevice, DEV};
+use crate::device::Device;
+use crate::error::DeviceError;
+
+impl CudaDevice {
+    /// Which GEMV instantiation serves `rows` input rows of `k` features, if any.
+    pub(super) fn gemv_variant(&self, rows: usize, k: usize) -> Option<usize> {
+        if rows == 0
+            || rows > self.options.gemv_max_rows
+            || !k.is_multiple_of(8)
+            || k > i32::MAX as usize
+        {
+            return None;
+        }
+        GEMV_ROWS.iter().position(|&r| rows <= r)
+    }
+
+    /// `x · wᵀ` for a few rows with instantiation `v` of gemv.cu.
+    pub(super) fn gemv(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        v: usize,
+    ) -> Result<CudaTensor, DeviceError> {
+        let (rows, k, n) = (x.rows, x.cols, w.rows);
+        let mut out = self.alloc_bf16(rows * n, "gemv")?;
+        self.launch_gemv(v, w.bf16("gemv")?, x.bf16("gemv")?, &mut out, (rows, k, n))?;
+        Ok(CudaTensor::new_bf16(rows, n, out))
+    }
+
+    /// The GEMV instantiation that fuses a norm over `residual` into a projection by `w`, if
+    /// one fits.
+    fn gemv_norm_variant(
+        &self,
+        residual: &CudaTensor,
+        w: &CudaTensor,
+        swiglu: bool,
+    ) -> Option<usize> {
+        let v = self.gemv_variant(residual.rows, residual.cols)?;
+        let fits = GEMV_ROWS[v] * residual.cols * 2 <= GEMV_SMEM_MAX
+            && w.cols == residual.cols
+            && (!swiglu || w.rows.is_multiple_of(2));
+        fits.then_some(v)
+    }
+
+    /// [`Device::norm_linear`] (or, `swiglu`, [`Device::norm_swiglu`]): one fused gemv.cu launch
+    /// where the rows fit one, else the norm, the GEMM (and SwiGLU) as separate launches.
+    pub(super) fn norm_projection(
+        &self,
+        residual: &mut CudaTensor,
+        delta: Option<&CudaTensor>,
+        norm: &CudaTensor,
+        eps: f32,
+        w: &CudaTensor,
+        swiglu: bool,
+    ) -> Result<CudaTensor, DeviceError> {
+        let Some(v) = self.gemv_norm_variant(residual, w, swiglu) else {
+            let x = self.norm(residual, delta, norm, eps)?;
+            let y = self.linear(&x, w)?;
+            return if swiglu { self.silu_mul(&y) } else { Ok(y) };
+        };
+        let op = if swiglu {
+            "gemv + norm + swiglu"
+        } else {
+            "gemv + norm"
+        };
+        self.timed(op, || {
+            let (rows, k) = (residual.rows, residual.cols);
+            let n = if swiglu { w.rows / 2 } else { w.rows };
+            let mut out = self.alloc_bf16(rows * n, "gemv")?;
+            let CudaBuf::F32(res) = &residual.buf else {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "gemv",
+                    msg: "residual must be f32".into(),
+                });
+            };
+            let mut res_out = match delta {
+                Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
+                None => None,
+            };
+            let delta = match delta {
+                Some(d) => Some(d.bf16("gemv")?),
+                None => None,
+            };
+            self.launch_gemv_norm(
+                v,
+                swiglu,
+                res,
+                delta,
+                res_out.as_mut(),
+                norm.bf16("gemv")?,
+                w.bf16("gemv")?,
+                &mut out,
+                (rows, k, n),
+                eps,
+            )?;
+            if let Some(r) = res_out {
+                residual.buf = CudaBuf::F32(r);
+            }
+            Ok(CudaTensor::new_bf16(rows, n, out))
+        })
+    }
+}

@@ -1,0 +1,166 @@
+//! The kernel table: every function of `kernels/` loaded from one NVRTC-compiled CUBIN, its
+//! shared-memory attributes set, and the launch constants that must match the `.cu` sources.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+use cudarc::driver::{CudaContext, CudaFunction};
+
+use super::{op_err, DEV};
+use crate::error::DeviceError;
+
+// Must match attention.cu.
+pub const ATT_THREADS: u32 = 128;
+/// Tokens of one attention query tile.
+pub const ATT_TQ: usize = 32;
+/// Keys of one K/V tile.
+pub const ATT_TK: usize = 64;
+pub const ATT_MAXD: usize = 128;
+/// Query rows (tokens × GQA group) per block of the tensor-core kernel (MMA_TQ in attention_mma.cu).
+pub const MMA_ROWS: usize = 64;
+/// Threads per block of the tensor-core kernel (four warps of 16 rows).
+pub const MMA_THREADS: u32 = 128;
+/// Blocks of the tensor-core kernel resident per SM (its __launch_bounds__ minimum).
+pub const MMA_BLOCKS_PER_SM: usize = 3;
+/// Blocks of the CUDA-core attention kernel resident per SM.
+pub const SIMT_BLOCKS_PER_SM: usize = 2;
+/// Threads of a combine block (COMBINE_THREADS in attention.cu): four per output element.
+pub const COMBINE_THREADS: u32 = 512;
+/// Output elements a combine block merges (COMBINE_ELEMS).
+pub const COMBINE_ELEMS: usize = 128;
+
+/// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
+pub const GEMV_ROWS: [usize; 3] = [1, 2, 4];
+/// Rows served by gemv.cu unless CACHET_GEMV says otherwise: up to two. Measured on the H200
+/// (8B shape, CUDA graphs): 1 row 4.46 vs 4.87 ms a step with cuBLAS, 2 rows 4.66 vs 4.93 ms,
+/// but 4 rows 5.33 vs 5.04 ms (cuBLAS hardly slows from 1 to 4 rows; the GEMV's arithmetic
+/// per weight grows with the rows).
+pub const GEMV_DEFAULT_ROWS: usize = 2;
+/// Threads of a GEMV block (GEMV_THREADS in gemv.cu); one block per SM.
+pub const GEMV_THREADS: u32 = 512;
+/// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
+pub const GEMV_SMEM_MAX: usize = 96 << 10;
+
+/// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
+/// bf16 (Q is staged in the second before the loop).
+pub fn mma_smem_bytes(d: usize) -> u32 {
+    (4 * ATT_TK * (d + 8) * 2) as u32
+}
+
+/// Shared memory of the FP8 tensor-core kernels: one bf16 K/V tile and two raw stages of K and V
+/// codes (Q is staged in the raw stages before the loop).
+pub fn mma_fp8_smem_bytes(d: usize) -> u32 {
+    (2 * ATT_TK * (d + 8) * 2 + 4 * ATT_TK * d) as u32
+}
+
+/// Shared memory of the CUDA-core attention kernel (attention.cu).
+pub fn attention_smem_bytes(d: usize) -> u32 {
+    ((ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) * 4) as u32
+}
+
+/// Every kernel, by the symbol it is loaded from.
+pub struct Kernels {
+    pub rms_norm: CudaFunction,
+    pub add_rms_norm: CudaFunction,
+    pub embed: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub silu_mul_x8: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub rope_kv: CudaFunction,
+    pub rope_kv_fp8: CudaFunction,
+    pub attention: CudaFunction,
+    pub attention_fp8: CudaFunction,
+    pub attention_mma_d64: CudaFunction,
+    pub attention_mma_d128: CudaFunction,
+    pub attention_mma_d64_fp8: CudaFunction,
+    pub attention_mma_d128_fp8: CudaFunction,
+    pub combine: CudaFunction,
+    pub fill_normal: CudaFunction,
+    pub sample: CudaFunction,
+    /// gemv.cu, one per entry of GEMV_ROWS.
+    pub gemv: [CudaFunction; 3],
+    pub gemv_norm: [CudaFunction; 3],
+    pub gemv_norm_swiglu: [CudaFunction; 3],
+}
+
+/// What loading the kernels found.
+pub struct Loaded {
+    pub kernels: Kernels,
+    /// Whether the CUBIN came from the disk cache.
+    pub from_cache: bool,
+}
+
+fn smem(func: &CudaFunction, bytes: u32) -> Result<(), DeviceError> {
+    func.set_attribute(
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(op_err("kernel shared memory"))
+}
+
+impl Kernels {
+    /// Compiles (or loads from `cache`) the kernels for `arch` and loads every function.
+    pub fn load(
+        ctx: &Arc<CudaContext>,
+        arch: &str,
+        cache: Option<&Path>,
+        source_dir: Option<&Path>,
+    ) -> Result<Loaded, DeviceError> {
+        let compiled = cachet_kernels::compile::compile(arch, cache, source_dir).map_err(|e| {
+            DeviceError::Op {
+                device: DEV,
+                op: "compile kernels",
+                msg: e.to_string(),
+            }
+        })?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
+            .map_err(op_err("load kernels"))?;
+        let f = |name: &str| module.load_function(name).map_err(op_err("load kernel"));
+        let k = Kernels {
+            rms_norm: f("rms_norm_bf16")?,
+            add_rms_norm: f("add_rms_norm_bf16")?,
+            embed: f("embed_bf16")?,
+            silu_mul: f("silu_mul_bf16")?,
+            silu_mul_x8: f("silu_mul_bf16x8")?,
+            gather_rows: f("gather_rows_bf16")?,
+            rope_kv: f("rope_kv_bf16")?,
+            rope_kv_fp8: f("rope_kv_fp8")?,
+            attention: f("paged_attention_bf16")?,
+            attention_fp8: f("paged_attention_fp8")?,
+            attention_mma_d64: f("paged_attention_mma_d64_bf16")?,
+            attention_mma_d128: f("paged_attention_mma_d128_bf16")?,
+            attention_mma_d64_fp8: f("paged_attention_mma_d64_fp8")?,
+            attention_mma_d128_fp8: f("paged_attention_mma_d128_fp8")?,
+            combine: f("attention_combine_bf16")?,
+            fill_normal: f("fill_normal_bf16")?,
+            sample: f("sample_f32")?,
+            gemv: [f("gemv_bf16_r1")?, f("gemv_bf16_r2")?, f("gemv_bf16_r4")?],
+            gemv_norm: [
+                f("gemv_norm_bf16_r1")?,
+                f("gemv_norm_bf16_r2")?,
+                f("gemv_norm_bf16_r4")?,
+            ],
+            gemv_norm_swiglu: [
+                f("gemv_norm_swiglu_bf16_r1")?,
+                f("gemv_norm_swiglu_bf16_r2")?,
+                f("gemv_norm_swiglu_bf16_r4")?,
+            ],
+        };
+        for func in [&k.attention, &k.attention_fp8] {
+            smem(func, attention_smem_bytes(ATT_MAXD))?;
+        }
+        smem(&k.attention_mma_d64, mma_smem_bytes(64))?;
+        smem(&k.attention_mma_d128, mma_smem_bytes(128))?;
+        smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
+        smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
+        for func in k.gemv_norm.iter().chain(&k.gemv_norm_swiglu) {
+            smem(func, GEMV_SMEM_MAX as u32)?;
+        }
+        Ok(Loaded {
+            kernels: k,
+            from_cache: compiled.from_cache,
+        })
+    }
+}

@@ -1,0 +1,475 @@
+//! One typed launch function per kernel: the only `unsafe` kernel launches of the device. Each
+//! takes the kernel's arguments with their device types and shapes (as documented on the kernel
+//! in `kernels/`), checks what the kernel cannot, and says in its `SAFETY:` line why the launch
+//! is sound. Everything above this file is safe code.
+
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::kernels::{
+    ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
+    MMA_THREADS,
+};
+use super::{op_err, CudaDevice};
+use crate::error::DeviceError;
+
+/// A launch of one block per row.
+fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A row-normalisation launch: one block per row, threads enough that each keeps at most
+/// RMS_PER_THREAD (rms_norm.cu) elements in registers.
+fn norm_config(rows: usize, cols: usize) -> LaunchConfig {
+    let threads = (cols.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    rows_config(rows, threads)
+}
+
+/// A GEMV asked for a shape its instantiation cannot take (a bug of the caller's choice).
+fn unfit(op: &'static str, rows: usize, max_rows: usize, k: usize) -> DeviceError {
+    DeviceError::Op {
+        device: super::DEV,
+        op,
+        msg: format!("{rows} rows of {k} features do not fit the {max_rows}-row instantiation (k must be a multiple of 8, R·k·2 bytes within its shared memory)"),
+    }
+}
+
+/// The KV cache of one layer as the attention and RoPE kernels take it.
+pub(super) struct LayerKv<'a> {
+    pub k: &'a mut CudaSlice<u8>,
+    pub v: &'a mut CudaSlice<u8>,
+    pub k_scale: &'a mut CudaSlice<f32>,
+    pub v_scale: &'a mut CudaSlice<f32>,
+}
+
+/// The arguments every attention kernel takes (attention.cu / attention_mma.cu).
+pub(super) struct AttentionArgs<'a> {
+    /// bf16 `[n, (nh + 2·nkv)·d]`.
+    pub qkv: &'a CudaSlice<u16>,
+    pub kv: LayerKv<'a>,
+    /// u32 `[n]` positions, and per tile: sequence, first token, length.
+    pub pos: &'a CudaSlice<u32>,
+    pub tile_seq: &'a CudaSlice<u32>,
+    pub tile_start: &'a CudaSlice<u32>,
+    pub tile_len: &'a CudaSlice<u32>,
+    /// u32 `[seqs, max_blocks]`.
+    pub block_tables: &'a CudaSlice<u32>,
+    pub max_blocks: i32,
+    /// bf16 `[n, nh·d]`.
+    pub out: &'a mut CudaSlice<u16>,
+    /// f32 `[part_rows, d]` and `[part_rows, 2]` when split, one-element placeholders otherwise.
+    pub part_o: &'a mut CudaSlice<f32>,
+    pub part_ml: &'a mut CudaSlice<f32>,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub block_size: i32,
+    pub scale: f32,
+    pub split_len: i32,
+    pub group: i32,
+    pub sub_tokens: i32,
+    pub units_per_tile: i32,
+    /// f32 `[max_pos, d]` cos|sin, and u32 `[n]` slots: read when `fused` is 1.
+    pub rope: &'a CudaSlice<f32>,
+    pub slots: &'a CudaSlice<u32>,
+    pub fused: i32,
+}
+
+/// The arguments of `attention_combine_bf16`.
+pub(super) struct CombineArgs<'a> {
+    pub part_o: &'a CudaSlice<f32>,
+    pub part_ml: &'a CudaSlice<f32>,
+    pub tile_start: &'a CudaSlice<u32>,
+    pub tile_len: &'a CudaSlice<u32>,
+    pub out: &'a mut CudaSlice<u16>,
+    pub num_heads: i32,
+    pub head_dim: i32,
+    pub splits: i32,
+    pub group: i32,
+    pub sub_tokens: i32,
+    pub units_per_tile: i32,
+    pub unit_rows: i32,
+}
+
+impl CudaDevice {
+    /// `embed_bf16(u32 ids[n], bf16 table[vocab, cols], f32 out[n, cols], int cols)`.
+    pub(super) fn launch_embed(
+        &self,
+        ids: &CudaSlice<u32>,
+        table: &CudaSlice<u16>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), DeviceError> {
+        let c = cols as i32;
+        let mut l = self.stream.launch_builder(&self.k.embed);
+        l.arg(ids).arg(table).arg(out).arg(&c);
+        // SAFETY: `out` holds n × cols f32, `table` vocab × cols bf16; the ids were validated
+        // against the vocabulary by the runner.
+        unsafe { l.launch(rows_config(n, 256)) }.map_err(op_err("embed"))?;
+        Ok(())
+    }
+
+    /// `rms_norm_bf16(f32 x[rows, cols], bf16 w[cols], bf16 out[rows, cols], int, float)`.
+    pub(super) fn launch_rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), DeviceError> {
+        let c = cols as i32;
+        let mut l = self.stream.launch_builder(&self.k.rms_norm);
+        l.arg(x).arg(w).arg(out).arg(&c).arg(&eps);
+        // SAFETY: x and out hold rows × cols elements, w cols; one block per row.
+        unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("rms_norm"))?;
+        Ok(())
+    }
+
+    /// `add_rms_norm_bf16(f32 residual[rows, cols] (in/out), bf16 delta[rows, cols], bf16 w[cols],
+    /// bf16 out[rows, cols], int cols, float eps)`.
+    pub(super) fn launch_add_rms_norm(
+        &self,
+        residual: &mut CudaSlice<f32>,
+        delta: &CudaSlice<u16>,
+        w: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        (rows, cols): (usize, usize),
+        eps: f32,
+    ) -> Result<(), DeviceError> {
+        let c = cols as i32;
+        let mut l = self.stream.launch_builder(&self.k.add_rms_norm);
+        l.arg(residual).arg(delta).arg(w).arg(out).arg(&c).arg(&eps);
+        // SAFETY: residual, delta and out hold rows × cols elements, w cols; each block reads and
+        // writes only its own row of the residual.
+        unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("add_rms_norm"))?;
+        Ok(())
+    }
+
+    /// `rope_kv_{bf16,fp8}(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
+    /// k_cache[slots, nkv, d], v_cache[slots, nkv, d], f32 k_scale[slots, nkv], f32
+    /// v_scale[slots, nkv], int nh, int nkv, int d)`: `func` is the kernel for the cache's dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_rope_kv(
+        &self,
+        func: &CudaFunction,
+        qkv: &mut CudaSlice<u16>,
+        rope: &CudaSlice<f32>,
+        pos: &CudaSlice<u32>,
+        slots: &CudaSlice<u32>,
+        kv: LayerKv<'_>,
+        n: usize,
+        (nh, nkv, d): (usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        let (nhi, nkvi, di) = (nh as i32, nkv as i32, d as i32);
+        let mut l = self.stream.launch_builder(func);
+        l.arg(qkv)
+            .arg(rope)
+            .arg(pos)
+            .arg(slots)
+            .arg(kv.k)
+            .arg(kv.v)
+            .arg(kv.k_scale)
+            .arg(kv.v_scale)
+            .arg(&nhi)
+            .arg(&nkvi)
+            .arg(&di);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, (nh + nkv) as u32, 1),
+            block_dim: ((d / 2) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: grid (n, nh + nkv), block d/2 (d even, checked by the config; attention caps it
+        // at 128); the cache buffers are the layer's, allocated for the layout's dtype with the
+        // kernel chosen for it; positions are below max_pos and slots inside the cache or the
+        // padding mark (validated by the runner).
+        unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
+        Ok(())
+    }
+
+    /// One attention kernel (`func`: paged_attention_{bf16,fp8} or paged_attention_mma_d{64,128}_
+    /// {bf16,fp8}) over `grid` with `shared` bytes of dynamic shared memory.
+    pub(super) fn launch_attention(
+        &self,
+        func: &CudaFunction,
+        a: AttentionArgs<'_>,
+        grid: (usize, usize, usize),
+        tensor_cores: bool,
+        shared: u32,
+    ) -> Result<(), DeviceError> {
+        let mut l = self.stream.launch_builder(func);
+        l.arg(a.qkv)
+            .arg(a.kv.k)
+            .arg(a.kv.v)
+            .arg(a.kv.k_scale)
+            .arg(a.kv.v_scale)
+            .arg(a.pos)
+            .arg(a.tile_seq)
+            .arg(a.tile_start)
+            .arg(a.tile_len)
+            .arg(a.block_tables)
+            .arg(&a.max_blocks)
+            .arg(a.out)
+            .arg(a.part_o)
+            .arg(a.part_ml)
+            .arg(&a.num_heads)
+            .arg(&a.num_kv_heads)
+            .arg(&a.head_dim)
+            .arg(&a.block_size)
+            .arg(&a.scale)
+            .arg(&a.split_len)
+            .arg(&a.group)
+            .arg(&a.sub_tokens)
+            .arg(&a.units_per_tile)
+            .arg(a.rope)
+            .arg(a.slots)
+            .arg(&a.fused);
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
+            block_dim: (
+                if tensor_cores {
+                    MMA_THREADS
+                } else {
+                    ATT_THREADS
+                },
+                1,
+                1,
+            ),
+            shared_mem_bytes: shared,
+        };
+        // SAFETY: every attention kernel takes this argument list, the _fp8 ones chosen exactly
+        // for an FP8 cache (codes + scales allocated by alloc_kv): tiles cover the batch's tokens
+        // within their sequences, block tables cover every position (validated by the runner),
+        // split buffers hold units × grid_y × splits × unit_rows rows (AttentionPlan::part_rows),
+        // shared memory is sized for d within the attribute set at load, the tensor-core kernel
+        // only for its own d with group ≤ 64 (AttentionPlan::choose); `fused` only where the plan
+        // allows it (each sequence one unit), with the rope table (max_pos × d, positions
+        // validated by the runner) and one slot per token.
+        unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
+        Ok(())
+    }
+
+    /// `attention_combine_bf16` over the split buffers an attention launch filled: `units` ×
+    /// `grid_y` × blocks enough for `elems` outputs of the fullest unit.
+    pub(super) fn launch_combine(
+        &self,
+        a: CombineArgs<'_>,
+        (units, grid_y): (usize, usize),
+        elems: usize,
+    ) -> Result<(), DeviceError> {
+        let mut c = self.stream.launch_builder(&self.k.combine);
+        c.arg(a.part_o)
+            .arg(a.part_ml)
+            .arg(a.tile_start)
+            .arg(a.tile_len)
+            .arg(a.out)
+            .arg(&a.num_heads)
+            .arg(&a.head_dim)
+            .arg(&a.splits)
+            .arg(&a.group)
+            .arg(&a.sub_tokens)
+            .arg(&a.units_per_tile)
+            .arg(&a.unit_rows);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                units as u32,
+                grid_y as u32,
+                elems.div_ceil(COMBINE_ELEMS) as u32,
+            ),
+            block_dim: (COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the split buffers were filled by the attention launch of the same plan
+        // (units × grid_y × splits × unit_rows rows); blocks past a unit's outputs return.
+        unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
+        Ok(())
+    }
+
+    /// `silu_mul_bf16x8(bf16 gu[n, 2i], bf16 out[n, i], int i, u32 n·i/8)` when `i % 8 == 0`,
+    /// else `silu_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64 n·i)`.
+    pub(super) fn launch_silu_mul(
+        &self,
+        gu: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        rows: usize,
+        i: usize,
+    ) -> Result<(), DeviceError> {
+        let total = rows * i;
+        let ii = i as i32;
+        if i.is_multiple_of(8) && total / 8 < u32::MAX as usize {
+            let total8 = (total / 8) as u32;
+            let mut l = self.stream.launch_builder(&self.k.silu_mul_x8);
+            l.arg(gu).arg(out).arg(&ii).arg(&total8);
+            let cfg = LaunchConfig {
+                grid_dim: (total8.div_ceil(256).min(8192), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: i % 8 == 0 and both buffers whole allocations (16-byte aligned), holding
+            // rows × 2i and rows × i elements.
+            unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
+        } else {
+            let total = total as u64;
+            let mut l = self.stream.launch_builder(&self.k.silu_mul);
+            l.arg(gu).arg(out).arg(&ii).arg(&total);
+            let cfg = LaunchConfig {
+                grid_dim: (total.div_ceil(256).min(4096) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the buffers hold rows × 2i and rows × i elements; grid-stride loop.
+            unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
+        }
+        Ok(())
+    }
+
+    /// `gather_rows_bf16(u32 rows[m], bf16 x[n, cols], bf16 out[m, cols], int cols)`.
+    pub(super) fn launch_gather_rows(
+        &self,
+        rows: &CudaSlice<u32>,
+        x: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        m: usize,
+        cols: usize,
+    ) -> Result<(), DeviceError> {
+        let c = cols as i32;
+        let mut l = self.stream.launch_builder(&self.k.gather_rows);
+        l.arg(rows).arg(x).arg(out).arg(&c);
+        // SAFETY: every row index is below n (validated by the runner); out holds m × cols.
+        unsafe { l.launch(rows_config(m, 256)) }.map_err(op_err("gather"))?;
+        Ok(())
+    }
+
+    /// `fill_normal_bf16(bf16 out[n], u64 n, u64 seed, f32 mean, f32 std)`.
+    pub(super) fn launch_fill_normal(
+        &self,
+        out: &mut CudaSlice<u16>,
+        n: usize,
+        seed: u64,
+        (mean, std): (f32, f32),
+    ) -> Result<(), DeviceError> {
+        let n64 = n as u64;
+        let mut b = self.stream.launch_builder(&self.k.fill_normal);
+        b.arg(out).arg(&n64).arg(&seed).arg(&mean).arg(&std);
+        let cfg = LaunchConfig {
+            grid_dim: (1024, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `out` holds n elements; grid-stride loop.
+        unsafe { b.launch(cfg) }.map_err(op_err("fill_normal"))?;
+        Ok(())
+    }
+
+    /// `sample_f32(f32 logits[rows, vocab], RowParams params[rows], f32 scratch[rows, vocab] when
+    /// any row samples, u32 out[rows], int vocab)`.
+    pub(super) fn launch_sample(
+        &self,
+        logits: &CudaSlice<f32>,
+        params: &CudaSlice<u32>,
+        scratch: &mut CudaSlice<f32>,
+        ids: &mut CudaSlice<u32>,
+        (rows, vocab): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        let v = vocab as i32;
+        let mut l = self.stream.launch_builder(&self.k.sample);
+        l.arg(logits).arg(params).arg(scratch).arg(ids).arg(&v);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: params holds 8 words a row (the layout of RowSampling); scratch is rows × vocab
+        // whenever a row samples (the kernel touches it only then); ids holds rows.
+        unsafe { l.launch(cfg) }.map_err(op_err("sample"))?;
+        Ok(())
+    }
+
+    fn gemv_config(&self, smem: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.sms as u32, 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        }
+    }
+
+    /// `gemv_bf16_r{R}(bf16 w[n, k], bf16 x[rows, k], bf16 y[rows, n], int n, int k, int rows)`
+    /// for the instantiation `v` (R = GEMV_ROWS[v]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_gemv(
+        &self,
+        v: usize,
+        w: &CudaSlice<u16>,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<u16>,
+        (rows, k, n): (usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        if rows > GEMV_ROWS[v] || !k.is_multiple_of(8) {
+            return Err(unfit("gemv", rows, GEMV_ROWS[v], k));
+        }
+        let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
+        let mut l = self.stream.launch_builder(&self.k.gemv[v]);
+        l.arg(w).arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
+        // SAFETY: rows ≤ R and k % 8 == 0 (checked above), fresh 16-byte-aligned allocations, so
+        // every row starts 16-byte aligned.
+        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
+        Ok(())
+    }
+
+    /// `gemv_norm[_swiglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null, f32
+    /// residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or 2n, k], bf16 out[rows, n], int
+    /// n, int k, int rows, float eps)` for the instantiation `v`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_gemv_norm(
+        &self,
+        v: usize,
+        swiglu: bool,
+        residual: &CudaSlice<f32>,
+        delta: Option<&CudaSlice<u16>>,
+        residual_out: Option<&mut CudaSlice<f32>>,
+        norm: &CudaSlice<u16>,
+        w: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        (rows, k, n): (usize, usize, usize),
+        eps: f32,
+    ) -> Result<(), DeviceError> {
+        let smem = GEMV_ROWS[v] * k * 2;
+        if rows > GEMV_ROWS[v] || !k.is_multiple_of(8) || smem > GEMV_SMEM_MAX {
+            return Err(unfit("gemv + norm", rows, GEMV_ROWS[v], k));
+        }
+        let null = 0u64;
+        let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
+        let func = if swiglu {
+            &self.k.gemv_norm_swiglu[v]
+        } else {
+            &self.k.gemv_norm[v]
+        };
+        let mut l = self.stream.launch_builder(func);
+        l.arg(residual);
+        match delta {
+            Some(d) => l.arg(d),
+            None => l.arg(&null),
+        };
+        match residual_out {
+            Some(r) => l.arg(r),
+            None => l.arg(&null),
+        };
+        l.arg(norm)
+            .arg(w)
+            .arg(out)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&ri)
+            .arg(&eps);
+        // SAFETY: rows ≤ R, k % 8 == 0 and R·k·2 bytes of dynamic shared memory within the
+        // attribute set at load (checked above); residual_out is a fresh buffer, so no block
+        // reads what another writes; delta and residual_out are both given or both null.
+        unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv + norm"))?;
+        Ok(())
+    }
+}

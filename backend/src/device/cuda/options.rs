@@ -1,0 +1,251 @@
+//! [`CudaOptions`]: every switch of the CUDA device, parsed once before the device opens.
+//!
+//! The defaults are what the H200 measurements chose (BENCHMARKS.md §3); the switches exist for
+//! side-by-side comparisons and are read from the environment by [`CudaOptions::from_env`] only,
+//! so a bad value is refused at start-up with the form it should take.
+
+use std::path::PathBuf;
+
+use super::kernels::{ATT_TK, GEMV_DEFAULT_ROWS, GEMV_ROWS};
+use crate::error::DeviceError;
+
+/// Shortest key range an attention split is given.
+pub const MIN_SPLIT: usize = 64;
+/// Most blocks a key range is split over.
+pub const MAX_SPLITS: usize = 64;
+/// Waves of attention blocks the splits may fill. Measured on the H200 (8B shape, ctx 4096,
+/// graphs), two waves against one: batch 1 4.59 vs 4.64 ms, batch 2 4.94 vs 5.10, batch 4 5.58 vs
+/// 5.80, batch 16 7.52 vs 9.01, batch 64 17.77 vs 17.71 — with the one-round-trip combine, more
+/// and shorter splits pay even as a partial second wave. Decode and verification steps only: a
+/// 512-token prefill split three ways took 23 ms against 14 unsplit.
+pub const SPLIT_WAVES: usize = 2;
+
+/// How long key ranges are split over blocks (`CACHET_ATTENTION_SPLIT=keys,n[,waves[,step]]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitOptions {
+    /// Shortest key range of a split.
+    pub min_keys: usize,
+    /// Most splits of one key range.
+    pub max_splits: usize,
+    /// Waves of blocks the splits of a decode-like step may fill (prompts: one).
+    pub waves: usize,
+    /// The multiple of keys a tensor-core split is rounded to (the CUDA-core kernel always
+    /// takes whole ATT_TK tiles).
+    pub step: usize,
+}
+
+impl Default for SplitOptions {
+    fn default() -> Self {
+        SplitOptions {
+            min_keys: MIN_SPLIT,
+            max_splits: MAX_SPLITS,
+            waves: SPLIT_WAVES,
+            step: ATT_TK,
+        }
+    }
+}
+
+impl std::str::FromStr for SplitOptions {
+    type Err = String;
+    fn from_str(v: &str) -> Result<Self, String> {
+        let n: Vec<usize> = v
+            .split(',')
+            .map(|x| x.trim().parse().unwrap_or(0))
+            .collect();
+        let d = SplitOptions::default();
+        let o = match n[..] {
+            [k, s] => SplitOptions {
+                min_keys: k,
+                max_splits: s,
+                ..d
+            },
+            [k, s, w] => SplitOptions {
+                min_keys: k,
+                max_splits: s,
+                waves: w,
+                ..d
+            },
+            [k, s, w, t] => SplitOptions {
+                min_keys: k,
+                max_splits: s,
+                waves: w,
+                step: t,
+            },
+            _ => SplitOptions { min_keys: 0, ..d },
+        };
+        if o.min_keys == 0 || o.max_splits == 0 || o.waves == 0 || o.step == 0 {
+            return Err(format!(
+                "`{v}`: expected `min_keys,max_splits[,waves[,step]]` of positive numbers, e.g. `128,32` or `64,64,2`"
+            ));
+        }
+        Ok(o)
+    }
+}
+
+/// The CUDA device's options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// The CUDA-core attention kernel everywhere (`CACHET_ATTENTION=simt`).
+    pub simt_attention: bool,
+    /// Let the tensor-core attention rotate q/k and write K/V itself where it can;
+    /// `CACHET_ROPE=separate` keeps the rope_kv launch.
+    pub fused_rope: bool,
+    pub split: SplitOptions,
+    /// Projections of at most this many rows go through gemv.cu with norms and SwiGLU fused in
+    /// (`CACHET_GEMV=off|1|2|4`).
+    pub gemv_max_rows: usize,
+    /// Where compiled kernels are cached (none: compile at every start).
+    pub kernel_cache: Option<PathBuf>,
+    /// Kernel sources substituted by file name (`CACHET_KERNEL_DIR`), for kernel work without a
+    /// rebuild.
+    pub kernel_dir: Option<PathBuf>,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            simt_attention: false,
+            fused_rope: true,
+            split: SplitOptions::default(),
+            gemv_max_rows: GEMV_DEFAULT_ROWS,
+            kernel_cache: None,
+            kernel_dir: None,
+        }
+    }
+}
+
+fn bad(var: &'static str, msg: String) -> DeviceError {
+    DeviceError::Op {
+        device: super::DEV,
+        op: var,
+        msg,
+    }
+}
+
+impl CudaOptions {
+    /// The options from the environment switches, over the defaults; `kernel_cache` as given.
+    pub fn from_env(kernel_cache: Option<PathBuf>) -> Result<Self, DeviceError> {
+        Self::from_vars(|k| std::env::var(k).ok(), kernel_cache)
+    }
+
+    /// The options from `var` (an environment lookup), for tests.
+    pub fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+        kernel_cache: Option<PathBuf>,
+    ) -> Result<Self, DeviceError> {
+        let mut o = CudaOptions {
+            kernel_cache,
+            ..Default::default()
+        };
+        match var("CACHET_ATTENTION").as_deref() {
+            None | Some("") | Some("auto") => {}
+            Some("simt") => o.simt_attention = true,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_ATTENTION",
+                    format!("`{v}`: expected `simt` (or unset)"),
+                ))
+            }
+        }
+        match var("CACHET_ROPE").as_deref() {
+            None | Some("") | Some("fused") => {}
+            Some("separate") => o.fused_rope = false,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_ROPE",
+                    format!("`{v}`: expected `separate` or `fused`"),
+                ))
+            }
+        }
+        if let Some(v) = var("CACHET_ATTENTION_SPLIT") {
+            o.split = v.parse().map_err(|m| bad("CACHET_ATTENTION_SPLIT", m))?;
+        }
+        if let Some(v) = var("CACHET_GEMV") {
+            o.gemv_max_rows = match v.as_str() {
+                "off" => 0,
+                _ => v.parse::<usize>().map_err(|_| {
+                    bad("CACHET_GEMV", format!("`{v}`: expected off or a row count"))
+                })?,
+            }
+            .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
+        }
+        o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<CudaOptions, DeviceError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        CudaOptions::from_vars(
+            |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            None,
+        )
+    }
+
+    #[test]
+    fn no_switches_give_the_measured_defaults() {
+        let o = parse(&[]).unwrap();
+        assert_eq!(o, CudaOptions::default());
+        assert_eq!(
+            (
+                o.split.min_keys,
+                o.split.max_splits,
+                o.split.waves,
+                o.split.step
+            ),
+            (64, 64, 2, 64)
+        );
+        assert_eq!(o.gemv_max_rows, 2);
+        assert!(o.fused_rope && !o.simt_attention);
+    }
+
+    #[test]
+    fn switches_are_parsed_once_and_bad_values_name_the_form() {
+        let o = parse(&[
+            ("CACHET_ATTENTION", "simt"),
+            ("CACHET_ROPE", "separate"),
+            ("CACHET_ATTENTION_SPLIT", "32,128,2,16"),
+            ("CACHET_GEMV", "off"),
+        ])
+        .unwrap();
+        assert!(o.simt_attention && !o.fused_rope);
+        assert_eq!(
+            o.split,
+            SplitOptions {
+                min_keys: 32,
+                max_splits: 128,
+                waves: 2,
+                step: 16
+            }
+        );
+        assert_eq!(o.gemv_max_rows, 0);
+        assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);
+        assert_eq!(
+            parse(&[("CACHET_ATTENTION_SPLIT", "128,32")])
+                .unwrap()
+                .split,
+            SplitOptions {
+                min_keys: 128,
+                max_splits: 32,
+                ..Default::default()
+            }
+        );
+        for (k, v, want) in [
+            ("CACHET_ATTENTION_SPLIT", "64", "min_keys,max_splits"),
+            ("CACHET_ATTENTION_SPLIT", "64,0", "min_keys,max_splits"),
+            ("CACHET_GEMV", "two", "off or a row count"),
+            ("CACHET_ROPE", "sideways", "separate"),
+            ("CACHET_ATTENTION", "fast", "simt"),
+        ] {
+            let e = parse(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k) && e.contains(want), "{k}={v}: {e}");
+        }
+    }
+}

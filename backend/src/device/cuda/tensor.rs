@@ -1,0 +1,169 @@
+//! Device memory: tensors (bf16 or f32, row-major 2-D), the paged KV cache, and the allocation
+//! helpers every operation uses. Output buffers are left uninitialised: every kernel and GEMM
+//! that writes one covers all of it (no memset on the hot path).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use half::bf16;
+
+use super::graphs::DecodeGraphs;
+use super::{op_err, CudaDevice, DEV};
+use crate::device::{KvCacheDtype, KvLayout};
+use crate::error::DeviceError;
+use crate::tensor::HostTensor;
+
+/// Device memory of a tensor.
+pub enum CudaBuf {
+    Bf16(CudaSlice<u16>),
+    F32(CudaSlice<f32>),
+}
+
+pub struct CudaTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub buf: CudaBuf,
+}
+
+impl CudaTensor {
+    pub fn bf16(&self, op: &'static str) -> Result<&CudaSlice<u16>, DeviceError> {
+        match &self.buf {
+            CudaBuf::Bf16(b) => Ok(b),
+            CudaBuf::F32(_) => Err(wrong_type(op, "bf16")),
+        }
+    }
+    pub fn f32(&self, op: &'static str) -> Result<&CudaSlice<f32>, DeviceError> {
+        match &self.buf {
+            CudaBuf::F32(b) => Ok(b),
+            CudaBuf::Bf16(_) => Err(wrong_type(op, "f32")),
+        }
+    }
+    pub fn bf16_mut(&mut self, op: &'static str) -> Result<&mut CudaSlice<u16>, DeviceError> {
+        match &mut self.buf {
+            CudaBuf::Bf16(b) => Ok(b),
+            CudaBuf::F32(_) => Err(wrong_type(op, "bf16")),
+        }
+    }
+    pub fn f32_mut(&mut self, op: &'static str) -> Result<&mut CudaSlice<f32>, DeviceError> {
+        match &mut self.buf {
+            CudaBuf::F32(b) => Ok(b),
+            CudaBuf::Bf16(_) => Err(wrong_type(op, "f32")),
+        }
+    }
+    pub fn new_bf16(rows: usize, cols: usize, buf: CudaSlice<u16>) -> Self {
+        CudaTensor {
+            rows,
+            cols,
+            buf: CudaBuf::Bf16(buf),
+        }
+    }
+    pub fn new_f32(rows: usize, cols: usize, buf: CudaSlice<f32>) -> Self {
+        CudaTensor {
+            rows,
+            cols,
+            buf: CudaBuf::F32(buf),
+        }
+    }
+}
+
+fn wrong_type(op: &'static str, want: &str) -> DeviceError {
+    DeviceError::Op {
+        device: DEV,
+        op,
+        msg: format!("expected a {want} tensor"),
+    }
+}
+
+/// The paged KV cache: per layer, K and V of `[num_slots, n_kv, d]`, bf16 (as raw bytes) or e4m3
+/// codes with f32 scales of `[num_slots, n_kv]` (one-element placeholders for bf16).
+pub struct CudaKv {
+    pub layout: KvLayout,
+    pub(super) k: Vec<CudaSlice<u8>>,
+    pub(super) v: Vec<CudaSlice<u8>>,
+    pub(super) k_scale: Vec<CudaSlice<f32>>,
+    pub(super) v_scale: Vec<CudaSlice<f32>>,
+    /// Decode graphs captured over this cache.
+    pub(super) graphs: Option<DecodeGraphs>,
+}
+
+/// bf16 bits of a host tensor.
+pub fn host_bf16(t: &HostTensor) -> Vec<u16> {
+    t.data
+        .iter()
+        .map(|&x| bf16::from_f32(x).to_bits())
+        .collect()
+}
+
+fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    n: usize,
+) -> Result<CudaSlice<T>, DeviceError> {
+    stream
+        .alloc_zeros::<T>(n.max(1))
+        .map_err(|e| DeviceError::OutOfMemory {
+            device: DEV,
+            bytes: n * std::mem::size_of::<T>(),
+            what: format!("KV cache ({e:?})"),
+        })
+}
+
+impl CudaDevice {
+    /// An uninitialised bf16 output buffer of `n` elements.
+    pub(super) fn alloc_bf16(&self, n: usize, what: &str) -> Result<CudaSlice<u16>, DeviceError> {
+        // SAFETY: u16 has no invalid bit patterns; callers fully write the buffer before reading it.
+        unsafe { self.stream.alloc::<u16>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
+            device: DEV,
+            bytes: n * 2,
+            what: format!("{what} ({e:?})"),
+        })
+    }
+
+    /// An uninitialised f32 output buffer of `n` elements.
+    pub(super) fn alloc_f32(&self, n: usize, what: &str) -> Result<CudaSlice<f32>, DeviceError> {
+        // SAFETY: as above, for f32.
+        unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
+            device: DEV,
+            bytes: n * 4,
+            what: format!("{what} ({e:?})"),
+        })
+    }
+
+    /// `v` in device memory (one zero for an empty slice: kernels never get a null pointer).
+    pub(super) fn htod_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, DeviceError> {
+        let v = if v.is_empty() { &[0u32][..] } else { v };
+        self.stream.clone_htod(v).map_err(op_err("upload batch"))
+    }
+
+    /// The paged KV cache of `layout`, zeroed.
+    pub(super) fn alloc_kv_cache(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
+        let heads = layout.num_slots() * layout.num_kv_heads;
+        let n = heads * layout.head_dim;
+        let fp8 = layout.dtype == KvCacheDtype::Fp8E4m3;
+        if fp8 && !layout.head_dim.is_multiple_of(8) {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "alloc_kv",
+                msg: format!(
+                    "an FP8 KV cache needs head_dim divisible by 8 (got {})",
+                    layout.head_dim
+                ),
+            });
+        }
+        let (bytes, scales) = if fp8 { (n, heads) } else { (2 * n, 1) };
+        let mut kv = CudaKv {
+            layout: *layout,
+            k: Vec::with_capacity(layout.num_layers),
+            v: Vec::with_capacity(layout.num_layers),
+            k_scale: Vec::with_capacity(layout.num_layers),
+            v_scale: Vec::with_capacity(layout.num_layers),
+            graphs: None,
+        };
+        for _ in 0..layout.num_layers {
+            kv.k.push(zeros(&self.stream, bytes)?);
+            kv.v.push(zeros(&self.stream, bytes)?);
+            kv.k_scale.push(zeros(&self.stream, scales)?);
+            kv.v_scale.push(zeros(&self.stream, scales)?);
+        }
+        Ok(kv)
+    }
+}

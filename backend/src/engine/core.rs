@@ -1,0 +1,263 @@
+//! The engine thread's loop: take commands (add, cancel, shut down), reap requests whose
+//! client went away or whose deadline passed, run one step (schedule → input batch → forward →
+//! sample → update), stream the tokens out, publish stats and KV events.
+
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc as tmpsc};
+
+use super::output::TextOutput;
+use super::{dequeue, Command, EngineStats, SharedQueue};
+use crate::block_hash::HashContext;
+use crate::kv::KvEvent;
+use crate::model::input_batch;
+use crate::model::step_sampler::StepSampler;
+use crate::model::Runner;
+use crate::request::{EngineEvent, FinishReason, RequestTimings, Usage};
+use crate::scheduler::{RequestId, Scheduler, StepToken};
+use crate::tokenizer::TextTokenizer;
+
+pub(super) struct StreamState {
+    tx: tmpsc::UnboundedSender<EngineEvent>,
+    text: TextOutput,
+    started: bool,
+    prompt_len: usize,
+    /// Tokens sent (a speculative step can produce tokens past a stop string: not counted).
+    emitted: usize,
+}
+
+pub(super) struct EngineCore {
+    pub(super) runner: Box<dyn Runner>,
+    pub(super) tokenizer: Option<TextTokenizer>,
+    pub(super) sched: Scheduler,
+    pub(super) sampler: StepSampler,
+    pub(super) streams: HashMap<RequestId, StreamState>,
+    pub(super) cmd_rx: mpsc::Receiver<Command>,
+    pub(super) queued: SharedQueue,
+    pub(super) stats: Arc<Mutex<EngineStats>>,
+    pub(super) kv_events: broadcast::Sender<Vec<KvEvent>>,
+    /// Block-hash context without the salt (each request brings its tenant's).
+    pub(super) hasher: HashContext,
+}
+
+impl EngineCore {
+    pub(super) fn run(&mut self) {
+        loop {
+            // Block when idle; otherwise take whatever arrived.
+            if !self.sched.has_work() {
+                match self.cmd_rx.recv() {
+                    Ok(c) => {
+                        if !self.apply(c) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match self.cmd_rx.try_recv() {
+                    Ok(c) => {
+                        if !self.apply(c) {
+                            return;
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
+            }
+            self.reap();
+            if self.sched.has_work() {
+                self.step();
+            }
+            self.publish();
+        }
+    }
+
+    /// Applies a command; `false` means shut down.
+    fn apply(&mut self, c: Command) -> bool {
+        match c {
+            Command::Add {
+                id,
+                req,
+                arrival,
+                tx,
+            } => {
+                let hasher = HashContext {
+                    salt: req.salt,
+                    ..self.hasher.clone()
+                };
+                self.streams.insert(
+                    id,
+                    StreamState {
+                        tx,
+                        text: TextOutput::new(),
+                        started: false,
+                        prompt_len: req.prompt.len(),
+                        emitted: 0,
+                    },
+                );
+                self.sched.add(id, req, hasher, arrival);
+            }
+            Command::Cancel(id) => self.finish(id, FinishReason::Cancelled, None),
+            Command::Shutdown => {
+                for id in self.sched.ids() {
+                    self.finish(
+                        id,
+                        FinishReason::Cancelled,
+                        Some("engine shutting down".into()),
+                    );
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Cancels requests whose client went away and those past their deadline.
+    fn reap(&mut self) {
+        let gone: Vec<RequestId> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.tx.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.finish(id, FinishReason::Cancelled, None);
+        }
+        for id in self.sched.expired(Instant::now()) {
+            self.finish(id, FinishReason::Error, Some("deadline exceeded".into()));
+        }
+    }
+
+    fn step(&mut self) {
+        let now = Instant::now();
+        let out = self.sched.schedule(now);
+        for sc in &out.scheduled {
+            if let Some(s) = self.streams.get_mut(&sc.id) {
+                if !s.started {
+                    s.started = true;
+                    dequeue(&self.queued, s.prompt_len);
+                }
+            }
+        }
+        if out.is_empty() {
+            // Nothing fits right now (e.g. a deadline-expired head); avoid a hot spin.
+            std::thread::sleep(Duration::from_micros(200));
+            return;
+        }
+        let (batch, rows) = input_batch::build(&out, self.sched.kv.block_size());
+        let started = Instant::now();
+        match self.runner.forward_step(&batch, &rows) {
+            Ok(step) => {
+                self.sched
+                    .record_step_time(&out, started.elapsed().as_secs_f64());
+                let sampled = self.sampler.sample(&out, &step);
+                let produced = self.sched.update(&out, &sampled, Instant::now());
+                for t in produced {
+                    self.emit(t);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed; failing the step's requests");
+                for sc in &out.scheduled {
+                    self.finish(
+                        sc.id,
+                        FinishReason::Error,
+                        Some(format!("engine error: {e}")),
+                    );
+                }
+            }
+        }
+    }
+
+    fn emit(&mut self, t: StepToken) {
+        let Some(seq) = self.sched.get(t.id) else {
+            return;
+        };
+        let Some(st) = self.streams.get_mut(&t.id) else {
+            return;
+        };
+        let at = Instant::now();
+        let delta = match &self.tokenizer {
+            Some(tok) => st.text.push(tok, t.token, t.finish, &seq.req.stop),
+            None => super::output::Delta {
+                text: String::new(),
+                finish: t.finish,
+            },
+        };
+        st.emitted += 1;
+        let _ = st.tx.send(EngineEvent::Token {
+            id: t.token,
+            text: delta.text,
+            at,
+        });
+        if let Some(reason) = delta.finish {
+            self.finish(t.id, reason, None);
+        }
+    }
+
+    /// Ends a request: frees its blocks and sends `Finished`.
+    fn finish(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
+        let Some(seq) = self.sched.remove(id) else {
+            return;
+        };
+        self.sampler.remove(id);
+        let Some(st) = self.streams.remove(&id) else {
+            return;
+        };
+        if !st.started {
+            dequeue(&self.queued, st.prompt_len);
+        }
+        let now = Instant::now();
+        let since = |a: Option<Instant>, b: Instant| {
+            a.map(|a| a.saturating_duration_since(b))
+                .unwrap_or_default()
+        };
+        let n_out = st.emitted;
+        let timings = RequestTimings {
+            queue: since(seq.first_scheduled, seq.arrival),
+            prefill: seq
+                .first_token
+                .zip(seq.first_scheduled)
+                .map(|(f, s)| f.saturating_duration_since(s))
+                .unwrap_or_default(),
+            ttft: since(seq.first_token, seq.arrival),
+            e2e: now.saturating_duration_since(seq.arrival),
+            mean_itl: match (seq.first_token, seq.last_token) {
+                (Some(f), Some(l)) if n_out > 1 => {
+                    l.saturating_duration_since(f) / (n_out as u32 - 1)
+                }
+                _ => Duration::ZERO,
+            },
+            preemptions: seq.preemptions,
+        };
+        let usage = Usage {
+            prompt_tokens: seq.prompt_len,
+            cached_tokens: seq.cached_tokens.unwrap_or(0),
+            completion_tokens: n_out,
+        };
+        let rest = st.text.rest(reason);
+        let _ = st.tx.send(EngineEvent::Finished {
+            reason,
+            usage,
+            timings,
+            error,
+            text: rest,
+        });
+    }
+
+    fn publish(&mut self) {
+        let events = self.sched.kv.take_events();
+        if !events.is_empty() {
+            let _ = self.kv_events.send(events);
+        }
+        let mut s = self.stats.lock().expect("stats lock");
+        s.running = self.sched.num_running();
+        s.waiting = self.sched.num_waiting();
+        s.kv = self.sched.kv.usage();
+        s.counters = self.sched.counters;
+        s.spec_cost_ratio = self.sched.spec_cost_ratio();
+    }
+}

@@ -1,0 +1,95 @@
+//! `cachet bench`: the benchmark harnesses, one file each. They run the engine and the gateway
+//! from outside, like a user; the serving code imports nothing from here. Workloads, the
+//! fidelity runner and report plots come from the `cachet-bench` crate.
+
+mod forward;
+mod kv_fp8;
+mod spec;
+mod ttft;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cachet_backend::config::ModelConfig;
+use cachet_backend::loader;
+use cachet_backend::tokenizer::TextTokenizer;
+use clap::{Args, Subcommand};
+
+use super::engine_args::LoadFormat;
+use super::generate::DeviceKind;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Decode and prefill timings, with the floor each is held against.
+    Forward(forward::ForwardArgs),
+    /// N-gram speculative decoding off vs on: copy-heavy and free-chat workloads, batch 1 and
+    /// a high batch, tokens per forward pass and decode speed, output identity.
+    Spec(spec::SpecArgs),
+    /// The seed article's TTFT experiment through the gateway: baseline vs all optimizations
+    /// (and each alone with --ablation), cold and warm, with the server-side split of TTFT,
+    /// a report and plots.
+    Ttft(ttft::TtftArgs),
+    /// FP8 KV cache fidelity: logits with an FP8 cache vs the device's own KV type at short and
+    /// long contexts (error, top-1 and KL), greedy agreement on chat prompts, blocks per GiB.
+    KvFp8(kv_fp8::KvFp8Args),
+}
+
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Forward(a) => forward::run(a),
+        BenchCommand::Spec(a) => spec::run(a),
+        BenchCommand::Ttft(a) => ttft::run(a),
+        BenchCommand::KvFp8(a) => kv_fp8::run(a),
+    }
+}
+
+/// The model a benchmark runs, and where.
+#[derive(Args, Debug)]
+pub struct BenchModelArgs {
+    /// Model: a known name, an HF directory, a .gguf, or (with --load-format dummy) a config.json.
+    #[arg(long, short, default_value = "smollm2")]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Whose tokenizer turns the prompts into ids with dummy weights.
+    #[arg(long, default_value = "smollm2")]
+    pub tokenizer: String,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+}
+
+impl BenchModelArgs {
+    /// The model's config, its host weights (`None` with dummy weights: they are made on the
+    /// device) and the tokenizer that turns prompts into ids (another model's with dummy weights).
+    pub fn load(
+        &self,
+    ) -> anyhow::Result<(ModelConfig, Option<loader::LoadedModel>, TextTokenizer)> {
+        let fetch_known = |name: &str| -> anyhow::Result<()> {
+            if let Some(k) = loader::fetch::known_model(name) {
+                loader::fetch::fetch(k, true)?;
+            }
+            Ok(())
+        };
+        let (model, tokenizer) = (&self.model, &self.tokenizer);
+        if self.load_format == LoadFormat::Dummy {
+            let path = PathBuf::from(model);
+            let cfg = if path.is_dir() {
+                path.join("config.json")
+            } else {
+                path
+            };
+            fetch_known(tokenizer)?;
+            let t = loader::load(tokenizer, true)
+                .with_context(|| format!("loading the tokenizer of {tokenizer}"))?;
+            let tok = t.tokenizer.context("that model has no tokenizer")?;
+            let config = ModelConfig::from_hf_json(&cfg)
+                .with_context(|| format!("reading {}", cfg.display()))?;
+            Ok((config, None, tok))
+        } else {
+            fetch_known(model)?;
+            let m = loader::load(model, true).with_context(|| format!("loading {model}"))?;
+            let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
+            Ok((m.config.clone(), Some(m), tok))
+        }
+    }
+}
