@@ -2,25 +2,11 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{EngineError, LoadError};
 
-/// One chat message, as in the OpenAI API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
+/// One chat message, as in the OpenAI API: the template ABI's message, so one shape carries a
+/// message from the gateway's API through a tenant's template to the chat template.
+pub use cachet_guest_sdk::Message as ChatMessage;
 
 /// A model's tokenizer plus its chat template.
 #[derive(Clone)]

@@ -123,19 +123,24 @@ async fn measure(setup: &Setup, tok: &TextTokenizer) {
         "[[tenant]]\nid = \"bench\"\napi_key_sha256 = [\"{}\"]\nmax_concurrent = 1000\n",
         hex(&hash_key("sk-bench"))
     );
-    let state = Arc::new(AppState {
-        engine: engine.handle(),
-        tokenizer: tok.clone(),
-        tenants: std::sync::RwLock::new(Arc::new(
-            TenantRegistry::from_toml(&cfg, &[0; 32], Instant::now()).unwrap(),
-        )),
-        model_id: "smollm2".into(),
-        created: 0,
-        metrics: Default::default(),
-        templates: None,
-        pool: None,
-        prefix_tokens: cachet_gateway::normalize::tokens::PrefixTokens::new(tok, 64),
-    });
+    // The gateway as `cachet serve` builds it alone: a pool of its embedded engine.
+    let pool = cachet_gateway::upstream::Pool::new(
+        vec![cachet_gateway::upstream::embedded::Embedded::start(
+            engine.handle(),
+        )],
+        cachet_gateway::route::by_name("prefix").unwrap(),
+        cachet_backend::block_hash::HashContext::new([0; 32], [0; 32], "smollm2", 16),
+    );
+    let state = Arc::new(AppState::new(
+        Arc::new(pool),
+        Some(engine.handle()),
+        tok.clone(),
+        "smollm2".into(),
+        2048,
+        Duration::from_secs(600),
+        TenantRegistry::from_toml(&cfg, &[0; 32], Instant::now()).unwrap(),
+        None,
+    ));
     let question = "What is the capital of France?";
     let prompt = tok
         .encode(

@@ -161,7 +161,7 @@ async fn one(
     let t0 = Instant::now();
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
-        return Err(cachet_gateway::upstream::error_text(resp).await);
+        return Err(cachet_gateway::http::client::error_text(resp).await);
     }
     let mut body = resp.into_body();
     let mut ttft = None;

@@ -1,7 +1,19 @@
-//! The Cachet gateway library: tenants, the HTTPS server in front of the engine, and the
-//! sandbox that runs tenants' prompt templates.
+//! The Cachet gateway library. The path of a request, by module:
+//!
+//! - [`http`]: plumbing both servers share (accept loop and limits, bodies, errors, TLS, the
+//!   upstream client);
+//! - [`server`]: the API — authentication, validation, templates, normalization, tokenization,
+//!   admission, responses; [`tenants`] (keys, limits, salts), [`sandbox`] (tenant templates in
+//!   wasmtime), [`normalize`] (volatile values out of the cacheable prefix);
+//! - [`route`]: routing policies; [`upstream`]: where requests run (the embedded engine,
+//!   `cachet worker`s, OpenAI-compatible servers) and the pool over them;
+//! - [`worker`]: the `cachet worker` server; [`protocol`]: its wire format;
+//! - [`config`]: the config file.
 
+pub mod config;
+pub mod http;
 pub mod normalize;
+pub mod protocol;
 pub mod route;
 pub mod sandbox;
 pub mod server;

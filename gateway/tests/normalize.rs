@@ -1,6 +1,7 @@
 //! Normalization with the real SmolLM2 tokenizer and chat template: the prompt is tokenized
 //! with its static prefix's tokens cached, and the result equals tokenizing the whole prompt.
 
+use cachet_backend::tokenizer::ChatMessage;
 use cachet_gateway::normalize::tokens::{render_with_boundary, PrefixTokens};
 use cachet_gateway::normalize::{chat_segments, normalize, to_messages, Rules};
 use cachet_guest_sdk::{Cache, Segment};
@@ -31,12 +32,12 @@ fn split_tokenization_equals_whole_tokenization() {
     for sys in SYSTEMS {
         for q in QUESTIONS {
             for turns in [0, 1] {
-                let mut msgs = vec![("system".to_string(), sys.to_string())];
+                let mut msgs = vec![ChatMessage::new("system", *sys)];
                 if turns == 1 {
-                    msgs.push(("user".into(), "hi".into()));
-                    msgs.push(("assistant".into(), "hello!".into()));
+                    msgs.push(ChatMessage::new("user", "hi"));
+                    msgs.push(ChatMessage::new("assistant", "hello!"));
                 }
-                msgs.push(("user".to_string(), q.to_string()));
+                msgs.push(ChatMessage::new("user", *q));
                 // Plain chat, and a template-like layout where static and dynamic text share
                 // one message.
                 let plain = chat_segments(&msgs);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cachet_backend::block_hash::HashContext;
 use cachet_backend::engine::EngineConfig;
-use cachet_gateway::worker::protocol::{GenerateRequest, KvWire, StateReply, WireEvent};
+use cachet_gateway::protocol::{GenerateRequest, KvWire, StateReply, WireEvent};
 use cachet_tests::{curl_status, free_port, Proc};
 
 #[test]
@@ -111,6 +111,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         salt: cachet_gateway::tenants::hex(&salt),
         priority: 0,
         tag: "t".into(),
+        timeout_ms: Some(120_000),
     };
     let body = serde_json::to_string(&req).unwrap();
     let (code, out) = curl_status(&["-H", auth, "-d", &body, &format!("{base}/v1/generate")]);

@@ -110,13 +110,24 @@ impl Rendered {
     }
 }
 
-/// One chat message of the request.
+/// One chat message of the request. The same shape carries a message from the gateway's API
+/// through the template to the model's chat template.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     /// `system`, `user`, `assistant`, …
     pub role: String,
     /// The message text.
     pub content: String,
+}
+
+impl Message {
+    /// A message of `role` saying `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
 }
 
 /// The authenticated tenant, as the gateway knows it (never taken from the client).

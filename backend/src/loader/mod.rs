@@ -265,12 +265,18 @@ impl TensorSource for HfSource {
 
 /// Loads an HF model directory.
 pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
-    let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let meta = hf_meta(dir)?;
     let src = HfSource {
         dir: dir.into(),
         st: hf::SafetensorsDir::open(dir)?,
     };
-    let weights = assemble(&src, &config, progress)?;
+    let weights = assemble(&src, &meta.config, progress)?;
+    Ok(meta.with_weights(weights))
+}
+
+/// An HF directory's name, config and tokenizer.
+fn hf_meta(dir: &Path) -> Result<ModelMeta, LoadError> {
+    let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let tokenizer = if dir.join("tokenizer.json").exists() {
         Some(TextTokenizer::from_hf_dir(dir)?)
     } else {
@@ -280,11 +286,10 @@ pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    Ok(LoadedModel {
+    Ok(ModelMeta {
         name,
         source: dir.into(),
         config,
-        weights,
         tokenizer,
     })
 }
@@ -418,8 +423,19 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
 /// Loads a GGUF file: weights (dequantised), shape and tokenizer from its metadata.
 pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
     let file = gguf::GgufFile::open(path)?;
-    let mut config = gguf_config(&file)?;
-    let tokenizer = gguf_tokenizer::from_gguf(&file)?;
+    let meta = gguf_meta(&file, path)?;
+    let src = GgufSource {
+        head_dim: meta.config.head_dim,
+        file,
+    };
+    let weights = assemble(&src, &meta.config, progress)?;
+    Ok(meta.with_weights(weights))
+}
+
+/// A GGUF file's name, config and tokenizer, from its metadata alone.
+fn gguf_meta(file: &gguf::GgufFile, path: &Path) -> Result<ModelMeta, LoadError> {
+    let mut config = gguf_config(file)?;
+    let tokenizer = gguf_tokenizer::from_gguf(file)?;
     // Chat models stop at their end-of-turn token too.
     for special in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>"] {
         if let Some(id) = tokenizer.token_id(special) {
@@ -428,13 +444,7 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
             }
         }
     }
-    let src = GgufSource {
-        head_dim: config.head_dim,
-        file,
-    };
-    let weights = assemble(&src, &config, progress)?;
-    let name = src
-        .file
+    let name = file
         .get("general.name")
         .and_then(|v| v.as_str())
         .map(String::from)
@@ -443,11 +453,41 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default()
         });
-    Ok(LoadedModel {
+    Ok(ModelMeta {
         name,
         source: path.into(),
         config,
-        weights,
         tokenizer: Some(tokenizer),
     })
+}
+
+/// What a model is without its weights: enough to tokenize and render prompts for it (a
+/// gateway whose upstreams run the model loads only this).
+#[derive(Clone)]
+pub struct ModelMeta {
+    pub name: String,
+    pub source: PathBuf,
+    pub config: ModelConfig,
+    pub tokenizer: Option<TextTokenizer>,
+}
+
+impl ModelMeta {
+    fn with_weights(self, weights: HostWeights) -> LoadedModel {
+        LoadedModel {
+            name: self.name,
+            source: self.source,
+            config: self.config,
+            weights,
+            tokenizer: self.tokenizer,
+        }
+    }
+}
+
+/// Reads a model's name, config and tokenizer from `spec` (see [`resolve`]) without loading its
+/// weights.
+pub fn load_meta(spec: &str) -> Result<ModelMeta, LoadError> {
+    match resolve(spec)? {
+        ModelSource::HfDir(dir) => hf_meta(&dir),
+        ModelSource::Gguf(path) => gguf_meta(&gguf::GgufFile::open(&path)?, &path),
+    }
 }

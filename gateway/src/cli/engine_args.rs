@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use cachet_backend::config::ModelConfig;
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{
@@ -129,6 +130,14 @@ impl GraphArgs {
     }
 }
 
+/// Fetches `name` first when it is a known model.
+fn fetch_known(name: &str) -> anyhow::Result<()> {
+    if let Some(k) = loader::fetch::known_model(name) {
+        loader::fetch::fetch(k, true)?;
+    }
+    Ok(())
+}
+
 /// A started engine.
 pub struct Started {
     pub engine: Engine,
@@ -168,35 +177,74 @@ impl EngineArgs {
         Ok(Some(c))
     }
 
+    /// With `--load-format dummy`: the model's config and the path it came from.
+    fn dummy_config(&self) -> anyhow::Result<Option<(ModelConfig, PathBuf)>> {
+        if self.load_format != LoadFormat::Dummy {
+            return Ok(None);
+        }
+        let path = PathBuf::from(&self.model);
+        let cfg = if path.is_dir() {
+            path.join("config.json")
+        } else {
+            path
+        };
+        let config = ModelConfig::from_hf_json(&cfg)
+            .with_context(|| format!("reading {}", cfg.display()))?;
+        Ok(Some((config, cfg)))
+    }
+
+    /// The tokenizer's model with `--load-format dummy` (its text), else the model itself.
+    fn tokenizer_source(&self) -> anyhow::Result<&str> {
+        if self.load_format == LoadFormat::Dummy {
+            self.tokenizer
+                .as_deref()
+                .context("--load-format dummy needs --tokenizer (e.g. smollm2) for its text")
+        } else {
+            Ok(&self.model)
+        }
+    }
+
+    /// The name clients use for the model: a dummy model's config directory (or file stem), a
+    /// known model's name, or the name the model's files give.
+    fn model_id(&self, dummy: Option<&(ModelConfig, PathBuf)>, file_name: &str) -> String {
+        match dummy {
+            Some((_, path)) => path
+                .parent()
+                .filter(|_| path.file_name().is_some_and(|f| f == "config.json"))
+                .and_then(|d| d.file_name())
+                .or_else(|| path.file_stem())
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "dummy".into()),
+            None => loader::fetch::known_model(&self.model)
+                .map(|k| k.name.to_string())
+                .unwrap_or_else(|| file_name.to_string()),
+        }
+    }
+
+    /// The model's tokenizer and id without its weights, for a gateway whose upstreams run the
+    /// model (fetches a known model first: its tokenizer lives in its file).
+    pub fn text_only(&self) -> anyhow::Result<(TextTokenizer, String)> {
+        let dummy = self.dummy_config()?;
+        let name = self.tokenizer_source()?;
+        fetch_known(name)?;
+        let meta = loader::load_meta(name)
+            .with_context(|| format!("reading the tokenizer of `{name}`"))?;
+        let mut tokenizer = meta.tokenizer.context("the model has no tokenizer")?;
+        if let Some((config, _)) = &dummy {
+            tokenizer = tokenizer.for_dummy_model(config.vocab_size);
+        }
+        Ok((tokenizer, self.model_id(dummy.as_ref(), &meta.name)))
+    }
+
     /// Loads the model (fetching a known one), builds the runner and starts the engine thread.
     pub fn start(&self, key: [u8; 32]) -> anyhow::Result<Started> {
         let a = self;
         let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
         let speculative = a.speculative()?;
-        let dummy = a.load_format == LoadFormat::Dummy;
-        let load = |name: &str| -> anyhow::Result<loader::LoadedModel> {
-            if let Some(k) = loader::fetch::known_model(name) {
-                loader::fetch::fetch(k, true)?;
-            }
-            loader::load(name, true).with_context(|| format!("loading model `{name}`"))
-        };
-        let (model, dummy_config) = if dummy {
-            let tok_name = a
-                .tokenizer
-                .as_deref()
-                .context("--load-format dummy needs --tokenizer (e.g. smollm2) for its text")?;
-            let path = PathBuf::from(&a.model);
-            let cfg = if path.is_dir() {
-                path.join("config.json")
-            } else {
-                path
-            };
-            let config = cachet_backend::config::ModelConfig::from_hf_json(&cfg)
-                .with_context(|| format!("reading {}", cfg.display()))?;
-            (load(tok_name)?, Some((config, cfg)))
-        } else {
-            (load(&a.model)?, None)
-        };
+        let dummy_config = a.dummy_config()?;
+        let name = a.tokenizer_source()?;
+        fetch_known(name)?;
+        let model = loader::load(name, true).with_context(|| format!("loading model `{name}`"))?;
         let mut tokenizer = model
             .tokenizer
             .clone()
@@ -216,23 +264,11 @@ impl EngineArgs {
             cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
             kv_cache_dtype: a.kv_cache_dtype,
         };
-        let (runner, model_id) = match &dummy_config {
-            Some((config, path)) => (
-                build_runner(config, WeightSource::Dummy { seed: 0 }, &opts)?,
-                path.parent()
-                    .filter(|_| path.file_name().is_some_and(|f| f == "config.json"))
-                    .and_then(|d| d.file_name())
-                    .or_else(|| path.file_stem())
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "dummy".into()),
-            ),
-            None => (
-                build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?,
-                loader::fetch::known_model(&a.model)
-                    .map(|k| k.name.to_string())
-                    .unwrap_or_else(|| model.name.clone()),
-            ),
+        let runner = match &dummy_config {
+            Some((config, _)) => build_runner(config, WeightSource::Dummy { seed: 0 }, &opts)?,
+            None => build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?,
         };
+        let model_id = a.model_id(dummy_config.as_ref(), &model.name);
         let cfg = EngineConfig {
             scheduler: SchedulerConfig {
                 max_num_seqs: a.max_num_seqs,

@@ -120,15 +120,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     t.config.priority
                 );
             }
-            for u in cachet_gateway::tenants::upstreams_from_toml(&text)? {
+            use cachet_gateway::config::UpstreamConfig;
+            for u in cachet_gateway::config::upstreams_from_toml(&text)? {
                 match u {
-                    cachet_gateway::tenants::UpstreamConfig::Cachet { url } => {
+                    UpstreamConfig::Cachet { url } => {
                         println!("upstream: cachet worker {url}")
                     }
-                    cachet_gateway::tenants::UpstreamConfig::Embedded {} => {
+                    UpstreamConfig::Embedded {} => {
                         println!("upstream: the embedded engine")
                     }
-                    cachet_gateway::tenants::UpstreamConfig::Openai { url, model, .. } => {
+                    UpstreamConfig::Openai { url, model, .. } => {
                         println!(
                             "upstream: OpenAI-compatible server {url} (model {})",
                             model.as_deref().unwrap_or("as served")

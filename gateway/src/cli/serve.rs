@@ -1,4 +1,4 @@
-//! `cachet serve`: the gateway over the embedded engine.
+//! `cachet serve`: the gateway, over its embedded engine, a pool of upstreams, or both.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,8 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use cachet_backend::block_hash::HashContext;
+use cachet_gateway::config::{ConfigFile, UpstreamConfig};
+use cachet_gateway::http::tls;
 use cachet_gateway::server::{self, AppState};
 use cachet_gateway::tenants::TenantRegistry;
+use cachet_gateway::upstream::{
+    self, embedded::Embedded, openai::OpenAi, worker::Worker, Upstream,
+};
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -43,9 +49,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
     /// A `cachet worker` to route requests to (repeat for a pool; with the config's
-    /// `[[upstream]]`s they make one pool, and unless one of those is `kind = "embedded"` the
-    /// embedded engine then only tokenizes). Workers must share --hash-key-file with the gateway
-    /// for exact prefix routing.
+    /// `[[upstream]]`s they make one pool). With remote upstreams only (no `kind = "embedded"`),
+    /// the gateway loads no weights: the model's tokenizer is all it needs. Workers must share
+    /// --hash-key-file with the gateway for exact prefix routing.
     #[arg(long = "worker", value_name = "URL")]
     pub workers: Vec<String>,
     /// How to choose a worker: prefix (exact cached-prefix overlap against load), round_robin,
@@ -77,23 +83,57 @@ pub struct ServeArgs {
     /// Template calls in flight at once (sandbox pool slots).
     #[arg(long, default_value_t = 64)]
     pub template_instances: u32,
+    /// Seconds a request may take end to end; the engine ends it with an error past this (the
+    /// deadline travels with the request to workers).
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout: u64,
+    /// Seconds to open a connection to a remote upstream.
+    #[arg(long, default_value_t = 2)]
+    pub upstream_connect_timeout: u64,
+    /// Seconds a remote upstream has to send a request's first event (its first token); one that
+    /// takes longer is skipped for the next.
+    #[arg(long, default_value_t = 120)]
+    pub upstream_first_event_timeout: u64,
+    /// Seconds a remote upstream's stream may stay silent before the request fails.
+    #[arg(long, default_value_t = 60)]
+    pub upstream_idle_timeout: u64,
 }
 
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let key = a.engine.hash_key()?;
     let text = std::fs::read_to_string(&a.config)
         .with_context(|| format!("reading {}", a.config.display()))?;
-    let tenants = TenantRegistry::from_toml(&text, &key, std::time::Instant::now())
-        .with_context(|| format!("in {}", a.config.display()))?;
-    let upstreams = cachet_gateway::tenants::upstreams_from_toml(&text)
-        .with_context(|| format!("in {}", a.config.display()))?;
-    let super::engine_args::Started {
-        engine,
-        tokenizer,
-        model_id,
-    } = a.engine.start(key)?;
+    let in_config = || format!("in {}", a.config.display());
+    let file = ConfigFile::parse(&text).with_context(in_config)?;
+    let tenants = TenantRegistry::from_configs(file.tenant, &key, std::time::Instant::now())
+        .with_context(in_config)?;
+    // The pool: the config's [[upstream]]s, then each --worker; alone, the embedded engine.
+    let mut members = file.upstream;
+    members.extend(
+        a.workers
+            .iter()
+            .map(|url| UpstreamConfig::Cachet { url: url.clone() }),
+    );
+    if members.is_empty() {
+        members.push(UpstreamConfig::Embedded {});
+    }
+    let embedded = members
+        .iter()
+        .any(|m| matches!(m, UpstreamConfig::Embedded {}));
+    let (engine, tokenizer, model_id) = if embedded {
+        let s = a.engine.start(key)?;
+        (Some(s.engine), s.tokenizer, s.model_id)
+    } else {
+        let (tokenizer, model_id) = a.engine.text_only()?;
+        tracing::info!(model = %model_id, "remote upstreams only: no weights loaded");
+        (None, tokenizer, model_id)
+    };
+    let handle = engine.as_ref().map(|e| e.handle());
+    let max_model_len = handle
+        .as_ref()
+        .map_or(a.engine.max_model_len, |h| h.max_model_len());
     let tls = match (&a.tls_cert, &a.tls_key) {
-        (Some(c), Some(k)) => Some(server::tls::ReloadingCert::new(c, k)?),
+        (Some(c), Some(k)) => Some(tls::ReloadingCert::new(c, k)?),
         _ => None,
     };
     let templates = match &a.templates_dir {
@@ -114,64 +154,58 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let policy = cachet_gateway::route::by_name(&a.routing).map_err(anyhow::Error::msg)?;
+    let timeouts = upstream::Timeouts {
+        connect: Duration::from_secs(a.upstream_connect_timeout.max(1)),
+        first_event: Duration::from_secs(a.upstream_first_event_timeout.max(1)),
+        idle: Duration::from_secs(a.upstream_idle_timeout.max(1)),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    // The pool: the config's [[upstream]]s, then each --worker.
-    use cachet_gateway::tenants::UpstreamConfig;
-    use cachet_gateway::upstream::Member;
-    let mut members: Vec<Member> = upstreams
-        .iter()
-        .map(|u| match u {
-            UpstreamConfig::Cachet { url } => Member::Remote(url.clone()),
-            UpstreamConfig::Embedded {} => Member::Embedded(engine.handle()),
-            UpstreamConfig::Openai {
-                url,
-                model,
-                api_key_env,
-                history_blocks,
-            } => Member::OpenAi {
-                url: url.clone(),
-                target: Arc::new(cachet_gateway::upstream::openai::Target::new(
-                    model.clone().unwrap_or_else(|| model_id.clone()),
-                    api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
-                    history_blocks.unwrap_or(1 << 16),
-                )),
-            },
-        })
-        .collect();
-    members.extend(a.workers.iter().cloned().map(Member::Remote));
-    let pool = if members.is_empty() {
-        None
-    } else {
-        let policy = cachet_gateway::route::by_name(&a.routing).map_err(anyhow::Error::msg)?;
-        let n = members.len();
-        let pool = rt.block_on(async {
-            cachet_gateway::upstream::Pool::start(
-                &members,
-                a.worker_token.clone(),
-                policy,
-                key,
-                &model_id,
-                engine.handle().block_size(),
-            )
-        });
-        tracing::info!(upstreams = n, routing = %a.routing, "routing to a pool");
-        Some(pool)
-    };
-    let state = Arc::new(AppState {
-        pool,
-        prefix_tokens: cachet_gateway::normalize::tokens::PrefixTokens::new(&tokenizer, 4096),
-        templates,
-        engine: engine.handle(),
-        tokenizer,
-        tenants: std::sync::RwLock::new(Arc::new(tenants)),
-        model_id,
-        metrics: Default::default(),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+    let state = rt.block_on(async {
+        let key_id = cachet_gateway::protocol::key_id(&key);
+        let upstreams: Vec<Arc<dyn Upstream>> = members
+            .iter()
+            .map(|m| -> Arc<dyn Upstream> {
+                match m {
+                    UpstreamConfig::Embedded {} => {
+                        Embedded::start(handle.clone().expect("started above"))
+                    }
+                    UpstreamConfig::Cachet { url } => {
+                        Worker::start(url, a.worker_token.clone(), key_id.clone(), timeouts)
+                    }
+                    UpstreamConfig::Openai {
+                        url,
+                        model,
+                        api_key_env,
+                        history_blocks,
+                    } => OpenAi::start(
+                        url,
+                        model.clone().unwrap_or_else(|| model_id.clone()),
+                        api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
+                        history_blocks.unwrap_or(1 << 16),
+                        timeouts,
+                    ),
+                }
+            })
+            .collect();
+        tracing::info!(upstreams = upstreams.len(), routing = %a.routing, "routing pool");
+        let pool = upstream::Pool::new(
+            upstreams,
+            policy,
+            HashContext::new(key, [0; 32], &model_id, a.engine.block_size),
+        );
+        Arc::new(AppState::new(
+            Arc::new(pool),
+            handle.clone(),
+            tokenizer,
+            model_id.clone(),
+            max_model_len,
+            Duration::from_secs(a.request_timeout.max(1)),
+            tenants,
+            templates,
+        ))
     });
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(a.listen)
@@ -215,7 +249,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                         }
                     }
                 });
-                Some(server::tls::server_config(tls.clone().expect("checked"))?)
+                Some(tls::server_config(tls.clone().expect("checked"))?)
             }
             None => None,
         };
@@ -227,7 +261,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             tracing::info!("shutdown signal: draining");
             let _ = tx.send(true);
         });
-        let limits = server::Limits {
+        let limits = cachet_gateway::http::serve::Limits {
             header_read_timeout: Duration::from_secs(a.header_read_timeout),
             max_header_bytes: a.max_header_bytes,
             max_connections: a.max_connections,

@@ -17,6 +17,9 @@ pub struct WorkerArgs {
     /// Bearer token the gateway must send (`CACHET_WORKER_TOKEN`); none: no check.
     #[arg(long, env = "CACHET_WORKER_TOKEN")]
     pub auth_token: Option<String>,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub grace_period: u64,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
@@ -53,7 +56,11 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             tracing::info!("draining");
             let _ = tx.send(true);
         });
-        worker::serve(listener, state, rx).await?;
+        let limits = cachet_gateway::http::serve::Limits {
+            grace: std::time::Duration::from_secs(a.grace_period),
+            ..Default::default()
+        };
+        worker::serve(listener, state, rx, limits).await?;
         anyhow::Ok(())
     })?;
     drop(started);

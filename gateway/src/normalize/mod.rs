@@ -19,6 +19,7 @@
 pub mod detect;
 pub mod tokens;
 
+use cachet_backend::tokenizer::ChatMessage;
 use cachet_guest_sdk::{Cache, Segment};
 use regex::Regex;
 
@@ -81,14 +82,14 @@ pub struct Normalized {
 }
 
 /// Segments of a plain chat request: every message but the last is static.
-pub fn chat_segments(messages: &[(String, String)]) -> Vec<Segment> {
+pub fn chat_segments(messages: &[ChatMessage]) -> Vec<Segment> {
     let n = messages.len();
     messages
         .iter()
         .enumerate()
-        .map(|(i, (role, text))| Segment {
-            role: role.clone(),
-            text: text.clone(),
+        .map(|(i, m)| Segment {
+            role: m.role.clone(),
+            text: m.content.clone(),
             cache: if i + 1 < n {
                 Cache::Static
             } else {
@@ -100,13 +101,8 @@ pub fn chat_segments(messages: &[(String, String)]) -> Vec<Segment> {
 
 /// Chat messages from segments (consecutive segments of one role make one message), and where
 /// the first dynamic text starts: (message index, byte offset in its content).
-pub fn to_messages(
-    segments: &[Segment],
-) -> (
-    Vec<cachet_backend::tokenizer::ChatMessage>,
-    Option<(usize, usize)>,
-) {
-    let mut messages: Vec<cachet_backend::tokenizer::ChatMessage> = Vec::new();
+pub fn to_messages(segments: &[Segment]) -> (Vec<ChatMessage>, Option<(usize, usize)>) {
+    let mut messages: Vec<ChatMessage> = Vec::new();
     let mut first_dynamic = None;
     for s in segments {
         let n = messages.len();
@@ -121,10 +117,7 @@ pub fn to_messages(
                 if s.cache == Cache::Dynamic && first_dynamic.is_none() {
                     first_dynamic = Some((messages.len(), 0));
                 }
-                messages.push(cachet_backend::tokenizer::ChatMessage::new(
-                    s.role.clone(),
-                    s.text.clone(),
-                ));
+                messages.push(ChatMessage::new(s.role.clone(), s.text.clone()));
             }
         }
     }

@@ -1,3 +1,5 @@
+use cachet_backend::tokenizer::ChatMessage;
+
 use super::*;
 
 fn seg(role: &str, text: &str, cache: Cache) -> Segment {
@@ -311,13 +313,10 @@ fn properties_hold_on_random_prompts() {
 #[test]
 fn chat_requests_count_earlier_turns_as_static() {
     let msgs = [
-        (
-            "system".to_string(),
-            "Be brief. Session id: 8812".to_string(),
-        ),
-        ("user".to_string(), "hi".to_string()),
-        ("assistant".to_string(), "hello".to_string()),
-        ("user".to_string(), "what time is it? 12:00?".to_string()),
+        ChatMessage::new("system", "Be brief. Session id: 8812"),
+        ChatMessage::new("user", "hi"),
+        ChatMessage::new("assistant", "hello"),
+        ChatMessage::new("user", "what time is it? 12:00?"),
     ];
     let segs = chat_segments(&msgs);
     assert_eq!(
@@ -349,10 +348,7 @@ fn relocate_after_puts_the_values_behind_the_new_message_so_the_next_turn_reuses
     let after = Rules::new(Some("relocate-after"), &[]).unwrap();
     let system = "Current time: 2026-11-29T12:00:00Z. You are a helpful assistant.";
     let turn = |msgs: &[(&str, &str)], rules: &Rules| {
-        let msgs: Vec<(String, String)> = msgs
-            .iter()
-            .map(|(r, t)| (r.to_string(), t.to_string()))
-            .collect();
+        let msgs: Vec<ChatMessage> = msgs.iter().map(|(r, t)| ChatMessage::new(*r, *t)).collect();
         let n = normalize(&chat_segments(&msgs), rules);
         let (messages, _) = to_messages(&n.segments);
         messages
@@ -392,8 +388,8 @@ fn relocate_after_puts_the_values_behind_the_new_message_so_the_next_turn_reuses
     assert!(shared(&b1, &b2) < shared(&a1, &a2));
     // Idempotent and lossless as before.
     let segs = chat_segments(&[
-        ("system".into(), system.into()),
-        ("user".into(), "Hi".into()),
+        ChatMessage::new("system", system),
+        ChatMessage::new("user", "Hi"),
     ]);
     let once = normalize(&segs, &after);
     assert_eq!(normalize(&once.segments, &after).segments, once.segments);

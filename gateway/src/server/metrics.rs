@@ -101,14 +101,11 @@ pub struct Metrics {
     spec_verifications: Family<AcceptedLabel, Gauge>,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Metrics {
-    pub fn new() -> Self {
+    /// The gateway's metrics; `engine`: with the embedded engine's gauges (running / waiting,
+    /// KV blocks, prefix-cache tokens, preemptions, speculation), which a gateway that only
+    /// routes to remote upstreams has none of.
+    pub fn new(engine: bool) -> Self {
         let mut registry = Registry::with_prefix("cachet");
         let h = |b: &[f64]| Histogram::new(b.iter().copied());
         let m = Metrics {
@@ -229,71 +226,73 @@ impl Metrics {
             "Prompt tokens served from a prefix cache (as the engine or worker reported)",
             m.cached_tokens.clone(),
         );
-        registry.register(
-            "num_requests_running",
-            "Requests in the engine's running set",
-            m.running.clone(),
-        );
-        registry.register(
-            "num_requests_waiting",
-            "Requests waiting for the engine",
-            m.waiting.clone(),
-        );
-        registry.register(
-            "kv_cache_usage_ratio",
-            "Share of KV blocks held by requests",
-            m.kv_usage.clone(),
-        );
-        registry.register(
-            "kv_blocks_cached_idle",
-            "Free KV blocks that hold a cached prefix",
-            m.kv_blocks_cached.clone(),
-        );
-        registry.register(
-            "kv_blocks_free",
-            "Empty KV blocks",
-            m.kv_blocks_free.clone(),
-        );
-        registry.register(
-            "prefix_cache_queried_tokens",
-            "Prompt tokens looked up in the prefix cache",
-            m.prefix_queried.clone(),
-        );
-        registry.register(
-            "prefix_cache_hit_tokens",
-            "Prompt tokens found in the prefix cache",
-            m.prefix_hits.clone(),
-        );
-        registry.register(
-            "preemptions",
-            "Requests preempted by recompute",
-            m.preemptions.clone(),
-        );
-        registry.register(
-            "spec_draft_tokens",
-            "Draft tokens proposed by n-gram speculative decoding",
-            m.spec_drafts.clone(),
-        );
-        registry.register(
-            "spec_accepted_tokens",
-            "Draft tokens the model accepted",
-            m.spec_accepted.clone(),
-        );
-        registry.register(
-            "spec_active",
-            "1 when the last engine step could speculate, 0 when speculation is off or stood down under load",
-            m.spec_active.clone(),
-        );
-        registry.register(
-            "spec_cost_ratio",
-            "Measured time of a speculative verification step over a plain decode step (what drafts must pay for)",
-            m.spec_cost_ratio.clone(),
-        );
-        registry.register(
-            "spec_verifications",
-            "Speculative verifications by the number of drafts accepted (the acceptance-length histogram)",
-            m.spec_verifications.clone(),
-        );
+        if engine {
+            registry.register(
+                "num_requests_running",
+                "Requests in the engine's running set",
+                m.running.clone(),
+            );
+            registry.register(
+                "num_requests_waiting",
+                "Requests waiting for the engine",
+                m.waiting.clone(),
+            );
+            registry.register(
+                "kv_cache_usage_ratio",
+                "Share of KV blocks held by requests",
+                m.kv_usage.clone(),
+            );
+            registry.register(
+                "kv_blocks_cached_idle",
+                "Free KV blocks that hold a cached prefix",
+                m.kv_blocks_cached.clone(),
+            );
+            registry.register(
+                "kv_blocks_free",
+                "Empty KV blocks",
+                m.kv_blocks_free.clone(),
+            );
+            registry.register(
+                "prefix_cache_queried_tokens",
+                "Prompt tokens looked up in the prefix cache",
+                m.prefix_queried.clone(),
+            );
+            registry.register(
+                "prefix_cache_hit_tokens",
+                "Prompt tokens found in the prefix cache",
+                m.prefix_hits.clone(),
+            );
+            registry.register(
+                "preemptions",
+                "Requests preempted by recompute",
+                m.preemptions.clone(),
+            );
+            registry.register(
+                "spec_draft_tokens",
+                "Draft tokens proposed by n-gram speculative decoding",
+                m.spec_drafts.clone(),
+            );
+            registry.register(
+                "spec_accepted_tokens",
+                "Draft tokens the model accepted",
+                m.spec_accepted.clone(),
+            );
+            registry.register(
+                "spec_active",
+                "1 when the last engine step could speculate, 0 when speculation is off or stood down under load",
+                m.spec_active.clone(),
+            );
+            registry.register(
+                "spec_cost_ratio",
+                "Measured time of a speculative verification step over a plain decode step (what drafts must pay for)",
+                m.spec_cost_ratio.clone(),
+            );
+            registry.register(
+                "spec_verifications",
+                "Speculative verifications by the number of drafts accepted (the acceptance-length histogram)",
+                m.spec_verifications.clone(),
+            );
+        }
         Metrics { registry, ..m }
     }
 
@@ -314,14 +313,18 @@ impl Metrics {
             .inc_by(generated as u64);
     }
 
-    /// Sets the per-worker load gauges (at scrape time).
-    pub fn worker_load(&self, load: &[(String, usize, usize)]) {
-        for (w, inflight, blocks) in load {
-            let l = WorkerLabel { worker: w.clone() };
-            self.worker_inflight.get_or_create(&l).set(*inflight as i64);
+    /// Sets the per-upstream load gauges (at scrape time).
+    pub fn worker_load(&self, load: &[crate::upstream::MemberLoad]) {
+        for m in load {
+            let l = WorkerLabel {
+                worker: m.name.clone(),
+            };
+            self.worker_inflight
+                .get_or_create(&l)
+                .set(m.inflight as i64);
             self.worker_cached_blocks
                 .get_or_create(&l)
-                .set(*blocks as i64);
+                .set(m.cached_blocks as i64);
         }
     }
 
@@ -375,8 +378,18 @@ impl Metrics {
             .inc();
     }
 
-    /// The text exposition, with engine state as of now.
-    pub fn render(&self, s: &EngineStats) -> String {
+    /// The text exposition, with the embedded engine's state as of now, if there is one.
+    pub fn render(&self, engine: Option<&EngineStats>) -> String {
+        if let Some(s) = engine {
+            self.engine_state(s);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
+        out
+    }
+
+    fn engine_state(&self, s: &EngineStats) {
         self.running.set(s.running as i64);
         self.waiting.set(s.waiting as i64);
         self.kv_usage.set(s.kv_usage());
@@ -400,9 +413,5 @@ impl Metrics {
                     .set(count as i64);
             }
         }
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String");
-        out
     }
 }

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::error::ApiError;
+use crate::http::ApiError;
 use cachet_backend::tokenizer::ChatMessage;
 
 #[derive(Debug, Deserialize)]

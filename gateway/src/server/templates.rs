@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_guest_sdk::{Message, Rendered, Request as TemplateRequest, Tenant as TemplateTenant};
+use cachet_guest_sdk::{Rendered, Request as TemplateRequest, Tenant as TemplateTenant};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 
-use super::error::ApiError;
-use super::{bearer, json, openai, read_body, read_json, AppState, RespBody};
+use super::{openai, AppState};
+use crate::http::{self, ApiError, Body as RespBody, MAX_BODY_BYTES};
 use crate::sandbox::store::TemplateStore;
 use crate::tenants::Tenant;
 
@@ -43,29 +43,23 @@ fn rfc3339_now() -> String {
     humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
 
-/// Runs the template a chat request names (or the tenant's default), if any.
-pub async fn apply(
-    state: &Arc<AppState>,
-    tenant: &Arc<Tenant>,
-    req: &openai::ChatRequest,
-    messages: &[ChatMessage],
-) -> Result<Option<Applied>, ApiError> {
-    let Some(name) = req
-        .template
+/// The template a chat request names, or the tenant's default, if any.
+pub fn template_for(tenant: &Tenant, req: &openai::ChatRequest) -> Option<String> {
+    req.template
         .clone()
         .or_else(|| tenant.config.default_template.clone())
-    else {
-        return Ok(None);
-    };
-    let input = TemplateRequest {
+}
+
+/// What a template is given: the request's messages and variables, the tenant as configured,
+/// the gateway's clock.
+pub fn input(
+    tenant: &Tenant,
+    req: &openai::ChatRequest,
+    messages: Vec<ChatMessage>,
+) -> TemplateRequest {
+    TemplateRequest {
         model: req.common.model.clone(),
-        messages: messages
-            .iter()
-            .map(|m| Message {
-                role: m.role.clone(),
-                content: m.content.clone(),
-            })
-            .collect(),
+        messages,
         variables: req.template_variables.clone().unwrap_or_default(),
         tenant: TemplateTenant {
             id: tenant.id().to_string(),
@@ -73,8 +67,17 @@ pub async fn apply(
         },
         user: req.common.user.clone(),
         now: rfc3339_now(),
-    };
-    run(state, tenant, &name, input).await.map(Some)
+    }
+}
+
+/// Runs the tenant's template `name` on `input`.
+pub async fn apply(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    name: &str,
+    input: TemplateRequest,
+) -> Result<Applied, ApiError> {
+    run(state, tenant, name, input).await
 }
 
 async fn run(
@@ -125,7 +128,7 @@ async fn run(
 }
 
 fn ok_json(status: StatusCode, v: serde_json::Value) -> Result<Response<RespBody>, ApiError> {
-    Ok(json(status, &v))
+    Ok(http::json(status, &v))
 }
 
 /// The admin API. `path` is below `/v1/templates`.
@@ -135,7 +138,7 @@ pub async fn admin(
 ) -> Result<Response<RespBody>, ApiError> {
     let tenant = state
         .tenants()
-        .authenticate_admin(bearer(&req).unwrap_or(""))
+        .authenticate_admin(http::bearer(&req).unwrap_or(""))
         .map_err(|_| ApiError {
             status: StatusCode::UNAUTHORIZED,
             code: Some("invalid_admin_key"),
@@ -160,7 +163,7 @@ pub async fn admin(
         ),
         (&Method::PUT, [name]) => {
             let limit = store.sandbox().config().module_bytes;
-            let bytes = read_body(req, limit).await?;
+            let bytes = http::read_body(req, limit).await?;
             let name = name.to_string();
             let s2 = store.clone();
             let (info, activated) =
@@ -180,7 +183,7 @@ pub async fn admin(
                 version: u32,
             }
             let name = name.to_string();
-            let a: Activate = read_json(req).await?;
+            let a: Activate = http::read_json(req, MAX_BODY_BYTES).await?;
             store.activate(&t, &name, a.version)?;
             ok_json(
                 StatusCode::OK,
@@ -189,27 +192,11 @@ pub async fn admin(
         }
         (&Method::POST, [name, "render"]) => {
             let name = name.to_string();
-            let r: openai::ChatRequest = read_json(req).await?;
+            let r: openai::ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
             let msgs = r.messages()?;
-            let input = TemplateRequest {
-                model: r.common.model.clone(),
-                messages: msgs
-                    .iter()
-                    .map(|m| Message {
-                        role: m.role.clone(),
-                        content: m.content.clone(),
-                    })
-                    .collect(),
-                variables: r.template_variables.clone().unwrap_or_default(),
-                tenant: TemplateTenant {
-                    id: tenant.id().to_string(),
-                    metadata: tenant.config.metadata.clone(),
-                },
-                user: r.common.user.clone(),
-                now: rfc3339_now(),
-            };
-            let applied = run(&state, &tenant, &name, input).await?;
-            let prepared = super::prepare(&state, &tenant, &applied.rendered.segments)?;
+            let applied = run(&state, &tenant, &name, input(&tenant, &r, msgs)).await?;
+            let prepared =
+                super::completions::prepare(&state, &tenant, &applied.rendered.segments)?;
             ok_json(
                 StatusCode::OK,
                 serde_json::json!({

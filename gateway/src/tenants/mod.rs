@@ -14,141 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cachet_backend::block_hash::tenant_salt;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use rate_limit::{Refusal, TokenBucket};
 
-/// One tenant as configured.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantConfig {
-    pub id: String,
-    /// sha256 (hex) of each API key.
-    pub api_key_sha256: Vec<String>,
-    pub requests_per_minute: Option<u64>,
-    pub tokens_per_minute: Option<u64>,
-    pub max_concurrent: Option<u32>,
-    /// Scheduler priority class: lower runs first.
-    #[serde(default)]
-    pub priority: i32,
-    /// Tenants in the same group share prefix-cache entries (e.g. a public system prompt).
-    pub cache_share_group: Option<String>,
-    /// Models this tenant may use; empty means all.
-    #[serde(default)]
-    pub allowed_models: Vec<String>,
-    /// sha256 (hex) of keys that may manage this tenant's templates (`/v1/templates`); a tenant
-    /// without one cannot upload templates.
-    #[serde(default)]
-    pub admin_key_sha256: Vec<String>,
-    /// Template for chat requests that name none.
-    pub default_template: Option<String>,
-    /// Passed to the tenant's templates as `tenant.metadata`.
-    #[serde(default)]
-    pub metadata: std::collections::BTreeMap<String, String>,
-    /// Template budgets of this tenant (within the gateway's `--template-*` limits).
-    pub template_deadline_ms: Option<u64>,
-    pub template_fuel: Option<u64>,
-    pub template_memory_mib: Option<u64>,
-    /// Prompt normalization: "relocate" (default: volatile values move into a block before the
-    /// new message), "relocate-after" (after it: earlier turns stay cacheable) or "off".
-    pub normalize: Option<String>,
-    /// More volatile-value patterns (regexes) for the normalizer, e.g. `ORD-\\d{6}`.
-    #[serde(default)]
-    pub volatile_patterns: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TenantsFile {
-    #[serde(default)]
-    tenant: Vec<TenantConfig>,
-    #[serde(default)]
-    upstream: Vec<UpstreamConfig>,
-}
-
-/// An `[[upstream]]` of the config file: where the gateway sends requests (read at start-up).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum UpstreamConfig {
-    /// A `cachet worker` at `url` (exact prefix routing from its KV events).
-    Cachet { url: String },
-    /// The gateway's own engine, as one member of the pool.
-    Embedded {},
-    /// Any OpenAI-compatible server at `url` (`/v1/completions`; text in, approximate routing
-    /// from the prompts sent there). `model`: the name it serves (default: the gateway's model
-    /// id); `api_key_env`: an environment variable holding its API key; `history_blocks`: how many
-    /// prompt blocks the gateway remembers sending (about the server's KV cache, default 65536).
-    Openai {
-        url: String,
-        model: Option<String>,
-        api_key_env: Option<String>,
-        history_blocks: Option<usize>,
-    },
-}
-
-/// The `[[upstream]]` entries of a config file.
-pub fn upstreams_from_toml(text: &str) -> Result<Vec<UpstreamConfig>, ConfigError> {
-    let file: TenantsFile = toml::from_str(text)?;
-    let mut seen = std::collections::HashSet::new();
-    for u in &file.upstream {
-        let name = match u {
-            UpstreamConfig::Cachet { url } => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(ConfigError::Upstream(format!(
-                        "`{url}` is not an http:// or https:// URL"
-                    )));
-                }
-                url.trim_end_matches('/').to_string()
-            }
-            UpstreamConfig::Embedded {} => "embedded".to_string(),
-            UpstreamConfig::Openai {
-                url,
-                api_key_env,
-                history_blocks,
-                ..
-            } => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(ConfigError::Upstream(format!(
-                        "`{url}` is not an http:// or https:// URL"
-                    )));
-                }
-                if url.starts_with("https://") {
-                    return Err(ConfigError::Upstream(format!(
-                        "`{url}`: upstreams are reached over plain HTTP for now (put a TLS proxy in front)"
-                    )));
-                }
-                if let Some(v) = api_key_env {
-                    if std::env::var(v).is_err() {
-                        return Err(ConfigError::Upstream(format!(
-                            "`{url}`: api_key_env names `{v}`, which is not set"
-                        )));
-                    }
-                }
-                if *history_blocks == Some(0) {
-                    return Err(ConfigError::Upstream(format!(
-                        "`{url}`: history_blocks must be at least 1"
-                    )));
-                }
-                url.trim_end_matches('/').to_string()
-            }
-        };
-        if !seen.insert(name.clone()) {
-            return Err(ConfigError::Upstream(format!("`{name}` is listed twice")));
-        }
-    }
-    Ok(file.upstream)
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("tenants config: {0}")]
-    Toml(#[from] toml::de::Error),
-    #[error("tenant `{tenant}`: {msg}")]
-    Invalid { tenant: String, msg: String },
-    #[error("upstream: {0}")]
-    Upstream(String),
-}
+pub use crate::config::{ConfigError, TenantConfig};
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -290,32 +160,28 @@ pub fn hash_key(api_key: &str) -> [u8; 32] {
     Sha256::digest(api_key.as_bytes()).into()
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// 64 hex digits → 32 bytes.
-pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let v: Option<Vec<u8>> = (0..32)
-        .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect();
-    v?.try_into().ok()
-}
+pub use crate::protocol::{hex, parse_hex32};
 
 impl TenantRegistry {
-    /// Parses and validates a tenants TOML document.
+    /// Parses and validates a config document's tenants.
     pub fn from_toml(
         text: &str,
         deployment_key: &[u8; 32],
         now: Instant,
     ) -> Result<Self, ConfigError> {
-        let file: TenantsFile = toml::from_str(text)?;
+        let file = crate::config::ConfigFile::parse(text)?;
+        Self::from_configs(file.tenant, deployment_key, now)
+    }
+
+    /// The registry of `tenants` (a config file's `[[tenant]]` tables), validated.
+    pub fn from_configs(
+        tenants: Vec<TenantConfig>,
+        deployment_key: &[u8; 32],
+        now: Instant,
+    ) -> Result<Self, ConfigError> {
         let mut reg = TenantRegistry::default();
         let mut ids = std::collections::HashSet::new();
-        for cfg in file.tenant {
+        for cfg in tenants {
             let bad = |msg: String| ConfigError::Invalid {
                 tenant: cfg.id.clone(),
                 msg,

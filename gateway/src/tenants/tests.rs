@@ -1,5 +1,7 @@
 use std::time::{Duration, Instant};
 
+use crate::config::{upstreams_from_toml, UpstreamConfig};
+
 use super::*;
 
 const KEY: [u8; 32] = [5; 32];

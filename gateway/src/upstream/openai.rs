@@ -6,7 +6,8 @@
 //! remembers the block hashes of the prompts it sent there (an LRU sized like the server's KV
 //! cache) and takes them for what the server holds — the request-history estimate of llm-d's
 //! approximate scorer. It can only be wrong in ways the exact members are not (evictions it did not
-//! see, tokenizers that differ); `cachet worker`s are routed on their real KV events.
+//! see, tokenizers that differ); `cachet worker`s are routed on their real KV events. Health comes
+//! from `GET /v1/models`; load is the gateway's own requests in flight there.
 
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
@@ -15,127 +16,134 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cachet_backend::block_hash::BlockHash;
-use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
-use http_body_util::Full;
+use cachet_backend::request::{EngineEvent, FinishReason, RequestTimings, Usage};
 use lru::LruCache;
 
-use super::{Lines, Worker};
+use super::{
+    wait_limit, BoxFuture, EventStream, Events, StartError, Tally, TallyGuard, Timeouts, Upstream,
+    UpstreamRequest, DOWN_AFTER, POLL,
+};
+use crate::http::client::{self, Client, Lines};
+use crate::route::WorkerView;
 
-/// What the gateway knows of an OpenAI-compatible server.
-pub struct Target {
-    /// The model name the server serves.
-    pub model: String,
-    /// Its API key (sent as a bearer token).
-    pub api_key: Option<String>,
-    /// Block hashes of prompts sent there, most recent first.
-    history: Mutex<LruCache<BlockHash, ()>>,
+#[derive(Debug, Default)]
+struct Health {
+    seen_up: bool,
+    failures: u32,
 }
 
-impl Target {
-    pub fn new(model: String, api_key: Option<String>, history_blocks: usize) -> Self {
-        Target {
+/// An OpenAI-compatible server.
+pub struct OpenAi {
+    url: String,
+    /// The model name the server serves.
+    model: String,
+    /// Its API key (sent as a bearer token).
+    api_key: Option<String>,
+    client: Client,
+    timeouts: Timeouts,
+    /// Consecutive failed health checks, and whether one ever succeeded.
+    health: Mutex<Health>,
+    /// Block hashes of prompts sent there, most recent first.
+    history: Mutex<LruCache<BlockHash, ()>>,
+    tally: Arc<Tally>,
+}
+
+impl OpenAi {
+    /// The server at `url` serving `model`, remembering up to `history_blocks` prompt blocks,
+    /// with its health poller running (call inside a tokio runtime).
+    pub fn start(
+        url: &str,
+        model: String,
+        api_key: Option<String>,
+        history_blocks: usize,
+        timeouts: Timeouts,
+    ) -> Arc<Self> {
+        let o = Arc::new(OpenAi {
+            url: url.trim_end_matches('/').to_string(),
             model,
             api_key,
+            client: client::client(timeouts.connect),
+            timeouts,
+            health: Default::default(),
             history: Mutex::new(LruCache::new(
                 NonZeroUsize::new(history_blocks.max(1)).expect("at least one"),
             )),
-        }
+            tally: Default::default(),
+        });
+        tokio::spawn(o.clone().poll());
+        o
     }
 
-    /// Leading blocks of `hashes` a prompt sent there earlier had.
-    pub fn overlap(&self, hashes: &[BlockHash]) -> usize {
-        let h = self.history.lock().expect("history lock");
-        hashes.iter().take_while(|x| h.contains(x)).count()
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+    ) -> hyper::Request<http_body_util::Full<Bytes>> {
+        client::request(
+            method,
+            &format!("{}{path}", self.url),
+            self.api_key.as_deref(),
+            body,
+        )
     }
 
     /// Records a prompt sent there.
-    pub fn remember(&self, hashes: &[BlockHash]) {
+    fn remember(&self, hashes: &[BlockHash]) {
         let mut h = self.history.lock().expect("history lock");
         for x in hashes {
             h.put(*x, ());
         }
     }
 
-    pub fn remembered(&self) -> usize {
-        self.history.lock().expect("history lock").len()
+    fn healthy(&self) -> bool {
+        let h = self.health.lock().expect("health lock");
+        h.seen_up && h.failures < DOWN_AFTER
     }
 
-    fn request(
-        &self,
-        url: &str,
-        method: &str,
-        path: &str,
-        body: Bytes,
-    ) -> hyper::Request<Full<Bytes>> {
-        let mut b = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{url}{path}"))
-            .header(hyper::header::CONTENT_TYPE, "application/json");
-        if let Some(k) = &self.api_key {
-            b = b.header(hyper::header::AUTHORIZATION, format!("Bearer {k}"));
-        }
-        b.body(Full::new(body)).expect("valid request parts")
-    }
-}
-
-/// Polls `GET /v1/models` for ever: the server's health (it reports no load; the gateway counts
-/// its own requests there).
-pub(super) async fn poll(w: Arc<Worker>, t: Arc<Target>, key_id: String) {
-    loop {
-        let got = async {
-            let resp = tokio::time::timeout(
-                Duration::from_secs(2),
-                w.client
-                    .request(t.request(&w.url, "GET", "/v1/models", Bytes::new())),
-            )
-            .await
-            .map_err(|_| "timed out".to_string())?
-            .map_err(|e| e.to_string())?;
-            if resp.status().is_success() {
-                Ok(())
-            } else {
-                Err(format!("status {}", resp.status()))
-            }
-        }
-        .await;
-        match got {
-            Ok(()) => {
-                let mut h = w.health.lock().expect("health lock");
-                let was_down = h.state.is_none() || h.failures > 0;
-                h.state = Some(crate::worker::protocol::StateReply {
-                    model: t.model.clone(),
-                    block_size: 0,
-                    max_model_len: 0,
-                    key_id: key_id.clone(),
-                    running: 0,
-                    waiting: 0,
-                    kv_total: 0,
-                    kv_used: 0,
-                    cached_blocks: t.remembered(),
-                });
-                h.failures = 0;
-                if was_down {
-                    tracing::info!(upstream = %w.url, "OpenAI-compatible upstream up");
+    /// Polls `GET /v1/models` for ever.
+    async fn poll(self: Arc<Self>) {
+        loop {
+            let got = async {
+                let resp = client::send(
+                    &self.client,
+                    self.request("GET", "/v1/models", Bytes::new()),
+                    Duration::from_secs(2),
+                )
+                .await?;
+                if resp.status().is_success() {
+                    Ok(())
+                } else {
+                    Err(client::status_error(resp).await)
                 }
             }
-            Err(e) => {
-                if w.health.lock().expect("health lock").failures == 0 {
-                    tracing::warn!(upstream = %w.url, error = %e, "health check failed");
-                }
-                w.failed();
-                let mut h = w.health.lock().expect("health lock");
-                if h.failures >= super::TRIP_AFTER {
-                    h.state = None;
+            .await;
+            {
+                let mut h = self.health.lock().expect("health lock");
+                match got {
+                    Ok(()) => {
+                        if !h.seen_up || h.failures > 0 {
+                            tracing::info!(upstream = %self.url, "OpenAI-compatible upstream up");
+                        }
+                        h.seen_up = true;
+                        h.failures = 0;
+                    }
+                    Err(e) => {
+                        if h.failures == 0 {
+                            tracing::warn!(upstream = %self.url, error = %e, "health check failed");
+                        }
+                        h.failures += 1;
+                    }
                 }
             }
+            tokio::time::sleep(POLL).await;
         }
-        tokio::time::sleep(super::POLL).await;
     }
 }
 
 /// A completion streaming from an OpenAI-compatible server.
-pub struct OpenAiStream {
-    pub id: u64,
+struct Stream {
+    url: String,
     lines: Lines,
     pending: VecDeque<EngineEvent>,
     started: Instant,
@@ -145,18 +153,9 @@ pub struct OpenAiStream {
     finish: Option<FinishReason>,
     usage: Option<Usage>,
     done: bool,
-    worker: Arc<Worker>,
-}
-
-impl Drop for OpenAiStream {
-    fn drop(&mut self) {
-        self.worker
-            .inflight
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        self.worker
-            .finished
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
+    idle: Duration,
+    deadline: Option<Instant>,
+    _tally: TallyGuard,
 }
 
 fn finish_reason(s: &str) -> FinishReason {
@@ -166,7 +165,7 @@ fn finish_reason(s: &str) -> FinishReason {
     }
 }
 
-impl OpenAiStream {
+impl Stream {
     fn finished(&mut self, reason: FinishReason, error: Option<String>) -> EngineEvent {
         self.done = true;
         let now = Instant::now();
@@ -193,8 +192,13 @@ impl OpenAiStream {
         }
     }
 
-    /// The next event; `None` after `Finished`.
-    pub async fn next(&mut self) -> Option<EngineEvent> {
+    fn failed(&mut self, why: impl std::fmt::Display) -> EngineEvent {
+        let msg = format!("upstream {} failed mid-stream: {why}", self.url);
+        self.finished(FinishReason::Error, Some(msg))
+    }
+
+    /// Reads SSE lines until an event (or the end) and returns it; `None` after `Finished`.
+    async fn next_event(&mut self, limit: Duration) -> Option<EngineEvent> {
         loop {
             if let Some(ev) = self.pending.pop_front() {
                 return Some(ev);
@@ -202,29 +206,19 @@ impl OpenAiStream {
             if self.done {
                 return None;
             }
-            let line = match self.lines.next().await {
+            let line = match self.lines.next_within(limit).await {
                 Ok(Some(l)) => l,
                 Ok(None) => {
-                    let reason = self.finish;
-                    return Some(match reason {
+                    return Some(match self.finish {
                         // Some servers end without [DONE] once the finish chunk is out.
                         Some(r) => self.finished(r, None),
                         None => {
-                            let url = self.worker.url.clone();
-                            self.finished(
-                                FinishReason::Error,
-                                Some(format!("upstream {url} ended the stream early")),
-                            )
+                            let msg = format!("upstream {} ended the stream early", self.url);
+                            self.finished(FinishReason::Error, Some(msg))
                         }
                     });
                 }
-                Err(e) => {
-                    let url = self.worker.url.clone();
-                    return Some(self.finished(
-                        FinishReason::Error,
-                        Some(format!("upstream {url} failed mid-stream: {e}")),
-                    ));
-                }
+                Err(e) => return Some(self.failed(e)),
             };
             let line = String::from_utf8_lossy(&line);
             let Some(data) = line.trim_end_matches('\r').strip_prefix("data:") else {
@@ -237,12 +231,7 @@ impl OpenAiStream {
             }
             let v: serde_json::Value = match serde_json::from_str(data) {
                 Ok(v) => v,
-                Err(e) => {
-                    return Some(self.finished(
-                        FinishReason::Error,
-                        Some(format!("upstream sent a chunk that is not JSON: {e}")),
-                    ))
-                }
+                Err(e) => return Some(self.failed(format!("a chunk is not JSON: {e}"))),
             };
             if let Some(err) = v.get("error") {
                 let msg = err["message"]
@@ -282,97 +271,108 @@ impl OpenAiStream {
     }
 }
 
-/// Why a start failed.
-pub(super) enum StartError {
-    /// The server refused the request itself (4xx): no other member will do better.
-    Rejected(String),
-    /// The server failed: try the next member.
-    Failed(String),
+impl EventStream for Stream {
+    fn next(&mut self) -> BoxFuture<'_, Option<EngineEvent>> {
+        Box::pin(async move {
+            let limit = wait_limit(self.deadline, self.idle);
+            self.next_event(limit).await
+        })
+    }
 }
 
-/// Sends `text` as a streaming completion and waits for the first event.
-pub(super) async fn start(
-    w: &Arc<Worker>,
-    t: &Target,
-    text: &str,
-    er: &EngineRequest,
-    id: u64,
-) -> Result<OpenAiStream, StartError> {
-    let mut body = serde_json::json!({
-        "model": t.model,
-        "prompt": text,
-        "max_tokens": er.max_tokens,
-        "temperature": er.sampling.temperature,
-        "top_p": er.sampling.top_p,
-        "stream": true,
-        "stream_options": {"include_usage": true},
-    });
-    if let Some(seed) = er.sampling.seed {
-        body["seed"] = seed.into();
+impl Upstream for OpenAi {
+    fn name(&self) -> &str {
+        &self.url
     }
-    if !er.stop.is_empty() {
-        body["stop"] = er.stop.clone().into();
-    }
-    if !er.tag.is_empty() {
-        body["user"] = er.tag.clone().into();
-    }
-    let req = t.request(
-        &w.url,
-        "POST",
-        "/v1/completions",
-        Bytes::from(body.to_string()),
-    );
-    w.inflight
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut stream = OpenAiStream {
-        id,
-        lines: match w.client.request(req).await {
-            Ok(resp) if resp.status().is_success() => Lines::new(resp.into_body()),
-            Ok(resp) => {
-                w.inflight
-                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                let status = resp.status();
-                let msg = format!("{}: {}", w.url, super::error_text(resp).await);
-                return Err(
-                    if status.is_client_error() && status != hyper::StatusCode::TOO_MANY_REQUESTS {
-                        StartError::Rejected(msg)
-                    } else {
-                        StartError::Failed(msg)
-                    },
-                );
-            }
-            Err(e) => {
-                w.inflight
-                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(StartError::Failed(format!("{}: {e}", w.url)));
-            }
-        },
-        pending: VecDeque::new(),
-        started: Instant::now(),
-        first_at: None,
-        last_at: None,
-        pieces: 0,
-        finish: None,
-        usage: None,
-        done: false,
-        worker: w.clone(),
-    };
-    // Nothing has reached the client yet: a server that fails before its first event is
-    // skipped for the next member.
-    match stream.next().await {
-        Some(EngineEvent::Finished {
-            reason: FinishReason::Error,
-            error,
-            ..
-        }) => Err(StartError::Failed(format!(
-            "{}: {}",
-            w.url,
-            error.unwrap_or_default()
-        ))),
-        Some(first) => {
-            stream.pending.push_front(first);
-            Ok(stream)
+
+    fn view(&self, hashes: &[BlockHash]) -> WorkerView {
+        let h = self.history.lock().expect("history lock");
+        WorkerView {
+            healthy: self.healthy(),
+            inflight: self.tally.inflight(),
+            overlap_blocks: hashes.iter().take_while(|x| h.contains(x)).count(),
+            ..Default::default()
         }
-        None => Err(StartError::Failed(format!("{}: empty stream", w.url))),
+    }
+
+    fn submit<'a>(&'a self, req: UpstreamRequest<'a>) -> BoxFuture<'a, Result<Events, StartError>> {
+        Box::pin(async move {
+            let er = req.engine;
+            let mut body = serde_json::json!({
+                "model": self.model,
+                "prompt": req.text,
+                "max_tokens": er.max_tokens,
+                "temperature": er.sampling.temperature,
+                "top_p": er.sampling.top_p,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            });
+            if let Some(seed) = er.sampling.seed {
+                body["seed"] = seed.into();
+            }
+            if !er.stop.is_empty() {
+                body["stop"] = er.stop.clone().into();
+            }
+            if !er.tag.is_empty() {
+                body["user"] = er.tag.clone().into();
+            }
+            let req_http = self.request("POST", "/v1/completions", Bytes::from(body.to_string()));
+            let mut tally = self.tally.start();
+            let limit = wait_limit(er.deadline, self.timeouts.first_event);
+            let resp = client::send(&self.client, req_http, limit)
+                .await
+                .map_err(|e| StartError::Failed(e.to_string()))?;
+            let status = resp.status();
+            if !status.is_success() {
+                let text = client::error_text(resp).await;
+                return Err(match status.as_u16() {
+                    429 | 503 => StartError::Busy(text),
+                    s if status.is_client_error() => StartError::Rejected {
+                        status: s,
+                        message: text,
+                    },
+                    _ => StartError::Failed(text),
+                });
+            }
+            tally.accepted();
+            let mut stream = Stream {
+                url: self.url.clone(),
+                lines: Lines::new(resp.into_body()),
+                pending: VecDeque::new(),
+                started: Instant::now(),
+                first_at: None,
+                last_at: None,
+                pieces: 0,
+                finish: None,
+                usage: None,
+                done: false,
+                idle: self.timeouts.idle,
+                deadline: er.deadline,
+                _tally: tally,
+            };
+            // Nothing has reached the client yet: a server that fails before its first event is
+            // skipped for the next member.
+            match stream.next_event(limit).await {
+                Some(EngineEvent::Finished {
+                    reason: FinishReason::Error,
+                    error,
+                    ..
+                }) => Err(StartError::Failed(error.unwrap_or_default())),
+                Some(first) => {
+                    stream.pending.push_front(first);
+                    self.remember(req.hashes);
+                    Ok(Box::new(stream) as Events)
+                }
+                None => Err(StartError::Failed("empty stream".into())),
+            }
+        })
+    }
+
+    fn cached_blocks(&self) -> usize {
+        self.history.lock().expect("history lock").len()
+    }
+
+    fn inflight(&self) -> usize {
+        self.tally.inflight()
     }
 }

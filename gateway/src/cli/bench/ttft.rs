@@ -163,10 +163,7 @@ impl Drop for Server {
     }
 }
 
-type Client = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    Full<Bytes>,
->;
+use cachet_gateway::http::client::{self as http_client, Client, ClientError};
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -174,14 +171,11 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-async fn get(client: &Client, url: &str, key: &str) -> Result<(u16, Bytes), String> {
-    let req = hyper::Request::get(url)
-        .header("authorization", format!("Bearer {key}"))
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+async fn get(client: &Client, url: &str, key: &str) -> Result<(u16, Bytes), ClientError> {
+    let req = http_client::request("GET", url, Some(key), Bytes::new());
+    let resp = http_client::send(client, req, Duration::from_secs(30)).await?;
     let status = resp.status().as_u16();
-    Ok((status, cachet_gateway::upstream::read_body(resp).await?))
+    Ok((status, http_client::read_body(resp).await?))
 }
 
 /// One streamed chat request with server timings.
@@ -205,7 +199,7 @@ async fn one(client: &Client, url: &str, key: &str, model: &str, it: &WorkItem) 
         }
     };
     if !resp.status().is_success() {
-        rec.error = Some(cachet_gateway::upstream::error_text(resp).await);
+        rec.error = Some(http_client::error_text(resp).await);
         return rec;
     }
     let mut body = resp.into_body();
@@ -381,7 +375,7 @@ fn run_one(
     } else {
         "sk-raw"
     };
-    let client: Client = cachet_gateway::upstream::http_client();
+    let client: Client = http_client::client(Duration::from_secs(2));
     rt.block_on(async {
         let t0 = Instant::now();
         loop {

@@ -1,5 +1,14 @@
-//! The worker's wire format (JSON bodies, NDJSON streams), shared by `cachet worker` and the
-//! gateway's client of it.
+//! The wire format of `cachet worker` (JSON bodies, NDJSON streams), shared by the worker's
+//! server (`worker`) and the gateway's client of it (`upstream::worker`), and the hex forms of
+//! hashes and keys used on the wire and in config files.
+//!
+//! ```text
+//! GET  /health          liveness
+//! GET  /v1/state        StateReply: model, block size, key id, load (running / waiting / KV use)
+//! POST /v1/generate     GenerateRequest in, NDJSON WireEvents out; closing the connection
+//!                       cancels the request
+//! GET  /v1/kv_events    NDJSON KvWire: a snapshot of the stored block hashes, then every change
+//! ```
 
 use cachet_backend::block_hash::BlockHash;
 use cachet_backend::request::{FinishReason, RequestTimings, Usage};
@@ -30,6 +39,10 @@ pub struct GenerateRequest {
     pub priority: i32,
     #[serde(default)]
     pub tag: String,
+    /// Milliseconds the request may take from its arrival at the worker; past it the worker
+    /// ends it with an error (the gateway's request timeout, less what it already spent).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
 }
 
 fn one() -> f32 {
@@ -90,12 +103,35 @@ pub struct StateReply {
     pub cached_blocks: usize,
 }
 
-pub fn hex_hash(h: &BlockHash) -> String {
-    crate::tenants::hex(&h.0)
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub use crate::tenants::parse_hex32;
+/// 64 hex digits → 32 bytes.
+pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let v: Option<Vec<u8>> = (0..32)
+        .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    v?.try_into().ok()
+}
+
+pub fn hex_hash(h: &BlockHash) -> String {
+    hex(&h.0)
+}
 
 pub fn parse_hash(s: &str) -> Option<BlockHash> {
     parse_hex32(s).map(BlockHash)
+}
+
+/// A short, public id of a deployment key: the first 8 bytes of blake3("cachet key id" ‖ key).
+/// Equal ids mean equal keys, so a gateway can check its workers hash prompts as it does.
+pub fn key_id(key: &[u8; 32]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cachet key id");
+    h.update(key);
+    h.finalize().to_hex()[..16].to_string()
 }

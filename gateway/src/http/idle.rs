@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::RespBody;
+use super::Body as RespBody;
 
 /// What one connection is doing.
 pub struct Activity {

@@ -1,78 +1,15 @@
-//! API errors in OpenAI's JSON shape, with the HTTP status and (for overload) `Retry-After`.
+//! Where the server meets its subsystems' errors: each maps to an [`ApiError`] with the right
+//! status, OpenAI `type` and `code`.
 
 use std::time::Duration;
 
+use cachet_backend::EngineError;
 use hyper::StatusCode;
 
+use crate::http::error::{ApiError, Source};
 use crate::sandbox::TemplateError;
 use crate::tenants::Denied;
-
-/// Where an error comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    Client,
-    Upstream,
-    Internal,
-}
-
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    pub status: StatusCode,
-    /// OpenAI's `error.type`.
-    pub kind: &'static str,
-    pub code: Option<&'static str>,
-    pub message: String,
-    pub param: Option<&'static str>,
-    pub retry_after: Option<Duration>,
-    pub source: Source,
-}
-
-impl ApiError {
-    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            kind: "invalid_request_error",
-            code: None,
-            message: message.into(),
-            param,
-            retry_after: None,
-            source: Source::Client,
-        }
-    }
-    pub fn not_found(message: impl Into<String>, code: &'static str) -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            code: Some(code),
-            ..Self::bad_request(message, None)
-        }
-    }
-    pub fn overloaded(message: impl Into<String>, retry_after: Duration) -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            kind: "server_error",
-            code: Some("overloaded"),
-            message: message.into(),
-            param: None,
-            retry_after: Some(retry_after),
-            source: Source::Upstream,
-        }
-    }
-    pub fn internal(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            kind: "server_error",
-            code: None,
-            message: message.into(),
-            param: None,
-            retry_after: None,
-            source: Source::Internal,
-        }
-    }
-
-    pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
-    }
-}
+use crate::upstream::UpstreamError;
 
 impl From<Denied> for ApiError {
     fn from(d: Denied) -> Self {
@@ -128,6 +65,31 @@ impl From<TemplateError> for ApiError {
             } else {
                 Source::Client
             },
+        }
+    }
+}
+
+impl From<UpstreamError> for ApiError {
+    fn from(e: UpstreamError) -> Self {
+        match e {
+            UpstreamError::Rejected { .. } => ApiError {
+                code: Some("upstream_rejected"),
+                ..ApiError::bad_request(e.to_string(), None)
+            },
+            UpstreamError::InvalidRequest(m) => ApiError::bad_request(m, None),
+            other => ApiError::overloaded(other.to_string(), Duration::from_secs(1)),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. } => {
+                ApiError::overloaded(e.to_string(), Duration::from_secs(1))
+            }
+            EngineError::InvalidRequest(m) => ApiError::bad_request(m, None),
+            other => ApiError::internal(other.to_string()),
         }
     }
 }

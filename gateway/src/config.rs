@@ -1,0 +1,150 @@
+//! The config file (TOML, see `examples/cachet.toml`): `[[tenant]]` tables (read by
+//! [`crate::tenants`]) and `[[upstream]]` tables — where the gateway sends requests, read at
+//! start-up.
+
+use serde::Deserialize;
+
+/// One tenant as configured.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub id: String,
+    /// sha256 (hex) of each API key.
+    pub api_key_sha256: Vec<String>,
+    pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    /// Scheduler priority class: lower runs first.
+    #[serde(default)]
+    pub priority: i32,
+    /// Tenants in the same group share prefix-cache entries (e.g. a public system prompt).
+    pub cache_share_group: Option<String>,
+    /// Models this tenant may use; empty means all.
+    #[serde(default)]
+    pub allowed_models: Vec<String>,
+    /// sha256 (hex) of keys that may manage this tenant's templates (`/v1/templates`); a tenant
+    /// without one cannot upload templates.
+    #[serde(default)]
+    pub admin_key_sha256: Vec<String>,
+    /// Template for chat requests that name none.
+    pub default_template: Option<String>,
+    /// Passed to the tenant's templates as `tenant.metadata`.
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// Template budgets of this tenant (within the gateway's `--template-*` limits).
+    pub template_deadline_ms: Option<u64>,
+    pub template_fuel: Option<u64>,
+    pub template_memory_mib: Option<u64>,
+    /// Prompt normalization: "relocate" (default: volatile values move into a block before the
+    /// new message), "relocate-after" (after it: earlier turns stay cacheable) or "off".
+    pub normalize: Option<String>,
+    /// More volatile-value patterns (regexes) for the normalizer, e.g. `ORD-\\d{6}`.
+    #[serde(default)]
+    pub volatile_patterns: Vec<String>,
+}
+
+/// The whole config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub tenant: Vec<TenantConfig>,
+    #[serde(default)]
+    pub upstream: Vec<UpstreamConfig>,
+}
+
+/// An `[[upstream]]` of the config file: where the gateway sends requests (read at start-up).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum UpstreamConfig {
+    /// A `cachet worker` at `url` (exact prefix routing from its KV events).
+    Cachet { url: String },
+    /// The gateway's own engine, as one member of the pool.
+    Embedded {},
+    /// Any OpenAI-compatible server at `url` (`/v1/completions`; text in, approximate routing
+    /// from the prompts sent there). `model`: the name it serves (default: the gateway's model
+    /// id); `api_key_env`: an environment variable holding its API key; `history_blocks`: how many
+    /// prompt blocks the gateway remembers sending (about the server's KV cache, default 65536).
+    Openai {
+        url: String,
+        model: Option<String>,
+        api_key_env: Option<String>,
+        history_blocks: Option<usize>,
+    },
+}
+
+impl ConfigFile {
+    /// Parses a config document; the upstreams are checked here, the tenants by
+    /// [`crate::tenants::TenantRegistry::from_configs`].
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let file: ConfigFile = toml::from_str(text)?;
+        validate_upstreams(&file.upstream)?;
+        Ok(file)
+    }
+}
+
+/// The `[[upstream]]` entries of a config file.
+pub fn upstreams_from_toml(text: &str) -> Result<Vec<UpstreamConfig>, ConfigError> {
+    Ok(ConfigFile::parse(text)?.upstream)
+}
+
+fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    for u in upstreams {
+        let name = match u {
+            UpstreamConfig::Cachet { url } => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}` is not an http:// or https:// URL"
+                    )));
+                }
+                url.trim_end_matches('/').to_string()
+            }
+            UpstreamConfig::Embedded {} => "embedded".to_string(),
+            UpstreamConfig::Openai {
+                url,
+                api_key_env,
+                history_blocks,
+                ..
+            } => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}` is not an http:// or https:// URL"
+                    )));
+                }
+                if url.starts_with("https://") {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}`: upstreams are reached over plain HTTP for now (put a TLS proxy in front)"
+                    )));
+                }
+                if let Some(v) = api_key_env {
+                    if std::env::var(v).is_err() {
+                        return Err(ConfigError::Upstream(format!(
+                            "`{url}`: api_key_env names `{v}`, which is not set"
+                        )));
+                    }
+                }
+                if *history_blocks == Some(0) {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}`: history_blocks must be at least 1"
+                    )));
+                }
+                url.trim_end_matches('/').to_string()
+            }
+        };
+        if !seen.insert(name.clone()) {
+            return Err(ConfigError::Upstream(format!("`{name}` is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("tenants config: {0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("tenant `{tenant}`: {msg}")]
+    Invalid { tenant: String, msg: String },
+    #[error("upstream: {0}")]
+    Upstream(String),
+}

@@ -1,0 +1,94 @@
+//! Errors at the HTTP edge: the status, OpenAI's JSON error shape (`message`, `type`, `param`,
+//! `code`), where the error comes from, and `Retry-After` for overload. Subsystems' errors map
+//! into it where the server meets them (`server::errors`).
+
+use std::time::Duration;
+
+use hyper::{header, Response, StatusCode};
+
+/// Where an error comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Client,
+    Upstream,
+    Internal,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// OpenAI's `error.type`.
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub message: String,
+    pub param: Option<&'static str>,
+    pub retry_after: Option<Duration>,
+    pub source: Source,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code: None,
+            message: message.into(),
+            param,
+            retry_after: None,
+            source: Source::Client,
+        }
+    }
+    pub fn not_found(message: impl Into<String>, code: &'static str) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: Some(code),
+            ..Self::bad_request(message, None)
+        }
+    }
+    pub fn overloaded(message: impl Into<String>, retry_after: Duration) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            code: Some("overloaded"),
+            message: message.into(),
+            param: None,
+            retry_after: Some(retry_after),
+            source: Source::Upstream,
+        }
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            code: None,
+            message: message.into(),
+            param: None,
+            retry_after: None,
+            source: Source::Internal,
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+
+    /// The error as a response: its status, its JSON body, and `Retry-After` (whole seconds,
+    /// at least one) when the client should retry.
+    pub fn response(&self) -> Response<super::Body> {
+        let mut r = super::json(self.status, &self.body());
+        if let Some(d) = self.retry_after {
+            let secs = d.as_secs_f64().ceil().max(1.0) as u64;
+            r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+        }
+        r
+    }
+
+    /// 405 for a route that exists with other methods.
+    pub fn method_not_allowed(method: &hyper::Method, path: &str) -> Self {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            code: Some("method_not_allowed"),
+            ..ApiError::bad_request(format!("{method} is not allowed on {path}"), None)
+        }
+    }
+}

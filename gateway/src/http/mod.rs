@@ -1,0 +1,130 @@
+//! HTTP plumbing shared by the gateway's server and `cachet worker`: request bodies read with
+//! limits, JSON and streaming replies, bearer tokens, the error shape, the accept loop with its
+//! connection limits ([`serve`]), idle-connection tracking ([`idle`]), TLS ([`tls`]) and the
+//! client the gateway reaches its upstreams with ([`client`]). Nothing here knows tenants,
+//! engines or routes.
+
+pub mod client;
+pub mod error;
+pub mod idle;
+pub mod serve;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::{header, Request, Response, StatusCode};
+use tokio::sync::mpsc;
+
+pub use error::ApiError;
+
+/// Every response body: whole, or streamed from a channel.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Largest JSON request body the gateway's API accepts.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// How much of a too-large body is read (and dropped) so the client sees the 413.
+pub const DRAIN_BODY_BYTES: usize = 16 << 20;
+
+/// A JSON response.
+pub fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        .expect("static response parts")
+}
+
+/// A response of `content_type` whose body is `bytes`.
+pub fn bytes(status: StatusCode, content_type: &'static str, bytes: Bytes) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(bytes).boxed())
+        .expect("static response parts")
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+pub fn bearer(req: &Request<Incoming>) -> Option<&str> {
+    req.headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Reads a body of at most `limit` bytes. A larger body is read on (and dropped) up to
+/// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset.
+pub async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Vec<u8>, ApiError> {
+    let mut body = req.into_body();
+    let mut buf = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}"), None))?;
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total <= limit {
+                buf.extend_from_slice(&data);
+            } else if total > DRAIN_BODY_BYTES.max(limit) {
+                break;
+            }
+        }
+    }
+    if total > limit {
+        return Err(ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..ApiError::bad_request(format!("request body is larger than {limit} bytes"), None)
+        });
+    }
+    Ok(buf)
+}
+
+/// Reads a JSON body of at most `limit` bytes into `T`.
+pub async fn read_json<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let buf = read_body(req, limit).await?;
+    serde_json::from_slice(&buf)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
+}
+
+/// A response body fed by a channel: dropping it (the client went away) closes the channel,
+/// which tells whatever feeds it to stop.
+pub struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A streamed response of `content_type` fed by `rx`.
+pub fn streaming(content_type: &'static str, rx: mpsc::Receiver<Bytes>) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(ChannelBody { rx }.boxed())
+        .expect("static response parts")
+}
+
+/// One NDJSON line of `v`.
+pub fn ndjson_line<T: serde::Serialize>(v: &T) -> Bytes {
+    let mut s = serde_json::to_vec(v).expect("wire types serialise");
+    s.push(b'\n');
+    Bytes::from(s)
+}

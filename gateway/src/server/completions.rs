@@ -1,0 +1,255 @@
+//! One completion request, in the order that wastes nothing on a request that will be refused:
+//!
+//! 1. authenticate the tenant (401);
+//! 2. read and validate: the body (400 / 413), the model (404), the tenant's permission for it
+//!    (403), every field (400, `param` named);
+//! 3. work: the tenant's template (chat), normalization, tokenization (static prefix tokens
+//!    cached), the length check (400);
+//! 4. admission: the tenant's limits (429 + Retry-After);
+//! 5. the engine request (tenant salt and priority, the deadline) routed through the pool
+//!    (503 + Retry-After when nobody takes it), then the response, whole or streamed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cachet_backend::request::EngineRequest;
+use cachet_backend::sampler::SamplingParams;
+use cachet_backend::tokenizer::ChatMessage;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+
+use super::openai::{ChatRequest, Common, CompletionRequest};
+use super::respond::{self, Meta};
+use super::{templates, AppState};
+use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
+use crate::tenants::Tenant;
+
+/// Counts a completion request by tenant and status (errors before authentication count as
+/// tenant `-`).
+pub fn counted(
+    state: &AppState,
+    r: Result<(Response<Body>, String), (ApiError, String)>,
+) -> Result<Response<Body>, ApiError> {
+    match r {
+        Ok((resp, tenant)) => {
+            state.metrics.count(&tenant, resp.status().as_u16());
+            Ok(resp)
+        }
+        Err((e, tenant)) => {
+            state.metrics.count(&tenant, e.status.as_u16());
+            Err(e)
+        }
+    }
+}
+
+/// A chat or text completion; the tenant's id comes back with the result, for counting.
+pub async fn completion(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    chat: bool,
+) -> Result<(Response<Body>, String), (ApiError, String)> {
+    let tenant = state
+        .tenants()
+        .authenticate(http::bearer(&req).unwrap_or(""))
+        .map_err(|e| (e.into(), "-".to_string()))?;
+    let name = tenant.id().to_string();
+    completion_for(state, req, chat, tenant)
+        .await
+        .map(|r| (r, name.clone()))
+        .map_err(|e| (e, name))
+}
+
+/// What a request asks for, validated.
+enum Input {
+    Chat(ChatRequest, Vec<ChatMessage>),
+    Text(CompletionRequest, String),
+}
+
+impl Input {
+    fn common(&self) -> &Common {
+        match self {
+            Input::Chat(r, _) => &r.common,
+            Input::Text(r, _) => &r.common,
+        }
+    }
+}
+
+/// The model exists here and the tenant may use it.
+fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
+    if model != state.model_id {
+        return Err(ApiError::not_found(
+            format!("model `{model}` does not exist; GET /v1/models lists them"),
+            "model_not_found",
+        ));
+    }
+    if !tenant.allows_model(model) {
+        return Err(crate::tenants::Denied::ModelNotAllowed {
+            tenant: tenant.id().into(),
+            model: model.to_string(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+async fn completion_for(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    chat: bool,
+    tenant: Arc<Tenant>,
+) -> Result<Response<Body>, ApiError> {
+    let arrived = Instant::now();
+    // `x-cachet-timings: 1` asks for the server-side split of the request's time in its usage.
+    let want_timings = req.headers().contains_key("x-cachet-timings");
+    // 2. Validate everything before doing any work.
+    let input = if chat {
+        let r: ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
+        check_model(&state, &tenant, &r.common.model)?;
+        let msgs = r.messages()?;
+        Input::Chat(r, msgs)
+    } else {
+        let r: CompletionRequest = http::read_json(req, MAX_BODY_BYTES).await?;
+        check_model(&state, &tenant, &r.common.model)?;
+        let p = r.prompt()?;
+        Input::Text(r, p)
+    };
+    let (max_tokens, mut stop) = input.common().validate()?;
+    // 3. Template, normalization, tokenization: the prompt as token ids (engines) and as text
+    // (OpenAI-compatible upstreams).
+    let mut hints = None;
+    let (common, prompt, prompt_text) = match input {
+        Input::Chat(r, msgs) => {
+            let segments = match templates::template_for(&tenant, &r) {
+                Some(name) => {
+                    let applied = templates::apply(
+                        &state,
+                        &tenant,
+                        &name,
+                        templates::input(&tenant, &r, msgs),
+                    )
+                    .await?;
+                    hints = Some((applied.rendered.stop, applied.rendered.max_tokens));
+                    applied.rendered.segments
+                }
+                None => crate::normalize::chat_segments(&msgs),
+            };
+            let p = prepare(&state, &tenant, &segments)?;
+            (r.common, p.ids, p.prompt)
+        }
+        Input::Text(r, p) => {
+            let ids = state.tokenizer.encode(&p)?;
+            (r.common, ids, p)
+        }
+    };
+    // The template's hints: more stop strings, and a cap on the output.
+    let mut cap = None;
+    if let Some((extra, max_hint)) = hints {
+        for s in extra {
+            if !s.is_empty() && !stop.contains(&s) {
+                stop.push(s);
+            }
+        }
+        cap = max_hint.map(u64::from);
+    }
+    let room = state.max_model_len.saturating_sub(prompt.len()) as u64;
+    if room == 0 {
+        return Err(ApiError::bad_request(
+            format!(
+                "the prompt has {} tokens, the model's limit is {}",
+                prompt.len(),
+                state.max_model_len
+            ),
+            Some("messages"),
+        ));
+    }
+    let max_tokens = max_tokens.unwrap_or(room.min(1024));
+    let max_tokens = cap.map_or(max_tokens, |c| max_tokens.min(c.max(1)));
+    // 4. Admission.
+    let permit = tenant.admit(prompt.len() as u64, Instant::now())?;
+    // 5. The engine request, routed.
+    let mut er = EngineRequest::new(prompt, max_tokens as usize);
+    er.sampling = SamplingParams {
+        temperature: common.temperature.unwrap_or(1.0),
+        top_k: 0,
+        top_p: common.top_p.unwrap_or(1.0),
+        seed: common.seed,
+    };
+    er.stop = stop;
+    er.salt = tenant.salt;
+    er.priority = tenant.config.priority;
+    er.tag = tenant.id().to_string();
+    er.ignore_eos = common.ignore_eos;
+    er.deadline = Some(arrived + state.request_timeout);
+    let (stream, routed) = state
+        .pool
+        .submit(&er, &prompt_text, common.user.as_deref())
+        .await?;
+    state.metrics.routed(
+        state.pool.policy_name(),
+        routed.reason,
+        &routed.upstream,
+        routed.predicted_cached_tokens,
+    );
+    let include_usage = common
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    let meta = Meta {
+        id: format!(
+            "{}-{}",
+            if chat { "chatcmpl" } else { "cmpl" },
+            state.next_id()
+        ),
+        created: respond::now_unix(),
+        model: state.model_id.clone(),
+        chat,
+        prepare: want_timings.then(|| arrived.elapsed()),
+    };
+    if common.stream {
+        Ok(respond::sse(
+            stream,
+            meta,
+            include_usage,
+            permit,
+            state.clone(),
+        ))
+    } else {
+        respond::whole(stream, meta, permit, &state).await
+    }
+}
+
+/// A chat prompt ready for the engine: normalized, rendered, tokenized.
+pub struct Prepared {
+    pub segments: Vec<cachet_guest_sdk::Segment>,
+    pub relocated: Vec<String>,
+    pub prompt: String,
+    pub ids: Vec<u32>,
+    /// Tokens of the request-independent prefix (cached tokenization).
+    pub stable_tokens: usize,
+}
+
+/// Normalizes `segments` under the tenant's rules, renders them with the chat template, and
+/// tokenizes with the static prefix's tokens cached.
+pub fn prepare(
+    state: &AppState,
+    tenant: &Tenant,
+    segments: &[cachet_guest_sdk::Segment],
+) -> Result<Prepared, ApiError> {
+    let n = crate::normalize::normalize(segments, &tenant.rules);
+    let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
+    let (prompt, boundary) =
+        crate::normalize::tokens::render_with_boundary(&state.tokenizer, &messages, first_dynamic)?;
+    let enc = state
+        .prefix_tokens
+        .encode(&state.tokenizer, &prompt, boundary.unwrap_or(0))?;
+    state
+        .metrics
+        .normalized(tenant.id(), n.relocated.len(), enc.stable_tokens);
+    Ok(Prepared {
+        segments: n.segments,
+        relocated: n.relocated,
+        prompt,
+        ids: enc.ids,
+        stable_tokens: enc.stable_tokens,
+    })
+}

@@ -1,0 +1,113 @@
+//! The gateway's own engine as an upstream: requests go to it in-process; its load is read
+//! from the engine's live stats and its cached blocks from its KV events, so routing to it is
+//! exact. It is healthy while the gateway runs.
+
+use std::sync::Arc;
+
+use cachet_backend::block_hash::BlockHash;
+use cachet_backend::engine::{EngineHandle, RequestStream};
+use cachet_backend::request::EngineEvent;
+use cachet_backend::EngineError;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::blocks::BlockSet;
+use super::{
+    BoxFuture, EventStream, Events, StartError, Tally, TallyGuard, Upstream, UpstreamRequest,
+};
+use crate::route::WorkerView;
+
+/// The name the embedded engine goes by (metrics labels, logs).
+pub const NAME: &str = "embedded";
+
+pub struct Embedded {
+    engine: EngineHandle,
+    blocks: Arc<BlockSet>,
+    tally: Arc<Tally>,
+}
+
+impl Embedded {
+    /// The engine as an upstream, following its KV events from now on (call inside a tokio
+    /// runtime, before its first request).
+    pub fn start(engine: EngineHandle) -> Arc<Self> {
+        let blocks = Arc::new(BlockSet::default());
+        let mut rx = engine.subscribe_kv_events();
+        let set = blocks.clone();
+        tokio::spawn(async move {
+            loop {
+                match rx.recv().await {
+                    Ok(batch) => set.apply_events(batch),
+                    Err(RecvError::Lagged(_)) => set.clear(),
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+        Arc::new(Embedded {
+            engine,
+            blocks,
+            tally: Default::default(),
+        })
+    }
+
+    pub fn engine(&self) -> &EngineHandle {
+        &self.engine
+    }
+}
+
+/// A stream of the embedded engine, counted as its load until dropped.
+struct Stream {
+    stream: RequestStream,
+    _tally: TallyGuard,
+}
+
+impl EventStream for Stream {
+    fn next(&mut self) -> BoxFuture<'_, Option<EngineEvent>> {
+        Box::pin(self.stream.next())
+    }
+}
+
+impl Upstream for Embedded {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn view(&self, hashes: &[BlockHash]) -> WorkerView {
+        let st = self.engine.stats();
+        WorkerView {
+            healthy: true,
+            inflight: self.tally.inflight(),
+            running: st.running,
+            waiting: st.waiting,
+            kv_used: st.kv.used,
+            kv_total: st.kv.total,
+            overlap_blocks: self.blocks.overlap(hashes),
+        }
+    }
+
+    fn submit<'a>(&'a self, req: UpstreamRequest<'a>) -> BoxFuture<'a, Result<Events, StartError>> {
+        Box::pin(async move {
+            let mut tally = self.tally.start();
+            match self.engine.submit(req.engine.clone()) {
+                Ok(stream) => {
+                    tally.accepted();
+                    Ok(Box::new(Stream {
+                        stream,
+                        _tally: tally,
+                    }) as Events)
+                }
+                Err(
+                    e @ (EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. }),
+                ) => Err(StartError::Busy(e.to_string())),
+                Err(EngineError::InvalidRequest(m)) => Err(StartError::Invalid(m)),
+                Err(e) => Err(StartError::Failed(e.to_string())),
+            }
+        })
+    }
+
+    fn cached_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn inflight(&self) -> usize {
+        self.tally.inflight()
+    }
+}

@@ -1,0 +1,231 @@
+//! The pool: the members a gateway routes among, in the order its routing policy gives, with
+//! failover and a circuit breaker. A request's prompt is hashed the way the engines hash it
+//! (shared deployment key, the tenant's salt), so each member's cached-prefix overlap is exact
+//! (or, for OpenAI-compatible servers, estimated). A member that fails before the first event is
+//! skipped for the next; one that keeps failing is taken out for [`OPEN_FOR`] while its health
+//! checks go on.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cachet_backend::block_hash::HashContext;
+use cachet_backend::request::EngineRequest;
+
+use super::{Attempt, Attempts, Events, StartError, Upstream, UpstreamError, UpstreamRequest};
+use crate::route::{Policy, RouteRequest, WorkerView};
+
+/// Consecutive failed requests that open a member's circuit, and for how long.
+pub const TRIP_AFTER: u32 = 3;
+pub const OPEN_FOR: Duration = Duration::from_secs(5);
+
+/// A member's circuit breaker.
+#[derive(Debug, Default)]
+struct Breaker {
+    failures: u32,
+    open_until: Option<Instant>,
+}
+
+impl Breaker {
+    fn closed(&self, now: Instant) -> bool {
+        self.open_until.is_none_or(|t| now >= t)
+    }
+}
+
+struct Member {
+    upstream: Arc<dyn Upstream>,
+    breaker: Mutex<Breaker>,
+}
+
+impl Member {
+    fn failed(&self) {
+        let mut b = self.breaker.lock().expect("breaker lock");
+        b.failures += 1;
+        if b.failures >= TRIP_AFTER {
+            let now = Instant::now();
+            if b.closed(now) {
+                tracing::warn!(upstream = %self.upstream.name(), failures = b.failures, "circuit open");
+            }
+            b.open_until = Some(now + OPEN_FOR);
+        }
+    }
+
+    fn succeeded(&self) {
+        let mut b = self.breaker.lock().expect("breaker lock");
+        b.failures = 0;
+        b.open_until = None;
+    }
+
+    fn view(&self, hashes: &[cachet_backend::block_hash::BlockHash]) -> WorkerView {
+        let mut v = self.upstream.view(hashes);
+        v.healthy &= self
+            .breaker
+            .lock()
+            .expect("breaker lock")
+            .closed(Instant::now());
+        v
+    }
+}
+
+/// How a request was routed.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    /// The member's index and name.
+    pub member: usize,
+    pub upstream: String,
+    pub reason: &'static str,
+    pub predicted_cached_tokens: usize,
+    pub attempts: usize,
+}
+
+/// One member's load, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberLoad {
+    pub name: String,
+    pub inflight: usize,
+    /// Block hashes the gateway knows it holds (or remembers sending, for an estimated member).
+    pub cached_blocks: usize,
+}
+
+/// The members and the policy.
+pub struct Pool {
+    members: Vec<Member>,
+    policy: Box<dyn Policy>,
+    /// Block hashing as the engines do it (the tenant's salt is set per request).
+    hasher: HashContext,
+}
+
+impl Pool {
+    /// A pool of `upstreams` ordered by `policy`; `hasher` is the deployment's block hashing.
+    pub fn new(
+        upstreams: Vec<Arc<dyn Upstream>>,
+        policy: Box<dyn Policy>,
+        hasher: HashContext,
+    ) -> Self {
+        Pool {
+            members: upstreams
+                .into_iter()
+                .map(|upstream| Member {
+                    upstream,
+                    breaker: Default::default(),
+                })
+                .collect(),
+            policy,
+            hasher,
+        }
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Waits until at least `n` members are healthy, or `timeout`.
+    pub async fn wait_healthy(&self, n: usize, timeout: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if self.members.iter().filter(|m| m.view(&[]).healthy).count() >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// Routes `er` (its prompt also as `text`, for text-in members) and starts it on the first
+    /// member that takes it.
+    pub async fn submit(
+        &self,
+        er: &EngineRequest,
+        text: &str,
+        session_key: Option<&str>,
+    ) -> Result<(Events, Routed), UpstreamError> {
+        let hashes = HashContext {
+            salt: er.salt,
+            ..self.hasher.clone()
+        }
+        .hash_all(&er.prompt);
+        let views: Vec<WorkerView> = self.members.iter().map(|m| m.view(&hashes)).collect();
+        let decision = self.policy.route(
+            &RouteRequest {
+                prompt_blocks: hashes.len(),
+                session_key,
+            },
+            &views,
+        );
+        if decision.order.is_empty() {
+            return Err(UpstreamError::NoUpstream(self.members.len()));
+        }
+        let req = UpstreamRequest {
+            engine: er,
+            text,
+            hashes: &hashes,
+        };
+        let mut attempts = Vec::new();
+        for (n, &i) in decision.order.iter().enumerate() {
+            let m = &self.members[i];
+            let name = m.upstream.name().to_string();
+            match m.upstream.submit(req).await {
+                Ok(events) => {
+                    m.succeeded();
+                    return Ok((
+                        events,
+                        Routed {
+                            member: i,
+                            upstream: name,
+                            reason: if n == 0 { decision.reason } else { "failover" },
+                            predicted_cached_tokens: views[i].overlap_blocks
+                                * self.hasher.block_size,
+                            attempts: n + 1,
+                        },
+                    ));
+                }
+                Err(StartError::Rejected { status, message }) => {
+                    return Err(UpstreamError::Rejected {
+                        upstream: name,
+                        status,
+                        message,
+                    })
+                }
+                Err(StartError::Invalid(m)) => return Err(UpstreamError::InvalidRequest(m)),
+                Err(error @ StartError::Busy(_)) => attempts.push(Attempt {
+                    upstream: name,
+                    error,
+                }),
+                Err(error @ StartError::Failed(_)) => {
+                    m.failed();
+                    attempts.push(Attempt {
+                        upstream: name,
+                        error,
+                    });
+                }
+            }
+        }
+        let all_busy = attempts
+            .iter()
+            .all(|a| matches!(a.error, StartError::Busy(_)));
+        Err(if all_busy {
+            UpstreamError::Busy(Attempts(attempts))
+        } else {
+            UpstreamError::AllFailed(Attempts(attempts))
+        })
+    }
+
+    /// Each member's load, for metrics.
+    pub fn load(&self) -> Vec<MemberLoad> {
+        self.members
+            .iter()
+            .map(|m| MemberLoad {
+                name: m.upstream.name().to_string(),
+                inflight: m.upstream.inflight(),
+                cached_blocks: m.upstream.cached_blocks(),
+            })
+            .collect()
+    }
+}
