@@ -137,7 +137,12 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         other => panic!("{other:?}"),
     }
     // The same tokens as the engine in-process.
-    let e = cachet_tests::engine(m, 64, EngineConfig::default());
+    let e = cachet_tests::engine(
+        cachet_tests::DeviceKind::Cpu,
+        m,
+        64,
+        EngineConfig::default(),
+    );
     let mut r = cachet_tests::greedy_request(prompt.clone(), 12);
     r.ignore_eos = true;
     let local = cachet_tests::collect(e.handle().submit(r).unwrap());

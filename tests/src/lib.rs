@@ -8,7 +8,7 @@ use cachet_backend::device::ForwardBatch;
 use cachet_backend::kv::SimpleAllocator;
 use cachet_backend::loader::{self, fetch, LoadedModel};
 use cachet_backend::model::runner::{
-    build_runner, cpu_runner, DeviceKind, KvBudget, Runner, RunnerOptions, WeightSource,
+    build_runner, cpu_runner, KvBudget, Runner, RunnerOptions, WeightSource,
 };
 use cachet_backend::model::Logits;
 
@@ -42,43 +42,75 @@ pub fn tiny(name: &str) -> LoadedModel {
     loader::load(fixtures().join(name).to_str().unwrap(), false).unwrap()
 }
 
-/// The device the engine tests run on: `CACHET_TEST_DEVICE=cuda` runs them on the GPU (the
-/// fidelity tests against transformers stay on the f32 CPU reference).
-pub fn test_device() -> DeviceKind {
-    match std::env::var("CACHET_TEST_DEVICE").as_deref() {
-        Ok("cuda") => DeviceKind::Cuda,
-        _ => DeviceKind::Cpu,
-    }
+/// One test body run on every device (after candle's `test_device!`): `NAME::cpu` on the f32
+/// CPU reference (always runs) and `NAME::cuda` on the GPU — ignored with its reason unless the
+/// test binary runs with `--ignored` (or `--include-ignored`), never a silent pass. The body
+/// sees the device as `$dev: DeviceKind`.
+#[macro_export]
+macro_rules! device_test {
+    ($(#[$meta:meta])* fn $name:ident($dev:ident) $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            fn body($dev: $crate::DeviceKind) $body
+            #[test]
+            fn cpu() {
+                body($crate::DeviceKind::Cpu)
+            }
+            #[test]
+            #[ignore = "needs a CUDA GPU: run the test binary with --ignored on a GPU machine"]
+            fn cuda() {
+                body($crate::DeviceKind::Cuda)
+            }
+        }
+    };
 }
+
+/// A test only a GPU can run (CUDA graphs, bf16 kernels against the CPU reference): ignored
+/// with its reason unless the test binary runs with `--ignored`.
+#[macro_export]
+macro_rules! gpu_test {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $(#[$meta])*
+        #[test]
+        #[ignore = "needs a CUDA GPU: run the test binary with --ignored on a GPU machine"]
+        fn $name() $body
+    };
+}
+
+pub use cachet_backend::model::runner::DeviceKind;
 
 pub fn runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
     cpu_runner(&m.config, &m.weights, num_blocks, 16, 4096).unwrap()
 }
 
-/// A runner on [`test_device`].
-pub fn device_runner(m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
-    device_runner_with(m, num_blocks, Default::default())
+/// A runner on `dev`.
+pub fn device_runner(dev: DeviceKind, m: &LoadedModel, num_blocks: usize) -> Box<dyn Runner> {
+    device_runner_with(dev, m, num_blocks, Default::default())
 }
 
-/// A runner on [`test_device`] whose KV cache stores `dtype`.
+/// A runner on `dev` whose KV cache stores `dtype`.
 pub fn device_runner_with(
+    dev: DeviceKind,
     m: &LoadedModel,
     num_blocks: usize,
     dtype: cachet_backend::device::KvCacheDtype,
 ) -> Box<dyn Runner> {
-    device_runner_for(m, num_blocks, dtype, None)
+    device_runner_for(dev, m, num_blocks, dtype, None)
 }
 
-/// A runner on [`test_device`] whose KV cache stores `dtype`, with CUDA graphs for the
-/// verification steps of `spec` too (as `cachet serve` captures them).
+/// A runner on `dev` whose KV cache stores `dtype`, with CUDA graphs for the verification steps
+/// of `spec` too (as `cachet serve` captures them).
 pub fn device_runner_for(
+    dev: DeviceKind,
     m: &LoadedModel,
     num_blocks: usize,
     dtype: cachet_backend::device::KvCacheDtype,
     spec: Option<&cachet_backend::spec::SpecConfig>,
 ) -> Box<dyn Runner> {
     let opts = RunnerOptions {
-        device: test_device(),
+        device: dev,
         block_size: 16,
         max_model_len: 4096,
         kv: KvBudget::Blocks(num_blocks),
@@ -125,9 +157,15 @@ pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
 
-/// An engine over a CPU runner with `num_blocks` blocks of 16 tokens.
-pub fn engine(m: &LoadedModel, num_blocks: usize, cfg: EngineConfig) -> Engine {
-    let runner = device_runner_for(m, num_blocks, Default::default(), cfg.speculative.as_ref());
+/// An engine over a runner on `dev` with `num_blocks` blocks of 16 tokens.
+pub fn engine(dev: DeviceKind, m: &LoadedModel, num_blocks: usize, cfg: EngineConfig) -> Engine {
+    let runner = device_runner_for(
+        dev,
+        m,
+        num_blocks,
+        Default::default(),
+        cfg.speculative.as_ref(),
+    );
     Engine::start(runner, m.tokenizer.clone(), cfg)
 }
 
@@ -267,6 +305,7 @@ pub const NEAR_TIE: f32 = 0.25;
 /// is at a near tie: there a fresh forward pass over the common prefix must put both tokens
 /// within [`NEAR_TIE`] of the top logit (the divergence and its gap are printed).
 pub fn assert_greedy_agrees(
+    dev: DeviceKind,
     m: &LoadedModel,
     prompt: &[u32],
     want: &[u32],
@@ -277,10 +316,10 @@ pub fn assert_greedy_agrees(
         return;
     }
     assert!(
-        test_device() != DeviceKind::Cpu,
+        dev != DeviceKind::Cpu,
         "{what}: outputs differ\n want {want:?}\n  got {got:?}"
     );
-    let mut r = device_runner(m, (prompt.len() + want.len()).div_ceil(16) + 1);
+    let mut r = device_runner(dev, m, (prompt.len() + want.len()).div_ceil(16) + 1);
     let d = cachet_bench::fidelity::greedy_divergence(r.as_mut(), prompt, want, got)
         .unwrap()
         .unwrap_or_else(|| {

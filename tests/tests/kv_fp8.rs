@@ -1,7 +1,7 @@
 //! The FP8 KV cache (`--kv-cache-dtype fp8`): its e4m3 codec against `ml_dtypes.float8_e4m3fn`
 //! (Google's implementation, from PyPI), its fidelity against the device's own KV type on
 //! SmolLM2, its capacity, and prefix caching over FP8 blocks (the scales travel with the slots).
-//! Runs on [`test_device`] (`CACHET_TEST_DEVICE=cuda`: the CUDA kernels against bf16).
+//! The runner tests are `device_test!`s (on CUDA: the kernels against bf16).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -133,49 +133,51 @@ fn chat_prompts(n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-#[test]
-fn fp8_cache_stays_close_to_the_full_precision_cache_on_smollm2() {
-    let m = smollm2();
-    let mut reference = device_runner_with(m, 64, KvCacheDtype::Auto);
-    let mut fp8 = device_runner_with(m, 64, KvCacheDtype::Fp8E4m3);
-    // A ~600-token prompt of several chat prompts: logits of its last 32 positions.
-    let long: Vec<u32> = chat_prompts(12).concat().into_iter().take(600).collect();
-    let d = compare_logits(reference.as_mut(), fp8.as_mut(), &long, 32, 256).unwrap();
-    println!("{d:?}");
-    assert!(d.rel_err < 0.1, "{d:?}");
-    assert!(d.mean_kl < 0.02, "{d:?}");
-    assert!(d.top1_agreement >= 0.8, "{d:?}");
-    let g = greedy_agreement(reference.as_mut(), fp8.as_mut(), &chat_prompts(6), 24).unwrap();
-    println!("{g:?}");
-    assert!(g.agreement_rate >= 0.6 && g.identical >= 2, "{g:?}");
+device_test! {
+    fn fp8_cache_stays_close_to_the_full_precision_cache_on_smollm2(dev) {
+        let m = smollm2();
+        let mut reference = device_runner_with(dev, m, 64, KvCacheDtype::Auto);
+        let mut fp8 = device_runner_with(dev, m, 64, KvCacheDtype::Fp8E4m3);
+        // A ~600-token prompt of several chat prompts: logits of its last 32 positions.
+        let long: Vec<u32> = chat_prompts(12).concat().into_iter().take(600).collect();
+        let d = compare_logits(reference.as_mut(), fp8.as_mut(), &long, 32, 256).unwrap();
+        println!("{d:?}");
+        assert!(d.rel_err < 0.1, "{d:?}");
+        assert!(d.mean_kl < 0.02, "{d:?}");
+        assert!(d.top1_agreement >= 0.8, "{d:?}");
+        let g = greedy_agreement(reference.as_mut(), fp8.as_mut(), &chat_prompts(6), 24).unwrap();
+        println!("{g:?}");
+        assert!(g.agreement_rate >= 0.6 && g.identical >= 2, "{g:?}");
 
-    // The error is the cache's: with both caches full precision the logits are identical.
-    let mut again = device_runner_with(m, 64, KvCacheDtype::Auto);
-    let same = compare_logits(reference.as_mut(), again.as_mut(), &long, 32, 256).unwrap();
-    assert_eq!(same.max_abs_err, 0.0);
+        // The error is the cache's: with both caches full precision the logits are identical.
+        let mut again = device_runner_with(dev, m, 64, KvCacheDtype::Auto);
+        let same = compare_logits(reference.as_mut(), again.as_mut(), &long, 32, 256).unwrap();
+        assert_eq!(same.max_abs_err, 0.0);
+    }
 }
 
-#[test]
-fn prefix_cache_hits_over_fp8_blocks_give_the_cold_answer() {
-    let m = smollm2();
-    let cfg = EngineConfig::default();
-    let runner = device_runner_with(m, 128, KvCacheDtype::Fp8E4m3);
-    assert_eq!(runner.kv_layout().dtype, KvCacheDtype::Fp8E4m3);
-    let engine = Engine::start(runner, m.tokenizer.clone(), cfg);
-    let prompt = chat_prompts(1).remove(0);
-    assert!(prompt.len() > 48, "the prompt spans several blocks");
-    let h = engine.handle();
-    let cold = collect(h.submit(greedy_request(prompt.clone(), 24)).unwrap());
-    let warm = collect(h.submit(greedy_request(prompt.clone(), 24)).unwrap());
-    assert_eq!(cold.usage.cached_tokens, 0);
-    assert!(
-        warm.usage.cached_tokens >= prompt.len() / 16 * 16 - 16,
-        "cached {} of {}",
-        warm.usage.cached_tokens,
-        prompt.len()
-    );
-    assert_eq!(
-        warm.tokens, cold.tokens,
-        "a prefix hit over FP8 blocks changed the answer"
-    );
+device_test! {
+    fn prefix_cache_hits_over_fp8_blocks_give_the_cold_answer(dev) {
+        let m = smollm2();
+        let cfg = EngineConfig::default();
+        let runner = device_runner_with(dev, m, 128, KvCacheDtype::Fp8E4m3);
+        assert_eq!(runner.kv_layout().dtype, KvCacheDtype::Fp8E4m3);
+        let engine = Engine::start(runner, m.tokenizer.clone(), cfg);
+        let prompt = chat_prompts(1).remove(0);
+        assert!(prompt.len() > 48, "the prompt spans several blocks");
+        let h = engine.handle();
+        let cold = collect(h.submit(greedy_request(prompt.clone(), 24)).unwrap());
+        let warm = collect(h.submit(greedy_request(prompt.clone(), 24)).unwrap());
+        assert_eq!(cold.usage.cached_tokens, 0);
+        assert!(
+            warm.usage.cached_tokens >= prompt.len() / 16 * 16 - 16,
+            "cached {} of {}",
+            warm.usage.cached_tokens,
+            prompt.len()
+        );
+        assert_eq!(
+            warm.tokens, cold.tokens,
+            "a prefix hit over FP8 blocks changed the answer"
+        );
+    }
 }

@@ -1,14 +1,14 @@
-//! Token selection against the host sampler's distribution: on the CPU (host sampler) and, with
-//! `CACHET_TEST_DEVICE=cuda`, the GPU sampling kernel (greedy, temperature, top-k, top-p, seeded).
+//! Token selection against the host sampler's distribution: on the CPU (host sampler) and, in
+//! the `::cuda` variant (`--ignored` on a GPU), the GPU sampling kernel (greedy, temperature,
+//! top-k, top-p, seeded).
 
 use cachet_backend::device::cpu::CpuDevice;
 use cachet_backend::device::cuda::CudaDevice;
 use cachet_backend::device::{Device, RowSampling};
 use cachet_backend::loader::HostTensor;
-use cachet_backend::model::runner::DeviceKind;
 use cachet_backend::rng::Rng;
 use cachet_backend::sampler::{self, SamplingParams};
-use cachet_tests::test_device;
+use cachet_tests::DeviceKind;
 
 const LOGITS: [f32; 8] = [2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, 2.5];
 const ROWS: usize = 8192;
@@ -93,10 +93,11 @@ fn check<D: Device>(dev: &D) {
     }
 }
 
-#[test]
-fn sampling_follows_the_distribution_and_reproduces() {
-    match test_device() {
-        DeviceKind::Cuda => check(&CudaDevice::new(0, 16, Default::default()).unwrap()),
-        _ => check(&CpuDevice::new()),
+cachet_tests::device_test! {
+    fn sampling_follows_the_distribution_and_reproduces(dev) {
+        match dev {
+            DeviceKind::Cuda => check(&CudaDevice::new(0, 16, Default::default()).unwrap()),
+            _ => check(&CpuDevice::new()),
+        }
     }
 }

@@ -39,6 +39,7 @@ fn copy_prompts() -> Vec<Vec<u32>> {
 }
 
 fn run(
+    dev: DeviceKind,
     m: &cachet_backend::loader::LoadedModel,
     speculative: Option<SpecConfig>,
     requests: Vec<cachet_backend::request::EngineRequest>,
@@ -49,7 +50,7 @@ fn run(
         max_waiting_tokens: usize::MAX,
         ..Default::default()
     };
-    let e = engine(m, 256, cfg);
+    let e = engine(dev, m, 256, cfg);
     let h = e.handle();
     let streams: Vec<_> = requests.into_iter().map(|r| h.submit(r).unwrap()).collect();
     let out: Vec<Collected> = streams.into_iter().map(collect).collect();
@@ -57,123 +58,127 @@ fn run(
     (out, h.stats())
 }
 
-#[test]
-fn greedy_output_is_identical_with_speculation_and_takes_fewer_steps() {
-    let m = smollm2();
-    let reqs = || {
-        copy_prompts()
-            .into_iter()
-            .map(|p| greedy_request(p, 48))
-            .collect::<Vec<_>>()
-    };
-    let (off, s_off) = run(m, None, reqs());
-    let (on, s_on) = run(m, spec(|_| {}), reqs());
-    for ((a, b), p) in off.iter().zip(&on).zip(copy_prompts()) {
-        let what = format!("{:?} vs {:?}", a.text, b.text);
-        assert_greedy_agrees(m, &p, &a.tokens, &b.tokens, &what);
-        assert_eq!(b.tokens.len(), b.usage.completion_tokens);
-    }
-    let c = s_on.counters;
-    assert!(
-        c.spec_draft_tokens > 0 && c.spec_accepted_tokens > 0,
-        "{c:?}"
-    );
-    assert!(
-        c.spec_acceptance_lengths.iter().sum::<u64>() > 0,
-        "verifications recorded"
-    );
-    assert!(
-        c.steps < s_off.counters.steps,
-        "{} steps with speculation, {} without",
-        c.steps,
-        s_off.counters.steps
-    );
-    assert_eq!(s_off.counters.spec_draft_tokens, 0);
-    // Rolled-back slots are returned: nothing is held once every request is done.
-    assert_eq!(s_on.kv.used, 0, "{:?}", s_on.kv);
-    eprintln!(
-        "{} steps → {}; drafts {} accepted {} ({:?})",
-        s_off.counters.steps,
-        c.steps,
-        c.spec_draft_tokens,
-        c.spec_accepted_tokens,
-        &c.spec_acceptance_lengths[..5]
-    );
-}
-
-#[test]
-fn stop_strings_and_lengths_hold_when_a_step_accepts_several_tokens() {
-    let m = smollm2();
-    let p = copy_prompts()[0].clone();
-    let (full, _) = run(m, spec(|_| {}), vec![greedy_request(p.clone(), 40)]);
-    let text = &full[0].text;
-    // A stop string inside a run of accepted drafts: the text ends right before it, and the
-    // usage counts the tokens sent, not the ones verified past it.
-    let at = text.find(" fox").expect("the sentence is repeated");
-    let mut r = greedy_request(p.clone(), 40);
-    r.stop = vec![" fox".into()];
-    let (cut, _) = run(m, spec(|_| {}), vec![r]);
-    assert_eq!(cut[0].text, text[..at]);
-    assert!(cut[0].usage.completion_tokens <= full[0].usage.completion_tokens);
-    assert_eq!(cut[0].tokens.len(), cut[0].usage.completion_tokens);
-    // max_tokens is never exceeded by a bonus token.
-    for n in [1usize, 2, 5, 9] {
-        let (o, _) = run(m, spec(|_| {}), vec![greedy_request(p.clone(), n)]);
-        assert_eq!(o[0].tokens, full[0].tokens[..n], "max_tokens {n}");
+device_test! {
+    fn greedy_output_is_identical_with_speculation_and_takes_fewer_steps(dev) {
+        let m = smollm2();
+        let reqs = || {
+            copy_prompts()
+                .into_iter()
+                .map(|p| greedy_request(p, 48))
+                .collect::<Vec<_>>()
+        };
+        let (off, s_off) = run(dev, m, None, reqs());
+        let (on, s_on) = run(dev, m, spec(|_| {}), reqs());
+        for ((a, b), p) in off.iter().zip(&on).zip(copy_prompts()) {
+            let what = format!("{:?} vs {:?}", a.text, b.text);
+            assert_greedy_agrees(dev, m, &p, &a.tokens, &b.tokens, &what);
+            assert_eq!(b.tokens.len(), b.usage.completion_tokens);
+        }
+        let c = s_on.counters;
+        assert!(
+            c.spec_draft_tokens > 0 && c.spec_accepted_tokens > 0,
+            "{c:?}"
+        );
+        assert!(
+            c.spec_acceptance_lengths.iter().sum::<u64>() > 0,
+            "verifications recorded"
+        );
+        assert!(
+            c.steps < s_off.counters.steps,
+            "{} steps with speculation, {} without",
+            c.steps,
+            s_off.counters.steps
+        );
+        assert_eq!(s_off.counters.spec_draft_tokens, 0);
+        // Rolled-back slots are returned: nothing is held once every request is done.
+        assert_eq!(s_on.kv.used, 0, "{:?}", s_on.kv);
+        eprintln!(
+            "{} steps → {}; drafts {} accepted {} ({:?})",
+            s_off.counters.steps,
+            c.steps,
+            c.spec_draft_tokens,
+            c.spec_accepted_tokens,
+            &c.spec_acceptance_lengths[..5]
+        );
     }
 }
 
-#[test]
-fn no_cached_block_ever_holds_a_rejected_draft() {
-    // A random tiny model rejects most drafts; the prompt repeats itself so drafts are
-    // proposed at every step. Stored blocks must be exactly the blocks of accepted tokens.
-    let m = tiny("tiny-gqa-llama3");
-    let prompt: Vec<u32> = (1..40).chain(1..40).collect();
-    let cfg = EngineConfig {
-        speculative: spec(|c| {
-            c.prompt_lookup_min = 1;
-            c.min_acceptance_rate = 0.0;
-            c.min_speedup = 0.0;
-        }),
-        ..Default::default()
-    };
-    let e = engine(&m, 64, cfg);
-    let h = e.handle();
-    let mut events = h.subscribe_kv_events();
-    let mut r = greedy_request(prompt.clone(), 60);
-    r.salt = [5; 32];
-    let c = collect(h.submit(r).unwrap());
-    std::thread::sleep(Duration::from_millis(20));
-    let stats = h.stats().counters;
-    assert!(
-        stats.spec_draft_tokens > stats.spec_accepted_tokens,
-        "{stats:?}"
-    );
-    let all: Vec<u32> = [prompt, c.tokens.clone()].concat();
-    let want = h.hash_context([5; 32]).hash_all(&all[..all.len() - 1]);
-    let mut stored = Vec::new();
-    while let Ok(batch) = events.try_recv() {
-        for ev in batch {
-            if let KvEvent::Stored { hashes } = ev {
-                stored.extend(hashes);
-            }
+device_test! {
+    fn stop_strings_and_lengths_hold_when_a_step_accepts_several_tokens(dev) {
+        let m = smollm2();
+        let p = copy_prompts()[0].clone();
+        let (full, _) = run(dev, m, spec(|_| {}), vec![greedy_request(p.clone(), 40)]);
+        let text = &full[0].text;
+        // A stop string inside a run of accepted drafts: the text ends right before it, and the
+        // usage counts the tokens sent, not the ones verified past it.
+        let at = text.find(" fox").expect("the sentence is repeated");
+        let mut r = greedy_request(p.clone(), 40);
+        r.stop = vec![" fox".into()];
+        let (cut, _) = run(dev, m, spec(|_| {}), vec![r]);
+        assert_eq!(cut[0].text, text[..at]);
+        assert!(cut[0].usage.completion_tokens <= full[0].usage.completion_tokens);
+        assert_eq!(cut[0].tokens.len(), cut[0].usage.completion_tokens);
+        // max_tokens is never exceeded by a bonus token.
+        for n in [1usize, 2, 5, 9] {
+            let (o, _) = run(dev, m, spec(|_| {}), vec![greedy_request(p.clone(), n)]);
+            assert_eq!(o[0].tokens, full[0].tokens[..n], "max_tokens {n}");
         }
     }
-    assert_eq!(stored, want);
-    // And the output is the non-speculative one.
-    let e = engine(&m, 64, EngineConfig::default());
-    let base = collect(
-        e.handle()
-            .submit(greedy_request((1..40).chain(1..40).collect(), 60))
-            .unwrap(),
-    );
-    assert_greedy_agrees(
-        &m,
-        &(1..40).chain(1..40).collect::<Vec<_>>(),
-        &base.tokens,
-        &c.tokens,
-        "spec vs base",
-    );
+}
+
+device_test! {
+    fn no_cached_block_ever_holds_a_rejected_draft(dev) {
+        // A random tiny model rejects most drafts; the prompt repeats itself so drafts are
+        // proposed at every step. Stored blocks must be exactly the blocks of accepted tokens.
+        let m = tiny("tiny-gqa-llama3");
+        let prompt: Vec<u32> = (1..40).chain(1..40).collect();
+        let cfg = EngineConfig {
+            speculative: spec(|c| {
+                c.prompt_lookup_min = 1;
+                c.min_acceptance_rate = 0.0;
+                c.min_speedup = 0.0;
+            }),
+            ..Default::default()
+        };
+        let e = engine(dev, &m, 64, cfg);
+        let h = e.handle();
+        let mut events = h.subscribe_kv_events();
+        let mut r = greedy_request(prompt.clone(), 60);
+        r.salt = [5; 32];
+        let c = collect(h.submit(r).unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+        let stats = h.stats().counters;
+        assert!(
+            stats.spec_draft_tokens > stats.spec_accepted_tokens,
+            "{stats:?}"
+        );
+        let all: Vec<u32> = [prompt, c.tokens.clone()].concat();
+        let want = h.hash_context([5; 32]).hash_all(&all[..all.len() - 1]);
+        let mut stored = Vec::new();
+        while let Ok(batch) = events.try_recv() {
+            for ev in batch {
+                if let KvEvent::Stored { hashes } = ev {
+                    stored.extend(hashes);
+                }
+            }
+        }
+        assert_eq!(stored, want);
+        // And the output is the non-speculative one.
+        let e = engine(dev, &m, 64, EngineConfig::default());
+        let base = collect(
+            e.handle()
+                .submit(greedy_request((1..40).chain(1..40).collect(), 60))
+                .unwrap(),
+        );
+        assert_greedy_agrees(
+            dev,
+            &m,
+            &(1..40).chain(1..40).collect::<Vec<_>>(),
+            &base.tokens,
+            &c.tokens,
+            "spec vs base",
+        );
+    }
 }
 
 #[test]
@@ -183,14 +188,12 @@ fn sampled_speculation_keeps_the_target_distribution() {
     // B, the model's own greedy continuation G of B, then B again: the likely first tokens
     // occur in G, so the drafts (what followed them there) are tokens the model often picks
     // too, and both acceptance and rejection are exercised.
-    if test_device() != cachet_backend::model::runner::DeviceKind::Cpu {
-        // Devices that sample on the device do not speculate for sampled requests.
-        eprintln!("sampled speculation runs on host-sampling devices only");
-        return;
-    }
+    // Host sampling only: devices that sample on the GPU do not speculate for sampled
+    // requests (the draw is the device's, not verifiable exactly), so this is a CPU test.
+    let dev = DeviceKind::Cpu;
     let m = tiny("tiny-gqa-llama3");
     let b: Vec<u32> = (1..60).collect();
-    let g = run(&m, None, vec![greedy_request(b.clone(), 8)]).0[0]
+    let g = run(dev, &m, None, vec![greedy_request(b.clone(), 8)]).0[0]
         .tokens
         .clone();
     let prompt: Vec<u32> = [b.clone(), g, b].concat();
@@ -209,8 +212,9 @@ fn sampled_speculation_keeps_the_target_distribution() {
             })
             .collect::<Vec<_>>()
     };
-    let (off, _) = run(&m, None, reqs());
+    let (off, _) = run(dev, &m, None, reqs());
     let (on, stats) = run(
+        dev,
         &m,
         spec(|c| {
             c.prompt_lookup_min = 1;
@@ -274,63 +278,67 @@ fn sampled_speculation_keeps_the_target_distribution() {
     }
 }
 
-#[test]
-fn speculation_stands_down_under_load_and_after_rejections() {
-    let m = tiny("tiny-gqa-llama3");
-    let prompt: Vec<u32> = (1..40).chain(1..40).collect();
-    let reqs = |k: usize| {
-        (0..k)
-            .map(|_| greedy_request(prompt.clone(), 40))
-            .collect::<Vec<_>>()
-    };
-    let keen = |c: &mut SpecConfig| {
-        c.prompt_lookup_min = 1;
-        c.min_acceptance_rate = 0.0;
-        c.min_speedup = 0.0;
-    };
-    // Eager: drafts at (almost) every step.
-    let (base, s) = run(&m, spec(keen), reqs(1));
-    let eager = s.counters.spec_draft_tokens;
-    let verifications = |c: &cachet_backend::scheduler::SchedulerCounters| {
-        c.spec_acceptance_lengths.iter().sum::<u64>()
-    };
-    let eager_checks = verifications(&s.counters);
-    assert!(eager >= 10 && eager_checks >= 4, "{:?}", s.counters);
-    // With more decoding requests than disable_by_batch_size, none at all, same output.
-    let (loaded, s) = run(
-        &m,
-        spec(|c| {
-            keen(c);
-            c.disable_by_batch_size = 2;
-        }),
-        reqs(3),
-    );
-    assert_eq!(s.counters.spec_draft_tokens, 0, "{:?}", s.counters);
-    assert_eq!(s.counters.spec_active, 0);
-    for r in &loaded {
-        assert_greedy_agrees(&m, &prompt, &base[0].tokens, &r.tokens, "under load");
+device_test! {
+    fn speculation_stands_down_under_load_and_after_rejections(dev) {
+        let m = tiny("tiny-gqa-llama3");
+        let prompt: Vec<u32> = (1..40).chain(1..40).collect();
+        let reqs = |k: usize| {
+            (0..k)
+                .map(|_| greedy_request(prompt.clone(), 40))
+                .collect::<Vec<_>>()
+        };
+        let keen = |c: &mut SpecConfig| {
+            c.prompt_lookup_min = 1;
+            c.min_acceptance_rate = 0.0;
+            c.min_speedup = 0.0;
+        };
+        // Eager: drafts at (almost) every step.
+        let (base, s) = run(dev, &m, spec(keen), reqs(1));
+        let eager = s.counters.spec_draft_tokens;
+        let verifications = |c: &cachet_backend::scheduler::SchedulerCounters| {
+            c.spec_acceptance_lengths.iter().sum::<u64>()
+        };
+        let eager_checks = verifications(&s.counters);
+        assert!(eager >= 10 && eager_checks >= 4, "{:?}", s.counters);
+        // With more decoding requests than disable_by_batch_size, none at all, same output.
+        let (loaded, s) = run(
+            dev,
+            &m,
+            spec(|c| {
+                keen(c);
+                c.disable_by_batch_size = 2;
+            }),
+            reqs(3),
+        );
+        assert_eq!(s.counters.spec_draft_tokens, 0, "{:?}", s.counters);
+        assert_eq!(s.counters.spec_active, 0);
+        for r in &loaded {
+            assert_greedy_agrees(dev, &m, &prompt, &base[0].tokens, &r.tokens, "under load");
+        }
+        // A request whose drafts keep failing cools down (an acceptance bar no draft run meets,
+        // and a cool-down longer than the output): one verification, then none.
+        let (cooled, s) = run(
+            dev,
+            &m,
+            spec(|c| {
+                keen(c);
+                c.min_acceptance_rate = 1.0;
+                c.cooldown_steps = 1000;
+            }),
+            reqs(1),
+        );
+        let checks = verifications(&s.counters);
+        assert!(
+            checks < eager_checks,
+            "{checks} verifications with a cool-down vs {eager_checks} without"
+        );
+        assert_greedy_agrees(
+            dev,
+            &m,
+            &prompt,
+            &base[0].tokens,
+            &cooled[0].tokens,
+            "cooled down",
+        );
     }
-    // A request whose drafts keep failing cools down (an acceptance bar no draft run meets,
-    // and a cool-down longer than the output): one verification, then none.
-    let (cooled, s) = run(
-        &m,
-        spec(|c| {
-            keen(c);
-            c.min_acceptance_rate = 1.0;
-            c.cooldown_steps = 1000;
-        }),
-        reqs(1),
-    );
-    let checks = verifications(&s.counters);
-    assert!(
-        checks < eager_checks,
-        "{checks} verifications with a cool-down vs {eager_checks} without"
-    );
-    assert_greedy_agrees(
-        &m,
-        &prompt,
-        &base[0].tokens,
-        &cooled[0].tokens,
-        "cooled down",
-    );
 }

@@ -1,0 +1,187 @@
+//! What the `cachet serve` tests share: a server started on SmolLM2 (CPU) with a tenants
+//! config, test certificates, and small HTTP clients (curl, raw sockets).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use cachet_tests::free_port;
+
+/// A running `cachet serve`, killed when dropped.
+pub struct Server(pub Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The `openai` and `prometheus_client` packages, pip-installed under the target directory.
+pub fn openai_site() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-openai");
+    cachet_tests::pip_target(dir, &["openai", "prometheus_client"], "prometheus_client")
+}
+
+pub fn key_hash(key: &str) -> String {
+    cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
+}
+
+/// Starts `cachet serve` and waits for its port.
+pub fn start(config: &str) -> (Server, String) {
+    start_with(config, &[])
+}
+
+/// Starts `cachet serve` with TLS; returns the https:// base URL.
+pub fn start_tls(config: &str, cert: &std::path::Path, key: &std::path::Path) -> (Server, String) {
+    let (server, base) = start_with(
+        config,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    (server, base.replace("http://", "https://"))
+}
+
+pub fn start_with(config: &str, extra: &[&str]) -> (Server, String) {
+    cachet_tests::smollm2_path();
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("cachet-serve-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("tenants.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .args([
+            "serve",
+            "--model",
+            "smollm2",
+            "--device",
+            "cpu",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--listen",
+        ])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "cachet serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (server, base)
+}
+
+/// A test CA and a server certificate for localhost / 127.0.0.1 signed by it, as PEM files.
+pub fn make_certs(dir: &std::path::Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("cachet test CA {tag}"));
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca, crt, k) = (
+        dir.join(format!("ca-{tag}.pem")),
+        dir.join(format!("server-{tag}.pem")),
+        dir.join(format!("server-{tag}.key")),
+    );
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    std::fs::write(&crt, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (ca, crt, k)
+}
+
+pub fn curl(args: &[&str]) -> (bool, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60"])
+        .args(args)
+        .output()
+        .expect("curl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// Sends a raw HTTP/1.1 POST and returns the connection (the response is left to the caller).
+pub fn post_raw(addr: &str, key: &str, path: &str, body: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+/// One HTTP call with curl: (status, JSON body).
+pub fn http(
+    method: &str,
+    url: &str,
+    key: &str,
+    body: Option<&std::path::Path>,
+) -> (u16, serde_json::Value) {
+    let mut c = Command::new("curl");
+    c.args([
+        "-sS",
+        "--max-time",
+        "60",
+        "-X",
+        method,
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+    ])
+    .args(["-H", &format!("authorization: Bearer {key}")]);
+    if let Some(p) = body {
+        c.arg("--data-binary").arg(format!("@{}", p.display()));
+    }
+    let out = c.arg(url).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (json, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(json).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+pub fn http_json(
+    method: &str,
+    url: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let f = std::env::temp_dir().join(format!(
+        "cachet-body-{}-{}.json",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::write(&f, body.to_string()).unwrap();
+    let r = http(method, url, key, Some(&f));
+    let _ = std::fs::remove_file(f);
+    r
+}

@@ -1,0 +1,8 @@
+//! `cachet serve` end to end (SmolLM2 on the CPU), by area; one test binary.
+
+mod common;
+mod config_reload;
+mod openai_client;
+mod reliability;
+mod templates;
+mod tls;
