@@ -98,7 +98,7 @@ impl EngineCore {
                         emitted: 0,
                     },
                 );
-                self.sched.add(id, req, hasher, arrival);
+                self.sched.add(id, *req, hasher, arrival);
             }
             Command::Cancel(id) => self.finish(id, FinishReason::Cancelled, None),
             Command::Shutdown => {

@@ -91,7 +91,7 @@ impl EngineStats {
 pub(crate) enum Command {
     Add {
         id: RequestId,
-        req: EngineRequest,
+        req: Box<EngineRequest>,
         arrival: Instant,
         tx: tmpsc::UnboundedSender<EngineEvent>,
     },
@@ -333,7 +333,7 @@ impl EngineHandle {
             .cmd
             .send(Command::Add {
                 id,
-                req,
+                req: Box::new(req),
                 arrival: Instant::now(),
                 tx,
             })

@@ -37,6 +37,10 @@ pub enum LogFormat {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once at start-up; boxing clap's argument structs buys nothing"
+)]
 pub enum Command {
     /// Serve the OpenAI-compatible API for many tenants over the embedded engine.
     Serve(serve::ServeArgs),
