@@ -417,20 +417,8 @@ impl Scheduler {
             };
             if !sc.drafts.is_empty() {
                 // The accepted drafts, then the model's own token; a finish stops the run.
-                let mut emitted = 0;
-                for &tok in &got.tokens {
-                    emitted += 1;
-                    self.counters.generated_tokens += 1;
-                    let finish = s.append(tok, now, max_model_len);
-                    produced.push(StepToken {
-                        id: s.id,
-                        token: tok,
-                        finish,
-                    });
-                    if finish.is_some() {
-                        break;
-                    }
-                }
+                let emitted = append_tokens(s, &got.tokens, now, max_model_len, &mut produced);
+                self.counters.generated_tokens += emitted as u64;
                 let accepted = got.accepted_drafts.min(emitted);
                 // Positions up to the last emitted token hold the right K/V (the last known token
                 // and the accepted drafts); slots past them are rolled back.
@@ -449,19 +437,11 @@ impl Scheduler {
                 self.counters.prompt_tokens_computed +=
                     (s.num_computed.min(s.prompt_len) - sc.num_computed) as u64;
             }
-            if !sc.sample {
-                continue;
+            if sc.sample {
+                let one = &got.tokens[..got.tokens.len().min(1)];
+                let emitted = append_tokens(s, one, now, max_model_len, &mut produced);
+                self.counters.generated_tokens += emitted as u64;
             }
-            let Some(&tok) = got.tokens.first() else {
-                continue;
-            };
-            self.counters.generated_tokens += 1;
-            let finish = s.append(tok, now, max_model_len);
-            produced.push(StepToken {
-                id: s.id,
-                token: tok,
-                finish,
-            });
         }
         produced
     }
@@ -484,4 +464,27 @@ impl Scheduler {
             .max()
             .unwrap_or_default()
     }
+}
+
+/// Appends `tokens` to `s` until one of them finishes it, each as a [`StepToken`]; how many were
+/// appended.
+fn append_tokens(
+    s: &mut Seq,
+    tokens: &[u32],
+    now: Instant,
+    max_model_len: usize,
+    produced: &mut Vec<StepToken>,
+) -> usize {
+    for (n, &tok) in tokens.iter().enumerate() {
+        let finish = s.append(tok, now, max_model_len);
+        produced.push(StepToken {
+            id: s.id,
+            token: tok,
+            finish,
+        });
+        if finish.is_some() {
+            return n + 1;
+        }
+    }
+    tokens.len()
 }

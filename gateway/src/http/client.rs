@@ -68,6 +68,41 @@ pub async fn send(
         .map_err(|e| ClientError::Connect(e.to_string()))
 }
 
+/// A remote server: its base URL, its bearer token, and the client that reaches it.
+pub struct Endpoint {
+    /// The base URL, without a trailing `/`.
+    pub url: String,
+    token: Option<String>,
+    client: Client,
+}
+
+impl Endpoint {
+    pub fn new(url: &str, token: Option<String>, connect_timeout: Duration) -> Self {
+        Endpoint {
+            url: url.trim_end_matches('/').to_string(),
+            token,
+            client: client(connect_timeout),
+        }
+    }
+
+    /// Sends `method path` with `body` and waits at most `timeout` for the response head.
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<hyper::Response<Incoming>, ClientError> {
+        let req = request(
+            method,
+            &format!("{}{path}", self.url),
+            self.token.as_deref(),
+            body,
+        );
+        send(&self.client, req, timeout).await
+    }
+}
+
 /// A response's whole body.
 pub async fn read_body(resp: hyper::Response<Incoming>) -> Result<Bytes, ClientError> {
     resp.into_body()

@@ -23,7 +23,7 @@ use super::{
     wait_limit, BoxFuture, EventStream, Events, StartError, Tally, TallyGuard, Timeouts, Upstream,
     UpstreamRequest, DOWN_AFTER, POLL,
 };
-use crate::http::client::{self, Client, Lines};
+use crate::http::client::{self, Endpoint, Lines};
 use crate::route::WorkerView;
 
 #[derive(Debug, Default)]
@@ -34,12 +34,10 @@ struct Health {
 
 /// An OpenAI-compatible server.
 pub struct OpenAi {
-    url: String,
+    /// Its base URL and API key (sent as a bearer token).
+    ep: Endpoint,
     /// The model name the server serves.
     model: String,
-    /// Its API key (sent as a bearer token).
-    api_key: Option<String>,
-    client: Client,
     timeouts: Timeouts,
     /// Consecutive failed health checks, and whether one ever succeeded.
     health: Mutex<Health>,
@@ -59,10 +57,8 @@ impl OpenAi {
         timeouts: Timeouts,
     ) -> Arc<Self> {
         let o = Arc::new(OpenAi {
-            url: url.trim_end_matches('/').to_string(),
+            ep: Endpoint::new(url, api_key, timeouts.connect),
             model,
-            api_key,
-            client: client::client(timeouts.connect),
             timeouts,
             health: Default::default(),
             history: Mutex::new(LruCache::new(
@@ -72,20 +68,6 @@ impl OpenAi {
         });
         tokio::spawn(o.clone().poll());
         o
-    }
-
-    fn request(
-        &self,
-        method: &str,
-        path: &str,
-        body: Bytes,
-    ) -> hyper::Request<http_body_util::Full<Bytes>> {
-        client::request(
-            method,
-            &format!("{}{path}", self.url),
-            self.api_key.as_deref(),
-            body,
-        )
     }
 
     /// Records a prompt sent there.
@@ -105,12 +87,10 @@ impl OpenAi {
     async fn poll(self: Arc<Self>) {
         loop {
             let got = async {
-                let resp = client::send(
-                    &self.client,
-                    self.request("GET", "/v1/models", Bytes::new()),
-                    Duration::from_secs(2),
-                )
-                .await?;
+                let resp = self
+                    .ep
+                    .send("GET", "/v1/models", Bytes::new(), Duration::from_secs(2))
+                    .await?;
                 if resp.status().is_success() {
                     Ok(())
                 } else {
@@ -123,14 +103,14 @@ impl OpenAi {
                 match got {
                     Ok(()) => {
                         if !h.seen_up || h.failures > 0 {
-                            tracing::info!(upstream = %self.url, "OpenAI-compatible upstream up");
+                            tracing::info!(upstream = %self.ep.url, "OpenAI-compatible upstream up");
                         }
                         h.seen_up = true;
                         h.failures = 0;
                     }
                     Err(e) => {
                         if h.failures == 0 {
-                            tracing::warn!(upstream = %self.url, error = %e, "health check failed");
+                            tracing::warn!(upstream = %self.ep.url, error = %e, "health check failed");
                         }
                         h.failures += 1;
                     }
@@ -282,7 +262,7 @@ impl EventStream for Stream {
 
 impl Upstream for OpenAi {
     fn name(&self) -> &str {
-        &self.url
+        &self.ep.url
     }
 
     fn view(&self, hashes: &[BlockHash]) -> WorkerView {
@@ -316,10 +296,12 @@ impl Upstream for OpenAi {
             if !er.tag.is_empty() {
                 body["user"] = er.tag.clone().into();
             }
-            let req_http = self.request("POST", "/v1/completions", Bytes::from(body.to_string()));
+            let body = Bytes::from(body.to_string());
             let mut tally = self.tally.start();
             let limit = wait_limit(er.deadline, self.timeouts.first_event);
-            let resp = client::send(&self.client, req_http, limit)
+            let resp = self
+                .ep
+                .send("POST", "/v1/completions", body, limit)
                 .await
                 .map_err(|e| StartError::Failed(e.to_string()))?;
             let status = resp.status();
@@ -336,7 +318,7 @@ impl Upstream for OpenAi {
             }
             tally.accepted();
             let mut stream = Stream {
-                url: self.url.clone(),
+                url: self.ep.url.clone(),
                 lines: Lines::new(resp.into_body()),
                 pending: VecDeque::new(),
                 started: Instant::now(),

@@ -15,7 +15,7 @@ use super::{
     broken, wait_limit, BoxFuture, EventStream, Events, StartError, Tally, TallyGuard, Timeouts,
     Upstream, UpstreamRequest, DOWN_AFTER, POLL,
 };
-use crate::http::client::{self, Client, ClientError, Lines};
+use crate::http::client::{self, ClientError, Endpoint, Lines};
 use crate::protocol::{hex, GenerateRequest, KvWire, StateReply, WireEvent};
 use crate::route::WorkerView;
 
@@ -31,9 +31,7 @@ struct Health {
 }
 
 pub struct Worker {
-    url: String,
-    client: Client,
-    token: Option<String>,
+    ep: Endpoint,
     timeouts: Timeouts,
     health: Mutex<Health>,
     blocks: BlockSet,
@@ -51,9 +49,7 @@ impl Worker {
         timeouts: Timeouts,
     ) -> Arc<Self> {
         let w = Arc::new(Worker {
-            url: url.trim_end_matches('/').to_string(),
-            client: client::client(timeouts.connect),
-            token,
+            ep: Endpoint::new(url, token, timeouts.connect),
             timeouts,
             health: Default::default(),
             blocks: Default::default(),
@@ -64,27 +60,11 @@ impl Worker {
         w
     }
 
-    fn request(
-        &self,
-        method: &str,
-        path: &str,
-        body: Bytes,
-    ) -> hyper::Request<http_body_util::Full<Bytes>> {
-        client::request(
-            method,
-            &format!("{}{path}", self.url),
-            self.token.as_deref(),
-            body,
-        )
-    }
-
     async fn state(&self) -> Result<StateReply, ClientError> {
-        let resp = client::send(
-            &self.client,
-            self.request("GET", "/v1/state", Bytes::new()),
-            Duration::from_secs(2),
-        )
-        .await?;
+        let resp = self
+            .ep
+            .send("GET", "/v1/state", Bytes::new(), Duration::from_secs(2))
+            .await?;
         if !resp.status().is_success() {
             return Err(client::status_error(resp).await);
         }
@@ -100,11 +80,11 @@ impl Worker {
                 Ok(s) => {
                     let mut h = self.health.lock().expect("health lock");
                     if s.key_id != key_id && !h.key_mismatch {
-                        tracing::error!(worker = %self.url, "the worker's hash key differs from the gateway's (--hash-key-file): its cache is invisible to prefix routing");
+                        tracing::error!(worker = %self.ep.url, "the worker's hash key differs from the gateway's (--hash-key-file): its cache is invisible to prefix routing");
                     }
                     h.key_mismatch = s.key_id != key_id;
                     if h.state.is_none() || h.failures > 0 {
-                        tracing::info!(worker = %self.url, "worker up");
+                        tracing::info!(worker = %self.ep.url, "worker up");
                     }
                     h.state = Some(s);
                     h.finished_at_report = mark;
@@ -113,7 +93,7 @@ impl Worker {
                 Err(e) => {
                     let mut h = self.health.lock().expect("health lock");
                     if h.failures == 0 {
-                        tracing::warn!(worker = %self.url, error = %e, "health check failed");
+                        tracing::warn!(worker = %self.ep.url, error = %e, "health check failed");
                     }
                     h.failures += 1;
                     if h.failures >= DOWN_AFTER {
@@ -129,7 +109,7 @@ impl Worker {
     async fn follow(self: Arc<Self>) {
         loop {
             if let Err(e) = self.follow_once().await {
-                tracing::debug!(worker = %self.url, error = %e, "KV event stream ended");
+                tracing::debug!(worker = %self.ep.url, error = %e, "KV event stream ended");
             }
             self.blocks.clear();
             tokio::time::sleep(POLL).await;
@@ -137,12 +117,15 @@ impl Worker {
     }
 
     async fn follow_once(&self) -> Result<(), ClientError> {
-        let resp = client::send(
-            &self.client,
-            self.request("GET", "/v1/kv_events", Bytes::new()),
-            self.timeouts.first_event,
-        )
-        .await?;
+        let resp = self
+            .ep
+            .send(
+                "GET",
+                "/v1/kv_events",
+                Bytes::new(),
+                self.timeouts.first_event,
+            )
+            .await?;
         if !resp.status().is_success() {
             return Err(client::status_error(resp).await);
         }
@@ -222,7 +205,7 @@ impl EventStream for Stream {
 
 impl Upstream for Worker {
     fn name(&self) -> &str {
-        &self.url
+        &self.ep.url
     }
 
     fn view(&self, hashes: &[BlockHash]) -> WorkerView {
@@ -277,13 +260,11 @@ impl Upstream for Worker {
             let body = Bytes::from(serde_json::to_vec(&body).expect("serialises"));
             let mut tally = self.tally.start();
             let limit = wait_limit(er.deadline, self.timeouts.first_event);
-            let resp = client::send(
-                &self.client,
-                self.request("POST", "/v1/generate", body),
-                limit,
-            )
-            .await
-            .map_err(|e| StartError::Failed(e.to_string()))?;
+            let resp = self
+                .ep
+                .send("POST", "/v1/generate", body, limit)
+                .await
+                .map_err(|e| StartError::Failed(e.to_string()))?;
             let status = resp.status();
             if status.is_client_error() && status.as_u16() != 429 {
                 return Err(StartError::Rejected {
@@ -301,7 +282,7 @@ impl Upstream for Worker {
             }
             tally.accepted();
             let mut stream = Stream {
-                url: self.url.clone(),
+                url: self.ep.url.clone(),
                 lines: Lines::new(resp.into_body()),
                 first: None,
                 done: false,
@@ -337,9 +318,7 @@ mod tests {
 
     fn worker() -> Worker {
         Worker {
-            url: "http://127.0.0.1:9".into(),
-            client: client::client(Duration::from_secs(1)),
-            token: None,
+            ep: Endpoint::new("http://127.0.0.1:9", None, Duration::from_secs(1)),
             timeouts: Timeouts::default(),
             health: Default::default(),
             blocks: Default::default(),
