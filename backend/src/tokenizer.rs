@@ -8,10 +8,19 @@ use crate::error::{EngineError, LoadError};
 /// message from the gateway's API through a tenant's template to the chat template.
 pub use cachet_guest_sdk::Message as ChatMessage;
 
+fn plain_of(inner: &tokenizers::Tokenizer) -> std::sync::Arc<tokenizers::Tokenizer> {
+    let mut plain = inner.clone();
+    plain.set_encode_special_tokens(true);
+    std::sync::Arc::new(plain)
+}
+
 /// A model's tokenizer plus its chat template.
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens taken as plain text (for message text: a user's
+    /// `<|im_start|>` must not become the control token).
+    plain: std::sync::Arc<tokenizers::Tokenizer>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -30,6 +39,7 @@ impl TextTokenizer {
         eos_token: Option<String>,
     ) -> Self {
         TextTokenizer {
+            plain: plain_of(&inner),
             inner,
             chat_template,
             bos_token,
@@ -74,6 +84,7 @@ impl TextTokenizer {
                 Some(std::fs::read_to_string(&jinja).map_err(|e| LoadError::io(&jinja, e))?);
         }
         Ok(TextTokenizer {
+            plain: plain_of(&inner),
             inner,
             chat_template,
             bos_token: bos,
@@ -97,9 +108,20 @@ impl TextTokenizer {
     }
 
     /// Encodes `text`; special tokens written in the text (e.g. `<|im_start|>`) become their ids.
+    /// For text the model's own markup produced (a chat template's rendering) or a raw
+    /// completion prompt; message text goes through [`TextTokenizer::encode_plain`].
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        let enc = self
-            .inner
+        self.encode_with(&self.inner, text)
+    }
+
+    /// Encodes `text` with special tokens as plain text: `<|im_start|>` in it becomes the tokens
+    /// of those characters, never the control token.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.encode_with(&self.plain, text)
+    }
+
+    fn encode_with(&self, t: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>, EngineError> {
+        let enc = t
             .encode(text, false)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(match &self.wrap_ids {

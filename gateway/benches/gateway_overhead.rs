@@ -156,11 +156,9 @@ async fn measure(setup: &Setup, tok: &TextTokenizer) {
     );
     let (_tx, rx) = tokio::sync::watch::channel(false);
     let limits = Limits {
-        header_read_timeout: Duration::from_secs(10),
-        max_header_bytes: 32768,
         max_connections: 1024,
-        idle_timeout: Duration::from_secs(60),
         grace: Duration::from_secs(1),
+        ..Default::default()
     };
     tokio::spawn(server::serve(listener, state, None, rx, limits));
     let client: Client =

@@ -64,12 +64,16 @@ pub enum UpstreamConfig {
     /// Any OpenAI-compatible server at `url` (`/v1/completions`; text in, approximate routing
     /// from the prompts sent there). `model`: the name it serves (default: the gateway's model
     /// id); `api_key_env`: an environment variable holding its API key; `history_blocks`: how many
-    /// prompt blocks the gateway remembers sending (about the server's KV cache, default 65536).
+    /// prompt blocks the gateway remembers sending (about the server's KV cache, default 65536);
+    /// `cache_salt`: send each request's cache salt (the tenant's) as vLLM's `cache_salt`, so
+    /// the server keeps tenants' caches apart too (default true; false for servers that refuse
+    /// the field).
     Openai {
         url: String,
         model: Option<String>,
         api_key_env: Option<String>,
         history_blocks: Option<usize>,
+        cache_salt: Option<bool>,
     },
 }
 

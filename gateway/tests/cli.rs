@@ -140,6 +140,17 @@ fn bad_input_gets_a_clear_error() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{cfg}: {err}");
     }
+    // A worker reachable from other machines must have a token: refused before loading anything.
+    let out = cachet(&[
+        "worker",
+        "--model",
+        "/no/such/model",
+        "--listen",
+        "0.0.0.0:0",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--auth-token"), "{err}");
 }
 
 /// The TTFT experiment's machinery end to end at toy scale (a random 2-layer model on the CPU):

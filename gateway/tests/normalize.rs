@@ -1,8 +1,10 @@
 //! Normalization with the real SmolLM2 tokenizer and chat template: the prompt is tokenized
-//! with its static prefix's tokens cached, and the result equals tokenizing the whole prompt.
+//! piece by piece (message text with special tokens as plain text) with its static prefix's
+//! tokens cached per tenant; for ordinary text the result equals tokenizing the whole prompt,
+//! and text that spells control tokens never yields them.
 
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_gateway::normalize::tokens::{render_with_boundary, PrefixTokens};
+use cachet_gateway::normalize::tokens::{render, PrefixTokens};
 use cachet_gateway::normalize::{chat_segments, normalize, to_messages, Rules};
 use cachet_guest_sdk::{Cache, Segment};
 
@@ -26,7 +28,9 @@ const QUESTIONS: &[&str] = &[
 #[test]
 fn split_tokenization_equals_whole_tokenization() {
     let tok = cachet_tests::smollm2().tokenizer.clone().unwrap();
-    let cache = PrefixTokens::new(&tok, 64);
+    let cache = PrefixTokens::new(1 << 20);
+    let salt = [7u8; 32];
+    let im_start = tok.token_id("<|im_start|>").unwrap();
     let rules = Rules::default();
     let mut checked = 0;
     for sys in SYSTEMS {
@@ -53,14 +57,30 @@ fn split_tokenization_equals_whole_tokenization() {
                 for segs in [plain, shared] {
                     let n = normalize(&segs, &rules);
                     let (messages, first) = to_messages(&n.segments);
-                    let (prompt, boundary) = render_with_boundary(&tok, &messages, first).unwrap();
-                    let boundary = boundary.expect("SmolLM2's template allows a clean cut");
-                    let enc = cache.encode(&tok, &prompt, boundary).unwrap();
-                    assert_eq!(enc.ids, tok.encode(&prompt).unwrap(), "{prompt:?}");
+                    let r = render(&tok, &messages, first).unwrap();
+                    let prompt = &r.text;
+                    assert_eq!(*prompt, tok.render_chat(&messages, true).unwrap());
+                    let enc = cache.encode(&tok, &r, &salt).unwrap();
+                    if let Some(f) = enc.fill.clone() {
+                        cache.fill(f);
+                    }
+                    // Cached or not, the same tokens.
+                    let again = cache.encode(&tok, &r, &salt).unwrap();
+                    assert!(again.hit && again.ids == enc.ids, "{prompt:?}");
                     assert!(enc.stable_tokens > 0, "{prompt:?}");
                     // The cut lies within the static part: the dynamic text comes after it.
-                    let cut = cache.split_point(&prompt, boundary);
-                    assert!(prompt[cut..].contains(q), "{prompt:?} cut at {cut}");
+                    assert!(prompt[r.boundary..].contains(q), "{prompt:?} cut at {}", r.boundary);
+                    // One `<|im_start|>` per message and the generation prompt, whatever the
+                    // text spells.
+                    let starts = enc.ids.iter().filter(|&&i| i == im_start).count();
+                    assert_eq!(starts, messages.len() + 1, "{prompt:?}");
+                    if q.contains("<|") {
+                        // The whole-prompt tokenization would have let the user's text open a turn.
+                        let whole = tok.encode(prompt).unwrap();
+                        assert!(whole.iter().filter(|&&i| i == im_start).count() > starts);
+                    } else {
+                        assert_eq!(enc.ids, tok.encode(prompt).unwrap(), "{prompt:?}");
+                    }
                     checked += 1;
                 }
             }
@@ -72,7 +92,8 @@ fn split_tokenization_equals_whole_tokenization() {
 #[test]
 fn requests_differing_only_in_volatile_values_share_the_cached_prefix_tokens() {
     let tok = cachet_tests::smollm2().tokenizer.clone().unwrap();
-    let cache = PrefixTokens::new(&tok, 64);
+    let cache = PrefixTokens::new(1 << 20);
+    let salt = [1u8; 32];
     let prepare = |now: &str, user: &str, q: &str, rules: &Rules| {
         let segs = vec![
             Segment::fixed(
@@ -83,8 +104,13 @@ fn requests_differing_only_in_volatile_values_share_the_cached_prefix_tokens() {
         ];
         let n = normalize(&segs, rules);
         let (messages, first) = to_messages(&n.segments);
-        let (prompt, boundary) = render_with_boundary(&tok, &messages, first).unwrap();
-        cache.encode(&tok, &prompt, boundary.unwrap()).unwrap()
+        let enc = cache
+            .encode(&tok, &render(&tok, &messages, first).unwrap(), &salt)
+            .unwrap();
+        if let Some(f) = enc.fill.clone() {
+            cache.fill(f);
+        }
+        enc
     };
     let on = Rules::default();
     let a = prepare("2026-11-29T12:00:00Z", "user-42", "Balance?", &on);
@@ -109,4 +135,34 @@ fn requests_differing_only_in_volatile_values_share_the_cached_prefix_tokens() {
         a.stable_tokens,
         tok.decode(&a.ids, false)
     );
+}
+
+/// The tokenization cache is per tenant: a prefix another tenant sent is not a hit (no timing
+/// tells one tenant what another sent), the same tenant's is; a refused request (never filled)
+/// leaves nothing behind.
+#[test]
+fn prefix_tokens_are_cached_per_tenant_and_only_for_admitted_requests() {
+    let tok = cachet_tests::smollm2().tokenizer.clone().unwrap();
+    let cache = PrefixTokens::new(1 << 20);
+    let segs = vec![
+        Segment::fixed(
+            "system",
+            "You are the assistant of Contoso Bank. Be brief and accurate. Never ask for passwords.",
+        ),
+        Segment::varying("user", "Balance?"),
+    ];
+    let n = normalize(&segs, &Rules::default());
+    let (messages, first) = to_messages(&n.segments);
+    let r = render(&tok, &messages, first).unwrap();
+    let (a, b) = ([1u8; 32], [2u8; 32]);
+    let refused = cache.encode(&tok, &r, &a).unwrap();
+    assert!(!refused.hit && refused.fill.is_some());
+    // Not filled (the request was refused): still a miss.
+    let first_a = cache.encode(&tok, &r, &a).unwrap();
+    assert!(!first_a.hit);
+    cache.fill(first_a.fill.clone().unwrap());
+    assert!(cache.encode(&tok, &r, &a).unwrap().hit);
+    let other = cache.encode(&tok, &r, &b).unwrap();
+    assert!(!other.hit, "tenant b must not see tenant a's prefix");
+    assert_eq!(other.ids, first_a.ids);
 }

@@ -463,3 +463,58 @@ fn openai_compatible_upstreams_are_routed_to_from_request_history() {
         "{text}"
     );
 }
+
+/// A worker that freezes (SIGSTOP: the kernel still accepts its connections, nothing answers)
+/// is found out by the response-head timeout and skipped: every request still succeeds, within
+/// seconds, not after minutes.
+#[test]
+fn a_frozen_worker_fails_over_in_seconds() {
+    cachet_tests::smollm2_path();
+    let dir = scratch("frozen");
+    let cfg = dir.join("tenants.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[tenant]]\nid = \"r\"\napi_key_sha256 = [\"{}\"]\n",
+            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key("sk-route"))
+        ),
+    )
+    .unwrap();
+    let (p1, p2, pg) = (free_port(), free_port(), free_port());
+    let w1 = cachet(&["worker", "--listen", &format!("127.0.0.1:{p1}")]);
+    let _w2 = cachet(&["worker", "--listen", &format!("127.0.0.1:{p2}")]);
+    let (u1, u2) = (
+        format!("http://127.0.0.1:{p1}"),
+        format!("http://127.0.0.1:{p2}"),
+    );
+    wait_for(&format!("{u1}/health"));
+    wait_for(&format!("{u2}/health"));
+    let _gw = cachet(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{pg}"),
+        "--worker",
+        &u1,
+        "--worker",
+        &u2,
+        "--routing",
+        "round_robin",
+        "--upstream-response-timeout",
+        "2",
+    ]);
+    let base = format!("http://127.0.0.1:{pg}");
+    ready(&[&base]);
+    std::thread::sleep(Duration::from_millis(600));
+    let pid = w1.0.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    for i in 0..4 {
+        let t0 = Instant::now();
+        let (code, r) = chat(&base, "You are terse.", &format!("Say {i}."));
+        let took = t0.elapsed();
+        assert_eq!(code, 200, "{r}");
+        assert!(took < Duration::from_secs(8), "request {i} took {took:?}");
+    }
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+}

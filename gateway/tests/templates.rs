@@ -485,3 +485,129 @@ fn the_log_import_writes_and_bad_pointers_are_harmless() {
         .unwrap();
     assert_eq!(r.segments[0].text, "hello");
 }
+
+/// A module of `n` empty functions (besides the ABI's), encoded directly: what a compile-time
+/// bomb looks like (400k of them took 46 s of gateway CPU to compile before it was parsed first).
+fn many_functions(n: u32) -> Vec<u8> {
+    // Grow the function and code sections to `n` entries by hand: one type (() -> ()), empty
+    // bodies. Rebuilding the module with the wasm encoder would pull in a crate for one test.
+    let mut body = Vec::new();
+    for _ in 0..n {
+        body.extend_from_slice(&[0x02, 0x00, 0x0b]); // size 2: no locals, `end`
+    }
+    let leb = |mut v: u32| {
+        let mut out = Vec::new();
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(b);
+                return out;
+            }
+            out.push(b | 0x80);
+        }
+    };
+    // A minimal module of its own: type section, function section, memory + exports, code.
+    let mut m = b"\0asm\x01\0\0\0".to_vec();
+    let section = |m: &mut Vec<u8>, id: u8, payload: Vec<u8>| {
+        m.push(id);
+        m.extend(leb(payload.len() as u32));
+        m.extend(payload);
+    };
+    section(&mut m, 1, vec![1, 0x60, 0, 0]);
+    let mut funcs = leb(n);
+    funcs.extend(std::iter::repeat_n(0u8, n as usize));
+    section(&mut m, 3, funcs);
+    section(&mut m, 5, vec![1, 0, 1]);
+    let mut exp = vec![1];
+    exp.extend(leb(6));
+    exp.extend_from_slice(b"memory");
+    exp.extend_from_slice(&[2, 0]);
+    section(&mut m, 7, exp);
+    let mut code = leb(n);
+    code.extend(body);
+    section(&mut m, 10, code);
+    m
+}
+
+#[test]
+fn modules_built_to_be_slow_to_compile_are_refused_by_parsing_first() {
+    let sb = sandbox();
+    // 400k functions in ~1.2 MB: refused in milliseconds, without compiling.
+    let bomb = many_functions(400_000);
+    assert!(bomb.len() < 4 << 20, "{}", bomb.len());
+    let t0 = Instant::now();
+    match sb.compile(&bomb) {
+        Err(TemplateError::TooComplex { what, found, limit }) => {
+            assert_eq!((what, found, limit), ("functions", 400_000, 10_000));
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
+    // A module without `cachet_render` is refused by parsing too, before compiling.
+    let t0 = Instant::now();
+    let no_render = many_functions(10);
+    assert!(matches!(
+        sb.compile(&no_render),
+        Err(TemplateError::MissingExport { .. })
+    ));
+    assert!(t0.elapsed() < Duration::from_millis(200));
+    // Just under the limit, a real template compiles (on one core) well inside the deadline.
+    let funcs = "(func)\n".repeat(9_000);
+    let t0 = Instant::now();
+    sb.compile(&guest("i64.const 0", &funcs)).unwrap();
+    let took = t0.elapsed();
+    println!("9,000 functions compiled in {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn replies_with_more_stop_strings_than_the_api_allows_are_refused() {
+    let sb = sandbox();
+    let budget = sb.budget(None, None, None);
+    let stops: Vec<String> = (0..90_000).map(|i| format!("s{i}")).collect();
+    let reply = serde_json::json!({"segments": [{"role": "user", "text": "hi", "cache": "dynamic"}], "stop": stops});
+    let (e, took) = expect_err(&sb, &replying(reply.to_string().as_bytes()), &budget);
+    assert!(matches!(e, TemplateError::BadOutput(ref m) if m.contains("at most 4")), "{e}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let reply = br#"{"segments":[{"role":"user","text":"hi","cache":"dynamic"}],"stop":["a","b"],"max_tokens":0}"#;
+    let (e, _) = expect_err(&sb, &replying(reply), &budget);
+    assert!(matches!(e, TemplateError::BadOutput(ref m) if m.contains("max_tokens")), "{e}");
+}
+
+#[test]
+fn the_compiled_module_cache_is_bounded_and_deleted_templates_release_their_code() {
+    use cachet_gateway::sandbox::store::{Quota, TemplateStore};
+    let sb = Sandbox::new(SandboxConfig::default()).unwrap();
+    let dir = std::env::temp_dir().join(format!("cachet-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = TemplateStore::open(&dir, sb.clone()).unwrap().with_quota(Quota {
+        versions: 3,
+        bytes: 1 << 20,
+    });
+    let a = replying(GOOD_REPLY);
+    let b = replying(br#"{"segments":[{"role":"user","text":"other","cache":"dynamic"}]}"#);
+    store.upload("t", "one", &a).unwrap();
+    let (bytes_one, n) = sb.cache_usage();
+    assert_eq!(n, 1);
+    assert!(bytes_one > 0);
+    // A second version is stored but not active: its code is not kept.
+    store.upload("t", "one", &b).unwrap();
+    assert_eq!(sb.cache_usage().1, 1);
+    // Activating it swaps which code is kept; the old one is released.
+    store.activate("t", "one", 2).unwrap();
+    store.resolve("t", "one").unwrap();
+    assert_eq!(sb.cache_usage().1, 1);
+    assert!(sb.cached(blake3::hash(&a).as_bytes()).is_none());
+    // Quota: three versions per tenant.
+    store.upload("t", "two", &a).unwrap();
+    match store.upload("t", "two", &b) {
+        Err(TemplateError::QuotaExceeded(m)) => assert!(m.contains("delete versions"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    // Deleting a template releases its code at once.
+    store.delete("t", "one", None).unwrap();
+    store.delete("t", "two", None).unwrap();
+    assert_eq!(sb.cache_usage(), (0, 0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

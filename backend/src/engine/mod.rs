@@ -284,7 +284,8 @@ impl EngineHandle {
                 l.vocab
             )));
         }
-        let total = req.prompt.len() + req.max_tokens;
+        // Saturating: a max_tokens near usize::MAX must be refused, not wrap into a small total.
+        let total = req.prompt.len().saturating_add(req.max_tokens);
         if total > l.max_model_len {
             return Err(EngineError::InvalidRequest(format!(
                 "prompt ({} tokens) + max_tokens ({}) = {total} exceeds the model's maximum length of {}",

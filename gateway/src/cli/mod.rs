@@ -1,6 +1,7 @@
 //! Command-line interface: one subcommand per job.
 
 mod bench;
+mod connection_args;
 mod engine_args;
 mod generate;
 mod model;

@@ -33,21 +33,8 @@ pub struct ServeArgs {
     /// TLS private key (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Seconds a client has to send a request's headers (slowloris protection).
-    #[arg(long, default_value_t = 10)]
-    pub header_read_timeout: u64,
-    /// Largest request head in bytes; larger requests get 431.
-    #[arg(long, default_value_t = 32 * 1024)]
-    pub max_header_bytes: usize,
-    /// Connections served at once; more wait in the listen backlog.
-    #[arg(long, default_value_t = 4096)]
-    pub max_connections: usize,
-    /// Seconds a connection may sit with no request in flight and no traffic before it is closed.
-    #[arg(long, default_value_t = 60)]
-    pub idle_timeout: u64,
-    /// Seconds in-flight requests get to finish after SIGTERM.
-    #[arg(long, default_value_t = 30)]
-    pub grace_period: u64,
+    #[command(flatten)]
+    pub conn: super::connection_args::ConnectionArgs,
     /// A `cachet worker` to route requests to (repeat for a pool; with the config's
     /// `[[upstream]]`s they make one pool). With remote upstreams only (no `kind = "embedded"`),
     /// the gateway loads no weights: the model's tokenizer is all it needs. Workers must share
@@ -83,6 +70,27 @@ pub struct ServeArgs {
     /// Template calls in flight at once (sandbox pool slots).
     #[arg(long, default_value_t = 64)]
     pub template_instances: u32,
+    /// Most functions an uploaded template module may define (bounds its compile time; checked
+    /// by parsing, before compiling).
+    #[arg(long, default_value_t = 10_000)]
+    pub template_max_functions: u32,
+    /// Seconds one template compile may take (each compiles on one core, at most two at once).
+    #[arg(long, default_value_t = 10)]
+    pub template_compile_timeout: u64,
+    /// MiB of compiled template code kept in memory (LRU beyond; a deleted or replaced
+    /// template's code is released at once).
+    #[arg(long, default_value_t = 256)]
+    pub template_cache_mib: usize,
+    /// Template versions one tenant may store, across its templates.
+    #[arg(long, default_value_t = 64)]
+    pub template_max_versions: usize,
+    /// MiB of template modules one tenant may store.
+    #[arg(long, default_value_t = 32)]
+    pub template_storage_mib: usize,
+    /// The operator's token for `/metrics` (`CACHET_METRICS_TOKEN`), which lists tenants; without
+    /// one, `/metrics` answers requests from this machine only.
+    #[arg(long, env = "CACHET_METRICS_TOKEN")]
+    pub metrics_token: Option<String>,
     /// Seconds a request may take end to end; the engine ends it with an error past this (the
     /// deadline travels with the request to workers).
     #[arg(long, default_value_t = 600)]
@@ -90,12 +98,16 @@ pub struct ServeArgs {
     /// Seconds to open a connection to a remote upstream.
     #[arg(long, default_value_t = 2)]
     pub upstream_connect_timeout: u64,
+    /// Seconds a remote upstream has to answer a request with its response head (a live one does
+    /// at once; a frozen one is skipped for the next member within this).
+    #[arg(long, default_value_t = 5)]
+    pub upstream_response_timeout: u64,
     /// Seconds a remote upstream has to send a request's first event (its first token); one that
     /// takes longer is skipped for the next.
     #[arg(long, default_value_t = 120)]
     pub upstream_first_event_timeout: u64,
     /// Seconds a remote upstream's stream may stay silent before the request fails.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 30)]
     pub upstream_idle_timeout: u64,
 }
 
@@ -146,10 +158,17 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                     output_bytes: a.template_output_kib << 10,
                     module_bytes: a.template_module_mib << 20,
                     instances: a.template_instances.max(1),
+                    cache_bytes: a.template_cache_mib << 20,
+                    max_functions: a.template_max_functions.max(1),
+                    compile_deadline: Duration::from_secs(a.template_compile_timeout.max(1)),
                     ..Default::default()
                 })?;
             let store = cachet_gateway::sandbox::store::TemplateStore::open(dir, sandbox)
-                .with_context(|| format!("opening the templates directory {}", dir.display()))?;
+                .with_context(|| format!("opening the templates directory {}", dir.display()))?
+                .with_quota(cachet_gateway::sandbox::store::Quota {
+                    versions: a.template_max_versions.max(1),
+                    bytes: a.template_storage_mib << 20,
+                });
             Some(Arc::new(store))
         }
         None => None,
@@ -157,6 +176,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let policy = cachet_gateway::route::by_name(&a.routing).map_err(anyhow::Error::msg)?;
     let timeouts = upstream::Timeouts {
         connect: Duration::from_secs(a.upstream_connect_timeout.max(1)),
+        response: Duration::from_secs(a.upstream_response_timeout.max(1)),
         first_event: Duration::from_secs(a.upstream_first_event_timeout.max(1)),
         idle: Duration::from_secs(a.upstream_idle_timeout.max(1)),
     };
@@ -180,11 +200,15 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                         model,
                         api_key_env,
                         history_blocks,
+                        cache_salt,
                     } => OpenAi::start(
                         url,
-                        model.clone().unwrap_or_else(|| model_id.clone()),
-                        api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
-                        history_blocks.unwrap_or(1 << 16),
+                        upstream::openai::Options {
+                            model: model.clone().unwrap_or_else(|| model_id.clone()),
+                            api_key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
+                            history_blocks: history_blocks.unwrap_or(1 << 16),
+                            send_cache_salt: cache_salt.unwrap_or(true),
+                        },
                         timeouts,
                     ),
                 }
@@ -196,7 +220,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             policy,
             HashContext::new(key, [0; 32], &model_id, a.engine.block_size),
         );
-        Arc::new(AppState::new(
+        let mut state = AppState::new(
             Arc::new(pool),
             handle.clone(),
             tokenizer,
@@ -205,7 +229,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             Duration::from_secs(a.request_timeout.max(1)),
             tenants,
             templates,
-        ))
+        );
+        state.metrics_token = a.metrics_token.clone();
+        Arc::new(state)
     });
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(a.listen)
@@ -221,9 +247,15 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 use tokio::signal::unix::{signal, SignalKind};
                 let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
                 while hup.recv().await.is_some() {
+                    // The tenants' live state (requests in flight, bucket levels) carries over.
+                    let previous = state.tenants();
                     let loaded = std::fs::read_to_string(&path)
                         .map_err(|e| e.to_string())
-                        .and_then(|t| TenantRegistry::from_toml(&t, &key, std::time::Instant::now()).map_err(|e| e.to_string()));
+                        .and_then(|t| ConfigFile::parse(&t).map_err(|e| e.to_string()))
+                        .and_then(|f| {
+                            TenantRegistry::reloaded(f.tenant, &key, std::time::Instant::now(), Some(&previous))
+                                .map_err(|e| e.to_string())
+                        });
                     match loaded {
                         Ok(reg) => {
                             tracing::info!(tenants = reg.tenants().len(), "tenants config reloaded");
@@ -261,14 +293,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             tracing::info!("shutdown signal: draining");
             let _ = tx.send(true);
         });
-        let limits = cachet_gateway::http::serve::Limits {
-            header_read_timeout: Duration::from_secs(a.header_read_timeout),
-            max_header_bytes: a.max_header_bytes,
-            max_connections: a.max_connections,
-            idle_timeout: Duration::from_secs(a.idle_timeout),
-            grace: Duration::from_secs(a.grace_period),
-        };
-        server::serve(listener, state, tls_config, rx, limits).await?;
+        server::serve(listener, state, tls_config, rx, a.conn.limits()).await?;
         anyhow::Ok(())
     })?;
     drop(engine);

@@ -17,12 +17,19 @@ pub struct WorkerArgs {
     /// Bearer token the gateway must send (`CACHET_WORKER_TOKEN`); none: no check.
     #[arg(long, env = "CACHET_WORKER_TOKEN")]
     pub auth_token: Option<String>,
-    /// Seconds in-flight requests get to finish after SIGTERM.
-    #[arg(long, default_value_t = 30)]
-    pub grace_period: u64,
+    #[command(flatten)]
+    pub conn: super::connection_args::ConnectionArgs,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
+    // Anyone who reaches a worker can run the engine with any tenant's salt and read its KV
+    // events: off loopback it needs a token.
+    if !a.listen.ip().is_loopback() && a.auth_token.is_none() {
+        anyhow::bail!(
+            "--listen {} is reachable from other machines: set --auth-token (or CACHET_WORKER_TOKEN) and give the gateway the same --worker-token",
+            a.listen
+        );
+    }
     let key = a.engine.hash_key()?;
     if a.engine.hash_key_file.is_none() {
         tracing::warn!("no --hash-key-file: this worker's block hashes match no gateway's; exact prefix routing needs the gateway's key");
@@ -56,11 +63,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             tracing::info!("draining");
             let _ = tx.send(true);
         });
-        let limits = cachet_gateway::http::serve::Limits {
-            grace: std::time::Duration::from_secs(a.grace_period),
-            ..Default::default()
-        };
-        worker::serve(listener, state, rx, limits).await?;
+        worker::serve(listener, state, rx, a.conn.limits()).await?;
         anyhow::Ok(())
     })?;
     drop(started);

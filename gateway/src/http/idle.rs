@@ -39,7 +39,8 @@ impl Activity {
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
-    fn quiet_for(&self) -> Duration {
+    /// How long the connection has had no traffic.
+    pub fn quiet_for(&self) -> Duration {
         let now = self.start.elapsed().as_millis() as u64;
         Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
     }

@@ -48,23 +48,74 @@ pub fn bytes(status: StatusCode, content_type: &'static str, bytes: Bytes) -> Re
         .expect("static response parts")
 }
 
-/// The token of an `Authorization: Bearer <token>` header.
+/// The token of an `Authorization: Bearer <token>` header (the scheme matched without regard
+/// to case, as RFC 9110 has it).
 pub fn bearer(req: &Request<Incoming>) -> Option<&str> {
-    req.headers()
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+    bearer_token(req.headers().get(header::AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The token of an `Authorization` header's value, if its scheme is `Bearer` (any case).
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether `token` is the expected one, compared through their hashes (the time taken does not
+/// tell how much of it matched).
+pub fn token_matches(token: Option<&str>, expected: &str) -> bool {
+    token.is_some_and(|t| blake3::hash(t.as_bytes()) == blake3::hash(expected.as_bytes()))
+}
+
+/// Whether the request came from this machine (loopback).
+pub fn from_loopback(req: &Request<Incoming>) -> bool {
+    req.extensions()
+        .get::<serve::Peer>()
+        .is_some_and(|p| p.0.ip().is_loopback())
 }
 
 /// Reads a body of at most `limit` bytes. A larger body is read on (and dropped) up to
-/// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset.
+/// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset. A body
+/// that pauses longer than its [`serve::BodyTimeouts`] allow between two chunks, or takes longer
+/// in all, ends in 408 (the timeouts come with the request from the accept loop).
 pub async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Vec<u8>, ApiError> {
+    let t = req
+        .extensions()
+        .get::<serve::BodyTimeouts>()
+        .copied()
+        .unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + t.total;
     let mut body = req.into_body();
     let mut buf = Vec::new();
     let mut total = 0usize;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let wait = t
+            .chunk
+            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let frame = match tokio::time::timeout(wait, body.frame()).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(_) => {
+                let msg = if tokio::time::Instant::now() >= deadline {
+                    format!(
+                        "the request body took longer than {} s to arrive",
+                        t.total.as_secs()
+                    )
+                } else {
+                    format!(
+                        "the request body stalled: nothing arrived for {} s",
+                        t.chunk.as_secs()
+                    )
+                };
+                return Err(ApiError {
+                    status: StatusCode::REQUEST_TIMEOUT,
+                    code: Some("body_timeout"),
+                    ..ApiError::bad_request(msg, None)
+                });
+            }
+        };
         let frame = frame
             .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}"), None))?;
         if let Ok(data) = frame.into_data() {
@@ -127,4 +178,26 @@ pub fn ndjson_line<T: serde::Serialize>(v: &T) -> Bytes {
     let mut s = serde_json::to_vec(v).expect("wire types serialise");
     s.push(b'\n');
     Bytes::from(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_without_regard_to_case() {
+        assert_eq!(bearer_token("Bearer sk-1"), Some("sk-1"));
+        assert_eq!(bearer_token("bearer sk-1 "), Some("sk-1"));
+        assert_eq!(bearer_token("BEARER sk-1"), Some("sk-1"));
+        assert_eq!(bearer_token("Basic dXNlcg=="), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearersk-1"), None);
+    }
+
+    #[test]
+    fn tokens_are_compared_whole() {
+        assert!(token_matches(Some("secret"), "secret"));
+        assert!(!token_matches(Some("secre"), "secret"));
+        assert!(!token_matches(None, "secret"));
+    }
 }

@@ -1,20 +1,33 @@
 //! The accept loop both servers run (`cachet serve`'s API and `cachet worker`): HTTP/1.1 and
-//! HTTP/2 on one port (optionally behind TLS), with connection limits — a deadline for a request
-//! head, a cap on its size, a cap on connections served at once (more wait in the listen
-//! backlog), idle connections closed — and graceful drain: on shutdown no new connections are
-//! accepted and those in flight get `grace` to finish.
+//! HTTP/2 on one port (optionally behind TLS), with the limits an open port needs (after nginx,
+//! Envoy and pingora):
+//!
+//! - a deadline for a request head, a cap on its size;
+//! - body read timeouts — between two chunks and in all — applied by [`super::read_body`] from
+//!   the request's extensions ([`BodyTimeouts`]), so a stalled or trickling body ends in 408;
+//! - connections served at once: globally, and per client IP (more from one IP are closed at
+//!   once); when the global cap is reached, idle connections (no request in flight) are closed,
+//!   longest-idle first, to make room, so `/health` and real clients get in while thousands of
+//!   idle sockets are held open;
+//! - idle keep-alive connections closed; HTTP/2 with a cap on concurrent streams and h2's
+//!   rapid-reset limits;
+//! - accept errors (EMFILE, ENFILE, …) back off instead of spinning, and are logged at most
+//!   once a second with a count of the ones not logged;
+//! - graceful drain: on shutdown no new connections are accepted and those in flight get
+//!   `grace` to finish.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use super::{idle, Body};
 
@@ -25,12 +38,40 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Largest request head (HTTP/1 buffer, HTTP/2 header list); larger gets 431.
     pub max_header_bytes: usize,
-    /// Connections served at once; more wait in the listen backlog.
+    /// A request body may pause this long between two chunks, and take this long in all.
+    pub body: BodyTimeouts,
+    /// Connections served at once; at the cap, idle ones are closed to make room.
     pub max_connections: usize,
+    /// Connections served at once from one client IP; more are closed at once.
+    pub max_connections_per_ip: usize,
+    /// HTTP/2 streams open at once on one connection.
+    pub max_concurrent_streams: u32,
     /// A connection with no request in flight and no traffic for this long is closed.
     pub idle_timeout: Duration,
     /// How long connections in flight get to finish after shutdown.
     pub grace: Duration,
+}
+
+/// The client's address, in every request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+/// Time limits on reading a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyTimeouts {
+    /// Longest pause between two chunks.
+    pub chunk: Duration,
+    /// Longest time to read the whole body.
+    pub total: Duration,
+}
+
+impl Default for BodyTimeouts {
+    fn default() -> Self {
+        BodyTimeouts {
+            chunk: Duration::from_secs(10),
+            total: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for Limits {
@@ -38,7 +79,10 @@ impl Default for Limits {
         Limits {
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 32 << 10,
+            body: BodyTimeouts::default(),
             max_connections: 4096,
+            max_connections_per_ip: 256,
+            max_concurrent_streams: 128,
             idle_timeout: Duration::from_secs(60),
             grace: Duration::from_secs(30),
         }
@@ -52,6 +96,120 @@ impl Default for Limits {
 pub fn tune_accepted(stream: &tokio::net::TcpStream) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "TCP_NODELAY not set");
+    }
+}
+
+/// The live connections: per client IP, and each one's activity with a way to ask it to close
+/// if it is idle.
+#[derive(Default)]
+struct Connections {
+    next: AtomicU64,
+    live: Mutex<HashMap<u64, (Arc<idle::Activity>, Arc<Notify>)>>,
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection's place in [`Connections`]; dropping it gives the place back.
+struct Registered {
+    id: u64,
+    ip: IpAddr,
+    conns: Arc<Connections>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.conns.live.lock().expect("connections lock").remove(&self.id);
+        let mut per_ip = self.conns.per_ip.lock().expect("connections lock");
+        if let Some(n) = per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Connections {
+    /// Registers a connection from `ip`, unless that IP already has `cap` of them.
+    fn register(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        cap: usize,
+        activity: Arc<idle::Activity>,
+        shed: Arc<Notify>,
+    ) -> Option<Registered> {
+        {
+            let mut per_ip = self.per_ip.lock().expect("connections lock");
+            let n = per_ip.entry(ip).or_default();
+            if *n >= cap.max(1) {
+                return None;
+            }
+            *n += 1;
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.live
+            .lock()
+            .expect("connections lock")
+            .insert(id, (activity, shed));
+        Some(Registered {
+            id,
+            ip,
+            conns: self.clone(),
+        })
+    }
+
+    /// Asks up to `n` idle connections (no request in flight), longest idle first, to close.
+    /// Returns how many were asked.
+    fn shed_idle(&self, n: usize) -> usize {
+        let live = self.live.lock().expect("connections lock");
+        let mut idle: Vec<(Duration, &Arc<Notify>)> = live
+            .values()
+            .filter(|(a, _)| !a.busy())
+            .map(|(a, s)| (a.quiet_for(), s))
+            .collect();
+        idle.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, s) in idle.iter().take(n) {
+            s.notify_one();
+        }
+        idle.len().min(n)
+    }
+}
+
+/// Logs accept errors at most once a second, with the count of those not logged.
+struct AcceptErrors {
+    last: Option<Instant>,
+    suppressed: u64,
+    backoff: Duration,
+}
+
+impl AcceptErrors {
+    fn new() -> Self {
+        AcceptErrors {
+            last: None,
+            suppressed: 0,
+            backoff: Duration::from_millis(10),
+        }
+    }
+
+    /// Records an error; how long to wait before accepting again (doubling up to 1 s).
+    fn failed(&mut self, e: &std::io::Error) -> Duration {
+        let now = Instant::now();
+        if self
+            .last
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            tracing::warn!(error = %e, not_logged = self.suppressed, "accept failed; backing off");
+            self.last = Some(now);
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+        let wait = self.backoff;
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
+        wait
+    }
+
+    fn accepted(&mut self) {
+        self.backoff = Duration::from_millis(10);
     }
 }
 
@@ -73,16 +231,40 @@ where
     let active = Arc::new(AtomicUsize::new(0));
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let conns = Arc::new(Connections::default());
+    let mut errors = AcceptErrors::new();
+    let mut refused_ip: Option<Instant> = None;
     loop {
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => s.expect("semaphore never closed"),
-            _ = shutdown.changed() => break,
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => s,
+            Err(_) => {
+                // Full: make room by closing idle connections, then wait for a slot.
+                conns.shed_idle(limits.max_connections.div_ceil(64).max(1));
+                tokio::select! {
+                    s = slots.clone().acquire_owned() => s.expect("semaphore never closed"),
+                    _ = shutdown.changed() => break,
+                }
+            }
         };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer): (tokio::net::TcpStream, SocketAddr) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => { tracing::warn!(error = %e, "accept failed"); continue; }
+                    Ok(x) => { errors.accepted(); x }
+                    Err(e) => {
+                        let wait = errors.failed(&e);
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                };
+                let activity = idle::Activity::new();
+                let shed = Arc::new(Notify::new());
+                let Some(place) = conns.register(peer.ip(), limits.max_connections_per_ip, activity.clone(), shed.clone()) else {
+                    if refused_ip.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                        tracing::warn!(ip = %peer.ip(), cap = limits.max_connections_per_ip, "connection refused: this IP holds its cap of connections");
+                        refused_ip = Some(Instant::now());
+                    }
+                    drop(stream);
+                    continue;
                 };
                 tune_accepted(&stream);
                 let handle = handle.clone();
@@ -93,7 +275,8 @@ where
                 active.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let _slot = slot;
-                    connection(stream, peer, handle, acceptor, stop, limits).await;
+                    let _place = place;
+                    connection(stream, peer, handle, acceptor, stop, limits, activity, shed).await;
                     let left = active.fetch_sub(1, Ordering::SeqCst) - 1;
                     let _ = conn_tx.send(left);
                 });
@@ -114,7 +297,8 @@ where
     Ok(())
 }
 
-/// Serves one accepted connection to its end (or shutdown, or idleness).
+/// Serves one accepted connection to its end (or shutdown, idleness, or a request to make room).
+#[allow(clippy::too_many_arguments)]
 async fn connection<H, F>(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
@@ -122,15 +306,18 @@ async fn connection<H, F>(
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
     limits: Limits,
+    activity: Arc<idle::Activity>,
+    shed: Arc<Notify>,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let activity = idle::Activity::new();
     let stream = idle::Watched::new(stream, activity.clone());
     let act = activity.clone();
-    let svc = hyper::service::service_fn(move |req| {
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let guard = act.begin();
+        req.extensions_mut().insert(limits.body);
+        req.extensions_mut().insert(Peer(peer));
         let fut = handle(req);
         async move {
             let resp = fut.await;
@@ -146,19 +333,29 @@ async fn connection<H, F>(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_bytes as u32);
+        .max_header_list_size(limits.max_header_bytes as u32)
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        // h2's rapid-reset limits (CVE-2023-44487), set rather than trusted to defaults.
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(256);
     macro_rules! run {
         ($io:expr) => {{
             let conn = builder.serve_connection($io, svc);
             tokio::pin!(conn);
+            let close_when_idle = async {
+                tokio::select! {
+                    _ = activity.idle(limits.idle_timeout) => "idle",
+                    _ = async { loop { shed.notified().await; if !activity.busy() { break; } } } => "shed to make room",
+                }
+            };
             tokio::select! {
                 r = conn.as_mut() => { if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error"); } }
                 _ = stop.changed() => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
-                _ = activity.idle(limits.idle_timeout) => {
-                    tracing::debug!(%peer, "closing an idle connection");
+                why = close_when_idle => {
+                    tracing::debug!(%peer, why, "closing a connection");
                     conn.as_mut().graceful_shutdown();
                     // A peer that never answers HTTP/2's shutdown PING must not hold the
                     // connection: with nothing in flight, drop it.
@@ -175,19 +372,20 @@ async fn connection<H, F>(
         }};
     }
     match acceptor {
-        Some(acc) => {
-            match tokio::time::timeout(Duration::from_secs(10), acc.accept(stream)).await {
-                Ok(Ok(tls_stream)) => run!(TokioIo::new(tls_stream)),
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        }
+        Some(acc) => match tokio::time::timeout(limits.header_read_timeout, acc.accept(stream)).await
+        {
+            Ok(Ok(tls_stream)) => run!(TokioIo::new(tls_stream)),
+            Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+        },
         None => run!(TokioIo::new(stream)),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[tokio::test]
     async fn accepted_connections_send_small_writes_at_once() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -197,5 +395,43 @@ mod tests {
         assert!(!stream.nodelay().unwrap(), "the OS default has Nagle on");
         super::tune_accepted(&stream);
         assert!(stream.nodelay().unwrap());
+    }
+
+    #[test]
+    fn an_ip_gets_its_cap_of_connections_and_idle_ones_are_shed_longest_idle_first() {
+        let conns = Arc::new(Connections::default());
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let other: IpAddr = "10.0.0.2".parse().unwrap();
+        let reg = |ip| {
+            let a = idle::Activity::new();
+            let n = Arc::new(Notify::new());
+            conns
+                .register(ip, 2, a.clone(), n.clone())
+                .map(|r| (r, a, n))
+        };
+        let first = reg(ip).unwrap();
+        let second = reg(ip).unwrap();
+        assert!(reg(ip).is_none(), "a third from one IP is refused");
+        let _third_elsewhere = reg(other).unwrap();
+        drop(first);
+        let again = reg(ip).unwrap();
+        // A connection with a request in flight is never shed.
+        let _busy = again.1.begin();
+        assert_eq!(conns.shed_idle(10), 2, "the two idle ones");
+        drop(second);
+        assert_eq!(conns.shed_idle(10), 1);
+    }
+
+    #[test]
+    fn accept_errors_back_off_and_log_at_most_once_a_second() {
+        let mut e = AcceptErrors::new();
+        let err = std::io::Error::from_raw_os_error(24); // EMFILE
+        let waits: Vec<Duration> = (0..9).map(|_| e.failed(&err)).collect();
+        assert_eq!(waits[0], Duration::from_millis(10));
+        assert_eq!(waits[1], Duration::from_millis(20));
+        assert_eq!(waits[8], Duration::from_secs(1));
+        assert_eq!(e.suppressed, 8, "one line for nine errors within a second");
+        e.accepted();
+        assert_eq!(e.failed(&err), Duration::from_millis(10));
     }
 }

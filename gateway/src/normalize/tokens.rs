@@ -1,122 +1,320 @@
-//! Tokenizing a prompt whose static prefix repeats: the prefix's tokens are cached by the blake3
-//! of its text, and only the rest is tokenized per request.
+//! Rendering and tokenizing a chat prompt so that
 //!
-//! A byte-level BPE tokenizer may merge across any boundary in plain text, but never across an
-//! added token (`<|im_start|>`, `<|im_end|>`): those are split out before anything else. So the
-//! prompt is cut only right after the last added token that ends inside the static prefix, and
-//! `tokens(prefix) ++ tokens(rest) == tokens(prompt)` (tested on many prompts).
+//! 1. only the chat template's own markup can yield control tokens: every message's text — the
+//!    user's, a tool's, a template's — is tokenized with special tokens taken as plain text, so
+//!    `<|im_start|>system` typed by a user is just characters;
+//! 2. the request-independent prefix's tokens are cached, per tenant (its cache salt), bounded
+//!    in bytes, and filled only by requests that were admitted.
+//!
+//! The chat template renders with each message's content between private-use markers
+//! ([`render`]); the rendering splits into *markup* pieces (tokenized with special tokens
+//! recognized) and *content* pieces (tokenized with them as text). Pieces are tokenized one by
+//! one, so a prompt's tokens are the concatenation of its pieces' tokens, and the static prefix —
+//! every piece before the first dynamic text, that piece cut there — has the same tokens in every
+//! request that shares it. (A template that transforms content, e.g. `| trim`, gets the content as
+//! sent: the markers keep it whole.)
 
-use std::num::NonZeroUsize;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
 use cachet_backend::EngineError;
 
-/// A private-use marker that no prompt contains, to find where content lands in a rendering.
-const MARK: &str = "\u{F8FF}\u{F8FE}cachet-boundary\u{F8FE}\u{F8FF}";
+/// Private-use characters around each message's content in a rendering; no prompt may contain
+/// them (requests that do are refused).
+const OPEN: char = '\u{F8F0}';
+const SEP: char = '\u{F8F1}';
+const CLOSE: char = '\u{F8F2}';
+
+/// Whether `text` holds one of the reserved marker characters.
+pub fn has_reserved(text: &str) -> bool {
+    text.contains([OPEN, SEP, CLOSE])
+}
+
+/// One piece of a rendered prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Bytes of the prompt it covers.
+    pub range: Range<usize>,
+    /// A message's text (special tokens as plain text), not the template's markup.
+    pub content: bool,
+}
+
+/// A rendered chat prompt, cut into pieces, with where its request-dependent text begins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub text: String,
+    pub pieces: Vec<Piece>,
+    /// Byte offset where request-dependent content begins (the whole text when all is static).
+    pub boundary: usize,
+}
+
+/// Renders `messages` with the chat template (and the generation prompt). `first_dynamic` is
+/// where the first request-dependent text is: byte `offset` of message `index`'s content.
+pub fn render(
+    tok: &TextTokenizer,
+    messages: &[ChatMessage],
+    first_dynamic: Option<(usize, usize)>,
+) -> Result<Rendered, EngineError> {
+    if messages.iter().any(|m| has_reserved(&m.content)) {
+        return Err(EngineError::InvalidRequest(
+            "message text contains a reserved character (U+F8F0 … U+F8F2)".into(),
+        ));
+    }
+    let marked: Vec<ChatMessage> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ChatMessage::new(m.role.clone(), format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content)))
+        .collect();
+    let rendered = tok.render_chat(&marked, true)?;
+    let mut text = String::with_capacity(rendered.len());
+    let mut pieces = Vec::new();
+    let mut boundary = None;
+    let mut rest = rendered.as_str();
+    let mut markup_start = 0;
+    while let Some(open) = rest.find(OPEN) {
+        text.push_str(&rest[..open]);
+        let after = &rest[open + OPEN.len_utf8()..];
+        let (index, after) = after
+            .split_once(SEP)
+            .and_then(|(i, a)| Some((i.parse::<usize>().ok()?, a)))
+            .ok_or_else(|| bad_template("a message's marker came out broken"))?;
+        let close = after
+            .find(CLOSE)
+            .ok_or_else(|| bad_template("a message's content came out cut"))?;
+        let content = &after[..close];
+        if text.len() > markup_start {
+            pieces.push(Piece {
+                range: markup_start..text.len(),
+                content: false,
+            });
+        }
+        let start = text.len();
+        text.push_str(content);
+        if !content.is_empty() {
+            pieces.push(Piece {
+                range: start..text.len(),
+                content: true,
+            });
+        }
+        if let Some((i, offset)) = first_dynamic {
+            if i == index && boundary.is_none() {
+                boundary = Some(start + offset.min(content.len()));
+            }
+        }
+        markup_start = text.len();
+        rest = &after[close + CLOSE.len_utf8()..];
+    }
+    text.push_str(rest);
+    if text.len() > markup_start {
+        pieces.push(Piece {
+            range: markup_start..text.len(),
+            content: false,
+        });
+    }
+    let boundary = match first_dynamic {
+        // The template dropped the message the dynamic text is in: nothing is static.
+        Some(_) => boundary.unwrap_or(0),
+        None => text.len(),
+    };
+    Ok(Rendered {
+        text,
+        pieces,
+        boundary,
+    })
+}
+
+fn bad_template(what: &str) -> EngineError {
+    EngineError::InvalidRequest(format!("the chat template mangles message text: {what}"))
+}
+
+/// Tokenizes `pieces` of `text` (markup with special tokens, content without) onto `ids`.
+fn tokenize(
+    tok: &TextTokenizer,
+    text: &str,
+    pieces: &[Piece],
+    ids: &mut Vec<u32>,
+) -> Result<(), EngineError> {
+    for p in pieces {
+        let s = &text[p.range.clone()];
+        ids.extend(if p.content {
+            tok.encode_plain(s)?
+        } else {
+            tok.encode(s)?
+        });
+    }
+    Ok(())
+}
+
+/// The pieces before `at` and from it, the piece spanning it cut there.
+fn split(pieces: &[Piece], at: usize) -> (Vec<Piece>, Vec<Piece>) {
+    let (mut head, mut tail) = (Vec::new(), Vec::new());
+    for p in pieces {
+        if p.range.end <= at {
+            head.push(p.clone());
+        } else if p.range.start >= at {
+            tail.push(p.clone());
+        } else {
+            head.push(Piece {
+                range: p.range.start..at,
+                content: p.content,
+            });
+            tail.push(Piece {
+                range: at..p.range.end,
+                content: p.content,
+            });
+        }
+    }
+    (head, tail)
+}
 
 /// The result of [`PrefixTokens::encode`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Encoded {
     pub ids: Vec<u32>,
-    /// Tokens of the cached, request-independent prefix.
+    /// Tokens of the request-independent prefix.
     pub stable_tokens: usize,
     /// Whether the prefix's tokens came from the cache.
     pub hit: bool,
+    /// The prefix's key and tokens, to put in the cache once the request is admitted
+    /// ([`PrefixTokens::fill`]); `None` on a hit or without a static prefix.
+    pub fill: Option<([u8; 32], Arc<Vec<u32>>)>,
 }
 
-/// The prefix-token cache of one tokenizer.
+struct Cache {
+    lru: lru::LruCache<[u8; 32], Arc<Vec<u32>>>,
+    bytes: usize,
+}
+
+/// The prefix-token cache: entries keyed by (tenant salt, the prefix's pieces), bounded in the
+/// bytes of the tokens it holds (LRU).
 pub struct PrefixTokens {
-    added: Vec<String>,
-    cache: Mutex<lru::LruCache<[u8; 32], Arc<Vec<u32>>>>,
+    cache: Mutex<Cache>,
+    max_bytes: usize,
 }
 
 impl PrefixTokens {
-    pub fn new(tok: &TextTokenizer, capacity: usize) -> PrefixTokens {
-        let mut added: Vec<String> = tok
-            .inner()
-            .get_added_tokens_decoder()
-            .into_values()
-            .map(|t| t.content)
-            .filter(|c| !c.is_empty())
-            .collect();
-        added.sort();
-        added.dedup();
+    /// A cache of at most `max_bytes` of token ids.
+    pub fn new(max_bytes: usize) -> PrefixTokens {
         PrefixTokens {
-            added,
-            cache: Mutex::new(lru::LruCache::new(
-                NonZeroUsize::new(capacity.max(1)).expect("max(1)"),
-            )),
+            cache: Mutex::new(Cache {
+                lru: lru::LruCache::unbounded(),
+                bytes: 0,
+            }),
+            max_bytes,
         }
     }
 
-    /// Where the static prefix of `prompt` may be cut: right after the last added token that
-    /// ends at or before `boundary` (0 when there is none).
-    pub fn split_point(&self, prompt: &str, boundary: usize) -> usize {
-        let head = &prompt[..boundary.min(prompt.len())];
-        self.added
-            .iter()
-            .filter_map(|a| head.rfind(a.as_str()).map(|i| i + a.len()))
-            .max()
-            .unwrap_or(0)
+    /// Bytes of token ids held.
+    pub fn bytes(&self) -> usize {
+        self.cache.lock().expect("cache lock").bytes
     }
 
-    /// Tokenizes `prompt`, whose first `boundary` bytes do not depend on the request.
+    /// Tokenizes `r` for the tenant of `salt`, the static prefix's tokens from the cache when
+    /// they are there.
     pub fn encode(
         &self,
         tok: &TextTokenizer,
-        prompt: &str,
-        boundary: usize,
+        r: &Rendered,
+        salt: &[u8; 32],
     ) -> Result<Encoded, EngineError> {
-        let cut = self.split_point(prompt, boundary);
-        if cut == 0 {
+        let (head, tail) = split(&r.pieces, r.boundary);
+        let mut ids = Vec::with_capacity(r.text.len() / 3);
+        if head.is_empty() {
+            tokenize(tok, &r.text, &tail, &mut ids)?;
             return Ok(Encoded {
-                ids: tok.encode(prompt)?,
+                ids,
                 stable_tokens: 0,
                 hit: false,
+                fill: None,
             });
         }
-        let (head, tail) = prompt.split_at(cut);
-        let key = *blake3::hash(head.as_bytes()).as_bytes();
-        let cached = self.cache.lock().expect("cache lock").get(&key).cloned();
-        let (prefix, hit) = match cached {
-            Some(p) => (p, true),
+        let key = key(salt, &r.text, &head);
+        let cached = self.cache.lock().expect("cache lock").lru.get(&key).cloned();
+        let (prefix, fill) = match cached {
+            Some(p) => (p, None),
             None => {
-                let p = Arc::new(tok.encode(head)?);
-                self.cache.lock().expect("cache lock").put(key, p.clone());
-                (p, false)
+                let mut p = Vec::new();
+                tokenize(tok, &r.text, &head, &mut p)?;
+                let p = Arc::new(p);
+                (p.clone(), Some((key, p)))
             }
         };
-        let mut ids = Vec::with_capacity(prefix.len() + tail.len() / 3);
         ids.extend_from_slice(&prefix);
-        ids.extend(tok.encode(tail)?);
+        tokenize(tok, &r.text, &tail, &mut ids)?;
         Ok(Encoded {
             ids,
             stable_tokens: prefix.len(),
-            hit,
+            hit: fill.is_none(),
+            fill,
         })
+    }
+
+    /// Caches a prefix [`PrefixTokens::encode`] computed, once its request was admitted; the
+    /// least recently used entries go to stay within the byte bound.
+    pub fn fill(&self, fill: ([u8; 32], Arc<Vec<u32>>)) {
+        let size = fill.1.len() * 4;
+        if size > self.max_bytes {
+            return;
+        }
+        let mut c = self.cache.lock().expect("cache lock");
+        if let Some(old) = c.lru.put(fill.0, fill.1) {
+            c.bytes -= old.len() * 4;
+        }
+        c.bytes += size;
+        while c.bytes > self.max_bytes {
+            match c.lru.pop_lru() {
+                Some((_, v)) => c.bytes -= v.len() * 4,
+                None => break,
+            }
+        }
     }
 }
 
-/// Renders `messages` with the chat template and returns the prompt and the byte offset where
-/// request-dependent content begins: the first dynamic text is at byte `offset` of message
-/// `index`'s content. `None` for the offset when the rendering does not allow a clean cut.
-pub fn render_with_boundary(
-    tok: &TextTokenizer,
-    messages: &[ChatMessage],
-    first_dynamic: Option<(usize, usize)>,
-) -> Result<(String, Option<usize>), EngineError> {
-    let prompt = tok.render_chat(messages, true)?;
-    let Some((index, offset)) = first_dynamic else {
-        return Ok((prompt.clone(), Some(prompt.len())));
-    };
-    let mut probe: Vec<ChatMessage> = messages[..=index].to_vec();
-    let m = &mut probe[index];
-    m.content.truncate(offset);
-    m.content.push_str(MARK);
-    let rendered = tok.render_chat(&probe, false)?;
-    let boundary = rendered
-        .find(MARK)
-        .filter(|&at| prompt.as_bytes().starts_with(&rendered.as_bytes()[..at]));
-    Ok((prompt, boundary))
+/// The cache key of a prefix: keyed blake3 under the tenant's salt over its pieces (kind,
+/// length, bytes), so tenants never share entries unless they share a salt.
+fn key(salt: &[u8; 32], text: &str, pieces: &[Piece]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(salt);
+    for p in pieces {
+        h.update(&[p.content as u8]);
+        h.update(&(p.range.len() as u64).to_le_bytes());
+        h.update(text[p.range.clone()].as_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(r: Range<usize>, content: bool) -> Piece {
+        Piece { range: r, content }
+    }
+
+    #[test]
+    fn pieces_split_at_the_boundary() {
+        let ps = vec![piece(0..5, false), piece(5..20, true), piece(20..24, false)];
+        let (h, t) = split(&ps, 12);
+        assert_eq!(h, vec![piece(0..5, false), piece(5..12, true)]);
+        assert_eq!(t, vec![piece(12..20, true), piece(20..24, false)]);
+        let (h, t) = split(&ps, 5);
+        assert_eq!((h.len(), t.len()), (1, 2));
+    }
+
+    #[test]
+    fn the_cache_is_bounded_in_bytes_and_keys_differ_by_salt() {
+        let c = PrefixTokens::new(40);
+        let text = "abcdef";
+        let ps = [piece(0..6, true)];
+        let (k1, k2) = (key(&[1; 32], text, &ps), key(&[2; 32], text, &ps));
+        assert_ne!(k1, k2, "one tenant's prefix is not another's");
+        assert_ne!(k1, key(&[1; 32], text, &[piece(0..6, false)]), "kind is in the key");
+        c.fill((k1, Arc::new(vec![1; 6])));
+        c.fill((k2, Arc::new(vec![2; 6])));
+        assert_eq!(c.bytes(), 24);
+        c.fill(([3; 32], Arc::new(vec![3; 6])));
+        assert_eq!(c.bytes(), 24, "the oldest went");
+        c.fill(([4; 32], Arc::new(vec![4; 20])));
+        assert_eq!(c.bytes(), 24, "larger than the whole cache: not kept");
+    }
 }

@@ -13,7 +13,6 @@
 
 pub mod store;
 
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,8 +41,15 @@ pub struct SandboxConfig {
     pub module_bytes: usize,
     /// Template calls in flight at once (pool slots).
     pub instances: u32,
-    /// Compiled modules kept in memory.
-    pub cached_modules: usize,
+    /// Bytes of compiled code kept in memory (LRU beyond).
+    pub cache_bytes: usize,
+    /// Most functions a module may define, and locals one function may declare: what bounds
+    /// the time it takes to compile (checked by parsing, before compiling).
+    pub max_functions: u32,
+    pub max_locals: u32,
+    /// Modules compiled at once (each on one thread), and how long one may take.
+    pub compile_slots: usize,
+    pub compile_deadline: Duration,
 }
 
 impl Default for SandboxConfig {
@@ -55,7 +61,11 @@ impl Default for SandboxConfig {
             output_bytes: 1 << 20,
             module_bytes: 4 << 20,
             instances: 64,
-            cached_modules: 256,
+            cache_bytes: 256 << 20,
+            max_functions: 10_000,
+            max_locals: 50_000,
+            compile_slots: 2,
+            compile_deadline: Duration::from_secs(10),
         }
     }
 }
@@ -107,6 +117,16 @@ pub enum TemplateError {
     Busy,
     #[error("template storage: {0}")]
     Storage(String),
+    #[error("the module has {found} {what}; the limit is {limit}")]
+    TooComplex {
+        what: &'static str,
+        found: u64,
+        limit: u64,
+    },
+    #[error("compiling the module took longer than {0:?}")]
+    CompileTimeout(Duration),
+    #[error("the tenant's template storage is full: {0}")]
+    QuotaExceeded(String),
 }
 
 impl TemplateError {
@@ -131,6 +151,9 @@ impl TemplateError {
             Refused(_) => "template_refused",
             Busy => "template_busy",
             Storage(_) => "template_storage",
+            TooComplex { .. } => "template_too_complex",
+            CompileTimeout(_) => "template_compile_timeout",
+            QuotaExceeded(_) => "template_quota_exceeded",
         }
     }
 
@@ -143,7 +166,10 @@ impl TemplateError {
             | MissingExport { .. }
             | ForbiddenImport { .. }
             | AbiVersion { .. }
-            | BadName(_) => 400,
+            | BadName(_)
+            | TooComplex { .. } => 400,
+            CompileTimeout(_) => 422,
+            QuotaExceeded(_) => 409,
             ModuleTooLarge { .. } => 413,
             NotFound(_) | NoSuchVersion { .. } => 404,
             VersionActive { .. } => 409,
@@ -204,6 +230,8 @@ pub struct Compiled {
     pre: InstancePre<Host>,
     pub hash: [u8; 32],
     pub size: usize,
+    /// Bytes of its compiled code image.
+    pub code_bytes: usize,
 }
 
 /// What one call cost.
@@ -217,9 +245,27 @@ pub struct CallStats {
 pub struct Sandbox {
     engine: Engine,
     linker: Linker<Host>,
-    cache: Mutex<lru::LruCache<[u8; 32], Arc<Compiled>>>,
+    cache: Mutex<ModuleCache>,
     config: SandboxConfig,
     stop: Arc<AtomicBool>,
+    /// Compilations that may run at once.
+    compiling: Arc<(Mutex<usize>, std::sync::Condvar)>,
+}
+
+/// Compiled modules by the blake3 of their bytes, bounded in bytes of code.
+struct ModuleCache {
+    lru: lru::LruCache<[u8; 32], Arc<Compiled>>,
+    bytes: usize,
+}
+
+/// A compile slot; given back on drop.
+struct CompileSlot(Arc<(Mutex<usize>, std::sync::Condvar)>);
+
+impl Drop for CompileSlot {
+    fn drop(&mut self) {
+        *self.0 .0.lock().expect("slots lock") -= 1;
+        self.0 .1.notify_one();
+    }
 }
 
 impl Drop for Sandbox {
@@ -243,7 +289,9 @@ impl Sandbox {
         let mut wc = Config::new();
         wc.allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
             .epoch_interruption(true)
-            .consume_fuel(true);
+            .consume_fuel(true)
+            // One upload compiles on one core (its slot's), never on all of them.
+            .parallel_compilation(false);
         let engine = Engine::new(&wc)?;
         let mut linker = Linker::new(&engine);
         linker.func_wrap(
@@ -282,11 +330,14 @@ impl Sandbox {
                     }
                 })?;
         }
-        let cap = NonZeroUsize::new(config.cached_modules.max(1)).expect("max(1)");
         Ok(Arc::new(Sandbox {
             engine,
             linker,
-            cache: Mutex::new(lru::LruCache::new(cap)),
+            cache: Mutex::new(ModuleCache {
+                lru: lru::LruCache::unbounded(),
+                bytes: 0,
+            }),
+            compiling: Arc::new((Mutex::new(0), std::sync::Condvar::new())),
             config,
             stop,
         }))
@@ -313,7 +364,75 @@ impl Sandbox {
 
     /// A compiled module by the blake3 of its bytes, if it is in the cache.
     pub fn cached(&self, hash: &[u8; 32]) -> Option<Arc<Compiled>> {
-        self.cache.lock().expect("cache lock").get(hash).cloned()
+        self.cache.lock().expect("cache lock").lru.get(hash).cloned()
+    }
+
+    /// Drops a module from the cache (its template was deleted or deactivated); its code is
+    /// freed once no call holds it.
+    pub fn evict(&self, hash: &[u8; 32]) {
+        let mut c = self.cache.lock().expect("cache lock");
+        if let Some(m) = c.lru.pop(hash) {
+            c.bytes -= m.code_bytes;
+        }
+    }
+
+    /// Bytes of compiled code in the cache, and modules.
+    pub fn cache_usage(&self) -> (usize, usize) {
+        let c = self.cache.lock().expect("cache lock");
+        (c.bytes, c.lru.len())
+    }
+
+    fn remember(&self, compiled: &Arc<Compiled>) {
+        let mut c = self.cache.lock().expect("cache lock");
+        if compiled.code_bytes > self.config.cache_bytes {
+            return;
+        }
+        if let Some(old) = c.lru.put(compiled.hash, compiled.clone()) {
+            c.bytes -= old.code_bytes;
+        }
+        c.bytes += compiled.code_bytes;
+        while c.bytes > self.config.cache_bytes {
+            match c.lru.pop_lru() {
+                Some((_, m)) => c.bytes -= m.code_bytes,
+                None => break,
+            }
+        }
+    }
+
+    /// Waits (a little) for a compile slot.
+    fn compile_slot(&self) -> Result<CompileSlot, TemplateError> {
+        let (lock, cv) = &*self.compiling;
+        let mut n = lock.lock().expect("slots lock");
+        let t0 = Instant::now();
+        while *n >= self.config.compile_slots.max(1) {
+            let left = Duration::from_secs(2).saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                return Err(TemplateError::Busy);
+            }
+            n = cv.wait_timeout(n, left).expect("slots lock").0;
+        }
+        *n += 1;
+        Ok(CompileSlot(self.compiling.clone()))
+    }
+
+    /// Compiles on a thread of its own, holding a compile slot until it is done, and waits at
+    /// most the compile deadline for it.
+    fn compile_bounded(&self, bytes: &[u8]) -> Result<Module, TemplateError> {
+        let slot = self.compile_slot()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let engine = self.engine.clone();
+        let bytes = bytes.to_vec();
+        std::thread::Builder::new()
+            .name("cachet-template-compile".into())
+            .spawn(move || {
+                let _slot = slot;
+                let _ = tx.send(Module::from_binary(&engine, &bytes));
+            })
+            .map_err(|e| TemplateError::Storage(format!("starting a compile thread: {e}")))?;
+        match rx.recv_timeout(self.config.compile_deadline) {
+            Ok(m) => m.map_err(|e| TemplateError::NotWasm(format!("{e:#}"))),
+            Err(_) => Err(TemplateError::CompileTimeout(self.config.compile_deadline)),
+        }
     }
 
     /// Validates and compiles a module (or returns the cached one with the same bytes).
@@ -325,25 +444,27 @@ impl Sandbox {
             });
         }
         let hash = *blake3::hash(bytes).as_bytes();
-        if let Some(c) = self.cache.lock().expect("cache lock").get(&hash) {
-            return Ok(c.clone());
+        if let Some(c) = self.cached(&hash) {
+            return Ok(c);
         }
         if !bytes.starts_with(b"\0asm") {
             return Err(TemplateError::NotWasm(
                 "it does not start with the Wasm magic bytes `\\0asm` (upload the binary .wasm, not text)".into(),
             ));
         }
-        let module = Module::from_binary(&self.engine, bytes)
-            .map_err(|e| TemplateError::NotWasm(format!("{e:#}")))?;
+        precheck(bytes, &self.config)?;
+        let module = self.compile_bounded(bytes)?;
         check_interface(&module)?;
         let pre = self
             .linker
             .instantiate_pre(&module)
             .map_err(|e| TemplateError::NotWasm(format!("{e:#}")))?;
+        let image = module.image_range();
         let compiled = Arc::new(Compiled {
             pre,
             hash,
             size: bytes.len(),
+            code_bytes: (image.end as usize).saturating_sub(image.start as usize),
         });
         // The ABI version, asked under the sandbox's own budget.
         let budget = self.budget(None, None, None);
@@ -360,10 +481,7 @@ impl Sandbox {
                 expected: ABI_VERSION,
             });
         }
-        self.cache
-            .lock()
-            .expect("cache lock")
-            .put(hash, compiled.clone());
+        self.remember(&compiled);
         Ok(compiled)
     }
 
@@ -530,7 +648,97 @@ fn parse_reply(bytes: &[u8]) -> Result<Rendered, TemplateError> {
             s.text.chars().take(40).collect::<String>()
         )));
     }
+    // The hints get the limits the API's own fields have.
+    if r.stop.len() > MAX_STOP_HINTS {
+        return Err(TemplateError::BadOutput(format!(
+            "the reply has {} stop strings; at most {MAX_STOP_HINTS}",
+            r.stop.len()
+        )));
+    }
+    if let Some(s) = r
+        .stop
+        .iter()
+        .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
+        return Err(TemplateError::BadOutput(format!(
+            "a stop string is empty or longer than {MAX_STOP_BYTES} bytes ({} bytes)",
+            s.len()
+        )));
+    }
+    if r.max_tokens == Some(0) {
+        return Err(TemplateError::BadOutput(
+            "max_tokens must be at least 1".into(),
+        ));
+    }
     Ok(r)
+}
+
+/// Most stop strings a template's reply may add (the API's own limit), and their longest.
+pub const MAX_STOP_HINTS: usize = 4;
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// What can be refused by parsing alone, before any compiling: imports other than
+/// `cachet.log`, missing exports, and more functions or locals than the limits (which bound the
+/// compile time).
+fn precheck(bytes: &[u8], config: &SandboxConfig) -> Result<(), TemplateError> {
+    use wasmparser::{ExternalKind, Parser, Payload};
+    let bad = |e: wasmparser::BinaryReaderError| TemplateError::NotWasm(e.to_string());
+    let too = |what, found: u64, limit: u32| TemplateError::TooComplex {
+        what,
+        found,
+        limit: limit as u64,
+    };
+    let mut exports = std::collections::HashSet::new();
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(bad)? {
+            Payload::ImportSection(r) => {
+                for imp in r.into_imports() {
+                    let imp = imp.map_err(bad)?;
+                    if !(imp.module == "cachet" && imp.name == "log") {
+                        return Err(TemplateError::ForbiddenImport {
+                            module: imp.module.into(),
+                            name: imp.name.into(),
+                        });
+                    }
+                }
+            }
+            Payload::FunctionSection(r) if r.count() > config.max_functions => {
+                return Err(too("functions", r.count() as u64, config.max_functions));
+            }
+            Payload::CodeSectionStart { count, .. } if count > config.max_functions => {
+                return Err(too("functions", count as u64, config.max_functions));
+            }
+            Payload::CodeSectionEntry(body) => {
+                let mut locals: u64 = 0;
+                for l in body.get_locals_reader().map_err(bad)? {
+                    locals += l.map_err(bad)?.0 as u64;
+                    if locals > config.max_locals as u64 {
+                        return Err(too("locals in one function", locals, config.max_locals));
+                    }
+                }
+            }
+            Payload::ExportSection(r) => {
+                for e in r {
+                    let e = e.map_err(bad)?;
+                    exports.insert((e.name.to_string(), e.kind == ExternalKind::Memory));
+                }
+            }
+            _ => {}
+        }
+    }
+    if !exports.contains(&("memory".to_string(), true)) {
+        return Err(TemplateError::MissingExport {
+            what: "a memory named `memory`".into(),
+        });
+    }
+    for f in ["cachet_abi_version", "cachet_alloc", "cachet_render"] {
+        if !exports.contains(&(f.to_string(), false)) {
+            return Err(TemplateError::MissingExport {
+                what: format!("function `{f}` (see guest-sdk/ABI.md)"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Exports with their types, and imports: only `cachet.log`.

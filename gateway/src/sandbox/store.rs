@@ -45,11 +45,30 @@ struct Entry {
     active: Option<u32>,
 }
 
+/// How much one tenant may store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Versions, across all the tenant's templates.
+    pub versions: usize,
+    /// Bytes of modules, across all its templates.
+    pub bytes: usize,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        Quota {
+            versions: 64,
+            bytes: 32 << 20,
+        }
+    }
+}
+
 /// All tenants' templates.
 pub struct TemplateStore {
     dir: PathBuf,
     sandbox: Arc<Sandbox>,
     index: RwLock<HashMap<(String, String), Entry>>,
+    quota: Quota,
 }
 
 fn storage(e: impl std::fmt::Display) -> TemplateError {
@@ -162,6 +181,31 @@ impl TemplateStore {
             dir: dir.to_path_buf(),
             sandbox,
             index: RwLock::new(index),
+            quota: Quota::default(),
+        })
+    }
+
+    /// The same store with `quota` per tenant.
+    pub fn with_quota(mut self, quota: Quota) -> Self {
+        self.quota = quota;
+        self
+    }
+
+    /// A tenant's stored versions and bytes.
+    fn usage(index: &HashMap<(String, String), Entry>, tenant: &str) -> (usize, usize) {
+        index
+            .iter()
+            .filter(|((t, _), _)| t == tenant)
+            .flat_map(|(_, e)| e.versions.values())
+            .fold((0, 0), |(n, b), v| (n + 1, b + v.size))
+    }
+
+    /// Whether any template still uses the module of `hash` as its active version.
+    fn active_anywhere(index: &HashMap<(String, String), Entry>, hash: &[u8; 32]) -> bool {
+        index.values().any(|e| {
+            e.active
+                .and_then(|a| e.versions.get(&a))
+                .is_some_and(|v| &v.raw_hash == hash)
         })
     }
 
@@ -184,6 +228,18 @@ impl TemplateStore {
         if !valid_name(name) {
             return Err(TemplateError::BadName(name.into()));
         }
+        {
+            let index = self.index.read().expect("index lock");
+            let (n, b) = Self::usage(&index, tenant);
+            if n + 1 > self.quota.versions || b + bytes.len() > self.quota.bytes {
+                return Err(TemplateError::QuotaExceeded(format!(
+                    "{n} versions of {} allowed, {b} + {} bytes of {} allowed; delete versions first",
+                    self.quota.versions,
+                    bytes.len(),
+                    self.quota.bytes
+                )));
+            }
+        }
         let compiled = self.sandbox.compile(bytes)?;
         let dir = self.path(tenant, name);
         std::fs::create_dir_all(&dir).map_err(storage)?;
@@ -192,6 +248,7 @@ impl TemplateStore {
             .entry((tenant.to_string(), name.to_string()))
             .or_default();
         let version = entry.versions.keys().next_back().map_or(1, |v| v + 1);
+        let activate = entry.active.is_none();
         write_atomically(&dir.join(format!("v{version}.wasm")), bytes).map_err(storage)?;
         let info = VersionInfo {
             version,
@@ -203,13 +260,15 @@ impl TemplateStore {
             raw_hash: compiled.hash,
         };
         entry.versions.insert(version, info.clone());
-        let activated = entry.active.is_none();
-        if activated {
+        if activate {
             write_atomically(&dir.join("active"), version.to_string().as_bytes())
                 .map_err(storage)?;
             entry.active = Some(version);
+        } else if !Self::active_anywhere(&index, &compiled.hash) {
+            // Stored, not serving: its compiled code is not kept.
+            self.sandbox.evict(&compiled.hash);
         }
-        Ok((info, activated))
+        Ok((info, activate))
     }
 
     /// A tenant's templates.
@@ -245,7 +304,16 @@ impl TemplateStore {
             version.to_string().as_bytes(),
         )
         .map_err(storage)?;
+        let before = entry
+            .active
+            .and_then(|a| entry.versions.get(&a))
+            .map(|v| v.raw_hash);
         entry.active = Some(version);
+        if let Some(h) = before {
+            if !Self::active_anywhere(&index, &h) {
+                self.sandbox.evict(&h);
+            }
+        }
         Ok(())
     }
 
@@ -262,6 +330,10 @@ impl TemplateStore {
             .get_mut(&key)
             .ok_or_else(|| TemplateError::NotFound(name.into()))?;
         let dir = self.path(tenant, name);
+        let gone: Vec<[u8; 32]> = match version {
+            None => entry.versions.values().map(|v| v.raw_hash).collect(),
+            Some(v) => entry.versions.get(&v).map(|i| i.raw_hash).into_iter().collect(),
+        };
         match version {
             None => {
                 std::fs::remove_dir_all(&dir).map_err(storage)?;
@@ -282,6 +354,12 @@ impl TemplateStore {
                 }
                 std::fs::remove_file(dir.join(format!("v{v}.wasm"))).map_err(storage)?;
                 entry.versions.remove(&v);
+            }
+        }
+        // Their compiled code goes with them (unless another template serves the same bytes).
+        for h in gone {
+            if !Self::active_anywhere(&index, &h) {
+                self.sandbox.evict(&h);
             }
         }
         Ok(())

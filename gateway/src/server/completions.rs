@@ -5,7 +5,8 @@
 //!    (403), every field (400, `param` named);
 //! 3. work: the tenant's template (chat), normalization, tokenization (static prefix tokens
 //!    cached), the length check (400);
-//! 4. admission: the tenant's limits (429 + Retry-After);
+//!    (the tenant's concurrency and requests/min are taken before this step: 429 + Retry-After);
+//! 4. admission of the prompt: the tenant's tokens/min (429 + Retry-After);
 //! 5. the engine request (tenant salt and priority, the deadline) routed through the pool
 //!    (503 + Retry-After when nobody takes it), then the response, whole or streamed.
 
@@ -114,9 +115,13 @@ async fn completion_for(
         Input::Text(r, p)
     };
     let (max_tokens, mut stop) = input.common().validate()?;
+    // The tenant's concurrency and requests/min, before any work is done for the request (its
+    // template included); the tokens/min budget once the prompt is known.
+    let mut permit = tenant.admit_request(Instant::now())?;
     // 3. Template, normalization, tokenization: the prompt as token ids (engines) and as text
     // (OpenAI-compatible upstreams).
     let mut hints = None;
+    let mut fill = None;
     let (common, prompt, prompt_text) = match input {
         Input::Chat(r, msgs) => {
             let segments = match templates::template_for(&tenant, &r) {
@@ -133,7 +138,8 @@ async fn completion_for(
                 }
                 None => crate::normalize::chat_segments(&msgs),
             };
-            let p = prepare(&state, &tenant, &segments)?;
+            let p = prepare(&state, &tenant, &r.common.salt(&tenant.salt), &segments)?;
+            fill = p.fill;
             (r.common, p.ids, p.prompt)
         }
         Input::Text(r, p) => {
@@ -162,10 +168,23 @@ async fn completion_for(
             Some("messages"),
         ));
     }
+    if let Some(m) = max_tokens.filter(|&m| m > room) {
+        return Err(ApiError::bad_request(
+            format!(
+                "max_tokens is {m}, but the prompt has {} tokens of the model's {}: at most {room} can be generated",
+                prompt.len(),
+                state.max_model_len
+            ),
+            Some("max_tokens"),
+        ));
+    }
     let max_tokens = max_tokens.unwrap_or(room.min(1024));
     let max_tokens = cap.map_or(max_tokens, |c| max_tokens.min(c.max(1)));
-    // 4. Admission.
-    let permit = tenant.admit(prompt.len() as u64, Instant::now())?;
+    // 4. Admission of the prompt's tokens; only an admitted request's prefix tokens are cached.
+    permit.charge_prompt(prompt.len() as u64, Instant::now())?;
+    if let Some(f) = fill {
+        state.prefix_tokens.fill(f);
+    }
     // 5. The engine request, routed.
     let mut er = EngineRequest::new(prompt, max_tokens as usize);
     er.sampling = SamplingParams {
@@ -175,7 +194,7 @@ async fn completion_for(
         seed: common.seed,
     };
     er.stop = stop;
-    er.salt = tenant.salt;
+    er.salt = common.salt(&tenant.salt);
     er.priority = tenant.config.priority;
     er.tag = tenant.id().to_string();
     er.ignore_eos = common.ignore_eos;
@@ -226,30 +245,34 @@ pub struct Prepared {
     pub ids: Vec<u32>,
     /// Tokens of the request-independent prefix (cached tokenization).
     pub stable_tokens: usize,
+    /// The prefix's tokens for the tenant's cache, filled once the request is admitted.
+    pub fill: Option<([u8; 32], std::sync::Arc<Vec<u32>>)>,
 }
 
 /// Normalizes `segments` under the tenant's rules, renders them with the chat template, and
-/// tokenizes with the static prefix's tokens cached.
+/// tokenizes — message text with special tokens as plain text, the static prefix's tokens from
+/// the tenant's cache.
 pub fn prepare(
     state: &AppState,
     tenant: &Tenant,
+    salt: &[u8; 32],
     segments: &[cachet_guest_sdk::Segment],
 ) -> Result<Prepared, ApiError> {
     let n = crate::normalize::normalize(segments, &tenant.rules);
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
-    let (prompt, boundary) =
-        crate::normalize::tokens::render_with_boundary(&state.tokenizer, &messages, first_dynamic)?;
+    let r = crate::normalize::tokens::render(&state.tokenizer, &messages, first_dynamic)?;
     let enc = state
         .prefix_tokens
-        .encode(&state.tokenizer, &prompt, boundary.unwrap_or(0))?;
+        .encode(&state.tokenizer, &r, salt)?;
     state
         .metrics
         .normalized(tenant.id(), n.relocated.len(), enc.stable_tokens);
     Ok(Prepared {
         segments: n.segments,
         relocated: n.relocated,
-        prompt,
+        prompt: r.text,
         ids: enc.ids,
         stable_tokens: enc.stable_tokens,
+        fill: enc.fill,
     })
 }

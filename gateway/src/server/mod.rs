@@ -35,6 +35,9 @@ use crate::http::{self, ApiError, Body};
 use crate::tenants::TenantRegistry;
 use crate::upstream::Pool;
 
+/// Bytes of token ids the static-prefix tokenization cache holds (LRU beyond).
+pub const PREFIX_TOKEN_CACHE_BYTES: usize = 64 << 20;
+
 /// What every request handler shares.
 pub struct AppState {
     /// Where requests run.
@@ -56,6 +59,9 @@ pub struct AppState {
     pub templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
     /// Tokens of recent static prompt prefixes.
     pub prefix_tokens: crate::normalize::tokens::PrefixTokens,
+    /// The operator's token for `/metrics` (which names tenants); without one, `/metrics`
+    /// answers loopback clients only.
+    pub metrics_token: Option<String>,
     next_id: AtomicU64,
 }
 
@@ -72,7 +78,7 @@ impl AppState {
         templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
     ) -> Self {
         AppState {
-            prefix_tokens: crate::normalize::tokens::PrefixTokens::new(&tokenizer, 4096),
+            prefix_tokens: crate::normalize::tokens::PrefixTokens::new(PREFIX_TOKEN_CACHE_BYTES),
             metrics: metrics::Metrics::new(engine.is_some()),
             pool,
             engine,
@@ -86,6 +92,7 @@ impl AppState {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             templates,
+            metrics_token: None,
             next_id: AtomicU64::new(1),
         }
     }
@@ -120,7 +127,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             &serde_json::json!({"status": "ready", "model": state.model_id}),
         )),
         (&Method::GET, "/v1/models") => models(&state, &req),
-        (&Method::GET, "/metrics") => Ok({
+        (&Method::GET, "/metrics") => metrics_allowed(&state, &req).map(|()| {
             state.metrics.worker_load(&state.pool.load());
             let stats = state.engine.as_ref().map(|e| e.stats());
             http::bytes(
@@ -155,6 +162,29 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         _ => Err(ApiError::not_found(format!("no route {path}"), "not_found")),
     };
     result.unwrap_or_else(|e| e.response())
+}
+
+/// `/metrics` names tenants: it answers the operator's token, or, without one configured, the
+/// machine itself only.
+fn metrics_allowed(state: &AppState, req: &Request<Incoming>) -> Result<(), ApiError> {
+    let ok = match &state.metrics_token {
+        Some(t) => http::token_matches(http::bearer(req), t),
+        None => http::from_loopback(req),
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: StatusCode::FORBIDDEN,
+        code: Some("metrics_forbidden"),
+        ..ApiError::bad_request(
+            match &state.metrics_token {
+                Some(_) => "/metrics needs the operator's token (--metrics-token) as `Authorization: Bearer <token>`",
+                None => "/metrics answers this machine only; start `cachet serve` with --metrics-token to scrape it from elsewhere",
+            },
+            None,
+        )
+    })
 }
 
 fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {

@@ -39,6 +39,9 @@ pub struct Common {
     /// Generate `max_tokens` whatever the model says (vLLM's extra parameter; for benchmarks).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// vLLM's `cache_salt`: requests share cached prefixes only with requests of the same
+    /// tenant *and* the same salt (a client's own isolation, within the tenant's).
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -119,15 +122,45 @@ impl Common {
             Some(Stop::One(s)) => vec![s.clone()],
             Some(Stop::Many(v)) => v.clone(),
         };
-        if stop.len() > 4 || stop.iter().any(|s| s.is_empty()) {
+        use crate::sandbox::{MAX_STOP_BYTES, MAX_STOP_HINTS};
+        if stop.len() > MAX_STOP_HINTS
+            || stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+        {
             return Err(ApiError::bad_request(
-                "stop takes up to 4 non-empty strings",
+                format!("stop takes up to {MAX_STOP_HINTS} non-empty strings of at most {MAX_STOP_BYTES} bytes"),
                 Some("stop"),
+            ));
+        }
+        if self
+            .cache_salt
+            .as_ref()
+            .is_some_and(|c| c.is_empty() || c.len() > MAX_CACHE_SALT_BYTES)
+        {
+            return Err(ApiError::bad_request(
+                format!("cache_salt must be 1 to {MAX_CACHE_SALT_BYTES} bytes"),
+                Some("cache_salt"),
             ));
         }
         Ok((max, stop))
     }
+
+    /// The request's cache salt: the tenant's, mixed with the client's `cache_salt` if it sent
+    /// one (never the client's alone).
+    pub fn salt(&self, tenant_salt: &[u8; 32]) -> [u8; 32] {
+        match &self.cache_salt {
+            None => *tenant_salt,
+            Some(c) => {
+                let mut h = blake3::Hasher::new_keyed(tenant_salt);
+                h.update(b"cachet cache_salt\0");
+                h.update(c.as_bytes());
+                *h.finalize().as_bytes()
+            }
+        }
+    }
 }
+
+/// Longest `cache_salt` accepted.
+pub const MAX_CACHE_SALT_BYTES: usize = 256;
 
 impl ChatRequest {
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
@@ -196,5 +229,31 @@ impl CompletionRequest {
                 Some("prompt"),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn common(cache_salt: Option<&str>) -> Common {
+        let mut v = serde_json::json!({"model": "m"});
+        if let Some(c) = cache_salt {
+            v["cache_salt"] = c.into();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_client_cache_salt_splits_its_tenant_and_never_joins_another() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        assert_eq!(common(None).salt(&a), a);
+        let x = common(Some("user-7"));
+        assert_ne!(x.salt(&a), a, "the client's salt splits the tenant's cache");
+        assert_eq!(x.salt(&a), common(Some("user-7")).salt(&a));
+        assert_ne!(x.salt(&a), common(Some("user-8")).salt(&a));
+        assert_ne!(x.salt(&a), x.salt(&b), "the same client salt in two tenants stays apart");
+        assert!(common(Some("")).validate().is_err());
+        assert!(common(Some(&"x".repeat(300))).validate().is_err());
     }
 }

@@ -22,21 +22,56 @@ pub fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-/// Records a finished request: metrics, and the generated tokens against the tenant's budget.
-fn account(state: &AppState, permit: &Permit, usage: &Usage, timings: &RequestTimings) {
-    state.metrics.observe(
-        permit.tenant().id(),
-        timings,
-        usage.prompt_tokens,
-        usage.completion_tokens,
-    );
-    state
-        .metrics
-        .cached_tokens
-        .inc_by(usage.cached_tokens as u64);
-    permit
-        .tenant()
-        .charge_tokens(usage.completion_tokens as u64, Instant::now());
+/// What a response has generated, charged to the tenant's token budget exactly once: when the
+/// request finishes (the engine's own count), or — when the client leaves first and the request
+/// is cancelled — on drop, for the tokens delivered until then. Holds the tenant's concurrency
+/// slot for as long.
+struct Meter {
+    permit: Permit,
+    tokens: u64,
+    settled: bool,
+}
+
+impl Meter {
+    fn new(permit: Permit) -> Self {
+        Meter {
+            permit,
+            tokens: 0,
+            settled: false,
+        }
+    }
+
+    fn token(&mut self) {
+        self.tokens += 1;
+    }
+
+    /// Records a finished request: metrics, and the generated tokens against the tenant's budget.
+    fn settle(&mut self, state: &AppState, usage: &Usage, timings: &RequestTimings) {
+        state.metrics.observe(
+            self.permit.tenant().id(),
+            timings,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        );
+        state
+            .metrics
+            .cached_tokens
+            .inc_by(usage.cached_tokens as u64);
+        self.permit
+            .tenant()
+            .charge_tokens(usage.completion_tokens as u64, Instant::now());
+        self.settled = true;
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        if !self.settled && self.tokens > 0 {
+            self.permit
+                .tenant()
+                .charge_tokens(self.tokens, Instant::now());
+        }
+    }
 }
 
 pub struct Meta {
@@ -85,10 +120,15 @@ pub async fn whole(
     permit: Permit,
     state: &AppState,
 ) -> Result<Response<Body>, ApiError> {
+    // Dropped with this future when the client leaves: what was generated is charged.
+    let mut meter = Meter::new(permit);
     let mut text = String::new();
     loop {
         match stream.next().await {
-            Some(EngineEvent::Token { text: t, .. }) => text.push_str(&t),
+            Some(EngineEvent::Token { text: t, .. }) => {
+                meter.token();
+                text.push_str(&t)
+            }
             Some(EngineEvent::Finished {
                 reason,
                 usage,
@@ -96,7 +136,7 @@ pub async fn whole(
                 text: rest,
                 timings,
             }) => {
-                account(state, &permit, &usage, &timings);
+                meter.settle(state, &usage, &timings);
                 if reason == FinishReason::Error {
                     return Err(ApiError::internal(
                         error.unwrap_or_else(|| "engine error".into()),
@@ -132,7 +172,7 @@ pub fn sse(
 ) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
-        let _permit = permit;
+        let mut meter = Meter::new(permit);
         let object = if meta.chat {
             "chat.completion.chunk"
         } else {
@@ -159,8 +199,15 @@ pub fn sse(
             return;
         }
         loop {
-            match stream.next().await {
+            // A client that leaves is noticed at once (not at the next token): dropping `stream`
+            // cancels the request, and the meter charges what was generated.
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                _ = tx.closed() => return,
+            };
+            match ev {
                 Some(EngineEvent::Token { text, .. }) => {
+                    meter.token();
                     if !text.is_empty()
                         && tx
                             .send(chunk(serde_json::json!({"content": text}), None))
@@ -177,7 +224,7 @@ pub fn sse(
                     error,
                     timings,
                 }) => {
-                    account(&state, &_permit, &usage, &timings);
+                    meter.settle(&state, &usage, &timings);
                     if reason == FinishReason::Error {
                         let e = ApiError::internal(error.unwrap_or_default());
                         let _ = tx

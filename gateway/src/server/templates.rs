@@ -88,7 +88,6 @@ async fn run(
 ) -> Result<Applied, ApiError> {
     let outcome = async {
         let store = store(state)?.clone();
-        let module = store.resolve(tenant.id(), name)?;
         let c = &tenant.config;
         let sandbox = store.sandbox().clone();
         let budget = sandbox.budget(
@@ -97,10 +96,14 @@ async fn run(
             c.template_memory_mib.map(|m| (m as usize) << 20),
         );
         let tag: Arc<str> = format!("{}/{name}", tenant.id()).into();
-        let (rendered, stats) =
-            tokio::task::spawn_blocking(move || sandbox.render(&module, &input, &budget, tag))
-                .await
-                .map_err(|e| ApiError::internal(format!("template task: {e}")))??;
+        let (t, n) = (tenant.id().to_string(), name.to_string());
+        // Off the async threads: resolving may compile (a cold cache), rendering runs Wasm.
+        let (rendered, stats) = tokio::task::spawn_blocking(move || {
+            let module = store.resolve(&t, &n)?;
+            sandbox.render(&module, &input, &budget, tag)
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("template task: {e}")))??;
         Ok::<_, ApiError>((rendered, stats))
     }
     .await;
@@ -196,7 +199,7 @@ pub async fn admin(
             let msgs = r.messages()?;
             let applied = run(&state, &tenant, &name, input(&tenant, &r, msgs)).await?;
             let prepared =
-                super::completions::prepare(&state, &tenant, &applied.rendered.segments)?;
+                super::completions::prepare(&state, &tenant, &tenant.salt, &applied.rendered.segments)?;
             ok_json(
                 StatusCode::OK,
                 serde_json::json!({

@@ -48,20 +48,62 @@ pub struct Tenant {
     pub salt: [u8; 32],
     /// The normalizer's rules for this tenant.
     pub rules: crate::normalize::Rules,
-    requests: Option<Mutex<TokenBucket>>,
-    tokens: Option<Mutex<TokenBucket>>,
-    inflight: AtomicU32,
+    /// Live limit state, shared with the tenant of the same id after a config reload (so a
+    /// reload neither refills buckets nor forgets requests in flight).
+    requests: Option<Arc<Mutex<TokenBucket>>>,
+    tokens: Option<Arc<Mutex<TokenBucket>>>,
+    inflight: Arc<AtomicU32>,
 }
 
 /// Holds one of a tenant's concurrent-request slots; released on drop.
 #[derive(Debug)]
 pub struct Permit {
     tenant: Arc<Tenant>,
+    /// Whether a requests/min unit was taken (given back if the prompt is refused).
+    took_request: bool,
 }
 
 impl Permit {
     pub fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
+    }
+}
+
+impl Permit {
+    /// The second step of admission, once the prompt is tokenized: the tokens/min bucket must
+    /// hold the prompt, which is then charged. A refusal gives the requests/min unit back.
+    pub fn charge_prompt(&mut self, prompt_tokens: u64, now: Instant) -> Result<(), Denied> {
+        let t = &self.tenant;
+        let Some(b) = &t.tokens else {
+            return Ok(());
+        };
+        let refused = match b
+            .lock()
+            .expect("bucket lock")
+            .check(prompt_tokens as f64, now)
+        {
+            Ok(()) => None,
+            Err(Refusal::RetryAfter(d)) => Some(Denied::RateLimited {
+                tenant: t.config.id.clone(),
+                limit: "tokens-per-minute",
+                retry_after: d,
+            }),
+            Err(Refusal::TooLarge { asked, capacity }) => Some(Denied::TooLarge {
+                tenant: t.config.id.clone(),
+                asked: asked as u64,
+                capacity: capacity as u64,
+            }),
+        };
+        if let Some(d) = refused {
+            if std::mem::take(&mut self.took_request) {
+                if let Some(r) = &t.requests {
+                    r.lock().expect("bucket lock").refund(1.0, now);
+                }
+            }
+            return Err(d);
+        }
+        t.charge_tokens(prompt_tokens, now);
+        Ok(())
     }
 }
 
@@ -85,15 +127,23 @@ impl Tenant {
         self.inflight.load(Ordering::SeqCst)
     }
 
-    /// Admits one request of `prompt_tokens` prompt tokens, or says how long to wait. Checks the
-    /// concurrency cap, then the tokens/min bucket, then takes a requests/min unit and charges the
-    /// prompt tokens; a refusal changes nothing.
+    /// Admits one request of `prompt_tokens` prompt tokens, or says how long to wait (both steps
+    /// of [`Tenant::admit_request`] and [`Permit::charge_prompt`]); a refusal changes nothing.
     pub fn admit(self: &Arc<Self>, prompt_tokens: u64, now: Instant) -> Result<Permit, Denied> {
+        let mut permit = self.admit_request(now)?;
+        permit.charge_prompt(prompt_tokens, now)?;
+        Ok(permit)
+    }
+
+    /// The first step of admission, before any work is done for the request (its template
+    /// included): a concurrency slot, then a requests/min unit.
+    pub fn admit_request(self: &Arc<Self>, now: Instant) -> Result<Permit, Denied> {
         let id = || self.config.id.clone();
         let before = self.inflight.fetch_add(1, Ordering::SeqCst);
         // From here on, dropping `permit` (on any refusal) gives the slot back.
-        let permit = Permit {
+        let mut permit = Permit {
             tenant: self.clone(),
+            took_request: false,
         };
         if self.config.max_concurrent.is_some_and(|max| before >= max) {
             return Err(Denied::RateLimited {
@@ -101,29 +151,6 @@ impl Tenant {
                 limit: "concurrent-requests",
                 retry_after: Duration::from_secs(1),
             });
-        }
-        if let Some(b) = &self.tokens {
-            match b
-                .lock()
-                .expect("bucket lock")
-                .check(prompt_tokens as f64, now)
-            {
-                Ok(()) => {}
-                Err(Refusal::RetryAfter(d)) => {
-                    return Err(Denied::RateLimited {
-                        tenant: id(),
-                        limit: "tokens-per-minute",
-                        retry_after: d,
-                    })
-                }
-                Err(Refusal::TooLarge { asked, capacity }) => {
-                    return Err(Denied::TooLarge {
-                        tenant: id(),
-                        asked: asked as u64,
-                        capacity: capacity as u64,
-                    })
-                }
-            }
         }
         if let Some(b) = &self.requests {
             // A requests bucket holds at least one unit, so only RetryAfter can come back.
@@ -134,8 +161,8 @@ impl Tenant {
                     retry_after: d,
                 });
             }
+            permit.took_request = true;
         }
-        self.charge_tokens(prompt_tokens, now);
         Ok(permit)
     }
 
@@ -179,6 +206,18 @@ impl TenantRegistry {
         deployment_key: &[u8; 32],
         now: Instant,
     ) -> Result<Self, ConfigError> {
+        Self::reloaded(tenants, deployment_key, now, None)
+    }
+
+    /// As [`TenantRegistry::from_configs`], keeping the live state of `previous`'s tenants of
+    /// the same id: requests in flight (their concurrency slots) and the buckets' levels (at a
+    /// changed rate, within the new capacity). A reload refills nothing.
+    pub fn reloaded(
+        tenants: Vec<TenantConfig>,
+        deployment_key: &[u8; 32],
+        now: Instant,
+        previous: Option<&TenantRegistry>,
+    ) -> Result<Self, ConfigError> {
         let mut reg = TenantRegistry::default();
         let mut ids = std::collections::HashSet::new();
         for cfg in tenants {
@@ -216,16 +255,30 @@ impl TenantRegistry {
             let rules =
                 crate::normalize::Rules::new(cfg.normalize.as_deref(), &cfg.volatile_patterns)
                     .map_err(bad)?;
+            let old = previous.and_then(|p| p.tenants.iter().find(|t| t.id() == cfg.id));
+            let bucket = |per_minute: Option<u64>,
+                          old: Option<&Arc<Mutex<TokenBucket>>>,
+                          old_rate: Option<u64>| {
+                per_minute.map(|n| match old {
+                    Some(b) if old_rate == Some(n) => b.clone(),
+                    Some(b) => Arc::new(Mutex::new(b.lock().expect("bucket lock").rescaled(n, now))),
+                    None => Arc::new(Mutex::new(TokenBucket::per_minute(n, now))),
+                })
+            };
             let tenant = Arc::new(Tenant {
                 salt,
                 rules,
-                requests: cfg
-                    .requests_per_minute
-                    .map(|n| Mutex::new(TokenBucket::per_minute(n, now))),
-                tokens: cfg
-                    .tokens_per_minute
-                    .map(|n| Mutex::new(TokenBucket::per_minute(n, now))),
-                inflight: AtomicU32::new(0),
+                requests: bucket(
+                    cfg.requests_per_minute,
+                    old.and_then(|o| o.requests.as_ref()),
+                    old.and_then(|o| o.config.requests_per_minute),
+                ),
+                tokens: bucket(
+                    cfg.tokens_per_minute,
+                    old.and_then(|o| o.tokens.as_ref()),
+                    old.and_then(|o| o.config.tokens_per_minute),
+                ),
+                inflight: old.map_or_else(Default::default, |o| o.inflight.clone()),
                 config: cfg.clone(),
             });
             for h in &cfg.api_key_sha256 {

@@ -71,6 +71,20 @@ impl TokenBucket {
         self.level -= n;
     }
 
+    /// Gives `n` units back (a take whose request was refused later on).
+    pub fn refund(&mut self, n: f64, now: Instant) {
+        self.refill(now);
+        self.level = (self.level + n).min(self.capacity);
+    }
+
+    /// The same bucket at a new rate (a config reload): its level kept, within the new capacity.
+    pub fn rescaled(&mut self, per_minute: u64, now: Instant) -> TokenBucket {
+        self.refill(now);
+        let mut b = TokenBucket::per_minute(per_minute, now);
+        b.level = self.level.min(b.capacity);
+        b
+    }
+
     pub fn level(&mut self, now: Instant) -> f64 {
         self.refill(now);
         self.level

@@ -183,3 +183,72 @@ url = "http://10.0.0.2:9000/"
     // And the tenants part still parses the same file.
     TenantRegistry::from_toml(ok, &[0; 32], std::time::Instant::now()).unwrap();
 }
+
+fn one_tenant(limits: &str) -> Vec<TenantConfig> {
+    let text = format!(
+        "[[tenant]]\nid = \"t\"\napi_key_sha256 = [\"{}\"]\n{limits}\n",
+        hex(&hash_key("k"))
+    );
+    crate::config::ConfigFile::parse(&text).unwrap().tenant
+}
+
+#[test]
+fn a_config_reload_keeps_buckets_and_requests_in_flight() {
+    let t0 = Instant::now();
+    let reg = TenantRegistry::from_configs(
+        one_tenant("requests_per_minute = 2\ntokens_per_minute = 100\nmax_concurrent = 1"),
+        &KEY,
+        t0,
+    )
+    .unwrap();
+    let t = reg.authenticate("k").unwrap();
+    let held = t.admit(60, t0).unwrap();
+    // Reloaded with the same limits: the request in flight still holds the only slot, and the
+    // buckets are as they were (one request and 60 tokens used), not refilled.
+    let same = TenantRegistry::reloaded(
+        one_tenant("requests_per_minute = 2\ntokens_per_minute = 100\nmax_concurrent = 1"),
+        &KEY,
+        t0,
+        Some(&reg),
+    )
+    .unwrap();
+    let t2 = same.authenticate("k").unwrap();
+    assert_eq!(t2.inflight(), 1);
+    assert!(matches!(
+        t2.admit(1, t0),
+        Err(Denied::RateLimited { limit: "concurrent-requests", .. })
+    ));
+    drop(held);
+    assert_eq!(t2.inflight(), 0, "the old permit frees the new tenant's slot");
+    assert!(matches!(
+        t2.admit(60, t0),
+        Err(Denied::RateLimited { limit: "tokens-per-minute", .. })
+    ));
+    // A lower rate keeps the level within its new capacity: 40 of 100 left, capped at 30.
+    let lower = TenantRegistry::reloaded(
+        one_tenant("tokens_per_minute = 30"),
+        &KEY,
+        t0,
+        Some(&same),
+    )
+    .unwrap();
+    let t3 = lower.authenticate("k").unwrap();
+    assert!(t3.admit(30, t0).is_ok());
+    assert!(t3.admit(1, t0).is_err());
+}
+
+#[test]
+fn a_prompt_refused_for_tokens_gives_its_request_unit_back() {
+    let t0 = Instant::now();
+    let reg =
+        TenantRegistry::from_configs(one_tenant("requests_per_minute = 1\ntokens_per_minute = 50"), &KEY, t0)
+            .unwrap();
+    let t = reg.authenticate("k").unwrap();
+    // Admitted first (before the template runs), then refused once the prompt is known.
+    let mut p = t.admit_request(t0).unwrap();
+    assert!(matches!(p.charge_prompt(80, t0), Err(Denied::TooLarge { .. })));
+    drop(p);
+    // The requests/min unit came back: a fitting request still gets in.
+    let mut p = t.admit_request(t0).unwrap();
+    p.charge_prompt(20, t0).unwrap();
+}

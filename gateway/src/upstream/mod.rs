@@ -41,7 +41,10 @@ pub const DOWN_AFTER: u32 = 3;
 pub struct Timeouts {
     /// To open a connection.
     pub connect: Duration,
-    /// From sending a request to its first event (the response head and the first token): a
+    /// From sending a request to the response head: a live server answers at once (its events
+    /// stream after), so a frozen one is found out in seconds and skipped for the next member.
+    pub response: Duration,
+    /// From the response head to the first event (the first token, after any queueing): a
     /// member that takes longer is skipped for the next.
     pub first_event: Duration,
     /// Between two events of a stream: a stream silent for longer ends with an error.
@@ -52,8 +55,9 @@ impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
             connect: Duration::from_secs(2),
+            response: Duration::from_secs(5),
             first_event: Duration::from_secs(120),
-            idle: Duration::from_secs(60),
+            idle: Duration::from_secs(30),
         }
     }
 }
@@ -114,12 +118,17 @@ impl std::fmt::Display for Attempt {
 pub struct Attempts(pub Vec<Attempt>);
 
 impl Attempts {
-    /// The one attempt's error as it was (a pool of one says what its member said), or every
-    /// attempt with its member's name.
+    /// What the attempts answered, without the members' names (internal addresses are never
+    /// shown to clients; the pool logs them): the one answer of a pool of one as it was.
     pub fn summary(&self) -> String {
         match &self.0[..] {
             [one] => one.error.to_string(),
-            _ => self.to_string(),
+            all => all
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("upstream {}: {}", i + 1, a.error))
+                .collect::<Vec<_>>()
+                .join("; "),
         }
     }
 }
@@ -136,7 +145,8 @@ impl std::fmt::Display for Attempts {
     }
 }
 
-/// Why no upstream took a request.
+/// Why no upstream took a request. The messages are what clients see: they never name an
+/// upstream (the fields keep the names for the logs).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamError {
     #[error("no healthy upstream (all {0} are down or their circuits open)")]
@@ -144,9 +154,9 @@ pub enum UpstreamError {
     /// Every member was full: retry later.
     #[error("{}", .0.summary())]
     Busy(Attempts),
-    #[error("every upstream refused or failed: {0}")]
+    #[error("every upstream refused or failed: {}", .0.summary())]
     AllFailed(Attempts),
-    #[error("{upstream} refused the request ({status}): {message}")]
+    #[error("the upstream refused the request ({status}): {message}")]
     Rejected {
         upstream: String,
         status: u16,
@@ -221,13 +231,15 @@ impl Drop for TallyGuard {
     }
 }
 
-/// The `Finished` event of a stream that broke.
+/// The `Finished` event of a stream that broke: the client is told what broke, the log also
+/// where.
 pub fn broken(upstream: &str, why: impl std::fmt::Display) -> EngineEvent {
+    tracing::warn!(%upstream, error = %why, "upstream stream broke");
     EngineEvent::Finished {
         reason: FinishReason::Error,
         usage: Default::default(),
         timings: Default::default(),
-        error: Some(format!("upstream {upstream} failed mid-stream: {why}")),
+        error: Some(format!("the upstream failed mid-stream: {why}")),
         text: String::new(),
     }
 }

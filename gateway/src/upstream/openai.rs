@@ -32,12 +32,26 @@ struct Health {
     failures: u32,
 }
 
+/// How the gateway talks to an OpenAI-compatible server.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The model name the server serves.
+    pub model: String,
+    /// Its API key (sent as a bearer token).
+    pub api_key: Option<String>,
+    /// Prompt blocks remembered as sent there (about the server's KV cache).
+    pub history_blocks: usize,
+    /// Send each request's cache salt as vLLM's `cache_salt`.
+    pub send_cache_salt: bool,
+}
+
 /// An OpenAI-compatible server.
 pub struct OpenAi {
     /// Its base URL and API key (sent as a bearer token).
     ep: Endpoint,
     /// The model name the server serves.
     model: String,
+    send_cache_salt: bool,
     timeouts: Timeouts,
     /// Consecutive failed health checks, and whether one ever succeeded.
     health: Mutex<Health>,
@@ -47,18 +61,13 @@ pub struct OpenAi {
 }
 
 impl OpenAi {
-    /// The server at `url` serving `model`, remembering up to `history_blocks` prompt blocks,
-    /// with its health poller running (call inside a tokio runtime).
-    pub fn start(
-        url: &str,
-        model: String,
-        api_key: Option<String>,
-        history_blocks: usize,
-        timeouts: Timeouts,
-    ) -> Arc<Self> {
+    /// The server at `url`, with its health poller running (call inside a tokio runtime).
+    pub fn start(url: &str, opts: Options, timeouts: Timeouts) -> Arc<Self> {
+        let history_blocks = opts.history_blocks;
         let o = Arc::new(OpenAi {
-            ep: Endpoint::new(url, api_key, timeouts.connect),
-            model,
+            ep: Endpoint::new(url, opts.api_key, timeouts.connect),
+            model: opts.model,
+            send_cache_salt: opts.send_cache_salt,
             timeouts,
             health: Default::default(),
             history: Mutex::new(LruCache::new(
@@ -173,8 +182,11 @@ impl Stream {
     }
 
     fn failed(&mut self, why: impl std::fmt::Display) -> EngineEvent {
-        let msg = format!("upstream {} failed mid-stream: {why}", self.url);
-        self.finished(FinishReason::Error, Some(msg))
+        tracing::warn!(upstream = %self.url, error = %why, "upstream stream broke");
+        self.finished(
+            FinishReason::Error,
+            Some(format!("the upstream failed mid-stream: {why}")),
+        )
     }
 
     /// Reads SSE lines until an event (or the end) and returns it; `None` after `Finished`.
@@ -192,10 +204,7 @@ impl Stream {
                     return Some(match self.finish {
                         // Some servers end without [DONE] once the finish chunk is out.
                         Some(r) => self.finished(r, None),
-                        None => {
-                            let msg = format!("upstream {} ended the stream early", self.url);
-                            self.finished(FinishReason::Error, Some(msg))
-                        }
+                        None => self.failed("it ended the stream early"),
                     });
                 }
                 Err(e) => return Some(self.failed(e)),
@@ -296,12 +305,18 @@ impl Upstream for OpenAi {
             if !er.tag.is_empty() {
                 body["user"] = er.tag.clone().into();
             }
+            if self.send_cache_salt {
+                // The tenant's salt (never a client's alone): the server keeps tenants' cached
+                // prefixes apart as the gateway's own engines do.
+                body["cache_salt"] = crate::protocol::hex(&er.salt).into();
+            }
             let body = Bytes::from(body.to_string());
             let mut tally = self.tally.start();
+            let head = wait_limit(er.deadline, self.timeouts.response);
             let limit = wait_limit(er.deadline, self.timeouts.first_event);
             let resp = self
                 .ep
-                .send("POST", "/v1/completions", body, limit)
+                .send("POST", "/v1/completions", body, head)
                 .await
                 .map_err(|e| StartError::Failed(e.to_string()))?;
             let status = resp.status();

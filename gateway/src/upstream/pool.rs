@@ -187,6 +187,7 @@ impl Pool {
                     ));
                 }
                 Err(StartError::Rejected { status, message }) => {
+                    tracing::info!(upstream = %name, status, %message, "upstream refused a request");
                     return Err(UpstreamError::Rejected {
                         upstream: name,
                         status,
@@ -206,6 +207,9 @@ impl Pool {
                     });
                 }
             }
+        }
+        for a in &attempts {
+            tracing::warn!(upstream = %a.upstream, error = %a.error, "upstream did not take a request");
         }
         let all_busy = attempts
             .iter()

@@ -259,10 +259,11 @@ impl Upstream for Worker {
             };
             let body = Bytes::from(serde_json::to_vec(&body).expect("serialises"));
             let mut tally = self.tally.start();
+            let head = wait_limit(er.deadline, self.timeouts.response);
             let limit = wait_limit(er.deadline, self.timeouts.first_event);
             let resp = self
                 .ep
-                .send("POST", "/v1/generate", body, limit)
+                .send("POST", "/v1/generate", body, head)
                 .await
                 .map_err(|e| StartError::Failed(e.to_string()))?;
             let status = resp.status();

@@ -51,7 +51,7 @@ fn error(status: StatusCode, code: &'static str, message: impl std::fmt::Display
 /// Routes one request.
 pub async fn handle(state: Arc<WorkerState>, req: Request<Incoming>) -> Response<Body> {
     if let Some(token) = &state.auth_token {
-        if http::bearer(&req) != Some(token.as_str()) && req.uri().path() != "/health" {
+        if !http::token_matches(http::bearer(&req), token) && req.uri().path() != "/health" {
             return error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -129,8 +129,35 @@ fn kv_events(state: &WorkerState) -> Response<Body> {
     http::streaming("application/x-ndjson", rx)
 }
 
-/// The engine request a gateway sent.
+/// Most stop strings, their longest, and most stop token ids a request may carry (the gateway
+/// sends the API's and the template's together).
+const MAX_STOP: usize = 16;
+const MAX_STOP_BYTES: usize = 1024;
+const MAX_STOP_TOKEN_IDS: usize = 256;
+const MAX_TAG_BYTES: usize = 256;
+/// A day: longer timeouts are taken as this (no Instant overflow).
+const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+/// The engine request a gateway sent, every field in range (the engine checks the rest: token
+/// ids against the vocabulary, the length against the model's, the sampling parameters).
 fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
+    let bad = |m: String| error(StatusCode::BAD_REQUEST, "invalid_request", m);
+    if g.stop.len() > MAX_STOP || g.stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+        return Err(bad(format!(
+            "stop takes up to {MAX_STOP} non-empty strings of at most {MAX_STOP_BYTES} bytes"
+        )));
+    }
+    if g.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(bad(format!(
+            "stop_token_ids takes up to {MAX_STOP_TOKEN_IDS} ids"
+        )));
+    }
+    if g.tag.len() > MAX_TAG_BYTES {
+        return Err(bad(format!("tag takes up to {MAX_TAG_BYTES} bytes")));
+    }
+    if g.timeout_ms == Some(0) {
+        return Err(bad("timeout_ms must be at least 1".into()));
+    }
     let Some(salt) = parse_hex32(&g.salt) else {
         return Err(error(
             StatusCode::BAD_REQUEST,
@@ -153,7 +180,7 @@ fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
     er.tag = g.tag;
     er.deadline = g
         .timeout_ms
-        .map(|ms| Instant::now() + Duration::from_millis(ms));
+        .map(|ms| Instant::now() + Duration::from_millis(ms.min(MAX_TIMEOUT_MS)));
     Ok(er)
 }
 
@@ -172,8 +199,14 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
     })?;
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        // Dropping `stream` when the client is gone cancels the request in the engine.
-        while let Some(ev) = stream.next().await {
+        // Dropping `stream` when the client is gone cancels the request in the engine — at once,
+        // not only when the next event fails to send.
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                _ = tx.closed() => return,
+            };
+            let Some(ev) = ev else { return };
             let wire = match ev {
                 EngineEvent::Token { id, text, .. } => WireEvent::Token { id, text },
                 EngineEvent::Finished {

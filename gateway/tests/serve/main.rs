@@ -4,5 +4,6 @@ mod common;
 mod config_reload;
 mod openai_client;
 mod reliability;
+mod security;
 mod templates;
 mod tls;

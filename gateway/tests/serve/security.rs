@@ -1,0 +1,251 @@
+//! The open port under attack, each defect of the hostile-input battery (issue 18) as a test
+//! against a real `cachet serve`: stalled and trickling bodies, connection floods from one IP,
+//! idle connections holding every slot, absurd limits, template modules built to be slow or
+//! large, abandoned streams, and what clients may learn. Each asserts the attack is refused and
+//! that a legitimate client (`/health` from another address) keeps answering fast.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::common::*;
+
+fn config(extra: &str) -> String {
+    format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n{extra}\n[[tenant]]\nid = \"b\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-a"),
+        key_hash("sk-b")
+    )
+}
+
+/// A TCP connection to `base` from local address `from` (any 127.x address is this machine).
+fn connect_from(base: &str, from: &str) -> TcpStream {
+    let addr: SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let local: IpAddr = from.parse().unwrap();
+    s.bind(&SocketAddr::new(local, 0).into()).unwrap();
+    s.connect(&addr.into()).unwrap();
+    let s: TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s
+}
+
+/// `GET /health` from `from`: (status line, seconds it took).
+fn health_from(base: &str, from: &str) -> (String, f64) {
+    let t0 = Instant::now();
+    let mut s = connect_from(base, from);
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    (
+        out.lines().next().unwrap_or("").to_string(),
+        t0.elapsed().as_secs_f64(),
+    )
+}
+
+/// Whether the server closed `s` (EOF or reset) within `within`.
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+#[test]
+fn stalled_and_trickling_bodies_end_in_408_and_one_ip_cannot_take_every_connection() {
+    let (_server, base) = start_with(
+        &config(""),
+        &[
+            "--body-read-timeout",
+            "1",
+            "--body-total-timeout",
+            "3",
+            "--max-connections-per-ip",
+            "8",
+        ],
+    );
+    assert!(health_from(&base, "127.0.0.1").0.contains("200"));
+    let start_stalled = |from: &str| {
+        let mut s = connect_from(&base, from);
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n")
+            .unwrap();
+        s
+    };
+    // The attacker's IP takes its cap of connections, each with a body that stalls.
+    let t0 = Instant::now();
+    let mut stalled: Vec<TcpStream> = (0..8).map(|_| start_stalled("127.0.0.2")).collect();
+    // A ninth from the same IP is closed at once.
+    let mut ninth = connect_from(&base, "127.0.0.2");
+    assert!(
+        closed_within(&mut ninth, Duration::from_secs(2)),
+        "a connection over the per-IP cap stays open"
+    );
+    // Everyone else is served meanwhile.
+    let (st, secs) = health_from(&base, "127.0.0.3");
+    assert!(st.contains("200") && secs < 1.0, "{st} in {secs} s");
+    // Each stalled body gets 408 about a second after it stalled.
+    for s in &mut stalled {
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+        assert!(out.contains("body_timeout"), "{out}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+    // A body trickling one byte every half second outlives the chunk timeout but not the total.
+    let mut s = connect_from(&base, "127.0.0.4");
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+        .unwrap();
+    let t1 = Instant::now();
+    let mut out = String::new();
+    while t1.elapsed() < Duration::from_secs(8) {
+        if s.write_all(b" ").is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        if let Ok(n) = s.read(&mut buf) {
+            out.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if n == 0 || out.contains("\r\n\r\n") {
+                break;
+            }
+        }
+        s.set_nonblocking(false).unwrap();
+    }
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    let took = t1.elapsed();
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn idle_connections_holding_every_slot_are_shed_for_new_clients() {
+    let (_server, base) = start_with(
+        &config(""),
+        &["--max-connections", "16", "--max-connections-per-ip", "64"],
+    );
+    assert!(health_from(&base, "127.0.0.1").0.contains("200"));
+    // Sixteen idle connections (no request, no key) take every slot.
+    let mut idle: Vec<TcpStream> = (0..16).map(|_| connect_from(&base, "127.0.0.5")).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // A new client still gets in, fast: the longest-idle connection makes room.
+    for _ in 0..3 {
+        let (st, secs) = health_from(&base, "127.0.0.6");
+        assert!(st.contains("200") && secs < 1.0, "{st} in {secs} s");
+    }
+    let shed = idle
+        .iter_mut()
+        .filter_map(|s| closed_within(s, Duration::from_millis(200)).then_some(()))
+        .count();
+    assert!(shed >= 1, "no idle connection was closed");
+}
+
+#[test]
+fn absurd_limits_are_refused_with_the_limit_named() {
+    let (_server, base) = start(&config(""));
+    let url = format!("{base}/v1/chat/completions");
+    let msg = serde_json::json!([{"role": "user", "content": "hi"}]);
+    for (field, value) in [
+        ("max_tokens", serde_json::json!(u64::MAX)),
+        ("max_tokens", serde_json::json!(5000)),
+        ("max_completion_tokens", serde_json::json!(1u64 << 40)),
+    ] {
+        let mut body = serde_json::json!({"model": "smollm2", "messages": msg});
+        body[field] = value;
+        let (code, r) = http_json("POST", &url, "sk-a", &body);
+        assert_eq!(code, 400, "{field}: {r}");
+        let m = r["error"]["message"].as_str().unwrap();
+        assert!(m.contains("at most") && m.contains("4096"), "{m}");
+        assert_eq!(r["error"]["param"], "max_tokens");
+    }
+    // Stop strings: more than four, or absurdly long, are refused by name.
+    let long = "x".repeat(300);
+    for stop in [
+        serde_json::json!(["a", "b", "c", "d", "e"]),
+        serde_json::json!([long]),
+    ] {
+        let body = serde_json::json!({"model": "smollm2", "messages": msg, "stop": stop});
+        let (code, r) = http_json("POST", &url, "sk-a", &body);
+        assert_eq!(code, 400, "{r}");
+        assert_eq!(r["error"]["param"], "stop");
+    }
+    // Text that carries the reserved marker characters is refused, not silently altered.
+    let body = serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "a\u{F8F0}b"}]});
+    let (code, r) = http_json("POST", &url, "sk-a", &body);
+    assert_eq!(code, 400, "{r}");
+}
+
+#[test]
+fn tokens_of_streams_the_client_abandons_are_charged() {
+    // 400 tokens a minute; each request's prompt is ~30 tokens and it streams up to 200.
+    let (_server, base) = start(&config("tokens_per_minute = 400"));
+    let addr = base.trim_start_matches("http://").to_string();
+    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"Count from one to one hundred, in words."}],"max_tokens":200,"temperature":0,"ignore_eos":true,"stream":true}"#;
+    let mut refused_after = None;
+    for i in 0..12 {
+        let mut s = post_raw(&addr, "sk-a", "/v1/chat/completions", body);
+        let mut got = String::new();
+        let mut buf = [0u8; 4096];
+        // Read ~40 streamed chunks, then leave.
+        while got.matches("data: ").count() < 40 {
+            let n = s.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        if got.starts_with("HTTP/1.1 429") {
+            refused_after = Some(i);
+            break;
+        }
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        drop(s);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Prompts alone (~30 tokens each) would let 13 through; with the ~40 tokens delivered to
+    // each abandoned stream charged too, the budget runs out after about six.
+    let n = refused_after.expect("never refused: abandoned streams are free");
+    assert!(n <= 9, "refused after {n} requests");
+}
+
+#[test]
+fn clients_never_see_internal_addresses_and_metrics_need_the_operator_token() {
+    let dead = free_port();
+    let (_server, base) = start_with(
+        &config(""),
+        &[
+            "--worker",
+            &format!("http://127.0.0.1:{dead}"),
+            "--metrics-token",
+            "op-secret",
+            "--upstream-connect-timeout",
+            "1",
+        ],
+    );
+    let body = serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let (code, r) = http_json("POST", &format!("{base}/v1/chat/completions"), "sk-a", &body);
+    assert_eq!(code, 503, "{r}");
+    let text = r.to_string();
+    assert!(
+        !text.contains(&dead.to_string()) && !text.contains("127.0.0.1"),
+        "{text}"
+    );
+    let (code, _) = cachet_tests::curl_status(&[&format!("{base}/metrics")]);
+    assert_eq!(code, 403);
+    let (code, m) = cachet_tests::curl_status(&[
+        "-H",
+        "authorization: bearer op-secret",
+        &format!("{base}/metrics"),
+    ]);
+    assert_eq!(code, 200, "the scheme is matched without regard to case");
+    assert!(m.contains("cachet_requests_total"), "{m}");
+}
