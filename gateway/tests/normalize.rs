@@ -69,7 +69,11 @@ fn split_tokenization_equals_whole_tokenization() {
                     assert!(again.hit && again.ids == enc.ids, "{prompt:?}");
                     assert!(enc.stable_tokens > 0, "{prompt:?}");
                     // The cut lies within the static part: the dynamic text comes after it.
-                    assert!(prompt[r.boundary..].contains(q), "{prompt:?} cut at {}", r.boundary);
+                    assert!(
+                        prompt[r.boundary..].contains(q),
+                        "{prompt:?} cut at {}",
+                        r.boundary
+                    );
                     // One `<|im_start|>` per message and the generation prompt, whatever the
                     // text spells.
                     let starts = enc.ids.iter().filter(|&&i| i == im_start).count();

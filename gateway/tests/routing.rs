@@ -508,7 +508,11 @@ fn a_frozen_worker_fails_over_in_seconds() {
     ready(&[&base]);
     std::thread::sleep(Duration::from_millis(600));
     let pid = w1.0.id().to_string();
-    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
     for i in 0..4 {
         let t0 = Instant::now();
         let (code, r) = chat(&base, "You are terse.", &format!("Say {i}."));

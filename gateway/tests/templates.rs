@@ -116,12 +116,23 @@ fn the_example_templates_build_and_render_the_expected_prompts() {
 /// A module with the ABI's exports; `render` is the body of `cachet_render` (params: ptr, len;
 /// result: i64), `extra` more module fields.
 fn guest(render: &str, extra: &str) -> Vec<u8> {
+    guest_with_pages(1, render, extra)
+}
+
+/// As `guest`, with `pages` of memory; the request is written into the last page (offset 8192
+/// when there is only one), so data placed before it survives the call.
+fn guest_with_pages(pages: usize, render: &str, extra: &str) -> Vec<u8> {
+    let input_at = if pages == 1 {
+        8192
+    } else {
+        (pages - 1) * 65536
+    };
     wat::parse_str(format!(
         r#"(module
             {extra}
-            (memory (export "memory") 1)
+            (memory (export "memory") {pages})
             (func (export "cachet_abi_version") (result i32) i32.const 1)
-            (func (export "cachet_alloc") (param i32) (result i32) i32.const 8192)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const {input_at})
             (func (export "cachet_render") (param i32 i32) (result i64) {render}))"#
     ))
     .unwrap()
@@ -130,7 +141,8 @@ fn guest(render: &str, extra: &str) -> Vec<u8> {
 /// A guest whose reply is `reply`, stored at offset 1024.
 fn replying(reply: &[u8]) -> Vec<u8> {
     let escaped: String = reply.iter().map(|b| format!("\\{b:02x}")).collect();
-    guest(
+    guest_with_pages(
+        (1024 + reply.len()) / 65536 + 2,
         &format!("i64.const {}", (1024u64 << 32) | reply.len() as u64),
         &format!(r#"(data (i32.const 1024) "{escaped}")"#),
     )
@@ -543,7 +555,11 @@ fn modules_built_to_be_slow_to_compile_are_refused_by_parsing_first() {
         }
         other => panic!("{:?}", other.map(|_| ())),
     }
-    assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
     // A module without `cachet_render` is refused by parsing too, before compiling.
     let t0 = Instant::now();
     let no_render = many_functions(10);
@@ -568,11 +584,17 @@ fn replies_with_more_stop_strings_than_the_api_allows_are_refused() {
     let stops: Vec<String> = (0..90_000).map(|i| format!("s{i}")).collect();
     let reply = serde_json::json!({"segments": [{"role": "user", "text": "hi", "cache": "dynamic"}], "stop": stops});
     let (e, took) = expect_err(&sb, &replying(reply.to_string().as_bytes()), &budget);
-    assert!(matches!(e, TemplateError::BadOutput(ref m) if m.contains("at most 4")), "{e}");
+    assert!(
+        matches!(e, TemplateError::BadOutput(ref m) if m.contains("at most 4")),
+        "{e}"
+    );
     assert!(took < Duration::from_secs(1), "{took:?}");
     let reply = br#"{"segments":[{"role":"user","text":"hi","cache":"dynamic"}],"stop":["a","b"],"max_tokens":0}"#;
     let (e, _) = expect_err(&sb, &replying(reply), &budget);
-    assert!(matches!(e, TemplateError::BadOutput(ref m) if m.contains("max_tokens")), "{e}");
+    assert!(
+        matches!(e, TemplateError::BadOutput(ref m) if m.contains("max_tokens")),
+        "{e}"
+    );
 }
 
 #[test]
@@ -581,10 +603,12 @@ fn the_compiled_module_cache_is_bounded_and_deleted_templates_release_their_code
     let sb = Sandbox::new(SandboxConfig::default()).unwrap();
     let dir = std::env::temp_dir().join(format!("cachet-store-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let store = TemplateStore::open(&dir, sb.clone()).unwrap().with_quota(Quota {
-        versions: 3,
-        bytes: 1 << 20,
-    });
+    let store = TemplateStore::open(&dir, sb.clone())
+        .unwrap()
+        .with_quota(Quota {
+            versions: 3,
+            bytes: 1 << 20,
+        });
     let a = replying(GOOD_REPLY);
     let b = replying(br#"{"segments":[{"role":"user","text":"other","cache":"dynamic"}]}"#);
     store.upload("t", "one", &a).unwrap();

@@ -117,7 +117,11 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.conns.live.lock().expect("connections lock").remove(&self.id);
+        self.conns
+            .live
+            .lock()
+            .expect("connections lock")
+            .remove(&self.id);
         let mut per_ip = self.conns.per_ip.lock().expect("connections lock");
         if let Some(n) = per_ip.get_mut(&self.ip) {
             *n -= 1;
@@ -372,12 +376,13 @@ async fn connection<H, F>(
         }};
     }
     match acceptor {
-        Some(acc) => match tokio::time::timeout(limits.header_read_timeout, acc.accept(stream)).await
-        {
-            Ok(Ok(tls_stream)) => run!(TokioIo::new(tls_stream)),
-            Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-        },
+        Some(acc) => {
+            match tokio::time::timeout(limits.header_read_timeout, acc.accept(stream)).await {
+                Ok(Ok(tls_stream)) => run!(TokioIo::new(tls_stream)),
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        }
         None => run!(TokioIo::new(stream)),
     }
 }

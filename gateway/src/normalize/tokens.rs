@@ -64,7 +64,12 @@ pub fn render(
     let marked: Vec<ChatMessage> = messages
         .iter()
         .enumerate()
-        .map(|(i, m)| ChatMessage::new(m.role.clone(), format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content)))
+        .map(|(i, m)| {
+            ChatMessage::new(
+                m.role.clone(),
+                format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content),
+            )
+        })
         .collect();
     let rendered = tok.render_chat(&marked, true)?;
     let mut text = String::with_capacity(rendered.len());
@@ -230,7 +235,13 @@ impl PrefixTokens {
             });
         }
         let key = key(salt, &r.text, &head);
-        let cached = self.cache.lock().expect("cache lock").lru.get(&key).cloned();
+        let cached = self
+            .cache
+            .lock()
+            .expect("cache lock")
+            .lru
+            .get(&key)
+            .cloned();
         let (prefix, fill) = match cached {
             Some(p) => (p, None),
             None => {
@@ -308,7 +319,11 @@ mod tests {
         let ps = [piece(0..6, true)];
         let (k1, k2) = (key(&[1; 32], text, &ps), key(&[2; 32], text, &ps));
         assert_ne!(k1, k2, "one tenant's prefix is not another's");
-        assert_ne!(k1, key(&[1; 32], text, &[piece(0..6, false)]), "kind is in the key");
+        assert_ne!(
+            k1,
+            key(&[1; 32], text, &[piece(0..6, false)]),
+            "kind is in the key"
+        );
         c.fill((k1, Arc::new(vec![1; 6])));
         c.fill((k2, Arc::new(vec![2; 6])));
         assert_eq!(c.bytes(), 24);

@@ -364,7 +364,12 @@ impl Sandbox {
 
     /// A compiled module by the blake3 of its bytes, if it is in the cache.
     pub fn cached(&self, hash: &[u8; 32]) -> Option<Arc<Compiled>> {
-        self.cache.lock().expect("cache lock").lru.get(hash).cloned()
+        self.cache
+            .lock()
+            .expect("cache lock")
+            .lru
+            .get(hash)
+            .cloned()
     }
 
     /// Drops a module from the cache (its template was deleted or deactivated); its code is

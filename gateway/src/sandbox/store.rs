@@ -332,7 +332,12 @@ impl TemplateStore {
         let dir = self.path(tenant, name);
         let gone: Vec<[u8; 32]> = match version {
             None => entry.versions.values().map(|v| v.raw_hash).collect(),
-            Some(v) => entry.versions.get(&v).map(|i| i.raw_hash).into_iter().collect(),
+            Some(v) => entry
+                .versions
+                .get(&v)
+                .map(|i| i.raw_hash)
+                .into_iter()
+                .collect(),
         };
         match version {
             None => {

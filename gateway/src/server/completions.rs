@@ -261,9 +261,7 @@ pub fn prepare(
     let n = crate::normalize::normalize(segments, &tenant.rules);
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
     let r = crate::normalize::tokens::render(&state.tokenizer, &messages, first_dynamic)?;
-    let enc = state
-        .prefix_tokens
-        .encode(&state.tokenizer, &r, salt)?;
+    let enc = state.prefix_tokens.encode(&state.tokenizer, &r, salt)?;
     state
         .metrics
         .normalized(tenant.id(), n.relocated.len(), enc.stable_tokens);

@@ -124,7 +124,9 @@ impl Common {
         };
         use crate::sandbox::{MAX_STOP_BYTES, MAX_STOP_HINTS};
         if stop.len() > MAX_STOP_HINTS
-            || stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+            || stop
+                .iter()
+                .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
         {
             return Err(ApiError::bad_request(
                 format!("stop takes up to {MAX_STOP_HINTS} non-empty strings of at most {MAX_STOP_BYTES} bytes"),
@@ -252,7 +254,11 @@ mod tests {
         assert_ne!(x.salt(&a), a, "the client's salt splits the tenant's cache");
         assert_eq!(x.salt(&a), common(Some("user-7")).salt(&a));
         assert_ne!(x.salt(&a), common(Some("user-8")).salt(&a));
-        assert_ne!(x.salt(&a), x.salt(&b), "the same client salt in two tenants stays apart");
+        assert_ne!(
+            x.salt(&a),
+            x.salt(&b),
+            "the same client salt in two tenants stays apart"
+        );
         assert!(common(Some("")).validate().is_err());
         assert!(common(Some(&"x".repeat(300))).validate().is_err());
     }

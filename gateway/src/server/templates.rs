@@ -198,8 +198,12 @@ pub async fn admin(
             let r: openai::ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
             let msgs = r.messages()?;
             let applied = run(&state, &tenant, &name, input(&tenant, &r, msgs)).await?;
-            let prepared =
-                super::completions::prepare(&state, &tenant, &tenant.salt, &applied.rendered.segments)?;
+            let prepared = super::completions::prepare(
+                &state,
+                &tenant,
+                &tenant.salt,
+                &applied.rendered.segments,
+            )?;
             ok_json(
                 StatusCode::OK,
                 serde_json::json!({

@@ -261,7 +261,9 @@ impl TenantRegistry {
                           old_rate: Option<u64>| {
                 per_minute.map(|n| match old {
                     Some(b) if old_rate == Some(n) => b.clone(),
-                    Some(b) => Arc::new(Mutex::new(b.lock().expect("bucket lock").rescaled(n, now))),
+                    Some(b) => {
+                        Arc::new(Mutex::new(b.lock().expect("bucket lock").rescaled(n, now)))
+                    }
                     None => Arc::new(Mutex::new(TokenBucket::per_minute(n, now))),
                 })
             };

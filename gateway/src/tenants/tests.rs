@@ -216,22 +216,28 @@ fn a_config_reload_keeps_buckets_and_requests_in_flight() {
     assert_eq!(t2.inflight(), 1);
     assert!(matches!(
         t2.admit(1, t0),
-        Err(Denied::RateLimited { limit: "concurrent-requests", .. })
+        Err(Denied::RateLimited {
+            limit: "concurrent-requests",
+            ..
+        })
     ));
     drop(held);
-    assert_eq!(t2.inflight(), 0, "the old permit frees the new tenant's slot");
+    assert_eq!(
+        t2.inflight(),
+        0,
+        "the old permit frees the new tenant's slot"
+    );
     assert!(matches!(
         t2.admit(60, t0),
-        Err(Denied::RateLimited { limit: "tokens-per-minute", .. })
+        Err(Denied::RateLimited {
+            limit: "tokens-per-minute",
+            ..
+        })
     ));
     // A lower rate keeps the level within its new capacity: 40 of 100 left, capped at 30.
-    let lower = TenantRegistry::reloaded(
-        one_tenant("tokens_per_minute = 30"),
-        &KEY,
-        t0,
-        Some(&same),
-    )
-    .unwrap();
+    let lower =
+        TenantRegistry::reloaded(one_tenant("tokens_per_minute = 30"), &KEY, t0, Some(&same))
+            .unwrap();
     let t3 = lower.authenticate("k").unwrap();
     assert!(t3.admit(30, t0).is_ok());
     assert!(t3.admit(1, t0).is_err());
@@ -240,13 +246,19 @@ fn a_config_reload_keeps_buckets_and_requests_in_flight() {
 #[test]
 fn a_prompt_refused_for_tokens_gives_its_request_unit_back() {
     let t0 = Instant::now();
-    let reg =
-        TenantRegistry::from_configs(one_tenant("requests_per_minute = 1\ntokens_per_minute = 50"), &KEY, t0)
-            .unwrap();
+    let reg = TenantRegistry::from_configs(
+        one_tenant("requests_per_minute = 1\ntokens_per_minute = 50"),
+        &KEY,
+        t0,
+    )
+    .unwrap();
     let t = reg.authenticate("k").unwrap();
     // Admitted first (before the template runs), then refused once the prompt is known.
     let mut p = t.admit_request(t0).unwrap();
-    assert!(matches!(p.charge_prompt(80, t0), Err(Denied::TooLarge { .. })));
+    assert!(matches!(
+        p.charge_prompt(80, t0),
+        Err(Denied::TooLarge { .. })
+    ));
     drop(p);
     // The requests/min unit came back: a fitting request still gets in.
     let mut p = t.admit_request(t0).unwrap();

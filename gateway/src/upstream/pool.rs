@@ -192,7 +192,7 @@ impl Pool {
                         upstream: name,
                         status,
                         message,
-                    })
+                    });
                 }
                 Err(StartError::Invalid(m)) => return Err(UpstreamError::InvalidRequest(m)),
                 Err(error @ StartError::Busy(_)) => attempts.push(Attempt {

@@ -142,7 +142,11 @@ const MAX_TIMEOUT_MS: u64 = 86_400_000;
 /// ids against the vocabulary, the length against the model's, the sampling parameters).
 fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
     let bad = |m: String| error(StatusCode::BAD_REQUEST, "invalid_request", m);
-    if g.stop.len() > MAX_STOP || g.stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+    if g.stop.len() > MAX_STOP
+        || g.stop
+            .iter()
+            .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
         return Err(bad(format!(
             "stop takes up to {MAX_STOP} non-empty strings of at most {MAX_STOP_BYTES} bytes"
         )));

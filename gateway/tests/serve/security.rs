@@ -44,6 +44,34 @@ fn health_from(base: &str, from: &str) -> (String, f64) {
     )
 }
 
+/// A short chat (two tokens, greedy) for tenant `b` from `from`: seconds to the whole answer.
+fn chat_secs(base: &str, from: &str) -> f64 {
+    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"Say hi."}],"max_tokens":2,"temperature":0}"#;
+    let t0 = Instant::now();
+    let mut s = connect_from(base, from);
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-b\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    t0.elapsed().as_secs_f64()
+}
+
+/// The P99 (here: the slowest of twenty) of a short chat with the server otherwise idle, and the
+/// bound an attack may stretch it to: twice that, but never under half a second so that the
+/// scheduling noise of a shared two-core CI machine does not decide the test.
+fn solo_chat_bound(base: &str) -> f64 {
+    chat_secs(base, "127.0.0.9"); // warm-up
+    let worst = (0..20)
+        .map(|_| chat_secs(base, "127.0.0.9"))
+        .fold(0.0, f64::max);
+    (2.0 * worst).max(0.5)
+}
+
 /// Whether the server closed `s` (EOF or reset) within `within`.
 fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
     s.set_read_timeout(Some(within)).unwrap();
@@ -72,6 +100,7 @@ fn stalled_and_trickling_bodies_end_in_408_and_one_ip_cannot_take_every_connecti
         ],
     );
     assert!(health_from(&base, "127.0.0.1").0.contains("200"));
+    let chat_bound = solo_chat_bound(&base);
     let start_stalled = |from: &str| {
         let mut s = connect_from(&base, from);
         s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n")
@@ -90,6 +119,12 @@ fn stalled_and_trickling_bodies_end_in_408_and_one_ip_cannot_take_every_connecti
     // Everyone else is served meanwhile.
     let (st, secs) = health_from(&base, "127.0.0.3");
     assert!(st.contains("200") && secs < 1.0, "{st} in {secs} s");
+    let chat = chat_secs(&base, "127.0.0.3");
+    eprintln!("stalled bodies: health {secs:.3} s, chat {chat:.3} s (bound {chat_bound:.3} s)");
+    assert!(
+        chat < chat_bound,
+        "a short chat took {chat} s (bound {chat_bound} s)"
+    );
     // Each stalled body gets 408 about a second after it stalled.
     for s in &mut stalled {
         let mut out = String::new();
@@ -134,6 +169,7 @@ fn idle_connections_holding_every_slot_are_shed_for_new_clients() {
         &["--max-connections", "16", "--max-connections-per-ip", "64"],
     );
     assert!(health_from(&base, "127.0.0.1").0.contains("200"));
+    let chat_bound = solo_chat_bound(&base);
     // Sixteen idle connections (no request, no key) take every slot.
     let mut idle: Vec<TcpStream> = (0..16).map(|_| connect_from(&base, "127.0.0.5")).collect();
     std::thread::sleep(Duration::from_millis(300));
@@ -142,6 +178,11 @@ fn idle_connections_holding_every_slot_are_shed_for_new_clients() {
         let (st, secs) = health_from(&base, "127.0.0.6");
         assert!(st.contains("200") && secs < 1.0, "{st} in {secs} s");
     }
+    let chat = chat_secs(&base, "127.0.0.6");
+    assert!(
+        chat < chat_bound,
+        "a short chat took {chat} s (bound {chat_bound} s) while idle connections held every slot"
+    );
     let shed = idle
         .iter_mut()
         .filter_map(|s| closed_within(s, Duration::from_millis(200)).then_some(()))
@@ -232,7 +273,12 @@ fn clients_never_see_internal_addresses_and_metrics_need_the_operator_token() {
         ],
     );
     let body = serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
-    let (code, r) = http_json("POST", &format!("{base}/v1/chat/completions"), "sk-a", &body);
+    let (code, r) = http_json(
+        "POST",
+        &format!("{base}/v1/chat/completions"),
+        "sk-a",
+        &body,
+    );
     assert_eq!(code, 503, "{r}");
     let text = r.to_string();
     assert!(
@@ -248,4 +294,139 @@ fn clients_never_see_internal_addresses_and_metrics_need_the_operator_token() {
     ]);
     assert_eq!(code, 200, "the scheme is matched without regard to case");
     assert!(m.contains("cachet_requests_total"), "{m}");
+}
+
+/// HTTP/2 on one connection (cleartext, prior knowledge): a hundred streams whose bodies never
+/// end each get 408 after the chunk timeout, no more than the advertised cap run at once, and a
+/// flood of streams opened and reset at once (CVE-2023-44487's "rapid reset") leaves `/health`
+/// and a short chat answering fast.
+#[test]
+fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let (_server, base) = start_with(
+        &config(""),
+        &[
+            "--body-read-timeout",
+            "1",
+            "--body-total-timeout",
+            "3",
+            "--http2-max-concurrent-streams",
+            "16",
+        ],
+    );
+    let addr = base.trim_start_matches("http://").to_string();
+    assert!(health_from(&base, "127.0.0.1").0.contains("200"));
+    let chat_bound = solo_chat_bound(&base);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    // Stalled bodies.
+    let (codes, took) = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let t0 = Instant::now();
+        let mut keep = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..100 {
+            let (mut tx, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(4);
+            tx.send_data(bytes::Bytes::from_static(b"{\"mod"))
+                .await
+                .unwrap();
+            keep.push(tx);
+            let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+                .header("authorization", "Bearer sk-a")
+                .header("content-type", "application/json")
+                .body(body)
+                .unwrap();
+            let mut s = sender.clone();
+            tasks.push(tokio::spawn(async move {
+                s.ready().await.unwrap();
+                let resp = s.send_request(req).await.unwrap();
+                (resp.status().as_u16(), Instant::now())
+            }));
+        }
+        let mut codes = Vec::new();
+        let mut finished = Vec::new();
+        for t in tasks {
+            let (code, at) = t.await.unwrap();
+            codes.push(code);
+            finished.push(at.duration_since(t0).as_secs_f64());
+        }
+        drop(keep);
+        (codes, finished)
+    });
+    assert!(codes.iter().all(|&c| c == 408), "{codes:?}");
+    // Sixteen at a time, a second each: about seven rounds, never all at once.
+    let last = took.iter().cloned().fold(0.0, f64::max);
+    let first_round = took.iter().filter(|&&t| t < 1.9).count();
+    assert!(
+        first_round <= 16,
+        "{first_round} streams ran in the first second (cap 16)"
+    );
+    assert!(
+        (5.0..20.0).contains(&last),
+        "the last 408 came after {last} s"
+    );
+
+    // Rapid reset: open a stream and cancel it, thousands of times, while others ask for health.
+    let flood = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+                let driver = tokio::spawn(conn);
+                let mut sent = 0u32;
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_secs(4) {
+                    client = match client.ready().await {
+                        Ok(c) => c,
+                        Err(_) => break, // the server ended the connection (GOAWAY)
+                    };
+                    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+                        .header("authorization", "Bearer sk-a")
+                        .body(())
+                        .unwrap();
+                    match client.send_request(req, false) {
+                        Ok((_resp, mut stream)) => stream.send_reset(h2::Reason::CANCEL),
+                        Err(_) => break,
+                    }
+                    sent += 1;
+                }
+                driver.abort();
+                sent
+            })
+        })
+    };
+    let mut worst_health = 0.0f64;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        let (st, secs) = health_from(&base, "127.0.0.7");
+        assert!(st.contains("200"), "{st}");
+        worst_health = worst_health.max(secs);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let chat = chat_secs(&base, "127.0.0.7");
+    let sent = flood.join().unwrap();
+    eprintln!(
+        "h2: 100 stalled streams all 408 by {last:.1} s; rapid reset: {sent} streams in 4 s, \
+         health worst {worst_health:.3} s, chat {chat:.3} s (bound {chat_bound:.3} s)"
+    );
+    assert!(sent > 100, "the flood only opened {sent} streams");
+    assert!(worst_health < 1.0, "health took {worst_health} s");
+    assert!(
+        chat < chat_bound,
+        "a short chat took {chat} s (bound {chat_bound} s) during the reset flood"
+    );
 }
