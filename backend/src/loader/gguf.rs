@@ -1,9 +1,10 @@
 //! A native GGUF (v2/v3) reader: header, metadata, tensor directory, and dequantisation of
 //! F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 tensors to f32.
 //!
-//! The file is memory-mapped; every read is bounds-checked, so a truncated or corrupt file gives
-//! [`LoadError::Truncated`] / [`LoadError::Format`] instead of a panic. Tensors are converted once,
-//! when the model is loaded.
+//! The file is memory-mapped (or given as bytes, [`GgufFile::from_bytes`]); every read and every
+//! size computed from the file is checked, so a truncated or corrupt file gives
+//! [`LoadError::Truncated`] / [`LoadError::Format`] instead of a panic (the `gguf` fuzz target
+//! holds it to that). Tensors are converted once, when the model is loaded.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -138,7 +139,8 @@ impl GgufTensorInfo {
 /// An open GGUF file.
 pub struct GgufFile {
     path: PathBuf,
-    mmap: Mmap,
+    /// The file's bytes: a read-only map, or bytes given to [`GgufFile::from_bytes`].
+    mmap: Box<dyn AsRef<[u8]> + Send + Sync>,
     pub version: u32,
     pub metadata: BTreeMap<String, GgufValue>,
     pub tensors: Vec<GgufTensorInfo>,
@@ -237,8 +239,17 @@ impl GgufFile {
         // SAFETY: the map is read-only and private to this process; a file changed underneath a
         // running process is outside what any loader can defend against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
+        Self::parse(path, Box::new(mmap))
+    }
+
+    /// Parses a GGUF file held in memory; `path` names it in errors.
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self, LoadError> {
+        Self::parse(path, Box::new(bytes))
+    }
+
+    fn parse(path: &Path, mmap: Box<dyn AsRef<[u8]> + Send + Sync>) -> Result<Self, LoadError> {
         let mut c = Cursor {
-            buf: &mmap,
+            buf: (*mmap).as_ref(),
             pos: 0,
             path,
         };
@@ -275,6 +286,16 @@ impl GgufFile {
             let dims = (0..nd)
                 .map(|_| c.u64(&name))
                 .collect::<Result<Vec<_>, _>>()?;
+            if dims
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .is_none()
+            {
+                return Err(LoadError::format(
+                    path,
+                    format!("tensor `{name}` has dimensions {dims:?}, more elements than fit in 64 bits"),
+                ));
+            }
             let dtype = GgmlType::from_id(c.u32(&name)?);
             let offset = c.u64(&name)?;
             tensors.push(GgufTensorInfo {
@@ -291,7 +312,12 @@ impl GgufFile {
         if align == 0 {
             return Err(LoadError::format(path, "general.alignment is 0"));
         }
-        let data_offset = (c.pos as u64).div_ceil(align) * align;
+        let data_offset = (c.pos as u64)
+            .div_ceil(align)
+            .checked_mul(align)
+            .ok_or_else(|| {
+                LoadError::format(path, format!("general.alignment {align} is absurd"))
+            })?;
         Ok(GgufFile {
             path: path.into(),
             mmap,
@@ -365,18 +391,25 @@ impl GgufFile {
                 format!("tensor `{name}`: {n} elements is not a whole number of {per_block}-element blocks"),
             ));
         }
-        let nbytes = n / per_block as u64 * block_bytes as u64;
-        let start = self.data_offset + info.offset;
-        let end = start.saturating_add(nbytes);
-        if end > self.mmap.len() as u64 {
+        let file = (*self.mmap).as_ref();
+        let end = (n / per_block as u64)
+            .checked_mul(block_bytes as u64)
+            .and_then(|nbytes| {
+                self.data_offset
+                    .checked_add(info.offset)?
+                    .checked_add(nbytes)
+            })
+            .unwrap_or(u64::MAX);
+        if end > file.len() as u64 {
             return Err(LoadError::Truncated {
                 path: self.path.clone(),
                 what: format!("tensor `{name}`"),
                 needed: end,
-                available: self.mmap.len() as u64,
+                available: file.len() as u64,
             });
         }
-        let bytes = &self.mmap[start as usize..end as usize];
+        let start = self.data_offset + info.offset; // no overflow: `end` is past it
+        let bytes = &file[start as usize..end as usize];
         Ok((info.shape(), dequantize(dtype, bytes, n as usize)))
     }
 }

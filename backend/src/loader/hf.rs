@@ -56,12 +56,7 @@ impl SafetensorsDir {
             let file = std::fs::File::open(&path).map_err(|e| LoadError::io(&path, e))?;
             // SAFETY: read-only private map; see gguf.rs.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(&path, e))?;
-            let names: Vec<String> = {
-                let st = SafeTensors::deserialize(&mmap)
-                    .map_err(|e| safetensors_error(&path, &mmap, e))?;
-                st.names().into_iter().map(String::from).collect()
-            };
-            for n in names {
+            for n in shard_names(&path, &mmap)? {
                 index.insert(n, shards.len());
             }
             shards.push((path, mmap));
@@ -83,38 +78,49 @@ impl SafetensorsDir {
                 name: name.into(),
             })?;
         let (path, mmap) = &self.shards[i];
-        let st = SafeTensors::deserialize(mmap).map_err(|e| safetensors_error(path, mmap, e))?;
-        let view = st
-            .tensor(name)
-            .map_err(|e| LoadError::format(path, e.to_string()))?;
-        let bytes = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(LoadError::UnsupportedDtype {
-                    path: path.clone(),
-                    tensor: name.into(),
-                    dtype: format!("{other:?}"),
-                    supported: "F32, F16, BF16",
-                })
-            }
-        };
-        Ok(HostTensor {
-            shape: view.shape().to_vec(),
-            data,
-        })
+        read_tensor(path, mmap, name)
     }
+}
+
+/// The tensor names of one safetensors file (`bytes`; `path` names it in errors).
+pub fn shard_names(path: &Path, bytes: &[u8]) -> Result<Vec<String>, LoadError> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
+    Ok(st.names().into_iter().map(String::from).collect())
+}
+
+/// Reads tensor `name` of one safetensors file as f32.
+pub fn read_tensor(path: &Path, bytes: &[u8], name: &str) -> Result<HostTensor, LoadError> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
+    let view = st
+        .tensor(name)
+        .map_err(|e| LoadError::format(path, e.to_string()))?;
+    let bytes = view.data();
+    let data: Vec<f32> = match view.dtype() {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(LoadError::UnsupportedDtype {
+                path: path.into(),
+                tensor: name.into(),
+                dtype: format!("{other:?}"),
+                supported: "F32, F16, BF16",
+            })
+        }
+    };
+    Ok(HostTensor {
+        shape: view.shape().to_vec(),
+        data,
+    })
 }
 
 fn safetensors_error(path: &Path, bytes: &[u8], e: safetensors::SafeTensorError) -> LoadError {

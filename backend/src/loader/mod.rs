@@ -433,7 +433,7 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
 }
 
 /// A GGUF file's name, config and tokenizer, from its metadata alone.
-fn gguf_meta(file: &gguf::GgufFile, path: &Path) -> Result<ModelMeta, LoadError> {
+pub fn gguf_meta(file: &gguf::GgufFile, path: &Path) -> Result<ModelMeta, LoadError> {
     let mut config = gguf_config(file)?;
     let tokenizer = gguf_tokenizer::from_gguf(file)?;
     // Chat models stop at their end-of-turn token too.

@@ -620,8 +620,9 @@ fn classify(e: wasmtime::Error, store: &Store<Host>, budget: &Budget) -> Templat
     TemplateError::Trap(msg)
 }
 
-/// The reply: `Rendered`, or `{"error": "..."}` when the template refuses.
-fn parse_reply(bytes: &[u8]) -> Result<Rendered, TemplateError> {
+/// Parses a template's reply: `Rendered`, or `{"error": "..."}` when the template refuses; any
+/// bytes give one or a clear error (the `template_reply` fuzz target holds it to that).
+pub fn parse_reply(bytes: &[u8]) -> Result<Rendered, TemplateError> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| TemplateError::BadOutput(format!("the reply is not UTF-8: {e}")))?;
     // The common case first, straight into the type; then the refusal; then say what is wrong.
@@ -685,7 +686,7 @@ pub const MAX_STOP_BYTES: usize = 256;
 /// What can be refused by parsing alone, before any compiling: imports other than
 /// `cachet.log`, missing exports, and more functions or locals than the limits (which bound the
 /// compile time).
-fn precheck(bytes: &[u8], config: &SandboxConfig) -> Result<(), TemplateError> {
+pub fn precheck(bytes: &[u8], config: &SandboxConfig) -> Result<(), TemplateError> {
     use wasmparser::{ExternalKind, Parser, Payload};
     let bad = |e: wasmparser::BinaryReaderError| TemplateError::NotWasm(e.to_string());
     let too = |what, found: u64, limit: u32| TemplateError::TooComplex {

@@ -15,11 +15,10 @@ use std::time::Instant;
 
 use cachet_backend::request::EngineRequest;
 use cachet_backend::sampler::SamplingParams;
-use cachet_backend::tokenizer::ChatMessage;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 
-use super::openai::{ChatRequest, Common, CompletionRequest};
+use super::openai::{self, Input, Parsed};
 use super::respond::{self, Meta};
 use super::{templates, AppState};
 use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
@@ -60,21 +59,6 @@ pub async fn completion(
         .map_err(|e| (e, name))
 }
 
-/// What a request asks for, validated.
-enum Input {
-    Chat(ChatRequest, Vec<ChatMessage>),
-    Text(CompletionRequest, String),
-}
-
-impl Input {
-    fn common(&self) -> &Common {
-        match self {
-            Input::Chat(r, _) => &r.common,
-            Input::Text(r, _) => &r.common,
-        }
-    }
-}
-
 /// The model exists here and the tenant may use it.
 fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
     if model != state.model_id {
@@ -103,18 +87,14 @@ async fn completion_for(
     // `x-cachet-timings: 1` asks for the server-side split of the request's time in its usage.
     let want_timings = req.headers().contains_key("x-cachet-timings");
     // 2. Validate everything before doing any work.
-    let input = if chat {
-        let r: ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
-        check_model(&state, &tenant, &r.common.model)?;
-        let msgs = r.messages()?;
-        Input::Chat(r, msgs)
-    } else {
-        let r: CompletionRequest = http::read_json(req, MAX_BODY_BYTES).await?;
-        check_model(&state, &tenant, &r.common.model)?;
-        let p = r.prompt()?;
-        Input::Text(r, p)
-    };
-    let (max_tokens, mut stop) = input.common().validate()?;
+    let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let Parsed {
+        input,
+        max_tokens,
+        mut stop,
+    } = openai::parse_request(chat, &body)?;
+    drop(body);
+    check_model(&state, &tenant, &input.common().model)?;
     // The tenant's concurrency and requests/min, before any work is done for the request (its
     // template included); the tokens/min budget once the prompt is known.
     let mut permit = tenant.admit_request(Instant::now())?;

@@ -69,6 +69,52 @@ pub struct CompletionRequest {
     pub common: Common,
 }
 
+/// What a request asks for: a chat's messages or a completion's prompt.
+pub enum Input {
+    Chat(ChatRequest, Vec<ChatMessage>),
+    Text(CompletionRequest, String),
+}
+
+impl Input {
+    pub fn common(&self) -> &Common {
+        match self {
+            Input::Chat(r, _) => &r.common,
+            Input::Text(r, _) => &r.common,
+        }
+    }
+}
+
+/// A request body parsed and validated: everything that needs no state (whether the model is
+/// served here, and may be used by the tenant, is for the caller).
+pub struct Parsed {
+    pub input: Input,
+    pub max_tokens: Option<u64>,
+    pub stop: Vec<String>,
+}
+
+/// Parses and validates the body of `/v1/chat/completions` (`chat`) or `/v1/completions`: any
+/// bytes give a request or a 400 that names what to fix (the `request` fuzz target holds it to
+/// that).
+pub fn parse_request(chat: bool, body: &[u8]) -> Result<Parsed, ApiError> {
+    let json =
+        |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON body: {e}"), None);
+    let input = if chat {
+        let r: ChatRequest = serde_json::from_slice(body).map_err(json)?;
+        let msgs = r.messages()?;
+        Input::Chat(r, msgs)
+    } else {
+        let r: CompletionRequest = serde_json::from_slice(body).map_err(json)?;
+        let p = r.prompt()?;
+        Input::Text(r, p)
+    };
+    let (max_tokens, stop) = input.common().validate()?;
+    Ok(Parsed {
+        input,
+        max_tokens,
+        stop,
+    })
+}
+
 impl Common {
     /// Checks what the engine cannot do and returns (max_tokens, stop strings).
     pub fn validate(&self) -> Result<(Option<u64>, Vec<String>), ApiError> {
