@@ -6,6 +6,8 @@
 #   scripts/fuzz.sh -t 60 request gguf   # two targets, a minute each
 #   scripts/fuzz.sh --build-only         # build the binaries (to run elsewhere with --bin-dir)
 #   scripts/fuzz.sh --bin-dir DIR -t 600 # run binaries built before (no toolchain needed)
+#   scripts/fuzz.sh --asan ...           # build with AddressSanitizer (slower; the code under test
+#                                        # is safe Rust, so the default is Rust's own checks only)
 #
 # Targets: request, template_reply, template_module, normalizer, gguf, safetensors (see
 # fuzz/src/lib.rs). New corpus entries go to fuzz/work/<target>/ (ignored by git); an input a
@@ -17,6 +19,7 @@ cd "$(dirname "$0")/.."
 
 secs=600
 build_only=0
+sanitizer=none
 bin_dir=""
 targets=()
 while [ $# -gt 0 ]; do
@@ -24,7 +27,8 @@ while [ $# -gt 0 ]; do
         -t) secs="$2"; shift 2 ;;
         --build-only) build_only=1; shift ;;
         --bin-dir) bin_dir="$2"; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --asan) sanitizer=address; shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         -*) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
         *) targets+=("$1"); shift ;;
     esac
@@ -34,8 +38,10 @@ done
 if [ -z "$bin_dir" ]; then
     rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal
     cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
-    # Release code with debug assertions (overflow checks) and AddressSanitizer.
-    (cd fuzz && cargo +nightly fuzz build --features libfuzzer --debug-assertions "${targets[@]}")
+    # Release code with debug assertions (overflow checks are part of what is tested).
+    for t in "${targets[@]}"; do
+        (cd fuzz && cargo +nightly fuzz build --features libfuzzer --debug-assertions --sanitizer "$sanitizer" "$t")
+    done
     bin_dir="target/x86_64-unknown-linux-gnu/release"
     if [ "$build_only" = 1 ]; then
         for t in "${targets[@]}"; do ls -la "$bin_dir/$t"; done

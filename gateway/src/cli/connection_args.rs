@@ -40,6 +40,23 @@ pub struct ConnectionArgs {
 }
 
 impl ConnectionArgs {
+    /// `--max-connections`, lowered (with a warning) to what the open-file limit allows.
+    fn fitted_max_connections(&self) -> usize {
+        let asked = self.max_connections.max(1);
+        match cachet_gateway::http::serve::connections_that_fit() {
+            Some(fit) if fit < asked => {
+                tracing::warn!(
+                    asked,
+                    fit,
+                    "--max-connections is above what the open-file limit (ulimit -n) allows; \
+                     serving at most {fit} connections (raise the limit to serve more)"
+                );
+                fit
+            }
+            _ => asked,
+        }
+    }
+
     pub fn limits(&self) -> Limits {
         let s = |n: u64| Duration::from_secs(n.max(1));
         Limits {
@@ -49,7 +66,7 @@ impl ConnectionArgs {
                 chunk: s(self.body_read_timeout),
                 total: s(self.body_total_timeout),
             },
-            max_connections: self.max_connections.max(1),
+            max_connections: self.fitted_max_connections(),
             max_connections_per_ip: self.max_connections_per_ip.max(1),
             max_concurrent_streams: self.http2_max_concurrent_streams.max(1),
             idle_timeout: s(self.idle_timeout),

@@ -11,8 +11,10 @@
 //!   idle sockets are held open;
 //! - idle keep-alive connections closed; HTTP/2 with a cap on concurrent streams and h2's
 //!   rapid-reset limits;
-//! - accept errors (EMFILE, ENFILE, …) back off instead of spinning, and are logged at most
-//!   once a second with a count of the ones not logged;
+//! - the connection cap fitted to the open-file limit ([`connections_that_fit`]), so a flood
+//!   meets the cap (where idle connections are shed) before it meets EMFILE; accept errors
+//!   (EMFILE, ENFILE, …) shed idle connections too, back off instead of spinning, and are logged
+//!   at most once a second with a count of the ones not logged;
 //! - graceful drain: on shutdown no new connections are accepted and those in flight get
 //!   `grace` to finish.
 
@@ -178,6 +180,41 @@ impl Connections {
     }
 }
 
+/// Open files kept back from connections: model files, upstream sockets, the template store,
+/// logs.
+const RESERVED_FILES: u64 = 64;
+
+/// Raises this process's soft limit on open files to its hard limit (as Go's runtime does), and
+/// returns how many connections fit in it with [`RESERVED_FILES`] kept back (`None` where the
+/// limit cannot be read). A connection cap above it turns a flood into EMFILE at `accept`.
+pub fn connections_that_fit() -> Option<usize> {
+    #[cfg(unix)]
+    {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit read or write the one struct passed, which lives here.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return None;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            // SAFETY: as above. (Linux refuses more than fs.nr_open; then the soft limit stays.)
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                r.rlim_cur = r.rlim_max;
+            }
+        }
+        let files = u64::try_from(r.rlim_cur).unwrap_or(u64::MAX);
+        Some(usize::try_from(files.saturating_sub(RESERVED_FILES).max(16)).unwrap_or(usize::MAX))
+    }
+    #[cfg(not(unix))]
+    None
+}
+
 /// Logs accept errors at most once a second, with the count of those not logged.
 struct AcceptErrors {
     last: Option<Instant>,
@@ -255,6 +292,10 @@ where
                 let (stream, peer): (tokio::net::TcpStream, SocketAddr) = match accepted {
                     Ok(x) => { errors.accepted(); x }
                     Err(e) => {
+                        // Out of file descriptors: idle connections give theirs back.
+                        if matches!(e.raw_os_error(), Some(23 | 24)) {
+                            conns.shed_idle(limits.max_connections.div_ceil(64).max(1));
+                        }
                         let wait = errors.failed(&e);
                         tokio::time::sleep(wait).await;
                         continue;

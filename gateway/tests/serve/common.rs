@@ -47,32 +47,53 @@ pub fn start_tls(config: &str, cert: &std::path::Path, key: &std::path::Path) ->
 }
 
 pub fn start_with(config: &str, extra: &[&str]) -> (Server, String) {
+    start_under(config, extra, None, None)
+}
+
+/// Starts `cachet serve` with `extra` flags, under an open-file limit (`ulimit -n`) if given,
+/// its stderr (the log) into `log` if given.
+pub fn start_under(
+    config: &str,
+    extra: &[&str],
+    open_files: Option<u32>,
+    log: Option<&std::path::Path>,
+) -> (Server, String) {
     cachet_tests::smollm2_path();
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("cachet-serve-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("tenants.toml");
     std::fs::write(&cfg, config).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
-        .args([
-            "serve",
-            "--model",
-            "smollm2",
-            "--device",
-            "cpu",
-            "--gpu-memory-utilization",
-            "0.1",
-            "--listen",
-        ])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--config")
-        .arg(&cfg)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server(child);
+    let mut cmd = match open_files {
+        // `exec` keeps the pid: the test can watch the server's own CPU time.
+        Some(n) => {
+            let mut c = Command::new("sh");
+            c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\"")])
+                .arg(env!("CARGO_BIN_EXE_cachet"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_cachet")),
+    };
+    cmd.args([
+        "serve",
+        "--model",
+        "smollm2",
+        "--device",
+        "cpu",
+        "--gpu-memory-utilization",
+        "0.1",
+        "--listen",
+    ])
+    .arg(format!("127.0.0.1:{port}"))
+    .arg("--config")
+    .arg(&cfg)
+    .args(extra)
+    .stdout(Stdio::null())
+    .stderr(match log {
+        Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
+        None => Stdio::null(),
+    });
+    let server = Server(cmd.spawn().unwrap());
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

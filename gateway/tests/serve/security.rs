@@ -430,3 +430,56 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
         "a short chat took {chat} s (bound {chat_bound} s) during the reset flood"
     );
 }
+
+/// CPU seconds process `pid` has used (user + system), from /proc.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses): utime is the 12th, stime the 13th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0 // USER_HZ is 100 on Linux
+}
+
+/// The battery's fd-limit flood: under `ulimit -n 256` with the default connection cap (4096),
+/// 600 idle connections neither spin the accept loop nor flood the log, and `/health` answers:
+/// the cap is fitted to the open-file limit at start (with a warning), so the flood meets the cap,
+/// where idle connections are shed, instead of EMFILE.
+#[test]
+fn a_connection_flood_at_the_open_file_limit_neither_spins_nor_floods_the_log() {
+    let log = std::env::temp_dir().join(format!("cachet-fd-flood-{}.log", free_port()));
+    let (server, base) = start_under(&config(""), &[], Some(256), Some(&log));
+    assert!(health_from(&base, "127.0.0.1").0.contains("200"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("open-file limit"),
+        "no warning about the cap: {text}"
+    );
+    let pid = server.0.id();
+    let mut held = Vec::new();
+    for i in 0..600 {
+        // Three client IPs, under the per-IP cap.
+        held.push(connect_from(&base, &format!("127.0.0.{}", 2 + i % 3)));
+    }
+    let cpu0 = cpu_secs(pid);
+    let mut worst = 0.0f64;
+    for _ in 0..10 {
+        let (st, secs) = health_from(&base, "127.0.0.9");
+        assert!(st.contains("200"), "{st}");
+        worst = worst.max(secs);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let cpu = cpu_secs(pid) - cpu0;
+    drop(held);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let accept_lines = text.matches("accept failed").count();
+    eprintln!(
+        "fd flood: health worst {worst:.3} s, server CPU {cpu:.2} s in 3 s, {accept_lines} accept-error lines"
+    );
+    assert!(worst < 1.0, "health took {worst} s");
+    assert!(
+        cpu < 1.0,
+        "the server used {cpu} s of CPU in 3 s while flooded"
+    );
+    assert!(accept_lines <= 5, "{accept_lines} accept-error lines");
+}
