@@ -483,3 +483,69 @@ fn a_connection_flood_at_the_open_file_limit_neither_spins_nor_floods_the_log() 
     );
     assert!(accept_lines <= 5, "{accept_lines} accept-error lines");
 }
+
+/// The battery's timing probe: a huge prompt (refused: longer than the context) sent by tenant
+/// `a` used to fill the shared tokenization cache, so tenant `b` sending the same prompt was
+/// answered 4× faster (47 vs 199 ms). Now refused requests cache nothing and tenants share no
+/// cache entries: sent alternately by `a` and `b`, the same prompt takes as long for both
+/// (medians within 1.5× of each other, where a cache hit would be ~4×).
+#[test]
+fn no_tenant_can_time_what_another_sent() {
+    let (_server, base) = start(&config(""));
+    let addr = base.trim_start_matches("http://").to_string();
+    let prompt = |words: &[&str]| {
+        let mut system = String::new();
+        let mut i = 0usize;
+        while system.len() < 700_000 {
+            system.push_str(words[i % words.len()]);
+            system.push_str(if i % 13 == 0 { ". " } else { " " });
+            i = i.wrapping_mul(31).wrapping_add(7) % 1_000_003;
+        }
+        serde_json::json!({"model": "smollm2", "max_tokens": 4, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": "Summarize."}]})
+        .to_string()
+    };
+    let timed = |key: &str, body: &str| {
+        let t0 = Instant::now();
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(
+            out.starts_with("HTTP/1.1 400"),
+            "{}",
+            &out[..out.len().min(300)]
+        );
+        t0.elapsed().as_secs_f64()
+    };
+    // Warm up on another prompt, so first-request costs are not in the comparison.
+    timed("sk-a", &prompt(&["gravel", "sonnet", "ember", "tundra"]));
+    let body = prompt(&[
+        "ledger", "harbor", "quartz", "meadow", "cipher", "lantern", "orbit", "willow",
+    ]);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        a.push(timed("sk-a", &body));
+        b.push(timed("sk-b", &body));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[1] + v[2]) / 2.0
+    };
+    eprintln!("timing probe: a {a:.3?}, b {b:.3?}");
+    let first = a[0];
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    assert!(
+        mb > ma / 1.5 && ma > mb / 1.5,
+        "median a {ma:.3} s, b {mb:.3} s: one tenant's prompt is faster for the other"
+    );
+    assert!(
+        first < 2.5 * ma,
+        "a's repeats got faster than its first ({first:.3} s, then a median of {ma:.3} s): refused requests filled a cache"
+    );
+}
