@@ -209,7 +209,7 @@ impl<'a> Cursor<'a> {
                     return Err(LoadError::Truncated {
                         path: self.path.into(),
                         what: what.into(),
-                        needed: self.pos as u64 + n,
+                        needed: (self.pos as u64).saturating_add(n),
                         available: self.buf.len() as u64,
                     });
                 }
@@ -286,14 +286,17 @@ impl GgufFile {
             let dims = (0..nd)
                 .map(|_| c.u64(&name))
                 .collect::<Result<Vec<_>, _>>()?;
-            if dims
-                .iter()
-                .try_fold(1u64, |n, &d| n.checked_mul(d))
-                .is_none()
+            // No zero dimension and a product that fits: then every partial product, in any
+            // order (shapes are reversed, split and multiplied all over the loader), fits too.
+            if dims.contains(&0)
+                || dims
+                    .iter()
+                    .try_fold(1u64, |n, &d| n.checked_mul(d))
+                    .is_none()
             {
                 return Err(LoadError::format(
                     path,
-                    format!("tensor `{name}` has dimensions {dims:?}, more elements than fit in 64 bits"),
+                    format!("tensor `{name}` has dimensions {dims:?}: a zero, or more elements than fit in 64 bits"),
                 ));
             }
             let dtype = GgmlType::from_id(c.u32(&name)?);

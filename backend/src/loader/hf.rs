@@ -144,7 +144,7 @@ fn declared_len(bytes: &[u8]) -> Option<u64> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
     let header = bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?);
     let Some(header) = header else {
-        return Some(8 + n);
+        return Some(n.saturating_add(8));
     };
     let v: serde_json::Value = serde_json::from_slice(header).ok()?;
     let end = v
@@ -153,5 +153,5 @@ fn declared_len(bytes: &[u8]) -> Option<u64> {
         .filter_map(|t| t.get("data_offsets")?.as_array()?.get(1)?.as_u64())
         .max()
         .unwrap_or(0);
-    Some(8 + n + end)
+    Some(n.saturating_add(8).saturating_add(end))
 }

@@ -135,12 +135,22 @@ pub fn normalize(segments: &[Segment], rules: &Rules) -> Normalized {
         };
     }
     for s in out.iter_mut().filter(|s| s.cache == Cache::Static) {
-        let spans = detect::find(&s.text, &rules.patterns);
-        if spans.is_empty() {
-            continue;
+        // Until no span is left: a cut can join what was around a span into a new one
+        // ("session 3f2a…-11-29T12:00@00Z" leaves "session:00@00Z", a `key: value` pair), and
+        // normalizing must be idempotent. Each round removes text, so this ends; real prompts
+        // take one round and a second that finds nothing.
+        loop {
+            let spans = detect::find(&s.text, &rules.patterns);
+            if spans.is_empty() {
+                break;
+            }
+            relocated.extend(spans.iter().map(|sp| s.text[sp.start..sp.end].to_string()));
+            let before = s.text.len();
+            s.text = cut(&s.text, &spans);
+            if s.text.len() >= before {
+                break; // (spans are never empty, so this is only a safety net)
+            }
         }
-        relocated.extend(spans.iter().map(|sp| s.text[sp.start..sp.end].to_string()));
-        s.text = cut(&s.text, &spans);
     }
     if relocated.is_empty() {
         return Normalized {

@@ -269,7 +269,9 @@ impl CompletionRequest {
     pub fn prompt(&self) -> Result<String, ApiError> {
         match &self.prompt {
             serde_json::Value::String(s) if !s.is_empty() => Ok(s.clone()),
-            serde_json::Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            serde_json::Value::Array(a)
+                if a.len() == 1 && a[0].as_str().is_some_and(|s| !s.is_empty()) =>
+            {
                 Ok(a[0].as_str().unwrap_or_default().to_string())
             }
             _ => Err(ApiError::bad_request(
