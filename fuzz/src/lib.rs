@@ -18,8 +18,11 @@ use cachet_gateway::sandbox::{self, SandboxConfig, MAX_STOP_BYTES, MAX_STOP_HINT
 use cachet_gateway::server::openai::{self, Input};
 use cachet_guest_sdk::{Cache, Segment};
 
+/// A fuzz target: any bytes in, a panic when the code under test breaks a promise.
+pub type Target = fn(&[u8]);
+
 /// The targets by name, for the corpus runner.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("request", request),
     ("template_reply", template_reply),
     ("template_module", template_module),

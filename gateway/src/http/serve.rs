@@ -101,12 +101,15 @@ pub fn tune_accepted(stream: &tokio::net::TcpStream) {
     }
 }
 
+/// One live connection: its activity, and a way to ask it to close if it is idle.
+type Live = (Arc<idle::Activity>, Arc<Notify>);
+
 /// The live connections: per client IP, and each one's activity with a way to ask it to close
 /// if it is idle.
 #[derive(Default)]
 struct Connections {
     next: AtomicU64,
-    live: Mutex<HashMap<u64, (Arc<idle::Activity>, Arc<Notify>)>>,
+    live: Mutex<HashMap<u64, Live>>,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -172,7 +175,7 @@ impl Connections {
             .filter(|(a, _)| !a.busy())
             .map(|(a, s)| (a.quiet_for(), s))
             .collect();
-        idle.sort_by(|a, b| b.0.cmp(&a.0));
+        idle.sort_by_key(|&(quiet, _)| std::cmp::Reverse(quiet));
         for (_, s) in idle.iter().take(n) {
             s.notify_one();
         }
@@ -208,8 +211,8 @@ pub fn connections_that_fit() -> Option<usize> {
                 r.rlim_cur = r.rlim_max;
             }
         }
-        let files = u64::try_from(r.rlim_cur).unwrap_or(u64::MAX);
-        Some(usize::try_from(files.saturating_sub(RESERVED_FILES).max(16)).unwrap_or(usize::MAX))
+        let files = r.rlim_cur.saturating_sub(RESERVED_FILES).max(16);
+        Some(usize::try_from(files).unwrap_or(usize::MAX))
     }
     #[cfg(not(unix))]
     None

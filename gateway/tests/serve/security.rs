@@ -498,7 +498,7 @@ fn no_tenant_can_time_what_another_sent() {
         let mut i = 0usize;
         while system.len() < 700_000 {
             system.push_str(words[i % words.len()]);
-            system.push_str(if i % 13 == 0 { ". " } else { " " });
+            system.push_str(if i.is_multiple_of(13) { ". " } else { " " });
             i = i.wrapping_mul(31).wrapping_add(7) % 1_000_003;
         }
         serde_json::json!({"model": "smollm2", "max_tokens": 4, "messages": [
