@@ -7,18 +7,25 @@ use std::process::{Command, Stdio};
 use cachet_tests::{free_port, Proc};
 use std::time::{Duration, Instant};
 
+/// A tenants config in `dir` with the one tenant these tests use (key `sk-route`).
+fn route_tenant(dir: &std::path::Path) -> std::path::PathBuf {
+    let cfg = dir.join("tenants.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[tenant]]\nid = \"r\"\napi_key_sha256 = [\"{}\"]\n",
+            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key("sk-route"))
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
 fn cachet(args: &[&str]) -> Proc {
     Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .args(args)
-            .args([
-                "--model",
-                "smollm2",
-                "--device",
-                "cpu",
-                "--gpu-memory-utilization",
-                "0.1",
-            ])
+            .args(cachet_tests::SMOLLM2_CPU)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -162,15 +169,7 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
     let key = dir.join("hash.key");
     std::fs::write(&key, "ab".repeat(32)).unwrap();
     let key = key.to_str().unwrap().to_string();
-    let cfg = dir.join("tenants.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[tenant]]\nid = \"r\"\napi_key_sha256 = [\"{}\"]\n",
-            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key("sk-route"))
-        ),
-    )
-    .unwrap();
+    let cfg = route_tenant(&dir);
     let cfg = cfg.to_str().unwrap().to_string();
     let (p1, p2, pp, pr) = (free_port(), free_port(), free_port(), free_port());
     let w1 = cachet(&[
@@ -471,15 +470,7 @@ fn openai_compatible_upstreams_are_routed_to_from_request_history() {
 fn a_frozen_worker_fails_over_in_seconds() {
     cachet_tests::smollm2_path();
     let dir = scratch("frozen");
-    let cfg = dir.join("tenants.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[tenant]]\nid = \"r\"\napi_key_sha256 = [\"{}\"]\n",
-            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key("sk-route"))
-        ),
-    )
-    .unwrap();
+    let cfg = route_tenant(&dir);
     let (p1, p2, pg) = (free_port(), free_port(), free_port());
     let w1 = cachet(&["worker", "--listen", &format!("127.0.0.1:{p1}")]);
     let _w2 = cachet(&["worker", "--listen", &format!("127.0.0.1:{p2}")]);

@@ -21,15 +21,8 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     let port = free_port();
     let _w = Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
-            .args([
-                "worker",
-                "--model",
-                "smollm2",
-                "--device",
-                "cpu",
-                "--gpu-memory-utilization",
-                "0.1",
-            ])
+            .arg("worker")
+            .args(cachet_tests::SMOLLM2_CPU)
             .args([
                 "--listen",
                 &format!("127.0.0.1:{port}"),

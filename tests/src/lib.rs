@@ -252,6 +252,16 @@ impl Drop for Proc {
 }
 
 /// A TCP port that was free a moment ago.
+/// The flags that run a `cachet` server command on SmolLM2 on the CPU with a small KV cache.
+pub const SMOLLM2_CPU: &[&str] = &[
+    "--model",
+    "smollm2",
+    "--device",
+    "cpu",
+    "--gpu-memory-utilization",
+    "0.1",
+];
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("binding a free port")

@@ -74,25 +74,18 @@ pub fn start_under(
         }
         None => Command::new(env!("CARGO_BIN_EXE_cachet")),
     };
-    cmd.args([
-        "serve",
-        "--model",
-        "smollm2",
-        "--device",
-        "cpu",
-        "--gpu-memory-utilization",
-        "0.1",
-        "--listen",
-    ])
-    .arg(format!("127.0.0.1:{port}"))
-    .arg("--config")
-    .arg(&cfg)
-    .args(extra)
-    .stdout(Stdio::null())
-    .stderr(match log {
-        Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
-        None => Stdio::null(),
-    });
+    cmd.arg("serve")
+        .args(cachet_tests::SMOLLM2_CPU)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(match log {
+            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
+            None => Stdio::null(),
+        });
     let server = Server(cmd.spawn().unwrap());
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
