@@ -7,17 +7,18 @@ use std::process::{Command, Stdio};
 use cachet_tests::{free_port, Proc};
 use std::time::{Duration, Instant};
 
+/// A config file's `[[tenant]]` entry.
+fn tenant(id: &str, key: &str) -> String {
+    format!(
+        "[[tenant]]\nid = \"{id}\"\napi_key_sha256 = [\"{}\"]\n",
+        cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
+    )
+}
+
 /// A tenants config in `dir` with the one tenant these tests use (key `sk-route`).
 fn route_tenant(dir: &std::path::Path) -> std::path::PathBuf {
     let cfg = dir.join("tenants.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[tenant]]\nid = \"r\"\napi_key_sha256 = [\"{}\"]\n",
-            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key("sk-route"))
-        ),
-    )
-    .unwrap();
+    std::fs::write(&cfg, tenant("r", "sk-route")).unwrap();
     cfg
 }
 
@@ -38,13 +39,23 @@ fn chat(base: &str, system: &str, question: &str) -> (u16, serde_json::Value) {
 }
 
 fn chat_n(base: &str, system: &str, question: &str, max_tokens: u32) -> (u16, serde_json::Value) {
+    chat_as(base, "sk-route", system, question, max_tokens)
+}
+
+fn chat_as(
+    base: &str,
+    key: &str,
+    system: &str,
+    question: &str,
+    max_tokens: u32,
+) -> (u16, serde_json::Value) {
     let body = serde_json::json!({"model": "smollm2", "max_tokens": max_tokens, "temperature": 0,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]});
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}"])
         .args([
             "-H",
-            "authorization: Bearer sk-route",
+            &format!("authorization: Bearer {key}"),
             "-d",
             &body.to_string(),
         ])
@@ -338,12 +349,6 @@ fn the_embedded_engine_and_a_worker_from_the_config_make_one_pool() {
 fn openai_compatible_upstreams_are_routed_to_from_request_history() {
     cachet_tests::smollm2_path();
     let dir = scratch("openai-up");
-    let tenant = |id: &str, key: &str| {
-        format!(
-            "[[tenant]]\nid = \"{id}\"\napi_key_sha256 = [\"{}\"]\n",
-            cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
-        )
-    };
     let up_cfg = dir.join("upstream.toml");
     std::fs::write(&up_cfg, tenant("gateway", "sk-up")).unwrap();
     let (p1, p2, pa) = (free_port(), free_port(), free_port());
@@ -512,4 +517,150 @@ fn a_frozen_worker_fails_over_in_seconds() {
         assert!(took < Duration::from_secs(8), "request {i} took {took:?}");
     }
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
+}
+
+/// The tenant's cache salt reaches an OpenAI-compatible upstream as vLLM's `cache_salt`, so the
+/// upstream keeps tenants' prefix caches apart too. The upstream is a real OpenAI-compatible
+/// server (a second `cachet serve`, which honours `cache_salt` as vLLM does), serving both
+/// gateways as one client: through a gateway with `cache_salt = false`, tenant `s` finds the
+/// prompt tenant `r` sent in the upstream's cache; through the default gateway it does not,
+/// while `r` still finds its own.
+#[test]
+fn the_tenant_salt_reaches_openai_compatible_upstreams_as_cache_salt() {
+    cachet_tests::smollm2_path();
+    let dir = scratch("salt-up");
+    let up_cfg = dir.join("upstream.toml");
+    std::fs::write(&up_cfg, tenant("gateway", "sk-up")).unwrap();
+    let (pu, pa, pb) = (free_port(), free_port(), free_port());
+    let _up = cachet(&[
+        "serve",
+        "--config",
+        up_cfg.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{pu}"),
+    ]);
+    let u = format!("http://127.0.0.1:{pu}");
+    let gateway = |port: u16, name: &str, extra: &str| {
+        let cfg = dir.join(name);
+        std::fs::write(
+            &cfg,
+            format!(
+                "{}{}\n[[upstream]]\nkind = \"openai\"\nurl = \"{u}\"\napi_key_env = \"CACHET_TEST_UPSTREAM_KEY\"\n{extra}",
+                tenant("r", "sk-route"),
+                tenant("s", "sk-other")
+            ),
+        )
+        .unwrap();
+        Proc(
+            Command::new(env!("CARGO_BIN_EXE_cachet"))
+                .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
+                .arg(format!("127.0.0.1:{port}"))
+                .args(cachet_tests::SMOLLM2_CPU)
+                .env("CACHET_TEST_UPSTREAM_KEY", "sk-up")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _a = gateway(pa, "salted.toml", "");
+    let _b = gateway(pb, "unsalted.toml", "cache_salt = false\n");
+    let (a, b) = (
+        format!("http://127.0.0.1:{pa}"),
+        format!("http://127.0.0.1:{pb}"),
+    );
+    wait_for(&format!("{u}/health"));
+    ready(&[&a, &b]);
+    // Without the salt: one tenant's prompt is a cache hit for the other.
+    let sys = system("returns");
+    let (code, r) = chat_as(&b, "sk-route", &sys, "Can I return a router?", 2);
+    assert_eq!(code, 200, "{r}");
+    let (code, r) = chat_as(&b, "sk-other", &sys, "How long do refunds take?", 2);
+    assert_eq!(code, 200, "{r}");
+    assert!(cached(&r) >= 32, "the test needs the unsalted hit: {r}");
+    // With it: the tenant's own prompt hits, another tenant's does not.
+    let sys = system("warranty");
+    let (code, r) = chat_as(&a, "sk-route", &sys, "Is my router covered?", 2);
+    assert_eq!(code, 200, "{r}");
+    let (code, r) = chat_as(&a, "sk-route", &sys, "For how long?", 2);
+    assert_eq!(code, 200, "{r}");
+    assert!(cached(&r) >= 32, "r's own prefix missed: {r}");
+    let (code, r) = chat_as(&a, "sk-other", &sys, "Is my router covered?", 2);
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(
+        cached(&r),
+        0,
+        "tenant s hit r's prefix in the upstream: {r}"
+    );
+}
+
+/// A request whose client hangs up while it waits in a worker's queue (before its first token)
+/// is cancelled in the worker at once: it never runs, so the next request does not wait for it.
+#[test]
+fn a_request_abandoned_before_its_first_token_never_runs_in_the_worker() {
+    use std::io::Read;
+    cachet_tests::smollm2_path();
+    let dir = scratch("abandon");
+    let cfg = route_tenant(&dir);
+    let (pw, pg) = (free_port(), free_port());
+    let _w = cachet(&[
+        "worker",
+        "--listen",
+        &format!("127.0.0.1:{pw}"),
+        "--max-num-seqs",
+        "1",
+    ]);
+    let uw = format!("http://127.0.0.1:{pw}");
+    wait_for(&format!("{uw}/health"));
+    let _gw = cachet(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{pg}"),
+        "--worker",
+        &uw,
+    ]);
+    let base = format!("http://127.0.0.1:{pg}");
+    ready(&[&base]);
+    let addr = format!("127.0.0.1:{pg}");
+    let stream = |max_tokens: u32| {
+        let body = format!(
+            r#"{{"model":"smollm2","prompt":"1, 2, 3, 4, 5, 6,","max_tokens":{max_tokens},"temperature":0,"ignore_eos":true,"stream":true}}"#
+        );
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        use std::io::Write;
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-route\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        s
+    };
+    // A holds the worker's only slot; B waits behind it in the worker's queue.
+    let mut a = stream(400);
+    let mut buf = [0u8; 4096];
+    let mut got = String::new();
+    while !got.contains("data: ") {
+        let n = a.read(&mut buf).unwrap();
+        assert!(n > 0, "{got}");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let b = stream(300);
+    std::thread::sleep(Duration::from_millis(800));
+    // B's client goes away before B's first token, then A's.
+    drop(b);
+    std::thread::sleep(Duration::from_millis(300));
+    drop(a);
+    // C runs at once: B (300 tokens, ~10 s here) was never started.
+    let t0 = Instant::now();
+    let (code, r) = chat(&base, "You are terse.", "Say hi.");
+    let took = t0.elapsed();
+    assert_eq!(code, 200, "{r}");
+    assert!(
+        took < Duration::from_secs(4),
+        "the next request waited {took:?}: the abandoned one ran"
+    );
 }

@@ -237,3 +237,96 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
     assert_eq!(code, 200);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A tenant's template runs count in its concurrency and come after its rate limit: a template
+/// that runs to its deadline (a second), asked for by 12 clients at once with `max_concurrent = 2`, runs only
+/// for requests that were admitted (the rest get 429 without running it), and with
+/// `requests_per_minute = 2` the third request is refused before its template runs.
+#[test]
+fn template_runs_are_admitted_by_the_tenants_limits_first() {
+    let dir = std::env::temp_dir().join(format!(
+        "cachet-tpl-limits-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let looping = dir.join("loop.wasm");
+    std::fs::write(
+        &looping,
+        wat::parse_str(
+            r#"(module (memory (export "memory") 1)
+                (func (export "cachet_abi_version") (result i32) i32.const 1)
+                (func (export "cachet_alloc") (param i32) (result i32) i32.const 1024)
+                (func (export "cachet_render") (param i32 i32) (result i64) (loop br 0) i64.const 0))"#,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let config = format!(
+        "[[tenant]]\nid = \"busy\"\napi_key_sha256 = [\"{}\"]\nadmin_key_sha256 = [\"{}\"]\nmax_concurrent = 2\n\n\
+         [[tenant]]\nid = \"slow\"\napi_key_sha256 = [\"{}\"]\nadmin_key_sha256 = [\"{}\"]\nrequests_per_minute = 2\n",
+        key_hash("sk-busy"),
+        key_hash("adm-busy"),
+        key_hash("sk-slow"),
+        key_hash("adm-slow")
+    );
+    let store = dir.join("store");
+    // Each run of the template takes its whole deadline, a second, so the twelve overlap.
+    let (_server, base) = start_with(
+        &config,
+        &[
+            "--templates-dir",
+            store.to_str().unwrap(),
+            "--template-deadline-ms",
+            "1000",
+            "--template-fuel",
+            "100000000000",
+        ],
+    );
+    for admin in ["adm-busy", "adm-slow"] {
+        let (code, v) = http(
+            "PUT",
+            &format!("{base}/v1/templates/spin"),
+            admin,
+            Some(&looping),
+        );
+        assert_eq!(code, 201, "{v}");
+    }
+    let body = serde_json::json!({"model": "smollm2", "template": "spin", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let url = format!("{base}/v1/chat/completions");
+    let codes: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..12)
+            .map(|_| s.spawn(|| http_json("POST", &url, "sk-busy", &body).0))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ran = codes.iter().filter(|&&c| c == 422).count();
+    let refused = codes.iter().filter(|&&c| c == 429).count();
+    assert_eq!(ran + refused, 12, "{codes:?}");
+    assert!(
+        refused >= 8,
+        "12 at once with max_concurrent = 2: {codes:?}"
+    );
+    let calls = |tenant: &str| -> u64 {
+        let (_, m) = cachet_tests::curl_status(&[&format!("{base}/metrics")]);
+        m.lines()
+            .filter(|l| {
+                l.starts_with("cachet_template_calls_total{")
+                    && l.contains(&format!("tenant=\"{tenant}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    assert_eq!(
+        calls("busy"),
+        ran as u64,
+        "templates ran for refused requests"
+    );
+    let codes: Vec<u16> = (0..4)
+        .map(|_| http_json("POST", &url, "sk-slow", &body).0)
+        .collect();
+    assert_eq!(codes[2..], [429, 429], "{codes:?}");
+    assert_eq!(calls("slow"), 2, "{codes:?}");
+}
