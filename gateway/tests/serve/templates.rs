@@ -4,6 +4,17 @@ use std::time::{Duration, Instant};
 
 use super::common::*;
 
+/// A template that never returns (it spins until its deadline or fuel ends it).
+fn spinning_template() -> Vec<u8> {
+    wat::parse_str(
+        r#"(module (memory (export "memory") 1)
+            (func (export "cachet_abi_version") (result i32) i32.const 1)
+            (func (export "cachet_alloc") (param i32) (result i32) i32.const 1024)
+            (func (export "cachet_render") (param i32 i32) (result i64) (loop br 0) i64.const 0))"#,
+    )
+    .unwrap()
+}
+
 #[test]
 fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
     let support = cachet_tests::build_template("support-bot");
@@ -15,17 +26,7 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     let looping = dir.with_extension("loop.wasm");
-    std::fs::write(
-        &looping,
-        wat::parse_str(
-            r#"(module (memory (export "memory") 1)
-                (func (export "cachet_abi_version") (result i32) i32.const 1)
-                (func (export "cachet_alloc") (param i32) (result i32) i32.const 1024)
-                (func (export "cachet_render") (param i32 i32) (result i64) (loop br 0) i64.const 0))"#,
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    std::fs::write(&looping, spinning_template()).unwrap();
     let not_wasm = dir.with_extension("txt");
     std::fs::write(&not_wasm, "definitely not wasm").unwrap();
     let config = format!(
@@ -252,17 +253,7 @@ fn template_runs_are_admitted_by_the_tenants_limits_first() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let looping = dir.join("loop.wasm");
-    std::fs::write(
-        &looping,
-        wat::parse_str(
-            r#"(module (memory (export "memory") 1)
-                (func (export "cachet_abi_version") (result i32) i32.const 1)
-                (func (export "cachet_alloc") (param i32) (result i32) i32.const 1024)
-                (func (export "cachet_render") (param i32 i32) (result i64) (loop br 0) i64.const 0))"#,
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    std::fs::write(&looping, spinning_template()).unwrap();
     let config = format!(
         "[[tenant]]\nid = \"busy\"\napi_key_sha256 = [\"{}\"]\nadmin_key_sha256 = [\"{}\"]\nmax_concurrent = 2\n\n\
          [[tenant]]\nid = \"slow\"\napi_key_sha256 = [\"{}\"]\nadmin_key_sha256 = [\"{}\"]\nrequests_per_minute = 2\n",
