@@ -190,14 +190,48 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         &format!("{base}/v1/generate"),
     ]);
     assert!(code == 400 && out.contains("salt"), "{code} {out}");
-    let mut bad = req;
+    let send = |bad: &GenerateRequest| {
+        curl_status(&[
+            "-H",
+            auth,
+            "-d",
+            &serde_json::to_string(bad).unwrap(),
+            &format!("{base}/v1/generate"),
+        ])
+    };
+    let mut bad = req.clone();
     bad.prompt = vec![];
-    let (code, out) = curl_status(&[
-        "-H",
-        auth,
-        "-d",
-        &serde_json::to_string(&bad).unwrap(),
-        &format!("{base}/v1/generate"),
-    ]);
+    let (code, out) = send(&bad);
     assert!(code == 400 && out.contains("no tokens"), "{code} {out}");
+    // Every number in range: max_tokens = usize::MAX is refused with the model's length (it
+    // used to wrap into a small total), and so are absurd lists and a zero timeout.
+    let mut bad = req.clone();
+    bad.max_tokens = usize::MAX;
+    let (code, out) = send(&bad);
+    assert!(
+        code == 400 && out.contains("exceeds the model's maximum length"),
+        "{code} {out}"
+    );
+    let mut bad = req.clone();
+    bad.stop = (0..17).map(|i| format!("s{i}")).collect();
+    let (code, out) = send(&bad);
+    assert!(
+        code == 400 && out.contains("stop takes up to 16"),
+        "{code} {out}"
+    );
+    let mut bad = req.clone();
+    bad.stop_token_ids = vec![1; 257];
+    let (code, out) = send(&bad);
+    assert!(
+        code == 400 && out.contains("stop_token_ids"),
+        "{code} {out}"
+    );
+    let mut bad = req.clone();
+    bad.tag = "t".repeat(300);
+    let (code, out) = send(&bad);
+    assert!(code == 400 && out.contains("tag"), "{code} {out}");
+    let mut bad = req;
+    bad.timeout_ms = Some(0);
+    let (code, out) = send(&bad);
+    assert!(code == 400 && out.contains("timeout_ms"), "{code} {out}");
 }

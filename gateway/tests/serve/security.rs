@@ -547,3 +547,23 @@ fn no_tenant_can_time_what_another_sent() {
         "a's repeats got faster than its first ({first:.3} s, then a median of {ma:.3} s): refused requests filled a cache"
     );
 }
+
+/// Authentication is decided on the headers: a request with a wrong key is refused (401) at
+/// once, without waiting for a body that never comes.
+#[test]
+fn a_wrong_key_is_refused_before_the_body_is_read() {
+    let (_server, base) = start_with(&config(""), &["--body-read-timeout", "10"]);
+    let t0 = Instant::now();
+    let mut s = connect_from(&base, "127.0.0.1");
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"mod")
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "{:?}: the body was waited for",
+        t0.elapsed()
+    );
+}
