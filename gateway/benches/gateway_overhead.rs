@@ -104,8 +104,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // `cargo bench --bench gateway_overhead -- trivial`: only the setups whose label has it.
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     for s in setups {
-        rt.block_on(measure(&s, &tok));
+        if filter.as_deref().is_none_or(|f| s.label.contains(f)) {
+            rt.block_on(measure(&s, &tok));
+        }
     }
 }
 
