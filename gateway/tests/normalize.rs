@@ -170,3 +170,26 @@ fn prefix_tokens_are_cached_per_tenant_and_only_for_admitted_requests() {
     assert!(!other.hit, "tenant b must not see tenant a's prefix");
     assert_eq!(other.ids, first_a.ids);
 }
+
+/// A chat template that changes message text inside the markers (`| upper` on `ı`, two bytes
+/// that become the one-byte `I`) moves the dynamic text's byte offset off a character: the
+/// boundary falls back to the character it is in instead of a slice panicking.
+#[test]
+fn a_template_that_changes_text_lengths_keeps_the_boundary_on_a_character() {
+    let smol = cachet_tests::smollm2().tokenizer.clone().unwrap();
+    let tok = cachet_backend::tokenizer::TextTokenizer::new(
+        smol.inner().clone(),
+        Some("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | upper }}<|im_end|>\n{% endfor %}".into()),
+        None,
+        None,
+    );
+    let messages = vec![ChatMessage::new("user", "ıé and more")];
+    // The dynamic text starts after `ı` (byte 2); upper-cased, byte 2 is inside `É`.
+    let r = render(&tok, &messages, Some((0, 2))).unwrap();
+    assert!(r.text.is_char_boundary(r.boundary), "{}", r.boundary);
+    assert!(r.text.contains("IÉ AND MORE"), "{}", r.text);
+    let enc = PrefixTokens::new(1 << 20)
+        .encode(&tok, &r, &[1; 32])
+        .unwrap();
+    assert_eq!(tok.decode(&enc.ids, false).unwrap(), r.text);
+}

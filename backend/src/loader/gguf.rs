@@ -140,7 +140,7 @@ impl GgufTensorInfo {
 pub struct GgufFile {
     path: PathBuf,
     /// The file's bytes: a read-only map, or bytes given to [`GgufFile::from_bytes`].
-    mmap: Box<dyn AsRef<[u8]> + Send + Sync>,
+    bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
     pub version: u32,
     pub metadata: BTreeMap<String, GgufValue>,
     pub tensors: Vec<GgufTensorInfo>,
@@ -247,9 +247,9 @@ impl GgufFile {
         Self::parse(path, Box::new(bytes))
     }
 
-    fn parse(path: &Path, mmap: Box<dyn AsRef<[u8]> + Send + Sync>) -> Result<Self, LoadError> {
+    fn parse(path: &Path, bytes: Box<dyn AsRef<[u8]> + Send + Sync>) -> Result<Self, LoadError> {
         let mut c = Cursor {
-            buf: (*mmap).as_ref(),
+            buf: (*bytes).as_ref(),
             pos: 0,
             path,
         };
@@ -323,7 +323,7 @@ impl GgufFile {
             })?;
         Ok(GgufFile {
             path: path.into(),
-            mmap,
+            bytes,
             version,
             metadata,
             tensors,
@@ -394,7 +394,7 @@ impl GgufFile {
                 format!("tensor `{name}`: {n} elements is not a whole number of {per_block}-element blocks"),
             ));
         }
-        let file = (*self.mmap).as_ref();
+        let file = (*self.bytes).as_ref();
         let end = (n / per_block as u64)
             .checked_mul(block_bytes as u64)
             .and_then(|nbytes| {

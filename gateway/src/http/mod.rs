@@ -141,8 +141,12 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     req: Request<Incoming>,
     limit: usize,
 ) -> Result<T, ApiError> {
-    let buf = read_body(req, limit).await?;
-    serde_json::from_slice(&buf)
+    parse_json(&read_body(req, limit).await?)
+}
+
+/// A JSON request body as `T`, or a 400 that says where it is wrong.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))
 }
 

@@ -104,7 +104,13 @@ pub fn render(
         }
         if let Some((i, offset)) = first_dynamic {
             if i == index && boundary.is_none() {
-                boundary = Some(start + offset.min(content.len()));
+                // A template that changes the text inside the markers (`| upper` on non-ASCII
+                // text) can move a byte offset off a character: take the character it is in.
+                let mut at = offset.min(content.len());
+                while !content.is_char_boundary(at) {
+                    at -= 1;
+                }
+                boundary = Some(start + at);
             }
         }
         markup_start = text.len();

@@ -96,14 +96,12 @@ pub struct Parsed {
 /// bytes give a request or a 400 that names what to fix (the `request` fuzz target holds it to
 /// that).
 pub fn parse_request(chat: bool, body: &[u8]) -> Result<Parsed, ApiError> {
-    let json =
-        |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON body: {e}"), None);
     let input = if chat {
-        let r: ChatRequest = serde_json::from_slice(body).map_err(json)?;
+        let r: ChatRequest = crate::http::parse_json(body)?;
         let msgs = r.messages()?;
         Input::Chat(r, msgs)
     } else {
-        let r: CompletionRequest = serde_json::from_slice(body).map_err(json)?;
+        let r: CompletionRequest = crate::http::parse_json(body)?;
         let p = r.prompt()?;
         Input::Text(r, p)
     };

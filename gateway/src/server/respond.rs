@@ -28,17 +28,13 @@ pub fn now_unix() -> u64 {
 /// slot for as long.
 struct Meter {
     permit: Permit,
+    /// Tokens delivered and not yet charged (none once settled).
     tokens: u64,
-    settled: bool,
 }
 
 impl Meter {
     fn new(permit: Permit) -> Self {
-        Meter {
-            permit,
-            tokens: 0,
-            settled: false,
-        }
+        Meter { permit, tokens: 0 }
     }
 
     fn token(&mut self) {
@@ -60,13 +56,13 @@ impl Meter {
         self.permit
             .tenant()
             .charge_tokens(usage.completion_tokens as u64, Instant::now());
-        self.settled = true;
+        self.tokens = 0;
     }
 }
 
 impl Drop for Meter {
     fn drop(&mut self) {
-        if !self.settled && self.tokens > 0 {
+        if self.tokens > 0 {
             self.permit
                 .tenant()
                 .charge_tokens(self.tokens, Instant::now());

@@ -195,8 +195,12 @@ pub async fn admin(
         }
         (&Method::POST, [name, "render"]) => {
             let name = name.to_string();
+            // The request a chat would send, validated as one; the run counts in the tenant's
+            // concurrency and requests/min like a chat's.
             let r: openai::ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
             let msgs = r.messages()?;
+            r.common.validate()?;
+            let _permit = tenant.admit_request(std::time::Instant::now())?;
             let applied = run(&state, &tenant, &name, input(&tenant, &r, msgs)).await?;
             let prepared = super::completions::prepare(
                 &state,

@@ -320,4 +320,13 @@ fn template_runs_are_admitted_by_the_tenants_limits_first() {
         .collect();
     assert_eq!(codes[2..], [429, 429], "{codes:?}");
     assert_eq!(calls("slow"), 2, "{codes:?}");
+    // The templates API's dry run is a run too: refused the same way, before it runs.
+    let (code, v) = http_json(
+        "POST",
+        &format!("{base}/v1/templates/spin/render"),
+        "adm-slow",
+        &body,
+    );
+    assert_eq!(code, 429, "{v}");
+    assert_eq!(calls("slow"), 2);
 }
