@@ -6,7 +6,6 @@ use crate::device::ForwardBatch;
 use crate::error::EngineError;
 use crate::kv::SimpleAllocator;
 use crate::model::{Logits, Runner};
-use crate::rng::Rng;
 use crate::sampler::{self, SamplingParams};
 
 #[derive(Debug, Clone)]
@@ -92,15 +91,20 @@ pub fn generate(
     }
     let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);
     let mut table = Vec::new();
-    let mut rng = Rng::new(params.sampling.seed.unwrap_or(0));
+    let seed = params.sampling.seed.unwrap_or(0);
+    let mut history = sampler::TokenHistory::new(&params.sampling, prompt);
     let mut logits = prefill(runner, &mut alloc, &mut table, prompt, params.prefill_chunk)?;
     let mut out = Vec::new();
     let finish = loop {
         if out.len() >= params.max_tokens {
             break FinishReason::Length;
         }
-        let tok = sampler::sample(logits.row(0), &params.sampling, &mut rng);
+        let mut row = logits.row(0).to_vec();
+        let edits = sampler::row_edits(&params.sampling, &history, &[], &params.stop_token_ids);
+        sampler::apply_edits(&mut row, &edits);
+        let tok = sampler::sample(&row, &params.sampling, seed, out.len() as u64);
         out.push(tok);
+        history.push(tok);
         if params.stop_token_ids.contains(&tok) {
             break FinishReason::Stop;
         }

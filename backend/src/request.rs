@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::sampler::SamplingParams;
+use crate::sampler::{RowLogprobs, SamplingParams};
 
 /// An engine request: token ids + sampling + tenant salt + priority + deadline.
 #[derive(Debug, Clone)]
@@ -94,7 +94,13 @@ pub struct RequestTimings {
 pub enum EngineEvent {
     /// A generated token and the text it completes (may be empty while a multi-byte character or
     /// a possible stop string is held back).
-    Token { id: u32, text: String, at: Instant },
+    Token {
+        id: u32,
+        text: String,
+        at: Instant,
+        /// When the request asked for log-probabilities.
+        logprobs: Option<RowLogprobs>,
+    },
     /// The last event of every stream.
     Finished {
         reason: FinishReason,

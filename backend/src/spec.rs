@@ -19,7 +19,6 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rng::Rng;
 use crate::sampler::{self, SamplingParams};
 
 /// Most draft tokens per step a request may propose.
@@ -257,53 +256,29 @@ impl StepCost {
     }
 }
 
-/// Verifies one draft token against the model's logits at its position: returns the token to
-/// emit and whether it is the draft.
+/// Verifies one draft token against the model's logits at its position (output token `step` of
+/// a request seeded `seed`): returns the token to emit and whether it is the draft.
 ///
-/// Greedy: the argmax, accepted when it equals the draft. Sampled: the draft is a point mass, so
-/// speculative sampling accepts it with probability p(draft) and otherwise draws from p with the
-/// draft removed and renormalised — the emitted token is distributed exactly as p.
+/// The position is sampled exactly as plain decoding samples it and the draft is kept when they
+/// agree. Greedy: the argmax. Sampled: an n-gram draft is a point mass, so this accepts it with
+/// probability p(draft) — speculative sampling's rate — and the emitted token is distributed
+/// exactly as p; being the same draw as plain decoding's, a seeded request's output does not
+/// depend on whether speculation ran.
 pub fn verify_draft(
     logits: &[f32],
     params: &SamplingParams,
     draft: u32,
-    rng: &mut Rng,
+    seed: u64,
+    step: u64,
 ) -> (u32, bool) {
-    if params.is_greedy() {
-        let t = sampler::argmax(logits);
-        return (t, t == draft);
-    }
-    let dist = sampler::distribution(logits, params);
-    let pd = dist
-        .iter()
-        .find(|x| x.0 == draft)
-        .map_or(0.0, |x| x.1 as f64);
-    if rng.uniform() < pd {
-        return (draft, true);
-    }
-    let rest = 1.0 - pd;
-    if rest <= 0.0 {
-        return (draft, true);
-    }
-    let u = rng.uniform() * rest;
-    let mut acc = 0.0;
-    let mut last = None;
-    for &(id, pr) in &dist {
-        if id == draft {
-            continue;
-        }
-        acc += pr as f64;
-        last = Some(id);
-        if u < acc {
-            return (id, false);
-        }
-    }
-    (last.unwrap_or(draft), last.is_none())
+    let t = sampler::sample(logits, params, seed, step);
+    (t, t == draft)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
 
     #[test]
     fn proposes_what_followed_the_latest_longest_match() {
@@ -354,9 +329,7 @@ mod tests {
         let logits = [0.5f32, 1.5, -0.3, 2.0, 0.0, 1.0];
         let params = SamplingParams {
             temperature: 0.8,
-            top_k: 0,
-            top_p: 1.0,
-            seed: None,
+            ..Default::default()
         };
         let p: Vec<f64> = {
             let d = sampler::distribution(&logits, &params);
@@ -367,12 +340,15 @@ mod tests {
             v
         };
         for draft in [3u32, 2, 5] {
-            let mut rng = Rng::new(draft as u64 + 10);
             let n = 40_000;
             let mut counts = vec![0usize; logits.len()];
             let mut accepted = 0;
-            for _ in 0..n {
-                let (t, ok) = verify_draft(&logits, &params, draft, &mut rng);
+            for step in 0..n {
+                let (t, ok) = verify_draft(&logits, &params, draft, draft as u64 + 10, step);
+                assert_eq!(
+                    t,
+                    sampler::sample(&logits, &params, draft as u64 + 10, step)
+                );
                 counts[t as usize] += 1;
                 accepted += ok as usize;
             }
@@ -395,9 +371,8 @@ mod tests {
         }
         // With top-k, a draft outside the candidates is never accepted.
         let params = SamplingParams { top_k: 2, ..params };
-        let mut rng = Rng::new(3);
-        for _ in 0..1000 {
-            let (t, ok) = verify_draft(&logits, &params, 2, &mut rng);
+        for step in 0..1000 {
+            let (t, ok) = verify_draft(&logits, &params, 2, 3, step);
             assert!(!ok && (t == 3 || t == 1));
         }
     }

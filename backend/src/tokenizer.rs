@@ -147,6 +147,40 @@ impl TextTokenizer {
             .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
+    /// The bytes token `id` stands for (OpenAI's logprobs `bytes`): a byte-level BPE token's
+    /// bytes through GPT-2's byte ↔ character table, a SentencePiece byte token `<0xNN>` its
+    /// byte, `▁` a space, anything else (special tokens included) its text's UTF-8. Empty for an
+    /// id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let id = match &self.wrap_ids {
+            Some((_, plain)) => plain[id as usize % plain.len()],
+            None => id,
+        };
+        let Some(tok) = self.inner.id_to_token(id) else {
+            return Vec::new();
+        };
+        let byte_level = matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
+        let special = self
+            .inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special);
+        if byte_level && !special {
+            if let Some(b) = tok.chars().map(byte_of_char).collect::<Option<Vec<u8>>>() {
+                return b;
+            }
+        }
+        if let Some(hex) = tok.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')) {
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                return vec![b];
+            }
+        }
+        tok.replace('\u{2581}', " ").into_bytes()
+    }
+
     /// Serves a model with random weights and a vocabulary of `model_vocab` ids of its own
     /// through this tokenizer: prompt ids are taken modulo the model's vocabulary, generated ids
     /// are shown as this tokenizer's *plain* tokens (those that decode on their own to visible
@@ -240,5 +274,42 @@ impl IncrementalDecoder {
         } else {
             Ok(None)
         }
+    }
+}
+
+/// GPT-2's byte-level alphabet, inverted: the byte a character of a byte-level BPE token
+/// stands for. Printable bytes (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) stand for themselves; the other 68
+/// bytes were shifted to U+0100.. in byte order.
+fn byte_of_char(c: char) -> Option<u8> {
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
+    let u = c as u32;
+    if u <= 0xff {
+        return printable(u).then_some(u as u8);
+    }
+    let k = u.checked_sub(0x100)? as usize;
+    (0u32..=255)
+        .filter(|&b| !printable(b))
+        .nth(k)
+        .map(|b| b as u8)
+}
+
+#[cfg(test)]
+mod byte_level_tests {
+    use super::byte_of_char;
+
+    #[test]
+    fn gpt2_byte_alphabet_round_trips() {
+        assert_eq!(byte_of_char('A'), Some(b'A'));
+        assert_eq!(byte_of_char('\u{120}'), Some(b' ')); // Ġ
+        assert_eq!(byte_of_char('\u{10a}'), Some(b'\n')); // Ċ
+        assert_eq!(byte_of_char('\u{100}'), Some(0));
+        assert_eq!(byte_of_char(' '), None);
+        let all: std::collections::BTreeSet<u8> = (0..0x200u32)
+            .filter_map(char::from_u32)
+            .filter_map(byte_of_char)
+            .collect();
+        assert_eq!(all.len(), 256);
     }
 }

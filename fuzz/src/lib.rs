@@ -15,6 +15,7 @@ use cachet_backend::tokenizer::TextTokenizer;
 use cachet_gateway::normalize::tokens::{self, PrefixTokens};
 use cachet_gateway::normalize::{self, Mode, Rules};
 use cachet_gateway::sandbox::{self, SandboxConfig, MAX_STOP_BYTES, MAX_STOP_HINTS};
+use cachet_gateway::server::fields::UnknownFields;
 use cachet_gateway::server::openai::{self, Input};
 use cachet_guest_sdk::{Cache, Segment};
 
@@ -31,16 +32,27 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("safetensors", safetensors),
 ];
 
-/// A request body (first byte: chat or text completion) through the API's parsing and
-/// validation: a request within the API's limits, or a 400 that says what to fix.
+/// A request body (first byte: chat or text completion, unknown fields refused or let
+/// through) through the API's parsing and validation: a request within the API's limits, or a
+/// 400 that says what to fix.
 pub fn request(data: &[u8]) {
     let Some((&kind, body)) = data.split_first() else {
         return;
     };
     let chat = kind & 1 == 0;
-    match openai::parse_request(chat, body) {
+    let unknown = if kind & 2 == 0 {
+        UnknownFields::Reject
+    } else {
+        UnknownFields::Warn
+    };
+    match openai::parse_request(chat, body, unknown) {
         Ok(p) => {
             assert_ne!(p.max_tokens, Some(0));
+            assert!((1..=openai::MAX_N as usize).contains(&p.n));
+            p.sampling
+                .validate()
+                .expect("the engine takes what the API admits");
+            assert!(unknown == UnknownFields::Warn || p.ignored.is_empty());
             assert!(
                 p.stop.len() <= MAX_STOP_HINTS,
                 "{} stop strings",
@@ -57,7 +69,14 @@ pub fn request(data: &[u8]) {
                         .iter()
                         .all(|m| ["system", "user", "assistant"].contains(&m.role.as_str())));
                 }
-                Input::Text(_, prompt) => assert!(!prompt.is_empty()),
+                Input::Text(_, prompts) => {
+                    assert!(!prompts.is_empty() && prompts.len() <= openai::MAX_PROMPTS);
+                    assert!(prompts.len() * p.n <= openai::MAX_CHOICES);
+                    assert!(prompts.iter().all(|x| match x {
+                        openai::PromptIn::Text(t) => !t.is_empty(),
+                        openai::PromptIn::Tokens(t) => !t.is_empty(),
+                    }));
+                }
             }
             let salt = p.input.common().salt(&[7; 32]);
             if p.input.common().cache_salt.is_some() {

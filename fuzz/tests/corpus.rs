@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use cachet_gateway::server::fields::UnknownFields;
+
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("corpus")
@@ -113,7 +115,7 @@ fn the_seeds_reach_past_the_first_check() {
     assert!(sandbox::precheck(&seed("template_module", "missing-render.wasm"), &cfg).is_err());
     sandbox::parse_reply(&seed("template_reply", "good.json")).unwrap();
     let chat = seed("request", "chat-full.json");
-    openai::parse_request(true, &chat[1..]).unwrap();
+    openai::parse_request(true, &chat[1..], UnknownFields::Reject).unwrap();
     let text = seed("request", "text.json");
-    openai::parse_request(false, &text[1..]).unwrap();
+    openai::parse_request(false, &text[1..], UnknownFields::Reject).unwrap();
 }

@@ -12,6 +12,7 @@
 
 use cachet_backend::block_hash::BlockHash;
 use cachet_backend::request::{FinishReason, RequestTimings, Usage};
+use cachet_backend::sampler::{RowLogprobs, SamplingParams};
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/generate`.
@@ -19,14 +20,10 @@ use serde::{Deserialize, Serialize};
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
-    #[serde(default = "one")]
-    pub temperature: f32,
-    #[serde(default = "one")]
-    pub top_p: f32,
+    /// Temperature, truncation, seed, the logits processors and the log-probabilities wanted
+    /// (absent fields take their defaults: greedy, no processors).
     #[serde(default)]
-    pub top_k: usize,
-    #[serde(default)]
-    pub seed: Option<u64>,
+    pub sampling: SamplingParams,
     #[serde(default)]
     pub stop: Vec<String>,
     #[serde(default)]
@@ -45,10 +42,6 @@ pub struct GenerateRequest {
     pub timeout_ms: Option<u64>,
 }
 
-fn one() -> f32 {
-    1.0
-}
-
 /// One line of a `/v1/generate` stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -56,6 +49,8 @@ pub enum WireEvent {
     Token {
         id: u32,
         text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<RowLogprobs>,
     },
     Finished {
         reason: FinishReason,

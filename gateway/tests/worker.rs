@@ -94,10 +94,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens: 12,
-        temperature: 0.0,
-        top_p: 1.0,
-        top_k: 0,
-        seed: None,
+        sampling: Default::default(),
         stop: vec![],
         stop_token_ids: vec![],
         ignore_eos: true,

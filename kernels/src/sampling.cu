@@ -1,5 +1,5 @@
 // Token selection on the GPU, one block per logits row: greedy (argmax, lowest index on ties) or
-// temperature + top-k + top-p sampling with a counter-based random number of (seed, step), so a
+// temperature + min-p + top-k + top-p sampling with a counter-based random number of (seed, step), so a
 // seeded request reproduces. Only the chosen ids leave the GPU.
 //
 // top-k and top-p are applied as probability thresholds found by bisection (ties at the threshold
@@ -13,7 +13,7 @@ struct RowParams {
     float temperature;  // <= 0: greedy
     int top_k;          // <= 0: all
     float top_p;        // >= 1: all
-    unsigned pad;
+    float min_p;        // <= 0: all
     unsigned long long seed;
     unsigned long long step;
 };
@@ -115,10 +115,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(const fl
         p[i] = e;
     }
     __syncthreads();
-    // Thresholds (keep p >= t), as the CPU sampler: top-k first, then top-p within the k kept.
-    // p is relative to the max, so every threshold lies in (0, 1]; 40 halvings resolve 2^-40.
+    // Thresholds (keep p >= t), as the CPU sampler: min-p and top-k first, then top-p within
+    // what they keep. p is relative to the max, so min-p is the threshold itself and every
+    // threshold lies in (0, 1]; 40 halvings resolve 2^-40.
     float cnt, mass;
-    float lo = 0.f;
+    float lo = pr.min_p > 0.f ? pr.min_p : 0.f;
     if (pr.top_k > 0 && pr.top_k < vocab) {
         float hi = 1.f;
         for (int it = 0; it < 40; ++it) {
@@ -164,5 +165,97 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(const fl
             acc += chunk_mass[c];
         }
         out[row] = (unsigned)chosen;
+    }
+}
+
+// The processors' sparse edits, one thread per entry: x <- (x > 0 ? x * pos : x * neg) + add at
+// (row[i], token[i]); no (row, token) appears twice, so the writes never race.
+//   logits : device, f32 [rows, vocab], edited in place
+// Launch: ceil(n / 256) blocks of 256.
+extern "C" __global__ void edit_logits_f32(float* __restrict__ logits, const unsigned* __restrict__ row,
+                                           const unsigned* __restrict__ token, const float* __restrict__ pos,
+                                           const float* __restrict__ neg, const float* __restrict__ add, int n,
+                                           int vocab) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float* x = logits + (size_t)row[i] * vocab + token[i];
+    const float v = *x;
+    // Rounded as the host rounds (no fused multiply-add), so both devices edit alike.
+    *x = __fadd_rn(v > 0.f ? __fmul_rn(v, pos[i]) : __fmul_rn(v, neg[i]), add[i]);
+}
+
+#define LOGPROB_THREADS 1024
+#define MAX_TOP_LOGPROBS 20
+
+// Log-probabilities (log-softmax of the row) of the chosen token and of the `want[row]` most
+// likely tokens (most likely first, lowest index on ties), one block per row; rows with
+// want < 0 are skipped. Only these few numbers leave the GPU.
+//   logits : device, f32 [rows, vocab]
+//   chosen : device, u32 [rows] (the sampler's output)
+//   want   : device, i32 [rows]
+//   out_lp : device, f32 [rows, 1 + MAX_TOP_LOGPROBS]: chosen, then the top ones
+//   out_id : device, u32 [rows, MAX_TOP_LOGPROBS]
+// Launch: grid rows, block LOGPROB_THREADS.
+extern "C" __global__ void __launch_bounds__(LOGPROB_THREADS) logprobs_f32(const float* __restrict__ logits,
+                                                                           const unsigned* __restrict__ chosen,
+                                                                           const int* __restrict__ want,
+                                                                           float* __restrict__ out_lp,
+                                                                           unsigned* __restrict__ out_id, int vocab) {
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const size_t row = blockIdx.x;
+    const int k = want[row];
+    if (k < 0) return;
+    const float* x = logits + row * vocab;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float m = -CACHET_INF;
+    for (int i = tid; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
+    m = block_max(m);
+    float s = 0.f;
+    for (int i = tid; i < vocab; i += blockDim.x) s += __expf(x[i] - m);
+    s = block_sum(s);
+    const float lse = m + __logf(s);
+    float* lp = out_lp + row * (1 + MAX_TOP_LOGPROBS);
+    if (tid == 0) lp[0] = x[chosen[row]] - lse;
+    // The top k, one per round: the largest entry strictly after the previous pick in the order
+    // (value descending, index ascending).
+    float pv = CACHET_INF;
+    int pi = -1;
+    const int rounds = k < MAX_TOP_LOGPROBS ? k : MAX_TOP_LOGPROBS;
+    for (int r = 0; r < rounds && r < vocab; ++r) {
+        float bv = -CACHET_INF;
+        int bi = 0x7fffffff;
+        for (int i = tid; i < vocab; i += blockDim.x) {
+            const float v = x[i];
+            const bool after = v < pv || (v == pv && i > pi);
+            if (after && (v > bv || (v == bv && i < bi))) { bv = v; bi = i; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        __syncthreads();
+        if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+        __syncthreads();
+        if (warp == 0) {
+            bv = (lane < (int)(blockDim.x >> 5)) ? best_v[lane] : -CACHET_INF;
+            bi = (lane < (int)(blockDim.x >> 5)) ? best_i[lane] : 0x7fffffff;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+            }
+            if (lane == 0) { best_v[0] = bv; best_i[0] = bi; }
+        }
+        __syncthreads();
+        pv = best_v[0];
+        pi = best_i[0];
+        if (tid == 0) {
+            lp[1 + r] = pv - lse;
+            out_id[row * MAX_TOP_LOGPROBS + r] = (unsigned)pi;
+        }
     }
 }

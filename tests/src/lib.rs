@@ -178,6 +178,8 @@ pub struct Collected {
     pub usage: Usage,
     pub timings: RequestTimings,
     pub first_token_at: Option<std::time::Instant>,
+    /// One per token when the request asked for log-probabilities.
+    pub logprobs: Vec<cachet_backend::sampler::RowLogprobs>,
 }
 
 /// Reads a stream to its end (blocking).
@@ -189,11 +191,18 @@ pub fn collect(mut s: cachet_backend::engine::RequestStream) -> Collected {
         usage: Usage::default(),
         timings: RequestTimings::default(),
         first_token_at: None,
+        logprobs: vec![],
     };
     while let Some(ev) = s.next_blocking() {
         match ev {
-            EngineEvent::Token { id, text, at } => {
+            EngineEvent::Token {
+                id,
+                text,
+                at,
+                logprobs,
+            } => {
                 c.first_token_at.get_or_insert(at);
+                c.logprobs.extend(logprobs);
                 c.tokens.push(id);
                 c.text.push_str(&text);
             }

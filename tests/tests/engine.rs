@@ -394,6 +394,7 @@ device_test! {
                 top_k: 40,
                 top_p: 0.95,
                 seed: Some(seed),
+                ..Default::default()
             };
             collect(h.submit(r).unwrap()).tokens
         };
@@ -661,4 +662,168 @@ fn argmax(v: &[f32]) -> usize {
         .max_by(|a, b| a.1.total_cmp(b.1))
         .unwrap()
         .0
+}
+
+device_test! {
+    fn logprobs_are_the_models_log_softmax(dev) {
+        // Greedy with five alternatives: each token's log-probability against the log-softmax of
+        // the same device's logits for the same prefix, computed in one plain forward pass.
+        let m = smollm2();
+        let p = prompts()[0].clone();
+        let e = engine(dev, m, 64, EngineConfig::default());
+        let mut r = greedy_request(p.clone(), 6);
+        r.sampling.logprobs = Some(5);
+        let c = collect(e.handle().submit(r).unwrap());
+        assert_eq!(c.logprobs.len(), c.tokens.len());
+        let mut runner = device_runner(dev, m, 64);
+        let mut ids = p.clone();
+        ids.extend(&c.tokens);
+        let logits = all_logits(runner.as_mut(), &ids);
+        let tol = if dev == DeviceKind::Cpu { 1e-3 } else { 0.05 };
+        for (i, lp) in c.logprobs.iter().enumerate() {
+            let want = cachet_backend::sampler::logprobs(logits.row(p.len() - 1 + i), c.tokens[i], 5);
+            assert_eq!(lp.token, c.tokens[i]);
+            assert!((lp.logprob - want.logprob).abs() < tol, "token {i}: {lp:?} vs {want:?}");
+            assert_eq!(lp.top.len(), 5);
+            assert_eq!(lp.top[0].0, c.tokens[i], "greedy picks the most likely");
+            assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+            assert!((lp.top[0].1 - lp.logprob).abs() < 1e-6);
+        }
+    }
+}
+
+device_test! {
+    fn processors_match_the_plain_reference_whatever_the_batch(dev) {
+        // Penalties, logit_bias and min_tokens applied on the device in the batched engine give
+        // what the single-sequence reference (processors applied on the host) gives, greedy, with
+        // other requests in the batch.
+        let m = smollm2();
+        let prompts = prompts();
+        let p = SamplingParams {
+            presence_penalty: 0.8,
+            frequency_penalty: 0.6,
+            repetition_penalty: 1.3,
+            logit_bias: vec![(28, -4.0), (30, 2.5)],
+            min_tokens: 24,
+            ..Default::default()
+        };
+        let eos = m.config.eos_token_ids.clone();
+        let mut runner = device_runner(dev, m, 64);
+        let want = generate(
+            runner.as_mut(),
+            &prompts[1],
+            &GenerateParams {
+                max_tokens: 28,
+                sampling: p.clone(),
+                stop_token_ids: eos,
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap()
+        .tokens;
+        let e = engine(dev, m, 256, EngineConfig::default());
+        let h = e.handle();
+        let others: Vec<_> = [0, 2, 3]
+            .iter()
+            .map(|&i| h.submit(greedy_request(prompts[i].clone(), 28)).unwrap())
+            .collect();
+        let mut r = cachet_backend::request::EngineRequest::new(prompts[1].clone(), 28);
+        r.sampling = p.clone();
+        let got = collect(h.submit(r).unwrap());
+        others.into_iter().for_each(|s| {
+            collect(s);
+        });
+        if dev == DeviceKind::Cpu {
+            assert_eq!(want, got.tokens);
+        } else {
+            // Penalised logits reorder near ties by rounding too (see NEAR_TIE).
+            let same = want.iter().zip(&got.tokens).take_while(|(a, b)| a == b).count();
+            assert!(same >= 8, "{want:?} vs {:?}", got.tokens);
+        }
+        assert!(got.tokens.len() >= 24, "min_tokens holds the end back");
+        // And they did something: plain greedy differs.
+        let plain = collect(h.submit(greedy_request(prompts[1].clone(), 28)).unwrap()).tokens;
+        assert_ne!(plain, got.tokens);
+        // A banned token never comes.
+        let banned = plain[0];
+        let mut r = greedy_request(prompts[1].clone(), 8);
+        r.sampling.logit_bias = vec![(banned, -100.0)];
+        assert!(!collect(h.submit(r).unwrap()).tokens.contains(&banned));
+    }
+}
+
+device_test! {
+    fn a_seeded_request_reproduces_whatever_shares_its_batch(dev) {
+        let m = smollm2();
+        let prompts = prompts();
+        let e = engine(dev, m, 256, EngineConfig::default());
+        let h = e.handle();
+        let req = || {
+            let mut r = greedy_request(prompts[4].clone(), 24);
+            r.sampling = SamplingParams {
+                temperature: 1.0,
+                top_p: 0.95,
+                seed: Some(11),
+                ..Default::default()
+            };
+            r
+        };
+        let alone = collect(h.submit(req()).unwrap()).tokens;
+        let others: Vec<_> = (0..6)
+            .map(|i| {
+                let mut r = greedy_request(prompts[i].clone(), 10 + 3 * i);
+                r.sampling.temperature = 0.8;
+                h.submit(r).unwrap()
+            })
+            .collect();
+        let crowded = collect(h.submit(req()).unwrap()).tokens;
+        others.into_iter().for_each(|s| {
+            collect(s);
+        });
+        if dev == DeviceKind::Cpu {
+            assert_eq!(alone, crowded);
+        } else {
+            // bf16 matmuls of other batch shapes move logits by rounding: a draw that lands
+            // within that of a boundary may go the other way, and the text diverges from there.
+            let same = alone.iter().zip(&crowded).take_while(|(a, b)| a == b).count();
+            assert!(same >= 8, "{alone:?} vs {crowded:?}");
+        }
+    }
+}
+
+device_test! {
+    fn n_choices_prefill_their_prompt_once(dev) {
+        // Four choices of one prompt of 100 tokens (six full blocks and four tokens), with a
+        // 64-token step budget so the first choice's prefill takes two steps: the others find
+        // its blocks in the prefix cache and compute only the last partial block each.
+        let m = smollm2();
+        let tok = m.tokenizer.as_ref().unwrap();
+        let mut p = tok.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(12)).unwrap();
+        p.truncate(100);
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                max_num_batched_tokens: 64,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = engine(dev, m, 256, cfg);
+        let h = e.handle();
+        let streams: Vec<_> = (0..4)
+            .map(|j| {
+                let mut r = greedy_request(p.clone(), 8);
+                r.sampling.temperature = 1.0;
+                r.sampling.seed = Some(j);
+                h.submit(r).unwrap()
+            })
+            .collect();
+        let out: Vec<Collected> = streams.into_iter().map(collect).collect();
+        std::thread::sleep(Duration::from_millis(20));
+        let c = h.stats().counters;
+        assert_eq!(c.prompt_tokens_computed, 100 + 3 * 4);
+        assert_eq!(out[0].usage.cached_tokens, 0);
+        assert!(out[1..].iter().all(|o| o.usage.cached_tokens == 96));
+        assert!(out.iter().all(|o| o.usage.prompt_tokens == 100));
+    }
 }

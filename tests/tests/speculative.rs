@@ -207,6 +207,7 @@ fn sampled_speculation_keeps_the_target_distribution() {
                     top_k: 3,
                     top_p: 1.0,
                     seed: Some(1000 + i as u64),
+                    ..Default::default()
                 };
                 r
             })

@@ -147,9 +147,9 @@ impl EngineCore {
             std::thread::sleep(Duration::from_micros(200));
             return;
         }
-        let (batch, rows) = input_batch::build(&out, self.sched.kv.block_size());
+        let (batch, plan) = input_batch::build(&out, self.sched.kv.block_size());
         let started = Instant::now();
-        match self.runner.forward_step(&batch, &rows) {
+        match self.runner.forward_step(&batch, &plan) {
             Ok(step) => {
                 self.sched
                     .record_step_time(&out, started.elapsed().as_secs_f64());
@@ -181,6 +181,10 @@ impl EngineCore {
         };
         let at = Instant::now();
         let delta = match &self.tokenizer {
+            // Stop strings count only once `min_tokens` are out (vLLM's rule).
+            Some(tok) if st.emitted < seq.req.sampling.min_tokens.saturating_sub(1) => {
+                st.text.push(tok, t.token, t.finish, &[])
+            }
             Some(tok) => st.text.push(tok, t.token, t.finish, &seq.req.stop),
             None => super::output::Delta {
                 text: String::new(),
@@ -192,6 +196,7 @@ impl EngineCore {
             id: t.token,
             text: delta.text,
             at,
+            logprobs: t.logprobs,
         });
         if let Some(reason) = delta.finish {
             self.finish(t.id, reason, None);
@@ -203,7 +208,6 @@ impl EngineCore {
         let Some(seq) = self.sched.remove(id) else {
             return;
         };
-        self.sampler.remove(id);
         let Some(st) = self.streams.remove(&id) else {
             return;
         };

@@ -268,6 +268,7 @@ impl EngineHandle {
     pub fn submit(&self, mut req: EngineRequest) -> Result<RequestStream, EngineError> {
         let l = &self.limits;
         req.sampling.validate()?;
+        req.sampling.validate_vocab(l.vocab)?;
         if req.prompt.is_empty() {
             return Err(EngineError::InvalidRequest(
                 "the prompt has no tokens".into(),

@@ -1,16 +1,17 @@
 //! The runner's side of a step: a [`SchedulerOutput`] turned into the device's varlen
-//! [`ForwardBatch`] and one [`RowSampling`] per logits row (after vLLM v1's input batch). The
-//! scheduler plans; this file lays its plan out for the device.
+//! [`ForwardBatch`] and its [`StepPlan`] — one [`RowSampling`] per logits row, the processors'
+//! edits flattened, the log-probabilities wanted (after vLLM v1's input batch). The scheduler
+//! plans; this file lays its plan out for the device.
 
-use crate::device::{ForwardBatch, RowSampling};
+use crate::device::{ForwardBatch, RowSampling, StepPlan};
 use crate::scheduler::SchedulerOutput;
 
-/// The forward batch for a step, in `out.scheduled` order, and how each logits row picks its
-/// token (for devices that sample on the GPU). A verification entry asks for logits at its last
-/// known token and at every draft; other sampling entries at their last token.
-pub fn build(out: &SchedulerOutput, block_size: usize) -> (ForwardBatch, Vec<RowSampling>) {
+/// The forward batch for a step, in `out.scheduled` order, and what each logits row does. A
+/// verification entry asks for logits at its last known token and at every draft; other
+/// sampling entries at their last token.
+pub fn build(out: &SchedulerOutput, block_size: usize) -> (ForwardBatch, StepPlan) {
     let mut b = ForwardBatch::default();
-    let mut rows = Vec::new();
+    let mut plan = StepPlan::default();
     for sc in &out.scheduled {
         let start = b.num_tokens() as u32;
         let verify = !sc.drafts.is_empty();
@@ -25,17 +26,19 @@ pub fn build(out: &SchedulerOutput, block_size: usize) -> (ForwardBatch, Vec<Row
             b.logit_rows.extend(start..start + sc.tokens.len() as u32);
         }
         for j in 0..sc.num_logit_rows() {
-            rows.push(RowSampling {
-                temperature: sc.sampling.temperature,
-                top_k: sc.sampling.top_k as i32,
-                top_p: sc.sampling.top_p,
-                pad: 0,
-                seed: sc.seed,
-                step: (sc.num_output + j) as u64,
-            });
+            if let Some(e) = sc.edits.get(j) {
+                plan.edits.push_row(plan.rows.len(), e);
+            }
+            plan.rows.push(RowSampling::new(
+                &sc.sampling,
+                sc.seed,
+                (sc.num_output + j) as u64,
+            ));
+            plan.logprobs
+                .push(sc.sampling.logprobs.map_or(-1, |n| n as i32));
         }
     }
-    (b, rows)
+    (b, plan)
 }
 
 #[cfg(test)]
@@ -57,9 +60,12 @@ mod tests {
                 top_k: 4,
                 top_p: 0.9,
                 seed: Some(11),
+                logprobs: Some(3),
+                ..Default::default()
             },
             seed: 11,
             num_output: 2,
+            edits: Vec::new(),
         }
     }
 
@@ -67,7 +73,7 @@ mod tests {
     fn a_step_lays_out_prefill_decode_and_verification_rows() {
         let mut prefill = entry(1, 0, &[5, 6, 7], &[]);
         prefill.sample = false;
-        let out = SchedulerOutput {
+        let mut out = SchedulerOutput {
             scheduled: vec![
                 prefill,
                 entry(2, 17, &[8], &[]),
@@ -76,7 +82,17 @@ mod tests {
             preempted: vec![],
             num_batched_tokens: 7,
         };
-        let (b, rows) = build(&out, 16);
+        let mut verify = entry(3, 20, &[9, 10, 11], &[10, 11]);
+        let edit = |token| crate::sampler::TokenEdit {
+            token,
+            pos: 1.0,
+            neg: 1.0,
+            add: -1.0,
+        };
+        verify.edits = vec![vec![], vec![edit(4)], vec![edit(5), edit(6)]];
+        out.scheduled[2] = verify;
+        let (b, plan) = build(&out, 16);
+        let rows = &plan.rows;
         assert_eq!(b.token_ids, vec![5, 6, 7, 8, 9, 10, 11]);
         assert_eq!(b.positions, vec![0, 1, 2, 17, 20, 21, 22]);
         // Position 17 is in the table's second block (3): slot 3·16 + 1.
@@ -92,5 +108,9 @@ mod tests {
         assert!(rows
             .iter()
             .all(|r| r.seed == 11 && r.top_k == 4 && r.temperature == 0.5));
+        assert_eq!(plan.logprobs, vec![3; 4]);
+        // The verification entry's edits land on its second and third rows (batch rows 2, 3).
+        assert_eq!(plan.edits.row, vec![2, 3, 3]);
+        assert_eq!(plan.edits.token, vec![4, 5, 6]);
     }
 }

@@ -9,7 +9,7 @@ use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice, CudaOptions};
 use crate::device::{
-    Device, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout, RowSampling,
+    Device, DeviceSample, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout, StepPlan,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
@@ -22,12 +22,14 @@ pub trait Runner: Send {
     /// Longest sequence the runner accepts (RoPE table size).
     fn max_model_len(&self) -> usize;
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, EngineError>;
-    /// One engine step: the chosen token of every logits row when the device samples, else the
-    /// logits for the host sampler. `rows` has one entry per logits row.
+    /// One engine step: the forward pass, the processors' edits applied to the logits on the
+    /// device, then the chosen token of every logits row (with the log-probabilities asked
+    /// for) when the device samples, else the edited logits for the host sampler. `plan` has
+    /// one entry per logits row.
     fn forward_step(
         &mut self,
         batch: &ForwardBatch,
-        rows: &[RowSampling],
+        plan: &StepPlan,
     ) -> Result<StepOutput, EngineError>;
     /// Waits for queued device work (for timing).
     fn synchronize(&self) -> Result<(), EngineError>;
@@ -50,8 +52,9 @@ pub trait Runner: Send {
 pub enum StepOutput {
     /// Logits for the host sampler.
     Logits(Logits),
-    /// Tokens already chosen on the device, one per logits row.
-    Tokens(Vec<u32>),
+    /// Tokens already chosen on the device, one per logits row, with the log-probabilities of
+    /// the rows that asked.
+    Tokens(DeviceSample),
 }
 
 /// Which device to run on.
@@ -262,21 +265,24 @@ impl<D: Device> Runner for ModelRunner<D> {
     fn forward_step(
         &mut self,
         batch: &ForwardBatch,
-        rows: &[RowSampling],
+        plan: &StepPlan,
     ) -> Result<StepOutput, EngineError> {
         self.check(batch)?;
-        if rows.len() != batch.logit_rows.len() {
+        let n = batch.logit_rows.len();
+        if plan.rows.len() != n || plan.logprobs.len() != n {
             return Err(EngineError::InvalidBatch(format!(
-                "{} sampling rows for {} logits rows",
-                rows.len(),
-                batch.logit_rows.len()
+                "{} sampling rows and {} logprobs rows for {n} logits rows",
+                plan.rows.len(),
+                plan.logprobs.len(),
             )));
         }
-        let logits = self.model.forward_logits(&self.dev, &mut self.kv, batch)?;
-        if let Some(ids) = self.dev.sample(&logits, rows)? {
-            return Ok(StepOutput::Tokens(ids));
-        }
         let vocab = self.model.config.vocab_size;
+        plan.edits.validate(n, vocab)?;
+        let mut logits = self.model.forward_logits(&self.dev, &mut self.kv, batch)?;
+        self.dev.edit_logits(&mut logits, &plan.edits)?;
+        if let Some(s) = self.dev.sample(&logits, &plan.rows, &plan.logprobs)? {
+            return Ok(StepOutput::Tokens(s));
+        }
         Ok(StepOutput::Logits(Logits {
             rows: batch.logit_rows.len(),
             vocab,

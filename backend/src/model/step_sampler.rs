@@ -1,35 +1,27 @@
 //! [`StepSampler`]: the tokens of a step, from what the runner returned — logits for the host
-//! sampler, or tokens the device already chose — including the verification of speculative
-//! drafts. It owns each request's random generator (seeded once, advanced by every host draw),
-//! so a seeded request reproduces whatever batches it shared.
-
-use std::collections::HashMap;
+//! sampler (already edited by the processors), or tokens the device already chose — including
+//! the verification of speculative drafts and the log-probabilities asked for.
+//!
+//! Every draw is the counter-based `sampler::uniform(seed, output index)`, as on the GPU, so a
+//! seeded request reproduces whatever batches it shared, and a draft is verified by sampling
+//! its position as plain decoding would and keeping the draft when they agree: with n-gram
+//! drafts (a point mass) that is exact speculative sampling, accepting with p(draft), and the
+//! output does not depend on whether speculation ran.
 
 use super::runner::StepOutput;
-use crate::rng::Rng;
 use crate::sampler;
-use crate::scheduler::{RequestId, SampledSeq, SchedulerOutput};
-use crate::spec::verify_draft;
+use crate::scheduler::{SampledSeq, SchedulerOutput};
 
 #[derive(Debug, Default)]
-pub struct StepSampler {
-    rngs: HashMap<RequestId, Rng>,
-}
+pub struct StepSampler;
 
 impl StepSampler {
     pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Forgets a finished request's generator.
-    pub fn remove(&mut self, id: RequestId) {
-        self.rngs.remove(&id);
+        StepSampler
     }
 
     /// One [`SampledSeq`] per scheduled entry of `out`: empty for chunks that sample nothing;
-    /// for a verification entry the drafts the model agrees with (greedy: its argmax; sampled,
-    /// on the host: accepted with p(draft), else a draw from p without it), then one token of
-    /// its own.
+    /// for a verification entry the drafts the model agrees with, then one token of its own.
     pub fn sample(&mut self, out: &SchedulerOutput, step: &StepOutput) -> Vec<SampledSeq> {
         let mut row = 0;
         let mut sampled = Vec::with_capacity(out.scheduled.len());
@@ -38,24 +30,21 @@ impl StepSampler {
                 sampled.push(SampledSeq::default());
                 continue;
             }
-            let rng = self.rngs.entry(sc.id).or_insert_with(|| Rng::new(sc.seed));
             let mut got = SampledSeq::default();
             for j in 0..=sc.drafts.len() {
-                let (tok, ok) = match step {
-                    StepOutput::Logits(logits) if j < sc.drafts.len() => {
-                        verify_draft(logits.row(row + j), &sc.sampling, sc.drafts[j], rng)
+                let r = row + j;
+                let (tok, lp) = match step {
+                    StepOutput::Logits(logits) => {
+                        let x = logits.row(r);
+                        let t =
+                            sampler::sample(x, &sc.sampling, sc.seed, (sc.num_output + j) as u64);
+                        (t, sc.sampling.logprobs.map(|n| sampler::logprobs(x, t, n)))
                     }
-                    StepOutput::Logits(logits) => (
-                        sampler::sample(logits.row(row + j), &sc.sampling, rng),
-                        false,
-                    ),
-                    StepOutput::Tokens(ids) => (
-                        ids[row + j],
-                        j < sc.drafts.len() && ids[row + j] == sc.drafts[j],
-                    ),
+                    StepOutput::Tokens(s) => (s.ids[r], s.logprobs.get(r).cloned().flatten()),
                 };
                 got.tokens.push(tok);
-                if !ok {
+                got.logprobs.extend(lp);
+                if j == sc.drafts.len() || tok != sc.drafts[j] {
                     break;
                 }
                 got.accepted_drafts += 1;
@@ -85,6 +74,7 @@ mod tests {
             sampling: SamplingParams::greedy(),
             seed: 0,
             num_output: 0,
+            edits: Vec::new(),
         }
     }
 
@@ -128,7 +118,13 @@ mod tests {
             (vec![2, 2, 6], 2)
         );
         // Tokens chosen on the device are verified the same way.
-        let got = s.sample(&out, &StepOutput::Tokens(vec![7, 4, 0, 0, 0, 2, 3, 3]));
+        let got = s.sample(
+            &out,
+            &StepOutput::Tokens(crate::device::DeviceSample {
+                ids: vec![7, 4, 0, 0, 0, 2, 3, 3],
+                logprobs: vec![None; 8],
+            }),
+        );
         assert_eq!(
             (got[2].tokens.clone(), got[2].accepted_drafts),
             (vec![4, 0], 1)

@@ -32,6 +32,7 @@ use crate::block_hash::HashContext;
 use crate::kv::manager::ComputedBlocks;
 use crate::kv::KvCacheManager;
 use crate::request::EngineRequest;
+use crate::sampler::RowLogprobs;
 use crate::spec::{SpecConfig, SpecState, StepCost, MAX_SPECULATIVE_TOKENS};
 
 /// Counters the engine exports.
@@ -165,6 +166,7 @@ impl Scheduler {
                 .as_ref()
                 .filter(|_| !self.device_samples || req.sampling.is_greedy())
                 .map(SpecState::new),
+            history: crate::sampler::TokenHistory::new(&req.sampling, &req.prompt),
             req,
         };
         self.next_seq_no += 1;
@@ -210,6 +212,11 @@ impl Scheduler {
             tokens,
             block_table: self.kv.block_table(s.id).to_vec(),
             sample,
+            edits: if sample && s.req.sampling.has_processors() {
+                s.row_edits(&drafts)
+            } else {
+                Vec::new()
+            },
             drafts,
             sampling: s.req.sampling.clone(),
             seed: s.seed(),
@@ -417,7 +424,14 @@ impl Scheduler {
             };
             if !sc.drafts.is_empty() {
                 // The accepted drafts, then the model's own token; a finish stops the run.
-                let emitted = append_tokens(s, &got.tokens, now, max_model_len, &mut produced);
+                let emitted = append_tokens(
+                    s,
+                    &got.tokens,
+                    &got.logprobs,
+                    now,
+                    max_model_len,
+                    &mut produced,
+                );
                 self.counters.generated_tokens += emitted as u64;
                 let accepted = got.accepted_drafts.min(emitted);
                 // Positions up to the last emitted token hold the right K/V (the last known token
@@ -439,7 +453,8 @@ impl Scheduler {
             }
             if sc.sample {
                 let one = &got.tokens[..got.tokens.len().min(1)];
-                let emitted = append_tokens(s, one, now, max_model_len, &mut produced);
+                let emitted =
+                    append_tokens(s, one, &got.logprobs, now, max_model_len, &mut produced);
                 self.counters.generated_tokens += emitted as u64;
             }
         }
@@ -471,6 +486,7 @@ impl Scheduler {
 fn append_tokens(
     s: &mut Seq,
     tokens: &[u32],
+    logprobs: &[RowLogprobs],
     now: Instant,
     max_model_len: usize,
     produced: &mut Vec<StepToken>,
@@ -481,6 +497,7 @@ fn append_tokens(
             id: s.id,
             token: tok,
             finish,
+            logprobs: logprobs.get(n).cloned(),
         });
         if finish.is_some() {
             return n + 1;

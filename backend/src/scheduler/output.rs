@@ -3,7 +3,7 @@
 //! ([`SampledSeq`], fed back to [`super::Scheduler::update`]).
 
 use crate::request::FinishReason;
-use crate::sampler::SamplingParams;
+use crate::sampler::{RowLogprobs, SamplingParams, TokenEdit};
 
 pub type RequestId = u64;
 
@@ -28,6 +28,8 @@ pub struct ScheduledSeq {
     pub sampling: SamplingParams,
     pub seed: u64,
     pub num_output: usize,
+    /// The logits processors' edits, one list per logits row (empty: none).
+    pub edits: Vec<Vec<TokenEdit>>,
 }
 
 impl ScheduledSeq {
@@ -61,20 +63,23 @@ impl SchedulerOutput {
 }
 
 /// What sampling made of one scheduled entry, in `scheduled` order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SampledSeq {
     /// Tokens to append: none for a prefill chunk that does not reach the end of the prompt;
     /// otherwise the accepted drafts, then the model's own token.
     pub tokens: Vec<u32>,
     /// How many leading `tokens` are accepted drafts.
     pub accepted_drafts: usize,
+    /// One per token when the request asked for log-probabilities.
+    pub logprobs: Vec<RowLogprobs>,
 }
 
 /// A token produced by a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepToken {
     pub id: RequestId,
     pub token: u32,
     /// Set when this token ends the request (stop token, length, model length).
     pub finish: Option<FinishReason>,
+    pub logprobs: Option<RowLogprobs>,
 }

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crate::block_hash::{BlockHash, HashContext};
 use crate::request::{EngineRequest, FinishReason};
+use crate::sampler::{self, TokenEdit, TokenHistory};
 use crate::spec::SpecState;
 
 use super::output::RequestId;
@@ -38,6 +39,8 @@ pub struct Seq {
     pub preemptions: u32,
     /// N-gram speculation, when the engine speculates and this request may.
     pub spec: Option<SpecState>,
+    /// What the logits processors (penalties, `min_tokens`) need to know of its tokens.
+    pub history: TokenHistory,
 }
 
 impl Seq {
@@ -54,6 +57,7 @@ impl Seq {
         max_model_len: usize,
     ) -> Option<FinishReason> {
         self.tokens.push(tok);
+        self.history.push(tok);
         self.hasher.extend(&mut self.block_hashes, &self.tokens);
         self.first_token.get_or_insert(now);
         self.last_token = Some(now);
@@ -67,6 +71,19 @@ impl Seq {
     }
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
+    }
+
+    /// The processors' edits of each logits row of a step that samples after `drafts` (row `j`
+    /// follows the first `j` drafts); empty rows when the request has no processors.
+    pub fn row_edits(&self, drafts: &[u32]) -> Vec<Vec<TokenEdit>> {
+        let stop: &[u32] = if self.req.ignore_eos {
+            &[]
+        } else {
+            &self.req.stop_token_ids
+        };
+        (0..=drafts.len())
+            .map(|j| sampler::row_edits(&self.req.sampling, &self.history, &drafts[..j], stop))
+            .collect()
     }
 
     /// The request's sampling seed: its own, or one drawn from its id.

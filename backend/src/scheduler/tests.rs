@@ -41,6 +41,7 @@ fn feed(s: &mut Scheduler, out: &SchedulerOutput, token: u32, now: Instant) -> V
         .map(|sc| SampledSeq {
             tokens: if sc.sample { vec![token] } else { vec![] },
             accepted_drafts: 0,
+            logprobs: Default::default(),
         })
         .collect();
     s.update(out, &sampled, now)
@@ -86,7 +87,8 @@ fn admits_in_order_within_the_token_budget_and_chunks_the_rest() {
         vec![StepToken {
             id: 1,
             token: 40,
-            finish: None
+            finish: None,
+            logprobs: Default::default(),
         }]
     );
     // Decodes first, then the unfinished chunk; the decode's token is the sampled one.
@@ -284,6 +286,7 @@ fn drafts_are_scheduled_with_logits_and_rejected_slots_are_rolled_back() {
         &[SampledSeq {
             tokens: vec![1, 30],
             accepted_drafts: 1,
+            logprobs: Default::default(),
         }],
         t0,
     );
@@ -329,6 +332,7 @@ fn a_stop_token_inside_accepted_drafts_ends_the_request_there() {
         &[SampledSeq {
             tokens: vec![1, 2, 8],
             accepted_drafts: 2,
+            logprobs: Default::default(),
         }],
         t0,
     );
@@ -337,7 +341,8 @@ fn a_stop_token_inside_accepted_drafts_ends_the_request_there() {
         vec![StepToken {
             id: 1,
             token: 1,
-            finish: Some(FinishReason::Stop)
+            finish: Some(FinishReason::Stop),
+            logprobs: Default::default(),
         }]
     );
     assert_eq!(s.counters.spec_accepted_tokens, 1);

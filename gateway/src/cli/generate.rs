@@ -190,6 +190,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             top_k: a.top_k,
             top_p: a.top_p,
             seed: a.seed,
+            ..Default::default()
         },
         stop_token_ids: if a.ignore_eos {
             vec![]

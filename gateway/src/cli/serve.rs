@@ -9,6 +9,7 @@ use anyhow::Context;
 use cachet_backend::block_hash::HashContext;
 use cachet_gateway::config::{ConfigFile, UpstreamConfig};
 use cachet_gateway::http::tls;
+use cachet_gateway::server::fields::UnknownFields;
 use cachet_gateway::server::{self, AppState};
 use cachet_gateway::tenants::TenantRegistry;
 use cachet_gateway::upstream::{
@@ -91,6 +92,11 @@ pub struct ServeArgs {
     /// one, `/metrics` answers requests from this machine only.
     #[arg(long, env = "CACHET_METRICS_TOKEN")]
     pub metrics_token: Option<String>,
+    /// What requests get for body fields Cachet does not know (docs/API.md lists those it
+    /// does): `reject` answers 400 naming the field, as OpenAI does; `warn` lets the request
+    /// through and names the ignored fields in the `x-cachet-warning` response header.
+    #[arg(long, value_enum, default_value_t = UnknownFields::Reject)]
+    pub unknown_fields: UnknownFields,
     /// Seconds a request may take end to end; the engine ends it with an error past this (the
     /// deadline travels with the request to workers).
     #[arg(long, default_value_t = 600)]
@@ -231,6 +237,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             templates,
         );
         state.metrics_token = a.metrics_token.clone();
+        state.unknown_fields = a.unknown_fields;
         Arc::new(state)
     });
     rt.block_on(async move {

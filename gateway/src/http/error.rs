@@ -21,7 +21,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub code: Option<&'static str>,
     pub message: String,
-    pub param: Option<&'static str>,
+    /// The request field at fault (OpenAI's `param`).
+    pub param: Option<std::borrow::Cow<'static, str>>,
     pub retry_after: Option<Duration>,
     pub source: Source,
 }
@@ -33,9 +34,16 @@ impl ApiError {
             kind: "invalid_request_error",
             code: None,
             message: message.into(),
-            param,
+            param: param.map(std::borrow::Cow::Borrowed),
             retry_after: None,
             source: Source::Client,
+        }
+    }
+    /// A 400 naming a field known only at run time (`messages[2].content`, an unknown key).
+    pub fn bad_field(message: impl Into<String>, param: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(std::borrow::Cow::Owned(param.into())),
+            ..Self::bad_request(message, None)
         }
     }
     pub fn not_found(message: impl Into<String>, code: &'static str) -> Self {

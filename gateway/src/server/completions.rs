@@ -14,11 +14,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cachet_backend::request::EngineRequest;
-use cachet_backend::sampler::SamplingParams;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 
-use super::openai::{self, Input, Parsed};
+use super::openai::{self, Input, Parsed, PromptIn};
 use super::respond::{self, Meta};
 use super::{templates, AppState};
 use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
@@ -92,17 +91,21 @@ async fn completion_for(
         input,
         max_tokens,
         mut stop,
-    } = openai::parse_request(chat, &body)?;
+        sampling,
+        stop_token_ids,
+        n,
+        ignored,
+    } = openai::parse_request(chat, &body, state.unknown_fields)?;
     drop(body);
     check_model(&state, &tenant, &input.common().model)?;
     // The tenant's concurrency and requests/min, before any work is done for the request (its
     // template included); the tokens/min budget once the prompt is known.
     let mut permit = tenant.admit_request(Instant::now())?;
-    // 3. Template, normalization, tokenization: the prompt as token ids (engines) and as text
+    // 3. Template, normalization, tokenization: each prompt as token ids (engines) and as text
     // (OpenAI-compatible upstreams).
     let mut hints = None;
     let mut fill = None;
-    let (common, prompt, prompt_text) = match input {
+    let (common, prompts) = match input {
         Input::Chat(r, msgs) => {
             let segments = match templates::template_for(&tenant, &r) {
                 Some(name) => {
@@ -120,14 +123,46 @@ async fn completion_for(
             };
             let p = prepare(&state, &tenant, &r.common.salt(&tenant.salt), &segments)?;
             fill = p.fill;
-            (r.common, p.ids, p.prompt)
+            (r.common, vec![(p.ids, p.prompt)])
         }
-        Input::Text(r, p) => {
-            let ids = state.tokenizer.encode(&p)?;
-            (r.common, ids, p)
+        Input::Text(r, ps) => {
+            let prompts = ps
+                .into_iter()
+                .map(|p| match p {
+                    PromptIn::Text(t) => Ok((state.tokenizer.encode(&t)?, t)),
+                    PromptIn::Tokens(ids) => {
+                        if let Some(&t) = ids.iter().find(|&&t| t as usize >= state.vocab) {
+                            return Err(ApiError::bad_request(
+                                format!(
+                                    "token id {t} in the prompt is outside the vocabulary of {}",
+                                    state.vocab
+                                ),
+                                Some("prompt"),
+                            ));
+                        }
+                        let text = state.tokenizer.decode(&ids, false)?;
+                        Ok((ids, text))
+                    }
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            (r.common, prompts)
         }
     };
-    // The template's hints: more stop strings, and a cap on the output.
+    if let Some(&(t, _)) = sampling
+        .logit_bias
+        .iter()
+        .find(|(t, _)| *t as usize >= state.vocab)
+    {
+        return Err(ApiError::bad_request(
+            format!(
+                "logit_bias names token {t}, outside the vocabulary of {}",
+                state.vocab
+            ),
+            Some("logit_bias"),
+        ));
+    }
+    // The template's hints: more stop strings, and a cap on the output (the sandbox held them to
+    // the API's limits).
     let mut cap = None;
     if let Some((extra, max_hint)) = hints {
         for s in extra {
@@ -137,22 +172,23 @@ async fn completion_for(
         }
         cap = max_hint.map(u64::from);
     }
-    let room = state.max_model_len.saturating_sub(prompt.len()) as u64;
+    // Every prompt must leave room for the output; max_tokens must fit after the longest.
+    let longest = prompts.iter().map(|p| p.0.len()).max().unwrap_or(0);
+    let room = state.max_model_len.saturating_sub(longest) as u64;
+    let field = if chat { "messages" } else { "prompt" };
     if room == 0 {
         return Err(ApiError::bad_request(
             format!(
-                "the prompt has {} tokens, the model's limit is {}",
-                prompt.len(),
+                "the prompt has {longest} tokens, the model's limit is {}",
                 state.max_model_len
             ),
-            Some("messages"),
+            Some(field),
         ));
     }
     if let Some(m) = max_tokens.filter(|&m| m > room) {
         return Err(ApiError::bad_request(
             format!(
-                "max_tokens is {m}, but the prompt has {} tokens of the model's {}: at most {room} can be generated",
-                prompt.len(),
+                "max_tokens is {m}, but the prompt has {longest} tokens of the model's {}: at most {room} can be generated",
                 state.max_model_len
             ),
             Some("max_tokens"),
@@ -160,35 +196,55 @@ async fn completion_for(
     }
     let max_tokens = max_tokens.unwrap_or(room.min(1024));
     let max_tokens = cap.map_or(max_tokens, |c| max_tokens.min(c.max(1)));
-    // 4. Admission of the prompt's tokens; only an admitted request's prefix tokens are cached.
-    permit.charge_prompt(prompt.len() as u64, Instant::now())?;
+    if sampling.min_tokens as u64 > max_tokens {
+        return Err(ApiError::bad_request(
+            format!(
+                "min_tokens ({}) is more than the {max_tokens} tokens this request may generate",
+                sampling.min_tokens
+            ),
+            Some("min_tokens"),
+        ));
+    }
+    // 4. Admission of the prompts' tokens (each prompt once, whatever `n`); only an admitted
+    // request's prefix tokens are cached.
+    let prompt_tokens: usize = prompts.iter().map(|p| p.0.len()).sum();
+    permit.charge_prompt(prompt_tokens as u64, Instant::now())?;
     if let Some(f) = fill {
         state.prefix_tokens.fill(f);
     }
-    // 5. The engine request, routed.
-    let mut er = EngineRequest::new(prompt, max_tokens as usize);
-    er.sampling = SamplingParams {
-        temperature: common.temperature.unwrap_or(1.0),
-        top_k: 0,
-        top_p: common.top_p.unwrap_or(1.0),
-        seed: common.seed,
-    };
-    er.stop = stop;
-    er.salt = common.salt(&tenant.salt);
-    er.priority = tenant.config.priority;
-    er.tag = tenant.id().to_string();
-    er.ignore_eos = common.ignore_eos;
-    er.deadline = Some(arrived + state.request_timeout);
-    let (stream, routed) = state
-        .pool
-        .submit(&er, &prompt_text, common.user.as_deref())
-        .await?;
-    state.metrics.routed(
-        state.pool.policy_name(),
-        routed.reason,
-        &routed.upstream,
-        routed.predicted_cached_tokens,
-    );
+    // 5. The engine requests — `n` per prompt, routed together to one upstream, where the
+    // prefix cache shares the prompt's blocks: the first choice's full blocks are registered
+    // when its prefill is scheduled, so the others compute only the last partial block.
+    let salt = common.salt(&tenant.salt);
+    let mut streams = Vec::with_capacity(prompts.len() * n);
+    for (ids, text) in prompts {
+        let ers: Vec<EngineRequest> = (0..n)
+            .map(|j| {
+                let mut er = EngineRequest::new(ids.clone(), max_tokens as usize);
+                er.sampling = sampling.clone();
+                er.sampling.seed = sampling.seed.map(|s| choice_seed(s, j));
+                er.stop = stop.clone();
+                er.stop_token_ids = stop_token_ids.clone();
+                er.salt = salt;
+                er.priority = tenant.config.priority;
+                er.tag = tenant.id().to_string();
+                er.ignore_eos = common.ignore_eos;
+                er.deadline = Some(arrived + state.request_timeout);
+                er
+            })
+            .collect();
+        let (evs, routed) = state
+            .pool
+            .submit_group(&ers, &text, common.session_key())
+            .await?;
+        state.metrics.routed(
+            state.pool.policy_name(),
+            routed.reason,
+            &routed.upstream,
+            routed.predicted_cached_tokens,
+        );
+        streams.extend(evs);
+    }
     let include_usage = common
         .stream_options
         .as_ref()
@@ -203,18 +259,35 @@ async fn completion_for(
         model: state.model_id.clone(),
         chat,
         prepare: want_timings.then(|| arrived.elapsed()),
+        n,
+        logprobs: sampling.logprobs.is_some(),
+        service_tier: common.service_tier.is_some(),
+        ignored,
     };
     if common.stream {
         Ok(respond::sse(
-            stream,
+            streams,
             meta,
             include_usage,
             permit,
             state.clone(),
         ))
     } else {
-        respond::whole(stream, meta, permit, &state).await
+        respond::whole(streams, meta, permit, &state).await
     }
+}
+
+/// The seed of choice `j` of a request seeded `seed`: choice 0 keeps it (so it equals the
+/// request with `n` = 1), the others get their own streams of draws.
+pub fn choice_seed(seed: u64, j: usize) -> u64 {
+    if j == 0 {
+        return seed;
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(b"cachet choice seed");
+    h.update(&seed.to_le_bytes());
+    h.update(&(j as u64).to_le_bytes());
+    u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 /// A chat prompt ready for the engine: normalized, rendered, tokenized.

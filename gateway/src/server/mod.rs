@@ -14,6 +14,7 @@
 
 pub mod completions;
 pub mod errors;
+pub mod fields;
 pub mod metrics;
 pub mod openai;
 pub mod respond;
@@ -62,6 +63,10 @@ pub struct AppState {
     /// The operator's token for `/metrics` (which names tenants); without one, `/metrics`
     /// answers loopback clients only.
     pub metrics_token: Option<String>,
+    /// What request fields outside the API's table get (`--unknown-fields`).
+    pub unknown_fields: fields::UnknownFields,
+    /// The model's vocabulary size (token-id prompts and `logit_bias` are checked against it).
+    pub vocab: usize,
     next_id: AtomicU64,
 }
 
@@ -77,6 +82,7 @@ impl AppState {
         tenants: TenantRegistry,
         templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
     ) -> Self {
+        let tokenizer_vocab = tokenizer.vocab_size();
         AppState {
             prefix_tokens: crate::normalize::tokens::PrefixTokens::new(PREFIX_TOKEN_CACHE_BYTES),
             metrics: metrics::Metrics::new(engine.is_some()),
@@ -93,6 +99,8 @@ impl AppState {
                 .unwrap_or(0),
             templates,
             metrics_token: None,
+            unknown_fields: fields::UnknownFields::Reject,
+            vocab: tokenizer_vocab,
             next_id: AtomicU64::new(1),
         }
     }

@@ -1,9 +1,14 @@
-//! The OpenAI request shapes Cachet accepts, validated into engine parameters. Unsupported
-//! parameters are refused by name instead of being ignored.
+//! The OpenAI request shapes Cachet accepts, validated into engine parameters. Every field is
+//! checked against [`super::fields::FIELDS`]: it works as documented, or is refused by name;
+//! an unknown field is refused too unless the deployment lets it through with a warning.
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::fields::{self, Status, UnknownFields};
 use crate::http::ApiError;
+use cachet_backend::sampler::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
 use cachet_backend::tokenizer::ChatMessage;
 
 #[derive(Debug, Deserialize)]
@@ -14,12 +19,24 @@ pub enum Stop {
 }
 
 #[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
-/// Fields shared by chat and text completions.
+/// Most choices (`n`) one request may ask for.
+pub const MAX_N: u32 = 16;
+/// Most prompts in one completions batch, and most choices over them all.
+pub const MAX_PROMPTS: usize = 64;
+pub const MAX_CHOICES: usize = 128;
+/// Most `stop_token_ids`.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+/// Longest `user` / `prompt_cache_key`.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// Fields shared by chat and text completions (the table has been checked first: these are the
+/// fields that work, typed).
 #[derive(Debug, Deserialize)]
 pub struct Common {
     pub model: String,
@@ -33,21 +50,38 @@ pub struct Common {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    pub prompt_cache_key: Option<String>,
     pub n: Option<u32>,
+    /// `true`/`false` on chat, a count on completions.
     pub logprobs: Option<serde_json::Value>,
-    pub tools: Option<serde_json::Value>,
+    pub top_logprobs: Option<u32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<u64>,
+    pub stop_token_ids: Option<Vec<u32>>,
     /// Generate `max_tokens` whatever the model says (vLLM's extra parameter; for benchmarks).
     #[serde(default)]
     pub ignore_eos: bool,
     /// vLLM's `cache_salt`: requests share cached prefixes only with requests of the same
     /// tenant *and* the same salt (a client's own isolation, within the tenant's).
     pub cache_salt: Option<String>,
+    pub store: Option<bool>,
+    pub service_tier: Option<String>,
+    pub modalities: Option<Vec<String>>,
+    pub echo: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
     pub content: serde_json::Value,
+    /// Anything else a message carries (`name`, `tool_calls`, …): refused by name.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,10 +103,17 @@ pub struct CompletionRequest {
     pub common: Common,
 }
 
-/// What a request asks for: a chat's messages or a completion's prompt.
+/// One prompt of a completions request: text, or token ids as the client tokenized them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptIn {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// What a request asks for: a chat's messages or a completion's prompts.
 pub enum Input {
     Chat(ChatRequest, Vec<ChatMessage>),
-    Text(CompletionRequest, String),
+    Text(CompletionRequest, Vec<PromptIn>),
 }
 
 impl Input {
@@ -90,54 +131,142 @@ pub struct Parsed {
     pub input: Input,
     pub max_tokens: Option<u64>,
     pub stop: Vec<String>,
+    /// Sampling, processors and log-probabilities (the seed is choice 0's).
+    pub sampling: SamplingParams,
+    pub stop_token_ids: Vec<u32>,
+    /// Choices per prompt.
+    pub n: usize,
+    /// Unknown fields let through (`UnknownFields::Warn`), for the warning header.
+    pub ignored: Vec<String>,
 }
 
 /// Parses and validates the body of `/v1/chat/completions` (`chat`) or `/v1/completions`: any
 /// bytes give a request or a 400 that names what to fix (the `request` fuzz target holds it to
 /// that).
-pub fn parse_request(chat: bool, body: &[u8]) -> Result<Parsed, ApiError> {
+pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
+    let v: serde_json::Value = crate::http::parse_json(body)?;
+    let Some(obj) = v.as_object() else {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object",
+            None,
+        ));
+    };
+    let ignored = check_fields(chat, obj, unknown)?;
+    let typed =
+        |e: serde_json::Error| ApiError::bad_request(format!("invalid request body: {e}"), None);
     let input = if chat {
-        let r: ChatRequest = crate::http::parse_json(body)?;
+        let r: ChatRequest = serde_json::from_value(v).map_err(typed)?;
         let msgs = r.messages()?;
         Input::Chat(r, msgs)
     } else {
-        let r: CompletionRequest = crate::http::parse_json(body)?;
-        let p = r.prompt()?;
+        let r: CompletionRequest = serde_json::from_value(v).map_err(typed)?;
+        let p = r.prompts()?;
         Input::Text(r, p)
     };
-    let (max_tokens, stop) = input.common().validate()?;
+    let c = input.common();
+    let (max_tokens, stop) = c.validate()?;
+    let sampling = c.sampling(chat)?;
+    if let (Some(m), Some(mt)) = (c.min_tokens, max_tokens) {
+        if m > mt {
+            return Err(ApiError::bad_request(
+                format!("min_tokens ({m}) is more than max_tokens ({mt})"),
+                Some("min_tokens"),
+            ));
+        }
+    }
+    let n = c.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::bad_request(
+            format!("n must be 1 to {MAX_N}, got {n}"),
+            Some("n"),
+        ));
+    }
+    if let Input::Text(_, p) = &input {
+        if p.len() * n as usize > MAX_CHOICES {
+            return Err(ApiError::bad_request(
+                format!(
+                    "{} prompts × n = {n} is {} choices; at most {MAX_CHOICES}",
+                    p.len(),
+                    p.len() * n as usize
+                ),
+                Some("n"),
+            ));
+        }
+    }
+    let stop_token_ids = c.stop_token_ids.clone().unwrap_or_default();
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::bad_request(
+            format!("stop_token_ids takes up to {MAX_STOP_TOKEN_IDS} ids"),
+            Some("stop_token_ids"),
+        ));
+    }
     Ok(Parsed {
         input,
         max_tokens,
         stop,
+        sampling,
+        stop_token_ids,
+        n: n as usize,
+        ignored,
     })
 }
 
+/// Every key against the table: refused fields (with a value other than their no-op) and
+/// unknown ones are a 400 naming them; unknown ones are returned instead under `Warn`.
+fn check_fields(
+    chat: bool,
+    obj: &serde_json::Map<String, serde_json::Value>,
+    unknown: UnknownFields,
+) -> Result<Vec<String>, ApiError> {
+    use serde_json::Value;
+    let mut ignored = Vec::new();
+    for (k, v) in obj {
+        let Some(f) = fields::lookup(k, chat) else {
+            match unknown {
+                UnknownFields::Reject => {
+                    return Err(ApiError::bad_field(
+                        format!(
+                            "Unrecognized request argument supplied: {k} (docs/API.md lists the fields {} takes)",
+                            if chat { "/v1/chat/completions" } else { "/v1/completions" }
+                        ),
+                        k.clone(),
+                    ))
+                }
+                UnknownFields::Warn => {
+                    ignored.push(k.clone());
+                    continue;
+                }
+            }
+        };
+        if f.status == Status::Works {
+            continue;
+        }
+        // The no-ops of refused fields: what a client may send meaning "none of it".
+        let no_op = match (f.name, v) {
+            (_, Value::Null) => true,
+            ("tools" | "functions", Value::Array(a)) => a.is_empty(),
+            ("tool_choice" | "function_call", Value::String(s)) => s == "none",
+            ("parallel_tool_calls", Value::Bool(b)) => !b,
+            ("response_format", Value::Object(o)) => {
+                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text")
+            }
+            ("metadata", Value::Object(o)) => o.is_empty(),
+            ("best_of", Value::Number(n)) => n.as_u64() == Some(1),
+            _ => false,
+        };
+        if !no_op {
+            return Err(ApiError::bad_field(
+                format!("`{}` is not supported: {}", f.name, f.note),
+                f.name,
+            ));
+        }
+    }
+    Ok(ignored)
+}
+
 impl Common {
-    /// Checks what the engine cannot do and returns (max_tokens, stop strings).
+    /// Checks the fields that need no state and returns (max_tokens, stop strings).
     pub fn validate(&self) -> Result<(Option<u64>, Vec<String>), ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad_request(
-                "n > 1 is not supported; send separate requests",
-                Some("n"),
-            ));
-        }
-        if self
-            .logprobs
-            .as_ref()
-            .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false))
-        {
-            return Err(ApiError::bad_request(
-                "logprobs are not supported",
-                Some("logprobs"),
-            ));
-        }
-        if self.tools.is_some() {
-            return Err(ApiError::bad_request(
-                "tools are not supported",
-                Some("tools"),
-            ));
-        }
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(ApiError::bad_request(
@@ -158,7 +287,11 @@ impl Common {
         if max == Some(0) {
             return Err(ApiError::bad_request(
                 "max_tokens must be at least 1",
-                Some("max_tokens"),
+                Some(if self.max_completion_tokens.is_some() {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                }),
             ));
         }
         let stop = match &self.stop {
@@ -187,7 +320,159 @@ impl Common {
                 Some("cache_salt"),
             ));
         }
+        for (name, v) in [
+            ("user", &self.user),
+            ("prompt_cache_key", &self.prompt_cache_key),
+        ] {
+            if v.as_ref().is_some_and(|s| s.len() > MAX_KEY_BYTES) {
+                return Err(ApiError::bad_field(
+                    format!("{name} takes at most {MAX_KEY_BYTES} bytes"),
+                    name,
+                ));
+            }
+        }
+        if self.store == Some(true) {
+            return Err(ApiError::bad_request(
+                "store: Cachet stores no completions; send false or leave it out",
+                Some("store"),
+            ));
+        }
+        if self
+            .service_tier
+            .as_deref()
+            .is_some_and(|t| t != "auto" && t != "default")
+        {
+            return Err(ApiError::bad_request(
+                "service_tier: there is one tier here; send `auto`, `default` or leave it out",
+                Some("service_tier"),
+            ));
+        }
+        if self
+            .modalities
+            .as_ref()
+            .is_some_and(|m| m.iter().any(|x| x != "text"))
+        {
+            return Err(ApiError::bad_request(
+                "modalities: the served model makes text only; send [\"text\"]",
+                Some("modalities"),
+            ));
+        }
+        if self.echo == Some(true) {
+            return Err(ApiError::bad_request(
+                "echo: the prompt is not echoed back; send false or leave it out",
+                Some("echo"),
+            ));
+        }
         Ok((max, stop))
+    }
+
+    /// The sampling parameters, processors and log-probabilities asked for.
+    pub fn sampling(&self, chat: bool) -> Result<SamplingParams, ApiError> {
+        let mut p = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_p: self.top_p.unwrap_or(1.0),
+            seed: self.seed,
+            ..Default::default()
+        };
+        match self.top_k {
+            None | Some(-1) | Some(0) => {}
+            Some(k) if k > 0 => p.top_k = k as usize,
+            Some(k) => {
+                return Err(ApiError::bad_request(
+                    format!("top_k must be -1 or 0 (off) or a positive count, got {k}"),
+                    Some("top_k"),
+                ))
+            }
+        }
+        p.min_p = self.min_p.unwrap_or(0.0);
+        p.presence_penalty = self.presence_penalty.unwrap_or(0.0);
+        p.frequency_penalty = self.frequency_penalty.unwrap_or(0.0);
+        p.repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
+        p.min_tokens = self.min_tokens.unwrap_or(0).min(u32::MAX as u64) as usize;
+        if let Some(b) = &self.logit_bias {
+            if b.len() > MAX_LOGIT_BIAS {
+                return Err(ApiError::bad_request(
+                    format!("logit_bias takes at most {MAX_LOGIT_BIAS} tokens"),
+                    Some("logit_bias"),
+                ));
+            }
+            for (k, &v) in b {
+                let Ok(t) = k.parse::<u32>() else {
+                    return Err(ApiError::bad_request(
+                        format!("logit_bias keys are token ids, got `{k}`"),
+                        Some("logit_bias"),
+                    ));
+                };
+                p.logit_bias.push((t, v));
+            }
+        }
+        p.logprobs = self.logprobs(chat)?;
+        p.validate().map_err(|e| {
+            let msg = e.to_string();
+            let param = [
+                "min_p",
+                "presence_penalty",
+                "frequency_penalty",
+                "repetition_penalty",
+                "logit_bias",
+                "top_logprobs",
+            ]
+            .into_iter()
+            .find(|f| msg.contains(f));
+            ApiError::bad_request(msg, param)
+        })?;
+        Ok(p)
+    }
+
+    /// Chat: `logprobs: true` with `top_logprobs` alternatives; completions: `logprobs: k`.
+    fn logprobs(&self, chat: bool) -> Result<Option<usize>, ApiError> {
+        use serde_json::Value;
+        let lp = self.logprobs.as_ref().filter(|v| !v.is_null());
+        if chat {
+            let on = match lp {
+                None | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) => true,
+                Some(_) => {
+                    return Err(ApiError::bad_request(
+                        "logprobs is true or false on chat completions",
+                        Some("logprobs"),
+                    ))
+                }
+            };
+            match (on, self.top_logprobs) {
+                (false, Some(_)) => Err(ApiError::bad_request(
+                    "top_logprobs needs logprobs: true",
+                    Some("top_logprobs"),
+                )),
+                (false, None) => Ok(None),
+                (true, t) => {
+                    let t = t.unwrap_or(0) as usize;
+                    if t > MAX_TOP_LOGPROBS {
+                        return Err(ApiError::bad_request(
+                            format!("top_logprobs must be 0 to {MAX_TOP_LOGPROBS}, got {t}"),
+                            Some("top_logprobs"),
+                        ));
+                    }
+                    Ok(Some(t))
+                }
+            }
+        } else {
+            match lp {
+                None => Ok(None),
+                Some(v) => match v.as_u64() {
+                    Some(k) if k as usize <= MAX_TOP_LOGPROBS => Ok(Some(k as usize)),
+                    _ => Err(ApiError::bad_request(
+                        format!("logprobs is a count of alternatives, 0 to {MAX_TOP_LOGPROBS}"),
+                        Some("logprobs"),
+                    )),
+                },
+            }
+        }
+    }
+
+    /// The routing session key: `prompt_cache_key`, else `user`.
+    pub fn session_key(&self) -> Option<&str> {
+        self.prompt_cache_key.as_deref().or(self.user.as_deref())
     }
 
     /// The request's cache salt: the tenant's, mixed with the client's `cache_salt` if it sent
@@ -218,35 +503,63 @@ impl ChatRequest {
         }
         self.messages
             .iter()
-            .map(|m| {
+            .enumerate()
+            .map(|(i, m)| {
+                let at = |what: &str| format!("messages[{i}]{what}");
                 if !["system", "user", "assistant", "developer"].contains(&m.role.as_str()) {
-                    return Err(ApiError::bad_request(
-                        format!("unsupported role `{}`", m.role),
-                        Some("messages"),
+                    return Err(ApiError::bad_field(
+                        match m.role.as_str() {
+                            "tool" | "function" => format!(
+                                "messages[{i}]: role `{}` carries a tool result, and tools are not served yet",
+                                m.role
+                            ),
+                            r => format!(
+                                "messages[{i}]: unsupported role `{r}` (system, developer, user, assistant)"
+                            ),
+                        },
+                        at(".role"),
+                    ));
+                }
+                if let Some(k) = m.other.keys().next() {
+                    return Err(ApiError::bad_field(
+                        format!(
+                            "messages[{i}].{k} is not supported: {}",
+                            match k.as_str() {
+                                "tool_calls" | "tool_call_id" | "function_call" =>
+                                    "tools are not served yet",
+                                "name" => "the chat template has no place for participant names; put the name in the content",
+                                _ => "a message has `role` and `content`",
+                            }
+                        ),
+                        at(&format!(".{k}")),
                     ));
                 }
                 let text = match &m.content {
                     serde_json::Value::String(s) => s.clone(),
                     serde_json::Value::Array(parts) => parts
                         .iter()
-                        .map(|p| {
+                        .enumerate()
+                        .map(|(j, p)| {
                             match (
                                 p.get("type").and_then(|t| t.as_str()),
                                 p.get("text").and_then(|t| t.as_str()),
                             ) {
                                 (Some("text"), Some(t)) => Ok(t.to_string()),
-                                _ => Err(ApiError::bad_request(
-                                    "only text content parts are supported",
-                                    Some("messages"),
+                                (ty, _) => Err(ApiError::bad_field(
+                                    format!(
+                                        "messages[{i}].content[{j}]: only `text` parts are supported, got {}",
+                                        ty.map_or("a part without a type".to_string(), |t| format!("`{t}`"))
+                                    ),
+                                    at(&format!(".content[{j}]")),
                                 )),
                             }
                         })
                         .collect::<Result<Vec<_>, _>>()?
                         .join(""),
                     _ => {
-                        return Err(ApiError::bad_request(
-                            "message content must be a string or text parts",
-                            Some("messages"),
+                        return Err(ApiError::bad_field(
+                            format!("messages[{i}]: content must be a string or text parts"),
+                            at(".content"),
                         ))
                     }
                 };
@@ -264,19 +577,57 @@ impl ChatRequest {
 }
 
 impl CompletionRequest {
-    pub fn prompt(&self) -> Result<String, ApiError> {
-        match &self.prompt {
-            serde_json::Value::String(s) if !s.is_empty() => Ok(s.clone()),
-            serde_json::Value::Array(a)
-                if a.len() == 1 && a[0].as_str().is_some_and(|s| !s.is_empty()) =>
-            {
-                Ok(a[0].as_str().unwrap_or_default().to_string())
+    /// The prompts: a string, strings, token ids, or lists of token ids.
+    pub fn prompts(&self) -> Result<Vec<PromptIn>, ApiError> {
+        use serde_json::Value;
+        let bad = |m: String| Err(ApiError::bad_request(m, Some("prompt")));
+        let tokens = |a: &[Value]| -> Option<Vec<u32>> {
+            a.iter()
+                .map(|x| x.as_u64().and_then(|t| u32::try_from(t).ok()))
+                .collect()
+        };
+        let prompts = match &self.prompt {
+            Value::String(s) => vec![PromptIn::Text(s.clone())],
+            Value::Array(a) if a.is_empty() => return bad("prompt must not be empty".into()),
+            Value::Array(a) if a[0].is_number() => match tokens(a) {
+                Some(t) => vec![PromptIn::Tokens(t)],
+                None => return bad("a token-id prompt is a list of non-negative integers".into()),
+            },
+            Value::Array(a) if a[0].is_string() => {
+                let mut v = Vec::with_capacity(a.len());
+                for x in a {
+                    match x.as_str() {
+                        Some(s) => v.push(PromptIn::Text(s.to_string())),
+                        None => return bad("a batch of prompts is all strings or all token-id lists".into()),
+                    }
+                }
+                v
             }
-            _ => Err(ApiError::bad_request(
-                "prompt must be one non-empty string",
-                Some("prompt"),
-            )),
+            Value::Array(a) if a[0].is_array() => {
+                let mut v = Vec::with_capacity(a.len());
+                for x in a {
+                    match x.as_array().and_then(|t| tokens(t)) {
+                        Some(t) => v.push(PromptIn::Tokens(t)),
+                        None => return bad("a batch of prompts is all strings or all token-id lists".into()),
+                    }
+                }
+                v
+            }
+            _ => return bad("prompt is a string, a list of strings, a list of token ids or a list of token-id lists".into()),
+        };
+        if prompts.len() > MAX_PROMPTS {
+            return bad(format!(
+                "at most {MAX_PROMPTS} prompts in one request, got {}",
+                prompts.len()
+            ));
         }
+        if prompts.iter().any(|p| match p {
+            PromptIn::Text(s) => s.is_empty(),
+            PromptIn::Tokens(t) => t.is_empty(),
+        }) {
+            return bad("every prompt must be non-empty".into());
+        }
+        Ok(prompts)
     }
 }
 

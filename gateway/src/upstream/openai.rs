@@ -253,6 +253,7 @@ impl Stream {
                         id: 0,
                         text: text.to_string(),
                         at,
+                        logprobs: None,
                     });
                 }
             }
@@ -287,6 +288,13 @@ impl Upstream for OpenAi {
     fn submit<'a>(&'a self, req: UpstreamRequest<'a>) -> BoxFuture<'a, Result<Events, StartError>> {
         Box::pin(async move {
             let er = req.engine;
+            let p = &er.sampling;
+            if p.logprobs.is_some() {
+                // Its tokens are its own strings, not ids this gateway could name.
+                return Err(StartError::Invalid(
+                    "logprobs are not available from an OpenAI-compatible upstream; ask without logprobs or route to a cachet engine".into(),
+                ));
+            }
             let mut body = serde_json::json!({
                 "model": self.model,
                 "prompt": req.text,
@@ -296,8 +304,39 @@ impl Upstream for OpenAi {
                 "stream": true,
                 "stream_options": {"include_usage": true},
             });
-            if let Some(seed) = er.sampling.seed {
+            if let Some(seed) = p.seed {
                 body["seed"] = seed.into();
+            }
+            // OpenAI's processors, then vLLM's extensions (sent only when used, so a server
+            // without them is not sent what it would refuse).
+            if p.presence_penalty != 0.0 {
+                body["presence_penalty"] = p.presence_penalty.into();
+            }
+            if p.frequency_penalty != 0.0 {
+                body["frequency_penalty"] = p.frequency_penalty.into();
+            }
+            if !p.logit_bias.is_empty() {
+                body["logit_bias"] = p
+                    .logit_bias
+                    .iter()
+                    .map(|(t, b)| (t.to_string(), serde_json::Value::from(*b)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into();
+            }
+            if p.top_k > 0 {
+                body["top_k"] = p.top_k.into();
+            }
+            if p.min_p > 0.0 {
+                body["min_p"] = p.min_p.into();
+            }
+            if p.repetition_penalty != 1.0 {
+                body["repetition_penalty"] = p.repetition_penalty.into();
+            }
+            if p.min_tokens > 0 {
+                body["min_tokens"] = p.min_tokens.into();
+            }
+            if er.ignore_eos {
+                body["ignore_eos"] = true.into();
             }
             if !er.stop.is_empty() {
                 body["stop"] = er.stop.clone().into();

@@ -146,6 +146,21 @@ impl Pool {
         text: &str,
         session_key: Option<&str>,
     ) -> Result<(Events, Routed), UpstreamError> {
+        let (mut events, routed) = self
+            .submit_group(std::slice::from_ref(er), text, session_key)
+            .await?;
+        Ok((events.pop().expect("one request, one stream"), routed))
+    }
+
+    /// Runs requests that share one prompt (the `n` choices of an API request) on one member,
+    /// routed once: they all start there, or none does and the next member is tried.
+    pub async fn submit_group(
+        &self,
+        ers: &[EngineRequest],
+        text: &str,
+        session_key: Option<&str>,
+    ) -> Result<(Vec<Events>, Routed), UpstreamError> {
+        let er = ers.first().expect("a group has a request");
         let hashes = HashContext {
             salt: er.salt,
             ..self.hasher.clone()
@@ -162,16 +177,27 @@ impl Pool {
         if decision.order.is_empty() {
             return Err(UpstreamError::NoUpstream(self.members.len()));
         }
-        let req = UpstreamRequest {
-            engine: er,
-            text,
-            hashes: &hashes,
-        };
         let mut attempts = Vec::new();
         for (n, &i) in decision.order.iter().enumerate() {
             let m = &self.members[i];
             let name = m.upstream.name().to_string();
-            match m.upstream.submit(req).await {
+            let mut started = Vec::with_capacity(ers.len());
+            let mut result = Ok(());
+            for er in ers {
+                let req = UpstreamRequest {
+                    engine: er,
+                    text,
+                    hashes: &hashes,
+                };
+                match m.upstream.submit(req).await {
+                    Ok(ev) => started.push(ev),
+                    Err(e) => {
+                        result = Err(e);
+                        break; // dropping `started` cancels the group's first requests
+                    }
+                }
+            }
+            match result.map(|()| started) {
                 Ok(events) => {
                     m.succeeded();
                     return Ok((

@@ -159,10 +159,11 @@ impl Stream {
         let w: WireEvent =
             serde_json::from_slice(&line).map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok(Some(match w {
-            WireEvent::Token { id, text } => EngineEvent::Token {
+            WireEvent::Token { id, text, logprobs } => EngineEvent::Token {
                 id,
                 text,
                 at: Instant::now(),
+                logprobs,
             },
             WireEvent::Finished {
                 reason,
@@ -243,10 +244,7 @@ impl Upstream for Worker {
             let body = GenerateRequest {
                 prompt: er.prompt.clone(),
                 max_tokens: er.max_tokens,
-                temperature: er.sampling.temperature,
-                top_p: er.sampling.top_p,
-                top_k: er.sampling.top_k,
-                seed: er.sampling.seed,
+                sampling: er.sampling.clone(),
                 stop: er.stop.clone(),
                 stop_token_ids: er.stop_token_ids.clone(),
                 ignore_eos: er.ignore_eos,

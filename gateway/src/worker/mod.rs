@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use cachet_backend::engine::EngineHandle;
 use cachet_backend::request::{EngineEvent, EngineRequest};
-use cachet_backend::sampler::SamplingParams;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -170,12 +169,7 @@ fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
         ));
     };
     let mut er = EngineRequest::new(g.prompt, g.max_tokens);
-    er.sampling = SamplingParams {
-        temperature: g.temperature,
-        top_k: g.top_k,
-        top_p: g.top_p,
-        seed: g.seed,
-    };
+    er.sampling = g.sampling;
     er.stop = g.stop;
     er.stop_token_ids = g.stop_token_ids;
     er.ignore_eos = g.ignore_eos;
@@ -212,7 +206,9 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
             };
             let Some(ev) = ev else { return };
             let wire = match ev {
-                EngineEvent::Token { id, text, .. } => WireEvent::Token { id, text },
+                EngineEvent::Token {
+                    id, text, logprobs, ..
+                } => WireEvent::Token { id, text, logprobs },
                 EngineEvent::Finished {
                     reason,
                     usage,

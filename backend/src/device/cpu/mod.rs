@@ -265,6 +265,24 @@ impl Device for CpuDevice {
         })
     }
 
+    fn edit_logits(
+        &self,
+        logits: &mut CpuTensor,
+        edits: &super::LogitEdits,
+    ) -> Result<(), DeviceError> {
+        for i in 0..edits.len() {
+            let at = edits.row[i] as usize * logits.cols + edits.token[i] as usize;
+            let e = crate::sampler::TokenEdit {
+                token: edits.token[i],
+                pos: edits.pos[i],
+                neg: edits.neg[i],
+                add: edits.add[i],
+            };
+            logits.data[at] = e.apply(logits.data[at]);
+        }
+        Ok(())
+    }
+
     fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>, DeviceError> {
         Ok(t.data.clone())
     }

@@ -78,6 +78,8 @@ pub struct Kernels {
     pub combine: CudaFunction,
     pub fill_normal: CudaFunction,
     pub sample: CudaFunction,
+    pub edit_logits: CudaFunction,
+    pub logprobs: CudaFunction,
     /// gemv.cu, one per entry of GEMV_ROWS.
     pub gemv: [CudaFunction; 3],
     pub gemv_norm: [CudaFunction; 3],
@@ -136,6 +138,8 @@ impl Kernels {
             combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
             sample: f("sample_f32")?,
+            edit_logits: f("edit_logits_f32")?,
+            logprobs: f("logprobs_f32")?,
             gemv: [f("gemv_bf16_r1")?, f("gemv_bf16_r2")?, f("gemv_bf16_r4")?],
             gemv_norm: [
                 f("gemv_norm_bf16_r1")?,

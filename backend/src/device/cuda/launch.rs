@@ -390,6 +390,59 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// `edit_logits_f32`: the `n` edits `[row, token, pos, neg, add]` (floats as their bits).
+    pub(super) fn launch_edit_logits(
+        &self,
+        logits: &mut CudaSlice<f32>,
+        e: [&CudaSlice<u32>; 5],
+        n: usize,
+        vocab: usize,
+    ) -> Result<(), DeviceError> {
+        let (n32, v) = (n as i32, vocab as i32);
+        let mut l = self.stream.launch_builder(&self.k.edit_logits);
+        l.arg(logits)
+            .arg(e[0])
+            .arg(e[1])
+            .arg(e[2])
+            .arg(e[3])
+            .arg(e[4])
+            .arg(&n32)
+            .arg(&v);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the five arrays hold n entries each, every (row, token) inside the logits
+        // (LogitEdits::validate) and none twice.
+        unsafe { l.launch(cfg) }.map_err(op_err("edit_logits"))?;
+        Ok(())
+    }
+
+    /// `logprobs_f32`: the chosen token's and the top `want[r]` log-probabilities of each row.
+    pub(super) fn launch_logprobs(
+        &self,
+        logits: &CudaSlice<f32>,
+        chosen: &CudaSlice<u32>,
+        want: &CudaSlice<u32>,
+        lp: &mut CudaSlice<f32>,
+        top: &mut CudaSlice<u32>,
+        (rows, vocab): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        let v = vocab as i32;
+        let mut l = self.stream.launch_builder(&self.k.logprobs);
+        l.arg(logits).arg(chosen).arg(want).arg(lp).arg(top).arg(&v);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: chosen and want hold rows entries, lp rows × 21 and top rows × 20
+        // (MAX_TOP_LOGPROBS); chosen ids are inside the vocabulary (the sampler's output).
+        unsafe { l.launch(cfg) }.map_err(op_err("logprobs"))?;
+        Ok(())
+    }
+
     fn gemv_config(&self, smem: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (self.sms as u32, 1, 1),

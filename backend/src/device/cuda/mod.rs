@@ -328,33 +328,93 @@ impl Device for CudaDevice {
         }
     }
 
+    fn edit_logits(
+        &self,
+        logits: &mut CudaTensor,
+        edits: &super::LogitEdits,
+    ) -> Result<(), DeviceError> {
+        if edits.is_empty() {
+            return Ok(());
+        }
+        self.timed("edit_logits", || {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            let row = self.htod_u32(&edits.row)?;
+            let token = self.htod_u32(&edits.token)?;
+            let pos = self.htod_u32(&bits(&edits.pos))?;
+            let neg = self.htod_u32(&bits(&edits.neg))?;
+            let add = self.htod_u32(&bits(&edits.add))?;
+            let vocab = logits.cols;
+            self.launch_edit_logits(
+                logits.f32_mut("edit_logits")?,
+                [&row, &token, &pos, &neg, &add],
+                edits.len(),
+                vocab,
+            )
+        })
+    }
+
     fn sample(
         &self,
         logits: &CudaTensor,
         rows: &[super::RowSampling],
-    ) -> Result<Option<Vec<u32>>, DeviceError> {
+        logprobs: &[i32],
+    ) -> Result<Option<super::DeviceSample>, DeviceError> {
         self.timed("sample", || {
             let n = logits.rows;
             if n == 0 {
-                return Ok(Some(Vec::new()));
+                return Ok(Some(super::DeviceSample::default()));
             }
             let params = self.htod_u32(&super::RowSampling::to_words(rows))?;
             let any_random = rows.iter().any(|r| r.temperature > 0.0 && r.top_k != 1);
             let mut scratch =
                 self.alloc_f32(if any_random { n * logits.cols } else { 1 }, "sampling")?;
             let mut ids = self.htod_u32(&vec![0u32; n])?;
-            self.launch_sample(
-                logits.f32("sample")?,
-                &params,
-                &mut scratch,
-                &mut ids,
-                (n, logits.cols),
-            )?;
-            Ok(Some(
-                self.stream
+            let x = logits.f32("sample")?;
+            self.launch_sample(x, &params, &mut scratch, &mut ids, (n, logits.cols))?;
+            let mut lps = vec![None; n];
+            if logprobs.iter().any(|&k| k >= 0) {
+                const TOP: usize = crate::sampler::MAX_TOP_LOGPROBS;
+                let want =
+                    self.htod_u32(&logprobs.iter().map(|&k| k as u32).collect::<Vec<_>>())?;
+                let mut lp = self.alloc_f32(n * (1 + TOP), "logprobs")?;
+                let mut top = self.htod_u32(&vec![0u32; n * TOP])?;
+                self.launch_logprobs(x, &ids, &want, &mut lp, &mut top, (n, logits.cols))?;
+                let lp = self
+                    .stream
+                    .clone_dtoh(&lp)
+                    .map_err(op_err("download logprobs"))?;
+                let top = self
+                    .stream
+                    .clone_dtoh(&top)
+                    .map_err(op_err("download logprobs"))?;
+                let chosen = self
+                    .stream
+                    .clone_dtoh(&ids)
+                    .map_err(op_err("download tokens"))?;
+                for (r, &k) in logprobs.iter().enumerate() {
+                    if k < 0 {
+                        continue;
+                    }
+                    let k = (k as usize).min(TOP).min(logits.cols);
+                    let l = &lp[r * (1 + TOP)..(r + 1) * (1 + TOP)];
+                    lps[r] = Some(crate::sampler::RowLogprobs {
+                        token: chosen[r],
+                        logprob: l[0],
+                        top: (0..k).map(|j| (top[r * TOP + j], l[1 + j])).collect(),
+                    });
+                }
+                return Ok(Some(super::DeviceSample {
+                    ids: chosen,
+                    logprobs: lps,
+                }));
+            }
+            Ok(Some(super::DeviceSample {
+                ids: self
+                    .stream
                     .clone_dtoh(&ids)
                     .map_err(op_err("download tokens"))?,
-            ))
+                logprobs: lps,
+            }))
         })
     }
 

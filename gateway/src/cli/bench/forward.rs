@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cachet_backend::config::ModelConfig;
-use cachet_backend::device::{ForwardBatch, KvLayout, RowSampling};
+use cachet_backend::device::{ForwardBatch, KvLayout, StepPlan};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use clap::Args;
@@ -173,7 +173,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             continue;
         }
         let b = batch(1, ctx, 1, bs, config.vocab_size);
-        let sample_rows = [RowSampling::greedy()];
+        let sample_rows = StepPlan::greedy(1);
         let t = time(r.as_mut(), 3, 20, |r| {
             r.forward_step(&b, &sample_rows)
                 .map(|_| ())
@@ -208,7 +208,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         }
         let b = batch(n, ctx, 1, bs, config.vocab_size);
         // As the engine runs a decode step: greedy tokens chosen on the device where it can.
-        let sample_rows = vec![RowSampling::greedy(); n];
+        let sample_rows = StepPlan::greedy(n);
         let t = time(r.as_mut(), 3, 10, |r| {
             r.forward_step(&b, &sample_rows)
                 .map(|_| ())
@@ -239,7 +239,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 continue;
             }
             let b = batch(n, ctx, 1, bs, config.vocab_size);
-            let sample_rows = vec![RowSampling::greedy(); n];
+            let sample_rows = StepPlan::greedy(n);
             let mut step = |r: &mut dyn Runner| -> anyhow::Result<()> {
                 r.forward_step(&b, &sample_rows)?;
                 Ok(())
@@ -365,7 +365,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             ));
         }
         for (name, b, n_rows) in shapes {
-            let sample_rows = vec![RowSampling::greedy(); n_rows];
+            let sample_rows = StepPlan::greedy(n_rows);
             r.forward_step(&b, &sample_rows)?;
             r.synchronize()?;
             r.set_profiling(true);
