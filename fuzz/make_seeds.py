@@ -21,7 +21,7 @@ def put(target, name, data):
         f.write(data if isinstance(data, bytes) else data.encode())
 
 
-# request: first byte 0 = chat, 1 = text completion.
+# request: first byte bit 0: 0 = chat, 1 = text completion; bit 1: unknown fields let through.
 chat = {
     "model": "smollm2",
     "messages": [
@@ -31,10 +31,17 @@ chat = {
     "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "seed": 7, "stop": ["\n\n", "END"],
     "stream": True, "stream_options": {"include_usage": True}, "user": "u-1", "n": 1,
     "cache_salt": "user-7", "template": "support", "template_variables": {"plan": "pro"},
+    "logprobs": True, "top_logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+    "logit_bias": {"12": -100, "7": 3.5}, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1,
+    "min_tokens": 2, "stop_token_ids": [2], "prompt_cache_key": "conv-1", "store": False,
+    "service_tier": "auto", "modalities": ["text"], "tools": [], "tool_choice": "none",
+    "response_format": {"type": "text"},
 }
 put("request", "chat-full.json", b"\x00" + json.dumps(chat).encode())
 put("request", "chat-min.json", b"\x00" + b'{"model":"m","messages":[{"role":"user","content":"x"}]}')
-put("request", "text.json", b"\x01" + json.dumps({"model": "m", "prompt": ["once upon"], "max_completion_tokens": 3, "stop": "x", "ignore_eos": True}).encode())
+put("request", "text.json", b"\x01" + json.dumps({"model": "m", "prompt": ["once upon"], "max_tokens": 3, "stop": "x", "ignore_eos": True}).encode())
+put("request", "text-batch.json", b"\x01" + json.dumps({"model": "m", "prompt": [[1, 2, 3], [4, 5]], "n": 3, "logprobs": 5, "echo": False, "seed": 1}).encode())
+put("request", "unknown-warn.json", b"\x02" + json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "frobnicate": 1}).encode())
 put("request", "bad-types.json", b"\x00" + b'{"model":1,"messages":{},"max_tokens":-1,"logprobs":true,"tools":[]}')
 
 # template_reply

@@ -106,7 +106,7 @@ pub struct Meta {
 
 impl Meta {
     fn first_of_prompt(&self, choice: usize) -> bool {
-        choice % self.n == 0
+        choice.is_multiple_of(self.n)
     }
     fn object(&self, chunk: bool) -> &'static str {
         match (self.chat, chunk) {

@@ -1,5 +1,6 @@
 //! `cachet serve` end to end (SmolLM2 on the CPU), by area; one test binary.
 
+mod api_fields;
 mod common;
 mod config_reload;
 mod openai_client;

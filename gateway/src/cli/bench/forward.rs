@@ -49,6 +49,11 @@ pub struct ForwardArgs {
     pub json_out: Option<PathBuf>,
     #[command(flatten)]
     pub graphs: GraphArgs,
+    /// Decode batch sizes at which token selection is timed side by side: greedy, sampled,
+    /// sampled with the logits processors (repetition penalty over the context, presence and
+    /// frequency penalties, logit_bias), and with log-probabilities (top 20) on top.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    pub sampling_batches: Vec<usize>,
     /// Decode batch sizes timed eagerly and from CUDA graphs side by side.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub graph_batches: Vec<usize>,
@@ -220,6 +225,44 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             n as f64 / t
         );
         rows.push(serde_json::json!({"kind": "decode", "batch": n, "ctx": ctx, "ms": t * 1e3}));
+    }
+    if !a.sampling_batches.is_empty() {
+        println!(
+            "\n| decode step, ctx {} | greedy | sampled | + processors | + logprobs (top 20) |",
+            a.decode_context
+        );
+        println!("|---|---|---|---|---|");
+    }
+    for &n in &a.sampling_batches {
+        let ctx = a.decode_context;
+        if n * (ctx + 1).div_ceil(bs) > max_blocks {
+            continue;
+        }
+        let b = batch(n, ctx, 1, bs, config.vocab_size);
+        let plans = sampling_plans(n, ctx, config.vocab_size);
+        let mut ms = Vec::new();
+        for plan in &plans {
+            ms.push(
+                time(r.as_mut(), 3, 20, |r| {
+                    r.forward_step(&b, plan).map(|_| ()).map_err(Into::into)
+                })? * 1e3,
+            );
+        }
+        println!(
+            "| batch {n} | {:.3} ms | {:.3} ms ({:.2}×) | {:.3} ms ({:.2}×) | {:.3} ms ({:.2}×) |",
+            ms[0],
+            ms[1],
+            ms[1] / ms[0],
+            ms[2],
+            ms[2] / ms[0],
+            ms[3],
+            ms[3] / ms[0]
+        );
+        rows.push(
+            serde_json::json!({"kind": "sampling", "batch": n, "ctx": ctx,
+            "greedy_ms": ms[0], "sampled_ms": ms[1], "processors_ms": ms[2], "logprobs_ms": ms[3],
+            "edits_per_row": plans[2].edits.len() / n.max(1)}),
+        );
     }
     if let Some(g) = r.cuda_graphs() {
         println!(
@@ -409,4 +452,39 @@ fn rows_json_profile(
     rows.push(
         serde_json::json!({"kind": "profile", "shape": name, "wall_ms": wall_ms, "ops": ops}),
     );
+}
+
+/// The four token-selection plans of `n` decode rows at `ctx` tokens of context: greedy;
+/// temperature 1 with top-p 0.95 and top-k 50; that with the processors a chat client turns on
+/// (repetition penalty over the context's distinct tokens, presence and frequency penalties on
+/// the output, four logit_bias entries); that with log-probabilities, top 20.
+fn sampling_plans(n: usize, ctx: usize, vocab: usize) -> [StepPlan; 4] {
+    use cachet_backend::device::RowSampling;
+    use cachet_backend::sampler::{row_edits, SamplingParams, TokenHistory};
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.95,
+        top_k: 50,
+        seed: Some(1),
+        presence_penalty: 0.5,
+        frequency_penalty: 0.5,
+        repetition_penalty: 1.1,
+        logit_bias: vec![(11, -100.0), (13, 5.0), (17, 2.0), (19, -2.0)],
+        ..Default::default()
+    };
+    let greedy = StepPlan::greedy(n);
+    let mut sampled = greedy.clone();
+    sampled.rows = (0..n).map(|i| RowSampling::new(&p, 1, i as u64)).collect();
+    let mut processed = sampled.clone();
+    for row in 0..n {
+        // A context of `ctx` tokens: a prompt of 3/4 of it, the output the rest.
+        let tok = |i: usize| ((row * 7919 + i * 104_729) % vocab) as u32;
+        let prompt: Vec<u32> = (0..ctx * 3 / 4).map(tok).collect();
+        let mut h = TokenHistory::new(&p, &prompt);
+        (ctx * 3 / 4..ctx).for_each(|i| h.push(tok(i)));
+        processed.edits.push_row(row, &row_edits(&p, &h, &[], &[]));
+    }
+    let mut with_logprobs = processed.clone();
+    with_logprobs.logprobs = vec![20; n];
+    [greedy, sampled, processed, with_logprobs]
 }

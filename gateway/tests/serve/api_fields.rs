@@ -1,0 +1,183 @@
+//! The request surface against a real `cachet serve` (SmolLM2 on the CPU): every row of the
+//! field table (`server/fields.rs`, `docs/API.md`) sent as its sample — a field that works gets
+//! a 200, a refused one a 400 naming it — unknown fields refused or, under `--unknown-fields
+//! warn`, named in a warning header; token-id prompts equal their text; then the official
+//! `openai` client through n, logprobs, the processors and the refusals
+//! (`tests/python/openai_api_check.py`).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use cachet_gateway::server::fields::{Status, FIELDS};
+use cachet_tests::curl_status;
+
+use super::common::*;
+
+fn config() -> String {
+    format!(
+        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-test-acme")
+    )
+}
+
+fn post(base: &str, path: &str, body: &serde_json::Value, headers: bool) -> (u16, String) {
+    let url = format!("{base}{path}");
+    let b = body.to_string();
+    let mut args = vec![
+        "-H",
+        "Authorization: Bearer sk-test-acme",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &b,
+    ];
+    if headers {
+        args.push("-i");
+    }
+    args.push(&url);
+    curl_status(&args)
+}
+
+#[test]
+fn every_field_of_the_table_works_or_is_refused_by_name() {
+    let (_server, base) = start(&config());
+    for chat in [true, false] {
+        let (path, mut base_body) = if chat {
+            (
+                "/v1/chat/completions",
+                serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}),
+            )
+        } else {
+            (
+                "/v1/completions",
+                serde_json::json!({"model": "smollm2", "prompt": "Hello"}),
+            )
+        };
+        base_body["max_tokens"] = 3.into();
+        base_body["temperature"] = 0.into();
+        for f in FIELDS.iter().filter(|f| f.on.includes(chat)) {
+            let mut body = base_body.clone();
+            body[f.name] = serde_json::from_str(f.sample).unwrap();
+            if f.name == "top_logprobs" {
+                body["logprobs"] = true.into();
+            }
+            let (code, text) = post(&base, path, &body, false);
+            let what = format!("{path} `{}` = {}: {code} {text}", f.name, f.sample);
+            match f.status {
+                Status::Works => assert_eq!(code, 200, "{what}"),
+                Status::Refused => {
+                    assert_eq!(code, 400, "{what}");
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    assert_eq!(v["error"]["param"], f.name, "{what}");
+                    assert!(
+                        v["error"]["message"].as_str().unwrap().contains(f.name),
+                        "{what}"
+                    );
+                }
+            }
+        }
+        // Not in the table: refused by name, as OpenAI does.
+        let mut body = base_body.clone();
+        body["frobnicate"] = 1.into();
+        let (code, text) = post(&base, path, &body, false);
+        assert_eq!(code, 400, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["param"], "frobnicate");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Unrecognized request argument supplied: frobnicate"));
+    }
+    // A message field and a content part the engine cannot use are named too.
+    for (msg, param) in [
+        (
+            serde_json::json!({"role": "user", "content": "Hi", "name": "bob"}),
+            "messages[0].name",
+        ),
+        (
+            serde_json::json!({"role": "tool", "content": "42", "tool_call_id": "c1"}),
+            "messages[0].role",
+        ),
+        (
+            serde_json::json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}),
+            "messages[0].content[0]",
+        ),
+    ] {
+        let body = serde_json::json!({"model": "smollm2", "messages": [msg], "max_tokens": 2});
+        let (code, text) = post(&base, "/v1/chat/completions", &body, false);
+        assert_eq!(code, 400, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["param"], param, "{text}");
+    }
+    // Token-id prompts are the text's tokens: the same greedy output, the same prompt count.
+    let tok = &cachet_tests::smollm2().tokenizer.as_ref().unwrap();
+    let ids = tok.encode("The capital of France is").unwrap();
+    let one = |prompt: serde_json::Value| {
+        let body = serde_json::json!({"model": "smollm2", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+        let (code, text) = post(&base, "/v1/completions", &body, false);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let by_text = one("The capital of France is".into());
+    let by_ids = one(serde_json::json!(ids));
+    assert_eq!(by_text["choices"][0]["text"], by_ids["choices"][0]["text"]);
+    assert_eq!(
+        by_text["usage"]["prompt_tokens"],
+        by_ids["usage"]["prompt_tokens"]
+    );
+    // A batch: two prompts × n = 2, choices in prompt order, each prompt counted once.
+    let body = serde_json::json!({"model": "smollm2", "prompt": [ids, [1, 2, 3]], "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let (code, text) = post(&base, "/v1/completions", &body, false);
+    assert_eq!(code, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    assert_eq!(choices[0]["text"], by_text["choices"][0]["text"]);
+    assert_eq!(
+        choices[0]["text"], choices[1]["text"],
+        "greedy choices agree"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len() + 3);
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+    // Out of the vocabulary: 400 naming the prompt.
+    let body = serde_json::json!({"model": "smollm2", "prompt": [1, 99_999_999], "max_tokens": 2});
+    let (code, text) = post(&base, "/v1/completions", &body, false);
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("\"param\":\"prompt\""), "{text}");
+}
+
+#[test]
+fn unknown_fields_pass_with_a_warning_where_the_deployment_allows_it() {
+    let (_server, base) = start_with(&config(), &["--unknown-fields", "warn"]);
+    let body = serde_json::json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 2, "frobnicate": 1, "zeta": "x"});
+    let (code, text) = post(&base, "/v1/completions", &body, true);
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("x-cachet-warning: ignored unknown fields: frobnicate, zeta"),
+        "{text}"
+    );
+    // Refused fields stay refused: the switch is for unknown ones only.
+    let body = serde_json::json!({"model": "smollm2", "prompt": "Hello", "best_of": 3});
+    assert_eq!(post(&base, "/v1/completions", &body, false).0, 400);
+}
+
+#[test]
+fn the_official_openai_client_gets_n_logprobs_and_the_processors() {
+    let (_server, base) = start(&config());
+    let site = openai_site();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/openai_api_check.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .env("PYTHONPATH", &site)
+        .env("BASE_URL", &base)
+        .env("KEY", "sk-test-acme")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("all checks passed"));
+}
