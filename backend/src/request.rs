@@ -108,5 +108,7 @@ pub enum EngineEvent {
         timings: RequestTimings,
         error: Option<String>,
         text: String,
+        /// The stop string that ended the text, when one did (`reason` is then `Stop`).
+        stop_sequence: Option<String>,
     },
 }

@@ -58,6 +58,8 @@ pub enum WireEvent {
         timings: RequestTimings,
         error: Option<String>,
         text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop_sequence: Option<String>,
     },
 }
 

@@ -212,6 +212,7 @@ pub fn collect(mut s: cachet_backend::engine::RequestStream) -> Collected {
                 timings,
                 error,
                 text,
+                ..
             } => {
                 assert!(reason != FinishReason::Error, "request failed: {error:?}");
                 c.text.push_str(&text);

@@ -249,6 +249,7 @@ impl EngineCore {
             timings,
             error,
             text: rest,
+            stop_sequence: st.text.matched().map(str::to_owned),
         });
     }
 

@@ -12,6 +12,8 @@ pub struct TextOutput {
     /// All generated text so far and how much of it was sent.
     text: String,
     sent: usize,
+    /// The stop string found, if one ended the text.
+    matched: Option<String>,
 }
 
 /// What one token adds to a stream.
@@ -50,6 +52,13 @@ impl TextOutput {
             .min_by_key(|x| x.0)
         {
             let text = unsent[..pos].to_string();
+            self.matched = Some(
+                stops
+                    .iter()
+                    .find(|s| unsent[pos..].starts_with(s.as_str()))
+                    .cloned()
+                    .unwrap_or_default(),
+            );
             self.sent = self.text.len();
             return Delta {
                 text,
@@ -65,6 +74,11 @@ impl TextOutput {
         let text = self.text[self.sent..upto].to_string();
         self.sent = upto;
         Delta { text, finish }
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Text held back when the request ends for `reason` (none after a stop string).

@@ -91,6 +91,37 @@ impl ApiError {
         r
     }
 
+    /// Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`, the type by
+    /// status as Anthropic names them.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        let kind = match self.status.as_u16() {
+            400 | 405 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            408 => "timeout_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        };
+        let mut message = self.message.clone();
+        if let Some(p) = &self.param {
+            if !message.contains(p.as_ref()) {
+                message = format!("{p}: {message}");
+            }
+        }
+        serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+    }
+
+    /// [`ApiError::response`] in Anthropic's shape.
+    pub fn anthropic_response(&self) -> Response<super::Body> {
+        let mut r = self.response();
+        let b = super::json(self.status, &self.anthropic_body());
+        *r.body_mut() = b.into_body();
+        r
+    }
+
     /// 405 for a route that exists with other methods.
     pub fn method_not_allowed(method: &hyper::Method, path: &str) -> Self {
         ApiError {

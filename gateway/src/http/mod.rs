@@ -54,6 +54,19 @@ pub fn bearer(req: &Request<Incoming>) -> Option<&str> {
     bearer_token(req.headers().get(header::AUTHORIZATION)?.to_str().ok()?)
 }
 
+/// The API key of a request: `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key:
+/// <key>` (Anthropic's).
+pub fn api_key(req: &Request<Incoming>) -> Option<&str> {
+    bearer(req).or_else(|| {
+        req.headers()
+            .get("x-api-key")?
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+    })
+}
+
 /// The token of an `Authorization` header's value, if its scheme is `Bearer` (any case).
 pub fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim_start().split_once(' ')?;

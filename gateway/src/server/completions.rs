@@ -49,7 +49,7 @@ pub async fn completion(
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
     let tenant = state
         .tenants()
-        .authenticate(http::bearer(&req).unwrap_or(""))
+        .authenticate(http::api_key(&req).unwrap_or(""))
         .map_err(|e| (e.into(), "-".to_string()))?;
     let name = tenant.id().to_string();
     completion_for(state, req, chat, tenant)
@@ -87,6 +87,35 @@ async fn completion_for(
     let want_timings = req.headers().contains_key("x-cachet-timings");
     // 2. Validate everything before doing any work.
     let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let parsed = openai::parse_request(chat, &body, state.unknown_fields)?;
+    drop(body);
+    let c = parsed.input.common();
+    let render = respond::OpenAiRender::new(
+        chat,
+        parsed.sampling.logprobs.is_some(),
+        c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        c.service_tier.is_some(),
+    );
+    let id = format!(
+        "{}-{}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        state.next_id()
+    );
+    run(state, tenant, parsed, render, id, arrived, want_timings).await
+}
+
+/// A validated request of any API shape, from the tenant's admission to its response: the
+/// same template, normalization, tokenization, admission, routing and accounting whatever
+/// shape it came in and goes out in (`render`).
+pub async fn run(
+    state: Arc<AppState>,
+    tenant: Arc<Tenant>,
+    parsed: Parsed,
+    render: impl respond::Render,
+    id: String,
+    arrived: Instant,
+    want_timings: bool,
+) -> Result<Response<Body>, ApiError> {
     let Parsed {
         input,
         max_tokens,
@@ -95,8 +124,8 @@ async fn completion_for(
         stop_token_ids,
         n,
         ignored,
-    } = openai::parse_request(chat, &body, state.unknown_fields)?;
-    drop(body);
+    } = parsed;
+    let chat = matches!(input, Input::Chat(..));
     check_model(&state, &tenant, &input.common().model)?;
     // The tenant's concurrency and requests/min, before any work is done for the request (its
     // template included); the tokens/min budget once the prompt is known.
@@ -245,35 +274,18 @@ async fn completion_for(
         );
         streams.extend(evs);
     }
-    let include_usage = common
-        .stream_options
-        .as_ref()
-        .is_some_and(|o| o.include_usage);
     let meta = Meta {
-        id: format!(
-            "{}-{}",
-            if chat { "chatcmpl" } else { "cmpl" },
-            state.next_id()
-        ),
+        id,
         created: respond::now_unix(),
         model: state.model_id.clone(),
-        chat,
         prepare: want_timings.then(|| arrived.elapsed()),
         n,
-        logprobs: sampling.logprobs.is_some(),
-        service_tier: common.service_tier.is_some(),
         ignored,
     };
     if common.stream {
-        Ok(respond::sse(
-            streams,
-            meta,
-            include_usage,
-            permit,
-            state.clone(),
-        ))
+        Ok(respond::sse(streams, meta, render, permit, state.clone()))
     } else {
-        respond::whole(streams, meta, permit, &state).await
+        respond::whole(streams, meta, render, permit, &state).await
     }
 }
 

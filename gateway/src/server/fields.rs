@@ -4,21 +4,46 @@
 //! where the deployment allows it), the docs' table (`docs/API.md`, generated from it and checked
 //! against it by a test), and the test that sends every field to a real server.
 
-/// Which endpoint a field belongs to.
+/// The request bodies Cachet takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum On {
+pub enum Api {
+    /// `POST /v1/chat/completions`
     Chat,
+    /// `POST /v1/completions`
     Completions,
-    Both,
+    /// `POST /v1/messages` (Anthropic's Messages API)
+    Messages,
+    /// `POST /v1/responses` (OpenAI's Responses API)
+    Responses,
 }
 
-impl On {
-    pub fn includes(self, chat: bool) -> bool {
+impl Api {
+    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Messages, Api::Responses];
+    pub fn path(self) -> &'static str {
         match self {
-            On::Both => true,
-            On::Chat => chat,
-            On::Completions => !chat,
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+            Api::Messages => "/v1/messages",
+            Api::Responses => "/v1/responses",
         }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Messages => "messages",
+            Api::Responses => "responses",
+        }
+    }
+}
+
+/// Which endpoints a field belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct On(pub &'static [Api]);
+
+impl On {
+    pub fn includes(self, api: Api) -> bool {
+        self.0.contains(&api)
     }
 }
 
@@ -62,82 +87,133 @@ const fn f(
     }
 }
 
-use On::{Both, Chat, Completions};
+const BOTH: On = On(&[Api::Chat, Api::Completions]);
+const CHAT: On = On(&[Api::Chat]);
+const COMPLETIONS: On = On(&[Api::Completions]);
+const MESSAGES: On = On(&[Api::Messages]);
+const RESPONSES: On = On(&[Api::Responses]);
 use Status::{Refused, Works};
 
 /// The table, in the order of the docs.
 pub const FIELDS: &[Field] = &[
-    f("model", Both, Works, "openai", "Must name the served model (`GET /v1/models`); 404 otherwise, 403 when the tenant may not use it.", r#""smollm2""#),
-    f("messages", Chat, Works, "openai", "Roles `system`, `developer` (as system), `user`, `assistant`; content a string or `text` parts. Other roles, part types and message fields are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
-    f("prompt", Completions, Works, "openai", "A string, a list of strings (a batch), a list of token ids, or a list of token-id lists (a batch); up to 64 prompts.", r#"[[1, 2, 3]]"#),
-    f("max_tokens", Both, Works, "openai", "At least 1; at most what the model's length leaves after the prompt (400 names both).", "3"),
-    f("max_completion_tokens", Chat, Works, "openai", "As `max_tokens` (wins when both are sent).", "3"),
-    f("temperature", Both, Works, "openai", "0 to 2; 0 is greedy. Default 1.", "0.5"),
-    f("top_p", Both, Works, "openai", "(0, 1]. Default 1.", "0.9"),
-    f("n", Both, Works, "openai", "1 to 16 choices; the prompt is prefilled once and its KV blocks shared by the choices. Usage counts the prompt once.", "2"),
-    f("stream", Both, Works, "openai", "Server-sent events as OpenAI sends them.", "true"),
-    f("stream_options", Both, Works, "openai", "`include_usage` works; other keys are refused.", r#"{"include_usage":true}"#),
-    f("stop", Both, Works, "openai", "Up to 4 strings of at most 256 bytes; the text stops before the first found.", r#"["\n\n"]"#),
-    f("seed", Both, Works, "openai", "Reproducible sampling whatever else runs in the batch (each choice of `n` gets its own stream of draws; choice 0 equals `n` = 1).", "7"),
-    f("presence_penalty", Both, Works, "openai", "-2 to 2, subtracted once from each token already generated.", "0.5"),
-    f("frequency_penalty", Both, Works, "openai", "-2 to 2, subtracted per occurrence in the output.", "0.5"),
-    f("logit_bias", Both, Works, "openai", "Token id (as a string) → -100 to 100, added to its logit; up to 1024 entries, ids inside the vocabulary.", r#"{"1": -100}"#),
-    f("logprobs", Chat, Works, "openai", "`true`: each token's log-probability and bytes, in streams too (after `logit_bias` and penalties, before temperature).", "true"),
-    f("top_logprobs", Chat, Works, "openai", "0 to 20 alternatives per token; needs `logprobs: true`.", "2"),
-    f("logprobs", Completions, Works, "openai", "0 to 20: the chosen token's log-probability and that many alternatives.", "2"),
-    f("user", Both, Works, "openai", "The session key for routing (`session` policy; one user's turns go to one worker); at most 256 bytes.", r#""user-7""#),
-    f("prompt_cache_key", Both, Works, "openai", "As `user` for routing (wins over it): requests with one key go to the worker holding their prefix.", r#""conversation-9""#),
-    f("store", Chat, Works, "openai", "Only `false`: Cachet stores no completions.", "false"),
-    f("service_tier", Both, Works, "openai", "Only `auto` or `default`: there is one tier; the response says `default`.", r#""auto""#),
-    f("modalities", Chat, Works, "openai", "Only `[\"text\"]`.", r#"["text"]"#),
-    f("echo", Completions, Works, "openai", "Only `false`: prompt text and log-probabilities are not echoed.", "false"),
-    f("tools", Chat, Refused, "openai", "Tool calling is not served yet; leave `tools` out (or send an empty list).", r#"[{"type":"function","function":{"name":"f","parameters":{}}}]"#),
-    f("tool_choice", Chat, Refused, "openai", "Only with tools, which are not served yet; `none` is accepted.", r#""required""#),
-    f("parallel_tool_calls", Chat, Refused, "openai", "Only with tools, which are not served yet.", "true"),
-    f("functions", Chat, Refused, "openai", "Deprecated by OpenAI for `tools`, which are not served yet.", r#"[{"name":"f","parameters":{}}]"#),
-    f("function_call", Chat, Refused, "openai", "Deprecated by OpenAI for `tool_choice`; `none` is accepted.", r#""auto""#),
-    f("response_format", Both, Refused, "openai", "Structured outputs are not served yet; only `{\"type\": \"text\"}` is accepted.", r#"{"type":"json_object"}"#),
-    f("audio", Chat, Refused, "openai", "The served model makes text only.", r#"{"voice":"alloy","format":"wav"}"#),
-    f("prediction", Chat, Refused, "openai", "Predicted outputs are not served; Cachet speculates from the prompt on its own (n-gram).", r#"{"type":"content","content":"x"}"#),
-    f("reasoning_effort", Chat, Refused, "openai", "The served model has no reasoning mode.", r#""low""#),
-    f("verbosity", Chat, Refused, "openai", "The served model has no verbosity control; say it in the prompt.", r#""low""#),
-    f("web_search_options", Chat, Refused, "openai", "Cachet does not search the web.", "{}"),
-    f("metadata", Chat, Refused, "openai", "Only for stored completions, which Cachet does not keep.", r#"{"k":"v"}"#),
-    f("safety_identifier", Both, Refused, "openai", "Cachet runs no abuse monitoring that could use it; use `user` for routing.", r#""u1""#),
-    f("best_of", Completions, Refused, "openai", "Server-side best-of is not served; ask for `n` choices with `logprobs` and pick.", "2"),
-    f("suffix", Completions, Refused, "openai", "Insertion (fill-in-the-middle) is not served.", r#""end""#),
-    f("top_k", Both, Works, "vllm", "Keep the k most likely tokens; 0 or -1 is off.", "5"),
-    f("min_p", Both, Works, "vllm", "0 to 1: keep tokens at least this likely relative to the most likely.", "0.05"),
-    f("repetition_penalty", Both, Works, "vllm", "(0, 10]: tokens of the prompt or output have positive logits divided by it, negative multiplied; 1 is off.", "1.1"),
-    f("min_tokens", Both, Works, "vllm", "Stop tokens and stop strings do not end the output before this many tokens; at most `max_tokens`.", "2"),
-    f("stop_token_ids", Both, Works, "vllm", "Up to 64 more token ids that end the output (the model's end tokens always do, unless `ignore_eos`).", "[2]"),
-    f("ignore_eos", Both, Works, "vllm", "Generate `max_tokens` whatever the model says (benchmarks).", "true"),
-    f("cache_salt", Both, Works, "vllm", "1 to 256 bytes: requests share cached prefixes only with the same tenant and the same salt.", r#""s1""#),
-    f("template", Chat, Works, "cachet", "The tenant's prompt template to render the messages with (the tenant's default otherwise).", "null"),
-    f("template_variables", Chat, Works, "cachet", "String variables for the template.", "null"),
+    f("model", BOTH, Works, "openai", "Must name the served model (`GET /v1/models`); 404 otherwise, 403 when the tenant may not use it.", r#""smollm2""#),
+    f("messages", CHAT, Works, "openai", "Roles `system`, `developer` (as system), `user`, `assistant`; content a string or `text` parts. Other roles, part types and message fields are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
+    f("prompt", COMPLETIONS, Works, "openai", "A string, a list of strings (a batch), a list of token ids, or a list of token-id lists (a batch); up to 64 prompts.", r#"[[1, 2, 3]]"#),
+    f("max_tokens", BOTH, Works, "openai", "At least 1; at most what the model's length leaves after the prompt (400 names both).", "3"),
+    f("max_completion_tokens", CHAT, Works, "openai", "As `max_tokens` (wins when both are sent).", "3"),
+    f("temperature", BOTH, Works, "openai", "0 to 2; 0 is greedy. Default 1.", "0.5"),
+    f("top_p", BOTH, Works, "openai", "(0, 1]. Default 1.", "0.9"),
+    f("n", BOTH, Works, "openai", "1 to 16 choices; the prompt is prefilled once and its KV blocks shared by the choices. Usage counts the prompt once.", "2"),
+    f("stream", BOTH, Works, "openai", "Server-sent events as OpenAI sends them.", "true"),
+    f("stream_options", BOTH, Works, "openai", "`include_usage` works; other keys are refused.", r#"{"include_usage":true}"#),
+    f("stop", BOTH, Works, "openai", "Up to 4 strings of at most 256 bytes; the text stops before the first found.", r#"["\n\n"]"#),
+    f("seed", BOTH, Works, "openai", "Reproducible sampling whatever else runs in the batch (each choice of `n` gets its own stream of draws; choice 0 equals `n` = 1).", "7"),
+    f("presence_penalty", BOTH, Works, "openai", "-2 to 2, subtracted once from each token already generated.", "0.5"),
+    f("frequency_penalty", BOTH, Works, "openai", "-2 to 2, subtracted per occurrence in the output.", "0.5"),
+    f("logit_bias", BOTH, Works, "openai", "Token id (as a string) → -100 to 100, added to its logit; up to 1024 entries, ids inside the vocabulary.", r#"{"1": -100}"#),
+    f("logprobs", CHAT, Works, "openai", "`true`: each token's log-probability and bytes, in streams too (after `logit_bias` and penalties, before temperature).", "true"),
+    f("top_logprobs", CHAT, Works, "openai", "0 to 20 alternatives per token; needs `logprobs: true`.", "2"),
+    f("logprobs", COMPLETIONS, Works, "openai", "0 to 20: the chosen token's log-probability and that many alternatives.", "2"),
+    f("user", BOTH, Works, "openai", "The session key for routing (`session` policy; one user's turns go to one worker); at most 256 bytes.", r#""user-7""#),
+    f("prompt_cache_key", BOTH, Works, "openai", "As `user` for routing (wins over it): requests with one key go to the worker holding their prefix.", r#""conversation-9""#),
+    f("store", CHAT, Works, "openai", "Only `false`: Cachet stores no completions.", "false"),
+    f("service_tier", BOTH, Works, "openai", "Only `auto` or `default`: there is one tier; the response says `default`.", r#""auto""#),
+    f("modalities", CHAT, Works, "openai", "Only `[\"text\"]`.", r#"["text"]"#),
+    f("echo", COMPLETIONS, Works, "openai", "Only `false`: prompt text and log-probabilities are not echoed.", "false"),
+    f("tools", CHAT, Refused, "openai", "Tool calling is not served yet; leave `tools` out (or send an empty list).", r#"[{"type":"function","function":{"name":"f","parameters":{}}}]"#),
+    f("tool_choice", CHAT, Refused, "openai", "Only with tools, which are not served yet; `none` is accepted.", r#""required""#),
+    f("parallel_tool_calls", CHAT, Refused, "openai", "Only with tools, which are not served yet.", "true"),
+    f("functions", CHAT, Refused, "openai", "Deprecated by OpenAI for `tools`, which are not served yet.", r#"[{"name":"f","parameters":{}}]"#),
+    f("function_call", CHAT, Refused, "openai", "Deprecated by OpenAI for `tool_choice`; `none` is accepted.", r#""auto""#),
+    f("response_format", BOTH, Refused, "openai", "Structured outputs are not served yet; only `{\"type\": \"text\"}` is accepted.", r#"{"type":"json_object"}"#),
+    f("audio", CHAT, Refused, "openai", "The served model makes text only.", r#"{"voice":"alloy","format":"wav"}"#),
+    f("prediction", CHAT, Refused, "openai", "Predicted outputs are not served; Cachet speculates from the prompt on its own (n-gram).", r#"{"type":"content","content":"x"}"#),
+    f("reasoning_effort", CHAT, Refused, "openai", "The served model has no reasoning mode.", r#""low""#),
+    f("verbosity", CHAT, Refused, "openai", "The served model has no verbosity control; say it in the prompt.", r#""low""#),
+    f("web_search_options", CHAT, Refused, "openai", "Cachet does not search the web.", "{}"),
+    f("metadata", CHAT, Refused, "openai", "Only for stored completions, which Cachet does not keep.", r#"{"k":"v"}"#),
+    f("safety_identifier", BOTH, Refused, "openai", "Cachet runs no abuse monitoring that could use it; use `user` for routing.", r#""u1""#),
+    f("best_of", COMPLETIONS, Refused, "openai", "Server-side best-of is not served; ask for `n` choices with `logprobs` and pick.", "2"),
+    f("suffix", COMPLETIONS, Refused, "openai", "Insertion (fill-in-the-middle) is not served.", r#""end""#),
+    f("top_k", BOTH, Works, "vllm", "Keep the k most likely tokens; 0 or -1 is off.", "5"),
+    f("min_p", BOTH, Works, "vllm", "0 to 1: keep tokens at least this likely relative to the most likely.", "0.05"),
+    f("repetition_penalty", BOTH, Works, "vllm", "(0, 10]: tokens of the prompt or output have positive logits divided by it, negative multiplied; 1 is off.", "1.1"),
+    f("min_tokens", BOTH, Works, "vllm", "Stop tokens and stop strings do not end the output before this many tokens; at most `max_tokens`.", "2"),
+    f("stop_token_ids", BOTH, Works, "vllm", "Up to 64 more token ids that end the output (the model's end tokens always do, unless `ignore_eos`).", "[2]"),
+    f("ignore_eos", BOTH, Works, "vllm", "Generate `max_tokens` whatever the model says (benchmarks).", "true"),
+    f("cache_salt", BOTH, Works, "vllm", "1 to 256 bytes: requests share cached prefixes only with the same tenant and the same salt.", r#""s1""#),
+    f("model", MESSAGES, Works, "anthropic", "Must name the served model; 404 otherwise, 403 when the tenant may not use it.", r#""smollm2""#),
+    f("messages", MESSAGES, Works, "anthropic", "Roles `user` and `assistant`; content a string or `text` blocks. Image, document, tool_use, tool_result and thinking blocks are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
+    f("max_tokens", MESSAGES, Works, "anthropic", "Required, as Anthropic requires it: at least 1, at most what the model's length leaves after the prompt.", "3"),
+    f("system", MESSAGES, Works, "anthropic", "A string or `text` blocks: the system message.", r#""Be brief.""#),
+    f("stop_sequences", MESSAGES, Works, "anthropic", "Up to 4 strings of at most 256 bytes; `stop_reason: stop_sequence` and `stop_sequence` name the one found.", r#"["\n\n"]"#),
+    f("stream", MESSAGES, Works, "anthropic", "Anthropic's events: message_start, content_block_start, ping, content_block_delta, content_block_stop, message_delta, message_stop.", "true"),
+    f("temperature", MESSAGES, Works, "anthropic", "0 to 1 (Anthropic's range); default 1. Current SDKs send it through `extra_body`.", "0.5"),
+    f("top_p", MESSAGES, Works, "anthropic", "(0, 1].", "0.9"),
+    f("top_k", MESSAGES, Works, "anthropic", "Keep the k most likely tokens; 0 is off.", "5"),
+    f("metadata", MESSAGES, Works, "anthropic", "`user_id` (at most 256 bytes) is the routing session key; other keys are refused.", r#"{"user_id":"u-1"}"#),
+    f("service_tier", MESSAGES, Works, "anthropic", "`auto` or `standard_only`: there is one tier.", r#""auto""#),
+    f("cache_control", MESSAGES, Works, "anthropic", "`{\"type\": \"ephemeral\"}` (with an optional `ttl`) is taken: every prompt prefix is cached anyway, blocks' `cache_control` too.", r#"{"type":"ephemeral"}"#),
+    f("speed", MESSAGES, Works, "anthropic", "Only `standard`: there is one speed.", r#""standard""#),
+    f("output_config", MESSAGES, Refused, "anthropic", "Neither effort levels nor output formats are served yet; an empty object is accepted.", r#"{"effort":"low"}"#),
+    f("diagnostics", MESSAGES, Refused, "anthropic", "Cache-miss diagnostics are not served; `usage.cache_read_input_tokens` says what was cached.", r#"{"previous_message_id":"msg_1"}"#),
+    f("inference_geo", MESSAGES, Refused, "anthropic", "Requests run where the host runs Cachet.", r#""us""#),
+    f("user_profile_id", MESSAGES, Refused, "anthropic", "Tenants are the host's API keys; use `metadata.user_id` for routing.", r#""up_1""#),
+    f("workspace_id", MESSAGES, Refused, "anthropic", "Tenants are the host's API keys.", r#""ws_1""#),
+    f("tools", MESSAGES, Refused, "anthropic", "Tool use is not served yet; leave `tools` out (or send an empty list).", r#"[{"name":"f","input_schema":{"type":"object"}}]"#),
+    f("tool_choice", MESSAGES, Refused, "anthropic", "Only with tools, which are not served yet; `{\"type\": \"none\"}` is accepted.", r#"{"type":"any"}"#),
+    f("thinking", MESSAGES, Refused, "anthropic", "The served model has no thinking mode; `{\"type\": \"disabled\"}` is accepted.", r#"{"type":"enabled","budget_tokens":1024}"#),
+    f("container", MESSAGES, Refused, "anthropic", "Cachet runs no code containers.", r#""c1""#),
+    f("mcp_servers", MESSAGES, Refused, "anthropic", "Cachet connects to no MCP servers.", r#"[{"type":"url","url":"http://x","name":"x"}]"#),
+    f("context_management", MESSAGES, Refused, "anthropic", "Context editing is not served.", "{}"),
+    f("model", RESPONSES, Works, "openai", "Must name the served model; 404 otherwise, 403 when the tenant may not use it.", r#""smollm2""#),
+    f("input", RESPONSES, Works, "openai", "A string, or message items (`role` user, assistant, system or developer; content a string or `input_text` / `output_text` parts). Other item and part types are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
+    f("instructions", RESPONSES, Works, "openai", "The system message.", r#""Be brief.""#),
+    f("max_output_tokens", RESPONSES, Works, "openai", "At least 1; at most what the model's length leaves after the prompt.", "3"),
+    f("temperature", RESPONSES, Works, "openai", "0 to 2; default 1.", "0.5"),
+    f("top_p", RESPONSES, Works, "openai", "(0, 1].", "0.9"),
+    f("stream", RESPONSES, Works, "openai", "The Responses events: response.created, response.in_progress, output_item / content_part added, response.output_text.delta, the matching done events, response.completed.", "true"),
+    f("user", RESPONSES, Works, "openai", "The routing session key; at most 256 bytes.", r#""user-7""#),
+    f("prompt_cache_key", RESPONSES, Works, "openai", "As `user` for routing (wins over it).", r#""conversation-9""#),
+    f("service_tier", RESPONSES, Works, "openai", "Only `auto` or `default`.", r#""auto""#),
+    f("truncation", RESPONSES, Works, "openai", "Only `disabled`: a prompt too long for the model is a 400.", r#""disabled""#),
+    f("text", RESPONSES, Works, "openai", "Only `{\"format\": {\"type\": \"text\"}}`: structured outputs are not served yet.", r#"{"format":{"type":"text"}}"#),
+    f("store", RESPONSES, Refused, "openai", "Cachet is stateless: it stores no responses; send `store: false`.", "true"),
+    f("previous_response_id", RESPONSES, Refused, "openai", "Cachet is stateless: send the conversation in `input`.", r#""resp_1""#),
+    f("conversation", RESPONSES, Refused, "openai", "Cachet is stateless: send the conversation in `input`.", r#""conv_1""#),
+    f("background", RESPONSES, Refused, "openai", "Background responses need stored state; `false` is accepted.", "true"),
+    f("tools", RESPONSES, Refused, "openai", "Function tools are not served yet; leave `tools` out (or send an empty list).", r#"[{"type":"function","name":"f","parameters":{}}]"#),
+    f("tool_choice", RESPONSES, Refused, "openai", "Only with tools; `none` is accepted.", r#""required""#),
+    f("parallel_tool_calls", RESPONSES, Refused, "openai", "Only with tools, which are not served yet.", "true"),
+    f("max_tool_calls", RESPONSES, Refused, "openai", "Only with tools, which are not served yet.", "2"),
+    f("reasoning", RESPONSES, Refused, "openai", "The served model has no reasoning mode.", r#"{"effort":"low"}"#),
+    f("include", RESPONSES, Refused, "openai", "No extra output is served; an empty list is accepted.", r#"["reasoning.encrypted_content"]"#),
+    f("metadata", RESPONSES, Refused, "openai", "Only for stored responses, which Cachet does not keep.", r#"{"k":"v"}"#),
+    f("prompt", RESPONSES, Refused, "openai", "Stored prompt templates are OpenAI's; Cachet tenants upload theirs as WebAssembly (`/v1/templates`).", r#"{"id":"pmpt_1"}"#),
+    f("safety_identifier", RESPONSES, Refused, "openai", "Cachet runs no abuse monitoring that could use it; use `user` for routing.", r#""u1""#),
+    f("template", CHAT, Works, "cachet", "The tenant's prompt template to render the messages with (the tenant's default otherwise).", "null"),
+    f("template_variables", CHAT, Works, "cachet", "String variables for the template.", "null"),
 ];
 
-/// The field `name` of the chat (`chat`) or completions endpoint.
-pub fn lookup(name: &str, chat: bool) -> Option<&'static Field> {
-    FIELDS
-        .iter()
-        .find(|f| f.name == name && f.on.includes(chat))
+/// The field `name` of `api`'s request body.
+pub fn lookup(name: &str, api: Api) -> Option<&'static Field> {
+    FIELDS.iter().find(|f| f.name == name && f.on.includes(api))
 }
 
 /// The docs' table (the body of `docs/API.md`'s "Request fields" section).
 pub fn markdown_table() -> String {
     let mut s = String::from(
-        "| Field | Endpoint | Origin | Status | What Cachet does |\n|---|---|---|---|---|\n",
+        "| Field | Endpoints | Origin | Status | What Cachet does |\n|---|---|---|---|---|\n",
     );
     for f in FIELDS {
         s.push_str(&format!(
             "| `{}` | {} | {} | {} | {} |\n",
             f.name,
-            match f.on {
-                Both => "both",
-                Chat => "chat",
-                Completions => "completions",
-            },
+            f.on.0
+                .iter()
+                .map(|a| a.name())
+                .collect::<Vec<_>>()
+                .join(", "),
             f.origin,
             match f.status {
                 Works => "works",
@@ -166,18 +242,18 @@ mod tests {
 
     #[test]
     fn every_field_is_listed_once_per_endpoint_with_a_parseable_sample() {
-        for chat in [true, false] {
+        for api in Api::ALL {
             let mut seen = std::collections::BTreeSet::new();
-            for f in FIELDS.iter().filter(|f| f.on.includes(chat)) {
+            for f in FIELDS.iter().filter(|f| f.on.includes(api)) {
                 assert!(seen.insert(f.name), "{} twice", f.name);
                 serde_json::from_str::<serde_json::Value>(f.sample)
                     .unwrap_or_else(|e| panic!("{}: {e}", f.name));
                 assert!(!f.note.is_empty());
             }
         }
-        assert_eq!(lookup("logprobs", true).unwrap().sample, "true");
-        assert_eq!(lookup("logprobs", false).unwrap().sample, "2");
-        assert!(lookup("messages", false).is_none());
+        assert_eq!(lookup("logprobs", Api::Chat).unwrap().sample, "true");
+        assert_eq!(lookup("logprobs", Api::Completions).unwrap().sample, "2");
+        assert!(lookup("messages", Api::Completions).is_none());
     }
 
     #[test]

@@ -12,12 +12,14 @@
 //! A client that goes away drops its response body; the task feeding it then drops the upstream
 //! stream, which cancels the request where it runs and frees its KV blocks.
 
+pub mod anthropic;
 pub mod completions;
 pub mod errors;
 pub mod fields;
 pub mod metrics;
 pub mod openai;
 pub mod respond;
+pub mod responses;
 pub mod templates;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -152,6 +154,13 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             &state,
             completions::completion(state.clone(), req, false).await,
         ),
+        (&Method::POST, "/v1/responses") => {
+            completions::counted(&state, responses::responses(state.clone(), req).await)
+        }
+        (&Method::POST, "/v1/messages") => {
+            return completions::counted(&state, anthropic::messages(state.clone(), req).await)
+                .unwrap_or_else(|e| e.anthropic_response());
+        }
         (_, p) if p == "/v1/templates" || p.starts_with("/v1/templates/") => {
             templates::admin(state.clone(), req).await
         }
@@ -159,6 +168,8 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             _,
             "/v1/chat/completions"
             | "/v1/completions"
+            | "/v1/messages"
+            | "/v1/responses"
             | "/v1/models"
             | "/health"
             | "/ready"

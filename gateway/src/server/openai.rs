@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::fields::{self, Status, UnknownFields};
+use super::fields::{self, Api, Status, UnknownFields};
 use crate::http::ApiError;
 use cachet_backend::sampler::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
 use cachet_backend::tokenizer::ChatMessage;
@@ -151,7 +151,8 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
             None,
         ));
     };
-    let ignored = check_fields(chat, obj, unknown)?;
+    let api = if chat { Api::Chat } else { Api::Completions };
+    let ignored = check_fields(api, obj, unknown)?;
     let typed =
         |e: serde_json::Error| ApiError::bad_request(format!("invalid request body: {e}"), None);
     let input = if chat {
@@ -211,23 +212,24 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
     })
 }
 
-/// Every key against the table: refused fields (with a value other than their no-op) and
-/// unknown ones are a 400 naming them; unknown ones are returned instead under `Warn`.
-fn check_fields(
-    chat: bool,
+/// Every key of an `api` body against the table: refused fields (with a value other than
+/// their no-op) and unknown ones are a 400 naming them; unknown ones are returned instead under
+/// `Warn`.
+pub fn check_fields(
+    api: Api,
     obj: &serde_json::Map<String, serde_json::Value>,
     unknown: UnknownFields,
 ) -> Result<Vec<String>, ApiError> {
     use serde_json::Value;
     let mut ignored = Vec::new();
     for (k, v) in obj {
-        let Some(f) = fields::lookup(k, chat) else {
+        let Some(f) = fields::lookup(k, api) else {
             match unknown {
                 UnknownFields::Reject => {
                     return Err(ApiError::bad_field(
                         format!(
                             "Unrecognized request argument supplied: {k} (docs/API.md lists the fields {} takes)",
-                            if chat { "/v1/chat/completions" } else { "/v1/completions" }
+                            api.path()
                         ),
                         k.clone(),
                     ))
@@ -246,11 +248,18 @@ fn check_fields(
             (_, Value::Null) => true,
             ("tools" | "functions", Value::Array(a)) => a.is_empty(),
             ("tool_choice" | "function_call", Value::String(s)) => s == "none",
-            ("parallel_tool_calls", Value::Bool(b)) => !b,
+            ("tool_choice", Value::Object(o)) => {
+                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("none")
+            }
+            ("thinking", Value::Object(o)) => {
+                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("disabled")
+            }
+            ("parallel_tool_calls" | "store" | "background", Value::Bool(b)) => !b,
+            ("include", Value::Array(a)) => a.is_empty(),
             ("response_format", Value::Object(o)) => {
                 o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text")
             }
-            ("metadata", Value::Object(o)) => o.is_empty(),
+            ("metadata" | "output_config", Value::Object(o)) => o.is_empty(),
             ("best_of", Value::Number(n)) => n.as_u64() == Some(1),
             _ => false,
         };

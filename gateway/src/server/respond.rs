@@ -1,7 +1,8 @@
-//! A completion's response: the whole JSON answer, or OpenAI's SSE chunks (a role chunk per
-//! choice, text deltas with their log-probabilities, each choice's finish chunk, usage when
-//! asked, `[DONE]`), and the accounting of what it used. A request of several choices (`n`,
-//! a batch of prompts) has one event stream per choice, merged here by choice index.
+//! A completion's response, whatever the API shape: the choices' event streams merged by choice
+//! index (`n`, a batch of prompts), the accounting of what they used, and a [`Render`] that
+//! writes them as the API does — the whole JSON answer or its server-sent events. OpenAI's chat
+//! and completions shapes are here ([`OpenAiRender`]); Anthropic's Messages and OpenAI's
+//! Responses shapes sit with their requests (`anthropic`, `responses`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,43 +91,18 @@ pub struct Meta {
     pub id: String,
     pub created: u64,
     pub model: String,
-    pub chat: bool,
     /// Set when the client asked for timings: parsing, template, normalization and
     /// tokenization up to the engine's admission.
     pub prepare: Option<Duration>,
     /// Choices per prompt: choice `i` answers prompt `i / n`.
     pub n: usize,
-    /// Whether the request asked for log-probabilities.
-    pub logprobs: bool,
-    /// Echoed when the request named a tier.
-    pub service_tier: bool,
     /// Unknown fields let through, for the `x-cachet-warning` header.
     pub ignored: Vec<String>,
 }
 
 impl Meta {
-    fn first_of_prompt(&self, choice: usize) -> bool {
+    pub fn first_of_prompt(&self, choice: usize) -> bool {
         choice.is_multiple_of(self.n)
-    }
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.chat, chunk) {
-            (true, false) => "chat.completion",
-            (true, true) => "chat.completion.chunk",
-            (false, _) => "text_completion",
-        }
-    }
-    fn envelope(&self, chunk: bool, choices: serde_json::Value) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "id": self.id,
-            "object": self.object(chunk),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if self.service_tier {
-            v["service_tier"] = "default".into();
-        }
-        v
     }
     /// The response with the warning header when fields were ignored.
     fn finish(&self, mut r: Response<Body>) -> Response<Body> {
@@ -140,6 +116,52 @@ impl Meta {
     }
 }
 
+/// One choice's outcome, for a whole (not streamed) response.
+pub struct ChoiceOut {
+    pub text: String,
+    pub reason: FinishReason,
+    /// The stop string that ended the text, if one did.
+    pub stop_sequence: Option<String>,
+    /// The tokens' log-probabilities, in the order generated (when asked).
+    pub logprobs: Vec<RowLogprobs>,
+}
+
+/// How an API shape writes a response: the whole JSON body, or its server-sent events frame by
+/// frame (each a complete `data:` / `event:` frame).
+pub trait Render: Send + 'static {
+    fn whole(
+        &mut self,
+        meta: &Meta,
+        choices: Vec<ChoiceOut>,
+        usage: &UsageSum,
+        tok: &TextTokenizer,
+    ) -> serde_json::Value;
+    fn start(&mut self, meta: &Meta, choices: usize) -> Vec<String>;
+    /// Text a token adds (maybe empty while held back) and its log-probabilities.
+    fn token(
+        &mut self,
+        meta: &Meta,
+        i: usize,
+        text: &str,
+        lp: Option<&RowLogprobs>,
+        tok: &TextTokenizer,
+    ) -> Vec<String>;
+    /// A choice ends: the text held back until now, why, and its usage.
+    fn finish(
+        &mut self,
+        meta: &Meta,
+        i: usize,
+        rest: &str,
+        reason: FinishReason,
+        stop: Option<&str>,
+        usage: &Usage,
+    ) -> Vec<String>;
+    /// Every choice has ended.
+    fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String>;
+    /// The stream breaks.
+    fn error(&mut self, meta: &Meta, e: &ApiError) -> Vec<String>;
+}
+
 fn usage_json(u: &Usage) -> serde_json::Value {
     serde_json::json!({
         "prompt_tokens": u.prompt_tokens,
@@ -149,13 +171,11 @@ fn usage_json(u: &Usage) -> serde_json::Value {
     })
 }
 
-/// The usage object, with the server-side timings when the client asked for them
-/// (`cachet_timings`, milliseconds: prepare = parse + template + normalize + tokenize; queue =
-/// engine arrival → first scheduled (KV allocation included); prefill = first scheduled → first
-/// token; engine_ttft = queue + prefill; e2e and mean inter-token latency in the engine), of
-/// the first choice.
-fn usage_with_timings(u: &Usage, meta: &Meta, t: &RequestTimings) -> serde_json::Value {
-    let mut v = usage_json(u);
+/// The server-side timings when the client asked for them (`cachet_timings`, milliseconds:
+/// prepare = parse + template + normalize + tokenize; queue = engine arrival → first scheduled
+/// (KV allocation included); prefill = first scheduled → first token; engine_ttft = queue +
+/// prefill; e2e and mean inter-token latency in the engine), of the first choice.
+pub fn add_timings(v: &mut serde_json::Value, meta: &Meta, t: &RequestTimings) {
     if let Some(p) = meta.prepare {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         v["cachet_timings"] = serde_json::json!({
@@ -168,15 +188,14 @@ fn usage_with_timings(u: &Usage, meta: &Meta, t: &RequestTimings) -> serde_json:
             "preemptions": t.preemptions,
         });
     }
-    v
 }
 
 /// The request's usage over its choices, as OpenAI counts it: each prompt once (and its cached
 /// tokens as its first choice found them), every choice's output.
 #[derive(Default)]
-struct UsageSum {
-    usage: Usage,
-    timings: Option<RequestTimings>,
+pub struct UsageSum {
+    pub usage: Usage,
+    pub timings: RequestTimings,
 }
 
 impl UsageSum {
@@ -187,11 +206,14 @@ impl UsageSum {
         }
         self.usage.completion_tokens += u.completion_tokens;
         if choice == 0 {
-            self.timings = Some(*t);
+            self.timings = *t;
         }
     }
-    fn json(&self, meta: &Meta) -> serde_json::Value {
-        usage_with_timings(&self.usage, meta, &self.timings.unwrap_or_default())
+    /// OpenAI's usage object (with the timings when asked).
+    pub fn openai_json(&self, meta: &Meta) -> serde_json::Value {
+        let mut v = usage_json(&self.usage);
+        add_timings(&mut v, meta, &self.timings);
+        v
     }
 }
 
@@ -302,9 +324,11 @@ fn merge(streams: Vec<Events>) -> mpsc::UnboundedReceiver<(usize, Option<EngineE
     rx
 }
 
+/// The whole response: every choice run to its end, then one JSON body.
 pub async fn whole(
     streams: Vec<Events>,
     meta: Meta,
+    mut render: impl Render,
     permit: Permit,
     state: &AppState,
 ) -> Result<Response<Body>, ApiError> {
@@ -313,9 +337,14 @@ pub async fn whole(
     // forwarding tasks cancel every choice.
     let mut meter = Meter::new(permit, k);
     let mut rx = merge(streams);
-    let mut text = vec![String::new(); k];
-    let mut lps: Vec<LogprobsOut> = (0..k).map(|_| LogprobsOut::new(meta.chat)).collect();
-    let mut reasons: Vec<Option<FinishReason>> = vec![None; k];
+    let mut out: Vec<ChoiceOut> = (0..k)
+        .map(|_| ChoiceOut {
+            text: String::new(),
+            reason: FinishReason::Stop,
+            stop_sequence: None,
+            logprobs: Vec::new(),
+        })
+        .collect();
     let mut sum = UsageSum::default();
     let mut left = k;
     while left > 0 {
@@ -323,21 +352,18 @@ pub async fn whole(
             return Err(ApiError::internal("the engine ended the stream early"));
         };
         match ev {
-            Some(EngineEvent::Token {
-                text: t, logprobs, ..
-            }) => {
+            Some(EngineEvent::Token { text, logprobs, .. }) => {
                 meter.token(i);
-                if let Some(lp) = &logprobs {
-                    lps[i].push(&state.tokenizer, lp);
-                }
-                text[i].push_str(&t)
+                out[i].logprobs.extend(logprobs);
+                out[i].text.push_str(&text)
             }
             Some(EngineEvent::Finished {
                 reason,
                 usage,
                 error,
-                text: rest,
+                text,
                 timings,
+                stop_sequence,
             }) => {
                 meter.settle(state, i, meta.first_of_prompt(i), &usage, &timings);
                 if reason == FinishReason::Error {
@@ -345,39 +371,24 @@ pub async fn whole(
                         error.unwrap_or_else(|| "engine error".into()),
                     ));
                 }
-                text[i].push_str(&rest);
-                reasons[i] = Some(reason);
+                out[i].text.push_str(&text);
+                out[i].reason = reason;
+                out[i].stop_sequence = stop_sequence;
                 sum.add(&meta, i, &usage, &timings);
                 left -= 1;
             }
             None => return Err(ApiError::internal("the engine ended the stream early")),
         }
     }
-    let choices: Vec<serde_json::Value> = (0..k)
-        .map(|i| {
-            let logprobs = if meta.logprobs {
-                lps[i].take()
-            } else {
-                serde_json::Value::Null
-            };
-            let reason = reasons[i].map_or("stop", |r| r.as_openai());
-            let t = std::mem::take(&mut text[i]);
-            if meta.chat {
-                serde_json::json!({"index": i, "message": {"role": "assistant", "content": t}, "logprobs": logprobs, "finish_reason": reason})
-            } else {
-                serde_json::json!({"index": i, "text": t, "logprobs": logprobs, "finish_reason": reason})
-            }
-        })
-        .collect();
-    let mut body = meta.envelope(false, choices.into());
-    body["usage"] = sum.json(&meta);
+    let body = render.whole(&meta, out, &sum, &state.tokenizer);
     Ok(meta.finish(http::json(StatusCode::OK, &body)))
 }
 
+/// The streamed response: the render's frames as the choices' events arrive.
 pub fn sse(
     streams: Vec<Events>,
     meta: Meta,
-    include_usage: bool,
+    mut render: impl Render,
     permit: Permit,
     state: Arc<AppState>,
 ) -> Response<Body> {
@@ -387,37 +398,20 @@ pub fn sse(
     tokio::spawn(async move {
         let mut meter = Meter::new(permit, k);
         let mut events = merge(streams);
-        let mut lps: Vec<LogprobsOut> = (0..k).map(|_| LogprobsOut::new(meta.chat)).collect();
         let mut sum = UsageSum::default();
-        let chunk = |i: usize,
-                     text: &str,
-                     logprobs: Option<serde_json::Value>,
-                     finish: Option<&str>,
-                     role: bool| {
-            let mut choice = if meta.chat {
-                let delta = if role {
-                    serde_json::json!({"role": "assistant", "content": text})
-                } else if finish.is_some() && text.is_empty() {
-                    serde_json::json!({})
-                } else {
-                    serde_json::json!({"content": text})
-                };
-                serde_json::json!({"index": i, "delta": delta, "finish_reason": finish})
-            } else {
-                serde_json::json!({"index": i, "text": text, "finish_reason": finish})
-            };
-            if meta.logprobs {
-                choice["logprobs"] = logprobs.unwrap_or(serde_json::Value::Null);
-            }
-            let v = meta.envelope(true, serde_json::json!([choice]));
-            Bytes::from(format!("data: {v}\n\n"))
-        };
-        if meta.chat {
-            for i in 0..k {
-                if tx.send(chunk(i, "", None, None, true)).await.is_err() {
-                    return;
+        let send = |frames: Vec<String>| {
+            let tx = tx.clone();
+            async move {
+                for f in frames {
+                    if tx.send(Bytes::from(f)).await.is_err() {
+                        return false;
+                    }
                 }
+                true
             }
+        };
+        if !send(render.start(&meta, k)).await {
+            return;
         }
         let mut left = k;
         while left > 0 {
@@ -431,13 +425,8 @@ pub fn sse(
             match ev {
                 Some(EngineEvent::Token { text, logprobs, .. }) => {
                     meter.token(i);
-                    let lp = logprobs.map(|lp| {
-                        lps[i].push(&state.tokenizer, &lp);
-                        lps[i].take()
-                    });
-                    if (!text.is_empty() || lp.is_some())
-                        && tx.send(chunk(i, &text, lp, None, false)).await.is_err()
-                    {
+                    let frames = render.token(&meta, i, &text, logprobs.as_ref(), &state.tokenizer);
+                    if !send(frames).await {
                         return; // client gone: dropping `events` cancels the request
                     }
                 }
@@ -447,33 +436,195 @@ pub fn sse(
                     text,
                     error,
                     timings,
+                    stop_sequence,
                 }) => {
                     meter.settle(&state, i, meta.first_of_prompt(i), &usage, &timings);
                     if reason == FinishReason::Error {
                         let e = ApiError::internal(error.unwrap_or_default());
-                        let _ = tx
-                            .send(Bytes::from(format!("data: {}\n\n", e.body())))
-                            .await;
+                        send(render.error(&meta, &e)).await;
                         return;
                     }
                     sum.add(&meta, i, &usage, &timings);
-                    if !text.is_empty() {
-                        let _ = tx.send(chunk(i, &text, None, None, false)).await;
+                    let frames =
+                        render.finish(&meta, i, &text, reason, stop_sequence.as_deref(), &usage);
+                    if !send(frames).await {
+                        return;
                     }
-                    let _ = tx
-                        .send(chunk(i, "", None, Some(reason.as_openai()), false))
-                        .await;
                     left -= 1;
                 }
                 None => return,
             }
         }
-        if include_usage {
-            let mut v = meta.envelope(true, serde_json::json!([]));
-            v["usage"] = sum.json(&meta);
-            let _ = tx.send(Bytes::from(format!("data: {v}\n\n"))).await;
-        }
-        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        send(render.end(&meta, &sum)).await;
     });
     head
+}
+
+/// OpenAI's chat-completions and completions shapes: `choices` with `message` or `text`,
+/// `logprobs` when asked, vLLM's `stop_reason` naming the stop string; streamed as `data:`
+/// chunks (a role chunk per chat choice, deltas with their log-probabilities, a finish chunk
+/// per choice, usage when asked, `[DONE]`).
+pub struct OpenAiRender {
+    pub chat: bool,
+    pub logprobs: bool,
+    pub include_usage: bool,
+    /// Echo `service_tier: default` (the request named a tier).
+    pub service_tier: bool,
+    lps: Vec<LogprobsOut>,
+}
+
+impl OpenAiRender {
+    pub fn new(chat: bool, logprobs: bool, include_usage: bool, service_tier: bool) -> Self {
+        OpenAiRender {
+            chat,
+            logprobs,
+            include_usage,
+            service_tier,
+            lps: Vec::new(),
+        }
+    }
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.chat, chunk) {
+            (true, false) => "chat.completion",
+            (true, true) => "chat.completion.chunk",
+            (false, _) => "text_completion",
+        }
+    }
+    fn envelope(&self, meta: &Meta, chunk: bool, choices: serde_json::Value) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "id": meta.id,
+            "object": self.object(chunk),
+            "created": meta.created,
+            "model": meta.model,
+            "choices": choices,
+        });
+        if self.service_tier {
+            v["service_tier"] = "default".into();
+        }
+        v
+    }
+    fn chunk(
+        &self,
+        meta: &Meta,
+        i: usize,
+        text: &str,
+        logprobs: Option<serde_json::Value>,
+        finish: Option<(&str, Option<&str>)>,
+        role: bool,
+    ) -> String {
+        let reason = finish.map(|f| f.0);
+        let mut choice = if self.chat {
+            let delta = if role {
+                serde_json::json!({"role": "assistant", "content": text})
+            } else if finish.is_some() && text.is_empty() {
+                serde_json::json!({})
+            } else {
+                serde_json::json!({"content": text})
+            };
+            serde_json::json!({"index": i, "delta": delta, "finish_reason": reason})
+        } else {
+            serde_json::json!({"index": i, "text": text, "finish_reason": reason})
+        };
+        if let Some((_, stop)) = finish {
+            choice["stop_reason"] = stop.into();
+        }
+        if self.logprobs {
+            choice["logprobs"] = logprobs.unwrap_or(serde_json::Value::Null);
+        }
+        let v = self.envelope(meta, true, serde_json::json!([choice]));
+        format!("data: {v}\n\n")
+    }
+}
+
+impl Render for OpenAiRender {
+    fn whole(
+        &mut self,
+        meta: &Meta,
+        choices: Vec<ChoiceOut>,
+        usage: &UsageSum,
+        tok: &TextTokenizer,
+    ) -> serde_json::Value {
+        let choices: Vec<serde_json::Value> = choices
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let logprobs = if self.logprobs {
+                    let mut l = LogprobsOut::new(self.chat);
+                    c.logprobs.iter().for_each(|lp| l.push(tok, lp));
+                    l.take()
+                } else {
+                    serde_json::Value::Null
+                };
+                let reason = c.reason.as_openai();
+                if self.chat {
+                    serde_json::json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs, "finish_reason": reason, "stop_reason": c.stop_sequence})
+                } else {
+                    serde_json::json!({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": reason, "stop_reason": c.stop_sequence})
+                }
+            })
+            .collect();
+        let mut body = self.envelope(meta, false, choices.into());
+        body["usage"] = usage.openai_json(meta);
+        body
+    }
+
+    fn start(&mut self, meta: &Meta, choices: usize) -> Vec<String> {
+        self.lps = (0..choices).map(|_| LogprobsOut::new(self.chat)).collect();
+        if !self.chat {
+            return Vec::new();
+        }
+        (0..choices)
+            .map(|i| self.chunk(meta, i, "", None, None, true))
+            .collect()
+    }
+
+    fn token(
+        &mut self,
+        meta: &Meta,
+        i: usize,
+        text: &str,
+        lp: Option<&RowLogprobs>,
+        tok: &TextTokenizer,
+    ) -> Vec<String> {
+        let lp = lp.map(|lp| {
+            self.lps[i].push(tok, lp);
+            self.lps[i].take()
+        });
+        if text.is_empty() && lp.is_none() {
+            return Vec::new();
+        }
+        vec![self.chunk(meta, i, text, lp, None, false)]
+    }
+
+    fn finish(
+        &mut self,
+        meta: &Meta,
+        i: usize,
+        rest: &str,
+        reason: FinishReason,
+        stop: Option<&str>,
+        _usage: &Usage,
+    ) -> Vec<String> {
+        let mut frames = Vec::new();
+        if !rest.is_empty() {
+            frames.push(self.chunk(meta, i, rest, None, None, false));
+        }
+        frames.push(self.chunk(meta, i, "", None, Some((reason.as_openai(), stop)), false));
+        frames
+    }
+
+    fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String> {
+        let mut frames = Vec::new();
+        if self.include_usage {
+            let mut v = self.envelope(meta, true, serde_json::json!([]));
+            v["usage"] = usage.openai_json(meta);
+            frames.push(format!("data: {v}\n\n"));
+        }
+        frames.push("data: [DONE]\n\n".to_string());
+        frames
+    }
+
+    fn error(&mut self, _meta: &Meta, e: &ApiError) -> Vec<String> {
+        vec![format!("data: {}\n\n", e.body())]
+    }
 }

@@ -241,6 +241,7 @@ pub fn broken(upstream: &str, why: impl std::fmt::Display) -> EngineEvent {
         timings: Default::default(),
         error: Some(format!("the upstream failed mid-stream: {why}")),
         text: String::new(),
+        stop_sequence: None,
     }
 }
 

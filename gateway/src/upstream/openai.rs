@@ -140,6 +140,8 @@ struct Stream {
     last_at: Option<Instant>,
     pieces: usize,
     finish: Option<FinishReason>,
+    /// The stop string that ended the text, where the server says (vLLM's `stop_reason`).
+    stop_sequence: Option<String>,
     usage: Option<Usage>,
     done: bool,
     idle: Duration,
@@ -178,6 +180,7 @@ impl Stream {
             },
             error,
             text: String::new(),
+            stop_sequence: self.stop_sequence.take(),
         }
     }
 
@@ -240,6 +243,9 @@ impl Stream {
                 });
             }
             if let Some(c) = v["choices"].get(0) {
+                if let Some(s) = c["stop_reason"].as_str() {
+                    self.stop_sequence = Some(s.to_string());
+                }
                 if let Some(r) = c["finish_reason"].as_str() {
                     self.finish = Some(finish_reason(r));
                 }
@@ -380,6 +386,7 @@ impl Upstream for OpenAi {
                 last_at: None,
                 pieces: 0,
                 finish: None,
+                stop_sequence: None,
                 usage: None,
                 done: false,
                 idle: self.timeouts.idle,

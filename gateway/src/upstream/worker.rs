@@ -171,12 +171,14 @@ impl Stream {
                 timings,
                 error,
                 text,
+                stop_sequence,
             } => EngineEvent::Finished {
                 reason,
                 usage,
                 timings,
                 error,
                 text,
+                stop_sequence,
             },
         }))
     }

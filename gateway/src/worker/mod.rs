@@ -215,12 +215,14 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
                     timings,
                     error,
                     text,
+                    stop_sequence,
                 } => WireEvent::Finished {
                     reason,
                     usage,
                     timings,
                     error,
                     text,
+                    stop_sequence,
                 },
             };
             if tx.send(http::ndjson_line(&wire)).await.is_err() {

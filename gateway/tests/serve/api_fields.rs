@@ -3,12 +3,13 @@
 //! a 200, a refused one a 400 naming it — unknown fields refused or, under `--unknown-fields
 //! warn`, named in a warning header; token-id prompts equal their text; then the official
 //! `openai` client through n, logprobs, the processors and the refusals
-//! (`tests/python/openai_api_check.py`).
+//! (`tests/python/openai_api_check.py`); the official `anthropic` client through the Messages
+//! API and `openai` through the Responses API (`tests/python/anthropic_check.py`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use cachet_gateway::server::fields::{Status, FIELDS};
+use cachet_gateway::server::fields::{Api, Status, FIELDS};
 use cachet_tests::curl_status;
 
 use super::common::*;
@@ -41,21 +42,21 @@ fn post(base: &str, path: &str, body: &serde_json::Value, headers: bool) -> (u16
 #[test]
 fn every_field_of_the_table_works_or_is_refused_by_name() {
     let (_server, base) = start(&config());
-    for chat in [true, false] {
-        let (path, mut base_body) = if chat {
-            (
-                "/v1/chat/completions",
-                serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}),
-            )
-        } else {
-            (
-                "/v1/completions",
-                serde_json::json!({"model": "smollm2", "prompt": "Hello"}),
-            )
+    for api in Api::ALL {
+        let path = api.path();
+        let msgs = serde_json::json!([{"role": "user", "content": "Hi"}]);
+        let base_body = match api {
+            Api::Chat | Api::Messages => {
+                serde_json::json!({"model": "smollm2", "messages": msgs, "max_tokens": 3, "temperature": 0})
+            }
+            Api::Completions => {
+                serde_json::json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 3, "temperature": 0})
+            }
+            Api::Responses => {
+                serde_json::json!({"model": "smollm2", "input": "Hi", "max_output_tokens": 3, "temperature": 0})
+            }
         };
-        base_body["max_tokens"] = 3.into();
-        base_body["temperature"] = 0.into();
-        for f in FIELDS.iter().filter(|f| f.on.includes(chat)) {
+        for f in FIELDS.iter().filter(|f| f.on.includes(api)) {
             let mut body = base_body.clone();
             body[f.name] = serde_json::from_str(f.sample).unwrap();
             if f.name == "top_logprobs" {
@@ -68,7 +69,11 @@ fn every_field_of_the_table_works_or_is_refused_by_name() {
                 Status::Refused => {
                     assert_eq!(code, 400, "{what}");
                     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-                    assert_eq!(v["error"]["param"], f.name, "{what}");
+                    if api == Api::Messages {
+                        assert_eq!(v["error"]["type"], "invalid_request_error", "{what}");
+                    } else {
+                        assert_eq!(v["error"]["param"], f.name, "{what}");
+                    }
                     assert!(
                         v["error"]["message"].as_str().unwrap().contains(f.name),
                         "{what}"
@@ -82,7 +87,9 @@ fn every_field_of_the_table_works_or_is_refused_by_name() {
         let (code, text) = post(&base, path, &body, false);
         assert_eq!(code, 400, "{text}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(v["error"]["param"], "frobnicate");
+        if api != Api::Messages {
+            assert_eq!(v["error"]["param"], "frobnicate");
+        }
         assert!(v["error"]["message"]
             .as_str()
             .unwrap()
@@ -168,6 +175,27 @@ fn the_official_openai_client_gets_n_logprobs_and_the_processors() {
     let site = openai_site();
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/openai_api_check.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .env("PYTHONPATH", &site)
+        .env("BASE_URL", &base)
+        .env("KEY", "sk-test-acme")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("all checks passed"));
+}
+
+#[test]
+fn the_official_anthropic_client_speaks_messages_and_openai_speaks_responses() {
+    let (_server, base) = start(&config());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-anthropic");
+    let site = cachet_tests::pip_target(dir, &["anthropic", "openai"], "anthropic");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/anthropic_check.py");
     let out = Command::new("python3")
         .arg(&script)
         .env("PYTHONPATH", &site)
