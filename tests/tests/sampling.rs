@@ -85,6 +85,54 @@ fn check_draws<D: Device>(dev: &D) {
     }
 }
 
+/// Sampling over a real vocabulary (SmolLM2's 49152, random logits): the device's fast path
+/// (candidates in shared memory) and its full path draw what the host draws for the same
+/// (seed, step), for top-k, top-p, both, min-p, and a flat row that overflows the candidates.
+fn check_vocab_draws<D: Device>(dev: &D) {
+    let vocab = 49_152;
+    let rows = 512;
+    for (scale, p) in [
+        (3.0, params(1.0, 50, 1.0, 0.0)),
+        (3.0, params(0.8, 0, 0.9, 0.0)),
+        (3.0, params(1.2, 40, 0.95, 0.0)),
+        (3.0, params(1.0, 0, 0.95, 0.05)),
+        // Nearly flat: thousands of tokens within a hair of the max.
+        (0.01, params(1.0, 0, 0.5, 0.0)),
+    ] {
+        let row: Vec<f32> = vocab_logits(1, vocab)
+            .iter()
+            .map(|x| x * scale / 3.0)
+            .collect();
+        let data: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+        let t = dev
+            .upload_table(&HostTensor::new(vec![rows, vocab], data))
+            .unwrap();
+        let plan: Vec<RowSampling> = (0..rows as u64)
+            .map(|step| RowSampling::new(&p, 7, step))
+            .collect();
+        let s = dev
+            .sample(&t, &plan, &vec![-1; rows])
+            .unwrap()
+            .expect("a device that samples");
+        let kept: std::collections::HashSet<u32> = sampler::distribution(&row, &p)
+            .iter()
+            .map(|x| x.0)
+            .collect();
+        let mut differ = 0;
+        for (step, &id) in s.ids.iter().enumerate() {
+            assert!(
+                kept.contains(&id),
+                "{p:?}: token {id} is outside the kept set"
+            );
+            differ += (id != sampler::sample(&row, &p, 7, step as u64)) as usize;
+        }
+        assert!(
+            differ <= rows / 100,
+            "{p:?} (scale {scale}): {differ} of {rows} draws differ from the host's"
+        );
+    }
+}
+
 /// Random logits over a real vocabulary size, with a few ties.
 fn vocab_logits(rows: usize, vocab: usize) -> Vec<f32> {
     let mut rng = Rng::new(5);
@@ -188,5 +236,13 @@ cachet_tests::device_test! {
             }
             _ => check_edits_and_logprobs(&CpuDevice::new()),
         }
+    }
+}
+
+cachet_tests::gpu_test! {
+    /// The GPU sampler over a real vocabulary against the host sampler (the CPU device samples
+    /// on the host: nothing to compare there).
+    fn large_vocabulary_draws_match_the_host() {
+        check_vocab_draws(&CudaDevice::new(0, 16, Default::default()).unwrap());
     }
 }
