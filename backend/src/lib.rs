@@ -13,6 +13,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod grammar;
 pub mod kv;
 pub mod loader;
 pub mod model;

@@ -25,6 +25,9 @@ pub struct EngineRequest {
     pub deadline: Option<Instant>,
     /// Free-form label carried into logs and events (e.g. the tenant).
     pub tag: String,
+    /// What the output must match (structured outputs); the request finishes when the grammar
+    /// is complete.
+    pub constraint: Option<crate::grammar::Constraint>,
 }
 
 impl EngineRequest {
@@ -40,6 +43,7 @@ impl EngineRequest {
             priority: 0,
             deadline: None,
             tag: String::new(),
+            constraint: None,
         }
     }
 }

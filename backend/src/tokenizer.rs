@@ -147,6 +147,14 @@ impl TextTokenizer {
             .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
+    /// Whether `id` is a special (control) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
+    }
+
     /// The bytes token `id` stands for (OpenAI's logprobs `bytes`): a byte-level BPE token's
     /// bytes through GPT-2's byte ↔ character table, a SentencePiece byte token `<0xNN>` its
     /// byte, `▁` a space, anything else (special tokens included) its text's UTF-8. Empty for an

@@ -83,7 +83,12 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "sampling.cu",
         code: include_str!("sampling.cu"),
-        symbols: &["sample_f32", "edit_logits_f32", "logprobs_f32"],
+        symbols: &[
+            "sample_f32",
+            "edit_logits_f32",
+            "mask_logits_f32",
+            "logprobs_f32",
+        ],
     },
 ];
 

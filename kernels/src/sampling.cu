@@ -312,6 +312,18 @@ extern "C" __global__ void edit_logits_f32(float* __restrict__ logits, const uns
     *x = __fadd_rn(v > 0.f ? __fmul_rn(v, pos[i]) : __fmul_rn(v, neg[i]), add[i]);
 }
 
+// Grammar masks: logits of tokens a row's mask does not allow become -inf. Block i handles row
+// rows[i]; bit t % 32 of word t / 32 allows token t.
+//   logits : device, f32 [rows, vocab], edited in place
+// Launch: grid n masks, block 256.
+extern "C" __global__ void mask_logits_f32(float* __restrict__ logits, const unsigned* __restrict__ rows,
+                                           const unsigned* __restrict__ bits, int words, int vocab) {
+    float* x = logits + (size_t)rows[blockIdx.x] * vocab;
+    const unsigned* b = bits + (size_t)blockIdx.x * words;
+    for (int t = threadIdx.x; t < vocab; t += blockDim.x)
+        if (!((b[t >> 5] >> (t & 31)) & 1u)) x[t] = -CACHET_INF;
+}
+
 #define LOGPROB_THREADS 1024
 #define MAX_TOP_LOGPROBS 20
 

@@ -827,3 +827,54 @@ device_test! {
         assert!(out.iter().all(|o| o.usage.prompt_tokens == 100));
     }
 }
+
+device_test! {
+    fn structured_outputs_match_their_grammar(dev) {
+        use cachet_backend::grammar::Constraint;
+        let m = smollm2();
+        let tok = m.tokenizer.as_ref().unwrap();
+        let chat = |q: &str| {
+            let msgs = [ChatMessage::new("user", q)];
+            tok.encode(&tok.render_chat(&msgs, true).unwrap()).unwrap()
+        };
+        let e = engine(dev, m, 256, EngineConfig::default());
+        let h = e.handle();
+        let run = |q: &str, c: Constraint, temperature: f32| {
+            let mut r = cachet_backend::request::EngineRequest::new(chat(q), 96);
+            r.constraint = Some(c);
+            r.sampling.temperature = temperature;
+            r.sampling.seed = Some(3);
+            collect(h.submit(r).unwrap())
+        };
+        // A JSON schema, greedy and sampled: the text parses and has what the schema requires.
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+            "required": ["name", "age"], "additionalProperties": false});
+        for t in [0.0, 1.0] {
+            let c = run("Describe a person.", Constraint::JsonSchema(schema.clone()), t);
+            assert_eq!(c.reason, FinishReason::Stop, "{}", c.text);
+            let v: serde_json::Value = serde_json::from_str(&c.text).unwrap_or_else(|e| panic!("{e}: {}", c.text));
+            assert!(v["name"].is_string() && v["age"].is_i64(), "{v}");
+            assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+        }
+        // Any object: cut by max_tokens it is a prefix of one, else one.
+        let c = run("Give me a small JSON object about a cat.", Constraint::JsonObject, 0.0);
+        assert!(c.text.starts_with('{'), "{}", c.text);
+        if c.reason == FinishReason::Stop {
+            assert!(serde_json::from_str::<serde_json::Value>(&c.text).unwrap().is_object(), "{}", c.text);
+        } else {
+            assert_eq!(c.tokens.len(), 96);
+        }
+        let c = run("What is your phone number?", Constraint::Regex("[0-9]{3}-[0-9]{4}".into()), 1.0);
+        assert_eq!(c.text.len(), 8, "{}", c.text);
+        assert!(c.text.chars().enumerate().all(|(i, ch)| if i == 3 { ch == '-' } else { ch.is_ascii_digit() }), "{}", c.text);
+        let c = run("Is the sky blue?", Constraint::Choice(vec!["yes".into(), "no".into()]), 0.0);
+        assert!(c.text == "yes" || c.text == "no", "{}", c.text);
+        let c = run("Count.", Constraint::Lark("start: \"1, 2, \" NUM\nNUM: /[0-9]/".into()), 1.0);
+        assert!(c.text.starts_with("1, 2, ") && c.text.len() == 7, "{}", c.text);
+        // A constraint that does not compile is refused at submission.
+        let mut r = greedy_request(chat("x"), 4);
+        r.constraint = Some(Constraint::Regex("(".into()));
+        assert!(h.submit(r).is_err());
+    }
+}

@@ -355,6 +355,9 @@ pub trait Device: Send {
     fn synchronize(&self) -> Result<(), DeviceError> {
         Ok(())
     }
+    /// Sets the logits of tokens a grammar does not allow to -inf: mask `i` (`words` 32-bit words,
+    /// token `t` allowed when bit `t % 32` of word `t / 32` is set) applies to row `rows[i]`.
+    fn mask_logits(&self, logits: &mut Self::Tensor, masks: &RowMasks) -> Result<(), DeviceError>;
     /// Applies the processors' sparse edits to `[rows, vocab]` logits in place.
     fn edit_logits(&self, logits: &mut Self::Tensor, edits: &LogitEdits)
         -> Result<(), DeviceError>;
@@ -561,12 +564,46 @@ impl LogitEdits {
     }
 }
 
-/// What a step does with its logits rows: how each picks its token, the processors' edits, and
-/// how many top alternatives each row's log-probabilities carry (-1: none wanted).
+/// Grammar masks of some of a step's logits rows (see [`Device::mask_logits`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowMasks {
+    pub rows: Vec<u32>,
+    pub words: usize,
+    /// `rows.len() × words`.
+    pub bits: Vec<u32>,
+}
+
+impl RowMasks {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+    /// Checks the shape against `[rows, vocab]` logits.
+    pub fn validate(&self, rows: usize, vocab: usize) -> Result<(), EngineError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        if self.words != vocab.div_ceil(32)
+            || self.bits.len() != self.rows.len() * self.words
+            || self.rows.iter().any(|&r| r as usize >= rows)
+        {
+            return Err(EngineError::InvalidBatch(format!(
+                "grammar masks of {} words for {} rows do not fit {rows} × {vocab} logits",
+                self.words,
+                self.rows.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a step does with its logits rows: how each picks its token, the processors' edits, the
+/// grammar masks, and how many top alternatives each row's log-probabilities carry (-1: none
+/// wanted).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepPlan {
     pub rows: Vec<RowSampling>,
     pub edits: LogitEdits,
+    pub masks: RowMasks,
     pub logprobs: Vec<i32>,
 }
 
@@ -576,6 +613,7 @@ impl StepPlan {
         StepPlan {
             rows: vec![RowSampling::greedy(); rows],
             edits: LogitEdits::default(),
+            masks: RowMasks::default(),
             logprobs: vec![-1; rows],
         }
     }

@@ -11,6 +11,8 @@ use tokio::sync::{broadcast, mpsc as tmpsc};
 use super::output::TextOutput;
 use super::{dequeue, Command, EngineStats, SharedQueue};
 use crate::block_hash::HashContext;
+use crate::device::RowMasks;
+use crate::grammar::Matcher;
 use crate::kv::KvEvent;
 use crate::model::input_batch;
 use crate::model::step_sampler::StepSampler;
@@ -18,6 +20,8 @@ use crate::model::Runner;
 use crate::request::{EngineEvent, FinishReason, RequestTimings, Usage};
 use crate::scheduler::{RequestId, Scheduler, StepToken};
 use crate::tokenizer::TextTokenizer;
+use crate::EngineError;
+use rayon::prelude::*;
 
 pub(super) struct StreamState {
     tx: tmpsc::UnboundedSender<EngineEvent>,
@@ -40,6 +44,8 @@ pub(super) struct EngineCore {
     pub(super) kv_events: broadcast::Sender<Vec<KvEvent>>,
     /// Block-hash context without the salt (each request brings its tenant's).
     pub(super) hasher: HashContext,
+    /// The grammars of requests with structured outputs.
+    pub(super) matchers: HashMap<RequestId, Box<Matcher>>,
 }
 
 impl EngineCore {
@@ -83,7 +89,11 @@ impl EngineCore {
                 req,
                 arrival,
                 tx,
+                matcher,
             } => {
+                if let Some(m) = matcher {
+                    self.matchers.insert(id, m);
+                }
                 let hasher = HashContext {
                     salt: req.salt,
                     ..self.hasher.clone()
@@ -147,16 +157,33 @@ impl EngineCore {
             std::thread::sleep(Duration::from_micros(200));
             return;
         }
-        let (batch, plan) = input_batch::build(&out, self.sched.kv.block_size());
+        let (batch, mut plan) = input_batch::build(&out, self.sched.kv.block_size());
         let started = Instant::now();
-        match self.runner.forward_step(&batch, &plan) {
+        // The forward pass is queued on the device first; the grammar masks are computed on the
+        // host meanwhile (on all cores), then applied before the tokens are chosen.
+        let step = self.runner.forward_begin(&batch).and_then(|()| {
+            let failed = self.grammar_masks(&out, &mut plan);
+            let step = self.runner.forward_finish(&plan);
+            for (id, e) in failed {
+                self.finish(id, FinishReason::Error, Some(e));
+            }
+            step
+        });
+        match step {
             Ok(step) => {
                 self.sched
                     .record_step_time(&out, started.elapsed().as_secs_f64());
                 let sampled = self.sampler.sample(&out, &step);
                 let produced = self.sched.update(&out, &sampled, Instant::now());
                 for t in produced {
+                    let (id, last) = (t.id, t.finish.is_some());
+                    let grammar = self.follow_grammar(id, t.token);
                     self.emit(t);
+                    match grammar {
+                        Err(e) => self.finish(id, FinishReason::Error, Some(e.to_string())),
+                        Ok(true) if !last => self.finish(id, FinishReason::Stop, None),
+                        Ok(_) => {}
+                    }
                 }
             }
             Err(e) => {
@@ -170,6 +197,64 @@ impl EngineCore {
                 }
             }
         }
+    }
+
+    /// The grammar masks of the step's sampling rows whose request has a grammar, into
+    /// `plan.masks`; the requests whose grammar failed, with why.
+    fn grammar_masks(
+        &mut self,
+        out: &crate::scheduler::SchedulerOutput,
+        plan: &mut crate::device::StepPlan,
+    ) -> Vec<(RequestId, String)> {
+        if self.matchers.is_empty() {
+            return Vec::new();
+        }
+        let words = self.runner.config().vocab_size.div_ceil(32);
+        let mut rows: HashMap<RequestId, u32> = HashMap::new();
+        let mut row = 0u32;
+        for sc in &out.scheduled {
+            if sc.sample && self.matchers.contains_key(&sc.id) {
+                rows.insert(sc.id, row);
+            }
+            row += sc.num_logit_rows() as u32;
+        }
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        let mut jobs: Vec<(RequestId, u32, &mut Box<Matcher>)> = self
+            .matchers
+            .iter_mut()
+            .filter_map(|(id, m)| rows.get(id).map(|&r| (*id, r, m)))
+            .collect();
+        jobs.sort_by_key(|j| j.1);
+        let mut bits = vec![0u32; jobs.len() * words];
+        let results: Vec<Result<(), EngineError>> = jobs
+            .par_iter_mut()
+            .zip(bits.par_chunks_mut(words))
+            .map(|((_, _, m), out)| m.mask(out))
+            .collect();
+        let mut failed = Vec::new();
+        for ((id, _, _), r) in jobs.iter().zip(&results) {
+            if let Err(e) = r {
+                failed.push((*id, e.to_string()));
+            }
+        }
+        plan.masks = RowMasks {
+            rows: jobs.iter().map(|j| j.1).collect(),
+            words,
+            bits,
+        };
+        failed
+    }
+
+    /// Follows a generated token in its request's grammar, if it has one: whether the grammar is
+    /// now complete.
+    fn follow_grammar(&mut self, id: RequestId, tok: u32) -> Result<bool, EngineError> {
+        let Some(m) = self.matchers.get_mut(&id) else {
+            return Ok(false);
+        };
+        m.consume(tok)?;
+        Ok(m.is_stopped())
     }
 
     fn emit(&mut self, t: StepToken) {
@@ -205,6 +290,7 @@ impl EngineCore {
 
     /// Ends a request: frees its blocks and sends `Finished`.
     fn finish(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
+        self.matchers.remove(&id);
         let Some(seq) = self.sched.remove(id) else {
             return;
         };

@@ -94,6 +94,8 @@ pub(crate) enum Command {
         req: Box<EngineRequest>,
         arrival: Instant,
         tx: tmpsc::UnboundedSender<EngineEvent>,
+        /// The request's grammar, compiled at submission.
+        matcher: Option<Box<crate::grammar::Matcher>>,
     },
     Cancel(RequestId),
     Shutdown,
@@ -171,6 +173,8 @@ struct Limits {
     vocab: usize,
     eos: Vec<u32>,
     hasher: HashContext,
+    /// Compiles structured-output constraints (with a tokenizer only).
+    grammar: Option<crate::grammar::GrammarCompiler>,
 }
 
 /// The engine thread; joins on drop after asking it to stop.
@@ -203,6 +207,13 @@ impl Engine {
             max_model_len: sched_cfg.max_model_len,
             vocab: runner.config().vocab_size,
             eos: runner.config().eos_token_ids.clone(),
+            grammar: tokenizer.as_ref().map(|t| {
+                crate::grammar::GrammarCompiler::new(
+                    t.clone(),
+                    runner.config().eos_token_ids.first().copied().unwrap_or(0),
+                    runner.config().vocab_size,
+                )
+            }),
             hasher: HashContext::new(
                 config.hash_key,
                 [0; 32],
@@ -238,6 +249,7 @@ impl Engine {
             stats,
             kv_events,
             hasher: limits.hasher.clone(),
+            matchers: Default::default(),
         };
         let thread = std::thread::Builder::new()
             .name("cachet-engine".into())
@@ -269,6 +281,19 @@ impl EngineHandle {
         let l = &self.limits;
         req.sampling.validate()?;
         req.sampling.validate_vocab(l.vocab)?;
+        // The grammar compiles here, on the caller's thread: a constraint that does not is
+        // refused before the request queues.
+        let matcher = match &req.constraint {
+            None => None,
+            Some(c) => match &l.grammar {
+                Some(g) => Some(Box::new(g.compile(c)?)),
+                None => {
+                    return Err(EngineError::InvalidRequest(
+                        "structured outputs need the model's tokenizer".into(),
+                    ))
+                }
+            },
+        };
         if req.prompt.is_empty() {
             return Err(EngineError::InvalidRequest(
                 "the prompt has no tokens".into(),
@@ -338,6 +363,7 @@ impl EngineHandle {
                 req: Box::new(req),
                 arrival: Instant::now(),
                 tx,
+                matcher,
             })
             .is_err()
         {

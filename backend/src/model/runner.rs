@@ -30,7 +30,16 @@ pub trait Runner: Send {
         &mut self,
         batch: &ForwardBatch,
         plan: &StepPlan,
-    ) -> Result<StepOutput, EngineError>;
+    ) -> Result<StepOutput, EngineError> {
+        self.forward_begin(batch)?;
+        self.forward_finish(plan)
+    }
+    /// The first half of [`Runner::forward_step`]: the forward pass queued on the device (its
+    /// logits kept for the second half), so the host can compute grammar masks meanwhile.
+    fn forward_begin(&mut self, batch: &ForwardBatch) -> Result<(), EngineError>;
+    /// The second half: edits, masks, token selection on the logits of the last
+    /// [`Runner::forward_begin`].
+    fn forward_finish(&mut self, plan: &StepPlan) -> Result<StepOutput, EngineError>;
     /// Waits for queued device work (for timing).
     fn synchronize(&self) -> Result<(), EngineError>;
     /// The device's measured ceilings, if it can measure them.
@@ -144,6 +153,8 @@ pub struct ModelRunner<D: Device> {
     kv: D::Kv,
     layout: KvLayout,
     graphs: Option<GraphReport>,
+    /// The logits of a forward pass begun and not yet finished.
+    pending: Option<(D::Tensor, usize)>,
 }
 
 impl<D: Device> ModelRunner<D> {
@@ -226,6 +237,7 @@ impl<D: Device> ModelRunner<D> {
             kv,
             layout,
             graphs,
+            pending: None,
         })
     }
 }
@@ -262,13 +274,19 @@ impl<D: Device> Runner for ModelRunner<D> {
         self.check(batch)?;
         self.model.forward(&self.dev, &mut self.kv, batch)
     }
-    fn forward_step(
-        &mut self,
-        batch: &ForwardBatch,
-        plan: &StepPlan,
-    ) -> Result<StepOutput, EngineError> {
+    fn forward_begin(&mut self, batch: &ForwardBatch) -> Result<(), EngineError> {
+        self.pending = None;
         self.check(batch)?;
-        let n = batch.logit_rows.len();
+        let logits = self.model.forward_logits(&self.dev, &mut self.kv, batch)?;
+        self.pending = Some((logits, batch.logit_rows.len()));
+        Ok(())
+    }
+    fn forward_finish(&mut self, plan: &StepPlan) -> Result<StepOutput, EngineError> {
+        let Some((mut logits, n)) = self.pending.take() else {
+            return Err(EngineError::InvalidBatch(
+                "forward_finish without a forward pass begun".into(),
+            ));
+        };
         if plan.rows.len() != n || plan.logprobs.len() != n {
             return Err(EngineError::InvalidBatch(format!(
                 "{} sampling rows and {} logprobs rows for {n} logits rows",
@@ -278,13 +296,14 @@ impl<D: Device> Runner for ModelRunner<D> {
         }
         let vocab = self.model.config.vocab_size;
         plan.edits.validate(n, vocab)?;
-        let mut logits = self.model.forward_logits(&self.dev, &mut self.kv, batch)?;
+        plan.masks.validate(n, vocab)?;
         self.dev.edit_logits(&mut logits, &plan.edits)?;
+        self.dev.mask_logits(&mut logits, &plan.masks)?;
         if let Some(s) = self.dev.sample(&logits, &plan.rows, &plan.logprobs)? {
             return Ok(StepOutput::Tokens(s));
         }
         Ok(StepOutput::Logits(Logits {
-            rows: batch.logit_rows.len(),
+            rows: n,
             vocab,
             data: self.dev.to_host(&logits)?,
         }))

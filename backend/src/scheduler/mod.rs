@@ -164,7 +164,10 @@ impl Scheduler {
             spec: self
                 .spec
                 .as_ref()
-                .filter(|_| !self.device_samples || req.sampling.is_greedy())
+                // Drafts are proposed without the grammar: a request with one does not speculate.
+                .filter(|_| {
+                    (!self.device_samples || req.sampling.is_greedy()) && req.constraint.is_none()
+                })
                 .map(SpecState::new),
             history: crate::sampler::TokenHistory::new(&req.sampling, &req.prompt),
             req,

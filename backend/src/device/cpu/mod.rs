@@ -265,6 +265,23 @@ impl Device for CpuDevice {
         })
     }
 
+    fn mask_logits(
+        &self,
+        logits: &mut CpuTensor,
+        masks: &super::RowMasks,
+    ) -> Result<(), DeviceError> {
+        for (i, &r) in masks.rows.iter().enumerate() {
+            let bits = &masks.bits[i * masks.words..(i + 1) * masks.words];
+            let row = &mut logits.data[r as usize * logits.cols..(r as usize + 1) * logits.cols];
+            for (t, x) in row.iter_mut().enumerate() {
+                if bits[t / 32] >> (t % 32) & 1 == 0 {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn edit_logits(
         &self,
         logits: &mut CpuTensor,

@@ -79,6 +79,7 @@ pub struct Kernels {
     pub fill_normal: CudaFunction,
     pub sample: CudaFunction,
     pub edit_logits: CudaFunction,
+    pub mask_logits: CudaFunction,
     pub logprobs: CudaFunction,
     /// gemv.cu, one per entry of GEMV_ROWS.
     pub gemv: [CudaFunction; 3],
@@ -139,6 +140,7 @@ impl Kernels {
             fill_normal: f("fill_normal_bf16")?,
             sample: f("sample_f32")?,
             edit_logits: f("edit_logits_f32")?,
+            mask_logits: f("mask_logits_f32")?,
             logprobs: f("logprobs_f32")?,
             gemv: [f("gemv_bf16_r1")?, f("gemv_bf16_r2")?, f("gemv_bf16_r4")?],
             gemv_norm: [

@@ -419,6 +419,28 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// `mask_logits_f32`: -inf where a row's grammar mask has no bit.
+    pub(super) fn launch_mask_logits(
+        &self,
+        logits: &mut CudaSlice<f32>,
+        rows: &CudaSlice<u32>,
+        bits: &CudaSlice<u32>,
+        (n, words, vocab): (usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        let (w, v) = (words as i32, vocab as i32);
+        let mut l = self.stream.launch_builder(&self.k.mask_logits);
+        l.arg(logits).arg(rows).arg(bits).arg(&w).arg(&v);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: rows holds n row indices inside the logits (RowMasks::validate), bits n × words
+        // with words = ceil(vocab / 32).
+        unsafe { l.launch(cfg) }.map_err(op_err("mask_logits"))?;
+        Ok(())
+    }
+
     /// `logprobs_f32`: the chosen token's and the top `want[r]` log-probabilities of each row.
     pub(super) fn launch_logprobs(
         &self,

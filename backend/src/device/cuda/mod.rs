@@ -328,6 +328,27 @@ impl Device for CudaDevice {
         }
     }
 
+    fn mask_logits(
+        &self,
+        logits: &mut CudaTensor,
+        masks: &super::RowMasks,
+    ) -> Result<(), DeviceError> {
+        if masks.is_empty() {
+            return Ok(());
+        }
+        self.timed("mask_logits", || {
+            let rows = self.htod_u32(&masks.rows)?;
+            let bits = self.htod_u32(&masks.bits)?;
+            let vocab = logits.cols;
+            self.launch_mask_logits(
+                logits.f32_mut("mask_logits")?,
+                &rows,
+                &bits,
+                (masks.rows.len(), masks.words, vocab),
+            )
+        })
+    }
+
     fn edit_logits(
         &self,
         logits: &mut CudaTensor,
