@@ -24,6 +24,9 @@ pub struct GenerateRequest {
     /// (absent fields take their defaults: greedy, no processors).
     #[serde(default)]
     pub sampling: SamplingParams,
+    /// What the output must match (structured outputs).
+    #[serde(default)]
+    pub constraint: Option<cachet_backend::grammar::Constraint>,
     #[serde(default)]
     pub stop: Vec<String>,
     #[serde(default)]

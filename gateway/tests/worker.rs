@@ -95,6 +95,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         prompt: prompt.clone(),
         max_tokens: 12,
         sampling: Default::default(),
+        constraint: None,
         stop: vec![],
         stop_token_ids: vec![],
         ignore_eos: true,

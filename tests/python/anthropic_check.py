@@ -75,6 +75,16 @@ for name, kw, param in [
         body = e.body if isinstance(e.body, dict) else {}
         check(f"{name} refused in Anthropic's error shape", body.get("type") == "error"
               and body["error"]["type"] == "invalid_request_error" and param in body["error"]["message"], str(body))
+import json
+
+import jsonschema
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}, "confidence": {"type": "number"}},
+          "required": ["answer", "confidence"], "additionalProperties": False}
+j = a.messages.create(model=M, max_tokens=80, messages=Q, extra_body=G,
+                      output_config={"format": {"type": "json_schema", "schema": SCHEMA}})
+jsonschema.validate(json.loads(j.content[0].text), SCHEMA)
+check("messages: output_config.format json_schema validates", j.stop_reason == "end_turn", j.content[0].text)
 try:
     anthropic.Anthropic(base_url=base, api_key="sk-wrong", max_retries=0).messages.create(model=M, max_tokens=4, messages=Q)
     check("401 for a bad key", False)
@@ -99,6 +109,10 @@ check("responses streamed: the event order", kinds[0] == "response.created" and 
 text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
 check("responses streamed: the same text", text == ref_text and events[-1].response.output_text == ref_text, repr(text))
 check("responses streamed: sequence numbers", [e.sequence_number for e in events] == list(range(len(events))))
+rj = o.responses.create(model=M, input="What is the capital of France? Answer as JSON.", temperature=0, max_output_tokens=80,
+                        text={"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA, "strict": True}})
+jsonschema.validate(json.loads(rj.output_text), SCHEMA)
+check("responses: text.format json_schema validates", rj.status == "completed", rj.output_text)
 ri = o.responses.create(model=M, input="Count to fifty.", max_output_tokens=3, temperature=0)
 check("responses: max_output_tokens ends incomplete", ri.status == "incomplete" and ri.incomplete_details.reason == "max_output_tokens")
 for name, kw in [("store", {"store": True}), ("previous_response_id", {"previous_response_id": "resp_1"}),

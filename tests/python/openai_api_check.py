@@ -103,9 +103,48 @@ for tid in ("1000", "2000"):
 check("logit_bias +100 forces its token", all(abs(x.token_logprobs[0]) < 1e-3 for x in forced), str([x.token_logprobs for x in forced]))
 check("logit_bias names the token by id", forced[0].tokens[0] != forced[1].tokens[0], str([x.tokens for x in forced]))
 
+# Structured outputs, validated by the reference `jsonschema` validator.
+import json
+import re
+
+import jsonschema
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                           "population": {"type": "integer", "minimum": 0},
+                                           "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
+          "required": ["city", "population", "tags"], "additionalProperties": False}
+for t in (0, 1.0):
+    r = chat(messages=[{"role": "user", "content": "Tell me about Paris as JSON."}], temperature=t, seed=2, max_tokens=120,
+             response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}})
+    doc = json.loads(r.choices[0].message.content)
+    jsonschema.validate(doc, SCHEMA)
+    check(f"response_format json_schema (temperature {t}) validates", r.choices[0].finish_reason == "stop", r.choices[0].message.content)
+s = list(chat(messages=[{"role": "user", "content": "Tell me about Rome as JSON."}], temperature=0, max_tokens=120, stream=True,
+              response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}))
+doc = json.loads("".join(c.choices[0].delta.content or "" for c in s if c.choices))
+jsonschema.validate(doc, SCHEMA)
+check("response_format json_schema streamed validates", True, json.dumps(doc))
+r = chat(messages=[{"role": "user", "content": "Reply in JSON."}], temperature=0, max_tokens=60, response_format={"type": "json_object"})
+check("response_format json_object", r.choices[0].finish_reason == "length" or isinstance(json.loads(r.choices[0].message.content), dict),
+      r.choices[0].message.content)
+r = chat(messages=[{"role": "user", "content": "A US zip code?"}], temperature=1.0, max_tokens=20, extra_body={"guided_regex": "[0-9]{5}"})
+check("guided_regex", re.fullmatch("[0-9]{5}", r.choices[0].message.content) is not None, r.choices[0].message.content)
+r = chat(messages=[{"role": "user", "content": "Is water wet?"}], temperature=1.0, max_tokens=5,
+         extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}})
+check("structured_outputs choice", r.choices[0].message.content in ("yes", "no", "maybe"), r.choices[0].message.content)
+c = client.completions.create(model=M, prompt="Three primary colours, as JSON:", max_tokens=60, temperature=0,
+                              extra_body={"guided_json": {"type": "array", "items": {"enum": ["red", "green", "blue", "yellow"]}, "maxItems": 3}})
+check("guided_json on completions", isinstance(json.loads(c.choices[0].text), list), c.choices[0].text)
+for name, kw, param in [("a schema that does not compile", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"pattern": "("}}}}}}, None),
+                        ("two structured-output fields", {"response_format": {"type": "json_object"}, "extra_body": {"guided_regex": "a"}}, "guided_regex")]:
+    try:
+        chat(max_tokens=4, **kw)
+        check(f"{name} refused", False)
+    except openai.BadRequestError as e:
+        check(f"{name} refused", param is None or e.body.get("param") == param, str(e.body))
+
 # Refusals, by name.
 for name, kw in [("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
-                 ("response_format", {"response_format": {"type": "json_object"}}),
                  ("audio", {"audio": {"voice": "alloy", "format": "wav"}})]:
     try:
         chat(**kw)

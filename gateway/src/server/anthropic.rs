@@ -38,6 +38,7 @@ struct MessagesRequest {
     service_tier: Option<String>,
     cache_control: Option<Value>,
     speed: Option<String>,
+    output_config: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,6 +202,28 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
             ));
         }
     }
+    let mut format = None;
+    if let Some(oc) = r.output_config.as_ref().filter(|v| !v.is_null()) {
+        let Some(o) = oc.as_object() else {
+            return Err(ApiError::bad_request(
+                "output_config is an object",
+                Some("output_config"),
+            ));
+        };
+        for (k, v) in o {
+            match k.as_str() {
+                "format" if !v.is_null() => format = openai::response_format(v, "output_config")?,
+                "format" => {}
+                "effort" if v.is_null() => {}
+                _ => {
+                    return Err(ApiError::bad_field(
+                        format!("output_config.{k} is not supported (the served model has no effort levels)"),
+                        format!("output_config.{k}"),
+                    ))
+                }
+            }
+        }
+    }
     let stops = r.stop_sequences.unwrap_or_default();
     {
         use crate::sandbox::{MAX_STOP_BYTES, MAX_STOP_HINTS};
@@ -235,6 +258,9 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
     }
     if let Some(u) = user {
         chat["user"] = u.into();
+    }
+    if let Some(c) = format {
+        chat["structured_outputs"] = super::responses::constraint_json(&c);
     }
     let mut parsed =
         openai::parse_request(true, chat.to_string().as_bytes(), UnknownFields::Reject).map_err(

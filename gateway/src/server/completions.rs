@@ -124,6 +124,7 @@ pub async fn run(
         stop_token_ids,
         n,
         ignored,
+        constraint,
     } = parsed;
     let chat = matches!(input, Input::Chat(..));
     check_model(&state, &tenant, &input.common().model)?;
@@ -259,6 +260,7 @@ pub async fn run(
                 er.tag = tenant.id().to_string();
                 er.ignore_eos = common.ignore_eos;
                 er.deadline = Some(arrived + state.request_timeout);
+                er.constraint = constraint.clone();
                 er
             })
             .collect();

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::fields::{self, Api, Status, UnknownFields};
 use crate::http::ApiError;
+use cachet_backend::grammar::Constraint;
 use cachet_backend::sampler::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
 use cachet_backend::tokenizer::ChatMessage;
 
@@ -73,6 +74,12 @@ pub struct Common {
     pub service_tier: Option<String>,
     pub modalities: Option<Vec<String>>,
     pub echo: Option<bool>,
+    pub response_format: Option<serde_json::Value>,
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,6 +145,8 @@ pub struct Parsed {
     pub n: usize,
     /// Unknown fields let through (`UnknownFields::Warn`), for the warning header.
     pub ignored: Vec<String>,
+    /// What the output must match (structured outputs).
+    pub constraint: Option<Constraint>,
 }
 
 /// Parses and validates the body of `/v1/chat/completions` (`chat`) or `/v1/completions`: any
@@ -194,6 +203,7 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
             ));
         }
     }
+    let constraint = c.constraint()?;
     let stop_token_ids = c.stop_token_ids.clone().unwrap_or_default();
     if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
         return Err(ApiError::bad_request(
@@ -209,7 +219,37 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
         stop_token_ids,
         n: n as usize,
         ignored,
+        constraint,
     })
+}
+
+/// The constraint of a `response_format` (OpenAI's chat shape; `param` names the field for
+/// errors): `text` is none, `json_object` any object, `json_schema` its schema.
+pub fn response_format(
+    v: &serde_json::Value,
+    param: &'static str,
+) -> Result<Option<Constraint>, ApiError> {
+    let bad = |m: &str| ApiError::bad_request(format!("{param}: {m}"), Some(param));
+    match v.get("type").and_then(|t| t.as_str()) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
+        Some("json_schema") => {
+            // Chat nests the schema under `json_schema`; the Responses API's `text.format` and
+            // Anthropic's `output_config.format` carry it at the top.
+            let holder = v.get("json_schema").unwrap_or(v);
+            match holder.get("schema") {
+                Some(s) if s.is_object() || s.is_boolean() => {
+                    Ok(Some(Constraint::JsonSchema(s.clone())))
+                }
+                Some(_) => Err(bad("`schema` must be a JSON Schema object")),
+                None => Err(bad("a json_schema format needs its `schema`")),
+            }
+        }
+        Some(t) => Err(bad(&format!(
+            "type `{t}` is not supported (text, json_object, json_schema)"
+        ))),
+        None => Err(bad("needs a `type` (text, json_object, json_schema)")),
+    }
 }
 
 /// Every key of an `api` body against the table: refused fields (with a value other than
@@ -477,6 +517,79 @@ impl Common {
                 },
             }
         }
+    }
+
+    /// The structured-output constraint of `response_format` or vLLM's `guided_*` /
+    /// `structured_outputs` (at most one of them).
+    pub fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        use serde_json::Value;
+        let mut found: Vec<(&'static str, Option<Constraint>)> = Vec::new();
+        if let Some(v) = self.response_format.as_ref().filter(|v| !v.is_null()) {
+            found.push(("response_format", response_format(v, "response_format")?));
+        }
+        if let Some(v) = self.guided_json.as_ref().filter(|v| !v.is_null()) {
+            let schema = match v {
+                Value::String(s) => serde_json::from_str(s).map_err(|e| {
+                    ApiError::bad_request(
+                        format!("guided_json is not JSON: {e}"),
+                        Some("guided_json"),
+                    )
+                })?,
+                v => v.clone(),
+            };
+            found.push(("guided_json", Some(Constraint::JsonSchema(schema))));
+        }
+        if let Some(r) = &self.guided_regex {
+            found.push(("guided_regex", Some(Constraint::Regex(r.clone()))));
+        }
+        if let Some(c) = &self.guided_choice {
+            found.push(("guided_choice", Some(Constraint::Choice(c.clone()))));
+        }
+        if let Some(g) = &self.guided_grammar {
+            found.push(("guided_grammar", Some(Constraint::Lark(g.clone()))));
+        }
+        if let Some(so) = self.structured_outputs.as_ref().filter(|v| !v.is_null()) {
+            let Some(o) = so.as_object().filter(|o| o.len() == 1) else {
+                return Err(ApiError::bad_request(
+                    "structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
+                    Some("structured_outputs"),
+                ));
+            };
+            let (k, v) = o.iter().next().expect("one entry");
+            let bad = |what: &str| {
+                ApiError::bad_request(
+                    format!("structured_outputs.{k} {what}"),
+                    Some("structured_outputs"),
+                )
+            };
+            let c = match (k.as_str(), v) {
+                ("json", Value::String(s)) => Constraint::JsonSchema(
+                    serde_json::from_str(s).map_err(|e| bad(&format!("is not JSON: {e}")))?,
+                ),
+                ("json", v) => Constraint::JsonSchema(v.clone()),
+                ("regex", Value::String(r)) => Constraint::Regex(r.clone()),
+                ("grammar", Value::String(g)) => Constraint::Lark(g.clone()),
+                ("choice", Value::Array(a)) => Constraint::Choice(
+                    a.iter()
+                        .map(|x| x.as_str().map(str::to_owned))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| bad("is a list of strings"))?,
+                ),
+                ("json_object", Value::Bool(true)) => Constraint::JsonObject,
+                _ => return Err(bad("is not one of json, regex, choice, grammar, json_object (with a value of its type)")),
+            };
+            found.push(("structured_outputs", Some(c)));
+        }
+        if found.len() > 1 {
+            return Err(ApiError::bad_field(
+                format!(
+                    "one structured-output field per request, got {}",
+                    found.iter().map(|f| f.0).collect::<Vec<_>>().join(", ")
+                ),
+                found[1].0,
+            ));
+        }
+        Ok(found.pop().and_then(|f| f.1))
     }
 
     /// The routing session key: `prompt_cache_key`, else `user`.

@@ -70,6 +70,19 @@ fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
+/// A constraint in vLLM's `structured_outputs` form (how the other shapes hand theirs to the
+/// chat path).
+pub fn constraint_json(c: &cachet_backend::grammar::Constraint) -> Value {
+    use cachet_backend::grammar::Constraint;
+    match c {
+        Constraint::JsonSchema(s) => serde_json::json!({"json": s}),
+        Constraint::JsonObject => serde_json::json!({"json_object": true}),
+        Constraint::Regex(r) => serde_json::json!({"regex": r}),
+        Constraint::Lark(g) => serde_json::json!({"grammar": g}),
+        Constraint::Choice(x) => serde_json::json!({"choice": x}),
+    }
+}
+
 /// What the response object echoes of the request.
 #[derive(Debug, Clone, Default)]
 pub struct Echo {
@@ -150,20 +163,16 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
             Some("truncation"),
         ));
     }
-    if let Some(t) = &r.text {
-        let text_only = t.as_object().is_some_and(|o| {
-            o.keys().all(|k| k == "format")
-                && o.get("format")
-                    .and_then(|f| f.as_object())
-                    .is_some_and(|f| {
-                        f.len() == 1 && f.get("type").and_then(Value::as_str) == Some("text")
-                    })
-        });
-        if !text_only {
+    let mut format = None;
+    if let Some(t) = r.text.as_ref().filter(|t| !t.is_null()) {
+        let Some(o) = t.as_object().filter(|o| o.keys().all(|k| k == "format")) else {
             return Err(ApiError::bad_request(
-                "text: only {\"format\": {\"type\": \"text\"}} is served; structured outputs are not served yet",
+                "text takes `format` only (verbosity is not served)",
                 Some("text"),
             ));
+        };
+        if let Some(f) = o.get("format") {
+            format = openai::response_format(f, "text")?;
         }
     }
     let mut chat = serde_json::json!({
@@ -171,6 +180,9 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
         "messages": msgs,
         "stream": r.stream,
     });
+    if let Some(c) = format {
+        chat["structured_outputs"] = constraint_json(&c);
+    }
     for (k, val) in [
         ("max_tokens", r.max_output_tokens.map(Value::from)),
         ("temperature", r.temperature.map(Value::from)),

@@ -344,6 +344,28 @@ impl Upstream for OpenAi {
             if er.ignore_eos {
                 body["ignore_eos"] = true.into();
             }
+            // Structured outputs: JSON through OpenAI's `response_format`, the rest through
+            // vLLM's `structured_outputs`.
+            use cachet_backend::grammar::Constraint;
+            match &er.constraint {
+                None => {}
+                Some(Constraint::JsonObject) => {
+                    body["response_format"] = serde_json::json!({"type": "json_object"})
+                }
+                Some(Constraint::JsonSchema(s)) => {
+                    body["response_format"] = serde_json::json!({"type": "json_schema",
+                        "json_schema": {"name": "output", "schema": s, "strict": true}})
+                }
+                Some(Constraint::Regex(r)) => {
+                    body["structured_outputs"] = serde_json::json!({"regex": r})
+                }
+                Some(Constraint::Choice(c)) => {
+                    body["structured_outputs"] = serde_json::json!({"choice": c})
+                }
+                Some(Constraint::Lark(g)) => {
+                    body["structured_outputs"] = serde_json::json!({"grammar": g})
+                }
+            }
             if !er.stop.is_empty() {
                 body["stop"] = er.stop.clone().into();
             }

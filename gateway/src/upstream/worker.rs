@@ -247,6 +247,7 @@ impl Upstream for Worker {
                 prompt: er.prompt.clone(),
                 max_tokens: er.max_tokens,
                 sampling: er.sampling.clone(),
+                constraint: er.constraint.clone(),
                 stop: er.stop.clone(),
                 stop_token_ids: er.stop_token_ids.clone(),
                 ignore_eos: er.ignore_eos,

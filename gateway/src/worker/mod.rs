@@ -170,6 +170,7 @@ fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
     };
     let mut er = EngineRequest::new(g.prompt, g.max_tokens);
     er.sampling = g.sampling;
+    er.constraint = g.constraint;
     er.stop = g.stop;
     er.stop_token_ids = g.stop_token_ids;
     er.ignore_eos = g.ignore_eos;

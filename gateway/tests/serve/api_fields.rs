@@ -193,7 +193,7 @@ fn the_official_openai_client_gets_n_logprobs_and_the_processors() {
 fn the_official_anthropic_client_speaks_messages_and_openai_speaks_responses() {
     let (_server, base) = start(&config());
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-anthropic");
-    let site = cachet_tests::pip_target(dir, &["anthropic", "openai"], "anthropic");
+    let site = cachet_tests::pip_target(dir, &["anthropic", "openai", "jsonschema"], "jsonschema");
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/anthropic_check.py");
     let out = Command::new("python3")

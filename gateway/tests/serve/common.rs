@@ -17,10 +17,15 @@ impl Drop for Server {
     }
 }
 
-/// The `openai` and `prometheus_client` packages, pip-installed under the target directory.
+/// The `openai`, `prometheus_client` and `jsonschema` (the reference validator) packages,
+/// pip-installed under the target directory.
 pub fn openai_site() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-openai");
-    cachet_tests::pip_target(dir, &["openai", "prometheus_client"], "prometheus_client")
+    cachet_tests::pip_target(
+        dir,
+        &["openai", "prometheus_client", "jsonschema"],
+        "jsonschema",
+    )
 }
 
 pub fn key_hash(key: &str) -> String {
