@@ -28,8 +28,10 @@ serve() {  # port, then model flags
 }
 echo "== SmolLM2: the JSON-Schema-Test-Suite corpus, then the per-step cost"
 serve 18001 --model smollm2 && {
-  timeout 240 python3 scripts/structured_bench.py corpus --base http://127.0.0.1:18001 --key $key \
-    --sdist "$c/jsonschema.tar.gz" --workers 32 --max-tokens 128 --out "$out/corpus.json" 2>&1 | tee "$out/corpus.txt"
+  for mt in 128 1024; do
+    timeout 240 python3 scripts/structured_bench.py corpus --base http://127.0.0.1:18001 --key $key \
+      --sdist "$c/jsonschema.tar.gz" --workers 32 --max-tokens $mt --out "$out/corpus-$mt.json" 2>&1 | tee "$out/corpus-$mt.txt"
+  done
   timeout 150 python3 scripts/structured_bench.py overhead --base http://127.0.0.1:18001 --key $key \
     --concurrency 1,64 --reps 3 --max-tokens 128 --out "$out/overhead-smollm2.json" 2>&1 | tee "$out/overhead-smollm2.txt"
   kill %1; wait
@@ -40,3 +42,7 @@ serve 18002 --model examples/configs/llama3-8b.json --load-format dummy --tokeni
     --concurrency 1,64 --reps 3 --max-tokens 128 --out "$out/overhead-8b.json" 2>&1 | tee "$out/overhead-8b.txt"
   kill %1; wait
 }
+echo "== token selection on the 8B shape (512-thread selection blocks)"
+timeout 200 "$c/cachet" bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
+  --decode-batches 1 --decode-contexts 512 --prefill 512 --cached-prefix none --graph-batches 1 \
+  --sampling-batches 1,16,64,256 --json-out "$out/bench-sampling.json" 2>&1 | grep -A6 "| decode step, ctx 512 | greedy" | tee "$out/bench-sampling.txt"

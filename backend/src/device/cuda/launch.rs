@@ -12,6 +12,9 @@ use super::kernels::{
 use super::{op_err, CudaDevice};
 use crate::error::DeviceError;
 
+/// Threads of a token-selection block (`SAMPLE_THREADS` / `LOGPROB_THREADS` in sampling.cu).
+const SAMPLE_THREADS: u32 = 512;
+
 /// A launch of one block per row.
 fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -381,7 +384,7 @@ impl CudaDevice {
         l.arg(logits).arg(params).arg(scratch).arg(ids).arg(&v);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
+            block_dim: (SAMPLE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: params holds 8 words a row (the layout of RowSampling); scratch is rows × vocab
@@ -456,7 +459,7 @@ impl CudaDevice {
         l.arg(logits).arg(chosen).arg(want).arg(lp).arg(top).arg(&v);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
+            block_dim: (SAMPLE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: chosen and want hold rows entries, lp rows × 21 and top rows × 20
