@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use cachet_backend::request::{FinishReason, Usage};
 use cachet_backend::sampler::RowLogprobs;
@@ -20,7 +19,7 @@ use super::fields::{Api, UnknownFields};
 use super::openai::{self, Parsed, MAX_KEY_BYTES};
 use super::respond::{self, ChoiceOut, Meta, Render, UsageSum};
 use super::{completions, AppState};
-use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
+use crate::http::{self, ApiError, Body};
 
 #[derive(Debug, Deserialize)]
 struct MessagesRequest {
@@ -283,30 +282,12 @@ pub async fn messages(
     state: Arc<AppState>,
     req: Request<Incoming>,
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
-    let arrived = Instant::now();
-    let tenant = state
-        .tenants()
-        .authenticate(http::api_key(&req).unwrap_or(""))
-        .map_err(|e| (e.into(), "-".to_string()))?;
-    let name = tenant.id().to_string();
-    let want_timings = req.headers().contains_key("x-cachet-timings");
-    let run = async {
-        let body = http::read_body(req, MAX_BODY_BYTES).await?;
-        let parsed = parse(&body, state.unknown_fields)?;
-        drop(body);
+    completions::shaped(state, req, |state, body| {
+        let parsed = parse(body, state.unknown_fields)?;
         let id = format!("msg_{:024x}", state.next_id());
-        completions::run(
-            state.clone(),
-            tenant,
-            parsed,
-            AnthropicRender::default(),
-            id,
-            arrived,
-            want_timings,
-        )
-        .await
-    };
-    run.await.map(|r| (r, name.clone())).map_err(|e| (e, name))
+        Ok((parsed, AnthropicRender::default(), id))
+    })
+    .await
 }
 
 /// Anthropic's `stop_reason`.

@@ -47,12 +47,58 @@ pub async fn completion(
     req: Request<Incoming>,
     chat: bool,
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
+    shaped(state, req, move |state, body| {
+        let parsed = openai::parse_request(chat, body, state.unknown_fields)?;
+        let c = parsed.input.common();
+        let render = respond::OpenAiRender::new(
+            chat,
+            parsed.sampling.logprobs.is_some(),
+            c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            c.service_tier.is_some(),
+        );
+        let id = format!(
+            "{}-{}",
+            if chat { "chatcmpl" } else { "cmpl" },
+            state.next_id()
+        );
+        Ok((parsed, render, id))
+    })
+    .await
+}
+
+/// A request of any API shape up to its run: the tenant from the API key (401), the body
+/// within its limits (413 / 408), `prepare` turning it into the request every shape runs as
+/// with the shape's render and the response's id (400s, before any work), then [`run`]. The
+/// tenant's id comes back with the result, for counting.
+pub async fn shaped<R: respond::Render>(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    prepare: impl FnOnce(&AppState, &[u8]) -> Result<(Parsed, R, String), ApiError>,
+) -> Result<(Response<Body>, String), (ApiError, String)> {
+    let arrived = Instant::now();
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))
         .map_err(|e| (e.into(), "-".to_string()))?;
     let name = tenant.id().to_string();
-    completion_for(state, req, chat, tenant)
+    // `x-cachet-timings: 1` asks for the server-side split of the request's time in its usage.
+    let want_timings = req.headers().contains_key("x-cachet-timings");
+    let result = async {
+        let body = http::read_body(req, MAX_BODY_BYTES).await?;
+        let (parsed, render, id) = prepare(&state, &body)?;
+        drop(body);
+        run(
+            state.clone(),
+            tenant,
+            parsed,
+            render,
+            id,
+            arrived,
+            want_timings,
+        )
+        .await
+    };
+    result
         .await
         .map(|r| (r, name.clone()))
         .map_err(|e| (e, name))
@@ -74,34 +120,6 @@ fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), Api
         .into());
     }
     Ok(())
-}
-
-async fn completion_for(
-    state: Arc<AppState>,
-    req: Request<Incoming>,
-    chat: bool,
-    tenant: Arc<Tenant>,
-) -> Result<Response<Body>, ApiError> {
-    let arrived = Instant::now();
-    // `x-cachet-timings: 1` asks for the server-side split of the request's time in its usage.
-    let want_timings = req.headers().contains_key("x-cachet-timings");
-    // 2. Validate everything before doing any work.
-    let body = http::read_body(req, MAX_BODY_BYTES).await?;
-    let parsed = openai::parse_request(chat, &body, state.unknown_fields)?;
-    drop(body);
-    let c = parsed.input.common();
-    let render = respond::OpenAiRender::new(
-        chat,
-        parsed.sampling.logprobs.is_some(),
-        c.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        c.service_tier.is_some(),
-    );
-    let id = format!(
-        "{}-{}",
-        if chat { "chatcmpl" } else { "cmpl" },
-        state.next_id()
-    );
-    run(state, tenant, parsed, render, id, arrived, want_timings).await
 }
 
 /// A validated request of any API shape, from the tenant's admission to its response: the

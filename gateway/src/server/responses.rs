@@ -4,7 +4,6 @@
 //! refused by name), then the same path as every other shape (`completions::run`).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use cachet_backend::request::FinishReason;
 use cachet_backend::sampler::RowLogprobs;
@@ -18,7 +17,7 @@ use super::fields::{Api, UnknownFields};
 use super::openai::{self, Parsed};
 use super::respond::{self, ChoiceOut, Meta, Render, UsageSum};
 use super::{completions, AppState};
-use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
+use crate::http::{self, ApiError, Body};
 
 #[derive(Debug, Deserialize)]
 struct ResponsesRequest {
@@ -224,17 +223,8 @@ pub async fn responses(
     state: Arc<AppState>,
     req: Request<Incoming>,
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
-    let arrived = Instant::now();
-    let tenant = state
-        .tenants()
-        .authenticate(http::api_key(&req).unwrap_or(""))
-        .map_err(|e| (e.into(), "-".to_string()))?;
-    let name = tenant.id().to_string();
-    let want_timings = req.headers().contains_key("x-cachet-timings");
-    let run = async {
-        let body = http::read_body(req, MAX_BODY_BYTES).await?;
-        let (parsed, echo) = parse(&body, state.unknown_fields)?;
-        drop(body);
+    completions::shaped(state, req, |state, body| {
+        let (parsed, echo) = parse(body, state.unknown_fields)?;
         let n = state.next_id();
         let render = ResponsesRender {
             echo,
@@ -244,18 +234,9 @@ pub async fn responses(
             seq: 0,
             finish: None,
         };
-        completions::run(
-            state.clone(),
-            tenant,
-            parsed,
-            render,
-            format!("resp_{n:024x}"),
-            arrived,
-            want_timings,
-        )
-        .await
-    };
-    run.await.map(|r| (r, name.clone())).map_err(|e| (e, name))
+        Ok((parsed, render, format!("resp_{n:024x}")))
+    })
+    .await
 }
 
 /// A `response` object, or its events (`response.created` … `response.completed`).

@@ -7,7 +7,6 @@
 //! API and `openai` through the Responses API (`tests/python/anthropic_check.py`).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use cachet_gateway::server::fields::{Api, Status, FIELDS};
 use cachet_tests::curl_status;
@@ -172,21 +171,11 @@ fn unknown_fields_pass_with_a_warning_where_the_deployment_allows_it() {
 #[test]
 fn the_official_openai_client_gets_n_logprobs_and_the_processors() {
     let (_server, base) = start(&config());
-    let site = openai_site();
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/openai_api_check.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .env("PYTHONPATH", &site)
-        .env("BASE_URL", &base)
-        .env("KEY", "sk-test-acme")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("all checks passed"));
+    python_check(
+        "openai_api_check.py",
+        &openai_site(),
+        &[("BASE_URL", &base), ("KEY", "sk-test-acme")],
+    );
 }
 
 #[test]
@@ -194,18 +183,9 @@ fn the_official_anthropic_client_speaks_messages_and_openai_speaks_responses() {
     let (_server, base) = start(&config());
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-anthropic");
     let site = cachet_tests::pip_target(dir, &["anthropic", "openai", "jsonschema"], "jsonschema");
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/anthropic_check.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .env("PYTHONPATH", &site)
-        .env("BASE_URL", &base)
-        .env("KEY", "sk-test-acme")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("all checks passed"));
+    python_check(
+        "anthropic_check.py",
+        &site,
+        &[("BASE_URL", &base), ("KEY", "sk-test-acme")],
+    );
 }

@@ -28,6 +28,26 @@ pub fn openai_site() -> PathBuf {
     )
 }
 
+/// Runs `tests/python/<script>` with `site` on its PYTHONPATH and `env`; asserts it exits 0 and
+/// ends with "all checks passed"; returns what it printed.
+pub fn python_check(script: &str, site: &std::path::Path, env: &[(&str, &str)]) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/python")
+        .join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .env("PYTHONPATH", site)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "{script}: {text}");
+    assert!(text.contains("all checks passed"), "{script}: {text}");
+    text
+}
+
 pub fn key_hash(key: &str) -> String {
     cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
 }
