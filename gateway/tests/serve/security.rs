@@ -338,24 +338,34 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
                 .unwrap();
         tokio::spawn(conn);
         let t0 = Instant::now();
-        let mut keep = Vec::new();
         let mut tasks = Vec::new();
         for _ in 0..100 {
-            let (mut tx, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(4);
-            tx.send_data(bytes::Bytes::from_static(b"{\"mod"))
-                .await
-                .unwrap();
-            keep.push(tx);
-            let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
-                .header("authorization", "Bearer sk-a")
-                .header("content-type", "application/json")
-                .body(body)
-                .unwrap();
             let mut s = sender.clone();
+            let addr = addr.clone();
             tasks.push(tokio::spawn(async move {
-                s.ready().await.unwrap();
-                let resp = s.send_request(req).await.unwrap();
-                (resp.status().as_u16(), Instant::now())
+                loop {
+                    // The body stays open (its sender alive) until the response comes.
+                    let (mut tx, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(4);
+                    tx.send_data(bytes::Bytes::from_static(b"{\"mod"))
+                        .await
+                        .unwrap();
+                    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+                        .header("authorization", "Bearer sk-a")
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .unwrap();
+                    s.ready().await.unwrap();
+                    match s.send_request(req).await {
+                        Ok(resp) => {
+                            drop(tx);
+                            return (resp.status().as_u16(), Instant::now());
+                        }
+                        // A stream opened before the client saw the server's stream cap is
+                        // refused unprocessed (RFC 9113 §8.7): safe to retry.
+                        Err(e) if format!("{e:?}").contains("REFUSED_STREAM") => continue,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
             }));
         }
         let mut codes = Vec::new();
@@ -365,7 +375,6 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
             codes.push(code);
             finished.push(at.duration_since(t0).as_secs_f64());
         }
-        drop(keep);
         (codes, finished)
     });
     assert!(codes.iter().all(|&c| c == 408), "{codes:?}");
