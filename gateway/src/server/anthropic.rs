@@ -261,19 +261,8 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
     if let Some(c) = format {
         chat["structured_outputs"] = super::responses::constraint_json(&c);
     }
-    let mut parsed =
-        openai::parse_request(true, chat.to_string().as_bytes(), UnknownFields::Reject).map_err(
-            |mut e| {
-                // Name Anthropic's fields where the shared checks name OpenAI's.
-                if e.param.as_deref() == Some("stop") {
-                    e.param = Some("stop_sequences".into());
-                    e.message = e.message.replace("stop takes", "stop_sequences takes");
-                }
-                e
-            },
-        )?;
-    parsed.ignored = ignored;
-    Ok(parsed)
+    // Anthropic's names where the shared checks name OpenAI's.
+    openai::parse_as_chat(&chat, ignored, ("stop", "stop_sequences"))
 }
 
 /// `POST /v1/messages`; the tenant's id comes back with the result, for counting. Errors are in

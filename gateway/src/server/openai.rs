@@ -252,6 +252,26 @@ pub fn response_format(
     }
 }
 
+/// Another shape's request, rewritten in the chat shape after its own checks, parsed as chat:
+/// the errors of the shared checks name the shape's field `to` where they name the chat field
+/// `from`; `ignored` are the shape's unknown fields let through.
+pub fn parse_as_chat(
+    chat: &serde_json::Value,
+    ignored: Vec<String>,
+    (from, to): (&'static str, &'static str),
+) -> Result<Parsed, ApiError> {
+    let mut parsed = parse_request(true, chat.to_string().as_bytes(), UnknownFields::Reject)
+        .map_err(|mut e| {
+            if e.param.as_deref() == Some(from) {
+                e.param = Some(to.into());
+                e.message = e.message.replace(from, to);
+            }
+            e
+        })?;
+    parsed.ignored = ignored;
+    Ok(parsed)
+}
+
 /// Every key of an `api` body against the table: refused fields (with a value other than
 /// their no-op) and unknown ones are a 400 naming them; unknown ones are returned instead under
 /// `Warn`.

@@ -197,17 +197,7 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
             chat[k] = val;
         }
     }
-    let mut parsed =
-        openai::parse_request(true, chat.to_string().as_bytes(), UnknownFields::Reject).map_err(
-            |mut e| {
-                if e.param.as_deref() == Some("max_tokens") {
-                    e.param = Some("max_output_tokens".into());
-                    e.message = e.message.replace("max_tokens", "max_output_tokens");
-                }
-                e
-            },
-        )?;
-    parsed.ignored = ignored;
+    let parsed = openai::parse_as_chat(&chat, ignored, ("max_tokens", "max_output_tokens"))?;
     let echo = Echo {
         instructions: r.instructions,
         max_output_tokens: r.max_output_tokens,
