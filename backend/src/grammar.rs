@@ -85,7 +85,7 @@ impl Matcher {
     pub fn mask(&mut self, out: &mut [u32]) -> Result<(), EngineError> {
         let m = self
             .inner
-            .compute_mask()
+            .compute_mask_or_eos()
             .map_err(|e| EngineError::InvalidRequest(format!("the grammar failed: {e}")))?;
         let bits = m.as_slice();
         let n = bits.len().min(out.len()).min(self.words);
@@ -98,6 +98,34 @@ impl Matcher {
         self.inner
             .consume_token(tok)
             .map_err(|e| EngineError::InvalidRequest(format!("the grammar refused a token: {e}")))
+    }
+    /// How many leading `drafts` the grammar allows (speculative drafts are cut there).
+    pub fn valid_prefix(&mut self, drafts: &[u32]) -> usize {
+        self.inner.validate_tokens(drafts).unwrap_or(0)
+    }
+    /// The masks of a verification step: the row after the known tokens, then one after each
+    /// draft (followed tentatively and taken back), into `out` (`1 + drafts.len()` rows).
+    pub fn masks_through(&mut self, drafts: &[u32], out: &mut [u32]) -> Result<(), EngineError> {
+        let words = out.len() / (1 + drafts.len());
+        let mut rows = out.chunks_mut(words);
+        self.mask(rows.next().expect("a row"))?;
+        let mut followed = 0;
+        let mut result = Ok(());
+        for (d, row) in drafts.iter().zip(rows) {
+            if let Err(e) = self.consume(*d) {
+                result = Err(e);
+                break;
+            }
+            followed += 1;
+            if let Err(e) = self.mask(row) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.inner
+            .rollback(followed)
+            .map_err(|e| EngineError::InvalidRequest(format!("the grammar failed: {e}")))?;
+        result
     }
     /// Whether the grammar is complete and allows nothing more.
     pub fn is_stopped(&self) -> bool {

@@ -343,3 +343,29 @@ device_test! {
         );
     }
 }
+
+device_test! {
+    fn drafts_are_checked_against_the_grammar_and_change_nothing(dev) {
+        // A constrained request speculates too: its drafts are cut where its grammar refuses
+        // them, each verification row gets the grammar's mask after the drafts before it, and
+        // the output is the one without speculation.
+        use cachet_backend::grammar::Constraint;
+        let m = smollm2();
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+            "required": ["name", "age", "city"], "additionalProperties": false});
+        let reqs = || {
+            let mut r = greedy_request(copy_prompts()[2].clone(), 48);
+            r.ignore_eos = false;
+            r.constraint = Some(Constraint::JsonSchema(schema.clone()));
+            vec![r]
+        };
+        let (off, _) = run(dev, m, None, reqs());
+        let (on, s_on) = run(dev, m, spec(|_| {}), reqs());
+        let v: serde_json::Value = serde_json::from_str(&on[0].text).unwrap();
+        assert!(v["name"].is_string() && v["age"].is_i64() && v["city"].is_string(), "{v}");
+        assert_greedy_agrees(dev, m, &copy_prompts()[2], &off[0].tokens, &on[0].tokens, &on[0].text);
+        let c = s_on.counters;
+        assert!(c.spec_accepted_tokens > 0, "{c:?}");
+    }
+}

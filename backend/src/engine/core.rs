@@ -143,7 +143,14 @@ impl EngineCore {
 
     fn step(&mut self) {
         let now = Instant::now();
-        let out = self.sched.schedule(now);
+        // Drafts are checked against the request's grammar before they are scheduled.
+        let matchers = &mut self.matchers;
+        let out = self
+            .sched
+            .schedule_with(now, &mut |id, drafts| match matchers.get_mut(&id) {
+                Some(m) => m.valid_prefix(drafts),
+                None => drafts.len(),
+            });
         for sc in &out.scheduled {
             if let Some(s) = self.streams.get_mut(&sc.id) {
                 if !s.started {
@@ -210,37 +217,52 @@ impl EngineCore {
             return Vec::new();
         }
         let words = self.runner.config().vocab_size.div_ceil(32);
-        let mut rows: HashMap<RequestId, u32> = HashMap::new();
+        // Each constrained entry's first logits row and drafts (one more row per draft).
+        let mut rows: HashMap<RequestId, (u32, &[u32])> = HashMap::new();
         let mut row = 0u32;
         for sc in &out.scheduled {
             if sc.sample && self.matchers.contains_key(&sc.id) {
-                rows.insert(sc.id, row);
+                rows.insert(sc.id, (row, &sc.drafts));
             }
             row += sc.num_logit_rows() as u32;
         }
         if rows.is_empty() {
             return Vec::new();
         }
-        let mut jobs: Vec<(RequestId, u32, &mut Box<Matcher>)> = self
+        let mut jobs: Vec<(RequestId, u32, &[u32], &mut Box<Matcher>)> = self
             .matchers
             .iter_mut()
-            .filter_map(|(id, m)| rows.get(id).map(|&r| (*id, r, m)))
+            .filter_map(|(id, m)| rows.get(id).map(|&(r, d)| (*id, r, d, m)))
             .collect();
         jobs.sort_by_key(|j| j.1);
-        let mut bits = vec![0u32; jobs.len() * words];
+        let n_rows: usize = jobs.iter().map(|j| 1 + j.2.len()).sum();
+        let mut bits = vec![0u32; n_rows * words];
+        // One slice of the masks per job, then all jobs at once on the host's cores.
+        let mut slices = Vec::with_capacity(jobs.len());
+        let mut rest = &mut bits[..];
+        for j in &jobs {
+            let (a, b) = rest.split_at_mut((1 + j.2.len()) * words);
+            slices.push(a);
+            rest = b;
+        }
         let results: Vec<Result<(), EngineError>> = jobs
             .par_iter_mut()
-            .zip(bits.par_chunks_mut(words))
-            .map(|((_, _, m), out)| m.mask(out))
+            .zip(slices.par_iter_mut())
+            .map(|((_, _, drafts, m), out)| m.masks_through(drafts, out))
             .collect();
         let mut failed = Vec::new();
-        for ((id, _, _), r) in jobs.iter().zip(&results) {
+        for ((id, ..), r) in jobs.iter().zip(&results) {
             if let Err(e) = r {
                 failed.push((*id, e.to_string()));
             }
         }
+        let mask_rows = jobs
+            .iter()
+            .flat_map(|j| j.1..j.1 + 1 + j.2.len() as u32)
+            .collect();
+        drop(slices);
         plan.masks = RowMasks {
-            rows: jobs.iter().map(|j| j.1).collect(),
+            rows: mask_rows,
             words,
             bits,
         };

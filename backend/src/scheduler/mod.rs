@@ -164,10 +164,7 @@ impl Scheduler {
             spec: self
                 .spec
                 .as_ref()
-                // Drafts are proposed without the grammar: a request with one does not speculate.
-                .filter(|_| {
-                    (!self.device_samples || req.sampling.is_greedy()) && req.constraint.is_none()
-                })
+                .filter(|_| !self.device_samples || req.sampling.is_greedy())
                 .map(SpecState::new),
             history: crate::sampler::TokenHistory::new(&req.sampling, &req.prompt),
             req,
@@ -229,6 +226,17 @@ impl Scheduler {
 
     /// One scheduling decision.
     pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
+        self.schedule_with(now, &mut |_, drafts| drafts.len())
+    }
+
+    /// [`Scheduler::schedule`], with `valid_drafts(request, drafts)` saying how many leading
+    /// drafts a request may verify (its grammar's say; the rest are dropped before any slot is
+    /// allocated for them).
+    pub fn schedule_with(
+        &mut self,
+        now: Instant,
+        valid_drafts: &mut dyn FnMut(RequestId, &[u32]) -> usize,
+    ) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.config.max_num_batched_tokens;
         // Decodes first (in their order), then unfinished prefills by policy, so a short prompt
@@ -266,6 +274,10 @@ impl Scheduler {
             } else {
                 Vec::new()
             };
+            if !drafts.is_empty() {
+                let keep = valid_drafts(id, &drafts);
+                drafts.truncate(keep);
+            }
             // Drafts only take blocks that are free: they never preempt anyone.
             if !drafts.is_empty()
                 && !self.kv.allocate_slots(
