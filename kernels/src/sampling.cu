@@ -27,6 +27,35 @@ __device__ __forceinline__ float uniform01(unsigned long long seed, unsigned lon
     return (z >> 40) * (1.0f / 16777216.0f);
 }
 
+// Block-wide argmax, lowest index on ties: every thread brings its (value, index) and gets the
+// block's. Starts with a barrier, so it may follow reads of best_v / best_i by any thread.
+__device__ __forceinline__ void block_argmax(float& bv, int& bi, float* best_v, int* best_i) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    __syncthreads();
+    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        bv = (lane < (int)(blockDim.x >> 5)) ? best_v[lane] : -CACHET_INF;
+        bi = (lane < (int)(blockDim.x >> 5)) ? best_i[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { best_v[0] = bv; best_i[0] = bi; }
+    }
+    __syncthreads();
+    bv = best_v[0];
+    bi = best_i[0];
+}
+
 #define SAMPLE_CAP 4096  // candidates the fast path keeps in shared memory
 #define SAMPLE_BINS 24   // coarse thresholds of the fast path: within (j+1)^2/36 of the max
 
@@ -170,29 +199,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(const fl
         const float v = x[i];
         if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
-    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
-    __syncthreads();
-    if (warp == 0) {
-        bv = (lane < (int)(blockDim.x >> 5)) ? best_v[lane] : -CACHET_INF;
-        bi = (lane < (int)(blockDim.x >> 5)) ? best_i[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
-        if (lane == 0) { best_v[0] = bv; best_i[0] = bi; }
-    }
-    __syncthreads();
-    const float mx = best_v[0];
+    block_argmax(bv, bi, best_v, best_i);
+    const float mx = bv;
     if (pr.temperature <= 0.f || pr.top_k == 1) {
-        if (tid == 0) out[row] = (unsigned)best_i[0];
+        if (tid == 0) out[row] = (unsigned)bi;
         return;
     }
     float* p = scratch + row * vocab;
@@ -217,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(const fl
     const float lo0 = pr.min_p > 0.f ? pr.min_p : 0.f;
     const bool topk = pr.top_k > 0 && pr.top_k < vocab, topp = pr.top_p < 1.f;
     const float u01 = uniform01(pr.seed, pr.step);
-    const unsigned argmax_i = (unsigned)best_i[0];
+    const unsigned argmax_i = (unsigned)bi;
     if (!topk && !topp) {
         const unsigned c = pick(p, nullptr, vocab, pr, lo0, -1.f, u01, chunk_mass, argmax_i);
         if (tid == 0) out[row] = c;
@@ -347,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(LOGPROB_THREADS) logprobs_f32(const
     const int k = want[row];
     if (k < 0) return;
     const float* x = logits + row * vocab;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     float m = -CACHET_INF;
     for (int i = tid; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
     m = block_max(m);
@@ -406,29 +416,9 @@ extern "C" __global__ void __launch_bounds__(LOGPROB_THREADS) logprobs_f32(const
             const bool after = v < pv || (v == pv && i > pi);
             if (after && (v > bv || (v == bv && i < bi))) { bv = v; bi = i; }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
-        __syncthreads();
-        if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
-        __syncthreads();
-        if (warp == 0) {
-            bv = (lane < (int)(blockDim.x >> 5)) ? best_v[lane] : -CACHET_INF;
-            bi = (lane < (int)(blockDim.x >> 5)) ? best_i[lane] : 0x7fffffff;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-            }
-            if (lane == 0) { best_v[0] = bv; best_i[0] = bi; }
-        }
-        __syncthreads();
-        pv = best_v[0];
-        pi = best_i[0];
+        block_argmax(bv, bi, best_v, best_i);
+        pv = bv;
+        pi = bi;
         if (tid == 0) {
             lp[1 + r] = pv - lse;
             out_id[row * MAX_TOP_LOGPROBS + r] = (unsigned)pi;
