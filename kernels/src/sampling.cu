@@ -335,6 +335,7 @@ extern "C" __global__ void mask_logits_f32(float* __restrict__ logits, const uns
 }
 
 #define LOGPROB_THREADS 512
+#define LOGPROB_BINS 12
 #define MAX_TOP_LOGPROBS 20
 
 // Log-probabilities (log-softmax of the row) of the chosen token and of the `want[row]` most
@@ -375,19 +376,21 @@ extern "C" __global__ void __launch_bounds__(LOGPROB_THREADS) logprobs_f32(const
     __shared__ int cand_i[SAMPLE_CAP];
     __shared__ int ncand_s;
     const int rounds = k < MAX_TOP_LOGPROBS ? k : MAX_TOP_LOGPROBS;
-    float cnt_b[SAMPLE_BINS];
+    // Every other threshold of the sampler's: half the registers (a block of 512 threads has
+    // 128 a thread, and the kernel must not spill).
+    float cnt_b[LOGPROB_BINS];
 #pragma unroll
-    for (int j = 0; j < SAMPLE_BINS; ++j) cnt_b[j] = 0.f;
+    for (int j = 0; j < LOGPROB_BINS; ++j) cnt_b[j] = 0.f;
     for (int i = tid; i < vocab; i += blockDim.x) {
         const float d = m - x[i];
 #pragma unroll
-        for (int j = 0; j < SAMPLE_BINS; ++j) cnt_b[j] += d <= bin_dist(j);
+        for (int j = 0; j < LOGPROB_BINS; ++j) cnt_b[j] += d <= bin_dist(2 * j + 1);
     }
     float within = -1.f;
 #pragma unroll
-    for (int j = 0; j < SAMPLE_BINS; ++j) {
+    for (int j = 0; j < LOGPROB_BINS; ++j) {
         const float c = block_sum(cnt_b[j]);
-        if (within < 0.f && c >= (float)rounds) within = c <= (float)SAMPLE_CAP ? bin_dist(j) : CACHET_INF;
+        if (within < 0.f && c >= (float)rounds) within = c <= (float)SAMPLE_CAP ? bin_dist(2 * j + 1) : CACHET_INF;
     }
     const bool gathered = within >= 0.f && within < CACHET_INF;
     if (tid == 0) ncand_s = 0;
