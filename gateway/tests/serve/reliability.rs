@@ -212,7 +212,25 @@ fn a_full_engine_queue_gets_503_and_a_disconnect_cancels_at_once() {
         "/v1/completions",
         r#"{"model":"smollm2","prompt":"The capital of France is","max_tokens":3,"temperature":0}"#,
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // (Waiting for the engine to report it queued: on a loaded machine the gateway's work on B
+    // can take longer than any fixed pause.)
+    let t0 = Instant::now();
+    loop {
+        let (_, metrics) = curl(&[&format!("{base}/metrics")]);
+        let waiting = metrics
+            .lines()
+            .filter(|l| l.starts_with("cachet_num_requests_waiting"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum::<f64>();
+        if waiting >= 1.0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "B never queued: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // ...so C is refused at once with 503, Retry-After and OpenAI's error shape.
     let out = Command::new("curl")
         .args([
