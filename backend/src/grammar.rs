@@ -76,11 +76,10 @@ fn compact(mut schema: serde_json::Value) -> serde_json::Value {
 /// One request's grammar state.
 pub struct Matcher {
     inner: llguidance::Matcher,
-    words: usize,
 }
 
 impl Matcher {
-    /// The tokens allowed next, as bits over `words` 32-bit words (token `t` is bit `t % 32` of
+    /// The tokens allowed next, as bits over `out`'s 32-bit words (token `t` is bit `t % 32` of
     /// word `t / 32`); ids beyond the tokenizer's vocabulary are never allowed.
     pub fn mask(&mut self, out: &mut [u32]) -> Result<(), EngineError> {
         let m = self
@@ -88,7 +87,7 @@ impl Matcher {
             .compute_mask_or_eos()
             .map_err(|e| EngineError::InvalidRequest(format!("the grammar failed: {e}")))?;
         let bits = m.as_slice();
-        let n = bits.len().min(out.len()).min(self.words);
+        let n = bits.len().min(out.len());
         out[..n].copy_from_slice(&bits[..n]);
         out[n..].fill(0);
         Ok(())
@@ -195,14 +194,6 @@ impl GrammarCompiler {
                 "the constraint does not compile: {e}"
             )));
         }
-        Ok(Matcher {
-            inner,
-            words: self.model_vocab.div_ceil(32),
-        })
-    }
-
-    /// 32-bit words of one row's mask.
-    pub fn words(&self) -> usize {
-        self.model_vocab.div_ceil(32)
+        Ok(Matcher { inner })
     }
 }

@@ -209,13 +209,18 @@ pub fn row_edits(
         return Vec::new();
     }
     let mut e: BTreeMap<u32, TokenEdit> = BTreeMap::new();
-    let mut counts: HashMap<u32, u32> = HashMap::new();
-    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0 {
-        counts = history.output.clone();
+    // The output's counts, with the drafts before this row (a copy only when there are some).
+    let penalised =
+        p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;
+    let counts: std::borrow::Cow<'_, HashMap<u32, u32>> = if extra.is_empty() || !penalised {
+        std::borrow::Cow::Borrowed(&history.output)
+    } else {
+        let mut c = history.output.clone();
         for &t in extra {
-            *counts.entry(t).or_default() += 1;
+            *c.entry(t).or_default() += 1;
         }
-    }
+        std::borrow::Cow::Owned(c)
+    };
     if p.repetition_penalty != 1.0 {
         let r = p.repetition_penalty;
         for &t in history.prompt.iter().chain(counts.keys()) {
@@ -225,7 +230,7 @@ pub fn row_edits(
         }
     }
     if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-        for (&t, &c) in &counts {
+        for (&t, &c) in counts.iter() {
             e.entry(t).or_insert_with(|| TokenEdit::new(t)).add -=
                 p.presence_penalty + p.frequency_penalty * c as f32;
         }

@@ -289,18 +289,27 @@ impl IncrementalDecoder {
 /// stands for. Printable bytes (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) stand for themselves; the other 68
 /// bytes were shifted to U+0100.. in byte order.
 fn byte_of_char(c: char) -> Option<u8> {
-    let printable = |b: u32| {
-        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    const fn printable(b: u8) -> bool {
+        matches!(b, 0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff)
+    }
+    // The 68 shifted bytes, in order (U+0100 + k stands for SHIFTED[k]).
+    const SHIFTED: [u8; 68] = {
+        let mut t = [0u8; 68];
+        let (mut b, mut k) = (0usize, 0usize);
+        while b < 256 {
+            if !printable(b as u8) {
+                t[k] = b as u8;
+                k += 1;
+            }
+            b += 1;
+        }
+        t
     };
     let u = c as u32;
     if u <= 0xff {
-        return printable(u).then_some(u as u8);
+        return printable(u as u8).then_some(u as u8);
     }
-    let k = u.checked_sub(0x100)? as usize;
-    (0u32..=255)
-        .filter(|&b| !printable(b))
-        .nth(k)
-        .map(|b| b as u8)
+    SHIFTED.get(u.checked_sub(0x100)? as usize).copied()
 }
 
 #[cfg(test)]

@@ -107,16 +107,8 @@ fn text_of(content: &Value, at: &str) -> Result<String, ApiError> {
 
 /// Parses and validates a Messages body into the request every shape runs as.
 pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
-    let v: Value = http::parse_json(body)?;
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad_request(
-            "the body must be a JSON object",
-            None,
-        ));
-    };
-    let ignored = openai::check_fields(Api::Messages, obj, unknown)?;
-    let r: MessagesRequest = serde_json::from_value(v)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))?;
+    let (r, ignored): (MessagesRequest, _) =
+        openai::checked(Api::Messages, http::parse_json(body)?, unknown)?;
     let Some(max_tokens) = r.max_tokens else {
         return Err(ApiError::bad_request(
             "max_tokens: Field required (the Messages API needs the output's limit)",
@@ -262,7 +254,7 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
         chat["structured_outputs"] = super::responses::constraint_json(&c);
     }
     // Anthropic's names where the shared checks name OpenAI's.
-    openai::parse_as_chat(&chat, ignored, ("stop", "stop_sequences"))
+    openai::parse_as_chat(chat, ignored, ("stop", "stop_sequences"))
 }
 
 /// `POST /v1/messages`; the tenant's id comes back with the result, for counting. Errors are in

@@ -153,26 +153,40 @@ pub struct Parsed {
 /// bytes give a request or a 400 that names what to fix (the `request` fuzz target holds it to
 /// that).
 pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
-    let v: serde_json::Value = crate::http::parse_json(body)?;
+    let v = crate::http::parse_json(body)?;
+    if chat {
+        let (r, ignored) = checked::<ChatRequest>(Api::Chat, v, unknown)?;
+        let msgs = r.messages()?;
+        validated(Input::Chat(r, msgs), ignored)
+    } else {
+        let (r, ignored) = checked::<CompletionRequest>(Api::Completions, v, unknown)?;
+        let p = r.prompts()?;
+        validated(Input::Text(r, p), ignored)
+    }
+}
+
+/// A body of `api`: a JSON object whose every key is checked against the table
+/// ([`check_fields`]), typed as `T`; with the unknown fields let through.
+pub fn checked<T: serde::de::DeserializeOwned>(
+    api: Api,
+    v: serde_json::Value,
+    unknown: UnknownFields,
+) -> Result<(T, Vec<String>), ApiError> {
     let Some(obj) = v.as_object() else {
         return Err(ApiError::bad_request(
             "the body must be a JSON object",
             None,
         ));
     };
-    let api = if chat { Api::Chat } else { Api::Completions };
     let ignored = check_fields(api, obj, unknown)?;
-    let typed =
-        |e: serde_json::Error| ApiError::bad_request(format!("invalid request body: {e}"), None);
-    let input = if chat {
-        let r: ChatRequest = serde_json::from_value(v).map_err(typed)?;
-        let msgs = r.messages()?;
-        Input::Chat(r, msgs)
-    } else {
-        let r: CompletionRequest = serde_json::from_value(v).map_err(typed)?;
-        let p = r.prompts()?;
-        Input::Text(r, p)
-    };
+    let r = serde_json::from_value(v)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))?;
+    Ok((r, ignored))
+}
+
+/// The checks of the common fields, on a request whose input is already valid.
+fn validated(input: Input, ignored: Vec<String>) -> Result<Parsed, ApiError> {
+    let chat = matches!(input, Input::Chat(..));
     let c = input.common();
     let (max_tokens, stop) = c.validate()?;
     let sampling = c.sampling(chat)?;
@@ -256,26 +270,26 @@ pub fn response_format(
 /// the errors of the shared checks name the shape's field `to` where they name the chat field
 /// `from`; `ignored` are the shape's unknown fields let through.
 pub fn parse_as_chat(
-    chat: &serde_json::Value,
+    chat: serde_json::Value,
     ignored: Vec<String>,
     (from, to): (&'static str, &'static str),
 ) -> Result<Parsed, ApiError> {
-    let mut parsed = parse_request(true, chat.to_string().as_bytes(), UnknownFields::Reject)
-        .map_err(|mut e| {
-            if e.param.as_deref() == Some(from) {
-                e.param = Some(to.into());
-                e.message = e.message.replace(from, to);
-            }
-            e
-        })?;
-    parsed.ignored = ignored;
-    Ok(parsed)
+    let rename = |mut e: ApiError| {
+        if e.param.as_deref() == Some(from) {
+            e.param = Some(to.into());
+            e.message = e.message.replace(from, to);
+        }
+        e
+    };
+    let (r, _) = checked::<ChatRequest>(Api::Chat, chat, UnknownFields::Reject).map_err(rename)?;
+    let msgs = r.messages().map_err(rename)?;
+    validated(Input::Chat(r, msgs), ignored).map_err(rename)
 }
 
 /// Every key of an `api` body against the table: refused fields (with a value other than
 /// their no-op) and unknown ones are a 400 naming them; unknown ones are returned instead under
 /// `Warn`.
-pub fn check_fields(
+fn check_fields(
     api: Api,
     obj: &serde_json::Map<String, serde_json::Value>,
     unknown: UnknownFields,

@@ -94,16 +94,8 @@ pub struct Echo {
 
 /// Parses and validates a Responses body into the request every shape runs as.
 pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiError> {
-    let v: Value = http::parse_json(body)?;
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad_request(
-            "the body must be a JSON object",
-            None,
-        ));
-    };
-    let ignored = openai::check_fields(Api::Responses, obj, unknown)?;
-    let r: ResponsesRequest = serde_json::from_value(v)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))?;
+    let (r, ignored): (ResponsesRequest, _) =
+        openai::checked(Api::Responses, http::parse_json(body)?, unknown)?;
     let mut msgs = Vec::new();
     if let Some(i) = &r.instructions {
         msgs.push(serde_json::json!({"role": "system", "content": i}));
@@ -197,7 +189,7 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
             chat[k] = val;
         }
     }
-    let parsed = openai::parse_as_chat(&chat, ignored, ("max_tokens", "max_output_tokens"))?;
+    let parsed = openai::parse_as_chat(chat, ignored, ("max_tokens", "max_output_tokens"))?;
     let echo = Echo {
         instructions: r.instructions,
         max_output_tokens: r.max_output_tokens,

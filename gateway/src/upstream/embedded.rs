@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cachet_backend::block_hash::BlockHash;
 use cachet_backend::engine::{EngineHandle, RequestStream};
-use cachet_backend::request::EngineEvent;
+use cachet_backend::request::{EngineEvent, EngineRequest};
 use cachet_backend::EngineError;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -23,6 +23,22 @@ pub struct Embedded {
     engine: EngineHandle,
     blocks: Arc<BlockSet>,
     tally: Arc<Tally>,
+}
+
+/// Submits to an engine from async code. A request with a grammar compiles it on a blocking
+/// thread (a schema can take a while to compile, and the first one indexes the vocabulary)
+/// rather than stall the runtime; the others are queued at once.
+pub async fn submit_engine(
+    engine: &EngineHandle,
+    req: EngineRequest,
+) -> Result<RequestStream, EngineError> {
+    if req.constraint.is_none() {
+        return engine.submit(req);
+    }
+    let engine = engine.clone();
+    tokio::task::spawn_blocking(move || engine.submit(req))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 impl Embedded {
@@ -86,7 +102,7 @@ impl Upstream for Embedded {
     fn submit<'a>(&'a self, req: UpstreamRequest<'a>) -> BoxFuture<'a, Result<Events, StartError>> {
         Box::pin(async move {
             let mut tally = self.tally.start();
-            match self.engine.submit(req.engine.clone()) {
+            match submit_engine(&self.engine, req.engine.clone()).await {
                 Ok(stream) => {
                     tally.accepted();
                     Ok(Box::new(Stream {

@@ -186,16 +186,20 @@ fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
 async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let g: GenerateRequest = http::read_json(req, MAX_BODY).await?;
     let er = engine_request(g)?;
-    let mut stream = state.engine.submit(er).map_err(|e| {
-        use cachet_backend::EngineError;
-        match e {
-            EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. } => {
-                ApiError::overloaded(e.to_string(), Duration::from_secs(1))
+    let mut stream = crate::upstream::embedded::submit_engine(&state.engine, er)
+        .await
+        .map_err(|e| {
+            use cachet_backend::EngineError;
+            match e {
+                EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. } => {
+                    ApiError::overloaded(e.to_string(), Duration::from_secs(1))
+                }
+                EngineError::InvalidRequest(m) => {
+                    error(StatusCode::BAD_REQUEST, "invalid_request", m)
+                }
+                e => ApiError::internal(e.to_string()),
             }
-            EngineError::InvalidRequest(m) => error(StatusCode::BAD_REQUEST, "invalid_request", m),
-            e => ApiError::internal(e.to_string()),
-        }
-    })?;
+        })?;
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         // Dropping `stream` when the client is gone cancels the request in the engine — at once,
