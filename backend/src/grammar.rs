@@ -62,9 +62,9 @@ impl Constraint {
     }
 }
 
-/// JSON written as `json.dumps` writes it (`, ` and `: `, no other whitespace), unless the
-/// schema sets llguidance's `x-guidance` options itself: a model left free to pick whitespace
-/// can spend its whole budget on newlines.
+/// JSON without whitespace (llguidance's `,` and `:` separators), unless the schema sets
+/// llguidance's `x-guidance` options itself: a model left free to pick whitespace can spend its
+/// whole budget on newlines.
 fn compact(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance")

@@ -23,8 +23,12 @@ pub struct EngineRequest {
     pub priority: i32,
     /// Give up (finish with an error) if not finished by then.
     pub deadline: Option<Instant>,
-    /// Free-form label carried into logs and events (e.g. the tenant).
+    /// The tenant (or another label) the request belongs to: carried into logs and events, and
+    /// the group fair sharing counts tokens by.
     pub tag: String,
+    /// The tenant's weight under fair sharing (> 0; 1 by default): a tenant of share 2 gets
+    /// twice the tokens of a tenant of share 1 when both have work waiting.
+    pub share: f32,
     /// What the output must match (structured outputs); the request finishes when the grammar
     /// is complete.
     pub constraint: Option<crate::grammar::Constraint>,
@@ -43,6 +47,7 @@ impl EngineRequest {
             priority: 0,
             deadline: None,
             tag: String::new(),
+            share: 1.0,
             constraint: None,
         }
     }

@@ -7,6 +7,7 @@ use crate::error::{EngineError, LoadError};
 /// One chat message, as in the OpenAI API: the template ABI's message, so one shape carries a
 /// message from the gateway's API through a tenant's template to the chat template.
 pub use cachet_guest_sdk::Message as ChatMessage;
+pub use cachet_guest_sdk::ToolCall;
 
 fn plain_of(inner: &tokenizers::Tokenizer) -> std::sync::Arc<tokenizers::Tokenizer> {
     let mut plain = inner.clone();
@@ -29,6 +30,8 @@ pub struct TextTokenizer {
     /// See [`TextTokenizer::for_dummy_model`]: the model's vocabulary size, and the ids of this
     /// tokenizer that decode on their own to visible text.
     wrap_ids: Option<(u32, std::sync::Arc<Vec<u32>>)>,
+    /// The special tokens' texts (see [`TextTokenizer::special_texts`]).
+    specials: std::sync::Arc<Vec<String>>,
 }
 
 impl TextTokenizer {
@@ -38,8 +41,15 @@ impl TextTokenizer {
         bos_token: Option<String>,
         eos_token: Option<String>,
     ) -> Self {
+        let specials = inner
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content.clone())
+            .collect();
         TextTokenizer {
             plain: plain_of(&inner),
+            specials: std::sync::Arc::new(specials),
             inner,
             chat_template,
             bos_token,
@@ -83,15 +93,7 @@ impl TextTokenizer {
             chat_template =
                 Some(std::fs::read_to_string(&jinja).map_err(|e| LoadError::io(&jinja, e))?);
         }
-        Ok(TextTokenizer {
-            plain: plain_of(&inner),
-            inner,
-            chat_template,
-            bos_token: bos,
-            eos_token: eos,
-            compiled: Default::default(),
-            wrap_ids: None,
-        })
+        Ok(TextTokenizer::new(inner, chat_template, bos, eos))
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -211,10 +213,37 @@ impl TextTokenizer {
         self
     }
 
+    /// Serves this model with another chat template (`--chat-template`): one that renders
+    /// tools, say, where the model's own does not.
+    pub fn with_chat_template(mut self, template: String) -> Self {
+        self.chat_template = Some(template);
+        self.compiled = Default::default();
+        self
+    }
+
+    /// The texts of the special (control) tokens: text that must not reach the template's
+    /// markup from a request.
+    pub fn special_texts(&self) -> &[String] {
+        &self.specials
+    }
+
     /// Renders `messages` with the model's chat template.
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        self.render_chat_with(messages, None, add_generation_prompt)
+    }
+
+    /// Renders `messages` and `tools` (OpenAI's function tools, `[{"type": "function",
+    /// "function": {...}}]`, what HF chat templates take as `tools`) with the model's chat
+    /// template, as transformers' `apply_chat_template` does: blocks trimmed, `tojson` as
+    /// Python's `json.dumps`, an assistant's tool calls with their arguments as objects.
+    pub fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
@@ -226,6 +255,8 @@ impl TextTokenizer {
             .compiled
             .get_or_init(|| {
                 let mut env = minijinja::Environment::new();
+                env.set_trim_blocks(true);
+                env.set_lstrip_blocks(true);
                 env.add_function(
                     "raise_exception",
                     |msg: String| -> Result<String, minijinja::Error> {
@@ -235,6 +266,7 @@ impl TextTokenizer {
                         ))
                     },
                 );
+                env.add_filter("tojson", pyjson::tojson);
                 env.add_template_owned("chat", template.to_string())
                     .map_err(|e| format!("chat template does not parse: {e}"))?;
                 Ok(env)
@@ -242,13 +274,177 @@ impl TextTokenizer {
             .as_ref()
             .map_err(|e| EngineError::InvalidRequest(e.clone()))?;
         let tmpl = env.get_template("chat").expect("added at compile time");
+        let messages: Vec<serde_json::Value> = messages.iter().map(template_message).collect();
         tmpl.render(minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         })
         .map_err(|e| EngineError::InvalidRequest(format!("chat template failed: {e}")))
+    }
+}
+
+/// A message as HF chat templates read it: `role`, `content`, and where there are some,
+/// `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments
+/// an object, as transformers passes them) or `tool_call_id`.
+fn template_message(m: &ChatMessage) -> serde_json::Value {
+    let mut v = serde_json::json!({"role": m.role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        v["tool_calls"] = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                    .unwrap_or_else(|_| c.arguments.clone().into());
+                serde_json::json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": args},
+                })
+            })
+            .collect();
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = id.clone().into();
+    }
+    v
+}
+
+/// Python's `json.dumps`, as transformers' chat templates call it through `tojson`.
+mod pyjson {
+    use minijinja::value::{Kwargs, Value};
+    use minijinja::{Error, ErrorKind};
+
+    /// `x | tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
+    pub fn tojson(x: Value, kwargs: Kwargs) -> Result<String, Error> {
+        let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+        let indent: Option<Value> = kwargs.get("indent")?;
+        let separators: Option<Vec<String>> = kwargs.get("separators")?;
+        let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+        kwargs.assert_all_used()?;
+        let indent = match indent {
+            None => None,
+            Some(v) if v.is_none() => None,
+            Some(v) => match (v.as_i64(), v.as_str()) {
+                (Some(n), _) => Some(" ".repeat(n.max(0) as usize)),
+                (_, Some(s)) => Some(s.to_string()),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: indent is a number or a string",
+                    ))
+                }
+            },
+        };
+        let (item, key) = match separators.as_deref() {
+            Some([i, k]) => (i.clone(), k.clone()),
+            Some(_) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: separators is a pair (item, key)",
+                ))
+            }
+            None if indent.is_some() => (",".into(), ": ".into()),
+            None => (", ".into(), ": ".into()),
+        };
+        let json = serde_json::to_value(&x)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+        let f = Format {
+            ensure_ascii: ensure_ascii.unwrap_or(false),
+            indent,
+            item,
+            key,
+            sort_keys: sort_keys.unwrap_or(false),
+        };
+        let mut out = String::new();
+        f.write(&mut out, &json, 0);
+        Ok(out)
+    }
+
+    pub struct Format {
+        pub ensure_ascii: bool,
+        pub indent: Option<String>,
+        pub item: String,
+        pub key: String,
+        pub sort_keys: bool,
+    }
+
+    impl Format {
+        fn newline(&self, out: &mut String, level: usize) {
+            if let Some(i) = &self.indent {
+                out.push('\n');
+                for _ in 0..level {
+                    out.push_str(i);
+                }
+            }
+        }
+
+        pub fn write(&self, out: &mut String, v: &serde_json::Value, level: usize) {
+            use serde_json::Value as J;
+            match v {
+                J::Null => out.push_str("null"),
+                J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+                J::Number(n) => out.push_str(&n.to_string()),
+                J::String(s) => self.string(out, s),
+                J::Array(a) if a.is_empty() => out.push_str("[]"),
+                J::Array(a) => {
+                    out.push('[');
+                    for (i, x) in a.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(&self.item);
+                        }
+                        self.newline(out, level + 1);
+                        self.write(out, x, level + 1);
+                    }
+                    self.newline(out, level);
+                    out.push(']');
+                }
+                J::Object(o) if o.is_empty() => out.push_str("{}"),
+                J::Object(o) => {
+                    let mut entries: Vec<(&String, &serde_json::Value)> = o.iter().collect();
+                    if self.sort_keys {
+                        entries.sort_by(|a, b| a.0.cmp(b.0));
+                    }
+                    out.push('{');
+                    for (i, (k, x)) in entries.into_iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(&self.item);
+                        }
+                        self.newline(out, level + 1);
+                        self.string(out, k);
+                        out.push_str(&self.key);
+                        self.write(out, x, level + 1);
+                    }
+                    self.newline(out, level);
+                    out.push('}');
+                }
+            }
+        }
+
+        fn string(&self, out: &mut String, s: &str) {
+            out.push('"');
+            for c in s.chars() {
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    '\u{8}' => out.push_str("\\b"),
+                    '\u{c}' => out.push_str("\\f"),
+                    c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                        let mut buf = [0u16; 2];
+                        for u in c.encode_utf16(&mut buf) {
+                            out.push_str(&format!("\\u{u:04x}"));
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
     }
 }
 

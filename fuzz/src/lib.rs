@@ -134,13 +134,31 @@ pub fn normalizer(data: &[u8]) {
         .map(|part| {
             let mut chars = part.chars();
             let c = chars.next().map_or(0, |c| c as u32);
-            Segment {
-                role: ["system", "user", "assistant"][(c % 3) as usize].to_string(),
-                text: chars.as_str().to_string(),
-                cache: if c & 4 == 0 {
-                    Cache::Static
-                } else {
-                    Cache::Dynamic
+            let cache = if c & 4 == 0 {
+                Cache::Static
+            } else {
+                Cache::Dynamic
+            };
+            let text = chars.as_str().to_string();
+            match c & 24 {
+                // A tool result (a message of its own), and an assistant's call.
+                8 => Segment {
+                    tool_call_id: Some(format!("call_{c}")),
+                    cache,
+                    ..Segment::fixed("tool", text)
+                },
+                16 => Segment {
+                    tool_calls: vec![cachet_guest_sdk::ToolCall {
+                        id: format!("call_{c}"),
+                        name: "f".into(),
+                        arguments: "{}".into(),
+                    }],
+                    cache,
+                    ..Segment::fixed("assistant", text)
+                },
+                _ => Segment {
+                    cache,
+                    ..Segment::fixed(["system", "user", "assistant"][(c % 3) as usize], text)
                 },
             }
         })
@@ -155,7 +173,7 @@ pub fn normalizer(data: &[u8]) {
         return;
     }
     let tok = &tokenizers_for_fuzzing()[(flags as usize / 3) % 2];
-    let rendered = match tokens::render(tok, &messages, first_dynamic) {
+    let rendered = match tokens::render(tok, &messages, None, first_dynamic) {
         Ok(r) => r,
         Err(e) => {
             assert!(

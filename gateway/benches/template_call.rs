@@ -20,10 +20,7 @@ fn request(docs: usize, question: &str) -> Request {
     variables.insert("documents".into(), serde_json::to_string(&list).unwrap());
     Request {
         model: "smollm2".into(),
-        messages: vec![Message {
-            role: "user".into(),
-            content: question.into(),
-        }],
+        messages: vec![Message::new("user", question)],
         variables,
         tenant: Tenant {
             id: "acme".into(),

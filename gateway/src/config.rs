@@ -17,6 +17,12 @@ pub struct TenantConfig {
     /// Scheduler priority class: lower runs first.
     #[serde(default)]
     pub priority: i32,
+    /// This tenant's weight: under fair sharing (`--fair-share`) with share 2 it gets twice the
+    /// tokens of a tenant of share 1 while both have work waiting, and of the idle KV cache
+    /// (`--cache-shares`) twice the blocks before its own are evicted first. Default 1; 0.01 to
+    /// 1000.
+    #[serde(default = "one")]
+    pub share: f32,
     /// Tenants in the same group share prefix-cache entries (e.g. a public system prompt).
     pub cache_share_group: Option<String>,
     /// Models this tenant may use; empty means all.
@@ -41,6 +47,10 @@ pub struct TenantConfig {
     /// More volatile-value patterns (regexes) for the normalizer, e.g. `ORD-\\d{6}`.
     #[serde(default)]
     pub volatile_patterns: Vec<String>,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// The whole config file.

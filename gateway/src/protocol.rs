@@ -39,10 +39,17 @@ pub struct GenerateRequest {
     pub priority: i32,
     #[serde(default)]
     pub tag: String,
+    /// The tenant's weight under fair sharing.
+    #[serde(default = "one")]
+    pub share: f32,
     /// Milliseconds the request may take from its arrival at the worker; past it the worker
     /// ends it with an error (the gateway's request timeout, less what it already spent).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// One line of a `/v1/generate` stream.

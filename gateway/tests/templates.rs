@@ -20,10 +20,7 @@ fn sandbox() -> Arc<Sandbox> {
 fn request(question: &str) -> Request {
     Request {
         model: "smollm2".into(),
-        messages: vec![Message {
-            role: "user".into(),
-            content: question.into(),
-        }],
+        messages: vec![Message::new("user", question)],
         variables: Default::default(),
         tenant: Tenant {
             id: "acme".into(),

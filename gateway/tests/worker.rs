@@ -102,6 +102,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         salt: cachet_gateway::tenants::hex(&salt),
         priority: 0,
         tag: "t".into(),
+        share: 1.0,
         timeout_ms: Some(120_000),
     };
     let body = serde_json::to_string(&req).unwrap();

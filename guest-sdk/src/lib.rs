@@ -60,15 +60,33 @@ pub enum Cache {
     Dynamic,
 }
 
+/// A function call an assistant message made (OpenAI's `tool_calls`, Anthropic's `tool_use`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id; the `tool` message with its result names it.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments: a JSON object, as text.
+    pub arguments: String,
+}
+
 /// One piece of the rendered prompt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {
-    /// Chat role the text belongs to (`system`, `user`, `assistant`, …).
+    /// Chat role the text belongs to (`system`, `user`, `assistant`, `tool`, …).
     pub role: String,
     /// The text itself.
     pub text: String,
     /// Cacheability.
     pub cache: Cache,
+    /// On an `assistant` segment: the calls its message makes (after its text).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// On a `tool` segment: the call whose result it is. A segment with an id is a message of
+    /// its own (never joined with its neighbours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Segment {
@@ -78,6 +96,8 @@ impl Segment {
             role: role.into(),
             text: text.into(),
             cache: Cache::Static,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
     /// A dynamic segment: text of this request only.
@@ -86,6 +106,8 @@ impl Segment {
             role: role.into(),
             text: text.into(),
             cache: Cache::Dynamic,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }
@@ -114,10 +136,16 @@ impl Rendered {
 /// through the template to the model's chat template.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user`, `assistant`, …
+    /// `system`, `user`, `assistant`, `tool`, …
     pub role: String,
     /// The message text.
     pub content: String,
+    /// On an `assistant` message: the function calls it made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// On a `tool` message: the id of the call whose result it carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -126,6 +154,8 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }

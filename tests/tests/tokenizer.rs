@@ -68,3 +68,60 @@ fn a_dummy_models_every_generated_token_streams_as_text_at_once() {
         .iter()
         .all(|&i| i < 128_256));
 }
+
+/// Tool conversations rendered by Cachet as transformers renders them (fixture from
+/// scripts/chat_template_reference.py): Qwen2.5's template and our ChatML one — function
+/// definitions through `tojson`, an assistant's calls with their arguments, tool results.
+#[test]
+fn tool_conversations_render_as_transformers_renders_them() {
+    use cachet_backend::tokenizer::{ChatMessage, ToolCall};
+    let reference = read_json("chat_template_reference.json");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let base = smollm2().tokenizer.clone().unwrap();
+    let mut checked = 0;
+    for case in reference["cases"].as_array().unwrap() {
+        let file = match case["template"].as_str().unwrap() {
+            "qwen2.5" => root.join("tests/fixtures/qwen2.5-chat-template.jinja"),
+            "chatml-tools" => root.join("examples/chat-templates/chatml-tools.jinja"),
+            t => panic!("unknown template {t}"),
+        };
+        let tok = base
+            .clone()
+            .with_chat_template(std::fs::read_to_string(file).unwrap());
+        let messages: Vec<ChatMessage> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let mut msg =
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
+                msg.tool_call_id = m["tool_call_id"].as_str().map(str::to_owned);
+                if let Some(calls) = m["tool_calls"].as_array() {
+                    msg.tool_calls = calls
+                        .iter()
+                        .map(|c| ToolCall {
+                            id: c["id"].as_str().unwrap().into(),
+                            name: c["function"]["name"].as_str().unwrap().into(),
+                            // As a client sends them: JSON text.
+                            arguments: c["function"]["arguments"].to_string(),
+                        })
+                        .collect();
+                }
+                msg
+            })
+            .collect();
+        let tools = Some(&case["tools"]).filter(|t| !t.is_null());
+        let got = tok
+            .render_chat_with(&messages, tools, true)
+            .unwrap_or_else(|e| panic!("{} / {}: {e}", case["template"], case["name"]));
+        assert_eq!(
+            got,
+            case["prompt"].as_str().unwrap(),
+            "{} / {}",
+            case["template"],
+            case["name"]
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}

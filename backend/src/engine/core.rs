@@ -28,6 +28,8 @@ pub(super) struct StreamState {
     text: TextOutput,
     started: bool,
     prompt_len: usize,
+    /// The request's tenant (its place in the per-tenant queue counts).
+    tag: String,
     /// Tokens sent (a speculative step can produce tokens past a stop string: not counted).
     emitted: usize,
 }
@@ -105,6 +107,7 @@ impl EngineCore {
                         text: TextOutput::new(),
                         started: false,
                         prompt_len: req.prompt.len(),
+                        tag: req.tag.clone(),
                         emitted: 0,
                     },
                 );
@@ -155,7 +158,7 @@ impl EngineCore {
             if let Some(s) = self.streams.get_mut(&sc.id) {
                 if !s.started {
                     s.started = true;
-                    dequeue(&self.queued, s.prompt_len);
+                    dequeue(&self.queued, s.prompt_len, &s.tag);
                 }
             }
         }
@@ -320,7 +323,7 @@ impl EngineCore {
             return;
         };
         if !st.started {
-            dequeue(&self.queued, st.prompt_len);
+            dequeue(&self.queued, st.prompt_len, &st.tag);
         }
         let now = Instant::now();
         let since = |a: Option<Instant>, b: Instant| {
@@ -372,5 +375,6 @@ impl EngineCore {
         s.kv = self.sched.kv.usage();
         s.counters = self.sched.counters;
         s.spec_cost_ratio = self.sched.spec_cost_ratio();
+        s.cached_by_tenant = self.sched.kv.pool().cached_idle_by_owner();
     }
 }

@@ -47,6 +47,9 @@ pub struct EngineConfig {
     pub hash_key: [u8; 32],
     /// N-gram speculative decoding (off when `None`).
     pub speculative: Option<crate::spec::SpecConfig>,
+    /// Idle cached blocks are shared between tenants by their `share` (eviction takes from the
+    /// tenant furthest over its share); `false`: one LRU for everyone.
+    pub cache_shares: bool,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +63,7 @@ impl Default for EngineConfig {
             model_id: "model".into(),
             hash_key: [0; 32],
             speculative: None,
+            cache_shares: true,
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct EngineStats {
     /// What a speculative verification step has cost relative to a plain decode step (1 until
     /// both kinds have run).
     pub spec_cost_ratio: f64,
+    /// Idle cached KV blocks per tenant (the tenant whose request computed them).
+    pub cached_by_tenant: Vec<(String, usize)>,
 }
 
 impl EngineStats {
@@ -101,19 +107,46 @@ pub(crate) enum Command {
     Shutdown,
 }
 
-/// Requests (and their prompt tokens) submitted but not yet given a first step.
+/// Requests (and their prompt tokens) submitted but not yet given a first step, in all and per
+/// tenant (requests, the tenant's share).
 #[derive(Default)]
 pub(crate) struct Queued {
     requests: usize,
     tokens: usize,
+    tenants: std::collections::HashMap<String, (usize, f32)>,
+}
+
+impl Queued {
+    /// Under fair sharing, whether tenant `tag` (of `share`) holds less than its share of a
+    /// queue of `limit` requests, shared with the tenants queued: such a tenant is taken even
+    /// when the queue is full, so a flood from one tenant cannot shut the others out. (The queue
+    /// then holds at most about twice its limit: the tenants under their share fill only their
+    /// part.)
+    fn under_share(&self, tag: &str, share: f32, limit: usize) -> bool {
+        let mine = self.tenants.get(tag).map_or(0, |x| x.0);
+        let total: f32 = self
+            .tenants
+            .iter()
+            .filter(|(t, _)| t.as_str() != tag)
+            .map(|(_, x)| x.1)
+            .sum::<f32>()
+            + share;
+        (mine as f32) < limit as f32 * share / total.max(f32::MIN_POSITIVE)
+    }
 }
 
 pub(crate) type SharedQueue = Arc<Mutex<Queued>>;
 
-pub(crate) fn dequeue(q: &SharedQueue, tokens: usize) {
+pub(crate) fn dequeue(q: &SharedQueue, tokens: usize, tag: &str) {
     let mut q = q.lock().expect("queue lock");
     q.requests -= 1;
     q.tokens -= tokens;
+    if let Some(x) = q.tenants.get_mut(tag) {
+        x.0 -= 1;
+        if x.0 == 0 {
+            q.tenants.remove(tag);
+        }
+    }
 }
 
 /// The events of one request. Dropping it cancels the request.
@@ -167,6 +200,8 @@ pub struct EngineHandle {
 struct Limits {
     max_waiting: usize,
     max_waiting_tokens: usize,
+    /// The queue's limits give way to a tenant below its share (fair sharing).
+    fair_share: bool,
     num_blocks: usize,
     block_size: usize,
     max_model_len: usize,
@@ -202,6 +237,7 @@ impl Engine {
         let limits = Arc::new(Limits {
             max_waiting: config.max_waiting,
             max_waiting_tokens: config.max_waiting_tokens,
+            fair_share: sched_cfg.fair_share,
             num_blocks: layout.num_blocks,
             block_size: layout.block_size,
             max_model_len: sched_cfg.max_model_len,
@@ -236,6 +272,8 @@ impl Engine {
             kv_events: kv_events.clone(),
             limits: limits.clone(),
         };
+        let mut kv = kv;
+        kv.set_cache_shares(config.cache_shares);
         let mut sched = Scheduler::new(sched_cfg, kv);
         sched.set_speculation(config.speculative.clone(), runner.samples_on_device());
         let mut core = core::EngineCore {
@@ -327,17 +365,19 @@ impl EngineHandle {
                 l.num_blocks
             )));
         }
-        // Admission: count requests and prompt tokens not yet started; refuse beyond a limit.
+        // Admission: count requests and prompt tokens not yet started; refuse beyond a limit
+        // (under fair sharing, not a tenant below its share of the queue).
         let prompt_len = req.prompt.len();
         {
             let mut q = self.queued.lock().expect("queue lock");
-            if q.requests >= l.max_waiting {
+            let fair = l.fair_share && q.under_share(&req.tag, req.share, l.max_waiting);
+            if q.requests >= l.max_waiting && !fair {
                 return Err(EngineError::Overloaded {
                     waiting: q.requests,
                     limit: l.max_waiting,
                 });
             }
-            if q.requests > 0 && q.tokens + prompt_len > l.max_waiting_tokens {
+            if q.requests > 0 && q.tokens + prompt_len > l.max_waiting_tokens && !fair {
                 return Err(EngineError::OverloadedTokens {
                     queued: q.tokens,
                     prompt: prompt_len,
@@ -346,6 +386,9 @@ impl EngineHandle {
             }
             q.requests += 1;
             q.tokens += prompt_len;
+            let t = q.tenants.entry(req.tag.clone()).or_insert((0, req.share));
+            t.0 += 1;
+            t.1 = req.share;
         }
         if !req.ignore_eos {
             for &e in &l.eos {
@@ -355,6 +398,7 @@ impl EngineHandle {
             }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) as RequestId;
+        let tag = req.tag.clone();
         let (tx, rx) = tmpsc::unbounded_channel();
         if self
             .cmd
@@ -367,7 +411,7 @@ impl EngineHandle {
             })
             .is_err()
         {
-            dequeue(&self.queued, prompt_len);
+            dequeue(&self.queued, prompt_len, &tag);
             return Err(EngineError::Shutdown);
         }
         Ok(RequestStream {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::block_pool::{BlockId, BlockPool, KvEvent, PoolUsage};
+use super::block_pool::{BlockId, BlockPool, KvEvent, Owner, PoolUsage};
 use crate::block_hash::BlockHash;
 
 pub type ReqKey = u64;
@@ -19,11 +19,14 @@ struct ReqBlocks {
     num_cached: usize,
 }
 
+/// Whose share of the idle cache a request's blocks count in.
+
 #[derive(Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
     block_size: usize,
     reqs: HashMap<ReqKey, ReqBlocks>,
+    owners: HashMap<ReqKey, Owner>,
 }
 
 /// A prefix hit: blocks to reuse and how many tokens they hold.
@@ -44,7 +47,24 @@ impl KvCacheManager {
             pool: BlockPool::new(num_blocks, cache_cap, enable_prefix_caching),
             block_size,
             reqs: HashMap::new(),
+            owners: HashMap::new(),
         }
+    }
+
+    /// The blocks `req` caches count in tenant `tenant`'s share (`share`) of the idle cache.
+    pub fn set_owner(&mut self, req: ReqKey, tenant: &str, share: f32) {
+        let o = self.pool.owner(tenant, share);
+        self.owners.insert(req, o);
+    }
+
+    /// `req` is gone for good (not preempted): forgets its owner.
+    pub fn forget(&mut self, req: ReqKey) {
+        self.owners.remove(&req);
+    }
+
+    /// Evicts by one LRU for everyone (`false`) instead of by tenant share.
+    pub fn set_cache_shares(&mut self, on: bool) {
+        self.pool.set_by_owner(on);
     }
 
     pub fn block_size(&self) -> usize {
@@ -115,8 +135,9 @@ impl KvCacheManager {
         entry.blocks.extend(new);
         let full = ((num_computed + num_new) / self.block_size).min(hashes.len());
         let start = entry.num_cached.min(full);
+        let owner = self.owners.get(&req).copied().unwrap_or(0);
         for (&b, &h) in entry.blocks[start..full].iter().zip(&hashes[start..full]) {
-            self.pool.cache_block(b, h);
+            self.pool.cache_block_for(b, h, owner);
         }
         entry.num_cached = entry.num_cached.max(full);
         true

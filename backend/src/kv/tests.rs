@@ -186,3 +186,60 @@ fn prefix_caching_off_never_shares() {
     m.free(1);
     assert_eq!(m.usage().cached_idle, 0);
 }
+
+/// Two tenants' idle cached blocks: eviction takes from the one furthest over its share of the
+/// idle cache (blocks ÷ share), LRU inside it — a scanning tenant evicts its own blocks before
+/// another's older hot prefix; one LRU (`set_by_owner(false)`) evicts the oldest whoever's.
+#[test]
+fn eviction_takes_from_the_tenant_furthest_over_its_share_of_the_idle_cache() {
+    for by_owner in [true, false] {
+        let mut p = BlockPool::new(8, 1.0, true);
+        p.set_by_owner(by_owner);
+        let (a, b) = (p.owner("a", 1.0), p.owner("b", 1.0));
+        let hot = p.allocate(2).unwrap();
+        for (i, &x) in hot.iter().enumerate() {
+            p.cache_block_for(x, h(i as u8), a);
+        }
+        p.free(hot.iter().rev().copied());
+        let scan = p.allocate(4).unwrap();
+        for (i, &x) in scan.iter().enumerate() {
+            p.cache_block_for(x, h(10 + i as u8), b);
+        }
+        p.free(scan.iter().rev().copied());
+        // Two empty blocks, then two evictions.
+        p.allocate(4).unwrap();
+        let hot_kept = p.lookup(&h(0)).is_some() && p.lookup(&h(1)).is_some();
+        if by_owner {
+            assert!(hot_kept, "a's prefix stays: b is over its share");
+            assert_eq!(
+                p.cached_idle_by_owner(),
+                vec![("a".to_string(), 2), ("b".to_string(), 2)]
+            );
+            // b's share 3: a (2 ÷ 1) is now the furthest over; its last block goes first.
+            p.owner("b", 3.0);
+            assert_eq!(p.allocate(1).unwrap(), vec![hot[1]]);
+        } else {
+            assert!(!hot_kept, "one LRU evicts the oldest: a's prefix");
+            assert_eq!(p.cached_idle_by_owner(), vec![(String::new(), 4)]);
+        }
+    }
+}
+
+/// The manager counts a request's cached blocks in its tenant's share, across preemption.
+#[test]
+fn a_requests_blocks_count_in_its_tenants_share() {
+    let mut m = make_manager(16, 1.0);
+    m.set_owner(1, "a", 1.0);
+    admit(&mut m, 1, &(0..8).collect::<Vec<u32>>());
+    m.free(1); // preempted: still a's
+    admit(&mut m, 1, &(0..12).collect::<Vec<u32>>());
+    m.free(1);
+    m.forget(1);
+    m.set_owner(2, "b", 1.0);
+    admit(&mut m, 2, &(100..104).collect::<Vec<u32>>());
+    m.free(2);
+    assert_eq!(
+        m.pool().cached_idle_by_owner(),
+        vec![("a".to_string(), 3), ("b".to_string(), 1)]
+    );
+}

@@ -11,15 +11,19 @@
 //! so nothing is lost and, with batch-invariant kernels, its output does not change.
 //!
 //! - [`policy`]: the waiting queue's order and the preemption victim;
+//! - [`fair`]: token-fair sharing between tenants (with `fair_share`, the policy orders requests
+//!   inside a tenant, the tenants' virtual token counters order the tenants);
 //! - [`seq`]: a request's state inside the scheduler;
 //! - [`output`]: the records of a step ([`SchedulerOutput`] out, [`SampledSeq`] back in).
 
+pub mod fair;
 pub mod output;
 pub mod policy;
 pub mod seq;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -67,6 +71,8 @@ pub struct Scheduler {
     /// The runner picks tokens on the device (argmax per row there): sampled requests cannot
     /// be verified exactly and do not speculate.
     device_samples: bool,
+    /// The tenants' virtual token counters (used under `fair_share`).
+    pub fair: fair::FairShare,
 }
 
 impl Scheduler {
@@ -81,7 +87,24 @@ impl Scheduler {
             spec: None,
             step_cost: StepCost::default(),
             device_samples: false,
+            fair: fair::FairShare::default(),
         }
+    }
+
+    /// Tenant `t`'s fair-share counter (requests are grouped by their `tag`).
+    fn counter_of(&self, s: &Seq) -> f64 {
+        self.fair.counter(&s.req.tag)
+    }
+
+    /// Charges the tokens of `sc` (for `s`) to its tenant: the sampled positions as generated
+    /// tokens, the rest as prompt tokens.
+    fn charge(&mut self, sc: &ScheduledSeq, s: &Seq) {
+        if !self.config.fair_share {
+            return;
+        }
+        let generated = if sc.sample { 1 + sc.drafts.len() } else { 0 };
+        let prompt = sc.num_new().saturating_sub(generated);
+        self.fair.charge(&s.req.tag, prompt, generated, s.req.share);
     }
 
     /// Turns n-gram speculative decoding on (see [`crate::spec`]).
@@ -144,6 +167,22 @@ impl Scheduler {
         hasher: HashContext,
         arrival: Instant,
     ) {
+        if self.config.fair_share
+            && !self
+                .running
+                .iter()
+                .chain(self.waiting.iter())
+                .any(|s| s.req.tag == req.tag)
+        {
+            let active: Vec<f64> = self
+                .running
+                .iter()
+                .chain(self.waiting.iter())
+                .map(|s| self.fair.counter(&s.req.tag))
+                .collect();
+            self.fair.activate(&req.tag, active.into_iter());
+        }
+        self.kv.set_owner(id, &req.tag, req.share);
         let tokens = req.prompt.clone();
         let block_hashes = hasher.hash_all(&tokens);
         let seq = Seq {
@@ -182,6 +221,16 @@ impl Scheduler {
             self.waiting.remove(i)
         };
         self.kv.free(id);
+        self.kv.forget(id);
+        if self.config.fair_share {
+            let active: Vec<&str> = self
+                .running
+                .iter()
+                .chain(self.waiting.iter())
+                .map(|s| s.req.tag.as_str())
+                .collect();
+            self.fair.prune(active.into_iter());
+        }
         Some(seq)
     }
 
@@ -224,6 +273,104 @@ impl Scheduler {
         }
     }
 
+    /// Each tenant's share of the sequence slots (`max_num_seqs` split by the shares of the
+    /// tenants with requests) and the slots it holds.
+    fn slot_shares(&self) -> HashMap<&str, (f64, f64)> {
+        let mut shares: HashMap<&str, (f64, f64)> = HashMap::new();
+        for x in self.waiting.iter() {
+            shares
+                .entry(&x.req.tag)
+                .or_insert((x.req.share.max(1e-3) as f64, 0.0));
+        }
+        for x in self.running.iter() {
+            shares
+                .entry(&x.req.tag)
+                .or_insert((x.req.share.max(1e-3) as f64, 0.0))
+                .1 += 1.0;
+        }
+        let total: f64 = shares.values().map(|x| x.0).sum();
+        for x in shares.values_mut() {
+            x.0 = self.config.max_num_seqs as f64 * x.0 / total;
+        }
+        shares
+    }
+
+    /// Under fair sharing, the running request to preempt so that waiting request `w` can run
+    /// when every sequence slot is taken: one of the tenant furthest over its share (the largest
+    /// counter), when that tenant keeps at least its share of the slots without it and `w`'s
+    /// tenant stays within its share with one more, and `w`'s tenant is not above it. The move
+    /// cannot be undone by another.
+    fn displaceable(&self, w: usize) -> Option<usize> {
+        if !self.config.fair_share || self.running.is_empty() {
+            return None;
+        }
+        let v = policy::victim(&self.config, &self.running, &self.fair);
+        let (wt, vt) = (&self.waiting[w].req.tag, &self.running[v].req.tag);
+        if wt == vt || self.counter_of(&self.waiting[w]) > self.counter_of(&self.running[v]) {
+            return None;
+        }
+        let shares = self.slot_shares();
+        let (wf, ws) = shares[wt.as_str()];
+        let (vf, vs) = shares[vt.as_str()];
+        (ws + 1.0 <= wf && vs - 1.0 >= vf).then_some(v)
+    }
+
+    /// Under fair sharing, the tenants whose prefill chunks wait this step: those holding more
+    /// sequence slots than their share, when a tenant holding fewer than its share (and not
+    /// above them) has the next prefill that can run — a running one, or the waiting request
+    /// next in line when it can get a slot. Its first token then does not wait on their long
+    /// prompts; their decodes still run. Empty when no tenant is under its share.
+    fn held_prefills(&self, now: Instant) -> Vec<String> {
+        if !self.config.fair_share {
+            return Vec::new();
+        }
+        let shares = self.slot_shares();
+        let under = |t: &str| shares[t].1 < shares[t].0;
+        let mut best: Option<(f64, &str)> = None;
+        for s in self
+            .running
+            .iter()
+            .filter(|s| s.tokens.len() - s.num_computed > 1)
+        {
+            let c = self.counter_of(s);
+            if under(&s.req.tag) && best.is_none_or(|b| c < b.0) {
+                best = Some((c, &s.req.tag));
+            }
+        }
+        if let Some(w) = self.next_waiting(now) {
+            let s = &self.waiting[w];
+            let c = self.counter_of(s);
+            let can_run =
+                self.running.len() < self.config.max_num_seqs || self.displaceable(w).is_some();
+            if can_run && under(&s.req.tag) && best.is_none_or(|b| c < b.0) {
+                best = Some((c, &s.req.tag));
+            }
+        }
+        let Some((c, t)) = best else {
+            return Vec::new();
+        };
+        shares
+            .iter()
+            .filter(|(u, (fair, held))| **u != t && held > fair && self.fair.counter(u) >= c)
+            .map(|(u, _)| u.to_string())
+            .collect()
+    }
+
+    /// The waiting request next in line: under fair sharing the tenant furthest below its
+    /// share, then the policy inside it.
+    fn next_waiting(&self, now: Instant) -> Option<usize> {
+        let key = |j: usize| policy::waiting_key(&self.config, &self.waiting[j], now);
+        if self.config.fair_share {
+            (0..self.waiting.len()).min_by(|&a, &b| {
+                self.counter_of(&self.waiting[a])
+                    .total_cmp(&self.counter_of(&self.waiting[b]))
+                    .then_with(|| key(a).cmp(&key(b)))
+            })
+        } else {
+            (0..self.waiting.len()).min_by_key(|&j| key(j))
+        }
+    }
+
     /// One scheduling decision.
     pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
         self.schedule_with(now, &mut |_, drafts| drafts.len())
@@ -245,7 +392,21 @@ impl Scheduler {
         let (mut decoding, mut prefilling): (Vec<Seq>, Vec<Seq>) = running
             .drain(..)
             .partition(|s| s.num_computed >= s.prompt_len);
-        prefilling.sort_by_key(|s| policy::waiting_key(&self.config, s, now));
+        if self.config.fair_share {
+            prefilling.sort_by(|a, b| {
+                self.counter_of(a)
+                    .total_cmp(&self.counter_of(b))
+                    .then_with(|| {
+                        policy::waiting_key(&self.config, a, now).cmp(&policy::waiting_key(
+                            &self.config,
+                            b,
+                            now,
+                        ))
+                    })
+            });
+        } else {
+            prefilling.sort_by_key(|s| policy::waiting_key(&self.config, s, now));
+        }
         decoding.append(&mut prefilling);
         self.running = decoding;
 
@@ -261,6 +422,8 @@ impl Scheduler {
             .as_ref()
             .is_some_and(|c| decoding <= c.disable_by_batch_size);
         self.counters.spec_active = speculate as u64;
+
+        let held = self.held_prefills(now);
 
         // 1. Running requests, in order: decodes and unfinished prefill chunks.
         let mut i = 0;
@@ -302,7 +465,8 @@ impl Scheduler {
                 continue;
             }
             let num_new = want.min(budget);
-            if num_new == 0 {
+            let wait = want > 1 && held.contains(&self.running[i].req.tag);
+            if num_new == 0 || wait {
                 i += 1;
                 continue;
             }
@@ -318,7 +482,7 @@ impl Scheduler {
                 ) {
                     break;
                 }
-                let v = policy::victim(&self.config, &self.running);
+                let v = policy::victim(&self.config, &self.running, &self.fair);
                 let victim_id = self.running[v].id;
                 self.preempt(v, &mut out);
                 if victim_id == id {
@@ -342,20 +506,42 @@ impl Scheduler {
         // Budget spent on requests that were preempted later in the loop comes back.
         budget = self.config.max_num_batched_tokens
             - out.scheduled.iter().map(|s| s.num_new()).sum::<usize>();
+        // What the running requests got is charged once the step's set is final.
+        if self.config.fair_share {
+            let running = std::mem::take(&mut self.running);
+            let at: HashMap<RequestId, usize> =
+                running.iter().enumerate().map(|(k, s)| (s.id, k)).collect();
+            for sc in &out.scheduled {
+                if let Some(&k) = at.get(&sc.id) {
+                    self.charge(sc, &running[k]);
+                }
+            }
+            self.running = running;
+        }
 
         // 2. Waiting requests, by policy, unless this step had to preempt.
         if out.preempted.is_empty() {
-            while budget > 0
-                && self.running.len() < self.config.max_num_seqs
-                && !self.waiting.is_empty()
-            {
-                let best = (0..self.waiting.len())
-                    .min_by_key(|&j| policy::waiting_key(&self.config, &self.waiting[j], now))
-                    .expect("non-empty");
+            while budget > 0 && !self.waiting.is_empty() {
+                let best = self.next_waiting(now).expect("non-empty");
+                if held.contains(&self.waiting[best].req.tag) {
+                    break; // a tenant under its share prefills this step
+                }
                 if let Some(d) = self.waiting[best].req.deadline {
                     if d <= now {
                         break; // the engine reaps expired requests
                     }
+                }
+                if self.running.len() >= self.config.max_num_seqs {
+                    // Full. Under fair sharing a tenant below its share does not wait for a
+                    // slot of the tenant furthest over it: that tenant's newest request makes
+                    // room (preempted by recompute; its cached blocks stay cached).
+                    let Some(v) = self.displaceable(best) else {
+                        break;
+                    };
+                    self.preempt(v, &mut out);
+                    budget = self.config.max_num_batched_tokens
+                        - out.scheduled.iter().map(|s| s.num_new()).sum::<usize>();
+                    continue;
                 }
                 let s = &self.waiting[best];
                 let hit = self.kv.computed_blocks(&s.block_hashes, s.tokens.len());
@@ -381,8 +567,9 @@ impl Scheduler {
                 s.num_computed = num_computed;
                 s.status = Status::Running;
                 let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
-                out.scheduled
-                    .push(self.entry(&s, num_computed, toks, num_new == want, Vec::new()));
+                let entry = self.entry(&s, num_computed, toks, num_new == want, Vec::new());
+                self.charge(&entry, &s);
+                out.scheduled.push(entry);
                 budget -= num_new;
                 self.running.push(s);
             }

@@ -43,6 +43,10 @@ pub struct SchedulerConfig {
     /// Shortest-first aging: prompt tokens of credit per second waited.
     pub aging_tokens_per_sec: f64,
     pub max_model_len: usize,
+    /// Token-fair sharing between tenants ([`super::fair`]); `policy` orders requests inside a
+    /// tenant.
+    #[serde(default)]
+    pub fair_share: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -54,6 +58,7 @@ impl Default for SchedulerConfig {
             policy: SchedulingPolicy::Fcfs,
             aging_tokens_per_sec: 100.0,
             max_model_len: 4096,
+            fair_share: false,
         }
     }
 }
@@ -75,8 +80,10 @@ pub fn waiting_key(config: &SchedulerConfig, s: &Seq, now: Instant) -> (i64, i64
     }
 }
 
-/// The running request to preempt: lowest priority (under the priority policy), then newest.
-pub fn victim(config: &SchedulerConfig, running: &[Seq]) -> usize {
+/// The running request to preempt: under fair sharing, one of the tenant furthest above its
+/// share (the largest counter); then the lowest priority (under the priority policy), then the
+/// newest.
+pub fn victim(config: &SchedulerConfig, running: &[Seq], fair: &super::fair::FairShare) -> usize {
     let key = |s: &Seq| {
         let p = if config.policy == SchedulingPolicy::Priority {
             s.req.priority
@@ -85,7 +92,18 @@ pub fn victim(config: &SchedulerConfig, running: &[Seq]) -> usize {
         };
         (p, s.seq_no)
     };
+    let counter = |s: &Seq| {
+        if config.fair_share {
+            fair.counter(&s.req.tag)
+        } else {
+            0.0
+        }
+    };
     (0..running.len())
-        .max_by_key(|&i| key(&running[i]))
+        .max_by(|&a, &b| {
+            counter(&running[a])
+                .total_cmp(&counter(&running[b]))
+                .then_with(|| key(&running[a]).cmp(&key(&running[b])))
+        })
         .expect("running is non-empty")
 }

@@ -359,3 +359,181 @@ fn an_expired_request_is_not_admitted_and_is_reported() {
     assert!(out.is_empty());
     assert_eq!(s.expired(t0 + Duration::from_millis(1)), vec![1]);
 }
+
+/// A scheduler with fair sharing on (64 blocks).
+fn fair_scheduler(max_num_batched_tokens: usize, max_num_seqs: usize) -> Scheduler {
+    let mut config = make_config(max_num_batched_tokens, max_num_seqs);
+    config.fair_share = true;
+    make_scheduler(64, config)
+}
+
+fn tenant_request(tenant: &str, share: f32, prompt_len: usize, max_tokens: usize) -> EngineRequest {
+    let mut r = make_request(&vec![5; prompt_len], max_tokens);
+    r.tag = tenant.into();
+    r.share = share;
+    r.ignore_eos = true;
+    r
+}
+
+/// Runs steps (every sampled entry gets token 9) until `n` requests were admitted after the
+/// ones already running; returns the tenants of those admissions in order.
+fn admissions(s: &mut Scheduler, n: usize, t0: Instant) -> Vec<String> {
+    let mut seen: std::collections::HashSet<RequestId> = s.running.iter().map(|x| x.id).collect();
+    let mut order = Vec::new();
+    for _ in 0..10_000 {
+        let out = s.schedule(t0);
+        for sc in &out.scheduled {
+            if seen.insert(sc.id) {
+                order.push(s.get(sc.id).unwrap().req.tag.clone());
+            }
+        }
+        for t in feed(s, &out, 9, t0) {
+            if t.finish.is_some() {
+                s.remove(t.id);
+            }
+        }
+        if order.len() >= n {
+            break;
+        }
+    }
+    order.truncate(n);
+    order
+}
+
+#[test]
+fn a_light_tenant_goes_before_a_flooding_ones_backlog_under_fair_share() {
+    let t0 = Instant::now();
+    for fair in [false, true] {
+        let mut config = make_config(64, 2);
+        config.fair_share = fair;
+        let mut s = make_scheduler(64, config);
+        for id in 0..6 {
+            add(&mut s, id, tenant_request("a", 1.0, 4, 6), t0);
+        }
+        s.schedule(t0); // a's first two run
+        add(&mut s, 100, tenant_request("b", 1.0, 4, 6), t0);
+        let order = admissions(&mut s, 2, t0);
+        if fair {
+            // a's running requests were charged while b waited: b is below a's counter.
+            assert_eq!(order, ["b", "a"], "fair share");
+        } else {
+            assert_eq!(order, ["a", "a"], "first come, first served");
+        }
+    }
+}
+
+#[test]
+fn tenants_get_tokens_in_proportion_to_their_shares() {
+    let t0 = Instant::now();
+    let mut s = fair_scheduler(64, 1);
+    for id in 0..40 {
+        add(&mut s, id, tenant_request("a", 2.0, 4, 4), t0);
+        add(&mut s, 100 + id, tenant_request("b", 1.0, 4, 4), t0);
+    }
+    let order = admissions(&mut s, 30, t0);
+    let a = order.iter().filter(|t| *t == "a").count();
+    assert!(
+        (19..=21).contains(&a),
+        "a (share 2) got {a} of 30: {order:?}"
+    );
+}
+
+#[test]
+fn an_idle_tenant_banks_no_credit_and_preemption_takes_from_the_tenant_furthest_over() {
+    let t0 = Instant::now();
+    let mut s = fair_scheduler(64, 2);
+    // b was served once, long ago; a has run a lot since.
+    add(&mut s, 1, tenant_request("b", 1.0, 4, 2), t0);
+    admissions(&mut s, 1, t0);
+    for id in 10..20 {
+        add(&mut s, id, tenant_request("a", 1.0, 4, 4), t0);
+    }
+    admissions(&mut s, 8, t0);
+    let before = s.fair.counter("b");
+    assert!(before < s.fair.counter("a"));
+    // b returns: it starts at a's level, not with the credit of its idle time.
+    for id in 30..40 {
+        add(&mut s, id, tenant_request("b", 1.0, 4, 4), t0);
+    }
+    assert!(s.fair.counter("b") >= s.fair.counter("a") - 1e-9);
+    let order = admissions(&mut s, 6, t0);
+    let b = order.iter().filter(|t| *t == "b").count();
+    assert!((2..=4).contains(&b), "b alternates with a: {order:?}");
+    // The victim is a request of the tenant with the larger counter, newer or not.
+    let mut s = make_scheduler(64, s.config.clone());
+    add(&mut s, 1, tenant_request("a", 1.0, 4, 4), t0);
+    add(&mut s, 2, tenant_request("b", 1.0, 4, 4), t0);
+    s.schedule(t0);
+    assert_eq!(s.running.len(), 2);
+    let victim = |s: &Scheduler| {
+        let v = policy::victim(&s.config, &s.running, &s.fair);
+        s.running[v].req.tag.clone()
+    };
+    s.fair.charge("a", 1_000, 0, 1.0);
+    assert_eq!(victim(&s), "a");
+    s.fair.charge("b", 2_000, 0, 1.0);
+    assert_eq!(victim(&s), "b");
+}
+
+#[test]
+fn a_tenant_below_its_share_takes_a_slot_from_the_one_furthest_over_once() {
+    let t0 = Instant::now();
+    let mut s = fair_scheduler(64, 2);
+    for id in 0..4 {
+        add(&mut s, id, tenant_request("a", 1.0, 4, 8), t0);
+    }
+    let out = s.schedule(t0);
+    feed(&mut s, &out, 9, t0);
+    let out = s.schedule(t0);
+    feed(&mut s, &out, 9, t0); // a's two run and have been charged
+    add(&mut s, 100, tenant_request("b", 1.0, 4, 8), t0);
+    let out = s.schedule(t0);
+    // b runs at once: a's newest made room.
+    assert_eq!(out.preempted, vec![1]);
+    assert!(out.scheduled.iter().any(|sc| sc.id == 100));
+    assert_eq!(s.running.len(), 2);
+    feed(&mut s, &out, 9, t0);
+    // a's waiting requests do not take the slot back while b runs.
+    for _ in 0..5 {
+        let out = s.schedule(t0);
+        assert!(out.preempted.is_empty(), "no ping-pong");
+        assert!(s.running.iter().any(|x| x.id == 100));
+        feed(&mut s, &out, 9, t0);
+    }
+}
+
+#[test]
+fn a_protected_prefill_runs_without_the_flooding_tenants_chunks_but_with_its_decodes() {
+    let t0 = Instant::now();
+    // Three slots: a (holding two) is over its share of 1.5, b under it.
+    let mut s = fair_scheduler(12, 3);
+    add(&mut s, 1, tenant_request("a", 1.0, 4, 16), t0);
+    add(&mut s, 2, tenant_request("a", 1.0, 40, 4), t0);
+    let out = s.schedule(t0);
+    feed(&mut s, &out, 9, t0); // a1 decodes from now on; a2 is a chunked prefill
+    add(&mut s, 3, tenant_request("b", 1.0, 6, 4), t0);
+    let out = s.schedule(t0);
+    let ids: Vec<RequestId> = out.scheduled.iter().map(|sc| sc.id).collect();
+    assert_eq!(
+        ids,
+        [1, 3],
+        "a1's decode and b's prefill; a2's chunk waits a step"
+    );
+    feed(&mut s, &out, 9, t0);
+    // b decodes now: nothing is protected, a2's chunks resume.
+    let out = s.schedule(t0);
+    assert!(
+        out.scheduled.iter().any(|sc| sc.id == 2),
+        "{:?}",
+        plan(&out)
+    );
+    // Without fair sharing a2's chunk shares b's first step.
+    let mut s = make_scheduler(64, make_config(12, 3));
+    add(&mut s, 1, tenant_request("a", 1.0, 4, 16), t0);
+    add(&mut s, 2, tenant_request("a", 1.0, 40, 4), t0);
+    let out = s.schedule(t0);
+    feed(&mut s, &out, 9, t0);
+    add(&mut s, 3, tenant_request("b", 1.0, 6, 4), t0);
+    let out = s.schedule(t0);
+    assert!(out.scheduled.iter().any(|sc| sc.id == 2));
+}

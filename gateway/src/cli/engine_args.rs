@@ -38,6 +38,11 @@ pub struct EngineArgs {
     /// path); generated ids are shown modulo its vocabulary.
     #[arg(long)]
     pub tokenizer: Option<String>,
+    /// A Jinja chat template file to render prompts with instead of the model's own (HF's
+    /// dialect: `messages`, `tools`, `add_generation_prompt`); e.g.
+    /// examples/chat-templates/chatml-tools.jinja gives a ChatML model tool calls.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
     pub device: DeviceKind,
     /// Most sequences in one engine step.
@@ -55,9 +60,21 @@ pub struct EngineArgs {
     /// Split long prompts across steps.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub enable_chunked_prefill: bool,
-    /// fcfs, priority (tenant class) or shortest-first.
+    /// fcfs, priority (tenant class) or shortest-first: the order of the waiting requests
+    /// (inside each tenant, with --fair-share).
     #[arg(long, default_value = "priority")]
     pub scheduling_policy: String,
+    /// Token-fair sharing between tenants: a virtual token counter per tenant (weighted by its
+    /// `share` in the config) decides which tenant's request runs next and which is preempted,
+    /// and a tenant below its share of the queue is admitted when it is full. One tenant's
+    /// flood then does not become another's latency.
+    #[arg(long)]
+    pub fair_share: bool,
+    /// Idle cached KV blocks are shared between tenants by their `share`: eviction takes from
+    /// the tenant furthest over its share, so one tenant scanning unique prompts does not evict
+    /// another's hot prefix. `false`: one LRU for everyone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cache_shares: bool,
     /// Share of device memory for weights + KV cache (on the CPU: of 4 GiB).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
@@ -221,6 +238,24 @@ impl EngineArgs {
         }
     }
 
+    /// `tokenizer` with `--chat-template`'s template, if one was given (it must parse).
+    fn with_chat_template(&self, tokenizer: TextTokenizer) -> anyhow::Result<TextTokenizer> {
+        let Some(path) = &self.chat_template else {
+            return Ok(tokenizer);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the chat template {}", path.display()))?;
+        let tokenizer = tokenizer.with_chat_template(text);
+        // A template that does not parse is refused now, not on the first request.
+        if let Err(e) = tokenizer.render_chat(
+            &[cachet_backend::tokenizer::ChatMessage::new("user", "hi")],
+            true,
+        ) {
+            anyhow::bail!("the chat template {}: {e}", path.display());
+        }
+        Ok(tokenizer)
+    }
+
     /// The model's tokenizer and id without its weights, for a gateway whose upstreams run the
     /// model (fetches a known model first: its tokenizer lives in its file).
     pub fn text_only(&self) -> anyhow::Result<(TextTokenizer, String)> {
@@ -233,6 +268,7 @@ impl EngineArgs {
         if let Some((config, _)) = &dummy {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
+        let tokenizer = self.with_chat_template(tokenizer)?;
         Ok((tokenizer, self.model_id(dummy.as_ref(), &meta.name)))
     }
 
@@ -252,6 +288,7 @@ impl EngineArgs {
         if let Some((config, _)) = &dummy_config {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
+        let tokenizer = a.with_chat_template(tokenizer)?;
         let opts = RunnerOptions {
             device: a.device.into(),
             block_size: a.block_size,
@@ -276,6 +313,7 @@ impl EngineArgs {
                 enable_chunked_prefill: a.enable_chunked_prefill,
                 policy,
                 max_model_len: a.max_model_len,
+                fair_share: a.fair_share,
                 ..Default::default()
             },
             enable_prefix_caching: a.enable_prefix_caching,
@@ -284,6 +322,7 @@ impl EngineArgs {
             model_id: model_id.clone(),
             hash_key: key,
             speculative,
+            cache_shares: a.cache_shares,
             ..Default::default()
         };
         let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);

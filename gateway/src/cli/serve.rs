@@ -10,6 +10,7 @@ use cachet_backend::block_hash::HashContext;
 use cachet_gateway::config::{ConfigFile, UpstreamConfig};
 use cachet_gateway::http::tls;
 use cachet_gateway::server::fields::UnknownFields;
+use cachet_gateway::server::tools::Format;
 use cachet_gateway::server::{self, AppState};
 use cachet_gateway::tenants::TenantRegistry;
 use cachet_gateway::upstream::{
@@ -97,6 +98,11 @@ pub struct ServeArgs {
     /// through and names the ignored fields in the `x-cachet-warning` response header.
     #[arg(long, value_enum, default_value_t = UnknownFields::Reject)]
     pub unknown_fields: UnknownFields,
+    /// How the model writes tool calls, for requests with `tools`: `auto` tells it from the
+    /// chat template (`<tool_call>`: hermes; `[TOOL_CALLS]`: mistral; ipython: llama3_json);
+    /// `hermes` (Hermes, Qwen), `llama3_json`, `mistral`; `none` refuses tools.
+    #[arg(long, default_value = "auto")]
+    pub tool_parser: String,
     /// Seconds a request may take end to end; the engine ends it with an error past this (the
     /// deadline travels with the request to workers).
     #[arg(long, default_value_t = 600)]
@@ -138,6 +144,12 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let embedded = members
         .iter()
         .any(|m| matches!(m, UpstreamConfig::Embedded {}));
+    // The tool-call format, checked before the model loads.
+    let forced: Option<Option<Format>> = match a.tool_parser.as_str() {
+        "auto" => None,
+        "none" => Some(None),
+        f => Some(Some(f.parse().map_err(anyhow::Error::msg)?)),
+    };
     let (engine, tokenizer, model_id) = if embedded {
         let s = a.engine.start(key)?;
         (Some(s.engine), s.tokenizer, s.model_id)
@@ -146,6 +158,14 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(model = %model_id, "remote upstreams only: no weights loaded");
         (None, tokenizer, model_id)
     };
+    let tool_format = forced.unwrap_or_else(|| tokenizer.chat_template().and_then(Format::detect));
+    match (tool_format, tokenizer.chat_template()) {
+        (Some(f), _) => tracing::info!(format = %f, "tool calls"),
+        (None, Some(_)) => tracing::info!(
+            "tool calls: off (the chat template renders no tools; --chat-template or --tool-parser)"
+        ),
+        (None, None) => {}
+    }
     let handle = engine.as_ref().map(|e| e.handle());
     let max_model_len = handle
         .as_ref()
@@ -238,6 +258,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         );
         state.metrics_token = a.metrics_token.clone();
         state.unknown_fields = a.unknown_fields;
+        state.tool_format = tool_format;
         Arc::new(state)
     });
     rt.block_on(async move {

@@ -81,7 +81,8 @@ pub struct Normalized {
     pub relocated: Vec<String>,
 }
 
-/// Segments of a plain chat request: every message but the last is static.
+/// Segments of a plain chat request: every message but the last is static, except the tool
+/// conversation — tool results and the calls they answer are request data (dynamic).
 pub fn chat_segments(messages: &[ChatMessage]) -> Vec<Segment> {
     let n = messages.len();
     messages
@@ -90,11 +91,13 @@ pub fn chat_segments(messages: &[ChatMessage]) -> Vec<Segment> {
         .map(|(i, m)| Segment {
             role: m.role.clone(),
             text: m.content.clone(),
-            cache: if i + 1 < n {
+            cache: if i + 1 < n && m.tool_calls.is_empty() && m.tool_call_id.is_none() {
                 Cache::Static
             } else {
                 Cache::Dynamic
             },
+            tool_calls: m.tool_calls.clone(),
+            tool_call_id: m.tool_call_id.clone(),
         })
         .collect()
 }
@@ -107,17 +110,27 @@ pub fn to_messages(segments: &[Segment]) -> (Vec<ChatMessage>, Option<(usize, us
     for s in segments {
         let n = messages.len();
         match messages.last_mut() {
-            Some(m) if m.role == s.role => {
+            // A tool result is a message of its own, and a message's calls come after its text.
+            Some(m)
+                if m.role == s.role
+                    && m.tool_call_id.is_none()
+                    && s.tool_call_id.is_none()
+                    && m.tool_calls.is_empty() =>
+            {
                 if s.cache == Cache::Dynamic && first_dynamic.is_none() {
                     first_dynamic = Some((n - 1, m.content.len()));
                 }
                 m.content.push_str(&s.text);
+                m.tool_calls.extend(s.tool_calls.iter().cloned());
             }
             _ => {
                 if s.cache == Cache::Dynamic && first_dynamic.is_none() {
                     first_dynamic = Some((messages.len(), 0));
                 }
-                messages.push(ChatMessage::new(s.role.clone(), s.text.clone()));
+                let mut m = ChatMessage::new(s.role.clone(), s.text.clone());
+                m.tool_calls = s.tool_calls.clone();
+                m.tool_call_id = s.tool_call_id.clone();
+                messages.push(m);
             }
         }
     }
@@ -166,22 +179,20 @@ pub fn normalize(segments: &[Segment], rules: &Rules) -> Normalized {
         format!("{values}\n\n")
     };
     match out.iter().position(|s| s.cache == Cache::Dynamic) {
+        // A tool message stays one message (with its id): the values go into its text.
+        Some(i) if out[i].tool_call_id.is_some() || !out[i].tool_calls.is_empty() => {
+            let text = &mut out[i].text;
+            if after {
+                text.push_str(&block);
+            } else {
+                text.insert_str(0, &block);
+            }
+        }
         Some(i) => {
             let role = out[i].role.clone();
-            out.insert(
-                if after { i + 1 } else { i },
-                Segment {
-                    role,
-                    text: block,
-                    cache: Cache::Dynamic,
-                },
-            );
+            out.insert(if after { i + 1 } else { i }, Segment::varying(role, block));
         }
-        None => out.push(Segment {
-            role: "user".into(),
-            text: block,
-            cache: Cache::Dynamic,
-        }),
+        None => out.push(Segment::varying("user", block)),
     }
     Normalized {
         segments: out,

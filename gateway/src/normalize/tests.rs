@@ -4,9 +4,8 @@ use super::*;
 
 fn seg(role: &str, text: &str, cache: Cache) -> Segment {
     Segment {
-        role: role.into(),
-        text: text.into(),
         cache,
+        ..Segment::fixed(role, text)
     }
 }
 
@@ -330,6 +329,54 @@ fn chat_requests_count_earlier_turns_as_static() {
         seg("user", "Session id: 8812\n\n", Cache::Dynamic)
     );
     assert_eq!(n.segments[4].text, "what time is it? 12:00?");
+}
+
+#[test]
+fn a_tool_conversation_is_request_data_and_keeps_its_messages_apart() {
+    use cachet_backend::tokenizer::ToolCall;
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = vec![ToolCall {
+        id: "call_1".into(),
+        name: "clock".into(),
+        arguments: "{}".into(),
+    }];
+    let result = |id: &str, text: &str| {
+        let mut m = ChatMessage::new("tool", text);
+        m.tool_call_id = Some(id.into());
+        m
+    };
+    let msgs = [
+        ChatMessage::new("system", "Be brief. Session id: 8812"),
+        ChatMessage::new("user", "what time is it?"),
+        call,
+        result("call_1", "2026-12-01T12:00:00Z"),
+        result("call_2", "second result"),
+    ];
+    let segs = chat_segments(&msgs);
+    assert_eq!(
+        segs.iter().map(|s| s.cache).collect::<Vec<_>>(),
+        [
+            Cache::Static,
+            Cache::Static,
+            Cache::Dynamic,
+            Cache::Dynamic,
+            Cache::Dynamic
+        ],
+        "the call and its results are dynamic: never normalized, never in the static prefix"
+    );
+    let n = normalize(&segs, &rules());
+    // The relocated session id goes into the first dynamic message (the call), which stays
+    // one message with its calls.
+    let (back, first) = to_messages(&n.segments);
+    assert_eq!(back.len(), 5, "{back:?}");
+    assert_eq!(back[2].tool_calls, msgs[2].tool_calls);
+    assert_eq!(back[2].content, "Session id: 8812\n\n");
+    assert_eq!(first, Some((2, 0)));
+    // Two results in a row stay two messages, each with its id; the clock in a result is
+    // left alone.
+    assert_eq!(back[3].tool_call_id.as_deref(), Some("call_1"));
+    assert_eq!(back[3].content, "2026-12-01T12:00:00Z");
+    assert_eq!(back[4].tool_call_id.as_deref(), Some("call_2"));
 }
 
 #[test]

@@ -49,32 +49,67 @@ pub struct Rendered {
     pub boundary: usize,
 }
 
-/// Renders `messages` with the chat template (and the generation prompt). `first_dynamic` is
-/// where the first request-dependent text is: byte `offset` of message `index`'s content.
+/// Renders `messages` (and `tools`, OpenAI's function tools) with the chat template and the
+/// generation prompt. `first_dynamic` is where the first request-dependent text is: byte
+/// `offset` of message `index`'s content.
+///
+/// What the template renders outside message contents — function definitions, a call's name
+/// and arguments — is markup, tokenized with control tokens recognized: a request whose such
+/// text holds a control token's text is refused.
 pub fn render(
     tok: &TextTokenizer,
     messages: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
     first_dynamic: Option<(usize, usize)>,
 ) -> Result<Rendered, EngineError> {
-    if messages.iter().any(|m| has_reserved(&m.content)) {
+    let reserved = |t: &str| has_reserved(t);
+    if messages.iter().any(|m| {
+        reserved(&m.content)
+            || m.tool_call_id.as_deref().is_some_and(reserved)
+            || m.tool_calls
+                .iter()
+                .any(|c| reserved(&c.id) || reserved(&c.name) || reserved(&c.arguments))
+    }) || tools.is_some_and(|t| reserved(&t.to_string()))
+    {
         return Err(EngineError::InvalidRequest(
             "message text contains a reserved character (U+F8F0 … U+F8F2)".into(),
         ));
     }
+    let specials = tok.special_texts();
+    for m in messages {
+        let markup = m
+            .tool_calls
+            .iter()
+            .flat_map(|c| [&c.id, &c.name, &c.arguments])
+            .chain(m.tool_call_id.as_ref());
+        for t in markup {
+            if let Some(s) = specials.iter().find(|s| t.contains(s.as_str())) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "a tool call's id, name or arguments contain the model's control token `{s}`; take it out"
+                )));
+            }
+        }
+    }
+    // Empty contents stay empty (templates test `if message.content`): no text to protect.
     let marked: Vec<ChatMessage> = messages
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            ChatMessage::new(
-                m.role.clone(),
-                format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content),
-            )
+            let mut x = m.clone();
+            if !m.content.is_empty() {
+                x.content = format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content);
+            }
+            x
         })
         .collect();
-    let rendered = tok.render_chat(&marked, true)?;
+    let rendered = tok.render_chat_with(&marked, tools, true)?;
     let mut text = String::with_capacity(rendered.len());
     let mut pieces = Vec::new();
     let mut boundary = None;
+    // The end of the last message content before the first dynamic one: where everything is
+    // static for sure when the dynamic message's content is not in the rendering (empty, or
+    // dropped by the template).
+    let mut before_dynamic = 0;
     let mut rest = rendered.as_str();
     let mut markup_start = 0;
     while let Some(open) = rest.find(OPEN) {
@@ -103,6 +138,9 @@ pub fn render(
             });
         }
         if let Some((i, offset)) = first_dynamic {
+            if index < i && boundary.is_none() {
+                before_dynamic = text.len();
+            }
             if i == index && boundary.is_none() {
                 // A template that changes the text inside the markers (`| upper` on non-ASCII
                 // text) can move a byte offset off a character: take the character it is in.
@@ -124,8 +162,7 @@ pub fn render(
         });
     }
     let boundary = match first_dynamic {
-        // The template dropped the message the dynamic text is in: nothing is static.
-        Some(_) => boundary.unwrap_or(0),
+        Some(_) => boundary.unwrap_or(before_dynamic),
         None => text.len(),
     };
     Ok(Rendered {

@@ -18,6 +18,7 @@ use serde_json::Value;
 use super::fields::{Api, UnknownFields};
 use super::openai::{self, Parsed, MAX_KEY_BYTES};
 use super::respond::{self, ChoiceOut, Meta, Render, UsageSum};
+use super::tools::{self, Call};
 use super::{completions, AppState};
 use crate::http::{self, ApiError, Body};
 
@@ -38,6 +39,8 @@ struct MessagesRequest {
     cache_control: Option<Value>,
     speed: Option<String>,
     output_config: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -56,53 +59,229 @@ fn is_cache_control(c: &Value) -> bool {
     })
 }
 
-/// The text of a content field: a string, or `text` blocks (`cache_control` on a block is
-/// taken: every prefix is cached anyway). `at` names the field in errors.
+/// The text of one `text` block (`cache_control` on it is taken: every prefix is cached
+/// anyway); `at` names the block in errors.
+fn text_block(b: &Value, at: &str) -> Result<String, ApiError> {
+    let ty = b.get("type").and_then(Value::as_str);
+    let text = b.get("text").and_then(Value::as_str);
+    let extra = b.as_object().and_then(|o| {
+        o.keys()
+            .find(|k| !["type", "text", "cache_control"].contains(&k.as_str()))
+    });
+    match (ty, text, extra) {
+        (Some("text"), Some(t), None)
+            if b.get("cache_control")
+                .is_none_or(|c| c.is_null() || is_cache_control(c)) =>
+        {
+            Ok(t.to_string())
+        }
+        (Some("text"), _, Some(k)) => Err(ApiError::bad_field(
+            format!("{at}.{k} is not supported on a text block"),
+            format!("{at}.{k}"),
+        )),
+        (ty, _, _) => Err(ApiError::bad_field(
+            format!(
+                "{at}: only `text` blocks are supported, got {}",
+                ty.map_or("a block without a type".to_string(), |t| format!("`{t}`"))
+            ),
+            at.to_string(),
+        )),
+    }
+}
+
+/// The text of a content field: a string, or `text` blocks. `at` names the field in errors.
 fn text_of(content: &Value, at: &str) -> Result<String, ApiError> {
     match content {
         Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut out = String::new();
-            for (j, b) in blocks.iter().enumerate() {
-                let ty = b.get("type").and_then(Value::as_str);
-                let text = b.get("text").and_then(Value::as_str);
-                let extra = b.as_object().and_then(|o| {
-                    o.keys()
-                        .find(|k| !["type", "text", "cache_control"].contains(&k.as_str()))
-                });
-                match (ty, text, extra) {
-                    (Some("text"), Some(t), None)
-                        if b.get("cache_control")
-                            .is_none_or(|c| c.is_null() || is_cache_control(c)) =>
-                    {
-                        out.push_str(t)
-                    }
-                    (Some("text"), _, Some(k)) => {
-                        return Err(ApiError::bad_field(
-                            format!("{at}[{j}].{k} is not supported on a text block"),
-                            format!("{at}[{j}].{k}"),
-                        ))
-                    }
-                    (ty, _, _) => {
-                        return Err(ApiError::bad_field(
-                            format!(
-                                "{at}[{j}]: only `text` blocks are supported, got {}",
-                                ty.map_or("a block without a type".to_string(), |t| format!(
-                                    "`{t}`"
-                                ))
-                            ),
-                            format!("{at}[{j}]"),
-                        ))
-                    }
-                }
-            }
-            Ok(out)
-        }
+        Value::Array(blocks) => blocks
+            .iter()
+            .enumerate()
+            .map(|(j, b)| text_block(b, &format!("{at}[{j}]")))
+            .collect(),
         _ => Err(ApiError::bad_field(
             format!("{at} must be a string or a list of text blocks"),
             at.to_string(),
         )),
     }
+}
+
+/// One Messages message as chat messages: `text` blocks are its text; an assistant's
+/// `tool_use` blocks its tool calls; a user's `tool_result` blocks one `tool` message each
+/// (before the rest of its text, as the results answer the turn before).
+fn chat_messages(role: &str, content: &Value, i: usize) -> Result<Vec<Value>, ApiError> {
+    let at = format!("messages[{i}].content");
+    let Value::Array(blocks) = content else {
+        return Ok(vec![
+            serde_json::json!({"role": role, "content": text_of(content, &at)?}),
+        ]);
+    };
+    let mut text = Vec::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let here = format!("{at}[{j}]");
+        let field = |k: &str| b.get(k).filter(|v| !v.is_null());
+        let only = |keys: &[&str]| -> Result<(), ApiError> {
+            match b.as_object().and_then(|o| {
+                o.keys()
+                    .find(|k| !keys.contains(&k.as_str()) && *k != "cache_control")
+            }) {
+                Some(k) => Err(ApiError::bad_field(
+                    format!("{here}.{k} is not supported on this block"),
+                    format!("{here}.{k}"),
+                )),
+                None => Ok(()),
+            }
+        };
+        match (b.get("type").and_then(Value::as_str), role) {
+            (Some("tool_use"), "assistant") => {
+                only(&["type", "id", "name", "input"])?;
+                let (Some(id), Some(name), Some(input)) = (
+                    field("id").and_then(Value::as_str),
+                    field("name").and_then(Value::as_str),
+                    field("input").filter(|v| v.is_object()),
+                ) else {
+                    return Err(ApiError::bad_field(
+                        format!("{here}: a tool_use block has an `id`, a `name` and an `input` object"),
+                        here,
+                    ));
+                };
+                calls.push(serde_json::json!({"id": id, "type": "function",
+                    "function": {"name": name, "arguments": input.to_string()}}));
+            }
+            (Some("tool_result"), "user") => {
+                only(&["type", "tool_use_id", "content", "is_error"])?;
+                let Some(id) = field("tool_use_id").and_then(Value::as_str) else {
+                    return Err(ApiError::bad_field(
+                        format!("{here}: a tool_result block names its `tool_use_id`"),
+                        format!("{here}.tool_use_id"),
+                    ));
+                };
+                let out = match field("content") {
+                    None => String::new(),
+                    Some(c) => text_of(c, &format!("{here}.content"))?,
+                };
+                // The model is told a call failed the way Anthropic's prompt format does not
+                // say: in the result's text.
+                let out = match field("is_error").map(|e| e.as_bool()) {
+                    None | Some(Some(false)) => out,
+                    Some(Some(true)) => format!("Error: {out}"),
+                    Some(None) => {
+                        return Err(ApiError::bad_field(
+                            format!("{here}.is_error is true or false"),
+                            format!("{here}.is_error"),
+                        ))
+                    }
+                };
+                results.push(serde_json::json!({"role": "tool", "tool_call_id": id, "content": out}));
+            }
+            (Some("tool_use" | "tool_result"), _) => {
+                return Err(ApiError::bad_field(
+                    format!("{here}: tool_use blocks come from the assistant, tool_result blocks from the user"),
+                    here,
+                ))
+            }
+            _ => text.push(text_block(b, &here)?),
+        }
+    }
+    let text = text.concat();
+    let mut out = results;
+    if !calls.is_empty() {
+        out.push(serde_json::json!({"role": role, "content": text, "tool_calls": calls}));
+    } else if !text.is_empty() || out.is_empty() {
+        out.push(serde_json::json!({"role": role, "content": text}));
+    }
+    Ok(out)
+}
+
+/// Anthropic's `tools` and `tool_choice` in the chat shape: function tools, the choice, and
+/// whether calls may come several at once.
+fn tools_of(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+) -> Result<(Vec<Value>, Option<Value>, bool), ApiError> {
+    let bad = |m: String| ApiError::bad_request(m, Some("tools"));
+    let list = match tools {
+        None | Some(Value::Null) => &[][..],
+        Some(Value::Array(a)) => &a[..],
+        Some(_) => return Err(bad("tools is a list of tools".into())),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let Some(o) = t.as_object() else {
+            return Err(bad(format!("tools[{i}] is an object")));
+        };
+        match o.get("type").and_then(Value::as_str) {
+            None | Some("custom") => {}
+            Some(ty) => {
+                return Err(bad(format!(
+                    "tools[{i}]: `{ty}` tools run on Anthropic's servers; only client tools (name, input_schema) are served"
+                )))
+            }
+        }
+        let mut f = serde_json::Map::new();
+        for (k, v) in o {
+            match k.as_str() {
+                "type" | "cache_control" => {}
+                "name" | "description" | "strict" => {
+                    f.insert(k.clone(), v.clone());
+                }
+                "input_schema" => {
+                    f.insert("parameters".into(), v.clone());
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "tools[{i}].{k} is not supported (name, description, input_schema, strict)"
+                    )))
+                }
+            }
+        }
+        if !o.contains_key("input_schema") {
+            return Err(bad(format!("tools[{i}] needs its `input_schema`")));
+        }
+        super::openai::function_of(&f, &format!("tools[{i}]"), "parameters")
+            .map_err(|m| bad(m.replace(".parameters", ".input_schema")))?;
+        out.push(serde_json::json!({"type": "function", "function": f}));
+    }
+    let mut parallel = true;
+    let choice = match choice.filter(|c| !c.is_null()) {
+        None => None,
+        Some(c) => {
+            let badc = |m: &str| ApiError::bad_request(m.to_string(), Some("tool_choice"));
+            let Some(o) = c.as_object() else {
+                return Err(badc("tool_choice is an object with a `type`"));
+            };
+            for (k, v) in o {
+                match (k.as_str(), v) {
+                    ("type" | "name", _) => {}
+                    ("disable_parallel_tool_use", Value::Bool(b)) => parallel = !b,
+                    _ => {
+                        return Err(badc(&format!(
+                        "tool_choice.{k} is not supported (type, name, disable_parallel_tool_use)"
+                    )))
+                    }
+                }
+            }
+            Some(
+                match (
+                    o.get("type").and_then(Value::as_str),
+                    o.get("name").and_then(Value::as_str),
+                ) {
+                    (Some("auto"), _) => "auto".into(),
+                    (Some("any"), _) => "required".into(),
+                    (Some("none"), _) => "none".into(),
+                    (Some("tool"), Some(n)) => {
+                        serde_json::json!({"type": "function", "function": {"name": n}})
+                    }
+                    (Some("tool"), None) => {
+                        return Err(badc("tool_choice of type `tool` names the tool (`name`)"))
+                    }
+                    _ => return Err(badc("tool_choice.type is auto, any, tool or none")),
+                },
+            )
+        }
+    };
+    Ok((out, choice, parallel))
 }
 
 /// Parses and validates a Messages body into the request every shape runs as.
@@ -146,9 +325,9 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
                 format!("messages[{i}].{k}"),
             ));
         }
-        let text = text_of(&m.content, &format!("messages[{i}].content"))?;
-        msgs.push(serde_json::json!({"role": m.role, "content": text}));
+        msgs.extend(chat_messages(&m.role, &m.content, i)?);
     }
+    let (tools, tool_choice, parallel) = tools_of(r.tools.as_ref(), r.tool_choice.as_ref())?;
     let mut user = None;
     if let Some(md) = &r.metadata {
         for (k, v) in md {
@@ -253,6 +432,13 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
     if let Some(c) = format {
         chat["structured_outputs"] = super::responses::constraint_json(&c);
     }
+    if !tools.is_empty() {
+        chat["tools"] = tools.into();
+        chat["parallel_tool_calls"] = parallel.into();
+    }
+    if let Some(c) = tool_choice {
+        chat["tool_choice"] = c;
+    }
     // Anthropic's names where the shared checks name OpenAI's.
     openai::parse_as_chat(chat, ignored, ("stop", "stop_sequences"))
 }
@@ -272,10 +458,11 @@ pub async fn messages(
 }
 
 /// Anthropic's `stop_reason`.
-fn stop_reason(reason: FinishReason, stop: Option<&str>) -> &'static str {
+fn stop_reason(reason: FinishReason, stop: Option<&str>, calls: bool) -> &'static str {
     match (reason, stop) {
         (FinishReason::Length, _) => "max_tokens",
         (_, Some(_)) => "stop_sequence",
+        _ if calls => "tool_use",
         _ => "end_turn",
     }
 }
@@ -294,23 +481,68 @@ fn event(name: &str, data: Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
-fn text_delta(text: &str) -> Vec<String> {
-    if text.is_empty() {
-        return Vec::new();
-    }
-    vec![event(
-        "content_block_delta",
-        serde_json::json!({"type": "content_block_delta", "index": 0,
-        "delta": {"type": "text_delta", "text": text}}),
-    )]
+/// A call as a `tool_use` block.
+fn tool_use(meta: &Meta, k: usize, c: &Call) -> Value {
+    let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| serde_json::json!({}));
+    serde_json::json!({"type": "tool_use", "id": tools::call_id("toolu_", &meta.id, 0, k),
+        "name": c.name, "input": input})
 }
 
-/// A `message`, or its events: message_start, content_block_start, ping, content_block_delta
-/// per piece of text, content_block_stop, message_delta (stop reason, usage), message_stop.
+/// A `message`, or its events: message_start, ping, then per content block (text, tool_use)
+/// content_block_start, its deltas (text_delta, input_json_delta) and content_block_stop;
+/// message_delta (stop reason, usage), message_stop.
 #[derive(Default)]
 pub struct AnthropicRender {
     usage: Usage,
     stop: Option<(&'static str, Option<String>)>,
+    /// Blocks started so far; whether the last one is an open text block.
+    blocks: usize,
+    text_open: bool,
+    calls: usize,
+}
+
+impl AnthropicRender {
+    /// Starts block `content` (Anthropic pings after the first).
+    fn start_block(&mut self, content: Value) -> Vec<String> {
+        let mut frames = vec![event(
+            "content_block_start",
+            serde_json::json!({"type": "content_block_start", "index": self.blocks, "content_block": content}),
+        )];
+        if self.blocks == 0 {
+            frames.push(event("ping", serde_json::json!({"type": "ping"})));
+        }
+        self.blocks += 1;
+        frames
+    }
+
+    /// Closes the open text block, if any.
+    fn close_text(&mut self) -> Vec<String> {
+        if !self.text_open {
+            return Vec::new();
+        }
+        self.text_open = false;
+        vec![event(
+            "content_block_stop",
+            serde_json::json!({"type": "content_block_stop", "index": self.blocks - 1}),
+        )]
+    }
+
+    fn text_delta(&mut self, text: &str) -> Vec<String> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        let mut frames = Vec::new();
+        if !self.text_open {
+            frames.extend(self.start_block(serde_json::json!({"type": "text", "text": ""})));
+            self.text_open = true;
+        }
+        frames.push(event(
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": self.blocks - 1,
+            "delta": {"type": "text_delta", "text": text}}),
+        ));
+        frames
+    }
 }
 
 impl Render for AnthropicRender {
@@ -324,34 +556,36 @@ impl Render for AnthropicRender {
         let c = choices.into_iter().next().expect("one choice");
         let mut u = usage_json(&usage.usage);
         respond::add_timings(&mut u, meta, &usage.timings);
+        let mut content = Vec::new();
+        if !c.text.is_empty() || c.calls.is_empty() {
+            content.push(serde_json::json!({"type": "text", "text": c.text}));
+        }
+        content.extend(
+            c.calls
+                .iter()
+                .enumerate()
+                .map(|(k, call)| tool_use(meta, k, call)),
+        );
         serde_json::json!({
             "id": meta.id,
             "type": "message",
             "role": "assistant",
             "model": meta.model,
-            "content": [{"type": "text", "text": c.text}],
-            "stop_reason": stop_reason(c.reason, c.stop_sequence.as_deref()),
+            "content": content,
+            "stop_reason": stop_reason(c.reason, c.stop_sequence.as_deref(), !c.calls.is_empty()),
             "stop_sequence": c.stop_sequence,
             "usage": u,
         })
     }
 
     fn start(&mut self, meta: &Meta, _choices: usize) -> Vec<String> {
-        vec![
-            event(
-                "message_start",
-                serde_json::json!({"type": "message_start", "message": {
+        vec![event(
+            "message_start",
+            serde_json::json!({"type": "message_start", "message": {
                 "id": meta.id, "type": "message", "role": "assistant", "model": meta.model,
                 "content": [], "stop_reason": null, "stop_sequence": null,
                 "usage": {"input_tokens": 0, "output_tokens": 0}}}),
-            ),
-            event(
-                "content_block_start",
-                serde_json::json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-            ),
-            event("ping", serde_json::json!({"type": "ping"})),
-        ]
+        )]
     }
 
     fn token(
@@ -362,7 +596,26 @@ impl Render for AnthropicRender {
         _lp: Option<&RowLogprobs>,
         _tok: &TextTokenizer,
     ) -> Vec<String> {
-        text_delta(text)
+        self.text_delta(text)
+    }
+
+    fn call(&mut self, meta: &Meta, _i: usize, k: usize, call: &Call) -> Vec<String> {
+        let mut frames = self.close_text();
+        let mut block = tool_use(meta, k, call);
+        block["input"] = serde_json::json!({});
+        let index = self.blocks;
+        self.calls += 1;
+        frames.extend(self.start_block(block));
+        frames.push(event(
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": index,
+            "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+        ));
+        frames.push(event(
+            "content_block_stop",
+            serde_json::json!({"type": "content_block_stop", "index": index}),
+        ));
+        frames
     }
 
     fn finish(
@@ -375,26 +628,33 @@ impl Render for AnthropicRender {
         usage: &Usage,
     ) -> Vec<String> {
         self.usage = *usage;
-        self.stop = Some((stop_reason(reason, stop), stop.map(str::to_owned)));
-        text_delta(rest)
+        self.stop = Some((
+            stop_reason(reason, stop, self.calls > 0),
+            stop.map(str::to_owned),
+        ));
+        self.text_delta(rest)
     }
 
     fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String> {
         let (reason, seq) = self.stop.take().unwrap_or(("end_turn", None));
         let mut u = usage_json(&usage.usage);
         respond::add_timings(&mut u, meta, &usage.timings);
-        vec![
-            event(
-                "content_block_stop",
-                serde_json::json!({"type": "content_block_stop", "index": 0}),
-            ),
+        let mut frames = Vec::new();
+        if self.blocks == 0 {
+            // An empty answer is one empty text block, as Anthropic sends it.
+            frames.extend(self.start_block(serde_json::json!({"type": "text", "text": ""})));
+            self.text_open = true;
+        }
+        frames.extend(self.close_text());
+        frames.extend([
             event(
                 "message_delta",
                 serde_json::json!({"type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": u}),
             ),
             event("message_stop", serde_json::json!({"type": "message_stop"})),
-        ]
+        ]);
+        frames
     }
 
     fn error(&mut self, _meta: &Meta, e: &ApiError) -> Vec<String> {

@@ -142,10 +142,35 @@ pub async fn run(
         stop_token_ids,
         n,
         ignored,
-        constraint,
+        mut constraint,
+        tools,
     } = parsed;
     let chat = matches!(input, Input::Chat(..));
     check_model(&state, &tenant, &input.common().model)?;
+    // Tools: the model must have a way to see them and to call, and `required` or a named
+    // function is a grammar on the output.
+    let template_tools = tools.as_ref().and_then(|t| t.template_tools());
+    if let Some(v) = &template_tools {
+        super::tools::check_markup(v, &state.tokenizer, openai::CHAT_TOOLS)?;
+    }
+    let mut calls = None;
+    if let Some(t) = &tools {
+        if t.parses() {
+            let Some(format) = state.tool_format else {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "model `{}` is served without tool calls: its chat template renders no tools (the host can give it one with --chat-template); leave `tools` out or send tool_choice `none`",
+                        state.model_id
+                    ),
+                    Some("tools"),
+                ));
+            };
+            if let Some(c) = t.constraint(format, &state.tokenizer) {
+                constraint = Some(c);
+            }
+            calls = Some((format, t.call_limit()));
+        }
+    }
     // The tenant's concurrency and requests/min, before any work is done for the request (its
     // template included); the tokens/min budget once the prompt is known.
     let mut permit = tenant.admit_request(Instant::now())?;
@@ -169,7 +194,13 @@ pub async fn run(
                 }
                 None => crate::normalize::chat_segments(&msgs),
             };
-            let p = prepare(&state, &tenant, &r.common.salt(&tenant.salt), &segments)?;
+            let p = prepare(
+                &state,
+                &tenant,
+                &r.common.salt(&tenant.salt),
+                &segments,
+                template_tools.as_ref(),
+            )?;
             fill = p.fill;
             (r.common, vec![(p.ids, p.prompt)])
         }
@@ -275,6 +306,7 @@ pub async fn run(
                 er.stop_token_ids = stop_token_ids.clone();
                 er.salt = salt;
                 er.priority = tenant.config.priority;
+                er.share = tenant.config.share;
                 er.tag = tenant.id().to_string();
                 er.ignore_eos = common.ignore_eos;
                 er.deadline = Some(arrived + state.request_timeout);
@@ -301,6 +333,7 @@ pub async fn run(
         prepare: want_timings.then(|| arrived.elapsed()),
         n,
         ignored,
+        calls,
     };
     if common.stream {
         Ok(respond::sse(streams, meta, render, permit, state.clone()))
@@ -334,18 +367,19 @@ pub struct Prepared {
     pub fill: Option<([u8; 32], std::sync::Arc<Vec<u32>>)>,
 }
 
-/// Normalizes `segments` under the tenant's rules, renders them with the chat template, and
-/// tokenizes — message text with special tokens as plain text, the static prefix's tokens from
-/// the tenant's cache.
+/// Normalizes `segments` under the tenant's rules, renders them (and `tools`) with the chat
+/// template, and tokenizes — message text with special tokens as plain text, the static
+/// prefix's tokens from the tenant's cache.
 pub fn prepare(
     state: &AppState,
     tenant: &Tenant,
     salt: &[u8; 32],
     segments: &[cachet_guest_sdk::Segment],
+    tools: Option<&serde_json::Value>,
 ) -> Result<Prepared, ApiError> {
     let n = crate::normalize::normalize(segments, &tenant.rules);
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
-    let r = crate::normalize::tokens::render(&state.tokenizer, &messages, first_dynamic)?;
+    let r = crate::normalize::tokens::render(&state.tokenizer, &messages, tools, first_dynamic)?;
     let enc = state.prefix_tokens.encode(&state.tokenizer, &r, salt)?;
     state
         .metrics

@@ -91,6 +91,7 @@ pub struct Metrics {
     kv_usage: Gauge<f64, AtomicU64>,
     spec_cost_ratio: Gauge<f64, AtomicU64>,
     kv_blocks_cached: Gauge,
+    kv_blocks_cached_by_tenant: Family<TenantLabel, Gauge>,
     kv_blocks_free: Gauge,
     prefix_queried: Gauge,
     prefix_hits: Gauge,
@@ -131,6 +132,7 @@ impl Metrics {
             kv_usage: Gauge::default(),
             spec_cost_ratio: Gauge::default(),
             kv_blocks_cached: Gauge::default(),
+            kv_blocks_cached_by_tenant: Family::default(),
             kv_blocks_free: Gauge::default(),
             prefix_queried: Gauge::default(),
             prefix_hits: Gauge::default(),
@@ -246,6 +248,11 @@ impl Metrics {
                 "kv_blocks_cached_idle",
                 "Free KV blocks that hold a cached prefix",
                 m.kv_blocks_cached.clone(),
+            );
+            registry.register(
+                "kv_blocks_cached_idle_by_tenant",
+                "Free KV blocks that hold a cached prefix, by the tenant whose request computed them",
+                m.kv_blocks_cached_by_tenant.clone(),
             );
             registry.register(
                 "kv_blocks_free",
@@ -394,6 +401,12 @@ impl Metrics {
         self.waiting.set(s.waiting as i64);
         self.kv_usage.set(s.kv_usage());
         self.kv_blocks_cached.set(s.kv.cached_idle as i64);
+        self.kv_blocks_cached_by_tenant.clear();
+        for (t, n) in &s.cached_by_tenant {
+            self.kv_blocks_cached_by_tenant
+                .get_or_create(&TenantLabel { tenant: t.clone() })
+                .set(*n as i64);
+        }
         self.kv_blocks_free.set(s.kv.free_plain as i64);
         self.prefix_queried
             .set(s.counters.prefix_queried_tokens as i64);

@@ -21,6 +21,7 @@ pub mod openai;
 pub mod respond;
 pub mod responses;
 pub mod templates;
+pub mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -69,6 +70,8 @@ pub struct AppState {
     pub unknown_fields: fields::UnknownFields,
     /// The model's vocabulary size (token-id prompts and `logit_bias` are checked against it).
     pub vocab: usize,
+    /// How the model writes tool calls; `None`: requests with tools are refused.
+    pub tool_format: Option<tools::Format>,
     next_id: AtomicU64,
 }
 
@@ -85,6 +88,7 @@ impl AppState {
         templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
     ) -> Self {
         let tokenizer_vocab = tokenizer.vocab_size();
+        let tool_format = tokenizer.chat_template().and_then(tools::Format::detect);
         AppState {
             prefix_tokens: crate::normalize::tokens::PrefixTokens::new(PREFIX_TOKEN_CACHE_BYTES),
             metrics: metrics::Metrics::new(engine.is_some()),
@@ -103,6 +107,7 @@ impl AppState {
             metrics_token: None,
             unknown_fields: fields::UnknownFields::Reject,
             vocab: tokenizer_vocab,
+            tool_format,
             next_id: AtomicU64::new(1),
         }
     }

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::fields::{self, Api, Status, UnknownFields};
+use super::tools::{self, Choice, Function, Tools};
 use crate::http::ApiError;
 use cachet_backend::grammar::Constraint;
 use cachet_backend::sampler::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
-use cachet_backend::tokenizer::ChatMessage;
+use cachet_backend::tokenizer::{ChatMessage, ToolCall};
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -99,6 +100,9 @@ pub struct ChatRequest {
     pub template: Option<String>,
     /// Variables for the template (Cachet extension).
     pub template_variables: Option<std::collections::BTreeMap<String, String>>,
+    pub tools: Option<serde_json::Value>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -147,6 +151,8 @@ pub struct Parsed {
     pub ignored: Vec<String>,
     /// What the output must match (structured outputs).
     pub constraint: Option<Constraint>,
+    /// The functions the model may call (chat).
+    pub tools: Option<Tools>,
 }
 
 /// Parses and validates the body of `/v1/chat/completions` (`chat`) or `/v1/completions`: any
@@ -157,11 +163,12 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
     if chat {
         let (r, ignored) = checked::<ChatRequest>(Api::Chat, v, unknown)?;
         let msgs = r.messages()?;
-        validated(Input::Chat(r, msgs), ignored)
+        let tools = r.tools()?;
+        validated(Input::Chat(r, msgs), ignored, tools)
     } else {
         let (r, ignored) = checked::<CompletionRequest>(Api::Completions, v, unknown)?;
         let p = r.prompts()?;
-        validated(Input::Text(r, p), ignored)
+        validated(Input::Text(r, p), ignored, None)
     }
 }
 
@@ -184,8 +191,8 @@ pub fn checked<T: serde::de::DeserializeOwned>(
     Ok((r, ignored))
 }
 
-/// The checks of the common fields, on a request whose input is already valid.
-fn validated(input: Input, ignored: Vec<String>) -> Result<Parsed, ApiError> {
+/// The checks of the common fields, on a request whose input (and tools) are already valid.
+fn validated(input: Input, ignored: Vec<String>, tools: Option<Tools>) -> Result<Parsed, ApiError> {
     let chat = matches!(input, Input::Chat(..));
     let c = input.common();
     let (max_tokens, stop) = c.validate()?;
@@ -218,6 +225,14 @@ fn validated(input: Input, ignored: Vec<String>) -> Result<Parsed, ApiError> {
         }
     }
     let constraint = c.constraint()?;
+    if let Some(t) = &tools {
+        if constraint.is_some() && matches!(t.choice, Choice::Required | Choice::Named(_)) {
+            return Err(ApiError::bad_request(
+                "tool_choice makes the model call a function, and a structured-output field shapes its text: send one of them",
+                Some("tool_choice"),
+            ));
+        }
+    }
     let stop_token_ids = c.stop_token_ids.clone().unwrap_or_default();
     if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
         return Err(ApiError::bad_request(
@@ -234,6 +249,7 @@ fn validated(input: Input, ignored: Vec<String>) -> Result<Parsed, ApiError> {
         n: n as usize,
         ignored,
         constraint,
+        tools,
     })
 }
 
@@ -283,7 +299,8 @@ pub fn parse_as_chat(
     };
     let (r, _) = checked::<ChatRequest>(Api::Chat, chat, UnknownFields::Reject).map_err(rename)?;
     let msgs = r.messages().map_err(rename)?;
-    validated(Input::Chat(r, msgs), ignored).map_err(rename)
+    let tools = r.tools().map_err(rename)?;
+    validated(Input::Chat(r, msgs), ignored, tools).map_err(rename)
 }
 
 /// Every key of an `api` body against the table: refused fields (with a value other than
@@ -649,8 +666,84 @@ impl Common {
 /// Longest `cache_salt` accepted.
 pub const MAX_CACHE_SALT_BYTES: usize = 256;
 
+/// Where the chat shape's tool fields are, for errors.
+pub const CHAT_TOOLS: tools::Names = tools::Names {
+    tools: "tools",
+    choice: "tool_choice",
+};
+
 impl ChatRequest {
+    /// The functions offered (`tools`, function tools only), `tool_choice` and
+    /// `parallel_tool_calls`.
+    pub fn tools(&self) -> Result<Option<Tools>, ApiError> {
+        use serde_json::Value;
+        let bad = |m: String| ApiError::bad_request(m, Some("tools"));
+        let list = match &self.tools {
+            None | Some(Value::Null) => &[][..],
+            Some(Value::Array(a)) => &a[..],
+            Some(_) => return Err(bad("tools is a list of function tools".into())),
+        };
+        let mut functions = Vec::with_capacity(list.len());
+        for (i, t) in list.iter().enumerate() {
+            let ty = t.get("type").and_then(Value::as_str);
+            if ty != Some("function") {
+                return Err(bad(format!(
+                    "tools[{i}]: only `function` tools are served, got {}",
+                    ty.map_or("a tool without a type".into(), |t| format!("`{t}`"))
+                )));
+            }
+            if let Some(k) = t
+                .as_object()
+                .and_then(|o| o.keys().find(|k| *k != "type" && *k != "function"))
+            {
+                return Err(bad(format!(
+                    "tools[{i}].{k} is not supported (a tool has `type` and `function`)"
+                )));
+            }
+            let Some(f) = t.get("function").and_then(Value::as_object) else {
+                return Err(bad(format!(
+                    "tools[{i}].function is an object with the function's `name`"
+                )));
+            };
+            functions
+                .push(function_of(f, &format!("tools[{i}].function"), "parameters").map_err(&bad)?);
+        }
+        let choice = match &self.tool_choice {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(match s.as_str() {
+                "none" => Choice::None,
+                "auto" => Choice::Auto,
+                "required" => Choice::Required,
+                _ => {
+                    return Err(ApiError::bad_request(
+                        format!("tool_choice `{s}` is not one of none, auto, required, or {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"),
+                        Some("tool_choice"),
+                    ))
+                }
+            }),
+            Some(v) => match (
+                v.get("type").and_then(Value::as_str),
+                v.pointer("/function/name").and_then(Value::as_str),
+            ) {
+                (Some("function"), Some(n)) => Some(Choice::Named(n.to_string())),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "tool_choice names a function as {\"type\": \"function\", \"function\": {\"name\": …}}",
+                        Some("tool_choice"),
+                    ))
+                }
+            },
+        };
+        Tools::new(
+            functions,
+            choice,
+            self.parallel_tool_calls.unwrap_or(true),
+            CHAT_TOOLS,
+        )
+    }
+
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        use serde_json::Value;
         if self.messages.is_empty() {
             return Err(ApiError::bad_request(
                 "messages must not be empty",
@@ -662,37 +755,59 @@ impl ChatRequest {
             .enumerate()
             .map(|(i, m)| {
                 let at = |what: &str| format!("messages[{i}]{what}");
-                if !["system", "user", "assistant", "developer"].contains(&m.role.as_str()) {
+                if !["system", "user", "assistant", "developer", "tool"].contains(&m.role.as_str()) {
                     return Err(ApiError::bad_field(
-                        match m.role.as_str() {
-                            "tool" | "function" => format!(
-                                "messages[{i}]: role `{}` carries a tool result, and tools are not served yet",
-                                m.role
-                            ),
-                            r => format!(
-                                "messages[{i}]: unsupported role `{r}` (system, developer, user, assistant)"
-                            ),
-                        },
+                        format!(
+                            "messages[{i}]: unsupported role `{}` (system, developer, user, assistant, tool)",
+                            m.role
+                        ),
                         at(".role"),
                     ));
                 }
-                if let Some(k) = m.other.keys().next() {
-                    return Err(ApiError::bad_field(
-                        format!(
-                            "messages[{i}].{k} is not supported: {}",
-                            match k.as_str() {
-                                "tool_calls" | "tool_call_id" | "function_call" =>
-                                    "tools are not served yet",
-                                "name" => "the chat template has no place for participant names; put the name in the content",
-                                _ => "a message has `role` and `content`",
+                let mut calls = Vec::new();
+                let mut call_id = None;
+                for (k, v) in &m.other {
+                    match (k.as_str(), m.role.as_str()) {
+                        ("tool_calls", "assistant") => calls = tool_calls_of(v, i)?,
+                        ("tool_call_id", "tool") => match v.as_str() {
+                            Some(id) if !id.is_empty() && id.len() <= MAX_KEY_BYTES => {
+                                call_id = Some(id.to_string())
                             }
-                        ),
-                        at(&format!(".{k}")),
+                            _ => {
+                                return Err(ApiError::bad_field(
+                                    format!("messages[{i}].tool_call_id is the id of the call answered (1 to {MAX_KEY_BYTES} bytes)"),
+                                    at(".tool_call_id"),
+                                ))
+                            }
+                        },
+                        _ => {
+                            return Err(ApiError::bad_field(
+                                format!(
+                                    "messages[{i}].{k} is not supported: {}",
+                                    match k.as_str() {
+                                        "tool_calls" => "only an assistant message carries tool calls",
+                                        "tool_call_id" => "only a tool message answers a call",
+                                        "function_call" => "deprecated by OpenAI: send `tool_calls`",
+                                        "name" => "the chat template has no place for participant names; put the name in the content",
+                                        _ => "a message has `role`, `content`, and `tool_calls` (assistant) or `tool_call_id` (tool)",
+                                    }
+                                ),
+                                at(&format!(".{k}")),
+                            ))
+                        }
+                    }
+                }
+                if m.role == "tool" && call_id.is_none() {
+                    return Err(ApiError::bad_field(
+                        format!("messages[{i}]: a tool message needs the `tool_call_id` of the call it answers"),
+                        at(".tool_call_id"),
                     ));
                 }
                 let text = match &m.content {
-                    serde_json::Value::String(s) => s.clone(),
-                    serde_json::Value::Array(parts) => parts
+                    Value::String(s) => s.clone(),
+                    // An assistant's message of calls only.
+                    Value::Null if !calls.is_empty() => String::new(),
+                    Value::Array(parts) => parts
                         .iter()
                         .enumerate()
                         .map(|(j, p)| {
@@ -719,17 +834,105 @@ impl ChatRequest {
                         ))
                     }
                 };
-                Ok(ChatMessage::new(
+                let mut msg = ChatMessage::new(
                     if m.role == "developer" {
                         "system"
                     } else {
                         m.role.as_str()
                     },
                     text,
-                ))
+                );
+                msg.tool_calls = calls;
+                msg.tool_call_id = call_id;
+                Ok(msg)
             })
             .collect()
     }
+}
+
+/// A function of a tool definition (`at` names it in errors; `params` is the shape's key for
+/// the schema): `name`, `description`, the schema, `strict`.
+pub fn function_of(
+    f: &serde_json::Map<String, serde_json::Value>,
+    at: &str,
+    params: &str,
+) -> Result<Function, String> {
+    use serde_json::Value;
+    let mut func = Function {
+        name: String::new(),
+        description: None,
+        parameters: serde_json::json!({"type": "object", "properties": {}}),
+        strict: false,
+    };
+    for (k, v) in f {
+        match (k.as_str(), v) {
+            ("name", Value::String(n)) => func.name = n.clone(),
+            ("description", Value::String(d)) => func.description = Some(d.clone()),
+            ("description", Value::Null) => {}
+            (p, Value::Object(_)) if p == params => func.parameters = v.clone(),
+            (p, Value::Null) if p == params => {}
+            ("strict", Value::Bool(b)) => func.strict = *b,
+            ("strict", Value::Null) => {}
+            ("type", Value::String(t)) if t == "function" => {}
+            ("name" | "description" | "strict", _) => {
+                return Err(format!("{at}.{k} has the wrong type"))
+            }
+            (p, _) if p == params => return Err(format!("{at}.{p} is a JSON Schema object")),
+            _ => {
+                return Err(format!(
+                    "{at}.{k} is not supported (name, description, {params}, strict)"
+                ))
+            }
+        }
+    }
+    if func.name.is_empty() {
+        return Err(format!("{at} needs a `name`"));
+    }
+    Ok(func)
+}
+
+/// An assistant message's `tool_calls`: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, the arguments a JSON object as text.
+fn tool_calls_of(v: &serde_json::Value, i: usize) -> Result<Vec<ToolCall>, ApiError> {
+    use serde_json::Value;
+    let at = |j: usize, what: &str| format!("messages[{i}].tool_calls[{j}]{what}");
+    let Some(list) = v.as_array() else {
+        return Err(ApiError::bad_field(
+            format!("messages[{i}].tool_calls is a list of calls"),
+            format!("messages[{i}].tool_calls"),
+        ));
+    };
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let id = c.get("id").and_then(Value::as_str).unwrap_or("");
+            let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+            let args = c.pointer("/function/arguments");
+            let ty = c.get("type").and_then(Value::as_str).unwrap_or("function");
+            if ty != "function" || id.is_empty() || id.len() > MAX_KEY_BYTES || name.is_empty() {
+                return Err(ApiError::bad_field(
+                    format!("{} is {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}} with a non-empty id and name", at(j, "")),
+                    at(j, ""),
+                ));
+            }
+            let arguments = match args {
+                Some(Value::String(s)) => s.clone(),
+                Some(o @ Value::Object(_)) => o.to_string(),
+                _ => String::new(),
+            };
+            if !serde_json::from_str::<Value>(&arguments).is_ok_and(|a| a.is_object()) {
+                return Err(ApiError::bad_field(
+                    format!("{} must be a JSON object (as text)", at(j, ".function.arguments")),
+                    at(j, ".function.arguments"),
+                ));
+            }
+            Ok(ToolCall {
+                id: id.to_string(),
+                name: name.to_string(),
+                arguments,
+            })
+        })
+        .collect()
 }
 
 impl CompletionRequest {

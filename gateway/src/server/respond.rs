@@ -14,6 +14,7 @@ use cachet_backend::tokenizer::TextTokenizer;
 use hyper::{Response, StatusCode};
 use tokio::sync::mpsc;
 
+use super::tools::{Call, Format, Out, Parser};
 use super::AppState;
 use crate::http::{self, ApiError, Body};
 use crate::tenants::Permit;
@@ -98,6 +99,8 @@ pub struct Meta {
     pub n: usize,
     /// Unknown fields let through, for the `x-cachet-warning` header.
     pub ignored: Vec<String>,
+    /// The output is parsed for tool calls in this format, keeping at most this many.
+    pub calls: Option<(Format, usize)>,
 }
 
 impl Meta {
@@ -118,7 +121,10 @@ impl Meta {
 
 /// One choice's outcome, for a whole (not streamed) response.
 pub struct ChoiceOut {
+    /// The answer's text (without its tool calls).
     pub text: String,
+    /// The tool calls it made.
+    pub calls: Vec<Call>,
     pub reason: FinishReason,
     /// The stop string that ended the text, if one did.
     pub stop_sequence: Option<String>,
@@ -146,6 +152,8 @@ pub trait Render: Send + 'static {
         lp: Option<&RowLogprobs>,
         tok: &TextTokenizer,
     ) -> Vec<String>;
+    /// Choice `i` made its `k`-th tool call (streams; after the text before it).
+    fn call(&mut self, meta: &Meta, i: usize, k: usize, call: &Call) -> Vec<String>;
     /// A choice ends: the text held back until now, why, and its usage.
     fn finish(
         &mut self,
@@ -340,6 +348,7 @@ pub async fn whole(
     let mut out: Vec<ChoiceOut> = (0..k)
         .map(|_| ChoiceOut {
             text: String::new(),
+            calls: Vec::new(),
             reason: FinishReason::Stop,
             stop_sequence: None,
             logprobs: Vec::new(),
@@ -380,6 +389,19 @@ pub async fn whole(
             None => return Err(ApiError::internal("the engine ended the stream early")),
         }
     }
+    if let Some((format, limit)) = meta.calls {
+        for c in &mut out {
+            let mut p = Parser::new(format, limit);
+            let mut outs = p.feed(&std::mem::take(&mut c.text));
+            outs.extend(p.finish());
+            for o in outs {
+                match o {
+                    Out::Text(t) => c.text.push_str(&t),
+                    Out::Call(call) => c.calls.push(call),
+                }
+            }
+        }
+    }
     let body = render.whole(&meta, out, &sum, &state.tokenizer);
     Ok(meta.finish(http::json(StatusCode::OK, &body)))
 }
@@ -413,6 +435,9 @@ pub fn sse(
         if !send(render.start(&meta, k)).await {
             return;
         }
+        let mut parsers: Vec<Option<Parser>> = (0..k)
+            .map(|_| meta.calls.map(|(f, limit)| Parser::new(f, limit)))
+            .collect();
         let mut left = k;
         while left > 0 {
             // A client that leaves is noticed at once (not at the next token): dropping the
@@ -425,7 +450,22 @@ pub fn sse(
             match ev {
                 Some(EngineEvent::Token { text, logprobs, .. }) => {
                     meter.token(i);
-                    let frames = render.token(&meta, i, &text, logprobs.as_ref(), &state.tokenizer);
+                    let frames = match &mut parsers[i] {
+                        None => render.token(&meta, i, &text, logprobs.as_ref(), &state.tokenizer),
+                        Some(p) => {
+                            let made = p.calls();
+                            let outs = p.feed(&text);
+                            parsed(
+                                &mut render,
+                                &meta,
+                                i,
+                                made,
+                                outs,
+                                logprobs.as_ref(),
+                                &state.tokenizer,
+                            )
+                        }
+                    };
                     if !send(frames).await {
                         return; // client gone: dropping `events` cancels the request
                     }
@@ -445,8 +485,25 @@ pub fn sse(
                         return;
                     }
                     sum.add(&meta, i, &usage, &timings);
-                    let frames =
-                        render.finish(&meta, i, &text, reason, stop_sequence.as_deref(), &usage);
+                    let (mut frames, rest) = match &mut parsers[i] {
+                        None => (Vec::new(), text),
+                        Some(p) => {
+                            let made = p.calls();
+                            let mut outs = p.feed(&text);
+                            outs.extend(p.finish());
+                            let f =
+                                parsed(&mut render, &meta, i, made, outs, None, &state.tokenizer);
+                            (f, String::new())
+                        }
+                    };
+                    frames.extend(render.finish(
+                        &meta,
+                        i,
+                        &rest,
+                        reason,
+                        stop_sequence.as_deref(),
+                        &usage,
+                    ));
                     if !send(frames).await {
                         return;
                     }
@@ -460,6 +517,42 @@ pub fn sse(
     head
 }
 
+/// The frames of a choice's parsed output: its text pieces and calls in order (`made` calls
+/// came before), the token's log-probabilities with the first piece (or alone).
+fn parsed(
+    render: &mut impl Render,
+    meta: &Meta,
+    i: usize,
+    mut made: usize,
+    outs: Vec<Out>,
+    mut lp: Option<&RowLogprobs>,
+    tok: &TextTokenizer,
+) -> Vec<String> {
+    let mut frames = Vec::new();
+    for o in outs {
+        match o {
+            Out::Text(t) => frames.extend(render.token(meta, i, &t, lp.take(), tok)),
+            Out::Call(c) => {
+                frames.extend(render.call(meta, i, made, &c));
+                made += 1;
+            }
+        }
+    }
+    if lp.is_some() {
+        frames.extend(render.token(meta, i, "", lp, tok));
+    }
+    frames
+}
+
+/// OpenAI's `finish_reason`: `tool_calls` when the answer made calls and ended on its own.
+fn finish_reason(reason: FinishReason, calls: bool) -> &'static str {
+    if calls && reason == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        reason.as_openai()
+    }
+}
+
 /// OpenAI's chat-completions and completions shapes: `choices` with `message` or `text`,
 /// `logprobs` when asked, vLLM's `stop_reason` naming the stop string; streamed as `data:`
 /// chunks (a role chunk per chat choice, deltas with their log-probabilities, a finish chunk
@@ -471,6 +564,8 @@ pub struct OpenAiRender {
     /// Echo `service_tier: default` (the request named a tier).
     pub service_tier: bool,
     lps: Vec<LogprobsOut>,
+    /// Tool calls made per choice.
+    calls: Vec<usize>,
 }
 
 impl OpenAiRender {
@@ -481,7 +576,21 @@ impl OpenAiRender {
             include_usage,
             service_tier,
             lps: Vec::new(),
+            calls: Vec::new(),
         }
+    }
+
+    /// A call as chat's `tool_calls` entry (`index` in streamed deltas).
+    fn tool_call(meta: &Meta, i: usize, k: usize, c: &Call, index: bool) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "id": super::tools::call_id("call_", &meta.id, i, k),
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments},
+        });
+        if index {
+            v["index"] = k.into();
+        }
+        v
     }
     fn object(&self, chunk: bool) -> &'static str {
         match (self.chat, chunk) {
@@ -555,9 +664,21 @@ impl Render for OpenAiRender {
                 } else {
                     serde_json::Value::Null
                 };
-                let reason = c.reason.as_openai();
+                let reason = finish_reason(c.reason, !c.calls.is_empty());
                 if self.chat {
-                    serde_json::json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs, "finish_reason": reason, "stop_reason": c.stop_sequence})
+                    let mut message = serde_json::json!({"role": "assistant", "content": c.text});
+                    if !c.calls.is_empty() {
+                        if c.text.is_empty() {
+                            message["content"] = serde_json::Value::Null;
+                        }
+                        message["tool_calls"] = c
+                            .calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, call)| Self::tool_call(meta, i, k, call, false))
+                            .collect();
+                    }
+                    serde_json::json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason, "stop_reason": c.stop_sequence})
                 } else {
                     serde_json::json!({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": reason, "stop_reason": c.stop_sequence})
                 }
@@ -570,6 +691,7 @@ impl Render for OpenAiRender {
 
     fn start(&mut self, meta: &Meta, choices: usize) -> Vec<String> {
         self.lps = (0..choices).map(|_| LogprobsOut::new(self.chat)).collect();
+        self.calls = vec![0; choices];
         if !self.chat {
             return Vec::new();
         }
@@ -609,8 +731,20 @@ impl Render for OpenAiRender {
         if !rest.is_empty() {
             frames.push(self.chunk(meta, i, rest, None, None, false));
         }
-        frames.push(self.chunk(meta, i, "", None, Some((reason.as_openai(), stop)), false));
+        let reason = finish_reason(reason, self.calls[i] > 0);
+        frames.push(self.chunk(meta, i, "", None, Some((reason, stop)), false));
         frames
+    }
+
+    fn call(&mut self, meta: &Meta, i: usize, k: usize, call: &Call) -> Vec<String> {
+        self.calls[i] += 1;
+        let delta = serde_json::json!({"tool_calls": [Self::tool_call(meta, i, k, call, true)]});
+        let mut choice = serde_json::json!({"index": i, "delta": delta, "finish_reason": null});
+        if self.logprobs {
+            choice["logprobs"] = serde_json::Value::Null;
+        }
+        let v = self.envelope(meta, true, serde_json::json!([choice]));
+        vec![format!("data: {v}\n\n")]
     }
 
     fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String> {

@@ -16,6 +16,7 @@ use serde_json::Value;
 use super::fields::{Api, UnknownFields};
 use super::openai::{self, Parsed};
 use super::respond::{self, ChoiceOut, Meta, Render, UsageSum};
+use super::tools::{self, Call};
 use super::{completions, AppState};
 use crate::http::{self, ApiError, Body};
 
@@ -34,6 +35,10 @@ struct ResponsesRequest {
     service_tier: Option<String>,
     truncation: Option<String>,
     text: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    max_tool_calls: Option<u64>,
 }
 
 /// The message text of an input item's content: a string or `input_text` / `output_text`
@@ -82,9 +87,46 @@ pub fn constraint_json(c: &cachet_backend::grammar::Constraint) -> Value {
     }
 }
 
+/// The Responses API's function tools in the chat shape. `strict` is false unless sent (the
+/// Responses API's default is true; here strict schemas are enforced only when the model must
+/// call, so a client asks for them by name).
+fn tools_of(tools: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m, Some("tools"));
+    let list = match tools {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad("tools is a list of function tools".into())),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let Some(o) = t.as_object() else {
+                return Err(bad(format!("tools[{i}] is an object")));
+            };
+            match o.get("type").and_then(Value::as_str) {
+                Some("function") => {}
+                ty => {
+                    return Err(bad(format!(
+                        "tools[{i}]: only `function` tools are served, got {}",
+                        ty.map_or("a tool without a type".into(), |t| format!("`{t}`"))
+                    )))
+                }
+            }
+            openai::function_of(o, &format!("tools[{i}]"), "parameters").map_err(bad)?;
+            let mut f = o.clone();
+            f.remove("type");
+            Ok(serde_json::json!({"type": "function", "function": f}))
+        })
+        .collect()
+}
+
 /// What the response object echoes of the request.
 #[derive(Debug, Clone, Default)]
 pub struct Echo {
+    tools: Vec<Value>,
+    tool_choice: Value,
+    parallel_tool_calls: bool,
+    max_tool_calls: Option<u64>,
     instructions: Option<String>,
     max_output_tokens: Option<u64>,
     temperature: f32,
@@ -107,11 +149,55 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
         Value::Array(items) if !items.is_empty() => {
             for (i, it) in items.iter().enumerate() {
                 let ty = it.get("type").and_then(Value::as_str).unwrap_or("message");
-                if ty != "message" {
-                    return Err(ApiError::bad_field(
-                        format!("input[{i}]: items of type `{ty}` are not supported (message items only; tools are not served yet)"),
-                        format!("input[{i}].type"),
-                    ));
+                let only = |keys: &[&str]| match it
+                    .as_object()
+                    .and_then(|o| o.keys().find(|k| !keys.contains(&k.as_str())))
+                {
+                    Some(k) => Err(ApiError::bad_field(
+                        format!("input[{i}].{k} is not supported on a `{ty}` item"),
+                        format!("input[{i}].{k}"),
+                    )),
+                    None => Ok(()),
+                };
+                let text_field = |k: &str| {
+                    it.get(k).and_then(Value::as_str).ok_or_else(|| {
+                        ApiError::bad_field(
+                            format!("input[{i}]: a `{ty}` item needs `{k}` (a string)"),
+                            format!("input[{i}].{k}"),
+                        )
+                    })
+                };
+                match ty {
+                    "function_call" => {
+                        only(&["type", "call_id", "name", "arguments", "id", "status"])?;
+                        let call = serde_json::json!({"id": text_field("call_id")?, "type": "function",
+                            "function": {"name": text_field("name")?, "arguments": text_field("arguments")?}});
+                        // Calls in a row are one assistant turn.
+                        match msgs.last_mut() {
+                            Some(m) if m["role"] == "assistant" && m.get("tool_calls").is_some() => {
+                                m["tool_calls"].as_array_mut().expect("a list").push(call)
+                            }
+                            Some(m) if m["role"] == "assistant" => m["tool_calls"] = serde_json::json!([call]),
+                            _ => msgs.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+                        }
+                        continue;
+                    }
+                    "function_call_output" => {
+                        only(&["type", "call_id", "output", "id", "status"])?;
+                        let output = match it.get("output") {
+                            Some(o @ Value::Array(_)) => content_text(o, &format!("input[{i}].output"))?,
+                            _ => text_field("output")?.to_string(),
+                        };
+                        msgs.push(serde_json::json!({"role": "tool", "tool_call_id": text_field("call_id")?, "content": output}));
+                        continue;
+                    }
+                    "message" => {}
+                    _ => {
+                        return Err(ApiError::bad_field(
+                            format!("input[{i}]: items of type `{ty}` are not supported (message, function_call and function_call_output items)"),
+                            format!("input[{i}].type"),
+                        ))
+                    }
                 }
                 let role = it.get("role").and_then(Value::as_str).unwrap_or("");
                 if !["user", "assistant", "system", "developer"].contains(&role) {
@@ -120,16 +206,7 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
                         format!("input[{i}].role"),
                     ));
                 }
-                if let Some(k) = it.as_object().and_then(|o| {
-                    o.keys().find(|k| {
-                        !["type", "role", "content", "id", "status"].contains(&k.as_str())
-                    })
-                }) {
-                    return Err(ApiError::bad_field(
-                        format!("input[{i}].{k} is not supported on a message item"),
-                        format!("input[{i}].{k}"),
-                    ));
-                }
+                only(&["type", "role", "content", "id", "status"])?;
                 let content = it.get("content").unwrap_or(&Value::Null);
                 let text = content_text(content, &format!("input[{i}].content"))?;
                 msgs.push(serde_json::json!({"role": role, "content": text}));
@@ -174,6 +251,43 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
     if let Some(c) = format {
         chat["structured_outputs"] = constraint_json(&c);
     }
+    let tools = tools_of(r.tools.as_ref())?;
+    if !tools.is_empty() {
+        chat["tools"] = tools.clone().into();
+    }
+    if let Some(c) = r.tool_choice.as_ref().filter(|c| !c.is_null()) {
+        chat["tool_choice"] = match c {
+            Value::String(_) => c.clone(),
+            Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                match o.get("name").and_then(Value::as_str) {
+                    Some(n) if o.len() == 2 => {
+                        serde_json::json!({"type": "function", "function": {"name": n}})
+                    }
+                    _ => {
+                        return Err(ApiError::bad_request(
+                            "tool_choice names a function as {\"type\": \"function\", \"name\": …}",
+                            Some("tool_choice"),
+                        ))
+                    }
+                }
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "tool_choice is none, auto, required, or {\"type\": \"function\", \"name\": …} (hosted tools are not served)",
+                    Some("tool_choice"),
+                ))
+            }
+        };
+    }
+    if let Some(p) = r.parallel_tool_calls {
+        chat["parallel_tool_calls"] = p.into();
+    }
+    if r.max_tool_calls == Some(0) {
+        return Err(ApiError::bad_request(
+            "max_tool_calls must be at least 1",
+            Some("max_tool_calls"),
+        ));
+    }
     for (k, val) in [
         ("max_tokens", r.max_output_tokens.map(Value::from)),
         ("temperature", r.temperature.map(Value::from)),
@@ -189,8 +303,27 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
             chat[k] = val;
         }
     }
-    let parsed = openai::parse_as_chat(chat, ignored, ("max_tokens", "max_output_tokens"))?;
+    let mut parsed = openai::parse_as_chat(chat, ignored, ("max_tokens", "max_output_tokens"))?;
+    if let (Some(t), Some(m)) = (&mut parsed.tools, r.max_tool_calls) {
+        t.max_calls = Some(m as usize);
+    }
     let echo = Echo {
+        tools: tools
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                serde_json::json!({"type": "function", "name": f["name"],
+                    "description": f.get("description"), "parameters": f["parameters"],
+                    "strict": f.get("strict").and_then(Value::as_bool).unwrap_or(false)})
+            })
+            .collect(),
+        tool_choice: r
+            .tool_choice
+            .clone()
+            .filter(|c| !c.is_null())
+            .unwrap_or_else(|| (if tools.is_empty() { "none" } else { "auto" }).into()),
+        parallel_tool_calls: r.parallel_tool_calls.unwrap_or(true),
+        max_tool_calls: r.max_tool_calls,
         instructions: r.instructions,
         max_output_tokens: r.max_output_tokens,
         temperature: r.temperature.unwrap_or(1.0),
@@ -215,21 +348,28 @@ pub async fn responses(
             text: String::new(),
             seq: 0,
             finish: None,
+            output: Vec::new(),
+            message_open: false,
         };
         Ok((parsed, render, format!("resp_{n:024x}")))
     })
     .await
 }
 
-/// A `response` object, or its events (`response.created` … `response.completed`).
+/// A `response` object, or its events (`response.created` … `response.completed`): the
+/// answer's text as a `message` item, each tool call as a `function_call` item after it.
 pub struct ResponsesRender {
     echo: Echo,
     item_id: String,
     created: u64,
-    /// The text so far (the done events repeat it).
+    /// The message's text so far (the done events repeat it).
     text: String,
     seq: u64,
     finish: Option<FinishReason>,
+    /// The output items done so far.
+    output: Vec<Value>,
+    /// A message item is open (streams).
+    message_open: bool,
 }
 
 impl ResponsesRender {
@@ -243,6 +383,17 @@ impl ResponsesRender {
             } else {
                 serde_json::json!([])
             },
+        })
+    }
+
+    fn function_call(meta: &Meta, k: usize, c: &Call, done: bool) -> Value {
+        serde_json::json!({
+            "type": "function_call",
+            "id": tools::call_id("fc_", &meta.id, 0, k),
+            "call_id": tools::call_id("call_", &meta.id, 0, k),
+            "name": c.name,
+            "arguments": if done { c.arguments.as_str() } else { "" },
+            "status": if done { "completed" } else { "in_progress" },
         })
     }
 
@@ -269,15 +420,16 @@ impl ResponsesRender {
             "incomplete_details": incomplete,
             "instructions": self.echo.instructions,
             "max_output_tokens": self.echo.max_output_tokens,
+            "max_tool_calls": self.echo.max_tool_calls,
             "model": meta.model,
-            "output": if finish.is_some() { vec![self.message(&self.text, true)] } else { vec![] },
-            "parallel_tool_calls": false,
+            "output": if finish.is_some() { self.output.clone() } else { vec![] },
+            "parallel_tool_calls": self.echo.parallel_tool_calls,
             "previous_response_id": null,
             "store": false,
             "temperature": self.echo.temperature,
             "text": {"format": {"type": "text"}},
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": self.echo.tool_choice,
+            "tools": self.echo.tools,
             "top_p": self.echo.top_p,
             "truncation": "disabled",
             "user": self.echo.user,
@@ -307,18 +459,65 @@ impl ResponsesRender {
     }
 
     fn ids(&self) -> Value {
-        serde_json::json!({"item_id": self.item_id, "output_index": 0, "content_index": 0})
+        serde_json::json!({"item_id": self.item_id, "output_index": self.output.len(), "content_index": 0})
+    }
+
+    /// Opens the message item (its first text).
+    fn open_message(&mut self) -> Vec<String> {
+        self.message_open = true;
+        let item = self.message("", false);
+        let mut part = self.ids();
+        part["part"] = serde_json::json!({"type": "output_text", "text": "", "annotations": []});
+        let index = self.output.len();
+        vec![
+            self.event(
+                "response.output_item.added",
+                serde_json::json!({"output_index": index, "item": item}),
+            ),
+            self.event("response.content_part.added", part),
+        ]
+    }
+
+    /// Closes the message item, if open.
+    fn close_message(&mut self) -> Vec<String> {
+        if !self.message_open {
+            return Vec::new();
+        }
+        self.message_open = false;
+        let mut done = self.ids();
+        done["text"] = self.text.clone().into();
+        done["logprobs"] = serde_json::json!([]);
+        let mut part = self.ids();
+        part["part"] =
+            serde_json::json!({"type": "output_text", "text": self.text, "annotations": []});
+        let item = self.message(&self.text, true);
+        let index = self.output.len();
+        let frames = vec![
+            self.event("response.output_text.done", done),
+            self.event("response.content_part.done", part),
+            self.event(
+                "response.output_item.done",
+                serde_json::json!({"output_index": index, "item": item}),
+            ),
+        ];
+        self.output.push(item);
+        frames
     }
 
     fn delta(&mut self, text: &str) -> Vec<String> {
         if text.is_empty() {
             return Vec::new();
         }
+        let mut frames = Vec::new();
+        if !self.message_open {
+            frames.extend(self.open_message());
+        }
         self.text.push_str(text);
         let mut d = self.ids();
         d["delta"] = text.into();
         d["logprobs"] = serde_json::json!([]);
-        vec![self.event("response.output_text.delta", d)]
+        frames.push(self.event("response.output_text.delta", d));
+        frames
     }
 }
 
@@ -332,22 +531,20 @@ impl Render for ResponsesRender {
     ) -> Value {
         let c = choices.into_iter().next().expect("one choice");
         self.text = c.text;
+        if !self.text.is_empty() || c.calls.is_empty() {
+            self.output.push(self.message(&self.text, true));
+        }
+        for (k, call) in c.calls.iter().enumerate() {
+            self.output.push(Self::function_call(meta, k, call, true));
+        }
         self.response(meta, Some(c.reason), Some(usage))
     }
 
     fn start(&mut self, meta: &Meta, _choices: usize) -> Vec<String> {
         let r = self.response(meta, None, None);
-        let item = self.message("", false);
-        let mut part = self.ids();
-        part["part"] = serde_json::json!({"type": "output_text", "text": "", "annotations": []});
         vec![
             self.event("response.created", serde_json::json!({"response": r})),
             self.event("response.in_progress", serde_json::json!({"response": r})),
-            self.event(
-                "response.output_item.added",
-                serde_json::json!({"output_index": 0, "item": item}),
-            ),
-            self.event("response.content_part.added", part),
         ]
     }
 
@@ -360,6 +557,32 @@ impl Render for ResponsesRender {
         _tok: &TextTokenizer,
     ) -> Vec<String> {
         self.delta(text)
+    }
+
+    fn call(&mut self, meta: &Meta, _i: usize, k: usize, call: &Call) -> Vec<String> {
+        let mut frames = self.close_message();
+        let index = self.output.len();
+        let id = tools::call_id("fc_", &meta.id, 0, k);
+        let added = Self::function_call(meta, k, call, false);
+        let done = Self::function_call(meta, k, call, true);
+        frames.push(self.event(
+            "response.output_item.added",
+            serde_json::json!({"output_index": index, "item": added}),
+        ));
+        frames.push(self.event(
+            "response.function_call_arguments.delta",
+            serde_json::json!({"item_id": id, "output_index": index, "delta": call.arguments}),
+        ));
+        frames.push(self.event(
+            "response.function_call_arguments.done",
+            serde_json::json!({"item_id": id, "output_index": index, "name": call.name, "arguments": call.arguments}),
+        ));
+        frames.push(self.event(
+            "response.output_item.done",
+            serde_json::json!({"output_index": index, "item": done}),
+        ));
+        self.output.push(done);
+        frames
     }
 
     fn finish(
@@ -377,28 +600,20 @@ impl Render for ResponsesRender {
 
     fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String> {
         let finish = self.finish.unwrap_or(FinishReason::Stop);
-        let mut done = self.ids();
-        done["text"] = self.text.clone().into();
-        done["logprobs"] = serde_json::json!([]);
-        let mut part = self.ids();
-        part["part"] =
-            serde_json::json!({"type": "output_text", "text": self.text, "annotations": []});
-        let item = self.message(&self.text, true);
+        let mut frames = Vec::new();
+        if self.output.is_empty() && !self.message_open {
+            // An empty answer is an empty message.
+            frames.extend(self.open_message());
+        }
+        frames.extend(self.close_message());
         let r = self.response(meta, Some(finish), Some(usage));
         let last = if finish == FinishReason::Length {
             "response.incomplete"
         } else {
             "response.completed"
         };
-        vec![
-            self.event("response.output_text.done", done),
-            self.event("response.content_part.done", part),
-            self.event(
-                "response.output_item.done",
-                serde_json::json!({"output_index": 0, "item": item}),
-            ),
-            self.event(last, serde_json::json!({"response": r})),
-        ]
+        frames.push(self.event(last, serde_json::json!({"response": r})));
+        frames
     }
 
     fn error(&mut self, _meta: &Meta, e: &ApiError) -> Vec<String> {

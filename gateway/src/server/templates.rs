@@ -199,6 +199,7 @@ pub async fn admin(
             // concurrency and requests/min like a chat's.
             let r: openai::ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
             let msgs = r.messages()?;
+            let tools = r.tools()?.and_then(|t| t.template_tools());
             r.common.validate()?;
             let _permit = tenant.admit_request(std::time::Instant::now())?;
             let applied = run(&state, &tenant, &name, input(&tenant, &r, msgs)).await?;
@@ -207,6 +208,7 @@ pub async fn admin(
                 &tenant,
                 &tenant.salt,
                 &applied.rendered.segments,
+                tools.as_ref(),
             )?;
             ok_json(
                 StatusCode::OK,

@@ -246,6 +246,12 @@ impl TenantRegistry {
                     "max_concurrent must be > 0 (omit it for no limit)".into()
                 ));
             }
+            if !(0.01..=1000.0).contains(&cfg.share) {
+                return Err(bad(format!(
+                    "share must be 0.01 to 1000 (a weight: 1 is the default), got {}",
+                    cfg.share
+                )));
+            }
             let salt = tenant_salt(
                 deployment_key,
                 cfg.cache_share_group

@@ -141,6 +141,12 @@ fn bad_configs_say_what_to_fix() {
         "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\nrequests_per_minute = 0\n"
     ))
     .contains("requests_per_minute must be > 0"));
+    for share in ["0.0", "-1.0", "1001.0", "nan"] {
+        assert!(err(&format!(
+            "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\nshare = {share}\n"
+        ))
+        .contains("share must be 0.01 to 1000"));
+    }
     assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n")).contains("unique"));
     assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key = \"{h}\"\n")).contains("unknown field"));
 }

@@ -253,6 +253,7 @@ impl Upstream for Worker {
                 ignore_eos: er.ignore_eos,
                 salt: hex(&er.salt),
                 priority: er.priority,
+                share: er.share,
                 tag: er.tag.clone(),
                 timeout_ms: er
                     .deadline

@@ -176,6 +176,7 @@ fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
     er.ignore_eos = g.ignore_eos;
     er.salt = salt;
     er.priority = g.priority;
+    er.share = g.share;
     er.tag = g.tag;
     er.deadline = g
         .timeout_ms

@@ -4,7 +4,8 @@
 //! warn`, named in a warning header; token-id prompts equal their text; then the official
 //! `openai` client through n, logprobs, the processors and the refusals
 //! (`tests/python/openai_api_check.py`); the official `anthropic` client through the Messages
-//! API and `openai` through the Responses API (`tests/python/anthropic_check.py`).
+//! API and `openai` through the Responses API (`tests/python/anthropic_check.py`); tool calling
+//! through all three with a ChatML template that renders tools (`tests/python/tools_check.py`).
 
 use std::path::PathBuf;
 
@@ -19,6 +20,12 @@ fn config() -> String {
         key_hash("sk-test-acme")
     )
 }
+
+/// Our ChatML template with tools (Hermes-format calls), for SmolLM2.
+const TOOLS_TEMPLATE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/chat-templates/chatml-tools.jinja"
+);
 
 fn post(base: &str, path: &str, body: &serde_json::Value, headers: bool) -> (u16, String) {
     let url = format!("{base}{path}");
@@ -40,7 +47,7 @@ fn post(base: &str, path: &str, body: &serde_json::Value, headers: bool) -> (u16
 
 #[test]
 fn every_field_of_the_table_works_or_is_refused_by_name() {
-    let (_server, base) = start(&config());
+    let (_server, base) = start_with(&config(), &["--chat-template", TOOLS_TEMPLATE]);
     for api in Api::ALL {
         let path = api.path();
         let msgs = serde_json::json!([{"role": "user", "content": "Hi"}]);
@@ -60,6 +67,14 @@ fn every_field_of_the_table_works_or_is_refused_by_name() {
             body[f.name] = serde_json::from_str(f.sample).unwrap();
             if f.name == "top_logprobs" {
                 body["logprobs"] = true.into();
+            }
+            // The tool fields other than `tools` go with tools.
+            if ["tool_choice", "parallel_tool_calls", "max_tool_calls"].contains(&f.name) {
+                let tools = FIELDS
+                    .iter()
+                    .find(|t| t.name == "tools" && t.on.includes(api))
+                    .unwrap();
+                body["tools"] = serde_json::from_str(tools.sample).unwrap();
             }
             let (code, text) = post(&base, path, &body, false);
             let what = format!("{path} `{}` = {}: {code} {text}", f.name, f.sample);
@@ -101,8 +116,16 @@ fn every_field_of_the_table_works_or_is_refused_by_name() {
             "messages[0].name",
         ),
         (
-            serde_json::json!({"role": "tool", "content": "42", "tool_call_id": "c1"}),
-            "messages[0].role",
+            serde_json::json!({"role": "user", "content": "42", "tool_call_id": "c1"}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            serde_json::json!({"role": "tool", "content": "42"}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not json"}}]}),
+            "messages[0].tool_calls[0].function.arguments",
         ),
         (
             serde_json::json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}),
@@ -179,13 +202,43 @@ fn the_official_openai_client_gets_n_logprobs_and_the_processors() {
 }
 
 #[test]
-fn the_official_anthropic_client_speaks_messages_and_openai_speaks_responses() {
+fn tools_are_refused_by_name_where_the_template_renders_none() {
+    // SmolLM2's own template has no tools: a request with them gets a 400 that says so, and
+    // `tool_choice: none` (nothing to render, nothing to parse) still works.
     let (_server, base) = start(&config());
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let body = serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "tools": tools});
+    let (code, text) = post(&base, "/v1/chat/completions", &body, false);
+    assert_eq!(code, 400, "{text}");
+    assert!(
+        text.contains("\"param\":\"tools\"") && text.contains("--chat-template"),
+        "{text}"
+    );
+    let mut body = body;
+    body["tool_choice"] = "none".into();
+    assert_eq!(post(&base, "/v1/chat/completions", &body, false).0, 200);
+}
+
+#[test]
+fn the_official_clients_call_tools_in_all_three_apis() {
+    let (_server, base) = start_with(&config(), &["--chat-template", TOOLS_TEMPLATE]);
+    clients_check("tools_check.py", &base);
+}
+
+/// Runs `script` with the official `anthropic` and `openai` clients (and `jsonschema`) against
+/// the server at `base`.
+fn clients_check(script: &str, base: &str) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-anthropic");
     let site = cachet_tests::pip_target(dir, &["anthropic", "openai", "jsonschema"], "jsonschema");
     python_check(
-        "anthropic_check.py",
+        script,
         &site,
-        &[("BASE_URL", &base), ("KEY", "sk-test-acme")],
+        &[("BASE_URL", base), ("KEY", "sk-test-acme")],
     );
+}
+
+#[test]
+fn the_official_anthropic_client_speaks_messages_and_openai_speaks_responses() {
+    let (_server, base) = start(&config());
+    clients_check("anthropic_check.py", &base);
 }

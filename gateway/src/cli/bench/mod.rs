@@ -2,6 +2,7 @@
 //! from outside, like a user; the serving code imports nothing from here. Workloads, the
 //! fidelity runner and report plots come from the `cachet-bench` crate.
 
+mod fair;
 mod forward;
 mod kv_fp8;
 mod spec;
@@ -32,6 +33,12 @@ pub enum BenchCommand {
     /// FP8 KV cache fidelity: logits with an FP8 cache vs the device's own KV type at short and
     /// long contexts (error, top-1 and KL), greedy agreement on chat prompts, blocks per GiB.
     KvFp8(kv_fp8::KvFp8Args),
+    /// The noisy neighbour: tenant A floods at several times capacity, tenant B sends a fifth of
+    /// it; B's TTFT and the total throughput under FCFS, the default policy and --fair-share.
+    Fair(fair::FairArgs),
+    /// Cache shares: a tenant scanning unique long prompts against another's hot prefix, with one
+    /// LRU for everyone and with --cache-shares; the hot tenant's hit rate against alone.
+    CacheShare(fair::CacheShareArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -40,6 +47,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Spec(a) => spec::run(a),
         BenchCommand::Ttft(a) => ttft::run(a),
         BenchCommand::KvFp8(a) => kv_fp8::run(a),
+        BenchCommand::Fair(a) => fair::run(a),
+        BenchCommand::CacheShare(a) => fair::run_cache_share(a),
     }
 }
 

@@ -1,0 +1,933 @@
+//! Function tools, one path for every API shape: the functions a request offers and its
+//! `tool_choice`, checked; the `tools` the model's chat template renders; the grammar that makes
+//! `required` and a named function certain (not hoped for); and the parser that turns the
+//! model's output back into calls, as the text streams, in the model's own format.
+
+use std::fmt;
+
+use cachet_backend::grammar::Constraint;
+use cachet_backend::tokenizer::TextTokenizer;
+use serde_json::{json, Value};
+
+use crate::http::ApiError;
+
+/// Most functions one request may offer (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
+/// Most bytes of function definitions one request may send.
+pub const MAX_TOOLS_BYTES: usize = 256 * 1024;
+
+/// One function the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Function {
+    pub name: String,
+    pub description: Option<String>,
+    /// A JSON Schema for the arguments (an object).
+    pub parameters: Value,
+    /// The arguments must match the schema.
+    pub strict: bool,
+}
+
+/// Whether and which function the model must call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Choice {
+    /// The model decides: text, or calls.
+    Auto,
+    /// No call: the model answers in text (the functions are not shown to it).
+    None,
+    /// One call or more.
+    Required,
+    /// This function, once.
+    Named(String),
+}
+
+/// A request's functions and how they may be used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tools {
+    pub functions: Vec<Function>,
+    pub choice: Choice,
+    /// More than one call per answer.
+    pub parallel: bool,
+    /// At most this many calls per answer (the Responses API's `max_tool_calls`).
+    pub max_calls: Option<usize>,
+}
+
+/// The field names of one API shape's tool fields, for errors that name what to fix.
+#[derive(Clone, Copy)]
+pub struct Names {
+    pub tools: &'static str,
+    pub choice: &'static str,
+}
+
+impl Tools {
+    /// Checks a request's functions and choice. `functions` are `(name, description,
+    /// parameters, strict)` as the shape carries them (its own checks done); `None` when the
+    /// request offers none and asks for none.
+    pub fn new(
+        functions: Vec<Function>,
+        choice: Option<Choice>,
+        parallel: bool,
+        names: Names,
+    ) -> Result<Option<Tools>, ApiError> {
+        let bad = |m: String, p: &'static str| ApiError::bad_request(m, Some(p));
+        if functions.is_empty() {
+            return match choice {
+                None | Some(Choice::None) => Ok(None),
+                Some(_) => Err(bad(
+                    format!("{} needs `{}` to name functions", names.choice, names.tools),
+                    names.choice,
+                )),
+            };
+        }
+        if functions.len() > MAX_TOOLS {
+            return Err(bad(
+                format!("at most {MAX_TOOLS} functions per request"),
+                names.tools,
+            ));
+        }
+        let bytes: usize = functions
+            .iter()
+            .map(|f| f.name.len() + f.description.as_ref().map_or(0, String::len))
+            .sum::<usize>()
+            + functions
+                .iter()
+                .map(|f| f.parameters.to_string().len())
+                .sum::<usize>();
+        if bytes > MAX_TOOLS_BYTES {
+            return Err(bad(
+                format!("the functions take {bytes} bytes; at most {MAX_TOOLS_BYTES}"),
+                names.tools,
+            ));
+        }
+        for (i, f) in functions.iter().enumerate() {
+            if !valid_name(&f.name) {
+                return Err(bad(
+                    format!(
+                        "{}[{i}]: function name `{}` must be 1 to 64 of a-z, A-Z, 0-9, _ and -",
+                        names.tools, f.name
+                    ),
+                    names.tools,
+                ));
+            }
+            if functions[..i].iter().any(|g| g.name == f.name) {
+                return Err(bad(
+                    format!("{}: two functions are named `{}`", names.tools, f.name),
+                    names.tools,
+                ));
+            }
+            if !f.parameters.is_object() {
+                return Err(bad(
+                    format!(
+                        "{}[{i}]: the parameters of `{}` must be a JSON Schema object",
+                        names.tools, f.name
+                    ),
+                    names.tools,
+                ));
+            }
+        }
+        let choice = choice.unwrap_or(Choice::Auto);
+        if let Choice::Named(n) = &choice {
+            if !functions.iter().any(|f| &f.name == n) {
+                return Err(bad(
+                    format!(
+                        "{} names `{n}`, which is not among the functions",
+                        names.choice
+                    ),
+                    names.choice,
+                ));
+            }
+        }
+        if choice == Choice::Auto {
+            if let Some(f) = functions.iter().find(|f| f.strict) {
+                return Err(bad(
+                    format!(
+                        "function `{}` is strict, and strict arguments are enforced only when the model must call: send tool_choice `required` or the function's name, or strict: false",
+                        f.name
+                    ),
+                    names.tools,
+                ));
+            }
+        }
+        Ok(Some(Tools {
+            functions,
+            choice,
+            parallel,
+            max_calls: None,
+        }))
+    }
+
+    /// What the chat template renders as `tools` (OpenAI's chat shape, which HF templates
+    /// read), or nothing when the model must not call.
+    pub fn template_tools(&self) -> Option<Value> {
+        if self.choice == Choice::None {
+            return None;
+        }
+        Some(
+            self.functions
+                .iter()
+                .map(|f| {
+                    let mut func = serde_json::Map::new();
+                    func.insert("name".into(), f.name.clone().into());
+                    if let Some(d) = &f.description {
+                        func.insert("description".into(), d.clone().into());
+                    }
+                    func.insert("parameters".into(), f.parameters.clone());
+                    json!({"type": "function", "function": func})
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether the output is parsed for calls.
+    pub fn parses(&self) -> bool {
+        self.choice != Choice::None
+    }
+
+    /// The most calls one answer may make.
+    pub fn call_limit(&self) -> usize {
+        match (&self.choice, self.parallel) {
+            (Choice::Named(_), _) | (_, false) => 1,
+            _ => self.max_calls.unwrap_or(usize::MAX),
+        }
+    }
+
+    /// The grammar the output must match: for `required` one call or more (one unless
+    /// parallel), for a named function exactly that call, each call's arguments under its
+    /// function's schema; none for `auto` and `none`.
+    pub fn constraint(&self, format: Format, tok: &TextTokenizer) -> Option<Constraint> {
+        let functions: Vec<&Function> = match &self.choice {
+            Choice::Auto | Choice::None => return None,
+            Choice::Required => self.functions.iter().collect(),
+            Choice::Named(n) => self.functions.iter().filter(|f| &f.name == n).collect(),
+        };
+        let limit = self.call_limit();
+        let args_key = format.arguments_key();
+        let call_schema = |f: &Function| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": f.name}, args_key: f.parameters},
+                "required": ["name", args_key],
+                "additionalProperties": false,
+            })
+        };
+        let calls: Vec<Value> = functions.iter().map(|f| call_schema(f)).collect();
+        let one = if calls.len() == 1 {
+            calls.into_iter().next().expect("one")
+        } else {
+            json!({"anyOf": calls})
+        };
+        // Calls written as the chat templates write earlier ones (Python's `json.dumps`): the
+        // model sees one way, and a free choice of whitespace could fill its budget.
+        let compact = |mut s: Value| {
+            s["x-guidance"] = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+            s
+        };
+        let grammar = match format {
+            Format::Hermes => {
+                let call = format!(
+                    "call: \"<tool_call>\\n\" %json {} \"\\n</tool_call>\"",
+                    compact(one)
+                );
+                match limit {
+                    1 => format!("start: call\n{call}\n"),
+                    usize::MAX => format!("start: call (\"\\n\" call)*\n{call}\n"),
+                    m => format!("start: call (\"\\n\" call){{0,{}}}\n{call}\n", m - 1),
+                }
+            }
+            Format::Llama3Json => format!("start: %json {}\n", compact(one)),
+            Format::Mistral => {
+                let mut list = json!({"type": "array", "items": one, "minItems": 1});
+                if limit != usize::MAX {
+                    list["maxItems"] = limit.into();
+                }
+                let marker = match tok.token_id(MISTRAL_MARKER) {
+                    Some(id) if tok.is_special(id) => format!("<[{id}]>"),
+                    _ => format!("{MISTRAL_MARKER:?}"),
+                };
+                format!("start: {marker} %json {}\n", compact(list))
+            }
+        };
+        Some(Constraint::Lark(grammar))
+    }
+}
+
+/// The control tokens' texts must not reach the template's markup from a request: the function
+/// definitions (`tools`, as the template gets them) are rendered by the template, not tokenized
+/// as message text.
+pub fn check_markup(tools: &Value, tok: &TextTokenizer, names: Names) -> Result<(), ApiError> {
+    let text = tools.to_string();
+    if let Some(s) = tok
+        .special_texts()
+        .iter()
+        .find(|s| text.contains(s.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            format!(
+                "the function definitions contain the model's control token `{s}`; take it out"
+            ),
+            Some(names.tools),
+        ));
+    }
+    Ok(())
+}
+
+/// OpenAI's function names: 1 to 64 of `a-zA-Z0-9_-`.
+fn valid_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const MISTRAL_MARKER: &str = "[TOOL_CALLS]";
+const LLAMA_PYTHON_TAG: &str = "<|python_tag|>";
+
+/// How a model writes its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Hermes, Qwen 2.5 and 3: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, after
+    /// any text.
+    Hermes,
+    /// Llama 3.1 – 3.3: the whole answer is `{"name": …, "parameters": {…}}` (`; `-separated when
+    /// several), maybe after `<|python_tag|>`.
+    Llama3Json,
+    /// Mistral: `[TOOL_CALLS]` then `[{"name": …, "arguments": {…}}, …]` (or, in later
+    /// tokenizers, `name[ARGS]{…}` per call).
+    Mistral,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Hermes => "hermes",
+            Format::Llama3Json => "llama3_json",
+            Format::Mistral => "mistral",
+        })
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hermes" | "qwen" => Ok(Format::Hermes),
+            "llama3_json" | "llama3" => Ok(Format::Llama3Json),
+            "mistral" => Ok(Format::Mistral),
+            _ => Err(format!(
+                "unknown tool-call format `{s}` (hermes, llama3_json, mistral, auto, none)"
+            )),
+        }
+    }
+}
+
+impl Format {
+    /// The format a chat template writes calls in, if it renders tools at all.
+    pub fn detect(template: &str) -> Option<Format> {
+        if !template.contains("tools") {
+            return None;
+        }
+        if template.contains(HERMES_OPEN) {
+            Some(Format::Hermes)
+        } else if template.contains(MISTRAL_MARKER) {
+            Some(Format::Mistral)
+        } else if template.contains(LLAMA_PYTHON_TAG) || template.contains("ipython") {
+            Some(Format::Llama3Json)
+        } else {
+            None
+        }
+    }
+
+    fn arguments_key(self) -> &'static str {
+        match self {
+            Format::Llama3Json => "parameters",
+            Format::Hermes | Format::Mistral => "arguments",
+        }
+    }
+}
+
+/// A call the model made: its function and the arguments as compact JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// What the parser lets through: answer text, or a whole call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Out {
+    Text(String),
+    Call(Call),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nothing but whitespace yet (Llama 3 and Mistral answer with calls from the start).
+    Start,
+    /// Answer text.
+    Text,
+    /// Inside a Hermes call, after its opening tag.
+    InCall,
+    /// Everything to the end is calls (Llama 3 JSON, Mistral after its marker).
+    Rest,
+}
+
+/// Splits a choice's streamed text into answer text and calls. Text streams as it comes, except
+/// what could be the start of a call (held until it is known); a call comes out whole when it
+/// closes (Hermes) or at the end (Llama 3, Mistral). Whitespace around calls is dropped; text
+/// that looked like a call and is not one comes out as text.
+pub struct Parser {
+    format: Format,
+    limit: usize,
+    state: State,
+    buf: String,
+    /// Whitespace held until text follows (dropped when a call does).
+    space: String,
+    calls: usize,
+}
+
+impl Parser {
+    /// A parser of `format` keeping at most `limit` calls (those after are dropped).
+    pub fn new(format: Format, limit: usize) -> Self {
+        Parser {
+            format,
+            limit,
+            state: State::Start,
+            buf: String::new(),
+            space: String::new(),
+            calls: 0,
+        }
+    }
+
+    /// Calls made so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Feeds the next text.
+    pub fn feed(&mut self, text: &str) -> Vec<Out> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        self.step(&mut out, false);
+        out
+    }
+
+    /// The output has ended: whatever was held comes out.
+    pub fn finish(&mut self) -> Vec<Out> {
+        let mut out = Vec::new();
+        self.step(&mut out, true);
+        match self.state {
+            State::InCall => {
+                // An unclosed call (the output stopped after its JSON): a call if it parses.
+                let body = std::mem::take(&mut self.buf);
+                match self.call(&body) {
+                    Some(c) => self.push_call(&mut out, c),
+                    None => self.text(&mut out, format!("{HERMES_OPEN}{body}")),
+                }
+            }
+            State::Rest => {
+                let body = std::mem::take(&mut self.buf);
+                match self.rest_calls(&body) {
+                    Some(calls) => calls.into_iter().for_each(|c| self.push_call(&mut out, c)),
+                    None => self.text(&mut out, body),
+                }
+            }
+            State::Start | State::Text => {
+                let rest = std::mem::take(&mut self.buf);
+                self.text(&mut out, rest);
+            }
+        }
+        if self.calls == 0 && !self.space.is_empty() {
+            out.push(Out::Text(std::mem::take(&mut self.space)));
+        }
+        self.state = State::Text;
+        out
+    }
+
+    fn step(&mut self, out: &mut Vec<Out>, end: bool) {
+        loop {
+            match self.state {
+                State::Start => {
+                    let t = self.buf.trim_start();
+                    if t.is_empty() {
+                        return;
+                    }
+                    let start_marker = match self.format {
+                        Format::Llama3Json => t.starts_with('{') || t.starts_with(LLAMA_PYTHON_TAG),
+                        Format::Mistral => t.starts_with('[') || t.starts_with(MISTRAL_MARKER),
+                        Format::Hermes => false,
+                    };
+                    let maybe_marker = !end
+                        && matches!(self.format, Format::Llama3Json)
+                        && LLAMA_PYTHON_TAG.starts_with(t);
+                    if maybe_marker {
+                        return;
+                    }
+                    self.state = if start_marker {
+                        State::Rest
+                    } else {
+                        State::Text
+                    };
+                }
+                State::Text => {
+                    let open = match self.format {
+                        Format::Hermes => HERMES_OPEN,
+                        Format::Mistral => MISTRAL_MARKER,
+                        Format::Llama3Json => {
+                            let all = std::mem::take(&mut self.buf);
+                            self.text(out, all);
+                            return;
+                        }
+                    };
+                    if let Some(at) = self.buf.find(open) {
+                        let before = self.buf[..at].to_string();
+                        self.text(out, before);
+                        self.space.clear();
+                        self.buf.drain(..at + open.len());
+                        self.state = match self.format {
+                            Format::Hermes => State::InCall,
+                            _ => State::Rest,
+                        };
+                        continue;
+                    }
+                    // Hold back what could be the start of the opening tag.
+                    let keep = if end {
+                        0
+                    } else {
+                        partial_suffix(&self.buf, open)
+                    };
+                    let emit = self.buf[..self.buf.len() - keep].to_string();
+                    self.buf.drain(..self.buf.len() - keep);
+                    self.text(out, emit);
+                    return;
+                }
+                State::InCall => {
+                    let Some(at) = self.buf.find(HERMES_CLOSE) else {
+                        return;
+                    };
+                    let body = self.buf[..at].to_string();
+                    self.buf.drain(..at + HERMES_CLOSE.len());
+                    match self.call(&body) {
+                        Some(c) => self.push_call(out, c),
+                        None => self.text(out, format!("{HERMES_OPEN}{body}{HERMES_CLOSE}")),
+                    }
+                    self.state = State::Text;
+                }
+                State::Rest => return,
+            }
+        }
+    }
+
+    /// Answer text: whitespace is held until something else follows, and dropped once a call
+    /// has been made.
+    fn text(&mut self, out: &mut Vec<Out>, s: String) {
+        if s.is_empty() {
+            return;
+        }
+        if s.trim().is_empty() {
+            self.space.push_str(&s);
+            return;
+        }
+        let mut t = std::mem::take(&mut self.space);
+        if self.calls > 0 && t.trim().is_empty() {
+            t.clear();
+        }
+        t.push_str(&s);
+        // Trailing whitespace waits too: a call may follow.
+        let trimmed = t.trim_end().len();
+        self.space = t[trimmed..].to_string();
+        t.truncate(trimmed);
+        out.push(Out::Text(t));
+    }
+
+    fn push_call(&mut self, out: &mut Vec<Out>, c: Call) {
+        self.space.clear();
+        if self.calls >= self.limit {
+            return; // no more calls were asked for: the rest are dropped
+        }
+        self.calls += 1;
+        out.push(Out::Call(c));
+    }
+
+    /// One call's JSON: `{"name": …, "arguments" | "parameters": {…}}`.
+    fn call(&self, body: &str) -> Option<Call> {
+        call_of(&serde_json::from_str::<Value>(body.trim()).ok()?)
+    }
+
+    /// The calls of everything after the start (Llama 3) or the marker (Mistral).
+    fn rest_calls(&self, body: &str) -> Option<Vec<Call>> {
+        let t = body.trim();
+        match self.format {
+            Format::Llama3Json => {
+                let t = t.strip_prefix(LLAMA_PYTHON_TAG).unwrap_or(t).trim();
+                // One object, or several separated by `;`.
+                let mut calls = Vec::new();
+                let mut rest = t;
+                while !rest.is_empty() {
+                    let mut de = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+                    let v = de.next()?.ok()?;
+                    calls.push(call_of(&v)?);
+                    rest = rest[de.byte_offset()..].trim_start();
+                    rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+                }
+                (!calls.is_empty()).then_some(calls)
+            }
+            Format::Mistral => {
+                let t = t.strip_prefix(MISTRAL_MARKER).unwrap_or(t).trim();
+                if t.starts_with('[') {
+                    let v: Value = serde_json::from_str(t).ok()?;
+                    let calls: Option<Vec<Call>> = v.as_array()?.iter().map(call_of).collect();
+                    calls.filter(|c| !c.is_empty())
+                } else {
+                    // `name[ARGS]{…}`, one per `[TOOL_CALLS]`.
+                    t.split(MISTRAL_MARKER)
+                        .map(|part| {
+                            let (name, args) = part.trim().split_once("[ARGS]")?;
+                            let args: Value = serde_json::from_str(args.trim()).ok()?;
+                            (valid_name(name.trim()) && args.is_object()).then(|| Call {
+                                name: name.trim().to_string(),
+                                arguments: args.to_string(),
+                            })
+                        })
+                        .collect()
+                }
+            }
+            Format::Hermes => None,
+        }
+    }
+}
+
+/// A call of a parsed object, if it is one.
+fn call_of(v: &Value) -> Option<Call> {
+    let name = v.get("name")?.as_str()?;
+    let args = v
+        .get("arguments")
+        .or_else(|| v.get("parameters"))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    // Some models write the arguments as a JSON string.
+    let args = match args {
+        Value::String(s) => serde_json::from_str(&s).ok()?,
+        a => a,
+    };
+    (valid_name(name) && args.is_object()).then(|| Call {
+        name: name.to_string(),
+        arguments: args.to_string(),
+    })
+}
+
+/// The length of the longest end of `s` that is a proper start of `tag`.
+fn partial_suffix(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
+        .unwrap_or(0)
+}
+
+/// A call's id, unique per response, choice and call (`prefix` as the API spells them:
+/// `call_`, `toolu_`, `fc_`).
+pub fn call_id(prefix: &str, response: &str, choice: usize, k: usize) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(response.as_bytes());
+    h.update(&(choice as u64).to_le_bytes());
+    h.update(&(k as u64).to_le_bytes());
+    let hex: String = h.finalize().as_bytes()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{prefix}{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(format: Format, limit: usize, pieces: &[&str]) -> Vec<Out> {
+        let mut p = Parser::new(format, limit);
+        let mut out: Vec<Out> = pieces.iter().flat_map(|s| p.feed(s)).collect();
+        out.extend(p.finish());
+        // Adjacent text pieces joined, as a client sees them.
+        let mut joined: Vec<Out> = Vec::new();
+        for o in out {
+            match (joined.last_mut(), o) {
+                (Some(Out::Text(a)), Out::Text(b)) => a.push_str(&b),
+                (_, o) => joined.push(o),
+            }
+        }
+        joined
+    }
+
+    fn call(name: &str, args: &str) -> Out {
+        Out::Call(Call {
+            name: name.into(),
+            arguments: args.into(),
+        })
+    }
+
+    /// Every way of cutting `text` into two pieces parses as the whole does.
+    fn all_cuts(format: Format, text: &str, want: &[Out]) {
+        assert_eq!(run(format, usize::MAX, &[text]), want, "whole: {text:?}");
+        for i in (1..text.len()).filter(|&i| text.is_char_boundary(i)) {
+            assert_eq!(
+                run(format, usize::MAX, &[&text[..i], &text[i..]]),
+                want,
+                "cut at {i}: {text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn hermes_calls_come_out_whole_and_text_around_them_streams() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        all_cuts(
+            Format::Hermes,
+            text,
+            &[
+                Out::Text("Let me check.".into()),
+                call("get_weather", r#"{"city":"Paris"}"#),
+                call("get_time", "{}"),
+            ],
+        );
+        // No call: the text as it came, a lone `<` included.
+        all_cuts(
+            Format::Hermes,
+            "a < b, and <tool> is not a call",
+            &[Out::Text("a < b, and <tool> is not a call".into())],
+        );
+        // Not JSON inside the tags: text.
+        all_cuts(
+            Format::Hermes,
+            "<tool_call>oops</tool_call>",
+            &[Out::Text("<tool_call>oops</tool_call>".into())],
+        );
+        // The output stopped before the closing tag: still a call.
+        all_cuts(
+            Format::Hermes,
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}",
+            &[call("f", r#"{"x":1}"#)],
+        );
+    }
+
+    #[test]
+    fn one_call_when_parallel_calls_are_off() {
+        let text = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>";
+        assert_eq!(run(Format::Hermes, 1, &[text]), vec![call("a", "{}")]);
+    }
+
+    #[test]
+    fn text_is_not_held_longer_than_a_tag_could_be() {
+        let mut p = Parser::new(Format::Hermes, usize::MAX);
+        assert_eq!(p.feed("Hello wor"), vec![Out::Text("Hello wor".into())]);
+        assert_eq!(p.feed("ld <tool"), vec![Out::Text("ld".into())]);
+        assert_eq!(p.feed("s>"), vec![Out::Text(" <tools>".into())]);
+    }
+
+    #[test]
+    fn llama3_json_answers_are_calls_from_the_start() {
+        all_cuts(
+            Format::Llama3Json,
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+            &[call("get_weather", r#"{"city":"Paris"}"#)],
+        );
+        all_cuts(
+            Format::Llama3Json,
+            "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"n\": 2}}",
+            &[call("a", "{}"), call("b", r#"{"n":2}"#)],
+        );
+        all_cuts(
+            Format::Llama3Json,
+            "The answer is 4.",
+            &[Out::Text("The answer is 4.".into())],
+        );
+        // Looked like JSON, is not a call: text.
+        all_cuts(
+            Format::Llama3Json,
+            "{\"x\": 1}",
+            &[Out::Text("{\"x\": 1}".into())],
+        );
+    }
+
+    #[test]
+    fn mistral_calls_in_both_generations_of_the_format() {
+        all_cuts(
+            Format::Mistral,
+            "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", \"arguments\": {}}]",
+            &[call("a", r#"{"q":"x"}"#), call("b", "{}")],
+        );
+        // The marker is a control token that decoding drops.
+        all_cuts(
+            Format::Mistral,
+            "[{\"name\": \"a\", \"arguments\": {}}]",
+            &[call("a", "{}")],
+        );
+        all_cuts(
+            Format::Mistral,
+            "[TOOL_CALLS]a[ARGS]{\"q\": 1}[TOOL_CALLS]b[ARGS]{}",
+            &[call("a", r#"{"q":1}"#), call("b", "{}")],
+        );
+        all_cuts(
+            Format::Mistral,
+            "Sure.[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]",
+            &[Out::Text("Sure.".into()), call("a", "{}")],
+        );
+        all_cuts(Format::Mistral, "[1, 2]", &[Out::Text("[1, 2]".into())]);
+    }
+
+    #[test]
+    fn formats_are_told_from_templates() {
+        assert_eq!(
+            Format::detect("{% if tools %}<tool_call>{% endif %}"),
+            Some(Format::Hermes)
+        );
+        assert_eq!(
+            Format::detect("{% if tools %}[TOOL_CALLS]{% endif %}"),
+            Some(Format::Mistral)
+        );
+        assert_eq!(
+            Format::detect("{% if tools %}Environment: ipython{% endif %}"),
+            Some(Format::Llama3Json)
+        );
+        assert_eq!(Format::detect("{{ messages }}<tool_call>"), None);
+    }
+
+    fn f(name: &str) -> Function {
+        Function {
+            name: name.into(),
+            description: None,
+            parameters: json!({"type": "object"}),
+            strict: false,
+        }
+    }
+
+    const N: Names = Names {
+        tools: "tools",
+        choice: "tool_choice",
+    };
+
+    #[test]
+    fn bad_tool_requests_are_refused_by_name() {
+        let err = |fs: Vec<Function>, c: Option<Choice>| {
+            let e = Tools::new(fs, c, true, N).unwrap_err();
+            (e.param.unwrap_or_default(), e.message)
+        };
+        assert_eq!(err(vec![], Some(Choice::Required)).0, "tool_choice");
+        assert!(Tools::new(vec![], Some(Choice::None), true, N)
+            .unwrap()
+            .is_none());
+        assert!(err(vec![f("a b")], None).1.contains("a-z"));
+        assert!(err(vec![f("a"), f("a")], None).1.contains("two functions"));
+        assert!(err(vec![f("a")], Some(Choice::Named("b".into())))
+            .1
+            .contains("not among"));
+        let mut strict = f("a");
+        strict.strict = true;
+        assert!(err(vec![strict.clone()], None).1.contains("strict"));
+        assert!(Tools::new(vec![strict], Some(Choice::Required), true, N).is_ok());
+        let mut p = f("a");
+        p.parameters = json!([]);
+        assert!(err(vec![p], None).1.contains("JSON Schema object"));
+        // The limits: 128 functions, 256 KiB of definitions.
+        let many: Vec<Function> = (0..=MAX_TOOLS).map(|i| f(&format!("f{i}"))).collect();
+        assert!(err(many, None).1.contains("at most 128 functions"));
+        assert!(Tools::new(
+            (0..MAX_TOOLS).map(|i| f(&format!("f{i}"))).collect(),
+            None,
+            true,
+            N
+        )
+        .is_ok());
+        let mut big = f("a");
+        big.description = Some("x".repeat(MAX_TOOLS_BYTES));
+        assert!(err(vec![big], None).1.contains("bytes; at most"));
+    }
+
+    /// Each format's grammar, compiled against SmolLM2's vocabulary, takes a valid call
+    /// token by token and then allows the end; it refuses a function that was not offered (or
+    /// not named) and arguments outside the schema; what it takes parses back as the call.
+    #[test]
+    fn forced_calls_follow_each_formats_grammar() {
+        use cachet_backend::grammar::GrammarCompiler;
+        let tok = cachet_tests::smollm2().tokenizer.clone().unwrap();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        let compiler = GrammarCompiler::new(tok.clone(), eos, tok.vocab_size());
+        let add = Function {
+            name: "add".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false}),
+            strict: true,
+        };
+        let clock = Function {
+            name: "clock".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {}}),
+            strict: false,
+        };
+        // Whether the grammar takes `text` whole and then allows the end.
+        let takes = |c: &Constraint, text: &str| {
+            let mut m = compiler.compile(c).unwrap();
+            for t in tok.encode(text).unwrap() {
+                if m.consume(t).is_err() {
+                    return false;
+                }
+            }
+            let mut mask = vec![0u32; tok.vocab_size().div_ceil(32)];
+            m.mask(&mut mask).unwrap();
+            mask[eos as usize / 32] >> (eos % 32) & 1 == 1
+        };
+        for (format, ok, two, wrong_name, wrong_args) in [
+            (
+                Format::Hermes,
+                "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
+                "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"clock\", \"arguments\": {}}\n</tool_call>",
+                "<tool_call>\n{\"name\": \"sub\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
+                "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": \"one\", \"b\": 2}}\n</tool_call>",
+            ),
+            (
+                Format::Llama3Json,
+                "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}",
+                "",
+                "{\"name\": \"sub\", \"parameters\": {\"a\": 1, \"b\": 2}}",
+                "{\"name\": \"add\", \"parameters\": {\"a\": 1}}",
+            ),
+            (
+                Format::Mistral,
+                "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]",
+                "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}, {\"name\": \"clock\", \"arguments\": {}}]",
+                "[TOOL_CALLS][{\"name\": \"sub\", \"arguments\": {\"a\": 1, \"b\": 2}}]",
+                "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2, \"c\": 3}}]",
+            ),
+        ] {
+            let tools = |choice: Choice, parallel: bool| Tools {
+                functions: vec![add.clone(), clock.clone()],
+                choice,
+                parallel,
+                max_calls: None,
+            };
+            let required = tools(Choice::Required, true).constraint(format, &tok).unwrap();
+            assert!(takes(&required, ok), "{format}: {ok}");
+            assert!(!takes(&required, wrong_name), "{format}: {wrong_name}");
+            assert!(!takes(&required, wrong_args), "{format}: {wrong_args}");
+            let named = tools(Choice::Named("clock".into()), true).constraint(format, &tok).unwrap();
+            assert!(!takes(&named, ok), "{format}: named clock takes add");
+            if !two.is_empty() {
+                assert!(takes(&required, two), "{format}: two calls");
+                let one = tools(Choice::Required, false).constraint(format, &tok).unwrap();
+                assert!(!takes(&one, two), "{format}: two calls without parallel");
+            }
+            // What the grammar takes parses back as the calls.
+            let mut p = Parser::new(format, usize::MAX);
+            let mut outs = p.feed(ok);
+            outs.extend(p.finish());
+            assert_eq!(outs, vec![call("add", r#"{"a":1,"b":2}"#)], "{format}");
+        }
+        assert!(tools_none().constraint(Format::Hermes, &tok).is_none());
+    }
+
+    fn tools_none() -> Tools {
+        Tools {
+            functions: vec![f("a")],
+            choice: Choice::Auto,
+            parallel: true,
+            max_calls: None,
+        }
+    }
+}
