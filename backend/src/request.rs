@@ -19,6 +19,10 @@ pub struct EngineRequest {
     pub ignore_eos: bool,
     /// Cache salt of the authenticated tenant: requests with different salts never share KV.
     pub salt: [u8; 32],
+    /// Leading full blocks of the prompt wholly inside an operator-declared public prefix:
+    /// hashed without the tenant's salt, so every tenant shares them (see
+    /// [`crate::block_hash`]). Set by the gateway, never from a client's word.
+    pub public_blocks: usize,
     /// Lower runs first under the `priority` policy (a tenant tier, say).
     pub priority: i32,
     /// Give up (finish with an error) if not finished by then.
@@ -44,6 +48,7 @@ impl EngineRequest {
             stop: vec![],
             ignore_eos: false,
             salt: [0; 32],
+            public_blocks: 0,
             priority: 0,
             deadline: None,
             tag: String::new(),

@@ -47,6 +47,12 @@ pub struct TenantConfig {
     /// More volatile-value patterns (regexes) for the normalizer, e.g. `ORD-\\d{6}`.
     #[serde(default)]
     pub volatile_patterns: Vec<String>,
+    /// Spend limit in USD per `budget_period`, priced by the config's `[[price]]`s: a request
+    /// that arrives with the budget spent is refused (429 `budget_exceeded`); one admitted
+    /// runs to its end.
+    pub budget_usd: Option<f64>,
+    /// `day` or `month` (default; UTC calendar periods).
+    pub budget_period: Option<crate::usage::Period>,
 }
 
 fn one() -> f32 {
@@ -61,6 +67,13 @@ pub struct ConfigFile {
     pub tenant: Vec<TenantConfig>,
     #[serde(default)]
     pub upstream: Vec<UpstreamConfig>,
+    /// Prompt starts whose cached blocks every tenant shares (see
+    /// [`crate::normalize::public`]).
+    #[serde(default)]
+    pub public_prefix: Vec<crate::normalize::public::PublicPrefixConfig>,
+    /// Prices per model, turning usage records' tokens into spend.
+    #[serde(default)]
+    pub price: Vec<crate::usage::Price>,
 }
 
 /// An `[[upstream]]` of the config file: where the gateway sends requests (read at start-up).

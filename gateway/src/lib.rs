@@ -19,4 +19,5 @@ pub mod sandbox;
 pub mod server;
 pub mod tenants;
 pub mod upstream;
+pub mod usage;
 pub mod worker;

@@ -39,6 +39,10 @@ pub struct GenerateRequest {
     pub priority: i32,
     #[serde(default)]
     pub tag: String,
+    /// Leading prompt blocks inside an operator-declared public prefix (hashed without the
+    /// salt, so every tenant shares them).
+    #[serde(default)]
+    pub public_blocks: usize,
     /// The tenant's weight under fair sharing.
     #[serde(default = "one")]
     pub share: f32,

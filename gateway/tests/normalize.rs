@@ -256,3 +256,93 @@ fn tool_conversations_render_whole_and_keep_control_tokens_out_of_the_markup() {
     let err = render(&tok, &[ChatMessage::new("user", "Time?"), bad], None, None).unwrap_err();
     assert!(err.to_string().contains("control token"), "{err}");
 }
+
+/// Public prefixes with the real tokenizer and chat template: a request shares, in whole
+/// blocks, only tokens that spell the operator's declared text (and the template's markup) —
+/// also when its system message goes on past the declared text, or started with a timestamp
+/// that normalization moved out; a prompt that merely resembles it shares nothing.
+#[test]
+fn a_prompt_shares_whole_blocks_of_the_declared_public_prefix_and_nothing_else() {
+    use cachet_gateway::normalize::public::{PublicPrefixConfig, PublicPrefixes};
+    let tok = cachet_tests::smollm2().tokenizer.clone().unwrap();
+    const PUBLIC: &str = "You are Acme Assistant, the support agent of Acme Corporation. Answer \
+        questions about Acme's routers, modems and mesh systems; be brief and polite; never \
+        promise refunds; point customers to acme.example/support for anything you cannot solve.";
+    let decl = |system: Option<&str>, text: Option<&str>| PublicPrefixConfig {
+        name: "acme".into(),
+        system: system.map(str::to_string),
+        text: text.map(str::to_string),
+    };
+    let public = PublicPrefixes::new(&[decl(Some(PUBLIC), None)], &tok, 16).unwrap();
+    let declared = &public.prefixes()[0].tokens;
+    let rules = Rules::default();
+    let prompt = |system: &str, q: &str| {
+        let segs = chat_segments(&[
+            ChatMessage::new("system", system),
+            ChatMessage::new("user", q),
+        ]);
+        let n = normalize(&segs, &rules);
+        let (messages, first) = to_messages(&n.segments);
+        let r = render(&tok, &messages, None, first).unwrap();
+        PrefixTokens::new(1 << 20)
+            .encode(&tok, &r, &[1; 32])
+            .unwrap()
+            .ids
+    };
+    let cases = [
+        (PUBLIC.to_string(), true),
+        (
+            format!("{PUBLIC} Our private escalation code is 4471."),
+            true,
+        ),
+        (
+            format!("Current time: 2026-12-01T08:00:00Z.\n{PUBLIC}"),
+            true,
+        ),
+        (PUBLIC.replace("Acme Assistant", "Globex Assistant"), false),
+        ("You are a helpful assistant.".to_string(), false),
+    ];
+    for (system, shares) in cases {
+        let ids = prompt(&system, "My router blinks red. What now?");
+        let part = public.part_of(&ids);
+        assert_eq!(part.is_some(), shares, "{system}");
+        let Some(part) = part else { continue };
+        assert_eq!(part.name, "acme");
+        let n = part.blocks * 16;
+        assert!(n > 32, "{system}: only {} public blocks", part.blocks);
+        // Every shared token is the declared prefix's, and the shared text is the operator's.
+        assert_eq!(ids[..n], declared[..n], "{system}");
+        let text = tok.decode(&ids[..n], false).unwrap();
+        assert!(
+            text.starts_with("<|im_start|>system\nYou are Acme Assistant")
+                && PUBLIC.contains(text.trim_start_matches("<|im_start|>system\n")),
+            "{text}"
+        );
+        // The block after them holds something else.
+        assert_ne!(ids.get(n..n + 16), declared.get(n..n + 16), "{system}");
+    }
+    // A raw `text` prefix (completions prompts) shares the same way.
+    let raw = format!("<|im_start|>system\n{PUBLIC}");
+    let by_text = PublicPrefixes::new(&[decl(None, Some(&raw))], &tok, 16).unwrap();
+    let ids = prompt(PUBLIC, "hi");
+    assert_eq!(
+        by_text.part_of(&ids).map(|p| p.blocks),
+        public.part_of(&ids).map(|p| p.blocks)
+    );
+    // Declarations that cannot work are refused with what to fix.
+    for (configs, want) in [
+        (vec![decl(Some(PUBLIC), Some(&raw))], "exactly one of"),
+        (vec![decl(None, None)], "exactly one of"),
+        (
+            vec![decl(Some("Be brief."), None)],
+            "fewer than one KV block",
+        ),
+        (
+            vec![decl(Some(PUBLIC), None), decl(Some(PUBLIC), None)],
+            "unique",
+        ),
+    ] {
+        let e = PublicPrefixes::new(&configs, &tok, 16).unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+}

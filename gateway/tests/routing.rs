@@ -25,6 +25,7 @@ fn route_tenant(dir: &std::path::Path) -> std::path::PathBuf {
 fn cachet(args: &[&str]) -> Proc {
     Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .env("CACHET_USAGE_DB", "off")
             .args(args)
             .args(cachet_tests::SMOLLM2_CPU)
             .stdout(Stdio::null())
@@ -377,6 +378,7 @@ fn openai_compatible_upstreams_are_routed_to_from_request_history() {
     .unwrap();
     let _gateway = Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .env("CACHET_USAGE_DB", "off")
             .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
             .arg(format!("127.0.0.1:{pa}"))
             .args([
@@ -553,6 +555,8 @@ fn the_tenant_salt_reaches_openai_compatible_upstreams_as_cache_salt() {
         .unwrap();
         Proc(
             Command::new(env!("CARGO_BIN_EXE_cachet"))
+                .env("CACHET_USAGE_DB", "off")
+                .env("CACHET_USAGE_DB", "off")
                 .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
                 .arg(format!("127.0.0.1:{port}"))
                 .args(cachet_tests::SMOLLM2_CPU)

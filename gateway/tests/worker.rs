@@ -100,6 +100,7 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
         stop_token_ids: vec![],
         ignore_eos: true,
         salt: cachet_gateway::tenants::hex(&salt),
+        public_blocks: 0,
         priority: 0,
         tag: "t".into(),
         share: 1.0,

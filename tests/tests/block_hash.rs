@@ -30,6 +30,7 @@ fn block_hashes_match_the_committed_vectors() {
             case["block_size"].as_u64().unwrap() as usize,
         );
         ctx.extra = extra;
+        ctx.public_blocks = case["public_blocks"].as_u64().unwrap_or(0) as usize;
         let tokens = ids_of(&case["tokens"]);
         let got: Vec<String> = ctx.hash_all(&tokens).iter().map(|h| h.to_hex()).collect();
         let want: Vec<String> = case["hashes"]
@@ -38,7 +39,11 @@ fn block_hashes_match_the_committed_vectors() {
             .iter()
             .map(|h| h.as_str().unwrap().to_string())
             .collect();
-        assert_eq!(got, want, "case {} / {}", case["tenant"], case["model_id"]);
+        assert_eq!(
+            got, want,
+            "case {} / {} / {} public blocks",
+            case["tenant"], case["model_id"], ctx.public_blocks
+        );
         // Incremental extension gives the same chain.
         let mut inc = Vec::new();
         for n in 0..=tokens.len() {
@@ -56,4 +61,24 @@ fn different_tenants_never_share_a_block_hash() {
     let toks: Vec<u32> = (0..64).collect();
     let (ha, hb) = (a.hash_all(&toks), b.hash_all(&toks));
     assert!(ha.iter().all(|h| !hb.contains(h)));
+}
+
+#[test]
+fn tenants_share_the_public_blocks_and_not_one_block_more() {
+    let key = [7u8; 32];
+    let ctx = |tenant: &str, public_blocks| HashContext {
+        public_blocks,
+        ..HashContext::new(key, tenant_salt(&key, tenant), "m", 16)
+    };
+    let toks: Vec<u32> = (0..80).collect();
+    let (a, b) = (ctx("a", 2).hash_all(&toks), ctx("b", 2).hash_all(&toks));
+    assert_eq!(a[..2], b[..2], "the public blocks are everyone's");
+    assert!(
+        a[2..].iter().all(|h| !b.contains(h)),
+        "nothing after them is"
+    );
+    // The public blocks are not any tenant's private blocks, and a tenant's own chain after the
+    // public part is not its private chain of the same tokens.
+    let private = ctx("a", 0).hash_all(&toks);
+    assert!(a.iter().all(|h| !private.contains(h)));
 }

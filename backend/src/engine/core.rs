@@ -98,6 +98,7 @@ impl EngineCore {
                 }
                 let hasher = HashContext {
                     salt: req.salt,
+                    public_blocks: req.public_blocks,
                     ..self.hasher.clone()
                 };
                 self.streams.insert(

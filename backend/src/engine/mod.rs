@@ -348,6 +348,13 @@ impl EngineHandle {
                 l.vocab
             )));
         }
+        if req.public_blocks > req.prompt.len() / l.block_size {
+            return Err(EngineError::InvalidRequest(format!(
+                "public_blocks ({}) is more than the prompt's {} full blocks",
+                req.public_blocks,
+                req.prompt.len() / l.block_size
+            )));
+        }
         // Saturating: a max_tokens near usize::MAX must be refused, not wrap into a small total.
         let total = req.prompt.len().saturating_add(req.max_tokens);
         if total > l.max_model_len {

@@ -19,14 +19,16 @@ struct ReqBlocks {
     num_cached: usize,
 }
 
-/// Whose share of the idle cache a request's blocks count in.
+/// The owner that public-prefix blocks count under (their share: one tenant's).
+pub const PUBLIC_OWNER: &str = "(public)";
 
 #[derive(Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
     block_size: usize,
     reqs: HashMap<ReqKey, ReqBlocks>,
-    owners: HashMap<ReqKey, Owner>,
+    /// Each request's owner, and how many of its leading blocks are public (everyone's).
+    owners: HashMap<ReqKey, (Owner, usize)>,
 }
 
 /// A prefix hit: blocks to reuse and how many tokens they hold.
@@ -51,10 +53,11 @@ impl KvCacheManager {
         }
     }
 
-    /// The blocks `req` caches count in tenant `tenant`'s share (`share`) of the idle cache.
-    pub fn set_owner(&mut self, req: ReqKey, tenant: &str, share: f32) {
+    /// The blocks `req` caches count in tenant `tenant`'s share (`share`) of the idle cache,
+    /// except its first `public_blocks`, which are everyone's (the public prefix's owner).
+    pub fn set_owner(&mut self, req: ReqKey, tenant: &str, share: f32, public_blocks: usize) {
         let o = self.pool.owner(tenant, share);
-        self.owners.insert(req, o);
+        self.owners.insert(req, (o, public_blocks));
     }
 
     /// `req` is gone for good (not preempted): forgets its owner.
@@ -135,8 +138,22 @@ impl KvCacheManager {
         entry.blocks.extend(new);
         let full = ((num_computed + num_new) / self.block_size).min(hashes.len());
         let start = entry.num_cached.min(full);
-        let owner = self.owners.get(&req).copied().unwrap_or(0);
-        for (&b, &h) in entry.blocks[start..full].iter().zip(&hashes[start..full]) {
+        let (owner, public_blocks) = self.owners.get(&req).copied().unwrap_or((0, 0));
+        let public = if public_blocks > start {
+            self.pool.owner(PUBLIC_OWNER, 1.0)
+        } else {
+            owner
+        };
+        for (i, (&b, &h)) in entry.blocks[start..full]
+            .iter()
+            .zip(&hashes[start..full])
+            .enumerate()
+        {
+            let owner = if start + i < public_blocks {
+                public
+            } else {
+                owner
+            };
             self.pool.cache_block_for(b, h, owner);
         }
         entry.num_cached = entry.num_cached.max(full);

@@ -229,17 +229,34 @@ fn eviction_takes_from_the_tenant_furthest_over_its_share_of_the_idle_cache() {
 #[test]
 fn a_requests_blocks_count_in_its_tenants_share() {
     let mut m = make_manager(16, 1.0);
-    m.set_owner(1, "a", 1.0);
+    m.set_owner(1, "a", 1.0, 0);
     admit(&mut m, 1, &(0..8).collect::<Vec<u32>>());
     m.free(1); // preempted: still a's
     admit(&mut m, 1, &(0..12).collect::<Vec<u32>>());
     m.free(1);
     m.forget(1);
-    m.set_owner(2, "b", 1.0);
+    m.set_owner(2, "b", 1.0, 0);
     admit(&mut m, 2, &(100..104).collect::<Vec<u32>>());
     m.free(2);
     assert_eq!(
         m.pool().cached_idle_by_owner(),
         vec![("a".to_string(), 3), ("b".to_string(), 1)]
+    );
+}
+
+/// A request's public-prefix blocks count under the public owner, the rest under its tenant —
+/// also when a later request extends the cached public blocks.
+#[test]
+fn public_prefix_blocks_count_under_the_public_owner() {
+    let mut m = make_manager(16, 1.0);
+    m.set_owner(1, "a", 1.0, 2);
+    admit(&mut m, 1, &(0..13).collect::<Vec<u32>>());
+    m.free(1);
+    assert_eq!(
+        m.pool().cached_idle_by_owner(),
+        vec![
+            ("a".to_string(), 1),
+            (super::manager::PUBLIC_OWNER.to_string(), 2)
+        ]
     );
 }

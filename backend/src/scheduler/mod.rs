@@ -182,7 +182,8 @@ impl Scheduler {
                 .collect();
             self.fair.activate(&req.tag, active.into_iter());
         }
-        self.kv.set_owner(id, &req.tag, req.share);
+        self.kv
+            .set_owner(id, &req.tag, req.share, req.public_blocks);
         let tokens = req.prompt.clone();
         let block_hashes = hasher.hash_all(&tokens);
         let seq = Seq {

@@ -9,6 +9,7 @@ use anyhow::Context;
 use cachet_backend::block_hash::HashContext;
 use cachet_gateway::config::{ConfigFile, UpstreamConfig};
 use cachet_gateway::http::tls;
+use cachet_gateway::normalize::public::PublicPrefixes;
 use cachet_gateway::server::fields::UnknownFields;
 use cachet_gateway::server::tools::Format;
 use cachet_gateway::server::{self, AppState};
@@ -121,6 +122,16 @@ pub struct ServeArgs {
     /// Seconds a remote upstream's stream may stay silent before the request fails.
     #[arg(long, default_value_t = 30)]
     pub upstream_idle_timeout: u64,
+    /// Where every request's usage record goes (tenant, key id, tokens, timings, status, route,
+    /// cost): `sqlite:PATH` (embedded, WAL; created if missing), `postgres://USER@HOST/DB`, or
+    /// `off` (no records, no budgets, no /v1/usage). Written in batches off the request path; a
+    /// crash loses at most the last 100 ms of records.
+    #[arg(
+        long,
+        env = "CACHET_USAGE_DB",
+        default_value = "sqlite:cachet-usage.db"
+    )]
+    pub usage_db: String,
 }
 
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
@@ -158,6 +169,45 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(model = %model_id, "remote upstreams only: no weights loaded");
         (None, tokenizer, model_id)
     };
+    for p in &file.price {
+        p.validate()
+            .map_err(anyhow::Error::msg)
+            .with_context(in_config)?;
+    }
+    let usage = match a.usage_db.as_str() {
+        "off" => {
+            if let Some(t) = tenants
+                .tenants()
+                .iter()
+                .find(|t| t.config.budget_usd.is_some())
+            {
+                anyhow::bail!(
+                    "tenant `{}` has a budget, which needs usage records: give --usage-db (not off)",
+                    t.id()
+                );
+            }
+            None
+        }
+        url => {
+            let log = cachet_gateway::usage::UsageLog::open(url, file.price.clone())
+                .with_context(|| format!("--usage-db {url}"))?;
+            if let Some(t) = tenants
+                .tenants()
+                .iter()
+                .find(|t| t.config.budget_usd.is_some() && log.price(&model_id).is_none())
+            {
+                anyhow::bail!(
+                    "tenant `{}` has a budget, but the config prices no model `{model_id}`: add a [[price]] with model = \"{model_id}\"",
+                    t.id()
+                );
+            }
+            tracing::info!(store = %url.split('@').next_back().unwrap_or(url), "usage records");
+            Some(Arc::new(log))
+        }
+    };
+    let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
+        .map_err(anyhow::Error::msg)
+        .with_context(in_config)?;
     let tool_format = forced.unwrap_or_else(|| tokenizer.chat_template().and_then(Format::detect));
     match (tool_format, tokenizer.chat_template()) {
         (Some(f), _) => tracing::info!(format = %f, "tool calls"),
@@ -259,6 +309,8 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         state.metrics_token = a.metrics_token.clone();
         state.unknown_fields = a.unknown_fields;
         state.tool_format = tool_format;
+        state.set_public_prefixes(public_prefixes);
+        state.usage = usage;
         Arc::new(state)
     });
     rt.block_on(async move {
@@ -271,6 +323,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             // SIGHUP re-reads the tenants config; a config that does not parse is refused and the
             // previous one stays.
             let (state, path) = (state.clone(), a.config.clone());
+            let block_size = a.engine.block_size;
             tokio::spawn(async move {
                 use tokio::signal::unix::{signal, SignalKind};
                 let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
@@ -281,13 +334,20 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                         .map_err(|e| e.to_string())
                         .and_then(|t| ConfigFile::parse(&t).map_err(|e| e.to_string()))
                         .and_then(|f| {
+                            let prefixes = PublicPrefixes::new(&f.public_prefix, &state.tokenizer, block_size)?;
                             TenantRegistry::reloaded(f.tenant, &key, std::time::Instant::now(), Some(&previous))
+                                .map(|reg| (reg, prefixes))
                                 .map_err(|e| e.to_string())
                         });
                     match loaded {
-                        Ok(reg) => {
-                            tracing::info!(tenants = reg.tenants().len(), "tenants config reloaded");
+                        Ok((reg, prefixes)) => {
+                            tracing::info!(
+                                tenants = reg.tenants().len(),
+                                public_prefixes = prefixes.prefixes().len(),
+                                "tenants config reloaded"
+                            );
                             state.set_tenants(reg);
+                            state.set_public_prefixes(prefixes);
                         }
                         Err(e) => tracing::warn!(error = %e, "tenants config reload refused; keeping the previous one"),
                     }

@@ -17,6 +17,7 @@
 //! get the same static segments; text without volatile spans is unchanged.
 
 pub mod detect;
+pub mod public;
 pub mod tokens;
 
 use cachet_backend::tokenizer::ChatMessage;

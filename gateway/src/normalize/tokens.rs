@@ -177,7 +177,7 @@ fn bad_template(what: &str) -> EngineError {
 }
 
 /// Tokenizes `pieces` of `text` (markup with special tokens, content without) onto `ids`.
-fn tokenize(
+pub(crate) fn tokenize(
     tok: &TextTokenizer,
     text: &str,
     pieces: &[Piece],

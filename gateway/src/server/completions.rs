@@ -76,17 +76,32 @@ pub async fn shaped<R: respond::Render>(
     prepare: impl FnOnce(&AppState, &[u8]) -> Result<(Parsed, R, String), ApiError>,
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
     let arrived = Instant::now();
+    let api_key = http::api_key(&req).unwrap_or("");
     let tenant = state
         .tenants()
-        .authenticate(http::api_key(&req).unwrap_or(""))
+        .authenticate(api_key)
         .map_err(|e| (e.into(), "-".to_string()))?;
     let name = tenant.id().to_string();
+    // The request's usage record, written when it ends (also if the client leaves).
+    let mut ticket = state.usage.as_ref().map(|log| {
+        respond::Ticket::new(
+            log.clone(),
+            &name,
+            &crate::tenants::hash_key(api_key),
+            req.uri().path(),
+            &state.model_id,
+            arrived,
+        )
+    });
     // `x-cachet-timings: 1` asks for the server-side split of the request's time in its usage.
     let want_timings = req.headers().contains_key("x-cachet-timings");
     let result = async {
         let body = http::read_body(req, MAX_BODY_BYTES).await?;
         let (parsed, render, id) = prepare(&state, &body)?;
         drop(body);
+        if let Some(t) = &mut ticket {
+            t.record.request_id = id.clone();
+        }
         run(
             state.clone(),
             tenant,
@@ -95,13 +110,44 @@ pub async fn shaped<R: respond::Render>(
             id,
             arrived,
             want_timings,
+            &mut ticket,
         )
         .await
+    }
+    .await;
+    // Refused before it ran: the record says why.
+    if let (Some(t), Err(e)) = (&mut ticket, &result) {
+        t.record.status = e.status.as_u16();
+    }
+    drop(ticket);
+    result.map(|r| (r, name.clone())).map_err(|e| (e, name))
+}
+
+/// The tenant has budget left this period (requests already admitted run to their end).
+fn check_budget(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
+    let (Some(log), Some(usd)) = (&state.usage, tenant.config.budget_usd) else {
+        return Ok(());
     };
-    result
-        .await
-        .map(|r| (r, name.clone()))
-        .map_err(|e| (e, name))
+    let period = tenant
+        .config
+        .budget_period
+        .unwrap_or(crate::usage::Period::Month);
+    let b = log.budget(tenant.id(), usd, period);
+    if b.spent_usd < usd {
+        return Ok(());
+    }
+    let left = (b.resets_at - crate::usage::now_ms() / 1000).max(1) as u64;
+    Err(crate::tenants::Denied::OverBudget {
+        tenant: tenant.id().into(),
+        spent: b.spent_usd,
+        budget: usd,
+        period: match period {
+            crate::usage::Period::Day => "day",
+            crate::usage::Period::Month => "month",
+        },
+        retry_after: std::time::Duration::from_secs(left),
+    }
+    .into())
 }
 
 /// The model exists here and the tenant may use it.
@@ -133,6 +179,7 @@ pub async fn run(
     id: String,
     arrived: Instant,
     want_timings: bool,
+    ticket: &mut Option<respond::Ticket>,
 ) -> Result<Response<Body>, ApiError> {
     let Parsed {
         input,
@@ -147,6 +194,7 @@ pub async fn run(
     } = parsed;
     let chat = matches!(input, Input::Chat(..));
     check_model(&state, &tenant, &input.common().model)?;
+    check_budget(&state, &tenant)?;
     // Tools: the model must have a way to see them and to call, and `required` or a named
     // function is a grammar on the output.
     let template_tools = tools.as_ref().and_then(|t| t.template_tools());
@@ -295,8 +343,17 @@ pub async fn run(
     // prefix cache shares the prompt's blocks: the first choice's full blocks are registered
     // when its prefill is scheduled, so the others compute only the last partial block.
     let salt = common.salt(&tenant.salt);
+    // A client that sent its own `cache_salt` asked to share with no one: no public blocks.
+    let public = state.public_prefixes();
     let mut streams = Vec::with_capacity(prompts.len() * n);
     for (ids, text) in prompts {
+        let public_blocks = match public.part_of(&ids).filter(|_| common.cache_salt.is_none()) {
+            Some(part) => {
+                state.metrics.public_prefix(part.name, part.blocks);
+                part.blocks
+            }
+            None => 0,
+        };
         let ers: Vec<EngineRequest> = (0..n)
             .map(|j| {
                 let mut er = EngineRequest::new(ids.clone(), max_tokens as usize);
@@ -305,6 +362,7 @@ pub async fn run(
                 er.stop = stop.clone();
                 er.stop_token_ids = stop_token_ids.clone();
                 er.salt = salt;
+                er.public_blocks = public_blocks;
                 er.priority = tenant.config.priority;
                 er.share = tenant.config.share;
                 er.tag = tenant.id().to_string();
@@ -324,6 +382,9 @@ pub async fn run(
             &routed.upstream,
             routed.predicted_cached_tokens,
         );
+        if let Some(t) = ticket {
+            t.record.route = Some(routed.upstream.clone());
+        }
         streams.extend(evs);
     }
     let meta = Meta {
@@ -336,9 +397,16 @@ pub async fn run(
         calls,
     };
     if common.stream {
-        Ok(respond::sse(streams, meta, render, permit, state.clone()))
+        Ok(respond::sse(
+            streams,
+            meta,
+            render,
+            permit,
+            ticket.take(),
+            state.clone(),
+        ))
     } else {
-        respond::whole(streams, meta, render, permit, &state).await
+        respond::whole(streams, meta, render, permit, ticket.take(), &state).await
     }
 }
 

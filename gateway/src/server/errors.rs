@@ -37,6 +37,15 @@ impl From<Denied> for ApiError {
                 retry_after: Some(retry_after),
                 source: Source::Client,
             },
+            Denied::OverBudget { retry_after, .. } => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                kind: "insufficient_quota",
+                code: Some("budget_exceeded"),
+                message,
+                param: None,
+                retry_after: Some(retry_after),
+                source: Source::Client,
+            },
             Denied::TooLarge { .. } => ApiError {
                 code: Some("request_too_large"),
                 ..ApiError::bad_request(message, None)

@@ -32,6 +32,11 @@ pub struct TenantLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrefixLabel {
+    pub prefix: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TemplateOutcome {
     pub tenant: String,
     /// `ok`, or the error code (`template_timeout`, `template_trap`, …).
@@ -80,6 +85,7 @@ pub struct Metrics {
     pub template_seconds: Histogram,
     pub stable_prefix_tokens: Histogram,
     pub relocated_spans: Family<TenantLabel, Counter>,
+    public_prefix_blocks: Family<PrefixLabel, Counter>,
     pub routing_decisions: Family<RouteLabel, Counter>,
     pub routed_requests: Family<WorkerLabel, Counter>,
     pub worker_inflight: Family<WorkerLabel, Gauge>,
@@ -121,6 +127,7 @@ impl Metrics {
             template_seconds: h(TEMPLATE_BUCKETS),
             stable_prefix_tokens: h(PREFIX_BUCKETS),
             relocated_spans: Family::default(),
+            public_prefix_blocks: Family::default(),
             routing_decisions: Family::default(),
             routed_requests: Family::default(),
             worker_inflight: Family::default(),
@@ -197,6 +204,11 @@ impl Metrics {
             "normalizer_relocated_spans",
             "Volatile spans moved out of static prompt segments, by tenant",
             m.relocated_spans.clone(),
+        );
+        registry.register(
+            "public_prefix_blocks",
+            "Prompt blocks inside a declared public prefix (shared by every tenant), by prefix",
+            m.public_prefix_blocks.clone(),
         );
         registry.register(
             "routing_decisions",
@@ -361,6 +373,15 @@ impl Metrics {
                 })
                 .inc_by(relocated as u64);
         }
+    }
+
+    /// Records a prompt whose first `blocks` blocks are public prefix `prefix`'s.
+    pub fn public_prefix(&self, prefix: &str, blocks: usize) {
+        self.public_prefix_blocks
+            .get_or_create(&PrefixLabel {
+                prefix: prefix.to_string(),
+            })
+            .inc_by(blocks as u64);
     }
 
     /// Records a template call.

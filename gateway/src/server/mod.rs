@@ -22,6 +22,7 @@ pub mod respond;
 pub mod responses;
 pub mod templates;
 pub mod tools;
+pub mod usage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -72,6 +73,10 @@ pub struct AppState {
     pub vocab: usize,
     /// How the model writes tool calls; `None`: requests with tools are refused.
     pub tool_format: Option<tools::Format>,
+    /// The config's public prefixes (swapped whole on reload).
+    pub public_prefixes: std::sync::RwLock<Arc<crate::normalize::public::PublicPrefixes>>,
+    /// Where usage records go (`--usage-db`); `None`: no records, no budgets.
+    pub usage: Option<Arc<crate::usage::UsageLog>>,
     next_id: AtomicU64,
 }
 
@@ -108,6 +113,8 @@ impl AppState {
             unknown_fields: fields::UnknownFields::Reject,
             vocab: tokenizer_vocab,
             tool_format,
+            public_prefixes: Default::default(),
+            usage: None,
             next_id: AtomicU64::new(1),
         }
     }
@@ -120,6 +127,16 @@ impl AppState {
     /// Replaces the tenant registry (config reload). Limits and concurrency counts start afresh.
     pub fn set_tenants(&self, reg: TenantRegistry) {
         *self.tenants.write().expect("tenants lock") = Arc::new(reg);
+    }
+
+    /// The current public prefixes.
+    pub fn public_prefixes(&self) -> Arc<crate::normalize::public::PublicPrefixes> {
+        self.public_prefixes.read().expect("prefixes lock").clone()
+    }
+
+    /// Replaces the public prefixes (config reload).
+    pub fn set_public_prefixes(&self, p: crate::normalize::public::PublicPrefixes) {
+        *self.public_prefixes.write().expect("prefixes lock") = Arc::new(p);
     }
 
     /// A fresh number for a response id.
@@ -142,6 +159,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             &serde_json::json!({"status": "ready", "model": state.model_id}),
         )),
         (&Method::GET, "/v1/models") => models(&state, &req),
+        (&Method::GET, "/v1/usage") => usage::usage(&state, &req).await,
         (&Method::GET, "/metrics") => metrics_allowed(&state, &req).map(|()| {
             state.metrics.worker_load(&state.pool.load());
             let stats = state.engine.as_ref().map(|e| e.stats());
@@ -176,6 +194,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             | "/v1/messages"
             | "/v1/responses"
             | "/v1/models"
+            | "/v1/usage"
             | "/health"
             | "/ready"
             | "/metrics",

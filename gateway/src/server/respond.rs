@@ -28,26 +28,93 @@ pub fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// A request's usage record in the making: written to the usage log when dropped — when the
+/// response ends, fails, or the client leaves (status 499 unless set).
+pub struct Ticket {
+    log: Arc<crate::usage::UsageLog>,
+    pub record: crate::usage::Record,
+    arrived: Instant,
+    first_token: Option<Instant>,
+}
+
+impl Ticket {
+    /// A record of a request that arrived at `arrived` for `tenant` with the key of sha256
+    /// `key_hash`, at `endpoint`.
+    pub fn new(
+        log: Arc<crate::usage::UsageLog>,
+        tenant: &str,
+        key_hash: &[u8; 32],
+        endpoint: &str,
+        model: &str,
+        arrived: Instant,
+    ) -> Ticket {
+        let mut key_id = crate::tenants::hex(key_hash);
+        key_id.truncate(12);
+        Ticket {
+            log,
+            record: crate::usage::Record {
+                at_ms: crate::usage::now_ms() - arrived.elapsed().as_millis() as i64,
+                request_id: String::new(),
+                tenant: tenant.to_string(),
+                key_id,
+                model: model.to_string(),
+                endpoint: endpoint.to_string(),
+                status: 499,
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                completion_tokens: 0,
+                ttft_ms: None,
+                e2e_ms: 0.0,
+                route: None,
+                cost_usd: 0.0,
+            },
+            arrived,
+            first_token: None,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        self.record.e2e_ms = ms(self.arrived.elapsed());
+        self.record.ttft_ms = self.first_token.map(|t| ms(t - self.arrived));
+        self.log.record(self.record.clone());
+    }
+}
+
 /// What a response has generated, charged to the tenant's token budget exactly once per
 /// choice: when the choice finishes (the engine's own count), or — when the client leaves first
 /// and the request is cancelled — on drop, for the tokens delivered until then. Holds the
-/// tenant's concurrency slot for as long.
+/// tenant's concurrency slot and the request's usage record for as long.
 struct Meter {
     permit: Permit,
     /// Per choice: tokens delivered and not yet charged (none once settled).
     delivered: Vec<u64>,
+    ticket: Option<Ticket>,
 }
 
 impl Meter {
-    fn new(permit: Permit, choices: usize) -> Self {
+    fn new(permit: Permit, choices: usize, ticket: Option<Ticket>) -> Self {
         Meter {
             permit,
             delivered: vec![0; choices],
+            ticket,
         }
     }
 
     fn token(&mut self, choice: usize) {
         self.delivered[choice] += 1;
+        if let Some(t) = &mut self.ticket {
+            t.first_token.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// The response ended with HTTP status `status` (for its usage record).
+    fn ended(&mut self, status: StatusCode) {
+        if let Some(t) = &mut self.ticket {
+            t.record.status = status.as_u16();
+        }
     }
 
     /// Records a finished choice: metrics (its prompt once per prompt: `first` of its group),
@@ -76,6 +143,13 @@ impl Meter {
             .tenant()
             .charge_tokens(usage.completion_tokens as u64, Instant::now());
         self.delivered[choice] = 0;
+        if let Some(t) = &mut self.ticket {
+            if first {
+                t.record.prompt_tokens += usage.prompt_tokens as u64;
+                t.record.cached_tokens += usage.cached_tokens as u64;
+            }
+            t.record.completion_tokens += usage.completion_tokens as u64;
+        }
     }
 }
 
@@ -84,6 +158,9 @@ impl Drop for Meter {
         let left: u64 = self.delivered.iter().sum();
         if left > 0 {
             self.permit.tenant().charge_tokens(left, Instant::now());
+            if let Some(t) = &mut self.ticket {
+                t.record.completion_tokens += left;
+            }
         }
     }
 }
@@ -338,12 +415,29 @@ pub async fn whole(
     meta: Meta,
     mut render: impl Render,
     permit: Permit,
+    ticket: Option<Ticket>,
     state: &AppState,
 ) -> Result<Response<Body>, ApiError> {
     let k = streams.len();
     // Dropped with this future when the client leaves: what was generated is charged, and the
     // forwarding tasks cancel every choice.
-    let mut meter = Meter::new(permit, k);
+    let mut meter = Meter::new(permit, k, ticket);
+    let status = whole_into(streams, &meta, &mut render, &mut meter, state).await;
+    meter.ended(match &status {
+        Ok(_) => StatusCode::OK,
+        Err(e) => e.status,
+    });
+    status.map(|body| meta.finish(http::json(StatusCode::OK, &body)))
+}
+
+async fn whole_into(
+    streams: Vec<Events>,
+    meta: &Meta,
+    render: &mut impl Render,
+    meter: &mut Meter,
+    state: &AppState,
+) -> Result<serde_json::Value, ApiError> {
+    let k = streams.len();
     let mut rx = merge(streams);
     let mut out: Vec<ChoiceOut> = (0..k)
         .map(|_| ChoiceOut {
@@ -402,8 +496,7 @@ pub async fn whole(
             }
         }
     }
-    let body = render.whole(&meta, out, &sum, &state.tokenizer);
-    Ok(meta.finish(http::json(StatusCode::OK, &body)))
+    Ok(render.whole(meta, out, &sum, &state.tokenizer))
 }
 
 /// The streamed response: the render's frames as the choices' events arrive.
@@ -412,13 +505,14 @@ pub fn sse(
     meta: Meta,
     mut render: impl Render,
     permit: Permit,
+    ticket: Option<Ticket>,
     state: Arc<AppState>,
 ) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let k = streams.len();
     let head = meta.finish(http::streaming("text/event-stream", rx));
     tokio::spawn(async move {
-        let mut meter = Meter::new(permit, k);
+        let mut meter = Meter::new(permit, k, ticket);
         let mut events = merge(streams);
         let mut sum = UsageSum::default();
         let send = |frames: Vec<String>| {
@@ -446,7 +540,10 @@ pub fn sse(
                 ev = events.recv() => ev,
                 _ = tx.closed() => return,
             };
-            let Some((i, ev)) = ev else { return };
+            let Some((i, ev)) = ev else {
+                meter.ended(StatusCode::INTERNAL_SERVER_ERROR); // the engine ended early
+                return;
+            };
             match ev {
                 Some(EngineEvent::Token { text, logprobs, .. }) => {
                     meter.token(i);
@@ -481,6 +578,7 @@ pub fn sse(
                     meter.settle(&state, i, meta.first_of_prompt(i), &usage, &timings);
                     if reason == FinishReason::Error {
                         let e = ApiError::internal(error.unwrap_or_default());
+                        meter.ended(e.status);
                         send(render.error(&meta, &e)).await;
                         return;
                     }
@@ -509,10 +607,15 @@ pub fn sse(
                     }
                     left -= 1;
                 }
-                None => return,
+                None => {
+                    meter.ended(StatusCode::INTERNAL_SERVER_ERROR);
+                    return;
+                }
             }
         }
-        send(render.end(&meta, &sum)).await;
+        if send(render.end(&meta, &sum)).await {
+            meter.ended(StatusCode::OK);
+        }
     });
     head
 }

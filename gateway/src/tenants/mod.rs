@@ -39,6 +39,14 @@ pub enum Denied {
         asked: u64,
         capacity: u64,
     },
+    #[error("tenant `{tenant}` has spent {spent:.6} USD of its budget of {budget} USD this {period}; the budget renews in {retry_after:?}, or the operator can raise it")]
+    OverBudget {
+        tenant: String,
+        spent: f64,
+        budget: f64,
+        period: &'static str,
+        retry_after: Duration,
+    },
 }
 
 /// A configured tenant with its live limits.
@@ -228,6 +236,12 @@ impl TenantRegistry {
             if cfg.id.is_empty() || !ids.insert(cfg.id.clone()) {
                 return Err(bad("tenant ids must be unique and non-empty".into()));
             }
+            if cfg.id == cachet_backend::kv::manager::PUBLIC_OWNER {
+                return Err(bad(format!(
+                    "`{}` names the public prefix's share of the cache; choose another id",
+                    cfg.id
+                )));
+            }
             if cfg.api_key_sha256.is_empty() {
                 return Err(bad(
                     "needs at least one api_key_sha256 (`cachet tenant hash-key KEY`)".into(),
@@ -251,6 +265,15 @@ impl TenantRegistry {
                     "share must be 0.01 to 1000 (a weight: 1 is the default), got {}",
                     cfg.share
                 )));
+            }
+            if let Some(b) = cfg.budget_usd {
+                if !(b.is_finite() && b > 0.0) {
+                    return Err(bad(format!(
+                        "budget_usd must be a positive number of USD, got {b}"
+                    )));
+                }
+            } else if cfg.budget_period.is_some() {
+                return Err(bad("budget_period without budget_usd: set both".into()));
             }
             let salt = tenant_salt(
                 deployment_key,

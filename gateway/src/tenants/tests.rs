@@ -149,6 +149,15 @@ fn bad_configs_say_what_to_fix() {
     }
     assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\n")).contains("unique"));
     assert!(err(&format!("[[tenant]]\nid = \"a\"\napi_key = \"{h}\"\n")).contains("unknown field"));
+    // Only the operator declares public prefixes: a tenant's table has no such setting.
+    assert!(err(&format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\npublic_prefix = \"You are\"\n"
+    ))
+    .contains("unknown field"));
+    assert!(err(&format!(
+        "[[tenant]]\nid = \"(public)\"\napi_key_sha256 = [\"{h}\"]\n"
+    ))
+    .contains("public prefix's share"));
 }
 
 #[test]

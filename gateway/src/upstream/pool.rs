@@ -163,6 +163,7 @@ impl Pool {
         let er = ers.first().expect("a group has a request");
         let hashes = HashContext {
             salt: er.salt,
+            public_blocks: er.public_blocks,
             ..self.hasher.clone()
         }
         .hash_all(&er.prompt);

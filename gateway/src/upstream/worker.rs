@@ -252,6 +252,7 @@ impl Upstream for Worker {
                 stop_token_ids: er.stop_token_ids.clone(),
                 ignore_eos: er.ignore_eos,
                 salt: hex(&er.salt),
+                public_blocks: er.public_blocks,
                 priority: er.priority,
                 share: er.share,
                 tag: er.tag.clone(),

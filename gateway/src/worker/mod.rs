@@ -175,6 +175,7 @@ fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
     er.stop_token_ids = g.stop_token_ids;
     er.ignore_eos = g.ignore_eos;
     er.salt = salt;
+    er.public_blocks = g.public_blocks;
     er.priority = g.priority;
     er.share = g.share;
     er.tag = g.tag;

@@ -111,6 +111,11 @@ pub fn start_under(
             Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
             None => Stdio::null(),
         });
+    // Each server keeps its usage records in its own directory, unless the test names a store.
+    if !extra.contains(&"--usage-db") {
+        cmd.arg("--usage-db")
+            .arg(format!("sqlite:{}", dir.join("usage.db").display()));
+    }
     let server = Server(cmd.spawn().unwrap());
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();

@@ -7,4 +7,5 @@ mod openai_client;
 mod reliability;
 mod security;
 mod templates;
+mod tenancy;
 mod tls;
