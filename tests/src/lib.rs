@@ -360,3 +360,122 @@ pub fn assert_greedy_agrees(
         d.top
     );
 }
+
+/// A PostgreSQL server of Debian's packages, started on loopback for a test in its own data
+/// directory (trust authentication, user `cachet`), stopped when dropped.
+pub struct PgServer {
+    /// `postgres://cachet@127.0.0.1:PORT/postgres`
+    pub url: String,
+    bin: PathBuf,
+    dir: PathBuf,
+    root: bool,
+}
+
+impl PgServer {
+    /// Starts one, or says why not: `None` where the machine has no PostgreSQL server binaries
+    /// (`apt install postgresql`; CI installs them).
+    pub fn start() -> Option<PgServer> {
+        let bin = pg_bindir()?;
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("cachet-pg-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let pg = PgServer {
+            url: format!("postgres://cachet@127.0.0.1:{port}/postgres"),
+            bin,
+            dir,
+            root,
+        };
+        if root {
+            // The server refuses to run as root: Debian's package made a `postgres` user.
+            assert!(std::process::Command::new("chown")
+                .args(["postgres:postgres", pg.dir.to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success());
+        }
+        let data = pg.dir.join("data");
+        let ok = pg.run(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "cachet",
+                "--no-sync",
+            ],
+        );
+        assert!(ok, "initdb failed");
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -F",
+            pg.dir.display()
+        );
+        let log = pg.dir.join("log");
+        let ok = pg.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                &opts,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "start",
+            ],
+        );
+        assert!(
+            ok,
+            "pg_ctl start failed: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        Some(pg)
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) -> bool {
+        let exe = self.bin.join(tool);
+        let mut c = if self.root {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            std::process::Command::new(&exe)
+        };
+        c.args(args)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        self.run(
+            "pg_ctl",
+            &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"],
+        );
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Where the PostgreSQL server binaries are (Debian: /usr/lib/postgresql/<version>/bin).
+fn pg_bindir() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|d| d.join("initdb").exists() && d.join("pg_ctl").exists())
+        .collect();
+    dirs.sort_by_key(|d| {
+        d.parent()
+            .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.pop()
+}

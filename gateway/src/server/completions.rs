@@ -107,9 +107,11 @@ pub async fn shaped<R: respond::Render>(
             tenant,
             parsed,
             render,
-            id,
-            arrived,
-            want_timings,
+            Arrival {
+                id,
+                at: arrived,
+                want_timings,
+            },
             &mut ticket,
         )
         .await
@@ -121,6 +123,15 @@ pub async fn shaped<R: respond::Render>(
     }
     drop(ticket);
     result.map(|r| (r, name.clone())).map_err(|e| (e, name))
+}
+
+/// A request's id and arrival, for [`run`].
+pub struct Arrival {
+    /// The response's id.
+    pub id: String,
+    pub at: Instant,
+    /// The client asked for the server-side timings (`x-cachet-timings`).
+    pub want_timings: bool,
 }
 
 /// The tenant has budget left this period (requests already admitted run to their end).
@@ -176,11 +187,14 @@ pub async fn run(
     tenant: Arc<Tenant>,
     parsed: Parsed,
     render: impl respond::Render,
-    id: String,
-    arrived: Instant,
-    want_timings: bool,
+    arrival: Arrival,
     ticket: &mut Option<respond::Ticket>,
 ) -> Result<Response<Body>, ApiError> {
+    let Arrival {
+        id,
+        at: arrived,
+        want_timings,
+    } = arrival;
     let Parsed {
         input,
         max_tokens,

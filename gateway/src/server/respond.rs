@@ -477,7 +477,7 @@ async fn whole_into(
                 out[i].text.push_str(&text);
                 out[i].reason = reason;
                 out[i].stop_sequence = stop_sequence;
-                sum.add(&meta, i, &usage, &timings);
+                sum.add(meta, i, &usage, &timings);
                 left -= 1;
             }
             None => return Err(ApiError::internal("the engine ended the stream early")),

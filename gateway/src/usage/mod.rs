@@ -260,13 +260,15 @@ impl UsageLog {
         if r.cost_usd > 0.0 {
             let mut spend = self.spend.lock().expect("spend lock");
             let s = spend.entry(r.tenant.clone()).or_default();
-            let now = now_ms();
+            // Spend counts in the period the request arrived in.
             for (period, slot) in [(Period::Day, &mut s.day), (Period::Month, &mut s.month)] {
-                let (start, _) = period.bounds(now);
-                if slot.0 != start {
+                let (start, _) = period.bounds(r.at_ms);
+                if start > slot.0 {
                     *slot = (start, 0.0);
                 }
-                slot.1 += r.cost_usd;
+                if start == slot.0 {
+                    slot.1 += r.cost_usd;
+                }
             }
         }
         match self.tx.try_send(Msg::Record(Box::new(r))) {

@@ -1,0 +1,132 @@
+//! The usage log against its two stores — an SQLite file and a real PostgreSQL server (Debian's,
+//! started here) — through the same checks: records written in batches off the caller's
+//! thread, summaries by day and model, spend that survives a reopen.
+
+use cachet_gateway::usage::{day_of, now_ms, Period, Price, Record, Store, UsageLog};
+
+fn record(tenant: &str, model: &str, at_ms: i64, tokens: (u64, u64, u64)) -> Record {
+    Record {
+        at_ms,
+        request_id: format!("chatcmpl-{at_ms}"),
+        tenant: tenant.into(),
+        key_id: "0123456789ab".into(),
+        model: model.into(),
+        endpoint: "/v1/chat/completions".into(),
+        status: 200,
+        prompt_tokens: tokens.0,
+        cached_tokens: tokens.1,
+        completion_tokens: tokens.2,
+        ttft_ms: Some(12.5),
+        e2e_ms: 80.0,
+        route: Some("embedded".into()),
+        cost_usd: 0.0,
+    }
+}
+
+fn prices() -> Vec<Price> {
+    vec![Price {
+        model: "smollm2".into(),
+        input_per_mtok: 1.0,
+        cached_input_per_mtok: Some(0.25),
+        output_per_mtok: 4.0,
+    }]
+}
+
+fn exercise(url: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let now = now_ms();
+    let yesterday = now - 86_400_000;
+    let (today, before) = (day_of(now), day_of(yesterday));
+    let log = UsageLog::open(url, prices()).unwrap();
+    // 600 records (more than two batches) over two days, two models, two tenants.
+    for i in 0..600u64 {
+        let at = if i % 3 == 0 { yesterday } else { now };
+        let model = if i % 5 == 0 { "other" } else { "smollm2" };
+        let tenant = if i % 2 == 0 { "a" } else { "b" };
+        log.record(record(tenant, model, at, (100 + i, 64, 10)));
+    }
+    assert_eq!(log.dropped(), 0);
+    let rows = rt.block_on(log.summary("a", &before, &today)).unwrap();
+    // Expected sums, computed here from the same records.
+    let mut want = std::collections::BTreeMap::new();
+    for i in (0..600u64).filter(|i| i % 2 == 0) {
+        let day = if i % 3 == 0 { &before } else { &today };
+        let model = if i % 5 == 0 { "other" } else { "smollm2" };
+        let e = want
+            .entry((day.clone(), model.to_string()))
+            .or_insert((0u64, 0u64, 0u64, 0u64, 0f64));
+        e.0 += 1;
+        e.1 += 100 + i;
+        e.2 += 64;
+        e.3 += 10;
+        if model == "smollm2" {
+            e.4 += prices()[0].cost(100 + i, 64, 10);
+        }
+    }
+    assert_eq!(rows.len(), want.len(), "{rows:?}");
+    for r in &rows {
+        let w = want[&(r.day.clone(), r.model.clone())];
+        assert_eq!(
+            (
+                r.requests,
+                r.prompt_tokens,
+                r.cached_tokens,
+                r.completion_tokens
+            ),
+            (w.0, w.1, w.2, w.3),
+            "{r:?}"
+        );
+        assert!((r.cost_usd - w.4).abs() < 1e-9, "{r:?} vs {}", w.4);
+    }
+    let spent_a = log.spent("a", Period::Day);
+    let today_cost: f64 = want
+        .iter()
+        .filter(|((d, _), _)| *d == today)
+        .map(|(_, w)| w.4)
+        .sum();
+    assert!(
+        (spent_a - today_cost).abs() < 1e-9,
+        "{spent_a} vs {today_cost}"
+    );
+    // Reopened (a restart): the records are there, and so is today's spend.
+    drop(log);
+    let log = UsageLog::open(url, prices()).unwrap();
+    assert!((log.spent("a", Period::Day) - today_cost).abs() < 1e-9);
+    assert!(log.spent("b", Period::Month) > 0.0);
+    let again = rt.block_on(log.summary("a", &before, &today)).unwrap();
+    assert_eq!(again, rows);
+    assert_eq!(Store::open(url).unwrap().count().unwrap(), 600);
+}
+
+#[test]
+fn sqlite_keeps_records_and_spend_across_a_reopen() {
+    let dir = std::env::temp_dir().join(format!("cachet-usage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("usage.db");
+    let _ = std::fs::remove_file(&db);
+    exercise(&format!("sqlite:{}", db.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn postgres_keeps_records_and_spend_across_a_reopen() {
+    let Some(pg) = cachet_tests::PgServer::start() else {
+        eprintln!("skipped: no PostgreSQL server binaries here (apt install postgresql)");
+        return;
+    };
+    exercise(&pg.url);
+}
+
+#[test]
+fn bad_store_urls_say_what_to_give() {
+    for (url, want) in [
+        ("mysql://x", "sqlite:PATH or postgres://"),
+        ("sqlite:", "needs a file path"),
+        ("sqlite:/nonexistent-dir/x/usage.db", "opening"),
+    ] {
+        let e = UsageLog::open(url, vec![]).unwrap_err().to_string();
+        assert!(e.contains(want), "{url}: {e}");
+    }
+}
