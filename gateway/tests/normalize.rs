@@ -346,8 +346,9 @@ fn a_prompt_shares_whole_blocks_of_the_declared_public_prefix_and_nothing_else()
         assert!(e.contains(want), "{e}");
     }
     // The example config's declaration and prices load.
-    let file = cachet_gateway::config::ConfigFile::parse(include_str!("../../examples/cachet.toml"))
-        .unwrap();
+    let file =
+        cachet_gateway::config::ConfigFile::parse(include_str!("../../examples/cachet.toml"))
+            .unwrap();
     let example = PublicPrefixes::new(&file.public_prefix, &tok, 16).unwrap();
     assert_eq!(example.prefixes().len(), 1);
     assert!(file.price.iter().all(|p| p.validate().is_ok()) && !file.price.is_empty());

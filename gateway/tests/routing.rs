@@ -181,7 +181,16 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
     let key = dir.join("hash.key");
     std::fs::write(&key, "ab".repeat(32)).unwrap();
     let key = key.to_str().unwrap().to_string();
+    // Tenant r, and tenant p, who shares only the operator's public prefix (the billing prompt)
+    // with r.
     let cfg = route_tenant(&dir);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text += &tenant("p", "sk-public");
+    text += &format!(
+        "[[public_prefix]]\nname = \"billing\"\nsystem = \"{}\"\n",
+        system("billing")
+    );
+    std::fs::write(&cfg, text).unwrap();
     let cfg = cfg.to_str().unwrap().to_string();
     let (p1, p2, pp, pr) = (free_port(), free_port(), free_port(), free_port());
     let w1 = cachet(&[
@@ -239,6 +248,20 @@ fn prefix_routing_finds_the_worker_that_holds_the_prefix_and_survives_a_dead_wor
     assert!(
         moved(&before, &after).contains(&3),
         "all three went to one worker: {before:?} → {after:?}"
+    );
+    // Another tenant's request under the public prefix is routed to the worker that holds its
+    // public blocks (the gateway and the workers hash them alike) and finds exactly those.
+    let (code, r) = chat_as(&bp, "sk-public", &sys, "Where is my invoice?", 2);
+    assert_eq!(code, 200, "{r}");
+    let prompt = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached(&r) >= 48 && cached(&r) < prompt / 16 * 16,
+        "the public part only: {r}"
+    );
+    let now = routed(&bp);
+    assert!(
+        moved(&before, &now).contains(&4),
+        "the fourth went elsewhere: {before:?} → {now:?}"
     );
     // Round robin: the same pattern under a fresh prompt alternates workers, so the second
     // request lands where nothing is cached.
