@@ -357,6 +357,27 @@ impl Scheduler {
             .collect()
     }
 
+    /// Under fair sharing with a prefill cap, the tenants whose prompt tokens per step are
+    /// capped: those holding more sequence slots than their share, while another tenant has
+    /// requests.
+    fn capped_tenants(&self) -> Vec<String> {
+        if !self.config.fair_share
+            || self.config.fair_prefill_cap == 0
+            || !self.config.enable_chunked_prefill
+        {
+            return Vec::new();
+        }
+        let shares = self.slot_shares();
+        if shares.len() < 2 {
+            return Vec::new();
+        }
+        shares
+            .iter()
+            .filter(|(_, (fair, held))| held > fair)
+            .map(|(t, _)| t.to_string())
+            .collect()
+    }
+
     /// The waiting request next in line: under fair sharing the tenant furthest below its
     /// share, then the policy inside it.
     fn next_waiting(&self, now: Instant) -> Option<usize> {
@@ -425,6 +446,8 @@ impl Scheduler {
         self.counters.spec_active = speculate as u64;
 
         let held = self.held_prefills(now);
+        let capped = self.capped_tenants();
+        let mut cap_left = self.config.fair_prefill_cap;
 
         // 1. Running requests, in order: decodes and unfinished prefill chunks.
         let mut i = 0;
@@ -465,7 +488,12 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let num_new = want.min(budget);
+            let is_capped = want > 1 && capped.contains(&self.running[i].req.tag);
+            let num_new = if is_capped {
+                want.min(budget).min(cap_left)
+            } else {
+                want.min(budget)
+            };
             let wait = want > 1 && held.contains(&self.running[i].req.tag);
             if num_new == 0 || wait {
                 i += 1;
@@ -502,6 +530,9 @@ impl Scheduler {
             out.scheduled
                 .push(self.entry(s, num_computed, toks, num_new == want, Vec::new()));
             budget -= num_new;
+            if is_capped {
+                cap_left -= num_new;
+            }
             i += 1;
         }
         // Budget spent on requests that were preempted later in the loop comes back.
@@ -551,7 +582,15 @@ impl Scheduler {
                 if !self.config.enable_chunked_prefill && want > budget {
                     break;
                 }
-                let num_new = want.min(budget);
+                let is_capped = capped.contains(&s.req.tag);
+                let num_new = if is_capped {
+                    want.min(budget).min(cap_left)
+                } else {
+                    want.min(budget)
+                };
+                if num_new == 0 {
+                    break; // the capped tenant's prompt tokens for this step are spent
+                }
                 if !self
                     .kv
                     .allocate_slots(s.id, &hit, num_computed, num_new, &s.block_hashes)
@@ -572,6 +611,9 @@ impl Scheduler {
                 self.charge(&entry, &s);
                 out.scheduled.push(entry);
                 budget -= num_new;
+                if is_capped {
+                    cap_left -= num_new;
+                }
                 self.running.push(s);
             }
         }

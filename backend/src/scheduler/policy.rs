@@ -47,6 +47,12 @@ pub struct SchedulerConfig {
     /// tenant.
     #[serde(default)]
     pub fair_share: bool,
+    /// Under fair sharing, most prompt tokens per step for the tenants holding more sequence
+    /// slots than their share while another tenant has requests (0: no cap). Short steps while
+    /// a flood prefills keep a light tenant's wait for the step in flight short; the light
+    /// tenant's own prefill is not capped.
+    #[serde(default)]
+    pub fair_prefill_cap: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -59,6 +65,7 @@ impl Default for SchedulerConfig {
             aging_tokens_per_sec: 100.0,
             max_model_len: 4096,
             fair_share: false,
+            fair_prefill_cap: 0,
         }
     }
 }

@@ -537,3 +537,71 @@ fn a_protected_prefill_runs_without_the_flooding_tenants_chunks_but_with_its_dec
     let out = s.schedule(t0);
     assert!(out.scheduled.iter().any(|sc| sc.id == 2));
 }
+
+/// With a prefill cap, a tenant over its share of the slots prefills at most the cap per step
+/// while another tenant has requests; the other's prefill is not capped, and alone the tenant
+/// gets the whole budget.
+#[test]
+fn a_flooding_tenants_prefill_is_capped_per_step_while_another_tenant_has_work() {
+    let t0 = Instant::now();
+    // Prompts that share no block (the prefix cache would shorten them).
+    let distinct = |tenant: &str, seed: u32, len: u32| {
+        let mut r = tenant_request(tenant, 1.0, 0, 4);
+        r.prompt = (0..len).map(|k| 1000 * (seed + 1) + k).collect();
+        r
+    };
+    let mut config = make_config(64, 4);
+    config.fair_share = true;
+    config.fair_prefill_cap = 16;
+    // Alone: the whole budget.
+    let mut s = make_scheduler(64, config.clone());
+    for id in 0..3 {
+        add(&mut s, id, distinct("a", id as u32, 40), t0);
+    }
+    assert_eq!(s.schedule(t0).num_batched_tokens, 64);
+    // Beside b: a holds 3 of 4 slots (its share is 2) and gets 16 prompt tokens a step; b's
+    // prompt goes in whole.
+    let mut s = make_scheduler(64, config);
+    for id in 0..3 {
+        add(&mut s, id, distinct("a", id as u32, 40), t0);
+    }
+    add(&mut s, 100, distinct("b", 100, 30), t0);
+    let out = s.schedule(t0);
+    let by = |t: &str, out: &SchedulerOutput| -> usize {
+        out.scheduled
+            .iter()
+            .filter(|sc| s.get(sc.id).unwrap().req.tag == t)
+            .map(|sc| sc.num_new())
+            .sum()
+    };
+    // The first step admits in counter order before any tenant holds slots.
+    let first_a = by("a", &out);
+    feed(&mut s, &out, 9, t0);
+    let mut capped_steps = 0;
+    for _ in 0..6 {
+        let holds_a = s.running.iter().filter(|x| x.req.tag == "a").count();
+        let out = s.schedule(t0);
+        let prefill_a: usize = out
+            .scheduled
+            .iter()
+            .filter(|sc| s.get(sc.id).unwrap().req.tag == "a" && sc.num_new() > 1)
+            .map(|sc| sc.num_new())
+            .sum();
+        if holds_a > 2 && prefill_a > 0 {
+            assert!(prefill_a <= 16, "a prefilled {prefill_a} tokens in a step");
+            capped_steps += 1;
+        }
+        feed(&mut s, &out, 9, t0);
+    }
+    let b = s.get(100).unwrap();
+    assert!(
+        b.num_computed >= 30,
+        "b's prompt ran whole: {}",
+        b.num_computed
+    );
+    assert!(first_a > 0);
+    assert!(
+        capped_steps > 0,
+        "no step had a over its share with a prompt left"
+    );
+}

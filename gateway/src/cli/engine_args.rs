@@ -70,6 +70,12 @@ pub struct EngineArgs {
     /// flood then does not become another's latency.
     #[arg(long)]
     pub fair_share: bool,
+    /// With --fair-share: most prompt tokens per step for tenants holding more than their share
+    /// of the sequence slots while another tenant has requests (0: no cap). Short steps while a
+    /// flood prefills keep a light tenant's wait for the step in flight short; its own prefill
+    /// is not capped.
+    #[arg(long, default_value_t = 256)]
+    pub fair_prefill_cap: usize,
     /// Idle cached KV blocks are shared between tenants by their `share`: eviction takes from
     /// the tenant furthest over its share, so one tenant scanning unique prompts does not evict
     /// another's hot prefix. `false`: one LRU for everyone.
@@ -314,6 +320,7 @@ impl EngineArgs {
                 policy,
                 max_model_len: a.max_model_len,
                 fair_share: a.fair_share,
+                fair_prefill_cap: a.fair_prefill_cap,
                 ..Default::default()
             },
             enable_prefix_caching: a.enable_prefix_caching,

@@ -146,18 +146,21 @@ async fn arrivals(
     }
 }
 
-/// One configuration: A and B (A at `load_a` capacities, none for "B alone").
+/// One configuration: A at `load_a` capacities (0: B alone) and B; under fair sharing with a
+/// prefill cap of `cap` tokens.
 fn run_one(
     a: &FairArgs,
     name: &str,
     policy: &str,
     fair: bool,
     capacity: f64,
-    with_a: bool,
+    load_a: f64,
+    cap: usize,
 ) -> anyhow::Result<RunResult> {
     let mut e = a.engine.clone();
     e.scheduling_policy = policy.into();
     e.fair_share = fair;
+    e.fair_prefill_cap = cap;
     let started = e.start([1; 32])?;
     let h = started.engine.handle();
     let vocab = started.tokenizer.vocab_size() as u32;
@@ -173,7 +176,7 @@ fn run_one(
         let fa = arrivals(
             h.clone(),
             "a",
-            if with_a { a.load_a * capacity } else { 0.0 },
+            load_a * capacity,
             a,
             11,
             vocab,
@@ -256,15 +259,30 @@ pub fn run(a: FairArgs) -> anyhow::Result<()> {
         "capacity: {cap:.2} requests/s ({} prompt + {} output tokens)",
         a.prompt_len, a.output_len
     );
+    // B alone; B beside a neighbour that keeps within what the engine can do (the cost of
+    // sharing a busy engine at all); then the flood under each policy.
+    let prefill_cap = a.engine.fair_prefill_cap;
+    let within = (1.0 - a.load_b).max(0.1);
     let runs = [
-        ("B alone", "fcfs", false, false),
-        ("FCFS", "fcfs", false, true),
-        ("priority (today's default)", "priority", false, true),
-        ("fair share", "priority", true, true),
+        ("B alone", "fcfs", false, 0.0, 0),
+        (
+            "B beside A within capacity (FCFS)",
+            "fcfs",
+            false,
+            within,
+            0,
+        ),
+        ("FCFS", "fcfs", false, a.load_a, 0),
+        ("priority (today's default)", "priority", false, a.load_a, 0),
+        ("fair share, no prefill cap", "priority", true, a.load_a, 0),
+        ("fair share", "priority", true, a.load_a, prefill_cap),
     ];
     let mut results = Vec::new();
-    for (name, policy, fair, with_a) in runs {
-        let r = run_one(&a, name, policy, fair, cap, with_a)?;
+    for (name, policy, fair, load_a, prefill_cap) in runs {
+        if name == "fair share, no prefill cap" && a.engine.fair_prefill_cap == 0 {
+            continue; // the same run as the last
+        }
+        let r = run_one(&a, name, policy, fair, cap, load_a, prefill_cap)?;
         println!(
             "{name}: B TTFT p50 {:.3} s p95 {:.3} s ({} of {} refused), A {} of {} refused, {:.0} tokens/s",
             percentile(&r.b.ttft, 50.0),
@@ -278,10 +296,13 @@ pub fn run(a: FairArgs) -> anyhow::Result<()> {
         results.push(r);
     }
     let alone = percentile(&results[0].b.ttft, 95.0);
-    let fcfs_tput = results[1].tokens_per_s;
+    let fcfs_tput = results
+        .iter()
+        .find(|r| r.name == "FCFS")
+        .map_or(1.0, |r| r.tokens_per_s);
     let mut md = format!(
         "# Noisy neighbour: tenant A at {}× capacity, B at {}×\n\n\
-         capacity {cap:.2} requests/s ({} prompt + {} output tokens, `--max-num-seqs {}`), {} s of arrivals per run\n\n\
+         capacity {cap:.2} requests/s ({} prompt + {} output tokens, `--max-num-seqs {}`, `--fair-prefill-cap {prefill_cap}`), {} s of arrivals per run\n\n\
          | run | B TTFT P50 (s) | B TTFT P95 (s) | B P95 / alone | B refused | A refused | tokens/s | / FCFS |\n\
          |---|---|---|---|---|---|---|---|\n",
         a.load_a, a.load_b, a.prompt_len, a.output_len, a.engine.max_num_seqs, a.duration
@@ -299,7 +320,8 @@ pub fn run(a: FairArgs) -> anyhow::Result<()> {
             r.a.refused,
             r.a.offered,
             r.tokens_per_s,
-            if r.a.offered == 0 {
+            // Only the floods offer the same load as FCFS.
+            if r.name.starts_with("B ") {
                 "—".to_string()
             } else {
                 format!("{:.2}×", r.tokens_per_s / fcfs_tput)
