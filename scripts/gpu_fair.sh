@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# The noisy-neighbour benchmark on the H200 (8B shape, dummy bf16 weights, SmolLM2's tokenizer),
-# in one call. Carry the stripped, xz-compressed binary in .carry/cachet.xz and SmolLM2's GGUF as
-# /tmp/smollm2.gguf (split across carries: see the session notes in BENCHMARKS.md §6).
+# The noisy-neighbour benchmark on the H200 (8B shape, dummy bf16 weights, SmolLM2's tokenizer)
+# in one call, after the CUDA engine and speculative tests of the same build (TESTS=0 skips
+# them). Carry .carry/{cachet,engine-tests,speculative-tests}.xz (stripped, xz) and SmolLM2's
+# GGUF as /tmp/smollm2.gguf (split across earlier carries). Test binaries find their fixtures
+# under the path they were built in: BUILT_IN (default /work/main) is linked to this checkout.
 #   OUT=... scripts/gpu_fair.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
-bin=/tmp/cachet
-[ -x "$bin" ] || { xz -dc .carry/cachet.xz > "$bin" && chmod +x "$bin"; }
+mkdir -p "$(dirname "${BUILT_IN:-/work/main}")" && ln -sfn "$PWD" "${BUILT_IN:-/work/main}"
+for b in cachet engine-tests speculative-tests; do
+  [ -x /tmp/$b ] || [ ! -f .carry/$b.xz ] || { xz -dc .carry/$b.xz > /tmp/$b && chmod +x /tmp/$b; }
+done
 mkdir -p "$CACHET_CACHE_DIR/models/smollm2"
 cp /tmp/smollm2.gguf "$CACHET_CACHE_DIR/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
-"$bin" bench fair --model examples/configs/llama3-8b.json --load-format dummy --tokenizer smollm2 \
+if [ "${TESTS:-1}" = 1 ]; then
+  echo "== engine tests on CUDA"
+  /tmp/engine-tests --ignored --test-threads 1 2>&1 | tee "$out/engine-cuda.txt" | grep -E "^test |test result"
+  echo "== speculative tests on CUDA"
+  /tmp/speculative-tests --ignored --test-threads 1 2>&1 | tee "$out/speculative-cuda.txt" | grep -E "^test |test result"
+fi
+echo "== bench fair, 8B shape"
+/tmp/cachet bench fair --model examples/configs/llama3-8b.json --load-format dummy --tokenizer smollm2 \
   --device cuda --max-num-seqs ${SEQS:-64} --max-num-batched-tokens ${BUDGET:-2048} --prompt-len ${PROMPT:-512} --output-len ${OUTPUT:-128} \
-  --duration ${DURATION:-30} --out "$out/fair-8b${TAG:-}" 2>&1 | grep -v " INFO " | tee "$out/fair-8b${TAG:-}.txt"
+  --fair-prefill-cap ${CAP:-256} --duration ${DURATION:-30} --out "$out/fair-8b${TAG:-}" 2>&1 | grep -v " INFO " | tee "$out/fair-8b${TAG:-}.txt"

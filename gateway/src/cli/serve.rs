@@ -381,7 +381,12 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             tracing::info!("shutdown signal: draining");
             let _ = tx.send(true);
         });
+        let usage = state.usage.clone();
         server::serve(listener, state, tls_config, rx, a.conn.limits()).await?;
+        // Drained: every request's record is made; write them before stopping.
+        if let Some(u) = usage {
+            tokio::task::spawn_blocking(move || u.flush()).await?;
+        }
         anyhow::Ok(())
     })?;
     drop(engine);

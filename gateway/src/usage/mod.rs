@@ -188,6 +188,8 @@ pub struct DayRow {
 
 enum Msg {
     Record(Box<Record>),
+    /// Write what is held, then answer.
+    Flush(mpsc::Sender<()>),
     /// Days `from..=to` of a tenant, by day and model.
     Summary {
         tenant: String,
@@ -284,6 +286,15 @@ impl UsageLog {
                     );
                 }
             }
+        }
+    }
+
+    /// Writes every record made so far and waits for it (at most 10 s): a clean stop loses
+    /// nothing.
+    pub fn flush(&self) {
+        let (tx, rx) = mpsc::channel();
+        if self.tx.send(Msg::Flush(tx)).is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(10));
         }
     }
 
@@ -392,6 +403,11 @@ fn writer(mut store: Store, rx: Receiver<Msg>) {
                     flush(&mut store, &mut batch);
                     first = None;
                 }
+            }
+            Msg::Flush(done) => {
+                flush(&mut store, &mut batch);
+                first = None;
+                let _ = done.send(());
             }
             Msg::Summary {
                 tenant,

@@ -268,12 +268,25 @@ fn usage_is_recorded_budgets_refuse_and_records_survive_a_kill() {
     assert!(answered >= 8, "only {answered} answers in 3 s");
     assert!(lost as usize <= cachet_gateway::usage::MAX_BATCH);
     // Restarted on the same store: the records are there, and b is still over its budget.
-    let (_server, base) = start_with(&config, &flags);
+    let (mut server, base) = start_with(&config, &flags);
     let url = format!("{base}/v1/chat/completions");
     let (code, _, body) = post_i(&url, "sk-b", &ask(1, false));
     assert_eq!(code, 429, "{body}");
     assert!(body.contains("budget_exceeded"), "{body}");
     let (_, u) = usage_of(&base, "adm-a", "");
     assert_eq!(u["total"]["requests"].as_u64(), Some(recorded), "{u}");
+    // A clean stop (SIGTERM: drain) loses nothing: the last request's record is written.
+    let (code, _, body) = post_i(&url, "sk-a", &ask(1, false));
+    assert_eq!(code, 200, "{body}");
+    let pid = server.0.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let _ = server.0.wait();
+    let log = cachet_gateway::usage::UsageLog::open(&db, vec![]).unwrap();
+    let rows = rt.block_on(log.summary("a", &today, &today)).unwrap();
+    assert_eq!(rows.iter().map(|r| r.requests).sum::<u64>(), recorded + 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
