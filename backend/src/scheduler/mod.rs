@@ -73,14 +73,7 @@ pub struct Scheduler {
     device_samples: bool,
     /// The tenants' virtual token counters (used under `fair_share`).
     pub fair: fair::FairShare,
-    /// Under fair sharing with a prefill cap: tenants seen with requests in the last
-    /// [`RECENT_TENANT`], when last and with what share. A light tenant is idle between its
-    /// requests; its next one must still find short steps.
-    recent: HashMap<String, (Instant, f32)>,
 }
-
-/// How long a tenant counts as present for the prefill cap after its last request.
-pub const RECENT_TENANT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
@@ -95,7 +88,6 @@ impl Scheduler {
             step_cost: StepCost::default(),
             device_samples: false,
             fair: fair::FairShare::default(),
-            recent: HashMap::new(),
         }
     }
 
@@ -366,45 +358,23 @@ impl Scheduler {
     }
 
     /// Under fair sharing with a prefill cap, the tenants whose prompt tokens per step are
-    /// capped: those holding more sequence slots than their share of `max_num_seqs` split
-    /// between the tenants with requests and those seen in the last [`RECENT_TENANT`] — so
-    /// while another tenant is present or recently was.
-    fn capped_tenants(&mut self, now: Instant) -> Vec<String> {
+    /// capped: those holding more sequence slots than their share, while another tenant has
+    /// requests.
+    fn capped_tenants(&self) -> Vec<String> {
         if !self.config.fair_share
             || self.config.fair_prefill_cap == 0
             || !self.config.enable_chunked_prefill
         {
             return Vec::new();
         }
-        for s in self.running.iter().chain(self.waiting.iter()) {
-            match self.recent.get_mut(s.req.tag.as_str()) {
-                Some(e) => *e = (now, s.req.share),
-                None => {
-                    self.recent.insert(s.req.tag.clone(), (now, s.req.share));
-                }
-            }
-        }
-        self.recent
-            .retain(|_, (at, _)| now.saturating_duration_since(*at) < RECENT_TENANT);
-        if self.recent.len() < 2 {
+        let shares = self.slot_shares();
+        if shares.len() < 2 {
             return Vec::new();
         }
-        let mut held: HashMap<&str, f64> = HashMap::new();
-        for s in self.running.iter() {
-            *held.entry(s.req.tag.as_str()).or_default() += 1.0;
-        }
-        let total: f64 = self
-            .recent
-            .values()
-            .map(|(_, share)| share.max(1e-3) as f64)
-            .sum();
-        self.recent
+        shares
             .iter()
-            .filter(|(t, (_, share))| {
-                let fair = self.config.max_num_seqs as f64 * share.max(1e-3) as f64 / total;
-                held.get(t.as_str()).copied().unwrap_or(0.0) > fair
-            })
-            .map(|(t, _)| t.clone())
+            .filter(|(_, (fair, held))| held > fair)
+            .map(|(t, _)| t.to_string())
             .collect()
     }
 
@@ -476,7 +446,7 @@ impl Scheduler {
         self.counters.spec_active = speculate as u64;
 
         let held = self.held_prefills(now);
-        let capped = self.capped_tenants(now);
+        let capped = self.capped_tenants();
         let mut cap_left = self.config.fair_prefill_cap;
 
         // 1. Running requests, in order: decodes and unfinished prefill chunks.

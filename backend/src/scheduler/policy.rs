@@ -48,8 +48,7 @@ pub struct SchedulerConfig {
     #[serde(default)]
     pub fair_share: bool,
     /// Under fair sharing, most prompt tokens per step for the tenants holding more sequence
-    /// slots than their share while another tenant has requests or had some in the last
-    /// [`super::RECENT_TENANT`] (0: no cap). Short steps while
+    /// slots than their share while another tenant has requests (0: no cap). Short steps while
     /// a flood prefills keep a light tenant's wait for the step in flight short; the light
     /// tenant's own prefill is not capped.
     #[serde(default)]

@@ -71,9 +71,9 @@ pub struct EngineArgs {
     #[arg(long)]
     pub fair_share: bool,
     /// With --fair-share: most prompt tokens per step for tenants holding more than their share
-    /// of the sequence slots while another tenant has requests or had some in the last 30 s (0:
-    /// no cap). Short steps while a flood prefills keep a light tenant's wait for the step in
-    /// flight short; its own prefill is not capped.
+    /// of the sequence slots while another tenant has requests (0: no cap). Short steps while a
+    /// flood prefills keep a light tenant's wait for the step in flight short; its own prefill
+    /// is not capped.
     #[arg(long, default_value_t = 256)]
     pub fair_prefill_cap: usize,
     /// Idle cached KV blocks are shared between tenants by their `share`: eviction takes from
