@@ -5,18 +5,7 @@
 # GGUF as /tmp/smollm2.gguf (split across earlier carries). Test binaries find their fixtures
 # under the path they were built in: BUILT_IN (default /work/main) is linked to this checkout.
 #   OUT=... scripts/gpu_fair.sh
-set -uo pipefail
-out=${OUT:-gpu-out}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
-mkdir -p "$(dirname "${BUILT_IN:-/work/main}")" && ln -sfn "$PWD" "${BUILT_IN:-/work/main}"
-for b in cachet engine-tests speculative-tests; do
-  [ -x /tmp/$b ] || [ ! -f .carry/$b.xz ] || { xz -dc .carry/$b.xz > /tmp/$b && chmod +x /tmp/$b; }
-done
-mkdir -p "$CACHET_CACHE_DIR/models/smollm2"
-cp /tmp/smollm2.gguf "$CACHET_CACHE_DIR/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
+source "$(dirname "$0")/gpu_common.sh"
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== engine tests on CUDA"
   /tmp/engine-tests --ignored --test-threads 1 2>&1 | tee "$out/engine-cuda.txt" | grep -E "^test |test result"

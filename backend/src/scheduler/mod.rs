@@ -321,11 +321,7 @@ impl Scheduler {
     /// above them) has the next prefill that can run — a running one, or the waiting request
     /// next in line when it can get a slot. Its first token then does not wait on their long
     /// prompts; their decodes still run. Empty when no tenant is under its share.
-    fn held_prefills(&self, now: Instant) -> Vec<String> {
-        if !self.config.fair_share {
-            return Vec::new();
-        }
-        let shares = self.slot_shares();
+    fn held_prefills(&self, now: Instant, shares: &HashMap<&str, (f64, f64)>) -> Vec<String> {
         let under = |t: &str| shares[t].1 < shares[t].0;
         let mut best: Option<(f64, &str)> = None;
         for s in self
@@ -360,15 +356,11 @@ impl Scheduler {
     /// Under fair sharing with a prefill cap, the tenants whose prompt tokens per step are
     /// capped: those holding more sequence slots than their share, while another tenant has
     /// requests.
-    fn capped_tenants(&self) -> Vec<String> {
-        if !self.config.fair_share
-            || self.config.fair_prefill_cap == 0
+    fn capped_tenants(&self, shares: &HashMap<&str, (f64, f64)>) -> Vec<String> {
+        if self.config.fair_prefill_cap == 0
             || !self.config.enable_chunked_prefill
+            || shares.len() < 2
         {
-            return Vec::new();
-        }
-        let shares = self.slot_shares();
-        if shares.len() < 2 {
             return Vec::new();
         }
         shares
@@ -445,8 +437,16 @@ impl Scheduler {
             .is_some_and(|c| decoding <= c.disable_by_batch_size);
         self.counters.spec_active = speculate as u64;
 
-        let held = self.held_prefills(now);
-        let capped = self.capped_tenants();
+        // Each tenant's share of the slots, once per step (fair sharing only).
+        let (held, capped) = if self.config.fair_share {
+            let shares = self.slot_shares();
+            (
+                self.held_prefills(now, &shares),
+                self.capped_tenants(&shares),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let mut cap_left = self.config.fair_prefill_cap;
 
         // 1. Running requests, in order: decodes and unfinished prefill chunks.

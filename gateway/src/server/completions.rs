@@ -152,10 +152,7 @@ fn check_budget(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
         tenant: tenant.id().into(),
         spent: b.spent_usd,
         budget: usd,
-        period: match period {
-            crate::usage::Period::Day => "day",
-            crate::usage::Period::Month => "month",
-        },
+        period: period.name(),
         retry_after: std::time::Duration::from_secs(left),
     }
     .into())

@@ -54,19 +54,12 @@ impl Ticket {
             log,
             record: crate::usage::Record {
                 at_ms: crate::usage::now_ms() - arrived.elapsed().as_millis() as i64,
-                request_id: String::new(),
                 tenant: tenant.to_string(),
                 key_id,
                 model: model.to_string(),
                 endpoint: endpoint.to_string(),
                 status: 499,
-                prompt_tokens: 0,
-                cached_tokens: 0,
-                completion_tokens: 0,
-                ttft_ms: None,
-                e2e_ms: 0.0,
-                route: None,
-                cost_usd: 0.0,
+                ..Default::default()
             },
             arrived,
             first_token: None,
@@ -79,7 +72,7 @@ impl Drop for Ticket {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         self.record.e2e_ms = ms(self.arrived.elapsed());
         self.record.ttft_ms = self.first_token.map(|t| ms(t - self.arrived));
-        self.log.record(self.record.clone());
+        self.log.record(std::mem::take(&mut self.record));
     }
 }
 

@@ -37,7 +37,7 @@ pub const BATCH_WINDOW: Duration = Duration::from_millis(100);
 const QUEUE: usize = 65_536;
 
 /// One request's usage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     /// When the request arrived (Unix milliseconds).
     pub at_ms: i64,
@@ -105,6 +105,14 @@ pub enum Period {
 }
 
 impl Period {
+    /// `day` or `month`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Month => "month",
+        }
+    }
+
     /// The period holding `ms` (Unix milliseconds): its start and end.
     pub fn bounds(self, ms: i64) -> (i64, i64) {
         let day = ms.div_euclid(DAY_MS);

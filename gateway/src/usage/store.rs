@@ -27,8 +27,10 @@ const INSERT: &str = "INSERT INTO usage_records (at_ms, day, request_id, tenant,
     endpoint, status, prompt_tokens, cached_tokens, completion_tokens, ttft_ms, e2e_ms, route, \
     cost_usd) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
-const SUMMARY: &str = "SELECT day, model, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), \
-    SUM(completion_tokens), SUM(cost_usd) FROM usage_records \
+// The casts: PostgreSQL sums BIGINTs as NUMERIC.
+const SUMMARY: &str = "SELECT day, model, COUNT(*), CAST(SUM(prompt_tokens) AS BIGINT), \
+    CAST(SUM(cached_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT), SUM(cost_usd) \
+    FROM usage_records \
     WHERE tenant = $1 AND day >= $2 AND day <= $3 GROUP BY day, model ORDER BY day, model";
 
 const SPENT: &str =
@@ -173,12 +175,7 @@ impl Store {
                 Ok(rows.collect::<Result<_, _>>()?)
             }
             Store::Postgres(c) => {
-                // PostgreSQL sums BIGINTs as NUMERIC: cast back for the client.
-                let q = SUMMARY
-                    .replace("SUM(prompt_tokens)", "SUM(prompt_tokens)::BIGINT")
-                    .replace("SUM(cached_tokens)", "SUM(cached_tokens)::BIGINT")
-                    .replace("SUM(completion_tokens)", "SUM(completion_tokens)::BIGINT");
-                let rows = c.query(&q, &[&tenant, &from, &to])?;
+                let rows = c.query(SUMMARY, &[&tenant, &from, &to])?;
                 Ok(rows
                     .iter()
                     .map(|r| DayRow {
@@ -211,7 +208,7 @@ impl Store {
         }
     }
 
-    /// Records in the store (for tests and `cachet usage` checks).
+    /// Records in the store.
     pub fn count(&mut self) -> Result<u64, StoreError> {
         let q = "SELECT COUNT(*) FROM usage_records";
         Ok(match self {
