@@ -341,6 +341,15 @@ fn a_prompt_shares_whole_blocks_of_the_declared_public_prefix_and_nothing_else()
             vec![decl(Some(PUBLIC), None), decl(Some(PUBLIC), None)],
             "unique",
         ),
+        (
+            (0..65)
+                .map(|i| PublicPrefixConfig {
+                    name: format!("p{i}"),
+                    ..decl(Some(PUBLIC), None)
+                })
+                .collect(),
+            "at most 64",
+        ),
     ] {
         let e = PublicPrefixes::new(&configs, &tok, 16).unwrap_err();
         assert!(e.contains(want), "{e}");

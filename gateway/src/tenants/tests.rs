@@ -154,6 +154,16 @@ fn bad_configs_say_what_to_fix() {
         "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\npublic_prefix = \"You are\"\n"
     ))
     .contains("unknown field"));
+    for budget in ["0.0", "-5.0", "nan"] {
+        assert!(err(&format!(
+            "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\nbudget_usd = {budget}\n"
+        ))
+        .contains("budget_usd must be a positive number"));
+    }
+    assert!(err(&format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{h}\"]\nbudget_period = \"day\"\n"
+    ))
+    .contains("set both"));
     assert!(err(&format!(
         "[[tenant]]\nid = \"(public)\"\napi_key_sha256 = [\"{h}\"]\n"
     ))

@@ -230,6 +230,12 @@ fn usage_is_recorded_budgets_refuse_and_records_survive_a_kill() {
     );
     let (code, e) = usage_of(&base, "adm-b", "?from=2026-12-01");
     assert_eq!(code, 400, "{e}");
+    let (code, e) = usage_of(&base, "adm-b", "?start=2025-01-01&end=2026-12-01");
+    assert_eq!(
+        (code, e["error"]["param"].as_str()),
+        (400, Some("end")),
+        "{e}"
+    );
     // kill -9 under load: a's clients count the answers they got; the store must hold them all
     // but the batch being gathered.
     let stop = std::sync::atomic::AtomicBool::new(false);
