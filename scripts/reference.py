@@ -6,6 +6,8 @@ dequantiser for SmolLM2, its safetensors loader for the tiny models) and run by 
 
     python scripts/reference.py --gguf ~/.cache/cachet/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --tiny tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied --out tests/fixtures
+    python scripts/reference.py --families tiny-qwen2 tiny-qwen2-yarn tiny-qwen3 \
+        --qwen-gguf ~/.cache/cachet/models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 Tokenizer note: llama.cpp marks SmolLM2's GGUF with pre-tokenizer `smollm`, which splits every digit
 on its own before the GPT-2 byte-level split (as SmolLM2's own tokenizer.json does:
@@ -111,16 +113,130 @@ def tiny(model_dir, out_dir):
     print(name, "ok")
 
 
+# Tiny configs of the other families, built by transformers itself (its own classes and
+# save_pretrained), then every parameter redrawn so biases and norms are not their zero/one
+# initialisation: the fixture directories hold transformers' files, not ours.
+FAMILIES = {
+    "tiny-qwen2": dict(
+        model_type="qwen2", hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=True, max_position_embeddings=2048,
+        use_sliding_window=False, bos_token_id=1, eos_token_id=2),
+    "tiny-qwen2-yarn": dict(
+        model_type="qwen2", hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, vocab_size=300, rms_norm_eps=1e-6,
+        rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=256,
+        use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    "tiny-qwen3": dict(
+        model_type="qwen3", hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=300, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=True, max_position_embeddings=2048,
+        use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+def build_family(name, out_dir):
+    from transformers import AutoConfig
+    spec = dict(FAMILIES[name])
+    cfg = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * (torch.rand_like(p) - 0.5))
+            elif pname.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+            elif "embed_tokens" in pname:
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+    d = os.path.join(out_dir, name)
+    model.save_pretrained(d, safe_serialization=True)
+    print(name, "built by", type(model).__name__)
+    return d
+
+
+def greedy(model, ids, n):
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def tiny_with_greedy(model_dir, out_dir):
+    """tiny() plus 64 greedy tokens after two prompts that share a prefix."""
+    tiny(model_dir, out_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(99)
+    shared = torch.randint(0, vocab, (37,), generator=g).tolist()
+    prompts = [shared + torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 21)]
+    name = os.path.basename(os.path.normpath(model_dir))
+    path = os.path.join(out_dir, f"{name}_reference.json")
+    doc = json.load(open(path))
+    doc["greedy"] = [{"prompt": p, "output": greedy(model, p, 64)} for p in prompts]
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+
+
+QWEN_PROMPTS = [
+    "def quicksort(arr):\n",
+    "The capital of France is",
+    "<|im_start|>user\nWrite a haiku about Rust.<|im_end|>\n<|im_start|>assistant\n",
+    "Ünïcödé 中文 and digits 12345 mixed.",
+]
+
+
+def qwen_gguf(gguf_path, out_dir, name):
+    d, f = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    model.eval()
+    cases = []
+    for p in QWEN_PROMPTS:
+        ids = tok(p, add_special_tokens=False)["input_ids"]
+        logits = model(torch.tensor([ids])).logits[0, -1]
+        cases.append({"prompt": p, "ids": ids, "top5": top_k(logits)})
+    messages = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
+    chat_prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tok(chat_prompt, add_special_tokens=False)["input_ids"]
+    gen = model.generate(torch.tensor([prompt_ids]), max_new_tokens=32, do_sample=False,
+                         eos_token_id=[151645, 151643], pad_token_id=151643)
+    out_ids = gen[0, len(prompt_ids):].tolist()
+    doc = {
+        "source": "transformers %s + torch %s, float32, GGUF dequantised by transformers" % (
+            transformers.__version__, torch.__version__),
+        "gguf": f,
+        "tie_word_embeddings": bool(model.config.tie_word_embeddings),
+        "cases": cases,
+        "greedy_chat": {"messages": messages, "prompt": chat_prompt, "prompt_ids": prompt_ids,
+                        "output_ids": out_ids, "text": tok.decode(out_ids, skip_special_tokens=True)},
+    }
+    with open(os.path.join(out_dir, f"{name}_reference.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, ensure_ascii=False)
+    print(name, ":", doc["greedy_chat"]["text"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", help="SmolLM2 GGUF (from `cachet model fetch smollm2`)")
     ap.add_argument("--tiny", nargs="*", default=[], help="tiny HF model directories made by `cachet model random`")
+    ap.add_argument("--families", nargs="*", default=[], choices=sorted(FAMILIES),
+                    help="tiny models of other families to build with transformers, with references")
+    ap.add_argument("--qwen-gguf", help="Qwen2.5-Coder-0.5B GGUF (from `cachet model fetch qwen2.5-coder-0.5b`)")
     ap.add_argument("--out", default="tests/fixtures")
     a = ap.parse_args()
     if a.gguf:
         smollm2(a.gguf, a.out)
     for d in a.tiny:
         tiny(d, a.out)
+    for name in a.families:
+        tiny_with_greedy(build_family(name, a.out), a.out)
+    if a.qwen_gguf:
+        qwen_gguf(a.qwen_gguf, a.out, "qwen2.5-coder-0.5b")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 //! Model hyper-parameters, read from an HF `config.json` or a GGUF header.
 //!
-//! Only the Llama family is supported (Llama 2/3, SmolLM, Mistral without sliding window, …);
-//! anything else is refused with [`LoadError::UnknownArchitecture`].
+//! The dense decoder families in [`Arch`] are supported (Llama 2/3, SmolLM, Mistral, Qwen2 /
+//! Qwen2.5, Qwen3); anything else is refused with [`LoadError::UnknownArchitecture`], and a
+//! supported family's unsupported variant (a MoE config, an unknown `rope_scaling`, …) with the
+//! field named.
 
 use std::path::Path;
 
@@ -22,11 +24,91 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// Positions divided by `factor` (HF's `linear`).
+    Linear { factor: f64 },
+    /// YaRN: frequencies between interpolation and extrapolation by a ramp over the rotation
+    /// counts `beta_slow..beta_fast`, cos/sin scaled by `attention_factor` (resolved at load from
+    /// `factor`, `mscale`, `mscale_all_dim` as transformers does).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
 }
 
-/// The shape of a Llama-family model.
+/// A decoder family: what its layers hold besides the Llama core (RMSNorm, RoPE, GQA, SwiGLU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// Llama 2/3, SmolLM and their kin.
+    Llama,
+    /// Mistral / Ministral: the Llama layer, optionally with a sliding attention window.
+    Mistral,
+    /// Qwen2 / Qwen2.5: biases on the q, k and v projections.
+    Qwen2,
+    /// Qwen3 (dense): RMSNorm over each q and k head before RoPE, no biases, a `head_dim` of its
+    /// own.
+    Qwen3,
+}
+
+impl Arch {
+    /// Every supported family, as `cachet model list` shows them.
+    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+
+    /// HF's `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+    /// HF's `architectures` entry of the causal-LM class.
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+    /// The family of an HF `model_type` or GGUF `general.architecture` (the same names).
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.model_type() == name)
+    }
+    fn from_hf_class(class: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.hf_class() == class)
+    }
+    /// Whether llama.cpp's converter permuted the q/k rows of this family for its interleaved
+    /// RoPE (it does for Llama and Mistral; Qwen is stored in HF's half-split order).
+    pub fn gguf_permutes_qk(self) -> bool {
+        matches!(self, Arch::Llama | Arch::Mistral)
+    }
+    /// What the family's layers add to the Llama layer, for `cachet model list`.
+    pub fn description(self) -> &'static str {
+        match self {
+            Arch::Llama => "Llama 2/3, SmolLM2: RMSNorm, RoPE (default or llama3 scaling), GQA, SwiGLU",
+            Arch::Mistral => "Mistral / Ministral: the Llama layer (a sliding window is refused where it would apply)",
+            Arch::Qwen2 => "Qwen2 / Qwen2.5 (Coder, Instruct): q/k/v biases",
+            Arch::Qwen3 => "Qwen3 dense: per-head q/k RMSNorm, head_dim of its own",
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.model_type())
+    }
+}
+
+/// The shape of a decoder model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
+    pub arch: Arch,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
@@ -41,6 +123,14 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Biases on the q, k and v projections (Qwen2).
+    pub attention_bias: bool,
+    /// RMSNorm over each q and k head before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Keys a token attends to at most (Mistral's `sliding_window`, Qwen's with
+    /// `use_sliding_window`); `None`: the whole context. The engine refuses a `--max-model-len`
+    /// beyond it, where the window would change the result.
+    pub sliding_window: Option<usize>,
 }
 
 impl ModelConfig {
@@ -58,8 +148,18 @@ impl ModelConfig {
     /// Parameters in the model (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let h = self.hidden_size;
-        let per_layer =
-            h * self.qkv_dim() + self.q_dim() * h + 3 * h * self.intermediate_size + 2 * h;
+        let bias = if self.attention_bias {
+            self.qkv_dim()
+        } else {
+            0
+        };
+        let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let per_layer = h * self.qkv_dim()
+            + self.q_dim() * h
+            + 3 * h * self.intermediate_size
+            + 2 * h
+            + bias
+            + qk_norm;
         let head = if self.tie_word_embeddings {
             0
         } else {
@@ -102,15 +202,16 @@ impl ModelConfig {
             path: path.into(),
             source,
         })?;
-        let arch_ok = raw
+        let arch = raw
             .model_type
             .as_deref()
-            .is_some_and(|t| t == "llama" || t == "mistral")
-            || raw
-                .architectures
-                .iter()
-                .any(|a| a == "LlamaForCausalLM" || a == "MistralForCausalLM");
-        if !arch_ok {
+            .and_then(Arch::from_name)
+            .or_else(|| {
+                raw.architectures
+                    .iter()
+                    .find_map(|a| Arch::from_hf_class(a))
+            });
+        let Some(arch) = arch else {
             let arch = raw
                 .architectures
                 .first()
@@ -121,6 +222,32 @@ impl ModelConfig {
                 path: path.into(),
                 arch,
             });
+        };
+        // Variants of a supported family that this engine does not run, refused by name.
+        for (field, present) in [
+            ("num_experts", raw.num_experts.is_some_and(|n| n > 0)),
+            (
+                "num_local_experts",
+                raw.num_local_experts.is_some_and(|n| n > 0),
+            ),
+            ("mlp_bias", raw.mlp_bias == Some(true)),
+        ] {
+            if present {
+                return Err(LoadError::format(
+                    path,
+                    format!("`{field}` is set: {arch} models with it are not supported (mixture-of-experts layers and MLP biases are not implemented)"),
+                ));
+            }
+        }
+        if let Some(act) = raw.hidden_act.as_deref() {
+            if act != "silu" {
+                return Err(LoadError::format(
+                    path,
+                    format!(
+                        "`hidden_act` is `{act}`: only `silu` (SwiGLU) is supported for {arch}"
+                    ),
+                ));
+            }
         }
         let need = |v: Option<usize>, name: &str| {
             v.ok_or_else(|| LoadError::format(path, format!("config.json lacks `{name}`")))
@@ -140,7 +267,7 @@ impl ModelConfig {
             .unwrap_or(10000.0);
         let rope_scaling = match rope_obj {
             None => RopeScaling::Default,
-            Some(obj) => parse_rope_scaling(obj, path)?,
+            Some(obj) => parse_rope_scaling(obj, raw.max_position_embeddings, path)?,
         };
         let eos_token_ids = match raw.eos_token_id {
             None => vec![],
@@ -160,6 +287,7 @@ impl ModelConfig {
             }
         };
         let cfg = ModelConfig {
+            arch,
             hidden_size,
             intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
             num_hidden_layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
@@ -176,16 +304,31 @@ impl ModelConfig {
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
             bos_token_id: raw.bos_token_id,
             eos_token_ids,
+            attention_bias: match arch {
+                // Qwen2's projections always carry biases (its config has no flag for it).
+                Arch::Qwen2 => true,
+                _ => raw.attention_bias.unwrap_or(false),
+            },
+            qk_norm: arch == Arch::Qwen3,
+            sliding_window: match arch {
+                Arch::Mistral => raw.sliding_window,
+                // Qwen's configs name a window but use it only with `use_sliding_window`.
+                Arch::Qwen2 | Arch::Qwen3 if raw.use_sliding_window == Some(true) => {
+                    raw.sliding_window
+                }
+                _ => None,
+            },
         };
         cfg.validate(path)?;
         Ok(cfg)
     }
 
-    /// Writes this config as an HF `config.json` that transformers loads as `LlamaForCausalLM`.
+    /// Writes this config as an HF `config.json` that transformers loads as the family's
+    /// causal-LM class.
     pub fn to_hf_json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [self.arch.hf_class()],
+            "model_type": self.arch.model_type(),
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -198,10 +341,16 @@ impl ModelConfig {
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
-            "attention_bias": false,
+            "attention_bias": self.attention_bias,
             "mlp_bias": false,
             "torch_dtype": "float32",
         });
+        if let Some(w) = self.sliding_window {
+            v["sliding_window"] = w.into();
+            if matches!(self.arch, Arch::Qwen2 | Arch::Qwen3) {
+                v["use_sliding_window"] = true.into();
+            }
+        }
         if let Some(b) = self.bos_token_id {
             v["bos_token_id"] = b.into();
         }
@@ -227,7 +376,11 @@ impl ModelConfig {
     }
 }
 
-fn parse_rope_scaling(obj: &serde_json::Value, path: &Path) -> Result<RopeScaling, LoadError> {
+fn parse_rope_scaling(
+    obj: &serde_json::Value,
+    max_position_embeddings: Option<usize>,
+    path: &Path,
+) -> Result<RopeScaling, LoadError> {
     let kind = obj
         .get("rope_type")
         .or_else(|| obj.get("type"))
@@ -240,6 +393,50 @@ fn parse_rope_scaling(obj: &serde_json::Value, path: &Path) -> Result<RopeScalin
     };
     match kind {
         "default" => Ok(RopeScaling::Default),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: f("factor")?,
+        }),
+        "yarn" => {
+            let opt = |k: &str| obj.get(k).and_then(|v| v.as_f64());
+            let original = opt("original_max_position_embeddings")
+                .map(|v| v as usize)
+                .or(max_position_embeddings)
+                .ok_or_else(|| {
+                    LoadError::format(
+                        path,
+                        "rope scaling `yarn` lacks `original_max_position_embeddings`",
+                    )
+                })?;
+            let factor = match opt("factor") {
+                Some(f) => f,
+                None => max_position_embeddings.ok_or_else(|| {
+                    LoadError::format(path, "rope scaling `yarn` lacks `factor`")
+                })? as f64
+                    / original as f64,
+            };
+            let mscale = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
+            let attention_factor = match (opt("attention_factor"), opt("mscale"), opt("mscale_all_dim")) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    mscale(factor, m) / mscale(factor, all)
+                }
+                _ => mscale(factor, 1.0),
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: opt("beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: opt("beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
+                attention_factor,
+                truncate: obj.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true),
+            })
+        }
         "llama3" => Ok(RopeScaling::Llama3 {
             factor: f("factor")?,
             low_freq_factor: f("low_freq_factor")?,
@@ -248,7 +445,7 @@ fn parse_rope_scaling(obj: &serde_json::Value, path: &Path) -> Result<RopeScalin
         }),
         other => Err(LoadError::format(
             path,
-            format!("unsupported rope scaling `{other}` (supported: default, llama3)"),
+            format!("unsupported `rope_scaling` type `{other}` (supported: default, linear, llama3, yarn)"),
         )),
     }
 }
@@ -273,4 +470,11 @@ struct RawHfConfig {
     max_position_embeddings: Option<usize>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<serde_json::Value>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
 }

@@ -1,7 +1,7 @@
 //! Cachet's engine library.
 //!
 //! - [`loader`]: HF (`config.json` + safetensors) and GGUF models, tokenizers, `model fetch`.
-//! - [`model`]: the Llama-family forward pass, written once against the [`device::Device`] trait.
+//! - [`model`]: the decoder forward pass of every supported family, written once against the [`device::Device`] trait.
 //! - [`device`]: the devices a model runs on; `cpu` is the reference every other device is held to.
 //! - [`kv`]: the paged KV cache's block bookkeeping.
 //! - [`sampler`], [`generate`]: turning logits into tokens, and a single-sequence generation loop.

@@ -80,3 +80,13 @@ extern "C" __global__ void fill_normal_bf16(bf16* __restrict__ out, unsigned lon
     }
 }
 
+
+// x[t, j] += bias[j] over a flat grid of n * cols elements (the q|k|v biases of Qwen2).
+//   x    : device, bf16 [n, cols], updated in place
+//   bias : device, bf16 [cols]
+extern "C" __global__ void add_bias_bf16(bf16* __restrict__ x, const bf16* __restrict__ bias, int cols,
+                                         unsigned long long total) {
+    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < total;
+         e += (unsigned long long)gridDim.x * blockDim.x)
+        x[e] = f2bf(bf2f(x[e]) + bf2f(bias[e % cols]));
+}

@@ -28,7 +28,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "rms_norm.cu",
         code: include_str!("rms_norm.cu"),
-        symbols: &["rms_norm_bf16", "add_rms_norm_bf16"],
+        symbols: &["rms_norm_bf16", "add_rms_norm_bf16", "head_norm_bf16"],
     },
     KernelSource {
         name: "elementwise.cu",
@@ -39,6 +39,7 @@ pub const SOURCES: &[KernelSource] = &[
             "silu_mul_bf16x8",
             "gather_rows_bf16",
             "fill_normal_bf16",
+            "add_bias_bf16",
         ],
     },
     KernelSource {

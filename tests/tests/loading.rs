@@ -133,7 +133,7 @@ fn truncated_files_are_reported_as_truncated() {
 
 #[test]
 fn gguf_unsupported_quantisation_names_the_type() {
-    // Flip the dtype of the first tensor directory entry to Q5_0 (ggml type 6).
+    // Flip the dtype of the first tensor directory entry to Q3_K (ggml type 11).
     let gguf = std::fs::read(smollm2_path()).unwrap();
     let file = GgufFile::open(&smollm2_path()).unwrap();
     let first = &file.tensors[0].name;
@@ -144,15 +144,106 @@ fn gguf_unsupported_quantisation_names_the_type() {
     let dims = file.tensors[0].dims.len();
     let type_pos = name_pos + first.len() + 4 + 8 * dims;
     let mut bytes = gguf.clone();
-    bytes[type_pos..type_pos + 4].copy_from_slice(&6u32.to_le_bytes());
-    let dir = scratch("q5");
-    let p = dir.join("q5.gguf");
+    bytes[type_pos..type_pos + 4].copy_from_slice(&11u32.to_le_bytes());
+    let dir = scratch("q3k");
+    let p = dir.join("q3k.gguf");
     std::fs::write(&p, bytes).unwrap();
     let e = load_err(&p);
     assert!(
-        matches!(e, LoadError::UnsupportedDtype { ref dtype, .. } if dtype == "Q5_0"),
+        matches!(e, LoadError::UnsupportedDtype { ref dtype, .. } if dtype == "Q3_K"),
         "{e}"
     );
+}
+
+/// Every block format we read, against llama.cpp's own Python dequantiser (gguf-py) on random
+/// blocks (scripts/gguf_blocks_reference.py).
+#[test]
+fn gguf_blocks_dequantise_like_gguf_py() {
+    use cachet_backend::loader::gguf::{dequantize, GgmlType};
+    let reference = read_json("gguf_blocks_reference.json");
+    for t in reference["types"].as_array().unwrap() {
+        let name = t["type"].as_str().unwrap();
+        let ty = GgmlType::from_id(t["id"].as_u64().unwrap() as u32).unwrap();
+        let hex = t["bytes"].as_str().unwrap();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let want: Vec<f32> = t["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let got = dequantize(ty, &bytes, want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                "{name} element {i}: {g} vs gguf-py {w}"
+            );
+        }
+    }
+}
+
+/// Writes `tiny-qwen2` with `edit` applied to its config.json.
+fn edited_qwen2(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let dir = scratch(name);
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixtures().join("tiny-qwen2").join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+/// A config edit, and what the refusal must say.
+type Refusal = (&'static str, fn(&mut serde_json::Value), &'static str);
+
+#[test]
+fn unsupported_variants_of_a_family_are_refused_with_the_field_named() {
+    let cases: [Refusal; 4] = [
+        ("moe", |c| c["num_experts"] = 8.into(), "`num_experts`"),
+        ("mlpbias", |c| c["mlp_bias"] = true.into(), "`mlp_bias`"),
+        (
+            "act",
+            |c| c["hidden_act"] = "gelu".into(),
+            "`hidden_act` is `gelu`",
+        ),
+        (
+            "rope",
+            |c| {
+                c["rope_parameters"] =
+                    serde_json::json!({"rope_type": "longrope", "rope_theta": 1e6})
+            },
+            "`rope_scaling` type `longrope`",
+        ),
+    ];
+    for (name, edit, want) in cases {
+        let e = load_err(&edited_qwen2(name, edit));
+        assert!(e.to_string().contains(want), "{name}: {e}");
+    }
+}
+
+#[test]
+fn a_sliding_window_is_refused_where_it_would_change_the_result() {
+    let dir = edited_qwen2("window", |c| {
+        c["use_sliding_window"] = true.into();
+        c["sliding_window"] = 64.into();
+    });
+    let m = loader::load(dir.to_str().unwrap(), false).unwrap();
+    assert_eq!(m.config.sliding_window, Some(64));
+    let e = match cachet_backend::model::runner::cpu_runner(&m.config, &m.weights, 8, 16, 128) {
+        Ok(_) => panic!("a 128-token context over a 64-token window was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("sliding window of 64") && e.contains("--max-model-len 64"),
+        "{e}"
+    );
+    // Within the window the model serves as it is.
+    assert!(cachet_backend::model::runner::cpu_runner(&m.config, &m.weights, 8, 16, 64).is_ok());
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Devices the model runs on, behind one trait.
 //!
-//! The forward pass ([`crate::model::Llama`]) is written once against [`Device`]; a device owns
+//! The forward pass ([`crate::model::Decoder`]) is written once against [`Device`]; a device owns
 //! its tensor and KV-cache types and implements a handful of fused operations. `cpu` is the f32
 //! reference that every other device is held against; `cuda` (bf16, NVRTC kernels + cuBLAS)
 //! implements the same operations.
@@ -228,7 +228,7 @@ pub struct AttnParams {
     pub scale: f32,
 }
 
-/// A device: tensors, a paged KV cache, and the fused operations the Llama forward needs.
+/// A device: tensors, a paged KV cache, and the fused operations the decoder forward needs.
 /// Activations are 2-D row-major `[tokens, features]`.
 pub trait Device: Send {
     type Tensor: Send;
@@ -276,6 +276,18 @@ pub trait Device: Send {
         batch: &Self::Batch,
         p: &AttnParams,
     ) -> Result<Self::Tensor, DeviceError>;
+    /// `x[r, :] += bias` for every row (the q|k|v biases of Qwen2).
+    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> Result<(), DeviceError>;
+    /// RMSNorm over each q head (weight `q_w`, `[head_dim]`) and each k head (`k_w`) of a fused
+    /// `[n, (h + 2·kvh)·d]` q|k|v tensor, in place; v untouched (Qwen3's q/k norm, before RoPE).
+    fn head_norm(
+        &self,
+        qkv: &mut Self::Tensor,
+        q_w: &Self::Tensor,
+        k_w: &Self::Tensor,
+        eps: f32,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError>;
     /// `silu(gate) · up` of a fused `[n, 2·i]` gate|up tensor.
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
     /// The batch's `logit_rows`.

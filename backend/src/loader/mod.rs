@@ -12,7 +12,7 @@ pub mod random;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{ModelConfig, RopeScaling};
+use crate::config::{Arch, ModelConfig, RopeScaling};
 use crate::error::LoadError;
 use crate::tokenizer::TextTokenizer;
 
@@ -32,6 +32,11 @@ pub struct HostLayer {
     pub gate_up: HostTensor,
     /// `[hidden, intermediate]`
     pub down: HostTensor,
+    /// `[q_dim + 2·kv_dim]`: the q|k|v biases (Qwen2).
+    pub qkv_bias: Option<HostTensor>,
+    /// `[head_dim]` each: RMSNorm weights over every q and every k head (Qwen3).
+    pub q_norm: Option<HostTensor>,
+    pub k_norm: Option<HostTensor>,
 }
 
 #[derive(Debug, Clone)]
@@ -113,7 +118,8 @@ trait TensorSource {
     fn has(&self, name: &str) -> bool;
     fn get(&self, name: &str) -> Result<HostTensor, LoadError>;
     fn names(&self) -> WeightNames;
-    /// Converts a q or k projection to HF's row order (GGUF permutes rows for its RoPE).
+    /// Converts a q or k projection (or its bias, a one-column tensor) to HF's row order (GGUF
+    /// permutes the rows of some families for its RoPE).
     fn fix_qk(&self, t: HostTensor, _n_heads: usize) -> HostTensor {
         t
     }
@@ -137,6 +143,11 @@ enum Part {
     Gate,
     Up,
     Down,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
 }
 
 fn checked(
@@ -184,7 +195,34 @@ fn assemble(
         let vv = checked(src, &n(Part::V), &[cfg.kv_dim(), h])?;
         let gate = checked(src, &n(Part::Gate), &[i, h])?;
         let up = checked(src, &n(Part::Up), &[i, h])?;
+        let column = |t: HostTensor| HostTensor::new(vec![t.data.len(), 1], t.data);
+        let qkv_bias = if cfg.attention_bias {
+            let qb = src.fix_qk(
+                column(checked(src, &n(Part::QBias), &[cfg.q_dim()])?),
+                cfg.num_attention_heads,
+            );
+            let kb = src.fix_qk(
+                column(checked(src, &n(Part::KBias), &[cfg.kv_dim()])?),
+                cfg.num_key_value_heads,
+            );
+            let vb = column(checked(src, &n(Part::VBias), &[cfg.kv_dim()])?);
+            let all = HostTensor::concat_rows(&[qb, kb, vb]);
+            Some(HostTensor::new(vec![cfg.qkv_dim()], all.data))
+        } else {
+            None
+        };
+        let (q_norm, k_norm) = if cfg.qk_norm {
+            (
+                Some(checked(src, &n(Part::QNorm), &[cfg.head_dim])?),
+                Some(checked(src, &n(Part::KNorm), &[cfg.head_dim])?),
+            )
+        } else {
+            (None, None)
+        };
         layers.push(HostLayer {
+            qkv_bias,
+            q_norm,
+            k_norm,
             attn_norm: checked(src, &n(Part::AttnNorm), &[h])?,
             qkv: HostTensor::concat_rows(&[q, k, vv]),
             o_proj: checked(src, &n(Part::O), &[h, cfg.q_dim()])?,
@@ -241,25 +279,69 @@ impl TensorSource for HfSource {
         self.st.tensor(name)
     }
     fn names(&self) -> WeightNames {
-        WeightNames {
-            embed: "model.embed_tokens.weight",
-            final_norm: "model.norm.weight",
-            lm_head: "lm_head.weight",
-            layer: |l, p| {
-                let s = match p {
-                    Part::AttnNorm => "input_layernorm",
-                    Part::Q => "self_attn.q_proj",
-                    Part::K => "self_attn.k_proj",
-                    Part::V => "self_attn.v_proj",
-                    Part::O => "self_attn.o_proj",
-                    Part::MlpNorm => "post_attention_layernorm",
-                    Part::Gate => "mlp.gate_proj",
-                    Part::Up => "mlp.up_proj",
-                    Part::Down => "mlp.down_proj",
-                };
-                format!("model.layers.{l}.{s}.weight")
-            },
+        hf_names()
+    }
+}
+
+/// HF transformers' tensor names.
+fn hf_names() -> WeightNames {
+    WeightNames {
+        embed: "model.embed_tokens.weight",
+        final_norm: "model.norm.weight",
+        lm_head: "lm_head.weight",
+        layer: |l, p| {
+            let s = match p {
+                Part::AttnNorm => "input_layernorm",
+                Part::Q => "self_attn.q_proj",
+                Part::K => "self_attn.k_proj",
+                Part::V => "self_attn.v_proj",
+                Part::O => "self_attn.o_proj",
+                Part::MlpNorm => "post_attention_layernorm",
+                Part::Gate => "mlp.gate_proj",
+                Part::Up => "mlp.up_proj",
+                Part::Down => "mlp.down_proj",
+                Part::QBias => return format!("model.layers.{l}.self_attn.q_proj.bias"),
+                Part::KBias => return format!("model.layers.{l}.self_attn.k_proj.bias"),
+                Part::VBias => return format!("model.layers.{l}.self_attn.v_proj.bias"),
+                Part::QNorm => "self_attn.q_norm",
+                Part::KNorm => "self_attn.k_norm",
+            };
+            format!("model.layers.{l}.{s}.weight")
+        },
+    }
+}
+
+/// Tensors held in memory under HF's names (random models).
+struct MemorySource {
+    tensors: std::collections::HashMap<String, HostTensor>,
+}
+
+impl MemorySource {
+    fn new(tensors: Vec<(String, HostTensor)>) -> Self {
+        MemorySource {
+            tensors: tensors.into_iter().collect(),
         }
+    }
+}
+
+impl TensorSource for MemorySource {
+    fn path(&self) -> &Path {
+        Path::new("<random weights>")
+    }
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    fn get(&self, name: &str) -> Result<HostTensor, LoadError> {
+        self.tensors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| LoadError::MissingTensor {
+                path: self.path().into(),
+                name: name.into(),
+            })
+    }
+    fn names(&self) -> WeightNames {
+        hf_names()
     }
 }
 
@@ -297,6 +379,8 @@ fn hf_meta(dir: &Path) -> Result<ModelMeta, LoadError> {
 struct GgufSource {
     file: gguf::GgufFile,
     head_dim: usize,
+    /// Whether the converter permuted q/k rows (Llama, Mistral).
+    permuted_qk: bool,
 }
 
 impl TensorSource for GgufSource {
@@ -326,13 +410,22 @@ impl TensorSource for GgufSource {
                     Part::Gate => "ffn_gate",
                     Part::Up => "ffn_up",
                     Part::Down => "ffn_down",
+                    Part::QBias => return format!("blk.{l}.attn_q.bias"),
+                    Part::KBias => return format!("blk.{l}.attn_k.bias"),
+                    Part::VBias => return format!("blk.{l}.attn_v.bias"),
+                    Part::QNorm => "attn_q_norm",
+                    Part::KNorm => "attn_k_norm",
                 };
                 format!("blk.{l}.{s}.weight")
             },
         }
     }
     fn fix_qk(&self, t: HostTensor, n_heads: usize) -> HostTensor {
-        unpermute_qk(&t, n_heads, self.head_dim)
+        if self.permuted_qk {
+            unpermute_qk(&t, n_heads, self.head_dim)
+        } else {
+            t
+        }
     }
 }
 
@@ -362,11 +455,21 @@ pub fn unpermute_qk(t: &HostTensor, n_heads: usize, head_dim: usize) -> HostTens
 pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
     let path = file.path();
     let arch = file.get_str("general.architecture")?.to_string();
-    if arch != "llama" && arch != "mistral" {
+    let Some(family) = Arch::from_name(&arch) else {
         return Err(LoadError::UnknownArchitecture {
             path: path.into(),
             arch,
         });
+    };
+    if let Some(n) = file
+        .get(&format!("{arch}.expert_count"))
+        .and_then(|v| v.as_u64())
+        .filter(|&n| n > 0)
+    {
+        return Err(LoadError::format(
+            path,
+            format!("`{arch}.expert_count` is {n}: mixture-of-experts layers are not supported"),
+        ));
     }
     if file.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
         return Err(LoadError::format(
@@ -404,7 +507,7 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
             .get(&k("rope.freq_base"))
             .and_then(|v| v.as_f64())
             .unwrap_or(10000.0),
-        rope_scaling: RopeScaling::Default,
+        rope_scaling: gguf_rope_scaling(file, &arch)?,
         tie_word_embeddings: !file.tensors.iter().any(|t| t.name == "output.weight"),
         max_position_embeddings: file
             .get(&k("context_length"))
@@ -415,9 +518,73 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
             .and_then(|v| v.as_u64())
             .map(|v| v as u32),
         eos_token_ids: eos.map(|e| vec![e as u32]).unwrap_or_default(),
+        attention_bias: file.tensors.iter().any(|t| t.name == "blk.0.attn_q.bias"),
+        qk_norm: file
+            .tensors
+            .iter()
+            .any(|t| t.name == "blk.0.attn_q_norm.weight"),
+        sliding_window: file
+            .get(&k("attention.sliding_window"))
+            .and_then(|v| v.as_u64())
+            .filter(|&w| w > 0)
+            .map(|w| w as usize),
+        arch: family,
     };
     cfg.validate(path)?;
     Ok(cfg)
+}
+
+/// RoPE scaling from GGUF metadata (`{arch}.rope.scaling.*`, as llama.cpp's converter writes it).
+fn gguf_rope_scaling(file: &gguf::GgufFile, arch: &str) -> Result<RopeScaling, LoadError> {
+    let k = |s: &str| format!("{arch}.rope.scaling.{s}");
+    let kind = file
+        .get(&k("type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("none");
+    let factor = || {
+        file.get(&k("factor"))
+            .and_then(|v| v.as_f64())
+            .ok_or_else(|| LoadError::format(file.path(), format!("`{}` is missing", k("factor"))))
+    };
+    match kind {
+        "none" => Ok(RopeScaling::Default),
+        "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
+        "yarn" => {
+            let factor = factor()?;
+            let original = file
+                .get(&k("original_context_length"))
+                .and_then(|v| v.as_u64())
+                .ok_or_else(|| {
+                    LoadError::format(
+                        file.path(),
+                        format!("`{}` is missing", k("original_context_length")),
+                    )
+                })? as usize;
+            let attention_factor = file
+                .get(&k("attn_factor"))
+                .and_then(|v| v.as_f64())
+                .unwrap_or(if factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * factor.ln() + 1.0
+                });
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor,
+                truncate: true,
+            })
+        }
+        other => Err(LoadError::format(
+            file.path(),
+            format!(
+                "`{}` is `{other}`: supported are none, linear, yarn",
+                k("type")
+            ),
+        )),
+    }
 }
 
 /// Loads a GGUF file: weights (dequantised), shape and tokenizer from its metadata.
@@ -426,6 +593,7 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
     let meta = gguf_meta(&file, path)?;
     let src = GgufSource {
         head_dim: meta.config.head_dim,
+        permuted_qk: meta.config.arch.gguf_permutes_qk(),
         file,
     };
     let weights = assemble(&src, &meta.config, progress)?;
@@ -436,8 +604,16 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
 pub fn gguf_meta(file: &gguf::GgufFile, path: &Path) -> Result<ModelMeta, LoadError> {
     let mut config = gguf_config(file)?;
     let tokenizer = gguf_tokenizer::from_gguf(file)?;
-    // Chat models stop at their end-of-turn token too.
-    for special in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>"] {
+    // Chat models stop at their end-of-turn token too (Qwen's generation config also names its
+    // end of text).
+    let qwen_end: &[&str] = match config.arch {
+        Arch::Qwen2 | Arch::Qwen3 => &["<|endoftext|>"],
+        _ => &[],
+    };
+    for special in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>"]
+        .iter()
+        .chain(qwen_end)
+    {
         if let Some(id) = tokenizer.token_id(special) {
             if !config.eos_token_ids.contains(&id) {
                 config.eos_token_ids.push(id);

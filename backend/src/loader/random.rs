@@ -1,11 +1,11 @@
-//! Random weights for any Llama config: tiny models for tests (saved as real HF directories that
+//! Random weights for any supported config: tiny models for tests (saved as real HF directories that
 //! transformers loads) and real shapes for performance work (`--load-format dummy`).
 
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use super::{HostLayer, HostTensor, HostWeights};
+use super::{HostTensor, HostWeights};
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::rng::Rng;
@@ -53,6 +53,16 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
             p("self_attn.o_proj"),
             normal(&mut rng, vec![h, cfg.q_dim()], s_in(cfg.q_dim())),
         ));
+        if cfg.attention_bias {
+            let b = |s: &str| format!("model.layers.{l}.self_attn.{s}.bias");
+            out.push((b("q_proj"), normal(&mut rng, vec![cfg.q_dim()], 0.5)));
+            out.push((b("k_proj"), normal(&mut rng, vec![cfg.kv_dim()], 0.5)));
+            out.push((b("v_proj"), normal(&mut rng, vec![cfg.kv_dim()], 0.5)));
+        }
+        if cfg.qk_norm {
+            out.push((p("self_attn.q_norm"), norm_weight(&mut rng, cfg.head_dim)));
+            out.push((p("self_attn.k_norm"), norm_weight(&mut rng, cfg.head_dim)));
+        }
         out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
         out.push((p("mlp.gate_proj"), normal(&mut rng, vec![i, h], s_in(h))));
         out.push((p("mlp.up_proj"), normal(&mut rng, vec![i, h], s_in(h))));
@@ -68,41 +78,11 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
     out
 }
 
-/// Random weights for `cfg`, fused the way devices consume them.
+/// Random weights for `cfg`, fused the way devices consume them (through the loader's own
+/// assembly, as if read from the HF directory [`save_random_hf_dir`] writes).
 pub fn random_weights(cfg: &ModelConfig, seed: u64) -> HostWeights {
-    let mut t: std::collections::HashMap<String, HostTensor> =
-        random_hf_tensors(cfg, seed).into_iter().collect();
-    let mut take = |n: String| t.remove(&n).expect("generated above");
-    let layers = (0..cfg.num_hidden_layers)
-        .map(|l| {
-            let mut p = |s: &str| take(format!("model.layers.{l}.{s}.weight"));
-            let (an, q, k, v, o, mn, g, u, d) = (
-                p("input_layernorm"),
-                p("self_attn.q_proj"),
-                p("self_attn.k_proj"),
-                p("self_attn.v_proj"),
-                p("self_attn.o_proj"),
-                p("post_attention_layernorm"),
-                p("mlp.gate_proj"),
-                p("mlp.up_proj"),
-                p("mlp.down_proj"),
-            );
-            HostLayer {
-                attn_norm: an,
-                qkv: HostTensor::concat_rows(&[q, k, v]),
-                o_proj: o,
-                mlp_norm: mn,
-                gate_up: HostTensor::concat_rows(&[g, u]),
-                down: d,
-            }
-        })
-        .collect();
-    HostWeights {
-        embed: take("model.embed_tokens.weight".into()),
-        layers,
-        final_norm: take("model.norm.weight".into()),
-        lm_head: (!cfg.tie_word_embeddings).then(|| take("lm_head.weight".into())),
-    }
+    let src = super::MemorySource::new(random_hf_tensors(cfg, seed));
+    super::assemble(&src, cfg, false).expect("random tensors have the config's shapes")
 }
 
 /// Writes `config.json` + `model.safetensors` (f32) for a random model.

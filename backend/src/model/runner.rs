@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 
-use super::llama::{Llama, Logits};
+use super::decoder::{Decoder, Logits};
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice, CudaOptions};
@@ -149,7 +149,7 @@ const DEVICE_RESERVE: usize = 2 << 30;
 
 pub struct ModelRunner<D: Device> {
     dev: D,
-    model: Llama<D>,
+    model: Decoder<D>,
     kv: D::Kv,
     layout: KvLayout,
     graphs: Option<GraphReport>,
@@ -164,9 +164,19 @@ impl<D: Device> ModelRunner<D> {
         weights: WeightSource<'_>,
         opts: &RunnerOptions,
     ) -> Result<Self, EngineError> {
+        if let Some(w) = config.sliding_window.filter(|&w| opts.max_model_len > w) {
+            return Err(EngineError::InvalidRequest(format!(
+                "this {} model attends over a sliding window of {w} tokens (`sliding_window`), which \
+                 the engine does not implement yet: serve it with --max-model-len {w} or less, \
+                 where the window changes nothing",
+                config.arch
+            )));
+        }
         let model = match weights {
-            WeightSource::Host(w) => Llama::new(&dev, config, w, opts.max_model_len)?,
-            WeightSource::Dummy { seed } => Llama::random(&dev, config, seed, opts.max_model_len)?,
+            WeightSource::Host(w) => Decoder::new(&dev, config, w, opts.max_model_len)?,
+            WeightSource::Dummy { seed } => {
+                Decoder::random(&dev, config, seed, opts.max_model_len)?
+            }
         };
         let mut layout = KvLayout {
             num_layers: config.num_hidden_layers,

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use cachet_backend::config::{ModelConfig, RopeScaling};
+use cachet_backend::config::{Arch, ModelConfig, RopeScaling};
 use cachet_backend::loader::{fetch, random};
 use clap::Subcommand;
 
@@ -15,7 +15,8 @@ pub enum ModelCommand {
         /// Model name, e.g. `smollm2`. `cachet model list` shows them.
         name: String,
     },
-    /// List the models `fetch` knows and whether each is in the cache.
+    /// List the model architectures the engine runs, and the models `fetch` knows with whether
+    /// each is in the cache.
     List,
     /// Write an HF model directory (config.json + model.safetensors) with deterministic random
     /// weights: for tests, and for performance work on real shapes.
@@ -35,6 +36,7 @@ pub enum ModelCommand {
 /// The default tiny shape: odd sizes, GQA, llama3 rope scaling.
 pub fn tiny_config() -> ModelConfig {
     ModelConfig {
+        arch: Arch::Llama,
         hidden_size: 72,
         intermediate_size: 200,
         num_hidden_layers: 2,
@@ -54,6 +56,9 @@ pub fn tiny_config() -> ModelConfig {
         max_position_embeddings: 2048,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        attention_bias: false,
+        qk_norm: false,
+        sliding_window: None,
     }
 }
 
@@ -79,6 +84,11 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ModelCommand::List => {
+            println!("architectures (HF `model_type` / GGUF `general.architecture`):");
+            for a in Arch::ALL {
+                println!("  {:10} {}", a.model_type(), a.description());
+            }
+            println!("\nmodels `cachet model fetch` knows:");
             for k in fetch::KNOWN {
                 let p = fetch::cached_path(k);
                 let state = if p.exists() {

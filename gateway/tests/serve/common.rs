@@ -84,6 +84,17 @@ pub fn start_under(
     log: Option<&std::path::Path>,
 ) -> (Server, String) {
     cachet_tests::smollm2_path();
+    start_model(config, cachet_tests::SMOLLM2_CPU, extra, open_files, log)
+}
+
+/// Starts `cachet serve` on the model `model_args` name (`--model …` and its device flags).
+pub fn start_model(
+    config: &str,
+    model_args: &[&str],
+    extra: &[&str],
+    open_files: Option<u32>,
+    log: Option<&std::path::Path>,
+) -> (Server, String) {
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("cachet-serve-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -100,7 +111,7 @@ pub fn start_under(
         None => Command::new(env!("CARGO_BIN_EXE_cachet")),
     };
     cmd.arg("serve")
-        .args(cachet_tests::SMOLLM2_CPU)
+        .args(model_args)
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--config")
@@ -121,7 +132,7 @@ pub fn start_under(
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
+            t0.elapsed() < Duration::from_secs(120),
             "cachet serve did not start"
         );
         std::thread::sleep(Duration::from_millis(100));

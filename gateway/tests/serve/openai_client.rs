@@ -25,3 +25,31 @@ fn the_official_openai_client_works_against_cachet_serve_over_tls() {
         ],
     );
 }
+
+/// Qwen2.5-Coder-0.5B-Instruct (qwen2: q/k/v biases, K-quant GGUF, its own chat template) served
+/// on the CPU, driven by the official client.
+#[test]
+fn the_official_openai_client_chats_with_qwen25_coder() {
+    cachet_tests::qwen05_path();
+    let config = format!(
+        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-test-acme")
+    );
+    let site = openai_site();
+    let model = [
+        "--model",
+        "qwen2.5-coder-0.5b",
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "1024",
+        "--gpu-memory-utilization",
+        "0.9",
+    ];
+    let (_server, base) = start_model(&config, &model, &[], None, None);
+    python_check(
+        "qwen_check.py",
+        &site,
+        &[("BASE_URL", &base), ("KEY", "sk-test-acme")],
+    );
+}

@@ -235,6 +235,41 @@ impl Device for CpuDevice {
         Ok(attention::paged_attention(qkv, kv, layer, b, p))
     }
 
+    fn add_bias(&self, x: &mut CpuTensor, bias: &CpuTensor) -> Result<(), DeviceError> {
+        if bias.data.len() != x.cols {
+            return Err(DeviceError::Op {
+                device: "cpu",
+                op: "add_bias",
+                msg: format!("bias of {} for {} columns", bias.data.len(), x.cols),
+            });
+        }
+        x.data
+            .par_chunks_mut(x.cols)
+            .for_each(|r| r.iter_mut().zip(&bias.data).for_each(|(v, b)| *v += b));
+        Ok(())
+    }
+
+    fn head_norm(
+        &self,
+        qkv: &mut CpuTensor,
+        q_w: &CpuTensor,
+        k_w: &CpuTensor,
+        eps: f32,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError> {
+        let d = p.head_dim;
+        let mut head = vec![0.0f32; d];
+        for row in qkv.data.chunks_mut(qkv.cols) {
+            for h in 0..p.num_heads + p.num_kv_heads {
+                let w = if h < p.num_heads { q_w } else { k_w };
+                let x = &mut row[h * d..(h + 1) * d];
+                head.copy_from_slice(x);
+                rms_norm_row(&head, &w.data, eps, x);
+            }
+        }
+        Ok(())
+    }
+
     fn silu_mul(&self, gu: &CpuTensor) -> Result<CpuTensor, DeviceError> {
         let i = gu.cols / 2;
         let mut out = vec![0.0f32; gu.rows * i];

@@ -30,6 +30,9 @@ pub const COMBINE_THREADS: u32 = 512;
 /// Output elements a combine block merges (COMBINE_ELEMS).
 pub const COMBINE_ELEMS: usize = 128;
 
+/// Most head_dim of head_norm_bf16 (32 lanes × HEAD_NORM_MAX_PER_LANE in rms_norm.cu).
+pub const HEAD_NORM_MAX_D: usize = 256;
+
 /// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
 pub const GEMV_ROWS: [usize; 3] = [1, 2, 4];
 /// Rows served by gemv.cu unless CACHET_GEMV says otherwise: up to two. Measured on the H200
@@ -63,6 +66,8 @@ pub fn attention_smem_bytes(d: usize) -> u32 {
 pub struct Kernels {
     pub rms_norm: CudaFunction,
     pub add_rms_norm: CudaFunction,
+    pub head_norm: CudaFunction,
+    pub add_bias: CudaFunction,
     pub embed: CudaFunction,
     pub silu_mul: CudaFunction,
     pub silu_mul_x8: CudaFunction,
@@ -124,6 +129,8 @@ impl Kernels {
         let k = Kernels {
             rms_norm: f("rms_norm_bf16")?,
             add_rms_norm: f("add_rms_norm_bf16")?,
+            head_norm: f("head_norm_bf16")?,
+            add_bias: f("add_bias_bf16")?,
             embed: f("embed_bf16")?,
             silu_mul: f("silu_mul_bf16")?,
             silu_mul_x8: f("silu_mul_bf16x8")?,

@@ -7,9 +7,10 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
     ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
-    MMA_THREADS,
+    HEAD_NORM_MAX_D, MMA_THREADS,
 };
-use super::{op_err, CudaDevice};
+use super::{op_err, CudaDevice, DEV};
+use crate::device::AttnParams;
 use crate::error::DeviceError;
 
 /// Threads of a token-selection block (`SAMPLE_THREADS` / `LOGPROB_THREADS` in sampling.cu).
@@ -131,6 +132,66 @@ impl CudaDevice {
         l.arg(x).arg(w).arg(out).arg(&c).arg(&eps);
         // SAFETY: x and out hold rows × cols elements, w cols; one block per row.
         unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("rms_norm"))?;
+        Ok(())
+    }
+
+    /// `head_norm_bf16(bf16 qkv[n, (h + 2·kvh)·d] (in/out), bf16 q_w[d], bf16 k_w[d], int h, int
+    /// kvh, int d, float eps)`: one warp per (token, q or k head).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_head_norm(
+        &self,
+        qkv: &mut CudaSlice<u16>,
+        q_w: &CudaSlice<u16>,
+        k_w: &CudaSlice<u16>,
+        n: usize,
+        p: &AttnParams,
+        eps: f32,
+    ) -> Result<(), DeviceError> {
+        if p.head_dim > HEAD_NORM_MAX_D {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "head_norm",
+                msg: format!("head_dim {} is above {HEAD_NORM_MAX_D}", p.head_dim),
+            });
+        }
+        let (h, kvh, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
+        let mut l = self.stream.launch_builder(&self.k.head_norm);
+        l.arg(qkv)
+            .arg(q_w)
+            .arg(k_w)
+            .arg(&h)
+            .arg(&kvh)
+            .arg(&d)
+            .arg(&eps);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, (p.num_heads + p.num_kv_heads) as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: qkv holds n × (h + 2·kvh)·d elements, q_w and k_w d each; d ≤ HEAD_NORM_MAX_D
+        // (checked above), so every lane's elements are in its registers.
+        unsafe { l.launch(cfg) }.map_err(op_err("head_norm"))?;
+        Ok(())
+    }
+
+    /// `add_bias_bf16(bf16 x[n, cols] (in/out), bf16 bias[cols], int cols, u64 n·cols)`.
+    pub(super) fn launch_add_bias(
+        &self,
+        x: &mut CudaSlice<u16>,
+        bias: &CudaSlice<u16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), DeviceError> {
+        let (c, total) = (cols as i32, (rows * cols) as u64);
+        let mut l = self.stream.launch_builder(&self.k.add_bias);
+        l.arg(x).arg(bias).arg(&c).arg(&total);
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256).min(4096) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x holds rows × cols elements, bias cols; grid-stride loop.
+        unsafe { l.launch(cfg) }.map_err(op_err("add_bias"))?;
         Ok(())
     }
 

@@ -288,6 +288,42 @@ impl Device for CudaDevice {
         self.paged_attention(qkv, rope, kv, layer, b, p)
     }
 
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<(), DeviceError> {
+        self.timed("add_bias", || {
+            let (rows, cols) = (x.rows, x.cols);
+            if bias.rows * bias.cols != cols {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "add_bias",
+                    msg: format!("bias of {} for {cols} columns", bias.rows * bias.cols),
+                });
+            }
+            if rows > 0 {
+                let b = bias.bf16("add_bias")?;
+                self.launch_add_bias(x.bf16_mut("add_bias")?, b, rows, cols)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn head_norm(
+        &self,
+        qkv: &mut CudaTensor,
+        q_w: &CudaTensor,
+        k_w: &CudaTensor,
+        eps: f32,
+        p: &AttnParams,
+    ) -> Result<(), DeviceError> {
+        self.timed("head_norm", || {
+            let n = qkv.rows;
+            if n > 0 {
+                let (q, k) = (q_w.bf16("head_norm")?, k_w.bf16("head_norm")?);
+                self.launch_head_norm(qkv.bf16_mut("head_norm")?, q, k, n, p, eps)?;
+            }
+            Ok(())
+        })
+    }
+
     fn silu_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
         self.timed("silu_mul", || {
             let i = gu.cols / 2;

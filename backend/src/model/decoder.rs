@@ -1,5 +1,7 @@
-//! The Llama-family forward pass, written once against [`Device`]: RMSNorm, RoPE, grouped-query
-//! attention over the paged KV cache, SwiGLU MLP, (tied) LM head.
+//! The decoder forward pass of every supported family ([`crate::config::Arch`]), written once
+//! against [`Device`]: RMSNorm, RoPE, grouped-query attention over the paged KV cache, SwiGLU MLP,
+//! (tied) LM head — plus what a family adds to its layers (Qwen2's q/k/v biases, Qwen3's
+//! per-head q/k norm), each present or absent in a layer's weights.
 
 use super::rope;
 use crate::config::ModelConfig;
@@ -10,6 +12,9 @@ use crate::loader::HostWeights;
 struct Layer<T> {
     attn_norm: T,
     qkv: T,
+    qkv_bias: Option<T>,
+    /// (q, k) head-norm weights.
+    qk_norm: Option<(T, T)>,
     o_proj: T,
     mlp_norm: T,
     gate_up: T,
@@ -26,7 +31,7 @@ fn attn_params(config: &ModelConfig) -> AttnParams {
 }
 
 /// Model weights resident on a device.
-pub struct Llama<D: Device> {
+pub struct Decoder<D: Device> {
     pub config: ModelConfig,
     embed: D::Tensor,
     layers: Vec<Layer<D::Tensor>>,
@@ -51,7 +56,7 @@ impl Logits {
     }
 }
 
-impl<D: Device> Llama<D> {
+impl<D: Device> Decoder<D> {
     /// Uploads `weights`; positions up to `max_positions` get RoPE tables.
     pub fn new(
         dev: &D,
@@ -67,6 +72,11 @@ impl<D: Device> Llama<D> {
                 Ok(Layer {
                     attn_norm: up(&l.attn_norm)?,
                     qkv: up(&l.qkv)?,
+                    qkv_bias: l.qkv_bias.as_ref().map(up).transpose()?,
+                    qk_norm: match (&l.q_norm, &l.k_norm) {
+                        (Some(q), Some(k)) => Some((up(q)?, up(k)?)),
+                        _ => None,
+                    },
                     o_proj: up(&l.o_proj)?,
                     mlp_norm: up(&l.mlp_norm)?,
                     gate_up: up(&l.gate_up)?,
@@ -74,7 +84,7 @@ impl<D: Device> Llama<D> {
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
-        Ok(Llama {
+        Ok(Decoder {
             config: config.clone(),
             embed: up(&weights.embed)?,
             layers,
@@ -115,13 +125,26 @@ impl<D: Device> Llama<D> {
             layers.push(Layer {
                 attn_norm: rnd(&[h], 1.0, 0.05)?,
                 qkv: rnd(&[config.qkv_dim(), h], 0.0, s(h))?,
+                qkv_bias: if config.attention_bias {
+                    Some(rnd(&[config.qkv_dim()], 0.0, 0.5)?)
+                } else {
+                    None
+                },
+                qk_norm: if config.qk_norm {
+                    Some((
+                        rnd(&[config.head_dim], 1.0, 0.05)?,
+                        rnd(&[config.head_dim], 1.0, 0.05)?,
+                    ))
+                } else {
+                    None
+                },
                 o_proj: rnd(&[h, config.q_dim()], 0.0, s(config.q_dim()))?,
                 mlp_norm: rnd(&[h], 1.0, 0.05)?,
                 gate_up: rnd(&[2 * i, h], 0.0, s(h))?,
                 down: rnd(&[h, i], 0.0, s(i))?,
             });
         }
-        Ok(Llama {
+        Ok(Decoder {
             config: config.clone(),
             embed: rnd(&[v, h], 0.0, 1.0)?,
             layers,
@@ -157,7 +180,7 @@ impl<D: Device> Llama<D> {
         })
     }
 
-    /// Like [`Llama::forward`], leaving the logits (`[logit_rows, vocab]`) on the device.
+    /// Like [`Decoder::forward`], leaving the logits (`[logit_rows, vocab]`) on the device.
     pub fn forward_logits(
         &self,
         dev: &D,
@@ -202,6 +225,12 @@ impl<D: Device> Llama<D> {
                 eps,
                 &layer.qkv,
             )?;
+            if let Some(bias) = &layer.qkv_bias {
+                dev.add_bias(&mut qkv, bias)?;
+            }
+            if let Some((q_w, k_w)) = &layer.qk_norm {
+                dev.head_norm(&mut qkv, q_w, k_w, eps, &self.attn)?;
+            }
             let attn = dev.attention(&mut qkv, &self.rope, kv, l, b, &self.attn)?;
             let o = dev.linear(&attn, &layer.o_proj)?;
             let act = dev.norm_swiglu(

@@ -1,0 +1,173 @@
+//! The model families besides Llama against HF transformers: tiny random-weight models that
+//! transformers itself built and saved (`scripts/reference.py --families`), and the real
+//! Qwen2.5-Coder-0.5B GGUF (`cachet model fetch qwen2.5-coder-0.5b`, dequantised by transformers'
+//! own GGUF reader for the reference). Logits within tolerance, greedy identical over 64 tokens
+//! through the engine with prefix caching, chunked prefill and batching on.
+
+use cachet_backend::config::Arch;
+use cachet_backend::engine::EngineConfig;
+use cachet_backend::generate::{generate, GenerateParams};
+use cachet_backend::loader::{self, LoadedModel};
+use cachet_backend::scheduler::SchedulerConfig;
+use cachet_backend::tokenizer::ChatMessage;
+use cachet_tests::*;
+
+const FAMILIES: [(&str, Arch); 3] = [
+    ("tiny-qwen2", Arch::Qwen2),
+    ("tiny-qwen2-yarn", Arch::Qwen2),
+    ("tiny-qwen3", Arch::Qwen3),
+];
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+        })
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap()
+}
+
+device_test! {
+    fn tiny_families_logits_match_transformers(dev) {
+        for (name, arch) in FAMILIES {
+            let m = tiny(name);
+            assert_eq!(m.config.arch, arch, "{name}: the family read from config.json");
+            let reference = read_json(&format!("{name}_reference.json"));
+            let mut r = device_runner(dev, &m, 16);
+            // f32 on the CPU; bf16 weights and activations on a GPU.
+            let tol = if dev == DeviceKind::Cpu { 1e-4 } else { 3e-2 };
+            for case in reference["cases"].as_array().unwrap() {
+                let ids = ids_of(&case["ids"]);
+                let want = floats(&case["logits"]);
+                let got = all_logits(r.as_mut(), &ids);
+                let err = rel_err(&got.data, &want);
+                assert!(err <= tol, "{name}, {} tokens: relative error {err:e}", ids.len());
+                let v = got.vocab;
+                let last = ids.len() - 1;
+                assert_eq!(
+                    argmax(got.row(last)),
+                    argmax(&want[last * v..(last + 1) * v]),
+                    "{name}, {} tokens: top-1 of the last position",
+                    ids.len()
+                );
+            }
+        }
+    }
+}
+
+device_test! {
+    fn tiny_families_greedy_64_tokens_like_transformers_with_caching_chunking_batching(dev) {
+        for (name, _) in FAMILIES {
+            let m = tiny(name);
+            let reference = read_json(&format!("{name}_reference.json"));
+            let cases: Vec<(Vec<u32>, Vec<u32>)> = reference["greedy"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"])))
+                .collect();
+            // Alone, one sequence a step.
+            let mut r = device_runner(dev, &m, 32);
+            for (prompt, want) in &cases {
+                let params = GenerateParams { max_tokens: 64, ..Default::default() };
+                let out = generate(r.as_mut(), prompt, &params, |_| true).unwrap();
+                assert_greedy_agrees(dev, &m, prompt, want, &out.tokens, &format!("{name} alone"));
+            }
+            // Through the engine: both prompts at once (batched), 16-token steps (chunked
+            // prefill interleaved with decode), twice (the second round hits the prefix cache:
+            // the 37 shared tokens and the whole first prompts).
+            let cfg = EngineConfig {
+                scheduler: SchedulerConfig { max_num_batched_tokens: 16, ..Default::default() },
+                ..Default::default()
+            };
+            let e = engine(dev, &m, 64, cfg);
+            let h = e.handle();
+            for round in 0..2 {
+                let streams: Vec<_> = cases
+                    .iter()
+                    .map(|(p, _)| h.submit(greedy_request(p.clone(), 64)).unwrap())
+                    .collect();
+                for (s, (prompt, want)) in streams.into_iter().zip(&cases) {
+                    let got = collect(s);
+                    let what = format!("{name} engine round {round}");
+                    assert_greedy_agrees(dev, &m, prompt, want, &got.tokens, &what);
+                    if round == 1 {
+                        assert!(got.usage.cached_tokens >= 32, "{what}: prefix cache hit");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct, loaded once per test binary.
+fn qwen05() -> &'static LoadedModel {
+    static MODEL: std::sync::OnceLock<LoadedModel> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| loader::load(qwen05_path().to_str().unwrap(), false).unwrap())
+}
+
+device_test! {
+    fn qwen25_coder_05b_matches_transformers(dev) {
+        let m = qwen05();
+        assert_eq!(m.config.arch, Arch::Qwen2);
+        assert!(m.config.attention_bias);
+        let reference = read_json("qwen2.5-coder-0.5b_reference.json");
+        let tok = m.tokenizer.as_ref().unwrap();
+        let mut r = device_runner(dev, m, 64);
+        // f32 on the CPU (transformers dequantises to the same f32 values); bf16 on a GPU.
+        let tol = if dev == DeviceKind::Cpu { 2e-3 } else { 5e-2 };
+        for case in reference["cases"].as_array().unwrap() {
+            let prompt = case["prompt"].as_str().unwrap();
+            let ids = ids_of(&case["ids"]);
+            assert_eq!(tok.encode(prompt).unwrap(), ids, "tokenization of {prompt:?}");
+            let logits = all_logits(r.as_mut(), &ids);
+            let last = logits.row(ids.len() - 1);
+            let top5 = case["top5"].as_array().unwrap();
+            // bf16 may reorder a near tie; the reference's top two here are 0.28 – 6.2 apart.
+            let gap = top5[0]["logit"].as_f64().unwrap() - top5[1]["logit"].as_f64().unwrap();
+            if dev == DeviceKind::Cpu || gap > 0.5 {
+                assert_eq!(
+                    argmax(last),
+                    top5[0]["id"].as_u64().unwrap() as usize,
+                    "{prompt:?}: top-1"
+                );
+            }
+            for want in top5 {
+                let (id, logit) = (want["id"].as_u64().unwrap() as usize, want["logit"].as_f64().unwrap());
+                let err = (last[id] as f64 - logit).abs() / logit.abs().max(1.0);
+                assert!(err <= tol, "{prompt:?}: token {id}: {} vs {logit} ({err:e})", last[id]);
+            }
+        }
+        // The chat template and a greedy answer.
+        let chat = &reference["greedy_chat"];
+        let msgs: Vec<ChatMessage> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let prompt = tok.render_chat(&msgs, true).unwrap();
+        assert_eq!(prompt, chat["prompt"].as_str().unwrap(), "chat template rendering");
+        let ids = tok.encode(&prompt).unwrap();
+        assert_eq!(ids, ids_of(&chat["prompt_ids"]));
+        let want = ids_of(&chat["output_ids"]);
+        let params = GenerateParams {
+            max_tokens: want.len(),
+            stop_token_ids: m.config.eos_token_ids.clone(),
+            ..Default::default()
+        };
+        let out = generate(r.as_mut(), &ids, &params, |_| true).unwrap();
+        let got: Vec<u32> = out.tokens.iter().copied().filter(|t| !m.config.eos_token_ids.contains(t)).collect();
+        let want: Vec<u32> = want.into_iter().filter(|t| !m.config.eos_token_ids.contains(t)).collect();
+        assert_greedy_agrees(dev, m, &ids, &want, &got, "Qwen2.5-Coder-0.5B chat");
+        eprintln!("{}", tok.decode(&got, true).unwrap());
+    }
+}
