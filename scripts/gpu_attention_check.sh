@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick CUDA-vs-CPU logits check of both attention kernels (no model download): random GQA models
 # with head_dim 64 and 128 (tensor-core kernel, group 4, split-K for the short prompts, several
-# units per sequence for the long ones) and the tiny fixtures (CUDA-core kernel). KV="auto fp8"
+# units per sequence for the long ones), the same with sliding windows, and the tiny fixtures
+# (CUDA-core kernel; tiny-gemma3: windows, GeGLU, output norms, scaled embeddings). KV="auto fp8"
 # also checks the FP8 KV cache (CUDA FP8 against the CPU's FP8 reference; looser bound: the two
 # quantize K from bf16 vs f32 rotations, so a few codes round the other way). Each prompt is
 # checked twice: as one prefill, and with its last token as a decode step of its own (the
@@ -10,9 +11,14 @@ set -euo pipefail
 bin=${CACHET:-.carry/cachet}
 "$bin" model random --config examples/configs/small-gqa-d64.json --out /tmp/m64 --seed 3 2>/dev/null
 "$bin" model random --config examples/configs/small-gqa-d128.json --out /tmp/m128 --seed 4 2>/dev/null
+# Sliding windows (Mistral-style, every layer) of 100 and 256 keys: the 300- and 1500-token prompts
+# reach past them, and a decode step over 1500 keys splits the key range, some splits wholly
+# outside the window.
+"$bin" model random --config examples/configs/small-window-d64.json --out /tmp/w64 --seed 5 2>/dev/null
+"$bin" model random --config examples/configs/small-window-d128.json --out /tmp/w128 --seed 6 2>/dev/null
 for kv in ${KV:-auto}; do
 tol=$([ "$kv" = fp8 ] && echo 5e-2 || echo 2e-2)
-for model in /tmp/m64 /tmp/m128 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied; do
+for model in /tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied tests/fixtures/tiny-gemma3; do
   max=$(python3 -c "import json; print(json.load(open('$model/config.json'))['max_position_embeddings'])")
   for n in 1 37 300 1500; do
     [ "$n" -le "$max" ] || continue

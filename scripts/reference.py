@@ -134,6 +134,20 @@ FAMILIES = {
         rope_theta=1000000.0, tie_word_embeddings=True, max_position_embeddings=2048,
         use_sliding_window=False, bos_token_id=1, eos_token_id=2,
         rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # Windows of 8 keys, shorter than the test prompts, so the windows change the result.
+    "tiny-gemma3": dict(
+        model_type="gemma3_text", hidden_size=64, intermediate_size=112, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=300, rms_norm_eps=1e-6,
+        query_pre_attn_scalar=24, sliding_window=8, max_position_embeddings=2048,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    "tiny-mistral-window": dict(
+        model_type="mistral", hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300, rms_norm_eps=1e-5,
+        rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2),
 }
 
 
@@ -146,7 +160,9 @@ def build_family(name, out_dir):
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * (torch.rand_like(p) - 0.5))
+                # Gemma's norms scale by (1 + w): draw w near 0 there.
+                base = 0.0 if cfg.model_type.startswith("gemma") else 1.0
+                p.copy_(base + 0.2 * (torch.rand_like(p) - 0.5))
             elif pname.endswith(".bias"):
                 p.normal_(0.0, 0.5)
             elif "embed_tokens" in pname:

@@ -52,11 +52,32 @@ pub enum Arch {
     /// Qwen3 (dense): RMSNorm over each q and k head before RoPE, no biases, a `head_dim` of its
     /// own.
     Qwen3,
+    /// Gemma 3 (text): local (sliding-window) and global layers with their own RoPE bases,
+    /// GeGLU-tanh, norms before and after each sub-layer with (1 + w) weights, q/k head norm,
+    /// embeddings scaled by √hidden, queries by `query_pre_attn_scalar`^-½.
+    Gemma3,
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SwiGLU: silu(gate) · up.
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (`gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 impl Arch {
     /// Every supported family, as `cachet model list` shows them.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+    ];
 
     /// HF's `model_type`.
     pub fn model_type(self) -> &'static str {
@@ -65,6 +86,14 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3_text",
+        }
+    }
+    /// The GGUF `general.architecture` name.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Arch::Gemma3 => "gemma3",
+            a => a.model_type(),
         }
     }
     /// HF's `architectures` entry of the causal-LM class.
@@ -74,11 +103,16 @@ impl Arch {
             Arch::Mistral => "MistralForCausalLM",
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Gemma3 => "Gemma3ForCausalLM",
         }
     }
-    /// The family of an HF `model_type` or GGUF `general.architecture` (the same names).
+    /// The family of an HF `model_type`.
     pub fn from_name(name: &str) -> Option<Arch> {
         Arch::ALL.into_iter().find(|a| a.model_type() == name)
+    }
+    /// The family of a GGUF `general.architecture`.
+    pub fn from_gguf_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.gguf_name() == name)
     }
     fn from_hf_class(class: &str) -> Option<Arch> {
         Arch::ALL.into_iter().find(|a| a.hf_class() == class)
@@ -95,6 +129,7 @@ impl Arch {
             Arch::Mistral => "Mistral / Ministral: the Llama layer (a sliding window is refused where it would apply)",
             Arch::Qwen2 => "Qwen2 / Qwen2.5 (Coder, Instruct): q/k/v biases",
             Arch::Qwen3 => "Qwen3 dense: per-head q/k RMSNorm, head_dim of its own",
+            Arch::Gemma3 => "Gemma 3 text: local sliding-window + global layers, GeGLU-tanh, sandwich (1+w) norms, q/k norm (CPU; CUDA refuses windows and head_dim 256 for now)",
         }
     }
 }
@@ -127,13 +162,41 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// RMSNorm over each q and k head before RoPE (Qwen3).
     pub qk_norm: bool,
-    /// Keys a token attends to at most (Mistral's `sliding_window`, Qwen's with
-    /// `use_sliding_window`); `None`: the whole context. The engine refuses a `--max-model-len`
-    /// beyond it, where the window would change the result.
+    /// Keys a token attends to at most in a sliding-window layer, itself included (Mistral's
+    /// `sliding_window`, Qwen's with `use_sliding_window`, Gemma 3's local layers); `None`: the
+    /// whole context everywhere.
     pub sliding_window: Option<usize>,
+    /// Which layers slide (HF's `layer_types`); `None`: every layer, when there is a window.
+    #[serde(default)]
+    pub sliding_layers: Option<Vec<bool>>,
+    #[serde(default)]
+    pub hidden_act: Activation,
+    /// Embeddings multiplied by √hidden_size (Gemma).
+    #[serde(default)]
+    pub embed_scale: bool,
+    /// An RMSNorm on each sub-layer's output before it joins the residual stream (Gemma's
+    /// post-attention and post-feed-forward norms).
+    #[serde(default)]
+    pub post_norms: bool,
+    /// The attention's score scale when it is not head_dim^-½ (Gemma: query_pre_attn_scalar^-½).
+    #[serde(default)]
+    pub attention_scale: Option<f64>,
+    /// RoPE base of the sliding-window layers when it differs from the global one (Gemma 3's
+    /// `rope_local_base_freq`; unscaled).
+    #[serde(default)]
+    pub rope_local_theta: Option<f64>,
 }
 
 impl ModelConfig {
+    /// The attention window of layer `l`: `None` attends over the whole context.
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        let slides = self
+            .sliding_layers
+            .as_ref()
+            .is_none_or(|s| s.get(l).copied().unwrap_or(false));
+        self.sliding_window.filter(|_| slides)
+    }
+
     /// Width of the fused q|k|v projection output.
     pub fn qkv_dim(&self) -> usize {
         (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim
@@ -154,12 +217,14 @@ impl ModelConfig {
             0
         };
         let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let post_norms = if self.post_norms { 2 * h } else { 0 };
         let per_layer = h * self.qkv_dim()
             + self.q_dim() * h
             + 3 * h * self.intermediate_size
             + 2 * h
             + bias
-            + qk_norm;
+            + qk_norm
+            + post_norms;
         let head = if self.tie_word_embeddings {
             0
         } else {
@@ -192,6 +257,18 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.vocab_size == 0 || self.num_hidden_layers == 0 {
             return bad("hidden_size, vocab_size and num_hidden_layers must be > 0".into());
         }
+        if let Some(l) = &self.sliding_layers {
+            if l.len() != self.num_hidden_layers {
+                return bad(format!(
+                    "`layer_types` names {} layers, the model has {}",
+                    l.len(),
+                    self.num_hidden_layers
+                ));
+            }
+        }
+        if self.sliding_window == Some(0) {
+            return bad("`sliding_window` must be > 0".into());
+        }
         Ok(())
     }
 
@@ -211,6 +288,12 @@ impl ModelConfig {
                     .iter()
                     .find_map(|a| Arch::from_hf_class(a))
             });
+        if raw.model_type.as_deref() == Some("gemma3") {
+            return Err(LoadError::format(
+                path,
+                "`model_type` is `gemma3` (Gemma3ForConditionalGeneration, text + vision): only the text-only Gemma 3 checkpoints (`gemma3_text`, Gemma3ForCausalLM: 270M, 1B) are supported",
+            ));
+        }
         let Some(arch) = arch else {
             let arch = raw
                 .architectures
@@ -231,32 +314,77 @@ impl ModelConfig {
                 raw.num_local_experts.is_some_and(|n| n > 0),
             ),
             ("mlp_bias", raw.mlp_bias == Some(true)),
+            (
+                "final_logit_softcapping",
+                raw.final_logit_softcapping.is_some_and(|c| c != 0.0),
+            ),
+            (
+                "attn_logit_softcapping",
+                raw.attn_logit_softcapping.is_some_and(|c| c != 0.0),
+            ),
         ] {
             if present {
                 return Err(LoadError::format(
                     path,
-                    format!("`{field}` is set: {arch} models with it are not supported (mixture-of-experts layers and MLP biases are not implemented)"),
+                    format!("`{field}` is set: {arch} models with it are not supported (mixture-of-experts layers, MLP biases and logit soft-capping are not implemented)"),
                 ));
             }
         }
-        if let Some(act) = raw.hidden_act.as_deref() {
-            if act != "silu" {
-                return Err(LoadError::format(
+        // Gemma names it `hidden_activation`.
+        let (act_field, act) = match (&raw.hidden_activation, &raw.hidden_act) {
+            (Some(a), _) => ("hidden_activation", Some(a.as_str())),
+            (None, a) => ("hidden_act", a.as_deref()),
+        };
+        let hidden_act =
+            match (arch, act) {
+                (Arch::Gemma3, None | Some("gelu_pytorch_tanh" | "gelu_tanh")) => {
+                    Activation::GeluTanh
+                }
+                (Arch::Gemma3, Some(other)) => return Err(LoadError::format(
                     path,
                     format!(
-                        "`hidden_act` is `{act}`: only `silu` (SwiGLU) is supported for {arch}"
+                        "`{act_field}` is `{other}`: Gemma 3 is supported with `gelu_pytorch_tanh`"
                     ),
-                ));
-            }
-        }
+                )),
+                (_, None | Some("silu")) => Activation::Silu,
+                (_, Some(other)) => return Err(LoadError::format(
+                    path,
+                    format!(
+                        "`{act_field}` is `{other}`: only `silu` (SwiGLU) is supported for {arch}"
+                    ),
+                )),
+            };
         let need = |v: Option<usize>, name: &str| {
             v.ok_or_else(|| LoadError::format(path, format!("config.json lacks `{name}`")))
         };
         let hidden_size = need(raw.hidden_size, "hidden_size")?;
         let num_attention_heads = need(raw.num_attention_heads, "num_attention_heads")?;
-        // transformers 5 moved rope settings into `rope_parameters`; older files use
-        // `rope_theta` + `rope_scaling`.
-        let rope_obj = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+        // transformers 5 moved rope settings into `rope_parameters` (per layer type where the
+        // layers differ, as Gemma 3's); older files use `rope_theta` + `rope_scaling` (+ Gemma's
+        // `rope_local_base_freq`).
+        let per_type = raw
+            .rope_parameters
+            .as_ref()
+            .filter(|r| r.get("full_attention").is_some());
+        let rope_obj = match per_type {
+            Some(r) => r.get("full_attention"),
+            None => raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref()),
+        };
+        let rope_local_theta = match per_type.and_then(|r| r.get("sliding_attention")) {
+            Some(local) => {
+                if !matches!(
+                    parse_rope_scaling(local, raw.max_position_embeddings, path)?,
+                    RopeScaling::Default
+                ) {
+                    return Err(LoadError::format(
+                        path,
+                        "`rope_parameters.sliding_attention` is scaled: only unscaled RoPE is supported on sliding layers",
+                    ));
+                }
+                local.get("rope_theta").and_then(|v| v.as_f64())
+            }
+            None => raw.rope_local_base_freq,
+        };
         let rope_theta = raw
             .rope_theta
             .or_else(|| {
@@ -300,7 +428,8 @@ impl ModelConfig {
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            // Gemma's configs tie by default.
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(arch == Arch::Gemma3),
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
             bos_token_id: raw.bos_token_id,
             eos_token_ids,
@@ -309,13 +438,46 @@ impl ModelConfig {
                 Arch::Qwen2 => true,
                 _ => raw.attention_bias.unwrap_or(false),
             },
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             sliding_window: match arch {
-                Arch::Mistral => raw.sliding_window,
+                Arch::Mistral | Arch::Gemma3 => raw.sliding_window,
                 // Qwen's configs name a window but use it only with `use_sliding_window`.
                 Arch::Qwen2 | Arch::Qwen3 if raw.use_sliding_window == Some(true) => {
                     raw.sliding_window
                 }
+                _ => None,
+            },
+            sliding_layers: match &raw.layer_types {
+                Some(types) => Some(
+                    types
+                        .iter()
+                        .map(|t| match t.as_str() {
+                            "sliding_attention" => Ok(true),
+                            "full_attention" => Ok(false),
+                            other => Err(LoadError::format(
+                                path,
+                                format!("`layer_types` has `{other}`: supported are full_attention and sliding_attention"),
+                            )),
+                        })
+                        .collect::<Result<Vec<bool>, LoadError>>()?,
+                ),
+                // Gemma 3 before `layer_types`: every sixth layer is global.
+                None if arch == Arch::Gemma3 => Some(
+                    (0..raw.num_hidden_layers.unwrap_or(0))
+                        .map(|i| (i + 1) % raw.sliding_window_pattern.unwrap_or(6) != 0)
+                        .collect(),
+                ),
+                None => None,
+            },
+            hidden_act,
+            embed_scale: arch == Arch::Gemma3,
+            post_norms: arch == Arch::Gemma3,
+            attention_scale: match arch {
+                Arch::Gemma3 => Some(raw.query_pre_attn_scalar.unwrap_or(256.0).powf(-0.5)),
+                _ => None,
+            },
+            rope_local_theta: match arch {
+                Arch::Gemma3 => Some(rope_local_theta.unwrap_or(10000.0)),
                 _ => None,
             },
         };
@@ -349,6 +511,30 @@ impl ModelConfig {
             v["sliding_window"] = w.into();
             if matches!(self.arch, Arch::Qwen2 | Arch::Qwen3) {
                 v["use_sliding_window"] = true.into();
+            }
+        }
+        if let Some(layers) = &self.sliding_layers {
+            v["layer_types"] = layers
+                .iter()
+                .map(|&s| {
+                    if s {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect::<Vec<_>>()
+                .into();
+        }
+        if self.arch == Arch::Gemma3 {
+            let obj = v.as_object_mut().expect("an object");
+            obj.remove("hidden_act");
+            obj.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
+            if let Some(s) = self.attention_scale {
+                obj.insert("query_pre_attn_scalar".into(), s.powi(-2).round().into());
+            }
+            if let Some(t) = self.rope_local_theta {
+                obj.insert("rope_local_base_freq".into(), t.into());
             }
         }
         if let Some(b) = self.bos_token_id {
@@ -477,4 +663,11 @@ struct RawHfConfig {
     use_sliding_window: Option<bool>,
     num_experts: Option<usize>,
     num_local_experts: Option<usize>,
+    hidden_activation: Option<String>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    query_pre_attn_scalar: Option<f64>,
+    rope_local_base_freq: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
 }

@@ -27,6 +27,7 @@
 //   part_o       : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, d] when gridDim.z > 1
 //   part_ml      : device, f32  [num_tiles, n_heads, gridDim.z, ATT_TQ, 2] (running max, sum)
 //   split_len    : keys per split (a multiple of ATT_TK)
+//   window       : > 0: a sliding-window layer, query p sees keys p - window + 1 ..= p; 0: all keys
 //   group, sub_tokens, units_per_tile : unused here (see attention_mma.cu)
 // Launch: grid (num_tiles, n_heads, splits), block ATT_THREADS, dynamic shared memory
 //         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats.
@@ -36,7 +37,7 @@ __device__ __forceinline__ void paged_attention(
     const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, int d,
-    int block_size, float scale, int split_len) {
+    int block_size, float scale, int split_len, int window) {
     extern __shared__ float smem[];
     const int dp = d + 1;  // padded row stride: no bank conflicts across rows
     float* Qs = smem;                     // [ATT_TQ][dp]
@@ -51,8 +52,12 @@ __device__ __forceinline__ void paged_attention(
     const int start = tile_start[tile], qlen = tile_len[tile];
     const unsigned* table = block_tables + (size_t)tile_seq[tile] * max_blocks;
     const int ctx_end = pos[start + qlen - 1] + 1;  // keys the last query of the tile sees
-    const int k_begin = split * split_len;
-    const int k_end = min(ctx_end, k_begin + split_len);
+    const int split_begin = split * split_len;
+    // A window: no query of the tile sees keys before the first query's window (whole key tiles
+    // below it are skipped; a split wholly below it leaves m = -inf, l = 0 for the combine).
+    const int k_begin =
+        window > 0 ? max(split_begin, max(0, (int)pos[start] + 1 - window) / ATT_TK * ATT_TK) : split_begin;
+    const int k_end = min(ctx_end, split_begin + split_len);
 
     for (int idx = tid; idx < ATT_TQ * d; idx += ATT_THREADS) {
         const int r = idx / d, i = idx % d;
@@ -138,7 +143,7 @@ __device__ __forceinline__ void paged_attention(
         for (int j = 0; j < ATT_TK / 4; ++j) {
             const int c = lane4 + 4 * j;
             float s = -CACHET_INF;
-            if (c < kn && k0 + c <= my_pos) {
+            if (c < kn && k0 + c <= my_pos && (window == 0 || k0 + c + window > my_pos)) {
                 s = 0.f;
                 for (int i = 0; i < d; ++i) s += Qs[r * dp + i] * Ks[c * dp + i];
             }
@@ -205,7 +210,7 @@ __device__ __forceinline__ void paged_attention(
 // rope_kv launch has written.
 #define PAGED_ATTENTION_CALL                                                                                  \
     qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out, \
-        part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len
+        part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len, window
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(PAGED_ATTENTION_ARGS(bf16)) {
     paged_attention<false>(PAGED_ATTENTION_CALL);

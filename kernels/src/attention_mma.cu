@@ -172,7 +172,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                                               float* __restrict__ part_ml, int n_heads, int n_kv, int block_size,
                                               float scale, int split_len, int group, int sub_tokens,
                                               int units_per_tile, const float* __restrict__ rope,
-                                              const unsigned* __restrict__ slots, int fused) {
+                                              const unsigned* __restrict__ slots, int fused, int window) {
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
     constexpr int TILE = MMA_TK * DP;
     extern __shared__ float smem_f[];
@@ -198,8 +198,12 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     const int qlen = ntok * group;  // query rows of this block
     const unsigned* table = block_tables + (size_t)tile_seq[tile] * max_blocks;
     const int ctx_end = pos[start + ntok - 1] + 1;
-    const int k_begin = split * split_len;
-    const int k_end = min(ctx_end, k_begin + split_len);
+    const int split_begin = split * split_len;
+    // A sliding window (window > 0): key tiles wholly before the first token's window are
+    // skipped; a split wholly before it leaves m = -inf, l = 0 for the combine.
+    const int k_begin =
+        window > 0 ? max(split_begin, max(0, (int)pos[start] + 1 - window) / MMA_TK * MMA_TK) : split_begin;
+    const int k_end = min(ctx_end, split_begin + split_len);
 
     // Block-table lookups for the key tile at k0, into slot_of[buf].
     auto lookup = [&](int k0, int buf) {
@@ -295,7 +299,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             const int t = idx / PAIRS, i = (idx % PAIRS) * 8, tok = start + t;
             const int p = pos[tok];
             const unsigned slot = slots[tok];
-            if (p < k_begin || p >= k_begin + split_len || slot == 0xFFFFFFFFu) continue;
+            if (p < split_begin || p >= split_begin + split_len || slot == 0xFFFFFFFFu) continue;
             const bf16* k = qkv + (size_t)tok * cols + (n_heads + kvh) * D;
             const uint4* v = reinterpret_cast<const uint4*>(k + n_kv * D);
             float rot[2][8];
@@ -457,15 +461,17 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             }
             // Mask (only tiles that reach past the range or the unit's first position), then the
             // online softmax of rows a and b.
-            if (hn < MMA_HK || kb + MMA_HK - 1 > first_pos) {
+            if (hn < MMA_HK || kb + MMA_HK - 1 > first_pos || (window > 0 && kb + window < ctx_end)) {
 #pragma unroll
                 for (int nb = 0; nb < MMA_HK / 8; ++nb) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int c = nb * 8 + 2 * fq + e;
                         const int kp = kb + c;
-                        if (c >= hn || kp > pos_a) s[nb][e] = -CACHET_INF;
-                        if (c >= hn || kp > pos_b) s[nb][2 + e] = -CACHET_INF;
+                        const bool out_a = window > 0 && kp + window <= pos_a;
+                        const bool out_b = window > 0 && kp + window <= pos_b;
+                        if (c >= hn || kp > pos_a || out_a) s[nb][e] = -CACHET_INF;
+                        if (c >= hn || kp > pos_b || out_b) s[nb][2 + e] = -CACHET_INF;
                     }
                 }
             }
@@ -581,7 +587,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(PAGED_ATTENTION_ARGS(KV)) {             \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused);              \
+                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window);      \
     }
 
 MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16)

@@ -102,4 +102,4 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s
         const unsigned *__restrict__ tile_len, const unsigned *__restrict__ block_tables, int max_blocks,     \
         bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \
         int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile,     \
-        const float *__restrict__ rope, const unsigned *__restrict__ slots, int fused
+        const float *__restrict__ rope, const unsigned *__restrict__ slots, int fused, int window

@@ -1,15 +1,15 @@
 // Embedding lookup, SwiGLU activation, row gathers. One block per row.
 #include "common.cuh"
 
-// out[t, :] = table[ids[t], :]  (into the f32 residual stream)
+// out[t, :] = table[ids[t], :] * scale  (into the f32 residual stream; scale is 1, or Gemma's √hidden)
 //   ids   : device, u32  [n]
 //   table : device, bf16 [vocab, cols]
 //   out   : device, f32  [n, cols]
 extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
-                                      float* __restrict__ out, int cols) {
+                                      float* __restrict__ out, int cols, float scale) {
     const size_t t = blockIdx.x;
     const bf16* row = table + (size_t)ids[t] * cols;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]) * scale;
 }
 
 // out[t, j] = silu(gu[t, j]) * gu[t, inter + j], over a flat grid of n * inter elements (a decode
@@ -24,6 +24,21 @@ extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __re
         const bf16* g = gu + t * 2 * inter;
         const float x = bf2f(g[j]);
         out[e] = f2bf(x / (1.f + __expf(-x)) * bf2f(g[inter + j]));
+    }
+}
+
+// out[t, j] = gelu_tanh(gu[t, j]) * gu[t, inter + j] (GeGLU, torch's approximate="tanh"), flat grid.
+//   gu  : device, bf16 [n, 2 * inter] (gate columns, then up columns)
+//   out : device, bf16 [n, inter]
+extern "C" __global__ void gelu_tanh_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
+                                              unsigned long long total) {
+    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < total;
+         e += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned long long t = e / inter, j = e % inter;
+        const bf16* g = gu + t * 2 * inter;
+        const float x = bf2f(g[j]);
+        const float y = 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+        out[e] = f2bf(y * bf2f(g[inter + j]));
     }
 }
 

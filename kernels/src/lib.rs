@@ -28,7 +28,12 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "rms_norm.cu",
         code: include_str!("rms_norm.cu"),
-        symbols: &["rms_norm_bf16", "add_rms_norm_bf16", "head_norm_bf16"],
+        symbols: &[
+            "rms_norm_bf16",
+            "add_rms_norm_bf16",
+            "head_norm_bf16",
+            "output_norm_bf16",
+        ],
     },
     KernelSource {
         name: "elementwise.cu",
@@ -40,6 +45,7 @@ pub const SOURCES: &[KernelSource] = &[
             "gather_rows_bf16",
             "fill_normal_bf16",
             "add_bias_bf16",
+            "gelu_tanh_mul_bf16",
         ],
     },
     KernelSource {

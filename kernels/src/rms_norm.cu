@@ -87,6 +87,24 @@ extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const
         out[row * cols + i] = f2bf(bf2f(w[i]) * (rr[i] * inv));
 }
 
+// out[r, :] = rms_norm(x[r, :]) * w of a sub-layer's bf16 output (Gemma's post-attention and
+// post-feed-forward norms). One block per row.
+//   x   : device, bf16 [rows, cols]
+//   w   : device, bf16 [cols]
+//   out : device, bf16 [rows, cols]
+extern "C" __global__ void output_norm_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                            bf16* __restrict__ out, int cols, float eps) {
+    const size_t row = blockIdx.x;
+    const bf16* xr = x + row * cols;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = bf2f(xr[i]);
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss) / cols + eps);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[row * cols + i] = f2bf(bf2f(w[i]) * (bf2f(xr[i]) * inv));
+}
+
 // RMSNorm of each q head and each k head of a fused q|k|v tensor, in place (Qwen3's q/k norm,
 // before RoPE): head j < num_heads uses q_w, the next num_kv_heads heads k_w; v is untouched.
 // One warp per (token, head): grid (n, num_heads + num_kv_heads), block 32; head_dim ≤ 256.

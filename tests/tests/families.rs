@@ -12,11 +12,35 @@ use cachet_backend::scheduler::SchedulerConfig;
 use cachet_backend::tokenizer::ChatMessage;
 use cachet_tests::*;
 
-const FAMILIES: [(&str, Arch); 3] = [
+const FAMILIES: [(&str, Arch); 5] = [
     ("tiny-qwen2", Arch::Qwen2),
     ("tiny-qwen2-yarn", Arch::Qwen2),
     ("tiny-qwen3", Arch::Qwen3),
+    // Windows of 8 keys against prompts of 1–58 tokens: the windows change the result.
+    ("tiny-gemma3", Arch::Gemma3),
+    ("tiny-mistral-window", Arch::Mistral),
 ];
+
+#[test]
+fn sliding_windows_and_gemma_settings_are_read_from_transformers_configs() {
+    let g = tiny("tiny-gemma3").config;
+    let windows: Vec<Option<usize>> = (0..3).map(|l| g.layer_window(l)).collect();
+    assert_eq!(windows, [Some(8), None, Some(8)], "layer_types");
+    assert_eq!(g.rope_local_theta, Some(10000.0));
+    assert_eq!(g.rope_theta, 1e6);
+    assert!(
+        matches!(g.rope_scaling, cachet_backend::config::RopeScaling::Linear { factor } if factor == 2.0)
+    );
+    assert_eq!(
+        g.attention_scale,
+        Some(24f64.powf(-0.5)),
+        "query_pre_attn_scalar"
+    );
+    assert!(g.embed_scale && g.post_norms && g.qk_norm && g.tie_word_embeddings);
+    assert_eq!(g.hidden_act, cachet_backend::config::Activation::GeluTanh);
+    let m = tiny("tiny-mistral-window").config;
+    assert_eq!((m.layer_window(0), m.layer_window(1)), (Some(8), Some(8)));
+}
 
 fn floats(v: &serde_json::Value) -> Vec<f32> {
     v.as_array()

@@ -227,26 +227,6 @@ fn unsupported_variants_of_a_family_are_refused_with_the_field_named() {
 }
 
 #[test]
-fn a_sliding_window_is_refused_where_it_would_change_the_result() {
-    let dir = edited_qwen2("window", |c| {
-        c["use_sliding_window"] = true.into();
-        c["sliding_window"] = 64.into();
-    });
-    let m = loader::load(dir.to_str().unwrap(), false).unwrap();
-    assert_eq!(m.config.sliding_window, Some(64));
-    let e = match cachet_backend::model::runner::cpu_runner(&m.config, &m.weights, 8, 16, 128) {
-        Ok(_) => panic!("a 128-token context over a 64-token window was accepted"),
-        Err(e) => e.to_string(),
-    };
-    assert!(
-        e.contains("sliding window of 64") && e.contains("--max-model-len 64"),
-        "{e}"
-    );
-    // Within the window the model serves as it is.
-    assert!(cachet_backend::model::runner::cpu_runner(&m.config, &m.weights, 8, 16, 64).is_ok());
-}
-
-#[test]
 fn not_a_gguf_is_refused() {
     let dir = scratch("notgguf");
     let p = dir.join("x.gguf");

@@ -226,6 +226,8 @@ pub struct AttnParams {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Keys each query sees at most, itself included (a sliding-window layer); `None`: all.
+    pub window: Option<usize>,
 }
 
 /// A device: tensors, a paged KV cache, and the fused operations the decoder forward needs.
@@ -237,13 +239,21 @@ pub trait Device: Send {
     type Batch;
 
     fn name(&self) -> &'static str;
+    /// Whether this device runs a model of `config`'s shape; the reason where it does not.
+    fn supports(&self, _config: &crate::config::ModelConfig) -> Result<(), String> {
+        Ok(())
+    }
     /// Copies a host f32 tensor to the device, converting to the device's weight format.
     fn upload(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError>;
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Self::Kv, DeviceError>;
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<Self::Batch, DeviceError>;
-    /// Rows of `table` for each token id.
-    fn embed(&self, table: &Self::Tensor, batch: &Self::Batch)
-        -> Result<Self::Tensor, DeviceError>;
+    /// Rows of `table` for each token id, times `scale` (1, or Gemma's √hidden).
+    fn embed(
+        &self,
+        table: &Self::Tensor,
+        batch: &Self::Batch,
+        scale: f32,
+    ) -> Result<Self::Tensor, DeviceError>;
     /// `rms_norm(x) · w`, row by row.
     fn rms_norm(
         &self,
@@ -290,6 +300,16 @@ pub trait Device: Send {
     ) -> Result<(), DeviceError>;
     /// `silu(gate) · up` of a fused `[n, 2·i]` gate|up tensor.
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
+    /// `gelu_tanh(gate) · up` of a fused `[n, 2·i]` gate|up tensor (GeGLU, Gemma).
+    fn gelu_tanh_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
+    /// `rms_norm(x) · w` of a sub-layer's output (the device's activation type in and out), as
+    /// Gemma normalises the attention's and the MLP's outputs before the residual add.
+    fn output_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor, DeviceError>;
     /// The batch's `logit_rows`.
     fn gather_logit_rows(
         &self,

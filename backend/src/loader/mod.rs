@@ -12,7 +12,7 @@ pub mod random;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{Arch, ModelConfig, RopeScaling};
+use crate::config::{Activation, Arch, ModelConfig, RopeScaling};
 use crate::error::LoadError;
 use crate::tokenizer::TextTokenizer;
 
@@ -37,6 +37,9 @@ pub struct HostLayer {
     /// `[head_dim]` each: RMSNorm weights over every q and every k head (Qwen3).
     pub q_norm: Option<HostTensor>,
     pub k_norm: Option<HostTensor>,
+    /// `[hidden]` each: RMSNorms of the attention's and the MLP's outputs (Gemma).
+    pub post_attn_norm: Option<HostTensor>,
+    pub post_mlp_norm: Option<HostTensor>,
 }
 
 #[derive(Debug, Clone)]
@@ -117,7 +120,12 @@ trait TensorSource {
     fn path(&self) -> &Path;
     fn has(&self, name: &str) -> bool;
     fn get(&self, name: &str) -> Result<HostTensor, LoadError>;
-    fn names(&self) -> WeightNames;
+    fn names(&self, cfg: &ModelConfig) -> WeightNames;
+    /// Whether Gemma's norm weights are stored as offsets from 1 (HF: `(1 + w)`); GGUF stores
+    /// them with the 1 added.
+    fn gemma_norm_offsets(&self) -> bool {
+        true
+    }
     /// Converts a q or k projection (or its bias, a one-column tensor) to HF's row order (GGUF
     /// permutes the rows of some families for its RoPE).
     fn fix_qk(&self, t: HostTensor, _n_heads: usize) -> HostTensor {
@@ -129,7 +137,7 @@ struct WeightNames {
     embed: &'static str,
     final_norm: &'static str,
     lm_head: &'static str,
-    layer: fn(usize, Part) -> String,
+    layer: Box<dyn Fn(usize, Part) -> String>,
 }
 
 #[derive(Clone, Copy)]
@@ -148,6 +156,8 @@ enum Part {
     VBias,
     QNorm,
     KNorm,
+    PostAttnNorm,
+    PostMlpNorm,
 }
 
 fn checked(
@@ -172,13 +182,24 @@ fn assemble(
     cfg: &ModelConfig,
     progress: bool,
 ) -> Result<HostWeights, LoadError> {
-    let names = src.names();
+    let names = src.names(cfg);
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
     let bar = progress_bar(
         progress,
         cfg.num_hidden_layers as u64 + 2,
         "loading weights",
     );
+    // Gemma's RMSNorms scale by (1 + w): the 1 is added here once.
+    let offset = if cfg.arch == Arch::Gemma3 && src.gemma_norm_offsets() {
+        1.0
+    } else {
+        0.0
+    };
+    let norm = |name: &str, len: usize| -> Result<HostTensor, LoadError> {
+        let mut t = checked(src, name, &[len])?;
+        t.data.iter_mut().for_each(|w| *w += offset);
+        Ok(t)
+    };
     let embed = checked(src, names.embed, &[v, h])?;
     bar.inc(1);
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -213,8 +234,16 @@ fn assemble(
         };
         let (q_norm, k_norm) = if cfg.qk_norm {
             (
-                Some(checked(src, &n(Part::QNorm), &[cfg.head_dim])?),
-                Some(checked(src, &n(Part::KNorm), &[cfg.head_dim])?),
+                Some(norm(&n(Part::QNorm), cfg.head_dim)?),
+                Some(norm(&n(Part::KNorm), cfg.head_dim)?),
+            )
+        } else {
+            (None, None)
+        };
+        let (post_attn_norm, post_mlp_norm) = if cfg.post_norms {
+            (
+                Some(norm(&n(Part::PostAttnNorm), h)?),
+                Some(norm(&n(Part::PostMlpNorm), h)?),
             )
         } else {
             (None, None)
@@ -223,16 +252,18 @@ fn assemble(
             qkv_bias,
             q_norm,
             k_norm,
-            attn_norm: checked(src, &n(Part::AttnNorm), &[h])?,
+            post_attn_norm,
+            post_mlp_norm,
+            attn_norm: norm(&n(Part::AttnNorm), h)?,
             qkv: HostTensor::concat_rows(&[q, k, vv]),
             o_proj: checked(src, &n(Part::O), &[h, cfg.q_dim()])?,
-            mlp_norm: checked(src, &n(Part::MlpNorm), &[h])?,
+            mlp_norm: norm(&n(Part::MlpNorm), h)?,
             gate_up: HostTensor::concat_rows(&[gate, up]),
             down: checked(src, &n(Part::Down), &[h, i])?,
         });
         bar.inc(1);
     }
-    let final_norm = checked(src, names.final_norm, &[h])?;
+    let final_norm = norm(names.final_norm, h)?;
     let lm_head = if cfg.tie_word_embeddings || !src.has(names.lm_head) {
         None
     } else {
@@ -278,19 +309,24 @@ impl TensorSource for HfSource {
     fn get(&self, name: &str) -> Result<HostTensor, LoadError> {
         self.st.tensor(name)
     }
-    fn names(&self) -> WeightNames {
-        hf_names()
+    fn names(&self, cfg: &ModelConfig) -> WeightNames {
+        hf_names(cfg)
     }
 }
 
-/// HF transformers' tensor names.
-fn hf_names() -> WeightNames {
+/// HF transformers' tensor names (Gemma's sandwich norms name the MLP's input norm
+/// `pre_feedforward_layernorm`, and `post_attention_layernorm` is the attention's output norm).
+fn hf_names(cfg: &ModelConfig) -> WeightNames {
+    let sandwich = cfg.post_norms;
     WeightNames {
         embed: "model.embed_tokens.weight",
         final_norm: "model.norm.weight",
         lm_head: "lm_head.weight",
-        layer: |l, p| {
+        layer: Box::new(move |l, p| {
             let s = match p {
+                Part::MlpNorm if sandwich => "pre_feedforward_layernorm",
+                Part::PostAttnNorm => "post_attention_layernorm",
+                Part::PostMlpNorm => "post_feedforward_layernorm",
                 Part::AttnNorm => "input_layernorm",
                 Part::Q => "self_attn.q_proj",
                 Part::K => "self_attn.k_proj",
@@ -307,7 +343,7 @@ fn hf_names() -> WeightNames {
                 Part::KNorm => "self_attn.k_norm",
             };
             format!("model.layers.{l}.{s}.weight")
-        },
+        }),
     }
 }
 
@@ -340,8 +376,8 @@ impl TensorSource for MemorySource {
                 name: name.into(),
             })
     }
-    fn names(&self) -> WeightNames {
-        hf_names()
+    fn names(&self, cfg: &ModelConfig) -> WeightNames {
+        hf_names(cfg)
     }
 }
 
@@ -394,12 +430,12 @@ impl TensorSource for GgufSource {
         let (shape, data) = self.file.tensor_f32(name)?;
         Ok(HostTensor { shape, data })
     }
-    fn names(&self) -> WeightNames {
+    fn names(&self, _cfg: &ModelConfig) -> WeightNames {
         WeightNames {
             embed: "token_embd.weight",
             final_norm: "output_norm.weight",
             lm_head: "output.weight",
-            layer: |l, p| {
+            layer: Box::new(|l, p| {
                 let s = match p {
                     Part::AttnNorm => "attn_norm",
                     Part::Q => "attn_q",
@@ -415,10 +451,15 @@ impl TensorSource for GgufSource {
                     Part::VBias => return format!("blk.{l}.attn_v.bias"),
                     Part::QNorm => "attn_q_norm",
                     Part::KNorm => "attn_k_norm",
+                    Part::PostAttnNorm => "post_attention_norm",
+                    Part::PostMlpNorm => "post_ffw_norm",
                 };
                 format!("blk.{l}.{s}.weight")
-            },
+            }),
         }
+    }
+    fn gemma_norm_offsets(&self) -> bool {
+        false
     }
     fn fix_qk(&self, t: HostTensor, n_heads: usize) -> HostTensor {
         if self.permuted_qk {
@@ -455,7 +496,7 @@ pub fn unpermute_qk(t: &HostTensor, n_heads: usize, head_dim: usize) -> HostTens
 pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
     let path = file.path();
     let arch = file.get_str("general.architecture")?.to_string();
-    let Some(family) = Arch::from_name(&arch) else {
+    let Some(family) = Arch::from_gguf_name(&arch) else {
         return Err(LoadError::UnknownArchitecture {
             path: path.into(),
             arch,
@@ -491,16 +532,19 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
     let eos = file
         .get("tokenizer.ggml.eos_token_id")
         .and_then(|v| v.as_u64());
+    let num_hidden_layers = file.get_u64(&k("block_count"))? as usize;
+    let head_dim = head_dim.unwrap_or(hidden_size / heads.max(1));
+    let gemma = family == Arch::Gemma3;
     let cfg = ModelConfig {
         hidden_size,
         intermediate_size: file.get_u64(&k("feed_forward_length"))? as usize,
-        num_hidden_layers: file.get_u64(&k("block_count"))? as usize,
+        num_hidden_layers,
         num_attention_heads: heads,
         num_key_value_heads: file
             .get(&k("attention.head_count_kv"))
             .and_then(|v| v.as_u64())
             .unwrap_or(heads as u64) as usize,
-        head_dim: head_dim.unwrap_or(hidden_size / heads.max(1)),
+        head_dim,
         vocab_size,
         rms_norm_eps: file.get_f64(&k("attention.layer_norm_rms_epsilon"))?,
         rope_theta: file
@@ -528,6 +572,25 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
             .and_then(|v| v.as_u64())
             .filter(|&w| w > 0)
             .map(|w| w as usize),
+        // What llama.cpp fixes for Gemma 3 rather than storing: every sixth layer global, a
+        // local RoPE base of 10000, queries scaled by head_dim^-½ (hidden/heads for the 27B).
+        sliding_layers: gemma.then(|| (0..num_hidden_layers).map(|i| (i + 1) % 6 != 0).collect()),
+        hidden_act: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        embed_scale: gemma,
+        post_norms: gemma,
+        attention_scale: gemma.then(|| {
+            let scalar = if num_hidden_layers == 62 {
+                hidden_size / heads.max(1)
+            } else {
+                head_dim
+            };
+            (scalar as f64).powf(-0.5)
+        }),
+        rope_local_theta: gemma.then_some(10000.0),
         arch: family,
     };
     cfg.validate(path)?;

@@ -63,7 +63,14 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
             out.push((p("self_attn.q_norm"), norm_weight(&mut rng, cfg.head_dim)));
             out.push((p("self_attn.k_norm"), norm_weight(&mut rng, cfg.head_dim)));
         }
-        out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
+        if cfg.post_norms {
+            // Gemma's sandwich: the attention's output norm, then the MLP's input and output.
+            out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
+            out.push((p("pre_feedforward_layernorm"), norm_weight(&mut rng, h)));
+            out.push((p("post_feedforward_layernorm"), norm_weight(&mut rng, h)));
+        } else {
+            out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
+        }
         out.push((p("mlp.gate_proj"), normal(&mut rng, vec![i, h], s_in(h))));
         out.push((p("mlp.up_proj"), normal(&mut rng, vec![i, h], s_in(h))));
         out.push((p("mlp.down_proj"), normal(&mut rng, vec![h, i], s_in(i))));

@@ -1,10 +1,11 @@
 //! The decoder forward pass of every supported family ([`crate::config::Arch`]), written once
 //! against [`Device`]: RMSNorm, RoPE, grouped-query attention over the paged KV cache, SwiGLU MLP,
-//! (tied) LM head — plus what a family adds to its layers (Qwen2's q/k/v biases, Qwen3's
-//! per-head q/k norm), each present or absent in a layer's weights.
+//! (tied) LM head — plus what a family adds to its layers (Qwen2's q/k/v biases, Qwen3's and
+//! Gemma's per-head q/k norm, Gemma's output norms, GeGLU, scaled embeddings, and sliding-window
+//! layers with their own RoPE base), each present or absent in a layer's weights and config.
 
 use super::rope;
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig, RopeScaling};
 use crate::device::{AttnParams, Device, ForwardBatch, GraphReport, GraphShapes};
 use crate::error::EngineError;
 use crate::loader::HostWeights;
@@ -19,15 +20,44 @@ struct Layer<T> {
     mlp_norm: T,
     gate_up: T,
     down: T,
+    /// Norms of the attention's and the MLP's outputs (Gemma).
+    post_norms: Option<(T, T)>,
 }
 
-fn attn_params(config: &ModelConfig) -> AttnParams {
+/// Layer `l`'s attention: its window, and the score scale of the family.
+fn attn_params(config: &ModelConfig, l: usize) -> AttnParams {
     AttnParams {
         num_heads: config.num_attention_heads,
         num_kv_heads: config.num_key_value_heads,
         head_dim: config.head_dim,
-        scale: 1.0 / (config.head_dim as f32).sqrt(),
+        scale: config
+            .attention_scale
+            .map_or(1.0 / (config.head_dim as f32).sqrt(), |s| s as f32),
+        window: config.layer_window(l),
     }
+}
+
+/// The config of a sliding layer's RoPE where its base differs (Gemma 3: unscaled, its own
+/// base); `None`: every layer uses the global table.
+fn local_rope_config(config: &ModelConfig) -> Option<ModelConfig> {
+    config.rope_local_theta.map(|theta| ModelConfig {
+        rope_theta: theta,
+        rope_scaling: RopeScaling::Default,
+        ..config.clone()
+    })
+}
+
+/// RoPE tables on `dev`: the global one, and the sliding layers' where it differs.
+fn rope_tables<D: Device>(
+    dev: &D,
+    config: &ModelConfig,
+    max_positions: usize,
+) -> Result<(D::Tensor, Option<D::Tensor>), EngineError> {
+    let global = dev.upload_table(&rope::table(config, max_positions))?;
+    let local = local_rope_config(config)
+        .map(|c| dev.upload_table(&rope::table(&c, max_positions)))
+        .transpose()?;
+    Ok((global, local))
 }
 
 /// Model weights resident on a device.
@@ -38,7 +68,10 @@ pub struct Decoder<D: Device> {
     final_norm: D::Tensor,
     lm_head: Option<D::Tensor>,
     rope: D::Tensor,
-    attn: AttnParams,
+    /// The sliding layers' RoPE table, where their base differs.
+    rope_local: Option<D::Tensor>,
+    /// Per layer.
+    attn: Vec<AttnParams>,
     max_positions: usize,
 }
 
@@ -77,6 +110,10 @@ impl<D: Device> Decoder<D> {
                         (Some(q), Some(k)) => Some((up(q)?, up(k)?)),
                         _ => None,
                     },
+                    post_norms: match (&l.post_attn_norm, &l.post_mlp_norm) {
+                        (Some(a), Some(m)) => Some((up(a)?, up(m)?)),
+                        _ => None,
+                    },
                     o_proj: up(&l.o_proj)?,
                     mlp_norm: up(&l.mlp_norm)?,
                     gate_up: up(&l.gate_up)?,
@@ -84,14 +121,18 @@ impl<D: Device> Decoder<D> {
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
+        let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
         Ok(Decoder {
             config: config.clone(),
             embed: up(&weights.embed)?,
             layers,
             final_norm: up(&weights.final_norm)?,
             lm_head: weights.lm_head.as_ref().map(up).transpose()?,
-            rope: dev.upload_table(&rope::table(config, max_positions))?,
-            attn: attn_params(config),
+            rope,
+            rope_local,
+            attn: (0..config.num_hidden_layers)
+                .map(|l| attn_params(config, l))
+                .collect(),
             max_positions,
         })
     }
@@ -138,12 +179,18 @@ impl<D: Device> Decoder<D> {
                 } else {
                     None
                 },
+                post_norms: if config.post_norms {
+                    Some((rnd(&[h], 1.0, 0.05)?, rnd(&[h], 1.0, 0.05)?))
+                } else {
+                    None
+                },
                 o_proj: rnd(&[h, config.q_dim()], 0.0, s(config.q_dim()))?,
                 mlp_norm: rnd(&[h], 1.0, 0.05)?,
                 gate_up: rnd(&[2 * i, h], 0.0, s(h))?,
                 down: rnd(&[h, i], 0.0, s(i))?,
             });
         }
+        let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
         Ok(Decoder {
             config: config.clone(),
             embed: rnd(&[v, h], 0.0, 1.0)?,
@@ -154,8 +201,11 @@ impl<D: Device> Decoder<D> {
             } else {
                 Some(rnd(&[v, h], 0.0, s(h))?)
             },
-            rope: dev.upload_table(&rope::table(config, max_positions))?,
-            attn: attn_params(config),
+            rope,
+            rope_local,
+            attn: (0..config.num_hidden_layers)
+                .map(|l| attn_params(config, l))
+                .collect(),
             max_positions,
         })
     }
@@ -213,7 +263,12 @@ impl<D: Device> Decoder<D> {
     /// The forward pass on a batch already on the device.
     fn forward_on(&self, dev: &D, kv: &mut D::Kv, b: &D::Batch) -> Result<D::Tensor, EngineError> {
         let eps = self.config.rms_norm_eps as f32;
-        let mut residual = dev.embed(&self.embed, b)?;
+        let scale = if self.config.embed_scale {
+            (self.config.hidden_size as f32).sqrt()
+        } else {
+            1.0
+        };
+        let mut residual = dev.embed(&self.embed, b, scale)?;
         // Each sub-layer's output is added into the residual stream by the next one's
         // normalisation (fused with its projection where the device can).
         let mut pending: Option<D::Tensor> = None;
@@ -228,19 +283,37 @@ impl<D: Device> Decoder<D> {
             if let Some(bias) = &layer.qkv_bias {
                 dev.add_bias(&mut qkv, bias)?;
             }
+            let p = &self.attn[l];
             if let Some((q_w, k_w)) = &layer.qk_norm {
-                dev.head_norm(&mut qkv, q_w, k_w, eps, &self.attn)?;
+                dev.head_norm(&mut qkv, q_w, k_w, eps, p)?;
             }
-            let attn = dev.attention(&mut qkv, &self.rope, kv, l, b, &self.attn)?;
-            let o = dev.linear(&attn, &layer.o_proj)?;
-            let act = dev.norm_swiglu(
-                &mut residual,
-                Some(&o),
-                &layer.mlp_norm,
-                eps,
-                &layer.gate_up,
-            )?;
-            pending = Some(dev.linear(&act, &layer.down)?);
+            let rope = match (&self.rope_local, p.window) {
+                (Some(local), Some(_)) => local,
+                _ => &self.rope,
+            };
+            let attn = dev.attention(&mut qkv, rope, kv, l, b, p)?;
+            let mut o = dev.linear(&attn, &layer.o_proj)?;
+            if let Some((post_attn, _)) = &layer.post_norms {
+                o = dev.output_norm(&o, post_attn, eps)?;
+            }
+            let act = match self.config.hidden_act {
+                Activation::Silu => dev.norm_swiglu(
+                    &mut residual,
+                    Some(&o),
+                    &layer.mlp_norm,
+                    eps,
+                    &layer.gate_up,
+                )?,
+                Activation::GeluTanh => {
+                    let x = dev.norm(&mut residual, Some(&o), &layer.mlp_norm, eps)?;
+                    dev.gelu_tanh_mul(&dev.linear(&x, &layer.gate_up)?)?
+                }
+            };
+            let mut down = dev.linear(&act, &layer.down)?;
+            if let Some((_, post_mlp)) = &layer.post_norms {
+                down = dev.output_norm(&down, post_mlp, eps)?;
+            }
+            pending = Some(down);
         }
         let x = dev.norm(&mut residual, pending.as_ref(), &self.final_norm, eps)?;
         let rows = dev.gather_logit_rows(&x, b)?;

@@ -164,14 +164,13 @@ impl<D: Device> ModelRunner<D> {
         weights: WeightSource<'_>,
         opts: &RunnerOptions,
     ) -> Result<Self, EngineError> {
-        if let Some(w) = config.sliding_window.filter(|&w| opts.max_model_len > w) {
-            return Err(EngineError::InvalidRequest(format!(
-                "this {} model attends over a sliding window of {w} tokens (`sliding_window`), which \
-                 the engine does not implement yet: serve it with --max-model-len {w} or less, \
-                 where the window changes nothing",
-                config.arch
-            )));
-        }
+        dev.supports(config).map_err(|why| {
+            EngineError::InvalidRequest(format!(
+                "this {} model cannot run on the {} device: {why}",
+                config.arch,
+                dev.name()
+            ))
+        })?;
         let model = match weights {
             WeightSource::Host(w) => Decoder::new(&dev, config, w, opts.max_model_len)?,
             WeightSource::Dummy { seed } => {

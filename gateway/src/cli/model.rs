@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use cachet_backend::config::{Arch, ModelConfig, RopeScaling};
+use cachet_backend::config::{Activation, Arch, ModelConfig, RopeScaling};
 use cachet_backend::loader::{fetch, random};
 use clap::Subcommand;
 
@@ -59,6 +59,12 @@ pub fn tiny_config() -> ModelConfig {
         attention_bias: false,
         qk_norm: false,
         sliding_window: None,
+        sliding_layers: None,
+        hidden_act: Activation::Silu,
+        embed_scale: false,
+        post_norms: false,
+        attention_scale: None,
+        rope_local_theta: None,
     }
 }
 

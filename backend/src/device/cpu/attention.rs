@@ -1,5 +1,6 @@
 //! Paged causal attention on the CPU: each new token attends over its sequence's keys
-//! `0..=position`, found through the block table. Exact softmax in f32 (max-subtracted); work is
+//! `0..=position` (the last `window` of them in a sliding-window layer), found through the block
+//! table. Exact softmax in f32 (max-subtracted); work is
 //! split over (token, head) pairs. An FP8 cache is first dequantized, per sequence and KV head,
 //! into dense rows (the values the GPU kernels compute with).
 
@@ -126,10 +127,12 @@ fn attend(qkv: &CpuTensor, b: &CpuBatch, p: &AttnParams, rows: &impl Rows) -> Cp
             let kvh = h / group;
             let seq = b.seq_of_token[t] as usize;
             let ctx = b.batch.positions[t] as usize + 1;
+            // A sliding window keeps the keys `ctx - window .. ctx` (HF: k > q - window).
+            let first = p.window.map_or(0, |w| ctx.saturating_sub(w));
             let q = &qkv.data[t * qkv.cols + h * d..t * qkv.cols + (h + 1) * d];
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for j in 0..ctx {
+            for j in first..ctx {
                 let k = rows.k(seq, kvh, j);
                 let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * p.scale;
                 max = max.max(s);
@@ -141,7 +144,7 @@ fn attend(qkv: &CpuTensor, b: &CpuBatch, p: &AttnParams, rows: &impl Rows) -> Cp
                 denom += *s;
             }
             o.fill(0.0);
-            for (j, &w) in scores.iter().enumerate() {
+            for (j, &w) in (first..ctx).zip(scores.iter()) {
                 for (oi, vi) in o.iter_mut().zip(rows.v(seq, kvh, j)) {
                     *oi += w * vi;
                 }

@@ -168,11 +168,11 @@ impl Device for CpuDevice {
         })
     }
 
-    fn embed(&self, table: &CpuTensor, b: &CpuBatch) -> Result<CpuTensor, DeviceError> {
+    fn embed(&self, table: &CpuTensor, b: &CpuBatch, scale: f32) -> Result<CpuTensor, DeviceError> {
         let cols = table.cols;
         let mut data = Vec::with_capacity(b.batch.num_tokens() * cols);
         for &t in &b.batch.token_ids {
-            data.extend_from_slice(table.row(t as usize));
+            data.extend(table.row(t as usize).iter().map(|x| x * scale));
         }
         Ok(CpuTensor {
             rows: b.batch.num_tokens(),
@@ -286,6 +286,36 @@ impl Device for CpuDevice {
             cols: i,
             data: out,
         })
+    }
+
+    fn gelu_tanh_mul(&self, gu: &CpuTensor) -> Result<CpuTensor, DeviceError> {
+        let i = gu.cols / 2;
+        let mut out = vec![0.0f32; gu.rows * i];
+        // torch's gelu(approximate="tanh"): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+        let c = (2.0f32 / std::f32::consts::PI).sqrt();
+        out.par_chunks_mut(i)
+            .zip(gu.data.par_chunks(gu.cols))
+            .for_each(|(o, r)| {
+                let (g, u) = r.split_at(i);
+                for j in 0..i {
+                    let x = g[j];
+                    o[j] = 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()) * u[j];
+                }
+            });
+        Ok(CpuTensor {
+            rows: gu.rows,
+            cols: i,
+            data: out,
+        })
+    }
+
+    fn output_norm(
+        &self,
+        x: &CpuTensor,
+        w: &CpuTensor,
+        eps: f32,
+    ) -> Result<CpuTensor, DeviceError> {
+        self.rms_norm(x, w, eps)
     }
 
     fn gather_logit_rows(&self, x: &CpuTensor, b: &CpuBatch) -> Result<CpuTensor, DeviceError> {

@@ -166,6 +166,7 @@ impl CudaDevice {
                     rope: rope.f32("rope")?,
                     slots: &b.slots,
                     fused: plan.fused_rope as i32,
+                    window: p.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
                 grid,
                 plan.tensor_cores,

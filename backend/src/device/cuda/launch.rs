@@ -80,6 +80,8 @@ pub(super) struct AttentionArgs<'a> {
     pub rope: &'a CudaSlice<f32>,
     pub slots: &'a CudaSlice<u32>,
     pub fused: i32,
+    /// Keys a query sees in a sliding-window layer (0: all).
+    pub window: i32,
 }
 
 /// The arguments of `attention_combine_bf16`.
@@ -99,18 +101,18 @@ pub(super) struct CombineArgs<'a> {
 }
 
 impl CudaDevice {
-    /// `embed_bf16(u32 ids[n], bf16 table[vocab, cols], f32 out[n, cols], int cols)`.
+    /// `embed_bf16(u32 ids[n], bf16 table[vocab, cols], f32 out[n, cols], int cols, float scale)`.
     pub(super) fn launch_embed(
         &self,
         ids: &CudaSlice<u32>,
         table: &CudaSlice<u16>,
         out: &mut CudaSlice<f32>,
-        n: usize,
-        cols: usize,
+        (n, cols): (usize, usize),
+        scale: f32,
     ) -> Result<(), DeviceError> {
         let c = cols as i32;
         let mut l = self.stream.launch_builder(&self.k.embed);
-        l.arg(ids).arg(table).arg(out).arg(&c);
+        l.arg(ids).arg(table).arg(out).arg(&c).arg(&scale);
         // SAFETY: `out` holds n × cols f32, `table` vocab × cols bf16; the ids were validated
         // against the vocabulary by the runner.
         unsafe { l.launch(rows_config(n, 256)) }.map_err(op_err("embed"))?;
@@ -171,6 +173,45 @@ impl CudaDevice {
         // SAFETY: qkv holds n × (h + 2·kvh)·d elements, q_w and k_w d each; d ≤ HEAD_NORM_MAX_D
         // (checked above), so every lane's elements are in its registers.
         unsafe { l.launch(cfg) }.map_err(op_err("head_norm"))?;
+        Ok(())
+    }
+
+    /// `output_norm_bf16(bf16 x[rows, cols], bf16 w[cols], bf16 out[rows, cols], int, float)`.
+    pub(super) fn launch_output_norm(
+        &self,
+        x: &CudaSlice<u16>,
+        w: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        (rows, cols): (usize, usize),
+        eps: f32,
+    ) -> Result<(), DeviceError> {
+        let c = cols as i32;
+        let mut l = self.stream.launch_builder(&self.k.output_norm);
+        l.arg(x).arg(w).arg(out).arg(&c).arg(&eps);
+        // SAFETY: x and out hold rows × cols elements, w cols; one block per row, a strided
+        // loop over the columns.
+        unsafe { l.launch(rows_config(rows, 256)) }.map_err(op_err("output_norm"))?;
+        Ok(())
+    }
+
+    /// `gelu_tanh_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64 n·i)`.
+    pub(super) fn launch_gelu_tanh_mul(
+        &self,
+        gu: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        rows: usize,
+        i: usize,
+    ) -> Result<(), DeviceError> {
+        let (ii, total) = (i as i32, (rows * i) as u64);
+        let mut l = self.stream.launch_builder(&self.k.gelu_tanh_mul);
+        l.arg(gu).arg(out).arg(&ii).arg(&total);
+        let cfg = LaunchConfig {
+            grid_dim: (total.div_ceil(256).min(4096) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the buffers hold rows × 2i and rows × i elements; grid-stride loop.
+        unsafe { l.launch(cfg) }.map_err(op_err("gelu_tanh_mul"))?;
         Ok(())
     }
 
@@ -292,7 +333,8 @@ impl CudaDevice {
             .arg(&a.units_per_tile)
             .arg(a.rope)
             .arg(a.slots)
-            .arg(&a.fused);
+            .arg(&a.fused)
+            .arg(&a.window);
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
             block_dim: (

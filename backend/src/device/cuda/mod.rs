@@ -187,6 +187,17 @@ impl Device for CudaDevice {
         Ok(CudaTensor::new_bf16(rows, cols, buf))
     }
 
+    fn supports(&self, config: &crate::config::ModelConfig) -> Result<(), String> {
+        if config.head_dim > kernels::ATT_MAXD {
+            return Err(format!(
+                "head_dim {} is above the {} the attention kernels take (Gemma 3's 256 runs on the CPU device for now)",
+                config.head_dim,
+                kernels::ATT_MAXD
+            ));
+        }
+        Ok(())
+    }
+
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
         self.alloc_kv_cache(layout)
     }
@@ -195,12 +206,17 @@ impl Device for CudaDevice {
         self.upload_batch(batch)
     }
 
-    fn embed(&self, table: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {
+    fn embed(
+        &self,
+        table: &CudaTensor,
+        b: &CudaBatch,
+        scale: f32,
+    ) -> Result<CudaTensor, DeviceError> {
         self.timed("embed", || {
             let cols = table.cols;
             let mut out = self.alloc_f32(b.n * cols, "embedding")?;
             if b.n > 0 {
-                self.launch_embed(&b.ids, table.bf16("embed")?, &mut out, b.n, cols)?;
+                self.launch_embed(&b.ids, table.bf16("embed")?, &mut out, (b.n, cols), scale)?;
             }
             Ok(CudaTensor::new_f32(b.n, cols, out))
         })
@@ -332,6 +348,33 @@ impl Device for CudaDevice {
                 self.launch_silu_mul(gu.bf16("silu_mul")?, &mut out, gu.rows, i)?;
             }
             Ok(CudaTensor::new_bf16(gu.rows, i, out))
+        })
+    }
+
+    fn gelu_tanh_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
+        self.timed("gelu_tanh_mul", || {
+            let i = gu.cols / 2;
+            let mut out = self.alloc_bf16(gu.rows * i, "gelu_tanh_mul")?;
+            if gu.rows * i > 0 {
+                self.launch_gelu_tanh_mul(gu.bf16("gelu_tanh_mul")?, &mut out, gu.rows, i)?;
+            }
+            Ok(CudaTensor::new_bf16(gu.rows, i, out))
+        })
+    }
+
+    fn output_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor, DeviceError> {
+        self.timed("output_norm", || {
+            let mut out = self.alloc_bf16(x.rows * x.cols, "output_norm")?;
+            if x.rows > 0 {
+                let (xs, ws) = (x.bf16("output_norm")?, w.bf16("output_norm")?);
+                self.launch_output_norm(xs, ws, &mut out, (x.rows, x.cols), eps)?;
+            }
+            Ok(CudaTensor::new_bf16(x.rows, x.cols, out))
         })
     }
 
