@@ -236,6 +236,48 @@ def qwen_gguf(gguf_path, out_dir, name):
     print(name, ":", doc["greedy_chat"]["text"])
 
 
+GEMMA_TEXTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Ünïcödé text, emoji 🦀🚀 and 中文字符 mixed with ASCII.",
+    "   leading spaces,  double  spaces and trailing tabs\t\t\nnewlines\r\n",
+    "<start_of_turn>user\nHi!<end_of_turn>\n",
+]
+
+
+def gemma_gguf(gguf_path, out_dir, name):
+    """Gemma 3 270M (base): transformers' tokenizer and model from the GGUF, BOS prepended as its
+    tokenizer does by default."""
+    d, f = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    model.eval()
+    bos = tok.bos_token_id
+    toks = [{"text": t, "ids": tok(t, add_special_tokens=False)["input_ids"]} for t in GEMMA_TEXTS]
+    cases = []
+    for t in GEMMA_TEXTS[:3]:
+        ids = [bos] + tok(t, add_special_tokens=False)["input_ids"]
+        logits = model(torch.tensor([ids])).logits[0, -1]
+        cases.append({"prompt": t, "ids": ids, "top5": top_k(logits)})
+    # A prompt longer than the 512-token sliding window: the local layers' windows apply.
+    long_ids = [bos] + tok(" ".join(["The history of the city goes back many centuries."] * 60),
+                           add_special_tokens=False)["input_ids"]
+    logits = model(torch.tensor([long_ids])).logits[0, -1]
+    cases.append({"prompt": "(long)", "ids": long_ids, "top5": top_k(logits)})
+    prompt_ids = [bos] + tok("The capital of France is", add_special_tokens=False)["input_ids"]
+    out_ids = greedy(model, prompt_ids, 24)
+    doc = {
+        "source": "transformers %s + torch %s, float32, GGUF read and dequantised by transformers" % (
+            transformers.__version__, torch.__version__),
+        "gguf": f, "tokenizer": toks, "cases": cases,
+        "greedy": {"prompt_ids": prompt_ids, "output_ids": out_ids,
+                   "text": tok.decode(out_ids, skip_special_tokens=True)},
+    }
+    with open(os.path.join(out_dir, f"{name}_reference.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, ensure_ascii=False)
+    print(name, ":", doc["greedy"]["text"], "| long prompt:", len(long_ids), "tokens")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", help="SmolLM2 GGUF (from `cachet model fetch smollm2`)")
@@ -243,6 +285,7 @@ def main():
     ap.add_argument("--families", nargs="*", default=[], choices=sorted(FAMILIES),
                     help="tiny models of other families to build with transformers, with references")
     ap.add_argument("--qwen-gguf", help="Qwen2.5-Coder-0.5B GGUF (from `cachet model fetch qwen2.5-coder-0.5b`)")
+    ap.add_argument("--gemma-gguf", help="Gemma 3 270M GGUF (from `cachet model fetch gemma3-270m`)")
     ap.add_argument("--out", default="tests/fixtures")
     a = ap.parse_args()
     if a.gguf:
@@ -253,6 +296,8 @@ def main():
         tiny_with_greedy(build_family(name, a.out), a.out)
     if a.qwen_gguf:
         qwen_gguf(a.qwen_gguf, a.out, "qwen2.5-coder-0.5b")
+    if a.gemma_gguf:
+        gemma_gguf(a.gemma_gguf, a.out, "gemma3-270m")
 
 
 if __name__ == "__main__":

@@ -335,25 +335,26 @@ impl ModelConfig {
             (Some(a), _) => ("hidden_activation", Some(a.as_str())),
             (None, a) => ("hidden_act", a.as_deref()),
         };
-        let hidden_act =
-            match (arch, act) {
-                (Arch::Gemma3, None | Some("gelu_pytorch_tanh" | "gelu_tanh")) => {
-                    Activation::GeluTanh
-                }
-                (Arch::Gemma3, Some(other)) => return Err(LoadError::format(
+        let hidden_act = match (arch, act) {
+            (Arch::Gemma3, None | Some("gelu_pytorch_tanh" | "gelu_tanh")) => Activation::GeluTanh,
+            (Arch::Gemma3, Some(other)) => {
+                return Err(LoadError::format(
                     path,
                     format!(
                         "`{act_field}` is `{other}`: Gemma 3 is supported with `gelu_pytorch_tanh`"
                     ),
-                )),
-                (_, None | Some("silu")) => Activation::Silu,
-                (_, Some(other)) => return Err(LoadError::format(
+                ))
+            }
+            (_, None | Some("silu")) => Activation::Silu,
+            (_, Some(other)) => {
+                return Err(LoadError::format(
                     path,
                     format!(
                         "`{act_field}` is `{other}`: only `silu` (SwiGLU) is supported for {arch}"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         let need = |v: Option<usize>, name: &str| {
             v.ok_or_else(|| LoadError::format(path, format!("config.json lacks `{name}`")))
         };

@@ -116,6 +116,20 @@ impl TextTokenizer {
         self.encode_with(&self.inner, text)
     }
 
+    /// Encodes a prompt given as text (a completion's, not a rendered chat): what the tokenizer
+    /// adds around a sequence, such as the BOS of Gemma, Llama 2 and Llama 3, is added, as
+    /// transformers and vLLM do.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(match &self.wrap_ids {
+            Some((m, _)) => enc.get_ids().iter().map(|&i| i % m).collect(),
+            None => enc.get_ids().to_vec(),
+        })
+    }
+
     /// Encodes `text` with special tokens as plain text: `<|im_start|>` in it becomes the tokens
     /// of those characters, never the control token.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, EngineError> {

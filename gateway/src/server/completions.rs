@@ -267,7 +267,7 @@ pub async fn run(
             let prompts = ps
                 .into_iter()
                 .map(|p| match p {
-                    PromptIn::Text(t) => Ok((state.tokenizer.encode(&t)?, t)),
+                    PromptIn::Text(t) => Ok((state.tokenizer.encode_prompt(&t)?, t)),
                     PromptIn::Tokens(ids) => {
                         if let Some(&t) = ids.iter().find(|&&t| t as usize >= state.vocab) {
                             return Err(ApiError::bad_request(
