@@ -16,9 +16,11 @@ bin=${CACHET:-.carry/cachet}
 # outside the window.
 "$bin" model random --config examples/configs/small-window-d64.json --out /tmp/w64 --seed 5 2>/dev/null
 "$bin" model random --config examples/configs/small-window-d128.json --out /tmp/w128 --seed 6 2>/dev/null
+# Gemma 3's head_dim 256 (the wide CUDA-core kernels), windows of 100 keys on two of three layers.
+"$bin" model random --config examples/configs/small-gemma3-d256.json --out /tmp/g256 --seed 7 2>/dev/null
 for kv in ${KV:-auto}; do
 tol=$([ "$kv" = fp8 ] && echo 5e-2 || echo 2e-2)
-for model in /tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied tests/fixtures/tiny-gemma3; do
+for model in /tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 /tmp/g256 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied tests/fixtures/tiny-gemma3; do
   max=$(python3 -c "import json; print(json.load(open('$model/config.json'))['max_position_embeddings'])")
   for n in 1 37 300 1500; do
     [ "$n" -le "$max" ] || continue
@@ -32,7 +34,11 @@ for model in /tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 tests/fixtures/tiny-gqa-llama
 import numpy as np
 a = np.fromfile('/tmp/cuda.f32', '<f4').astype(np.float64); b = np.fromfile('/tmp/cpu.f32', '<f4').astype(np.float64)
 e = np.linalg.norm(a - b) / np.linalg.norm(b)
-print(f'$model kv $kv n=$n $mode rel err {e:.2e} top1 {a.argmax()}/{b.argmax()}', 'OK' if e < $tol and a.argmax() == b.argmax() else 'FAIL')"
+# Random weights put near ties at the top: a different top-1 passes only where the reference's
+# own logits for the two differ by under 0.01 (said as such).
+gap = b.max() - b[a.argmax()]
+top = 'OK' if a.argmax() == b.argmax() else ('OK (near tie, gap %.4f)' % gap if gap < 0.01 else 'FAIL')
+print(f'$model kv $kv n=$n $mode rel err {e:.2e} top1 {a.argmax()}/{b.argmax()}', top if e < $tol else 'FAIL')"
     done
   done
 done

@@ -126,10 +126,10 @@ impl Arch {
     pub fn description(self) -> &'static str {
         match self {
             Arch::Llama => "Llama 2/3, SmolLM2: RMSNorm, RoPE (default or llama3 scaling), GQA, SwiGLU",
-            Arch::Mistral => "Mistral / Ministral: the Llama layer (a sliding window is refused where it would apply)",
+            Arch::Mistral => "Mistral / Ministral: the Llama layer with a sliding attention window",
             Arch::Qwen2 => "Qwen2 / Qwen2.5 (Coder, Instruct): q/k/v biases",
             Arch::Qwen3 => "Qwen3 dense: per-head q/k RMSNorm, head_dim of its own",
-            Arch::Gemma3 => "Gemma 3 text: local sliding-window + global layers, GeGLU-tanh, sandwich (1+w) norms, q/k norm (CPU; CUDA refuses windows and head_dim 256 for now)",
+            Arch::Gemma3 => "Gemma 3 text: local sliding-window + global layers, GeGLU-tanh, sandwich (1+w) norms, q/k norm, head_dim 256",
         }
     }
 }

@@ -10,7 +10,8 @@
 #define ATT_TQ 32
 #define ATT_TK 64
 #define ATT_THREADS 128
-#define ATT_MAXD 128
+#define ATT_MAXD 128       // paged_attention_{bf16,fp8}
+#define ATT_MAXD_WIDE 256  // paged_attention_d256_{bf16,fp8} (Gemma's head_dim)
 
 // One query tile: tokens [start, start + len) of the flattened batch, all of sequence `seq`.
 //   qkv          : device, bf16 [n, (n_heads + 2 * n_kv) * d] (q already rotated)
@@ -30,8 +31,9 @@
 //   window       : > 0: a sliding-window layer, query p sees keys p - window + 1 ..= p; 0: all keys
 //   group, sub_tokens, units_per_tile : unused here (see attention_mma.cu)
 // Launch: grid (num_tiles, n_heads, splits), block ATT_THREADS, dynamic shared memory
-//         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats.
-template <bool FP8>
+//         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats. d ≤ MAXD: each
+//         thread accumulates MAXD / 4 output dims.
+template <bool FP8, int MAXD>
 __device__ __forceinline__ void paged_attention(
     const bf16* __restrict__ qkv, const void* __restrict__ k_cache, const void* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
@@ -68,9 +70,9 @@ __device__ __forceinline__ void paged_attention(
     const int r = tid >> 2, lane4 = tid & 3;
     const int my_pos = (r < qlen) ? (int)pos[start + r] : -1;
     float m = -CACHET_INF, l = 0.f;
-    float acc[ATT_MAXD / 4];
+    float acc[MAXD / 4];
 #pragma unroll
-    for (int k = 0; k < ATT_MAXD / 4; ++k) acc[k] = 0.f;
+    for (int k = 0; k < MAXD / 4; ++k) acc[k] = 0.f;
 
     for (int k0 = k_begin; k0 < k_end; k0 += ATT_TK) {
         const int kn = min(ATT_TK, k_end - k0);
@@ -170,12 +172,12 @@ __device__ __forceinline__ void paged_attention(
         m = m_new;
         __syncwarp();  // the row's 4 threads share Ss[r]
 #pragma unroll
-        for (int k = 0; k < ATT_MAXD / 4; ++k) acc[k] *= alpha;
+        for (int k = 0; k < MAXD / 4; ++k) acc[k] *= alpha;
         for (int c = 0; c < kn; ++c) {
             const float p = Ss[r * ATT_TK + c];
             const float* vr = Vs + c * dp;
 #pragma unroll
-            for (int k = 0; k < ATT_MAXD / 4; ++k) {
+            for (int k = 0; k < MAXD / 4; ++k) {
                 const int i = lane4 + 4 * k;
                 if (i < d) acc[k] += p * vr[i];
             }
@@ -186,14 +188,14 @@ __device__ __forceinline__ void paged_attention(
         const float inv = (l > 0.f) ? 1.f / l : 0.f;
         bf16* o = out + (size_t)(start + r) * n_heads * d + h * d;
 #pragma unroll
-        for (int k = 0; k < ATT_MAXD / 4; ++k) {
+        for (int k = 0; k < MAXD / 4; ++k) {
             const int i = lane4 + 4 * k;
             if (i < d) o[i] = f2bf(acc[k] * inv);
         }
     } else {
         const size_t base = (((size_t)tile * n_heads + h) * gridDim.z + split) * ATT_TQ + r;
 #pragma unroll
-        for (int k = 0; k < ATT_MAXD / 4; ++k) {
+        for (int k = 0; k < MAXD / 4; ++k) {
             const int i = lane4 + 4 * k;
             if (i < d) part_o[base * d + i] = acc[k];
         }
@@ -213,12 +215,22 @@ __device__ __forceinline__ void paged_attention(
         part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len, window
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(PAGED_ATTENTION_ARGS(bf16)) {
-    paged_attention<false>(PAGED_ATTENTION_CALL);
+    paged_attention<false, ATT_MAXD>(PAGED_ATTENTION_CALL);
 }
 
 // As paged_attention_bf16 over an FP8 cache (d a multiple of 8).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PAGED_ATTENTION_ARGS(fp8)) {
-    paged_attention<true>(PAGED_ATTENTION_CALL);
+    paged_attention<true, ATT_MAXD>(PAGED_ATTENTION_CALL);
+}
+
+// The same for 128 < d ≤ 256 (Gemma), twice the accumulators per thread and (d = 256) 169 KiB of
+// shared memory: one block per SM.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_bf16(PAGED_ATTENTION_ARGS(bf16)) {
+    paged_attention<false, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_fp8(PAGED_ATTENTION_ARGS(fp8)) {
+    paged_attention<true, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
 }
 
 // Merges the splits of the attention kernels: out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.

@@ -59,6 +59,8 @@ pub const SOURCES: &[KernelSource] = &[
         symbols: &[
             "paged_attention_bf16",
             "paged_attention_fp8",
+            "paged_attention_d256_bf16",
+            "paged_attention_d256_fp8",
             "attention_combine_bf16",
         ],
     },

@@ -24,6 +24,15 @@ fn norm_weight(rng: &mut Rng, n: usize) -> HostTensor {
     )
 }
 
+/// A norm weight as the family stores it: Gemma's are offsets from 1.
+fn family_norm(rng: &mut Rng, n: usize, cfg: &ModelConfig) -> HostTensor {
+    let mut t = norm_weight(rng, n);
+    if cfg.arch == crate::config::Arch::Gemma3 {
+        t.data.iter_mut().for_each(|w| *w -= 1.0);
+    }
+    t
+}
+
 /// Deterministic random weights for `cfg`, in HF's (unfused) order of tensors.
 pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTensor)> {
     let mut rng = Rng::new(seed);
@@ -36,7 +45,7 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
     )];
     for l in 0..cfg.num_hidden_layers {
         let p = |s: &str| format!("model.layers.{l}.{s}.weight");
-        out.push((p("input_layernorm"), norm_weight(&mut rng, h)));
+        out.push((p("input_layernorm"), family_norm(&mut rng, h, cfg)));
         out.push((
             p("self_attn.q_proj"),
             normal(&mut rng, vec![cfg.q_dim(), h], s_in(h)),
@@ -60,22 +69,34 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
             out.push((b("v_proj"), normal(&mut rng, vec![cfg.kv_dim()], 0.5)));
         }
         if cfg.qk_norm {
-            out.push((p("self_attn.q_norm"), norm_weight(&mut rng, cfg.head_dim)));
-            out.push((p("self_attn.k_norm"), norm_weight(&mut rng, cfg.head_dim)));
+            out.push((
+                p("self_attn.q_norm"),
+                family_norm(&mut rng, cfg.head_dim, cfg),
+            ));
+            out.push((
+                p("self_attn.k_norm"),
+                family_norm(&mut rng, cfg.head_dim, cfg),
+            ));
         }
         if cfg.post_norms {
             // Gemma's sandwich: the attention's output norm, then the MLP's input and output.
-            out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
-            out.push((p("pre_feedforward_layernorm"), norm_weight(&mut rng, h)));
-            out.push((p("post_feedforward_layernorm"), norm_weight(&mut rng, h)));
+            out.push((p("post_attention_layernorm"), family_norm(&mut rng, h, cfg)));
+            out.push((
+                p("pre_feedforward_layernorm"),
+                family_norm(&mut rng, h, cfg),
+            ));
+            out.push((
+                p("post_feedforward_layernorm"),
+                family_norm(&mut rng, h, cfg),
+            ));
         } else {
-            out.push((p("post_attention_layernorm"), norm_weight(&mut rng, h)));
+            out.push((p("post_attention_layernorm"), family_norm(&mut rng, h, cfg)));
         }
         out.push((p("mlp.gate_proj"), normal(&mut rng, vec![i, h], s_in(h))));
         out.push((p("mlp.up_proj"), normal(&mut rng, vec![i, h], s_in(h))));
         out.push((p("mlp.down_proj"), normal(&mut rng, vec![h, i], s_in(i))));
     }
-    out.push(("model.norm.weight".into(), norm_weight(&mut rng, h)));
+    out.push(("model.norm.weight".into(), family_norm(&mut rng, h, cfg)));
     if !cfg.tie_word_embeddings {
         out.push((
             "lm_head.weight".into(),

@@ -92,7 +92,7 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
         ModelCommand::List => {
             println!("architectures (HF `model_type` / GGUF `general.architecture`):");
             for a in Arch::ALL {
-                println!("  {:10} {}", a.model_type(), a.description());
+                println!("  {:12} {}", a.model_type(), a.description());
             }
             println!("\nmodels `cachet model fetch` knows:");
             for k in fetch::KNOWN {

@@ -5,7 +5,7 @@ use cudarc::driver::CudaFunction;
 
 use super::attention_plan::{AttentionPlan, Capabilities, StepShape};
 use super::batch::CudaBatch;
-use super::kernels::{attention_smem_bytes, mma_fp8_smem_bytes, mma_smem_bytes};
+use super::kernels::{attention_smem_bytes, mma_fp8_smem_bytes, mma_smem_bytes, ATT_MAXD};
 use super::launch::{AttentionArgs, CombineArgs, LayerKv};
 use super::tensor::{CudaKv, CudaTensor};
 use super::CudaDevice;
@@ -131,10 +131,11 @@ impl CudaDevice {
                     },
                 ),
                 None => (
-                    if fp8 {
-                        &self.k.attention_fp8
-                    } else {
-                        &self.k.attention
+                    match (fp8, d > ATT_MAXD) {
+                        (false, false) => &self.k.attention,
+                        (true, false) => &self.k.attention_fp8,
+                        (false, true) => &self.k.attention_d256,
+                        (true, true) => &self.k.attention_d256_fp8,
                     },
                     (b.num_tiles, p.num_heads, plan.splits),
                     attention_smem_bytes(d),

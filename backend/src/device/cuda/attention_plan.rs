@@ -10,7 +10,9 @@
 //!   unit) may fill `waves` waves of blocks; prompts, whose units attend over causal triangles,
 //!   one. Each split is a multiple of `step` keys (whole ATT_TK tiles for the CUDA-core kernel).
 
-use super::kernels::{ATT_MAXD, ATT_TK, ATT_TQ, MMA_BLOCKS_PER_SM, MMA_ROWS, SIMT_BLOCKS_PER_SM};
+use super::kernels::{
+    ATT_MAXD_WIDE, ATT_TK, ATT_TQ, MMA_BLOCKS_PER_SM, MMA_ROWS, SIMT_BLOCKS_PER_SM,
+};
 use super::options::SplitOptions;
 use super::DEV;
 use crate::error::DeviceError;
@@ -87,8 +89,8 @@ impl AttentionPlan {
             msg,
         };
         let d = shape.head_dim;
-        if d > ATT_MAXD {
-            return Err(err(format!("head_dim {d} > {ATT_MAXD}")));
+        if d > ATT_MAXD_WIDE {
+            return Err(err(format!("head_dim {d} > {ATT_MAXD_WIDE}")));
         }
         let group = shape.num_heads / shape.num_kv_heads.max(1);
         let mma = caps.tensor_cores;

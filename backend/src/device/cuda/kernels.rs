@@ -17,6 +17,8 @@ pub const ATT_TQ: usize = 32;
 /// Keys of one K/V tile.
 pub const ATT_TK: usize = 64;
 pub const ATT_MAXD: usize = 128;
+/// Most head_dim of the wide CUDA-core kernels (`paged_attention_d256_*`, ATT_MAXD_WIDE).
+pub const ATT_MAXD_WIDE: usize = 256;
 /// Query rows (tokens × GQA group) per block of the tensor-core kernel (MMA_TQ in attention_mma.cu).
 pub const MMA_ROWS: usize = 64;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
@@ -78,6 +80,8 @@ pub struct Kernels {
     pub rope_kv_fp8: CudaFunction,
     pub attention: CudaFunction,
     pub attention_fp8: CudaFunction,
+    pub attention_d256: CudaFunction,
+    pub attention_d256_fp8: CudaFunction,
     pub attention_mma_d64: CudaFunction,
     pub attention_mma_d128: CudaFunction,
     pub attention_mma_d64_fp8: CudaFunction,
@@ -143,6 +147,8 @@ impl Kernels {
             rope_kv_fp8: f("rope_kv_fp8")?,
             attention: f("paged_attention_bf16")?,
             attention_fp8: f("paged_attention_fp8")?,
+            attention_d256: f("paged_attention_d256_bf16")?,
+            attention_d256_fp8: f("paged_attention_d256_fp8")?,
             attention_mma_d64: f("paged_attention_mma_d64_bf16")?,
             attention_mma_d128: f("paged_attention_mma_d128_bf16")?,
             attention_mma_d64_fp8: f("paged_attention_mma_d64_fp8")?,
@@ -167,6 +173,9 @@ impl Kernels {
         };
         for func in [&k.attention, &k.attention_fp8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
+        }
+        for func in [&k.attention_d256, &k.attention_d256_fp8] {
+            smem(func, attention_smem_bytes(ATT_MAXD_WIDE))?;
         }
         smem(&k.attention_mma_d64, mma_smem_bytes(64))?;
         smem(&k.attention_mma_d128, mma_smem_bytes(128))?;

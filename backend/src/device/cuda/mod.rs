@@ -188,11 +188,11 @@ impl Device for CudaDevice {
     }
 
     fn supports(&self, config: &crate::config::ModelConfig) -> Result<(), String> {
-        if config.head_dim > kernels::ATT_MAXD {
+        if config.head_dim > kernels::ATT_MAXD_WIDE {
             return Err(format!(
-                "head_dim {} is above the {} the attention kernels take (Gemma 3's 256 runs on the CPU device for now)",
+                "head_dim {} is above the {} the attention kernels take",
                 config.head_dim,
-                kernels::ATT_MAXD
+                kernels::ATT_MAXD_WIDE
             ));
         }
         Ok(())
