@@ -247,17 +247,29 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        self.render_chat_with(messages, None, add_generation_prompt)
+        self.render_chat_with(messages, None, None, add_generation_prompt)
     }
+
+    /// Names a chat template gets from the renderer, which `chat_template_kwargs` may not set.
+    pub const TEMPLATE_NAMES: [&'static str; 5] = [
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+    ];
 
     /// Renders `messages` and `tools` (OpenAI's function tools, `[{"type": "function",
     /// "function": {...}}]`, what HF chat templates take as `tools`) with the model's chat
     /// template, as transformers' `apply_chat_template` does: blocks trimmed, `tojson` as
-    /// Python's `json.dumps`, an assistant's tool calls with their arguments as objects.
+    /// Python's `json.dumps`, an assistant's tool calls with their arguments as objects. `kwargs`
+    /// are further variables for the template (`chat_template_kwargs`, e.g. Qwen3's
+    /// `enable_thinking`); they cannot replace [`TextTokenizer::TEMPLATE_NAMES`].
     pub fn render_chat_with(
         &self,
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
@@ -289,14 +301,28 @@ impl TextTokenizer {
             .map_err(|e| EngineError::InvalidRequest(e.clone()))?;
         let tmpl = env.get_template("chat").expect("added at compile time");
         let messages: Vec<serde_json::Value> = messages.iter().map(template_message).collect();
-        tmpl.render(minijinja::context! {
+        if let Some(k) = kwargs
+            .into_iter()
+            .flat_map(|k| k.keys())
+            .find(|k| Self::TEMPLATE_NAMES.contains(&k.as_str()))
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "chat_template_kwargs may not set `{k}`: the renderer sets it"
+            )));
+        }
+        let base = minijinja::context! {
             messages => messages,
             tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
-        })
-        .map_err(|e| EngineError::InvalidRequest(format!("chat template failed: {e}")))
+        };
+        let ctx = match kwargs {
+            Some(k) => minijinja::context! { ..base, ..minijinja::Value::from_serialize(k) },
+            None => base,
+        };
+        tmpl.render(ctx)
+            .map_err(|e| EngineError::InvalidRequest(format!("chat template failed: {e}")))
     }
 }
 

@@ -112,7 +112,7 @@ fn tool_conversations_render_as_transformers_renders_them() {
             .collect();
         let tools = Some(&case["tools"]).filter(|t| !t.is_null());
         let got = tok
-            .render_chat_with(&messages, tools, true)
+            .render_chat_with(&messages, tools, None, true)
             .unwrap_or_else(|e| panic!("{} / {}: {e}", case["template"], case["name"]));
         assert_eq!(
             got,

@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// `hermes` (Hermes, Qwen), `llama3_json`, `mistral`; `none` refuses tools.
     #[arg(long, default_value = "auto")]
     pub tool_parser: String,
+    /// How a chat answer's thinking is split out as `reasoning_content`: `qwen3` (also `think`,
+    /// `deepseek_r1`: output that starts with `<think>` is reasoning up to `</think>`), `none`
+    /// (left in the content), `auto`: `qwen3` when the chat template writes `</think>`.
+    #[arg(long, default_value = "auto")]
+    pub reasoning_parser: String,
     /// Seconds a request may take end to end; the engine ends it with an error past this (the
     /// deadline travels with the request to workers).
     #[arg(long, default_value_t = 600)]
@@ -216,6 +221,15 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         ),
         (None, None) => {}
     }
+    let reasoning = cachet_gateway::server::reasoning::ReasoningParser::from_flag(
+        &a.reasoning_parser,
+        tokenizer.chat_template(),
+    )
+    .map_err(anyhow::Error::msg)
+    .context("--reasoning-parser")?;
+    if reasoning.is_some() {
+        tracing::info!("reasoning: <think>…</think> split out as reasoning_content");
+    }
     let handle = engine.as_ref().map(|e| e.handle());
     let max_model_len = handle
         .as_ref()
@@ -309,6 +323,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         state.metrics_token = a.metrics_token.clone();
         state.unknown_fields = a.unknown_fields;
         state.tool_format = tool_format;
+        state.reasoning = reasoning;
         state.set_public_prefixes(public_prefixes);
         state.usage = usage;
         Arc::new(state)

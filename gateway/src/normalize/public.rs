@@ -74,8 +74,14 @@ impl PublicPrefixes {
             }
             let tokens = match (&c.system, &c.text) {
                 (Some(system), None) => {
-                    let r = tokens::render(tok, &[ChatMessage::new("system", system)], None, None)
-                        .map_err(|e| bad(e.to_string()))?;
+                    let r = tokens::render(
+                        tok,
+                        &[ChatMessage::new("system", system)],
+                        None,
+                        None,
+                        None,
+                    )
+                    .map_err(|e| bad(e.to_string()))?;
                     let mut ids = Vec::new();
                     tokens::tokenize(tok, &r.text, &r.pieces, &mut ids)
                         .map_err(|e| bad(e.to_string()))?;

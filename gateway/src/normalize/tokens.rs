@@ -60,6 +60,7 @@ pub fn render(
     tok: &TextTokenizer,
     messages: &[ChatMessage],
     tools: Option<&serde_json::Value>,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
     first_dynamic: Option<(usize, usize)>,
 ) -> Result<Rendered, EngineError> {
     let reserved = |t: &str| has_reserved(t);
@@ -70,6 +71,7 @@ pub fn render(
                 .iter()
                 .any(|c| reserved(&c.id) || reserved(&c.name) || reserved(&c.arguments))
     }) || tools.is_some_and(|t| reserved(&t.to_string()))
+        || kwargs.is_some_and(|k| reserved(&serde_json::Value::Object(k.clone()).to_string()))
     {
         return Err(EngineError::InvalidRequest(
             "message text contains a reserved character (U+F8F0 … U+F8F2)".into(),
@@ -102,7 +104,7 @@ pub fn render(
             x
         })
         .collect();
-    let rendered = tok.render_chat_with(&marked, tools, true)?;
+    let rendered = tok.render_chat_with(&marked, tools, kwargs, true)?;
     let mut text = String::with_capacity(rendered.len());
     let mut pieces = Vec::new();
     let mut boundary = None;

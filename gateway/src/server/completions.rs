@@ -253,12 +253,14 @@ pub async fn run(
                 }
                 None => crate::normalize::chat_segments(&msgs),
             };
+            let kwargs = r.template_kwargs()?;
             let p = prepare(
                 &state,
                 &tenant,
                 &r.common.salt(&tenant.salt),
                 &segments,
                 template_tools.as_ref(),
+                kwargs.as_ref(),
             )?;
             fill = p.fill;
             (r.common, vec![(p.ids, p.prompt)])
@@ -406,6 +408,7 @@ pub async fn run(
         n,
         ignored,
         calls,
+        reasoning: chat && state.reasoning.is_some(),
     };
     if common.stream {
         Ok(respond::sse(
@@ -455,10 +458,17 @@ pub fn prepare(
     salt: &[u8; 32],
     segments: &[cachet_guest_sdk::Segment],
     tools: Option<&serde_json::Value>,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Prepared, ApiError> {
     let n = crate::normalize::normalize(segments, &tenant.rules);
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
-    let r = crate::normalize::tokens::render(&state.tokenizer, &messages, tools, first_dynamic)?;
+    let r = crate::normalize::tokens::render(
+        &state.tokenizer,
+        &messages,
+        tools,
+        kwargs,
+        first_dynamic,
+    )?;
     let enc = state.prefix_tokens.encode(&state.tokenizer, &r, salt)?;
     state
         .metrics

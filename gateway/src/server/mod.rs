@@ -18,6 +18,7 @@ pub mod errors;
 pub mod fields;
 pub mod metrics;
 pub mod openai;
+pub mod reasoning;
 pub mod respond;
 pub mod responses;
 pub mod templates;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub vocab: usize,
     /// How the model writes tool calls; `None`: requests with tools are refused.
     pub tool_format: Option<tools::Format>,
+    /// How chat answers' thinking is split out (`--reasoning-parser`); `None`: it is not.
+    pub reasoning: Option<reasoning::ReasoningParser>,
     /// The config's public prefixes (swapped whole on reload).
     pub public_prefixes: std::sync::RwLock<Arc<crate::normalize::public::PublicPrefixes>>,
     /// Where usage records go (`--usage-db`); `None`: no records, no budgets.
@@ -94,6 +97,8 @@ impl AppState {
     ) -> Self {
         let tokenizer_vocab = tokenizer.vocab_size();
         let tool_format = tokenizer.chat_template().and_then(tools::Format::detect);
+        let reasoning = reasoning::ReasoningParser::from_flag("auto", tokenizer.chat_template())
+            .expect("auto is a parser name");
         AppState {
             prefix_tokens: crate::normalize::tokens::PrefixTokens::new(PREFIX_TOKEN_CACHE_BYTES),
             metrics: metrics::Metrics::new(engine.is_some()),
@@ -113,6 +118,7 @@ impl AppState {
             unknown_fields: fields::UnknownFields::Reject,
             vocab: tokenizer_vocab,
             tool_format,
+            reasoning,
             public_prefixes: Default::default(),
             usage: None,
             next_id: AtomicU64::new(1),

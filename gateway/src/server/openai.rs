@@ -99,10 +99,13 @@ pub struct ChatRequest {
     /// the OpenAI client). Without it the tenant's `default_template` applies, if any.
     pub template: Option<String>,
     /// Variables for the template (Cachet extension).
-    pub template_variables: Option<std::collections::BTreeMap<String, String>>,
+    pub template_variables: Option<Box<std::collections::BTreeMap<String, String>>>,
     pub tools: Option<serde_json::Value>,
     pub tool_choice: Option<serde_json::Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// Extra variables for the model's chat template (vLLM's extension; Qwen3's
+    /// `enable_thinking`).
+    pub chat_template_kwargs: Option<Box<serde_json::Value>>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -164,6 +167,7 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
         let (r, ignored) = checked::<ChatRequest>(Api::Chat, v, unknown)?;
         let msgs = r.messages()?;
         let tools = r.tools()?;
+        r.template_kwargs()?;
         validated(Input::Chat(r, msgs), ignored, tools)
     } else {
         let (r, ignored) = checked::<CompletionRequest>(Api::Completions, v, unknown)?;
@@ -667,6 +671,31 @@ impl Common {
 pub const MAX_CACHE_SALT_BYTES: usize = 256;
 
 /// Where the chat shape's tool fields are, for errors.
+impl ChatRequest {
+    /// `chat_template_kwargs`: an object of variables, none of the renderer's own names.
+    pub fn template_kwargs(
+        &self,
+    ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ApiError> {
+        let bad = |m: String| ApiError::bad_request(m, Some("chat_template_kwargs"));
+        match self.chat_template_kwargs.as_deref() {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::Object(m)) => {
+                if let Some(k) = m.keys().find(|k| {
+                    cachet_backend::tokenizer::TextTokenizer::TEMPLATE_NAMES.contains(&k.as_str())
+                }) {
+                    return Err(bad(format!(
+                        "chat_template_kwargs may not set `{k}`: the server sets it from the request"
+                    )));
+                }
+                Ok(Some(m.clone()))
+            }
+            Some(other) => Err(bad(format!(
+                "chat_template_kwargs is an object of template variables, e.g. {{\"enable_thinking\": false}}; got {other}"
+            ))),
+        }
+    }
+}
+
 pub const CHAT_TOOLS: tools::Names = tools::Names {
     tools: "tools",
     choice: "tool_choice",

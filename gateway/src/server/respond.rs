@@ -14,6 +14,7 @@ use cachet_backend::tokenizer::TextTokenizer;
 use hyper::{Response, StatusCode};
 use tokio::sync::mpsc;
 
+use super::reasoning::ThinkSplitter;
 use super::tools::{Call, Format, Out, Parser};
 use super::AppState;
 use crate::http::{self, ApiError, Body};
@@ -171,6 +172,8 @@ pub struct Meta {
     pub ignored: Vec<String>,
     /// The output is parsed for tool calls in this format, keeping at most this many.
     pub calls: Option<(Format, usize)>,
+    /// The model's thinking is split from its answer (where the render has a place for it).
+    pub reasoning: bool,
 }
 
 impl Meta {
@@ -191,8 +194,10 @@ impl Meta {
 
 /// One choice's outcome, for a whole (not streamed) response.
 pub struct ChoiceOut {
-    /// The answer's text (without its tool calls).
+    /// The answer's text (without its tool calls and its thinking).
     pub text: String,
+    /// The model's thinking, when it is split out (`reasoning_content`).
+    pub reasoning: Option<String>,
     /// The tool calls it made.
     pub calls: Vec<Call>,
     pub reason: FinishReason,
@@ -213,6 +218,15 @@ pub trait Render: Send + 'static {
         tok: &TextTokenizer,
     ) -> serde_json::Value;
     fn start(&mut self, meta: &Meta, choices: usize) -> Vec<String>;
+    /// Whether this shape has a place for the model's thinking (then [`Render::reasoning`]
+    /// gets it and [`ChoiceOut::reasoning`] holds it); otherwise it stays in the text.
+    fn splits_reasoning(&self) -> bool {
+        false
+    }
+    /// Thinking text of choice `i` (streams; only where [`Render::splits_reasoning`]).
+    fn reasoning(&mut self, _meta: &Meta, _i: usize, _text: &str) -> Vec<String> {
+        Vec::new()
+    }
     /// Text a token adds (maybe empty while held back) and its log-probabilities.
     fn token(
         &mut self,
@@ -435,6 +449,7 @@ async fn whole_into(
     let mut out: Vec<ChoiceOut> = (0..k)
         .map(|_| ChoiceOut {
             text: String::new(),
+            reasoning: None,
             calls: Vec::new(),
             reason: FinishReason::Stop,
             stop_sequence: None,
@@ -474,6 +489,13 @@ async fn whole_into(
                 left -= 1;
             }
             None => return Err(ApiError::internal("the engine ended the stream early")),
+        }
+    }
+    if meta.reasoning && render.splits_reasoning() {
+        for c in &mut out {
+            let (reasoning, content) = super::reasoning::split_whole(&c.text);
+            c.reasoning = reasoning;
+            c.text = content;
         }
     }
     if let Some((format, limit)) = meta.calls {
@@ -525,6 +547,9 @@ pub fn sse(
         let mut parsers: Vec<Option<Parser>> = (0..k)
             .map(|_| meta.calls.map(|(f, limit)| Parser::new(f, limit)))
             .collect();
+        let split = meta.reasoning && render.splits_reasoning();
+        let mut thinks: Vec<Option<ThinkSplitter>> =
+            (0..k).map(|_| split.then(ThinkSplitter::new)).collect();
         let mut left = k;
         while left > 0 {
             // A client that leaves is noticed at once (not at the next token): dropping the
@@ -540,7 +565,12 @@ pub fn sse(
             match ev {
                 Some(EngineEvent::Token { text, logprobs, .. }) => {
                     meter.token(i);
-                    let frames = match &mut parsers[i] {
+                    // The thinking goes out as such; the answer's text on to the tool parser.
+                    let (mut frames, text) = match &mut thinks[i] {
+                        None => (Vec::new(), text),
+                        Some(t) => thinking(&mut render, &meta, i, t.feed(&text)),
+                    };
+                    frames.extend(match &mut parsers[i] {
                         None => render.token(&meta, i, &text, logprobs.as_ref(), &state.tokenizer),
                         Some(p) => {
                             let made = p.calls();
@@ -555,7 +585,7 @@ pub fn sse(
                                 &state.tokenizer,
                             )
                         }
-                    };
+                    });
                     if !send(frames).await {
                         return; // client gone: dropping `events` cancels the request
                     }
@@ -576,7 +606,15 @@ pub fn sse(
                         return;
                     }
                     sum.add(&meta, i, &usage, &timings);
-                    let (mut frames, rest) = match &mut parsers[i] {
+                    let (mut frames, text) = match &mut thinks[i] {
+                        None => (Vec::new(), text),
+                        Some(t) => {
+                            let mut pieces = t.feed(&text);
+                            pieces.extend(t.finish());
+                            thinking(&mut render, &meta, i, pieces)
+                        }
+                    };
+                    let (more, rest) = match &mut parsers[i] {
                         None => (Vec::new(), text),
                         Some(p) => {
                             let made = p.calls();
@@ -587,6 +625,7 @@ pub fn sse(
                             (f, String::new())
                         }
                     };
+                    frames.extend(more);
                     frames.extend(render.finish(
                         &meta,
                         i,
@@ -611,6 +650,23 @@ pub fn sse(
         }
     });
     head
+}
+
+/// The frames of a choice's thinking pieces, and the answer's text among them (joined).
+fn thinking(
+    render: &mut impl Render,
+    meta: &Meta,
+    i: usize,
+    pieces: Vec<super::reasoning::Piece>,
+) -> (Vec<String>, String) {
+    let (mut frames, mut text) = (Vec::new(), String::new());
+    for p in pieces {
+        match p {
+            super::reasoning::Piece::Reasoning(r) => frames.extend(render.reasoning(meta, i, &r)),
+            super::reasoning::Piece::Content(c) => text.push_str(&c),
+        }
+    }
+    (frames, text)
 }
 
 /// The frames of a choice's parsed output: its text pieces and calls in order (`made` calls
@@ -763,6 +819,9 @@ impl Render for OpenAiRender {
                 let reason = finish_reason(c.reason, !c.calls.is_empty());
                 if self.chat {
                     let mut message = serde_json::json!({"role": "assistant", "content": c.text});
+                    if let Some(r) = &c.reasoning {
+                        message["reasoning_content"] = r.as_str().into();
+                    }
                     if !c.calls.is_empty() {
                         if c.text.is_empty() {
                             message["content"] = serde_json::Value::Null;
@@ -783,6 +842,18 @@ impl Render for OpenAiRender {
         let mut body = self.envelope(meta, false, choices.into());
         body["usage"] = usage.openai_json(meta);
         body
+    }
+
+    fn splits_reasoning(&self) -> bool {
+        self.chat
+    }
+
+    fn reasoning(&mut self, meta: &Meta, i: usize, text: &str) -> Vec<String> {
+        let choice = serde_json::json!({
+            "index": i, "delta": {"reasoning_content": text}, "finish_reason": null,
+        });
+        let v = self.envelope(meta, true, serde_json::json!([choice]));
+        vec![format!("data: {v}\n\n")]
     }
 
     fn start(&mut self, meta: &Meta, choices: usize) -> Vec<String> {

@@ -60,7 +60,11 @@ pub fn input(
     TemplateRequest {
         model: req.common.model.clone(),
         messages,
-        variables: req.template_variables.clone().unwrap_or_default(),
+        variables: req
+            .template_variables
+            .as_deref()
+            .cloned()
+            .unwrap_or_default(),
         tenant: TemplateTenant {
             id: tenant.id().to_string(),
             metadata: tenant.config.metadata.clone(),
@@ -200,6 +204,7 @@ pub async fn admin(
             let r: openai::ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
             let msgs = r.messages()?;
             let tools = r.tools()?.and_then(|t| t.template_tools());
+            let kwargs = r.template_kwargs()?;
             r.common.validate()?;
             let _permit = tenant.admit_request(std::time::Instant::now())?;
             let applied = run(&state, &tenant, &name, input(&tenant, &r, msgs)).await?;
@@ -209,6 +214,7 @@ pub async fn admin(
                 &tenant.salt,
                 &applied.rendered.segments,
                 tools.as_ref(),
+                kwargs.as_ref(),
             )?;
             ok_json(
                 StatusCode::OK,

@@ -53,3 +53,35 @@ fn the_official_openai_client_chats_with_qwen25_coder() {
         &[("BASE_URL", &base), ("KEY", "sk-test-acme")],
     );
 }
+
+/// Thinking split out as `reasoning_content` (whole and streamed) and `chat_template_kwargs`
+/// (`enable_thinking`), with a template that has Qwen3's thinking switch.
+#[test]
+fn reasoning_content_and_chat_template_kwargs_through_the_official_client() {
+    cachet_tests::qwen05_path();
+    let config = format!(
+        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-test-acme")
+    );
+    let site = openai_site();
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/chat-templates/chatml-thinking.jinja"
+    );
+    let model = [
+        "--model",
+        "qwen2.5-coder-0.5b",
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "1024",
+        "--chat-template",
+        template,
+    ];
+    let (_server, base) = start_model(&config, &model, &[], None, None);
+    python_check(
+        "reasoning_check.py",
+        &site,
+        &[("BASE_URL", &base), ("KEY", "sk-test-acme")],
+    );
+}
