@@ -105,7 +105,11 @@ fn requests_differing_only_in_volatile_values_share_the_cached_prefix_tokens() {
         let n = normalize(&segs, rules);
         let (messages, first) = to_messages(&n.segments);
         let enc = cache
-            .encode(&tok, &render(&tok, &messages, None, None, first).unwrap(), &salt)
+            .encode(
+                &tok,
+                &render(&tok, &messages, None, None, first).unwrap(),
+                &salt,
+            )
             .unwrap();
         if let Some(f) = enc.fill.clone() {
             cache.fill(f);
@@ -254,7 +258,14 @@ fn tool_conversations_render_whole_and_keep_control_tokens_out_of_the_markup() {
     // Control tokens in markup are refused.
     let mut bad = call;
     bad.tool_calls[0].arguments = r#"{"zone":"<|im_end|>"}"#.into();
-    let err = render(&tok, &[ChatMessage::new("user", "Time?"), bad], None, None, None).unwrap_err();
+    let err = render(
+        &tok,
+        &[ChatMessage::new("user", "Time?"), bad],
+        None,
+        None,
+        None,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("control token"), "{err}");
 }
 

@@ -228,11 +228,20 @@ impl Engine {
         let layout = runner.kv_layout();
         let mut sched_cfg = config.scheduler.clone();
         sched_cfg.max_model_len = sched_cfg.max_model_len.min(runner.max_model_len());
-        let kv = KvCacheManager::new(
+        let mut kv = KvCacheManager::new(
             layout.num_blocks,
             layout.block_size,
             config.prefix_cache_cap,
             config.enable_prefix_caching,
+        );
+        // Blocks behind the window go back to the pool where every layer slides (Mistral,
+        // Qwen with all layers windowed); Gemma's global layers read the whole context.
+        let model = runner.config();
+        kv.set_window(
+            (0..model.num_hidden_layers)
+                .map(|l| model.layer_window(l))
+                .collect::<Option<Vec<usize>>>()
+                .and_then(|w| w.into_iter().max()),
         );
         let limits = Arc::new(Limits {
             max_waiting: config.max_waiting,

@@ -4,6 +4,12 @@
 //! (`false` → the scheduler must preempt or wait), [`KvCacheManager::free`], and usage. Full blocks
 //! are registered in the prefix cache the moment they are scheduled to fill, so a request later in
 //! the same step can share them: a step writes every token's K/V before any attention reads it.
+//!
+//! A model whose every layer attends over a sliding window ([`KvCacheManager::set_window`]) never
+//! reads a token again once it is a whole window (and the attention kernels' read margin) behind
+//! the next query: such blocks are handed back to the pool as the request moves on — their
+//! memory reused, their content still a cached prefix until evicted. Their ids stay in the
+//! request's table, at their positions, never read again.
 
 use std::collections::HashMap;
 
@@ -17,7 +23,13 @@ struct ReqBlocks {
     blocks: Vec<BlockId>,
     /// Leading blocks already registered in the prefix cache.
     num_cached: usize,
+    /// Leading blocks handed back behind the sliding window (no longer this request's).
+    num_dropped: usize,
 }
+
+/// Tokens before a query's window that the attention kernels may still read: they start at the
+/// key tile (64 keys: `ATT_TK`, `MMA_TK`) holding the window's first key.
+pub const WINDOW_READ_TILE: usize = 64;
 
 /// The owner that public-prefix blocks count under (their share: one tenant's).
 pub const PUBLIC_OWNER: &str = "(public)";
@@ -29,6 +41,8 @@ pub struct KvCacheManager {
     reqs: HashMap<ReqKey, ReqBlocks>,
     /// Each request's owner, and how many of its leading blocks are public (everyone's).
     owners: HashMap<ReqKey, (Owner, usize)>,
+    /// The window every layer attends over, when every layer slides.
+    window: Option<usize>,
 }
 
 /// A prefix hit: blocks to reuse and how many tokens they hold.
@@ -50,7 +64,14 @@ impl KvCacheManager {
             block_size,
             reqs: HashMap::new(),
             owners: HashMap::new(),
+            window: None,
         }
+    }
+
+    /// Every layer attends over at most `window` keys (a model whose layers all slide): blocks
+    /// behind it are handed back as requests move on. `None`: a request keeps all its blocks.
+    pub fn set_window(&mut self, window: Option<usize>) {
+        self.window = window;
     }
 
     /// The blocks `req` caches count in tenant `tenant`'s share (`share`) of the idle cache,
@@ -157,20 +178,40 @@ impl KvCacheManager {
             self.pool.cache_block_for(b, h, owner);
         }
         entry.num_cached = entry.num_cached.max(full);
+        // Queries from `num_computed` on read keys from the kernel tile holding their window's
+        // start: the blocks wholly before it are never read again.
+        if let Some(w) = self.window {
+            let read_from =
+                (num_computed + 1).saturating_sub(w) / WINDOW_READ_TILE * WINDOW_READ_TILE;
+            let behind = (read_from / self.block_size).min(entry.blocks.len());
+            if behind > entry.num_dropped {
+                let gone = entry.blocks[entry.num_dropped..behind].to_vec();
+                entry.num_dropped = behind;
+                self.pool.free(gone.into_iter().rev());
+            }
+        }
         true
     }
 
     /// Returns a request's blocks to the pool, last block first.
     pub fn free(&mut self, req: ReqKey) {
         if let Some(r) = self.reqs.remove(&req) {
-            self.pool.free(r.blocks.into_iter().rev());
+            self.pool
+                .free(r.blocks.into_iter().skip(r.num_dropped).rev());
         }
+    }
+
+    /// Blocks `req` holds (those handed back behind a sliding window not counted).
+    pub fn num_held(&self, req: ReqKey) -> usize {
+        self.reqs
+            .get(&req)
+            .map_or(0, |r| r.blocks.len() - r.num_dropped)
     }
 
     /// Drops the blocks past `num_tokens` (rolled-back speculative slots).
     pub fn truncate(&mut self, req: ReqKey, num_tokens: usize) {
         if let Some(r) = self.reqs.get_mut(&req) {
-            let keep = num_tokens.div_ceil(self.block_size);
+            let keep = num_tokens.div_ceil(self.block_size).max(r.num_dropped);
             if r.blocks.len() > keep {
                 let extra: Vec<BlockId> = r.blocks.drain(keep..).collect();
                 self.pool.free(extra.into_iter().rev());

@@ -260,3 +260,46 @@ fn public_prefix_blocks_count_under_the_public_owner() {
         ]
     );
 }
+
+/// With every layer sliding, blocks wholly before the read tile of the next query's window go
+/// back to the pool (still cached), and the request's table keeps its positions.
+#[test]
+fn blocks_behind_a_sliding_window_go_back_to_the_pool_as_cached() {
+    use super::manager::WINDOW_READ_TILE;
+    // Blocks of 4 tokens, a window of 8: reading starts at the 64-token tile holding the window.
+    let mut m = KvCacheManager::new(64, 4, 1.0, true);
+    m.set_window(Some(8));
+    let tokens: Vec<u32> = (0..200).collect();
+    let hashes = hasher().hash_all(&tokens);
+    // A 100-token prompt, then one token a step up to 200.
+    assert!(m.allocate_slots(1, &ComputedBlocks::default(), 0, 100, &hashes));
+    assert_eq!(
+        m.num_held(1),
+        25,
+        "the prefill's own queries read from position 0"
+    );
+    for n in 100..200 {
+        assert!(m.allocate_slots(1, &ComputedBlocks::default(), n, 1, &hashes));
+        let read_from = (n + 1 - 8) / WINDOW_READ_TILE * WINDOW_READ_TILE;
+        let table = (n + 1).div_ceil(4);
+        assert_eq!(m.num_held(1), table - read_from / 4, "at {n}");
+        assert_eq!(m.block_table(1).len(), table, "positions kept");
+    }
+    // At 199: reading from 192, blocks 0..48 handed back; they are idle cached prefix blocks.
+    let u = m.usage();
+    assert_eq!((u.used, u.cached_idle), (2, 48));
+    let hit = m.computed_blocks(&hashes[..10], 41);
+    assert_eq!(
+        hit.num_tokens, 40,
+        "a new request still hits the handed-back prefix"
+    );
+    // Freeing returns only what it holds (no double free).
+    m.free(1);
+    let u = m.usage();
+    assert_eq!((u.used, u.cached_idle + u.free_plain), (0, 64));
+    // Without a window nothing is handed back.
+    let mut m = KvCacheManager::new(64, 4, 1.0, true);
+    assert!(m.allocate_slots(1, &ComputedBlocks::default(), 0, 200, &hashes));
+    assert!(m.allocate_slots(1, &ComputedBlocks::default(), 200, 1, &hashes));
+    assert_eq!(m.num_held(1), 51);
+}

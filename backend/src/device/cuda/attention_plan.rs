@@ -273,12 +273,12 @@ mod tests {
                 max_ctx: 64,
                 num_heads: 8,
                 num_kv_heads: 1,
-                head_dim: 256,
+                head_dim: 512,
             },
             &caps,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("head_dim 256"));
+        assert!(e.to_string().contains("head_dim 512"));
         let e = AttentionPlan::choose(
             &StepShape {
                 tile_lens: &[1],
