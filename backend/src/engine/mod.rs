@@ -281,7 +281,6 @@ impl Engine {
             kv_events: kv_events.clone(),
             limits: limits.clone(),
         };
-        let mut kv = kv;
         kv.set_cache_shares(config.cache_shares);
         let mut sched = Scheduler::new(sched_cfg, kv);
         sched.set_speculation(config.speculative.clone(), runner.samples_on_device());
