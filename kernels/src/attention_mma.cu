@@ -181,7 +181,10 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // each), where Q is staged before the loop.
     bf16* stage = reinterpret_cast<bf16*>(smem_f);
     fp8* raw = reinterpret_cast<fp8*>(stage + 2 * TILE);
-    bf16* Qs = FP8 ? reinterpret_cast<bf16*>(raw) : stage + 2 * TILE;
+    // D = 256 (bf16): Q stays in a shared region of its own after the two stages, and the A
+    // fragments are read from it at each k-step (in registers they would spill).
+    constexpr bool Q_SHARED = !FP8 && D > 128;
+    bf16* Qs = FP8 ? reinterpret_cast<bf16*>(raw) : stage + (Q_SHARED ? 4 : 2) * TILE;
     __shared__ float raw_scale[FP8 ? 2 : 1][2][MMA_TK];  // [stage][K, V][row]
     __shared__ float tile_k_scale[FP8 ? MMA_TK : 1];      // K scales of the tile being computed
     // bf16: rows (slot * n_kv + kv head) of the key tiles in the cache.
@@ -370,14 +373,18 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // This warp's 16 query rows: A fragments of Q for every 16-wide slice of D.
     const int row0 = warp * 16;
     const bool active = row0 < qlen;  // warp-uniform: idle warps only help with the copies
-    unsigned qa[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    // The A fragment of Q's 16-wide slice kk.
+    auto q_frag = [&](unsigned* f, int kk) {
         const bf16* base = Qs + (row0 + fr) * DP + kk * 16 + 2 * fq;
-        qa[kk][0] = *reinterpret_cast<const unsigned*>(base);
-        qa[kk][1] = *reinterpret_cast<const unsigned*>(base + 8 * DP);
-        qa[kk][2] = *reinterpret_cast<const unsigned*>(base + 8);
-        qa[kk][3] = *reinterpret_cast<const unsigned*>(base + 8 * DP + 8);
+        f[0] = *reinterpret_cast<const unsigned*>(base);
+        f[1] = *reinterpret_cast<const unsigned*>(base + 8 * DP);
+        f[2] = *reinterpret_cast<const unsigned*>(base + 8);
+        f[3] = *reinterpret_cast<const unsigned*>(base + 8 * DP + 8);
+    };
+    unsigned qa[Q_SHARED ? 1 : D / 16][4];
+    if constexpr (!Q_SHARED) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) q_frag(qa[kk], kk);
     }
     const int ra = row0 + fr, rb = ra + 8;  // the two rows this thread holds
     const int pos_a = (ra < qlen) ? (int)pos[start + ra / group] : -1;
@@ -440,6 +447,12 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                     if constexpr (FP8) {
                         mma_f16(s[nb], qa[kk], b);
                         mma_f16(s[nb], qa[kk + 1], b + 2);
+                    } else if constexpr (Q_SHARED) {
+                        unsigned q0[4], q1[4];
+                        q_frag(q0, kk);
+                        q_frag(q1, kk + 1);
+                        mma_bf16(s[nb], q0, b);
+                        mma_bf16(s[nb], q1, b + 2);
                     } else {
                         mma_bf16(s[nb], qa[kk], b);
                         mma_bf16(s[nb], qa[kk + 1], b + 2);
@@ -594,3 +607,15 @@ MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16)
 MMA_KERNEL(paged_attention_mma_d64_bf16, 64, false, bf16)
 MMA_KERNEL(paged_attention_mma_d128_fp8, 128, true, fp8)
 MMA_KERNEL(paged_attention_mma_d64_fp8, 64, true, fp8)
+
+// head_dim 256 (Gemma 3), bf16 cache: the same kernel, one block per SM (its Q fragments and
+// output accumulators take twice the registers of d128). An FP8 cache at d256 spills here and
+// runs on paged_attention_d256_fp8 (attention.cu) instead.
+#define MMA_WIDE_KERNEL(NAME, D, FP8, KV)                                                                     \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 1) NAME(PAGED_ATTENTION_ARGS(KV)) {             \
+        attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
+                              block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
+                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window);      \
+    }
+
+MMA_WIDE_KERNEL(paged_attention_mma_d256_bf16, 256, false, bf16)

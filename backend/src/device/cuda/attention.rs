@@ -29,6 +29,7 @@ impl CudaDevice {
             _ if self.options.simt_attention => None,
             (64, false) => Some(&self.k.attention_mma_d64),
             (128, false) => Some(&self.k.attention_mma_d128),
+            (256, false) => Some(&self.k.attention_mma_d256),
             (64, true) => Some(&self.k.attention_mma_d64_fp8),
             (128, true) => Some(&self.k.attention_mma_d128_fp8),
             _ => None,

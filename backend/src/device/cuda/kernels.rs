@@ -48,9 +48,10 @@ pub const GEMV_THREADS: u32 = 512;
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
 
 /// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
-/// bf16 (Q is staged in the second before the loop).
+/// bf16 (Q is staged in the second before the loop; at d = 256 it keeps a region of its own).
 pub fn mma_smem_bytes(d: usize) -> u32 {
-    (4 * ATT_TK * (d + 8) * 2) as u32
+    let q = if d > 128 { MMA_ROWS * (d + 8) * 2 } else { 0 };
+    (4 * ATT_TK * (d + 8) * 2 + q) as u32
 }
 
 /// Shared memory of the FP8 tensor-core kernels: one bf16 K/V tile and two raw stages of K and V
@@ -84,6 +85,7 @@ pub struct Kernels {
     pub attention_d256_fp8: CudaFunction,
     pub attention_mma_d64: CudaFunction,
     pub attention_mma_d128: CudaFunction,
+    pub attention_mma_d256: CudaFunction,
     pub attention_mma_d64_fp8: CudaFunction,
     pub attention_mma_d128_fp8: CudaFunction,
     pub combine: CudaFunction,
@@ -151,6 +153,7 @@ impl Kernels {
             attention_d256_fp8: f("paged_attention_d256_fp8")?,
             attention_mma_d64: f("paged_attention_mma_d64_bf16")?,
             attention_mma_d128: f("paged_attention_mma_d128_bf16")?,
+            attention_mma_d256: f("paged_attention_mma_d256_bf16")?,
             attention_mma_d64_fp8: f("paged_attention_mma_d64_fp8")?,
             attention_mma_d128_fp8: f("paged_attention_mma_d128_fp8")?,
             combine: f("attention_combine_bf16")?,
@@ -179,6 +182,7 @@ impl Kernels {
         }
         smem(&k.attention_mma_d64, mma_smem_bytes(64))?;
         smem(&k.attention_mma_d128, mma_smem_bytes(128))?;
+        smem(&k.attention_mma_d256, mma_smem_bytes(256))?;
         smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
         for func in k.gemv_norm.iter().chain(&k.gemv_norm_swiglu) {
