@@ -88,7 +88,7 @@ extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const
 }
 
 // out[r, :] = rms_norm(x[r, :]) * w of a sub-layer's bf16 output (Gemma's post-attention and
-// post-feed-forward norms). One block per row.
+// post-feed-forward norms). One block per row; launch as rms_norm_bf16.
 //   x   : device, bf16 [rows, cols]
 //   w   : device, bf16 [cols]
 //   out : device, bf16 [rows, cols]
@@ -96,6 +96,25 @@ extern "C" __global__ void output_norm_bf16(const bf16* __restrict__ x, const bf
                                             bf16* __restrict__ out, int cols, float eps) {
     const size_t row = blockIdx.x;
     const bf16* xr = x + row * cols;
+    if (cols <= RMS_PER_THREAD * (int)blockDim.x) {
+        // A decode step's row in one round trip, as rms_norm_bf16 (launch ceil(cols / 8) threads).
+        float v[RMS_PER_THREAD], wv[RMS_PER_THREAD];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = i < cols ? bf2f(xr[i]) : 0.f;
+            wv[k] = i < cols ? bf2f(w[i]) : 0.f;
+            ss += v[k] * v[k];
+        }
+        const float inv = rsqrtf(block_sum(ss) / cols + eps);
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < cols) out[row * cols + i] = f2bf(wv[k] * (v[k] * inv));
+        }
+        return;
+    }
     float ss = 0.f;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         const float v = bf2f(xr[i]);

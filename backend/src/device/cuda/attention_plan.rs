@@ -11,7 +11,7 @@
 //!   one. Each split is a multiple of `step` keys (whole ATT_TK tiles for the CUDA-core kernel).
 
 use super::kernels::{
-    ATT_MAXD_WIDE, ATT_TK, ATT_TQ, MMA_BLOCKS_PER_SM, MMA_ROWS, SIMT_BLOCKS_PER_SM,
+    ATT_MAXD, ATT_MAXD_WIDE, ATT_TK, ATT_TQ, MMA_BLOCKS_PER_SM, MMA_ROWS, SIMT_BLOCKS_PER_SM,
 };
 use super::options::SplitOptions;
 use super::DEV;
@@ -124,7 +124,10 @@ impl AttentionPlan {
         // step (each attends over its full range); units of a longer prompt attend over causal
         // triangles and their partials cost a round trip: one wave (a 512-token prefill ran
         // 23 ms split three ways, 14 ms unsplit).
-        let per_sm = if mma {
+        // head_dim 256: one block per SM either way (its shared memory).
+        let per_sm = if d > ATT_MAXD {
+            1
+        } else if mma {
             MMA_BLOCKS_PER_SM
         } else {
             SIMT_BLOCKS_PER_SM

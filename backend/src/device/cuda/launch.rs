@@ -188,9 +188,9 @@ impl CudaDevice {
         let c = cols as i32;
         let mut l = self.stream.launch_builder(&self.k.output_norm);
         l.arg(x).arg(w).arg(out).arg(&c).arg(&eps);
-        // SAFETY: x and out hold rows × cols elements, w cols; one block per row, a strided
-        // loop over the columns.
-        unsafe { l.launch(rows_config(rows, 256)) }.map_err(op_err("output_norm"))?;
+        // SAFETY: x and out hold rows × cols elements, w cols; one block per row, its threads
+        // sized as rms_norm's (each keeps at most 8 elements, or loops).
+        unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("output_norm"))?;
         Ok(())
     }
 
