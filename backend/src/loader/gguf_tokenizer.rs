@@ -273,24 +273,19 @@ fn sentencepiece_bpe(
         .and_then(|v| v.as_bool())
         .unwrap_or(!gemma);
     let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
-    let (normalizer, decoder) = if space_prefix {
-        (
-            json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u{2581}"}, replace]}),
-            json!({"type": "Sequence", "decoders": [
-                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                {"type": "ByteFallback"}, {"type": "Fuse"},
-                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-            ]}),
-        )
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    // A prefix space added to the text is taken off the decoded text.
+    let normalizer = if space_prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u{2581}"}, replace]})
     } else {
-        (
-            replace,
-            json!({"type": "Sequence", "decoders": [
-                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                {"type": "ByteFallback"}, {"type": "Fuse"},
-            ]}),
-        )
+        replace
     };
+    let decoder = json!({"type": "Sequence", "decoders": decoders});
     let unk = file
         .get("tokenizer.ggml.unknown_token_id")
         .and_then(|v| v.as_u64())

@@ -24,6 +24,13 @@ struct Layer<T> {
     post_norms: Option<(T, T)>,
 }
 
+/// Every layer's attention: its window, and the score scale of the family.
+fn attn_params_all(config: &ModelConfig) -> Vec<AttnParams> {
+    (0..config.num_hidden_layers)
+        .map(|l| attn_params(config, l))
+        .collect()
+}
+
 /// Layer `l`'s attention: its window, and the score scale of the family.
 fn attn_params(config: &ModelConfig, l: usize) -> AttnParams {
     AttnParams {
@@ -130,9 +137,7 @@ impl<D: Device> Decoder<D> {
             lm_head: weights.lm_head.as_ref().map(up).transpose()?,
             rope,
             rope_local,
-            attn: (0..config.num_hidden_layers)
-                .map(|l| attn_params(config, l))
-                .collect(),
+            attn: attn_params_all(config),
             max_positions,
         })
     }
@@ -203,9 +208,7 @@ impl<D: Device> Decoder<D> {
             },
             rope,
             rope_local,
-            attn: (0..config.num_hidden_layers)
-                .map(|l| attn_params(config, l))
-                .collect(),
+            attn: attn_params_all(config),
             max_positions,
         })
     }

@@ -140,11 +140,8 @@ fn push(out: &mut Vec<Piece>, p: Piece) {
     }
 }
 
-/// A whole output as (reasoning, content): `None` reasoning when it does not think.
-pub fn split_whole(text: &str) -> (Option<String>, String) {
-    let mut s = ThinkSplitter::new();
-    let mut pieces = s.feed(text);
-    pieces.extend(s.finish());
+/// Pieces joined into (reasoning, content): `None` reasoning when there is none.
+fn join(pieces: Vec<Piece>) -> (Option<String>, String) {
     let (mut reasoning, mut content) = (None::<String>, String::new());
     for p in pieces {
         match p {
@@ -152,6 +149,15 @@ pub fn split_whole(text: &str) -> (Option<String>, String) {
             Piece::Content(t) => content.push_str(&t),
         }
     }
+    (reasoning, content)
+}
+
+/// A whole output as (reasoning, content): `None` reasoning when it does not think.
+pub fn split_whole(text: &str) -> (Option<String>, String) {
+    let mut s = ThinkSplitter::new();
+    let mut pieces = s.feed(text);
+    pieces.extend(s.finish());
+    let (mut reasoning, content) = join(pieces);
     if s.state == State::Answer && reasoning.is_none() && text.trim_start().starts_with(OPEN) {
         reasoning = Some(String::new()); // an empty think block
     }
@@ -176,13 +182,7 @@ mod tests {
                     pieces.extend(s.feed(part));
                 }
                 pieces.extend(s.finish());
-                let (mut r, mut c) = (None::<String>, String::new());
-                for p in pieces {
-                    match p {
-                        Piece::Reasoning(t) => r.get_or_insert_with(String::new).push_str(&t),
-                        Piece::Content(t) => c.push_str(&t),
-                    }
-                }
+                let (r, c) = join(pieces);
                 assert_eq!(
                     (r.unwrap_or_default(), c),
                     (whole.0.clone().unwrap_or_default(), whole.1.clone()),

@@ -26,27 +26,31 @@ fn the_official_openai_client_works_against_cachet_serve_over_tls() {
     );
 }
 
-/// Qwen2.5-Coder-0.5B-Instruct (qwen2: q/k/v biases, K-quant GGUF, its own chat template) served
-/// on the CPU, driven by the official client.
-#[test]
-fn the_official_openai_client_chats_with_qwen25_coder() {
+/// `cachet serve` on Qwen2.5-Coder-0.5B-Instruct (CPU) for tenant `acme`, with `extra` model flags.
+fn qwen_server(extra: &[&str]) -> (Server, String) {
     cachet_tests::qwen05_path();
     let config = format!(
         "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
         key_hash("sk-test-acme")
     );
-    let site = openai_site();
-    let model = [
+    let mut model = vec![
         "--model",
         "qwen2.5-coder-0.5b",
         "--device",
         "cpu",
         "--max-model-len",
         "1024",
-        "--gpu-memory-utilization",
-        "0.9",
     ];
-    let (_server, base) = start_model(&config, &model, &[], None, None);
+    model.extend_from_slice(extra);
+    start_model(&config, &model, &[], None, None)
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct (qwen2: q/k/v biases, K-quant GGUF, its own chat template) served
+/// on the CPU, driven by the official client.
+#[test]
+fn the_official_openai_client_chats_with_qwen25_coder() {
+    let site = openai_site();
+    let (_server, base) = qwen_server(&[]);
     python_check(
         "qwen_check.py",
         &site,
@@ -58,27 +62,12 @@ fn the_official_openai_client_chats_with_qwen25_coder() {
 /// (`enable_thinking`), with a template that has Qwen3's thinking switch.
 #[test]
 fn reasoning_content_and_chat_template_kwargs_through_the_official_client() {
-    cachet_tests::qwen05_path();
-    let config = format!(
-        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
-        key_hash("sk-test-acme")
-    );
     let site = openai_site();
     let template = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../examples/chat-templates/chatml-thinking.jinja"
     );
-    let model = [
-        "--model",
-        "qwen2.5-coder-0.5b",
-        "--device",
-        "cpu",
-        "--max-model-len",
-        "1024",
-        "--chat-template",
-        template,
-    ];
-    let (_server, base) = start_model(&config, &model, &[], None, None);
+    let (_server, base) = qwen_server(&["--chat-template", template]);
     python_check(
         "reasoning_check.py",
         &site,
