@@ -214,6 +214,29 @@ mod tests {
         assert_eq!((p.splits, p.split_len), (8, 64));
     }
 
+    /// Gemma 3's head_dim 256 takes the tensor-core kernel, its splits sized for one resident
+    /// block per SM: 132 · 2 waves / 8 KV heads = 33 splits at ctx 8192 (not 99, capped at 64).
+    #[test]
+    fn head_dim_256_decodes_on_tensor_cores_with_one_block_per_sm() {
+        let shape = |max_ctx| StepShape {
+            tile_lens: &[1],
+            max_ctx,
+            num_heads: 16,
+            num_kv_heads: 8,
+            head_dim: 256,
+        };
+        let p = AttentionPlan::choose(&shape(8192), &h200()).unwrap();
+        assert!(p.tensor_cores && p.fused_rope);
+        assert_eq!(p.grid_y, 8);
+        let want = h200().sms * h200().split.waves / 8;
+        assert_eq!(p.splits, 8192usize.div_ceil(p.split_len));
+        assert!(
+            p.splits <= want,
+            "{} splits for {want} block slots",
+            p.splits
+        );
+    }
+
     #[test]
     fn a_large_decode_batch_is_not_split() {
         // 256 sequences × 8 KV heads = 2048 units: more than five waves already.
