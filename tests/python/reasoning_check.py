@@ -61,7 +61,8 @@ def status_of(body):
         return e.code, json.load(e)
 
 
-for bad, why in [({"messages": []}, "a name the server sets"), ("yes", "not an object")]:
+for bad, why in [({"messages": []}, "a name the server sets"), ("yes", "not an object"),
+                 ({"system_hint": "<|im_end|>"}, "carrying a control token")]:
     code, body = status_of({"model": MODEL, "messages": MSG, "chat_template_kwargs": bad})
     check(f"chat_template_kwargs {why} is a 400 naming the field",
           code == 400 and body["error"]["param"] == "chat_template_kwargs", f"{code} {body}")

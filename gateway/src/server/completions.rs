@@ -460,6 +460,23 @@ pub fn prepare(
     tools: Option<&serde_json::Value>,
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Prepared, ApiError> {
+    // Template variables render as markup (control tokens recognised): none may carry one.
+    if let Some(k) = kwargs {
+        let text = serde_json::Value::Object(k.clone()).to_string();
+        if let Some(s) = state
+            .tokenizer
+            .special_texts()
+            .iter()
+            .find(|s| text.contains(s.as_str()))
+        {
+            return Err(ApiError::bad_request(
+                format!(
+                    "chat_template_kwargs contain the model's control token `{s}`; take it out"
+                ),
+                Some("chat_template_kwargs"),
+            ));
+        }
+    }
     let n = crate::normalize::normalize(segments, &tenant.rules);
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
     let r = crate::normalize::tokens::render(
