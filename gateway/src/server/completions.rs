@@ -462,13 +462,8 @@ pub fn prepare(
 ) -> Result<Prepared, ApiError> {
     // Template variables render as markup (control tokens recognised): none may carry one.
     if let Some(k) = kwargs {
-        let text = serde_json::Value::Object(k.clone()).to_string();
-        if let Some(s) = state
-            .tokenizer
-            .special_texts()
-            .iter()
-            .find(|s| text.contains(s.as_str()))
-        {
+        let v = serde_json::Value::Object(k.clone());
+        if let Some(s) = super::tools::control_token_in(&v, &state.tokenizer) {
             return Err(ApiError::bad_request(
                 format!(
                     "chat_template_kwargs contain the model's control token `{s}`; take it out"

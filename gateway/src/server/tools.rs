@@ -254,12 +254,7 @@ impl Tools {
 /// definitions (`tools`, as the template gets them) are rendered by the template, not tokenized
 /// as message text.
 pub fn check_markup(tools: &Value, tok: &TextTokenizer, names: Names) -> Result<(), ApiError> {
-    let text = tools.to_string();
-    if let Some(s) = tok
-        .special_texts()
-        .iter()
-        .find(|s| text.contains(s.as_str()))
-    {
+    if let Some(s) = control_token_in(tools, tok) {
         return Err(ApiError::bad_request(
             format!(
                 "the function definitions contain the model's control token `{s}`; take it out"
@@ -268,6 +263,14 @@ pub fn check_markup(tools: &Value, tok: &TextTokenizer, names: Names) -> Result<
         ));
     }
     Ok(())
+}
+
+/// The first of the model's control tokens whose text is in `v` (which renders as markup).
+pub fn control_token_in<'t>(v: &Value, tok: &'t TextTokenizer) -> Option<&'t String> {
+    let text = v.to_string();
+    tok.special_texts()
+        .iter()
+        .find(|s| text.contains(s.as_str()))
 }
 
 /// OpenAI's function names: 1 to 64 of `a-zA-Z0-9_-`.
