@@ -182,7 +182,34 @@ fn byte_level_bpe(file: &GgufFile, tokens: &[&str], added: Vec<Value>) -> Result
                 .ok_or_else(|| LoadError::format(path, "a merge is not a string"))
         })
         .collect::<Result<_, _>>()?;
-    Ok(json!({
+    let decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
+    let model = Bpe {
+        vocab,
+        merges,
+        unk: None,
+        byte_fallback: false,
+    };
+    Ok(tokenizer_json(added, normalizer, pre, decoder, model))
+}
+
+/// A BPE model's parts.
+struct Bpe {
+    vocab: serde_json::Map<String, Value>,
+    merges: Vec<Value>,
+    /// The unknown piece; with `byte_fallback`, what lacks a piece becomes its `<0xNN>` bytes.
+    unk: Option<String>,
+    byte_fallback: bool,
+}
+
+/// The `tokenizers` JSON of a BPE tokenizer.
+fn tokenizer_json(
+    added: Vec<Value>,
+    normalizer: Value,
+    pre: Value,
+    decoder: Value,
+    m: Bpe,
+) -> Value {
+    json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
@@ -190,13 +217,13 @@ fn byte_level_bpe(file: &GgufFile, tokens: &[&str], added: Vec<Value>) -> Result
         "normalizer": normalizer,
         "pre_tokenizer": pre,
         "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "decoder": decoder,
         "model": {
-            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-            "vocab": vocab, "merges": merges,
+            "type": "BPE", "dropout": null, "unk_token": m.unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": m.byte_fallback, "byte_fallback": m.byte_fallback,
+            "ignore_merges": false, "vocab": m.vocab, "merges": m.merges,
         },
-    }))
+    })
 }
 
 /// SentencePiece BPE (llama.cpp's `llama` vocabulary: pieces with `▁` for spaces, scores, and
@@ -291,19 +318,17 @@ fn sentencepiece_bpe(
         .and_then(|v| v.as_u64())
         .and_then(|id| pieces.get(id as usize))
         .cloned();
-    Ok(json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": normalizer,
-        "pre_tokenizer": null,
-        "post_processor": null,
-        "decoder": decoder,
-        "model": {
-            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-            "vocab": vocab, "merges": merges,
-        },
-    }))
+    let model = Bpe {
+        vocab,
+        merges,
+        unk,
+        byte_fallback: true,
+    };
+    Ok(tokenizer_json(
+        added,
+        normalizer,
+        Value::Null,
+        decoder,
+        model,
+    ))
 }
