@@ -113,32 +113,31 @@ impl TextTokenizer {
     /// For text the model's own markup produced (a chat template's rendering) or a raw
     /// completion prompt; message text goes through [`TextTokenizer::encode_plain`].
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        self.encode_with(&self.inner, text)
+        self.encode_with(&self.inner, text, false)
     }
 
     /// Encodes a prompt given as text (a completion's, not a rendered chat): what the tokenizer
     /// adds around a sequence, such as the BOS of Gemma, Llama 2 and Llama 3, is added, as
     /// transformers and vLLM do.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        let enc = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        Ok(match &self.wrap_ids {
-            Some((m, _)) => enc.get_ids().iter().map(|&i| i % m).collect(),
-            None => enc.get_ids().to_vec(),
-        })
+        self.encode_with(&self.inner, text, true)
     }
 
     /// Encodes `text` with special tokens as plain text: `<|im_start|>` in it becomes the tokens
     /// of those characters, never the control token.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        self.encode_with(&self.plain, text)
+        self.encode_with(&self.plain, text, false)
     }
 
-    fn encode_with(&self, t: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>, EngineError> {
+    /// Encodes with `t`; `sequence`: with what the tokenizer adds around a sequence (BOS).
+    fn encode_with(
+        &self,
+        t: &tokenizers::Tokenizer,
+        text: &str,
+        sequence: bool,
+    ) -> Result<Vec<u32>, EngineError> {
         let enc = t
-            .encode(text, false)
+            .encode(text, sequence)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(match &self.wrap_ids {
             Some((m, _)) => enc.get_ids().iter().map(|&i| i % m).collect(),

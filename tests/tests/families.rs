@@ -145,6 +145,33 @@ fn one_real_model_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     REAL_WEIGHTS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The last position's logits against a fixture case's top 5 (`{"id", "logit"}`): each within
+/// `tol` relative (to at least 1), and the top-1 equal — on a bf16 device only where the
+/// reference's top two are over 0.5 apart (bf16 may reorder a near tie).
+fn check_top5(dev: DeviceKind, last: &[f32], case: &serde_json::Value, tol: f64, what: &str) {
+    let top5 = case["top5"].as_array().unwrap();
+    let gap = top5[0]["logit"].as_f64().unwrap() - top5[1]["logit"].as_f64().unwrap();
+    if dev == DeviceKind::Cpu || gap > 0.5 {
+        assert_eq!(
+            argmax(last),
+            top5[0]["id"].as_u64().unwrap() as usize,
+            "{what:?}: top-1"
+        );
+    }
+    for want in top5 {
+        let (id, logit) = (
+            want["id"].as_u64().unwrap() as usize,
+            want["logit"].as_f64().unwrap(),
+        );
+        let err = (last[id] as f64 - logit).abs() / logit.abs().max(1.0);
+        assert!(
+            err <= tol,
+            "{what:?}: token {id}: {} vs {logit} ({err:e})",
+            last[id]
+        );
+    }
+}
+
 /// A Qwen2.5-Coder model against its transformers fixture: tokenization, top-5 logits, the chat
 /// template and the greedy chat answer.
 fn check_qwen(dev: DeviceKind, m: &LoadedModel, fixture: &str) {
@@ -165,28 +192,7 @@ fn check_qwen(dev: DeviceKind, m: &LoadedModel, fixture: &str) {
         );
         let logits = all_logits(r.as_mut(), &ids);
         let last = logits.row(ids.len() - 1);
-        let top5 = case["top5"].as_array().unwrap();
-        // bf16 may reorder a near tie (the 0.5B model's top two are 0.28 – 6.2 apart here).
-        let gap = top5[0]["logit"].as_f64().unwrap() - top5[1]["logit"].as_f64().unwrap();
-        if dev == DeviceKind::Cpu || gap > 0.5 {
-            assert_eq!(
-                argmax(last),
-                top5[0]["id"].as_u64().unwrap() as usize,
-                "{prompt:?}: top-1"
-            );
-        }
-        for want in top5 {
-            let (id, logit) = (
-                want["id"].as_u64().unwrap() as usize,
-                want["logit"].as_f64().unwrap(),
-            );
-            let err = (last[id] as f64 - logit).abs() / logit.abs().max(1.0);
-            assert!(
-                err <= tol,
-                "{prompt:?}: token {id}: {} vs {logit} ({err:e})",
-                last[id]
-            );
-        }
+        check_top5(dev, last, case, tol, prompt);
     }
     // The chat template and a greedy answer.
     let chat = &reference["greedy_chat"];
@@ -269,16 +275,8 @@ device_test! {
             let ids = ids_of(&case["ids"]);
             let logits = all_logits(r.as_mut(), &ids);
             let last = logits.row(ids.len() - 1);
-            let top5 = case["top5"].as_array().unwrap();
-            let gap = top5[0]["logit"].as_f64().unwrap() - top5[1]["logit"].as_f64().unwrap();
-            if dev == DeviceKind::Cpu || gap > 0.5 {
-                assert_eq!(argmax(last), top5[0]["id"].as_u64().unwrap() as usize, "{}: top-1", case["prompt"]);
-            }
-            for want in top5 {
-                let (id, logit) = (want["id"].as_u64().unwrap() as usize, want["logit"].as_f64().unwrap());
-                let err = (last[id] as f64 - logit).abs() / logit.abs().max(1.0);
-                assert!(err <= tol, "{}: token {id}: {} vs {logit} ({err:e})", case["prompt"], last[id]);
-            }
+            let what = case["prompt"].as_str().unwrap();
+            check_top5(dev, last, case, tol, what);
         }
         let g = &reference["greedy"];
         let prompt = ids_of(&g["prompt_ids"]);
