@@ -12,34 +12,37 @@ extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]) * scale;
 }
 
-// out[t, j] = silu(gu[t, j]) * gu[t, inter + j], over a flat grid of n * inter elements (a decode
+__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+// torch's gelu(approximate="tanh").
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+// out[t, j] = act(gu[t, j]) * gu[t, inter + j], over a flat grid of n * inter elements (a decode
 // step has one row: one block per row would leave the GPU idle).
+template <float (*Act)(float)>
+__device__ __forceinline__ void act_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
+                                        unsigned long long total) {
+    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < total;
+         e += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned long long t = e / inter, j = e % inter;
+        const bf16* g = gu + t * 2 * inter;
+        out[e] = f2bf(Act(bf2f(g[j])) * bf2f(g[inter + j]));
+    }
+}
+
+// SwiGLU: silu(gate) * up.
 //   gu  : device, bf16 [n, 2 * inter] (gate columns, then up columns)
 //   out : device, bf16 [n, inter]
 extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
                                          unsigned long long total) {
-    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < total;
-         e += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned long long t = e / inter, j = e % inter;
-        const bf16* g = gu + t * 2 * inter;
-        const float x = bf2f(g[j]);
-        out[e] = f2bf(x / (1.f + __expf(-x)) * bf2f(g[inter + j]));
-    }
+    act_mul<silu>(gu, out, inter, total);
 }
 
-// out[t, j] = gelu_tanh(gu[t, j]) * gu[t, inter + j] (GeGLU, torch's approximate="tanh"), flat grid.
-//   gu  : device, bf16 [n, 2 * inter] (gate columns, then up columns)
-//   out : device, bf16 [n, inter]
+// GeGLU (Gemma): gelu_tanh(gate) * up; the same layout.
 extern "C" __global__ void gelu_tanh_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
                                               unsigned long long total) {
-    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < total;
-         e += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned long long t = e / inter, j = e % inter;
-        const bf16* g = gu + t * 2 * inter;
-        const float x = bf2f(g[j]);
-        const float y = 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-        out[e] = f2bf(y * bf2f(g[inter + j]));
-    }
+    act_mul<gelu_tanh>(gu, out, inter, total);
 }
 
 // The same, 8 elements per thread with 16-byte loads and stores, for inter % 8 == 0 and
@@ -59,7 +62,7 @@ extern "C" __global__ void silu_mul_bf16x8(const bf16* __restrict__ gu, bf16* __
         for (int k = 0; k < 4; ++k) {
             const float g0 = bf2f((bf16)(gw[k] & 0xffffu)), g1 = bf2f((bf16)(gw[k] >> 16));
             const float u0 = bf2f((bf16)(uw[k] & 0xffffu)), u1 = bf2f((bf16)(uw[k] >> 16));
-            const float o0 = g0 / (1.f + __expf(-g0)) * u0, o1 = g1 / (1.f + __expf(-g1)) * u1;
+            const float o0 = silu(g0) * u0, o1 = silu(g1) * u1;
             ow[k] = (unsigned)f2bf(o0) | ((unsigned)f2bf(o1) << 16);
         }
         reinterpret_cast<uint4*>(out)[e] = make_uint4(ow[0], ow[1], ow[2], ow[3]);

@@ -11,21 +11,23 @@
 
 #define RMS_PER_THREAD 8
 
-// out[r, :] = rms_norm(x[r, :]) * w
-//   x   : device, f32  [rows, cols]
-//   w   : device, bf16 [cols]
-//   out : device, bf16 [rows, cols]
-extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const bf16* __restrict__ w,
+__device__ __forceinline__ float as_f32(float v) { return v; }
+__device__ __forceinline__ float as_f32(bf16 v) { return bf2f(v); }
+
+// out[row, :] = rms_norm(x[row, :]) * w for an f32 or bf16 row: when the row fits RMS_PER_THREAD
+// elements per thread, every load is issued up front (one round trip), else a strided loop.
+template <typename X>
+__device__ __forceinline__ void norm_row(const X* __restrict__ x, const bf16* __restrict__ w,
                                          bf16* __restrict__ out, int cols, float eps) {
     const size_t row = blockIdx.x;
-    const float* xr = x + row * cols;
+    const X* xr = x + row * cols;
     if (cols <= RMS_PER_THREAD * (int)blockDim.x) {
         float v[RMS_PER_THREAD], wv[RMS_PER_THREAD];
         float ss = 0.f;
 #pragma unroll
         for (int k = 0; k < RMS_PER_THREAD; ++k) {
             const int i = threadIdx.x + k * blockDim.x;
-            v[k] = i < cols ? xr[i] : 0.f;
+            v[k] = i < cols ? as_f32(xr[i]) : 0.f;
             wv[k] = i < cols ? bf2f(w[i]) : 0.f;
             ss += v[k] * v[k];
         }
@@ -38,10 +40,22 @@ extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const bf16
         return;
     }
     float ss = 0.f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = as_f32(xr[i]);
+        ss += v * v;
+    }
     const float inv = rsqrtf(block_sum(ss) / cols + eps);
     for (int i = threadIdx.x; i < cols; i += blockDim.x)
-        out[row * cols + i] = f2bf(bf2f(w[i]) * (xr[i] * inv));
+        out[row * cols + i] = f2bf(bf2f(w[i]) * (as_f32(xr[i]) * inv));
+}
+
+// out[r, :] = rms_norm(x[r, :]) * w
+//   x   : device, f32  [rows, cols]
+//   w   : device, bf16 [cols]
+//   out : device, bf16 [rows, cols]
+extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const bf16* __restrict__ w,
+                                         bf16* __restrict__ out, int cols, float eps) {
+    norm_row(x, w, out, cols, eps);
 }
 
 // residual[r, :] += delta[r, :]; out[r, :] = rms_norm(residual[r, :]) * w
@@ -94,34 +108,7 @@ extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const
 //   out : device, bf16 [rows, cols]
 extern "C" __global__ void output_norm_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                             bf16* __restrict__ out, int cols, float eps) {
-    const size_t row = blockIdx.x;
-    const bf16* xr = x + row * cols;
-    if (cols <= RMS_PER_THREAD * (int)blockDim.x) {
-        // A decode step's row in one round trip, as rms_norm_bf16 (launch ceil(cols / 8) threads).
-        float v[RMS_PER_THREAD], wv[RMS_PER_THREAD];
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < RMS_PER_THREAD; ++k) {
-            const int i = threadIdx.x + k * blockDim.x;
-            v[k] = i < cols ? bf2f(xr[i]) : 0.f;
-            wv[k] = i < cols ? bf2f(w[i]) : 0.f;
-            ss += v[k] * v[k];
-        }
-        const float inv = rsqrtf(block_sum(ss) / cols + eps);
-#pragma unroll
-        for (int k = 0; k < RMS_PER_THREAD; ++k) {
-            const int i = threadIdx.x + k * blockDim.x;
-            if (i < cols) out[row * cols + i] = f2bf(wv[k] * (v[k] * inv));
-        }
-        return;
-    }
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float v = bf2f(xr[i]);
-        ss += v * v;
-    }
-    const float inv = rsqrtf(block_sum(ss) / cols + eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[row * cols + i] = f2bf(bf2f(w[i]) * (bf2f(xr[i]) * inv));
+    norm_row(x, w, out, cols, eps);
 }
 
 // RMSNorm of each q head and each k head of a fused q|k|v tensor, in place (Qwen3's q/k norm,
