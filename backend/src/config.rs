@@ -58,15 +58,15 @@ pub enum Arch {
     Gemma3,
 }
 
-/// The MLP's gate activation.
+/// The MLP's gate activation. The discriminants index the CUDA device's kernel tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
     /// SwiGLU: silu(gate) · up.
     #[default]
-    Silu,
+    Silu = 0,
     /// GeGLU with the tanh approximation of GELU (`gelu_pytorch_tanh`).
-    GeluTanh,
+    GeluTanh = 1,
 }
 
 impl Arch {

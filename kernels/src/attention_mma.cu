@@ -116,22 +116,58 @@ __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, bool scaled, unsig
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-// RoPE of 8 pairs in f32: x1 = a[0..8), x2 = b[0..8) (bf16, 16-byte aligned), cos = cs[0..8) and
-// sin = cs[half..half + 8); r[0] the rotated a, r[1] the rotated b.
-__device__ __forceinline__ void rope8(const bf16* a, const bf16* b, const float* cs, int half, float (&r)[2][8]) {
+// 8 pairs of a head as f32: x[0] = a[0..8), x[1] = b[0..8) (bf16, 16-byte aligned).
+__device__ __forceinline__ void load_pairs8(const bf16* a, const bf16* b, float (&x)[2][8]) {
     const uint4 xa = *reinterpret_cast<const uint4*>(a), xb = *reinterpret_cast<const uint4*>(b);
+    const unsigned wa[4] = {xa.x, xa.y, xa.z, xa.w}, wb[4] = {xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        x[0][e] = bf2f((bf16)((wa[e / 2] >> (16 * (e & 1))) & 0xffffu));
+        x[1][e] = bf2f((bf16)((wb[e / 2] >> (16 * (e & 1))) & 0xffffu));
+    }
+}
+
+// The q/k head RMSNorm (Qwen3, Gemma 3; before RoPE) of 8 pairs whose head is spread over
+// `lanes` consecutive lanes of the warp (all of them here): the sum of squares is reduced over
+// those lanes, and each value becomes bf16(w · x · inv) as head_norm_bf16 rounds it. w_a and w_b
+// are the weights of the a and b elements.
+__device__ __forceinline__ void head_norm8(float (&x)[2][8], const bf16* w_a, const bf16* w_b, int lanes, int d,
+                                           float eps) {
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += x[0][e] * x[0][e] + x[1][e] * x[1][e];
+    const int lane = threadIdx.x & 31;
+    const unsigned mask = ((lanes == 32 ? 0u : (1u << lanes)) - 1u) << (lane & ~(lanes - 1));
+    for (int o = 1; o < lanes; o <<= 1) ss += __shfl_xor_sync(mask, ss, o);
+    const float inv = rsqrtf(ss / d + eps);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        x[0][e] = bf2f(f2bf(bf2f(w_a[e]) * (x[0][e] * inv)));
+        x[1][e] = bf2f(f2bf(bf2f(w_b[e]) * (x[1][e] * inv)));
+    }
+}
+
+// RoPE of 8 pairs in f32: x1 = x[0], x2 = x[1], cos = cs[0..8) and sin = cs[half..half + 8);
+// r[0] the rotated a, r[1] the rotated b.
+__device__ __forceinline__ void rotate8(const float (&x)[2][8], const float* cs, int half, float (&r)[2][8]) {
     const float4 c0 = *reinterpret_cast<const float4*>(cs), c1 = *reinterpret_cast<const float4*>(cs + 4);
     const float4 s0 = *reinterpret_cast<const float4*>(cs + half);
     const float4 s1 = *reinterpret_cast<const float4*>(cs + half + 4);
-    const unsigned wa[4] = {xa.x, xa.y, xa.z, xa.w}, wb[4] = {xb.x, xb.y, xb.z, xb.w};
     const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
     const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        const float x1 = bf2f((bf16)((wa[e / 2] >> (16 * (e & 1))) & 0xffffu));
-        const float x2 = bf2f((bf16)((wb[e / 2] >> (16 * (e & 1))) & 0xffffu));
-        rope_rotate(x1, x2, c[e], s[e], &r[0][e], &r[1][e]);
-    }
+    for (int e = 0; e < 8; ++e) rope_rotate(x[0][e], x[1][e], c[e], s[e], &r[0][e], &r[1][e]);
+}
+
+// One staged chunk of a q or k head: 8 pairs at i and HALF + i of the head at `h`, head-normed
+// with `norm` first where the model has it (every lane of the chunk's head reduces together),
+// then rotated by RoPE at row `cs` of the table.
+__device__ __forceinline__ void prep8(const bf16* h, int i, int half, const bf16* norm, int lanes, float eps,
+                                      const float* cs, float (&rot)[2][8]) {
+    float x[2][8];
+    load_pairs8(h + i, h + half + i, x);
+    if (norm) head_norm8(x, norm + i, norm + half + i, lanes, 2 * half, eps);
+    rotate8(x, cs + i, half, rot);
 }
 
 // Eight rotated values as rope_kv stores them (bf16), times `mul` (the Q pre-scale; 1 for K),
@@ -172,7 +208,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                                               float* __restrict__ part_ml, int n_heads, int n_kv, int block_size,
                                               float scale, int split_len, int group, int sub_tokens,
                                               int units_per_tile, const float* __restrict__ rope,
-                                              const unsigned* __restrict__ slots, int fused, int window) {
+                                              const unsigned* __restrict__ slots, int fused, int window,
+                                              const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
+                                              float norm_eps) {
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
     constexpr int TILE = MMA_TK * DP;
     extern __shared__ float smem_f[];
@@ -289,7 +327,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                 const int tok = start + r / group;
                 const bf16* q = qkv + (size_t)tok * cols + (kvh * group + r % group) * D;
                 float rot[2][8];
-                rope8(q + i, q + HALF + i, rope + (size_t)pos[tok] * D + i, HALF, rot);
+                prep8(q, i, HALF, q_norm, PAIRS, norm_eps, rope + (size_t)pos[tok] * D, rot);
                 lo = pack8<FP8>(rot[0], qscale);
                 hi = pack8<FP8>(rot[1], qscale);
             }
@@ -306,7 +344,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             const bf16* k = qkv + (size_t)tok * cols + (n_heads + kvh) * D;
             const uint4* v = reinterpret_cast<const uint4*>(k + n_kv * D);
             float rot[2][8];
-            rope8(k + i, k + HALF + i, rope + (size_t)p * D + i, HALF, rot);
+            prep8(k, i, HALF, k_norm, PAIRS, norm_eps, rope + (size_t)p * D, rot);
             const size_t head = (size_t)slot * n_kv + kvh;
             const uint4 v1 = v[i / 8], v2 = v[(HALF + i) / 8];
             if constexpr (FP8) {
@@ -600,7 +638,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(PAGED_ATTENTION_ARGS(KV)) {             \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window);      \
+                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,      \
+                              q_norm, k_norm, norm_eps);                                                      \
     }
 
 MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16)
@@ -615,7 +654,8 @@ MMA_KERNEL(paged_attention_mma_d64_fp8, 64, true, fp8)
     extern "C" __global__ void __launch_bounds__(MMA_THREADS, 1) NAME(PAGED_ATTENTION_ARGS(KV)) {             \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window);      \
+                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,      \
+                              q_norm, k_norm, norm_eps);                                                      \
     }
 
 MMA_WIDE_KERNEL(paged_attention_mma_d256_bf16, 256, false, bf16)

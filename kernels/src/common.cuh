@@ -41,6 +41,72 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(v);
 }
 
+// A sub-layer's output on its way into the residual stream. Where the model normalises its
+// sub-layers' outputs (Gemma's post-attention and post-feed-forward norms) the delta row is first
+// rms-normalised and scaled by delta_w, rounded to bf16 as a separate norm's bf16 output would
+// be; with no delta_w it is added as it is.
+
+// 1 / rms (eps inside) of a bf16 delta row of `cols`, block-wide; 1 with no delta_w.
+__device__ __forceinline__ float delta_inv_rms(const bf16* __restrict__ dr, const bf16* __restrict__ dw, int cols,
+                                               float eps) {
+    if (!dw) return 1.f;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float d = bf2f(dr[i]);
+        ss += d * d;
+    }
+    return rsqrtf(block_sum(ss) / cols + eps);
+}
+
+// residual[i] + delta'[i] (or residual[i] with no delta row); inv_d from delta_inv_rms.
+__device__ __forceinline__ float residual_at(const float* __restrict__ rr, const bf16* __restrict__ dr,
+                                             const bf16* __restrict__ dw, float inv_d, int i) {
+    if (!dr) return rr[i];
+    const float d = bf2f(dr[i]);
+    return rr[i] + (dw ? bf2f(f2bf(bf2f(dw[i]) * (d * inv_d))) : d);
+}
+
+// The same for a row that fits PT elements per thread, every load issued up front (one round
+// trip to memory, which is what a decode step's few-row launch waits on): v[c] = the new residual
+// value at i = threadIdx.x + c * blockDim.x (0 past the row), wv[c] = norm_w[i]. Returns
+// 1 / rms (eps inside) of the new row.
+template <int PT>
+__device__ __forceinline__ float residual_row_regs(const float* __restrict__ rr, const bf16* __restrict__ dr,
+                                                   const bf16* __restrict__ dw, const bf16* __restrict__ norm_w,
+                                                   int cols, float eps, float (&v)[PT], float (&wv)[PT]) {
+    float d[PT], dwv[PT];
+    float sd = 0.f;
+#pragma unroll
+    for (int c = 0; c < PT; ++c) {
+        const int i = threadIdx.x + c * blockDim.x;
+        const bool in = i < cols;
+        v[c] = in ? rr[i] : 0.f;
+        d[c] = in && dr ? bf2f(dr[i]) : 0.f;
+        dwv[c] = in && dw ? bf2f(dw[i]) : 0.f;
+        wv[c] = in ? bf2f(norm_w[i]) : 0.f;
+        sd += d[c] * d[c];
+    }
+    if (dw) {
+        const float inv_d = rsqrtf(block_sum(sd) / cols + eps);
+#pragma unroll
+        for (int c = 0; c < PT; ++c) d[c] = bf2f(f2bf(dwv[c] * (d[c] * inv_d)));
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < PT; ++c) {
+        if (dr) v[c] += d[c];
+        ss += v[c] * v[c];
+    }
+    return rsqrtf(block_sum(ss) / cols + eps);
+}
+
+// The gated activations of the MLPs (elementwise.cu, gemv.cu).
+__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+// torch's gelu(approximate="tanh").
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
 __device__ __forceinline__ float block_max(float v) {
     __shared__ float partial_max[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -93,8 +159,9 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s
 }
 
 // The argument list of every paged attention kernel (attention.cu, attention_mma.cu); KV is the
-// cache's element type. `rope`, `slots` and `fused` serve the tensor-core kernel's fused decode
-// path (see attention_mma.cu); the others ignore them.
+// cache's element type. `rope`, `slots`, `fused` and the q/k head norms (`q_norm`, `k_norm`, null
+// for models without them, and `norm_eps`) serve the tensor-core kernel's fused decode path (see
+// attention_mma.cu); the others ignore them.
 #define PAGED_ATTENTION_ARGS(KV)                                                                              \
     const bf16 *__restrict__ qkv, KV *__restrict__ k_cache, KV *__restrict__ v_cache,                         \
         float *__restrict__ k_scale, float *__restrict__ v_scale, const unsigned *__restrict__ pos,             \
@@ -102,4 +169,5 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s
         const unsigned *__restrict__ tile_len, const unsigned *__restrict__ block_tables, int max_blocks,     \
         bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \
         int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile,     \
-        const float *__restrict__ rope, const unsigned *__restrict__ slots, int fused, int window
+        const float *__restrict__ rope, const unsigned *__restrict__ slots, int fused, int window,             \
+        const bf16 *__restrict__ q_norm, const bf16 *__restrict__ k_norm, float norm_eps

@@ -1,4 +1,4 @@
-// Embedding lookup, SwiGLU activation, row gathers. One block per row.
+// Embedding lookup, the gated activations (SwiGLU, GeGLU), row gathers, biases, dummy weights.
 #include "common.cuh"
 
 // out[t, :] = table[ids[t], :] * scale  (into the f32 residual stream; scale is 1, or Gemma's √hidden)
@@ -10,12 +10,6 @@ extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf
     const size_t t = blockIdx.x;
     const bf16* row = table + (size_t)ids[t] * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]) * scale;
-}
-
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
-// torch's gelu(approximate="tanh").
-__device__ __forceinline__ float gelu_tanh(float x) {
-    return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
 }
 
 // out[t, j] = act(gu[t, j]) * gu[t, inter + j], over a flat grid of n * inter elements (a decode
@@ -49,7 +43,8 @@ extern "C" __global__ void gelu_tanh_mul_bf16(const bf16* __restrict__ gu, bf16*
 // n * inter / 8 < 2^32 (32-bit index math: the flat 64-bit division above costs more than the
 // memory traffic at prefill sizes).
 //   total8 : n * inter / 8
-extern "C" __global__ void silu_mul_bf16x8(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
+template <float (*Act)(float)>
+__device__ __forceinline__ void act_mul_x8(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
                                            unsigned total8) {
     const unsigned inter8 = inter / 8;
     for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total8; e += gridDim.x * blockDim.x) {
@@ -62,11 +57,21 @@ extern "C" __global__ void silu_mul_bf16x8(const bf16* __restrict__ gu, bf16* __
         for (int k = 0; k < 4; ++k) {
             const float g0 = bf2f((bf16)(gw[k] & 0xffffu)), g1 = bf2f((bf16)(gw[k] >> 16));
             const float u0 = bf2f((bf16)(uw[k] & 0xffffu)), u1 = bf2f((bf16)(uw[k] >> 16));
-            const float o0 = silu(g0) * u0, o1 = silu(g1) * u1;
+            const float o0 = Act(g0) * u0, o1 = Act(g1) * u1;
             ow[k] = (unsigned)f2bf(o0) | ((unsigned)f2bf(o1) << 16);
         }
         reinterpret_cast<uint4*>(out)[e] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
     }
+}
+
+extern "C" __global__ void silu_mul_bf16x8(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
+                                           unsigned total8) {
+    act_mul_x8<silu>(gu, out, inter, total8);
+}
+
+extern "C" __global__ void gelu_tanh_mul_bf16x8(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
+                                                unsigned total8) {
+    act_mul_x8<gelu_tanh>(gu, out, inter, total8);
 }
 
 // out[i, :] = x[rows[i], :]

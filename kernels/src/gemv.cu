@@ -7,11 +7,13 @@
 // the same share), and fold in what surrounds the projection:
 //   - gemv_norm_*: the sub-layer's residual add + RMSNorm as a prologue (each block normalises
 //     the few input rows itself into shared memory; block 0 writes the updated residual stream
-//     to a new buffer, so no block reads a half-updated one);
-//   - gemv_norm_swiglu_*: that, and SiLU(gate) · up as the epilogue (a warp computes gate row j
-//     and up row j together).
-// The arithmetic matches the unfused kernels (add_rms_norm_bf16, silu_mul_bf16x8): the
-// normalised input and the gate/up values are rounded to bf16 where those round them.
+//     to a new buffer, so no block reads a half-updated one), with the previous sub-layer's
+//     output norm (Gemma) applied to what is added;
+//   - gemv_norm_swiglu_* / gemv_norm_geglu_*: that, and SiLU(gate) · up or GELU-tanh(gate) · up
+//     as the epilogue (a warp computes gate row j and up row j together).
+// The arithmetic matches the unfused kernels (add_rms_norm_bf16, silu_mul_bf16x8,
+// gelu_tanh_mul_bf16): the normalised input and the gate/up values are rounded to bf16 where
+// those round them.
 //
 // Requirements (checked by the host): k % 8 == 0, every pointer 16-byte aligned, blockDim.x ==
 // GEMV_THREADS, dynamic shared memory R * k * 2 bytes for the norm variants.
@@ -115,13 +117,15 @@ __device__ __forceinline__ void prefetch_first(const bf16* w, int n, int k) {
 // GEMV_NORM_PT * blockDim.x long: every load issued at once, one round trip).
 #define GEMV_NORM_PT 8
 
-// xs[r, :] = bf16(rms_norm(residual[r, :] (+ delta[r, :])) * norm_w), r < rows; rows up to R
-// beyond `rows` are zeroed. Block 0 writes residual + delta to residual_out when given. The
+// xs[r, :] = bf16(rms_norm(residual[r, :] (+ delta'[r, :])) * norm_w), r < rows; rows up to R
+// beyond `rows` are zeroed. delta' is delta, rms-normalised by delta_w first when given (see
+// common.cuh). Block 0 writes the new residual row to residual_out when there is a delta. The
 // arithmetic is add_rms_norm_bf16's.
 template <int R>
 __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual, const bf16* __restrict__ delta,
-                                              float* __restrict__ residual_out, const bf16* __restrict__ norm_w,
-                                              bf16* xs, int k, int rows, float eps) {
+                                              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
+                                              const bf16* __restrict__ norm_w, bf16* xs, int k, int rows,
+                                              float eps) {
     const bool write = residual_out && blockIdx.x == 0;
     for (int r = 0; r < R; ++r) {
         if (r >= rows) {
@@ -132,15 +136,7 @@ __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual
         const bf16* dr = delta ? delta + (size_t)r * k : nullptr;
         if (k <= GEMV_NORM_PT * (int)blockDim.x) {
             float v[GEMV_NORM_PT], wv[GEMV_NORM_PT];
-            float ss = 0.f;
-#pragma unroll
-            for (int c = 0; c < GEMV_NORM_PT; ++c) {
-                const int i = threadIdx.x + c * blockDim.x;
-                v[c] = i < k ? (dr ? rr[i] + bf2f(dr[i]) : rr[i]) : 0.f;
-                wv[c] = i < k ? bf2f(norm_w[i]) : 0.f;
-                ss += v[c] * v[c];
-            }
-            const float inv = rsqrtf(block_sum(ss) / k + eps);
+            const float inv = residual_row_regs<GEMV_NORM_PT>(rr, dr, delta_w, norm_w, k, eps, v, wv);
 #pragma unroll
             for (int c = 0; c < GEMV_NORM_PT; ++c) {
                 const int i = threadIdx.x + c * blockDim.x;
@@ -151,14 +147,15 @@ __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual
             }
             continue;
         }
+        const float inv_d = dr ? delta_inv_rms(dr, delta_w, k, eps) : 1.f;
         float ss = 0.f;
         for (int i = threadIdx.x; i < k; i += blockDim.x) {
-            const float v = dr ? rr[i] + bf2f(dr[i]) : rr[i];
+            const float v = residual_at(rr, dr, delta_w, inv_d, i);
             ss += v * v;
         }
         const float inv = rsqrtf(block_sum(ss) / k + eps);
         for (int i = threadIdx.x; i < k; i += blockDim.x) {
-            const float v = dr ? rr[i] + bf2f(dr[i]) : rr[i];
+            const float v = residual_at(rr, dr, delta_w, inv_d, i);
             if (write) residual_out[(size_t)r * k + i] = v;
             xs[r * k + i] = f2bf(bf2f(norm_w[i]) * (v * inv));
         }
@@ -187,18 +184,19 @@ __device__ __forceinline__ void gemv_plain(const bf16* __restrict__ w, const bf1
     }
 }
 
-// y[r, j] = rms_norm(residual[r] (+ delta[r])) · W[j, :]; see norm_prologue.
+// y[r, j] = rms_norm(residual[r] (+ delta'[r])) · W[j, :]; see norm_prologue.
 //   residual : device, f32 [rows, k]; delta : device, bf16 [rows, k] or null;
-//   residual_out : device, f32 [rows, k] or null; norm_w : device, bf16 [k];
-//   w : device, bf16 [n, k]; y : device, bf16 [rows, n]
+//   delta_w : device, bf16 [k] or null; residual_out : device, f32 [rows, k] or null;
+//   norm_w : device, bf16 [k]; w : device, bf16 [n, k]; y : device, bf16 [rows, n]
 template <int R>
 __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, const bf16* __restrict__ delta,
-                                          float* __restrict__ residual_out, const bf16* __restrict__ norm_w,
-                                          const bf16* __restrict__ w, bf16* __restrict__ y, int n, int k, int rows,
-                                          float eps) {
+                                          const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
+                                          const bf16* __restrict__ norm_w, const bf16* __restrict__ w,
+                                          bf16* __restrict__ y, int n, int k, int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
     prefetch_first(w, n, k);
-    norm_prologue<R>(residual, delta, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows, eps);
+    norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
+                     eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
     const int k8 = k >> 3;
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
@@ -214,17 +212,19 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
     }
 }
 
-// act[r, j] = silu(g) · u with g = x[r] · W[j, :], u = x[r] · W[inter + j, :] (each rounded to
-// bf16 first, as the GEMM's output would be), x[r] = rms_norm(residual[r] + delta[r]).
+// act[r, j] = Act(g) · u with g = x[r] · W[j, :], u = x[r] · W[inter + j, :] (each rounded to
+// bf16 first, as the GEMM's output would be), x[r] = rms_norm(residual[r] + delta'[r]); Act is
+// silu (SwiGLU) or gelu_tanh (GeGLU).
 //   w : device, bf16 [2 * inter, k] (gate rows, then up rows); act : device, bf16 [rows, inter]
-template <int R>
-__device__ __forceinline__ void gemv_norm_swiglu(const float* __restrict__ residual, const bf16* __restrict__ delta,
-                                                 float* __restrict__ residual_out, const bf16* __restrict__ norm_w,
-                                                 const bf16* __restrict__ w, bf16* __restrict__ act, int inter, int k,
-                                                 int rows, float eps) {
+template <int R, float (*Act)(float)>
+__device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual, const bf16* __restrict__ delta,
+                                              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
+                                              const bf16* __restrict__ norm_w, const bf16* __restrict__ w,
+                                              bf16* __restrict__ act, int inter, int k, int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
     prefetch_first(w, inter, k);
-    norm_prologue<R>(residual, delta, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows, eps);
+    norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
+                     eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
     const int k8 = k >> 3;
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < inter; j += warps) {
@@ -236,8 +236,7 @@ __device__ __forceinline__ void gemv_norm_swiglu(const float* __restrict__ resid
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float gs = bf2f(f2bf(warp_sum(g[r]))), us = bf2f(f2bf(warp_sum(u[r])));
-            if ((threadIdx.x & 31) == 0 && r < rows)
-                act[(size_t)r * inter + j] = f2bf(gs / (1.f + __expf(-gs)) * us);
+            if ((threadIdx.x & 31) == 0 && r < rows) act[(size_t)r * inter + j] = f2bf(Act(gs) * us);
         }
     }
 }
@@ -251,16 +250,18 @@ __device__ __forceinline__ void gemv_norm_swiglu(const float* __restrict__ resid
 #define GEMV_NORM_KERNEL(name, R)                                                                     \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
-             float* __restrict__ residual_out, const bf16* __restrict__ norm_w, const bf16* __restrict__ w, \
-             bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
-        gemv_norm<R>(residual, delta, residual_out, norm_w, w, y, n, k, rows, eps);                   \
+             const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
+             const bf16* __restrict__ norm_w, const bf16* __restrict__ w, bf16* __restrict__ y, int n, int k, \
+             int rows, float eps) {                                                                   \
+        gemv_norm<R>(residual, delta, delta_w, residual_out, norm_w, w, y, n, k, rows, eps);          \
     }
-#define GEMV_SWIGLU_KERNEL(name, R)                                                                   \
+#define GEMV_GLU_KERNEL(name, R, ACT)                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
-             float* __restrict__ residual_out, const bf16* __restrict__ norm_w, const bf16* __restrict__ w, \
-             bf16* __restrict__ act, int inter, int k, int rows, float eps) {                         \
-        gemv_norm_swiglu<R>(residual, delta, residual_out, norm_w, w, act, inter, k, rows, eps);      \
+             const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
+             const bf16* __restrict__ norm_w, const bf16* __restrict__ w, bf16* __restrict__ act, int inter, \
+             int k, int rows, float eps) {                                                            \
+        gemv_norm_glu<R, ACT>(residual, delta, delta_w, residual_out, norm_w, w, act, inter, k, rows, eps); \
     }
 
 GEMV_PLAIN_KERNEL(gemv_bf16_r1, 1)
@@ -269,6 +270,9 @@ GEMV_PLAIN_KERNEL(gemv_bf16_r4, 4)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r1, 1)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r2, 2)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r4, 4)
-GEMV_SWIGLU_KERNEL(gemv_norm_swiglu_bf16_r1, 1)
-GEMV_SWIGLU_KERNEL(gemv_norm_swiglu_bf16_r2, 2)
-GEMV_SWIGLU_KERNEL(gemv_norm_swiglu_bf16_r4, 4)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r1, 1, silu)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r2, 2, silu)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r4, 4, silu)
+GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r1, 1, gelu_tanh)
+GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r2, 2, gelu_tanh)
+GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r4, 4, gelu_tanh)

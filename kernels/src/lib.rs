@@ -28,12 +28,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "rms_norm.cu",
         code: include_str!("rms_norm.cu"),
-        symbols: &[
-            "rms_norm_bf16",
-            "add_rms_norm_bf16",
-            "head_norm_bf16",
-            "output_norm_bf16",
-        ],
+        symbols: &["rms_norm_bf16", "add_rms_norm_bf16"],
     },
     KernelSource {
         name: "elementwise.cu",
@@ -46,6 +41,7 @@ pub const SOURCES: &[KernelSource] = &[
             "fill_normal_bf16",
             "add_bias_bf16",
             "gelu_tanh_mul_bf16",
+            "gelu_tanh_mul_bf16x8",
         ],
     },
     KernelSource {
@@ -88,6 +84,9 @@ pub const SOURCES: &[KernelSource] = &[
             "gemv_norm_swiglu_bf16_r1",
             "gemv_norm_swiglu_bf16_r2",
             "gemv_norm_swiglu_bf16_r4",
+            "gemv_norm_geglu_bf16_r1",
+            "gemv_norm_geglu_bf16_r2",
+            "gemv_norm_geglu_bf16_r4",
         ],
     },
     KernelSource {

@@ -1,6 +1,7 @@
-// RoPE on the q and k heads of the fused qkv activations, then the K/V write into the paged cache
-// at each token's slot. One block per (token, q or k head), one thread per rotated pair: every
-// thread's loads are independent, so a decode step (a few tokens) costs one memory round trip.
+// RoPE on the q and k heads of the fused qkv activations (after their RMSNorm, for models with
+// one), then the K/V write into the paged cache at each token's slot. One block per (token, q or
+// k head), one thread per rotated pair: every thread's loads are independent, so a decode step
+// (a few tokens) costs one memory round trip.
 #include "common.cuh"
 
 // The block's largest |a| and |b| over its threads (non-negative floats order as their bits).
@@ -15,18 +16,43 @@ __device__ __forceinline__ void block_amax2(float a, float b, float* ma, float* 
     *mb = __uint_as_float(am[1]);
 }
 
+// The sum of v over the block (d / 2 threads, at most 128): the shuffle reduction where the warps
+// are whole, else thread 0 adds the threads' values in order (tiny heads).
+__device__ __forceinline__ float head_block_sum(float v) {
+    if ((blockDim.x & 31) == 0) return block_sum(v);
+    __shared__ float part[128];
+    __shared__ float total;
+    part[threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int i = 0; i < (int)blockDim.x; ++i) s += part[i];
+        total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
 template <bool FP8>
 __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __restrict__ rope,
                                         const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
                                         void* __restrict__ k_cache, void* __restrict__ v_cache,
                                         float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
-                                        int n_kv, int d) {
+                                        int n_kv, int d, const bf16* __restrict__ q_norm,
+                                        const bf16* __restrict__ k_norm, float norm_eps) {
     const size_t t = blockIdx.x;
     const int h = blockIdx.y, half = d / 2, j = threadIdx.x;
     bf16* row = qkv + t * (size_t)((n_heads + 2 * n_kv) * d);
     bf16* v = row + h * d;
     const float* cs = rope + (size_t)pos[t] * d;
-    const float x1 = bf2f(v[j]), x2 = bf2f(v[j + half]);
+    float x1 = bf2f(v[j]), x2 = bf2f(v[j + half]);
+    const bf16* nw = h < n_heads ? q_norm : k_norm;
+    if (nw) {  // block-uniform: both norms or neither
+        // The head's RMSNorm first (Qwen3, Gemma 3), rounded to bf16 as a separate norm's output.
+        const float inv = rsqrtf(head_block_sum(x1 * x1 + x2 * x2) / d + norm_eps);
+        x1 = bf2f(f2bf(bf2f(nw[j]) * (x1 * inv)));
+        x2 = bf2f(f2bf(bf2f(nw[j + half]) * (x2 * inv)));
+    }
     const float c = cs[j], s = cs[half + j];
     float r1, r2;
     rope_rotate(x1, x2, c, s, &r1, &r2);
@@ -74,13 +100,17 @@ __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __r
 //   k_cache  : device, bf16 [num_slots, n_kv, d] of this layer
 //   v_cache  : device, bf16 [num_slots, n_kv, d] of this layer
 //   k_scale, v_scale : unused (see rope_kv_fp8)
-// Launch: grid (n, n_heads + n_kv), block d / 2.
+//   q_norm, k_norm   : device, bf16 [d]: the q and k heads' RMSNorm weights, applied before the
+//              rotation (Qwen3, Gemma 3), or both null
+// Launch: grid (n, n_heads + n_kv), block d / 2 (d ≤ 256).
 extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __restrict__ rope,
                                         const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
-                                        int n_kv, int d) {
-    rope_kv<false>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d);
+                                        int n_kv, int d, const bf16* __restrict__ q_norm,
+                                        const bf16* __restrict__ k_norm, float norm_eps) {
+    rope_kv<false>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm,
+                   norm_eps);
 }
 
 // As rope_kv_bf16 into an FP8 cache:
@@ -90,6 +120,8 @@ extern "C" __global__ void rope_kv_fp8(bf16* __restrict__ qkv, const float* __re
                                        const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
                                        fp8* __restrict__ k_cache, fp8* __restrict__ v_cache,
                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
-                                       int n_kv, int d) {
-    rope_kv<true>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d);
+                                       int n_kv, int d, const bf16* __restrict__ q_norm,
+                                       const bf16* __restrict__ k_norm, float norm_eps) {
+    rope_kv<true>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm,
+                  norm_eps);
 }

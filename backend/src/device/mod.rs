@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod fp8;
 
+use crate::config::Activation;
 use crate::error::{DeviceError, EngineError};
 use crate::tensor::HostTensor;
 
@@ -230,6 +231,36 @@ pub struct AttnParams {
     pub window: Option<usize>,
 }
 
+/// A sub-layer's output on its way into the residual stream: added as it is, or first
+/// `rms_norm(x) · norm` where the model normalises its sub-layers' outputs (Gemma's
+/// post-attention and post-feed-forward norms, fused into the next sub-layer's add + norm).
+pub struct Delta<'a, T> {
+    pub x: &'a T,
+    pub norm: Option<&'a T>,
+}
+
+impl<T> Clone for Delta<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Delta<'_, T> {}
+
+/// The RMSNorm of each q head (weight `q`, `[head_dim]`) and each k head (`k`) before RoPE
+/// (Qwen3's and Gemma 3's q/k norm); v untouched.
+pub struct HeadNorm<'a, T> {
+    pub q: &'a T,
+    pub k: &'a T,
+    pub eps: f32,
+}
+
+impl<T> Clone for HeadNorm<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for HeadNorm<'_, T> {}
+
 /// A device: tensors, a paged KV cache, and the fused operations the decoder forward needs.
 /// Activations are 2-D row-major `[tokens, features]`.
 pub trait Device: Send {
@@ -261,25 +292,29 @@ pub trait Device: Send {
         w: &Self::Tensor,
         eps: f32,
     ) -> Result<Self::Tensor, DeviceError>;
-    /// `residual += delta`, then returns `rms_norm(residual) · w`.
+    /// `residual += delta` (normalised first where it says so), then returns
+    /// `rms_norm(residual) · w`.
     fn add_rms_norm(
         &self,
         residual: &mut Self::Tensor,
-        delta: &Self::Tensor,
+        delta: Delta<'_, Self::Tensor>,
         w: &Self::Tensor,
         eps: f32,
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x · wᵀ`: x `[n, k]`, w `[m, k]` → `[n, m]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
     /// The attention of a layer: rotates the q and k parts of `qkv` (`[n, (h + 2·kvh)·d]`) with
-    /// the cos/sin `rope` table (`[max_pos, d/2]` cos then `[max_pos, d/2]` sin), writes k and v
+    /// the cos/sin `rope` table (`[max_pos, d/2]` cos then `[max_pos, d/2]` sin) — after the
+    /// RMSNorm of each q and k head where the model has one (`qk_norm`) — writes k and v
     /// into the cache of `layer` at the batch's slot mapping, then returns the causal attention
     /// of each new token over its sequence's cached keys/values (which include this step's):
-    /// `[n, h·d]`. One call, so a device may fuse the rotation and the cache write into the
-    /// attention itself; `qkv` is scratch afterwards.
+    /// `[n, h·d]`. One call, so a device may fuse the norm, the rotation and the cache write into
+    /// the attention itself; `qkv` is scratch afterwards.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         qkv: &mut Self::Tensor,
+        qk_norm: Option<HeadNorm<'_, Self::Tensor>>,
         rope: &Self::Tensor,
         kv: &mut Self::Kv,
         layer: usize,
@@ -288,28 +323,9 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x[r, :] += bias` for every row (the q|k|v biases of Qwen2).
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> Result<(), DeviceError>;
-    /// RMSNorm over each q head (weight `q_w`, `[head_dim]`) and each k head (`k_w`) of a fused
-    /// `[n, (h + 2·kvh)·d]` q|k|v tensor, in place; v untouched (Qwen3's q/k norm, before RoPE).
-    fn head_norm(
-        &self,
-        qkv: &mut Self::Tensor,
-        q_w: &Self::Tensor,
-        k_w: &Self::Tensor,
-        eps: f32,
-        p: &AttnParams,
-    ) -> Result<(), DeviceError>;
-    /// `silu(gate) · up` of a fused `[n, 2·i]` gate|up tensor.
-    fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
-    /// `gelu_tanh(gate) · up` of a fused `[n, 2·i]` gate|up tensor (GeGLU, Gemma).
-    fn gelu_tanh_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
-    /// `rms_norm(x) · w` of a sub-layer's output (the device's activation type in and out), as
-    /// Gemma normalises the attention's and the MLP's outputs before the residual add.
-    fn output_norm(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Tensor,
-        eps: f32,
-    ) -> Result<Self::Tensor, DeviceError>;
+    /// `act(gate) · up` of a fused `[n, 2·i]` gate|up tensor: SwiGLU (silu) or GeGLU
+    /// (gelu_tanh, Gemma).
+    fn glu(&self, gate_up: &Self::Tensor, act: Activation) -> Result<Self::Tensor, DeviceError>;
     /// The batch's `logit_rows`.
     fn gather_logit_rows(
         &self,
@@ -324,7 +340,7 @@ pub trait Device: Send {
     fn norm(
         &self,
         residual: &mut Self::Tensor,
-        delta: Option<&Self::Tensor>,
+        delta: Option<Delta<'_, Self::Tensor>>,
         norm: &Self::Tensor,
         eps: f32,
     ) -> Result<Self::Tensor, DeviceError> {
@@ -338,7 +354,7 @@ pub trait Device: Send {
     fn norm_linear(
         &self,
         residual: &mut Self::Tensor,
-        delta: Option<&Self::Tensor>,
+        delta: Option<Delta<'_, Self::Tensor>>,
         norm: &Self::Tensor,
         eps: f32,
         w: &Self::Tensor,
@@ -347,19 +363,20 @@ pub trait Device: Send {
         self.linear(&x, w)
     }
 
-    /// [`Device::norm`], the fused gate|up projection, then `silu(gate) · up`; one fused pass
+    /// [`Device::norm`], the fused gate|up projection, then [`Device::glu`]; one fused pass
     /// where the device has one (decode steps).
-    fn norm_swiglu(
+    fn norm_glu(
         &self,
         residual: &mut Self::Tensor,
-        delta: Option<&Self::Tensor>,
+        delta: Option<Delta<'_, Self::Tensor>>,
         norm: &Self::Tensor,
         eps: f32,
         gate_up: &Self::Tensor,
+        act: Activation,
     ) -> Result<Self::Tensor, DeviceError> {
         let x = self.norm(residual, delta, norm, eps)?;
         let gu = self.linear(&x, gate_up)?;
-        self.silu_mul(&gu)
+        self.glu(&gu, act)
     }
 
     /// Uploads a table that must keep f32 precision (RoPE cos/sin).

@@ -5,8 +5,8 @@
 //! layers with their own RoPE base), each present or absent in a layer's weights and config.
 
 use super::rope;
-use crate::config::{Activation, ModelConfig, RopeScaling};
-use crate::device::{AttnParams, Device, ForwardBatch, GraphReport, GraphShapes};
+use crate::config::{ModelConfig, RopeScaling};
+use crate::device::{AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm};
 use crate::error::EngineError;
 use crate::loader::HostWeights;
 
@@ -273,12 +273,13 @@ impl<D: Device> Decoder<D> {
         };
         let mut residual = dev.embed(&self.embed, b, scale)?;
         // Each sub-layer's output is added into the residual stream by the next one's
-        // normalisation (fused with its projection where the device can).
-        let mut pending: Option<D::Tensor> = None;
+        // normalisation (fused with its projection where the device can), after the output
+        // norm of models that have one (Gemma's post-norms, fused into the same pass).
+        let mut pending: Option<(D::Tensor, Option<&D::Tensor>)> = None;
         for (l, layer) in self.layers.iter().enumerate() {
             let mut qkv = dev.norm_linear(
                 &mut residual,
-                pending.as_ref(),
+                as_delta(&pending),
                 &layer.attn_norm,
                 eps,
                 &layer.qkv,
@@ -287,39 +288,37 @@ impl<D: Device> Decoder<D> {
                 dev.add_bias(&mut qkv, bias)?;
             }
             let p = &self.attn[l];
-            if let Some((q_w, k_w)) = &layer.qk_norm {
-                dev.head_norm(&mut qkv, q_w, k_w, eps, p)?;
-            }
+            let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| HeadNorm { q, k, eps });
             let rope = match (&self.rope_local, p.window) {
                 (Some(local), Some(_)) => local,
                 _ => &self.rope,
             };
-            let attn = dev.attention(&mut qkv, rope, kv, l, b, p)?;
-            let mut o = dev.linear(&attn, &layer.o_proj)?;
-            if let Some((post_attn, _)) = &layer.post_norms {
-                o = dev.output_norm(&o, post_attn, eps)?;
-            }
-            let act = match self.config.hidden_act {
-                Activation::Silu => dev.norm_swiglu(
-                    &mut residual,
-                    Some(&o),
-                    &layer.mlp_norm,
-                    eps,
-                    &layer.gate_up,
-                )?,
-                Activation::GeluTanh => {
-                    let x = dev.norm(&mut residual, Some(&o), &layer.mlp_norm, eps)?;
-                    dev.gelu_tanh_mul(&dev.linear(&x, &layer.gate_up)?)?
-                }
+            let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
+            let o = dev.linear(&attn, &layer.o_proj)?;
+            let (post_attn, post_mlp) = match &layer.post_norms {
+                Some((a, m)) => (Some(a), Some(m)),
+                None => (None, None),
             };
-            let mut down = dev.linear(&act, &layer.down)?;
-            if let Some((_, post_mlp)) = &layer.post_norms {
-                down = dev.output_norm(&down, post_mlp, eps)?;
-            }
-            pending = Some(down);
+            let act = dev.norm_glu(
+                &mut residual,
+                Some(Delta {
+                    x: &o,
+                    norm: post_attn,
+                }),
+                &layer.mlp_norm,
+                eps,
+                &layer.gate_up,
+                self.config.hidden_act,
+            )?;
+            pending = Some((dev.linear(&act, &layer.down)?, post_mlp));
         }
-        let x = dev.norm(&mut residual, pending.as_ref(), &self.final_norm, eps)?;
+        let x = dev.norm(&mut residual, as_delta(&pending), &self.final_norm, eps)?;
         let rows = dev.gather_logit_rows(&x, b)?;
         Ok(dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?)
     }
+}
+
+/// The pending sub-layer output (and its output norm) as the next add + norm's delta.
+fn as_delta<'a, T>(pending: &'a Option<(T, Option<&'a T>)>) -> Option<Delta<'a, T>> {
+    pending.as_ref().map(|(x, norm)| Delta { x, norm: *norm })
 }

@@ -6,7 +6,8 @@ pub mod gemm;
 
 use rayon::prelude::*;
 
-use super::{fp8, AttnParams, Device, ForwardBatch, KvCacheDtype, KvLayout};
+use super::{fp8, AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout};
+use crate::config::Activation;
 use crate::error::DeviceError;
 use crate::tensor::HostTensor;
 
@@ -196,11 +197,19 @@ impl Device for CpuDevice {
     fn add_rms_norm(
         &self,
         residual: &mut CpuTensor,
-        delta: &CpuTensor,
+        delta: Delta<'_, CpuTensor>,
         w: &CpuTensor,
         eps: f32,
     ) -> Result<CpuTensor, DeviceError> {
-        for (r, d) in residual.data.iter_mut().zip(&delta.data) {
+        let normed;
+        let d = match delta.norm {
+            Some(norm) => {
+                normed = self.rms_norm(delta.x, norm, eps)?;
+                &normed
+            }
+            None => delta.x,
+        };
+        for (r, d) in residual.data.iter_mut().zip(&d.data) {
             *r += d;
         }
         self.rms_norm(residual, w, eps)
@@ -225,12 +234,16 @@ impl Device for CpuDevice {
     fn attention(
         &self,
         qkv: &mut CpuTensor,
+        qk_norm: Option<HeadNorm<'_, CpuTensor>>,
         rope: &CpuTensor,
         kv: &mut CpuKv,
         layer: usize,
         b: &CpuBatch,
         p: &AttnParams,
     ) -> Result<CpuTensor, DeviceError> {
+        if let Some(n) = qk_norm {
+            head_norm(qkv, n, p);
+        }
         rope_and_cache(qkv, rope, kv, layer, b, p)?;
         Ok(attention::paged_attention(qkv, kv, layer, b, p))
     }
@@ -249,57 +262,21 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn head_norm(
-        &self,
-        qkv: &mut CpuTensor,
-        q_w: &CpuTensor,
-        k_w: &CpuTensor,
-        eps: f32,
-        p: &AttnParams,
-    ) -> Result<(), DeviceError> {
-        let d = p.head_dim;
-        let mut head = vec![0.0f32; d];
-        for row in qkv.data.chunks_mut(qkv.cols) {
-            for h in 0..p.num_heads + p.num_kv_heads {
-                let w = if h < p.num_heads { q_w } else { k_w };
-                let x = &mut row[h * d..(h + 1) * d];
-                head.copy_from_slice(x);
-                rms_norm_row(&head, &w.data, eps, x);
-            }
-        }
-        Ok(())
-    }
-
-    fn silu_mul(&self, gu: &CpuTensor) -> Result<CpuTensor, DeviceError> {
-        let i = gu.cols / 2;
-        let mut out = vec![0.0f32; gu.rows * i];
-        out.par_chunks_mut(i)
-            .zip(gu.data.par_chunks(gu.cols))
-            .for_each(|(o, r)| {
-                let (g, u) = r.split_at(i);
-                for j in 0..i {
-                    o[j] = g[j] / (1.0 + (-g[j]).exp()) * u[j];
-                }
-            });
-        Ok(CpuTensor {
-            rows: gu.rows,
-            cols: i,
-            data: out,
-        })
-    }
-
-    fn gelu_tanh_mul(&self, gu: &CpuTensor) -> Result<CpuTensor, DeviceError> {
+    fn glu(&self, gu: &CpuTensor, act: Activation) -> Result<CpuTensor, DeviceError> {
         let i = gu.cols / 2;
         let mut out = vec![0.0f32; gu.rows * i];
         // torch's gelu(approximate="tanh"): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
         let c = (2.0f32 / std::f32::consts::PI).sqrt();
+        let f = |x: f32| match act {
+            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::GeluTanh => 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()),
+        };
         out.par_chunks_mut(i)
             .zip(gu.data.par_chunks(gu.cols))
             .for_each(|(o, r)| {
                 let (g, u) = r.split_at(i);
                 for j in 0..i {
-                    let x = g[j];
-                    o[j] = 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()) * u[j];
+                    o[j] = f(g[j]) * u[j];
                 }
             });
         Ok(CpuTensor {
@@ -307,15 +284,6 @@ impl Device for CpuDevice {
             cols: i,
             data: out,
         })
-    }
-
-    fn output_norm(
-        &self,
-        x: &CpuTensor,
-        w: &CpuTensor,
-        eps: f32,
-    ) -> Result<CpuTensor, DeviceError> {
-        self.rms_norm(x, w, eps)
     }
 
     fn gather_logit_rows(&self, x: &CpuTensor, b: &CpuBatch) -> Result<CpuTensor, DeviceError> {
@@ -382,6 +350,21 @@ impl Device for CpuDevice {
             .map(|_| mean + std * rng.normal() as f32)
             .collect();
         Ok(CpuTensor { rows, cols, data })
+    }
+}
+
+/// RMSNorm of each q head and each k head of a fused `[n, (h + 2·kvh)·d]` q|k|v tensor, in
+/// place; v untouched (the q/k norm of Qwen3 and Gemma 3, before RoPE).
+fn head_norm(qkv: &mut CpuTensor, n: HeadNorm<'_, CpuTensor>, p: &AttnParams) {
+    let d = p.head_dim;
+    let mut head = vec![0.0f32; d];
+    for row in qkv.data.chunks_mut(qkv.cols) {
+        for h in 0..p.num_heads + p.num_kv_heads {
+            let w = if h < p.num_heads { n.q } else { n.k };
+            let x = &mut row[h * d..(h + 1) * d];
+            head.copy_from_slice(x);
+            rms_norm_row(&head, &w.data, n.eps, x);
+        }
     }
 }
 

@@ -6,10 +6,10 @@ use cudarc::driver::CudaFunction;
 use super::attention_plan::{AttentionPlan, Capabilities, StepShape};
 use super::batch::CudaBatch;
 use super::kernels::{attention_smem_bytes, mma_fp8_smem_bytes, mma_smem_bytes, ATT_MAXD};
-use super::launch::{AttentionArgs, CombineArgs, LayerKv};
+use super::launch::{AttentionArgs, CombineArgs, LayerKv, QkNorm};
 use super::tensor::{CudaKv, CudaTensor};
 use super::CudaDevice;
-use crate::device::{AttnParams, KvCacheDtype};
+use crate::device::{AttnParams, HeadNorm, KvCacheDtype};
 use crate::error::DeviceError;
 
 fn layer_kv(kv: &mut CudaKv, layer: usize) -> LayerKv<'_> {
@@ -62,9 +62,11 @@ impl CudaDevice {
 
     /// RoPE on the q and k heads of `qkv`, in place, and the K/V write into the cache of `layer`
     /// (rope_kv.cu): the step before the attention kernel, unless that kernel does it itself.
+    #[allow(clippy::too_many_arguments)]
     fn rope_and_cache(
         &self,
         qkv: &mut CudaTensor,
+        qk_norm: QkNorm<'_>,
         rope: &CudaTensor,
         kv: &mut CudaKv,
         layer: usize,
@@ -88,14 +90,17 @@ impl CudaDevice {
                 layer_kv(kv, layer),
                 b.n,
                 (p.num_heads, p.num_kv_heads, p.head_dim),
+                qk_norm,
             )
         })
     }
 
     /// [`crate::device::Device::attention`] on this device.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn paged_attention(
         &self,
         qkv: &mut CudaTensor,
+        qk_norm: Option<HeadNorm<'_, CudaTensor>>,
         rope: &CudaTensor,
         kv: &mut CudaKv,
         layer: usize,
@@ -109,8 +114,12 @@ impl CudaDevice {
             return Ok(CudaTensor::new_bf16(0, p.num_heads * d, out));
         }
         let plan = self.attention_plan(b, p, fp8)?;
+        let qk_norm = match qk_norm {
+            Some(n) => Some((n.q.bf16("head norm")?, n.k.bf16("head norm")?, n.eps)),
+            None => None,
+        };
         if !plan.fused_rope {
-            self.rope_and_cache(qkv, rope, kv, layer, b, p)?;
+            self.rope_and_cache(qkv, qk_norm, rope, kv, layer, b, p)?;
         }
         self.timed("attention", || {
             let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
@@ -169,6 +178,7 @@ impl CudaDevice {
                     slots: &b.slots,
                     fused: plan.fused_rope as i32,
                     window: p.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                    qk_norm,
                 },
                 grid,
                 plan.tensor_cores,

@@ -132,7 +132,11 @@ impl AttentionPlan {
         } else {
             SIMT_BLOCKS_PER_SM
         };
-        let waves = if decode_like { caps.split.waves } else { 1 };
+        let waves = if decode_like {
+            caps.split.waves
+        } else {
+            caps.split.prompt_waves
+        };
         let want = (caps.sms * per_sm * waves / busy.max(1)).max(1);
         let max_splits = shape.max_ctx.div_ceil(caps.split.min_keys).max(1);
         let splits = want.clamp(1, max_splits.min(caps.split.max_splits));

@@ -1,12 +1,13 @@
 //! Projections of a few rows (decode steps) through `gemv.cu`: weights streamed once with 16-byte
-//! loads, one warp per output row, the sub-layer's residual add + RMSNorm fused in as a
-//! prologue and SwiGLU as the gate/up epilogue. Steps with more rows than `gemv_max_rows` (or
+//! loads, one warp per output row, the sub-layer's residual add + RMSNorm (and the previous
+//! sub-layer's output norm) fused in as a prologue and SwiGLU / GeGLU as the gate/up epilogue. Steps with more rows than `gemv_max_rows` (or
 //! shapes the kernels cannot take) go through the norm kernels and cuBLAS.
 
 use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
 use super::tensor::{CudaBuf, CudaTensor};
 use super::{CudaDevice, DEV};
-use crate::device::Device;
+use crate::config::Activation;
+use crate::device::{Delta, Device};
 use crate::error::DeviceError;
 
 impl CudaDevice {
@@ -35,45 +36,44 @@ impl CudaDevice {
         Ok(CudaTensor::new_bf16(rows, n, out))
     }
 
-    /// The GEMV instantiation that fuses a norm over `residual` into a projection by `w`, if
-    /// one fits.
-    fn gemv_norm_variant(
-        &self,
-        residual: &CudaTensor,
-        w: &CudaTensor,
-        swiglu: bool,
-    ) -> Option<usize> {
+    /// The GEMV instantiation that fuses a norm over `residual` into a projection by `w` (and,
+    /// `glu`, a gated activation over its gate|up halves), if one fits.
+    fn gemv_norm_variant(&self, residual: &CudaTensor, w: &CudaTensor, glu: bool) -> Option<usize> {
         let v = self.gemv_variant(residual.rows, residual.cols)?;
         let fits = GEMV_ROWS[v] * residual.cols * 2 <= GEMV_SMEM_MAX
             && w.cols == residual.cols
-            && (!swiglu || w.rows.is_multiple_of(2));
+            && (!glu || w.rows.is_multiple_of(2));
         fits.then_some(v)
     }
 
-    /// [`Device::norm_linear`] (or, `swiglu`, [`Device::norm_swiglu`]): one fused gemv.cu launch
-    /// where the rows fit one, else the norm, the GEMM (and SwiGLU) as separate launches.
+    /// [`Device::norm_linear`] (or, with `glu`, [`Device::norm_glu`]): one fused gemv.cu launch
+    /// where the rows fit one, else the norm, the GEMM (and the activation) as separate
+    /// launches.
     pub(super) fn norm_projection(
         &self,
         residual: &mut CudaTensor,
-        delta: Option<&CudaTensor>,
+        delta: Option<Delta<'_, CudaTensor>>,
         norm: &CudaTensor,
         eps: f32,
         w: &CudaTensor,
-        swiglu: bool,
+        glu: Option<Activation>,
     ) -> Result<CudaTensor, DeviceError> {
-        let Some(v) = self.gemv_norm_variant(residual, w, swiglu) else {
+        let Some(v) = self.gemv_norm_variant(residual, w, glu.is_some()) else {
             let x = self.norm(residual, delta, norm, eps)?;
             let y = self.linear(&x, w)?;
-            return if swiglu { self.silu_mul(&y) } else { Ok(y) };
+            return match glu {
+                Some(act) => self.glu(&y, act),
+                None => Ok(y),
+            };
         };
-        let op = if swiglu {
-            "gemv + norm + swiglu"
-        } else {
-            "gemv + norm"
+        let op = match glu {
+            Some(Activation::Silu) => "gemv + norm + swiglu",
+            Some(Activation::GeluTanh) => "gemv + norm + geglu",
+            None => "gemv + norm",
         };
         self.timed(op, || {
             let (rows, k) = (residual.rows, residual.cols);
-            let n = if swiglu { w.rows / 2 } else { w.rows };
+            let n = if glu.is_some() { w.rows / 2 } else { w.rows };
             let mut out = self.alloc_bf16(rows * n, "gemv")?;
             let CudaBuf::F32(res) = &residual.buf else {
                 return Err(DeviceError::Op {
@@ -87,12 +87,18 @@ impl CudaDevice {
                 None => None,
             };
             let delta = match delta {
-                Some(d) => Some(d.bf16("gemv")?),
+                Some(d) => Some((
+                    d.x.bf16("gemv")?,
+                    match d.norm {
+                        Some(nw) => Some(nw.bf16("gemv")?),
+                        None => None,
+                    },
+                )),
                 None => None,
             };
             self.launch_gemv_norm(
                 v,
-                swiglu,
+                glu,
                 res,
                 delta,
                 res_out.as_mut(),

@@ -32,9 +32,6 @@ pub const COMBINE_THREADS: u32 = 512;
 /// Output elements a combine block merges (COMBINE_ELEMS).
 pub const COMBINE_ELEMS: usize = 128;
 
-/// Most head_dim of head_norm_bf16 (32 lanes × HEAD_NORM_MAX_PER_LANE in rms_norm.cu).
-pub const HEAD_NORM_MAX_D: usize = 256;
-
 /// Rows of input each GEMV instantiation takes (gemv.cu's `_r{R}` kernels), smallest first.
 pub const GEMV_ROWS: [usize; 3] = [1, 2, 4];
 /// Rows served by gemv.cu unless CACHET_GEMV says otherwise: up to two. Measured on the H200
@@ -69,13 +66,12 @@ pub fn attention_smem_bytes(d: usize) -> u32 {
 pub struct Kernels {
     pub rms_norm: CudaFunction,
     pub add_rms_norm: CudaFunction,
-    pub head_norm: CudaFunction,
-    pub output_norm: CudaFunction,
     pub add_bias: CudaFunction,
-    pub gelu_tanh_mul: CudaFunction,
     pub embed: CudaFunction,
-    pub silu_mul: CudaFunction,
-    pub silu_mul_x8: CudaFunction,
+    /// The gated activations by [`crate::config::Activation`] (SwiGLU, GeGLU): any width, and
+    /// 8 elements per thread (widths that are multiples of 8).
+    pub glu: [CudaFunction; 2],
+    pub glu_x8: [CudaFunction; 2],
     pub gather_rows: CudaFunction,
     pub rope_kv: CudaFunction,
     pub rope_kv_fp8: CudaFunction,
@@ -97,7 +93,8 @@ pub struct Kernels {
     /// gemv.cu, one per entry of GEMV_ROWS.
     pub gemv: [CudaFunction; 3],
     pub gemv_norm: [CudaFunction; 3],
-    pub gemv_norm_swiglu: [CudaFunction; 3],
+    /// The gated MLP variants, by [`crate::config::Activation`]: SwiGLU, then GeGLU.
+    pub gemv_norm_glu: [[CudaFunction; 3]; 2],
 }
 
 /// What loading the kernels found.
@@ -137,13 +134,10 @@ impl Kernels {
         let k = Kernels {
             rms_norm: f("rms_norm_bf16")?,
             add_rms_norm: f("add_rms_norm_bf16")?,
-            head_norm: f("head_norm_bf16")?,
-            output_norm: f("output_norm_bf16")?,
             add_bias: f("add_bias_bf16")?,
-            gelu_tanh_mul: f("gelu_tanh_mul_bf16")?,
             embed: f("embed_bf16")?,
-            silu_mul: f("silu_mul_bf16")?,
-            silu_mul_x8: f("silu_mul_bf16x8")?,
+            glu: [f("silu_mul_bf16")?, f("gelu_tanh_mul_bf16")?],
+            glu_x8: [f("silu_mul_bf16x8")?, f("gelu_tanh_mul_bf16x8")?],
             gather_rows: f("gather_rows_bf16")?,
             rope_kv: f("rope_kv_bf16")?,
             rope_kv_fp8: f("rope_kv_fp8")?,
@@ -168,10 +162,17 @@ impl Kernels {
                 f("gemv_norm_bf16_r2")?,
                 f("gemv_norm_bf16_r4")?,
             ],
-            gemv_norm_swiglu: [
-                f("gemv_norm_swiglu_bf16_r1")?,
-                f("gemv_norm_swiglu_bf16_r2")?,
-                f("gemv_norm_swiglu_bf16_r4")?,
+            gemv_norm_glu: [
+                [
+                    f("gemv_norm_swiglu_bf16_r1")?,
+                    f("gemv_norm_swiglu_bf16_r2")?,
+                    f("gemv_norm_swiglu_bf16_r4")?,
+                ],
+                [
+                    f("gemv_norm_geglu_bf16_r1")?,
+                    f("gemv_norm_geglu_bf16_r2")?,
+                    f("gemv_norm_geglu_bf16_r4")?,
+                ],
             ],
         };
         for func in [&k.attention, &k.attention_fp8] {
@@ -185,7 +186,7 @@ impl Kernels {
         smem(&k.attention_mma_d256, mma_smem_bytes(256))?;
         smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
-        for func in k.gemv_norm.iter().chain(&k.gemv_norm_swiglu) {
+        for func in k.gemv_norm.iter().chain(k.gemv_norm_glu.iter().flatten()) {
             smem(func, GEMV_SMEM_MAX as u32)?;
         }
         Ok(Loaded {

@@ -7,10 +7,10 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
     ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
-    HEAD_NORM_MAX_D, MMA_THREADS,
+    MMA_THREADS,
 };
-use super::{op_err, CudaDevice, DEV};
-use crate::device::AttnParams;
+use super::{op_err, CudaDevice};
+use crate::config::Activation;
 use crate::error::DeviceError;
 
 /// Threads of a token-selection block (`SAMPLE_THREADS` / `LOGPROB_THREADS` in sampling.cu).
@@ -82,7 +82,12 @@ pub(super) struct AttentionArgs<'a> {
     pub fused: i32,
     /// Keys a query sees in a sliding-window layer (0: all).
     pub window: i32,
+    /// The q and k heads' RMSNorm weights (bf16 `[d]` each) and eps: read when `fused` is 1.
+    pub qk_norm: QkNorm<'a>,
 }
+
+/// The q and k head-norm weights of a model that has them, with their eps.
+pub(super) type QkNorm<'a> = Option<(&'a CudaSlice<u16>, &'a CudaSlice<u16>, f32)>;
 
 /// The arguments of `attention_combine_bf16`.
 pub(super) struct CombineArgs<'a> {
@@ -137,84 +142,6 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `head_norm_bf16(bf16 qkv[n, (h + 2·kvh)·d] (in/out), bf16 q_w[d], bf16 k_w[d], int h, int
-    /// kvh, int d, float eps)`: one warp per (token, q or k head).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_head_norm(
-        &self,
-        qkv: &mut CudaSlice<u16>,
-        q_w: &CudaSlice<u16>,
-        k_w: &CudaSlice<u16>,
-        n: usize,
-        p: &AttnParams,
-        eps: f32,
-    ) -> Result<(), DeviceError> {
-        if p.head_dim > HEAD_NORM_MAX_D {
-            return Err(DeviceError::Op {
-                device: DEV,
-                op: "head_norm",
-                msg: format!("head_dim {} is above {HEAD_NORM_MAX_D}", p.head_dim),
-            });
-        }
-        let (h, kvh, d) = (p.num_heads as i32, p.num_kv_heads as i32, p.head_dim as i32);
-        let mut l = self.stream.launch_builder(&self.k.head_norm);
-        l.arg(qkv)
-            .arg(q_w)
-            .arg(k_w)
-            .arg(&h)
-            .arg(&kvh)
-            .arg(&d)
-            .arg(&eps);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, (p.num_heads + p.num_kv_heads) as u32, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: qkv holds n × (h + 2·kvh)·d elements, q_w and k_w d each; d ≤ HEAD_NORM_MAX_D
-        // (checked above), so every lane's elements are in its registers.
-        unsafe { l.launch(cfg) }.map_err(op_err("head_norm"))?;
-        Ok(())
-    }
-
-    /// `output_norm_bf16(bf16 x[rows, cols], bf16 w[cols], bf16 out[rows, cols], int, float)`.
-    pub(super) fn launch_output_norm(
-        &self,
-        x: &CudaSlice<u16>,
-        w: &CudaSlice<u16>,
-        out: &mut CudaSlice<u16>,
-        (rows, cols): (usize, usize),
-        eps: f32,
-    ) -> Result<(), DeviceError> {
-        let c = cols as i32;
-        let mut l = self.stream.launch_builder(&self.k.output_norm);
-        l.arg(x).arg(w).arg(out).arg(&c).arg(&eps);
-        // SAFETY: x and out hold rows × cols elements, w cols; one block per row, its threads
-        // sized as rms_norm's (each keeps at most 8 elements, or loops).
-        unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("output_norm"))?;
-        Ok(())
-    }
-
-    /// `gelu_tanh_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64 n·i)`.
-    pub(super) fn launch_gelu_tanh_mul(
-        &self,
-        gu: &CudaSlice<u16>,
-        out: &mut CudaSlice<u16>,
-        rows: usize,
-        i: usize,
-    ) -> Result<(), DeviceError> {
-        let (ii, total) = (i as i32, (rows * i) as u64);
-        let mut l = self.stream.launch_builder(&self.k.gelu_tanh_mul);
-        l.arg(gu).arg(out).arg(&ii).arg(&total);
-        let cfg = LaunchConfig {
-            grid_dim: (total.div_ceil(256).min(4096) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the buffers hold rows × 2i and rows × i elements; grid-stride loop.
-        unsafe { l.launch(cfg) }.map_err(op_err("gelu_tanh_mul"))?;
-        Ok(())
-    }
-
     /// `add_bias_bf16(bf16 x[n, cols] (in/out), bf16 bias[cols], int cols, u64 n·cols)`.
     pub(super) fn launch_add_bias(
         &self,
@@ -236,29 +163,38 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `add_rms_norm_bf16(f32 residual[rows, cols] (in/out), bf16 delta[rows, cols], bf16 w[cols],
-    /// bf16 out[rows, cols], int cols, float eps)`.
+    /// `add_rms_norm_bf16(f32 residual[rows, cols] (in/out), bf16 delta[rows, cols], bf16
+    /// delta_w[cols] or null, bf16 w[cols], bf16 out[rows, cols], int cols, float eps)`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_add_rms_norm(
         &self,
         residual: &mut CudaSlice<f32>,
         delta: &CudaSlice<u16>,
+        delta_w: Option<&CudaSlice<u16>>,
         w: &CudaSlice<u16>,
         out: &mut CudaSlice<u16>,
         (rows, cols): (usize, usize),
         eps: f32,
     ) -> Result<(), DeviceError> {
         let c = cols as i32;
+        let null = 0u64;
         let mut l = self.stream.launch_builder(&self.k.add_rms_norm);
-        l.arg(residual).arg(delta).arg(w).arg(out).arg(&c).arg(&eps);
-        // SAFETY: residual, delta and out hold rows × cols elements, w cols; each block reads and
-        // writes only its own row of the residual.
+        l.arg(residual).arg(delta);
+        match delta_w {
+            Some(dw) => l.arg(dw),
+            None => l.arg(&null),
+        };
+        l.arg(w).arg(out).arg(&c).arg(&eps);
+        // SAFETY: residual, delta and out hold rows × cols elements, delta_w (when given) and w
+        // cols; each block reads and writes only its own row of the residual.
         unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("add_rms_norm"))?;
         Ok(())
     }
 
     /// `rope_kv_{bf16,fp8}(bf16 qkv[n, (nh+2nkv)d], f32 rope[max_pos, d], u32 pos[n], u32 slots[n],
     /// k_cache[slots, nkv, d], v_cache[slots, nkv, d], f32 k_scale[slots, nkv], f32
-    /// v_scale[slots, nkv], int nh, int nkv, int d)`: `func` is the kernel for the cache's dtype.
+    /// v_scale[slots, nkv], int nh, int nkv, int d, bf16 q_norm[d] or null, bf16 k_norm[d] or
+    /// null, float eps)`: `func` is the kernel for the cache's dtype.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_rope_kv(
         &self,
@@ -270,6 +206,7 @@ impl CudaDevice {
         kv: LayerKv<'_>,
         n: usize,
         (nh, nkv, d): (usize, usize, usize),
+        qk_norm: QkNorm<'_>,
     ) -> Result<(), DeviceError> {
         let (nhi, nkvi, di) = (nh as i32, nkv as i32, d as i32);
         let mut l = self.stream.launch_builder(func);
@@ -284,15 +221,25 @@ impl CudaDevice {
             .arg(&nhi)
             .arg(&nkvi)
             .arg(&di);
+        let (null, mut eps) = (0u64, 0f32);
+        match qk_norm {
+            Some((q, k, e)) => {
+                eps = e;
+                l.arg(q).arg(k)
+            }
+            None => l.arg(&null).arg(&null),
+        };
+        l.arg(&eps);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, (nh + nkv) as u32, 1),
             block_dim: ((d / 2) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: grid (n, nh + nkv), block d/2 (d even, checked by the config; attention caps it
-        // at 128); the cache buffers are the layer's, allocated for the layout's dtype with the
-        // kernel chosen for it; positions are below max_pos and slots inside the cache or the
-        // padding mark (validated by the runner).
+        // SAFETY: grid (n, nh + nkv), block d/2 (d even, checked by the config; the device caps it
+        // at 256, so at most 128 threads, as the head norm's reduction needs); the norm weights
+        // hold d elements each; the cache buffers are the layer's, allocated for the layout's
+        // dtype with the kernel chosen for it; positions are below max_pos and slots inside the
+        // cache or the padding mark (validated by the runner).
         unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
         Ok(())
     }
@@ -335,6 +282,15 @@ impl CudaDevice {
             .arg(a.slots)
             .arg(&a.fused)
             .arg(&a.window);
+        let (null, mut eps) = (0u64, 0f32);
+        match a.qk_norm {
+            Some((q, k, e)) => {
+                eps = e;
+                l.arg(q).arg(k)
+            }
+            None => l.arg(&null).arg(&null),
+        };
+        l.arg(&eps);
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
             block_dim: (
@@ -396,10 +352,12 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `silu_mul_bf16x8(bf16 gu[n, 2i], bf16 out[n, i], int i, u32 n·i/8)` when `i % 8 == 0`,
-    /// else `silu_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64 n·i)`.
-    pub(super) fn launch_silu_mul(
+    /// `{silu,gelu_tanh}_mul_bf16x8(bf16 gu[n, 2i], bf16 out[n, i], int i, u32 n·i/8)` when
+    /// `i % 8 == 0`, else `{silu,gelu_tanh}_mul_bf16(bf16 gu[n, 2i], bf16 out[n, i], int i, u64
+    /// n·i)`, for the activation `act`.
+    pub(super) fn launch_glu(
         &self,
+        act: Activation,
         gu: &CudaSlice<u16>,
         out: &mut CudaSlice<u16>,
         rows: usize,
@@ -407,9 +365,10 @@ impl CudaDevice {
     ) -> Result<(), DeviceError> {
         let total = rows * i;
         let ii = i as i32;
+        let a = act as usize;
         if i.is_multiple_of(8) && total / 8 < u32::MAX as usize {
             let total8 = (total / 8) as u32;
-            let mut l = self.stream.launch_builder(&self.k.silu_mul_x8);
+            let mut l = self.stream.launch_builder(&self.k.glu_x8[a]);
             l.arg(gu).arg(out).arg(&ii).arg(&total8);
             let cfg = LaunchConfig {
                 grid_dim: (total8.div_ceil(256).min(8192), 1, 1),
@@ -418,10 +377,10 @@ impl CudaDevice {
             };
             // SAFETY: i % 8 == 0 and both buffers whole allocations (16-byte aligned), holding
             // rows × 2i and rows × i elements.
-            unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
+            unsafe { l.launch(cfg) }.map_err(op_err("glu"))?;
         } else {
             let total = total as u64;
-            let mut l = self.stream.launch_builder(&self.k.silu_mul);
+            let mut l = self.stream.launch_builder(&self.k.glu[a]);
             l.arg(gu).arg(out).arg(&ii).arg(&total);
             let cfg = LaunchConfig {
                 grid_dim: (total.div_ceil(256).min(4096) as u32, 1, 1),
@@ -429,7 +388,7 @@ impl CudaDevice {
                 shared_mem_bytes: 0,
             };
             // SAFETY: the buffers hold rows × 2i and rows × i elements; grid-stride loop.
-            unsafe { l.launch(cfg) }.map_err(op_err("silu_mul"))?;
+            unsafe { l.launch(cfg) }.map_err(op_err("glu"))?;
         }
         Ok(())
     }
@@ -602,16 +561,17 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `gemv_norm[_swiglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null, f32
-    /// residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or 2n, k], bf16 out[rows, n], int
-    /// n, int k, int rows, float eps)` for the instantiation `v`.
+    /// `gemv_norm[_swiglu|_geglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null,
+    /// bf16 delta_w[k] or null, f32 residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or
+    /// 2n, k], bf16 out[rows, n], int n, int k, int rows, float eps)` for the instantiation `v`
+    /// (the gated variant of `glu`, if any).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_gemv_norm(
         &self,
         v: usize,
-        swiglu: bool,
+        glu: Option<Activation>,
         residual: &CudaSlice<f32>,
-        delta: Option<&CudaSlice<u16>>,
+        delta: Option<(&CudaSlice<u16>, Option<&CudaSlice<u16>>)>,
         residual_out: Option<&mut CudaSlice<f32>>,
         norm: &CudaSlice<u16>,
         w: &CudaSlice<u16>,
@@ -625,16 +585,16 @@ impl CudaDevice {
         }
         let null = 0u64;
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let func = if swiglu {
-            &self.k.gemv_norm_swiglu[v]
-        } else {
-            &self.k.gemv_norm[v]
+        let func = match glu {
+            Some(act) => &self.k.gemv_norm_glu[act as usize][v],
+            None => &self.k.gemv_norm[v],
         };
         let mut l = self.stream.launch_builder(func);
         l.arg(residual);
         match delta {
-            Some(d) => l.arg(d),
-            None => l.arg(&null),
+            Some((d, Some(dw))) => l.arg(d).arg(dw),
+            Some((d, None)) => l.arg(d).arg(&null),
+            None => l.arg(&null).arg(&null),
         };
         match residual_out {
             Some(r) => l.arg(r),

@@ -36,7 +36,8 @@ pub use batch::CudaBatch;
 pub use options::{CudaOptions, SplitOptions};
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
-use super::{AttnParams, Device, ForwardBatch, KvLayout};
+use super::{AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvLayout};
+use crate::config::Activation;
 use crate::error::DeviceError;
 use crate::tensor::HostTensor;
 
@@ -241,17 +242,26 @@ impl Device for CudaDevice {
     fn add_rms_norm(
         &self,
         residual: &mut CudaTensor,
-        delta: &CudaTensor,
+        delta: Delta<'_, CudaTensor>,
         w: &CudaTensor,
         eps: f32,
     ) -> Result<CudaTensor, DeviceError> {
-        self.timed("add_rms_norm", || {
+        let op = if delta.norm.is_some() {
+            "add_rms_norm + output norm"
+        } else {
+            "add_rms_norm"
+        };
+        self.timed(op, || {
             let (rows, cols) = (residual.rows, residual.cols);
             let mut out = self.alloc_bf16(rows * cols, "add_rms_norm")?;
             if rows > 0 {
-                let (d, wv) = (delta.bf16("add_rms_norm")?, w.bf16("add_rms_norm")?);
+                let (d, wv) = (delta.x.bf16("add_rms_norm")?, w.bf16("add_rms_norm")?);
+                let dw = match delta.norm {
+                    Some(nw) => Some(nw.bf16("add_rms_norm")?),
+                    None => None,
+                };
                 let r = residual.f32_mut("add_rms_norm")?;
-                self.launch_add_rms_norm(r, d, wv, &mut out, (rows, cols), eps)?;
+                self.launch_add_rms_norm(r, d, dw, wv, &mut out, (rows, cols), eps)?;
             }
             Ok(CudaTensor::new_bf16(rows, cols, out))
         })
@@ -269,23 +279,24 @@ impl Device for CudaDevice {
     fn norm_linear(
         &self,
         residual: &mut CudaTensor,
-        delta: Option<&CudaTensor>,
+        delta: Option<Delta<'_, CudaTensor>>,
         norm: &CudaTensor,
         eps: f32,
         w: &CudaTensor,
     ) -> Result<CudaTensor, DeviceError> {
-        self.norm_projection(residual, delta, norm, eps, w, false)
+        self.norm_projection(residual, delta, norm, eps, w, None)
     }
 
-    fn norm_swiglu(
+    fn norm_glu(
         &self,
         residual: &mut CudaTensor,
-        delta: Option<&CudaTensor>,
+        delta: Option<Delta<'_, CudaTensor>>,
         norm: &CudaTensor,
         eps: f32,
         gate_up: &CudaTensor,
+        act: Activation,
     ) -> Result<CudaTensor, DeviceError> {
-        self.norm_projection(residual, delta, norm, eps, gate_up, true)
+        self.norm_projection(residual, delta, norm, eps, gate_up, Some(act))
     }
 
     fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
@@ -295,13 +306,14 @@ impl Device for CudaDevice {
     fn attention(
         &self,
         qkv: &mut CudaTensor,
+        qk_norm: Option<HeadNorm<'_, CudaTensor>>,
         rope: &CudaTensor,
         kv: &mut CudaKv,
         layer: usize,
         b: &CudaBatch,
         p: &AttnParams,
     ) -> Result<CudaTensor, DeviceError> {
-        self.paged_attention(qkv, rope, kv, layer, b, p)
+        self.paged_attention(qkv, qk_norm, rope, kv, layer, b, p)
     }
 
     fn add_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<(), DeviceError> {
@@ -322,59 +334,18 @@ impl Device for CudaDevice {
         })
     }
 
-    fn head_norm(
-        &self,
-        qkv: &mut CudaTensor,
-        q_w: &CudaTensor,
-        k_w: &CudaTensor,
-        eps: f32,
-        p: &AttnParams,
-    ) -> Result<(), DeviceError> {
-        self.timed("head_norm", || {
-            let n = qkv.rows;
-            if n > 0 {
-                let (q, k) = (q_w.bf16("head_norm")?, k_w.bf16("head_norm")?);
-                self.launch_head_norm(qkv.bf16_mut("head_norm")?, q, k, n, p, eps)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn silu_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        self.timed("silu_mul", || {
+    fn glu(&self, gu: &CudaTensor, act: Activation) -> Result<CudaTensor, DeviceError> {
+        let op = match act {
+            Activation::Silu => "silu_mul",
+            Activation::GeluTanh => "gelu_tanh_mul",
+        };
+        self.timed(op, || {
             let i = gu.cols / 2;
-            let mut out = self.alloc_bf16(gu.rows * i, "silu_mul")?;
+            let mut out = self.alloc_bf16(gu.rows * i, op)?;
             if gu.rows * i > 0 {
-                self.launch_silu_mul(gu.bf16("silu_mul")?, &mut out, gu.rows, i)?;
+                self.launch_glu(act, gu.bf16(op)?, &mut out, gu.rows, i)?;
             }
             Ok(CudaTensor::new_bf16(gu.rows, i, out))
-        })
-    }
-
-    fn gelu_tanh_mul(&self, gu: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        self.timed("gelu_tanh_mul", || {
-            let i = gu.cols / 2;
-            let mut out = self.alloc_bf16(gu.rows * i, "gelu_tanh_mul")?;
-            if gu.rows * i > 0 {
-                self.launch_gelu_tanh_mul(gu.bf16("gelu_tanh_mul")?, &mut out, gu.rows, i)?;
-            }
-            Ok(CudaTensor::new_bf16(gu.rows, i, out))
-        })
-    }
-
-    fn output_norm(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        eps: f32,
-    ) -> Result<CudaTensor, DeviceError> {
-        self.timed("output_norm", || {
-            let mut out = self.alloc_bf16(x.rows * x.cols, "output_norm")?;
-            if x.rows > 0 {
-                let (xs, ws) = (x.bf16("output_norm")?, w.bf16("output_norm")?);
-                self.launch_output_norm(xs, ws, &mut out, (x.rows, x.cols), eps)?;
-            }
-            Ok(CudaTensor::new_bf16(x.rows, x.cols, out))
         })
     }
 

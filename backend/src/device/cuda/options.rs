@@ -20,7 +20,8 @@ pub const MAX_SPLITS: usize = 64;
 /// 512-token prefill split three ways took 23 ms against 14 unsplit.
 pub const SPLIT_WAVES: usize = 2;
 
-/// How long key ranges are split over blocks (`CACHET_ATTENTION_SPLIT=keys,n[,waves[,step]]`).
+/// How long key ranges are split over blocks
+/// (`CACHET_ATTENTION_SPLIT=keys,n[,waves[,step[,prompt_waves]]]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitOptions {
     /// Shortest key range of a split.
@@ -32,6 +33,11 @@ pub struct SplitOptions {
     /// The multiple of keys a tensor-core split is rounded to (the CUDA-core kernel always
     /// takes whole ATT_TK tiles).
     pub step: usize,
+    /// Waves of blocks the splits of a prompt's causal triangles may fill. More than one lost
+    /// on the H200 at every head_dim measured: 512-token prefills of the Gemma-3-12B and
+    /// Llama-3-8B shapes took 37 and 23 ms with two waves, 23 and 14 ms with one; 2048 and
+    /// 8192 tokens were even (`benchmarks/results/families-h200/fused-norms/prompt-splits.txt`).
+    pub prompt_waves: usize,
 }
 
 impl Default for SplitOptions {
@@ -41,6 +47,7 @@ impl Default for SplitOptions {
             max_splits: MAX_SPLITS,
             waves: SPLIT_WAVES,
             step: ATT_TK,
+            prompt_waves: 1,
         }
     }
 }
@@ -70,12 +77,25 @@ impl std::str::FromStr for SplitOptions {
                 max_splits: s,
                 waves: w,
                 step: t,
+                ..d
+            },
+            [k, s, w, t, p] => SplitOptions {
+                min_keys: k,
+                max_splits: s,
+                waves: w,
+                step: t,
+                prompt_waves: p,
             },
             _ => SplitOptions { min_keys: 0, ..d },
         };
-        if o.min_keys == 0 || o.max_splits == 0 || o.waves == 0 || o.step == 0 {
+        if o.min_keys == 0
+            || o.max_splits == 0
+            || o.waves == 0
+            || o.step == 0
+            || o.prompt_waves == 0
+        {
             return Err(format!(
-                "`{v}`: expected `min_keys,max_splits[,waves[,step]]` of positive numbers, e.g. `128,32` or `64,64,2`"
+                "`{v}`: expected `min_keys,max_splits[,waves[,step[,prompt_waves]]]` of positive numbers, e.g. `128,32` or `64,64,2`"
             ));
         }
         Ok(o)
@@ -222,8 +242,17 @@ mod tests {
                 min_keys: 32,
                 max_splits: 128,
                 waves: 2,
-                step: 16
+                step: 16,
+                prompt_waves: 1,
             }
+        );
+        // The fifth number: waves for prompts' causal triangles.
+        assert_eq!(
+            parse(&[("CACHET_ATTENTION_SPLIT", "64,64,2,64,2")])
+                .unwrap()
+                .split
+                .prompt_waves,
+            2
         );
         assert_eq!(o.gemv_max_rows, 0);
         assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);

@@ -305,11 +305,16 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     let matmul_params = (config.num_parameters()
         - config.vocab_size * config.hidden_size * if config.tie_word_embeddings { 0 } else { 1 })
         as f64;
-    let attn_flops = |n: f64, ctx0: f64| {
-        // Causal: token i attends to ctx0 + i + 1 keys; QKᵀ and PV, 2 FLOP per MAC.
-        let keys = n * ctx0 + n * (n + 1.0) / 2.0;
-        4.0 * keys
-            * (config.num_attention_heads * config.head_dim * config.num_hidden_layers) as f64
+    let attn_flops = |n: usize| {
+        // Causal: token i attends to i + 1 keys, at most a sliding layer's window; QKᵀ and PV,
+        // 2 FLOP per MAC.
+        let keys: f64 = (0..config.num_hidden_layers)
+            .map(|l| {
+                let w = config.layer_window(l).unwrap_or(usize::MAX);
+                (1..=n).map(|k| k.min(w) as f64).sum::<f64>()
+            })
+            .sum();
+        4.0 * keys * (config.num_attention_heads * config.head_dim) as f64
     };
     for &n in &a.prefill {
         if n.div_ceil(bs) > max_blocks || n > a.max_model_len {
@@ -322,7 +327,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         let flops =
             2.0 * n as f64 * (matmul_params - (config.vocab_size * config.hidden_size) as f64)
                 + 2.0 * (config.vocab_size * config.hidden_size) as f64
-                + attn_flops(n as f64, 0.0);
+                + attn_flops(n);
         // The GEMM ceiling is measured again right after this prefill, so that both see the same
         // clocks (a long run of 8192³ GEMMs heats the card and its rate drifts by ~10% in a run).
         let near = if cal.is_some() { r.calibrate()? } else { None };
