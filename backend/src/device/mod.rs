@@ -276,6 +276,11 @@ pub trait Device: Send {
     }
     /// Copies a host f32 tensor to the device, converting to the device's weight format.
     fn upload(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError>;
+    /// [`Device::upload`] of a tensor the caller gives up: a device whose format is the host's
+    /// (the CPU) keeps its memory instead of copying it.
+    fn upload_owned(&self, t: HostTensor) -> Result<Self::Tensor, DeviceError> {
+        self.upload(&t)
+    }
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Self::Kv, DeviceError>;
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<Self::Batch, DeviceError>;
     /// Rows of `table` for each token id, times `scale` (1, or Gemma's √hidden).

@@ -19,37 +19,97 @@ use crate::tokenizer::TextTokenizer;
 pub use crate::tensor::HostTensor;
 
 /// One decoder layer's weights; projections are fused where the forward pass runs them as one
-/// matmul (q|k|v, gate|up).
+/// matmul (q|k|v, gate|up). `T` is how a tensor is held: owned [`HostTensor`]s from the loader,
+/// or borrowed / copy-on-write ones on their way to a device ([`HostWeights::as_refs`],
+/// [`HostWeights::map`]).
 #[derive(Debug, Clone)]
-pub struct HostLayer {
-    pub attn_norm: HostTensor,
+pub struct HostLayer<T = HostTensor> {
+    pub attn_norm: T,
     /// `[q_dim + 2·kv_dim, hidden]`
-    pub qkv: HostTensor,
+    pub qkv: T,
     /// `[hidden, q_dim]`
-    pub o_proj: HostTensor,
-    pub mlp_norm: HostTensor,
+    pub o_proj: T,
+    pub mlp_norm: T,
     /// `[2·intermediate, hidden]`: gate rows first, then up rows.
-    pub gate_up: HostTensor,
+    pub gate_up: T,
     /// `[hidden, intermediate]`
-    pub down: HostTensor,
+    pub down: T,
     /// `[q_dim + 2·kv_dim]`: the q|k|v biases (Qwen2).
-    pub qkv_bias: Option<HostTensor>,
+    pub qkv_bias: Option<T>,
     /// `[head_dim]` each: RMSNorm weights over every q and every k head (Qwen3).
-    pub q_norm: Option<HostTensor>,
-    pub k_norm: Option<HostTensor>,
+    pub q_norm: Option<T>,
+    pub k_norm: Option<T>,
     /// `[hidden]` each: RMSNorms of the attention's and the MLP's outputs (Gemma).
-    pub post_attn_norm: Option<HostTensor>,
-    pub post_mlp_norm: Option<HostTensor>,
+    pub post_attn_norm: Option<T>,
+    pub post_mlp_norm: Option<T>,
 }
 
 #[derive(Debug, Clone)]
-pub struct HostWeights {
+pub struct HostWeights<T = HostTensor> {
     /// `[vocab, hidden]`
-    pub embed: HostTensor,
-    pub layers: Vec<HostLayer>,
-    pub final_norm: HostTensor,
+    pub embed: T,
+    pub layers: Vec<HostLayer<T>>,
+    pub final_norm: T,
     /// `None` when the embeddings are tied.
-    pub lm_head: Option<HostTensor>,
+    pub lm_head: Option<T>,
+}
+
+impl<T> HostLayer<T> {
+    fn map<U>(self, f: &mut impl FnMut(T) -> U) -> HostLayer<U> {
+        HostLayer {
+            attn_norm: f(self.attn_norm),
+            qkv: f(self.qkv),
+            o_proj: f(self.o_proj),
+            mlp_norm: f(self.mlp_norm),
+            gate_up: f(self.gate_up),
+            down: f(self.down),
+            qkv_bias: self.qkv_bias.map(&mut *f),
+            q_norm: self.q_norm.map(&mut *f),
+            k_norm: self.k_norm.map(&mut *f),
+            post_attn_norm: self.post_attn_norm.map(&mut *f),
+            post_mlp_norm: self.post_mlp_norm.map(&mut *f),
+        }
+    }
+}
+
+impl<T> HostWeights<T> {
+    /// Every tensor through `f`, the structure kept.
+    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> HostWeights<U> {
+        HostWeights {
+            embed: f(self.embed),
+            layers: self.layers.into_iter().map(|l| l.map(&mut f)).collect(),
+            final_norm: f(self.final_norm),
+            lm_head: self.lm_head.map(f),
+        }
+    }
+}
+
+impl HostWeights {
+    /// The tensors by reference.
+    pub fn as_refs(&self) -> HostWeights<&HostTensor> {
+        HostWeights {
+            embed: &self.embed,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| HostLayer {
+                    attn_norm: &l.attn_norm,
+                    qkv: &l.qkv,
+                    o_proj: &l.o_proj,
+                    mlp_norm: &l.mlp_norm,
+                    gate_up: &l.gate_up,
+                    down: &l.down,
+                    qkv_bias: l.qkv_bias.as_ref(),
+                    q_norm: l.q_norm.as_ref(),
+                    k_norm: l.k_norm.as_ref(),
+                    post_attn_norm: l.post_attn_norm.as_ref(),
+                    post_mlp_norm: l.post_mlp_norm.as_ref(),
+                })
+                .collect(),
+            final_norm: &self.final_norm,
+            lm_head: self.lm_head.as_ref(),
+        }
+    }
 }
 
 /// A model ready to be put on a device.

@@ -4,11 +4,13 @@
 //! Gemma's per-head q/k norm, Gemma's output norms, GeGLU, scaled embeddings, and sliding-window
 //! layers with their own RoPE base), each present or absent in a layer's weights and config.
 
+use std::borrow::Cow;
+
 use super::rope;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm};
 use crate::error::EngineError;
-use crate::loader::HostWeights;
+use crate::loader::{HostTensor, HostWeights};
 
 struct Layer<T> {
     attn_norm: T,
@@ -97,44 +99,48 @@ impl Logits {
 }
 
 impl<D: Device> Decoder<D> {
-    /// Uploads `weights`; positions up to `max_positions` get RoPE tables.
+    /// Uploads `weights` — each owned tensor handed to the device as it goes, so the host holds
+    /// at most one copy of the model; positions up to `max_positions` get RoPE tables.
     pub fn new(
         dev: &D,
         config: &ModelConfig,
-        weights: &HostWeights,
+        weights: HostWeights<Cow<'_, HostTensor>>,
         max_positions: usize,
     ) -> Result<Self, EngineError> {
-        let up = |t| dev.upload(t);
+        let up = |t: Cow<'_, HostTensor>| match t {
+            Cow::Borrowed(t) => dev.upload(t),
+            Cow::Owned(t) => dev.upload_owned(t),
+        };
         let layers = weights
             .layers
-            .iter()
+            .into_iter()
             .map(|l| {
                 Ok(Layer {
-                    attn_norm: up(&l.attn_norm)?,
-                    qkv: up(&l.qkv)?,
-                    qkv_bias: l.qkv_bias.as_ref().map(up).transpose()?,
-                    qk_norm: match (&l.q_norm, &l.k_norm) {
+                    attn_norm: up(l.attn_norm)?,
+                    qkv: up(l.qkv)?,
+                    qkv_bias: l.qkv_bias.map(up).transpose()?,
+                    qk_norm: match (l.q_norm, l.k_norm) {
                         (Some(q), Some(k)) => Some((up(q)?, up(k)?)),
                         _ => None,
                     },
-                    post_norms: match (&l.post_attn_norm, &l.post_mlp_norm) {
+                    post_norms: match (l.post_attn_norm, l.post_mlp_norm) {
                         (Some(a), Some(m)) => Some((up(a)?, up(m)?)),
                         _ => None,
                     },
-                    o_proj: up(&l.o_proj)?,
-                    mlp_norm: up(&l.mlp_norm)?,
-                    gate_up: up(&l.gate_up)?,
-                    down: up(&l.down)?,
+                    o_proj: up(l.o_proj)?,
+                    mlp_norm: up(l.mlp_norm)?,
+                    gate_up: up(l.gate_up)?,
+                    down: up(l.down)?,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
         Ok(Decoder {
             config: config.clone(),
-            embed: up(&weights.embed)?,
+            embed: up(weights.embed)?,
             layers,
-            final_norm: up(&weights.final_norm)?,
-            lm_head: weights.lm_head.as_ref().map(up).transpose()?,
+            final_norm: up(weights.final_norm)?,
+            lm_head: weights.lm_head.map(up).transpose()?,
             rope,
             rope_local,
             attn: attn_params_all(config),

@@ -2,6 +2,7 @@
 //! can pick the device at run time (`--device auto|cpu|cuda`), and the memory plan that sizes the
 //! KV pool: weights first, then blocks from what is left.
 
+use std::borrow::Cow;
 use std::str::FromStr;
 
 use super::decoder::{Decoder, Logits};
@@ -99,11 +100,13 @@ pub enum KvBudget {
 
 /// Where the weights come from.
 pub enum WeightSource<'a> {
+    /// Loaded weights the caller keeps (copied to the device).
     Host(&'a HostWeights),
+    /// Loaded weights given up: each tensor's host memory goes (or, on the CPU, stays as the
+    /// device's) as it is uploaded, so loading never holds two copies.
+    Owned(HostWeights),
     /// Random weights made on the device.
-    Dummy {
-        seed: u64,
-    },
+    Dummy { seed: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -172,7 +175,15 @@ impl<D: Device> ModelRunner<D> {
             ))
         })?;
         let model = match weights {
-            WeightSource::Host(w) => Decoder::new(&dev, config, w, opts.max_model_len)?,
+            WeightSource::Host(w) => Decoder::new(
+                &dev,
+                config,
+                w.as_refs().map(Cow::Borrowed),
+                opts.max_model_len,
+            )?,
+            WeightSource::Owned(w) => {
+                Decoder::new(&dev, config, w.map(Cow::Owned), opts.max_model_len)?
+            }
             WeightSource::Dummy { seed } => {
                 Decoder::random(&dev, config, seed, opts.max_model_len)?
             }

@@ -307,11 +307,12 @@ impl EngineArgs {
             cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
             kv_cache_dtype: a.kv_cache_dtype,
         };
+        let model_id = a.model_id(dummy_config.as_ref(), &model.name);
+        // The loaded weights are handed to the device (the host keeps no second copy).
         let runner = match &dummy_config {
             Some((config, _)) => build_runner(config, WeightSource::Dummy { seed: 0 }, &opts)?,
-            None => build_runner(&model.config, WeightSource::Host(&model.weights), &opts)?,
+            None => build_runner(&model.config, WeightSource::Owned(model.weights), &opts)?,
         };
-        let model_id = a.model_id(dummy_config.as_ref(), &model.name);
         let cfg = EngineConfig {
             scheduler: SchedulerConfig {
                 max_num_seqs: a.max_num_seqs,

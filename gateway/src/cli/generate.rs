@@ -4,10 +4,11 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use cachet_backend::config::ModelConfig;
 use cachet_backend::device::ForwardBatch;
 use cachet_backend::generate::{self, GenerateParams};
 use cachet_backend::kv::SimpleAllocator;
-use cachet_backend::loader::{self, LoadedModel};
+use cachet_backend::loader::{self, HostWeights, LoadedModel};
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::sampler::SamplingParams;
 use cachet_backend::tokenizer::{ChatMessage, IncrementalDecoder};
@@ -141,10 +142,17 @@ fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     Ok(m)
 }
 
-fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Result<Box<dyn Runner>> {
+/// A runner for `tokens` tokens of one sequence; the model's weights are handed over (the host
+/// keeps no second copy of them).
+fn runner_for(
+    config: &ModelConfig,
+    weights: HostWeights,
+    args: &ModelArgs,
+    tokens: usize,
+) -> anyhow::Result<Box<dyn Runner>> {
     let max_len = args
         .max_model_len
-        .unwrap_or(m.config.max_position_embeddings.min(8192));
+        .unwrap_or(config.max_position_embeddings.min(8192));
     if tokens > max_len {
         bail!("{tokens} tokens do not fit max_model_len {max_len} (raise --max-model-len)");
     }
@@ -158,17 +166,17 @@ fn runner_for(m: &LoadedModel, args: &ModelArgs, tokens: usize) -> anyhow::Resul
         cuda_graph_verify: None,
         kv_cache_dtype: args.kv_cache_dtype,
     };
-    Ok(build_runner(
-        &m.config,
-        WeightSource::Host(&m.weights),
-        &opts,
-    )?)
+    Ok(build_runner(config, WeightSource::Owned(weights), &opts)?)
 }
 
 pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
-    let m = load(&a.model)?;
-    let tok = m
-        .tokenizer
+    let LoadedModel {
+        config,
+        weights,
+        tokenizer,
+        ..
+    } = load(&a.model)?;
+    let tok = tokenizer
         .as_ref()
         .context("this model has no tokenizer; use `cachet logits --ids`")?;
     // A rendered chat carries its own BOS where the template has one; a plain prompt gets what
@@ -183,7 +191,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     } else {
         tok.encode_prompt(&a.prompt)?
     };
-    let mut runner = runner_for(&m, &a.model, prompt.len() + a.max_tokens)?;
+    let mut runner = runner_for(&config, weights, &a.model, prompt.len() + a.max_tokens)?;
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampling: SamplingParams {
@@ -196,7 +204,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         stop_token_ids: if a.ignore_eos {
             vec![]
         } else {
-            m.config.eos_token_ids.clone()
+            config.eos_token_ids.clone()
         },
         prefill_chunk: a.prefill_chunk,
     };
@@ -249,10 +257,14 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
 }
 
 pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
-    let m = load(&a.model)?;
+    let LoadedModel {
+        config,
+        weights,
+        tokenizer,
+        ..
+    } = load(&a.model)?;
     let ids = match &a.prompt {
-        Some(p) => m
-            .tokenizer
+        Some(p) => tokenizer
             .as_ref()
             .context("this model has no tokenizer; pass --ids")?
             .encode_prompt(p)?,
@@ -261,13 +273,13 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("no token ids given");
     }
-    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= m.config.vocab_size) {
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= config.vocab_size) {
         bail!(
             "token id {bad} is outside the vocabulary (size {})",
-            m.config.vocab_size
+            config.vocab_size
         );
     }
-    let mut runner = runner_for(&m, &a.model, ids.len())?;
+    let mut runner = runner_for(&config, weights, &a.model, ids.len())?;
     let logits = if a.decode_last {
         cachet_backend::generate::last_logits(runner.as_mut(), &ids, 1, ids.len())?
     } else {

@@ -26,36 +26,61 @@ fn the_official_openai_client_works_against_cachet_serve_over_tls() {
     );
 }
 
-/// `cachet serve` on Qwen2.5-Coder-0.5B-Instruct (CPU) for tenant `acme`, with `extra` model flags.
-fn qwen_server(extra: &[&str]) -> (Server, String) {
-    cachet_tests::qwen05_path();
+/// `cachet serve` on a Qwen2.5-Coder Instruct model (`model`, CPU) for tenant `acme`, with
+/// `extra` model flags.
+fn qwen_server(model: &str, extra: &[&str]) -> (Server, String) {
+    match model {
+        "qwen2.5-coder-1.5b" => cachet_tests::qwen15_path(),
+        _ => cachet_tests::qwen05_path(),
+    };
     let config = format!(
         "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
         key_hash("sk-test-acme")
     );
-    let mut model = vec![
+    let mut args = vec![
         "--model",
-        "qwen2.5-coder-0.5b",
+        model,
         "--device",
         "cpu",
         "--max-model-len",
         "1024",
     ];
-    model.extend_from_slice(extra);
-    start_model(&config, &model, &[], None, None)
+    args.extend_from_slice(extra);
+    start_model(&config, &args, &[], None, None)
 }
 
-/// Qwen2.5-Coder-0.5B-Instruct (qwen2: q/k/v biases, K-quant GGUF, its own chat template) served
-/// on the CPU, driven by the official client.
-#[test]
-fn the_official_openai_client_chats_with_qwen25_coder() {
+/// The chat check of `qwen_check.py` against `model` served on the CPU: the greedy answer of
+/// its first `max_tokens` tokens equal to transformers', streamed and whole, and a cache hit.
+fn chat_with_qwen(model: &str, max_tokens: &str) {
+    let _one = cachet_tests::one_real_model_at_a_time();
     let site = openai_site();
-    let (_server, base) = qwen_server(&[]);
+    let (_server, base) = qwen_server(model, &[]);
+    let reference = cachet_tests::fixtures().join(format!("{model}_reference.json"));
     python_check(
         "qwen_check.py",
         &site,
-        &[("BASE_URL", &base), ("KEY", "sk-test-acme")],
+        &[
+            ("BASE_URL", &base),
+            ("KEY", "sk-test-acme"),
+            ("MODEL", model),
+            ("REFERENCE", reference.to_str().unwrap()),
+            ("MAX_TOKENS", max_tokens),
+        ],
     );
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct (qwen2: q/k/v biases, K-quant GGUF, its own chat template) served
+/// on the CPU, driven by the official client: its whole 32-token reference answer.
+#[test]
+fn the_official_openai_client_chats_with_qwen25_coder() {
+    chat_with_qwen("qwen2.5-coder-0.5b", "32");
+}
+
+/// Qwen2.5-Coder-1.5B-Instruct the same way (its first 16 tokens: 1.5B parameters in f32 on two
+/// CPU cores). One real model at a time in this binary (each server holds its weights).
+#[test]
+fn the_official_openai_client_chats_with_qwen25_coder_15b() {
+    chat_with_qwen("qwen2.5-coder-1.5b", "16");
 }
 
 /// Thinking split out as `reasoning_content` (whole and streamed) and `chat_template_kwargs`
@@ -67,7 +92,8 @@ fn reasoning_content_and_chat_template_kwargs_through_the_official_client() {
         env!("CARGO_MANIFEST_DIR"),
         "/../examples/chat-templates/chatml-thinking.jinja"
     );
-    let (_server, base) = qwen_server(&["--chat-template", template]);
+    let _one = cachet_tests::one_real_model_at_a_time();
+    let (_server, base) = qwen_server("qwen2.5-coder-0.5b", &["--chat-template", template]);
     python_check(
         "reasoning_check.py",
         &site,

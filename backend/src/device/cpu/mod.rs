@@ -136,6 +136,15 @@ impl Device for CpuDevice {
         })
     }
 
+    fn upload_owned(&self, t: HostTensor) -> Result<CpuTensor, DeviceError> {
+        let (rows, cols) = super::matrix_dims(&t.shape, "cpu", "upload")?;
+        Ok(CpuTensor {
+            rows,
+            cols,
+            data: t.data,
+        })
+    }
+
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CpuKv, DeviceError> {
         let heads = layout.num_slots() * layout.num_kv_heads;
         let n = heads * layout.head_dim;
