@@ -41,6 +41,7 @@ struct MessagesRequest {
     output_config: Option<Value>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    thinking: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +179,17 @@ fn chat_messages(role: &str, content: &Value, i: usize) -> Result<Vec<Value>, Ap
             (Some("tool_use" | "tool_result"), _) => {
                 return Err(ApiError::bad_field(
                     format!("{here}: tool_use blocks come from the assistant, tool_result blocks from the user"),
+                    here,
+                ))
+            }
+            // An earlier answer's thinking, sent back as the API returned it: left out of the
+            // prompt, as Anthropic leaves earlier turns' thinking out of the context (and as
+            // thinking chat templates drop it).
+            (Some("thinking"), "assistant") => only(&["type", "thinking", "signature"])?,
+            (Some("redacted_thinking"), "assistant") => only(&["type", "data"])?,
+            (Some("thinking" | "redacted_thinking"), _) => {
+                return Err(ApiError::bad_field(
+                    format!("{here}: thinking blocks come from the assistant"),
                     here,
                 ))
             }
@@ -394,6 +406,7 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
             }
         }
     }
+    let enable_thinking = thinking_switch(r.thinking.as_ref())?;
     let stops = r.stop_sequences.unwrap_or_default();
     {
         use crate::sandbox::{MAX_STOP_BYTES, MAX_STOP_HINTS};
@@ -439,8 +452,56 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
     if let Some(c) = tool_choice {
         chat["tool_choice"] = c;
     }
+    if let Some(on) = enable_thinking {
+        chat["chat_template_kwargs"] = serde_json::json!({"enable_thinking": on});
+    }
     // Anthropic's names where the shared checks name OpenAI's.
     openai::parse_as_chat(chat, ignored, ("stop", "stop_sequences"))
+}
+
+/// Anthropic's `thinking` as the chat template's `enable_thinking` switch (Qwen3-style templates;
+/// others do not read it): `disabled` off, `adaptive` on (the model thinks as much as it does,
+/// within `max_tokens`). `enabled` asks for a token budget, which nothing here would hold the
+/// thinking to: refused, naming the two that work.
+fn thinking_switch(t: Option<&Value>) -> Result<Option<bool>, ApiError> {
+    let Some(t) = t.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |m: &str, at: &str| Err(ApiError::bad_field(m.to_string(), at.to_string()));
+    let Some(o) = t.as_object() else {
+        return bad(
+            "thinking is an object: {\"type\": \"adaptive\"} or {\"type\": \"disabled\"}",
+            "thinking",
+        );
+    };
+    if let Some(k) = o
+        .keys()
+        .find(|k| !["type", "display"].contains(&k.as_str()))
+    {
+        if o.get("type").and_then(Value::as_str) != Some("enabled") {
+            return bad(
+                &format!("thinking.{k} is not supported: thinking takes `type` and `display`"),
+                &format!("thinking.{k}"),
+            );
+        }
+    }
+    match (o.get("type").and_then(Value::as_str), o.get("display")) {
+        (Some("disabled"), None) => Ok(Some(false)),
+        (Some("adaptive"), None | Some(Value::Null)) => Ok(Some(true)),
+        (Some("adaptive"), Some(Value::String(d))) if d == "summarized" => Ok(Some(true)),
+        (Some("adaptive" | "disabled"), Some(_)) => bad(
+            "thinking.display: the thinking comes back as it is (`summarized` or leave it out); there is no signature to carry `omitted` thinking",
+            "thinking.display",
+        ),
+        (Some("enabled"), _) => bad(
+            "thinking type `enabled` sets a budget_tokens that nothing here holds the thinking to: send {\"type\": \"adaptive\"} (it thinks within max_tokens) or {\"type\": \"disabled\"}",
+            "thinking.type",
+        ),
+        _ => bad(
+            "thinking.type is `adaptive` or `disabled`",
+            "thinking.type",
+        ),
+    }
 }
 
 /// `POST /v1/messages`; the tenant's id comes back with the result, for counting. Errors are in
@@ -488,17 +549,28 @@ fn tool_use(meta: &Meta, k: usize, c: &Call) -> Value {
         "name": c.name, "input": input})
 }
 
-/// A `message`, or its events: message_start, ping, then per content block (text, tool_use)
-/// content_block_start, its deltas (text_delta, input_json_delta) and content_block_stop;
-/// message_delta (stop reason, usage), message_stop.
+/// A `message`, or its events: message_start, ping, then per content block (thinking, text,
+/// tool_use) content_block_start, its deltas (thinking_delta, text_delta, input_json_delta) and
+/// content_block_stop; message_delta (stop reason, usage), message_stop. The model's thinking,
+/// where the served template thinks and it is split out, is a `thinking` block before the text
+/// (its `signature` empty: nothing here signs it).
 #[derive(Default)]
 pub struct AnthropicRender {
     usage: Usage,
     stop: Option<(&'static str, Option<String>)>,
-    /// Blocks started so far; whether the last one is an open text block.
+    /// Blocks started so far; which kind the last one is when it is still open.
     blocks: usize,
-    text_open: bool,
+    open: Option<Delta>,
+    /// A text or tool_use block was started (thinking alone is no answer).
+    answered: bool,
     calls: usize,
+}
+
+/// The kinds of block that stream deltas.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Delta {
+    Text,
+    Thinking,
 }
 
 impl AnthropicRender {
@@ -515,31 +587,41 @@ impl AnthropicRender {
         frames
     }
 
-    /// Closes the open text block, if any.
-    fn close_text(&mut self) -> Vec<String> {
-        if !self.text_open {
+    /// Closes the open text or thinking block, if any.
+    fn close(&mut self) -> Vec<String> {
+        if self.open.take().is_none() {
             return Vec::new();
         }
-        self.text_open = false;
         vec![event(
             "content_block_stop",
             serde_json::json!({"type": "content_block_stop", "index": self.blocks - 1}),
         )]
     }
 
-    fn text_delta(&mut self, text: &str) -> Vec<String> {
+    /// `text` as a delta of a `kind` block, opened (and the other kind closed) first if needed.
+    fn delta(&mut self, kind: Delta, text: &str) -> Vec<String> {
         if text.is_empty() {
             return Vec::new();
         }
         let mut frames = Vec::new();
-        if !self.text_open {
-            frames.extend(self.start_block(serde_json::json!({"type": "text", "text": ""})));
-            self.text_open = true;
+        if self.open != Some(kind) {
+            frames.extend(self.close());
+            frames.extend(self.start_block(match kind {
+                Delta::Text => serde_json::json!({"type": "text", "text": ""}),
+                Delta::Thinking => {
+                    serde_json::json!({"type": "thinking", "thinking": "", "signature": ""})
+                }
+            }));
+            self.open = Some(kind);
+            self.answered |= kind == Delta::Text;
         }
+        let delta = match kind {
+            Delta::Text => serde_json::json!({"type": "text_delta", "text": text}),
+            Delta::Thinking => serde_json::json!({"type": "thinking_delta", "thinking": text}),
+        };
         frames.push(event(
             "content_block_delta",
-            serde_json::json!({"type": "content_block_delta", "index": self.blocks - 1,
-            "delta": {"type": "text_delta", "text": text}}),
+            serde_json::json!({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}),
         ));
         frames
     }
@@ -557,6 +639,9 @@ impl Render for AnthropicRender {
         let mut u = usage_json(&usage.usage);
         respond::add_timings(&mut u, meta, &usage.timings);
         let mut content = Vec::new();
+        if let Some(r) = &c.reasoning {
+            content.push(serde_json::json!({"type": "thinking", "thinking": r, "signature": ""}));
+        }
         if !c.text.is_empty() || c.calls.is_empty() {
             content.push(serde_json::json!({"type": "text", "text": c.text}));
         }
@@ -596,15 +681,24 @@ impl Render for AnthropicRender {
         _lp: Option<&RowLogprobs>,
         _tok: &TextTokenizer,
     ) -> Vec<String> {
-        self.text_delta(text)
+        self.delta(Delta::Text, text)
+    }
+
+    fn splits_reasoning(&self) -> bool {
+        true
+    }
+
+    fn reasoning(&mut self, _meta: &Meta, _i: usize, text: &str) -> Vec<String> {
+        self.delta(Delta::Thinking, text)
     }
 
     fn call(&mut self, meta: &Meta, _i: usize, k: usize, call: &Call) -> Vec<String> {
-        let mut frames = self.close_text();
+        let mut frames = self.close();
         let mut block = tool_use(meta, k, call);
         block["input"] = serde_json::json!({});
         let index = self.blocks;
         self.calls += 1;
+        self.answered = true;
         frames.extend(self.start_block(block));
         frames.push(event(
             "content_block_delta",
@@ -632,7 +726,7 @@ impl Render for AnthropicRender {
             stop_reason(reason, stop, self.calls > 0),
             stop.map(str::to_owned),
         ));
-        self.text_delta(rest)
+        self.delta(Delta::Text, rest)
     }
 
     fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String> {
@@ -640,12 +734,14 @@ impl Render for AnthropicRender {
         let mut u = usage_json(&usage.usage);
         respond::add_timings(&mut u, meta, &usage.timings);
         let mut frames = Vec::new();
-        if self.blocks == 0 {
-            // An empty answer is one empty text block, as Anthropic sends it.
+        if !self.answered {
+            // An empty answer is one empty text block, as Anthropic sends it (after the
+            // thinking, if any).
+            frames.extend(self.close());
             frames.extend(self.start_block(serde_json::json!({"type": "text", "text": ""})));
-            self.text_open = true;
+            self.open = Some(Delta::Text);
         }
-        frames.extend(self.close_text());
+        frames.extend(self.close());
         frames.extend([
             event(
                 "message_delta",

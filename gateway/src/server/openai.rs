@@ -346,9 +346,6 @@ fn check_fields(
             ("tool_choice", Value::Object(o)) => {
                 o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("none")
             }
-            ("thinking", Value::Object(o)) => {
-                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("disabled")
-            }
             ("parallel_tool_calls" | "store" | "background", Value::Bool(b)) => !b,
             ("include", Value::Array(a)) => a.is_empty(),
             ("response_format", Value::Object(o)) => {

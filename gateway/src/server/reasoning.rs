@@ -120,6 +120,18 @@ impl ThinkSplitter {
         }
     }
 
+    /// [`ThinkSplitter::feed`] of one generated token's text, and whether the token belongs to
+    /// the thinking (inside `<think>…</think>`, the tags included): what usage counts as
+    /// reasoning tokens.
+    pub fn feed_token(&mut self, text: &str) -> (Vec<Piece>, bool) {
+        let before = self.state;
+        let pieces = self.feed(text);
+        (
+            pieces,
+            before == State::Thinking || self.state == State::Thinking,
+        )
+    }
+
     /// The end of the output: what was held back.
     pub fn finish(&mut self) -> Vec<Piece> {
         let held = std::mem::take(&mut self.held);

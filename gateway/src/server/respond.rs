@@ -288,9 +288,15 @@ pub fn add_timings(v: &mut serde_json::Value, meta: &Meta, t: &RequestTimings) {
 pub struct UsageSum {
     pub usage: Usage,
     pub timings: RequestTimings,
+    /// Output tokens inside the thinking, where it is split from the answer.
+    pub reasoning_tokens: Option<u64>,
 }
 
 impl UsageSum {
+    /// One more output token, in the thinking or not (thinking split out).
+    fn count_reasoning(&mut self, thinking: bool) {
+        *self.reasoning_tokens.get_or_insert(0) += thinking as u64;
+    }
     fn add(&mut self, meta: &Meta, choice: usize, u: &Usage, t: &RequestTimings) {
         if meta.first_of_prompt(choice) {
             self.usage.prompt_tokens += u.prompt_tokens;
@@ -304,6 +310,9 @@ impl UsageSum {
     /// OpenAI's usage object (with the timings when asked).
     pub fn openai_json(&self, meta: &Meta) -> serde_json::Value {
         let mut v = usage_json(&self.usage);
+        if let Some(n) = self.reasoning_tokens {
+            v["completion_tokens_details"] = serde_json::json!({"reasoning_tokens": n});
+        }
         add_timings(&mut v, meta, &self.timings);
         v
     }
@@ -457,6 +466,10 @@ async fn whole_into(
         })
         .collect();
     let mut sum = UsageSum::default();
+    let split = meta.reasoning && render.splits_reasoning();
+    // The split itself is made on the whole text below; these count the thinking's tokens.
+    let mut thinks: Vec<Option<ThinkSplitter>> =
+        (0..k).map(|_| split.then(ThinkSplitter::new)).collect();
     let mut left = k;
     while left > 0 {
         let Some((i, ev)) = rx.recv().await else {
@@ -465,6 +478,9 @@ async fn whole_into(
         match ev {
             Some(EngineEvent::Token { text, logprobs, .. }) => {
                 meter.token(i);
+                if let Some(t) = &mut thinks[i] {
+                    sum.count_reasoning(t.feed_token(&text).1);
+                }
                 out[i].logprobs.extend(logprobs);
                 out[i].text.push_str(&text)
             }
@@ -491,7 +507,7 @@ async fn whole_into(
             None => return Err(ApiError::internal("the engine ended the stream early")),
         }
     }
-    if meta.reasoning && render.splits_reasoning() {
+    if split {
         for c in &mut out {
             let (reasoning, content) = super::reasoning::split_whole(&c.text);
             c.reasoning = reasoning;
@@ -568,7 +584,11 @@ pub fn sse(
                     // The thinking goes out as such; the answer's text on to the tool parser.
                     let (mut frames, text) = match &mut thinks[i] {
                         None => (Vec::new(), text),
-                        Some(t) => thinking(&mut render, &meta, i, t.feed(&text)),
+                        Some(t) => {
+                            let (pieces, in_thinking) = t.feed_token(&text);
+                            sum.count_reasoning(in_thinking);
+                            thinking(&mut render, &meta, i, pieces)
+                        }
                     };
                     frames.extend(match &mut parsers[i] {
                         None => render.token(&meta, i, &text, logprobs.as_ref(), &state.tokenizer),

@@ -344,12 +344,14 @@ pub async fn responses(
         let render = ResponsesRender {
             echo,
             item_id: format!("msg_{n:024x}"),
+            reasoning_id: format!("rs_{n:024x}"),
             created: respond::now_unix(),
             text: String::new(),
             seq: 0,
             finish: None,
             output: Vec::new(),
-            message_open: false,
+            open: None,
+            answered: false,
         };
         Ok((parsed, render, format!("resp_{n:024x}")))
     })
@@ -357,19 +359,31 @@ pub async fn responses(
 }
 
 /// A `response` object, or its events (`response.created` … `response.completed`): the
-/// answer's text as a `message` item, each tool call as a `function_call` item after it.
+/// model's thinking (where the served template thinks and it is split out) as a `reasoning`
+/// item with `reasoning_text` content, the answer's text as a `message` item, each tool call as a
+/// `function_call` item after them.
 pub struct ResponsesRender {
     echo: Echo,
     item_id: String,
+    reasoning_id: String,
     created: u64,
-    /// The message's text so far (the done events repeat it).
+    /// The open item's text so far (its done events repeat it).
     text: String,
     seq: u64,
     finish: Option<FinishReason>,
     /// The output items done so far.
     output: Vec<Value>,
-    /// A message item is open (streams).
-    message_open: bool,
+    /// The item open for text deltas (streams).
+    open: Option<Item>,
+    /// A message or function_call item was started (a reasoning item alone is no answer).
+    answered: bool,
+}
+
+/// The output items that stream text.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Item {
+    Reasoning,
+    Message,
 }
 
 impl ResponsesRender {
@@ -379,11 +393,40 @@ impl ResponsesRender {
             "status": if done { "completed" } else { "in_progress" },
             "role": "assistant",
             "content": if done {
-                serde_json::json!([{"type": "output_text", "text": text, "annotations": []}])
+                serde_json::json!([Self::part(Item::Message, text)])
             } else {
                 serde_json::json!([])
             },
         })
+    }
+
+    fn reasoning_item(&self, text: &str, done: bool) -> Value {
+        serde_json::json!({
+            "type": "reasoning", "id": self.reasoning_id, "summary": [],
+            "status": if done { "completed" } else { "in_progress" },
+            "content": if done {
+                serde_json::json!([Self::part(Item::Reasoning, text)])
+            } else {
+                serde_json::json!([])
+            },
+        })
+    }
+
+    fn item(&self, kind: Item, text: &str, done: bool) -> Value {
+        match kind {
+            Item::Reasoning => self.reasoning_item(text, done),
+            Item::Message => self.message(text, done),
+        }
+    }
+
+    /// An item's one content part.
+    fn part(kind: Item, text: &str) -> Value {
+        match kind {
+            Item::Reasoning => serde_json::json!({"type": "reasoning_text", "text": text}),
+            Item::Message => {
+                serde_json::json!({"type": "output_text", "text": text, "annotations": []})
+            }
+        }
     }
 
     fn function_call(meta: &Meta, k: usize, c: &Call, done: bool) -> Value {
@@ -442,7 +485,7 @@ impl ResponsesRender {
                 "input_tokens": x.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": x.cached_tokens},
                 "output_tokens": x.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens.unwrap_or(0)},
                 "total_tokens": x.prompt_tokens + x.completion_tokens,
             });
             respond::add_timings(&mut j, meta, &u.timings);
@@ -458,16 +501,21 @@ impl ResponsesRender {
         format!("event: {kind}\ndata: {data}\n\n")
     }
 
-    fn ids(&self) -> Value {
-        serde_json::json!({"item_id": self.item_id, "output_index": self.output.len(), "content_index": 0})
+    fn ids(&self, kind: Item) -> Value {
+        let id = match kind {
+            Item::Reasoning => &self.reasoning_id,
+            Item::Message => &self.item_id,
+        };
+        serde_json::json!({"item_id": id, "output_index": self.output.len(), "content_index": 0})
     }
 
-    /// Opens the message item (its first text).
-    fn open_message(&mut self) -> Vec<String> {
-        self.message_open = true;
-        let item = self.message("", false);
-        let mut part = self.ids();
-        part["part"] = serde_json::json!({"type": "output_text", "text": "", "annotations": []});
+    /// Opens a `kind` item (its first text).
+    fn open_item(&mut self, kind: Item) -> Vec<String> {
+        self.open = Some(kind);
+        self.answered |= kind == Item::Message;
+        let item = self.item(kind, "", false);
+        let mut part = self.ids(kind);
+        part["part"] = Self::part(kind, "");
         let index = self.output.len();
         vec![
             self.event(
@@ -478,22 +526,27 @@ impl ResponsesRender {
         ]
     }
 
-    /// Closes the message item, if open.
-    fn close_message(&mut self) -> Vec<String> {
-        if !self.message_open {
+    /// Closes the open item, if any.
+    fn close(&mut self) -> Vec<String> {
+        let Some(kind) = self.open.take() else {
             return Vec::new();
-        }
-        self.message_open = false;
-        let mut done = self.ids();
-        done["text"] = self.text.clone().into();
-        done["logprobs"] = serde_json::json!([]);
-        let mut part = self.ids();
-        part["part"] =
-            serde_json::json!({"type": "output_text", "text": self.text, "annotations": []});
-        let item = self.message(&self.text, true);
+        };
+        let text = std::mem::take(&mut self.text);
+        let mut done = self.ids(kind);
+        done["text"] = text.as_str().into();
+        let name = match kind {
+            Item::Reasoning => "response.reasoning_text.done",
+            Item::Message => {
+                done["logprobs"] = serde_json::json!([]);
+                "response.output_text.done"
+            }
+        };
+        let mut part = self.ids(kind);
+        part["part"] = Self::part(kind, &text);
+        let item = self.item(kind, &text, true);
         let index = self.output.len();
         let frames = vec![
-            self.event("response.output_text.done", done),
+            self.event(name, done),
             self.event("response.content_part.done", part),
             self.event(
                 "response.output_item.done",
@@ -504,19 +557,27 @@ impl ResponsesRender {
         frames
     }
 
-    fn delta(&mut self, text: &str) -> Vec<String> {
+    /// `text` as a delta of a `kind` item, opened (and the other closed) first if needed.
+    fn delta(&mut self, kind: Item, text: &str) -> Vec<String> {
         if text.is_empty() {
             return Vec::new();
         }
         let mut frames = Vec::new();
-        if !self.message_open {
-            frames.extend(self.open_message());
+        if self.open != Some(kind) {
+            frames.extend(self.close());
+            frames.extend(self.open_item(kind));
         }
         self.text.push_str(text);
-        let mut d = self.ids();
+        let mut d = self.ids(kind);
         d["delta"] = text.into();
-        d["logprobs"] = serde_json::json!([]);
-        frames.push(self.event("response.output_text.delta", d));
+        let name = match kind {
+            Item::Reasoning => "response.reasoning_text.delta",
+            Item::Message => {
+                d["logprobs"] = serde_json::json!([]);
+                "response.output_text.delta"
+            }
+        };
+        frames.push(self.event(name, d));
         frames
     }
 }
@@ -530,9 +591,11 @@ impl Render for ResponsesRender {
         _tok: &TextTokenizer,
     ) -> Value {
         let c = choices.into_iter().next().expect("one choice");
-        self.text = c.text;
-        if !self.text.is_empty() || c.calls.is_empty() {
-            self.output.push(self.message(&self.text, true));
+        if let Some(r) = &c.reasoning {
+            self.output.push(self.reasoning_item(r, true));
+        }
+        if !c.text.is_empty() || c.calls.is_empty() {
+            self.output.push(self.message(&c.text, true));
         }
         for (k, call) in c.calls.iter().enumerate() {
             self.output.push(Self::function_call(meta, k, call, true));
@@ -556,11 +619,20 @@ impl Render for ResponsesRender {
         _lp: Option<&RowLogprobs>,
         _tok: &TextTokenizer,
     ) -> Vec<String> {
-        self.delta(text)
+        self.delta(Item::Message, text)
+    }
+
+    fn splits_reasoning(&self) -> bool {
+        true
+    }
+
+    fn reasoning(&mut self, _meta: &Meta, _i: usize, text: &str) -> Vec<String> {
+        self.delta(Item::Reasoning, text)
     }
 
     fn call(&mut self, meta: &Meta, _i: usize, k: usize, call: &Call) -> Vec<String> {
-        let mut frames = self.close_message();
+        let mut frames = self.close();
+        self.answered = true;
         let index = self.output.len();
         let id = tools::call_id("fc_", &meta.id, 0, k);
         let added = Self::function_call(meta, k, call, false);
@@ -595,17 +667,18 @@ impl Render for ResponsesRender {
         _usage: &cachet_backend::request::Usage,
     ) -> Vec<String> {
         self.finish = Some(reason);
-        self.delta(rest)
+        self.delta(Item::Message, rest)
     }
 
     fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String> {
         let finish = self.finish.unwrap_or(FinishReason::Stop);
         let mut frames = Vec::new();
-        if self.output.is_empty() && !self.message_open {
-            // An empty answer is an empty message.
-            frames.extend(self.open_message());
+        if !self.answered {
+            // An empty answer is an empty message (after the reasoning, if any).
+            frames.extend(self.close());
+            frames.extend(self.open_item(Item::Message));
         }
-        frames.extend(self.close_message());
+        frames.extend(self.close());
         let r = self.response(meta, Some(finish), Some(usage));
         let last = if finish == FinishReason::Length {
             "response.incomplete"

@@ -7,8 +7,6 @@
 //! API and `openai` through the Responses API (`tests/python/anthropic_check.py`); tool calling
 //! through all three with a ChatML template that renders tools (`tests/python/tools_check.py`).
 
-use std::path::PathBuf;
-
 use cachet_gateway::server::fields::{Api, Status, FIELDS};
 use cachet_tests::curl_status;
 
@@ -228,8 +226,7 @@ fn the_official_clients_call_tools_in_all_three_apis() {
 /// Runs `script` with the official `anthropic` and `openai` clients (and `jsonschema`) against
 /// the server at `base`.
 fn clients_check(script: &str, base: &str) {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-anthropic");
-    let site = cachet_tests::pip_target(dir, &["anthropic", "openai", "jsonschema"], "jsonschema");
+    let site = anthropic_site();
     python_check(
         script,
         &site,

@@ -28,6 +28,12 @@ pub fn openai_site() -> PathBuf {
     )
 }
 
+/// The official `anthropic` client (with `openai` and `jsonschema`) from PyPI, installed once.
+pub fn anthropic_site() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-anthropic");
+    cachet_tests::pip_target(dir, &["anthropic", "openai", "jsonschema"], "jsonschema")
+}
+
 /// Runs `tests/python/<script>` with `site` on its PYTHONPATH and `env`; asserts it exits 0 and
 /// ends with "all checks passed"; returns what it printed.
 pub fn python_check(script: &str, site: &std::path::Path, env: &[(&str, &str)]) -> String {

@@ -83,16 +83,19 @@ fn the_official_openai_client_chats_with_qwen25_coder_15b() {
     chat_with_qwen("qwen2.5-coder-1.5b", "16");
 }
 
-/// Thinking split out as `reasoning_content` (whole and streamed) and `chat_template_kwargs`
-/// (`enable_thinking`), with a template that has Qwen3's thinking switch.
+/// Thinking split out of the answer on chat completions (`reasoning_content`), Messages
+/// (`thinking` blocks) and Responses (`reasoning` items), whole and streamed, with its tokens in
+/// the usage; `chat_template_kwargs` and Messages' `thinking` switch (`enable_thinking`) — with
+/// a template that has Qwen3's thinking switch, through the official `openai` and `anthropic`
+/// clients.
 #[test]
-fn reasoning_content_and_chat_template_kwargs_through_the_official_client() {
-    let site = openai_site();
+fn reasoning_on_every_api_through_the_official_clients() {
     let template = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../examples/chat-templates/chatml-thinking.jinja"
     );
     let _one = cachet_tests::one_real_model_at_a_time();
+    let site = anthropic_site();
     let (_server, base) = qwen_server("qwen2.5-coder-0.5b", &["--chat-template", template]);
     python_check(
         "reasoning_check.py",
