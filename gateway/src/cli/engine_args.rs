@@ -45,12 +45,15 @@ pub struct EngineArgs {
     pub chat_template: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
     pub device: DeviceKind,
-    /// Most sequences in one engine step.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
-    /// Token budget of one engine step (prefill chunks + decodes).
-    #[arg(long, default_value_t = 2048)]
-    pub max_num_batched_tokens: usize,
+    /// Most sequences in one engine step. Default: chosen for the device at start-up and logged
+    /// — 256 on a GPU (fewer when the KV cache holds less than 512 tokens a sequence), 64 on
+    /// the CPU.
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Token budget of one engine step (prefill chunks + decodes). Default: chosen for the
+    /// device — 8192 on a GPU, 2048 on the CPU.
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -166,6 +169,43 @@ pub struct Started {
     pub engine: Engine,
     pub tokenizer: TextTokenizer,
     pub model_id: String,
+    /// The step limits in force (flags, or the device's defaults).
+    pub limits: StepLimits,
+}
+
+/// How much one engine step may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+}
+
+/// KV tokens a sequence gets at least, on average, when the GPU default of `max_num_seqs` is
+/// sized down to the cache: past that, a full batch would be preempting, not decoding.
+const KV_TOKENS_PER_SEQ: usize = 512;
+
+impl StepLimits {
+    /// The defaults for a device: a GPU's decode step is bound by reading the weights, so it
+    /// batches up to 256 sequences (vLLM uses 256–1024 on H100-class cards) and prefills in
+    /// 8192-token steps, with no more sequences than leave each 512 tokens of the KV cache
+    /// (`kv_tokens`: known once the cache is sized); a CPU's steps are bound by arithmetic, so it
+    /// keeps 64 and 2048. Flags override each.
+    pub fn for_device(
+        gpu: bool,
+        kv_tokens: usize,
+        seqs_flag: Option<usize>,
+        tokens_flag: Option<usize>,
+    ) -> Self {
+        let (seqs, tokens) = if gpu {
+            (256.min((kv_tokens / KV_TOKENS_PER_SEQ).max(1)), 8192)
+        } else {
+            (64, 2048)
+        };
+        StepLimits {
+            max_num_seqs: seqs_flag.unwrap_or(seqs),
+            max_num_batched_tokens: tokens_flag.unwrap_or(tokens),
+        }
+    }
 }
 
 impl EngineArgs {
@@ -303,7 +343,9 @@ impl EngineArgs {
                 Some(n) => KvBudget::Blocks(n),
                 None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
             },
-            cuda_graph_sizes: self.graphs.sizes(self.max_num_seqs),
+            // Decode graphs up to the most sequences any default or flag allows; sizes past
+            // the limit chosen below are never replayed.
+            cuda_graph_sizes: self.graphs.sizes(a.max_num_seqs.unwrap_or(256)),
             cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
             kv_cache_dtype: a.kv_cache_dtype,
         };
@@ -313,10 +355,25 @@ impl EngineArgs {
             Some((config, _)) => build_runner(config, WeightSource::Dummy { seed: 0 }, &opts)?,
             None => build_runner(&model.config, WeightSource::Owned(model.weights), &opts)?,
         };
+        let layout = runner.kv_layout();
+        let limits = StepLimits::for_device(
+            runner.device_name() != "cpu",
+            layout.num_blocks * layout.block_size,
+            a.max_num_seqs,
+            a.max_num_batched_tokens,
+        );
+        tracing::info!(
+            device = runner.device_name(),
+            max_num_seqs = limits.max_num_seqs,
+            max_num_batched_tokens = limits.max_num_batched_tokens,
+            kv_tokens = layout.num_blocks * layout.block_size,
+            from_flags = a.max_num_seqs.is_some() || a.max_num_batched_tokens.is_some(),
+            "step limits"
+        );
         let cfg = EngineConfig {
             scheduler: SchedulerConfig {
-                max_num_seqs: a.max_num_seqs,
-                max_num_batched_tokens: a.max_num_batched_tokens,
+                max_num_seqs: limits.max_num_seqs,
+                max_num_batched_tokens: limits.max_num_batched_tokens,
                 enable_chunked_prefill: a.enable_chunked_prefill,
                 policy,
                 max_model_len: a.max_model_len,
@@ -338,6 +395,45 @@ impl EngineArgs {
             engine,
             tokenizer,
             model_id,
+            limits,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_limits_fit_the_device_and_flags_win() {
+        let l = |gpu, kv, s, t| StepLimits::for_device(gpu, kv, s, t);
+        // The CPU keeps small steps whatever its cache.
+        assert_eq!(
+            l(false, 1 << 20, None, None),
+            StepLimits {
+                max_num_seqs: 64,
+                max_num_batched_tokens: 2048
+            }
+        );
+        // An H200's 8B cache (~60k blocks of 16): 256 sequences, 8192-token steps.
+        assert_eq!(
+            l(true, 60_000 * 16, None, None),
+            StepLimits {
+                max_num_seqs: 256,
+                max_num_batched_tokens: 8192
+            }
+        );
+        // A small GPU cache: 512 KV tokens a sequence at least.
+        assert_eq!(l(true, 32 * 1024, None, None).max_num_seqs, 64);
+        assert_eq!(l(true, 100, None, None).max_num_seqs, 1);
+        // Flags override each default on its own.
+        assert_eq!(
+            l(true, 60_000 * 16, Some(64), None),
+            StepLimits {
+                max_num_seqs: 64,
+                max_num_batched_tokens: 8192
+            }
+        );
+        assert_eq!(l(false, 0, None, Some(512)).max_num_batched_tokens, 512);
     }
 }

@@ -21,7 +21,7 @@ use cachet_backend::rng::Rng;
 use cachet_bench::workload::percentile;
 use clap::Args;
 
-use super::super::engine_args::EngineArgs;
+use super::super::engine_args::{EngineArgs, StepLimits};
 
 #[derive(Args, Debug)]
 pub struct FairArgs {
@@ -224,14 +224,16 @@ fn warm_up(h: &EngineHandle, a: &FairArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Completed requests per second of a burst of `n` requests (closed: all at once).
-fn capacity(a: &FairArgs) -> anyhow::Result<f64> {
+/// Completed requests per second of a burst of `n` requests (closed: all at once), and the step
+/// limits the engine ran with.
+fn capacity(a: &FairArgs) -> anyhow::Result<(f64, StepLimits)> {
     let mut e = a.engine.clone();
     e.scheduling_policy = "fcfs".into();
     let started = e.start([1; 32])?;
     let h = started.engine.handle();
     let vocab = started.tokenizer.vocab_size() as u64;
-    let n = (2 * a.engine.max_num_seqs).max(8);
+    let limits = started.limits;
+    let n = (2 * limits.max_num_seqs).max(8);
     let mut rng = Rng::new(5);
     warm_up(&h, a)?;
     let t0 = Instant::now();
@@ -250,11 +252,11 @@ fn capacity(a: &FairArgs) -> anyhow::Result<f64> {
     for mut s in streams {
         while s.next_blocking().is_some() {}
     }
-    Ok(n as f64 / t0.elapsed().as_secs_f64())
+    Ok((n as f64 / t0.elapsed().as_secs_f64(), limits))
 }
 
 pub fn run(a: FairArgs) -> anyhow::Result<()> {
-    let cap = capacity(&a)?;
+    let (cap, limits) = capacity(&a)?;
     println!(
         "capacity: {cap:.2} requests/s ({} prompt + {} output tokens)",
         a.prompt_len, a.output_len
@@ -305,7 +307,7 @@ pub fn run(a: FairArgs) -> anyhow::Result<()> {
          capacity {cap:.2} requests/s ({} prompt + {} output tokens, `--max-num-seqs {}`, `--fair-prefill-cap {prefill_cap}`), {} s of arrivals per run\n\n\
          | run | B TTFT P50 (s) | B TTFT P95 (s) | B P95 / alone | B refused | A refused | tokens/s | / FCFS |\n\
          |---|---|---|---|---|---|---|---|\n",
-        a.load_a, a.load_b, a.prompt_len, a.output_len, a.engine.max_num_seqs, a.duration
+        a.load_a, a.load_b, a.prompt_len, a.output_len, limits.max_num_seqs, a.duration
     );
     for r in &results {
         let p95 = percentile(&r.b.ttft, 95.0);
