@@ -1,6 +1,7 @@
 //! `cachet serve` end to end (SmolLM2 on the CPU), by area; one test binary.
 
 mod api_fields;
+mod bench;
 mod common;
 mod config_reload;
 mod openai_client;

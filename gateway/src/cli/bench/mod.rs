@@ -5,6 +5,7 @@
 mod fair;
 mod forward;
 mod kv_fp8;
+mod serve;
 mod spec;
 mod ttft;
 
@@ -39,6 +40,10 @@ pub enum BenchCommand {
     /// Cache shares: a tenant scanning unique long prompts against another's hot prefix, with one
     /// LRU for everyone and with --cache-shares; the hot tenant's hit rate against alone.
     CacheShare(fair::CacheShareArgs),
+    /// Load any OpenAI-compatible server (ours, vLLM, SGLang): random, shared-prefix or
+    /// ShareGPT-like requests, all at once or at a Poisson rate, a concurrency cap; throughput
+    /// and TTFT / TPOT / ITL / end-to-end percentiles in vLLM's `bench serve` layout, JSON out.
+    Serve(serve::ServeBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -49,6 +54,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::KvFp8(a) => kv_fp8::run(a),
         BenchCommand::Fair(a) => fair::run(a),
         BenchCommand::CacheShare(a) => fair::run_cache_share(a),
+        BenchCommand::Serve(a) => serve::run(a),
     }
 }
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The serving benchmark on the H200 (issue 22): `cachet serve` on the Llama-3-8B shape (dummy bf16
+# weights, SmolLM2's tokenizer) loaded by `cachet bench serve` — 1,000 requests of 750 prompt /
+# 1,000 output tokens (ignore_eos), 256 in flight — once with the default flags (the step limits
+# chosen for the device) and once with the CPU-sized limits that were the defaults before
+# (--max-num-seqs 64 --max-num-batched-tokens 2048), one after the other.
+# Carry .carry/cachet.xz; SmolLM2's GGUF as /tmp/smollm2.gguf (an earlier carry).
+#   OUT=... [N=1000] scripts/gpu_serve_bench.sh
+source "$(dirname "$0")/gpu_common.sh"
+key=sk-bench
+printf '[[tenant]]\nid = "bench"\napi_key_sha256 = ["%s"]\n' "$(printf $key | sha256sum | cut -d' ' -f1)" > /tmp/tenants.toml
+serve() {  # name, then model flags
+  local name=$1; shift
+  /tmp/cachet serve "$@" --device cuda --config /tmp/tenants.toml --listen 127.0.0.1:18100 > "$out/serve-$name.log" 2>&1 &
+  for i in $(seq 1 180); do curl -sf localhost:18100/health > /dev/null && return 0; sleep 1; done
+  echo "serve ($name) did not start"; tail -20 "$out/serve-$name.log"; return 1
+}
+run() {  # name, then server flags
+  local name=$1; shift
+  echo "== $name: $*"
+  serve "$name" --model examples/configs/llama3-8b.json --load-format dummy --tokenizer smollm2 "$@" && {
+    grep -o 'step limits.*' "$out/serve-$name.log" | sed 's/\x1b\[[0-9;]*m//g'
+    timeout ${T:-260} /tmp/cachet bench serve --base-url http://127.0.0.1:18100 --api-key $key \
+      --dataset random --input-len 750 --output-len 1000 --num-prompts ${N:-1000} --max-concurrency 256 \
+      --ignore-eos --json-out "$out/bench-serve-$name.json" 2>&1 | tee "$out/bench-serve-$name.txt"
+    kill %1; wait
+  }
+}
+run defaults
+run cpu-sized-limits --max-num-seqs 64 --max-num-batched-tokens 2048
