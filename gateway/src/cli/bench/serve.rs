@@ -14,7 +14,10 @@
 //!   traffic, not the dataset's text.
 //!
 //! Arrivals: all at once (`--request-rate inf`, the default) or Poisson at a rate; at most
-//! `--max-concurrency` in flight either way.
+//! `--max-concurrency` in flight either way. Each slot owns one HTTP/1.1 connection, kept alive
+//! between its requests (a new one only when the server closes it), so the benchmark never
+//! holds more connections than requests in flight — a server's per-client connection cap
+//! (`cachet serve` refuses the 257th from one IP) sees exactly `--max-concurrency`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -170,8 +173,85 @@ fn workload(a: &ServeBenchArgs) -> anyhow::Result<Vec<Item>> {
     Ok(items)
 }
 
-/// One streamed completion.
-async fn one(client: &Client, a: &ServeBenchArgs, model: &str, it: &Item) -> Record {
+/// A slot's connection to the server, made when first needed and again after the server
+/// closes it.
+struct Conn {
+    authority: String,
+    sender: Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
+}
+
+impl Conn {
+    fn new(authority: &str) -> Self {
+        Conn {
+            authority: authority.to_string(),
+            sender: None,
+        }
+    }
+
+    /// A sender ready for the next request on a live connection.
+    async fn ready(
+        &mut self,
+    ) -> Result<&mut hyper::client::conn::http1::SendRequest<Full<Bytes>>, String> {
+        if let Some(s) = &mut self.sender {
+            if s.ready().await.is_err() {
+                self.sender = None; // closed by the server: open another
+            }
+        }
+        if self.sender.is_none() {
+            let tcp = tokio::net::TcpStream::connect(&self.authority)
+                .await
+                .map_err(|e| format!("connecting to {}: {e}", self.authority))?;
+            tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            self.sender = Some(sender);
+        }
+        Ok(self.sender.as_mut().expect("just made"))
+    }
+
+    /// Sends `req`; when the server closed the connection before the request went out (a
+    /// kept-alive connection it timed out), once more on a new one.
+    async fn send(
+        &mut self,
+        req: hyper::Request<Full<Bytes>>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let mut req = Some(req);
+        for _ in 0..2 {
+            let r = req.take().expect("a request to send");
+            match self.ready().await?.try_send_request(r).await {
+                Ok(resp) => return Ok(resp),
+                Err(mut e) => {
+                    self.sender = None;
+                    match e.take_message() {
+                        Some(unsent) => req = Some(unsent),
+                        None => return Err(e.into_error().to_string()),
+                    }
+                }
+            }
+        }
+        Err("the server closed two connections before the request went out".into())
+    }
+}
+
+/// `host:port` of an `http://` base URL.
+fn authority(base_url: &str) -> anyhow::Result<String> {
+    let uri: hyper::Uri = base_url
+        .parse()
+        .with_context(|| format!("--base-url {base_url} is not a URL"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http"), Some(h)) => Ok(format!("{h}:{}", uri.port_u16().unwrap_or(80))),
+        (Some("https"), _) => bail!(
+            "--base-url {base_url}: https is not spoken here yet; give the server's http:// address"
+        ),
+        _ => bail!("--base-url {base_url}: expected http://host:port"),
+    }
+}
+
+/// One streamed completion on `conn`.
+async fn one(conn: &mut Conn, a: &ServeBenchArgs, model: &str, it: &Item) -> Record {
     let mut rec = Record {
         input_len: it.prompt.len(),
         output_len: it.output_len,
@@ -181,7 +261,8 @@ async fn one(client: &Client, a: &ServeBenchArgs, model: &str, it: &Item) -> Rec
         "model": model, "prompt": it.prompt, "max_tokens": it.output_len, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": a.ignore_eos,
     });
-    let mut req = hyper::Request::post(format!("{}/v1/completions", a.base_url))
+    let mut req = hyper::Request::post("/v1/completions")
+        .header("host", &conn.authority)
         .header("content-type", "application/json");
     if !a.api_key.is_empty() {
         req = req.header("authorization", format!("Bearer {}", a.api_key));
@@ -190,10 +271,11 @@ async fn one(client: &Client, a: &ServeBenchArgs, model: &str, it: &Item) -> Rec
         .body(Full::new(Bytes::from(body.to_string())))
         .expect("valid request");
     let t0 = Instant::now();
-    let resp = match client.request(req).await {
+    let resp = match conn.send(req).await {
         Ok(r) => r,
         Err(e) => {
-            rec.error = Some(e.to_string());
+            conn.sender = None;
+            rec.error = Some(e);
             return rec;
         }
     };
@@ -318,30 +400,41 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
             Some(m) => m.clone(),
             None => first_model(&client, &a).await?,
         };
-        let gate = Arc::new(tokio::sync::Semaphore::new(
-            a.max_concurrency
-                .unwrap_or(tokio::sync::Semaphore::MAX_PERMITS),
+        let host = authority(&a.base_url)?;
+        // Slots take the requests in arrival order, each waiting for its request's time.
+        let n = items.len();
+        let slots = a.max_concurrency.unwrap_or(n).clamp(1, n.max(1));
+        let queue = Arc::new(std::sync::Mutex::new(
+            items
+                .into_iter()
+                .enumerate()
+                .collect::<std::collections::VecDeque<_>>(),
         ));
         let a = Arc::new(a);
         let start = tokio::time::Instant::now();
-        let tasks: Vec<_> = items
-            .into_iter()
-            .map(|it| {
-                let (client, a, model, gate) =
-                    (client.clone(), a.clone(), model.clone(), gate.clone());
+        let tasks: Vec<_> = (0..slots)
+            .map(|_| {
+                let (queue, a, model, host) =
+                    (queue.clone(), a.clone(), model.clone(), host.clone());
                 tokio::spawn(async move {
-                    tokio::time::sleep_until(start + it.at).await;
-                    let _slot = gate.acquire_owned().await.expect("semaphore open");
-                    one(&client, &a, &model, &it).await
+                    let mut conn = Conn::new(&host);
+                    let mut done = Vec::new();
+                    loop {
+                        let next = queue.lock().expect("queue lock").pop_front();
+                        let Some((i, it)) = next else { break };
+                        tokio::time::sleep_until(start + it.at).await;
+                        done.push((i, one(&mut conn, &a, &model, &it).await));
+                    }
+                    done
                 })
             })
             .collect();
-        let mut recs = Vec::with_capacity(tasks.len());
+        let mut recs = vec![Record::default(); n];
         for t in tasks {
-            recs.push(t.await.unwrap_or_else(|e| Record {
-                error: Some(e.to_string()),
-                ..Default::default()
-            }));
+            let done = t.await.context("a load slot panicked")?;
+            for (i, r) in done {
+                recs[i] = r;
+            }
         }
         let secs = start.elapsed().as_secs_f64();
         report(&a, &model, &recs, secs)
@@ -508,5 +601,14 @@ mod tests {
         assert!(w.iter().all(|i| (1..=2048).contains(&i.output_len)));
 
         assert!(workload(&args(&["--id-range", "5,5"])).is_err());
+    }
+
+    #[test]
+    fn the_base_url_gives_the_connection_its_address() {
+        assert_eq!(authority("http://127.0.0.1:8000").unwrap(), "127.0.0.1:8000");
+        assert_eq!(authority("http://gpu-3").unwrap(), "gpu-3:80");
+        let e = authority("https://x").unwrap_err().to_string();
+        assert!(e.contains("http://"), "{e}");
+        assert!(authority("localhost:8000/v1").is_err());
     }
 }
