@@ -38,10 +38,10 @@ fn bench_serve_loads_a_server_and_reports_what_it_answered() {
             "6",
             "--num-prompts",
             "8",
+            // Two slots, four requests each back to back: each slot's kept-alive connection
+            // carries its next request as soon as the last one's stream ends.
             "--max-concurrency",
-            "4",
-            "--request-rate",
-            "50",
+            "2",
             "--ignore-eos",
             "--json-out",
             json.to_str().unwrap(),

@@ -299,7 +299,7 @@ async fn one(conn: &mut Conn, a: &ServeBenchArgs, model: &str, it: &Item) -> Rec
             continue;
         };
         if data == b"[DONE]" {
-            break;
+            continue; // read on to the body's end, so the connection is reused
         }
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
             rec.error = Some(format!(
@@ -341,8 +341,10 @@ async fn one(conn: &mut Conn, a: &ServeBenchArgs, model: &str, it: &Item) -> Rec
     rec
 }
 
-/// The served model's name: the first of /v1/models.
-async fn first_model(client: &Client, a: &ServeBenchArgs) -> anyhow::Result<String> {
+/// The served model's name: the first of /v1/models (its connection closed after: the run's
+/// slots may take every connection the server allows one client).
+async fn first_model(a: &ServeBenchArgs) -> anyhow::Result<String> {
+    let client: Client = http_client::client(Duration::from_secs(10));
     let key = (!a.api_key.is_empty()).then_some(a.api_key.as_str());
     let req = http_client::request(
         "GET",
@@ -350,7 +352,7 @@ async fn first_model(client: &Client, a: &ServeBenchArgs) -> anyhow::Result<Stri
         key,
         Bytes::new(),
     );
-    let resp = http_client::send(client, req, Duration::from_secs(30))
+    let resp = http_client::send(&client, req, Duration::from_secs(30))
         .await
         .with_context(|| format!("GET {}/v1/models", a.base_url))?;
     if !resp.status().is_success() {
@@ -395,10 +397,9 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let client: Client = http_client::client(Duration::from_secs(10));
         let model = match &a.model {
             Some(m) => m.clone(),
-            None => first_model(&client, &a).await?,
+            None => first_model(&a).await?,
         };
         let host = authority(&a.base_url)?;
         // Slots take the requests in arrival order, each waiting for its request's time.
@@ -605,7 +606,10 @@ mod tests {
 
     #[test]
     fn the_base_url_gives_the_connection_its_address() {
-        assert_eq!(authority("http://127.0.0.1:8000").unwrap(), "127.0.0.1:8000");
+        assert_eq!(
+            authority("http://127.0.0.1:8000").unwrap(),
+            "127.0.0.1:8000"
+        );
         assert_eq!(authority("http://gpu-3").unwrap(), "gpu-3:80");
         let e = authority("https://x").unwrap_err().to_string();
         assert!(e.contains("http://"), "{e}");
