@@ -175,6 +175,74 @@ def build_family(name, out_dir):
     return d
 
 
+# FP8 checkpoints of tiny-qwen3 (its transformers-built weights): every projection quantized to
+# e4m3 by torch with (a) HF's fine-grained format (quant_method "fp8", 16x16 blocks,
+# weight_scale_inv) and (b) compressed-tensors' per-channel float8 (weight_scale [out, 1]). The
+# reference logits are transformers' on the dequantized weights (torch's own e4m3 decode).
+FP8_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def fp8_variant(base_dir, out_dir, scheme):
+    from safetensors.torch import load_file, save_file
+    name = os.path.basename(os.path.normpath(base_dir)) + "-fp8-" + scheme
+    d = os.path.join(out_dir, name)
+    os.makedirs(d, exist_ok=True)
+    sd = load_file(os.path.join(base_dir, "model.safetensors"))
+    out, deq = {}, {}
+    for k, w in sd.items():
+        if not (k.endswith(".weight") and any(p in k for p in FP8_PROJ)):
+            out[k] = w
+            deq[k] = w
+            continue
+        rows, cols = w.shape
+        if scheme == "block":
+            b = 16
+            sr, sc = -(-rows // b), -(-cols // b)
+            scale = torch.zeros(sr, sc)
+            for i in range(sr):
+                for j in range(sc):
+                    blk = w[i * b:(i + 1) * b, j * b:(j + 1) * b]
+                    scale[i, j] = blk.abs().max() / 448.0
+            full = scale.repeat_interleave(b, 0)[:rows].repeat_interleave(b, 1)[:, :cols]
+            out[k + "_scale_inv"] = scale
+        else:
+            scale = w.abs().amax(dim=1, keepdim=True) / 448.0
+            full = scale
+            out[k + "_scale"] = scale
+        codes = (w / full).to(torch.float8_e4m3fn)
+        out[k] = codes
+        deq[k] = codes.to(torch.float32) * full
+    save_file(out, os.path.join(d, "model.safetensors"))
+    cfg = json.load(open(os.path.join(base_dir, "config.json")))
+    if scheme == "block":
+        cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                      "fmt": "e4m3", "weight_block_size": [16, 16]}
+    else:
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                          "weights": {"num_bits": 8, "type": "float",
+                                                      "strategy": "channel", "symmetric": True}}},
+            "ignore": ["lm_head"]}
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=1)
+    # transformers on the dequantized weights.
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model.load_state_dict(deq, strict=False)
+    model.eval()
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(1234)
+    cases = []
+    for n in (1, 7, 40):
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0]
+        cases.append({"ids": ids, "logits": logits.tolist()})
+    doc = {"source": "transformers %s + torch %s, float32, on the weights torch dequantized from e4m3"
+           % (transformers.__version__, torch.__version__), "model": name, "cases": cases}
+    json.dump(doc, open(os.path.join(out_dir, f"{name}_reference.json"), "w"))
+    print(name, "ok")
+
+
 def greedy(model, ids, n):
     out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
                          eos_token_id=None, pad_token_id=0)
@@ -287,6 +355,8 @@ def main():
     ap.add_argument("--qwen-gguf", help="Qwen2.5-Coder-0.5B GGUF (from `cachet model fetch qwen2.5-coder-0.5b`)")
     ap.add_argument("--qwen15-gguf", help="Qwen2.5-Coder-1.5B GGUF (from `cachet model fetch qwen2.5-coder-1.5b`)")
     ap.add_argument("--gemma-gguf", help="Gemma 3 270M GGUF (from `cachet model fetch gemma3-270m`)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="FP8 checkpoints of tests/fixtures/tiny-qwen3 (block and per-channel scales)")
     ap.add_argument("--out", default="tests/fixtures")
     a = ap.parse_args()
     if a.gguf:
@@ -301,6 +371,9 @@ def main():
         qwen_gguf(a.qwen15_gguf, a.out, "qwen2.5-coder-1.5b")
     if a.gemma_gguf:
         gemma_gguf(a.gemma_gguf, a.out, "gemma3-270m")
+    if a.fp8:
+        for scheme in ("block", "channel"):
+            fp8_variant(os.path.join(a.out, "tiny-qwen3"), a.out, scheme)
 
 
 if __name__ == "__main__":

@@ -330,6 +330,7 @@ impl ModelConfig {
                 ));
             }
         }
+        check_quantization(path, raw.quantization_config.as_ref())?;
         // Gemma names it `hidden_activation`.
         let (act_field, act) = match (&raw.hidden_activation, &raw.hidden_act) {
             (Some(a), _) => ("hidden_activation", Some(a.as_str())),
@@ -637,6 +638,43 @@ fn parse_rope_scaling(
     }
 }
 
+/// The checkpoint quantizations the loader reads: FP8 (e4m3) weights with their scales — HF's
+/// `quant_method: "fp8"` (per-tensor, or `weight_block_size` blocks: `weight_scale_inv`) and
+/// compressed-tensors' float-quantized FP8 (`weight_scale` per tensor or per channel) — each
+/// weight dequantized once at load. Anything else is refused naming the method.
+fn check_quantization(path: &Path, q: Option<&serde_json::Value>) -> Result<(), LoadError> {
+    let Some(q) = q.filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
+    let fp8_e4m3 = |v: Option<&serde_json::Value>| {
+        v.and_then(|w| w.get("type")).and_then(|t| t.as_str()) == Some("float")
+            && v.and_then(|w| w.get("num_bits")).and_then(|n| n.as_u64()) == Some(8)
+    };
+    let ok = match method {
+        "fp8" => q
+            .get("fmt")
+            .and_then(|f| f.as_str())
+            .is_none_or(|f| f == "e4m3"),
+        "compressed-tensors" => q
+            .get("config_groups")
+            .and_then(|g| g.as_object())
+            .is_some_and(|groups| {
+                !groups.is_empty() && groups.values().all(|g| fp8_e4m3(g.get("weights")))
+            }),
+        _ => false,
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(LoadError::format(
+        path,
+        format!(
+            "`quantization_config` with quant_method `{method}` is not supported: FP8 (e4m3) checkpoints load (quant_method `fp8`, or compressed-tensors with 8-bit float weights); for others use the bf16 checkpoint or a GGUF"
+        ),
+    ))
+}
+
 #[derive(Deserialize)]
 struct RawHfConfig {
     #[serde(default)]
@@ -671,4 +709,5 @@ struct RawHfConfig {
     rope_local_base_freq: Option<f64>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
+    quantization_config: Option<serde_json::Value>,
 }

@@ -87,6 +87,57 @@ device_test! {
     }
 }
 
+/// FP8 checkpoints of tiny-qwen3 (scripts/reference.py --fp8: its weights quantized to e4m3 by
+/// torch) load, each weight dequantized with its scales: HF's fine-grained format (16×16
+/// blocks, `weight_scale_inv`) and compressed-tensors' per-channel `weight_scale`. Their logits
+/// are transformers' on the weights torch dequantized; another quantization is refused by name.
+#[test]
+fn fp8_checkpoints_load_dequantized_like_transformers() {
+    let base = read_json("tiny-qwen3_reference.json");
+    for name in ["tiny-qwen3-fp8-block", "tiny-qwen3-fp8-channel"] {
+        let m = tiny(name);
+        let reference = read_json(&format!("{name}_reference.json"));
+        let mut r = device_runner(DeviceKind::Cpu, &m, 16);
+        for (case, unquantized) in reference["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(base["cases"].as_array().unwrap())
+        {
+            let ids = ids_of(&case["ids"]);
+            let want = floats(&case["logits"]);
+            let got = all_logits(r.as_mut(), &ids);
+            let err = rel_err(&got.data, &want);
+            assert!(
+                err <= 1e-4,
+                "{name}, {} tokens: relative error {err:e}",
+                ids.len()
+            );
+            // The quantization is real: the unquantized weights give other logits.
+            assert_eq!(ids, ids_of(&unquantized["ids"]));
+            let moved = rel_err(&got.data, &floats(&unquantized["logits"]));
+            assert!(
+                moved > 1e-4,
+                "{name}: FP8 logits equal the unquantized ones ({moved:e})"
+            );
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("cachet-gptq-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixtures().join("tiny-qwen3");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4});
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let e = loader::load(dir.to_str().unwrap(), false)
+        .err()
+        .expect("a GPTQ config is refused")
+        .to_string();
+    assert!(e.contains("quant_method `gptq`"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 device_test! {
     fn tiny_families_greedy_64_tokens_like_transformers_with_caching_chunking_batching(dev) {
         for (name, _) in FAMILIES {

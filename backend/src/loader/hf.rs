@@ -68,7 +68,9 @@ impl SafetensorsDir {
         self.index.contains_key(name)
     }
 
-    /// Reads `name` as f32.
+    /// Reads `name` as f32; an FP8 weight (`X.weight`, e4m3) is dequantized with its scale
+    /// (`X.weight_scale_inv` or `X.weight_scale`: one for the tensor, one per output row, or
+    /// one per block of rows × columns).
     pub fn tensor(&self, name: &str) -> Result<HostTensor, LoadError> {
         let &i = self
             .index
@@ -78,7 +80,24 @@ impl SafetensorsDir {
                 name: name.into(),
             })?;
         let (path, mmap) = &self.shards[i];
-        read_tensor(path, mmap, name)
+        match read_fp8(path, mmap, name)? {
+            None => read_tensor(path, mmap, name),
+            Some(codes) => {
+                let scale = [format!("{name}_scale_inv"), format!("{name}_scale")]
+                    .into_iter()
+                    .find(|n| self.contains(n))
+                    .ok_or_else(|| {
+                        LoadError::format(
+                            path,
+                            format!(
+                                "`{name}` is FP8 but has no `{name}_scale_inv` or `{name}_scale`"
+                            ),
+                        )
+                    })?;
+                let scale = self.tensor(&scale)?;
+                dequantize_fp8(path, name, codes, &scale)
+            }
+        }
     }
 }
 
@@ -86,6 +105,73 @@ impl SafetensorsDir {
 pub fn shard_names(path: &Path, bytes: &[u8]) -> Result<Vec<String>, LoadError> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
     Ok(st.names().into_iter().map(String::from).collect())
+}
+
+/// Tensor `name` as decoded e4m3 values (f32, scales not applied), when it is FP8.
+fn read_fp8(path: &Path, bytes: &[u8], name: &str) -> Result<Option<HostTensor>, LoadError> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
+    let view = st
+        .tensor(name)
+        .map_err(|e| LoadError::format(path, e.to_string()))?;
+    if view.dtype() != Dtype::F8_E4M3 {
+        return Ok(None);
+    }
+    Ok(Some(HostTensor {
+        shape: view.shape().to_vec(),
+        data: view
+            .data()
+            .iter()
+            .map(|&c| crate::device::fp8::decode_e4m3(c))
+            .collect(),
+    }))
+}
+
+/// `codes` (a 2-D weight's e4m3 values) times `scale`: one value, one per row (`[rows]` or
+/// `[rows, 1]`), or one per block (`[⌈rows/br⌉, ⌈cols/bc⌉]`, the block sizes those imply).
+fn dequantize_fp8(
+    path: &Path,
+    name: &str,
+    mut codes: HostTensor,
+    scale: &HostTensor,
+) -> Result<HostTensor, LoadError> {
+    let [rows, cols] = codes.shape[..] else {
+        return Err(LoadError::format(
+            path,
+            format!("FP8 tensor `{name}` is not 2-D: {:?}", codes.shape),
+        ));
+    };
+    let s = &scale.data;
+    let dims: Vec<usize> = scale.shape.iter().copied().filter(|&d| d != 1).collect();
+    let at: Box<dyn Fn(usize, usize) -> f32> = match (s.len(), dims.len()) {
+        (1, _) => Box::new(|_, _| s[0]),
+        (n, 1) if n == rows => Box::new(|r, _| s[r]),
+        (_, 2) if scale.shape.len() == 2 => {
+            let (sr, sc) = (scale.shape[0], scale.shape[1]);
+            let (br, bc) = (rows.div_ceil(sr), cols.div_ceil(sc));
+            if rows.div_ceil(br) != sr || cols.div_ceil(bc) != sc {
+                return Err(LoadError::format(
+                    path,
+                    format!("`{name}`: scale blocks {sr}×{sc} do not tile {rows}×{cols}"),
+                ));
+            }
+            Box::new(move |r, c| s[(r / br) * sc + c / bc])
+        }
+        _ => {
+            return Err(LoadError::format(
+                path,
+                format!(
+                    "`{name}`: a scale of shape {:?} is not per tensor, per row or per block of {rows}×{cols}",
+                    scale.shape
+                ),
+            ))
+        }
+    };
+    for r in 0..rows {
+        for c in 0..cols {
+            codes.data[r * cols + c] *= at(r, c);
+        }
+    }
+    Ok(codes)
 }
 
 /// Reads tensor `name` of one safetensors file as f32.
@@ -113,7 +199,7 @@ pub fn read_tensor(path: &Path, bytes: &[u8], name: &str) -> Result<HostTensor, 
                 path: path.into(),
                 tensor: name.into(),
                 dtype: format!("{other:?}"),
-                supported: "F32, F16, BF16",
+                supported: "F32, F16, BF16, and F8_E4M3 weights with their scales",
             })
         }
     };
