@@ -142,9 +142,11 @@ fn dequantize_fp8(
     };
     let s = &scale.data;
     let dims: Vec<usize> = scale.shape.iter().copied().filter(|&d| d != 1).collect();
-    let at: Box<dyn Fn(usize, usize) -> f32> = match (s.len(), dims.len()) {
-        (1, _) => Box::new(|_, _| s[0]),
-        (n, 1) if n == rows => Box::new(|r, _| s[r]),
+    // Row r's scales: `count` of them from `first(r)`, one per `bc` columns.
+    type First = Box<dyn Fn(usize) -> usize>;
+    let (first, count, bc): (First, usize, usize) = match (s.len(), dims.len()) {
+        (1, _) => (Box::new(|_| 0), 1, cols),
+        (n, 1) if n == rows => (Box::new(|r| r), 1, cols),
         (_, 2) if scale.shape.len() == 2 => {
             let (sr, sc) = (scale.shape[0], scale.shape[1]);
             let (br, bc) = (rows.div_ceil(sr), cols.div_ceil(sc));
@@ -154,7 +156,7 @@ fn dequantize_fp8(
                     format!("`{name}`: scale blocks {sr}×{sc} do not tile {rows}×{cols}"),
                 ));
             }
-            Box::new(move |r, c| s[(r / br) * sc + c / bc])
+            (Box::new(move |r| (r / br) * sc), sc, bc)
         }
         _ => {
             return Err(LoadError::format(
@@ -166,9 +168,10 @@ fn dequantize_fp8(
             ))
         }
     };
-    for r in 0..rows {
-        for c in 0..cols {
-            codes.data[r * cols + c] *= at(r, c);
+    for (r, row) in codes.data.chunks_exact_mut(cols).enumerate() {
+        let at = first(r);
+        for (block, &k) in row.chunks_mut(bc).zip(&s[at..at + count]) {
+            block.iter_mut().for_each(|v| *v *= k);
         }
     }
     Ok(codes)
