@@ -179,6 +179,41 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
+/// A fixture's logits rows (`[[f32]]`), flattened.
+pub fn logits_of(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+        })
+        .collect()
+}
+
+/// A fixture case (`{"ids", "logits"}`: transformers' logits at every position) against
+/// `r`'s: relative error within `tol` (`what` names the model in a failure). Returns the ids,
+/// the reference logits and `r`'s.
+pub fn check_case_logits(
+    r: &mut dyn Runner,
+    case: &serde_json::Value,
+    tol: f64,
+    what: &str,
+) -> (Vec<u32>, Vec<f32>, Logits) {
+    let ids = ids_of(&case["ids"]);
+    let want = logits_of(&case["logits"]);
+    let got = all_logits(r, &ids);
+    let err = rel_err(&got.data, &want);
+    assert!(
+        err <= tol,
+        "{what}, {} tokens: relative error {err:e}",
+        ids.len()
+    );
+    (ids, want, got)
+}
+
 pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
         .unwrap()

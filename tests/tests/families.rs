@@ -42,19 +42,6 @@ fn sliding_windows_and_gemma_settings_are_read_from_transformers_configs() {
     assert_eq!((m.layer_window(0), m.layer_window(1)), (Some(8), Some(8)));
 }
 
-fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-        })
-        .collect()
-}
-
 fn argmax(v: &[f32]) -> usize {
     (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap()
 }
@@ -69,11 +56,7 @@ device_test! {
             // f32 on the CPU; bf16 weights and activations on a GPU.
             let tol = if dev == DeviceKind::Cpu { 1e-4 } else { 3e-2 };
             for case in reference["cases"].as_array().unwrap() {
-                let ids = ids_of(&case["ids"]);
-                let want = floats(&case["logits"]);
-                let got = all_logits(r.as_mut(), &ids);
-                let err = rel_err(&got.data, &want);
-                assert!(err <= tol, "{name}, {} tokens: relative error {err:e}", ids.len());
+                let (ids, want, got) = check_case_logits(r.as_mut(), case, tol, name);
                 let v = got.vocab;
                 let last = ids.len() - 1;
                 assert_eq!(
@@ -104,18 +87,10 @@ fn fp8_checkpoints_load_dequantized_like_transformers() {
             .iter()
             .zip(base["cases"].as_array().unwrap())
         {
-            let ids = ids_of(&case["ids"]);
-            let want = floats(&case["logits"]);
-            let got = all_logits(r.as_mut(), &ids);
-            let err = rel_err(&got.data, &want);
-            assert!(
-                err <= 1e-4,
-                "{name}, {} tokens: relative error {err:e}",
-                ids.len()
-            );
+            let (ids, _, got) = check_case_logits(r.as_mut(), case, 1e-4, name);
             // The quantization is real: the unquantized weights give other logits.
             assert_eq!(ids, ids_of(&unquantized["ids"]));
-            let moved = rel_err(&got.data, &floats(&unquantized["logits"]));
+            let moved = rel_err(&got.data, &logits_of(&unquantized["logits"]));
             assert!(
                 moved > 1e-4,
                 "{name}: FP8 logits equal the unquantized ones ({moved:e})"

@@ -73,25 +73,7 @@ fn check_tiny(name: &str) {
     let reference = read_json(&format!("{name}_reference.json"));
     let mut r = runner(&m, 8);
     for case in reference["cases"].as_array().unwrap() {
-        let ids = ids_of(&case["ids"]);
-        let want: Vec<f32> = case["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|row| {
-                row.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap() as f32)
-            })
-            .collect();
-        let got = all_logits(r.as_mut(), &ids);
-        let err = rel_err(&got.data, &want);
-        assert!(
-            err <= 1e-4,
-            "{name}, {} tokens: relative error {err:e}",
-            ids.len()
-        );
+        check_case_logits(r.as_mut(), case, 1e-4, name);
     }
 }
 
