@@ -634,28 +634,19 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // tokens) takes the q and k heads unrotated and does rope_kv's work
 // itself: `rope` is rope_kv's cos/sin table, `slots` the tokens' cache slots (0xFFFFFFFF: a
 // padding row, written nowhere); with `fused` = 0 they are not read.
-#define MMA_KERNEL(NAME, D, FP8, KV)                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) NAME(PAGED_ATTENTION_ARGS(KV)) {             \
+// BLOCKS: resident blocks per SM the registers are bounded for — 3 for d64 / d128; 1 for head_dim
+// 256 (Gemma 3, bf16 cache), whose Q fragments and output accumulators take twice the registers
+// of d128. An FP8 cache at d256 spills and runs on paged_attention_d256_fp8 (attention.cu).
+#define MMA_KERNEL(NAME, D, FP8, KV, BLOCKS)                                                                  \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, BLOCKS) NAME(PAGED_ATTENTION_ARGS(KV)) {        \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
                               split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,      \
                               q_norm, k_norm, norm_eps);                                                      \
     }
 
-MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16)
-MMA_KERNEL(paged_attention_mma_d64_bf16, 64, false, bf16)
-MMA_KERNEL(paged_attention_mma_d128_fp8, 128, true, fp8)
-MMA_KERNEL(paged_attention_mma_d64_fp8, 64, true, fp8)
-
-// head_dim 256 (Gemma 3), bf16 cache: the same kernel, one block per SM (its Q fragments and
-// output accumulators take twice the registers of d128). An FP8 cache at d256 spills here and
-// runs on paged_attention_d256_fp8 (attention.cu) instead.
-#define MMA_WIDE_KERNEL(NAME, D, FP8, KV)                                                                     \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 1) NAME(PAGED_ATTENTION_ARGS(KV)) {             \
-        attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
-                              block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,      \
-                              q_norm, k_norm, norm_eps);                                                      \
-    }
-
-MMA_WIDE_KERNEL(paged_attention_mma_d256_bf16, 256, false, bf16)
+MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16, 3)
+MMA_KERNEL(paged_attention_mma_d64_bf16, 64, false, bf16, 3)
+MMA_KERNEL(paged_attention_mma_d128_fp8, 128, true, fp8, 3)
+MMA_KERNEL(paged_attention_mma_d64_fp8, 64, true, fp8, 3)
+MMA_KERNEL(paged_attention_mma_d256_bf16, 256, false, bf16, 1)

@@ -80,9 +80,9 @@ impl SafetensorsDir {
                 name: name.into(),
             })?;
         let (path, mmap) = &self.shards[i];
-        match read_fp8(path, mmap, name)? {
-            None => read_tensor(path, mmap, name),
-            Some(codes) => {
+        match read_values(path, mmap, name)? {
+            (t, false) => Ok(t),
+            (codes, true) => {
                 let scale = [format!("{name}_scale_inv"), format!("{name}_scale")]
                     .into_iter()
                     .find(|n| self.contains(n))
@@ -105,25 +105,6 @@ impl SafetensorsDir {
 pub fn shard_names(path: &Path, bytes: &[u8]) -> Result<Vec<String>, LoadError> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
     Ok(st.names().into_iter().map(String::from).collect())
-}
-
-/// Tensor `name` as decoded e4m3 values (f32, scales not applied), when it is FP8.
-fn read_fp8(path: &Path, bytes: &[u8], name: &str) -> Result<Option<HostTensor>, LoadError> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
-    let view = st
-        .tensor(name)
-        .map_err(|e| LoadError::format(path, e.to_string()))?;
-    if view.dtype() != Dtype::F8_E4M3 {
-        return Ok(None);
-    }
-    Ok(Some(HostTensor {
-        shape: view.shape().to_vec(),
-        data: view
-            .data()
-            .iter()
-            .map(|&c| crate::device::fp8::decode_e4m3(c))
-            .collect(),
-    }))
 }
 
 /// `codes` (a 2-D weight's e4m3 values) times `scale`: one value, one per row (`[rows]` or
@@ -177,8 +158,18 @@ fn dequantize_fp8(
     Ok(codes)
 }
 
-/// Reads tensor `name` of one safetensors file as f32.
+/// Reads tensor `name` of one safetensors file as f32 (an FP8 tensor is refused: its scale
+/// lives in another tensor, which [`SafetensorsDir::tensor`] applies).
 pub fn read_tensor(path: &Path, bytes: &[u8], name: &str) -> Result<HostTensor, LoadError> {
+    match read_values(path, bytes, name)? {
+        (t, false) => Ok(t),
+        (_, true) => Err(unsupported(path, name, "F8_E4M3".into())),
+    }
+}
+
+/// Tensor `name` of one safetensors file (one header parse) as f32 values, and whether they are
+/// FP8 codes decoded without their scale.
+fn read_values(path: &Path, bytes: &[u8], name: &str) -> Result<(HostTensor, bool), LoadError> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
     let view = st
         .tensor(name)
@@ -197,19 +188,29 @@ pub fn read_tensor(path: &Path, bytes: &[u8], name: &str) -> Result<HostTensor, 
             .chunks_exact(2)
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
-        other => {
-            return Err(LoadError::UnsupportedDtype {
-                path: path.into(),
-                tensor: name.into(),
-                dtype: format!("{other:?}"),
-                supported: "F32, F16, BF16, and F8_E4M3 weights with their scales",
-            })
-        }
+        Dtype::F8_E4M3 => bytes
+            .iter()
+            .map(|&c| crate::device::fp8::decode_e4m3(c))
+            .collect(),
+        other => return Err(unsupported(path, name, format!("{other:?}"))),
     };
-    Ok(HostTensor {
-        shape: view.shape().to_vec(),
-        data,
-    })
+    let fp8 = view.dtype() == Dtype::F8_E4M3;
+    Ok((
+        HostTensor {
+            shape: view.shape().to_vec(),
+            data,
+        },
+        fp8,
+    ))
+}
+
+fn unsupported(path: &Path, name: &str, dtype: String) -> LoadError {
+    LoadError::UnsupportedDtype {
+        path: path.into(),
+        tensor: name.into(),
+        dtype,
+        supported: "F32, F16, BF16, and F8_E4M3 weights with their scales",
+    }
 }
 
 fn safetensors_error(path: &Path, bytes: &[u8], e: safetensors::SafeTensorError) -> LoadError {
