@@ -167,10 +167,20 @@ fn join(pieces: Vec<Piece>) -> (Option<String>, String) {
 /// A whole output as (reasoning, content): `None` reasoning when it does not think.
 pub fn split_whole(text: &str) -> (Option<String>, String) {
     let mut s = ThinkSplitter::new();
-    let mut pieces = s.feed(text);
+    let pieces = s.feed(text);
+    finish_whole(s, pieces, text)
+}
+
+/// (reasoning, content) of a whole output `text` that `s` was fed, in pieces or at once, and
+/// split into `pieces`.
+pub fn finish_whole(
+    mut s: ThinkSplitter,
+    mut pieces: Vec<Piece>,
+    text: &str,
+) -> (Option<String>, String) {
     pieces.extend(s.finish());
     let (mut reasoning, content) = join(pieces);
-    if s.state == State::Answer && reasoning.is_none() && text.trim_start().starts_with(OPEN) {
+    if reasoning.is_none() && text.trim_start().starts_with(OPEN) {
         reasoning = Some(String::new()); // an empty think block
     }
     (reasoning, content)

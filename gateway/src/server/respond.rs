@@ -467,9 +467,11 @@ async fn whole_into(
         .collect();
     let mut sum = UsageSum::default();
     let split = meta.reasoning && render.splits_reasoning();
-    // The split itself is made on the whole text below; these count the thinking's tokens.
-    let mut thinks: Vec<Option<ThinkSplitter>> =
-        (0..k).map(|_| split.then(ThinkSplitter::new)).collect();
+    // Each choice's output split as it arrives (counting the thinking's tokens), joined at
+    // its end.
+    let mut thinks: Vec<Option<(ThinkSplitter, Vec<super::reasoning::Piece>)>> = (0..k)
+        .map(|_| split.then(|| (ThinkSplitter::new(), Vec::new())))
+        .collect();
     let mut left = k;
     while left > 0 {
         let Some((i, ev)) = rx.recv().await else {
@@ -478,8 +480,10 @@ async fn whole_into(
         match ev {
             Some(EngineEvent::Token { text, logprobs, .. }) => {
                 meter.token(i);
-                if let Some(t) = &mut thinks[i] {
-                    sum.count_reasoning(t.feed_token(&text).1);
+                if let Some((t, pieces)) = &mut thinks[i] {
+                    let (p, thinking) = t.feed_token(&text);
+                    pieces.extend(p);
+                    sum.count_reasoning(thinking);
                 }
                 out[i].logprobs.extend(logprobs);
                 out[i].text.push_str(&text)
@@ -498,6 +502,9 @@ async fn whole_into(
                         error.unwrap_or_else(|| "engine error".into()),
                     ));
                 }
+                if let Some((t, pieces)) = &mut thinks[i] {
+                    pieces.extend(t.feed(&text));
+                }
                 out[i].text.push_str(&text);
                 out[i].reason = reason;
                 out[i].stop_sequence = stop_sequence;
@@ -507,9 +514,9 @@ async fn whole_into(
             None => return Err(ApiError::internal("the engine ended the stream early")),
         }
     }
-    if split {
-        for c in &mut out {
-            let (reasoning, content) = super::reasoning::split_whole(&c.text);
+    for (c, think) in out.iter_mut().zip(thinks) {
+        if let Some((t, pieces)) = think {
+            let (reasoning, content) = super::reasoning::finish_whole(t, pieces, &c.text);
             c.reasoning = reasoning;
             c.text = content;
         }
