@@ -61,9 +61,17 @@ pub fn gemma270m_path() -> PathBuf {
 /// loaded f32 weights and a runner's copy; 12 GB for the 1.5B model) or a server holding one,
 /// and CI has 24 GB. Hold the guard for the test's length.
 pub fn one_real_model_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static REAL_WEIGHTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     REAL_WEIGHTS.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Tests that bound a latency against one they measured themselves hold this for their length,
+/// so that a real model's forward in another test of the binary (both of CI's cores, for
+/// seconds) is not what they measure. The lock of [`one_real_model_at_a_time`].
+pub fn no_real_model_running() -> std::sync::MutexGuard<'static, ()> {
+    REAL_WEIGHTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+static REAL_WEIGHTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// SmolLM2, loaded once per test binary.
 pub fn smollm2() -> &'static LoadedModel {

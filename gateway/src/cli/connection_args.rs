@@ -31,6 +31,12 @@ pub struct ConnectionArgs {
     /// HTTP/2 streams open at once on one connection.
     #[arg(long, default_value_t = 128)]
     pub http2_max_concurrent_streams: u32,
+    /// Requests one connection may cancel (HTTP/2 RST_STREAM) before they are answered, within
+    /// one second; a connection past it is closed with GOAWAY (an HTTP/2 "rapid reset" flood).
+    /// A client that cancels what it no longer needs (an editor's completions as the user types)
+    /// stays far below it.
+    #[arg(long, default_value_t = 200)]
+    pub http2_max_cancels_per_second: u32,
     /// Seconds a connection may sit with no request in flight and no traffic before it is closed.
     #[arg(long, default_value_t = 60)]
     pub idle_timeout: u64,
@@ -69,6 +75,7 @@ impl ConnectionArgs {
             max_connections: self.fitted_max_connections(),
             max_connections_per_ip: self.max_connections_per_ip.max(1),
             max_concurrent_streams: self.http2_max_concurrent_streams.max(1),
+            max_cancels_per_second: self.http2_max_cancels_per_second.max(1),
             idle_timeout: s(self.idle_timeout),
             grace: Duration::from_secs(self.grace_period),
         }

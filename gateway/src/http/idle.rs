@@ -4,10 +4,16 @@
 //! [`Watched`] wraps the socket and stamps every read and write; [`InFlight`] counts requests from
 //! the moment their head arrives until their response body is dropped (finished or abandoned),
 //! so a long generation that is quiet while it waits for the engine is never cut.
+//!
+//! [`Activity`] also counts the requests a client cancels — leaves before their answer is whole
+//! (an HTTP/2 RST_STREAM, or a dropped socket): a connection that cancels more than its limit
+//! within one second is flooding (CVE-2023-44487, "rapid reset": each opened and reset stream
+//! costs the server a request's work and the client nothing), and the accept loop closes it
+//! ([`Activity::cancelling_too_fast`]).
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -15,6 +21,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 
 use super::Body as RespBody;
 
@@ -23,15 +30,44 @@ pub struct Activity {
     start: Instant,
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// Most requests the client may cancel within one second.
+    cancel_limit: u32,
+    /// The second (since `start`) being counted, and the requests cancelled in it.
+    cancels: Mutex<(u64, u32)>,
+    too_many_cancels: Notify,
 }
 
 impl Activity {
-    pub fn new() -> Arc<Activity> {
+    /// A connection's activity; more than `cancels_per_second` requests cancelled within one
+    /// second trips [`Activity::cancelling_too_fast`].
+    pub fn new(cancels_per_second: u32) -> Arc<Activity> {
         Arc::new(Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            cancel_limit: cancels_per_second,
+            cancels: Mutex::new((0, 0)),
+            too_many_cancels: Notify::new(),
         })
+    }
+
+    /// Counts a request cancelled by the client.
+    fn cancelled(&self) {
+        let second = self.start.elapsed().as_secs();
+        let mut c = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+        if c.0 != second {
+            *c = (second, 0);
+        }
+        c.1 += 1;
+        if c.1 == self.cancel_limit.saturating_add(1) {
+            // Stores a permit if no one waits yet: the trip is never missed.
+            self.too_many_cancels.notify_one();
+        }
+    }
+
+    /// Resolves once the client has cancelled more than its limit of requests within a second.
+    pub async fn cancelling_too_fast(&self) {
+        self.too_many_cancels.notified().await
     }
 
     fn touch(&self) {
@@ -67,24 +103,44 @@ impl Activity {
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.touch();
-        InFlight(self.clone())
+        InFlight {
+            activity: self.clone(),
+            answered: AtomicBool::new(false),
+        }
     }
 }
 
-/// A request in flight on its connection.
-pub struct InFlight(Arc<Activity>);
+/// A request in flight on its connection. Dropped before [`InFlight::answered`] (the request's
+/// handler dropped, or its response body dropped before its end), the request counts as
+/// cancelled by the client. A stream reset as soon as it is opened — the flood — is answered by
+/// the handler, but its response is dropped unsent: cancelled too.
+pub struct InFlight {
+    activity: Arc<Activity>,
+    answered: AtomicBool,
+}
+
+impl InFlight {
+    /// The whole answer went out.
+    pub fn answered(&self) {
+        self.answered.store(true, Ordering::Relaxed);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.touch();
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.activity.touch();
+        self.activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if !*self.answered.get_mut() {
+            self.activity.cancelled();
+        }
     }
 }
 
-/// A response body that keeps its request counted as in flight until it is dropped.
+/// A response body that keeps its request counted as in flight until it is dropped, and marks
+/// it answered when it reaches its end.
 struct Guarded {
     inner: RespBody,
-    _guard: InFlight,
+    guard: InFlight,
 }
 
 impl Body for Guarded {
@@ -94,10 +150,18 @@ impl Body for Guarded {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(r, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.guard.answered();
+        }
+        r
     }
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let end = self.inner.is_end_stream();
+        if end {
+            self.guard.answered();
+        }
+        end
     }
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
@@ -106,11 +170,7 @@ impl Body for Guarded {
 
 /// Ties `body` to the request's in-flight guard.
 pub fn guard_body(body: RespBody, guard: InFlight) -> RespBody {
-    Guarded {
-        inner: body,
-        _guard: guard,
-    }
-    .boxed()
+    Guarded { inner: body, guard }.boxed()
 }
 
 /// A socket that stamps its connection's [`Activity`] on every read and write.

@@ -10,7 +10,9 @@
 //!   longest-idle first, to make room, so `/health` and real clients get in while thousands of
 //!   idle sockets are held open;
 //! - idle keep-alive connections closed; HTTP/2 with a cap on concurrent streams and h2's
-//!   rapid-reset limits;
+//!   rapid-reset limits, and a connection that cancels more requests in a second than
+//!   `max_cancels_per_second` (a rapid-reset flood, which h2's own limits let through once
+//!   each stream is accepted) closed with GOAWAY;
 //! - the connection cap fitted to the open-file limit ([`connections_that_fit`]), so a flood
 //!   meets the cap (where idle connections are shed) before it meets EMFILE; accept errors
 //!   (EMFILE, ENFILE, …) shed idle connections too, back off instead of spinning, and are logged
@@ -48,6 +50,9 @@ pub struct Limits {
     pub max_connections_per_ip: usize,
     /// HTTP/2 streams open at once on one connection.
     pub max_concurrent_streams: u32,
+    /// Requests one connection may cancel (HTTP/2 RST_STREAM) before their answer within one
+    /// second; past it the connection is closed.
+    pub max_cancels_per_second: u32,
     /// A connection with no request in flight and no traffic for this long is closed.
     pub idle_timeout: Duration,
     /// How long connections in flight get to finish after shutdown.
@@ -85,6 +90,7 @@ impl Default for Limits {
             max_connections: 4096,
             max_connections_per_ip: 256,
             max_concurrent_streams: 128,
+            max_cancels_per_second: 200,
             idle_timeout: Duration::from_secs(60),
             grace: Duration::from_secs(30),
         }
@@ -304,7 +310,7 @@ where
                         continue;
                     }
                 };
-                let activity = idle::Activity::new();
+                let activity = idle::Activity::new(limits.max_cancels_per_second);
                 let shed = Arc::new(Notify::new());
                 let Some(place) = conns.register(peer.ip(), limits.max_connections_per_ip, activity.clone(), shed.clone()) else {
                     if refused_ip.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
@@ -343,6 +349,27 @@ where
         }
     }
     Ok(())
+}
+
+/// Logs a connection closed for cancelling too fast — at most once a second, with the number of
+/// others closed since (a client that reconnects and floods again must not flood the log).
+fn flood_warning(peer: SocketAddr, limit: u32) {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    static QUIET: AtomicU64 = AtomicU64::new(0);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        QUIET.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    *last = Some(Instant::now());
+    let others = QUIET.swap(0, Ordering::Relaxed);
+    tracing::warn!(
+        %peer,
+        limit,
+        others_closed_since_last_warning = others,
+        "closed a connection that cancelled more than {limit} requests within a second \
+         (HTTP/2 rapid reset); --http2-max-cancels-per-second sets the limit"
+    );
 }
 
 /// Serves one accepted connection to its end (or shutdown, idleness, or a request to make room).
@@ -402,6 +429,13 @@ async fn connection<H, F>(
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
+                _ = activity.cancelling_too_fast() => {
+                    flood_warning(peer, limits.max_cancels_per_second);
+                    // GOAWAY, a moment for it to leave, and the connection is gone (with the
+                    // flood's streams still in flight).
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_millis(200), conn.as_mut()).await;
+                }
                 why = close_when_idle => {
                     tracing::debug!(%peer, why, "closing a connection");
                     conn.as_mut().graceful_shutdown();
@@ -452,7 +486,7 @@ mod tests {
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let other: IpAddr = "10.0.0.2".parse().unwrap();
         let reg = |ip| {
-            let a = idle::Activity::new();
+            let a = idle::Activity::new(200);
             let n = Arc::new(Notify::new());
             conns
                 .register(ip, 2, a.clone(), n.clone())
@@ -469,6 +503,37 @@ mod tests {
         assert_eq!(conns.shed_idle(10), 2, "the two idle ones");
         drop(second);
         assert_eq!(conns.shed_idle(10), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_trips_when_it_cancels_past_its_limit_within_a_second() {
+        let a = idle::Activity::new(3);
+        let trip = |a: &Arc<idle::Activity>| {
+            let a = a.clone();
+            async move {
+                tokio::time::timeout(Duration::from_millis(50), a.cancelling_too_fast())
+                    .await
+                    .is_ok()
+            }
+        };
+        // Requests answered to the end of their bodies are not cancellations.
+        for _ in 0..10 {
+            let resp = super::super::json(hyper::StatusCode::OK, &serde_json::json!({}));
+            let mut body = idle::guard_body(resp.into_body(), a.begin());
+            while http_body_util::BodyExt::frame(&mut body).await.is_some() {}
+        }
+        // Cancelled: a handler dropped before its answer, and answers dropped unread.
+        drop(a.begin());
+        for _ in 0..2 {
+            let resp = super::super::json(hyper::StatusCode::OK, &serde_json::json!({}));
+            drop(idle::guard_body(resp.into_body(), a.begin()));
+        }
+        assert!(
+            !trip(&a).await,
+            "three cancelled: at the limit, not past it"
+        );
+        drop(a.begin());
+        assert!(trip(&a).await, "the fourth within the second trips it");
     }
 
     #[test]

@@ -94,6 +94,7 @@ fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
 
 #[test]
 fn stalled_and_trickling_bodies_end_in_408_and_one_ip_cannot_take_every_connection() {
+    let _quiet = cachet_tests::no_real_model_running();
     let (_server, base) = start_with(
         &config(""),
         &[
@@ -170,6 +171,7 @@ fn stalled_and_trickling_bodies_end_in_408_and_one_ip_cannot_take_every_connecti
 
 #[test]
 fn idle_connections_holding_every_slot_are_shed_for_new_clients() {
+    let _quiet = cachet_tests::no_real_model_running();
     let (_server, base) = start_with(
         &config(""),
         &["--max-connections", "16", "--max-connections-per-ip", "64"],
@@ -304,11 +306,13 @@ fn clients_never_see_internal_addresses_and_metrics_need_the_operator_token() {
 
 /// HTTP/2 on one connection (cleartext, prior knowledge): a hundred streams whose bodies never
 /// end each get 408 after the chunk timeout, no more than the advertised cap run at once, and a
-/// flood of streams opened and reset at once (CVE-2023-44487's "rapid reset") leaves `/health`
-/// and a short chat answering fast.
+/// flood of streams opened and reset at once (CVE-2023-44487's "rapid reset") has its
+/// connections closed (more than `--http2-max-cancels-per-second` cancelled within a second) and
+/// leaves `/health` and a short chat answering fast.
 #[test]
 fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
     use hyper_util::rt::{TokioExecutor, TokioIo};
+    let _quiet = cachet_tests::no_real_model_running();
     let (_server, base) = start_with(
         &config(""),
         &[
@@ -318,6 +322,8 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
             "3",
             "--http2-max-concurrent-streams",
             "16",
+            "--http2-max-cancels-per-second",
+            "50",
         ],
     );
     let addr = base.trim_start_matches("http://").to_string();
@@ -390,60 +396,250 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
         "the last 408 came after {last} s"
     );
 
-    // Rapid reset: open a stream and cancel it, thousands of times, while others ask for health.
+    // Rapid reset for three seconds while others ask for health and chat: h2 ends each
+    // connection once more than 20 reset streams wait to be accepted (ENHANCE_YOUR_CALM).
     let flood = {
         let addr = addr.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-                let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
-                let driver = tokio::spawn(conn);
-                let mut sent = 0u32;
-                let t0 = Instant::now();
-                while t0.elapsed() < Duration::from_secs(4) {
-                    client = match client.ready().await {
-                        Ok(c) => c,
-                        Err(_) => break, // the server ended the connection (GOAWAY)
-                    };
-                    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
-                        .header("authorization", "Bearer sk-a")
-                        .body(())
-                        .unwrap();
-                    match client.send_request(req, false) {
-                        Ok((_resp, mut stream)) => stream.send_reset(h2::Reason::CANCEL),
-                        Err(_) => break,
-                    }
-                    sent += 1;
-                }
-                driver.abort();
-                sent
-            })
-        })
+        std::thread::spawn(move || rapid_reset_flood(&addr, Duration::from_secs(3)))
     };
     let mut worst_health = 0.0f64;
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(3) {
+    while t0.elapsed() < Duration::from_secs(2) {
         let (st, secs) = health_from(&base, "127.0.0.7");
         assert!(st.contains("200"), "{st}");
         worst_health = worst_health.max(secs);
         std::thread::sleep(Duration::from_millis(100));
     }
     let chat = chat_secs(&base, "127.0.0.7");
-    let sent = flood.join().unwrap();
+    let f = flood.join().unwrap();
     eprintln!(
-        "h2: 100 stalled streams all 408 by {last:.1} s; rapid reset: {sent} streams in 4 s, \
-         health worst {worst_health:.3} s, chat {chat:.3} s (bound {chat_bound:.3} s)"
+        "h2: 100 stalled streams all 408 by {last:.1} s; rapid reset: {} streams written on {} \
+         connections, {} ended by the server's GOAWAY; health worst {worst_health:.3} s, \
+         chat {chat:.3} s (bound {chat_bound:.3} s)",
+        f.streams, f.connections, f.goaways
     );
-    assert!(sent > 100, "the flood only opened {sent} streams");
+    assert!(f.streams > 1000, "only {} streams written", f.streams);
+    // Every connection but the one the clock stopped ends in the server's GOAWAY.
+    assert!(
+        f.connections > 1 && f.goaways + 1 >= f.connections,
+        "{} GOAWAYs for {} connections",
+        f.goaways,
+        f.connections
+    );
     assert!(worst_health < 1.0, "health took {worst_health} s");
     assert!(
         chat < chat_bound,
         "a short chat took {chat} s (bound {chat_bound} s) during the reset flood"
     );
+
+    // Answers read to their end are not cancellations: 300 requests on one HTTP/1 and one
+    // HTTP/2 connection, as fast as they go, keep their connections (the limit is 50).
+    rt.block_on(async {
+        use http_body_util::BodyExt;
+        let health = || {
+            hyper::Request::get(format!("http://{addr}/health"))
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap()
+        };
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (mut h2c, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let t0 = Instant::now();
+        for i in 0..300 {
+            h1.ready()
+                .await
+                .unwrap_or_else(|e| panic!("HTTP/1, request {i}: {e}"));
+            let r = h1.send_request(health()).await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.into_body().collect().await.unwrap();
+            h2c.ready()
+                .await
+                .unwrap_or_else(|e| panic!("HTTP/2, request {i}: {e}"));
+            let r = h2c.send_request(health()).await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.into_body().collect().await.unwrap();
+        }
+        eprintln!(
+            "h2: 300 answers each on one HTTP/1 and one HTTP/2 connection in {:.2} s",
+            t0.elapsed().as_secs_f64()
+        );
+    });
+
+    // Generations started and cancelled as soon as their answer begins (streams accepted, so
+    // h2's limit never sees them): Cachet's limit (50 a second here) ends the connection with
+    // GOAWAY (NO_ERROR) just past it.
+    let (cancelled, ended) = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+        let driver = tokio::spawn(conn);
+        let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"Say hi."}],"max_tokens":64,"stream":true}"#;
+        let t0 = Instant::now();
+        let mut cancelled = 0u32;
+        let ended = loop {
+            if t0.elapsed() > Duration::from_secs(5) {
+                break None;
+            }
+            client = match client.ready().await {
+                Ok(c) => c,
+                Err(e) => break Some(e),
+            };
+            let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+                .header("authorization", "Bearer sk-a")
+                .header("content-type", "application/json")
+                .body(())
+                .unwrap();
+            let (resp, mut send) = match client.send_request(req, false) {
+                Ok(r) => r,
+                Err(e) => break Some(e),
+            };
+            if let Err(e) = send.send_data(bytes::Bytes::from_static(body.as_bytes()), true) {
+                break Some(e);
+            }
+            match resp.await {
+                // Dropping the open response stream resets it (CANCEL).
+                Ok(r) => {
+                    assert_eq!(r.status(), 200);
+                    drop(r);
+                    cancelled += 1;
+                }
+                Err(e) => break Some(e),
+            }
+        };
+        driver.abort();
+        (cancelled, ended)
+    });
+    eprintln!(
+        "h2: {cancelled} generations cancelled before the server ended the connection: {ended:?}"
+    );
+    let ended = ended.expect("the connection was never ended");
+    assert!(
+        ended.is_go_away() && ended.reason() == Some(h2::Reason::NO_ERROR),
+        "{ended:?}"
+    );
+    assert!(
+        (50..=50 + 16 + 10).contains(&cancelled),
+        "{cancelled} cancelled (limit 50 a second, 16 streams at once)"
+    );
+}
+
+/// What [`rapid_reset_flood`] did.
+struct Flood {
+    /// Streams opened and reset (written to the socket).
+    streams: u64,
+    connections: u32,
+    /// Connections the server ended with a GOAWAY frame.
+    goaways: u32,
+}
+
+/// A real rapid-reset flood (CVE-2023-44487) for `secs`: HTTP/2 frames written by hand — a
+/// HEADERS frame opening a chat request and an RST_STREAM (CANCEL) for it, stream after stream,
+/// a hundred per write — on a new connection whenever the server ends one. (The h2
+/// client cannot send this: it drops a stream reset before its HEADERS left, so nothing reaches
+/// the wire.)
+fn rapid_reset_flood(addr: &str, secs: Duration) -> Flood {
+    use std::sync::{Arc, Mutex};
+    // Frame header: length (24 bits), type, flags, stream id (31 bits).
+    fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+        out.extend_from_slice(&[kind, flags]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+    }
+    // HPACK without the dynamic table or Huffman (RFC 7541): indexed `:method: POST` (3) and
+    // `:scheme: http` (6); literals without indexing named by static index: `:path` (4),
+    // `:authority` (1), `authorization` (23), `content-type` (31).
+    let mut block = vec![0x83, 0x86];
+    let literal = |block: &mut Vec<u8>, index: u8, value: &str| {
+        if index < 15 {
+            block.push(index);
+        } else {
+            block.extend_from_slice(&[0x0f, index - 15]);
+        }
+        assert!(value.len() < 127);
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    };
+    literal(&mut block, 4, "/v1/chat/completions");
+    literal(&mut block, 1, addr);
+    literal(&mut block, 23, "Bearer sk-a");
+    literal(&mut block, 31, "application/json");
+    // The reader: acknowledges the server's SETTINGS, discards the rest, notes a GOAWAY (type
+    // 7), and ends when the server closes the connection.
+    fn read_frames(mut r: TcpStream, w: Arc<Mutex<TcpStream>>) -> bool {
+        let mut goaway = false;
+        let mut head = [0u8; 9];
+        while r.read_exact(&mut head).is_ok() {
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if r.read_exact(&mut payload).is_err() {
+                break;
+            }
+            match (head[3], head[4] & 1) {
+                (4, 0) => {
+                    let mut ack = Vec::new();
+                    frame(&mut ack, 4, 1, 0, &[]);
+                    let _ = w.lock().unwrap().write_all(&ack);
+                }
+                (7, _) => goaway = true,
+                _ => {}
+            }
+        }
+        goaway
+    }
+    let t0 = Instant::now();
+    let mut flood = Flood {
+        streams: 0,
+        connections: 0,
+        goaways: 0,
+    };
+    while t0.elapsed() < secs {
+        let Ok(sock) = TcpStream::connect(addr) else {
+            continue;
+        };
+        // Closed with a reset, not left in TIME_WAIT: thousands of those would hold the
+        // ephemeral ports the other tests of the binary connect from.
+        socket2::SockRef::from(&sock)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        flood.connections += 1;
+        sock.set_write_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let writer = Arc::new(Mutex::new(sock.try_clone().unwrap()));
+        let reader = {
+            let w = writer.clone();
+            let r = sock.try_clone().unwrap();
+            std::thread::spawn(move || read_frames(r, w))
+        };
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        frame(&mut hello, 4, 0, 0, &[]);
+        let mut ok = writer.lock().unwrap().write_all(&hello).is_ok();
+        let mut id = 1u32;
+        while ok && t0.elapsed() < secs && id < (1 << 30) {
+            let mut batch = Vec::new();
+            for _ in 0..100 {
+                frame(&mut batch, 1, 0x4, id, &block); // HEADERS, END_HEADERS
+                frame(&mut batch, 3, 0, id, &8u32.to_be_bytes()); // RST_STREAM, CANCEL
+                id += 2;
+            }
+            ok = writer.lock().unwrap().write_all(&batch).is_ok();
+            if ok {
+                flood.streams += 100;
+            }
+        }
+        let _ = sock.shutdown(std::net::Shutdown::Both);
+        if reader.join().unwrap() {
+            flood.goaways += 1;
+        }
+    }
+    flood
 }
 
 /// CPU seconds process `pid` has used (user + system), from /proc.
@@ -506,6 +702,7 @@ fn a_connection_flood_at_the_open_file_limit_neither_spins_nor_floods_the_log() 
 /// (medians within 1.5× of each other, where a cache hit would be ~4×).
 #[test]
 fn no_tenant_can_time_what_another_sent() {
+    let _quiet = cachet_tests::no_real_model_running();
     let (_server, base) = start(&config(""));
     let addr = base.trim_start_matches("http://").to_string();
     let prompt = |words: &[&str]| {
