@@ -150,6 +150,32 @@ __device__ __forceinline__ float e4m3f(unsigned c) {
     return __uint_as_float(__float_as_uint(f) | ((c & 0x80u) << 24));
 }
 
+// Four e4m3fn codes (the bytes of v, lowest first) → f32: sm_89+ converts two at a time in
+// hardware (exact: every e4m3 value is an f16 value), older architectures decode each with
+// e4m3f. The NaN codes (never written) decode as NaN here and as ±480 through e4m3f.
+__device__ __forceinline__ void e4m3x4_f32(unsigned v, float (&f)[4]) {
+#if __CUDA_ARCH__ >= 890
+    asm("{\n"
+        ".reg .b16 lo, hi, h0, h1, h2, h3;\n"
+        ".reg .b32 p0, p1;\n"
+        "mov.b32 {lo, hi}, %4;\n"
+        "cvt.rn.f16x2.e4m3x2 p0, lo;\n"
+        "cvt.rn.f16x2.e4m3x2 p1, hi;\n"
+        "mov.b32 {h0, h1}, p0;\n"
+        "mov.b32 {h2, h3}, p1;\n"
+        "cvt.f32.f16 %0, h0;\n"
+        "cvt.f32.f16 %1, h1;\n"
+        "cvt.f32.f16 %2, h2;\n"
+        "cvt.f32.f16 %3, h3;\n"
+        "}"
+        : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+        : "r"(v));
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = e4m3f((v >> (8 * i)) & 0xffu);
+#endif
+}
+
 // RoPE of one pair (x1, x2) = (v[i], v[i + d/2]) by cos c and sin s, every product and sum rounded
 // on its own (no FMA contraction): the same bits wherever a rotation happens (rope_kv.cu, the
 // fused decode path of attention_mma.cu) and the CPU reference's f32 arithmetic.

@@ -1,5 +1,6 @@
 // Matrix-vector products for decode steps of a few rows: y[r, :] = x[r, :] · Wᵀ for r < rows ≤ R,
-// W bf16 [n, k] row-major. Such a step is bound by reading W once from DRAM; cuBLAS serves it
+// W [n, k] row-major, bf16 or FP8 (`_e4m3` symbols: e4m3fn codes with one f32 scale per output
+// row, applied to the finished sum; half the bytes to stream). Such a step is bound by reading W once from DRAM; cuBLAS serves it
 // with GEMM tiles padded to 8 rows plus a split-K reduce launch, and the normalisation and
 // activation around it are launches of their own, each a ramp-up and drain of the memory pipe.
 // These kernels stream W with 16-byte non-allocating loads, GEMV_UNROLL per lane in flight, one
@@ -15,8 +16,9 @@
 // gelu_tanh_mul_bf16): the normalised input and the gate/up values are rounded to bf16 where
 // those round them.
 //
-// Requirements (checked by the host): k % 8 == 0, every pointer 16-byte aligned, blockDim.x ==
-// GEMV_THREADS, dynamic shared memory R * k * 2 bytes for the norm variants.
+// Requirements (checked by the host): k % 8 == 0 (bf16) or k % 16 == 0 (e4m3), every pointer
+// 16-byte aligned, blockDim.x == GEMV_THREADS, dynamic shared memory R * k * 2 bytes for the
+// norm variants.
 #include "common.cuh"
 
 #define GEMV_THREADS 512
@@ -33,6 +35,35 @@ __device__ __forceinline__ float dot8(const uint4 w, const uint4 x, float acc) {
     return acc;
 }
 
+// 16 e4m3 weights (w) dotted with 16 bf16 inputs (x0: the first 8, x1: the next 8), in f32.
+__device__ __forceinline__ float dot16_e4m3(const uint4 w, const uint4 x0, const uint4 x1, float acc) {
+    const unsigned wv[4] = {w.x, w.y, w.z, w.w}, xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float f[4];
+        e4m3x4_f32(wv[i], f);
+        acc = fmaf(f[0], __uint_as_float(xv[2 * i] << 16), acc);
+        acc = fmaf(f[1], __uint_as_float(xv[2 * i] & 0xffff0000u), acc);
+        acc = fmaf(f[2], __uint_as_float(xv[2 * i + 1] << 16), acc);
+        acc = fmaf(f[3], __uint_as_float(xv[2 * i + 1] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+
+// One 16-byte unit `i` of a weight row dotted with the matching inputs of row x (8 bf16 weights
+// and x unit i, or 16 e4m3 weights and x units 2i, 2i + 1).
+template <bool F8>
+__device__ __forceinline__ float dot_unit(const uint4 w, const uint4* x, int i, float acc) {
+    if (F8) return dot16_e4m3(w, x[2 * i], x[2 * i + 1], acc);
+    return dot8(w, x[i], acc);
+}
+
+// Weight row j as 16-byte units: bf16 rows are 2k bytes, e4m3 rows k.
+template <bool F8>
+__device__ __forceinline__ const uint4* weight_row(const void* w, int j, int k) {
+    return reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(w) + (size_t)j * k * (F8 ? 1 : 2));
+}
+
 // Weights are read once: skip L1 so the inputs stay there.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -42,42 +73,44 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-// acc[r] += W[row, :] · x[r, :] over this lane's share (lane, lane + 32, ... in 8-element units).
-//   w  : one weight row, k8 units of 8 bf16
-//   x  : input rows of k8 units (shared or global memory); rows past `rows` read the last one
-//        (in bounds; their sums are dropped by the caller)
-template <int R>
-__device__ __forceinline__ void row_dot(const uint4* __restrict__ w, const uint4* x, int k8, int rows,
+// acc[r] += W[row, :] · x[r, :] over this lane's share (lane, lane + 32, ... in 16-byte units).
+//   w  : one weight row, ku 16-byte units (8 bf16 or 16 e4m3 weights each)
+//   x  : input rows of k/8 units of 8 bf16 (shared or global memory); rows past `rows` read the
+//        last one (in bounds; their sums are dropped by the caller)
+template <int R, bool F8>
+__device__ __forceinline__ void row_dot(const uint4* __restrict__ w, const uint4* x, int ku, int rows,
                                         float (&acc)[R]) {
     const int lane = threadIdx.x & 31;
+    const int k8 = F8 ? 2 * ku : ku;
     const uint4* xr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) xr[r] = x + (r < rows ? r : rows - 1) * k8;
     int i = lane;
-    for (; i + 32 * (GEMV_UNROLL - 1) < k8; i += 32 * GEMV_UNROLL) {
+    for (; i + 32 * (GEMV_UNROLL - 1) < ku; i += 32 * GEMV_UNROLL) {
         uint4 wv[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) wv[u] = load_stream(w + i + 32 * u);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u)
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] = dot8(wv[u], xr[r][i + 32 * u], acc[r]);
+            for (int r = 0; r < R; ++r) acc[r] = dot_unit<F8>(wv[u], xr[r], i + 32 * u, acc[r]);
     }
-    for (; i < k8; i += 32) {
+    for (; i < ku; i += 32) {
         const uint4 wv = load_stream(w + i);
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = dot8(wv, xr[r][i], acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = dot_unit<F8>(wv, xr[r], i, acc[r]);
     }
 }
 
-// The same for two weight rows at once (gate and up), sharing the input loads.
-template <int R>
+// The same for two weight rows at once (gate and up); x holds R rows.
+template <int R, bool F8>
 __device__ __forceinline__ void row_dot2(const uint4* __restrict__ wa, const uint4* __restrict__ wb, const uint4* x,
-                                         int k8, float (&a)[R], float (&b)[R]) {
+                                         int ku, float (&a)[R], float (&b)[R]) {
     const int lane = threadIdx.x & 31;
+    const int k8 = F8 ? 2 * ku : ku;
     constexpr int U = GEMV_UNROLL / 2;
     int i = lane;
-    for (; i + 32 * (U - 1) < k8; i += 32 * U) {
+    for (; i + 32 * (U - 1) < ku; i += 32 * U) {
         uint4 va[U], vb[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -88,29 +121,28 @@ __device__ __forceinline__ void row_dot2(const uint4* __restrict__ wa, const uin
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const uint4 xv = x[r * k8 + i + 32 * u];
-                a[r] = dot8(va[u], xv, a[r]);
-                b[r] = dot8(vb[u], xv, b[r]);
+                a[r] = dot_unit<F8>(va[u], x + r * k8, i + 32 * u, a[r]);
+                b[r] = dot_unit<F8>(vb[u], x + r * k8, i + 32 * u, b[r]);
             }
     }
-    for (; i < k8; i += 32) {
+    for (; i < ku; i += 32) {
         const uint4 va = load_stream(wa + i), vb = load_stream(wb + i);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const uint4 xv = x[r * k8 + i];
-            a[r] = dot8(va, xv, a[r]);
-            b[r] = dot8(vb, xv, b[r]);
+            a[r] = dot_unit<F8>(va, x + r * k8, i, a[r]);
+            b[r] = dot_unit<F8>(vb, x + r * k8, i, b[r]);
         }
     }
 }
 
 // Warms L2 with this warp's first weight row (128-byte lines spread over the lanes), so DRAM
 // is busy while the block computes its prologue.
-__device__ __forceinline__ void prefetch_first(const bf16* w, int n, int k) {
+__device__ __forceinline__ void prefetch_first(const void* w, int n, int row_bytes) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= n) return;
-    for (int e = (threadIdx.x & 31) * 64; e < k; e += 32 * 64)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)row * k + e));
+    const unsigned char* wr = static_cast<const unsigned char*>(w) + (size_t)row * row_bytes;
+    for (int e = (threadIdx.x & 31) * 128; e < row_bytes; e += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + e));
 }
 
 // Elements of a row each thread keeps in registers during the prologue (rows up to
@@ -163,22 +195,29 @@ __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual
     __syncthreads();
 }
 
-// y[r, j] = x[r, :] · W[j, :], r < rows.
-//   w : device, bf16 [n, k];  x : device, bf16 [rows, k];  y : device, bf16 [rows, n]
-template <int R>
-__device__ __forceinline__ void gemv_plain(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ y,
-                                           int n, int k, int rows) {
+// 16-byte units in a weight row of k elements.
+template <bool F8>
+__device__ __forceinline__ int row_units(int k) {
+    return F8 ? k >> 4 : k >> 3;
+}
+
+// y[r, j] = x[r, :] · W[j, :] (· w_scale[j] for e4m3), r < rows.
+//   w : device, bf16 or e4m3 [n, k];  w_scale : device, f32 [n] (e4m3) or null;
+//   x : device, bf16 [rows, k];  y : device, bf16 [rows, n]
+template <int R, bool F8>
+__device__ __forceinline__ void gemv_plain(const void* __restrict__ w, const float* __restrict__ w_scale,
+                                           const bf16* __restrict__ x, bf16* __restrict__ y, int n, int k, int rows) {
     const int warps = gridDim.x * (blockDim.x >> 5);
-    const int k8 = k >> 3;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
         float acc[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
-        row_dot<R>(reinterpret_cast<const uint4*>(w + (size_t)j * k), xv, k8, rows, acc);
+        row_dot<R, F8>(weight_row<F8>(w, j, k), xv, row_units<F8>(k), rows, acc);
+        const float sc = F8 ? w_scale[j] : 1.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float s = warp_sum(acc[r]);
+            const float s = warp_sum(acc[r]) * sc;
             if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
         }
     }
@@ -187,26 +226,28 @@ __device__ __forceinline__ void gemv_plain(const bf16* __restrict__ w, const bf1
 // y[r, j] = rms_norm(residual[r] (+ delta'[r])) · W[j, :]; see norm_prologue.
 //   residual : device, f32 [rows, k]; delta : device, bf16 [rows, k] or null;
 //   delta_w : device, bf16 [k] or null; residual_out : device, f32 [rows, k] or null;
-//   norm_w : device, bf16 [k]; w : device, bf16 [n, k]; y : device, bf16 [rows, n]
-template <int R>
+//   norm_w : device, bf16 [k]; w : device, bf16 or e4m3 [n, k]; w_scale : device, f32 [n]
+//   (e4m3) or null; y : device, bf16 [rows, n]
+template <int R, bool F8>
 __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, const bf16* __restrict__ delta,
                                           const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
-                                          const bf16* __restrict__ norm_w, const bf16* __restrict__ w,
-                                          bf16* __restrict__ y, int n, int k, int rows, float eps) {
+                                          const bf16* __restrict__ norm_w, const void* __restrict__ w,
+                                          const float* __restrict__ w_scale, bf16* __restrict__ y, int n, int k,
+                                          int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    prefetch_first(w, n, k);
+    prefetch_first(w, n, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
-    const int k8 = k >> 3;
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
         float acc[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
-        row_dot<R>(reinterpret_cast<const uint4*>(w + (size_t)j * k), gemv_xs, k8, R, acc);
+        row_dot<R, F8>(weight_row<F8>(w, j, k), gemv_xs, row_units<F8>(k), R, acc);
+        const float sc = F8 ? w_scale[j] : 1.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float s = warp_sum(acc[r]);
+            const float s = warp_sum(acc[r]) * sc;
             if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
         }
     }
@@ -215,64 +256,95 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
 // act[r, j] = Act(g) · u with g = x[r] · W[j, :], u = x[r] · W[inter + j, :] (each rounded to
 // bf16 first, as the GEMM's output would be), x[r] = rms_norm(residual[r] + delta'[r]); Act is
 // silu (SwiGLU) or gelu_tanh (GeGLU).
-//   w : device, bf16 [2 * inter, k] (gate rows, then up rows); act : device, bf16 [rows, inter]
-template <int R, float (*Act)(float)>
+//   w : device, bf16 or e4m3 [2 * inter, k] (gate rows, then up rows); w_scale : device, f32
+//   [2 * inter] (e4m3) or null; act : device, bf16 [rows, inter]
+template <int R, bool F8, float (*Act)(float)>
 __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual, const bf16* __restrict__ delta,
                                               const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
-                                              const bf16* __restrict__ norm_w, const bf16* __restrict__ w,
-                                              bf16* __restrict__ act, int inter, int k, int rows, float eps) {
+                                              const bf16* __restrict__ norm_w, const void* __restrict__ w,
+                                              const float* __restrict__ w_scale, bf16* __restrict__ act, int inter,
+                                              int k, int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    prefetch_first(w, inter, k);
+    prefetch_first(w, inter, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
-    const int k8 = k >> 3;
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < inter; j += warps) {
         float g[R], u[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) g[r] = u[r] = 0.f;
-        row_dot2<R>(reinterpret_cast<const uint4*>(w + (size_t)j * k),
-                    reinterpret_cast<const uint4*>(w + (size_t)(inter + j) * k), gemv_xs, k8, g, u);
+        row_dot2<R, F8>(weight_row<F8>(w, j, k), weight_row<F8>(w, inter + j, k), gemv_xs, row_units<F8>(k), g, u);
+        const float gsc = F8 ? w_scale[j] : 1.f, usc = F8 ? w_scale[inter + j] : 1.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float gs = bf2f(f2bf(warp_sum(g[r]))), us = bf2f(f2bf(warp_sum(u[r])));
+            const float gs = bf2f(f2bf(warp_sum(g[r]) * gsc)), us = bf2f(f2bf(warp_sum(u[r]) * usc));
             if ((threadIdx.x & 31) == 0 && r < rows) act[(size_t)r * inter + j] = f2bf(Act(gs) * us);
         }
     }
 }
 
-#define GEMV_PLAIN_KERNEL(name, R)                                                                    \
+// Every symbol takes (…, w, w_scale, …): w_scale is null for the bf16 ones.
+#define GEMV_PLAIN_KERNEL(name, R, F8)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
-        name(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ y, int n, int k, \
-             int rows) {                                                                              \
-        gemv_plain<R>(w, x, y, n, k, rows);                                                           \
+        name(const void* __restrict__ w, const float* __restrict__ w_scale, const bf16* __restrict__ x, \
+             bf16* __restrict__ y, int n, int k, int rows) {                                          \
+        gemv_plain<R, F8>(w, w_scale, x, y, n, k, rows);                                              \
     }
-#define GEMV_NORM_KERNEL(name, R)                                                                     \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
-        name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
-             const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
-             const bf16* __restrict__ norm_w, const bf16* __restrict__ w, bf16* __restrict__ y, int n, int k, \
-             int rows, float eps) {                                                                   \
-        gemv_norm<R>(residual, delta, delta_w, residual_out, norm_w, w, y, n, k, rows, eps);          \
-    }
-#define GEMV_GLU_KERNEL(name, R, ACT)                                                                 \
+#define GEMV_NORM_KERNEL(name, R, F8)                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
-             const bf16* __restrict__ norm_w, const bf16* __restrict__ w, bf16* __restrict__ act, int inter, \
-             int k, int rows, float eps) {                                                            \
-        gemv_norm_glu<R, ACT>(residual, delta, delta_w, residual_out, norm_w, w, act, inter, k, rows, eps); \
+             const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
+             bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
+        gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
     }
+#define GEMV_GLU_KERNEL(name, R, F8, ACT)                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
+        name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
+             const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
+             const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
+             bf16* __restrict__ act, int inter, int k, int rows, float eps) {                         \
+        gemv_norm_glu<R, F8, ACT>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, act, inter, k, rows, \
+                                  eps);                                                               \
+    }
+#define GEMV_KERNELS(fmt, F8)                                                                         \
+    GEMV_PLAIN_KERNEL(gemv_##fmt##_r1, 1, F8)                                                         \
+    GEMV_PLAIN_KERNEL(gemv_##fmt##_r2, 2, F8)                                                         \
+    GEMV_PLAIN_KERNEL(gemv_##fmt##_r4, 4, F8)                                                         \
+    GEMV_NORM_KERNEL(gemv_norm_##fmt##_r1, 1, F8)                                                     \
+    GEMV_NORM_KERNEL(gemv_norm_##fmt##_r2, 2, F8)                                                     \
+    GEMV_NORM_KERNEL(gemv_norm_##fmt##_r4, 4, F8)                                                     \
+    GEMV_GLU_KERNEL(gemv_norm_swiglu_##fmt##_r1, 1, F8, silu)                                         \
+    GEMV_GLU_KERNEL(gemv_norm_swiglu_##fmt##_r2, 2, F8, silu)                                         \
+    GEMV_GLU_KERNEL(gemv_norm_swiglu_##fmt##_r4, 4, F8, silu)                                         \
+    GEMV_GLU_KERNEL(gemv_norm_geglu_##fmt##_r1, 1, F8, gelu_tanh)                                     \
+    GEMV_GLU_KERNEL(gemv_norm_geglu_##fmt##_r2, 2, F8, gelu_tanh)                                     \
+    GEMV_GLU_KERNEL(gemv_norm_geglu_##fmt##_r4, 4, F8, gelu_tanh)
 
-GEMV_PLAIN_KERNEL(gemv_bf16_r1, 1)
-GEMV_PLAIN_KERNEL(gemv_bf16_r2, 2)
-GEMV_PLAIN_KERNEL(gemv_bf16_r4, 4)
-GEMV_NORM_KERNEL(gemv_norm_bf16_r1, 1)
-GEMV_NORM_KERNEL(gemv_norm_bf16_r2, 2)
-GEMV_NORM_KERNEL(gemv_norm_bf16_r4, 4)
-GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r1, 1, silu)
-GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r2, 2, silu)
-GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r4, 4, silu)
-GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r1, 1, gelu_tanh)
-GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r2, 2, gelu_tanh)
-GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r4, 4, gelu_tanh)
+GEMV_KERNELS(bf16, false)
+GEMV_KERNELS(e4m3, true)
+
+// FP8 weights (e4m3fn, one scale per row): scale[j] = amax_j / 448, codes[j, :] = e4m3(w[j, :] /
+// scale[j]) (0 for a row of zeros) — backend/src/device/fp8.rs's quantize_row. One block per row.
+//   w : device, bf16 [n, k];  codes : device, e4m3 [n, k];  scale : device, f32 [n]
+extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ w, fp8* __restrict__ codes,
+                                              float* __restrict__ scale, int n, int k) {
+    const int j = blockIdx.x;
+    if (j >= n) return;
+    const bf16* row = w + (size_t)j * k;
+    float m = 0.f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(bf2f(row[i])));
+    const float s = __fdiv_rn(block_max(m), E4M3_MAX);
+    for (int i = threadIdx.x; i < k; i += blockDim.x)
+        codes[(size_t)j * k + i] = s > 0.f ? f2e4m3(__fdiv_rn(bf2f(row[i]), s)) : (fp8)0;
+    if (threadIdx.x == 0) scale[j] = s;
+}
+
+// w[j, :] = bf16(e4m3(codes[j, :]) · scale[j]): FP8 weights back to bf16 for the GEMMs of
+// prefill steps. Grid-stride over n · k.
+extern "C" __global__ void dequantize_rows_e4m3(const fp8* __restrict__ codes, const float* __restrict__ scale,
+                                                bf16* __restrict__ w, int n, int k) {
+    const size_t total = (size_t)n * k;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
+        w[e] = f2bf(e4m3f(codes[e]) * scale[e / k]);
+}

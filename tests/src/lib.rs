@@ -150,6 +150,27 @@ pub fn device_runner_for(
     dtype: cachet_backend::device::KvCacheDtype,
     spec: Option<&cachet_backend::spec::SpecConfig>,
 ) -> Box<dyn Runner> {
+    device_runner_opts(dev, m, num_blocks, dtype, spec, Default::default())
+}
+
+/// A runner on `dev` whose projections are stored as `quantization` says.
+pub fn device_runner_quantized(
+    dev: DeviceKind,
+    m: &LoadedModel,
+    num_blocks: usize,
+    quantization: cachet_backend::device::WeightQuantization,
+) -> Box<dyn Runner> {
+    device_runner_opts(dev, m, num_blocks, Default::default(), None, quantization)
+}
+
+fn device_runner_opts(
+    dev: DeviceKind,
+    m: &LoadedModel,
+    num_blocks: usize,
+    dtype: cachet_backend::device::KvCacheDtype,
+    spec: Option<&cachet_backend::spec::SpecConfig>,
+    quantization: cachet_backend::device::WeightQuantization,
+) -> Box<dyn Runner> {
     let opts = RunnerOptions {
         device: dev,
         block_size: 16,
@@ -159,6 +180,7 @@ pub fn device_runner_for(
         cuda_graph_sizes: vec![1, 2, 4, 8, 16],
         cuda_graph_verify: spec.map(cachet_backend::model::runner::VerifyGraphs::for_spec),
         kv_cache_dtype: dtype,
+        quantization,
     };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }

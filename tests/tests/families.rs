@@ -5,6 +5,7 @@
 //! through the engine with prefix caching, chunked prefill and batching on.
 
 use cachet_backend::config::Arch;
+use cachet_backend::device::WeightQuantization;
 use cachet_backend::engine::EngineConfig;
 use cachet_backend::generate::{generate, GenerateParams};
 use cachet_backend::loader::{self, LoadedModel};
@@ -111,6 +112,32 @@ fn fp8_checkpoints_load_dequantized_like_transformers() {
         .to_string();
     assert!(e.contains("quant_method `gptq`"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+device_test! {
+    /// `--quantization fp8`: tiny-qwen3's projections quantized at load, one scale per output
+    /// row, give transformers' logits on torch's per-channel e4m3 weights of the same model
+    /// (the compressed-tensors fixture's reference) — on the CPU within f32 rounding; on CUDA
+    /// through the FP8 GEMV (the 1-token case) and the dequantizing GEMM (7 and 40 tokens).
+    fn fp8_weights_quantized_at_load_match_torch_per_channel_e4m3(dev) {
+        let m = tiny("tiny-qwen3");
+        let reference = read_json("tiny-qwen3-fp8-channel_reference.json");
+        let base = read_json("tiny-qwen3_reference.json");
+        let mut r = device_runner_quantized(dev, &m, 16, WeightQuantization::Fp8);
+        let tol = if dev == DeviceKind::Cpu { 1e-4 } else { 3e-2 };
+        for (case, unquantized) in reference["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(base["cases"].as_array().unwrap())
+        {
+            let (_, _, got) = check_case_logits(r.as_mut(), case, tol, "tiny-qwen3, fp8 at load");
+            if dev == DeviceKind::Cpu {
+                let moved = rel_err(&got.data, &logits_of(&unquantized["logits"]));
+                assert!(moved > 1e-4, "FP8 logits equal the unquantized ones ({moved:e})");
+            }
+        }
+    }
 }
 
 device_test! {
@@ -329,6 +356,7 @@ gpu_test! {
             cuda_graph_sizes: vec![],
             cuda_graph_verify: None,
             kv_cache_dtype: Default::default(),
+            quantization: Default::default(),
         };
         let err = match cachet_backend::model::runner::build_runner(
             &m.config,

@@ -63,6 +63,22 @@ pub fn quantize_head(x: &[f32], out: &mut [u8]) -> f32 {
     amax / E4M3_MAX
 }
 
+/// Quantizes one row of projection weights in place of `codes`, returns its scale: `scale =
+/// amax / 448` and `code = e4m3(x / scale)` — per-channel FP8 as torch and compressed-tensors
+/// compute it (a division, where [`quantize_head`] multiplies by the inverse).
+pub fn quantize_row(x: &[f32], codes: &mut [u8]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = amax / E4M3_MAX;
+    for (o, &v) in codes.iter_mut().zip(x) {
+        *o = if scale > 0.0 {
+            encode_e4m3(v / scale)
+        } else {
+            0
+        };
+    }
+    scale
+}
+
 /// Dequantizes one token-head into `out`.
 pub fn dequantize_head(codes: &[u8], scale: f32, out: &mut [f32]) {
     for (o, &c) in out.iter_mut().zip(codes) {

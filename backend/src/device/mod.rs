@@ -51,6 +51,39 @@ impl std::fmt::Display for KvCacheDtype {
     }
 }
 
+/// How the projections' weights are stored (vLLM's `--quantization`): as loaded (bf16 on CUDA,
+/// f32 on the CPU) or FP8 — e4m3fn with one f32 scale per output row, quantized at load
+/// ([`Device::quantize_fp8`]). The embedding table, the LM head and the norms stay as loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightQuantization {
+    #[default]
+    None,
+    Fp8,
+}
+
+impl std::str::FromStr for WeightQuantization {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(WeightQuantization::None),
+            "fp8" => Ok(WeightQuantization::Fp8),
+            other => Err(format!(
+                "unknown quantization {other:?}: use none or fp8 (FP8 weights, quantized at load)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightQuantization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightQuantization::None => "none",
+            WeightQuantization::Fp8 => "fp8",
+        })
+    }
+}
+
 /// Shape of the paged KV cache: `num_blocks` blocks of `block_size` token slots, per layer, for
 /// K and V. A token's slot is `block_id · block_size + offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,6 +341,11 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x · wᵀ`: x `[n, k]`, w `[m, k]` → `[n, m]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
+    /// Projection weights `[m, k]` in FP8 for [`WeightQuantization::Fp8`]: each row's scale is
+    /// its largest magnitude / 448 and its values, divided by it, are rounded to e4m3fn
+    /// (nearest even, saturating) — [`fp8::quantize_row`]. The result
+    /// serves [`Device::linear`], [`Device::norm_linear`] and [`Device::norm_glu`] as `w`.
+    fn quantize_fp8(&self, w: Self::Tensor) -> Result<Self::Tensor, DeviceError>;
     /// The attention of a layer: rotates the q and k parts of `qkv` (`[n, (h + 2·kvh)·d]`) with
     /// the cos/sin `rope` table (`[max_pos, d/2]` cos then `[max_pos, d/2]` sin) — after the
     /// RMSNorm of each q and k head where the model has one (`qk_norm`) — writes k and v

@@ -8,8 +8,10 @@ use std::borrow::Cow;
 
 use super::rope;
 use crate::config::{ModelConfig, RopeScaling};
-use crate::device::{AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm};
-use crate::error::EngineError;
+use crate::device::{
+    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, WeightQuantization,
+};
+use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostTensor, HostWeights};
 
 struct Layer<T> {
@@ -98,6 +100,18 @@ impl Logits {
     }
 }
 
+/// `w` as [`WeightQuantization`] stores projections.
+fn quantized<D: Device>(
+    dev: &D,
+    w: D::Tensor,
+    quantization: WeightQuantization,
+) -> Result<D::Tensor, DeviceError> {
+    match quantization {
+        WeightQuantization::None => Ok(w),
+        WeightQuantization::Fp8 => dev.quantize_fp8(w),
+    }
+}
+
 impl<D: Device> Decoder<D> {
     /// Uploads `weights` — each owned tensor handed to the device as it goes, so the host holds
     /// at most one copy of the model; positions up to `max_positions` get RoPE tables.
@@ -106,18 +120,21 @@ impl<D: Device> Decoder<D> {
         config: &ModelConfig,
         weights: HostWeights<Cow<'_, HostTensor>>,
         max_positions: usize,
+        quantization: WeightQuantization,
     ) -> Result<Self, EngineError> {
         let up = |t: Cow<'_, HostTensor>| match t {
             Cow::Borrowed(t) => dev.upload(t),
             Cow::Owned(t) => dev.upload_owned(t),
         };
+        // A projection, quantized as it arrives (one unquantized tensor on the device at a time).
+        let proj = |t: Cow<'_, HostTensor>| quantized(dev, up(t)?, quantization);
         let layers = weights
             .layers
             .into_iter()
             .map(|l| {
                 Ok(Layer {
                     attn_norm: up(l.attn_norm)?,
-                    qkv: up(l.qkv)?,
+                    qkv: proj(l.qkv)?,
                     qkv_bias: l.qkv_bias.map(up).transpose()?,
                     qk_norm: match (l.q_norm, l.k_norm) {
                         (Some(q), Some(k)) => Some((up(q)?, up(k)?)),
@@ -127,10 +144,10 @@ impl<D: Device> Decoder<D> {
                         (Some(a), Some(m)) => Some((up(a)?, up(m)?)),
                         _ => None,
                     },
-                    o_proj: up(l.o_proj)?,
+                    o_proj: proj(l.o_proj)?,
                     mlp_norm: up(l.mlp_norm)?,
-                    gate_up: up(l.gate_up)?,
-                    down: up(l.down)?,
+                    gate_up: proj(l.gate_up)?,
+                    down: proj(l.down)?,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -155,6 +172,7 @@ impl<D: Device> Decoder<D> {
         config: &ModelConfig,
         seed: u64,
         max_positions: usize,
+        quantization: WeightQuantization,
     ) -> Result<Self, EngineError> {
         let (h, i, v) = (
             config.hidden_size,
@@ -176,7 +194,7 @@ impl<D: Device> Decoder<D> {
         for _ in 0..config.num_hidden_layers {
             layers.push(Layer {
                 attn_norm: rnd(&[h], 1.0, 0.05)?,
-                qkv: rnd(&[config.qkv_dim(), h], 0.0, s(h))?,
+                qkv: quantized(dev, rnd(&[config.qkv_dim(), h], 0.0, s(h))?, quantization)?,
                 qkv_bias: if config.attention_bias {
                     Some(rnd(&[config.qkv_dim()], 0.0, 0.5)?)
                 } else {
@@ -195,10 +213,14 @@ impl<D: Device> Decoder<D> {
                 } else {
                     None
                 },
-                o_proj: rnd(&[h, config.q_dim()], 0.0, s(config.q_dim()))?,
+                o_proj: quantized(
+                    dev,
+                    rnd(&[h, config.q_dim()], 0.0, s(config.q_dim()))?,
+                    quantization,
+                )?,
                 mlp_norm: rnd(&[h], 1.0, 0.05)?,
-                gate_up: rnd(&[2 * i, h], 0.0, s(h))?,
-                down: rnd(&[h, i], 0.0, s(i))?,
+                gate_up: quantized(dev, rnd(&[2 * i, h], 0.0, s(h))?, quantization)?,
+                down: quantized(dev, rnd(&[h, i], 0.0, s(i))?, quantization)?,
             });
         }
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;

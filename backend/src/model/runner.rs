@@ -11,6 +11,7 @@ use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice, CudaOptions};
 use crate::device::{
     Device, DeviceSample, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout, StepPlan,
+    WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
@@ -123,6 +124,8 @@ pub struct RunnerOptions {
     pub cuda_graph_verify: Option<VerifyGraphs>,
     /// How the KV cache stores keys and values (`--kv-cache-dtype`).
     pub kv_cache_dtype: KvCacheDtype,
+    /// How the projections' weights are stored (`--quantization`).
+    pub quantization: WeightQuantization,
 }
 
 /// The verification steps of n-gram speculation, for their CUDA graphs.
@@ -180,14 +183,25 @@ impl<D: Device> ModelRunner<D> {
                 config,
                 w.as_refs().map(Cow::Borrowed),
                 opts.max_model_len,
+                opts.quantization,
             )?,
-            WeightSource::Owned(w) => {
-                Decoder::new(&dev, config, w.map(Cow::Owned), opts.max_model_len)?
-            }
+            WeightSource::Owned(w) => Decoder::new(
+                &dev,
+                config,
+                w.map(Cow::Owned),
+                opts.max_model_len,
+                opts.quantization,
+            )?,
             WeightSource::Dummy { seed } => {
-                Decoder::random(&dev, config, seed, opts.max_model_len)?
+                Decoder::random(&dev, config, seed, opts.max_model_len, opts.quantization)?
             }
         };
+        if opts.quantization == WeightQuantization::Fp8 {
+            tracing::info!(
+                device = dev.name(),
+                "projection weights quantized to FP8 at load (e4m3, one scale per output row)"
+            );
+        }
         let mut layout = KvLayout {
             num_layers: config.num_hidden_layers,
             num_blocks: 0,
@@ -402,6 +416,7 @@ pub fn cpu_runner(
         cuda_graph_sizes: Vec::new(),
         cuda_graph_verify: None,
         kv_cache_dtype: KvCacheDtype::Auto,
+        quantization: WeightQuantization::None,
     };
     Ok(Box::new(ModelRunner::new(
         CpuDevice::new(),

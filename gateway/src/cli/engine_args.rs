@@ -105,6 +105,12 @@ pub struct EngineArgs {
     /// with a scale per token and KV head: about twice the blocks in the same memory).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
+    /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
+    /// scale per output row, quantized at load: half the weight memory; decode steps of up to
+    /// four sequences stream half the bytes, larger steps dequantize for cuBLAS). The embedding
+    /// table, the LM head and the norms stay as loaded.
+    #[arg(long, default_value = "none")]
+    pub quantization: cachet_backend::device::WeightQuantization,
     /// File holding the 32-byte deployment key of the block hashes, as 64 hex digits. The gateway
     /// and its `cachet worker`s must share it (exact prefix routing compares their hashes); without
     /// it a random key is drawn at start-up.
@@ -348,6 +354,7 @@ impl EngineArgs {
             cuda_graph_sizes: self.graphs.sizes(a.max_num_seqs.unwrap_or(256)),
             cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
             kv_cache_dtype: a.kv_cache_dtype,
+            quantization: a.quantization,
         };
         let model_id = a.model_id(dummy_config.as_ref(), &model.name);
         // The loaded weights are handed to the device (the host keeps no second copy).

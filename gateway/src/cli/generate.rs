@@ -56,6 +56,12 @@ pub struct ModelArgs {
     /// with a scale per token and KV head: about twice the blocks in the same memory).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
+    /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
+    /// scale per output row, quantized at load: half the weight memory; decode steps of up to
+    /// four sequences stream half the bytes, larger steps dequantize for cuBLAS). The embedding
+    /// table, the LM head and the norms stay as loaded.
+    #[arg(long, default_value = "none")]
+    pub quantization: cachet_backend::device::WeightQuantization,
 }
 
 #[derive(Args, Debug)]
@@ -165,6 +171,7 @@ fn runner_for(
         cuda_graph_sizes: if args.enforce_eager { vec![] } else { vec![1] },
         cuda_graph_verify: None,
         kv_cache_dtype: args.kv_cache_dtype,
+        quantization: args.quantization,
     };
     Ok(build_runner(config, WeightSource::Owned(weights), &opts)?)
 }

@@ -145,6 +145,17 @@ impl Device for CpuDevice {
         })
     }
 
+    /// The reference keeps f32: each weight becomes the value its e4m3 code and row scale
+    /// stand for, so the arithmetic after is exactly what FP8 weights mean.
+    fn quantize_fp8(&self, mut w: CpuTensor) -> Result<CpuTensor, DeviceError> {
+        let mut codes = vec![0u8; w.cols];
+        for row in w.data.chunks_mut(w.cols.max(1)) {
+            let scale = super::fp8::quantize_row(row, &mut codes);
+            super::fp8::dequantize_head(&codes, scale, row);
+        }
+        Ok(w)
+    }
+
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CpuKv, DeviceError> {
         let heads = layout.num_slots() * layout.num_kv_heads;
         let n = heads * layout.head_dim;

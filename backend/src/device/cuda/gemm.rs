@@ -1,5 +1,8 @@
 //! Matrix products through cuBLAS: bf16 inputs, f32 accumulation, bf16 or f32 out. The handle
 //! gets a workspace of its own at start-up, so no GEMM allocates while a graph is captured.
+//! FP8 weights go through the same GEMM, dequantized to bf16 first (one launch, into a buffer
+//! freed after the product): steps of more rows than the GEMV takes read each weight byte once
+//! and write and read two more.
 
 use std::sync::Arc;
 
@@ -73,29 +76,47 @@ impl CudaDevice {
         }
         let (n, k, m) = (x.rows, x.cols, w.rows);
         let xs = x.bf16("linear")?;
-        let ws = w.bf16("linear")?;
+        let dequantized;
+        let ws = match &w.buf {
+            CudaBuf::E4m3 { codes, scales } if n > 0 => {
+                let mut b = self.alloc_bf16(m * k, "dequantized weights")?;
+                self.launch_dequantize_rows_e4m3(codes, scales, &mut b, (m, k))?;
+                dequantized = b;
+                &dequantized
+            }
+            _ => w.bf16("linear")?,
+        };
+        // The product's own buffer: f32 or bf16, never FP8.
+        enum Out {
+            F32(CudaSlice<f32>),
+            Bf16(CudaSlice<u16>),
+        }
+        let tensor = |out: Out| CudaTensor {
+            rows: n,
+            cols: m,
+            buf: match out {
+                Out::F32(o) => CudaBuf::F32(o),
+                Out::Bf16(o) => CudaBuf::Bf16(o),
+            },
+        };
         let mut out = if out_f32 {
-            CudaBuf::F32(self.alloc_f32(n * m, "linear")?)
+            Out::F32(self.alloc_f32(n * m, "linear")?)
         } else {
-            CudaBuf::Bf16(self.alloc_bf16(n * m, "linear")?)
+            Out::Bf16(self.alloc_bf16(n * m, "linear")?)
         };
         if n == 0 {
-            return Ok(CudaTensor {
-                rows: n,
-                cols: m,
-                buf: out,
-            });
+            return Ok(tensor(out));
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (xp, _gx) = xs.device_ptr(&self.stream);
         let (wp, _gw) = ws.device_ptr(&self.stream);
         let status = {
             let (op, ot) = match &mut out {
-                CudaBuf::F32(o) => (
+                Out::F32(o) => (
                     o.device_ptr_mut(&self.stream),
                     blas_sys::cudaDataType_t::CUDA_R_32F,
                 ),
-                CudaBuf::Bf16(o) => (
+                Out::Bf16(o) => (
                     o.device_ptr_mut(&self.stream),
                     blas_sys::cudaDataType_t::CUDA_R_16BF,
                 ),
@@ -129,10 +150,6 @@ impl CudaDevice {
             }
         };
         status.map_err(|e| blas_err("cublasGemmEx")(format!("{e:?}")))?;
-        Ok(CudaTensor {
-            rows: n,
-            cols: m,
-            buf: out,
-        })
+        Ok(tensor(out))
     }
 }

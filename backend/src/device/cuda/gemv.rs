@@ -4,18 +4,24 @@
 //! shapes the kernels cannot take) go through the norm kernels and cuBLAS.
 
 use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
-use super::tensor::{CudaBuf, CudaTensor};
+use super::tensor::{CudaBuf, CudaTensor, WeightRef};
 use super::{CudaDevice, DEV};
 use crate::config::Activation;
 use crate::device::{Delta, Device};
 use crate::error::DeviceError;
 
 impl CudaDevice {
-    /// Which GEMV instantiation serves `rows` input rows of `k` features, if any.
-    pub(super) fn gemv_variant(&self, rows: usize, k: usize) -> Option<usize> {
+    /// Which GEMV instantiation serves `rows` input rows of `k` features by `w`, if any. FP8
+    /// weights take the GEMV up to its largest instantiation (4 rows) whatever CACHET_GEMV says:
+    /// their other path dequantizes every weight for cuBLAS.
+    pub(super) fn gemv_variant(&self, rows: usize, k: usize, w: &WeightRef<'_>) -> Option<usize> {
+        let max_rows = match w {
+            WeightRef::Bf16(_) => self.options.gemv_max_rows,
+            WeightRef::E4m3 { .. } => GEMV_ROWS[GEMV_ROWS.len() - 1],
+        };
         if rows == 0
-            || rows > self.options.gemv_max_rows
-            || !k.is_multiple_of(8)
+            || rows > max_rows
+            || !k.is_multiple_of(w.k_multiple())
             || k > i32::MAX as usize
         {
             return None;
@@ -32,14 +38,20 @@ impl CudaDevice {
     ) -> Result<CudaTensor, DeviceError> {
         let (rows, k, n) = (x.rows, x.cols, w.rows);
         let mut out = self.alloc_bf16(rows * n, "gemv")?;
-        self.launch_gemv(v, w.bf16("gemv")?, x.bf16("gemv")?, &mut out, (rows, k, n))?;
+        self.launch_gemv(
+            v,
+            w.weight("gemv")?,
+            x.bf16("gemv")?,
+            &mut out,
+            (rows, k, n),
+        )?;
         Ok(CudaTensor::new_bf16(rows, n, out))
     }
 
     /// The GEMV instantiation that fuses a norm over `residual` into a projection by `w` (and,
     /// `glu`, a gated activation over its gate|up halves), if one fits.
     fn gemv_norm_variant(&self, residual: &CudaTensor, w: &CudaTensor, glu: bool) -> Option<usize> {
-        let v = self.gemv_variant(residual.rows, residual.cols)?;
+        let v = self.gemv_variant(residual.rows, residual.cols, &w.weight("gemv").ok()?)?;
         let fits = GEMV_ROWS[v] * residual.cols * 2 <= GEMV_SMEM_MAX
             && w.cols == residual.cols
             && (!glu || w.rows.is_multiple_of(2));
@@ -103,7 +115,7 @@ impl CudaDevice {
                 delta,
                 res_out.as_mut(),
                 norm.bf16("gemv")?,
-                w.bf16("gemv")?,
+                w.weight("gemv")?,
                 &mut out,
                 (rows, k, n),
                 eps,

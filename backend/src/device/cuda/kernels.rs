@@ -90,11 +90,15 @@ pub struct Kernels {
     pub edit_logits: CudaFunction,
     pub mask_logits: CudaFunction,
     pub logprobs: CudaFunction,
-    /// gemv.cu, one per entry of GEMV_ROWS.
-    pub gemv: [CudaFunction; 3],
-    pub gemv_norm: [CudaFunction; 3],
-    /// The gated MLP variants, by [`crate::config::Activation`]: SwiGLU, then GeGLU.
-    pub gemv_norm_glu: [[CudaFunction; 3]; 2],
+    /// gemv.cu by weight format (bf16, then e4m3 with row scales), one per entry of GEMV_ROWS.
+    pub gemv: [[CudaFunction; 3]; 2],
+    pub gemv_norm: [[CudaFunction; 3]; 2],
+    /// The gated MLP variants by weight format, then [`crate::config::Activation`]: SwiGLU,
+    /// then GeGLU.
+    pub gemv_norm_glu: [[[CudaFunction; 3]; 2]; 2],
+    /// FP8 weights: bf16 rows to e4m3 codes with row scales, and back to bf16.
+    pub quantize_rows_e4m3: CudaFunction,
+    pub dequantize_rows_e4m3: CudaFunction,
 }
 
 /// What loading the kernels found.
@@ -102,6 +106,19 @@ pub struct Loaded {
     pub kernels: Kernels,
     /// Whether the CUBIN came from the disk cache.
     pub from_cache: bool,
+}
+
+/// gemv.cu's `{kind}_{fmt}_r{R}` for every R of GEMV_ROWS.
+fn gemv_set(
+    f: &impl Fn(&str) -> Result<CudaFunction, DeviceError>,
+    kind: &str,
+    fmt: &str,
+) -> Result<[CudaFunction; 3], DeviceError> {
+    Ok([
+        f(&format!("{kind}_{fmt}_r1"))?,
+        f(&format!("{kind}_{fmt}_r2"))?,
+        f(&format!("{kind}_{fmt}_r4"))?,
+    ])
 }
 
 fn smem(func: &CudaFunction, bytes: u32) -> Result<(), DeviceError> {
@@ -156,24 +173,23 @@ impl Kernels {
             edit_logits: f("edit_logits_f32")?,
             mask_logits: f("mask_logits_f32")?,
             logprobs: f("logprobs_f32")?,
-            gemv: [f("gemv_bf16_r1")?, f("gemv_bf16_r2")?, f("gemv_bf16_r4")?],
+            gemv: [gemv_set(&f, "gemv", "bf16")?, gemv_set(&f, "gemv", "e4m3")?],
             gemv_norm: [
-                f("gemv_norm_bf16_r1")?,
-                f("gemv_norm_bf16_r2")?,
-                f("gemv_norm_bf16_r4")?,
+                gemv_set(&f, "gemv_norm", "bf16")?,
+                gemv_set(&f, "gemv_norm", "e4m3")?,
             ],
             gemv_norm_glu: [
                 [
-                    f("gemv_norm_swiglu_bf16_r1")?,
-                    f("gemv_norm_swiglu_bf16_r2")?,
-                    f("gemv_norm_swiglu_bf16_r4")?,
+                    gemv_set(&f, "gemv_norm_swiglu", "bf16")?,
+                    gemv_set(&f, "gemv_norm_geglu", "bf16")?,
                 ],
                 [
-                    f("gemv_norm_geglu_bf16_r1")?,
-                    f("gemv_norm_geglu_bf16_r2")?,
-                    f("gemv_norm_geglu_bf16_r4")?,
+                    gemv_set(&f, "gemv_norm_swiglu", "e4m3")?,
+                    gemv_set(&f, "gemv_norm_geglu", "e4m3")?,
                 ],
             ],
+            quantize_rows_e4m3: f("quantize_rows_e4m3")?,
+            dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
         };
         for func in [&k.attention, &k.attention_fp8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
@@ -186,7 +202,8 @@ impl Kernels {
         smem(&k.attention_mma_d256, mma_smem_bytes(256))?;
         smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
-        for func in k.gemv_norm.iter().chain(k.gemv_norm_glu.iter().flatten()) {
+        let norm_gemvs = k.gemv_norm.iter().flatten();
+        for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {
             smem(func, GEMV_SMEM_MAX as u32)?;
         }
         Ok(Loaded {

@@ -9,6 +9,7 @@ use super::kernels::{
     ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
     MMA_THREADS,
 };
+use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
 use crate::config::Activation;
 use crate::error::DeviceError;
@@ -37,7 +38,15 @@ fn unfit(op: &'static str, rows: usize, max_rows: usize, k: usize) -> DeviceErro
     DeviceError::Op {
         device: super::DEV,
         op,
-        msg: format!("{rows} rows of {k} features do not fit the {max_rows}-row instantiation (k must be a multiple of 8, R·k·2 bytes within its shared memory)"),
+        msg: format!("{rows} rows of {k} features do not fit the {max_rows}-row instantiation (k must be a multiple of 8 for bf16 weights and 16 for FP8, R·k·2 bytes within its shared memory)"),
+    }
+}
+
+fn short_buffers(op: &'static str, n: usize, k: usize) -> DeviceError {
+    DeviceError::Op {
+        device: super::DEV,
+        op,
+        msg: format!("buffers smaller than {n} rows of {k}"),
     }
 }
 
@@ -538,33 +547,84 @@ impl CudaDevice {
         }
     }
 
-    /// `gemv_bf16_r{R}(bf16 w[n, k], bf16 x[rows, k], bf16 y[rows, n], int n, int k, int rows)`
-    /// for the instantiation `v` (R = GEMV_ROWS[v]).
-    #[allow(clippy::too_many_arguments)]
+    /// `gemv_{bf16|e4m3}_r{R}(w[n, k], f32 w_scale[n] or null, bf16 x[rows, k], bf16 y[rows,
+    /// n], int n, int k, int rows)` for the instantiation `v` (R = GEMV_ROWS[v]) and the weights'
+    /// format.
     pub(super) fn launch_gemv(
         &self,
         v: usize,
-        w: &CudaSlice<u16>,
+        w: WeightRef<'_>,
         x: &CudaSlice<u16>,
         y: &mut CudaSlice<u16>,
         (rows, k, n): (usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        if rows > GEMV_ROWS[v] || !k.is_multiple_of(8) {
+        if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) {
             return Err(unfit("gemv", rows, GEMV_ROWS[v], k));
         }
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let mut l = self.stream.launch_builder(&self.k.gemv[v]);
-        l.arg(w).arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
-        // SAFETY: rows ≤ R and k % 8 == 0 (checked above), fresh 16-byte-aligned allocations, so
-        // every row starts 16-byte aligned.
+        let mut l = self.stream.launch_builder(&self.k.gemv[w.format()][v]);
+        let null = 0u64;
+        match w {
+            WeightRef::Bf16(b) => l.arg(b).arg(&null),
+            WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
+        };
+        l.arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
+        // SAFETY: rows ≤ R and k a multiple of one 16-byte load of the format (checked above),
+        // fresh 16-byte-aligned allocations, so every row starts 16-byte aligned; e4m3 weights
+        // come with their n row scales.
         unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
         Ok(())
     }
 
-    /// `gemv_norm[_swiglu|_geglu]_bf16_r{R}(f32 residual[rows, k], bf16 delta[rows, k] or null,
-    /// bf16 delta_w[k] or null, f32 residual_out[rows, k] or null, bf16 norm_w[k], bf16 w[n or
-    /// 2n, k], bf16 out[rows, n], int n, int k, int rows, float eps)` for the instantiation `v`
-    /// (the gated variant of `glu`, if any).
+    /// `quantize_rows_e4m3(bf16 w[n, k], e4m3 codes[n, k], f32 scale[n], int n, int k)`: one
+    /// block per row.
+    pub(super) fn launch_quantize_rows_e4m3(
+        &self,
+        w: &CudaSlice<u16>,
+        codes: &mut CudaSlice<u8>,
+        scales: &mut CudaSlice<f32>,
+        (n, k): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        if w.len() < n * k || codes.len() < n * k || scales.len() < n {
+            return Err(short_buffers("quantize_rows_e4m3", n, k));
+        }
+        let (ni, ki) = (n as i32, k as i32);
+        let mut l = self.stream.launch_builder(&self.k.quantize_rows_e4m3);
+        l.arg(w).arg(codes).arg(scales).arg(&ni).arg(&ki);
+        // SAFETY: w and codes hold n·k elements and scales n (checked above); one block per row.
+        unsafe { l.launch(rows_config(n, 256)) }.map_err(op_err("quantize_rows_e4m3"))?;
+        Ok(())
+    }
+
+    /// `dequantize_rows_e4m3(e4m3 codes[n, k], f32 scale[n], bf16 w[n, k], int n, int k)`.
+    pub(super) fn launch_dequantize_rows_e4m3(
+        &self,
+        codes: &CudaSlice<u8>,
+        scales: &CudaSlice<f32>,
+        w: &mut CudaSlice<u16>,
+        (n, k): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        if w.len() < n * k || codes.len() < n * k || scales.len() < n {
+            return Err(short_buffers("dequantize_rows_e4m3", n, k));
+        }
+        let (ni, ki) = (n as i32, k as i32);
+        let mut l = self.stream.launch_builder(&self.k.dequantize_rows_e4m3);
+        l.arg(codes).arg(scales).arg(w).arg(&ni).arg(&ki);
+        let cfg = LaunchConfig {
+            grid_dim: ((self.sms * 4) as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every buffer holds what n rows of k take (checked above); grid-stride loop.
+        unsafe { l.launch(cfg) }.map_err(op_err("dequantize_rows_e4m3"))?;
+        Ok(())
+    }
+
+    /// `gemv_norm[_swiglu|_geglu]_{bf16|e4m3}_r{R}(f32 residual[rows, k], bf16 delta[rows, k]
+    /// or null, bf16 delta_w[k] or null, f32 residual_out[rows, k] or null, bf16 norm_w[k], w[n
+    /// or 2n, k], f32 w_scale[n or 2n] or null, bf16 out[rows, n], int n, int k, int rows, float
+    /// eps)` for the instantiation `v` (the gated variant of `glu`, if any) and the weights'
+    /// format.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_gemv_norm(
         &self,
@@ -574,20 +634,20 @@ impl CudaDevice {
         delta: Option<(&CudaSlice<u16>, Option<&CudaSlice<u16>>)>,
         residual_out: Option<&mut CudaSlice<f32>>,
         norm: &CudaSlice<u16>,
-        w: &CudaSlice<u16>,
+        w: WeightRef<'_>,
         out: &mut CudaSlice<u16>,
         (rows, k, n): (usize, usize, usize),
         eps: f32,
     ) -> Result<(), DeviceError> {
         let smem = GEMV_ROWS[v] * k * 2;
-        if rows > GEMV_ROWS[v] || !k.is_multiple_of(8) || smem > GEMV_SMEM_MAX {
+        if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) || smem > GEMV_SMEM_MAX {
             return Err(unfit("gemv + norm", rows, GEMV_ROWS[v], k));
         }
         let null = 0u64;
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
         let func = match glu {
-            Some(act) => &self.k.gemv_norm_glu[act as usize][v],
-            None => &self.k.gemv_norm[v],
+            Some(act) => &self.k.gemv_norm_glu[w.format()][act as usize][v],
+            None => &self.k.gemv_norm[w.format()][v],
         };
         let mut l = self.stream.launch_builder(func);
         l.arg(residual);
@@ -600,14 +660,13 @@ impl CudaDevice {
             Some(r) => l.arg(r),
             None => l.arg(&null),
         };
-        l.arg(norm)
-            .arg(w)
-            .arg(out)
-            .arg(&ni)
-            .arg(&ki)
-            .arg(&ri)
-            .arg(&eps);
-        // SAFETY: rows ≤ R, k % 8 == 0 and R·k·2 bytes of dynamic shared memory within the
+        l.arg(norm);
+        match w {
+            WeightRef::Bf16(b) => l.arg(b).arg(&null),
+            WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
+        };
+        l.arg(out).arg(&ni).arg(&ki).arg(&ri).arg(&eps);
+        // SAFETY: rows ≤ R, k a multiple of one load and R·k·2 bytes of dynamic shared memory within the
         // attribute set at load (checked above); residual_out is a fresh buffer, so no block
         // reads what another writes; delta and residual_out are both given or both null.
         unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv + norm"))?;

@@ -268,12 +268,31 @@ impl Device for CudaDevice {
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        match self.gemv_variant(x.rows, x.cols) {
+        match self.gemv_variant(x.rows, x.cols, &w.weight("linear")?) {
             Some(v) if x.cols == w.cols => self.timed("gemv", || self.gemv(x, w, v)),
             _ => self.timed(if x.rows == 1 { "gemm (1 row)" } else { "gemm" }, || {
                 self.gemm(x, w, false)
             }),
         }
+    }
+
+    fn quantize_fp8(&self, w: CudaTensor) -> Result<CudaTensor, DeviceError> {
+        let (n, k) = (w.rows, w.cols);
+        // SAFETY: u8 has no invalid bit patterns; the kernel writes every code.
+        let mut codes = unsafe { self.stream.alloc::<u8>((n * k).max(1)) }.map_err(|e| {
+            DeviceError::OutOfMemory {
+                device: DEV,
+                bytes: n * k,
+                what: format!("FP8 weights ({e:?})"),
+            }
+        })?;
+        let mut scales = self.alloc_f32(n, "FP8 weight scales")?;
+        self.launch_quantize_rows_e4m3(w.bf16("quantize_fp8")?, &mut codes, &mut scales, (n, k))?;
+        Ok(CudaTensor {
+            rows: n,
+            cols: k,
+            buf: CudaBuf::E4m3 { codes, scales },
+        })
     }
 
     fn norm_linear(
@@ -373,6 +392,15 @@ impl Device for CudaDevice {
                 Ok(v.into_iter()
                     .take(n)
                     .map(|x| half::bf16::from_bits(x).to_f32())
+                    .collect())
+            }
+            CudaBuf::E4m3 { codes, scales } => {
+                let c = self.stream.clone_dtoh(codes).map_err(op_err("download"))?;
+                let s = self.stream.clone_dtoh(scales).map_err(op_err("download"))?;
+                Ok(c.into_iter()
+                    .take(n)
+                    .enumerate()
+                    .map(|(i, c)| crate::device::fp8::decode_e4m3(c) * s[i / t.cols.max(1)])
                     .collect())
             }
         }

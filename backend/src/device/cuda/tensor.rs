@@ -1,4 +1,5 @@
-//! Device memory: tensors (bf16 or f32, row-major 2-D), the paged KV cache, and the allocation
+//! Device memory: tensors (bf16 or f32, row-major 2-D; projection weights also FP8 with a scale
+//! per row), the paged KV cache, and the allocation
 //! helpers every operation uses. Output buffers are left uninitialised: every kernel and GEMM
 //! that writes one covers all of it (no memset on the hot path).
 
@@ -17,6 +18,39 @@ use crate::tensor::HostTensor;
 pub enum CudaBuf {
     Bf16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
+    /// A projection's weights in FP8 (`--quantization fp8`): e4m3fn codes `[rows, cols]` and one
+    /// f32 scale per row (`w[j, :] ≈ e4m3(codes[j, :]) · scales[j]`).
+    E4m3 {
+        codes: CudaSlice<u8>,
+        scales: CudaSlice<f32>,
+    },
+}
+
+/// A projection's weights as the GEMV kernels take them.
+#[derive(Clone, Copy)]
+pub enum WeightRef<'a> {
+    Bf16(&'a CudaSlice<u16>),
+    E4m3 {
+        codes: &'a CudaSlice<u8>,
+        scales: &'a CudaSlice<f32>,
+    },
+}
+
+impl WeightRef<'_> {
+    /// Index of the weight format in the kernel tables (bf16 0, e4m3 1).
+    pub fn format(&self) -> usize {
+        match self {
+            WeightRef::Bf16(_) => 0,
+            WeightRef::E4m3 { .. } => 1,
+        }
+    }
+    /// Elements a row's length must be a multiple of (one 16-byte load).
+    pub fn k_multiple(&self) -> usize {
+        match self {
+            WeightRef::Bf16(_) => 8,
+            WeightRef::E4m3 { .. } => 16,
+        }
+    }
 }
 
 pub struct CudaTensor {
@@ -29,25 +63,33 @@ impl CudaTensor {
     pub fn bf16(&self, op: &'static str) -> Result<&CudaSlice<u16>, DeviceError> {
         match &self.buf {
             CudaBuf::Bf16(b) => Ok(b),
-            CudaBuf::F32(_) => Err(wrong_type(op, "bf16")),
+            _ => Err(wrong_type(op, "bf16")),
         }
     }
     pub fn f32(&self, op: &'static str) -> Result<&CudaSlice<f32>, DeviceError> {
         match &self.buf {
             CudaBuf::F32(b) => Ok(b),
-            CudaBuf::Bf16(_) => Err(wrong_type(op, "f32")),
+            _ => Err(wrong_type(op, "f32")),
         }
     }
     pub fn bf16_mut(&mut self, op: &'static str) -> Result<&mut CudaSlice<u16>, DeviceError> {
         match &mut self.buf {
             CudaBuf::Bf16(b) => Ok(b),
-            CudaBuf::F32(_) => Err(wrong_type(op, "bf16")),
+            _ => Err(wrong_type(op, "bf16")),
         }
     }
     pub fn f32_mut(&mut self, op: &'static str) -> Result<&mut CudaSlice<f32>, DeviceError> {
         match &mut self.buf {
             CudaBuf::F32(b) => Ok(b),
-            CudaBuf::Bf16(_) => Err(wrong_type(op, "f32")),
+            _ => Err(wrong_type(op, "f32")),
+        }
+    }
+    /// The tensor as projection weights: bf16 or FP8.
+    pub fn weight(&self, op: &'static str) -> Result<WeightRef<'_>, DeviceError> {
+        match &self.buf {
+            CudaBuf::Bf16(b) => Ok(WeightRef::Bf16(b)),
+            CudaBuf::E4m3 { codes, scales } => Ok(WeightRef::E4m3 { codes, scales }),
+            CudaBuf::F32(_) => Err(wrong_type(op, "bf16 or FP8")),
         }
     }
     pub fn new_bf16(rows: usize, cols: usize, buf: CudaSlice<u16>) -> Self {

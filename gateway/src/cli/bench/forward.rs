@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cachet_backend::config::ModelConfig;
-use cachet_backend::device::{ForwardBatch, KvLayout, StepPlan};
+use cachet_backend::device::{ForwardBatch, KvLayout, StepPlan, WeightQuantization};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use clap::Args;
@@ -65,6 +65,12 @@ pub struct ForwardArgs {
     /// with a scale per token and KV head: about twice the blocks in the same memory).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
+    /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
+    /// scale per output row, quantized at load: half the weight memory; decode steps of up to
+    /// four sequences stream half the bytes, larger steps dequantize for cuBLAS). The embedding
+    /// table, the LM head and the norms stay as loaded.
+    #[arg(long, default_value = "none")]
+    pub quantization: cachet_backend::device::WeightQuantization,
 }
 
 /// Times `f` (after warm-up), synchronising the device; median seconds.
@@ -104,14 +110,35 @@ fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> Forwar
     b
 }
 
-fn weight_bytes_per_decode_step(c: &ModelConfig, elem: f64) -> f64 {
-    // Every weight is read once per step, except the embedding table (one row per token).
+/// Parameters a decode step multiplies by (all but an untied embedding table, of which a step
+/// reads one row per token).
+fn step_parameters(c: &ModelConfig) -> f64 {
     let embed = if c.tie_word_embeddings {
         0
     } else {
         c.vocab_size * c.hidden_size
     };
-    (c.num_parameters() - embed) as f64 * elem
+    (c.num_parameters() - embed) as f64
+}
+
+/// Bytes of weights a decode step reads: every weight once, the projections as `quantization`
+/// stores them (FP8: a byte each and an f32 scale per row).
+fn weight_bytes_per_decode_step(
+    c: &ModelConfig,
+    elem: f64,
+    quantization: WeightQuantization,
+) -> f64 {
+    let all = step_parameters(c) * elem;
+    match quantization {
+        WeightQuantization::None => all,
+        WeightQuantization::Fp8 => {
+            let (h, i) = (c.hidden_size, c.intermediate_size);
+            let params = c.qkv_dim() * h + h * c.q_dim() + 3 * i * h;
+            let rows = c.qkv_dim() + h + 2 * i + h;
+            let layers = c.num_hidden_layers as f64;
+            all - layers * (params as f64 * (elem - 1.0) - rows as f64 * 4.0)
+        }
+    }
 }
 
 /// K and V bytes a decode step reads at `ctx` tokens of context (FP8: codes and scales).
@@ -149,6 +176,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         cuda_graph_sizes: a.graphs.sizes(usize::MAX),
         cuda_graph_verify: None,
         kv_cache_dtype: a.kv_cache_dtype,
+        quantization: a.quantization,
     };
     let mut r = build_runner(&config, weights, &opts)?;
     let dev = r.device_name();
@@ -157,11 +185,17 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     let cal = r.calibrate()?;
     let mut rows: Vec<serde_json::Value> = Vec::new();
     println!(
-        "model: {} layers, hidden {}, {:.2} B parameters; device {dev}; KV blocks {}",
+        "model: {} layers, hidden {}, {:.2} B parameters; device {dev}; KV blocks {} ({}); \
+         projection weights {}",
         config.num_hidden_layers,
         config.hidden_size,
         config.num_parameters() as f64 / 1e9,
-        r.kv_layout().num_blocks
+        r.kv_layout().num_blocks,
+        a.kv_cache_dtype,
+        match a.quantization {
+            WeightQuantization::None => "as loaded",
+            WeightQuantization::Fp8 => "FP8 (e4m3, a scale per row)",
+        }
     );
     if let Some(c) = cal {
         println!(
@@ -184,8 +218,8 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .map(|_| ())
                 .map_err(Into::into)
         })?;
-        let bytes =
-            weight_bytes_per_decode_step(&config, elem) + kv_bytes(&r.kv_layout(), ctx, elem);
+        let bytes = weight_bytes_per_decode_step(&config, elem, a.quantization)
+            + kv_bytes(&r.kv_layout(), ctx, elem);
         let (floor, ratio) = match cal {
             Some(c) => {
                 // DRAM moves a copy's reads and writes at this combined rate; a decode step's
@@ -219,12 +253,36 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .map(|_| ())
                 .map_err(Into::into)
         })?;
+        let weights = weight_bytes_per_decode_step(&config, elem, a.quantization);
+        let kv = n as f64 * kv_bytes(&r.kv_layout(), ctx, elem);
+        let (floor, ratio, floors) = match cal {
+            Some(c) => {
+                // Bytes ÷ copy rate, as for batch 1 — and the roofline: at a high batch the
+                // projections are bound by the GEMM's arithmetic (2 FLOP per weight per row at
+                // the measured GEMM ceiling), not by reading the weights once; attention by
+                // reading the KV.
+                let bytes_ms = (weights + kv) / c.copy_bytes_per_s * 1e3;
+                let gemm_ms = 2.0 * n as f64 * step_parameters(&config) / c.gemm_flops * 1e3;
+                let roof_ms = (weights / c.copy_bytes_per_s * 1e3).max(gemm_ms)
+                    + kv / c.copy_bytes_per_s * 1e3;
+                (
+                    format!("{bytes_ms:.2} ms (bytes ÷ copy) · {roof_ms:.2} ms (roofline)"),
+                    format!("{:.2}× · {:.2}×", t * 1e3 / bytes_ms, t * 1e3 / roof_ms),
+                    Some((bytes_ms, roof_ms)),
+                )
+            }
+            None => ("-".into(), "-".into(), None),
+        };
         println!(
-            "| decode batch {n}, ctx {ctx} | {:.2} ms/step | {:.0} tok/s | | |",
+            "| decode batch {n}, ctx {ctx} | {:.2} ms/step | {:.0} tok/s | {floor} | {ratio} |",
             t * 1e3,
             n as f64 / t
         );
-        rows.push(serde_json::json!({"kind": "decode", "batch": n, "ctx": ctx, "ms": t * 1e3}));
+        rows.push(
+            serde_json::json!({"kind": "decode", "batch": n, "ctx": ctx, "ms": t * 1e3,
+            "bytes": weights + kv, "bytes_floor_ms": floors.map(|f| f.0),
+            "roofline_floor_ms": floors.map(|f| f.1)}),
+        );
     }
     if !a.sampling_batches.is_empty() {
         println!(

@@ -2,12 +2,13 @@
 //! against the device's own KV type (bf16 on CUDA, f32 on the CPU) with the same weights in one
 //! run: logits of the last positions of short and long prompts (relative error, largest error,
 //! top-1 agreement, KL), greedy agreement on chat prompts (real weights only: random weights say
-//! nothing about answers), and KV blocks per GiB.
+//! nothing about answers), and KV blocks per GiB. `--compare weights` holds FP8 projection
+//! weights (`--quantization fp8`) against the loaded ones the same way, KV as the device's own.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use cachet_backend::device::{KvCacheDtype, KvLayout};
+use cachet_backend::device::{KvCacheDtype, KvLayout, WeightQuantization};
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::rng::Rng;
 use cachet_backend::tokenizer::ChatMessage;
@@ -31,9 +32,21 @@ pub struct KvFp8Args {
     /// Prompt tokens per prefill pass.
     #[arg(long, default_value_t = 2048)]
     pub chunk: usize,
+    /// What is FP8 in the run compared with the reference: the KV cache, or the projection
+    /// weights (quantized at load).
+    #[arg(long, value_enum, default_value = "kv")]
+    pub compare: Compare,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    /// An FP8 KV cache (`--kv-cache-dtype fp8`).
+    Kv,
+    /// FP8 projection weights (`--quantization fp8`).
+    Weights,
 }
 
 /// Long natural text for a real model's tokenizer: the workloads' prompts, numbered, repeated.
@@ -55,7 +68,9 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
     let longest = a.contexts.iter().copied().max().unwrap_or(512);
     let max_len = (longest + a.greedy_tokens + 256).max(1024);
     let blocks = max_len.div_ceil(16) + 2;
-    let make = |dtype: KvCacheDtype| -> anyhow::Result<Box<dyn Runner>> {
+    let make = |dtype: KvCacheDtype,
+                quantization: WeightQuantization|
+     -> anyhow::Result<Box<dyn Runner>> {
         let opts = RunnerOptions {
             device: a.m.device.into(),
             block_size: 16,
@@ -64,6 +79,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
             cuda_graph_sizes: vec![1],
             cuda_graph_verify: None,
             kv_cache_dtype: dtype,
+            quantization,
         };
         let w = match &host {
             Some(m) => WeightSource::Host(&m.weights),
@@ -71,25 +87,34 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
         };
         Ok(build_runner(&config, w, &opts)?)
     };
-    let mut reference = make(KvCacheDtype::Auto)?;
-    let mut fp8 = make(KvCacheDtype::Fp8E4m3)?;
+    let mut reference = make(KvCacheDtype::Auto, WeightQuantization::None)?;
+    let mut fp8 = match a.compare {
+        Compare::Kv => make(KvCacheDtype::Fp8E4m3, WeightQuantization::None)?,
+        Compare::Weights => make(KvCacheDtype::Auto, WeightQuantization::Fp8)?,
+    };
     let dev = reference.device_name();
     let native = if dev == "cpu" { 4 } else { 2 };
     let per_gib = |l: KvLayout| (1usize << 30) / l.block_bytes(native);
     let (ref_blocks, fp8_blocks) = (per_gib(reference.kv_layout()), per_gib(fp8.kv_layout()));
     println!(
-        "model {} ({} layers, {} KV heads × {}), device {dev}, {} weights",
+        "model {} ({} layers, {} KV heads × {}), device {dev}, {} weights; FP8 {}",
         a.m.model,
         config.num_hidden_layers,
         config.num_key_value_heads,
         config.head_dim,
-        if dummy { "random" } else { "real" }
+        if dummy { "random" } else { "real" },
+        match a.compare {
+            Compare::Kv => "KV cache against the device's own",
+            Compare::Weights => "projection weights against the loaded ones",
+        }
     );
-    println!(
-        "KV blocks of 16 tokens per GiB: {} {ref_blocks}, fp8 {fp8_blocks} ({:.2}×)\n",
-        if dev == "cpu" { "f32" } else { "bf16" },
-        fp8_blocks as f64 / ref_blocks as f64
-    );
+    if a.compare == Compare::Kv {
+        println!(
+            "KV blocks of 16 tokens per GiB: {} {ref_blocks}, fp8 {fp8_blocks} ({:.2}×)\n",
+            if dev == "cpu" { "f32" } else { "bf16" },
+            fp8_blocks as f64 / ref_blocks as f64
+        );
+    }
     let vocab = config.vocab_size as u32;
     let mut rng = Rng::new(7);
     let long_ids = if dummy {
@@ -160,6 +185,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
             "model": a.m.model,
             "device": dev,
             "dummy_weights": dummy,
+            "fp8": match a.compare { Compare::Kv => "kv", Compare::Weights => "weights" },
             "blocks_per_gib": {"reference": ref_blocks, "fp8": fp8_blocks},
             "logits": diffs,
             "greedy": greedy,

@@ -31,8 +31,9 @@ pub enum BenchCommand {
     /// (and each alone with --ablation), cold and warm, with the server-side split of TTFT,
     /// a report and plots.
     Ttft(ttft::TtftArgs),
-    /// FP8 KV cache fidelity: logits with an FP8 cache vs the device's own KV type at short and
-    /// long contexts (error, top-1 and KL), greedy agreement on chat prompts, blocks per GiB.
+    /// FP8 fidelity: logits with an FP8 KV cache (or, --compare weights, FP8 projection weights)
+    /// vs the device's own type at short and long contexts (error, top-1 and KL), greedy
+    /// agreement on chat prompts, KV blocks per GiB.
     KvFp8(kv_fp8::KvFp8Args),
     /// The noisy neighbour: tenant A floods at several times capacity, tenant B sends a fifth of
     /// it; B's TTFT and the total throughput under FCFS, the default policy and --fair-share.

@@ -113,6 +113,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             cuda_graph_sizes,
             cuda_graph_verify: verify,
             kv_cache_dtype: Default::default(),
+            quantization: Default::default(),
         };
         build_runner(&config, weights, &opts)
     };
