@@ -307,22 +307,30 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
         gemv_norm_glu<R, F8, ACT>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, act, inter, k, rows, \
                                   eps);                                                               \
     }
-#define GEMV_KERNELS(fmt, F8)                                                                         \
-    GEMV_PLAIN_KERNEL(gemv_##fmt##_r1, 1, F8)                                                         \
-    GEMV_PLAIN_KERNEL(gemv_##fmt##_r2, 2, F8)                                                         \
-    GEMV_PLAIN_KERNEL(gemv_##fmt##_r4, 4, F8)                                                         \
-    GEMV_NORM_KERNEL(gemv_norm_##fmt##_r1, 1, F8)                                                     \
-    GEMV_NORM_KERNEL(gemv_norm_##fmt##_r2, 2, F8)                                                     \
-    GEMV_NORM_KERNEL(gemv_norm_##fmt##_r4, 4, F8)                                                     \
-    GEMV_GLU_KERNEL(gemv_norm_swiglu_##fmt##_r1, 1, F8, silu)                                         \
-    GEMV_GLU_KERNEL(gemv_norm_swiglu_##fmt##_r2, 2, F8, silu)                                         \
-    GEMV_GLU_KERNEL(gemv_norm_swiglu_##fmt##_r4, 4, F8, silu)                                         \
-    GEMV_GLU_KERNEL(gemv_norm_geglu_##fmt##_r1, 1, F8, gelu_tanh)                                     \
-    GEMV_GLU_KERNEL(gemv_norm_geglu_##fmt##_r2, 2, F8, gelu_tanh)                                     \
-    GEMV_GLU_KERNEL(gemv_norm_geglu_##fmt##_r4, 4, F8, gelu_tanh)
-
-GEMV_KERNELS(bf16, false)
-GEMV_KERNELS(e4m3, true)
+GEMV_PLAIN_KERNEL(gemv_bf16_r1, 1, false)
+GEMV_PLAIN_KERNEL(gemv_bf16_r2, 2, false)
+GEMV_PLAIN_KERNEL(gemv_bf16_r4, 4, false)
+GEMV_NORM_KERNEL(gemv_norm_bf16_r1, 1, false)
+GEMV_NORM_KERNEL(gemv_norm_bf16_r2, 2, false)
+GEMV_NORM_KERNEL(gemv_norm_bf16_r4, 4, false)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r1, 1, false, silu)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r2, 2, false, silu)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r4, 4, false, silu)
+GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r1, 1, false, gelu_tanh)
+GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r2, 2, false, gelu_tanh)
+GEMV_GLU_KERNEL(gemv_norm_geglu_bf16_r4, 4, false, gelu_tanh)
+GEMV_PLAIN_KERNEL(gemv_e4m3_r1, 1, true)
+GEMV_PLAIN_KERNEL(gemv_e4m3_r2, 2, true)
+GEMV_PLAIN_KERNEL(gemv_e4m3_r4, 4, true)
+GEMV_NORM_KERNEL(gemv_norm_e4m3_r1, 1, true)
+GEMV_NORM_KERNEL(gemv_norm_e4m3_r2, 2, true)
+GEMV_NORM_KERNEL(gemv_norm_e4m3_r4, 4, true)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_e4m3_r1, 1, true, silu)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_e4m3_r2, 2, true, silu)
+GEMV_GLU_KERNEL(gemv_norm_swiglu_e4m3_r4, 4, true, silu)
+GEMV_GLU_KERNEL(gemv_norm_geglu_e4m3_r1, 1, true, gelu_tanh)
+GEMV_GLU_KERNEL(gemv_norm_geglu_e4m3_r2, 2, true, gelu_tanh)
+GEMV_GLU_KERNEL(gemv_norm_geglu_e4m3_r4, 4, true, gelu_tanh)
 
 // FP8 weights (e4m3fn, one scale per row): scale[j] = amax_j / 448, codes[j, :] = e4m3(w[j, :] /
 // scale[j]) (0 for a row of zeros) — backend/src/device/fp8.rs's quantize_row. One block per row.

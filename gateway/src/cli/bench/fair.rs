@@ -53,6 +53,12 @@ struct Tenant {
     refused: usize,
     /// TTFT of each request that got a first token, seconds.
     ttft: Vec<f64>,
+    /// The engine's split of each finished request's TTFT, seconds: arrival → first scheduled,
+    /// and first scheduled → first token (prefill, with the waits between its chunks).
+    queue: Vec<f64>,
+    prefill: Vec<f64>,
+    /// Times the engine preempted this tenant's requests.
+    preemptions: u32,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -84,6 +90,12 @@ async fn one(
     };
     let mut first = true;
     while let Some(ev) = s.next().await {
+        if let EngineEvent::Finished { timings, .. } = &ev {
+            let mut st = stats.lock().unwrap();
+            st.queue.push(timings.queue.as_secs_f64());
+            st.prefill.push(timings.prefill.as_secs_f64());
+            st.preemptions += timings.preemptions;
+        }
         if let EngineEvent::Token { at, .. } = ev {
             if first {
                 stats
@@ -286,11 +298,18 @@ pub fn run(a: FairArgs) -> anyhow::Result<()> {
         }
         let r = run_one(&a, name, policy, fair, cap, load_a, prefill_cap)?;
         println!(
-            "{name}: B TTFT p50 {:.3} s p95 {:.3} s ({} of {} refused), A {} of {} refused, {:.0} tokens/s",
+            "{name}: B TTFT p50 {:.3} s p95 {:.3} s ({} of {} refused; in the engine: queue p50 \
+             {:.3} / p95 {:.3} s, prefill p50 {:.3} / p95 {:.3} s, {} preemptions), A {} of {} \
+             refused, {:.0} tokens/s",
             percentile(&r.b.ttft, 50.0),
             percentile(&r.b.ttft, 95.0),
             r.b.refused,
             r.b.offered,
+            percentile(&r.b.queue, 50.0),
+            percentile(&r.b.queue, 95.0),
+            percentile(&r.b.prefill, 50.0),
+            percentile(&r.b.prefill, 95.0),
+            r.b.preemptions,
             r.a.refused,
             r.a.offered,
             r.tokens_per_s
