@@ -153,6 +153,27 @@ pub fn device_runner_for(
     device_runner_opts(dev, m, num_blocks, dtype, spec, Default::default())
 }
 
+/// A CPU runner of `m` split over `ranks` tensor-parallel ranks (an error where it does not
+/// split).
+pub fn tp_runner(
+    m: &LoadedModel,
+    num_blocks: usize,
+    ranks: usize,
+) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
+    let opts = RunnerOptions {
+        device: DeviceKind::Cpu,
+        block_size: 16,
+        max_model_len: 4096,
+        kv: KvBudget::Blocks(num_blocks),
+        cuda_graph_sizes: Vec::new(),
+        cuda_graph_verify: None,
+        kv_cache_dtype: Default::default(),
+        quantization: Default::default(),
+        tensor_parallel_size: ranks,
+    };
+    build_runner(&m.config, WeightSource::Host(&m.weights), &opts)
+}
+
 /// A runner on `dev` whose projections are stored as `quantization` says.
 pub fn device_runner_quantized(
     dev: DeviceKind,
@@ -181,6 +202,7 @@ fn device_runner_opts(
         cuda_graph_verify: spec.map(cachet_backend::model::runner::VerifyGraphs::for_spec),
         kv_cache_dtype: dtype,
         quantization,
+        tensor_parallel_size: 1,
     };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }

@@ -357,6 +357,7 @@ gpu_test! {
             cuda_graph_verify: None,
             kv_cache_dtype: Default::default(),
             quantization: Default::default(),
+            tensor_parallel_size: 1,
         };
         let err = match cachet_backend::model::runner::build_runner(
             &m.config,

@@ -341,6 +341,16 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x · wᵀ`: x `[n, k]`, w `[m, k]` → `[n, m]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
+    /// Tensor parallelism: `t` summed over the ranks of this device's group, in place (the
+    /// row-parallel projections' partial sums). A device that is no rank has nothing to add.
+    fn all_reduce_sum(&self, _t: &mut Self::Tensor) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    /// Tensor parallelism: the ranks' column blocks of `t` side by side in rank order (the
+    /// vocabulary-parallel LM head's logits). A device that is no rank returns `t`.
+    fn all_gather_cols(&self, t: Self::Tensor) -> Result<Self::Tensor, DeviceError> {
+        Ok(t)
+    }
     /// Projection weights `[m, k]` in FP8 for [`WeightQuantization::Fp8`]: each row's scale is
     /// its largest magnitude / 448 and its values, divided by it, are rounded to e4m3fn
     /// (nearest even, saturating) — [`fp8::quantize_row`]. The result

@@ -322,7 +322,9 @@ impl<D: Device> Decoder<D> {
                 _ => &self.rope,
             };
             let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
-            let o = dev.linear(&attn, &layer.o_proj)?;
+            // Row-parallel under tensor parallelism: each rank's product is a partial sum.
+            let mut o = dev.linear(&attn, &layer.o_proj)?;
+            dev.all_reduce_sum(&mut o)?;
             let (post_attn, post_mlp) = match &layer.post_norms {
                 Some((a, m)) => (Some(a), Some(m)),
                 None => (None, None),
@@ -338,11 +340,15 @@ impl<D: Device> Decoder<D> {
                 &layer.gate_up,
                 self.config.hidden_act,
             )?;
-            pending = Some((dev.linear(&act, &layer.down)?, post_mlp));
+            let mut down = dev.linear(&act, &layer.down)?;
+            dev.all_reduce_sum(&mut down)?;
+            pending = Some((down, post_mlp));
         }
         let x = dev.norm(&mut residual, as_delta(&pending), &self.final_norm, eps)?;
         let rows = dev.gather_logit_rows(&x, b)?;
-        Ok(dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?)
+        let logits = dev.lm_head(&rows, self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        // A vocabulary-parallel LM head gives each rank its columns of the logits.
+        Ok(dev.all_gather_cols(logits)?)
     }
 }
 

@@ -5,6 +5,7 @@ pub mod input_batch;
 pub mod rope;
 pub mod runner;
 pub mod step_sampler;
+pub mod tensor_parallel;
 
 pub use decoder::{Decoder, Logits};
 pub use runner::{ModelRunner, Runner, StepOutput};

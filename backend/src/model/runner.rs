@@ -126,6 +126,8 @@ pub struct RunnerOptions {
     pub kv_cache_dtype: KvCacheDtype,
     /// How the projections' weights are stored (`--quantization`).
     pub quantization: WeightQuantization,
+    /// Ranks the model is split over (`--tensor-parallel-size`; 1: no split).
+    pub tensor_parallel_size: usize,
 }
 
 /// The verification steps of n-gram speculation, for their CUDA graphs.
@@ -385,6 +387,29 @@ pub fn build_runner(
             }
         },
     };
+    if opts.tensor_parallel_size > 1 {
+        if use_cuda {
+            return Err(EngineError::InvalidRequest(
+                "--tensor-parallel-size above 1 runs on the CPU device so far (the CUDA ranks, \
+                 over NCCL, are not built yet): use --device cpu, or 1 on a GPU"
+                    .into(),
+            ));
+        }
+        let w = match &weights {
+            WeightSource::Host(w) => *w,
+            WeightSource::Owned(w) => w,
+            WeightSource::Dummy { .. } => {
+                return Err(EngineError::InvalidRequest(
+                    "--tensor-parallel-size above 1 needs the model's weights (split as they \
+                     load), not --load-format dummy"
+                        .into(),
+                ))
+            }
+        };
+        return Ok(Box::new(super::tensor_parallel::TpRunner::new(
+            config, w, opts,
+        )?));
+    }
     if use_cuda {
         // The switches are read here, once; the kernel cache lives with the model cache.
         let cuda = CudaOptions::from_env(Some(crate::loader::fetch::cache_dir().join("kernels")))?;
@@ -417,6 +442,7 @@ pub fn cpu_runner(
         cuda_graph_verify: None,
         kv_cache_dtype: KvCacheDtype::Auto,
         quantization: WeightQuantization::None,
+        tensor_parallel_size: 1,
     };
     Ok(Box::new(ModelRunner::new(
         CpuDevice::new(),

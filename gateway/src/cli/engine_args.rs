@@ -111,6 +111,12 @@ pub struct EngineArgs {
     /// table, the LM head and the norms stay as loaded.
     #[arg(long, default_value = "none")]
     pub quantization: cachet_backend::device::WeightQuantization,
+    /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
+    /// share of the attention heads, the MLP and the vocabulary, with an all-reduce after each
+    /// row-parallel projection). On the CPU device the ranks are threads of this process; the
+    /// CUDA ranks (NCCL over several GPUs) are not built yet, so CUDA takes 1.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
     /// File holding the 32-byte deployment key of the block hashes, as 64 hex digits. The gateway
     /// and its `cachet worker`s must share it (exact prefix routing compares their hashes); without
     /// it a random key is drawn at start-up.
@@ -355,6 +361,7 @@ impl EngineArgs {
             cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
             kv_cache_dtype: a.kv_cache_dtype,
             quantization: a.quantization,
+            tensor_parallel_size: a.tensor_parallel_size,
         };
         let model_id = a.model_id(dummy_config.as_ref(), &model.name);
         // The loaded weights are handed to the device (the host keeps no second copy).

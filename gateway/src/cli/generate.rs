@@ -62,6 +62,12 @@ pub struct ModelArgs {
     /// table, the LM head and the norms stay as loaded.
     #[arg(long, default_value = "none")]
     pub quantization: cachet_backend::device::WeightQuantization,
+    /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
+    /// share of the attention heads, the MLP and the vocabulary, with an all-reduce after each
+    /// row-parallel projection). On the CPU device the ranks are threads of this process; the
+    /// CUDA ranks (NCCL over several GPUs) are not built yet, so CUDA takes 1.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
 }
 
 #[derive(Args, Debug)]
@@ -172,6 +178,7 @@ fn runner_for(
         cuda_graph_verify: None,
         kv_cache_dtype: args.kv_cache_dtype,
         quantization: args.quantization,
+        tensor_parallel_size: args.tensor_parallel_size,
     };
     Ok(build_runner(config, WeightSource::Owned(weights), &opts)?)
 }

@@ -2,7 +2,10 @@
 //! Matmuls and attention use all cores through rayon.
 
 mod attention;
+mod comm;
 pub mod gemm;
+
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -10,6 +13,8 @@ use super::{fp8, AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype
 use crate::config::Activation;
 use crate::error::DeviceError;
 use crate::tensor::HostTensor;
+
+pub use comm::CpuComm;
 
 /// A row-major f32 matrix.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,12 +89,22 @@ pub struct CpuBatch {
     pub seq_of_token: Vec<u32>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuDevice;
+#[derive(Debug, Default, Clone)]
+pub struct CpuDevice {
+    /// The tensor-parallel group this device is a rank of, and its rank.
+    tp: Option<(Arc<CpuComm>, usize)>,
+}
 
 impl CpuDevice {
     pub fn new() -> Self {
-        CpuDevice
+        CpuDevice { tp: None }
+    }
+
+    /// Rank `rank` of the tensor-parallel group `comm` ([`crate::model::tensor_parallel`]).
+    pub fn rank(comm: Arc<CpuComm>, rank: usize) -> Self {
+        CpuDevice {
+            tp: Some((comm, rank)),
+        }
     }
 }
 
@@ -233,6 +248,27 @@ impl Device for CpuDevice {
             *r += d;
         }
         self.rms_norm(residual, w, eps)
+    }
+
+    fn all_reduce_sum(&self, t: &mut CpuTensor) -> Result<(), DeviceError> {
+        match &self.tp {
+            Some((comm, rank)) => comm.all_reduce_sum(*rank, &mut t.data),
+            None => Ok(()),
+        }
+    }
+
+    fn all_gather_cols(&self, t: CpuTensor) -> Result<CpuTensor, DeviceError> {
+        match &self.tp {
+            Some((comm, rank)) => {
+                let (data, cols) = comm.all_gather_cols(*rank, &t.data, t.rows)?;
+                Ok(CpuTensor {
+                    rows: t.rows,
+                    cols,
+                    data,
+                })
+            }
+            None => Ok(t),
+        }
     }
 
     fn linear(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor, DeviceError> {

@@ -71,6 +71,12 @@ pub struct ForwardArgs {
     /// table, the LM head and the norms stay as loaded.
     #[arg(long, default_value = "none")]
     pub quantization: cachet_backend::device::WeightQuantization,
+    /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
+    /// share of the attention heads, the MLP and the vocabulary, with an all-reduce after each
+    /// row-parallel projection). On the CPU device the ranks are threads of this process; the
+    /// CUDA ranks (NCCL over several GPUs) are not built yet, so CUDA takes 1.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
 }
 
 /// Times `f` (after warm-up), synchronising the device; median seconds.
@@ -177,6 +183,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         cuda_graph_verify: None,
         kv_cache_dtype: a.kv_cache_dtype,
         quantization: a.quantization,
+        tensor_parallel_size: a.tensor_parallel_size,
     };
     let mut r = build_runner(&config, weights, &opts)?;
     let dev = r.device_name();

@@ -80,6 +80,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
             cuda_graph_verify: None,
             kv_cache_dtype: dtype,
             quantization,
+            tensor_parallel_size: 1,
         };
         let w = match &host {
             Some(m) => WeightSource::Host(&m.weights),

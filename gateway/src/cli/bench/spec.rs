@@ -114,6 +114,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             cuda_graph_verify: verify,
             kv_cache_dtype: Default::default(),
             quantization: Default::default(),
+            tensor_parallel_size: 1,
         };
         build_runner(&config, weights, &opts)
     };
