@@ -605,3 +605,56 @@ fn a_flooding_tenants_prefill_is_capped_per_step_while_another_tenant_has_work()
         "no step had a over its share with a prompt left"
     );
 }
+
+/// The noisy neighbour at the scheduler (`bench fair`'s CPU shape: 16 slots, 2,048-token steps,
+/// a 32-token prefill cap): tenant a keeps 200 prompts of 128 tokens waiting and its 16 slots
+/// busy; each time b sends a request it runs in the next step, whatever a's state.
+#[test]
+fn a_light_tenants_request_runs_in_the_next_step_beside_a_flood() {
+    let t0 = Instant::now();
+    let mut config = make_config(2048, 16);
+    config.max_model_len = 4096;
+    config.fair_share = true;
+    config.fair_prefill_cap = 32;
+    let mut s = make_scheduler(5000, config);
+    // Prompts that share no block.
+    let distinct = |tenant: &str, seed: u64| {
+        let mut r = tenant_request(tenant, 1.0, 0, 32);
+        r.prompt = (0..128u32)
+            .map(|k| (seed % 30_000) as u32 * 130 + k + 1)
+            .collect();
+        r
+    };
+    let mut next_a = 0u64;
+    for _ in 0..200 {
+        add(&mut s, next_a, distinct("a", next_a), t0);
+        next_a += 1;
+    }
+    // One step; finished requests leave, and each of a's is replaced (its backlog never ends).
+    let mut step = |s: &mut Scheduler| {
+        let out = s.schedule(t0);
+        for t in feed(s, &out, 9, t0) {
+            if t.finish.is_some() {
+                s.remove(t.id);
+                if t.id < 1_000_000 {
+                    add(s, next_a, distinct("a", next_a), t0);
+                    next_a += 1;
+                }
+            }
+        }
+        out
+    };
+    for round in 0..20u64 {
+        for _ in 0..(17 + round * 7 % 23) {
+            step(&mut s);
+        }
+        let b = 1_000_000 + round;
+        add(&mut s, b, distinct("b", b), t0);
+        let out = step(&mut s);
+        assert!(
+            out.scheduled.iter().any(|sc| sc.id == b),
+            "round {round}: b waits beside a's {} running requests",
+            s.running.len()
+        );
+    }
+}
