@@ -381,7 +381,6 @@ impl Drop for Proc {
     }
 }
 
-/// A TCP port that was free a moment ago.
 /// The flags that run a `cachet` server command on SmolLM2 on the CPU with a small KV cache.
 pub const SMOLLM2_CPU: &[&str] = &[
     "--model",
@@ -392,6 +391,7 @@ pub const SMOLLM2_CPU: &[&str] = &[
     "0.1",
 ];
 
+/// A TCP port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("binding a free port")

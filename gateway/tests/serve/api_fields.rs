@@ -239,3 +239,46 @@ fn the_official_anthropic_client_speaks_messages_and_openai_speaks_responses() {
     let (_server, base) = start(&config());
     clients_check("anthropic_check.py", &base);
 }
+
+/// `cachet serve --tensor-parallel-size 3` (SmolLM2's 9 heads, 3 KV heads and 1,536 MLP units
+/// over three CPU ranks) answers as the unsplit server does: the same greedy completion; a size
+/// the model does not divide is refused at start-up, naming what does not.
+#[test]
+fn a_model_split_over_ranks_answers_as_the_whole_model() {
+    let body = serde_json::json!({"model": "smollm2", "prompt": "The capital of France is",
+        "max_tokens": 12, "temperature": 0});
+    let answer = |extra: &[&str]| {
+        let (_server, base) = start_with(&config(), extra);
+        let (code, out) = post(&base, "/v1/completions", &body, false);
+        assert_eq!(code, 200, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let whole = answer(&[]);
+    let split = answer(&["--tensor-parallel-size", "3"]);
+    assert_eq!(split, whole);
+    assert!(!whole.is_empty());
+    let cfg = std::env::temp_dir().join(format!("cachet-tp-{}.toml", std::process::id()));
+    std::fs::write(&cfg, config()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .arg("serve")
+        .args(cachet_tests::SMOLLM2_CPU)
+        .args([
+            "--tensor-parallel-size",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&cfg).unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{text}");
+    let out = text;
+    assert!(
+        out.contains("does not divide the model's 9 attention heads"),
+        "{out}"
+    );
+}
