@@ -302,6 +302,33 @@ pub struct Collected {
     pub logprobs: Vec<cachet_backend::sampler::RowLogprobs>,
 }
 
+/// A fixture's greedy cases (prompt, transformers' 64 tokens) through engine `e`: both prompts
+/// at once, twice — the second round must hit the prefix cache (32 tokens or more). `what`
+/// names the run in a failure.
+pub fn check_engine_greedy_rounds(
+    dev: DeviceKind,
+    m: &LoadedModel,
+    e: &Engine,
+    cases: &[(Vec<u32>, Vec<u32>)],
+    what: &str,
+) {
+    let h = e.handle();
+    for round in 0..2 {
+        let streams: Vec<_> = cases
+            .iter()
+            .map(|(p, _)| h.submit(greedy_request(p.clone(), 64)).unwrap())
+            .collect();
+        for (s, (prompt, want)) in streams.into_iter().zip(cases) {
+            let got = collect(s);
+            let what = format!("{what}, round {round}");
+            assert_greedy_agrees(dev, m, prompt, want, &got.tokens, &what);
+            if round == 1 {
+                assert!(got.usage.cached_tokens >= 32, "{what}: prefix cache hit");
+            }
+        }
+    }
+}
+
 /// Reads a stream to its end (blocking).
 pub fn collect(mut s: cachet_backend::engine::RequestStream) -> Collected {
     let mut c = Collected {

@@ -166,21 +166,7 @@ device_test! {
                 ..Default::default()
             };
             let e = engine(dev, &m, 64, cfg);
-            let h = e.handle();
-            for round in 0..2 {
-                let streams: Vec<_> = cases
-                    .iter()
-                    .map(|(p, _)| h.submit(greedy_request(p.clone(), 64)).unwrap())
-                    .collect();
-                for (s, (prompt, want)) in streams.into_iter().zip(&cases) {
-                    let got = collect(s);
-                    let what = format!("{name} engine round {round}");
-                    assert_greedy_agrees(dev, &m, prompt, want, &got.tokens, &what);
-                    if round == 1 {
-                        assert!(got.usage.cached_tokens >= 32, "{what}: prefix cache hit");
-                    }
-                }
-            }
+            check_engine_greedy_rounds(dev, &m, &e, &cases, &format!("{name} engine"));
         }
     }
 }

@@ -64,21 +64,8 @@ fn the_engine_serves_a_split_model_like_transformers() {
             ..Default::default()
         };
         let e = Engine::start(tp_runner(&m, 64, n).unwrap(), m.tokenizer.clone(), cfg);
-        let h = e.handle();
-        for round in 0..2 {
-            let streams: Vec<_> = cases
-                .iter()
-                .map(|(p, _)| h.submit(greedy_request(p.clone(), 64)).unwrap())
-                .collect();
-            for (s, (prompt, want)) in streams.into_iter().zip(&cases) {
-                let got = collect(s);
-                let what = format!("{name} over {n} ranks, round {round}");
-                assert_greedy_agrees(DeviceKind::Cpu, &m, prompt, want, &got.tokens, &what);
-                if round == 1 {
-                    assert!(got.usage.cached_tokens >= 32, "{what}: prefix cache hit");
-                }
-            }
-        }
+        let what = format!("{name} over {n} ranks");
+        check_engine_greedy_rounds(DeviceKind::Cpu, &m, &e, &cases, &what);
     }
 }
 
