@@ -59,6 +59,17 @@ struct Tenant {
     prefill: Vec<f64>,
     /// Times the engine preempted this tenant's requests.
     preemptions: u32,
+    /// Each finished request: when it was sent (seconds before the arrival window's end), its
+    /// TTFT and the engine's split of it — to find what a slow one waited for.
+    requests: Vec<RequestTrace>,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+struct RequestTrace {
+    sent_before_end: f64,
+    ttft: f64,
+    queue: f64,
+    prefill: f64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -88,22 +99,27 @@ async fn one(
             return;
         }
     };
-    let mut first = true;
+    let mut first = None;
     while let Some(ev) = s.next().await {
         if let EngineEvent::Finished { timings, .. } = &ev {
             let mut st = stats.lock().unwrap();
             st.queue.push(timings.queue.as_secs_f64());
             st.prefill.push(timings.prefill.as_secs_f64());
             st.preemptions += timings.preemptions;
+            if let Some(ttft) = first {
+                st.requests.push(RequestTrace {
+                    sent_before_end: end.saturating_duration_since(t0).as_secs_f64(),
+                    ttft,
+                    queue: timings.queue.as_secs_f64(),
+                    prefill: timings.prefill.as_secs_f64(),
+                });
+            }
         }
         if let EngineEvent::Token { at, .. } = ev {
-            if first {
-                stats
-                    .lock()
-                    .unwrap()
-                    .ttft
-                    .push(at.saturating_duration_since(t0).as_secs_f64());
-                first = false;
+            if first.is_none() {
+                let ttft = at.saturating_duration_since(t0).as_secs_f64();
+                stats.lock().unwrap().ttft.push(ttft);
+                first = Some(ttft);
             }
             if at <= end {
                 *tokens.lock().unwrap() += 1;
@@ -331,11 +347,16 @@ pub fn run(a: FairArgs) -> anyhow::Result<()> {
     for r in &results {
         let p95 = percentile(&r.b.ttft, 95.0);
         md.push_str(&format!(
-            "| {} | {:.3} | {:.3} | {:.2}× | {} / {} | {} / {} | {:.0} | {} |\n",
+            "| {} | {:.3} | {:.3} | {} | {} / {} | {} / {} | {:.0} | {} |\n",
             r.name,
             percentile(&r.b.ttft, 50.0),
             p95,
-            p95 / alone,
+            // No ratio without a B request alone (too short a window for B's rate).
+            if alone > 0.0 {
+                format!("{:.2}×", p95 / alone)
+            } else {
+                "—".to_string()
+            },
             r.b.refused,
             r.b.offered,
             r.a.refused,
