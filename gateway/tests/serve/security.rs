@@ -409,20 +409,28 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
             rapid_reset_flood(&addr, Duration::from_secs(3))
         })
     };
+    // Health every 100 ms and a short chat every half second while it lasts; the chat's median
+    // is held to the bound (one sample on a shared two-core machine is the scheduler's noise as
+    // much as the server's).
     let mut worst_health = 0.0f64;
+    let mut chats = Vec::new();
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(2) {
+    while t0.elapsed() < Duration::from_millis(2600) {
         let (st, secs) = health_from(&base, "127.0.0.7");
         assert!(st.contains("200"), "{st}");
         worst_health = worst_health.max(secs);
+        if t0.elapsed() >= Duration::from_millis(500 * (chats.len() as u64 + 1)) {
+            chats.push(chat_secs(&base, "127.0.0.7"));
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let chat = chat_secs(&base, "127.0.0.7");
+    chats.sort_by(f64::total_cmp);
+    let chat = chats[chats.len() / 2];
     let f = flood.join().unwrap();
     eprintln!(
         "h2: 100 stalled streams all 408 by {last:.1} s; rapid reset: {} streams written on {} \
          connections, {} ended by the server's GOAWAY; health worst {worst_health:.3} s, \
-         chat {chat:.3} s (bound {chat_bound:.3} s)",
+         chats {chats:.3?} s, median {chat:.3} s (bound {chat_bound:.3} s)",
         f.streams, f.connections, f.goaways
     );
     assert!(f.streams > 1000, "only {} streams written", f.streams);
@@ -436,7 +444,7 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
     assert!(worst_health < 1.0, "health took {worst_health} s");
     assert!(
         chat < chat_bound,
-        "a short chat took {chat} s (bound {chat_bound} s) during the reset flood"
+        "short chats took {chats:?} s (median bound {chat_bound} s) during the reset flood"
     );
 
     // Answers read to their end are not cancellations: 300 requests on one HTTP/1 and one
