@@ -150,7 +150,11 @@ pub fn device_runner_for(
     dtype: cachet_backend::device::KvCacheDtype,
     spec: Option<&cachet_backend::spec::SpecConfig>,
 ) -> Box<dyn Runner> {
-    device_runner_opts(dev, m, num_blocks, dtype, spec, Default::default())
+    let opts = RunnerOptions {
+        kv_cache_dtype: dtype,
+        ..runner_options(dev, num_blocks, spec)
+    };
+    build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }
 
 /// A CPU runner of `m` split over `ranks` tensor-parallel ranks (an error where it does not
@@ -161,15 +165,8 @@ pub fn tp_runner(
     ranks: usize,
 ) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
     let opts = RunnerOptions {
-        device: DeviceKind::Cpu,
-        block_size: 16,
-        max_model_len: 4096,
-        kv: KvBudget::Blocks(num_blocks),
-        cuda_graph_sizes: Vec::new(),
-        cuda_graph_verify: None,
-        kv_cache_dtype: Default::default(),
-        quantization: Default::default(),
         tensor_parallel_size: ranks,
+        ..runner_options(DeviceKind::Cpu, num_blocks, None)
     };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts)
 }
@@ -181,18 +178,21 @@ pub fn device_runner_quantized(
     num_blocks: usize,
     quantization: cachet_backend::device::WeightQuantization,
 ) -> Box<dyn Runner> {
-    device_runner_opts(dev, m, num_blocks, Default::default(), None, quantization)
+    let opts = RunnerOptions {
+        quantization,
+        ..runner_options(dev, num_blocks, None)
+    };
+    build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }
 
-fn device_runner_opts(
+/// The tests' runner options on `dev`: `num_blocks` blocks of 16 tokens, the device's own KV
+/// type and weights, one rank.
+fn runner_options(
     dev: DeviceKind,
-    m: &LoadedModel,
     num_blocks: usize,
-    dtype: cachet_backend::device::KvCacheDtype,
     spec: Option<&cachet_backend::spec::SpecConfig>,
-    quantization: cachet_backend::device::WeightQuantization,
-) -> Box<dyn Runner> {
-    let opts = RunnerOptions {
+) -> RunnerOptions {
+    RunnerOptions {
         device: dev,
         block_size: 16,
         max_model_len: 4096,
@@ -200,11 +200,10 @@ fn device_runner_opts(
         // Decode steps replay CUDA graphs on the GPU, as served.
         cuda_graph_sizes: vec![1, 2, 4, 8, 16],
         cuda_graph_verify: spec.map(cachet_backend::model::runner::VerifyGraphs::for_spec),
-        kv_cache_dtype: dtype,
-        quantization,
+        kv_cache_dtype: Default::default(),
+        quantization: Default::default(),
         tensor_parallel_size: 1,
-    };
-    build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
+    }
 }
 
 /// Logits at every position of `ids` (one sequence, one forward pass).

@@ -30,6 +30,9 @@ fn split_models_give_transformers_logits_and_the_unsplit_ones() {
         let mut whole = device_runner(DeviceKind::Cpu, &m, 16);
         for &n in splits {
             let mut r = tp_runner(&m, 16, n).unwrap();
+            // The runner speaks for the whole model, not a rank's share of it.
+            assert_eq!(r.config().num_attention_heads, m.config.num_attention_heads);
+            assert_eq!(r.config().intermediate_size, m.config.intermediate_size);
             for case in reference["cases"].as_array().unwrap() {
                 let what = format!("{name} over {n} ranks");
                 let (ids, _, got) = check_case_logits(r.as_mut(), case, 1e-4, &what);
@@ -75,6 +78,7 @@ fn shapes_that_do_not_split_are_refused_naming_what_does_not_divide() {
     let err = |n| tp_runner(&m, 16, n).err().expect("refused").to_string();
     assert!(err(4).contains("6 attention heads"), "{}", err(4));
     assert!(err(3).contains("200 hidden units"), "{}", err(3));
+    assert!(err(0).contains("at least 1"), "{}", err(0));
     let m = tiny("tiny-qwen2"); // 112 hidden units
     assert!(tp_runner(&m, 16, 8)
         .err()

@@ -387,7 +387,9 @@ pub fn build_runner(
             }
         },
     };
-    if opts.tensor_parallel_size > 1 {
+    if opts.tensor_parallel_size != 1 {
+        super::tensor_parallel::check(config, opts.tensor_parallel_size)
+            .map_err(EngineError::InvalidRequest)?;
         if use_cuda {
             return Err(EngineError::InvalidRequest(
                 "--tensor-parallel-size above 1 runs on the CPU device so far (the CUDA ranks, \

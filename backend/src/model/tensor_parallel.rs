@@ -175,11 +175,13 @@ enum Command {
 struct Rank {
     commands: mpsc::Sender<Command>,
     done: mpsc::Receiver<Result<(), EngineError>>,
-    thread: Option<JoinHandle<()>>,
+    thread: JoinHandle<()>,
 }
 
 /// A model over N CPU ranks behind the [`Runner`] interface: rank 0 answers, the others follow.
 pub struct TpRunner {
+    /// The whole model's config (each rank's has its share of the heads and the MLP).
+    config: ModelConfig,
     rank0: ModelRunner<CpuDevice>,
     others: Vec<Rank>,
     comm: Arc<CpuComm>,
@@ -238,11 +240,12 @@ impl TpRunner {
             others.push(Rank {
                 commands: tx,
                 done,
-                thread: Some(thread),
+                thread,
             });
         }
         tracing::info!(ranks = n, "tensor parallel: one model over {n} CPU ranks");
         Ok(TpRunner {
+            config: config.clone(),
             rank0,
             others,
             comm,
@@ -304,12 +307,12 @@ impl TpRunner {
 impl Drop for TpRunner {
     fn drop(&mut self) {
         self.comm.abort();
-        for r in &mut self.others {
-            let (tx, _) = mpsc::channel();
-            drop(std::mem::replace(&mut r.commands, tx));
-            if let Some(t) = r.thread.take() {
-                let _ = t.join();
-            }
+        for Rank {
+            commands, thread, ..
+        } in self.others.drain(..)
+        {
+            drop(commands); // the rank's loop ends
+            let _ = thread.join();
         }
     }
 }
@@ -319,7 +322,7 @@ impl Runner for TpRunner {
         self.rank0.device_name()
     }
     fn config(&self) -> &ModelConfig {
-        self.rank0.config()
+        &self.config
     }
     fn kv_layout(&self) -> KvLayout {
         self.rank0.kv_layout()

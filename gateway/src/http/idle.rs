@@ -121,7 +121,7 @@ pub struct InFlight {
 
 impl InFlight {
     /// The whole answer went out.
-    pub fn answered(&self) {
+    fn answered(&self) {
         self.answered.store(true, Ordering::Relaxed);
     }
 }

@@ -224,34 +224,54 @@ pub fn connections_that_fit() -> Option<usize> {
     None
 }
 
-/// Logs accept errors at most once a second, with the count of those not logged.
-struct AcceptErrors {
+/// A warning that is logged at most once a second, with the count of those it held back.
+struct EverySecond {
     last: Option<Instant>,
     suppressed: u64,
+}
+
+impl EverySecond {
+    const fn new() -> Self {
+        EverySecond {
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(held back since the last line)` when a line is due now, else `None` (counted).
+    fn due(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .last
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            self.last = Some(now);
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        }
+    }
+}
+
+/// Accept errors: logged at most once a second, and a back-off before accepting again.
+struct AcceptErrors {
+    log: EverySecond,
     backoff: Duration,
 }
 
 impl AcceptErrors {
     fn new() -> Self {
         AcceptErrors {
-            last: None,
-            suppressed: 0,
+            log: EverySecond::new(),
             backoff: Duration::from_millis(10),
         }
     }
 
     /// Records an error; how long to wait before accepting again (doubling up to 1 s).
     fn failed(&mut self, e: &std::io::Error) -> Duration {
-        let now = Instant::now();
-        if self
-            .last
-            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
-        {
-            tracing::warn!(error = %e, not_logged = self.suppressed, "accept failed; backing off");
-            self.last = Some(now);
-            self.suppressed = 0;
-        } else {
-            self.suppressed += 1;
+        if let Some(not_logged) = self.log.due() {
+            tracing::warn!(error = %e, not_logged, "accept failed; backing off");
         }
         let wait = self.backoff;
         self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
@@ -283,7 +303,7 @@ where
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let conns = Arc::new(Connections::default());
     let mut errors = AcceptErrors::new();
-    let mut refused_ip: Option<Instant> = None;
+    let mut refused_ip = EverySecond::new();
     loop {
         let slot = match slots.clone().try_acquire_owned() {
             Ok(s) => s,
@@ -313,9 +333,8 @@ where
                 let activity = idle::Activity::new(limits.max_cancels_per_second);
                 let shed = Arc::new(Notify::new());
                 let Some(place) = conns.register(peer.ip(), limits.max_connections_per_ip, activity.clone(), shed.clone()) else {
-                    if refused_ip.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                        tracing::warn!(ip = %peer.ip(), cap = limits.max_connections_per_ip, "connection refused: this IP holds its cap of connections");
-                        refused_ip = Some(Instant::now());
+                    if let Some(not_logged) = refused_ip.due() {
+                        tracing::warn!(ip = %peer.ip(), cap = limits.max_connections_per_ip, not_logged, "connection refused: this IP holds its cap of connections");
                     }
                     drop(stream);
                     continue;
@@ -354,22 +373,17 @@ where
 /// Logs a connection closed for cancelling too fast — at most once a second, with the number of
 /// others closed since (a client that reconnects and floods again must not flood the log).
 fn flood_warning(peer: SocketAddr, limit: u32) {
-    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
-    static QUIET: AtomicU64 = AtomicU64::new(0);
-    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
-        QUIET.fetch_add(1, Ordering::Relaxed);
-        return;
+    static LOG: Mutex<EverySecond> = Mutex::new(EverySecond::new());
+    let due = LOG.lock().unwrap_or_else(|e| e.into_inner()).due();
+    if let Some(others) = due {
+        tracing::warn!(
+            %peer,
+            limit,
+            others_closed_since_last_warning = others,
+            "closed a connection that cancelled more than {limit} requests within a second \
+             (HTTP/2 rapid reset); --http2-max-cancels-per-second sets the limit"
+        );
     }
-    *last = Some(Instant::now());
-    let others = QUIET.swap(0, Ordering::Relaxed);
-    tracing::warn!(
-        %peer,
-        limit,
-        others_closed_since_last_warning = others,
-        "closed a connection that cancelled more than {limit} requests within a second \
-         (HTTP/2 rapid reset); --http2-max-cancels-per-second sets the limit"
-    );
 }
 
 /// Serves one accepted connection to its end (or shutdown, idleness, or a request to make room).
@@ -544,7 +558,10 @@ mod tests {
         assert_eq!(waits[0], Duration::from_millis(10));
         assert_eq!(waits[1], Duration::from_millis(20));
         assert_eq!(waits[8], Duration::from_secs(1));
-        assert_eq!(e.suppressed, 8, "one line for nine errors within a second");
+        assert_eq!(
+            e.log.suppressed, 8,
+            "one line for nine errors within a second"
+        );
         e.accepted();
         assert_eq!(e.failed(&err), Duration::from_millis(10));
     }

@@ -278,14 +278,7 @@ impl Device for CudaDevice {
 
     fn quantize_fp8(&self, w: CudaTensor) -> Result<CudaTensor, DeviceError> {
         let (n, k) = (w.rows, w.cols);
-        // SAFETY: u8 has no invalid bit patterns; the kernel writes every code.
-        let mut codes = unsafe { self.stream.alloc::<u8>((n * k).max(1)) }.map_err(|e| {
-            DeviceError::OutOfMemory {
-                device: DEV,
-                bytes: n * k,
-                what: format!("FP8 weights ({e:?})"),
-            }
-        })?;
+        let mut codes = self.alloc_out::<u8>(n * k, "FP8 weights")?;
         let mut scales = self.alloc_f32(n, "FP8 weight scales")?;
         self.launch_quantize_rows_e4m3(w.bf16("quantize_fp8")?, &mut codes, &mut scales, (n, k))?;
         Ok(CudaTensor {

@@ -150,24 +150,30 @@ fn zeros<T: DeviceRepr + ValidAsZeroBits>(
 }
 
 impl CudaDevice {
-    /// An uninitialised bf16 output buffer of `n` elements.
-    pub(super) fn alloc_bf16(&self, n: usize, what: &str) -> Result<CudaSlice<u16>, DeviceError> {
-        // SAFETY: u16 has no invalid bit patterns; callers fully write the buffer before reading it.
-        unsafe { self.stream.alloc::<u16>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
+    /// An uninitialised output buffer of `n` elements of `T` (a plain number type: every bit
+    /// pattern is a value).
+    pub(super) fn alloc_out<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        n: usize,
+        what: &str,
+    ) -> Result<CudaSlice<T>, DeviceError> {
+        // SAFETY: T is a plain number type (ValidAsZeroBits: no invalid bit patterns); callers
+        // fully write the buffer before reading it.
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
             device: DEV,
-            bytes: n * 2,
+            bytes: n * std::mem::size_of::<T>(),
             what: format!("{what} ({e:?})"),
         })
     }
 
+    /// An uninitialised bf16 output buffer of `n` elements.
+    pub(super) fn alloc_bf16(&self, n: usize, what: &str) -> Result<CudaSlice<u16>, DeviceError> {
+        self.alloc_out(n, what)
+    }
+
     /// An uninitialised f32 output buffer of `n` elements.
     pub(super) fn alloc_f32(&self, n: usize, what: &str) -> Result<CudaSlice<f32>, DeviceError> {
-        // SAFETY: as above, for f32.
-        unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
-            device: DEV,
-            bytes: n * 4,
-            what: format!("{what} ({e:?})"),
-        })
+        self.alloc_out(n, what)
     }
 
     /// `v` in device memory (one zero for an empty slice: kernels never get a null pointer).

@@ -53,10 +53,6 @@ struct Tenant {
     refused: usize,
     /// TTFT of each request that got a first token, seconds.
     ttft: Vec<f64>,
-    /// The engine's split of each finished request's TTFT, seconds: arrival → first scheduled,
-    /// and first scheduled → first token (prefill, with the waits between its chunks).
-    queue: Vec<f64>,
-    prefill: Vec<f64>,
     /// Times the engine preempted this tenant's requests.
     preemptions: u32,
     /// Each finished request: when it was sent (seconds before the arrival window's end), its
@@ -64,11 +60,21 @@ struct Tenant {
     requests: Vec<RequestTrace>,
 }
 
+impl Tenant {
+    /// The engine's `part` (queue or prefill) of the finished requests' TTFTs, seconds.
+    fn engine_part(&self, part: fn(&RequestTrace) -> f64) -> Vec<f64> {
+        self.requests.iter().map(part).collect()
+    }
+}
+
+/// One finished request, seconds.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 struct RequestTrace {
     sent_before_end: f64,
     ttft: f64,
+    /// Arrival → first scheduled.
     queue: f64,
+    /// First scheduled → first token (prefill, with the waits between its chunks).
     prefill: f64,
 }
 
@@ -103,8 +109,6 @@ async fn one(
     while let Some(ev) = s.next().await {
         if let EngineEvent::Finished { timings, .. } = &ev {
             let mut st = stats.lock().unwrap();
-            st.queue.push(timings.queue.as_secs_f64());
-            st.prefill.push(timings.prefill.as_secs_f64());
             st.preemptions += timings.preemptions;
             if let Some(ttft) = first {
                 st.requests.push(RequestTrace {
@@ -321,10 +325,10 @@ pub fn run(a: FairArgs) -> anyhow::Result<()> {
             percentile(&r.b.ttft, 95.0),
             r.b.refused,
             r.b.offered,
-            percentile(&r.b.queue, 50.0),
-            percentile(&r.b.queue, 95.0),
-            percentile(&r.b.prefill, 50.0),
-            percentile(&r.b.prefill, 95.0),
+            percentile(&r.b.engine_part(|t| t.queue), 50.0),
+            percentile(&r.b.engine_part(|t| t.queue), 95.0),
+            percentile(&r.b.engine_part(|t| t.prefill), 50.0),
+            percentile(&r.b.engine_part(|t| t.prefill), 95.0),
             r.b.preemptions,
             r.a.refused,
             r.a.offered,
