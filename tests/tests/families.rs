@@ -118,20 +118,31 @@ device_test! {
     /// `--quantization fp8`: tiny-qwen3's projections quantized at load, one scale per output
     /// row, give transformers' logits on torch's per-channel e4m3 weights of the same model
     /// (the compressed-tensors fixture's reference) — on the CPU within f32 rounding; on CUDA
-    /// through the FP8 GEMV (the 1-token case) and the dequantizing GEMM (7 and 40 tokens).
+    /// through the FP8 GEMV (the 1-token case: weights only) within bf16 tolerance, and through
+    /// cuBLASLt's FP8 GEMM (7 and 40 tokens), whose inputs are quantized to e4m3 per token as
+    /// well, within the error that adds (the bound measured on the H200, BENCHMARKS §9b).
     fn fp8_weights_quantized_at_load_match_torch_per_channel_e4m3(dev) {
         let m = tiny("tiny-qwen3");
         let reference = read_json("tiny-qwen3-fp8-channel_reference.json");
         let base = read_json("tiny-qwen3_reference.json");
         let mut r = device_runner_quantized(dev, &m, 16, WeightQuantization::Fp8);
-        let tol = if dev == DeviceKind::Cpu { 1e-4 } else { 3e-2 };
         for (case, unquantized) in reference["cases"]
             .as_array()
             .unwrap()
             .iter()
             .zip(base["cases"].as_array().unwrap())
         {
+            let tokens = case["ids"].as_array().unwrap().len();
+            let tol = match dev {
+                DeviceKind::Cpu => 1e-4,
+                _ if tokens == 1 => 3e-2,
+                _ => 1e-1,
+            };
             let (_, _, got) = check_case_logits(r.as_mut(), case, tol, "tiny-qwen3, fp8 at load");
+            eprintln!(
+                "{dev:?}, {tokens} tokens: relative error {:e} against torch's FP8 weights",
+                rel_err(&got.data, &logits_of(&case["logits"]))
+            );
             if dev == DeviceKind::Cpu {
                 let moved = rel_err(&got.data, &logits_of(&unquantized["logits"]));
                 assert!(moved > 1e-4, "FP8 logits equal the unquantized ones ({moved:e})");

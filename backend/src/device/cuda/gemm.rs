@@ -1,14 +1,16 @@
 //! Matrix products through cuBLAS: bf16 inputs, f32 accumulation, bf16 or f32 out. The handle
 //! gets a workspace of its own at start-up, so no GEMM allocates while a graph is captured.
-//! FP8 weights go through the same GEMM, dequantized to bf16 first (one launch, into a buffer
-//! freed after the product): steps of more rows than the GEMV takes read each weight byte once
-//! and write and read two more.
+//! FP8 weights go through cuBLASLt's FP8 GEMM ([`super::gemm_fp8`]) with the activations
+//! quantized per token; where it has no algorithm, through this GEMM, dequantized to bf16 first
+//! (one launch, into a buffer freed after the product: each weight byte read once and two more
+//! written and read).
 
 use std::sync::Arc;
 
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
+use super::gemm_fp8::{Fp8Operands, Fp8Out};
 use super::tensor::{CudaBuf, CudaTensor};
 use super::{op_err, CudaDevice, DEV};
 use crate::error::DeviceError;
@@ -76,6 +78,11 @@ impl CudaDevice {
         }
         let (n, k, m) = (x.rows, x.cols, w.rows);
         let xs = x.bf16("linear")?;
+        if let CudaBuf::E4m3 { codes, scales } = &w.buf {
+            if let Some(out) = self.gemm_fp8(xs, (codes, scales), (m, n, k), out_f32)? {
+                return Ok(out);
+            }
+        }
         let dequantized;
         let ws = match &w.buf {
             CudaBuf::E4m3 { codes, scales } if n > 0 => {
@@ -151,5 +158,48 @@ impl CudaDevice {
         };
         status.map_err(|e| blas_err("cublasGemmEx")(format!("{e:?}")))?;
         Ok(tensor(out))
+    }
+
+    /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, then the e4m3 product
+    /// with both scale vectors. `None` when there is no cuBLASLt or no algorithm for the shape.
+    fn gemm_fp8(
+        &self,
+        xs: &CudaSlice<u16>,
+        w: (&CudaSlice<u8>, &CudaSlice<f32>),
+        (m, n, k): (usize, usize, usize),
+        out_f32: bool,
+    ) -> Result<Option<CudaTensor>, DeviceError> {
+        let Some(Some(lt)) = self.fp8_gemm.get() else {
+            return Ok(None);
+        };
+        if n == 0 || k % 16 != 0 || m % 16 != 0 {
+            return Ok(None);
+        }
+        let mut codes = self.alloc_out::<u8>(n * k, "FP8 activations")?;
+        let mut scales = self.alloc_f32(n, "FP8 activation scales")?;
+        self.launch_quantize_rows_e4m3(xs, &mut codes, &mut scales, (n, k))?;
+        let ops = Fp8Operands {
+            w,
+            x: (&codes, &scales),
+            dims: (m, n, k),
+        };
+        let buf = if out_f32 {
+            let mut o = self.alloc_f32(n * m, "linear")?;
+            if !lt.matmul(&self.stream, ops, Fp8Out::F32(&mut o))? {
+                return Ok(None);
+            }
+            CudaBuf::F32(o)
+        } else {
+            let mut o = self.alloc_bf16(n * m, "linear")?;
+            if !lt.matmul(&self.stream, ops, Fp8Out::Bf16(&mut o))? {
+                return Ok(None);
+            }
+            CudaBuf::Bf16(o)
+        };
+        Ok(Some(CudaTensor {
+            rows: n,
+            cols: m,
+            buf,
+        }))
     }
 }

@@ -43,6 +43,9 @@ pub const GEMV_DEFAULT_ROWS: usize = 2;
 pub const GEMV_THREADS: u32 = 512;
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
+/// Most shared memory an FP8 GEMV may take for its staged inputs (R · k f16; one block per SM,
+/// so up to what an H100/H200 SM has, less the kernel's static shared memory).
+pub const GEMV_F8_SMEM_MAX: usize = 200 << 10;
 
 /// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
 /// bf16 (Q is staged in the second before the loop; at d = 256 it keeps a region of its own).
@@ -205,6 +208,9 @@ impl Kernels {
         let norm_gemvs = k.gemv_norm.iter().flatten();
         for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {
             smem(func, GEMV_SMEM_MAX as u32)?;
+        }
+        for func in &k.gemv[1] {
+            smem(func, GEMV_F8_SMEM_MAX as u32)?;
         }
         Ok(Loaded {
             kernels: k,

@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
-    ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
+    ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_F8_SMEM_MAX, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
     MMA_THREADS,
 };
 use super::tensor::WeightRef;
@@ -558,7 +558,12 @@ impl CudaDevice {
         y: &mut CudaSlice<u16>,
         (rows, k, n): (usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) {
+        // FP8 weights: the inputs are staged in shared memory as f16.
+        let smem = match w {
+            WeightRef::Bf16(_) => 0,
+            WeightRef::E4m3 { .. } => GEMV_ROWS[v] * k * 2,
+        };
+        if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) || smem > GEMV_F8_SMEM_MAX {
             return Err(unfit("gemv", rows, GEMV_ROWS[v], k));
         }
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
@@ -571,8 +576,9 @@ impl CudaDevice {
         l.arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
         // SAFETY: rows ≤ R and k a multiple of one 16-byte load of the format (checked above),
         // fresh 16-byte-aligned allocations, so every row starts 16-byte aligned; e4m3 weights
-        // come with their n row scales.
-        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
+        // come with their n row scales and R·k·2 bytes of dynamic shared memory, within the
+        // attribute set at load (checked above).
+        unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv"))?;
         Ok(())
     }
 

@@ -20,6 +20,7 @@ pub mod attention_plan;
 mod batch;
 mod calibrate;
 mod gemm;
+mod gemm_fp8;
 mod gemv;
 mod graphs;
 mod kernels;
@@ -88,6 +89,9 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: gemm::Blas,
+    /// cuBLASLt's FP8 GEMM, made when the first weight is quantized (`None` inside: no
+    /// libcublasLt).
+    fp8_gemm: std::cell::OnceCell<Option<gemm_fp8::Fp8Gemm>>,
     k: kernels::Kernels,
     pub name: String,
     pub arch: String,
@@ -140,6 +144,7 @@ impl CudaDevice {
             ctx,
             stream,
             blas,
+            fp8_gemm: Default::default(),
             k: loaded.kernels,
             name,
             arch,
@@ -277,6 +282,9 @@ impl Device for CudaDevice {
     }
 
     fn quantize_fp8(&self, w: CudaTensor) -> Result<CudaTensor, DeviceError> {
+        if self.fp8_gemm.get().is_none() {
+            let _ = self.fp8_gemm.set(gemm_fp8::Fp8Gemm::new(&self.stream)?);
+        }
         let (n, k) = (w.rows, w.cols);
         let mut codes = self.alloc_out::<u8>(n * k, "FP8 weights")?;
         let mut scales = self.alloc_f32(n, "FP8 weight scales")?;

@@ -1,0 +1,294 @@
+//! FP8 GEMMs through cuBLASLt for steps of more rows than the FP8 GEMV takes (batched decode,
+//! prefill): the activations are quantized to e4m3 with one scale per token (a launch of
+//! `quantize_rows_e4m3`, as the weights were at load), and cuBLASLt multiplies e4m3 by e4m3 on
+//! the tensor cores with both scale vectors applied in its epilogue (`OUTER_VEC_32F` scaling:
+//! one f32 per weight row and one per token), f32 accumulation, bf16 or f32 out. No bf16 copy
+//! of the weights is ever made, so a step reads each weight byte once.
+//!
+//! Each (weight rows, tokens, columns, output type) gets a plan — descriptors, layouts and the
+//! algorithm cuBLASLt's heuristic picked — made on first use and kept (host work only, so
+//! capturing a CUDA graph never plans). Where cuBLASLt offers no algorithm (an older library
+//! without outer-vector scaling, shapes it does not take), the plan says so once in the log
+//! and the caller falls back to dequantizing the weights for cuBLAS.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::{op_err, DEV};
+use crate::error::DeviceError;
+
+/// cuBLASLt workspace (what NVIDIA recommends for Hopper).
+const LT_WORKSPACE: usize = 32 << 20;
+
+fn lt_err(op: &'static str, status: lt::cublasStatus_t) -> DeviceError {
+    DeviceError::Op {
+        device: DEV,
+        op,
+        msg: format!("{status:?}"),
+    }
+}
+
+fn check(op: &'static str, status: lt::cublasStatus_t) -> Result<(), DeviceError> {
+    match status {
+        lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
+        s => Err(lt_err(op, s)),
+    }
+}
+
+/// The shape of one product: weight rows (output features), tokens, columns, f32 out.
+type Shape = (usize, usize, usize, bool);
+
+struct Plan {
+    desc: lt::cublasLtMatmulDesc_t,
+    a: lt::cublasLtMatrixLayout_t,
+    b: lt::cublasLtMatrixLayout_t,
+    d: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each was created once by `Fp8Gemm::plan` and is destroyed once here.
+        unsafe {
+            lt::cublasLtMatrixLayoutDestroy(self.a);
+            lt::cublasLtMatrixLayoutDestroy(self.b);
+            lt::cublasLtMatrixLayoutDestroy(self.d);
+            lt::cublasLtMatmulDescDestroy(self.desc);
+        }
+    }
+}
+
+/// A cuBLASLt handle with its workspace and the plans made so far (`None`: no algorithm).
+pub struct Fp8Gemm {
+    handle: lt::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    plans: RefCell<HashMap<Shape, Option<Plan>>>,
+}
+
+impl Drop for Fp8Gemm {
+    fn drop(&mut self) {
+        self.plans.borrow_mut().clear();
+        // SAFETY: created in `new`, destroyed once, after every plan made with it.
+        unsafe { lt::cublasLtDestroy(self.handle) };
+    }
+}
+
+/// The arguments of one FP8 product `out[n, m] = x[n, k] · w[m, k]ᵀ`.
+pub struct Fp8Operands<'a> {
+    /// Weight codes `[m, k]` and their row scales `[m]`.
+    pub w: (&'a CudaSlice<u8>, &'a CudaSlice<f32>),
+    /// Activation codes `[n, k]` and their token scales `[n]`.
+    pub x: (&'a CudaSlice<u8>, &'a CudaSlice<f32>),
+    /// (m, n, k).
+    pub dims: (usize, usize, usize),
+}
+
+/// The product's output buffer.
+pub enum Fp8Out<'a> {
+    Bf16(&'a mut CudaSlice<u16>),
+    F32(&'a mut CudaSlice<f32>),
+}
+
+impl Fp8Gemm {
+    /// `None` when libcublasLt cannot be loaded (the dequantizing path serves then).
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>, DeviceError> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { lt::is_culib_present() } {
+            tracing::warn!("libcublasLt not found: FP8 weights are dequantized for steps of more than a few rows");
+            return Ok(None);
+        }
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer.
+        check("cublasLtCreate", unsafe { lt::cublasLtCreate(&mut handle) })?;
+        // SAFETY: u8 has no invalid bit patterns and cuBLASLt only writes its workspace.
+        let workspace = unsafe { stream.alloc::<u8>(LT_WORKSPACE) }
+            .map_err(op_err("cublasLt workspace"))?;
+        Ok(Some(Fp8Gemm {
+            handle,
+            workspace,
+            plans: RefCell::new(HashMap::new()),
+        }))
+    }
+
+    /// Makes the plan of a shape; `Ok(None)` when cuBLASLt has no algorithm for it.
+    fn plan(&self, (m, n, k, out_f32): Shape) -> Result<Option<Plan>, DeviceError> {
+        let f8 = lt::cudaDataType::CUDA_R_8F_E4M3;
+        let out_type = if out_f32 {
+            lt::cudaDataType::CUDA_R_32F
+        } else {
+            lt::cudaDataType::CUDA_R_16BF
+        };
+        let mut desc = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the enums are the library's own.
+        check("cublasLtMatmulDescCreate", unsafe {
+            lt::cublasLtMatmulDescCreate(
+                &mut desc,
+                lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                lt::cudaDataType::CUDA_R_32F,
+            )
+        })?;
+        let layout = |t, rows: usize, cols: usize, ld: usize| {
+            let mut l = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            check("cublasLtMatrixLayoutCreate", unsafe {
+                lt::cublasLtMatrixLayoutCreate(&mut l, t, rows as u64, cols as u64, ld as i64)
+            })
+            .map(|_| l)
+        };
+        // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major outᵀ[m, n] = op(A)·B with A
+        // the weights seen as k×m (transposed: FP8 takes only this "TN" form) and B = x as k×n.
+        let mut plan = Plan {
+            desc,
+            a: layout(f8, k, m, k)?,
+            b: layout(f8, k, n, k)?,
+            d: layout(out_type, m, n, m)?,
+            // SAFETY: a plain C struct of integers; overwritten by the heuristic's pick below.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        let set = |attr, v: &i32| {
+            // SAFETY: every attribute set here is an int32 of the library's enums.
+            check("cublasLtMatmulDescSetAttribute", unsafe {
+                lt::cublasLtMatmulDescSetAttribute(
+                    desc,
+                    attr,
+                    (v as *const i32).cast(),
+                    std::mem::size_of::<i32>(),
+                )
+            })
+        };
+        use lt::cublasLtMatmulDescAttributes_t as A;
+        const OP_T: i32 = 1; // cublasOperation_t::CUBLAS_OP_T
+        let outer = lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+        set(A::CUBLASLT_MATMUL_DESC_TRANSA, &OP_T)?;
+        set(A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+        set(A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        let mut pref = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cublasLtMatmulPreferenceCreate", unsafe {
+            lt::cublasLtMatmulPreferenceCreate(&mut pref)
+        })?;
+        let ws = LT_WORKSPACE as u64;
+        // SAFETY: the attribute is a u64 byte count.
+        let pref_status = unsafe {
+            lt::cublasLtMatmulPreferenceSetAttribute(
+                pref,
+                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        // SAFETY: an all-zero heuristic result is a valid value of this C struct.
+        let mut found: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        let mut count = 0i32;
+        // SAFETY: live descriptors and layouts; one result slot.
+        let status = unsafe {
+            lt::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                desc,
+                plan.a,
+                plan.b,
+                plan.d,
+                plan.d,
+                pref,
+                1,
+                &mut found,
+                &mut count,
+            )
+        };
+        // SAFETY: created above, destroyed once.
+        unsafe { lt::cublasLtMatmulPreferenceDestroy(pref) };
+        check("cublasLtMatmulPreferenceSetAttribute", pref_status)?;
+        if status != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            || count == 0
+            || found.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+        {
+            tracing::warn!(
+                m, n, k, out_f32, ?status, state = ?found.state,
+                "cuBLASLt has no FP8 algorithm with per-row scales for this shape; its weights are dequantized for cuBLAS"
+            );
+            return Ok(None);
+        }
+        plan.algo = found.algo;
+        Ok(Some(plan))
+    }
+
+    /// `out = (x · wᵀ)` with both scale vectors applied; `Ok(false)` when cuBLASLt has no
+    /// algorithm for the shape (nothing was launched).
+    pub fn matmul(
+        &self,
+        stream: &Arc<CudaStream>,
+        ops: Fp8Operands<'_>,
+        out: Fp8Out<'_>,
+    ) -> Result<bool, DeviceError> {
+        let (m, n, k) = ops.dims;
+        let shape = (m, n, k, matches!(out, Fp8Out::F32(_)));
+        let mut plans = self.plans.borrow_mut();
+        let plan = match plans.entry(shape) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(shape)?),
+        };
+        let Some(plan) = plan.as_ref() else {
+            return Ok(false);
+        };
+        let (wp, _g1) = ops.w.0.device_ptr(stream);
+        let (wsp, _g2) = ops.w.1.device_ptr(stream);
+        let (xp, _g3) = ops.x.0.device_ptr(stream);
+        let (xsp, _g4) = ops.x.1.device_ptr(stream);
+        let (wkp, _g5) = self.workspace.device_ptr(stream);
+        let scale_ptr = |attr, p: u64| {
+            // SAFETY: the attribute is a device pointer to the scale vector, live for the call.
+            check("cublasLtMatmulDescSetAttribute", unsafe {
+                lt::cublasLtMatmulDescSetAttribute(
+                    plan.desc,
+                    attr,
+                    (&p as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            })
+        };
+        use lt::cublasLtMatmulDescAttributes_t as A;
+        scale_ptr(A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, wsp)?;
+        scale_ptr(A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, xsp)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let launch = |dp: u64| {
+            // SAFETY: the operands hold m·k and n·k codes with m and n scales, the output n·m
+            // elements of the plan's type (the caller's buffers, checked there), all on this
+            // stream; the workspace is LT_WORKSPACE bytes; alpha/beta outlive the call.
+            check("cublasLtMatmul", unsafe {
+                lt::cublasLtMatmul(
+                    self.handle,
+                    plan.desc,
+                    (&alpha as *const f32).cast(),
+                    wp as *const _,
+                    plan.a,
+                    xp as *const _,
+                    plan.b,
+                    (&beta as *const f32).cast(),
+                    dp as *const _,
+                    plan.d,
+                    dp as *mut _,
+                    plan.d,
+                    &plan.algo,
+                    wkp as *mut _,
+                    LT_WORKSPACE,
+                    stream.cu_stream() as lt::cudaStream_t,
+                )
+            })
+        };
+        match out {
+            Fp8Out::Bf16(o) => {
+                let (dp, _g) = o.device_ptr_mut(stream);
+                launch(dp)?;
+            }
+            Fp8Out::F32(o) => {
+                let (dp, _g) = o.device_ptr_mut(stream);
+                launch(dp)?;
+            }
+        }
+        Ok(true)
+    }
+}
