@@ -150,18 +150,6 @@ __device__ __forceinline__ float e4m3f(unsigned c) {
     return __uint_as_float(__float_as_uint(f) | ((c & 0x80u) << 24));
 }
 
-// f32 → f16 bits (round to nearest even) and back.
-__device__ __forceinline__ unsigned f2h_bits(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-__device__ __forceinline__ float h2f_bits(unsigned h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-    return f;
-}
-
 // Four e4m3fn codes (the bytes of v, lowest first) → f32: sm_89+ converts two at a time in
 // hardware (exact: every e4m3 value is an f16 value), older architectures decode each with
 // e4m3f. The NaN codes (never written) decode as NaN here and as ±480 through e4m3f.

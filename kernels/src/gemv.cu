@@ -1,11 +1,6 @@
 // Matrix-vector products for decode steps of a few rows: y[r, :] = x[r, :] · Wᵀ for r < rows ≤ R,
 // W [n, k] row-major, bf16 or FP8 (`_e4m3` symbols: e4m3fn codes with one f32 scale per output
-// row, applied to the finished sum; half the bytes to stream). The FP8 kernels stage their input
-// rows in shared memory as f16 divided by the row's largest magnitude (so every product of a code,
-// at most 448, and an input fits f16 with room for the sums), convert the codes two at a time to
-// f16 in hardware and multiply-add them in f16x2, 16 products per f16 partial sum before it joins
-// the f32 total: converting every code to f32 (two conversions a weight, at the SM's conversion
-// rate) held a decode step to 1.6× its bandwidth floor. Such a step is bound by reading W once from DRAM; cuBLAS serves it
+// row, applied to the finished sum; half the bytes to stream). Such a step is bound by reading W once from DRAM; cuBLAS serves it
 // with GEMM tiles padded to 8 rows plus a split-K reduce launch, and the normalisation and
 // activation around it are launches of their own, each a ramp-up and drain of the memory pipe.
 // These kernels stream W with 16-byte non-allocating loads, GEMV_UNROLL per lane in flight, one
@@ -40,45 +35,19 @@ __device__ __forceinline__ float dot8(const uint4 w, const uint4 x, float acc) {
     return acc;
 }
 
-// Two pairs of e4m3fn codes (the bytes of v, lowest first) → two f16x2 (exact: every e4m3 value is
-// an f16 value); in hardware on sm_89+.
-__device__ __forceinline__ void e4m3x4_f16x2(unsigned v, unsigned& p0, unsigned& p1) {
-#if __CUDA_ARCH__ >= 890
-    asm("{\n"
-        ".reg .b16 lo, hi;\n"
-        "mov.b32 {lo, hi}, %2;\n"
-        "cvt.rn.f16x2.e4m3x2 %0, lo;\n"
-        "cvt.rn.f16x2.e4m3x2 %1, hi;\n"
-        "}"
-        : "=r"(p0), "=r"(p1)
-        : "r"(v));
-#else
-    float f[4];
-    e4m3x4_f32(v, f);
-    p0 = f2h_bits(f[0]) | (f2h_bits(f[1]) << 16);
-    p1 = f2h_bits(f[2]) | (f2h_bits(f[3]) << 16);
-#endif
-}
-
-__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
-    unsigned d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-// 16 e4m3 weights (w) dotted with 16 staged f16 inputs (x0: the first 8, x1: the next 8): the
-// products summed in f16x2 (at most 16 · 448 in magnitude), the two halves then added in f32.
+// 16 e4m3 weights (w) dotted with 16 bf16 inputs (x0: the first 8, x1: the next 8), in f32.
 __device__ __forceinline__ float dot16_e4m3(const uint4 w, const uint4 x0, const uint4 x1, float acc) {
     const unsigned wv[4] = {w.x, w.y, w.z, w.w}, xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    unsigned h = 0u;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        unsigned p0, p1;
-        e4m3x4_f16x2(wv[i], p0, p1);
-        h = hfma2(p0, xv[2 * i], h);
-        h = hfma2(p1, xv[2 * i + 1], h);
+        float f[4];
+        e4m3x4_f32(wv[i], f);
+        acc = fmaf(f[0], __uint_as_float(xv[2 * i] << 16), acc);
+        acc = fmaf(f[1], __uint_as_float(xv[2 * i] & 0xffff0000u), acc);
+        acc = fmaf(f[2], __uint_as_float(xv[2 * i + 1] << 16), acc);
+        acc = fmaf(f[3], __uint_as_float(xv[2 * i + 1] & 0xffff0000u), acc);
     }
-    return acc + h2f_bits(h & 0xffffu) + h2f_bits(h >> 16);
+    return acc;
 }
 
 // One 16-byte unit `i` of a weight row dotted with the matching inputs of row x (8 bf16 weights
@@ -180,62 +149,19 @@ __device__ __forceinline__ void prefetch_first(const void* w, int n, int row_byt
 // GEMV_NORM_PT * blockDim.x long: every load issued at once, one round trip).
 #define GEMV_NORM_PT 8
 
-// Stores row r of the staged inputs: bf16 values as they are, or (F8) f16 values divided by the
-// row's largest magnitude, which goes to xscale[r] (0 for a row of zeros). `value(i)` gives element
-// i (already rounded to bf16); with F8 it is called twice per element.
-template <bool F8, typename V>
-__device__ __forceinline__ void stage_row(V value, void* xs, float* xscale, int r, int k) {
-    if (!F8) {
-        bf16* o = static_cast<bf16*>(xs) + (size_t)r * k;
-        for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = f2bf(value(i));
-        return;
-    }
-    float m = 0.f;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(value(i)));
-    m = block_max(m);
-    const float inv = m > 0.f ? 1.f / m : 0.f;
-    unsigned short* o = static_cast<unsigned short*>(xs) + (size_t)r * k;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = (unsigned short)f2h_bits(value(i) * inv);
-    if (threadIdx.x == 0) xscale[r] = m;
-}
-
-// stage_row for a row held in registers: element threadIdx.x + c · blockDim.x in v[c].
-template <bool F8, int PT>
-__device__ __forceinline__ void stage_regs(const float (&v)[PT], void* xs, float* xscale, int r, int k) {
-    float inv = 1.f;
-    if (F8) {
-        float m = 0.f;
-#pragma unroll
-        for (int c = 0; c < PT; ++c)
-            if (threadIdx.x + c * blockDim.x < k) m = fmaxf(m, fabsf(v[c]));
-        m = block_max(m);
-        inv = m > 0.f ? 1.f / m : 0.f;
-        if (threadIdx.x == 0) xscale[r] = m;
-    }
-#pragma unroll
-    for (int c = 0; c < PT; ++c) {
-        const int i = threadIdx.x + c * blockDim.x;
-        if (i >= k) continue;
-        if (F8)
-            static_cast<unsigned short*>(xs)[(size_t)r * k + i] = (unsigned short)f2h_bits(v[c] * inv);
-        else
-            static_cast<bf16*>(xs)[(size_t)r * k + i] = f2bf(v[c]);
-    }
-}
-
-// xs[r, :] = bf16(rms_norm(residual[r, :] (+ delta'[r, :])) * norm_w), r < rows, staged as
-// stage_row says; rows up to R beyond `rows` are zeroed. delta' is delta, rms-normalised by
-// delta_w first when given (see common.cuh). Block 0 writes the new residual row to residual_out
-// when there is a delta. The arithmetic is add_rms_norm_bf16's.
-template <int R, bool F8>
+// xs[r, :] = bf16(rms_norm(residual[r, :] (+ delta'[r, :])) * norm_w), r < rows; rows up to R
+// beyond `rows` are zeroed. delta' is delta, rms-normalised by delta_w first when given (see
+// common.cuh). Block 0 writes the new residual row to residual_out when there is a delta. The
+// arithmetic is add_rms_norm_bf16's.
+template <int R>
 __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual, const bf16* __restrict__ delta,
                                               const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
-                                              const bf16* __restrict__ norm_w, void* xs, float* xscale, int k,
-                                              int rows, float eps) {
+                                              const bf16* __restrict__ norm_w, bf16* xs, int k, int rows,
+                                              float eps) {
     const bool write = residual_out && blockIdx.x == 0;
     for (int r = 0; r < R; ++r) {
         if (r >= rows) {
-            stage_row<F8>([](int) { return 0.f; }, xs, xscale, r, k);
+            for (int i = threadIdx.x; i < k; i += blockDim.x) xs[r * k + i] = 0;
             continue;
         }
         const float* rr = residual + (size_t)r * k;
@@ -246,10 +172,11 @@ __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual
 #pragma unroll
             for (int c = 0; c < GEMV_NORM_PT; ++c) {
                 const int i = threadIdx.x + c * blockDim.x;
-                if (write && i < k) residual_out[(size_t)r * k + i] = v[c];
-                wv[c] = bf2f(f2bf(wv[c] * (v[c] * inv)));
+                if (i < k) {
+                    if (write) residual_out[(size_t)r * k + i] = v[c];
+                    xs[r * k + i] = f2bf(wv[c] * (v[c] * inv));
+                }
             }
-            stage_regs<F8>(wv, xs, xscale, r, k);
             continue;
         }
         const float inv_d = dr ? delta_inv_rms(dr, delta_w, k, eps) : 1.f;
@@ -259,11 +186,11 @@ __device__ __forceinline__ void norm_prologue(const float* __restrict__ residual
             ss += v * v;
         }
         const float inv = rsqrtf(block_sum(ss) / k + eps);
-        if (write)
-            for (int i = threadIdx.x; i < k; i += blockDim.x)
-                residual_out[(size_t)r * k + i] = residual_at(rr, dr, delta_w, inv_d, i);
-        stage_row<F8>([&](int i) { return bf2f(f2bf(bf2f(norm_w[i]) * (residual_at(rr, dr, delta_w, inv_d, i) * inv))); },
-                      xs, xscale, r, k);
+        for (int i = threadIdx.x; i < k; i += blockDim.x) {
+            const float v = residual_at(rr, dr, delta_w, inv_d, i);
+            if (write) residual_out[(size_t)r * k + i] = v;
+            xs[r * k + i] = f2bf(bf2f(norm_w[i]) * (v * inv));
+        }
     }
     __syncthreads();
 }
@@ -277,35 +204,20 @@ __device__ __forceinline__ int row_units(int k) {
 // y[r, j] = x[r, :] · W[j, :] (· w_scale[j] for e4m3), r < rows.
 //   w : device, bf16 or e4m3 [n, k];  w_scale : device, f32 [n] (e4m3) or null;
 //   x : device, bf16 [rows, k];  y : device, bf16 [rows, n]
-// The e4m3 kernels stage x in R · k · 2 bytes of dynamic shared memory first.
 template <int R, bool F8>
 __device__ __forceinline__ void gemv_plain(const void* __restrict__ w, const float* __restrict__ w_scale,
                                            const bf16* __restrict__ x, bf16* __restrict__ y, int n, int k, int rows) {
-    extern __shared__ uint4 gemv_xs[];
-    __shared__ float xscale[R];
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    if (F8) {
-        prefetch_first(w, n, k);
-        for (int r = 0; r < R; ++r) {
-            const bf16* xr = x + (size_t)(r < rows ? r : 0) * k;
-            if (r < rows)
-                stage_row<true>([&](int i) { return bf2f(xr[i]); }, gemv_xs, xscale, r, k);
-            else
-                stage_row<true>([](int) { return 0.f; }, gemv_xs, xscale, r, k);
-        }
-        __syncthreads();
-        xv = gemv_xs;
-    }
     const int warps = gridDim.x * (blockDim.x >> 5);
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
         float acc[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
-        row_dot<R, F8>(weight_row<F8>(w, j, k), xv, row_units<F8>(k), F8 ? R : rows, acc);
+        row_dot<R, F8>(weight_row<F8>(w, j, k), xv, row_units<F8>(k), rows, acc);
         const float sc = F8 ? w_scale[j] : 1.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float s = warp_sum(acc[r]) * (F8 ? sc * xscale[r] : 1.f);
+            const float s = warp_sum(acc[r]) * sc;
             if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
         }
     }
@@ -323,9 +235,9 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
                                           const float* __restrict__ w_scale, bf16* __restrict__ y, int n, int k,
                                           int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    __shared__ float xscale[R];
     prefetch_first(w, n, k * (F8 ? 1 : 2));
-    norm_prologue<R, F8>(residual, delta, delta_w, residual_out, norm_w, gemv_xs, xscale, k, rows, eps);
+    norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
+                     eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
         float acc[R];
@@ -335,7 +247,7 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
         const float sc = F8 ? w_scale[j] : 1.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float s = warp_sum(acc[r]) * (F8 ? sc * xscale[r] : 1.f);
+            const float s = warp_sum(acc[r]) * sc;
             if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
         }
     }
@@ -353,9 +265,9 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
                                               const float* __restrict__ w_scale, bf16* __restrict__ act, int inter,
                                               int k, int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    __shared__ float xscale[R];
     prefetch_first(w, inter, k * (F8 ? 1 : 2));
-    norm_prologue<R, F8>(residual, delta, delta_w, residual_out, norm_w, gemv_xs, xscale, k, rows, eps);
+    norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
+                     eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < inter; j += warps) {
         float g[R], u[R];
@@ -365,8 +277,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
         const float gsc = F8 ? w_scale[j] : 1.f, usc = F8 ? w_scale[inter + j] : 1.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float xsc = F8 ? xscale[r] : 1.f;
-            const float gs = bf2f(f2bf(warp_sum(g[r]) * (gsc * xsc))), us = bf2f(f2bf(warp_sum(u[r]) * (usc * xsc)));
+            const float gs = bf2f(f2bf(warp_sum(g[r]) * gsc)), us = bf2f(f2bf(warp_sum(u[r]) * usc));
             if ((threadIdx.x & 31) == 0 && r < rows) act[(size_t)r * inter + j] = f2bf(Act(gs) * us);
         }
     }
@@ -444,4 +355,38 @@ extern "C" __global__ void dequantize_rows_e4m3(const fp8* __restrict__ codes, c
     const size_t total = (size_t)n * k;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
         w[e] = f2bf(e4m3f(codes[e]) * scale[e / k]);
+}
+
+// The FP8 GEMM's epilogue (cuBLASLt multiplies the codes with unit scales, in f32): out[t, j] =
+// d[t, j] · w_scale[j] · x_scale[t] — the weight row's and the token's scale — into bf16 or f32.
+// Grid-stride over n · m in groups of four (m % 4 == 0, checked by the host).
+//   d : device, f32 [n, m];  w_scale : device, f32 [m];  x_scale : device, f32 [n]
+template <typename Out>
+__device__ __forceinline__ void fp8_scale_out(const float* __restrict__ d, const float* __restrict__ w_scale,
+                                              const float* __restrict__ x_scale, Out* __restrict__ out, int n, int m) {
+    const size_t groups = (size_t)n * m / 4;
+    for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups; g += (size_t)gridDim.x * blockDim.x) {
+        const size_t e = 4 * g;
+        const int t = (int)(e / m), j = (int)(e % m);
+        const float4 v = reinterpret_cast<const float4*>(d)[g];
+        const float4 ws = *reinterpret_cast<const float4*>(w_scale + j);
+        const float xs = x_scale[t];
+        const float r[4] = {v.x * ws.x * xs, v.y * ws.y * xs, v.z * ws.z * xs, v.w * ws.w * xs};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (sizeof(Out) == 2)
+                out[e + i] = f2bf(r[i]);
+            else
+                out[e + i] = r[i];
+        }
+    }
+}
+extern "C" __global__ void fp8_scale_out_bf16(const float* __restrict__ d, const float* __restrict__ w_scale,
+                                              const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
+                                              int m) {
+    fp8_scale_out<bf16>(d, w_scale, x_scale, out, n, m);
+}
+extern "C" __global__ void fp8_scale_out_f32(const float* __restrict__ d, const float* __restrict__ w_scale,
+                                             const float* __restrict__ x_scale, float* __restrict__ out, int n, int m) {
+    fp8_scale_out<float>(d, w_scale, x_scale, out, n, m);
 }

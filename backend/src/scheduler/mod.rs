@@ -20,6 +20,7 @@ pub mod fair;
 pub mod output;
 pub mod policy;
 pub mod seq;
+pub mod step_time;
 #[cfg(test)]
 mod tests;
 
@@ -68,6 +69,8 @@ pub struct Scheduler {
     spec: Option<SpecConfig>,
     /// Measured cost of verification steps relative to plain decode steps.
     step_cost: StepCost,
+    /// Step time against tokens, for `max_step_secs`.
+    step_time: step_time::StepTimeFit,
     /// The runner picks tokens on the device (argmax per row there): sampled requests cannot
     /// be verified exactly and do not speculate.
     device_samples: bool,
@@ -86,6 +89,7 @@ impl Scheduler {
             counters: SchedulerCounters::default(),
             spec: None,
             step_cost: StepCost::default(),
+            step_time: Default::default(),
             device_samples: false,
             fair: fair::FairShare::default(),
         }
@@ -385,6 +389,25 @@ impl Scheduler {
         }
     }
 
+    /// Tokens this step may hold: `max_num_batched_tokens`, or under a step-time target what
+    /// the fit says finishes within it — but never fewer than the running decodes plus one KV
+    /// block of prompt tokens, so decodes always run and prompts always advance.
+    fn step_token_cap(&self) -> usize {
+        let max = self.config.max_num_batched_tokens;
+        if self.config.max_step_secs <= 0.0 {
+            return max;
+        }
+        let Some(fit) = self.step_time.budget(self.config.max_step_secs) else {
+            return max;
+        };
+        let decodes = self
+            .running
+            .iter()
+            .filter(|s| s.num_computed + 1 >= s.tokens.len())
+            .count();
+        fit.max(decodes + self.kv.block_size()).min(max)
+    }
+
     /// One scheduling decision.
     pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
         self.schedule_with(now, &mut |_, drafts| drafts.len())
@@ -399,7 +422,8 @@ impl Scheduler {
         valid_drafts: &mut dyn FnMut(RequestId, &[u32]) -> usize,
     ) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
-        let mut budget = self.config.max_num_batched_tokens;
+        let cap = self.step_token_cap();
+        let mut budget = cap;
         // Decodes first (in their order), then unfinished prefills by policy, so a short prompt
         // is not stuck behind a long prompt's chunks under shortest-first.
         let mut running = std::mem::take(&mut self.running);
@@ -536,8 +560,7 @@ impl Scheduler {
             i += 1;
         }
         // Budget spent on requests that were preempted later in the loop comes back.
-        budget = self.config.max_num_batched_tokens
-            - out.scheduled.iter().map(|s| s.num_new()).sum::<usize>();
+        budget = cap.saturating_sub(out.scheduled.iter().map(|s| s.num_new()).sum::<usize>());
         // What the running requests got is charged once the step's set is final.
         if self.config.fair_share {
             let running = std::mem::take(&mut self.running);
@@ -627,6 +650,8 @@ impl Scheduler {
     /// Records how long the forward pass of `out` took, for speculation's cost model: decode-only
     /// steps small enough to speculate count, with drafts as verification steps.
     pub fn record_step_time(&mut self, out: &SchedulerOutput, secs: f64) {
+        self.step_time
+            .record(out.scheduled.iter().map(|s| s.num_new()).sum(), secs);
         let Some(cfg) = &self.spec else {
             return;
         };

@@ -53,6 +53,12 @@ pub struct SchedulerConfig {
     /// tenant's own prefill is not capped.
     #[serde(default)]
     pub fair_prefill_cap: usize,
+    /// Target seconds per step (0: none): each step's token budget is sized from a running fit
+    /// of step time against tokens ([`super::step_time`]) so a step is expected to take at most
+    /// this long — never below its decodes plus one KV block of prompt tokens, never above
+    /// `max_num_batched_tokens`.
+    #[serde(default)]
+    pub max_step_secs: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -66,6 +72,7 @@ impl Default for SchedulerConfig {
             max_model_len: 4096,
             fair_share: false,
             fair_prefill_cap: 0,
+            max_step_secs: 0.0,
         }
     }
 }

@@ -658,3 +658,44 @@ fn a_light_tenants_request_runs_in_the_next_step_beside_a_flood() {
         );
     }
 }
+
+#[test]
+fn a_step_time_target_sizes_prefill_chunks_from_measured_steps_and_keeps_decodes() {
+    let t0 = Instant::now();
+    let mut config = make_config(64, 4);
+    config.max_model_len = 256;
+    config.max_step_secs = 0.1;
+    let mut s = make_scheduler(128, config);
+    // Two requests decoding, then a 200-token prompt.
+    add(&mut s, 1, make_request(&[1, 2, 3], 100), t0);
+    add(&mut s, 2, make_request(&[4, 5, 6], 100), t0);
+    let out = s.schedule(t0);
+    assert_eq!(
+        out.scheduled.iter().map(|sc| sc.num_new()).sum::<usize>(),
+        6
+    );
+    feed(&mut s, &out, 9, t0);
+    let prompt: Vec<u32> = (100..300).collect();
+    add(&mut s, 3, make_request(&prompt, 4), t0);
+    // Before any step was timed, the token budget alone bounds the step.
+    let out = s.schedule(t0);
+    assert_eq!(plan(&out)[2].2, 62, "2 decodes + 62 prompt tokens = 64");
+    // Steps cost 10 ms + 2 ms a token on this "device": 0.1 s holds 45 tokens.
+    for sc_tokens in [64usize, 8, 40, 2, 64] {
+        s.step_time
+            .record(sc_tokens, 0.01 + 0.002 * sc_tokens as f64);
+    }
+    feed(&mut s, &out, 9, t0);
+    let out = s.schedule(t0);
+    let p = plan(&out);
+    assert_eq!((p[0].2, p[1].2), (1, 1), "both decodes run");
+    assert_eq!(
+        p[2].2, 43,
+        "45 tokens in all: the target, not the 64-token budget"
+    );
+    // A target below one step's fixed cost still runs the decodes and one block of the prompt.
+    s.config.max_step_secs = 0.005;
+    feed(&mut s, &out, 9, t0);
+    let p = plan(&s.schedule(t0));
+    assert_eq!((p[0].2, p[1].2, p[2].2), (1, 1, BS), "{p:?}");
+}

@@ -54,6 +54,14 @@ pub struct EngineArgs {
     /// device — 8192 on a GPU, 2048 on the CPU.
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Target milliseconds per engine step (0: none). Each step's token budget is then sized
+    /// from the measured time of earlier steps so a step should finish within it: a request
+    /// that arrives while a long prompt prefills waits at most about this long for the step in
+    /// flight, and so do the tokens of everyone decoding beside it. Default: chosen for the
+    /// device — 250 on the CPU (where a 2048-token step of even a 135M model takes seconds),
+    /// none on a GPU (its 8192-token steps take tens of milliseconds).
+    #[arg(long, value_name = "MS")]
+    pub max_step_ms: Option<u64>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -190,7 +198,12 @@ pub struct Started {
 pub struct StepLimits {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Target milliseconds per step (0: none).
+    pub max_step_ms: u64,
 }
+
+/// The CPU's step-time target: a request arriving during a prefill waits about this long at most.
+const CPU_MAX_STEP_MS: u64 = 250;
 
 /// KV tokens a sequence gets at least, on average, when the GPU default of `max_num_seqs` is
 /// sized down to the cache: past that, a full batch would be preempting, not decoding.
@@ -201,21 +214,24 @@ impl StepLimits {
     /// batches up to 256 sequences (vLLM uses 256–1024 on H100-class cards) and prefills in
     /// 8192-token steps, with no more sequences than leave each 512 tokens of the KV cache
     /// (`kv_tokens`: known once the cache is sized); a CPU's steps are bound by arithmetic, so it
-    /// keeps 64 and 2048. Flags override each.
+    /// keeps 64 and 2048 with a step-time target of 250 ms (those steps would take seconds).
+    /// Flags override each.
     pub fn for_device(
         gpu: bool,
         kv_tokens: usize,
         seqs_flag: Option<usize>,
         tokens_flag: Option<usize>,
+        step_ms_flag: Option<u64>,
     ) -> Self {
-        let (seqs, tokens) = if gpu {
-            (256.min((kv_tokens / KV_TOKENS_PER_SEQ).max(1)), 8192)
+        let (seqs, tokens, step_ms) = if gpu {
+            (256.min((kv_tokens / KV_TOKENS_PER_SEQ).max(1)), 8192, 0)
         } else {
-            (64, 2048)
+            (64, 2048, CPU_MAX_STEP_MS)
         };
         StepLimits {
             max_num_seqs: seqs_flag.unwrap_or(seqs),
             max_num_batched_tokens: tokens_flag.unwrap_or(tokens),
+            max_step_ms: step_ms_flag.unwrap_or(step_ms),
         }
     }
 }
@@ -375,13 +391,17 @@ impl EngineArgs {
             layout.num_blocks * layout.block_size,
             a.max_num_seqs,
             a.max_num_batched_tokens,
+            a.max_step_ms,
         );
         tracing::info!(
             device = runner.device_name(),
             max_num_seqs = limits.max_num_seqs,
             max_num_batched_tokens = limits.max_num_batched_tokens,
+            max_step_ms = limits.max_step_ms,
             kv_tokens = layout.num_blocks * layout.block_size,
-            from_flags = a.max_num_seqs.is_some() || a.max_num_batched_tokens.is_some(),
+            from_flags = a.max_num_seqs.is_some()
+                || a.max_num_batched_tokens.is_some()
+                || a.max_step_ms.is_some(),
             "step limits"
         );
         let cfg = EngineConfig {
@@ -393,6 +413,7 @@ impl EngineArgs {
                 max_model_len: a.max_model_len,
                 fair_share: a.fair_share,
                 fair_prefill_cap: a.fair_prefill_cap,
+                max_step_secs: limits.max_step_ms as f64 / 1000.0,
                 ..Default::default()
             },
             enable_prefix_caching: a.enable_prefix_caching,
@@ -420,21 +441,23 @@ mod tests {
 
     #[test]
     fn step_limits_fit_the_device_and_flags_win() {
-        let l = |gpu, kv, s, t| StepLimits::for_device(gpu, kv, s, t);
-        // The CPU keeps small steps whatever its cache.
+        let l = |gpu, kv, s, t| StepLimits::for_device(gpu, kv, s, t, None);
+        // The CPU keeps small steps whatever its cache, and a step-time target.
         assert_eq!(
             l(false, 1 << 20, None, None),
             StepLimits {
                 max_num_seqs: 64,
-                max_num_batched_tokens: 2048
+                max_num_batched_tokens: 2048,
+                max_step_ms: 250
             }
         );
-        // An H200's 8B cache (~60k blocks of 16): 256 sequences, 8192-token steps.
+        // An H200's 8B cache (~60k blocks of 16): 256 sequences, 8192-token steps, no target.
         assert_eq!(
             l(true, 60_000 * 16, None, None),
             StepLimits {
                 max_num_seqs: 256,
-                max_num_batched_tokens: 8192
+                max_num_batched_tokens: 8192,
+                max_step_ms: 0
             }
         );
         // A small GPU cache: 512 KV tokens a sequence at least.
@@ -445,9 +468,15 @@ mod tests {
             l(true, 60_000 * 16, Some(64), None),
             StepLimits {
                 max_num_seqs: 64,
-                max_num_batched_tokens: 8192
+                max_num_batched_tokens: 8192,
+                max_step_ms: 0
             }
         );
         assert_eq!(l(false, 0, None, Some(512)).max_num_batched_tokens, 512);
+        assert_eq!(
+            StepLimits::for_device(false, 0, None, None, Some(0)).max_step_ms,
+            0,
+            "--max-step-ms 0 turns the CPU's target off"
+        );
     }
 }

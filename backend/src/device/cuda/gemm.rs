@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::gemm_fp8::{Fp8Operands, Fp8Out};
+use super::gemm_fp8::Fp8Out;
 use super::tensor::{CudaBuf, CudaTensor};
 use super::{op_err, CudaDevice, DEV};
 use crate::error::DeviceError;
@@ -160,40 +160,37 @@ impl CudaDevice {
         Ok(tensor(out))
     }
 
-    /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, then the e4m3 product
-    /// with both scale vectors. `None` when there is no cuBLASLt or no algorithm for the shape.
+    /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, the e4m3 product in
+    /// f32, then both scale vectors applied. `None` when there is no cuBLASLt or no algorithm
+    /// for the shape.
     fn gemm_fp8(
         &self,
         xs: &CudaSlice<u16>,
-        w: (&CudaSlice<u8>, &CudaSlice<f32>),
+        (codes, w_scale): (&CudaSlice<u8>, &CudaSlice<f32>),
         (m, n, k): (usize, usize, usize),
         out_f32: bool,
     ) -> Result<Option<CudaTensor>, DeviceError> {
         let Some(Some(lt)) = self.fp8_gemm.get() else {
             return Ok(None);
         };
-        if n == 0 || k % 16 != 0 || m % 16 != 0 {
+        if n == 0 || !k.is_multiple_of(16) || !m.is_multiple_of(16) {
             return Ok(None);
         }
-        let mut codes = self.alloc_out::<u8>(n * k, "FP8 activations")?;
-        let mut scales = self.alloc_f32(n, "FP8 activation scales")?;
-        self.launch_quantize_rows_e4m3(xs, &mut codes, &mut scales, (n, k))?;
-        let ops = Fp8Operands {
-            w,
-            x: (&codes, &scales),
-            dims: (m, n, k),
-        };
+        let mut x_codes = self.alloc_out::<u8>(n * k, "FP8 activations")?;
+        let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
+        self.launch_quantize_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))?;
+        let mut raw = self.alloc_f32(n * m, "FP8 product")?;
+        if !lt.matmul(&self.stream, (codes, &x_codes), (m, n, k), &mut raw)? {
+            return Ok(None);
+        }
+        let scales = (w_scale, &x_scale);
         let buf = if out_f32 {
             let mut o = self.alloc_f32(n * m, "linear")?;
-            if !lt.matmul(&self.stream, ops, Fp8Out::F32(&mut o))? {
-                return Ok(None);
-            }
+            self.launch_fp8_scale_out(&raw, scales, Fp8Out::F32(&mut o), (n, m))?;
             CudaBuf::F32(o)
         } else {
             let mut o = self.alloc_bf16(n * m, "linear")?;
-            if !lt.matmul(&self.stream, ops, Fp8Out::Bf16(&mut o))? {
-                return Ok(None);
-            }
+            self.launch_fp8_scale_out(&raw, scales, Fp8Out::Bf16(&mut o), (n, m))?;
             CudaBuf::Bf16(o)
         };
         Ok(Some(CudaTensor {

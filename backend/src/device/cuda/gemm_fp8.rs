@@ -1,15 +1,16 @@
 //! FP8 GEMMs through cuBLASLt for steps of more rows than the FP8 GEMV takes (batched decode,
 //! prefill): the activations are quantized to e4m3 with one scale per token (a launch of
-//! `quantize_rows_e4m3`, as the weights were at load), and cuBLASLt multiplies e4m3 by e4m3 on
-//! the tensor cores with both scale vectors applied in its epilogue (`OUTER_VEC_32F` scaling:
-//! one f32 per weight row and one per token), f32 accumulation, bf16 or f32 out. No bf16 copy
-//! of the weights is ever made, so a step reads each weight byte once.
+//! `quantize_rows_e4m3`, as the weights were at load), cuBLASLt multiplies the e4m3 codes on the
+//! tensor cores with unit scales into f32, and `fp8_scale_out` applies the weight row's and the
+//! token's scale on the way to bf16. No bf16 copy of the weights is ever made, so a step reads
+//! each weight byte once. (cuBLASLt's own per-row scaling, `OUTER_VEC_32F`, is refused on the
+//! H200's library — CUBLAS_STATUS_INVALID_VALUE from the heuristic for every shape — so the
+//! scales are an epilogue launch of ours.)
 //!
-//! Each (weight rows, tokens, columns, output type) gets a plan — descriptors, layouts and the
-//! algorithm cuBLASLt's heuristic picked — made on first use and kept (host work only, so
-//! capturing a CUDA graph never plans). Where cuBLASLt offers no algorithm (an older library
-//! without outer-vector scaling, shapes it does not take), the plan says so once in the log
-//! and the caller falls back to dequantizing the weights for cuBLAS.
+//! Each (weight rows, tokens, columns) gets a plan — descriptors, layouts and the algorithm
+//! cuBLASLt's heuristic picked — made on first use and kept (host work only, so capturing a CUDA
+//! graph never plans). Where cuBLASLt offers no algorithm, the plan says so once in the log and
+//! the caller falls back to dequantizing the weights for cuBLAS.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -39,8 +40,8 @@ fn check(op: &'static str, status: lt::cublasStatus_t) -> Result<(), DeviceError
     }
 }
 
-/// The shape of one product: weight rows (output features), tokens, columns, f32 out.
-type Shape = (usize, usize, usize, bool);
+/// The shape of one product: weight rows (output features), tokens, columns.
+type Shape = (usize, usize, usize);
 
 struct Plan {
     desc: lt::cublasLtMatmulDesc_t,
@@ -77,17 +78,7 @@ impl Drop for Fp8Gemm {
     }
 }
 
-/// The arguments of one FP8 product `out[n, m] = x[n, k] · w[m, k]ᵀ`.
-pub struct Fp8Operands<'a> {
-    /// Weight codes `[m, k]` and their row scales `[m]`.
-    pub w: (&'a CudaSlice<u8>, &'a CudaSlice<f32>),
-    /// Activation codes `[n, k]` and their token scales `[n]`.
-    pub x: (&'a CudaSlice<u8>, &'a CudaSlice<f32>),
-    /// (m, n, k).
-    pub dims: (usize, usize, usize),
-}
-
-/// The product's output buffer.
+/// An output buffer of the FP8 product (after its scales).
 pub enum Fp8Out<'a> {
     Bf16(&'a mut CudaSlice<u16>),
     F32(&'a mut CudaSlice<f32>),
@@ -105,8 +96,8 @@ impl Fp8Gemm {
         // SAFETY: `handle` is a valid out-pointer.
         check("cublasLtCreate", unsafe { lt::cublasLtCreate(&mut handle) })?;
         // SAFETY: u8 has no invalid bit patterns and cuBLASLt only writes its workspace.
-        let workspace = unsafe { stream.alloc::<u8>(LT_WORKSPACE) }
-            .map_err(op_err("cublasLt workspace"))?;
+        let workspace =
+            unsafe { stream.alloc::<u8>(LT_WORKSPACE) }.map_err(op_err("cublasLt workspace"))?;
         Ok(Some(Fp8Gemm {
             handle,
             workspace,
@@ -115,13 +106,9 @@ impl Fp8Gemm {
     }
 
     /// Makes the plan of a shape; `Ok(None)` when cuBLASLt has no algorithm for it.
-    fn plan(&self, (m, n, k, out_f32): Shape) -> Result<Option<Plan>, DeviceError> {
+    fn plan(&self, (m, n, k): Shape) -> Result<Option<Plan>, DeviceError> {
         let f8 = lt::cudaDataType::CUDA_R_8F_E4M3;
-        let out_type = if out_f32 {
-            lt::cudaDataType::CUDA_R_32F
-        } else {
-            lt::cudaDataType::CUDA_R_16BF
-        };
+        let out_type = lt::cudaDataType::CUDA_R_32F;
         let mut desc = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the enums are the library's own.
         check("cublasLtMatmulDescCreate", unsafe {
@@ -160,12 +147,11 @@ impl Fp8Gemm {
                 )
             })
         };
-        use lt::cublasLtMatmulDescAttributes_t as A;
         const OP_T: i32 = 1; // cublasOperation_t::CUBLAS_OP_T
-        let outer = lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
-        set(A::CUBLASLT_MATMUL_DESC_TRANSA, &OP_T)?;
-        set(A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
-        set(A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        set(
+            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &OP_T,
+        )?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         check("cublasLtMatmulPreferenceCreate", unsafe {
@@ -207,8 +193,8 @@ impl Fp8Gemm {
             || found.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
         {
             tracing::warn!(
-                m, n, k, out_f32, ?status, state = ?found.state,
-                "cuBLASLt has no FP8 algorithm with per-row scales for this shape; its weights are dequantized for cuBLAS"
+                m, n, k, ?status, state = ?found.state,
+                "cuBLASLt has no FP8 algorithm for this shape; its weights are dequantized for cuBLAS"
             );
             return Ok(None);
         }
@@ -216,16 +202,16 @@ impl Fp8Gemm {
         Ok(Some(plan))
     }
 
-    /// `out = (x · wᵀ)` with both scale vectors applied; `Ok(false)` when cuBLASLt has no
-    /// algorithm for the shape (nothing was launched).
+    /// `raw = x · wᵀ` over the codes (unit scales), f32 `[n, m]`; `Ok(false)` when cuBLASLt
+    /// has no algorithm for the shape (nothing was launched).
     pub fn matmul(
         &self,
         stream: &Arc<CudaStream>,
-        ops: Fp8Operands<'_>,
-        out: Fp8Out<'_>,
+        (w, x): (&CudaSlice<u8>, &CudaSlice<u8>),
+        (m, n, k): (usize, usize, usize),
+        raw: &mut CudaSlice<f32>,
     ) -> Result<bool, DeviceError> {
-        let (m, n, k) = ops.dims;
-        let shape = (m, n, k, matches!(out, Fp8Out::F32(_)));
+        let shape = (m, n, k);
         let mut plans = self.plans.borrow_mut();
         let plan = match plans.entry(shape) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -234,61 +220,40 @@ impl Fp8Gemm {
         let Some(plan) = plan.as_ref() else {
             return Ok(false);
         };
-        let (wp, _g1) = ops.w.0.device_ptr(stream);
-        let (wsp, _g2) = ops.w.1.device_ptr(stream);
-        let (xp, _g3) = ops.x.0.device_ptr(stream);
-        let (xsp, _g4) = ops.x.1.device_ptr(stream);
-        let (wkp, _g5) = self.workspace.device_ptr(stream);
-        let scale_ptr = |attr, p: u64| {
-            // SAFETY: the attribute is a device pointer to the scale vector, live for the call.
-            check("cublasLtMatmulDescSetAttribute", unsafe {
-                lt::cublasLtMatmulDescSetAttribute(
-                    plan.desc,
-                    attr,
-                    (&p as *const u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            })
-        };
-        use lt::cublasLtMatmulDescAttributes_t as A;
-        scale_ptr(A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, wsp)?;
-        scale_ptr(A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, xsp)?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let launch = |dp: u64| {
-            // SAFETY: the operands hold m·k and n·k codes with m and n scales, the output n·m
-            // elements of the plan's type (the caller's buffers, checked there), all on this
-            // stream; the workspace is LT_WORKSPACE bytes; alpha/beta outlive the call.
-            check("cublasLtMatmul", unsafe {
-                lt::cublasLtMatmul(
-                    self.handle,
-                    plan.desc,
-                    (&alpha as *const f32).cast(),
-                    wp as *const _,
-                    plan.a,
-                    xp as *const _,
-                    plan.b,
-                    (&beta as *const f32).cast(),
-                    dp as *const _,
-                    plan.d,
-                    dp as *mut _,
-                    plan.d,
-                    &plan.algo,
-                    wkp as *mut _,
-                    LT_WORKSPACE,
-                    stream.cu_stream() as lt::cudaStream_t,
-                )
-            })
-        };
-        match out {
-            Fp8Out::Bf16(o) => {
-                let (dp, _g) = o.device_ptr_mut(stream);
-                launch(dp)?;
-            }
-            Fp8Out::F32(o) => {
-                let (dp, _g) = o.device_ptr_mut(stream);
-                launch(dp)?;
-            }
+        if w.len() < m * k || x.len() < n * k || raw.len() < n * m {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "cublasLtMatmul",
+                msg: format!("buffers too short for {n}×{k} · ({m}×{k})ᵀ"),
+            });
         }
+        let (wp, _g1) = w.device_ptr(stream);
+        let (xp, _g2) = x.device_ptr(stream);
+        let (wkp, _g3) = self.workspace.device_ptr(stream);
+        let (dp, _g4) = raw.device_ptr_mut(stream);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the operands hold m·k and n·k codes and the output n·m f32 (checked above), all
+        // on this stream; the workspace is LT_WORKSPACE bytes; alpha/beta outlive the call.
+        check("cublasLtMatmul", unsafe {
+            lt::cublasLtMatmul(
+                self.handle,
+                plan.desc,
+                (&alpha as *const f32).cast(),
+                wp as *const _,
+                plan.a,
+                xp as *const _,
+                plan.b,
+                (&beta as *const f32).cast(),
+                dp as *const _,
+                plan.d,
+                dp as *mut _,
+                plan.d,
+                &plan.algo,
+                wkp as *mut _,
+                LT_WORKSPACE,
+                stream.cu_stream() as lt::cudaStream_t,
+            )
+        })?;
         Ok(true)
     }
 }

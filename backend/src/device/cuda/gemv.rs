@@ -3,7 +3,7 @@
 //! sub-layer's output norm) fused in as a prologue and SwiGLU / GeGLU as the gate/up epilogue. Steps with more rows than `gemv_max_rows` (or
 //! shapes the kernels cannot take) go through the norm kernels and cuBLAS.
 
-use super::kernels::{GEMV_F8_SMEM_MAX, GEMV_ROWS, GEMV_SMEM_MAX};
+use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
 use super::tensor::{CudaBuf, CudaTensor, WeightRef};
 use super::{CudaDevice, DEV};
 use crate::config::Activation;
@@ -12,8 +12,8 @@ use crate::error::DeviceError;
 
 impl CudaDevice {
     /// Which GEMV instantiation serves `rows` input rows of `k` features by `w`, if any. FP8
-    /// weights take the GEMV up to its largest instantiation (4 rows) whatever CACHET_GEMV says
-    /// (where their staged inputs fit shared memory); more rows go to cuBLASLt's FP8 GEMM.
+    /// weights take the GEMV up to its largest instantiation (4 rows) whatever CACHET_GEMV says;
+    /// more rows go to cuBLASLt's FP8 GEMM (or, without one, are dequantized for cuBLAS).
     pub(super) fn gemv_variant(&self, rows: usize, k: usize, w: &WeightRef<'_>) -> Option<usize> {
         let max_rows = match w {
             WeightRef::Bf16(_) => self.options.gemv_max_rows,
@@ -26,13 +26,7 @@ impl CudaDevice {
         {
             return None;
         }
-        let v = GEMV_ROWS.iter().position(|&r| rows <= r)?;
-        // The FP8 kernels stage their inputs (R · k f16) in shared memory.
-        let staged_fits = match w {
-            WeightRef::Bf16(_) => true,
-            WeightRef::E4m3 { .. } => GEMV_ROWS[v] * k * 2 <= GEMV_F8_SMEM_MAX,
-        };
-        staged_fits.then_some(v)
+        GEMV_ROWS.iter().position(|&r| rows <= r)
     }
 
     /// `x · wᵀ` for a few rows with instantiation `v` of gemv.cu.

@@ -43,9 +43,6 @@ pub const GEMV_DEFAULT_ROWS: usize = 2;
 pub const GEMV_THREADS: u32 = 512;
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
-/// Most shared memory an FP8 GEMV may take for its staged inputs (R · k f16; one block per SM,
-/// so up to what an H100/H200 SM has, less the kernel's static shared memory).
-pub const GEMV_F8_SMEM_MAX: usize = 200 << 10;
 
 /// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
 /// bf16 (Q is staged in the second before the loop; at d = 256 it keeps a region of its own).
@@ -102,6 +99,8 @@ pub struct Kernels {
     /// FP8 weights: bf16 rows to e4m3 codes with row scales, and back to bf16.
     pub quantize_rows_e4m3: CudaFunction,
     pub dequantize_rows_e4m3: CudaFunction,
+    /// The FP8 GEMM's epilogue: row and token scales applied, into bf16 or f32.
+    pub fp8_scale_out: [CudaFunction; 2],
 }
 
 /// What loading the kernels found.
@@ -193,6 +192,7 @@ impl Kernels {
             ],
             quantize_rows_e4m3: f("quantize_rows_e4m3")?,
             dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
+            fp8_scale_out: [f("fp8_scale_out_bf16")?, f("fp8_scale_out_f32")?],
         };
         for func in [&k.attention, &k.attention_fp8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
@@ -208,9 +208,6 @@ impl Kernels {
         let norm_gemvs = k.gemv_norm.iter().flatten();
         for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {
             smem(func, GEMV_SMEM_MAX as u32)?;
-        }
-        for func in &k.gemv[1] {
-            smem(func, GEMV_F8_SMEM_MAX as u32)?;
         }
         Ok(Loaded {
             kernels: k,

@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
-    ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_F8_SMEM_MAX, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
+    ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
     MMA_THREADS,
 };
 use super::tensor::WeightRef;
@@ -558,12 +558,7 @@ impl CudaDevice {
         y: &mut CudaSlice<u16>,
         (rows, k, n): (usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        // FP8 weights: the inputs are staged in shared memory as f16.
-        let smem = match w {
-            WeightRef::Bf16(_) => 0,
-            WeightRef::E4m3 { .. } => GEMV_ROWS[v] * k * 2,
-        };
-        if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) || smem > GEMV_F8_SMEM_MAX {
+        if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) {
             return Err(unfit("gemv", rows, GEMV_ROWS[v], k));
         }
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
@@ -576,9 +571,8 @@ impl CudaDevice {
         l.arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
         // SAFETY: rows ≤ R and k a multiple of one 16-byte load of the format (checked above),
         // fresh 16-byte-aligned allocations, so every row starts 16-byte aligned; e4m3 weights
-        // come with their n row scales and R·k·2 bytes of dynamic shared memory, within the
-        // attribute set at load (checked above).
-        unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv"))?;
+        // come with their n row scales.
+        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
         Ok(())
     }
 
@@ -623,6 +617,50 @@ impl CudaDevice {
         };
         // SAFETY: every buffer holds what n rows of k take (checked above); grid-stride loop.
         unsafe { l.launch(cfg) }.map_err(op_err("dequantize_rows_e4m3"))?;
+        Ok(())
+    }
+
+    /// `fp8_scale_out_{bf16|f32}(f32 d[n, m], f32 w_scale[m], f32 x_scale[n], out[n, m], int n,
+    /// int m)`: the FP8 GEMM's product scaled by its weight rows' and tokens' scales.
+    pub(super) fn launch_fp8_scale_out(
+        &self,
+        d: &CudaSlice<f32>,
+        (w_scale, x_scale): (&CudaSlice<f32>, &CudaSlice<f32>),
+        out: super::gemm_fp8::Fp8Out<'_>,
+        (n, m): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        use super::gemm_fp8::Fp8Out;
+        let out_len = match &out {
+            Fp8Out::Bf16(o) => o.len(),
+            Fp8Out::F32(o) => o.len(),
+        };
+        if d.len() < n * m
+            || w_scale.len() < m
+            || x_scale.len() < n
+            || out_len < n * m
+            || !m.is_multiple_of(4)
+        {
+            return Err(short_buffers("fp8_scale_out", n, m));
+        }
+        let (ni, mi) = (n as i32, m as i32);
+        let cfg = LaunchConfig {
+            grid_dim: ((self.sms * 4) as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(match out {
+            Fp8Out::Bf16(_) => &self.k.fp8_scale_out[0],
+            Fp8Out::F32(_) => &self.k.fp8_scale_out[1],
+        });
+        l.arg(d).arg(w_scale).arg(x_scale);
+        match out {
+            Fp8Out::Bf16(o) => l.arg(o),
+            Fp8Out::F32(o) => l.arg(o),
+        };
+        l.arg(&ni).arg(&mi);
+        // SAFETY: d and out hold n·m elements (out a buffer of its own), the scales m and n, m a
+        // multiple of four (checked above; fresh allocations, 16-byte aligned); grid-stride loop.
+        unsafe { l.launch(cfg) }.map_err(op_err("fp8_scale_out"))?;
         Ok(())
     }
 
