@@ -462,16 +462,34 @@ impl Scheduler {
         self.counters.spec_active = speculate as u64;
 
         // Each tenant's share of the slots, once per step (fair sharing only).
-        let (held, capped) = if self.config.fair_share {
+        let (held, capped, over) = if self.config.fair_share {
             let shares = self.slot_shares();
+            let over: Vec<String> = if shares.len() > 1 {
+                shares
+                    .iter()
+                    .filter(|(_, (fair, held))| held > fair)
+                    .map(|(t, _)| t.to_string())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             (
                 self.held_prefills(now, &shares),
                 self.capped_tenants(&shares),
+                over,
             )
         } else {
-            (Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), Vec::new())
         };
         let mut cap_left = self.config.fair_prefill_cap;
+        // Past a step-time target, the prompt of a tenant within its share still goes in one
+        // step beside a tenant over its own: the tokens between the target's budget and
+        // max_num_batched_tokens are that prefill's (the flood's decodes pay the longer step).
+        let mut extra = if over.is_empty() {
+            0
+        } else {
+            self.config.max_num_batched_tokens - cap
+        };
 
         // 1. Running requests, in order: decodes and unfinished prefill chunks.
         let mut i = 0;
@@ -513,10 +531,15 @@ impl Scheduler {
                 continue;
             }
             let is_capped = want > 1 && capped.contains(&self.running[i].req.tag);
-            let num_new = if is_capped {
-                want.min(budget).min(cap_left)
+            let room = if want > 1 && !over.contains(&self.running[i].req.tag) {
+                budget + extra
             } else {
-                want.min(budget)
+                budget
+            };
+            let num_new = if is_capped {
+                want.min(room).min(cap_left)
+            } else {
+                want.min(room)
             };
             let wait = want > 1 && held.contains(&self.running[i].req.tag);
             if num_new == 0 || wait {
@@ -553,7 +576,8 @@ impl Scheduler {
             let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
             out.scheduled
                 .push(self.entry(s, num_computed, toks, num_new == want, Vec::new()));
-            budget -= num_new;
+            extra -= num_new.saturating_sub(budget);
+            budget = budget.saturating_sub(num_new);
             if is_capped {
                 cap_left -= num_new;
             }
@@ -576,7 +600,7 @@ impl Scheduler {
 
         // 2. Waiting requests, by policy, unless this step had to preempt.
         if out.preempted.is_empty() {
-            while budget > 0 && !self.waiting.is_empty() {
+            while budget + extra > 0 && !self.waiting.is_empty() {
                 let best = self.next_waiting(now).expect("non-empty");
                 if held.contains(&self.waiting[best].req.tag) {
                     break; // a tenant under its share prefills this step
@@ -594,22 +618,27 @@ impl Scheduler {
                         break;
                     };
                     self.preempt(v, &mut out);
-                    budget = self.config.max_num_batched_tokens
-                        - out.scheduled.iter().map(|s| s.num_new()).sum::<usize>();
+                    budget = cap
+                        .saturating_sub(out.scheduled.iter().map(|s| s.num_new()).sum::<usize>());
                     continue;
                 }
                 let s = &self.waiting[best];
                 let hit = self.kv.computed_blocks(&s.block_hashes, s.tokens.len());
                 let num_computed = hit.num_tokens;
                 let want = s.tokens.len() - num_computed;
-                if !self.config.enable_chunked_prefill && want > budget {
+                let room = if over.contains(&s.req.tag) {
+                    budget
+                } else {
+                    budget + extra
+                };
+                if !self.config.enable_chunked_prefill && want > room {
                     break;
                 }
                 let is_capped = capped.contains(&s.req.tag);
                 let num_new = if is_capped {
-                    want.min(budget).min(cap_left)
+                    want.min(room).min(cap_left)
                 } else {
-                    want.min(budget)
+                    want.min(room)
                 };
                 if num_new == 0 {
                     break; // the capped tenant's prompt tokens for this step are spent
@@ -633,7 +662,8 @@ impl Scheduler {
                 let entry = self.entry(&s, num_computed, toks, num_new == want, Vec::new());
                 self.charge(&entry, &s);
                 out.scheduled.push(entry);
-                budget -= num_new;
+                extra -= num_new.saturating_sub(budget);
+                budget = budget.saturating_sub(num_new);
                 if is_capped {
                     cap_left -= num_new;
                 }

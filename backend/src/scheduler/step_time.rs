@@ -70,7 +70,8 @@ impl StepTimeFit {
     /// Tokens a step may hold to finish within `target` seconds, if the fit knows.
     pub fn budget(&self, target: f64) -> Option<usize> {
         let (fixed, per_token) = self.model()?;
-        Some(((target - fixed).max(0.0) / per_token) as usize)
+        // (A hair over, so that a budget the fit puts at a whole number of tokens is not one short.)
+        Some(((target - fixed).max(0.0) / per_token + 1e-6) as usize)
     }
 }
 
