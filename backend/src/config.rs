@@ -185,6 +185,24 @@ pub struct ModelConfig {
     /// `rope_local_base_freq`; unscaled).
     #[serde(default)]
     pub rope_local_theta: Option<f64>,
+    /// The checkpoint's weights are FP8 (e4m3) with scales of this granularity (dequantized at
+    /// load; `--quantization` decides what the device keeps).
+    #[serde(default)]
+    pub checkpoint_fp8: Option<Fp8Scales>,
+}
+
+/// How an FP8 checkpoint scales its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fp8Scales {
+    /// One scale per tensor.
+    PerTensor,
+    /// One scale per output row (compressed-tensors' `channel` strategy) — what the device's FP8
+    /// weights hold, so quantizing the loaded values again per row gives back the same codes.
+    PerChannel,
+    /// Scales per block of the weight (HF's `weight_block_size`, compressed-tensors' `block` /
+    /// `group`).
+    Block,
 }
 
 impl ModelConfig {
@@ -330,7 +348,7 @@ impl ModelConfig {
                 ));
             }
         }
-        check_quantization(path, raw.quantization_config.as_ref())?;
+        let checkpoint_fp8 = check_quantization(path, raw.quantization_config.as_ref())?;
         // Gemma names it `hidden_activation`.
         let (act_field, act) = match (&raw.hidden_activation, &raw.hidden_act) {
             (Some(a), _) => ("hidden_activation", Some(a.as_str())),
@@ -482,6 +500,7 @@ impl ModelConfig {
                 Arch::Gemma3 => Some(rope_local_theta.unwrap_or(10000.0)),
                 _ => None,
             },
+            checkpoint_fp8,
         };
         cfg.validate(path)?;
         Ok(cfg)
@@ -641,10 +660,14 @@ fn parse_rope_scaling(
 /// The checkpoint quantizations the loader reads: FP8 (e4m3) weights with their scales — HF's
 /// `quant_method: "fp8"` (per-tensor, or `weight_block_size` blocks: `weight_scale_inv`) and
 /// compressed-tensors' float-quantized FP8 (`weight_scale` per tensor or per channel) — each
-/// weight dequantized once at load. Anything else is refused naming the method.
-fn check_quantization(path: &Path, q: Option<&serde_json::Value>) -> Result<(), LoadError> {
+/// weight dequantized once at load; the granularity of its scales is returned. Anything else is
+/// refused naming the method.
+fn check_quantization(
+    path: &Path,
+    q: Option<&serde_json::Value>,
+) -> Result<Option<Fp8Scales>, LoadError> {
     let Some(q) = q.filter(|v| !v.is_null()) else {
-        return Ok(());
+        return Ok(None);
     };
     let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
     let fp8_e4m3 = |v: Option<&serde_json::Value>| {
@@ -665,7 +688,32 @@ fn check_quantization(path: &Path, q: Option<&serde_json::Value>) -> Result<(), 
         _ => false,
     };
     if ok {
-        return Ok(());
+        let strategy = |g: &serde_json::Value| {
+            g.get("weights")
+                .and_then(|w| w.get("strategy"))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        let scales = match method {
+            "fp8" if q.get("weight_block_size").is_some_and(|b| !b.is_null()) => Fp8Scales::Block,
+            "fp8" => Fp8Scales::PerTensor,
+            _ => {
+                let groups = q["config_groups"].as_object().expect("checked above");
+                let all = |name: &str| {
+                    groups
+                        .values()
+                        .all(|g| strategy(g).as_deref() == Some(name))
+                };
+                if all("channel") {
+                    Fp8Scales::PerChannel
+                } else if all("tensor") {
+                    Fp8Scales::PerTensor
+                } else {
+                    Fp8Scales::Block
+                }
+            }
+        };
+        return Ok(Some(scales));
     }
     Err(LoadError::format(
         path,

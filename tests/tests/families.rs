@@ -114,6 +114,47 @@ fn fp8_checkpoints_load_dequantized_like_transformers() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An FP8 checkpoint scaled per output channel stays FP8 on the device by default: quantizing its
+/// loaded values again per row gives back its own codes, so the logits are those of the weights
+/// as dequantized (to f32 rounding) at half the memory. Per-tensor and block-scaled checkpoints
+/// stay dequantized unless asked (a second rounding of every weight), and the flag wins.
+#[test]
+fn an_fp8_checkpoint_scaled_per_channel_stays_fp8_with_its_own_codes() {
+    use cachet_backend::config::Fp8Scales;
+    let channel = tiny("tiny-qwen3-fp8-channel");
+    let block = tiny("tiny-qwen3-fp8-block");
+    assert_eq!(channel.config.checkpoint_fp8, Some(Fp8Scales::PerChannel));
+    assert_eq!(block.config.checkpoint_fp8, Some(Fp8Scales::Block));
+    assert_eq!(tiny("tiny-qwen3").config.checkpoint_fp8, None);
+    let pick = WeightQuantization::for_checkpoint;
+    assert_eq!(pick(None, &channel.config), WeightQuantization::Fp8);
+    assert_eq!(pick(None, &block.config), WeightQuantization::None);
+    assert_eq!(
+        pick(Some(WeightQuantization::None), &channel.config),
+        WeightQuantization::None
+    );
+    assert_eq!(
+        pick(Some(WeightQuantization::Fp8), &block.config),
+        WeightQuantization::Fp8
+    );
+    let mut kept = device_runner_quantized(DeviceKind::Cpu, &channel, 16, WeightQuantization::Fp8);
+    let mut dequantized = device_runner(DeviceKind::Cpu, &channel, 16);
+    let reference = read_json("tiny-qwen3-fp8-channel_reference.json");
+    for case in reference["cases"].as_array().unwrap() {
+        let ids = ids_of(&case["ids"]);
+        let (a, b) = (
+            all_logits(kept.as_mut(), &ids),
+            all_logits(dequantized.as_mut(), &ids),
+        );
+        let err = rel_err(&a.data, &b.data);
+        assert!(
+            err < 1e-5,
+            "{} tokens: kept FP8 differs from dequantized by {err:e}",
+            ids.len()
+        );
+    }
+}
+
 device_test! {
     /// `--quantization fp8`: tiny-qwen3's projections quantized at load, one scale per output
     /// row, give transformers' logits on torch's per-channel e4m3 weights of the same model

@@ -75,6 +75,20 @@ impl std::str::FromStr for WeightQuantization {
     }
 }
 
+impl WeightQuantization {
+    /// What to keep on the device: the flag's choice, or without one FP8 for a checkpoint whose
+    /// weights are FP8 with a scale per output row — the device's own FP8 format, so the codes
+    /// come back unchanged (half the memory of keeping the dequantized values). Checkpoints
+    /// scaled per tensor or per block stay dequantized unless asked: quantizing them again per
+    /// row would round every weight a second time.
+    pub fn for_checkpoint(flag: Option<Self>, config: &crate::config::ModelConfig) -> Self {
+        flag.unwrap_or(match config.checkpoint_fp8 {
+            Some(crate::config::Fp8Scales::PerChannel) => WeightQuantization::Fp8,
+            _ => WeightQuantization::None,
+        })
+    }
+}
+
 impl std::fmt::Display for WeightQuantization {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

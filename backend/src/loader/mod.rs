@@ -651,6 +651,7 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
             (scalar as f64).powf(-0.5)
         }),
         rope_local_theta: gemma.then_some(10000.0),
+        checkpoint_fp8: None,
         arch: family,
     };
     cfg.validate(path)?;

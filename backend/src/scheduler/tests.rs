@@ -700,28 +700,38 @@ fn a_step_time_target_sizes_prefill_chunks_from_measured_steps_and_keeps_decodes
     assert_eq!((p[0].2, p[1].2, p[2].2), (1, 1, BS), "{p:?}");
 }
 
+/// A scheduler (64-token steps, 3 slots) with a 50 ms step-time target whose fit has seen steps
+/// of 10 ms + 2 ms a token: 20 tokens fit the target.
+fn timed_scheduler(fair_share: bool) -> Scheduler {
+    let mut config = make_config(64, 3);
+    config.fair_share = fair_share;
+    config.max_model_len = 256;
+    config.max_step_secs = 0.05;
+    let mut s = make_scheduler(128, config);
+    for t in [64usize, 8, 40, 2, 64] {
+        s.step_time.record(t, 0.01 + 0.002 * t as f64);
+    }
+    s
+}
+
 /// Under fair sharing with a step-time target, a tenant within its share prefills its prompt in
 /// one step past the target's budget (up to max_num_batched_tokens), beside the decodes of the
 /// tenant over its share, whose own prompt chunks keep to the target.
 #[test]
 fn a_light_tenants_prompt_goes_in_one_step_past_the_step_time_target() {
     let t0 = Instant::now();
-    let mut config = make_config(64, 3);
-    config.fair_share = true;
-    config.max_model_len = 256;
-    config.max_step_secs = 0.05;
-    let mut s = make_scheduler(128, config);
-    // 10 ms a step + 2 ms a token: 20 tokens in 50 ms.
-    for t in [64usize, 8, 40, 2, 64] {
-        s.step_time.record(t, 0.01 + 0.002 * t as f64);
-    }
+    let mut s = timed_scheduler(true);
     // a holds two of the three slots (over its share of 1.5): one decoding, one prefilling.
     add(&mut s, 1, tenant_request("a", 1.0, 4, 50), t0);
     let out = s.schedule(t0);
     feed(&mut s, &out, 9, t0);
     add(&mut s, 2, tenant_request("a", 1.0, 100, 4), t0);
     let out = s.schedule(t0);
-    assert_eq!(plan(&out)[1].2, 19, "alone, a's prompt keeps to the target (1 decode + 19)");
+    assert_eq!(
+        plan(&out)[1].2,
+        19,
+        "alone, a's prompt keeps to the target (1 decode + 19)"
+    );
     feed(&mut s, &out, 9, t0);
     // b arrives with a 30-token prompt (its own tokens: no prefix hit on a's): all of it in the
     // next step, past the 20-token budget.
@@ -735,13 +745,7 @@ fn a_light_tenants_prompt_goes_in_one_step_past_the_step_time_target() {
     let total: usize = p.iter().map(|e| e.1).sum();
     assert!(total <= 64, "never past max_num_batched_tokens: {p:?}");
     // Without fair sharing b's prompt is chunked to the target like everyone's.
-    let mut config = make_config(64, 3);
-    config.max_model_len = 256;
-    config.max_step_secs = 0.05;
-    let mut s = make_scheduler(128, config);
-    for t in [64usize, 8, 40, 2, 64] {
-        s.step_time.record(t, 0.01 + 0.002 * t as f64);
-    }
+    let mut s = timed_scheduler(false);
     add(&mut s, 3, tenant_request("b", 1.0, 30, 4), t0);
     assert_eq!(plan(&s.schedule(t0))[0].2, 20);
 }

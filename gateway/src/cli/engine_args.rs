@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use cachet_backend::config::ModelConfig;
+use cachet_backend::device::WeightQuantization;
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{
@@ -115,10 +116,12 @@ pub struct EngineArgs {
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
     /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
     /// scale per output row, quantized at load: half the weight memory; decode steps of up to
-    /// four sequences stream half the bytes, larger steps dequantize for cuBLAS). The embedding
-    /// table, the LM head and the norms stay as loaded.
-    #[arg(long, default_value = "none")]
-    pub quantization: cachet_backend::device::WeightQuantization,
+    /// four sequences stream half the bytes through the FP8 GEMV, larger steps quantize their
+    /// inputs per token for cuBLASLt's FP8 GEMM). The embedding table, the LM head and the norms
+    /// stay as loaded. Default: fp8 for an FP8 checkpoint scaled per output channel (its codes
+    /// kept as they are), none otherwise.
+    #[arg(long)]
+    pub quantization: Option<cachet_backend::device::WeightQuantization>,
     /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
     /// share of the attention heads, the MLP and the vocabulary, with an all-reduce after each
     /// row-parallel projection). On the CPU device the ranks are threads of this process; the
@@ -376,7 +379,17 @@ impl EngineArgs {
             cuda_graph_sizes: self.graphs.sizes(a.max_num_seqs.unwrap_or(256)),
             cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
             kv_cache_dtype: a.kv_cache_dtype,
-            quantization: a.quantization,
+            quantization: {
+                let config = match &dummy_config {
+                    Some((c, _)) => c,
+                    None => &model.config,
+                };
+                let q = WeightQuantization::for_checkpoint(a.quantization, config);
+                if a.quantization.is_none() && q != WeightQuantization::None {
+                    tracing::info!(quantization = %q, "an FP8 checkpoint scaled per channel: its weights stay FP8 (--quantization none dequantizes them)");
+                }
+                q
+            },
             tensor_parallel_size: a.tensor_parallel_size,
         };
         let model_id = a.model_id(dummy_config.as_ref(), &model.name);

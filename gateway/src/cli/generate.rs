@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use cachet_backend::config::ModelConfig;
 use cachet_backend::device::ForwardBatch;
+use cachet_backend::device::WeightQuantization;
 use cachet_backend::generate::{self, GenerateParams};
 use cachet_backend::kv::SimpleAllocator;
 use cachet_backend::loader::{self, HostWeights, LoadedModel};
@@ -58,10 +59,12 @@ pub struct ModelArgs {
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
     /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
     /// scale per output row, quantized at load: half the weight memory; decode steps of up to
-    /// four sequences stream half the bytes, larger steps dequantize for cuBLAS). The embedding
-    /// table, the LM head and the norms stay as loaded.
-    #[arg(long, default_value = "none")]
-    pub quantization: cachet_backend::device::WeightQuantization,
+    /// four sequences stream half the bytes through the FP8 GEMV, larger steps quantize their
+    /// inputs per token for cuBLASLt's FP8 GEMM). The embedding table, the LM head and the norms
+    /// stay as loaded. Default: fp8 for an FP8 checkpoint scaled per output channel (its codes
+    /// kept as they are), none otherwise.
+    #[arg(long)]
+    pub quantization: Option<cachet_backend::device::WeightQuantization>,
     /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
     /// share of the attention heads, the MLP and the vocabulary, with an all-reduce after each
     /// row-parallel projection). On the CPU device the ranks are threads of this process; the
@@ -177,7 +180,7 @@ fn runner_for(
         cuda_graph_sizes: if args.enforce_eager { vec![] } else { vec![1] },
         cuda_graph_verify: None,
         kv_cache_dtype: args.kv_cache_dtype,
-        quantization: args.quantization,
+        quantization: WeightQuantization::for_checkpoint(args.quantization, config),
         tensor_parallel_size: args.tensor_parallel_size,
     };
     Ok(build_runner(config, WeightSource::Owned(weights), &opts)?)

@@ -65,6 +65,7 @@ pub fn tiny_config() -> ModelConfig {
         post_norms: false,
         attention_scale: None,
         rope_local_theta: None,
+        checkpoint_fp8: None,
     }
 }
 
