@@ -176,11 +176,15 @@ impl CudaDevice {
         if n == 0 || !k.is_multiple_of(16) || !m.is_multiple_of(16) {
             return Ok(None);
         }
-        let mut x_codes = self.alloc_out::<u8>(n * k, "FP8 activations")?;
+        // The product runs on a padded row count, so cuBLASLt plans a few dozen shapes, not one
+        // per prompt length: the pad rows' codes are whatever the buffer held and their
+        // products are never read (each output row depends on its own input row only).
+        let n_pad = fp8_padded_rows(n);
+        let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
         let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
         self.launch_quantize_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))?;
-        let mut raw = self.alloc_f32(n * m, "FP8 product")?;
-        if !lt.matmul(&self.stream, (codes, &x_codes), (m, n, k), &mut raw)? {
+        let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
+        if !lt.matmul(&self.stream, (codes, &x_codes), (m, n_pad, k), &mut raw)? {
             return Ok(None);
         }
         let scales = (w_scale, &x_scale);
@@ -198,5 +202,30 @@ impl CudaDevice {
             cols: m,
             buf,
         }))
+    }
+}
+
+/// The rows an FP8 product runs on for `n` input rows: multiples of 16 up to 64 (batched decode
+/// steps), of 128 beyond (prefill).
+fn fp8_padded_rows(n: usize) -> usize {
+    if n <= 64 {
+        n.next_multiple_of(16)
+    } else {
+        n.next_multiple_of(128)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fp8_products_run_on_a_few_padded_row_counts() {
+        let pads: Vec<usize> = [1, 5, 16, 17, 64, 65, 128, 129, 2048, 8191]
+            .iter()
+            .map(|&n| super::fp8_padded_rows(n))
+            .collect();
+        assert_eq!(pads, [16, 16, 16, 32, 64, 128, 128, 256, 2048, 8192]);
+        let shapes: std::collections::BTreeSet<usize> =
+            (1..=8192).map(super::fp8_padded_rows).collect();
+        assert_eq!(shapes.len(), 4 + 64, "plans per weight shape up to 8192-token steps");
     }
 }

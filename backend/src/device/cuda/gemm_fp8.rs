@@ -9,7 +9,8 @@
 //!
 //! Each (weight rows, tokens, columns) gets a plan — descriptors, layouts and the algorithm
 //! cuBLASLt's heuristic picked — made on first use and kept (host work only, so capturing a CUDA
-//! graph never plans). Where cuBLASLt offers no algorithm, the plan says so once in the log and
+//! graph never plans); the caller pads the token count to a few dozen sizes, so the plans stay
+//! few. Where cuBLASLt offers no algorithm, the plan says so once in the log and
 //! the caller falls back to dequantizing the weights for cuBLAS.
 
 use std::cell::RefCell;
