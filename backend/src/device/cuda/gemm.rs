@@ -226,6 +226,10 @@ mod tests {
         assert_eq!(pads, [16, 16, 16, 32, 64, 128, 128, 256, 2048, 8192]);
         let shapes: std::collections::BTreeSet<usize> =
             (1..=8192).map(super::fp8_padded_rows).collect();
-        assert_eq!(shapes.len(), 4 + 64, "plans per weight shape up to 8192-token steps");
+        assert_eq!(
+            shapes.len(),
+            4 + 64,
+            "plans per weight shape up to 8192-token steps"
+        );
     }
 }

@@ -54,12 +54,17 @@ struct Plan {
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        // SAFETY: each was created once by `Fp8Gemm::plan` and is destroyed once here.
+        // SAFETY: each was created once by `Fp8Gemm::plan` (null: not created, a plan given up
+        // half-made) and is destroyed once here.
         unsafe {
-            lt::cublasLtMatrixLayoutDestroy(self.a);
-            lt::cublasLtMatrixLayoutDestroy(self.b);
-            lt::cublasLtMatrixLayoutDestroy(self.d);
-            lt::cublasLtMatmulDescDestroy(self.desc);
+            for l in [self.a, self.b, self.d] {
+                if !l.is_null() {
+                    lt::cublasLtMatrixLayoutDestroy(l);
+                }
+            }
+            if !self.desc.is_null() {
+                lt::cublasLtMatmulDescDestroy(self.desc);
+            }
         }
     }
 }
@@ -110,33 +115,35 @@ impl Fp8Gemm {
     fn plan(&self, (m, n, k): Shape) -> Result<Option<Plan>, DeviceError> {
         let f8 = lt::cudaDataType::CUDA_R_8F_E4M3;
         let out_type = lt::cudaDataType::CUDA_R_32F;
-        let mut desc = std::ptr::null_mut();
+        // Filled in below; whatever was made is destroyed with it if a step fails.
+        let mut plan = Plan {
+            desc: std::ptr::null_mut(),
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            // SAFETY: a plain C struct of integers; overwritten by the heuristic's pick below.
+            algo: unsafe { std::mem::zeroed() },
+        };
         // SAFETY: valid out-pointer; the enums are the library's own.
         check("cublasLtMatmulDescCreate", unsafe {
             lt::cublasLtMatmulDescCreate(
-                &mut desc,
+                &mut plan.desc,
                 lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 lt::cudaDataType::CUDA_R_32F,
             )
         })?;
-        let layout = |t, rows: usize, cols: usize, ld: usize| {
-            let mut l = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
+        let desc = plan.desc;
+        let layout = |l: &mut lt::cublasLtMatrixLayout_t, t, rows: usize, cols: usize| {
+            // SAFETY: valid out-pointer; column-major, leading dimension = rows.
             check("cublasLtMatrixLayoutCreate", unsafe {
-                lt::cublasLtMatrixLayoutCreate(&mut l, t, rows as u64, cols as u64, ld as i64)
+                lt::cublasLtMatrixLayoutCreate(l, t, rows as u64, cols as u64, rows as i64)
             })
-            .map(|_| l)
         };
         // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major outᵀ[m, n] = op(A)·B with A
         // the weights seen as k×m (transposed: FP8 takes only this "TN" form) and B = x as k×n.
-        let mut plan = Plan {
-            desc,
-            a: layout(f8, k, m, k)?,
-            b: layout(f8, k, n, k)?,
-            d: layout(out_type, m, n, m)?,
-            // SAFETY: a plain C struct of integers; overwritten by the heuristic's pick below.
-            algo: unsafe { std::mem::zeroed() },
-        };
+        layout(&mut plan.a, f8, k, m)?;
+        layout(&mut plan.b, f8, k, n)?;
+        layout(&mut plan.d, out_type, m, n)?;
         let set = |attr, v: &i32| {
             // SAFETY: every attribute set here is an int32 of the library's enums.
             check("cublasLtMatmulDescSetAttribute", unsafe {
