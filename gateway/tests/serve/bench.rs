@@ -114,3 +114,68 @@ fn bench_serve_loads_a_server_and_reports_what_it_answered() {
         "{err}"
     );
 }
+
+/// Stopped by SIGTERM (a time limit on a GPU machine), `bench serve` still reports the requests
+/// that finished, marked as interrupted, instead of dying with nothing printed.
+#[test]
+fn bench_serve_stopped_by_sigterm_reports_what_finished() {
+    let config = format!(
+        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-test-acme")
+    );
+    let (_server, base) = start(&config);
+    let json = std::env::temp_dir().join(format!("cachet-bench-term-{}.json", std::process::id()));
+    let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .args([
+            "bench",
+            "serve",
+            "--base-url",
+            &base,
+            "--api-key",
+            "sk-test-acme",
+        ])
+        .args([
+            "--input-len",
+            "8",
+            "--output-len",
+            "8",
+            "--num-prompts",
+            "2000",
+        ])
+        .args(["--max-concurrency", "2", "--ignore-eos", "--json-out"])
+        .arg(&json)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Long enough for some of the 2,000 requests to finish on a slow machine, far from all.
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let o = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("Serving Benchmark Result")
+            && text.contains("Interrupted (signal): finished"),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["interrupted"], true);
+    assert_eq!(v["num_prompts"], 2000);
+    let done = v["completed"].as_u64().unwrap();
+    assert!(done >= 1 && done < 2000, "{done} finished");
+    assert_eq!(
+        v["requests"].as_array().unwrap().len() as u64,
+        done + v["failed"].as_u64().unwrap()
+    );
+    assert!(
+        o.status.success(),
+        "some requests finished: a report, exit 0"
+    );
+    std::fs::remove_file(&json).ok();
+}

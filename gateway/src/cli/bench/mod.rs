@@ -44,6 +44,7 @@ pub enum BenchCommand {
     /// Load any OpenAI-compatible server (ours, vLLM, SGLang): random, shared-prefix or
     /// ShareGPT-like requests, all at once or at a Poisson rate, a concurrency cap; throughput
     /// and TTFT / TPOT / ITL / end-to-end percentiles in vLLM's `bench serve` layout, JSON out.
+    /// SIGTERM or Ctrl-C stops it early with the report of the requests that finished.
     Serve(serve::ServeBenchArgs),
 }
 

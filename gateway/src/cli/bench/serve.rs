@@ -412,37 +412,66 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
                 .collect::<std::collections::VecDeque<_>>(),
         ));
         let a = Arc::new(a);
+        // Each finished request's record, by its index: what a SIGTERM / Ctrl-C reports.
+        let finished: Arc<std::sync::Mutex<Vec<Option<Record>>>> =
+            Arc::new(std::sync::Mutex::new(vec![None; n]));
         let start = tokio::time::Instant::now();
         let tasks: Vec<_> = (0..slots)
             .map(|_| {
-                let (queue, a, model, host) =
-                    (queue.clone(), a.clone(), model.clone(), host.clone());
+                let (queue, a, model, host, finished) = (
+                    queue.clone(),
+                    a.clone(),
+                    model.clone(),
+                    host.clone(),
+                    finished.clone(),
+                );
                 tokio::spawn(async move {
                     let mut conn = Conn::new(&host);
-                    let mut done = Vec::new();
                     loop {
                         let next = queue.lock().expect("queue lock").pop_front();
                         let Some((i, it)) = next else { break };
                         tokio::time::sleep_until(start + it.at).await;
-                        done.push((i, one(&mut conn, &a, &model, &it).await));
+                        let r = one(&mut conn, &a, &model, &it).await;
+                        finished.lock().expect("records lock")[i] = Some(r);
                     }
-                    done
                 })
             })
             .collect();
-        let mut recs = vec![Record::default(); n];
-        for t in tasks {
-            let done = t.await.context("a load slot panicked")?;
-            for (i, r) in done {
-                recs[i] = r;
+        let all_done = async {
+            for t in tasks {
+                t.await.context("a load slot panicked")?;
             }
-        }
+            anyhow::Ok(())
+        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let interrupted = tokio::select! {
+            r = all_done => { r?; false }
+            _ = term.recv() => true,
+            _ = tokio::signal::ctrl_c() => true,
+        };
         let secs = start.elapsed().as_secs_f64();
-        report(&a, &model, &recs, secs)
+        // Interrupted: the requests that finished, reported as a run of that length (the ones
+        // in flight are dropped with the runtime).
+        let recs: Vec<Record> = finished
+            .lock()
+            .expect("records lock")
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        report(&a, &model, &recs, secs, interrupted.then_some(n))
     })
 }
 
-fn report(a: &ServeBenchArgs, model: &str, recs: &[Record], secs: f64) -> anyhow::Result<()> {
+/// Prints (and writes, with `--json-out`) the report of `recs`; `interrupted`: the run was
+/// stopped by a signal before all of its `Some(n)` requests finished.
+fn report(
+    a: &ServeBenchArgs,
+    model: &str,
+    recs: &[Record],
+    secs: f64,
+    interrupted: Option<usize>,
+) -> anyhow::Result<()> {
     let ok: Vec<&Record> = recs.iter().filter(|r| r.error.is_none()).collect();
     let failed = recs.len() - ok.len();
     let input: u64 = ok.iter().map(|r| r.prompt_tokens).sum();
@@ -459,6 +488,12 @@ fn report(a: &ServeBenchArgs, model: &str, recs: &[Record], secs: f64) -> anyhow
     let e2e = col(&|r| r.e2e_ms);
     let mut text = format!("{:=^50}\n", " Serving Benchmark Result ");
     let line = |k: &str, v: String| format!("{k:<40}{v:<10}\n");
+    if let Some(planned) = interrupted {
+        text += &line(
+            "Interrupted (signal): finished",
+            format!("{} of {planned}", recs.len()),
+        );
+    }
     text += &line("Model:", model.to_string());
     text += &line("Dataset:", format!("{:?}", a.dataset).to_lowercase());
     text += &line(
@@ -486,7 +521,8 @@ fn report(a: &ServeBenchArgs, model: &str, recs: &[Record], secs: f64) -> anyhow
     text += &line("Total token throughput (tok/s):", format!("{tot_tps:.2}"));
     let mut j = serde_json::json!({
         "model": model, "dataset": format!("{:?}", a.dataset).to_lowercase(),
-        "num_prompts": recs.len(), "completed": ok.len(), "failed": failed,
+        "num_prompts": interrupted.unwrap_or(recs.len()), "completed": ok.len(), "failed": failed,
+        "interrupted": interrupted.is_some(),
         "duration_s": secs, "total_input_tokens": input, "total_output_tokens": output,
         "request_throughput": rps, "output_throughput": out_tps, "total_token_throughput": tot_tps,
         "request_rate": if a.request_rate.is_finite() { serde_json::json!(a.request_rate) } else { serde_json::json!("inf") },
