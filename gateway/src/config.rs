@@ -115,16 +115,28 @@ pub fn upstreams_from_toml(text: &str) -> Result<Vec<UpstreamConfig>, ConfigErro
     Ok(ConfigFile::parse(text)?.upstream)
 }
 
+/// An upstream's URL: http:// only — the gateway's client speaks plain HTTP to upstreams, so an
+/// https:// one would fail on every request; it is refused here instead, saying what to do.
+fn check_upstream_url(url: &str) -> Result<(), ConfigError> {
+    if url.starts_with("https://") {
+        return Err(ConfigError::Upstream(format!(
+            "`{url}`: upstreams are reached over plain HTTP for now (use an http:// URL on a private network, or put a TLS proxy in front)"
+        )));
+    }
+    if !url.starts_with("http://") {
+        return Err(ConfigError::Upstream(format!(
+            "`{url}` is not an http:// URL"
+        )));
+    }
+    Ok(())
+}
+
 fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for u in upstreams {
         let name = match u {
             UpstreamConfig::Cachet { url } => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(ConfigError::Upstream(format!(
-                        "`{url}` is not an http:// or https:// URL"
-                    )));
-                }
+                check_upstream_url(url)?;
                 url.trim_end_matches('/').to_string()
             }
             UpstreamConfig::Embedded {} => "embedded".to_string(),
@@ -134,16 +146,7 @@ fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
                 history_blocks,
                 ..
             } => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(ConfigError::Upstream(format!(
-                        "`{url}` is not an http:// or https:// URL"
-                    )));
-                }
-                if url.starts_with("https://") {
-                    return Err(ConfigError::Upstream(format!(
-                        "`{url}`: upstreams are reached over plain HTTP for now (put a TLS proxy in front)"
-                    )));
-                }
+                check_upstream_url(url)?;
                 if let Some(v) = api_key_env {
                     if std::env::var(v).is_err() {
                         return Err(ConfigError::Upstream(format!(

@@ -198,6 +198,16 @@ url = "http://10.0.0.2:9000/"
     assert!(err("[[upstream]]\nkind = \"vllm\"\n").contains("unknown variant `vllm`"));
     assert!(err("[[upstream]]\nkind = \"cachet\"\n").contains("missing field `url`"));
     assert!(err("[[upstream]]\nkind = \"cachet\"\nurl = \"10.0.0.2\"\n").contains("not an http"));
+    // Every kind: the client speaks plain HTTP, so https:// is refused at load, not per request.
+    for kind in ["cachet", "openai"] {
+        let e = err(&format!(
+            "[[upstream]]\nkind = \"{kind}\"\nurl = \"https://10.0.0.2:9000\"\n"
+        ));
+        assert!(
+            e.contains("plain HTTP") && e.contains("TLS proxy"),
+            "{kind}: {e}"
+        );
+    }
     assert!(
         err("[[upstream]]\nkind = \"embedded\"\n[[upstream]]\nkind = \"embedded\"\n")
             .contains("listed twice")
