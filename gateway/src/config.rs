@@ -117,7 +117,7 @@ pub fn upstreams_from_toml(text: &str) -> Result<Vec<UpstreamConfig>, ConfigErro
 
 /// An upstream's URL: http:// only — the gateway's client speaks plain HTTP to upstreams, so an
 /// https:// one would fail on every request; it is refused here instead, saying what to do.
-fn check_upstream_url(url: &str) -> Result<(), ConfigError> {
+pub fn check_upstream_url(url: &str) -> Result<(), ConfigError> {
     if url.starts_with("https://") {
         return Err(ConfigError::Upstream(format!(
             "`{url}`: upstreams are reached over plain HTTP for now (use an http:// URL on a private network, or put a TLS proxy in front)"

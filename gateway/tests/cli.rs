@@ -151,6 +151,38 @@ fn bad_input_gets_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--auth-token"), "{err}");
+    // A worker URL the gateway's plain-HTTP client cannot reach is refused at start, not on
+    // every request after it.
+    let config = std::env::temp_dir().join(format!("cachet-cli-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "[[tenant]]\nid = \"t\"\napi_key_sha256 = [\"{}\"]\n",
+            "0".repeat(64)
+        ),
+    )
+    .unwrap();
+    for (url, says) in [
+        ("https://127.0.0.1:9", "plain HTTP"),
+        ("127.0.0.1:9", "not an http:// URL"),
+    ] {
+        let out = cachet(&[
+            "serve",
+            "--model",
+            "/no/such/model",
+            "--config",
+            config.to_str().unwrap(),
+            "--worker",
+            url,
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--worker") && err.contains(says),
+            "{url}: {err}"
+        );
+    }
+    std::fs::remove_file(&config).ok();
 }
 
 /// The TTFT experiment's machinery end to end at toy scale (a random 2-layer model on the CPU):

@@ -148,6 +148,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let tenants = TenantRegistry::from_configs(file.tenant, &key, std::time::Instant::now())
         .with_context(in_config)?;
     // The pool: the config's [[upstream]]s, then each --worker; alone, the embedded engine.
+    for url in &a.workers {
+        cachet_gateway::config::check_upstream_url(url).context("--worker")?;
+    }
     let mut members = file.upstream;
     members.extend(
         a.workers
