@@ -14,13 +14,17 @@ fn bench_serve(base: &str, key: &str, extra: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-#[test]
-fn bench_serve_loads_a_server_and_reports_what_it_answered() {
-    let config = format!(
+/// `cachet serve` with one tenant, `acme`, whose key is `sk-test-acme`.
+fn start_acme() -> (Server, String) {
+    start(&format!(
         "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
         key_hash("sk-test-acme")
-    );
-    let (_server, base) = start(&config);
+    ))
+}
+
+#[test]
+fn bench_serve_loads_a_server_and_reports_what_it_answered() {
+    let (_server, base) = start_acme();
     let json = std::env::temp_dir().join(format!("cachet-bench-serve-{}.json", std::process::id()));
     let o = bench_serve(
         &base,
@@ -119,11 +123,7 @@ fn bench_serve_loads_a_server_and_reports_what_it_answered() {
 /// that finished, marked as interrupted, instead of dying with nothing printed.
 #[test]
 fn bench_serve_stopped_by_sigterm_reports_what_finished() {
-    let config = format!(
-        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
-        key_hash("sk-test-acme")
-    );
-    let (_server, base) = start(&config);
+    let (_server, base) = start_acme();
     let json = std::env::temp_dir().join(format!("cachet-bench-term-{}.json", std::process::id()));
     let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
         .args([
