@@ -688,12 +688,6 @@ fn check_quantization(
         _ => false,
     };
     if ok {
-        let strategy = |g: &serde_json::Value| {
-            g.get("weights")
-                .and_then(|w| w.get("strategy"))
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-        };
         let scales = match method {
             "fp8" if q.get("weight_block_size").is_some_and(|b| !b.is_null()) => Fp8Scales::Block,
             "fp8" => Fp8Scales::PerTensor,
@@ -702,7 +696,7 @@ fn check_quantization(
                 let all = |name: &str| {
                     groups
                         .values()
-                        .all(|g| strategy(g).as_deref() == Some(name))
+                        .all(|g| g["weights"]["strategy"].as_str() == Some(name))
                 };
                 if all("channel") {
                     Fp8Scales::PerChannel

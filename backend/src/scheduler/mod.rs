@@ -357,14 +357,11 @@ impl Scheduler {
             .collect()
     }
 
-    /// Under fair sharing with a prefill cap, the tenants whose prompt tokens per step are
-    /// capped: those holding more sequence slots than their share, while another tenant has
-    /// requests.
-    fn capped_tenants(&self, shares: &HashMap<&str, (f64, f64)>) -> Vec<String> {
-        if self.config.fair_prefill_cap == 0
-            || !self.config.enable_chunked_prefill
-            || shares.len() < 2
-        {
+    /// Under fair sharing, the tenants holding more sequence slots than their share while
+    /// another tenant has requests: their prompt chunks keep to the prefill cap and to a
+    /// step-time target's budget.
+    fn over_share(shares: &HashMap<&str, (f64, f64)>) -> Vec<String> {
+        if shares.len() < 2 {
             return Vec::new();
         }
         shares
@@ -462,25 +459,19 @@ impl Scheduler {
         self.counters.spec_active = speculate as u64;
 
         // Each tenant's share of the slots, once per step (fair sharing only).
-        let (held, capped, over) = if self.config.fair_share {
+        let (held, over) = if self.config.fair_share {
             let shares = self.slot_shares();
-            let over: Vec<String> = if shares.len() > 1 {
-                shares
-                    .iter()
-                    .filter(|(_, (fair, held))| held > fair)
-                    .map(|(t, _)| t.to_string())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            (
-                self.held_prefills(now, &shares),
-                self.capped_tenants(&shares),
-                over,
-            )
+            (self.held_prefills(now, &shares), Self::over_share(&shares))
         } else {
-            (Vec::new(), Vec::new(), Vec::new())
+            (Vec::new(), Vec::new())
         };
+        // With a prefill cap, the tenants over their share prefill at most the cap a step.
+        let capped: &[String] =
+            if self.config.fair_prefill_cap > 0 && self.config.enable_chunked_prefill {
+                &over
+            } else {
+                &[]
+            };
         let mut cap_left = self.config.fair_prefill_cap;
         // Past a step-time target, the prompt of a tenant within its share still goes in one
         // step beside a tenant over its own: the tokens between the target's budget and
@@ -489,6 +480,15 @@ impl Scheduler {
             0
         } else {
             self.config.max_num_batched_tokens - cap
+        };
+        // Prompt tokens a request of `tag` may take now: the step's budget, and the extra for a
+        // prefill of a tenant not over its share.
+        let room = |budget: usize, extra: usize, tag: &str, prefill: bool| {
+            if prefill && !over.iter().any(|t| t == tag) {
+                budget + extra
+            } else {
+                budget
+            }
         };
 
         // 1. Running requests, in order: decodes and unfinished prefill chunks.
@@ -531,11 +531,7 @@ impl Scheduler {
                 continue;
             }
             let is_capped = want > 1 && capped.contains(&self.running[i].req.tag);
-            let room = if want > 1 && !over.contains(&self.running[i].req.tag) {
-                budget + extra
-            } else {
-                budget
-            };
+            let room = room(budget, extra, &self.running[i].req.tag, want > 1);
             let num_new = if is_capped {
                 want.min(room).min(cap_left)
             } else {
@@ -576,8 +572,7 @@ impl Scheduler {
             let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
             out.scheduled
                 .push(self.entry(s, num_computed, toks, num_new == want, Vec::new()));
-            extra -= num_new.saturating_sub(budget);
-            budget = budget.saturating_sub(num_new);
+            take(&mut budget, &mut extra, num_new);
             if is_capped {
                 cap_left -= num_new;
             }
@@ -626,11 +621,7 @@ impl Scheduler {
                 let hit = self.kv.computed_blocks(&s.block_hashes, s.tokens.len());
                 let num_computed = hit.num_tokens;
                 let want = s.tokens.len() - num_computed;
-                let room = if over.contains(&s.req.tag) {
-                    budget
-                } else {
-                    budget + extra
-                };
+                let room = room(budget, extra, &s.req.tag, true);
                 if !self.config.enable_chunked_prefill && want > room {
                     break;
                 }
@@ -662,8 +653,7 @@ impl Scheduler {
                 let entry = self.entry(&s, num_computed, toks, num_new == want, Vec::new());
                 self.charge(&entry, &s);
                 out.scheduled.push(entry);
-                extra -= num_new.saturating_sub(budget);
-                budget = budget.saturating_sub(num_new);
+                take(&mut budget, &mut extra, num_new);
                 if is_capped {
                     cap_left -= num_new;
                 }
@@ -804,4 +794,11 @@ fn append_tokens(
         }
     }
     tokens.len()
+}
+
+/// `n` scheduled tokens spent from the step's budget first, then from the extra a tenant within
+/// its share may take past a step-time target.
+fn take(budget: &mut usize, extra: &mut usize, n: usize) {
+    *extra -= n.saturating_sub(*budget);
+    *budget = budget.saturating_sub(n);
 }
