@@ -6,7 +6,7 @@ dequantiser for SmolLM2, its safetensors loader for the tiny models) and run by 
 
     python scripts/reference.py --gguf ~/.cache/cachet/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --tiny tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied --out tests/fixtures
-    python scripts/reference.py --families tiny-qwen2 tiny-qwen2-yarn tiny-qwen3 \
+    python scripts/reference.py --families tiny-qwen2 tiny-qwen2-yarn tiny-qwen3 tiny-qwen3-moe tiny-mixtral \
         --qwen-gguf ~/.cache/cachet/models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 Tokenizer note: llama.cpp marks SmolLM2's GGUF with pre-tokenizer `smollm`, which splits every digit
@@ -143,6 +143,19 @@ FAMILIES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    # Mixtures of experts: many small experts, unnormalised top-3 (Qwen3-MoE's
+    # norm_topk_prob false) and Mixtral's renormalised top-2.
+    "tiny-qwen3-moe": dict(
+        model_type="qwen3_moe", hidden_size=64, intermediate_size=112, moe_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=3, norm_topk_prob=False, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=300, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=False, max_position_embeddings=2048,
+        use_sliding_window=False, bos_token_id=1, eos_token_id=2),
+    "tiny-mixtral": dict(
+        model_type="mixtral", hidden_size=64, intermediate_size=48, num_local_experts=4,
+        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=300, rms_norm_eps=1e-5, rope_theta=1000000.0, tie_word_embeddings=False,
+        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
     "tiny-mistral-window": dict(
         model_type="mistral", hidden_size=64, intermediate_size=112, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300, rms_norm_eps=1e-5,
@@ -262,8 +275,25 @@ def tiny_with_greedy(model_dir, out_dir):
     path = os.path.join(out_dir, f"{name}_reference.json")
     doc = json.load(open(path))
     doc["greedy"] = [{"prompt": p, "output": greedy(model, p, 64)} for p in prompts]
+    if getattr(model.config, "num_experts_per_tok", None):
+        doc["routes"] = moe_routes(model, doc["cases"][-1]["ids"])
     with open(path, "w") as fh:
         json.dump(doc, fh)
+
+
+def moe_routes(model, ids):
+    """Each layer's router choice for every token of `ids`: transformers' router logits
+    (output_router_logits), softmax, top-k; with the gap between the k-th and the next
+    probability, so a test can skip near ties."""
+    k = model.config.num_experts_per_tok
+    out = model(torch.tensor([ids]), output_router_logits=True)
+    layers = []
+    for logits in out.router_logits:
+        p = torch.softmax(logits.float(), dim=-1)
+        top = torch.topk(p, k + 1, dim=-1)
+        layers.append({"experts": top.indices[:, :k].tolist(),
+                       "gap": (top.values[:, k - 1] - top.values[:, k]).tolist()})
+    return layers
 
 
 QWEN_PROMPTS = [

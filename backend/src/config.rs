@@ -56,6 +56,11 @@ pub enum Arch {
     /// GeGLU-tanh, norms before and after each sub-layer with (1 + w) weights, q/k head norm,
     /// embeddings scaled by √hidden, queries by `query_pre_attn_scalar`^-½.
     Gemma3,
+    /// Qwen3-MoE: the Qwen3 attention, a mixture-of-experts MLP in every layer (softmax router,
+    /// top-k, the k probabilities renormalised when `norm_topk_prob`).
+    Qwen3Moe,
+    /// Mixtral: the Mistral attention, a mixture of experts (softmax router, top-2 renormalised).
+    Mixtral,
 }
 
 /// The MLP's gate activation. The discriminants index the CUDA device's kernel tables.
@@ -71,12 +76,14 @@ pub enum Activation {
 
 impl Arch {
     /// Every supported family, as `cachet model list` shows them.
-    pub const ALL: [Arch; 5] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Gemma3,
+        Arch::Qwen3Moe,
+        Arch::Mixtral,
     ];
 
     /// HF's `model_type`.
@@ -87,12 +94,17 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3_text",
+            Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Mixtral => "mixtral",
         }
     }
-    /// The GGUF `general.architecture` name.
+    /// The GGUF `general.architecture` name (llama.cpp writes Mixtral as `llama` with experts;
+    /// [`crate::loader::gguf_config`] tells them apart by `llama.expert_count`).
     pub fn gguf_name(self) -> &'static str {
         match self {
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Mixtral => "llama",
             a => a.model_type(),
         }
     }
@@ -104,6 +116,8 @@ impl Arch {
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
+            Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Arch::Mixtral => "MixtralForCausalLM",
         }
     }
     /// The family of an HF `model_type`.
@@ -120,7 +134,11 @@ impl Arch {
     /// Whether llama.cpp's converter permuted the q/k rows of this family for its interleaved
     /// RoPE (it does for Llama and Mistral; Qwen is stored in HF's half-split order).
     pub fn gguf_permutes_qk(self) -> bool {
-        matches!(self, Arch::Llama | Arch::Mistral)
+        matches!(self, Arch::Llama | Arch::Mistral | Arch::Mixtral)
+    }
+    /// Whether the family's MLP is a mixture of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Mixtral)
     }
     /// What the family's layers add to the Llama layer, for `cachet model list`.
     pub fn description(self) -> &'static str {
@@ -130,6 +148,8 @@ impl Arch {
             Arch::Qwen2 => "Qwen2 / Qwen2.5 (Coder, Instruct): q/k/v biases",
             Arch::Qwen3 => "Qwen3 dense: per-head q/k RMSNorm, head_dim of its own",
             Arch::Gemma3 => "Gemma 3 text: local sliding-window + global layers, GeGLU-tanh, sandwich (1+w) norms, q/k norm, head_dim 256",
+            Arch::Qwen3Moe => "Qwen3-MoE (30B-A3B, 235B-A22B): Qwen3 attention, top-k of many small SwiGLU experts",
+            Arch::Mixtral => "Mixtral (8x7B, 8x22B): Mistral attention, top-2 of 8 SwiGLU experts",
         }
     }
 }
@@ -189,6 +209,22 @@ pub struct ModelConfig {
     /// load; `--quantization` decides what the device keeps).
     #[serde(default)]
     pub checkpoint_fp8: Option<Fp8Scales>,
+    /// The mixture of experts every layer's MLP is (Qwen3-MoE, Mixtral); `None`: a dense MLP of
+    /// `intermediate_size`.
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts MLP: a linear router over `num_experts` SwiGLU experts of width
+/// `expert_intermediate_size`; each token goes to the `top_k` experts of highest router
+/// probability (softmax over all experts), their outputs summed weighted by those probabilities
+/// — renormalised to sum to 1 over the k when `norm_topk_prob`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate_size: usize,
+    pub norm_topk_prob: bool,
 }
 
 /// How an FP8 checkpoint scales its weights.
@@ -236,13 +272,12 @@ impl ModelConfig {
         };
         let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
         let post_norms = if self.post_norms { 2 * h } else { 0 };
-        let per_layer = h * self.qkv_dim()
-            + self.q_dim() * h
-            + 3 * h * self.intermediate_size
-            + 2 * h
-            + bias
-            + qk_norm
-            + post_norms;
+        let mlp = match &self.moe {
+            Some(m) => m.num_experts * (3 * h * m.expert_intermediate_size + h),
+            None => 3 * h * self.intermediate_size,
+        };
+        let per_layer =
+            h * self.qkv_dim() + self.q_dim() * h + mlp + 2 * h + bias + qk_norm + post_norms;
         let head = if self.tie_word_embeddings {
             0
         } else {
@@ -287,6 +322,17 @@ impl ModelConfig {
         if self.sliding_window == Some(0) {
             return bad("`sliding_window` must be > 0".into());
         }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.expert_intermediate_size == 0 {
+                return bad("a mixture of experts needs experts > 0 of width > 0".into());
+            }
+            if m.top_k == 0 || m.top_k > m.num_experts {
+                return bad(format!(
+                    "`num_experts_per_tok` is {}: it must be between 1 and the {} experts",
+                    m.top_k, m.num_experts
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -325,11 +371,33 @@ impl ModelConfig {
             });
         };
         // Variants of a supported family that this engine does not run, refused by name.
+        let dense = !arch.is_moe();
         for (field, present) in [
-            ("num_experts", raw.num_experts.is_some_and(|n| n > 0)),
+            (
+                "num_experts",
+                dense && raw.num_experts.is_some_and(|n| n > 0),
+            ),
             (
                 "num_local_experts",
-                raw.num_local_experts.is_some_and(|n| n > 0),
+                dense && raw.num_local_experts.is_some_and(|n| n > 0),
+            ),
+            (
+                "shared_expert_intermediate_size",
+                raw.shared_expert_intermediate_size.is_some_and(|n| n > 0),
+            ),
+            (
+                "n_shared_experts",
+                raw.n_shared_experts.is_some_and(|n| n > 0),
+            ),
+            ("n_group", raw.n_group.is_some_and(|n| n > 1)),
+            ("topk_group", raw.topk_group.is_some_and(|n| n > 1)),
+            (
+                "decoder_sparse_step",
+                raw.decoder_sparse_step.is_some_and(|n| n != 1),
+            ),
+            (
+                "mlp_only_layers",
+                raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()),
             ),
             ("mlp_bias", raw.mlp_bias == Some(true)),
             (
@@ -344,7 +412,7 @@ impl ModelConfig {
             if present {
                 return Err(LoadError::format(
                     path,
-                    format!("`{field}` is set: {arch} models with it are not supported (mixture-of-experts layers, MLP biases and logit soft-capping are not implemented)"),
+                    format!("`{field}` is set: {arch} models with it are not supported (experts in a dense family, shared experts, expert groups, dense layers among sparse ones, MLP biases and logit soft-capping are not implemented)"),
                 ));
             }
         }
@@ -376,6 +444,38 @@ impl ModelConfig {
         };
         let need = |v: Option<usize>, name: &str| {
             v.ok_or_else(|| LoadError::format(path, format!("config.json lacks `{name}`")))
+        };
+        let moe = if arch.is_moe() {
+            // transformers 5 writes Qwen3-MoE's expert count as `num_local_experts`; the
+            // published checkpoints name it `num_experts`.
+            let num_experts = need(
+                raw.num_experts.or(raw.num_local_experts),
+                if arch == Arch::Mixtral {
+                    "num_local_experts"
+                } else {
+                    "num_experts"
+                },
+            )?;
+            let top_k = need(raw.num_experts_per_tok, "num_experts_per_tok")?;
+            if top_k == 0 || top_k > num_experts {
+                return Err(LoadError::format(
+                    path,
+                    format!("`num_experts_per_tok` is {top_k}: it must be between 1 and the {num_experts} experts"),
+                ));
+            }
+            Some(MoeConfig {
+                num_experts,
+                top_k,
+                expert_intermediate_size: match arch {
+                    Arch::Qwen3Moe => need(raw.moe_intermediate_size, "moe_intermediate_size")?,
+                    _ => need(raw.intermediate_size, "intermediate_size")?,
+                },
+                // Mixtral always renormalises its top-2; Qwen3-MoE as its config says
+                // (transformers' default: false).
+                norm_topk_prob: arch == Arch::Mixtral || raw.norm_topk_prob.unwrap_or(false),
+            })
+        } else {
+            None
         };
         let hidden_size = need(raw.hidden_size, "hidden_size")?;
         let num_attention_heads = need(raw.num_attention_heads, "num_attention_heads")?;
@@ -458,11 +558,13 @@ impl ModelConfig {
                 Arch::Qwen2 => true,
                 _ => raw.attention_bias.unwrap_or(false),
             },
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe),
             sliding_window: match arch {
-                Arch::Mistral | Arch::Gemma3 => raw.sliding_window,
+                Arch::Mistral | Arch::Gemma3 | Arch::Mixtral => raw.sliding_window,
                 // Qwen's configs name a window but use it only with `use_sliding_window`.
-                Arch::Qwen2 | Arch::Qwen3 if raw.use_sliding_window == Some(true) => {
+                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe
+                    if raw.use_sliding_window == Some(true) =>
+                {
                     raw.sliding_window
                 }
                 _ => None,
@@ -501,6 +603,7 @@ impl ModelConfig {
                 _ => None,
             },
             checkpoint_fp8,
+            moe,
         };
         cfg.validate(path)?;
         Ok(cfg)
@@ -530,7 +633,7 @@ impl ModelConfig {
         });
         if let Some(w) = self.sliding_window {
             v["sliding_window"] = w.into();
-            if matches!(self.arch, Arch::Qwen2 | Arch::Qwen3) {
+            if matches!(self.arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe) {
                 v["use_sliding_window"] = true.into();
             }
         }
@@ -556,6 +659,30 @@ impl ModelConfig {
             }
             if let Some(t) = self.rope_local_theta {
                 obj.insert("rope_local_base_freq".into(), t.into());
+            }
+        }
+        if let Some(m) = &self.moe {
+            let obj = v.as_object_mut().expect("an object");
+            let experts = if self.arch == Arch::Mixtral {
+                "num_local_experts"
+            } else {
+                "num_experts"
+            };
+            obj.insert(experts.into(), m.num_experts.into());
+            obj.insert("num_experts_per_tok".into(), m.top_k.into());
+            if self.arch == Arch::Qwen3Moe {
+                obj.insert(
+                    "moe_intermediate_size".into(),
+                    m.expert_intermediate_size.into(),
+                );
+                obj.insert("norm_topk_prob".into(), m.norm_topk_prob.into());
+                obj.insert("decoder_sparse_step".into(), 1.into());
+                obj.insert("mlp_only_layers".into(), serde_json::json!([]));
+            } else {
+                obj.insert(
+                    "intermediate_size".into(),
+                    m.expert_intermediate_size.into(),
+                );
             }
         }
         if let Some(b) = self.bos_token_id {
@@ -744,6 +871,15 @@ struct RawHfConfig {
     use_sliding_window: Option<bool>,
     num_experts: Option<usize>,
     num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    shared_expert_intermediate_size: Option<usize>,
+    n_shared_experts: Option<usize>,
+    n_group: Option<usize>,
+    topk_group: Option<usize>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
     hidden_activation: Option<String>,
     layer_types: Option<Vec<String>>,
     sliding_window_pattern: Option<usize>,

@@ -390,3 +390,139 @@ extern "C" __global__ void fp8_scale_out_f32(const float* __restrict__ d, const 
                                              const float* __restrict__ x_scale, float* __restrict__ out, int n, int m) {
     fp8_scale_out<float>(d, w_scale, x_scale, out, n, m);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Mixture-of-experts MLPs (backend/src/device/moe.rs): routing on the device, then the chosen
+// experts' rows streamed by the same warp-per-row dot products as above — only the selected
+// experts' weights are read, and nothing goes back to the host, so a decode step's graph holds
+// the whole layer.
+
+// One warp per token: softmax over the E router logits (f32), the k largest (ties to the lower
+// expert), weights renormalised over the k when `norm`.
+//   logits : device, f32 [n, E];  ids : device, i32 [n, k];  weights : device, f32 [n, k]
+// E ≤ MOE_MAX_EXPERTS, k ≤ E (checked by the host).
+#define MOE_MAX_EXPERTS 512
+extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* __restrict__ ids,
+                                         float* __restrict__ weights, int n, int E, int k, int norm) {
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (t >= n) return;
+    constexpr int PER = MOE_MAX_EXPERTS / 32;
+    const float* l = logits + (size_t)t * E;
+    float p[PER];
+    const float neg_inf = __int_as_float(0xff800000u);
+    float m = neg_inf;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        p[i] = e < E ? l[e] : neg_inf;
+        m = fmaxf(m, p[i]);
+    }
+    m = warp_max(m);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        p[i] = e < E ? __expf(p[i] - m) : -1.f;
+        if (e < E) s += p[i];
+    }
+    s = warp_sum(s);
+    float chosen_sum = 0.f;
+    for (int j = 0; j < k; ++j) {
+        // This lane's best, then the warp's: the largest probability, the lower index on ties.
+        float bv = -1.f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = lane + 32 * i;
+            if (p[i] > bv) {
+                bv = p[i];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (lane + 32 * i == bi) p[i] = -1.f;
+        if (lane == 0) {
+            ids[(size_t)t * k + j] = bi;
+            weights[(size_t)t * k + j] = bv / s;
+        }
+        chosen_sum += bv / s;
+    }
+    if (norm && lane == 0)
+        for (int j = 0; j < k; ++j) weights[(size_t)t * k + j] /= chosen_sum;
+}
+
+// act[p, j] = silu(g) · u for every (token, slot) pair p = t·k + s, with expert e = ids[p]:
+// g = x[t] · W[e·2·inter + j, :], u = x[t] · W[e·2·inter + inter + j, :], each rounded to bf16
+// first (as gemv_norm_glu). Grid (n·k, ⌈inter / warps⌉): a warp per output row of a pair.
+//   w : device, bf16 or e4m3 [E · 2 · inter, h];  w_scale : device, f32 [E · 2 · inter] (e4m3)
+//   or null;  x : device, bf16 [n, h];  ids : device, i32 [n · k];  act : device, bf16
+//   [n · k, inter]
+template <bool F8>
+__device__ __forceinline__ void moe_gate_up(const void* __restrict__ w, const float* __restrict__ w_scale,
+                                            const bf16* __restrict__ x, const int* __restrict__ ids,
+                                            bf16* __restrict__ act, int inter, int h, int k) {
+    const int p = blockIdx.x;
+    const int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (j >= inter) return;
+    const int e = ids[p];
+    const size_t gate_row = (size_t)e * 2 * inter + j, up_row = gate_row + inter;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(p / k) * h);
+    float g[1] = {0.f}, u[1] = {0.f};
+    row_dot2<1, F8>(weight_row<F8>(w, (int)gate_row, h), weight_row<F8>(w, (int)up_row, h), xr,
+                    row_units<F8>(h), g, u);
+    const float gsc = F8 ? w_scale[gate_row] : 1.f, usc = F8 ? w_scale[up_row] : 1.f;
+    const float gs = bf2f(f2bf(warp_sum(g[0]) * gsc)), us = bf2f(f2bf(warp_sum(u[0]) * usc));
+    if ((threadIdx.x & 31) == 0) act[(size_t)p * inter + j] = f2bf(silu(gs) * us);
+}
+
+// y[t, j] = Σ_s weights[t·k + s] · bf16(act[t·k + s] · W[ids[t·k + s]·h + j, :]): the chosen
+// experts' down projections, weighted and summed (in slot order, f32), into bf16. Grid
+// (n, ⌈h / warps⌉).
+//   w : device, bf16 or e4m3 [E · h, inter];  w_scale : device, f32 [E · h] (e4m3) or null;
+//   act : device, bf16 [n · k, inter];  ids, weights : device, [n · k];  y : device, bf16 [n, h]
+template <bool F8>
+__device__ __forceinline__ void moe_down(const void* __restrict__ w, const float* __restrict__ w_scale,
+                                         const bf16* __restrict__ act, const int* __restrict__ ids,
+                                         const float* __restrict__ weights, bf16* __restrict__ y, int h, int inter,
+                                         int k) {
+    const int t = blockIdx.x;
+    const int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (j >= h) return;
+    float out = 0.f;
+    for (int s = 0; s < k; ++s) {
+        const int p = t * k + s;
+        const size_t row = (size_t)ids[p] * h + j;
+        float acc[1] = {0.f};
+        row_dot<1, F8>(weight_row<F8>(w, (int)row, inter), reinterpret_cast<const uint4*>(act + (size_t)p * inter),
+                       row_units<F8>(inter), 1, acc);
+        const float v = bf2f(f2bf(warp_sum(acc[0]) * (F8 ? w_scale[row] : 1.f)));
+        out += weights[p] * v;
+    }
+    if ((threadIdx.x & 31) == 0) y[(size_t)t * h + j] = f2bf(out);
+}
+
+#define MOE_KERNELS(fmt, F8)                                                                          \
+    extern "C" __global__ void moe_gate_up_##fmt(const void* __restrict__ w, const float* __restrict__ w_scale, \
+                                                 const bf16* __restrict__ x, const int* __restrict__ ids,   \
+                                                 bf16* __restrict__ act, int inter, int h, int k) {          \
+        moe_gate_up<F8>(w, w_scale, x, ids, act, inter, h, k);                                        \
+    }                                                                                                 \
+    extern "C" __global__ void moe_down_##fmt(const void* __restrict__ w, const float* __restrict__ w_scale, \
+                                              const bf16* __restrict__ act, const int* __restrict__ ids,     \
+                                              const float* __restrict__ weights, bf16* __restrict__ y, int h, \
+                                              int inter, int k) {                                     \
+        moe_down<F8>(w, w_scale, act, ids, weights, y, h, inter, k);                                  \
+    }
+MOE_KERNELS(bf16, false)
+MOE_KERNELS(e4m3, true)

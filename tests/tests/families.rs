@@ -13,13 +13,16 @@ use cachet_backend::scheduler::SchedulerConfig;
 use cachet_backend::tokenizer::ChatMessage;
 use cachet_tests::*;
 
-const FAMILIES: [(&str, Arch); 5] = [
+const FAMILIES: [(&str, Arch); 7] = [
     ("tiny-qwen2", Arch::Qwen2),
     ("tiny-qwen2-yarn", Arch::Qwen2),
     ("tiny-qwen3", Arch::Qwen3),
     // Windows of 8 keys against prompts of 1–58 tokens: the windows change the result.
     ("tiny-gemma3", Arch::Gemma3),
     ("tiny-mistral-window", Arch::Mistral),
+    // Mixtures of experts (tests/tests/moe.rs checks their routing).
+    ("tiny-qwen3-moe", Arch::Qwen3Moe),
+    ("tiny-mixtral", Arch::Mixtral),
 ];
 
 #[test]

@@ -12,7 +12,7 @@ use cachet_tests::*;
 
 /// Each tiny fixture and the rank counts its heads, KV heads and MLP split over (KV heads fewer
 /// than the ranks are kept by the ranks that use them: tiny-qwen2-yarn has one).
-const MODELS: [(&str, &[usize]); 7] = [
+const MODELS: [(&str, &[usize]); 9] = [
     ("tiny-gqa-llama3", &[2]),
     ("tiny-mha-tied", &[2, 4]),
     ("tiny-qwen2", &[2, 4]),
@@ -20,6 +20,9 @@ const MODELS: [(&str, &[usize]); 7] = [
     ("tiny-qwen3", &[2, 4]),
     ("tiny-gemma3", &[2, 4]),
     ("tiny-mistral-window", &[2, 4]),
+    // Every expert's columns split over the ranks, the router whole on each.
+    ("tiny-qwen3-moe", &[2, 4]),
+    ("tiny-mixtral", &[2, 4]),
 ];
 
 #[test]

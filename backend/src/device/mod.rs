@@ -12,10 +12,12 @@
 pub mod cpu;
 pub mod cuda;
 pub mod fp8;
+pub mod moe;
 
 use crate::config::Activation;
 use crate::error::{DeviceError, EngineError};
 use crate::tensor::HostTensor;
+pub use moe::{MoeParams, MoeWeights};
 
 /// How the KV cache stores keys and values (vLLM's `--kv-cache-dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -445,6 +447,16 @@ pub trait Device: Send {
         let gu = self.linear(&x, gate_up)?;
         self.glu(&gu, act)
     }
+
+    /// A mixture-of-experts MLP over normalised rows `x` (`[n, hidden]`): each row routed
+    /// ([`moe::route`]) and its experts' SwiGLU outputs summed with their weights: `[n, hidden]`
+    /// (under tensor parallelism a partial sum over this rank's columns of every expert).
+    fn moe(
+        &self,
+        x: &Self::Tensor,
+        w: MoeWeights<'_, Self::Tensor>,
+        p: &MoeParams,
+    ) -> Result<Self::Tensor, DeviceError>;
 
     /// Uploads a table that must keep f32 precision (RoPE cos/sin).
     fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {

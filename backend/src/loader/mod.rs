@@ -30,10 +30,14 @@ pub struct HostLayer<T = HostTensor> {
     /// `[hidden, q_dim]`
     pub o_proj: T,
     pub mlp_norm: T,
-    /// `[2·intermediate, hidden]`: gate rows first, then up rows.
+    /// `[2·intermediate, hidden]`: gate rows first, then up rows. A mixture of experts stacks
+    /// its experts': `[experts · 2·expert_intermediate, hidden]`, each expert's gate rows then
+    /// its up rows.
     pub gate_up: T,
-    /// `[hidden, intermediate]`
+    /// `[hidden, intermediate]`; experts stacked: `[experts · hidden, expert_intermediate]`.
     pub down: T,
+    /// `[experts, hidden]`: the router of a mixture-of-experts MLP.
+    pub router: Option<T>,
     /// `[q_dim + 2·kv_dim]`: the q|k|v biases (Qwen2).
     pub qkv_bias: Option<T>,
     /// `[head_dim]` each: RMSNorm weights over every q and every k head (Qwen3).
@@ -63,6 +67,7 @@ impl<T> HostLayer<T> {
             mlp_norm: f(self.mlp_norm),
             gate_up: f(self.gate_up),
             down: f(self.down),
+            router: self.router.map(&mut *f),
             qkv_bias: self.qkv_bias.map(&mut *f),
             q_norm: self.q_norm.map(&mut *f),
             k_norm: self.k_norm.map(&mut *f),
@@ -99,6 +104,7 @@ impl HostWeights {
                     mlp_norm: &l.mlp_norm,
                     gate_up: &l.gate_up,
                     down: &l.down,
+                    router: l.router.as_ref(),
                     qkv_bias: l.qkv_bias.as_ref(),
                     q_norm: l.q_norm.as_ref(),
                     k_norm: l.k_norm.as_ref(),
@@ -218,6 +224,20 @@ enum Part {
     KNorm,
     PostAttnNorm,
     PostMlpNorm,
+    /// A mixture of experts' router, `[experts, hidden]`.
+    Router,
+    /// Expert `e`'s own gate, up and down projections (HF's names; old GGUF Mixtral files).
+    ExpertGate(usize),
+    ExpertUp(usize),
+    ExpertDown(usize),
+    /// Every expert's gate, up or down stacked in one tensor (GGUF's `ffn_*_exps`:
+    /// `[experts, rows, cols]`).
+    ExpertsGate,
+    ExpertsUp,
+    ExpertsDown,
+    /// Every expert's gate|up in one tensor `[experts, 2·intermediate, hidden]` (transformers
+    /// 5's fused parameters; no `.weight` suffix).
+    ExpertsGateUp,
 }
 
 fn checked(
@@ -274,8 +294,21 @@ fn assemble(
             cfg.num_key_value_heads,
         );
         let vv = checked(src, &n(Part::V), &[cfg.kv_dim(), h])?;
-        let gate = checked(src, &n(Part::Gate), &[i, h])?;
-        let up = checked(src, &n(Part::Up), &[i, h])?;
+        let (gate_up, down, router) = match &cfg.moe {
+            None => (
+                HostTensor::concat_rows(&[
+                    checked(src, &n(Part::Gate), &[i, h])?,
+                    checked(src, &n(Part::Up), &[i, h])?,
+                ]),
+                checked(src, &n(Part::Down), &[h, i])?,
+                None,
+            ),
+            Some(m) => {
+                let (gate_up, down) = experts(src, &n, m, h)?;
+                let router = checked(src, &n(Part::Router), &[m.num_experts, h])?;
+                (gate_up, down, Some(router))
+            }
+        };
         let column = |t: HostTensor| HostTensor::new(vec![t.data.len(), 1], t.data);
         let qkv_bias = if cfg.attention_bias {
             let qb = src.fix_qk(
@@ -318,8 +351,9 @@ fn assemble(
             qkv: HostTensor::concat_rows(&[q, k, vv]),
             o_proj: checked(src, &n(Part::O), &[h, cfg.q_dim()])?,
             mlp_norm: norm(&n(Part::MlpNorm), h)?,
-            gate_up: HostTensor::concat_rows(&[gate, up]),
-            down: checked(src, &n(Part::Down), &[h, i])?,
+            gate_up,
+            down,
+            router,
         });
         bar.inc(1);
     }
@@ -337,6 +371,49 @@ fn assemble(
         final_norm,
         lm_head,
     })
+}
+
+/// A mixture of experts' stacked weights (see [`HostLayer`]) from whichever layout the source
+/// holds: GGUF's stacked `ffn_{gate,up,down}_exps`, transformers 5's fused parameters, or one
+/// tensor per expert (the published HF checkpoints, older GGUF Mixtral files).
+fn experts(
+    src: &dyn TensorSource,
+    n: &dyn Fn(Part) -> String,
+    m: &crate::config::MoeConfig,
+    h: usize,
+) -> Result<(HostTensor, HostTensor), LoadError> {
+    let (e, i) = (m.num_experts, m.expert_intermediate_size);
+    let flat = |t: HostTensor, rows: usize, cols: usize| HostTensor::new(vec![rows, cols], t.data);
+    if src.has(&n(Part::ExpertsGate)) {
+        let gate = checked(src, &n(Part::ExpertsGate), &[e, i, h])?;
+        let up = checked(src, &n(Part::ExpertsUp), &[e, i, h])?;
+        let mut gate_up = Vec::with_capacity(2 * e * i * h);
+        for x in 0..e {
+            gate_up.extend_from_slice(&gate.data[x * i * h..(x + 1) * i * h]);
+            gate_up.extend_from_slice(&up.data[x * i * h..(x + 1) * i * h]);
+        }
+        let down = checked(src, &n(Part::ExpertsDown), &[e, h, i])?;
+        return Ok((
+            HostTensor::new(vec![e * 2 * i, h], gate_up),
+            flat(down, e * h, i),
+        ));
+    }
+    if src.has(&n(Part::ExpertsGateUp)) {
+        let gate_up = checked(src, &n(Part::ExpertsGateUp), &[e, 2 * i, h])?;
+        let down = checked(src, &n(Part::ExpertsDown), &[e, h, i])?;
+        return Ok((flat(gate_up, e * 2 * i, h), flat(down, e * h, i)));
+    }
+    let mut gate_up = Vec::with_capacity(2 * e);
+    let mut down = Vec::with_capacity(e);
+    for x in 0..e {
+        gate_up.push(checked(src, &n(Part::ExpertGate(x)), &[i, h])?);
+        gate_up.push(checked(src, &n(Part::ExpertUp(x)), &[i, h])?);
+        down.push(checked(src, &n(Part::ExpertDown(x)), &[h, i])?);
+    }
+    Ok((
+        HostTensor::concat_rows(&gate_up),
+        HostTensor::concat_rows(&down),
+    ))
 }
 
 /// A progress bar on stderr, hidden when `show` is false or stderr is not a terminal.
@@ -378,6 +455,7 @@ impl TensorSource for HfSource {
 /// `pre_feedforward_layernorm`, and `post_attention_layernorm` is the attention's output norm).
 fn hf_names(cfg: &ModelConfig) -> WeightNames {
     let sandwich = cfg.post_norms;
+    let mixtral = cfg.arch == Arch::Mixtral;
     WeightNames {
         embed: "model.embed_tokens.weight",
         final_norm: "model.norm.weight",
@@ -401,6 +479,33 @@ fn hf_names(cfg: &ModelConfig) -> WeightNames {
                 Part::VBias => return format!("model.layers.{l}.self_attn.v_proj.bias"),
                 Part::QNorm => "self_attn.q_norm",
                 Part::KNorm => "self_attn.k_norm",
+                Part::Router if mixtral => "block_sparse_moe.gate",
+                Part::Router => "mlp.gate",
+                Part::ExpertGate(e) if mixtral => {
+                    return format!("model.layers.{l}.block_sparse_moe.experts.{e}.w1.weight")
+                }
+                Part::ExpertUp(e) if mixtral => {
+                    return format!("model.layers.{l}.block_sparse_moe.experts.{e}.w3.weight")
+                }
+                Part::ExpertDown(e) if mixtral => {
+                    return format!("model.layers.{l}.block_sparse_moe.experts.{e}.w2.weight")
+                }
+                Part::ExpertGate(e) => {
+                    return format!("model.layers.{l}.mlp.experts.{e}.gate_proj.weight")
+                }
+                Part::ExpertUp(e) => {
+                    return format!("model.layers.{l}.mlp.experts.{e}.up_proj.weight")
+                }
+                Part::ExpertDown(e) => {
+                    return format!("model.layers.{l}.mlp.experts.{e}.down_proj.weight")
+                }
+                // HF holds no separately stacked gate and up (the loader then reads the
+                // experts one by one, or transformers 5's fused gate|up and down).
+                Part::ExpertsGate | Part::ExpertsUp => {
+                    return format!("model.layers.{l}.mlp.experts.stacked")
+                }
+                Part::ExpertsGateUp => return format!("model.layers.{l}.mlp.experts.gate_up_proj"),
+                Part::ExpertsDown => return format!("model.layers.{l}.mlp.experts.down_proj"),
             };
             format!("model.layers.{l}.{s}.weight")
         }),
@@ -513,6 +618,14 @@ impl TensorSource for GgufSource {
                     Part::KNorm => "attn_k_norm",
                     Part::PostAttnNorm => "post_attention_norm",
                     Part::PostMlpNorm => "post_ffw_norm",
+                    Part::Router => "ffn_gate_inp",
+                    Part::ExpertsGate => "ffn_gate_exps",
+                    Part::ExpertsUp => "ffn_up_exps",
+                    Part::ExpertsDown => "ffn_down_exps",
+                    Part::ExpertsGateUp => "ffn_gate_up_exps",
+                    Part::ExpertGate(e) => return format!("blk.{l}.ffn_gate.{e}.weight"),
+                    Part::ExpertUp(e) => return format!("blk.{l}.ffn_up.{e}.weight"),
+                    Part::ExpertDown(e) => return format!("blk.{l}.ffn_down.{e}.weight"),
                 };
                 format!("blk.{l}.{s}.weight")
             }),
@@ -562,23 +675,69 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
             arch,
         });
     };
-    if let Some(n) = file
-        .get(&format!("{arch}.expert_count"))
-        .and_then(|v| v.as_u64())
-        .filter(|&n| n > 0)
-    {
+    let k = |s: &str| format!("{arch}.{s}");
+    let count = |s: &str| {
+        file.get(&k(s))
+            .and_then(|v| v.as_u64())
+            .filter(|&n| n > 0)
+            .map(|n| n as usize)
+    };
+    // llama.cpp writes Mixtral as `llama` with experts.
+    let family = match (family, count("expert_count")) {
+        (Arch::Llama, Some(_)) => Arch::Mixtral,
+        (f, _) => f,
+    };
+    if let Some(n) = count("expert_shared_count") {
         return Err(LoadError::format(
             path,
-            format!("`{arch}.expert_count` is {n}: mixture-of-experts layers are not supported"),
+            format!(
+                "`{}` is {n}: shared experts are not supported",
+                k("expert_shared_count")
+            ),
         ));
     }
+    let moe = match (family.is_moe(), count("expert_count")) {
+        (false, Some(n)) => {
+            return Err(LoadError::format(
+                path,
+                format!(
+                    "`{}` is {n}: {family} has no mixture-of-experts variant here",
+                    k("expert_count")
+                ),
+            ))
+        }
+        (false, None) => None,
+        (true, None) => {
+            return Err(LoadError::format(
+                path,
+                format!(
+                    "`{}` is missing: {family} is a mixture of experts",
+                    k("expert_count")
+                ),
+            ))
+        }
+        (true, Some(num_experts)) => Some(crate::config::MoeConfig {
+            num_experts,
+            top_k: count("expert_used_count").ok_or_else(|| {
+                LoadError::format(path, format!("`{}` is missing", k("expert_used_count")))
+            })?,
+            expert_intermediate_size: match count("expert_feed_forward_length") {
+                Some(n) => n,
+                None => file.get_u64(&k("feed_forward_length"))? as usize,
+            },
+            // llama.cpp renormalises the top-k of both families unless told otherwise.
+            norm_topk_prob: file
+                .get(&k("expert_weights_norm"))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true),
+        }),
+    };
     if file.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
         return Err(LoadError::format(
             path,
             "GGUF with `rope_freqs.weight` (baked llama3 rope scaling) is not supported; load the HF safetensors instead",
         ));
     }
-    let k = |s: &str| format!("{arch}.{s}");
     let hidden_size = file.get_u64(&k("embedding_length"))? as usize;
     let heads = file.get_u64(&k("attention.head_count"))? as usize;
     let vocab_size = match file.get(&k("vocab_size")).and_then(|v| v.as_u64()) {
@@ -597,7 +756,11 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
     let gemma = family == Arch::Gemma3;
     let cfg = ModelConfig {
         hidden_size,
-        intermediate_size: file.get_u64(&k("feed_forward_length"))? as usize,
+        intermediate_size: match (&moe, count("feed_forward_length")) {
+            (_, Some(n)) => n,
+            (Some(m), None) => m.expert_intermediate_size,
+            (None, None) => file.get_u64(&k("feed_forward_length"))? as usize,
+        },
         num_hidden_layers,
         num_attention_heads: heads,
         num_key_value_heads: file
@@ -652,6 +815,7 @@ pub fn gguf_config(file: &gguf::GgufFile) -> Result<ModelConfig, LoadError> {
         }),
         rope_local_theta: gemma.then_some(10000.0),
         checkpoint_fp8: None,
+        moe,
         arch: family,
     };
     cfg.validate(path)?;
@@ -731,7 +895,7 @@ pub fn gguf_meta(file: &gguf::GgufFile, path: &Path) -> Result<ModelMeta, LoadEr
     // Chat models stop at their end-of-turn token too (Qwen's generation config also names its
     // end of text).
     let qwen_end: &[&str] = match config.arch {
-        Arch::Qwen2 | Arch::Qwen3 => &["<|endoftext|>"],
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => &["<|endoftext|>"],
         _ => &[],
     };
     for special in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>"]

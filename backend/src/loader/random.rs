@@ -92,9 +92,34 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
         } else {
             out.push((p("post_attention_layernorm"), family_norm(&mut rng, h, cfg)));
         }
-        out.push((p("mlp.gate_proj"), normal(&mut rng, vec![i, h], s_in(h))));
-        out.push((p("mlp.up_proj"), normal(&mut rng, vec![i, h], s_in(h))));
-        out.push((p("mlp.down_proj"), normal(&mut rng, vec![h, i], s_in(i))));
+        match &cfg.moe {
+            None => {
+                out.push((p("mlp.gate_proj"), normal(&mut rng, vec![i, h], s_in(h))));
+                out.push((p("mlp.up_proj"), normal(&mut rng, vec![i, h], s_in(h))));
+                out.push((p("mlp.down_proj"), normal(&mut rng, vec![h, i], s_in(i))));
+            }
+            Some(m) => {
+                // HF's names of the family (Mixtral's w1 / w3 / w2 under block_sparse_moe).
+                let mixtral = cfg.arch == crate::config::Arch::Mixtral;
+                let (block, [gate, up, down]) = if mixtral {
+                    ("block_sparse_moe", ["w1", "w3", "w2"])
+                } else {
+                    ("mlp", ["gate_proj", "up_proj", "down_proj"])
+                };
+                let ei = m.expert_intermediate_size;
+                // A router of unit-scale logits: distinct top-k choices, no near ties.
+                out.push((
+                    p(&format!("{block}.gate")),
+                    normal(&mut rng, vec![m.num_experts, h], s_in(h)),
+                ));
+                for e in 0..m.num_experts {
+                    let x = |w: &str| p(&format!("{block}.experts.{e}.{w}"));
+                    out.push((x(gate), normal(&mut rng, vec![ei, h], s_in(h))));
+                    out.push((x(up), normal(&mut rng, vec![ei, h], s_in(h))));
+                    out.push((x(down), normal(&mut rng, vec![h, ei], s_in(ei))));
+                }
+            }
+        }
     }
     out.push(("model.norm.weight".into(), family_norm(&mut rng, h, cfg)));
     if !cfg.tie_word_embeddings {

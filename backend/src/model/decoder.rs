@@ -9,7 +9,8 @@ use std::borrow::Cow;
 use super::rope;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{
-    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, WeightQuantization,
+    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, MoeParams,
+    MoeWeights, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostTensor, HostWeights};
@@ -22,8 +23,11 @@ struct Layer<T> {
     qk_norm: Option<(T, T)>,
     o_proj: T,
     mlp_norm: T,
+    /// A dense MLP's gate|up and down, or every expert's stacked ([`crate::loader::HostLayer`]).
     gate_up: T,
     down: T,
+    /// A mixture of experts' router.
+    router: Option<T>,
     /// Norms of the attention's and the MLP's outputs (Gemma).
     post_norms: Option<(T, T)>,
 }
@@ -148,6 +152,7 @@ impl<D: Device> Decoder<D> {
                     mlp_norm: up(l.mlp_norm)?,
                     gate_up: proj(l.gate_up)?,
                     down: proj(l.down)?,
+                    router: l.router.map(up).transpose()?,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -174,11 +179,12 @@ impl<D: Device> Decoder<D> {
         max_positions: usize,
         quantization: WeightQuantization,
     ) -> Result<Self, EngineError> {
-        let (h, i, v) = (
-            config.hidden_size,
-            config.intermediate_size,
-            config.vocab_size,
-        );
+        let (h, v) = (config.hidden_size, config.vocab_size);
+        // A dense MLP is one expert of the model's width.
+        let (experts, i) = match &config.moe {
+            Some(m) => (m.num_experts, m.expert_intermediate_size),
+            None => (1, config.intermediate_size),
+        };
         let mut n = 0u64;
         let mut rnd = |shape: &[usize], mean: f32, std: f32| {
             n += 1;
@@ -219,8 +225,12 @@ impl<D: Device> Decoder<D> {
                     quantization,
                 )?,
                 mlp_norm: rnd(&[h], 1.0, 0.05)?,
-                gate_up: quantized(dev, rnd(&[2 * i, h], 0.0, s(h))?, quantization)?,
-                down: quantized(dev, rnd(&[h, i], 0.0, s(i))?, quantization)?,
+                gate_up: quantized(dev, rnd(&[experts * 2 * i, h], 0.0, s(h))?, quantization)?,
+                down: quantized(dev, rnd(&[experts * h, i], 0.0, s(i))?, quantization)?,
+                router: match &config.moe {
+                    Some(m) => Some(rnd(&[m.num_experts, h], 0.0, s(h))?),
+                    None => None,
+                },
             });
         }
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
@@ -329,18 +339,41 @@ impl<D: Device> Decoder<D> {
                 Some((a, m)) => (Some(a), Some(m)),
                 None => (None, None),
             };
-            let act = dev.norm_glu(
-                &mut residual,
-                Some(Delta {
-                    x: &o,
-                    norm: post_attn,
-                }),
-                &layer.mlp_norm,
-                eps,
-                &layer.gate_up,
-                self.config.hidden_act,
-            )?;
-            let mut down = dev.linear(&act, &layer.down)?;
+            let delta = Some(Delta {
+                x: &o,
+                norm: post_attn,
+            });
+            let mut down = match (&layer.router, &self.config.moe) {
+                (Some(router), Some(m)) => {
+                    let x = dev.norm(&mut residual, delta, &layer.mlp_norm, eps)?;
+                    let p = MoeParams {
+                        num_experts: m.num_experts,
+                        top_k: m.top_k,
+                        // Under tensor parallelism a rank's config has its share of each
+                        // expert's columns.
+                        inter: m.expert_intermediate_size,
+                        norm_topk_prob: m.norm_topk_prob,
+                        act: self.config.hidden_act,
+                    };
+                    let w = MoeWeights {
+                        router,
+                        gate_up: &layer.gate_up,
+                        down: &layer.down,
+                    };
+                    dev.moe(&x, w, &p)?
+                }
+                _ => {
+                    let act = dev.norm_glu(
+                        &mut residual,
+                        delta,
+                        &layer.mlp_norm,
+                        eps,
+                        &layer.gate_up,
+                        self.config.hidden_act,
+                    )?;
+                    dev.linear(&act, &layer.down)?
+                }
+            };
             dev.all_reduce_sum(&mut down)?;
             pending = Some((down, post_mlp));
         }

@@ -47,6 +47,8 @@ pub fn check(config: &ModelConfig, n: usize) -> Result<(), String> {
             "--tensor-parallel-size {n} does not divide the model's {h} attention heads"
         ));
     }
+    // A mixture of experts splits every expert's columns.
+    let i = config.moe.map_or(i, |m| m.expert_intermediate_size);
     if !i.is_multiple_of(n) {
         return Err(format!(
             "--tensor-parallel-size {n} does not divide the MLP's {i} hidden units"
@@ -68,6 +70,9 @@ pub fn rank_config(config: &ModelConfig, n: usize) -> ModelConfig {
     c.num_attention_heads /= n;
     c.num_key_value_heads = (config.num_key_value_heads / n).max(1);
     c.intermediate_size /= n;
+    if let Some(m) = &mut c.moe {
+        m.expert_intermediate_size /= n;
+    }
     c
 }
 
@@ -137,7 +142,22 @@ pub fn shard_weights(
         (h + kv.start) * d..(h + kv.end) * d,
         (h + kvh + kv.start) * d..(h + kvh + kv.end) * d,
     ];
+    // Column-parallel gate|up rows and row-parallel down columns of each expert (the router
+    // is whole on every rank: each routes its tokens the same way).
+    let (experts, i) = match &config.moe {
+        Some(m) => (m.num_experts, m.expert_intermediate_size),
+        None => (1, i),
+    };
     let mlp = split(i, r, n);
+    let gate_up_rows: Vec<Range<usize>> = (0..experts)
+        .flat_map(|x| {
+            let base = x * 2 * i;
+            [
+                base + mlp.start..base + mlp.end,
+                base + i + mlp.start..base + i + mlp.end,
+            ]
+        })
+        .collect();
     let layers = w
         .layers
         .iter()
@@ -151,8 +171,9 @@ pub fn shard_weights(
             post_mlp_norm: l.post_mlp_norm.cloned(),
             o_proj: take_cols(l.o_proj, q.start * d..q.end * d),
             mlp_norm: l.mlp_norm.clone(),
-            gate_up: take_rows(l.gate_up, &[mlp.clone(), i + mlp.start..i + mlp.end]),
+            gate_up: take_rows(l.gate_up, &gate_up_rows),
             down: take_cols(l.down, mlp.clone()),
+            router: l.router.cloned(),
         })
         .collect();
     let vocab = split(config.vocab_size, r, n);

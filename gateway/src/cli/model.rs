@@ -66,6 +66,7 @@ pub fn tiny_config() -> ModelConfig {
         attention_scale: None,
         rope_local_theta: None,
         checkpoint_fp8: None,
+        moe: None,
     }
 }
 

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::{fp8, AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout};
+use super::{
+    fp8, AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout, MoeParams,
+    MoeWeights,
+};
 use crate::config::Activation;
 use crate::error::DeviceError;
 use crate::tensor::HostTensor;
@@ -89,22 +92,46 @@ pub struct CpuBatch {
     pub seq_of_token: Vec<u32>,
 }
 
+/// Every mixture-of-experts call's routing, in call order: per token, its experts by slot.
+type RouteLog = Arc<std::sync::Mutex<Vec<Vec<Vec<usize>>>>>;
+
 #[derive(Debug, Default, Clone)]
 pub struct CpuDevice {
     /// The tensor-parallel group this device is a rank of, and its rank.
     tp: Option<(Arc<CpuComm>, usize)>,
+    /// Where [`Device::moe`] records its routing, when asked ([`CpuDevice::recording_routes`]).
+    routes: Option<RouteLog>,
 }
 
 impl CpuDevice {
     pub fn new() -> Self {
-        CpuDevice { tp: None }
+        CpuDevice::default()
     }
 
     /// Rank `rank` of the tensor-parallel group `comm` ([`crate::model::tensor_parallel`]).
     pub fn rank(comm: Arc<CpuComm>, rank: usize) -> Self {
         CpuDevice {
             tp: Some((comm, rank)),
+            routes: None,
         }
+    }
+
+    /// A device that records which experts every token goes to (for checking a model's routing
+    /// against a reference); [`CpuDevice::take_routes`] hands them over.
+    pub fn recording_routes() -> Self {
+        CpuDevice {
+            tp: None,
+            routes: Some(Default::default()),
+        }
+    }
+
+    /// The routing recorded since the last call: per mixture-of-experts call (a layer of a
+    /// forward pass), per token, the chosen experts in slot order.
+    pub fn take_routes(&self) -> Vec<Vec<Vec<usize>>> {
+        self.routes
+            .as_ref()
+            .map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|e| e.into_inner())))
+            .unwrap_or_default()
     }
 }
 
@@ -338,6 +365,112 @@ impl Device for CpuDevice {
         Ok(CpuTensor {
             rows: gu.rows,
             cols: i,
+            data: out,
+        })
+    }
+
+    /// The reference: every token routed on the host, then each expert's tokens through its
+    /// gate|up, activation and down as one small matmul (a row's result does not depend on the
+    /// rows beside it), the outputs summed per token in its routing order.
+    fn moe(
+        &self,
+        x: &CpuTensor,
+        w: MoeWeights<'_, CpuTensor>,
+        p: &MoeParams,
+    ) -> Result<CpuTensor, DeviceError> {
+        let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
+        let bad = |msg: String| {
+            Err(DeviceError::Op {
+                device: "cpu",
+                op: "moe",
+                msg,
+            })
+        };
+        if (w.router.rows, w.router.cols) != (e, h)
+            || (w.gate_up.rows, w.gate_up.cols) != (e * 2 * i, h)
+            || (w.down.rows, w.down.cols) != (e * h, i)
+        {
+            return bad(format!(
+                "{e} experts of width {i} over hidden {h}: router {}x{}, gate_up {}x{}, down {}x{}",
+                w.router.rows,
+                w.router.cols,
+                w.gate_up.rows,
+                w.gate_up.cols,
+                w.down.rows,
+                w.down.cols
+            ));
+        }
+        let logits = gemm::matmul_t(&x.data, &w.router.data, n, h, e);
+        let routes: Vec<Vec<(usize, f32)>> = logits
+            .chunks(e)
+            .map(|l| super::moe::route(l, k, p.norm_topk_prob))
+            .collect();
+        if let Some(log) = &self.routes {
+            let chosen = routes
+                .iter()
+                .map(|r| r.iter().map(|c| c.0).collect())
+                .collect();
+            log.lock().unwrap_or_else(|e| e.into_inner()).push(chosen);
+        }
+        // Each expert's (token, slot) pairs.
+        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+        for (t, r) in routes.iter().enumerate() {
+            for (j, &(ex, _)) in r.iter().enumerate() {
+                by_expert[ex].push((t, j));
+            }
+        }
+        let outputs: Vec<(usize, Vec<f32>)> = by_expert
+            .par_iter()
+            .enumerate()
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(ex, rows)| {
+                let xs: Vec<f32> = rows
+                    .iter()
+                    .flat_map(|&(t, _)| x.row(t).iter().copied())
+                    .collect();
+                let m = rows.len();
+                let gu = gemm::matmul_t(
+                    &xs,
+                    &w.gate_up.data[ex * 2 * i * h..(ex + 1) * 2 * i * h],
+                    m,
+                    h,
+                    2 * i,
+                );
+                let act = self.glu(
+                    &CpuTensor {
+                        rows: m,
+                        cols: 2 * i,
+                        data: gu,
+                    },
+                    p.act,
+                )?;
+                let y = gemm::matmul_t(
+                    &act.data,
+                    &w.down.data[ex * h * i..(ex + 1) * h * i],
+                    m,
+                    i,
+                    h,
+                );
+                Ok((ex, y))
+            })
+            .collect::<Result<_, DeviceError>>()?;
+        let mut per_slot = vec![0.0f32; n * k * h];
+        for (ex, y) in outputs {
+            for (r, &(t, j)) in by_expert[ex].iter().enumerate() {
+                per_slot[(t * k + j) * h..(t * k + j + 1) * h]
+                    .copy_from_slice(&y[r * h..(r + 1) * h]);
+            }
+        }
+        let mut out = vec![0.0f32; n * h];
+        out.par_chunks_mut(h.max(1)).enumerate().for_each(|(t, o)| {
+            for (j, &(_, wt)) in routes[t].iter().enumerate() {
+                let y = &per_slot[(t * k + j) * h..(t * k + j + 1) * h];
+                o.iter_mut().zip(y).for_each(|(o, y)| *o += wt * y);
+            }
+        });
+        Ok(CpuTensor {
+            rows: n,
+            cols: h,
             data: out,
         })
     }

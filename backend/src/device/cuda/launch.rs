@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
     ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
-    MMA_THREADS,
+    MMA_THREADS, MOE_MAX_EXPERTS, MOE_THREADS,
 };
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
@@ -573,6 +573,130 @@ impl CudaDevice {
         // fresh 16-byte-aligned allocations, so every row starts 16-byte aligned; e4m3 weights
         // come with their n row scales.
         unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
+        Ok(())
+    }
+
+    /// `moe_route_f32(f32 logits[n, E], i32 ids[n, k], f32 weights[n, k], int n, int E, int k,
+    /// int norm)`: a warp per token.
+    pub(super) fn launch_moe_route(
+        &self,
+        logits: &CudaSlice<f32>,
+        ids: &mut CudaSlice<i32>,
+        weights: &mut CudaSlice<f32>,
+        (n, e, k, norm): (usize, usize, usize, bool),
+    ) -> Result<(), DeviceError> {
+        if e > MOE_MAX_EXPERTS || k == 0 || k > e {
+            return Err(DeviceError::Op {
+                device: super::DEV,
+                op: "moe_route",
+                msg: format!("{k} of {e} experts (at most {MOE_MAX_EXPERTS} experts)"),
+            });
+        }
+        if logits.len() < n * e || ids.len() < n * k || weights.len() < n * k {
+            return Err(short_buffers("moe_route", n, e));
+        }
+        let (ni, ei, ki, normi) = (n as i32, e as i32, k as i32, i32::from(norm));
+        let mut l = self.stream.launch_builder(&self.k.moe_route);
+        l.arg(logits)
+            .arg(ids)
+            .arg(weights)
+            .arg(&ni)
+            .arg(&ei)
+            .arg(&ki)
+            .arg(&normi);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: E ≤ MOE_MAX_EXPERTS, 1 ≤ k ≤ E, buffers hold n·E and n·k (checked above).
+        unsafe { l.launch(cfg) }.map_err(op_err("moe_route"))?;
+        Ok(())
+    }
+
+    /// `moe_gate_up_{fmt}(w[E·2·inter, h], f32 w_scale[E·2·inter] or null, bf16 x[n, h], i32
+    /// ids[n·k], bf16 act[n·k, inter], int inter, int h, int k)`. Every id must be < E (the
+    /// routing kernel writes them).
+    pub(super) fn launch_moe_gate_up(
+        &self,
+        w: WeightRef<'_>,
+        x: &CudaSlice<u16>,
+        ids: &CudaSlice<i32>,
+        act: &mut CudaSlice<u16>,
+        (n, k, inter, h): (usize, usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        if !h.is_multiple_of(w.k_multiple()) {
+            return Err(unfit("moe_gate_up", 1, 1, h));
+        }
+        if x.len() < n * h || ids.len() < n * k || act.len() < n * k * inter {
+            return Err(short_buffers("moe_gate_up", n * k, inter));
+        }
+        let (ii, hi, ki) = (inter as i32, h as i32, k as i32);
+        let mut l = self.stream.launch_builder(&self.k.moe_gate_up[w.format()]);
+        let null = 0u64;
+        match w {
+            WeightRef::Bf16(b) => l.arg(b).arg(&null),
+            WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
+        };
+        l.arg(x).arg(ids).arg(act).arg(&ii).arg(&hi).arg(&ki);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (n * k) as u32,
+                inter.div_ceil((MOE_THREADS / 32) as usize) as u32,
+                1,
+            ),
+            block_dim: (MOE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: h a multiple of one 16-byte load of the format, whole (16-byte aligned)
+        // allocations, buffer sizes checked above; the expert rows read are those of ids < E,
+        // which the routing kernel wrote into a weight of E·2·inter rows (the caller checks it).
+        unsafe { l.launch(cfg) }.map_err(op_err("moe_gate_up"))?;
+        Ok(())
+    }
+
+    /// `moe_down_{fmt}(w[E·h, inter], f32 w_scale[E·h] or null, bf16 act[n·k, inter], i32
+    /// ids[n·k], f32 weights[n·k], bf16 y[n, h], int h, int inter, int k)`.
+    pub(super) fn launch_moe_down(
+        &self,
+        w: WeightRef<'_>,
+        act: &CudaSlice<u16>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        y: &mut CudaSlice<u16>,
+        (n, k, inter, h): (usize, usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        if !inter.is_multiple_of(w.k_multiple()) {
+            return Err(unfit("moe_down", 1, 1, inter));
+        }
+        if act.len() < n * k * inter
+            || ids.len() < n * k
+            || weights.len() < n * k
+            || y.len() < n * h
+        {
+            return Err(short_buffers("moe_down", n, h));
+        }
+        let (hi, ii, ki) = (h as i32, inter as i32, k as i32);
+        let mut l = self.stream.launch_builder(&self.k.moe_down[w.format()]);
+        let null = 0u64;
+        match w {
+            WeightRef::Bf16(b) => l.arg(b).arg(&null),
+            WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
+        };
+        l.arg(act)
+            .arg(ids)
+            .arg(weights)
+            .arg(y)
+            .arg(&hi)
+            .arg(&ii)
+            .arg(&ki);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, h.div_ceil((MOE_THREADS / 32) as usize) as u32, 1),
+            block_dim: (MOE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as launch_moe_gate_up, over a down weight of E·h rows of inter.
+        unsafe { l.launch(cfg) }.map_err(op_err("moe_down"))?;
         Ok(())
     }
 

@@ -37,7 +37,7 @@ pub use batch::CudaBatch;
 pub use options::{CudaOptions, SplitOptions};
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
-use super::{AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvLayout};
+use super::{AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvLayout, MoeParams, MoeWeights};
 use crate::config::Activation;
 use crate::error::DeviceError;
 use crate::tensor::HostTensor;
@@ -367,6 +367,59 @@ impl Device for CudaDevice {
             }
             Ok(CudaTensor::new_bf16(gu.rows, i, out))
         })
+    }
+
+    /// Routing on the device (the router's f32 logits from cuBLAS, then `moe_route_f32`), then
+    /// the chosen experts' rows only: gate|up + SwiGLU per (token, slot) pair and the weighted
+    /// down per token (gemv.cu). No host round trip, fixed shapes: decode graphs capture it.
+    fn moe(
+        &self,
+        x: &CudaTensor,
+        w: MoeWeights<'_, CudaTensor>,
+        p: &MoeParams,
+    ) -> Result<CudaTensor, DeviceError> {
+        let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
+        if (w.router.rows, w.router.cols) != (e, h)
+            || (w.gate_up.rows, w.gate_up.cols) != (e * 2 * i, h)
+            || (w.down.rows, w.down.cols) != (e * h, i)
+            || p.act != Activation::Silu
+        {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "moe",
+                msg: format!(
+                    "{e} SwiGLU experts of width {i} over hidden {h} ({:?}): router {}x{}, gate_up {}x{}, down {}x{}",
+                    p.act, w.router.rows, w.router.cols, w.gate_up.rows, w.gate_up.cols, w.down.rows, w.down.cols
+                ),
+            });
+        }
+        let mut y = self.alloc_bf16((n * h).max(1), "moe")?;
+        if n == 0 {
+            return Ok(CudaTensor::new_bf16(0, h, y));
+        }
+        let logits = self.timed("moe router", || self.gemm(x, w.router, true))?;
+        self.timed("moe experts", || {
+            let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
+            let mut weights = self.alloc_f32(n * k, "moe routing")?;
+            self.launch_moe_route(
+                logits.f32("moe")?,
+                &mut ids,
+                &mut weights,
+                (n, e, k, p.norm_topk_prob),
+            )?;
+            let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
+            let xs = x.bf16("moe")?;
+            self.launch_moe_gate_up(w.gate_up.weight("moe")?, xs, &ids, &mut act, (n, k, i, h))?;
+            self.launch_moe_down(
+                w.down.weight("moe")?,
+                &act,
+                &ids,
+                &weights,
+                &mut y,
+                (n, k, i, h),
+            )
+        })?;
+        Ok(CudaTensor::new_bf16(n, h, y))
     }
 
     fn gather_logit_rows(&self, x: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {

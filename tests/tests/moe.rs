@@ -1,0 +1,164 @@
+//! Mixture-of-experts models (issue 24): Qwen3-MoE and Mixtral configs read as transformers
+//! writes them, the variants this engine does not run refused by name, and the router's choices
+//! equal to transformers' (its own router logits, `output_router_logits`) wherever the k-th and
+//! the next probability are not a near tie. Logits and greedy decoding against transformers run
+//! with the other families (tests/tests/families.rs), tensor parallelism in
+//! tests/tests/tensor_parallel.rs.
+
+use std::borrow::Cow;
+
+use cachet_backend::config::{Arch, MoeConfig};
+use cachet_backend::device::cpu::CpuDevice;
+use cachet_backend::device::{Device, ForwardBatch, KvCacheDtype, KvLayout, WeightQuantization};
+use cachet_backend::loader;
+use cachet_backend::model::Decoder;
+use cachet_tests::*;
+
+#[test]
+fn moe_configs_are_read_as_transformers_writes_them() {
+    let q = tiny("tiny-qwen3-moe").config;
+    assert_eq!(q.arch, Arch::Qwen3Moe);
+    assert!(q.qk_norm, "Qwen3-MoE has Qwen3's q/k norm");
+    assert_eq!(
+        q.moe,
+        Some(MoeConfig {
+            num_experts: 8,
+            top_k: 3,
+            expert_intermediate_size: 32,
+            norm_topk_prob: false
+        })
+    );
+    let m = tiny("tiny-mixtral").config;
+    assert_eq!(m.arch, Arch::Mixtral);
+    assert_eq!(
+        m.moe,
+        Some(MoeConfig {
+            num_experts: 4,
+            top_k: 2,
+            expert_intermediate_size: 48,
+            norm_topk_prob: true
+        })
+    );
+}
+
+/// A copy of tiny-qwen3-moe's config.json with `edit` applied: what loading it says.
+fn load_edited(edit: impl Fn(&mut serde_json::Value)) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!(
+        "cachet-moe-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixtures().join("tiny-qwen3-moe");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let r = loader::load(dir.to_str().unwrap(), false)
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    std::fs::remove_dir_all(&dir).unwrap();
+    r
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[test]
+fn unsupported_moe_variants_are_refused_naming_the_field() {
+    assert_eq!(load_edited(|_| {}), Ok(()), "the unedited copy loads");
+    for (field, value) in [
+        ("shared_expert_intermediate_size", serde_json::json!(64)),
+        ("n_shared_experts", serde_json::json!(1)),
+        ("n_group", serde_json::json!(4)),
+        ("mlp_only_layers", serde_json::json!([1])),
+        ("decoder_sparse_step", serde_json::json!(2)),
+    ] {
+        let err = load_edited(|c| c[field] = value.clone()).expect_err(field);
+        assert!(err.contains(&format!("`{field}`")), "{field}: {err}");
+    }
+    let err = load_edited(|c| c["num_experts_per_tok"] = 9.into()).unwrap_err();
+    assert!(
+        err.contains("num_experts_per_tok") && err.contains("8 experts"),
+        "{err}"
+    );
+    let err = load_edited(|c| {
+        c.as_object_mut().unwrap().remove("moe_intermediate_size");
+    })
+    .unwrap_err();
+    assert!(err.contains("moe_intermediate_size"), "{err}");
+    // A dense family's config with experts stays refused.
+    let dir = std::env::temp_dir().join(format!("cachet-moe-dense-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixtures().join("tiny-qwen3");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["num_experts"] = 8.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let err = loader::load(dir.to_str().unwrap(), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("`num_experts`"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Our routing of each layer's tokens (the CPU device's record) against transformers' top-k of
+/// its own router logits, over the 40-token fixture case: equal wherever the k-th probability
+/// is not within 1e-4 of the next (a tie f32 rounding may break either way).
+#[test]
+fn router_choices_equal_transformers_where_not_tied() {
+    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+        let m = tiny(name);
+        let reference = read_json(&format!("{name}_reference.json"));
+        let ids = ids_of(&reference["cases"].as_array().unwrap().last().unwrap()["ids"]);
+        let dev = CpuDevice::recording_routes();
+        let weights = m.weights.as_refs().map(Cow::Borrowed);
+        let dec = Decoder::new(&dev, &m.config, weights, 256, WeightQuantization::None).unwrap();
+        let layout = KvLayout {
+            num_layers: m.config.num_hidden_layers,
+            num_blocks: 4,
+            block_size: 16,
+            num_kv_heads: m.config.num_key_value_heads,
+            head_dim: m.config.head_dim,
+            dtype: KvCacheDtype::Auto,
+        };
+        let mut kv = dev.alloc_kv(&layout).unwrap();
+        let mut b = ForwardBatch::default();
+        b.push_seq(&ids, 0, &[0, 1, 2], 16, true);
+        dec.forward(&dev, &mut kv, &b).unwrap();
+        let ours = dev.take_routes();
+        let layers = reference["routes"].as_array().unwrap();
+        assert_eq!(ours.len(), layers.len(), "{name}: one routing per layer");
+        let (mut compared, mut tied) = (0, 0);
+        for (l, (got, want)) in ours.iter().zip(layers).enumerate() {
+            for (t, (g, w)) in got
+                .iter()
+                .zip(want["experts"].as_array().unwrap())
+                .enumerate()
+            {
+                if want["gap"][t].as_f64().unwrap() < 1e-4 {
+                    tied += 1;
+                    continue;
+                }
+                let w: Vec<usize> = w
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e.as_u64().unwrap() as usize)
+                    .collect();
+                assert_eq!(g, &w, "{name}: layer {l}, token {t}");
+                compared += 1;
+            }
+        }
+        assert!(
+            compared >= 70 && tied <= 10,
+            "{name}: {compared} compared, {tied} near ties"
+        );
+    }
+}
