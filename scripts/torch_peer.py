@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""The PyTorch peer column for `cachet bench forward`: HF transformers LlamaForCausalLM with SDPA,
-random bf16 weights of the same config, on the same GPU in the same call.
+"""The PyTorch peer column for `cachet bench forward`: HF transformers' causal-LM class of the
+config's family (LlamaForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, ...) with SDPA, random
+bf16 weights of the same config, on the same GPU in the same call. Mixtures of experts run with
+transformers' own default experts implementation (named in the output).
 
     python3 scripts/torch_peer.py --config examples/configs/llama3-8b.json
+    python3 scripts/torch_peer.py --config examples/configs/qwen3-30b-a3b.json --contexts 512 --prefill 512,4096
 """
 import argparse
 import json
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def timed(fn, warm=2, reps=5):
@@ -30,17 +33,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
     ap.add_argument("--out")
+    ap.add_argument("--contexts", default="512,4096", help="decode batch-1 contexts")
+    ap.add_argument("--prefill", default="512,2048,8192", help="prefill lengths")
     a = ap.parse_args()
-    cfg = LlamaConfig.from_dict(json.load(open(a.config)))
+    raw = json.load(open(a.config))
+    cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    experts = getattr(model.config, "_experts_implementation", None)
+    print(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, "
+          f"{type(model).__name__}" + (f", experts implementation {experts}" if experts else ""))
     rows = []
     print("| peer measurement | time |")
     print("|---|---|")
     with torch.no_grad():
-        for ctx in (512, 4096):
+        for ctx in [int(c) for c in a.contexts.split(",") if c]:
             ids = torch.randint(0, cfg.vocab_size, (1, ctx), device="cuda")
             out = model(ids, use_cache=True)
             past = out.past_key_values
@@ -58,7 +67,7 @@ def main():
             rows.append({"kind": "decode", "ctx": ctx, "ms": ms})
             del past, out
             torch.cuda.empty_cache()
-        for n in (512, 2048, 8192):
+        for n in [int(c) for c in a.prefill.split(",") if c]:
             ids = torch.randint(0, cfg.vocab_size, (1, n), device="cuda")
             s = timed(lambda: model(ids, use_cache=False, logits_to_keep=1))
             print(f"| prefill {n} tokens | {s * 1e3:.1f} ms |")

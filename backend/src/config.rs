@@ -286,6 +286,42 @@ impl ModelConfig {
         self.vocab_size * h + head + h + per_layer * self.num_hidden_layers
     }
 
+    /// Parameters of one expert of a mixture of experts (gate, up and down); 0 for a dense MLP.
+    pub fn expert_parameters(&self) -> usize {
+        self.moe
+            .map_or(0, |m| 3 * self.hidden_size * m.expert_intermediate_size)
+    }
+
+    /// Experts per layer a step of `tokens` tokens is expected to touch when the router spreads
+    /// tokens evenly: E·(1 − (1 − k/E)^tokens) — k for one token, all E for many. 0 for a dense
+    /// model.
+    pub fn experts_touched(&self, tokens: usize) -> f64 {
+        self.moe.map_or(0.0, |m| {
+            let (e, k) = (m.num_experts as f64, m.top_k as f64);
+            if tokens == 1 {
+                k
+            } else {
+                e * (1.0 - (1.0 - k / e).powi(tokens.min(i32::MAX as usize) as i32))
+            }
+        })
+    }
+
+    /// Parameters a forward step over `tokens` tokens reads (every weight but the experts it is
+    /// expected to leave untouched, [`ModelConfig::experts_touched`]).
+    pub fn parameters_read(&self, tokens: usize) -> f64 {
+        let untouched = self
+            .moe
+            .map_or(0.0, |m| m.num_experts as f64 - self.experts_touched(tokens));
+        self.num_parameters() as f64
+            - self.num_hidden_layers as f64 * untouched * self.expert_parameters() as f64
+    }
+
+    /// Parameters each token is multiplied by: all but the experts it is not routed to.
+    pub fn active_parameters(&self) -> usize {
+        let unused = self.moe.map_or(0, |m| m.num_experts - m.top_k);
+        self.num_parameters() - self.num_hidden_layers * unused * self.expert_parameters()
+    }
+
     /// Checks the shape is self-consistent; `path` names the source in the error.
     pub fn validate(&self, path: &Path) -> Result<(), LoadError> {
         let bad = |msg: String| Err(LoadError::format(path, msg));

@@ -162,3 +162,24 @@ fn router_choices_equal_transformers_where_not_tied() {
         );
     }
 }
+
+/// The example shapes of the H200 benchmarks have their published sizes: Qwen3-30B-A3B 30.5 B
+/// parameters with 3.3 B active per token, Mixtral-8x7B 46.7 B with 12.9 B active; one token
+/// touches top_k experts a layer, many tokens all of them.
+#[test]
+fn example_moe_shapes_have_their_published_total_and_active_sizes() {
+    let dir = fixtures().join("../../examples/configs");
+    for (file, total, active) in [
+        ("qwen3-30b-a3b.json", 30.5e9, 3.3e9),
+        ("mixtral-8x7b.json", 46.7e9, 12.9e9),
+    ] {
+        let c = cachet_backend::config::ModelConfig::from_hf_json(&dir.join(file)).unwrap();
+        let (t, a) = (c.num_parameters() as f64, c.active_parameters() as f64);
+        assert!((t / total - 1.0).abs() < 0.01, "{file}: {t:e} parameters");
+        assert!((a / active - 1.0).abs() < 0.03, "{file}: {a:e} active");
+        let m = c.moe.unwrap();
+        assert_eq!(c.experts_touched(1), m.top_k as f64);
+        assert!(c.experts_touched(4096) > m.num_experts as f64 - 1e-6);
+        assert!((c.parameters_read(1) - a).abs() < 1.0);
+    }
+}

@@ -116,33 +116,57 @@ fn batch(seqs: usize, ctx: usize, new: usize, bs: usize, vocab: usize) -> Forwar
     b
 }
 
-/// Parameters a decode step multiplies by (all but an untied embedding table, of which a step
-/// reads one row per token).
-fn step_parameters(c: &ModelConfig) -> f64 {
-    let embed = if c.tie_word_embeddings {
-        0
+/// An untied embedding table's parameters: a step reads one row of it per token.
+fn untied_embedding(c: &ModelConfig) -> f64 {
+    if c.tie_word_embeddings {
+        0.0
     } else {
-        c.vocab_size * c.hidden_size
-    };
-    (c.num_parameters() - embed) as f64
+        (c.vocab_size * c.hidden_size) as f64
+    }
 }
 
-/// Bytes of weights a decode step reads: every weight once, the projections as `quantization`
-/// stores them (FP8: a byte each and an f32 scale per row).
+/// Parameters a decode step of `tokens` sequences reads: all but an untied embedding table and,
+/// in a mixture of experts, the experts the step is expected to leave untouched
+/// ([`ModelConfig::experts_touched`]: the floor of the union of experts its tokens use).
+fn step_parameters(c: &ModelConfig, tokens: usize) -> f64 {
+    c.parameters_read(tokens) - untied_embedding(c)
+}
+
+/// Parameters each token is multiplied by (2 FLOP each): all but an untied embedding table and
+/// the experts it is not routed to.
+fn token_parameters(c: &ModelConfig) -> f64 {
+    c.active_parameters() as f64 - untied_embedding(c)
+}
+
+/// Bytes of weights a decode step of `tokens` sequences reads: every weight it touches once,
+/// the projections as `quantization` stores them (FP8: a byte each and an f32 scale per row).
 fn weight_bytes_per_decode_step(
     c: &ModelConfig,
     elem: f64,
     quantization: WeightQuantization,
+    tokens: usize,
 ) -> f64 {
-    let all = step_parameters(c) * elem;
+    let all = step_parameters(c, tokens) * elem;
     match quantization {
         WeightQuantization::None => all,
         WeightQuantization::Fp8 => {
-            let (h, i) = (c.hidden_size, c.intermediate_size);
-            let params = c.qkv_dim() * h + h * c.q_dim() + 3 * i * h;
-            let rows = c.qkv_dim() + h + 2 * i + h;
+            let h = c.hidden_size as f64;
+            // The MLP's projections: the dense one, or the experts the step touches.
+            let (mlp_params, mlp_rows) = match &c.moe {
+                Some(m) => {
+                    let touched = c.experts_touched(tokens);
+                    let ei = m.expert_intermediate_size as f64;
+                    (touched * 3.0 * ei * h, touched * (2.0 * ei + h))
+                }
+                None => {
+                    let i = c.intermediate_size as f64;
+                    (3.0 * i * h, 2.0 * i + h)
+                }
+            };
+            let params = (c.qkv_dim() + c.q_dim()) as f64 * h + mlp_params;
+            let rows = c.qkv_dim() as f64 + h + mlp_rows;
             let layers = c.num_hidden_layers as f64;
-            all - layers * (params as f64 * (elem - 1.0) - rows as f64 * 4.0)
+            all - layers * (params * (elem - 1.0) - rows * 4.0)
         }
     }
 }
@@ -192,11 +216,12 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     let cal = r.calibrate()?;
     let mut rows: Vec<serde_json::Value> = Vec::new();
     println!(
-        "model: {} layers, hidden {}, {:.2} B parameters; device {dev}; KV blocks {} ({}); \
-         projection weights {}",
+        "model: {} layers, hidden {}, {:.2} B parameters ({:.2} B per token); device {dev}; \
+         KV blocks {} ({}); projection weights {}",
         config.num_hidden_layers,
         config.hidden_size,
         config.num_parameters() as f64 / 1e9,
+        config.active_parameters() as f64 / 1e9,
         r.kv_layout().num_blocks,
         a.kv_cache_dtype,
         match a.quantization {
@@ -225,7 +250,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .map(|_| ())
                 .map_err(Into::into)
         })?;
-        let bytes = weight_bytes_per_decode_step(&config, elem, a.quantization)
+        let bytes = weight_bytes_per_decode_step(&config, elem, a.quantization, 1)
             + kv_bytes(&r.kv_layout(), ctx, elem);
         let (floor, ratio) = match cal {
             Some(c) => {
@@ -260,7 +285,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .map(|_| ())
                 .map_err(Into::into)
         })?;
-        let weights = weight_bytes_per_decode_step(&config, elem, a.quantization);
+        let weights = weight_bytes_per_decode_step(&config, elem, a.quantization, n);
         let kv = n as f64 * kv_bytes(&r.kv_layout(), ctx, elem);
         let (floor, ratio, floors) = match cal {
             Some(c) => {
@@ -269,7 +294,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 // the measured GEMM ceiling), not by reading the weights once; attention by
                 // reading the KV.
                 let bytes_ms = (weights + kv) / c.copy_bytes_per_s * 1e3;
-                let gemm_ms = 2.0 * n as f64 * step_parameters(&config) / c.gemm_flops * 1e3;
+                let gemm_ms = 2.0 * n as f64 * token_parameters(&config) / c.gemm_flops * 1e3;
                 let roof_ms = (weights / c.copy_bytes_per_s * 1e3).max(gemm_ms)
                     + kv / c.copy_bytes_per_s * 1e3;
                 (
@@ -367,9 +392,8 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         }
         println!();
     }
-    let matmul_params = (config.num_parameters()
-        - config.vocab_size * config.hidden_size * if config.tie_word_embeddings { 0 } else { 1 })
-        as f64;
+    // Each token's parameters (its experts only, in a mixture of experts).
+    let matmul_params = token_parameters(&config);
     let attn_flops = |n: usize| {
         // Causal: token i attends to i + 1 keys, at most a sliding layer's window; QKᵀ and PV,
         // 2 FLOP per MAC.
