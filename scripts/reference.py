@@ -151,8 +151,9 @@ FAMILIES = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=300, rms_norm_eps=1e-6,
         rope_theta=1000000.0, tie_word_embeddings=False, max_position_embeddings=2048,
         use_sliding_window=False, bos_token_id=1, eos_token_id=2),
+    # Widths that are multiples of 32, so a GPU serves both with its grouped GEMMs too.
     "tiny-mixtral": dict(
-        model_type="mixtral", hidden_size=64, intermediate_size=48, num_local_experts=4,
+        model_type="mixtral", hidden_size=64, intermediate_size=64, num_local_experts=4,
         num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=300, rms_norm_eps=1e-5, rope_theta=1000000.0, tie_word_embeddings=False,
         max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
@@ -296,6 +297,84 @@ def moe_routes(model, ids):
     return layers
 
 
+def moe_gguf(base_dir, out_dir):
+    """tests/fixtures/tiny-qwen3-moe (its transformers-built weights) as a GGUF file in llama.cpp's
+    layout for `qwen3moe` (written with llama.cpp's gguf-py: the experts stacked as
+    ffn_{gate,up,down}_exps, f32), with a small byte-level vocabulary. The reference logits are
+    transformers' on the GGUF as its own GGUF reader loads it (given the two settings its GGUF
+    mapping does not read: the experts' width and norm_topk_prob) — checked here to equal the
+    safetensors model's, so the file holds what llama.cpp's converter would put there."""
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file
+    cfg = json.load(open(os.path.join(base_dir, "config.json")))
+    sd = load_file(os.path.join(base_dir, "model.safetensors"))
+    name = "tiny-qwen3-moe.gguf"
+    path = os.path.join(out_dir, name)
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    L, E = cfg["num_hidden_layers"], cfg["num_local_experts"] if "num_local_experts" in cfg else cfg["num_experts"]
+    w.add_name("tiny-qwen3-moe")
+    w.add_block_count(L)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
+    # Byte-level BPE: the 256 byte symbols, one merge, control tokens up to the vocabulary size.
+    from tokenizers.pre_tokenizers import ByteLevel
+    tokens = sorted(ByteLevel.alphabet(), key=lambda c: ord(c)) + ["\u0120t"]
+    tokens += [f"<|ctl_{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3] * (len(tokens) - 257))
+    w.add_token_merges(["\u0120 t"])
+    w.add_eos_token_id(len(tokens) - 1)
+    t = lambda k: sd[k].float().numpy()
+    w.add_tensor("token_embd.weight", t("model.embed_tokens.weight"))
+    w.add_tensor("output_norm.weight", t("model.norm.weight"))
+    w.add_tensor("output.weight", t("lm_head.weight"))
+    for l in range(L):
+        p = f"model.layers.{l}."
+        for ours, hf in [("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
+                         ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"),
+                         ("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
+                         ("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm"),
+                         ("ffn_gate_inp", "mlp.gate")]:
+            w.add_tensor(f"blk.{l}.{ours}.weight", t(p + hf + ".weight"))
+        for ours, hf in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")]:
+            stacked = np.stack([t(f"{p}mlp.experts.{e}.{hf}.weight") for e in range(E)])
+            w.add_tensor(f"blk.{l}.ffn_{ours}_exps.weight", stacked)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    hf = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        out_dir, gguf_file=name, dtype=torch.float32,
+        moe_intermediate_size=cfg["moe_intermediate_size"], norm_topk_prob=cfg["norm_topk_prob"]).eval()
+    g = torch.Generator().manual_seed(1234)
+    cases = []
+    for n in (1, 7, 40):
+        ids = torch.randint(0, cfg["vocab_size"], (n,), generator=g).tolist()
+        logits = model(torch.tensor([ids])).logits[0]
+        want = hf(torch.tensor([ids])).logits[0]
+        assert torch.allclose(logits, want, atol=1e-4), "transformers reads the GGUF as the safetensors model"
+        cases.append({"ids": ids, "logits": logits.tolist()})
+    doc = {"source": "transformers %s + torch %s, float32, on the GGUF as transformers' GGUF reader loads it"
+           % (transformers.__version__, torch.__version__), "model": name, "cases": cases}
+    json.dump(doc, open(os.path.join(out_dir, "tiny-qwen3-moe-gguf_reference.json"), "w"))
+    print(name, "ok")
+
+
 QWEN_PROMPTS = [
     "def quicksort(arr):\n",
     "The capital of France is",
@@ -387,6 +466,8 @@ def main():
     ap.add_argument("--gemma-gguf", help="Gemma 3 270M GGUF (from `cachet model fetch gemma3-270m`)")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 checkpoints of tests/fixtures/tiny-qwen3 (block and per-channel scales)")
+    ap.add_argument("--moe-gguf", action="store_true",
+                    help="tests/fixtures/tiny-qwen3-moe as a llama.cpp-layout GGUF, with transformers' logits on it")
     ap.add_argument("--out", default="tests/fixtures")
     a = ap.parse_args()
     if a.gguf:
@@ -401,6 +482,8 @@ def main():
         qwen_gguf(a.qwen15_gguf, a.out, "qwen2.5-coder-1.5b")
     if a.gemma_gguf:
         gemma_gguf(a.gemma_gguf, a.out, "gemma3-270m")
+    if a.moe_gguf:
+        moe_gguf(os.path.join(a.out, "tiny-qwen3-moe"), a.out)
     if a.fp8:
         for scheme in ("block", "channel"):
             fp8_variant(os.path.join(a.out, "tiny-qwen3"), a.out, scheme)

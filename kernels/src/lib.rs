@@ -103,11 +103,20 @@ pub const SOURCES: &[KernelSource] = &[
             "dequantize_rows_e4m3",
             "fp8_scale_out_bf16",
             "fp8_scale_out_f32",
-            "moe_route_f32",
+        ],
+    },
+    KernelSource {
+        name: "moe.cu",
+        code: include_str!("moe.cu"),
+        symbols: &[
+            "moe_route_bf16",
             "moe_gate_up_bf16",
             "moe_gate_up_e4m3",
             "moe_down_bf16",
             "moe_down_e4m3",
+            "moe_sort",
+            "moe_gemm_bf16",
+            "moe_combine_bf16",
         ],
     },
     KernelSource {

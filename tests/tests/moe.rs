@@ -35,7 +35,7 @@ fn moe_configs_are_read_as_transformers_writes_them() {
         Some(MoeConfig {
             num_experts: 4,
             top_k: 2,
-            expert_intermediate_size: 48,
+            expert_intermediate_size: 64,
             norm_topk_prob: true
         })
     );
@@ -181,5 +181,23 @@ fn example_moe_shapes_have_their_published_total_and_active_sizes() {
         assert_eq!(c.experts_touched(1), m.top_k as f64);
         assert!(c.experts_touched(4096) > m.num_experts as f64 - 1e-6);
         assert!((c.parameters_read(1) - a).abs() < 1.0);
+    }
+}
+
+device_test! {
+    /// tiny-qwen3-moe as a GGUF file in llama.cpp's layout for `qwen3moe` (scripts/reference.py
+    /// --moe-gguf: experts stacked as `ffn_{gate,up,down}_exps`, written with llama.cpp's gguf-py)
+    /// loads with its experts, top-k and `expert_weights_norm`, and gives transformers' logits on
+    /// the same file (transformers' own GGUF reader).
+    fn a_qwen3_moe_gguf_gives_transformers_logits(dev) {
+        let m = loader::load(fixtures().join("tiny-qwen3-moe.gguf").to_str().unwrap(), false).unwrap();
+        assert_eq!(m.config.arch, Arch::Qwen3Moe);
+        assert_eq!(m.config.moe, tiny("tiny-qwen3-moe").config.moe);
+        let reference = read_json("tiny-qwen3-moe-gguf_reference.json");
+        let mut r = device_runner(dev, &m, 16);
+        let tol = if dev == DeviceKind::Cpu { 1e-4 } else { 3e-2 };
+        for case in reference["cases"].as_array().unwrap() {
+            check_case_logits(r.as_mut(), case, tol, "tiny-qwen3-moe.gguf");
+        }
     }
 }

@@ -41,10 +41,18 @@ pub const GEMV_ROWS: [usize; 3] = [1, 2, 4];
 pub const GEMV_DEFAULT_ROWS: usize = 2;
 /// Threads of a GEMV block (GEMV_THREADS in gemv.cu); one block per SM.
 pub const GEMV_THREADS: u32 = 512;
-/// Most experts the routing kernel takes (MOE_MAX_EXPERTS in gemv.cu).
+/// Most experts the routing and sorting kernels take (MOE_MAX_EXPERTS in moe.cu).
 pub const MOE_MAX_EXPERTS: usize = 512;
+/// Most experts a token goes to on the few-row path (MOE_MAX_K).
+pub const MOE_MAX_K: usize = 8;
 /// Threads of an expert GEMV block (a warp per output row).
 pub const MOE_THREADS: u32 = 256;
+/// Rows and columns of a grouped-GEMM tile, its k step and threads (MOE_BM, MOE_BN, MOE_BK,
+/// MOE_GEMM_THREADS in moe.cu).
+pub const MOE_BM: usize = 64;
+pub const MOE_BN: usize = 128;
+pub const MOE_BK: usize = 32;
+pub const MOE_GEMM_THREADS: u32 = 128;
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
 
@@ -105,11 +113,15 @@ pub struct Kernels {
     pub dequantize_rows_e4m3: CudaFunction,
     /// The FP8 GEMM's epilogue: row and token scales applied, into bf16 or f32.
     pub fp8_scale_out: [CudaFunction; 2],
-    /// Mixture of experts: routing, then the chosen experts' gate|up + SwiGLU and weighted down
-    /// by weight format (bf16, e4m3).
+    /// Mixture of experts (moe.cu): routing; the few-row path's gate|up + SwiGLU and weighted
+    /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
+    /// weighted combine.
     pub moe_route: CudaFunction,
     pub moe_gate_up: [CudaFunction; 2],
     pub moe_down: [CudaFunction; 2],
+    pub moe_sort: CudaFunction,
+    pub moe_gemm: CudaFunction,
+    pub moe_combine: CudaFunction,
 }
 
 /// What loading the kernels found.
@@ -202,9 +214,12 @@ impl Kernels {
             quantize_rows_e4m3: f("quantize_rows_e4m3")?,
             dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
             fp8_scale_out: [f("fp8_scale_out_bf16")?, f("fp8_scale_out_f32")?],
-            moe_route: f("moe_route_f32")?,
+            moe_route: f("moe_route_bf16")?,
             moe_gate_up: [f("moe_gate_up_bf16")?, f("moe_gate_up_e4m3")?],
             moe_down: [f("moe_down_bf16")?, f("moe_down_e4m3")?],
+            moe_sort: f("moe_sort")?,
+            moe_gemm: f("moe_gemm_bf16")?,
+            moe_combine: f("moe_combine_bf16")?,
         };
         for func in [&k.attention, &k.attention_fp8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;

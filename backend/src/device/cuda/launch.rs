@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
     ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
-    MMA_THREADS, MOE_MAX_EXPERTS, MOE_THREADS,
+    MMA_THREADS, MOE_BK, MOE_BM, MOE_BN, MOE_GEMM_THREADS, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
 };
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
@@ -16,6 +16,19 @@ use crate::error::DeviceError;
 
 /// Threads of a token-selection block (`SAMPLE_THREADS` / `LOGPROB_THREADS` in sampling.cu).
 const SAMPLE_THREADS: u32 = 512;
+
+/// Entries of the expert-sorted pair list of `pairs` pairs over `e` experts: every expert's run
+/// padded to whole MOE_BM-row tiles.
+pub(super) fn moe_sorted_capacity(pairs: usize, e: usize) -> usize {
+    (pairs + e * (MOE_BM - 1)).div_ceil(MOE_BM) * MOE_BM
+}
+
+/// The pairs of a step sorted by expert (moe_sort's outputs).
+pub(super) struct MoeGroups {
+    pub sorted: CudaSlice<i32>,
+    pub tile_expert: CudaSlice<i32>,
+    pub num_tiles: CudaSlice<i32>,
+}
 
 /// A launch of one block per row.
 fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
@@ -576,11 +589,11 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `moe_route_f32(f32 logits[n, E], i32 ids[n, k], f32 weights[n, k], int n, int E, int k,
+    /// `moe_route_bf16(bf16 logits[n, E], i32 ids[n, k], f32 weights[n, k], int n, int E, int k,
     /// int norm)`: a warp per token.
     pub(super) fn launch_moe_route(
         &self,
-        logits: &CudaSlice<f32>,
+        logits: &CudaSlice<u16>,
         ids: &mut CudaSlice<i32>,
         weights: &mut CudaSlice<f32>,
         (n, e, k, norm): (usize, usize, usize, bool),
@@ -666,8 +679,8 @@ impl CudaDevice {
         y: &mut CudaSlice<u16>,
         (n, k, inter, h): (usize, usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        if !inter.is_multiple_of(w.k_multiple()) {
-            return Err(unfit("moe_down", 1, 1, inter));
+        if !inter.is_multiple_of(w.k_multiple()) || k > MOE_MAX_K {
+            return Err(unfit("moe_down", k, MOE_MAX_K, inter));
         }
         if act.len() < n * k * inter
             || ids.len() < n * k
@@ -697,6 +710,108 @@ impl CudaDevice {
         };
         // SAFETY: as launch_moe_gate_up, over a down weight of E·h rows of inter.
         unsafe { l.launch(cfg) }.map_err(op_err("moe_down"))?;
+        Ok(())
+    }
+
+    /// `moe_sort(i32 ids[pairs], i32 sorted[cap], i32 tile_expert[max_tiles], i32 num_tiles[1],
+    /// int pairs, int E, int cap)`: one block.
+    pub(super) fn launch_moe_sort(
+        &self,
+        ids: &CudaSlice<i32>,
+        groups: &mut MoeGroups,
+        (pairs, e): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        let cap = moe_sorted_capacity(pairs, e);
+        if e > MOE_MAX_EXPERTS
+            || ids.len() < pairs
+            || groups.sorted.len() < cap
+            || groups.tile_expert.len() < cap / MOE_BM
+        {
+            return Err(short_buffers("moe_sort", pairs, e));
+        }
+        let (pi, ei, ci) = (pairs as i32, e as i32, cap as i32);
+        let mut l = self.stream.launch_builder(&self.k.moe_sort);
+        l.arg(ids)
+            .arg(&mut groups.sorted)
+            .arg(&mut groups.tile_expert)
+            .arg(&mut groups.num_tiles)
+            .arg(&pi)
+            .arg(&ei)
+            .arg(&ci);
+        // SAFETY: E ≤ MOE_MAX_EXPERTS (its shared counters), every id < E (the routing kernel
+        // wrote them), sorted holds cap ≥ pairs + E·(MOE_BM − 1) entries, which bounds every
+        // expert's padded run and so every tile index below cap / MOE_BM.
+        unsafe { l.launch(rows_config(1, 1024)) }.map_err(op_err("moe_sort"))?;
+        Ok(())
+    }
+
+    /// `moe_gemm_bf16(bf16 a[rows, K], bf16 w[E·N, K], i32 sorted[cap], i32 tile_expert[..],
+    /// i32 num_tiles[1], bf16 out[pairs, N], int N, int K, int a_div)`: grid (max_tiles,
+    /// ⌈N / MOE_BN⌉); pair p reads row p / a_div of `a`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_moe_gemm(
+        &self,
+        a: &CudaSlice<u16>,
+        w: &CudaSlice<u16>,
+        groups: &MoeGroups,
+        out: &mut CudaSlice<u16>,
+        (pairs, e, n, k, a_div): (usize, usize, usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        if !k.is_multiple_of(MOE_BK) || !n.is_multiple_of(8) || a_div == 0 {
+            return Err(DeviceError::Op {
+                device: super::DEV,
+                op: "moe_gemm",
+                msg: format!("K {k} must be a multiple of {MOE_BK} and N {n} of 8"),
+            });
+        }
+        let max_tiles = moe_sorted_capacity(pairs, e) / MOE_BM;
+        if a.len() < pairs.div_ceil(a_div) * k || w.len() < e * n * k || out.len() < pairs * n {
+            return Err(short_buffers("moe_gemm", pairs, n));
+        }
+        let (ni, ki, di) = (n as i32, k as i32, a_div as i32);
+        let mut l = self.stream.launch_builder(&self.k.moe_gemm);
+        l.arg(a)
+            .arg(w)
+            .arg(&groups.sorted)
+            .arg(&groups.tile_expert)
+            .arg(&groups.num_tiles)
+            .arg(out)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&di);
+        let cfg = LaunchConfig {
+            grid_dim: (max_tiles as u32, n.div_ceil(MOE_BN) as u32, 1),
+            block_dim: (MOE_GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: K a multiple of the k step and N of 8 (whole 16-byte loads and 4-byte stores
+        // of whole allocations), buffer sizes checked above; the sort wrote every tile's expert
+        // (< E) and pairs (< pairs, or −1 skipped) for the tiles below num_tiles ≤ max_tiles.
+        unsafe { l.launch(cfg) }.map_err(op_err("moe_gemm"))?;
+        Ok(())
+    }
+
+    /// `moe_combine_bf16(bf16 yp[n·k, h], f32 weights[n·k], bf16 y[n, h], int n, int k, int h)`.
+    pub(super) fn launch_moe_combine(
+        &self,
+        yp: &CudaSlice<u16>,
+        weights: &CudaSlice<f32>,
+        y: &mut CudaSlice<u16>,
+        (n, k, h): (usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        if yp.len() < n * k * h || weights.len() < n * k || y.len() < n * h {
+            return Err(short_buffers("moe_combine", n, h));
+        }
+        let (ni, ki, hi) = (n as i32, k as i32, h as i32);
+        let mut l = self.stream.launch_builder(&self.k.moe_combine);
+        l.arg(yp).arg(weights).arg(y).arg(&ni).arg(&ki).arg(&hi);
+        let cfg = LaunchConfig {
+            grid_dim: ((n * h).div_ceil(256).min(8192) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: buffer sizes checked above; grid-stride over n·h.
+        unsafe { l.launch(cfg) }.map_err(op_err("moe_combine"))?;
         Ok(())
     }
 

@@ -369,9 +369,11 @@ impl Device for CudaDevice {
         })
     }
 
-    /// Routing on the device (the router's f32 logits from cuBLAS, then `moe_route_f32`), then
-    /// the chosen experts' rows only: gate|up + SwiGLU per (token, slot) pair and the weighted
-    /// down per token (gemv.cu). No host round trip, fixed shapes: decode graphs capture it.
+    /// Routing on the device (the router's bf16 logits, as transformers' router computes them,
+    /// then `moe_route_bf16`); then, for a few rows, the chosen experts' rows only (gate|up +
+    /// SwiGLU per (token, slot) pair and the weighted down per token, moe.cu's GEMVs), or for
+    /// many rows the pairs sorted by expert and two grouped GEMMs around the activation, then
+    /// the weighted sum. No host round trip either way: decode graphs capture it.
     fn moe(
         &self,
         x: &CudaTensor,
@@ -393,32 +395,71 @@ impl Device for CudaDevice {
                 ),
             });
         }
-        let mut y = self.alloc_bf16((n * h).max(1), "moe")?;
         if n == 0 {
-            return Ok(CudaTensor::new_bf16(0, h, y));
+            return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
         }
-        let logits = self.timed("moe router", || self.gemm(x, w.router, true))?;
-        self.timed("moe experts", || {
-            let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
-            let mut weights = self.alloc_f32(n * k, "moe routing")?;
+        let logits = self.timed("moe router", || self.linear(x, w.router))?;
+        let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
+        let mut weights = self.alloc_f32(n * k, "moe routing")?;
+        self.timed("moe routing", || {
             self.launch_moe_route(
-                logits.f32("moe")?,
+                logits.bf16("moe")?,
                 &mut ids,
                 &mut weights,
                 (n, e, k, p.norm_topk_prob),
-            )?;
-            let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-            let xs = x.bf16("moe")?;
-            self.launch_moe_gate_up(w.gate_up.weight("moe")?, xs, &ids, &mut act, (n, k, i, h))?;
-            self.launch_moe_down(
-                w.down.weight("moe")?,
-                &act,
-                &ids,
-                &weights,
-                &mut y,
-                (n, k, i, h),
             )
         })?;
+        let xs = x.bf16("moe")?;
+        let mut y = self.alloc_bf16(n * h, "moe")?;
+        let grouped = match (&w.gate_up.buf, &w.down.buf) {
+            (CudaBuf::Bf16(gu), CudaBuf::Bf16(dw))
+                if n >= self.options.moe_gemm_min_rows
+                    && h.is_multiple_of(kernels::MOE_BK)
+                    && i.is_multiple_of(kernels::MOE_BK) =>
+            {
+                Some((gu, dw))
+            }
+            _ => None,
+        };
+        if let Some((gu, dw)) = grouped {
+            let pairs = n * k;
+            self.timed("moe grouped gemm", || {
+                let cap = launch::moe_sorted_capacity(pairs, e);
+                let mut groups = launch::MoeGroups {
+                    sorted: self.alloc_out::<i32>(cap, "moe groups")?,
+                    tile_expert: self.alloc_out::<i32>(cap / kernels::MOE_BM, "moe groups")?,
+                    num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
+                };
+                self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
+                let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
+                self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))?;
+                let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
+                self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
+                drop(gate_up);
+                let mut down = self.alloc_bf16(pairs * h, "moe down")?;
+                self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))?;
+                self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
+            })?;
+        } else {
+            self.timed("moe expert gemv", || {
+                let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
+                self.launch_moe_gate_up(
+                    w.gate_up.weight("moe")?,
+                    xs,
+                    &ids,
+                    &mut act,
+                    (n, k, i, h),
+                )?;
+                self.launch_moe_down(
+                    w.down.weight("moe")?,
+                    &act,
+                    &ids,
+                    &weights,
+                    &mut y,
+                    (n, k, i, h),
+                )
+            })?;
+        }
         Ok(CudaTensor::new_bf16(n, h, y))
     }
 

@@ -11,6 +11,10 @@ use crate::error::DeviceError;
 
 /// Shortest key range an attention split is given.
 pub const MIN_SPLIT: usize = 64;
+/// Rows from which a mixture-of-experts step is served by grouped GEMMs over the pairs sorted
+/// by expert rather than by per-pair expert GEMVs: from 8 tokens the GEMVs read many experts
+/// more than once (Qwen3-30B-A3B's batch 16 touches ~82 of 128 experts with 128 pairs).
+pub const MOE_GEMM_DEFAULT_ROWS: usize = 8;
 /// Most blocks a key range is split over.
 pub const MAX_SPLITS: usize = 64;
 /// Waves of attention blocks the splits may fill. Measured on the H200 (8B shape, ctx 4096,
@@ -114,6 +118,10 @@ pub struct CudaOptions {
     /// Projections of at most this many rows go through gemv.cu with norms and SwiGLU fused in
     /// (`CACHET_GEMV=off|1|2|4`).
     pub gemv_max_rows: usize,
+    /// Rows from which a mixture-of-experts step takes the grouped GEMMs (pairs sorted by
+    /// expert) instead of the expert GEMVs (`CACHET_MOE_GEMM=off|rows`; off: always the
+    /// GEMVs).
+    pub moe_gemm_min_rows: usize,
     /// Where compiled kernels are cached (none: compile at every start).
     pub kernel_cache: Option<PathBuf>,
     /// Kernel sources substituted by file name (`CACHET_KERNEL_DIR`), for kernel work without a
@@ -128,6 +136,7 @@ impl Default for CudaOptions {
             fused_rope: true,
             split: SplitOptions::default(),
             gemv_max_rows: GEMV_DEFAULT_ROWS,
+            moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             kernel_cache: None,
             kernel_dir: None,
         }
@@ -188,6 +197,17 @@ impl CudaOptions {
                 })?,
             }
             .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
+        }
+        if let Some(v) = var("CACHET_MOE_GEMM") {
+            o.moe_gemm_min_rows = match v.as_str() {
+                "off" => usize::MAX,
+                _ => v.parse::<usize>().ok().filter(|&r| r > 0).ok_or_else(|| {
+                    bad(
+                        "CACHET_MOE_GEMM",
+                        format!("`{v}`: expected off or a row count ≥ 1"),
+                    )
+                })?,
+            };
         }
         o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
         Ok(o)
@@ -256,6 +276,19 @@ mod tests {
         );
         assert_eq!(o.gemv_max_rows, 0);
         assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);
+        assert_eq!(parse(&[]).unwrap().moe_gemm_min_rows, 8);
+        assert_eq!(
+            parse(&[("CACHET_MOE_GEMM", "32")])
+                .unwrap()
+                .moe_gemm_min_rows,
+            32
+        );
+        assert_eq!(
+            parse(&[("CACHET_MOE_GEMM", "off")])
+                .unwrap()
+                .moe_gemm_min_rows,
+            usize::MAX
+        );
         assert_eq!(
             parse(&[("CACHET_ATTENTION_SPLIT", "128,32")])
                 .unwrap()
@@ -270,6 +303,7 @@ mod tests {
             ("CACHET_ATTENTION_SPLIT", "64", "min_keys,max_splits"),
             ("CACHET_ATTENTION_SPLIT", "64,0", "min_keys,max_splits"),
             ("CACHET_GEMV", "two", "off or a row count"),
+            ("CACHET_MOE_GEMM", "0", "off or a row count"),
             ("CACHET_ROPE", "sideways", "separate"),
             ("CACHET_ATTENTION", "fast", "simt"),
         ] {
