@@ -201,3 +201,45 @@ device_test! {
         }
     }
 }
+
+device_test! {
+    /// The mixtures of experts with what else the engine does: n-gram speculation (verification
+    /// steps of several tokens a sequence through the experts) gives the greedy output it gives
+    /// without; the FP8 KV cache and FP8 expert weights (every expert's rows quantized with the
+    /// other projections) stay near transformers' logits — within the 0.1 the FP8 KV cache is
+    /// held to on SmolLM2 (tests/tests/kv_fp8.rs; measured here 2–6%).
+    fn moe_models_speculate_and_run_fp8_caches_and_weights(dev) {
+        use cachet_backend::engine::EngineConfig;
+        use cachet_backend::spec::SpecConfig;
+        for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+            let m = tiny(name);
+            // A repeating prompt: its n-grams give drafts from the first step.
+            let prompt: Vec<u32> = (0..48).map(|i| [11, 22, 33, 44, 55, 66][i % 6]).collect();
+            let run = |speculative: Option<SpecConfig>| {
+                let e = engine(dev, &m, 64, EngineConfig { speculative, ..Default::default() });
+                let h = e.handle();
+                let out = collect(h.submit(greedy_request(prompt.clone(), 40)).unwrap());
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                (out.tokens, h.stats().counters)
+            };
+            let (plain, _) = run(None);
+            let (spec, c) = run(Some(SpecConfig::default()));
+            assert_greedy_agrees(dev, &m, &prompt, &plain, &spec, &format!("{name} speculative"));
+            assert!(c.spec_draft_tokens > 0, "{name}: drafts were verified ({c:?})");
+            let reference = read_json(&format!("{name}_reference.json"));
+            let cases = reference["cases"].as_array().unwrap();
+            for (what, mut r, bound) in [
+                ("FP8 KV cache", device_runner_with(dev, &m, 16, KvCacheDtype::Fp8E4m3), 0.1),
+                ("FP8 weights", device_runner_quantized(dev, &m, 16, WeightQuantization::Fp8), 0.1),
+            ] {
+                for case in cases {
+                    let ids = ids_of(&case["ids"]);
+                    let got = all_logits(r.as_mut(), &ids);
+                    let err = rel_err(&got.data, &logits_of(&case["logits"]));
+                    eprintln!("{name}, {what}, {} tokens: {err:.2e} from transformers", ids.len());
+                    assert!(err < bound, "{name}, {what}, {} tokens: {err:e}", ids.len());
+                }
+            }
+        }
+    }
+}
