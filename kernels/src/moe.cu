@@ -12,25 +12,25 @@
 #define MOE_MAX_EXPERTS 512
 #define MOE_MAX_K 8
 
-// One warp per token: softmax over the E router logits (bf16, as the router's product is in the
-// model's type; f32 from there), the k largest (ties to the lower expert), weights renormalised
-// over the k when `norm`.
-//   logits : device, bf16 [n, E];  ids : device, i32 [n, k];  weights : device, f32 [n, k]
+// One warp per token: softmax over the E router logits (f32: a bf16 product would turn near
+// ties into different experts than the model's), the k largest (ties to the lower expert),
+// weights renormalised over the k when `norm`.
+//   logits : device, f32 [n, E];  ids : device, i32 [n, k];  weights : device, f32 [n, k]
 // E ≤ MOE_MAX_EXPERTS, k ≤ E (checked by the host).
-extern "C" __global__ void moe_route_bf16(const bf16* __restrict__ logits, int* __restrict__ ids,
+extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* __restrict__ ids,
                                           float* __restrict__ weights, int n, int E, int k, int norm) {
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (t >= n) return;
     constexpr int PER = MOE_MAX_EXPERTS / 32;
-    const bf16* l = logits + (size_t)t * E;
+    const float* l = logits + (size_t)t * E;
     const float neg_inf = __int_as_float(0xff800000u);
     float p[PER];
     float m = neg_inf;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int e = lane + 32 * i;
-        p[i] = e < E ? bf2f(l[e]) : neg_inf;
+        p[i] = e < E ? l[e] : neg_inf;
         m = fmaxf(m, p[i]);
     }
     m = warp_max(m);
@@ -102,62 +102,39 @@ __device__ __forceinline__ void moe_gate_up(const void* __restrict__ w, const fl
 }
 
 // y[t, j] = Σ_s weights[t·k + s] · bf16(act[t·k + s] · W[ids[t·k + s]·h + j, :]): the chosen
-// experts' down projections, weighted and summed (in slot order, f32), into bf16. A warp takes
-// output row j of a token over all its k slots at once — the k rows as one run of 16-byte
-// units, GEMV_UNROLL loads in flight per lane whatever the slot — with a sum per slot. Grid
-// (n, ⌈h / warps⌉). k ≤ MOE_MAX_K.
+// experts' down projections, weighted and summed (in slot order, f32), into bf16. The k slots of
+// an output row go to k neighbouring warps (kp = k rounded up to a power of two, ≤ MOE_MAX_K),
+// so every slot's row streams at once; a block of MOE_MAX_K warps takes MOE_MAX_K / kp rows and
+// sums their slots through shared memory. Grid (n, ⌈h / (MOE_MAX_K / kp)⌉), MOE_MAX_K warps a
+// block.
 //   w : device, bf16 or e4m3 [E · h, inter];  w_scale : device, f32 [E · h] (e4m3) or null;
 //   act : device, bf16 [n · k, inter];  ids, weights : device, [n · k];  y : device, bf16 [n, h]
 template <bool F8>
 __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float* __restrict__ w_scale,
                                          const bf16* __restrict__ act, const int* __restrict__ ids,
                                          const float* __restrict__ weights, bf16* __restrict__ y, int h, int inter,
-                                         int k) {
-    const int t = blockIdx.x;
-    const int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (j >= h) return;
-    const int ku = row_units<F8>(inter), total = k * ku;
-    const uint4* rows[MOE_MAX_K];
-    const uint4* xs[MOE_MAX_K];
-#pragma unroll
-    for (int s = 0; s < MOE_MAX_K; ++s) {
-        const int p = t * k + (s < k ? s : 0);
-        rows[s] = weight_row<F8>(w, (int)((size_t)ids[p] * h + j), inter);
-        xs[s] = reinterpret_cast<const uint4*>(act + (size_t)p * inter);
-    }
-    float acc[MOE_MAX_K];
-#pragma unroll
-    for (int s = 0; s < MOE_MAX_K; ++s) acc[s] = 0.f;
-    for (int i0 = lane; i0 < total; i0 += 32 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL];
-        int slot[GEMV_UNROLL], unit[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int i = i0 + 32 * u;
-            slot[u] = i < total ? i / ku : -1;
-            unit[u] = i - (slot[u] < 0 ? 0 : slot[u]) * ku;
-            const uint4* r = rows[0];
-#pragma unroll
-            for (int s = 1; s < MOE_MAX_K; ++s)
-                if (slot[u] == s) r = rows[s];
-            if (slot[u] >= 0) wv[u] = load_stream(r + unit[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u)
-#pragma unroll
-            for (int s = 0; s < MOE_MAX_K; ++s)
-                if (slot[u] == s) acc[s] = dot_unit<F8>(wv[u], xs[s], unit[u], acc[s]);
-    }
-    float out = 0.f;
-#pragma unroll
-    for (int s = 0; s < MOE_MAX_K; ++s) {
-        if (s >= k) break;
+                                         int k, int kp) {
+    __shared__ float part[MOE_MAX_K];
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int per_block = MOE_MAX_K / kp;
+    const int j = blockIdx.y * per_block + warp / kp, s = warp % kp;
+    float v = 0.f;
+    if (j < h && s < k) {
         const int p = t * k + s;
-        const float sc = F8 ? w_scale[(size_t)ids[p] * h + j] : 1.f;
-        out += weights[p] * bf2f(f2bf(warp_sum(acc[s]) * sc));
+        const size_t row = (size_t)ids[p] * h + j;
+        float acc[1] = {0.f};
+        row_dot<1, F8>(weight_row<F8>(w, (int)row, inter), reinterpret_cast<const uint4*>(act + (size_t)p * inter),
+                       row_units<F8>(inter), 1, acc);
+        v = weights[p] * bf2f(f2bf(warp_sum(acc[0]) * (F8 ? w_scale[row] : 1.f)));
     }
-    if (lane == 0) y[(size_t)t * h + j] = f2bf(out);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (threadIdx.x < per_block) {
+        const int jj = blockIdx.y * per_block + threadIdx.x;
+        float out = 0.f;
+        for (int q = 0; q < k; ++q) out += part[threadIdx.x * kp + q];
+        if (jj < h) y[(size_t)t * h + jj] = f2bf(out);
+    }
 }
 
 #define MOE_GEMV_KERNELS(fmt, F8)                                                                     \
@@ -169,33 +146,31 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
     extern "C" __global__ void moe_down_##fmt(const void* __restrict__ w, const float* __restrict__ w_scale, \
                                               const bf16* __restrict__ act, const int* __restrict__ ids,     \
                                               const float* __restrict__ weights, bf16* __restrict__ y, int h, \
-                                              int inter, int k) {                                     \
-        moe_down<F8>(w, w_scale, act, ids, weights, y, h, inter, k);                                  \
+                                              int inter, int k, int kp) {                             \
+        moe_down<F8>(w, w_scale, act, ids, weights, y, h, inter, k, kp);                              \
     }
 MOE_GEMV_KERNELS(bf16, false)
 MOE_GEMV_KERNELS(e4m3, true)
 // ---- Grouped GEMMs for steps of many tokens (prefill, large decode batches) ----
 // The (token, slot) pairs are sorted by expert on the device (moe_sort: a counting sort, each
-// expert's run padded to whole MOE_BM-row tiles, -1 marking the padding), then one launch per
-// projection multiplies every tile by its expert's weights with mma.sync m16n8k16 (bf16 in, f32
-// accumulate): a tile's rows are gathered from the input as they are copied to shared memory
-// (cp.async, double-buffered), and the products are written back to each pair's own row. So the
-// weights of every touched expert are read once per tile row block, not once per token.
+// expert's run padded to whole tiles of 64 or 128 rows, -1 marking the padding), then one launch
+// per projection multiplies every tile by its expert's weights with mma.sync m16n8k16 (bf16 in,
+// f32 accumulate): a tile's rows are gathered from the input as they are copied to shared
+// memory (cp.async, three k-steps in flight), and the products are written back to each pair's
+// own row. So every touched expert's weights are read once per row tile, not once per token.
 
-#define MOE_BM 64
 #define MOE_BN 128
 #define MOE_BK 32
 #define MOE_SK 40  // shared-memory row stride in bf16 (80 bytes: ldmatrix rows hit distinct banks)
-#define MOE_GEMM_THREADS 128
+#define MOE_STAGES 3
 
-// One block: count the pairs of each expert, lay the experts' runs out in whole tiles, scatter
-// every pair into its expert's run.
+// One block: count the pairs of each expert, lay the experts' runs out in whole tiles of `bm`
+// rows, scatter every pair into its expert's run.
 //   ids : device, i32 [pairs] (each < E);  sorted : device, i32 [cap] (pair index or -1);
-//   tile_expert : device, i32 [max_tiles];  num_tiles : device, i32 [1]
-// cap ≥ pairs + E·(MOE_BM − 1) and max_tiles ≥ cap / MOE_BM (checked by the host); E ≤
-// MOE_MAX_EXPERTS.
+//   tile_expert : device, i32 [cap / bm];  num_tiles : device, i32 [1]
+// cap ≥ pairs + E·(bm − 1), a multiple of bm (checked by the host); E ≤ MOE_MAX_EXPERTS.
 extern "C" __global__ void moe_sort(const int* __restrict__ ids, int* __restrict__ sorted, int* __restrict__ tile_expert,
-                                    int* __restrict__ num_tiles, int pairs, int E, int cap) {
+                                    int* __restrict__ num_tiles, int pairs, int E, int cap, int bm) {
     __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
     for (int i = threadIdx.x; i < cap; i += blockDim.x) sorted[i] = -1;
@@ -206,83 +181,90 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int* __restrict
         int off = 0;
         for (int e = 0; e < E; ++e) {
             cursor[e] = off;
-            const int tiles = (count[e] + MOE_BM - 1) / MOE_BM;
-            for (int t = 0; t < tiles; ++t) tile_expert[off / MOE_BM + t] = e;
-            off += tiles * MOE_BM;
+            const int tiles = (count[e] + bm - 1) / bm;
+            for (int t = 0; t < tiles; ++t) tile_expert[off / bm + t] = e;
+            off += tiles * bm;
         }
-        num_tiles[0] = off / MOE_BM;
+        num_tiles[0] = off / bm;
     }
     __syncthreads();
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
 }
 
-// out[pair, j] = a[pair / a_div, :] · W[e·N + j, :] for every pair of every tile (e its expert),
-// j < N, into bf16. Grid (max_tiles, ⌈N / MOE_BN⌉); tiles past num_tiles return at once.
+// out[pair, j] = a[pair / a_div, :] · W[e·N + j, :] for every pair of every BM-row tile (e its
+// expert), j < N, into bf16. Warps of 64 rows × 32 columns (4 m16 × 4 n8 tiles): BM / 64 × 4 of
+// them. MOE_STAGES k-steps in flight (cp.async), dynamic shared memory MOE_STAGES · (BM +
+// MOE_BN) · MOE_SK · 2 bytes. Grid (max_tiles, ⌈N / MOE_BN⌉); tiles past num_tiles return.
 //   a : device, bf16 [rows, K];  w : device, bf16 [E·N, K];  out : device, bf16 [pairs, N]
 // K % MOE_BK == 0, N % 8 == 0 (checked by the host).
-extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
-    moe_gemm_bf16(const bf16* __restrict__ a, const bf16* __restrict__ w, const int* __restrict__ sorted,
-                  const int* __restrict__ tile_expert, const int* __restrict__ num_tiles, bf16* __restrict__ out,
-                  int N, int K, int a_div) {
+template <int BM>
+__device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const bf16* __restrict__ w,
+                                         const int* __restrict__ sorted, const int* __restrict__ tile_expert,
+                                         const int* __restrict__ num_tiles, bf16* __restrict__ out, int N, int K,
+                                         int a_div) {
+    constexpr int THREADS = BM / 64 * 4 * 32;
     const int tile = blockIdx.x;
     if (tile >= num_tiles[0]) return;
-    __shared__ __align__(16) bf16 sa[2][MOE_BM * MOE_SK];
-    __shared__ __align__(16) bf16 sb[2][MOE_BN * MOE_SK];
-    __shared__ int rows[MOE_BM];
+    extern __shared__ __align__(16) bf16 moe_smem[];
+    bf16* sa = moe_smem;                              // [STAGES][BM * SK]
+    bf16* sb = moe_smem + MOE_STAGES * BM * MOE_SK;   // [STAGES][BN * SK]
+    __shared__ int rows[BM];
     const int e = tile_expert[tile];
     const int n0 = blockIdx.y * MOE_BN;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    if (tid < MOE_BM) rows[tid] = sorted[tile * MOE_BM + tid];
+    for (int r = tid; r < BM; r += THREADS) rows[r] = sorted[tile * BM + r];
     __syncthreads();
-    // Loads of one k-tile: A 64 rows × 4 chunks of 16 bytes (2 per thread), B 128 rows × 4
-    // chunks (4 per thread); padding rows and columns past N are zero-filled.
+    // One k-step's copies: BM + MOE_BN rows of four 16-byte chunks; padding rows and columns
+    // past N are zero-filled.
     auto load = [&](int stage, int k0) {
+        bf16* A = sa + stage * BM * MOE_SK;
+        bf16* B = sb + stage * MOE_BN * MOE_SK;
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int idx = tid + c * MOE_GEMM_THREADS, r = idx >> 2, ch = idx & 3;
+        for (int c = 0; c < BM * 4 / THREADS; ++c) {
+            const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
             const int p = rows[r];
             const bf16* src = a + (size_t)(p < 0 ? 0 : p / a_div) * K + k0 + ch * 8;
-            cp_async16(&sa[stage][r * MOE_SK + ch * 8], src, p < 0 ? 0 : 16);
+            cp_async16(A + r * MOE_SK + ch * 8, src, p < 0 ? 0 : 16);
         }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int idx = tid + c * MOE_GEMM_THREADS, r = idx >> 2, ch = idx & 3;
+        for (int c = 0; c < MOE_BN * 4 / THREADS; ++c) {
+            const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
             const int n = n0 + r;
             const bf16* src = w + ((size_t)e * N + (n < N ? n : 0)) * K + k0 + ch * 8;
-            cp_async16(&sb[stage][r * MOE_SK + ch * 8], src, n < N ? 16 : 0);
+            cp_async16(B + r * MOE_SK + ch * 8, src, n < N ? 16 : 0);
         }
-        cp_async_commit();
     };
-    // Warps 2 × 2: each 32 rows × 64 columns (2 m16 tiles × 8 n8 tiles).
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 64;
-    float acc[2][8][4];
+    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    float acc[4][4][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
     const int steps = K / MOE_BK;
-    load(0, 0);
+#pragma unroll
+    for (int s = 0; s < MOE_STAGES - 1; ++s) {
+        if (s < steps) load(s, s * MOE_BK);
+        cp_async_commit();
+    }
     for (int s = 0; s < steps; ++s) {
-        const int stage = s & 1;
-        if (s + 1 < steps) {
-            load(stage ^ 1, (s + 1) * MOE_BK);
-            cp_async_wait1();
-        } else {
-            asm volatile("cp.async.wait_group 0;\n" ::);
-        }
+        // Step s's copies are done once at most MOE_STAGES − 2 newer groups are pending.
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 2));
         __syncthreads();
-        const bf16* A = sa[stage];
-        const bf16* B = sb[stage];
+        // Refill the stage every warp finished with (step s − 1's).
+        if (s + MOE_STAGES - 1 < steps) load((s + MOE_STAGES - 1) % MOE_STAGES, (s + MOE_STAGES - 1) * MOE_BK);
+        cp_async_commit();
+        const bf16* A = sa + (s % MOE_STAGES) * BM * MOE_SK;
+        const bf16* B = sb + (s % MOE_STAGES) * MOE_BN * MOE_SK;
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
-            unsigned af[2][4], bfr[8][2];
+            unsigned af[4][4], bfr[4][2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < 4; ++i)
                 ldmatrix_x4(af[i], A + (wm + i * 16 + (lane & 15)) * MOE_SK + kk + (lane >> 4) * 8);
 #pragma unroll
-            for (int j = 0; j < 8; j += 2) {
+            for (int j = 0; j < 4; j += 2) {
                 unsigned r[4];
                 ldmatrix_x4(r, B + (wn + j * 8 + (lane & 7) + (lane >> 4) * 8) * MOE_SK + kk + ((lane >> 3) & 1) * 8);
                 bfr[j][0] = r[0];
@@ -291,21 +273,20 @@ extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
                 bfr[j + 1][1] = r[3];
             }
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 8; ++j) mma_bf16(acc[i][j], af[i], bfr[j]);
+                for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], af[i], bfr[j]);
         }
-        __syncthreads();
     }
     // C fragment: c0, c1 at (row lane / 4, columns 2·(lane % 4) + 0, 1), c2, c3 eight rows down.
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int p = rows[wm + i * 16 + (lane >> 2) + half * 8];
             if (p < 0) continue;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < 4; ++j) {
                 const int n = n0 + wn + j * 8 + 2 * (lane & 3);
                 if (n < N)
                     *reinterpret_cast<unsigned*>(out + (size_t)p * N + n) =
@@ -313,6 +294,16 @@ extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
             }
         }
 }
+
+#define MOE_GEMM_KERNEL(name, BM)                                                                     \
+    extern "C" __global__ void __launch_bounds__(BM / 64 * 128)                                       \
+        name(const bf16* __restrict__ a, const bf16* __restrict__ w, const int* __restrict__ sorted,  \
+             const int* __restrict__ tile_expert, const int* __restrict__ num_tiles, bf16* __restrict__ out, \
+             int N, int K, int a_div) {                                                               \
+        moe_gemm<BM>(a, w, sorted, tile_expert, num_tiles, out, N, K, a_div);                         \
+    }
+MOE_GEMM_KERNEL(moe_gemm_bm64_bf16, 64)
+MOE_GEMM_KERNEL(moe_gemm_bm128_bf16, 128)
 
 // y[t, :] = Σ_s weights[t·k + s] · yp[t·k + s, :] in slot order (f32), into bf16: the weighted
 // sum of a token's expert outputs. Grid-stride over n · h.

@@ -47,12 +47,22 @@ pub const MOE_MAX_EXPERTS: usize = 512;
 pub const MOE_MAX_K: usize = 8;
 /// Threads of an expert GEMV block (a warp per output row).
 pub const MOE_THREADS: u32 = 256;
-/// Rows and columns of a grouped-GEMM tile, its k step and threads (MOE_BM, MOE_BN, MOE_BK,
-/// MOE_GEMM_THREADS in moe.cu).
-pub const MOE_BM: usize = 64;
+/// Rows of a grouped-GEMM tile (its two instantiations), its columns and k step (MOE_BN, MOE_BK
+/// in moe.cu).
+pub const MOE_BMS: [usize; 2] = [64, 128];
 pub const MOE_BN: usize = 128;
 pub const MOE_BK: usize = 32;
-pub const MOE_GEMM_THREADS: u32 = 128;
+
+/// Threads of a grouped-GEMM block of `bm` rows: four warps per 64 rows.
+pub fn moe_gemm_threads(bm: usize) -> u32 {
+    (bm / 64 * 128) as u32
+}
+
+/// Shared memory of a grouped-GEMM block of `bm` rows: three stages of A and B tiles, rows of
+/// 40 bf16 (MOE_STAGES, MOE_SK).
+pub fn moe_gemm_smem_bytes(bm: usize) -> u32 {
+    (3 * (bm + MOE_BN) * 40 * 2) as u32
+}
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
 
@@ -120,7 +130,8 @@ pub struct Kernels {
     pub moe_gate_up: [CudaFunction; 2],
     pub moe_down: [CudaFunction; 2],
     pub moe_sort: CudaFunction,
-    pub moe_gemm: CudaFunction,
+    /// The grouped GEMM by tile rows (64, 128).
+    pub moe_gemm: [CudaFunction; 2],
     pub moe_combine: CudaFunction,
 }
 
@@ -214,11 +225,11 @@ impl Kernels {
             quantize_rows_e4m3: f("quantize_rows_e4m3")?,
             dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
             fp8_scale_out: [f("fp8_scale_out_bf16")?, f("fp8_scale_out_f32")?],
-            moe_route: f("moe_route_bf16")?,
+            moe_route: f("moe_route_f32")?,
             moe_gate_up: [f("moe_gate_up_bf16")?, f("moe_gate_up_e4m3")?],
             moe_down: [f("moe_down_bf16")?, f("moe_down_e4m3")?],
             moe_sort: f("moe_sort")?,
-            moe_gemm: f("moe_gemm_bf16")?,
+            moe_gemm: [f("moe_gemm_bm64_bf16")?, f("moe_gemm_bm128_bf16")?],
             moe_combine: f("moe_combine_bf16")?,
         };
         for func in [&k.attention, &k.attention_fp8] {
@@ -232,6 +243,9 @@ impl Kernels {
         smem(&k.attention_mma_d256, mma_smem_bytes(256))?;
         smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
+        for (func, bm) in k.moe_gemm.iter().zip(MOE_BMS) {
+            smem(func, moe_gemm_smem_bytes(bm))?;
+        }
         let norm_gemvs = k.gemv_norm.iter().flatten();
         for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {
             smem(func, GEMV_SMEM_MAX as u32)?;

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
     ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
-    MMA_THREADS, MOE_BK, MOE_BM, MOE_BN, MOE_GEMM_THREADS, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
+    MMA_THREADS, MOE_BK, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
 };
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
@@ -18,13 +18,14 @@ use crate::error::DeviceError;
 const SAMPLE_THREADS: u32 = 512;
 
 /// Entries of the expert-sorted pair list of `pairs` pairs over `e` experts: every expert's run
-/// padded to whole MOE_BM-row tiles.
-pub(super) fn moe_sorted_capacity(pairs: usize, e: usize) -> usize {
-    (pairs + e * (MOE_BM - 1)).div_ceil(MOE_BM) * MOE_BM
+/// padded to whole `bm`-row tiles.
+pub(super) fn moe_sorted_capacity(pairs: usize, e: usize, bm: usize) -> usize {
+    (pairs + e * (bm - 1)).div_ceil(bm) * bm
 }
 
-/// The pairs of a step sorted by expert (moe_sort's outputs).
+/// The pairs of a step sorted by expert into tiles of `bm` rows (moe_sort's outputs).
 pub(super) struct MoeGroups {
+    pub bm: usize,
     pub sorted: CudaSlice<i32>,
     pub tile_expert: CudaSlice<i32>,
     pub num_tiles: CudaSlice<i32>,
@@ -589,11 +590,11 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `moe_route_bf16(bf16 logits[n, E], i32 ids[n, k], f32 weights[n, k], int n, int E, int k,
+    /// `moe_route_f32(f32 logits[n, E], i32 ids[n, k], f32 weights[n, k], int n, int E, int k,
     /// int norm)`: a warp per token.
     pub(super) fn launch_moe_route(
         &self,
-        logits: &CudaSlice<u16>,
+        logits: &CudaSlice<f32>,
         ids: &mut CudaSlice<i32>,
         weights: &mut CudaSlice<f32>,
         (n, e, k, norm): (usize, usize, usize, bool),
@@ -669,7 +670,8 @@ impl CudaDevice {
     }
 
     /// `moe_down_{fmt}(w[E·h, inter], f32 w_scale[E·h] or null, bf16 act[n·k, inter], i32
-    /// ids[n·k], f32 weights[n·k], bf16 y[n, h], int h, int inter, int k)`.
+    /// ids[n·k], f32 weights[n·k], bf16 y[n, h], int h, int inter, int k, int kp)`: kp = k
+    /// rounded up to a power of two, MOE_MAX_K warps a block, MOE_MAX_K / kp output rows each.
     pub(super) fn launch_moe_down(
         &self,
         w: WeightRef<'_>,
@@ -679,7 +681,7 @@ impl CudaDevice {
         y: &mut CudaSlice<u16>,
         (n, k, inter, h): (usize, usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        if !inter.is_multiple_of(w.k_multiple()) || k > MOE_MAX_K {
+        if !inter.is_multiple_of(w.k_multiple()) || k == 0 || k > MOE_MAX_K {
             return Err(unfit("moe_down", k, MOE_MAX_K, inter));
         }
         if act.len() < n * k * inter
@@ -689,7 +691,8 @@ impl CudaDevice {
         {
             return Err(short_buffers("moe_down", n, h));
         }
-        let (hi, ii, ki) = (h as i32, inter as i32, k as i32);
+        let kp = k.next_power_of_two();
+        let (hi, ii, ki, kpi) = (h as i32, inter as i32, k as i32, kp as i32);
         let mut l = self.stream.launch_builder(&self.k.moe_down[w.format()]);
         let null = 0u64;
         match w {
@@ -702,34 +705,38 @@ impl CudaDevice {
             .arg(y)
             .arg(&hi)
             .arg(&ii)
-            .arg(&ki);
+            .arg(&ki)
+            .arg(&kpi);
         let cfg = LaunchConfig {
-            grid_dim: (n as u32, h.div_ceil((MOE_THREADS / 32) as usize) as u32, 1),
-            block_dim: (MOE_THREADS, 1, 1),
+            grid_dim: (n as u32, h.div_ceil(MOE_MAX_K / kp) as u32, 1),
+            block_dim: (MOE_MAX_K as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: as launch_moe_gate_up, over a down weight of E·h rows of inter.
+        // SAFETY: as launch_moe_gate_up, over a down weight of E·h rows of inter; k ≤ kp ≤
+        // MOE_MAX_K (the block's warps and its shared partial sums).
         unsafe { l.launch(cfg) }.map_err(op_err("moe_down"))?;
         Ok(())
     }
 
-    /// `moe_sort(i32 ids[pairs], i32 sorted[cap], i32 tile_expert[max_tiles], i32 num_tiles[1],
-    /// int pairs, int E, int cap)`: one block.
+    /// `moe_sort(i32 ids[pairs], i32 sorted[cap], i32 tile_expert[cap / bm], i32 num_tiles[1],
+    /// int pairs, int E, int cap, int bm)`: one block.
     pub(super) fn launch_moe_sort(
         &self,
         ids: &CudaSlice<i32>,
         groups: &mut MoeGroups,
         (pairs, e): (usize, usize),
     ) -> Result<(), DeviceError> {
-        let cap = moe_sorted_capacity(pairs, e);
+        let bm = groups.bm;
+        let cap = moe_sorted_capacity(pairs, e, bm);
         if e > MOE_MAX_EXPERTS
+            || !MOE_BMS.contains(&bm)
             || ids.len() < pairs
             || groups.sorted.len() < cap
-            || groups.tile_expert.len() < cap / MOE_BM
+            || groups.tile_expert.len() < cap / bm
         {
             return Err(short_buffers("moe_sort", pairs, e));
         }
-        let (pi, ei, ci) = (pairs as i32, e as i32, cap as i32);
+        let (pi, ei, ci, bmi) = (pairs as i32, e as i32, cap as i32, bm as i32);
         let mut l = self.stream.launch_builder(&self.k.moe_sort);
         l.arg(ids)
             .arg(&mut groups.sorted)
@@ -737,17 +744,18 @@ impl CudaDevice {
             .arg(&mut groups.num_tiles)
             .arg(&pi)
             .arg(&ei)
-            .arg(&ci);
+            .arg(&ci)
+            .arg(&bmi);
         // SAFETY: E ≤ MOE_MAX_EXPERTS (its shared counters), every id < E (the routing kernel
-        // wrote them), sorted holds cap ≥ pairs + E·(MOE_BM − 1) entries, which bounds every
-        // expert's padded run and so every tile index below cap / MOE_BM.
+        // wrote them), sorted holds cap ≥ pairs + E·(bm − 1) entries, which bounds every
+        // expert's padded run and so every tile index below cap / bm.
         unsafe { l.launch(rows_config(1, 1024)) }.map_err(op_err("moe_sort"))?;
         Ok(())
     }
 
-    /// `moe_gemm_bf16(bf16 a[rows, K], bf16 w[E·N, K], i32 sorted[cap], i32 tile_expert[..],
-    /// i32 num_tiles[1], bf16 out[pairs, N], int N, int K, int a_div)`: grid (max_tiles,
-    /// ⌈N / MOE_BN⌉); pair p reads row p / a_div of `a`.
+    /// `moe_gemm_bm{64,128}_bf16(bf16 a[rows, K], bf16 w[E·N, K], i32 sorted[cap], i32
+    /// tile_expert[..], i32 num_tiles[1], bf16 out[pairs, N], int N, int K, int a_div)`: grid
+    /// (cap / bm, ⌈N / MOE_BN⌉) for the groups' tile rows bm; pair p reads row p / a_div of `a`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_moe_gemm(
         &self,
@@ -764,12 +772,16 @@ impl CudaDevice {
                 msg: format!("K {k} must be a multiple of {MOE_BK} and N {n} of 8"),
             });
         }
-        let max_tiles = moe_sorted_capacity(pairs, e) / MOE_BM;
+        let bm = groups.bm;
+        let Some(v) = MOE_BMS.iter().position(|&b| b == bm) else {
+            return Err(short_buffers("moe_gemm", pairs, n));
+        };
+        let max_tiles = moe_sorted_capacity(pairs, e, bm) / bm;
         if a.len() < pairs.div_ceil(a_div) * k || w.len() < e * n * k || out.len() < pairs * n {
             return Err(short_buffers("moe_gemm", pairs, n));
         }
         let (ni, ki, di) = (n as i32, k as i32, a_div as i32);
-        let mut l = self.stream.launch_builder(&self.k.moe_gemm);
+        let mut l = self.stream.launch_builder(&self.k.moe_gemm[v]);
         l.arg(a)
             .arg(w)
             .arg(&groups.sorted)
@@ -781,8 +793,8 @@ impl CudaDevice {
             .arg(&di);
         let cfg = LaunchConfig {
             grid_dim: (max_tiles as u32, n.div_ceil(MOE_BN) as u32, 1),
-            block_dim: (MOE_GEMM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (super::kernels::moe_gemm_threads(bm), 1, 1),
+            shared_mem_bytes: super::kernels::moe_gemm_smem_bytes(bm),
         };
         // SAFETY: K a multiple of the k step and N of 8 (whole 16-byte loads and 4-byte stores
         // of whole allocations), buffer sizes checked above; the sort wrote every tile's expert

@@ -369,8 +369,7 @@ impl Device for CudaDevice {
         })
     }
 
-    /// Routing on the device (the router's bf16 logits, as transformers' router computes them,
-    /// then `moe_route_bf16`); then, for a few rows, the chosen experts' rows only (gate|up +
+    /// Routing on the device (the router's f32 logits from cuBLAS, then `moe_route_f32`); then, for a few rows, the chosen experts' rows only (gate|up +
     /// SwiGLU per (token, slot) pair and the weighted down per token, moe.cu's GEMVs), or for
     /// many rows the pairs sorted by expert and two grouped GEMMs around the activation, then
     /// the weighted sum. No host round trip either way: decode graphs capture it.
@@ -398,12 +397,13 @@ impl Device for CudaDevice {
         if n == 0 {
             return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
         }
-        let logits = self.timed("moe router", || self.linear(x, w.router))?;
+        // f32 logits: bf16 ones turn near ties into other experts than the model's.
+        let logits = self.timed("moe router", || self.gemm(x, w.router, true))?;
         let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
         let mut weights = self.alloc_f32(n * k, "moe routing")?;
         self.timed("moe routing", || {
             self.launch_moe_route(
-                logits.bf16("moe")?,
+                logits.f32("moe")?,
                 &mut ids,
                 &mut weights,
                 (n, e, k, p.norm_topk_prob),
@@ -424,10 +424,14 @@ impl Device for CudaDevice {
         if let Some((gu, dw)) = grouped {
             let pairs = n * k;
             self.timed("moe grouped gemm", || {
-                let cap = launch::moe_sorted_capacity(pairs, e);
+                // Tiles of 128 rows where the experts average that many pairs (prefill), else
+                // 64 (less padding where each expert has a few).
+                let bm = if pairs >= 96 * e { 128 } else { 64 };
+                let cap = launch::moe_sorted_capacity(pairs, e, bm);
                 let mut groups = launch::MoeGroups {
+                    bm,
                     sorted: self.alloc_out::<i32>(cap, "moe groups")?,
-                    tile_expert: self.alloc_out::<i32>(cap / kernels::MOE_BM, "moe groups")?,
+                    tile_expert: self.alloc_out::<i32>(cap / bm, "moe groups")?,
                     num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
                 };
                 self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
