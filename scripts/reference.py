@@ -278,6 +278,12 @@ def tiny_with_greedy(model_dir, out_dir):
     doc["greedy"] = [{"prompt": p, "output": greedy(model, p, 64)} for p in prompts]
     if getattr(model.config, "num_experts_per_tok", None):
         doc["routes"] = moe_routes(model, doc["cases"][-1]["ids"])
+        # Where the routing is a near tie a bf16 device may choose another expert: per position,
+        # the smallest gap over the layers between the k-th and the next probability.
+        for c in doc["cases"]:
+            c["route_gaps"] = route_gaps(model, c["ids"])
+        for g in doc["greedy"]:
+            g["route_gaps"] = route_gaps(model, g["prompt"] + g["output"])
     with open(path, "w") as fh:
         json.dump(doc, fh)
 
@@ -375,6 +381,13 @@ def moe_gguf(base_dir, out_dir):
     print(name, "ok")
 
 
+def route_gaps(model, ids):
+    """Per position of `ids`: the smallest gap over the layers between the k-th and the (k+1)-th
+    router probability."""
+    layers = moe_routes(model, ids)
+    return [min(l["gap"][t] for l in layers) for t in range(len(ids))]
+
+
 QWEN_PROMPTS = [
     "def quicksort(arr):\n",
     "The capital of France is",
@@ -466,6 +479,8 @@ def main():
     ap.add_argument("--gemma-gguf", help="Gemma 3 270M GGUF (from `cachet model fetch gemma3-270m`)")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 checkpoints of tests/fixtures/tiny-qwen3 (block and per-channel scales)")
+    ap.add_argument("--refs", nargs="*", default=[], choices=sorted(FAMILIES),
+                    help="recompute the references of tiny family models already in --out")
     ap.add_argument("--moe-gguf", action="store_true",
                     help="tests/fixtures/tiny-qwen3-moe as a llama.cpp-layout GGUF, with transformers' logits on it")
     ap.add_argument("--out", default="tests/fixtures")
@@ -476,6 +491,8 @@ def main():
         tiny(d, a.out)
     for name in a.families:
         tiny_with_greedy(build_family(name, a.out), a.out)
+    for name in a.refs:
+        tiny_with_greedy(os.path.join(a.out, name), a.out)
     if a.qwen_gguf:
         qwen_gguf(a.qwen_gguf, a.out, "qwen2.5-coder-0.5b")
     if a.qwen15_gguf:

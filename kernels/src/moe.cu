@@ -137,20 +137,23 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
     }
 }
 
-#define MOE_GEMV_KERNELS(fmt, F8)                                                                     \
-    extern "C" __global__ void moe_gate_up_##fmt(const void* __restrict__ w, const float* __restrict__ w_scale, \
-                                                 const bf16* __restrict__ x, const int* __restrict__ ids,   \
-                                                 bf16* __restrict__ act, int inter, int h, int k) {          \
+#define MOE_GATE_UP_KERNEL(name, F8)                                                                  \
+    extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
+                                    const bf16* __restrict__ x, const int* __restrict__ ids,          \
+                                    bf16* __restrict__ act, int inter, int h, int k) {                \
         moe_gate_up<F8>(w, w_scale, x, ids, act, inter, h, k);                                        \
-    }                                                                                                 \
-    extern "C" __global__ void moe_down_##fmt(const void* __restrict__ w, const float* __restrict__ w_scale, \
-                                              const bf16* __restrict__ act, const int* __restrict__ ids,     \
-                                              const float* __restrict__ weights, bf16* __restrict__ y, int h, \
-                                              int inter, int k, int kp) {                             \
+    }
+#define MOE_DOWN_KERNEL(name, F8)                                                                     \
+    extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
+                                    const bf16* __restrict__ act, const int* __restrict__ ids,        \
+                                    const float* __restrict__ weights, bf16* __restrict__ y, int h,   \
+                                    int inter, int k, int kp) {                                       \
         moe_down<F8>(w, w_scale, act, ids, weights, y, h, inter, k, kp);                              \
     }
-MOE_GEMV_KERNELS(bf16, false)
-MOE_GEMV_KERNELS(e4m3, true)
+MOE_GATE_UP_KERNEL(moe_gate_up_bf16, false)
+MOE_GATE_UP_KERNEL(moe_gate_up_e4m3, true)
+MOE_DOWN_KERNEL(moe_down_bf16, false)
+MOE_DOWN_KERNEL(moe_down_e4m3, true)
 // ---- Grouped GEMMs for steps of many tokens (prefill, large decode batches) ----
 // The (token, slot) pairs are sorted by expert on the device (moe_sort: a counting sort, each
 // expert's run padded to whole tiles of 64 or 128 rows, -1 marking the padding), then one launch

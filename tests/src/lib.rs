@@ -301,26 +301,26 @@ pub struct Collected {
     pub logprobs: Vec<cachet_backend::sampler::RowLogprobs>,
 }
 
-/// A fixture's greedy cases (prompt, transformers' 64 tokens) through engine `e`: both prompts
-/// at once, twice — the second round must hit the prefix cache (32 tokens or more). `what`
-/// names the run in a failure.
+/// A fixture's greedy cases (prompt, transformers' 64 tokens, the first routing near tie of a
+/// mixture of experts) through engine `e`: both prompts at once, twice — the second round must
+/// hit the prefix cache (32 tokens or more). `what` names the run in a failure.
 pub fn check_engine_greedy_rounds(
     dev: DeviceKind,
     m: &LoadedModel,
     e: &Engine,
-    cases: &[(Vec<u32>, Vec<u32>)],
+    cases: &[(Vec<u32>, Vec<u32>, Option<usize>)],
     what: &str,
 ) {
     let h = e.handle();
     for round in 0..2 {
         let streams: Vec<_> = cases
             .iter()
-            .map(|(p, _)| h.submit(greedy_request(p.clone(), 64)).unwrap())
+            .map(|(p, _, _)| h.submit(greedy_request(p.clone(), 64)).unwrap())
             .collect();
-        for (s, (prompt, want)) in streams.into_iter().zip(cases) {
+        for (s, (prompt, want, tie)) in streams.into_iter().zip(cases) {
             let got = collect(s);
             let what = format!("{what}, round {round}");
-            assert_greedy_agrees(dev, m, prompt, want, &got.tokens, &what);
+            assert_greedy_agrees_routed(dev, m, prompt, (want, &got.tokens), *tie, &what);
             if round == 1 {
                 assert!(got.usage.cached_tokens >= 32, "{what}: prefix cache hit");
             }
@@ -505,6 +505,44 @@ pub fn assert_greedy_agrees(
         d.logits,
         d.top
     );
+}
+
+/// Router probability gap (the k-th chosen expert's against the next) within which a mixture
+/// of experts' routing is a near tie: bf16's relative step (2⁻⁸ ≈ 0.004) in the activations
+/// may pick the other expert there, and everything after that token moves with it (measured:
+/// tiny-mixtral's 7-token case on the H200 flipped at a gap of 0.0017). The MoE layer itself is
+/// held to the CPU reference token by token in tests/tests/moe.rs.
+pub const ROUTE_NEAR_TIE: f64 = 0.004;
+
+/// The first position of a fixture sequence where transformers' router was at a near tie in
+/// some layer (`route_gaps`: per position, the smallest gap over the layers); `None` for a dense
+/// model's fixture or a sequence without one.
+pub fn first_route_tie(gaps: &serde_json::Value) -> Option<usize> {
+    gaps.as_array()?
+        .iter()
+        .position(|g| g.as_f64().is_some_and(|g| g < ROUTE_NEAR_TIE))
+}
+
+/// [`assert_greedy_agrees`] for a mixture of experts whose fixture marks its first routing near
+/// tie at `route_tie` (of prompt + output): on a bf16 device the outputs may also part at any
+/// token predicted from that position or a later one.
+pub fn assert_greedy_agrees_routed(
+    dev: DeviceKind,
+    m: &LoadedModel,
+    prompt: &[u32],
+    (want, got): (&[u32], &[u32]),
+    route_tie: Option<usize>,
+    what: &str,
+) {
+    let parted = want.iter().zip(got).position(|(a, b)| a != b);
+    if let (true, Some(tie), Some(j)) = (dev != DeviceKind::Cpu, route_tie, parted) {
+        // Output j is predicted from position prompt.len() + j − 1.
+        if prompt.len() + j > tie {
+            eprintln!("{what}: parts at token {j}, after the router's near tie at position {tie}");
+            return;
+        }
+    }
+    assert_greedy_agrees(dev, m, prompt, want, got, what);
 }
 
 /// A PostgreSQL server of Debian's packages, started on loopback for a test in its own data

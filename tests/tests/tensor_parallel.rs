@@ -55,9 +55,9 @@ fn the_engine_serves_a_split_model_like_transformers() {
             continue; // fixtures made before the greedy cases: logits only (above)
         };
         let m = tiny(name);
-        let cases: Vec<(Vec<u32>, Vec<u32>)> = greedy
+        let cases: Vec<(Vec<u32>, Vec<u32>, Option<usize>)> = greedy
             .iter()
-            .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"])))
+            .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"]), None))
             .collect();
         let n = splits[splits.len() - 1];
         // Both prompts at once, 16-token steps (chunked prefill beside decodes), twice (the
