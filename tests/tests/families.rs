@@ -67,11 +67,9 @@ device_test! {
                         if tie == 0 {
                             continue;
                         }
-                        let v = ids_of(&case["ids"]).len();
-                        let vocab = logits_of(&case["logits"]).len() / v;
                         serde_json::json!({
                             "ids": case["ids"].as_array().unwrap()[..tie],
-                            "logits": logits_of(&case["logits"])[..tie * vocab],
+                            "logits": case["logits"].as_array().unwrap()[..tie],
                         })
                     }
                     _ => case.clone(),

@@ -310,7 +310,8 @@ gpu_test! {
                     }
                     let what = format!("E {e}, k {k}, h {h}, inter {i}, norm {norm}, FP8 {fp8}, {n} rows");
                     eprintln!("{what}: worst token {worst:.2e} over {compared}");
-                    assert!(compared * 10 >= n * 9, "{what}: {compared} tokens compared");
+                    // Many experts close in probability (E 128, k 8) tie more often.
+                    assert!(compared * 4 >= n * 3, "{what}: {compared} tokens compared");
                     assert!(worst < 3e-2, "{what}: a token {worst:e} off the CPU reference");
                 }
             }
