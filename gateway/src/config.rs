@@ -80,8 +80,13 @@ pub struct ConfigFile {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum UpstreamConfig {
-    /// A `cachet worker` at `url` (exact prefix routing from its KV events).
-    Cachet { url: String },
+    /// A `cachet worker` at `url` (exact prefix routing from its KV events). An `https://` URL
+    /// is verified against the system's roots and `ca_file`'s certificates (PEM), if given.
+    Cachet {
+        url: String,
+        #[serde(default)]
+        ca_file: Option<std::path::PathBuf>,
+    },
     /// The gateway's own engine, as one member of the pool.
     Embedded {},
     /// Any OpenAI-compatible server at `url` (`/v1/completions`; text in, approximate routing
@@ -90,13 +95,15 @@ pub enum UpstreamConfig {
     /// prompt blocks the gateway remembers sending (about the server's KV cache, default 65536);
     /// `cache_salt`: send each request's cache salt (the tenant's) as vLLM's `cache_salt`, so
     /// the server keeps tenants' caches apart too (default true; false for servers that refuse
-    /// the field).
+    /// the field); `ca_file`: as for `cachet`.
     Openai {
         url: String,
         model: Option<String>,
         api_key_env: Option<String>,
         history_blocks: Option<usize>,
         cache_salt: Option<bool>,
+        #[serde(default)]
+        ca_file: Option<std::path::PathBuf>,
     },
 }
 
@@ -115,18 +122,25 @@ pub fn upstreams_from_toml(text: &str) -> Result<Vec<UpstreamConfig>, ConfigErro
     Ok(ConfigFile::parse(text)?.upstream)
 }
 
-/// An upstream's URL: http:// only — the gateway's client speaks plain HTTP to upstreams, so an
-/// https:// one would fail on every request; it is refused here instead, saying what to do.
-pub fn check_upstream_url(url: &str) -> Result<(), ConfigError> {
-    if url.starts_with("https://") {
+/// An upstream's URL — http:// or https:// (TLS, verified against the system's roots and the
+/// certificates of `ca_file`) — and its CA file: only for an https:// URL, and readable, with
+/// at least one certificate. Checked at load, so a bad one is not found on every request.
+pub fn check_upstream_url(url: &str, ca_file: Option<&std::path::Path>) -> Result<(), ConfigError> {
+    let https = url.starts_with("https://");
+    if !https && !url.starts_with("http://") {
         return Err(ConfigError::Upstream(format!(
-            "`{url}`: upstreams are reached over plain HTTP for now (use an http:// URL on a private network, or put a TLS proxy in front)"
+            "`{url}` is not an http:// or https:// URL"
         )));
     }
-    if !url.starts_with("http://") {
-        return Err(ConfigError::Upstream(format!(
-            "`{url}` is not an http:// URL"
-        )));
+    if let Some(ca) = ca_file {
+        if !https {
+            return Err(ConfigError::Upstream(format!(
+                "`{url}`: ca_file `{}` is for https:// upstreams; this one is plain HTTP",
+                ca.display()
+            )));
+        }
+        crate::http::client::read_ca_file(ca)
+            .map_err(|e| ConfigError::Upstream(format!("`{url}`: ca_file {e}")))?;
     }
     Ok(())
 }
@@ -135,8 +149,8 @@ fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for u in upstreams {
         let name = match u {
-            UpstreamConfig::Cachet { url } => {
-                check_upstream_url(url)?;
+            UpstreamConfig::Cachet { url, ca_file } => {
+                check_upstream_url(url, ca_file.as_deref())?;
                 url.trim_end_matches('/').to_string()
             }
             UpstreamConfig::Embedded {} => "embedded".to_string(),
@@ -144,9 +158,10 @@ fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
                 url,
                 api_key_env,
                 history_blocks,
+                ca_file,
                 ..
             } => {
-                check_upstream_url(url)?;
+                check_upstream_url(url, ca_file.as_deref())?;
                 if let Some(v) = api_key_env {
                     if std::env::var(v).is_err() {
                         return Err(ConfigError::Upstream(format!(

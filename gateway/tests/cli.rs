@@ -151,8 +151,8 @@ fn bad_input_gets_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--auth-token"), "{err}");
-    // A worker URL the gateway's plain-HTTP client cannot reach is refused at start, not on
-    // every request after it.
+    // A worker URL the gateway's client cannot reach, or a CA file it cannot use, is refused at
+    // start, not on every request after it.
     let config = std::env::temp_dir().join(format!("cachet-cli-{}.toml", std::process::id()));
     std::fs::write(
         &config,
@@ -162,24 +162,44 @@ fn bad_input_gets_a_clear_error() {
         ),
     )
     .unwrap();
-    for (url, says) in [
-        ("https://127.0.0.1:9", "plain HTTP"),
-        ("127.0.0.1:9", "not an http:// URL"),
+    for (flags, says) in [
+        (
+            &["--worker", "127.0.0.1:9"][..],
+            "not an http:// or https:// URL",
+        ),
+        (
+            &[
+                "--worker",
+                "http://127.0.0.1:9",
+                "--worker-ca-file",
+                "/no/such/ca.pem",
+            ],
+            "is for https:// upstreams",
+        ),
+        (
+            &[
+                "--worker",
+                "https://127.0.0.1:9",
+                "--worker-ca-file",
+                "/no/such/ca.pem",
+            ],
+            "/no/such/ca.pem",
+        ),
     ] {
-        let out = cachet(&[
+        let mut args = vec![
             "serve",
             "--model",
             "/no/such/model",
             "--config",
             config.to_str().unwrap(),
-            "--worker",
-            url,
-        ]);
+        ];
+        args.extend_from_slice(flags);
+        let out = cachet(&args);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             err.contains("--worker") && err.contains(says),
-            "{url}: {err}"
+            "{flags:?}: {err}"
         );
     }
     std::fs::remove_file(&config).ok();

@@ -128,7 +128,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             use cachet_gateway::config::UpstreamConfig;
             for u in cachet_gateway::config::upstreams_from_toml(&text)? {
                 match u {
-                    UpstreamConfig::Cachet { url } => {
+                    UpstreamConfig::Cachet { url, .. } => {
                         println!("upstream: cachet worker {url}")
                     }
                     UpstreamConfig::Embedded {} => {

@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// Bearer token for the workers (`CACHET_WORKER_TOKEN`).
     #[arg(long, env = "CACHET_WORKER_TOKEN")]
     pub worker_token: Option<String>,
+    /// PEM certificates of a CA to trust for https:// --worker URLs, besides the system's roots
+    /// (a config's `[[upstream]]` names its own `ca_file`).
+    #[arg(long, value_name = "PEM")]
+    pub worker_ca_file: Option<std::path::PathBuf>,
     /// Directory where tenants' prompt templates (Wasm) are stored; enables the templates API
     /// (`/v1/templates`) and the `template` field of chat requests.
     #[arg(long)]
@@ -149,14 +153,14 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .with_context(in_config)?;
     // The pool: the config's [[upstream]]s, then each --worker; alone, the embedded engine.
     for url in &a.workers {
-        cachet_gateway::config::check_upstream_url(url).context("--worker")?;
+        cachet_gateway::config::check_upstream_url(url, a.worker_ca_file.as_deref())
+            .context("--worker")?;
     }
     let mut members = file.upstream;
-    members.extend(
-        a.workers
-            .iter()
-            .map(|url| UpstreamConfig::Cachet { url: url.clone() }),
-    );
+    members.extend(a.workers.iter().map(|url| UpstreamConfig::Cachet {
+        url: url.clone(),
+        ca_file: a.worker_ca_file.clone(),
+    }));
     if members.is_empty() {
         members.push(UpstreamConfig::Embedded {});
     }
@@ -276,24 +280,34 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // Each remote upstream's client: TLS roots of its own where it names a CA file.
+    let upstream_client = |ca: &Option<std::path::PathBuf>| {
+        cachet_gateway::http::client::client_with_ca(timeouts.connect, ca.as_deref())
+            .map_err(anyhow::Error::msg)
+    };
     let state = rt.block_on(async {
         let key_id = cachet_gateway::protocol::key_id(&key);
         let upstreams: Vec<Arc<dyn Upstream>> = members
             .iter()
-            .map(|m| -> Arc<dyn Upstream> {
-                match m {
+            .map(|m| -> anyhow::Result<Arc<dyn Upstream>> {
+                Ok(match m {
                     UpstreamConfig::Embedded {} => {
                         Embedded::start(handle.clone().expect("started above"))
                     }
-                    UpstreamConfig::Cachet { url } => {
-                        Worker::start(url, a.worker_token.clone(), key_id.clone(), timeouts)
-                    }
+                    UpstreamConfig::Cachet { url, ca_file } => Worker::start(
+                        url,
+                        a.worker_token.clone(),
+                        key_id.clone(),
+                        timeouts,
+                        upstream_client(ca_file)?,
+                    ),
                     UpstreamConfig::Openai {
                         url,
                         model,
                         api_key_env,
                         history_blocks,
                         cache_salt,
+                        ca_file,
                     } => OpenAi::start(
                         url,
                         upstream::openai::Options {
@@ -303,10 +317,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                             send_cache_salt: cache_salt.unwrap_or(true),
                         },
                         timeouts,
+                        upstream_client(ca_file)?,
                     ),
-                }
+                })
             })
-            .collect();
+            .collect::<anyhow::Result<_>>()?;
         tracing::info!(upstreams = upstreams.len(), routing = %a.routing, "routing pool");
         let pool = upstream::Pool::new(
             upstreams,
@@ -329,8 +344,8 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         state.reasoning = reasoning;
         state.set_public_prefixes(public_prefixes);
         state.usage = usage;
-        Arc::new(state)
-    });
+        anyhow::Ok(Arc::new(state))
+    })?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(a.listen)
             .await

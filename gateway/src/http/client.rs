@@ -1,7 +1,10 @@
-//! The client the gateway reaches its upstreams with: plain HTTP/1.1 with TCP_NODELAY (a
-//! streamed token must not wait for Nagle's algorithm), a connect timeout, idle connections kept
-//! 30 s; the line reader for NDJSON and SSE response bodies; typed errors for all of it.
+//! The client the gateway reaches its upstreams with: HTTP/1.1 over plain TCP or TLS (rustls,
+//! the system's roots plus an optional CA file — `https://` upstreams), TCP_NODELAY (a streamed
+//! token must not wait for Nagle's algorithm), a connect timeout, idle connections kept 30 s; the
+//! line reader for NDJSON and SSE response bodies; typed errors for all of it.
 
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -10,7 +13,7 @@ use hyper::body::Incoming;
 use hyper::StatusCode;
 
 pub type Client = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
     Full<Bytes>,
 >;
 
@@ -29,14 +32,70 @@ pub enum ClientError {
     Protocol(String),
 }
 
-/// A client with `connect_timeout` for new connections.
+/// The system's trusted roots (read once; a certificate the store cannot parse is skipped).
+fn system_roots() -> &'static [rustls_pki_types::CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<rustls_pki_types::CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::warn!(error = %e, "reading the system's TLS roots");
+        }
+        found.certs
+    })
+}
+
+/// The PEM certificates of a CA file, each a root to trust (an upstream's own CA); an error
+/// that names the file and what is wrong with it.
+pub fn read_ca_file(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+    use rustls_pki_types::pem::PemObject;
+    let certs: Vec<_> = rustls_pki_types::CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no CERTIFICATE in the file", path.display()));
+    }
+    Ok(certs)
+}
+
+/// A client with `connect_timeout` for new connections that trusts the system's roots.
 pub fn client(connect_timeout: Duration) -> Client {
+    client_with_ca(connect_timeout, None).expect("the system's roots need no file")
+}
+
+/// A client with `connect_timeout` for new connections; `https://` URLs are verified against
+/// the system's roots and, when given, the certificates of `ca_file` (PEM).
+pub fn client_with_ca(connect_timeout: Duration, ca_file: Option<&Path>) -> Result<Client, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(system_roots().iter().cloned());
+    if let Some(path) = ca_file {
+        for cert in read_ca_file(path)? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     let mut conn = hyper_util::client::legacy::connect::HttpConnector::new();
     conn.set_nodelay(true);
     conn.set_connect_timeout(Some(connect_timeout));
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(conn)
+    // The TLS layer hands the connector https:// URIs too.
+    conn.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(conn);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https),
+    )
 }
 
 /// A request with a JSON body (or none) and an optional bearer token.
@@ -65,7 +124,23 @@ pub async fn send(
     tokio::time::timeout(timeout, client.request(req))
         .await
         .map_err(|_| ClientError::Timeout(timeout))?
-        .map_err(|e| ClientError::Connect(e.to_string()))
+        .map_err(|e| ClientError::Connect(error_chain(&e)))
+}
+
+/// An error with its causes ("client error (Connect): invalid peer certificate: UnknownIssuer"):
+/// hyper's own text stops at the outermost, which says nothing an operator can act on.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// A remote server: its base URL, its bearer token, and the client that reaches it.
@@ -77,11 +152,12 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn new(url: &str, token: Option<String>, connect_timeout: Duration) -> Self {
+    /// `url` reached with `client` ([`client_with_ca`]), sending `token` as a bearer token.
+    pub fn new(url: &str, token: Option<String>, client: Client) -> Self {
         Endpoint {
             url: url.trim_end_matches('/').to_string(),
             token,
-            client: client(connect_timeout),
+            client,
         }
     }
 

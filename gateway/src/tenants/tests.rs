@@ -189,7 +189,8 @@ url = "http://10.0.0.2:9000/"
         vec![
             UpstreamConfig::Embedded {},
             UpstreamConfig::Cachet {
-                url: "http://10.0.0.2:9000/".into()
+                url: "http://10.0.0.2:9000/".into(),
+                ca_file: None,
             }
         ]
     );
@@ -198,16 +199,38 @@ url = "http://10.0.0.2:9000/"
     assert!(err("[[upstream]]\nkind = \"vllm\"\n").contains("unknown variant `vllm`"));
     assert!(err("[[upstream]]\nkind = \"cachet\"\n").contains("missing field `url`"));
     assert!(err("[[upstream]]\nkind = \"cachet\"\nurl = \"10.0.0.2\"\n").contains("not an http"));
-    // Every kind: the client speaks plain HTTP, so https:// is refused at load, not per request.
+    // Every remote kind takes https:// (the system's roots), with a CA file of its own if named:
+    // only for https://, and one that reads as PEM certificates — checked at load.
+    let ca = std::env::temp_dir().join(format!("cachet-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca, "not a certificate\n").unwrap();
     for kind in ["cachet", "openai"] {
-        let e = err(&format!(
-            "[[upstream]]\nkind = \"{kind}\"\nurl = \"https://10.0.0.2:9000\"\n"
+        let up = |url: &str, extra: &str| {
+            format!("[[upstream]]\nkind = \"{kind}\"\nurl = \"{url}\"\n{extra}")
+        };
+        assert!(
+            upstreams_from_toml(&up("https://10.0.0.2:9000", "")).is_ok(),
+            "{kind}"
+        );
+        let e = err(&up(
+            "http://10.0.0.2:9000",
+            "ca_file = \"/etc/ssl/x.pem\"\n",
         ));
         assert!(
-            e.contains("plain HTTP") && e.contains("TLS proxy"),
+            e.contains("ca_file") && e.contains("plain HTTP"),
             "{kind}: {e}"
         );
+        let e = err(&up(
+            "https://10.0.0.2:9000",
+            "ca_file = \"/no/such/ca.pem\"\n",
+        ));
+        assert!(e.contains("/no/such/ca.pem"), "{kind}: {e}");
+        let e = err(&up(
+            "https://10.0.0.2:9000",
+            &format!("ca_file = \"{}\"\n", ca.display()),
+        ));
+        assert!(e.contains("no CERTIFICATE"), "{kind}: {e}");
     }
+    std::fs::remove_file(&ca).unwrap();
     assert!(
         err("[[upstream]]\nkind = \"embedded\"\n[[upstream]]\nkind = \"embedded\"\n")
             .contains("listed twice")

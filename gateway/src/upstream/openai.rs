@@ -61,11 +61,18 @@ pub struct OpenAi {
 }
 
 impl OpenAi {
-    /// The server at `url`, with its health poller running (call inside a tokio runtime).
-    pub fn start(url: &str, opts: Options, timeouts: Timeouts) -> Arc<Self> {
+    /// The server at `url`, reached with `client` (plain HTTP, or TLS with the upstream's roots:
+    /// [`client::client_with_ca`]), with its health poller running (call inside a tokio
+    /// runtime).
+    pub fn start(
+        url: &str,
+        opts: Options,
+        timeouts: Timeouts,
+        client: client::Client,
+    ) -> Arc<Self> {
         let history_blocks = opts.history_blocks;
         let o = Arc::new(OpenAi {
-            ep: Endpoint::new(url, opts.api_key, timeouts.connect),
+            ep: Endpoint::new(url, opts.api_key, client),
             model: opts.model,
             send_cache_salt: opts.send_cache_salt,
             timeouts,

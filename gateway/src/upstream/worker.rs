@@ -41,15 +41,17 @@ pub struct Worker {
 impl Worker {
     /// A worker at `url` (its base URL), with its health poller and KV-event follower running
     /// (call inside a tokio runtime). `key_id` is the gateway's deployment key's id: a worker
-    /// with another key is told apart (its hashes cannot match).
+    /// with another key is told apart (its hashes cannot match). `client` reaches it (plain HTTP,
+    /// or TLS with the upstream's roots: [`client::client_with_ca`]).
     pub fn start(
         url: &str,
         token: Option<String>,
         key_id: String,
         timeouts: Timeouts,
+        client: client::Client,
     ) -> Arc<Self> {
         let w = Arc::new(Worker {
-            ep: Endpoint::new(url, token, timeouts.connect),
+            ep: Endpoint::new(url, token, client),
             timeouts,
             health: Default::default(),
             blocks: Default::default(),
@@ -322,7 +324,11 @@ mod tests {
 
     fn worker() -> Worker {
         Worker {
-            ep: Endpoint::new("http://127.0.0.1:9", None, Duration::from_secs(1)),
+            ep: Endpoint::new(
+                "http://127.0.0.1:9",
+                None,
+                client::client(Duration::from_secs(1)),
+            ),
             timeouts: Timeouts::default(),
             health: Default::default(),
             blocks: Default::default(),

@@ -64,3 +64,98 @@ fn tls_serves_http2_and_http1_and_reloads_its_certificate() {
         std::thread::sleep(Duration::from_millis(300));
     }
 }
+
+/// An OpenAI-compatible upstream over TLS: `cachet serve` with a test CA's certificate as the
+/// upstream of a second gateway (`kind = "openai"`, an https:// URL). With `ca_file` naming that
+/// CA the gateway trusts it and a chat goes through (the upstream's answer); without it the
+/// system's roots do not, the upstream never turns healthy, the chat is refused with 503, and
+/// the gateway's log says why (the certificate's issuer).
+#[test]
+fn an_https_upstream_is_trusted_through_its_ca_file_and_not_without() {
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("cachet-tls-up-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, crt, key) = make_certs(&dir, "up");
+    let up_config = format!(
+        "[[tenant]]\nid = \"gateway\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-up")
+    );
+    let (_upstream, up_url) = start_tls(&up_config, &crt, &key);
+    assert!(up_url.starts_with("https://"));
+    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":16,"temperature":0}"#;
+    for trusted in [true, false] {
+        let ca_line = if trusted {
+            format!("ca_file = \"{}\"\n", ca.display())
+        } else {
+            String::new()
+        };
+        let cfg = dir.join(format!("gateway-{trusted}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[[tenant]]\nid = \"t\"\napi_key_sha256 = [\"{}\"]\n\n[[upstream]]\nkind = \"openai\"\nurl = \"{up_url}\"\napi_key_env = \"CACHET_TEST_TLS_UPSTREAM_KEY\"\n{ca_line}",
+                key_hash("sk-gw")
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let log = dir.join(format!("gateway-{trusted}.log"));
+        let _gateway = cachet_tests::Proc(
+            Command::new(env!("CARGO_BIN_EXE_cachet"))
+                .env("CACHET_USAGE_DB", "off")
+                .env("CACHET_TEST_TLS_UPSTREAM_KEY", "sk-up")
+                .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
+                .arg(format!("127.0.0.1:{port}"))
+                .args(cachet_tests::SMOLLM2_CPU)
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+                .spawn()
+                .unwrap(),
+        );
+        let base = format!("http://127.0.0.1:{port}");
+        let t0 = Instant::now();
+        while !curl(&[&format!("{base}/health")]).0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "the gateway did not start"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let chat = || {
+            curl(&[
+                "-H",
+                "Authorization: Bearer sk-gw",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                body,
+                "-w",
+                "\nSTATUS=%{http_code}",
+                &format!("{base}/v1/chat/completions"),
+            ])
+            .1
+        };
+        if trusted {
+            // Once its first health check has passed, the upstream answers.
+            let t0 = Instant::now();
+            let out = loop {
+                let out = chat();
+                if out.contains("STATUS=200") || t0.elapsed() > Duration::from_secs(60) {
+                    break out;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            };
+            assert!(out.contains("STATUS=200") && out.contains("Paris"), "{out}");
+        } else {
+            std::thread::sleep(Duration::from_secs(3));
+            let out = chat();
+            assert!(out.contains("STATUS=503"), "{out}");
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                text.contains("UnknownIssuer") || text.contains("certificate"),
+                "the log names the certificate: {text}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
