@@ -30,6 +30,28 @@ pub struct MoeParams {
     pub act: Activation,
 }
 
+impl MoeParams {
+    /// Whether a layer's weights (`[rows, cols]` each) are this routing's over hidden size `h`:
+    /// the router `[E, h]`, gate|up `[E·2·inter, h]`, down `[E·h, inter]`; what is off where
+    /// they are not.
+    pub fn check_shapes(
+        &self,
+        h: usize,
+        router: (usize, usize),
+        gate_up: (usize, usize),
+        down: (usize, usize),
+    ) -> Result<(), String> {
+        let (e, i) = (self.num_experts, self.inter);
+        if router == (e, h) && gate_up == (e * 2 * i, h) && down == (e * h, i) {
+            return Ok(());
+        }
+        Err(format!(
+            "{e} experts of width {i} over hidden {h}: router {}x{}, gate_up {}x{}, down {}x{}",
+            router.0, router.1, gate_up.0, gate_up.1, down.0, down.1
+        ))
+    }
+}
+
 /// The experts one token goes to and their weights, largest first: softmax of `logits` (one
 /// per expert), its `k` largest (ties to the lower index), renormalised over the k when `norm`.
 pub fn route(logits: &[f32], k: usize, norm: bool) -> Vec<(usize, f32)> {

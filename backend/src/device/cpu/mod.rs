@@ -379,27 +379,17 @@ impl Device for CpuDevice {
         p: &MoeParams,
     ) -> Result<CpuTensor, DeviceError> {
         let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
-        let bad = |msg: String| {
-            Err(DeviceError::Op {
-                device: "cpu",
-                op: "moe",
-                msg,
-            })
-        };
-        if (w.router.rows, w.router.cols) != (e, h)
-            || (w.gate_up.rows, w.gate_up.cols) != (e * 2 * i, h)
-            || (w.down.rows, w.down.cols) != (e * h, i)
-        {
-            return bad(format!(
-                "{e} experts of width {i} over hidden {h}: router {}x{}, gate_up {}x{}, down {}x{}",
-                w.router.rows,
-                w.router.cols,
-                w.gate_up.rows,
-                w.gate_up.cols,
-                w.down.rows,
-                w.down.cols
-            ));
-        }
+        p.check_shapes(
+            h,
+            (w.router.rows, w.router.cols),
+            (w.gate_up.rows, w.gate_up.cols),
+            (w.down.rows, w.down.cols),
+        )
+        .map_err(|msg| DeviceError::Op {
+            device: "cpu",
+            op: "moe",
+            msg,
+        })?;
         let logits = gemm::matmul_t(&x.data, &w.router.data, n, h, e);
         let routes: Vec<Vec<(usize, f32)>> = logits
             .chunks(e)

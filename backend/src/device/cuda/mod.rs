@@ -380,19 +380,23 @@ impl Device for CudaDevice {
         p: &MoeParams,
     ) -> Result<CudaTensor, DeviceError> {
         let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
-        if (w.router.rows, w.router.cols) != (e, h)
-            || (w.gate_up.rows, w.gate_up.cols) != (e * 2 * i, h)
-            || (w.down.rows, w.down.cols) != (e * h, i)
-            || p.act != Activation::Silu
-        {
-            return Err(DeviceError::Op {
-                device: DEV,
-                op: "moe",
-                msg: format!(
-                    "{e} SwiGLU experts of width {i} over hidden {h} ({:?}): router {}x{}, gate_up {}x{}, down {}x{}",
-                    p.act, w.router.rows, w.router.cols, w.gate_up.rows, w.gate_up.cols, w.down.rows, w.down.cols
-                ),
-            });
+        let err = |msg: String| DeviceError::Op {
+            device: DEV,
+            op: "moe",
+            msg,
+        };
+        p.check_shapes(
+            h,
+            (w.router.rows, w.router.cols),
+            (w.gate_up.rows, w.gate_up.cols),
+            (w.down.rows, w.down.cols),
+        )
+        .map_err(err)?;
+        if p.act != Activation::Silu {
+            return Err(err(format!(
+                "{:?} experts: the CUDA expert kernels are SwiGLU's",
+                p.act
+            )));
         }
         if n == 0 {
             return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
