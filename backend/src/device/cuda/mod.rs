@@ -369,10 +369,11 @@ impl Device for CudaDevice {
         })
     }
 
-    /// Routing on the device (the router's f32 logits from cuBLAS, then `moe_route_f32`); then, for a few rows, the chosen experts' rows only (gate|up +
-    /// SwiGLU per (token, slot) pair and the weighted down per token, moe.cu's GEMVs), or for
-    /// many rows the pairs sorted by expert and two grouped GEMMs around the activation, then
-    /// the weighted sum. No host round trip either way: decode graphs capture it.
+    /// Routing on the device (the router's f32 logits from cuBLAS, then `moe_route_f32`); then,
+    /// for a few rows, the chosen experts' rows only (gate|up + SwiGLU per (token, slot) pair
+    /// and the weighted down per token, moe.cu's GEMVs), or for many rows the pairs sorted by
+    /// expert and two grouped GEMMs around the activation, then the weighted sum. No host
+    /// round trip either way: decode graphs capture it.
     fn moe(
         &self,
         x: &CudaTensor,
