@@ -388,6 +388,70 @@ def route_gaps(model, ids):
     return [min(l["gap"][t] for l in layers) for t in range(len(ids))]
 
 
+def mixtral_gguf(base_dir, out_dir):
+    """tests/fixtures/tiny-mixtral as a GGUF file in llama.cpp's layout for Mixtral: architecture
+    `llama` with `llama.expert_count`, q and k rows permuted for llama.cpp's interleaved RoPE
+    (its converter's `permute`), the experts stacked as ffn_{gate,up,down}_exps, f32, a small
+    byte-level vocabulary. transformers' GGUF reader has no Mixtral, so the reference is the
+    safetensors model's own (tiny-mixtral_reference.json: the same weights)."""
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file
+    from tokenizers.pre_tokenizers import ByteLevel
+    cfg = json.load(open(os.path.join(base_dir, "config.json")))
+    sd = load_file(os.path.join(base_dir, "model.safetensors"))
+    path = os.path.join(out_dir, "tiny-mixtral.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    L, E = cfg["num_hidden_layers"], cfg["num_local_experts"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w.add_name("tiny-mixtral")
+    w.add_block_count(L)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    tokens = sorted(ByteLevel.alphabet(), key=lambda c: ord(c)) + ["\u0120t"]
+    tokens += [f"<|ctl_{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3] * (len(tokens) - 257))
+    w.add_token_merges(["\u0120 t"])
+    w.add_eos_token_id(len(tokens) - 1)
+    t = lambda k: sd[k].float().numpy()
+
+    def permute(x, n_head):
+        # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute: each head's rows from HF's
+        # half-split rotary order to interleaved pairs.
+        return x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    w.add_tensor("token_embd.weight", t("model.embed_tokens.weight"))
+    w.add_tensor("output_norm.weight", t("model.norm.weight"))
+    w.add_tensor("output.weight", t("lm_head.weight"))
+    for l in range(L):
+        p = f"model.layers.{l}."
+        w.add_tensor(f"blk.{l}.attn_norm.weight", t(p + "input_layernorm.weight"))
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", t(p + "post_attention_layernorm.weight"))
+        w.add_tensor(f"blk.{l}.attn_q.weight", permute(t(p + "self_attn.q_proj.weight"), heads))
+        w.add_tensor(f"blk.{l}.attn_k.weight", permute(t(p + "self_attn.k_proj.weight"), kv_heads))
+        w.add_tensor(f"blk.{l}.attn_v.weight", t(p + "self_attn.v_proj.weight"))
+        w.add_tensor(f"blk.{l}.attn_output.weight", t(p + "self_attn.o_proj.weight"))
+        w.add_tensor(f"blk.{l}.ffn_gate_inp.weight", t(p + "block_sparse_moe.gate.weight"))
+        for ours, hf in [("gate", "w1"), ("up", "w3"), ("down", "w2")]:
+            stacked = np.stack([t(f"{p}block_sparse_moe.experts.{e}.{hf}.weight") for e in range(E)])
+            w.add_tensor(f"blk.{l}.ffn_{ours}_exps.weight", stacked)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print("tiny-mixtral.gguf ok")
+
+
 QWEN_PROMPTS = [
     "def quicksort(arr):\n",
     "The capital of France is",
@@ -482,7 +546,7 @@ def main():
     ap.add_argument("--refs", nargs="*", default=[], choices=sorted(FAMILIES),
                     help="recompute the references of tiny family models already in --out")
     ap.add_argument("--moe-gguf", action="store_true",
-                    help="tests/fixtures/tiny-qwen3-moe as a llama.cpp-layout GGUF, with transformers' logits on it")
+                    help="tests/fixtures/tiny-qwen3-moe and tiny-mixtral as llama.cpp-layout GGUF files (transformers' logits on the first)")
     ap.add_argument("--out", default="tests/fixtures")
     a = ap.parse_args()
     if a.gguf:
@@ -501,6 +565,7 @@ def main():
         gemma_gguf(a.gemma_gguf, a.out, "gemma3-270m")
     if a.moe_gguf:
         moe_gguf(os.path.join(a.out, "tiny-qwen3-moe"), a.out)
+        mixtral_gguf(os.path.join(a.out, "tiny-mixtral"), a.out)
     if a.fp8:
         for scheme in ("block", "channel"):
             fp8_variant(os.path.join(a.out, "tiny-qwen3"), a.out, scheme)

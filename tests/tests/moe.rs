@@ -204,6 +204,33 @@ device_test! {
 }
 
 device_test! {
+    /// tiny-mixtral as a GGUF file in llama.cpp's layout for Mixtral (scripts/reference.py
+    /// --moe-gguf: architecture `llama` with `llama.expert_count`, q/k rows permuted by llama.cpp's
+    /// converter formula, experts stacked): read as Mixtral, and the same weights give
+    /// transformers' logits of the safetensors model (its GGUF reader has no Mixtral).
+    fn a_mixtral_gguf_gives_the_safetensors_models_logits(dev) {
+        let m = loader::load(fixtures().join("tiny-mixtral.gguf").to_str().unwrap(), false).unwrap();
+        assert_eq!(m.config.arch, Arch::Mixtral);
+        assert_eq!(m.config.moe, tiny("tiny-mixtral").config.moe);
+        let reference = read_json("tiny-mixtral_reference.json");
+        let mut r = device_runner(dev, &m, 16);
+        for case in reference["cases"].as_array().unwrap() {
+            // On a bf16 device, the positions before the first routing near tie.
+            let case = &match first_route_tie(&case["route_gaps"]) {
+                Some(0) if dev != DeviceKind::Cpu => continue,
+                Some(tie) if dev != DeviceKind::Cpu => serde_json::json!({
+                    "ids": case["ids"].as_array().unwrap()[..tie],
+                    "logits": case["logits"].as_array().unwrap()[..tie],
+                }),
+                _ => case.clone(),
+            };
+            let tol = if dev == DeviceKind::Cpu { 1e-4 } else { 3e-2 };
+            check_case_logits(r.as_mut(), case, tol, "tiny-mixtral.gguf");
+        }
+    }
+}
+
+device_test! {
     /// The mixtures of experts with what else the engine does: n-gram speculation (verification
     /// steps of several tokens a sequence through the experts) gives the greedy output it gives
     /// without; the FP8 KV cache and FP8 expert weights (every expert's rows quantized with the
