@@ -388,6 +388,23 @@ def route_gaps(model, ids):
     return [min(l["gap"][t] for l in layers) for t in range(len(ids))]
 
 
+def moe_fused(base_dir, out_dir):
+    """tests/fixtures/tiny-qwen3-moe as transformers 5 holds it in memory — every layer's experts
+    as two fused parameters, `mlp.experts.gate_up_proj` [E, 2·I, h] and `mlp.experts.down_proj`
+    [E, h, I] — saved straight from its state_dict (save_pretrained converts back to one tensor
+    per expert), for the loader's fused path. Same weights, so the same reference logits."""
+    import shutil
+    from safetensors.torch import save_file
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    d = os.path.join(out_dir, "tiny-qwen3-moe-fused")
+    os.makedirs(d, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), "transformers keeps fused experts"
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(base_dir, "config.json"), os.path.join(d, "config.json"))
+    print("tiny-qwen3-moe-fused ok")
+
+
 def mixtral_gguf(base_dir, out_dir):
     """tests/fixtures/tiny-mixtral as a GGUF file in llama.cpp's layout for Mixtral: architecture
     `llama` with `llama.expert_count`, q and k rows permuted for llama.cpp's interleaved RoPE
@@ -566,6 +583,7 @@ def main():
     if a.moe_gguf:
         moe_gguf(os.path.join(a.out, "tiny-qwen3-moe"), a.out)
         mixtral_gguf(os.path.join(a.out, "tiny-mixtral"), a.out)
+        moe_fused(os.path.join(a.out, "tiny-qwen3-moe"), a.out)
     if a.fp8:
         for scheme in ("block", "channel"):
             fp8_variant(os.path.join(a.out, "tiny-qwen3"), a.out, scheme)

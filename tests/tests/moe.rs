@@ -42,6 +42,20 @@ fn moe_configs_are_read_as_transformers_writes_them() {
     );
 }
 
+/// tiny-qwen3-moe as transformers 5 holds it — each layer's experts in two fused parameters
+/// (`mlp.experts.gate_up_proj` [E, 2·I, h], `mlp.experts.down_proj` [E, h, I]), saved from its
+/// state_dict (scripts/reference.py --moe-gguf) — loads to the same weights: transformers' logits.
+#[test]
+fn transformers_fused_expert_tensors_load_like_per_expert_ones() {
+    let m = tiny("tiny-qwen3-moe-fused");
+    assert_eq!(m.config.moe, tiny("tiny-qwen3-moe").config.moe);
+    let reference = read_json("tiny-qwen3-moe_reference.json");
+    let mut r = device_runner(DeviceKind::Cpu, &m, 16);
+    for case in reference["cases"].as_array().unwrap() {
+        check_case_logits(r.as_mut(), case, 1e-4, "tiny-qwen3-moe-fused");
+    }
+}
+
 /// A copy of tiny-qwen3-moe's config.json with `edit` applied: what loading it says.
 fn load_edited(edit: impl Fn(&mut serde_json::Value)) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!(
