@@ -303,6 +303,43 @@ def moe_routes(model, ids):
     return layers
 
 
+def tiny_gguf(path, arch, name, cfg, pre):
+    """A gguf-py writer for a tiny model of `cfg` at `path`: the keys both MoE fixtures share
+    (shape, RoPE base, norm epsilon, experts) and a small byte-level BPE vocabulary (the 256 byte
+    symbols, one merge, control tokens up to the vocabulary size) with llama.cpp's pre-tokenizer
+    `pre`. The caller adds its family's keys and the tensors, then `finish_gguf`."""
+    import gguf
+    from tokenizers.pre_tokenizers import ByteLevel
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    tokens = sorted(ByteLevel.alphabet(), key=lambda c: ord(c)) + ["\u0120t"]
+    tokens += [f"<|ctl_{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3] * (len(tokens) - 257))
+    w.add_token_merges(["\u0120 t"])
+    w.add_eos_token_id(len(tokens) - 1)
+    return w
+
+
+def finish_gguf(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def moe_gguf(base_dir, out_dir):
     """tests/fixtures/tiny-qwen3-moe (its transformers-built weights) as a GGUF file in llama.cpp's
     layout for `qwen3moe` (written with llama.cpp's gguf-py: the experts stacked as
@@ -310,40 +347,18 @@ def moe_gguf(base_dir, out_dir):
     transformers' on the GGUF as its own GGUF reader loads it (given the two settings its GGUF
     mapping does not read: the experts' width and norm_topk_prob) — checked here to equal the
     safetensors model's, so the file holds what llama.cpp's converter would put there."""
-    import gguf
     import numpy as np
     from safetensors.torch import load_file
     cfg = json.load(open(os.path.join(base_dir, "config.json")))
     sd = load_file(os.path.join(base_dir, "model.safetensors"))
     name = "tiny-qwen3-moe.gguf"
     path = os.path.join(out_dir, name)
-    w = gguf.GGUFWriter(path, "qwen3moe")
-    L, E = cfg["num_hidden_layers"], cfg["num_local_experts"] if "num_local_experts" in cfg else cfg["num_experts"]
-    w.add_name("tiny-qwen3-moe")
-    w.add_block_count(L)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w = tiny_gguf(path, "qwen3moe", "tiny-qwen3-moe", cfg, "qwen2")
+    L, E = cfg["num_hidden_layers"], cfg.get("num_experts") or cfg["num_local_experts"]
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["head_dim"])
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_count(E)
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
-    # Byte-level BPE: the 256 byte symbols, one merge, control tokens up to the vocabulary size.
-    from tokenizers.pre_tokenizers import ByteLevel
-    tokens = sorted(ByteLevel.alphabet(), key=lambda c: ord(c)) + ["\u0120t"]
-    tokens += [f"<|ctl_{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 257 + [3] * (len(tokens) - 257))
-    w.add_token_merges(["\u0120 t"])
-    w.add_eos_token_id(len(tokens) - 1)
     t = lambda k: sd[k].float().numpy()
     w.add_tensor("token_embd.weight", t("model.embed_tokens.weight"))
     w.add_tensor("output_norm.weight", t("model.norm.weight"))
@@ -359,10 +374,7 @@ def moe_gguf(base_dir, out_dir):
         for ours, hf in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")]:
             stacked = np.stack([t(f"{p}mlp.experts.{e}.{hf}.weight") for e in range(E)])
             w.add_tensor(f"blk.{l}.ffn_{ours}_exps.weight", stacked)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     hf = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
     model = AutoModelForCausalLM.from_pretrained(
         out_dir, gguf_file=name, dtype=torch.float32,
@@ -411,35 +423,14 @@ def mixtral_gguf(base_dir, out_dir):
     (its converter's `permute`), the experts stacked as ffn_{gate,up,down}_exps, f32, a small
     byte-level vocabulary. transformers' GGUF reader has no Mixtral, so the reference is the
     safetensors model's own (tiny-mixtral_reference.json: the same weights)."""
-    import gguf
     import numpy as np
     from safetensors.torch import load_file
-    from tokenizers.pre_tokenizers import ByteLevel
     cfg = json.load(open(os.path.join(base_dir, "config.json")))
     sd = load_file(os.path.join(base_dir, "model.safetensors"))
     path = os.path.join(out_dir, "tiny-mixtral.gguf")
-    w = gguf.GGUFWriter(path, "llama")
+    w = tiny_gguf(path, "llama", "tiny-mixtral", cfg, "gpt2")
     L, E = cfg["num_hidden_layers"], cfg["num_local_experts"]
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    w.add_name("tiny-mixtral")
-    w.add_block_count(L)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_count(E)
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    tokens = sorted(ByteLevel.alphabet(), key=lambda c: ord(c)) + ["\u0120t"]
-    tokens += [f"<|ctl_{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 257 + [3] * (len(tokens) - 257))
-    w.add_token_merges(["\u0120 t"])
-    w.add_eos_token_id(len(tokens) - 1)
     t = lambda k: sd[k].float().numpy()
 
     def permute(x, n_head):
@@ -462,10 +453,7 @@ def mixtral_gguf(base_dir, out_dir):
         for ours, hf in [("gate", "w1"), ("up", "w3"), ("down", "w2")]:
             stacked = np.stack([t(f"{p}block_sparse_moe.experts.{e}.{hf}.weight") for e in range(E)])
             w.add_tensor(f"blk.{l}.ffn_{ours}_exps.weight", stacked)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     print("tiny-mixtral.gguf ok")
 
 

@@ -523,6 +523,23 @@ pub fn first_route_tie(gaps: &serde_json::Value) -> Option<usize> {
         .position(|g| g.as_f64().is_some_and(|g| g < ROUTE_NEAR_TIE))
 }
 
+/// A fixture case as far as `dev` can be held to it: on a bf16 device, a mixture of experts'
+/// positions before its first routing near tie ([`first_route_tie`]; causal, so their logits are
+/// the prefix's alone) — `None` when the tie is at the first position; else the whole case.
+pub fn case_before_route_tie(
+    dev: DeviceKind,
+    case: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    match first_route_tie(&case["route_gaps"]) {
+        Some(0) if dev != DeviceKind::Cpu => None,
+        Some(tie) if dev != DeviceKind::Cpu => Some(serde_json::json!({
+            "ids": case["ids"].as_array().unwrap()[..tie],
+            "logits": case["logits"].as_array().unwrap()[..tie],
+        })),
+        _ => Some(case.clone()),
+    }
+}
+
 /// [`assert_greedy_agrees`] for a mixture of experts whose fixture marks its first routing near
 /// tie at `route_tie` (of prompt + output): on a bf16 device the outputs may also part at any
 /// token predicted from that position or a later one.

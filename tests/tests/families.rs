@@ -60,19 +60,8 @@ device_test! {
             // f32 on the CPU; bf16 weights and activations on a GPU.
             let tol = if dev == DeviceKind::Cpu { 1e-4 } else { 3e-2 };
             for case in reference["cases"].as_array().unwrap() {
-                // A mixture of experts on a bf16 device: the positions before the first
-                // routing near tie (causal: their logits are those of the prefix alone).
-                let case = &match first_route_tie(&case["route_gaps"]) {
-                    Some(tie) if dev != DeviceKind::Cpu => {
-                        if tie == 0 {
-                            continue;
-                        }
-                        serde_json::json!({
-                            "ids": case["ids"].as_array().unwrap()[..tie],
-                            "logits": case["logits"].as_array().unwrap()[..tie],
-                        })
-                    }
-                    _ => case.clone(),
+                let Some(case) = &case_before_route_tie(dev, case) else {
+                    continue;
                 };
                 let (ids, want, got) = check_case_logits(r.as_mut(), case, tol, name);
                 let v = got.vocab;
