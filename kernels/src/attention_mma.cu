@@ -16,6 +16,11 @@
 #define MMA_TK 64
 #define MMA_HK 16
 #define MMA_THREADS 128
+// Key groups: head_dim 256 holds one block per SM (its accumulators take the registers), so its
+// block runs twice the warps: warps w and w + 4 take the same 16 query rows and each a half of
+// every key tile, with their own running max, sum and output, merged through shared memory at
+// the end. Smaller heads keep four warps (three blocks per SM hide the latency instead).
+#define MMA_KGROUPS(D) ((D) > 128 ? 2 : 1)
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
     asm volatile(
@@ -212,6 +217,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                                               const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
                                               float norm_eps) {
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
+    constexpr int KG = MMA_KGROUPS(D), THREADS = MMA_THREADS * KG;
     constexpr int TILE = MMA_TK * DP;
     extern __shared__ float smem_f[];
     // bf16: two stages of [K tile | V tile]; Q is staged once in stage 1's K tile before the loop.
@@ -260,7 +266,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         bf16* Vs = Ks + TILE;
         const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
         const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
-        for (int idx = tid; idx < MMA_TK * (D / 8); idx += MMA_THREADS) {
+        for (int idx = tid; idx < MMA_TK * (D / 8); idx += THREADS) {
             const int c = idx / (D / 8), i = idx % (D / 8);
             const int bytes = (k0 + c < k_end) ? 16 : 0;
             const size_t at = (size_t)slot_of[buf][c] * (D / 8) + i;
@@ -276,7 +282,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         fp8* rv = rk + MMA_TK * D;
         const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
         const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
-        for (int idx = tid; idx < MMA_TK * CH; idx += MMA_THREADS) {
+        for (int idx = tid; idx < MMA_TK * CH; idx += THREADS) {
             const int c = idx / CH, i = idx % CH, p = k0 + c;
             const bool in = p < k_end;
             const size_t row = in ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
@@ -296,7 +302,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         constexpr int CH = D / 16;
         const fp8* rk = raw + buf * 2 * MMA_TK * D;
         const fp8* rv = rk + MMA_TK * D;
-        for (int idx = tid; idx < MMA_TK * CH; idx += MMA_THREADS) {
+        for (int idx = tid; idx < MMA_TK * CH; idx += THREADS) {
             const int c = idx / CH, i = idx % CH;
             const float vs = raw_scale[FP8 ? buf : 0][1][c];
             dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16), false, 0u);
@@ -320,7 +326,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         // in exactly one split, so each write has one writer, and no other block reads it: a
         // unit's new keys are its own sequence's, in its own range.
         constexpr int HALF = D / 2, PAIRS = HALF / 8;  // 8-pair chunks per head
-        for (int idx = tid; idx < MMA_TQ * PAIRS; idx += MMA_THREADS) {
+        for (int idx = tid; idx < MMA_TQ * PAIRS; idx += THREADS) {
             const int r = idx / PAIRS, i = (idx % PAIRS) * 8;
             uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
             if (r < qlen) {
@@ -336,7 +342,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         }
         // A token's PAIRS chunks are PAIRS consecutive lanes of one warp (ntok * PAIRS is a
         // multiple of PAIRS), and whether they write is the token's: the group reduces together.
-        for (int idx = tid; idx < ntok * PAIRS; idx += MMA_THREADS) {
+        for (int idx = tid; idx < ntok * PAIRS; idx += THREADS) {
             const int t = idx / PAIRS, i = (idx % PAIRS) * 8, tok = start + t;
             const int p = pos[tok];
             const unsigned slot = slots[tok];
@@ -386,7 +392,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             }
         }
     } else {
-        for (int idx = tid; idx < MMA_TQ * D / 8; idx += MMA_THREADS) {
+        for (int idx = tid; idx < MMA_TQ * D / 8; idx += THREADS) {
             const int r = idx / (D / 8), i = (idx % (D / 8)) * 8;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (r < qlen) {
@@ -408,8 +414,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         if (k_begin < k_end) fetch(k_begin, 0);
         cp_async_commit();
     }
-    // This warp's 16 query rows: A fragments of Q for every 16-wide slice of D.
-    const int row0 = warp * 16;
+    // This warp's 16 query rows: A fragments of Q for every 16-wide slice of D; its key group
+    // takes keys [kg · MMA_TK / KG, (kg + 1) · MMA_TK / KG) of each tile.
+    const int kg = KG > 1 ? warp / 4 : 0, row0 = (warp % 4) * 16;
     const bool active = row0 < qlen;  // warp-uniform: idle warps only help with the copies
     // The A fragment of Q's 16-wide slice kk.
     auto q_frag = [&](unsigned* f, int kk) {
@@ -466,34 +473,49 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         const bf16* Ks = stage + (FP8 ? 0 : cur * 2 * TILE);
         const bf16* Vs = Ks + TILE;
         const int kn = min(MMA_TK, k_end - k0);
-        // The tile in two halves of MMA_HK keys (fewer live score registers: 3 blocks fit an SM).
+        // The group's keys of the tile in steps of MMA_HK (fewer live score registers: 3 blocks
+        // fit an SM).
 #pragma unroll
-        for (int h = 0; h < MMA_TK; h += MMA_HK) {
+        for (int hh = 0; hh < MMA_TK / KG; hh += MMA_HK) {
+            const int h = kg * (MMA_TK / KG) + hh;
             const bf16* Kh = Ks + h * DP;
             const bf16* Vh = Vs + h * DP;
             const int hn = kn - h, kb = k0 + h;  // keys of this half in range; its first key
             if (hn <= 0) continue;
-            // S = Q Kᵀ for 4 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
+            // S = Q Kᵀ for 2 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
             float s[MMA_HK / 8][4];
+            if constexpr (Q_SHARED) {
+                // Q's fragments come from shared memory: each slice pair once, for every key block.
 #pragma unroll
-            for (int nb = 0; nb < MMA_HK / 8; ++nb) {
-                s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+                for (int nb = 0; nb < MMA_HK / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk += 2) {
-                    unsigned b[4];
-                    ldmatrix_x4(b, Kh + (nb * 8 + lr) * DP + kk * 16 + lm * 8);
-                    if constexpr (FP8) {
-                        mma_f16(s[nb], qa[kk], b);
-                        mma_f16(s[nb], qa[kk + 1], b + 2);
-                    } else if constexpr (Q_SHARED) {
-                        unsigned q0[4], q1[4];
-                        q_frag(q0, kk);
-                        q_frag(q1, kk + 1);
+                    unsigned q0[4], q1[4];
+                    q_frag(q0, kk);
+                    q_frag(q1, kk + 1);
+#pragma unroll
+                    for (int nb = 0; nb < MMA_HK / 8; ++nb) {
+                        unsigned b[4];
+                        ldmatrix_x4(b, Kh + (nb * 8 + lr) * DP + kk * 16 + lm * 8);
                         mma_bf16(s[nb], q0, b);
                         mma_bf16(s[nb], q1, b + 2);
-                    } else {
-                        mma_bf16(s[nb], qa[kk], b);
-                        mma_bf16(s[nb], qa[kk + 1], b + 2);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int nb = 0; nb < MMA_HK / 8; ++nb) {
+                    s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; kk += 2) {
+                        unsigned b[4];
+                        ldmatrix_x4(b, Kh + (nb * 8 + lr) * DP + kk * 16 + lm * 8);
+                        if constexpr (FP8) {
+                            mma_f16(s[nb], qa[kk], b);
+                            mma_f16(s[nb], qa[kk + 1], b + 2);
+                        } else {
+                            mma_bf16(s[nb], qa[kk], b);
+                            mma_bf16(s[nb], qa[kk + 1], b + 2);
+                        }
                     }
                 }
             }
@@ -598,6 +620,45 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             }
         }
     }
+    if constexpr (KG > 1) {
+        // Merge the key groups: each thread of group 1 leaves its m, l and accumulators where the
+        // thread of group 0 with the same lane and rows finds them (the stages are free once
+        // every warp is past its last tile).
+        float* mo = reinterpret_cast<float*>(smem_f);  // [row warp][n][4][lane]
+        float* ml = mo + 4 * (D / 8) * 4 * 32;         // [row warp][4][lane]
+        const int w4 = warp % 4;
+        __syncthreads();
+        if (kg == 1 && active) {
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) mo[((w4 * (D / 8) + n) * 4 + e) * 32 + lane] = o[n][e];
+            ml[(w4 * 4 + 0) * 32 + lane] = m_a;
+            ml[(w4 * 4 + 1) * 32 + lane] = m_b;
+            ml[(w4 * 4 + 2) * 32 + lane] = l_a;
+            ml[(w4 * 4 + 3) * 32 + lane] = l_b;
+        }
+        __syncthreads();
+        if (kg == 1 || !active) return;
+        const float m2a = ml[(w4 * 4 + 0) * 32 + lane], m2b = ml[(w4 * 4 + 1) * 32 + lane];
+        const float mn_a = fmaxf(m_a, m2a), mn_b = fmaxf(m_b, m2b);
+        const float a1 = (m_a == -CACHET_INF) ? 0.f : fast_exp2(m_a - mn_a);
+        const float a2 = (m2a == -CACHET_INF) ? 0.f : fast_exp2(m2a - mn_a);
+        const float b1 = (m_b == -CACHET_INF) ? 0.f : fast_exp2(m_b - mn_b);
+        const float b2 = (m2b == -CACHET_INF) ? 0.f : fast_exp2(m2b - mn_b);
+        l_a = l_a * a1 + ml[(w4 * 4 + 2) * 32 + lane] * a2;
+        l_b = l_b * b1 + ml[(w4 * 4 + 3) * 32 + lane] * b2;
+        m_a = mn_a;
+        m_b = mn_b;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const float* po = mo + (w4 * (D / 8) + n) * 4 * 32 + lane;
+            o[n][0] = o[n][0] * a1 + po[0] * a2;
+            o[n][1] = o[n][1] * a1 + po[32] * a2;
+            o[n][2] = o[n][2] * b1 + po[64] * b2;
+            o[n][3] = o[n][3] * b1 + po[96] * b2;
+        }
+    }
     const bool has_a = ra < qlen, has_b = rb < qlen;
     if (gridDim.z == 1) {
         const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
@@ -626,7 +687,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // Arguments (the same list) and layouts as paged_attention_bf16 (attention.cu), except: `d` is fixed
 // by the symbol; `group` = n_heads / n_kv, `sub_tokens` = min(floor(64 / group), 32) tokens per
 // block, `units_per_tile` = ceil(longest tile / sub_tokens); grid (num_tiles * units_per_tile, n_kv, splits),
-// block of 128 threads, dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
+// block of 128 threads (256 for head_dim 256: MMA_KGROUPS), dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
 // tile of 2 * MMA_TK * (D + 8) bf16 plus 4 * MMA_TK * D bytes of raw stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
 // The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8). `fused` = 1 (only
@@ -638,7 +699,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // 256 (Gemma 3, bf16 cache), whose Q fragments and output accumulators take twice the registers
 // of d128. An FP8 cache at d256 spills and runs on paged_attention_d256_fp8 (attention.cu).
 #define MMA_KERNEL(NAME, D, FP8, KV, BLOCKS)                                                                  \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, BLOCKS) NAME(PAGED_ATTENTION_ARGS(KV)) {        \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS * MMA_KGROUPS(D), BLOCKS) NAME(PAGED_ATTENTION_ARGS(KV)) {        \
         attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
                               split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,      \

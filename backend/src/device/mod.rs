@@ -514,6 +514,17 @@ pub trait Device: Send {
     fn calibrate(&self) -> Result<Option<Calibration>, DeviceError> {
         Ok(None)
     }
+    /// Seconds of `repeat` passes over the GEMMs `shapes` — (rows, out features, in features): a
+    /// bf16 activation of rows × in times a weight of out × in, each shape with weights of its
+    /// own — run back to back on random data, as one timed run (a model's matmuls on their own,
+    /// the ceiling of a prefill); `None` where the device cannot time them.
+    fn time_gemms(
+        &self,
+        _shapes: &[(usize, usize, usize)],
+        _repeat: usize,
+    ) -> Result<Option<f64>, DeviceError> {
+        Ok(None)
+    }
 
     /// Captures replayable decode-step graphs (CUDA graphs) for the padded batch sizes `sizes`
     /// and every context bucket up to `max_len`: `body` is the forward pass from a device batch

@@ -46,6 +46,13 @@ pub trait Runner: Send {
     fn synchronize(&self) -> Result<(), EngineError>;
     /// The device's measured ceilings, if it can measure them.
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError>;
+    /// Seconds of `repeat` passes over the GEMMs `shapes` on their own (see
+    /// [`crate::device::Device::time_gemms`]).
+    fn time_gemms(
+        &self,
+        shapes: &[(usize, usize, usize)],
+        repeat: usize,
+    ) -> Result<Option<f64>, EngineError>;
     /// Whether steps come back as tokens chosen on the device (see [`StepOutput`]).
     fn samples_on_device(&self) -> bool;
     /// Turns replaying decode graphs on or off (for eager-vs-graph comparisons); whether the
@@ -349,6 +356,13 @@ impl<D: Device> Runner for ModelRunner<D> {
     }
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError> {
         Ok(self.dev.calibrate()?)
+    }
+    fn time_gemms(
+        &self,
+        shapes: &[(usize, usize, usize)],
+        repeat: usize,
+    ) -> Result<Option<f64>, EngineError> {
+        Ok(self.dev.time_gemms(shapes, repeat)?)
     }
     fn set_profiling(&self, on: bool) {
         self.dev.set_profiling(on)

@@ -378,6 +378,14 @@ impl Runner for TpRunner {
     fn calibrate(&self) -> Result<Option<crate::device::Calibration>, EngineError> {
         self.rank0.calibrate()
     }
+    fn time_gemms(
+        &self,
+        _shapes: &[(usize, usize, usize)],
+        _repeat: usize,
+    ) -> Result<Option<f64>, EngineError> {
+        // The shapes a caller gives are the whole model's; each rank runs a slice of them.
+        Ok(None)
+    }
     fn samples_on_device(&self) -> bool {
         self.rank0.samples_on_device()
     }

@@ -50,6 +50,33 @@ impl CudaDevice {
         Ok(2.0 * (n as f64).powi(3) / secs)
     }
 
+    /// Seconds of `repeat` passes over the GEMMs `shapes` ((rows, out, in), bf16 out) back to
+    /// back, each shape with its own random weights and activation, as one timed run: median
+    /// of 5 after 2; weights scaled as dummy weights are (std 1/√in). (A layer's weights are far
+    /// larger than L2, so repeating one layer's GEMMs reads from memory as distinct layers do.)
+    pub fn measure_gemm_sequence(
+        &self,
+        shapes: &[(usize, usize, usize)],
+        repeat: usize,
+    ) -> Result<f64, DeviceError> {
+        let mut operands = Vec::with_capacity(shapes.len());
+        for (i, &(rows, out, inp)) in shapes.iter().enumerate() {
+            let seed = 10 + 2 * i as u64;
+            operands.push((
+                self.random(&[rows, inp], seed, 0.0, 1.0)?,
+                self.random(&[out, inp], seed + 1, 0.0, 1.0 / (inp as f32).sqrt())?,
+            ));
+        }
+        median_secs(self, 2, 5, || {
+            for _ in 0..repeat {
+                for (x, w) in &operands {
+                    self.gemm(x, w, false)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     pub(super) fn measure(&self) -> Result<Calibration, DeviceError> {
         Ok(Calibration {
             copy_bytes_per_s: self.measure_copy_bandwidth(4 << 30)?,

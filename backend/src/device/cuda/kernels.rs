@@ -23,6 +23,16 @@ pub const ATT_MAXD_WIDE: usize = 256;
 pub const MMA_ROWS: usize = 64;
 /// Threads per block of the tensor-core kernel (four warps of 16 rows).
 pub const MMA_THREADS: u32 = 128;
+
+/// Threads per block of the tensor-core kernel for head_dim `d` (MMA_KGROUPS in attention_mma.cu):
+/// head_dim 256 runs two key groups of four warps over the same 64 rows.
+pub fn mma_threads(d: usize) -> u32 {
+    if d > 128 {
+        2 * MMA_THREADS
+    } else {
+        MMA_THREADS
+    }
+}
 /// Blocks of the tensor-core kernel resident per SM (its __launch_bounds__ minimum).
 pub const MMA_BLOCKS_PER_SM: usize = 3;
 /// Blocks of the CUDA-core attention kernel resident per SM.

@@ -6,8 +6,8 @@
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{
-    ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX, GEMV_THREADS,
-    MMA_THREADS, MOE_BK, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
+    mma_threads, ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX,
+    GEMV_THREADS, MOE_BK, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
 };
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
@@ -318,7 +318,7 @@ impl CudaDevice {
             grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
             block_dim: (
                 if tensor_cores {
-                    MMA_THREADS
+                    mma_threads(a.head_dim as usize)
                 } else {
                     ATT_THREADS
                 },

@@ -645,6 +645,14 @@ impl Device for CudaDevice {
         self.measure().map(Some)
     }
 
+    fn time_gemms(
+        &self,
+        shapes: &[(usize, usize, usize)],
+        repeat: usize,
+    ) -> Result<Option<f64>, DeviceError> {
+        self.measure_gemm_sequence(shapes, repeat).map(Some)
+    }
+
     fn capture_decode_graphs(
         &self,
         kv: &mut CudaKv,

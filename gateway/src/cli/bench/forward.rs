@@ -138,6 +138,27 @@ fn token_parameters(c: &ModelConfig) -> f64 {
     c.active_parameters() as f64 - untied_embedding(c)
 }
 
+/// The matmuls of an `n`-token prefill as (rows, out, in): one layer's (fused q|k|v, o, fused
+/// gate|up, down) and the LM head's (the last token's row). `None` for a mixture of experts,
+/// whose experts are not one GEMM each.
+fn prefill_gemm_shapes(
+    c: &ModelConfig,
+    n: usize,
+) -> Option<(Vec<(usize, usize, usize)>, (usize, usize, usize))> {
+    if c.moe.is_some() {
+        return None;
+    }
+    let (h, d) = (c.hidden_size, c.head_dim);
+    let q = c.num_attention_heads * d;
+    let layer = vec![
+        (n, q + 2 * c.num_key_value_heads * d, h),
+        (n, h, q),
+        (n, 2 * c.intermediate_size, h),
+        (n, h, c.intermediate_size),
+    ];
+    Some((layer, (1, c.vocab_size, h)))
+}
+
 /// Bytes of weights a decode step of `tokens` sequences reads: every weight it touches once,
 /// the projections as `quantization` stores them (FP8: a byte each and an f32 scale per row).
 fn weight_bytes_per_decode_step(
@@ -420,6 +441,21 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         // The GEMM ceiling is measured again right after this prefill, so that both see the same
         // clocks (a long run of 8192³ GEMMs heats the card and its rate drifts by ~10% in a run).
         let near = if cal.is_some() { r.calibrate()? } else { None };
+        // And the model's own matmuls at this prefill's rows, on their own (its shapes, which
+        // cuBLAS may run well below its 8192³ rate): the prefill's time against them is the
+        // share of the step that is not GEMM work.
+        let gemms = match prefill_gemm_shapes(&config, n) {
+            Some((layer, head)) if cal.is_some() => {
+                match (
+                    r.time_gemms(&layer, config.num_hidden_layers)?,
+                    r.time_gemms(&[head], 1)?,
+                ) {
+                    (Some(l), Some(h)) => Some(l + h),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
         let (ceil, ratio) = match near {
             Some(c) => (
                 format!("{:.0} TFLOP/s (cuBLAS, measured next)", c.gemm_flops / 1e12),
@@ -427,13 +463,20 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             ),
             None => ("-".into(), "-".into()),
         };
+        let (ceil, ratio) = match gemms {
+            Some(g) => (
+                format!("{ceil} · its GEMMs alone {:.1} ms", g * 1e3),
+                format!("{ratio} · {:.0}%", 100.0 * g / t),
+            ),
+            None => (ceil, ratio),
+        };
         println!(
             "| prefill {n} tokens | {:.1} ms | {:.0} TFLOP/s | {ceil} | {ratio} |",
             t * 1e3,
             flops / t / 1e12
         );
         rows.push(
-            serde_json::json!({"kind": "prefill", "tokens": n, "ms": t * 1e3, "flops": flops, "cublas_flops": near.map(|c| c.gemm_flops)}),
+            serde_json::json!({"kind": "prefill", "tokens": n, "ms": t * 1e3, "flops": flops, "cublas_flops": near.map(|c| c.gemm_flops), "gemms_alone_ms": gemms.map(|g| g * 1e3)}),
         );
     }
     if let Some((total, cached)) = a
