@@ -74,6 +74,9 @@ pub struct ConfigFile {
     /// Prices per model, turning usage records' tokens into spend.
     #[serde(default)]
     pub price: Vec<crate::usage::Price>,
+    /// Tenant limits kept in Redis for every replica of the gateway (read at start-up).
+    #[serde(default)]
+    pub shared_limits: Option<crate::tenants::shared::SharedLimitsConfig>,
 }
 
 /// An `[[upstream]]` of the config file: where the gateway sends requests (read at start-up).
@@ -113,6 +116,9 @@ impl ConfigFile {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let file: ConfigFile = toml::from_str(text)?;
         validate_upstreams(&file.upstream)?;
+        if let Some(s) = &file.shared_limits {
+            s.validate().map_err(ConfigError::SharedLimits)?;
+        }
         Ok(file)
     }
 }
@@ -192,4 +198,6 @@ pub enum ConfigError {
     Invalid { tenant: String, msg: String },
     #[error("upstream: {0}")]
     Upstream(String),
+    #[error("{0}")]
+    SharedLimits(String),
 }

@@ -680,3 +680,65 @@ fn pg_bindir() -> Option<PathBuf> {
     });
     dirs.pop()
 }
+
+/// A Redis server of Debian's package (`redis-server`), started on a free loopback port for a
+/// test (no persistence), killed when dropped.
+pub struct RedisServer {
+    /// `redis://127.0.0.1:PORT/0`
+    pub url: String,
+    pub port: u16,
+    proc: Proc,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it answers, or `None` where the machine has no `redis-server`
+    /// (`apt install redis-server`; CI installs it).
+    pub fn start() -> Option<RedisServer> {
+        let exe = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())?;
+        let port = free_port();
+        let proc = Proc(
+            std::process::Command::new(exe)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("starting redis-server"),
+        );
+        let server = RedisServer {
+            url: format!("redis://127.0.0.1:{port}/0"),
+            port,
+            proc,
+        };
+        let t0 = std::time::Instant::now();
+        while !server.answers() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(20),
+                "redis-server did not start on port {port}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Some(server)
+    }
+
+    /// Whether a PING gets its PONG (the protocol's inline form, over a plain socket).
+    pub fn answers(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+        let mut buf = [0u8; 16];
+        s.write_all(b"PING\r\n").is_ok()
+            && s.read(&mut buf)
+                .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+    }
+
+    /// Stops the server (a Redis outage) now.
+    pub fn kill(&mut self) {
+        let _ = self.proc.0.kill();
+        let _ = self.proc.0.wait();
+    }
+}

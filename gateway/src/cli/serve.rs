@@ -13,6 +13,7 @@ use cachet_gateway::normalize::public::PublicPrefixes;
 use cachet_gateway::server::fields::UnknownFields;
 use cachet_gateway::server::tools::Format;
 use cachet_gateway::server::{self, AppState};
+use cachet_gateway::tenants::shared::SharedLimits;
 use cachet_gateway::tenants::TenantRegistry;
 use cachet_gateway::upstream::{
     self, embedded::Embedded, openai::OpenAi, worker::Worker, Upstream,
@@ -149,8 +150,27 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", a.config.display()))?;
     let in_config = || format!("in {}", a.config.display());
     let file = ConfigFile::parse(&text).with_context(in_config)?;
-    let tenants = TenantRegistry::from_configs(file.tenant, &key, std::time::Instant::now())
-        .with_context(in_config)?;
+    // Limits shared with other replicas through Redis, if the config says so (connected on
+    // first use: a replica starts while Redis is down, and admits as `on_error` says).
+    let shared_limits = match file.shared_limits {
+        Some(cfg) => {
+            tracing::info!(redis = %cfg.redis_url, replicas = cfg.replicas, on_error = ?cfg.on_error,
+                "tenant limits shared through Redis");
+            Some(
+                SharedLimits::new(cfg)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(in_config)?,
+            )
+        }
+        None => None,
+    };
+    let tenants = TenantRegistry::with_shared_limits(
+        file.tenant,
+        &key,
+        std::time::Instant::now(),
+        shared_limits,
+    )
+    .with_context(in_config)?;
     // The pool: the config's [[upstream]]s, then each --worker; alone, the embedded engine.
     for url in &a.workers {
         cachet_gateway::config::check_upstream_url(url, a.worker_ca_file.as_deref())
@@ -367,6 +387,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                         .map_err(|e| e.to_string())
                         .and_then(|t| ConfigFile::parse(&t).map_err(|e| e.to_string()))
                         .and_then(|f| {
+                            if f.shared_limits.as_ref() != previous.shared_limits().map(|s| &s.config) {
+                                tracing::warn!("[shared_limits] changed: the Redis connection is made at start-up, so the change takes effect on restart");
+                            }
                             let prefixes = PublicPrefixes::new(&f.public_prefix, &state.tokenizer, block_size)?;
                             TenantRegistry::reloaded(f.tenant, &key, std::time::Instant::now(), Some(&previous))
                                 .map(|reg| (reg, prefixes))

@@ -232,7 +232,7 @@ pub async fn run(
     }
     // The tenant's concurrency and requests/min, before any work is done for the request (its
     // template included); the tokens/min budget once the prompt is known.
-    let mut permit = tenant.admit_request(Instant::now())?;
+    let mut permit = tenant.admit_request(Instant::now()).await?;
     // 3. Template, normalization, tokenization: each prompt as token ids (engines) and as text
     // (OpenAI-compatible upstreams).
     let mut hints = None;

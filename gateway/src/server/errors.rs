@@ -46,6 +46,10 @@ impl From<Denied> for ApiError {
                 retry_after: Some(retry_after),
                 source: Source::Client,
             },
+            Denied::LimitsUnavailable { .. } => ApiError {
+                code: Some("rate_limits_unavailable"),
+                ..ApiError::overloaded(message, std::time::Duration::from_secs(1))
+            },
             Denied::TooLarge { .. } => ApiError {
                 code: Some("request_too_large"),
                 ..ApiError::bad_request(message, None)

@@ -92,6 +92,9 @@ pub struct Metrics {
     pub worker_cached_blocks: Family<WorkerLabel, Gauge>,
     pub predicted_cached_tokens: Counter,
     pub cached_tokens: Counter,
+    shared_limit_errors: Counter,
+    shared_limit_fallbacks: Counter,
+    shared_limits_up: Gauge,
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
@@ -134,6 +137,9 @@ impl Metrics {
             worker_cached_blocks: Family::default(),
             predicted_cached_tokens: Counter::default(),
             cached_tokens: Counter::default(),
+            shared_limit_errors: Counter::default(),
+            shared_limit_fallbacks: Counter::default(),
+            shared_limits_up: Gauge::default(),
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: Gauge::default(),
@@ -239,6 +245,21 @@ impl Metrics {
             "prompt_cached_tokens",
             "Prompt tokens served from a prefix cache (as the engine or worker reported)",
             m.cached_tokens.clone(),
+        );
+        registry.register(
+            "shared_limit_errors",
+            "Calls to the Redis holding tenants' shared limits that failed or timed out",
+            m.shared_limit_errors.clone(),
+        );
+        registry.register(
+            "shared_limit_fallbacks",
+            "Admissions decided without Redis (this replica's share of the limits, or refused), per shared_limits.on_error",
+            m.shared_limit_fallbacks.clone(),
+        );
+        registry.register(
+            "shared_limits_up",
+            "1 while the Redis holding tenants' shared limits answers (0 while it does not; absent limits: 0)",
+            m.shared_limits_up.clone(),
         );
         if engine {
             registry.register(
@@ -404,6 +425,17 @@ impl Metrics {
                 status: status.to_string(),
             })
             .inc();
+    }
+
+    /// The shared-limits store's counts as of now (they live in the store; the counters follow).
+    pub fn shared_limits(&self, s: &crate::tenants::shared::SharedLimits) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let follow = |c: &Counter, now: u64| {
+            c.inc_by(now.saturating_sub(c.get()));
+        };
+        follow(&self.shared_limit_errors, s.errors.load(Relaxed));
+        follow(&self.shared_limit_fallbacks, s.fallbacks.load(Relaxed));
+        self.shared_limits_up.set(i64::from(!s.is_down()));
     }
 
     /// The text exposition, with the embedded engine's state as of now, if there is one.

@@ -168,6 +168,9 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         (&Method::GET, "/v1/usage") => usage::usage(&state, &req).await,
         (&Method::GET, "/metrics") => metrics_allowed(&state, &req).map(|()| {
             state.metrics.worker_load(&state.pool.load());
+            if let Some(s) = state.tenants().shared_limits() {
+                state.metrics.shared_limits(s);
+            }
             let stats = state.engine.as_ref().map(|e| e.stats());
             http::bytes(
                 StatusCode::OK,

@@ -206,7 +206,7 @@ pub async fn admin(
             let tools = r.tools()?.and_then(|t| t.template_tools());
             let kwargs = r.template_kwargs()?;
             r.common.validate()?;
-            let _permit = tenant.admit_request(std::time::Instant::now())?;
+            let _permit = tenant.admit_request(std::time::Instant::now()).await?;
             let applied = run(&state, &tenant, &name, input(&tenant, &r, msgs)).await?;
             let prepared = super::completions::prepare(
                 &state,

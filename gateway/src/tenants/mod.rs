@@ -5,8 +5,10 @@
 //! Each tenant has token buckets for requests/min and tokens/min, a cap on concurrent requests, a
 //! priority class for the scheduler, the models it may use, and a cache salt derived from the
 //! deployment key and the tenant id (or its `cache_share_group`): never taken from a client.
+//! With `[shared_limits]` the limits live in Redis, shared by every replica ([`shared`]).
 
 pub mod rate_limit;
+pub mod shared;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -17,6 +19,7 @@ use cachet_backend::block_hash::tenant_salt;
 use sha2::{Digest, Sha256};
 
 use rate_limit::{Refusal, TokenBucket};
+use shared::{spawn_detached, OnError, SharedLimits};
 
 pub use crate::config::{ConfigError, TenantConfig};
 
@@ -39,6 +42,8 @@ pub enum Denied {
         asked: u64,
         capacity: u64,
     },
+    #[error("tenant `{tenant}`: its rate limits are kept in Redis, which does not answer, and this gateway refuses limited requests until it does (shared_limits.on_error = \"closed\")")]
+    LimitsUnavailable { tenant: String },
     #[error("tenant `{tenant}` has spent {spent:.6} USD of its budget of {budget} USD this {period}; the budget renews in {retry_after:?}, or the operator can raise it")]
     OverBudget {
         tenant: String,
@@ -58,9 +63,14 @@ pub struct Tenant {
     pub rules: crate::normalize::Rules,
     /// Live limit state, shared with the tenant of the same id after a config reload (so a
     /// reload neither refills buckets nor forgets requests in flight).
+    /// With shared limits: this replica's share of them, used while Redis does not answer.
     requests: Option<Arc<Mutex<TokenBucket>>>,
     tokens: Option<Arc<Mutex<TokenBucket>>>,
     inflight: Arc<AtomicU32>,
+    /// The cap on `inflight` (this replica's share of `max_concurrent` with shared limits).
+    local_max_concurrent: Option<u32>,
+    /// The Redis store of every replica's limits, if the config has `[shared_limits]`.
+    shared: Option<Arc<SharedLimits>>,
 }
 
 /// Holds one of a tenant's concurrent-request slots; released on drop.
@@ -69,6 +79,8 @@ pub struct Permit {
     tenant: Arc<Tenant>,
     /// Whether a requests/min unit was taken (given back if the prompt is refused).
     took_request: bool,
+    /// Admitted through Redis: the concurrency lease to give back and the tokens level read.
+    lease: Option<shared::Lease>,
 }
 
 impl Permit {
@@ -81,15 +93,35 @@ impl Permit {
     /// The second step of admission, once the prompt is tokenized: the tokens/min bucket must
     /// hold the prompt, which is then charged. A refusal gives the requests/min unit back.
     pub fn charge_prompt(&mut self, prompt_tokens: u64, now: Instant) -> Result<(), Denied> {
-        let t = &self.tenant;
+        let t = self.tenant.clone();
         let Some(b) = &t.tokens else {
             return Ok(());
         };
-        let refused = match b
-            .lock()
-            .expect("bucket lock")
-            .check(prompt_tokens as f64, now)
-        {
+        // Admitted through Redis: the level the admission read (refilled since by at most the
+        // template's and tokenizer's milliseconds), the prompt charged there without waiting.
+        let shared_level = self.lease.as_ref().and_then(|l| l.tokens_level);
+        let checked = match (shared_level, t.config.tokens_per_minute) {
+            (Some(level), Some(per_minute)) => {
+                let (n, cap) = (prompt_tokens as f64, per_minute as f64);
+                if n > cap {
+                    Err(Refusal::TooLarge {
+                        asked: n,
+                        capacity: cap,
+                    })
+                } else if level < n {
+                    Err(Refusal::RetryAfter(Duration::from_secs_f64(
+                        (n - level) * 60.0 / cap,
+                    )))
+                } else {
+                    Ok(())
+                }
+            }
+            _ => b
+                .lock()
+                .expect("bucket lock")
+                .check(prompt_tokens as f64, now),
+        };
+        let refused = match checked {
             Ok(()) => None,
             Err(Refusal::RetryAfter(d)) => Some(Denied::RateLimited {
                 tenant: t.config.id.clone(),
@@ -107,6 +139,12 @@ impl Permit {
                 if let Some(r) = &t.requests {
                     r.lock().expect("bucket lock").refund(1.0, now);
                 }
+                if let (Some(s), Some(_), Some(rpm)) =
+                    (&t.shared, &self.lease, t.config.requests_per_minute)
+                {
+                    let (s, id) = (s.clone(), t.config.id.clone());
+                    spawn_detached(async move { s.charge(&id, "requests", rpm, -1.0).await });
+                }
             }
             return Err(d);
         }
@@ -118,6 +156,13 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.tenant.inflight.fetch_sub(1, Ordering::SeqCst);
+        if let (Some(s), Some(member)) = (
+            &self.tenant.shared,
+            self.lease.as_mut().and_then(|l| l.member.take()),
+        ) {
+            let (s, id) = (s.clone(), self.tenant.config.id.clone());
+            spawn_detached(async move { s.release(&id, &member).await });
+        }
     }
 }
 
@@ -137,23 +182,69 @@ impl Tenant {
 
     /// Admits one request of `prompt_tokens` prompt tokens, or says how long to wait (both steps
     /// of [`Tenant::admit_request`] and [`Permit::charge_prompt`]); a refusal changes nothing.
-    pub fn admit(self: &Arc<Self>, prompt_tokens: u64, now: Instant) -> Result<Permit, Denied> {
-        let mut permit = self.admit_request(now)?;
+    pub async fn admit(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        now: Instant,
+    ) -> Result<Permit, Denied> {
+        let mut permit = self.admit_request(now).await?;
         permit.charge_prompt(prompt_tokens, now)?;
         Ok(permit)
     }
 
+    /// Whether any of the tenant's limits apply to requests (those go through Redis when the
+    /// limits are shared).
+    fn limited(&self) -> bool {
+        self.config.max_concurrent.is_some()
+            || self.config.requests_per_minute.is_some()
+            || self.config.tokens_per_minute.is_some()
+    }
+
     /// The first step of admission, before any work is done for the request (its template
-    /// included): a concurrency slot, then a requests/min unit.
-    pub fn admit_request(self: &Arc<Self>, now: Instant) -> Result<Permit, Denied> {
+    /// included): a concurrency slot, then a requests/min unit — in Redis (one round trip) when
+    /// the limits are shared, in this process otherwise or when Redis does not answer and
+    /// `on_error` is `local`.
+    pub async fn admit_request(self: &Arc<Self>, now: Instant) -> Result<Permit, Denied> {
+        if let Some(s) = self.shared.as_ref().filter(|_| self.limited()) {
+            match s.admit(&self.config).await {
+                Ok(Ok(lease)) => {
+                    self.inflight.fetch_add(1, Ordering::SeqCst);
+                    // This replica's share follows what it admits, so a fallback starts warm.
+                    if let Some(b) = &self.requests {
+                        b.lock().expect("bucket lock").charge(1.0, now);
+                    }
+                    return Ok(Permit {
+                        tenant: self.clone(),
+                        took_request: true,
+                        lease: Some(lease),
+                    });
+                }
+                Ok(Err(denied)) => return Err(denied),
+                Err(_) => {
+                    s.fallbacks
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if s.config.on_error == OnError::Closed {
+                        return Err(Denied::LimitsUnavailable {
+                            tenant: self.config.id.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        self.admit_local(now)
+    }
+
+    /// Admission against this process's buckets and concurrency count.
+    fn admit_local(self: &Arc<Self>, now: Instant) -> Result<Permit, Denied> {
         let id = || self.config.id.clone();
         let before = self.inflight.fetch_add(1, Ordering::SeqCst);
         // From here on, dropping `permit` (on any refusal) gives the slot back.
         let mut permit = Permit {
             tenant: self.clone(),
             took_request: false,
+            lease: None,
         };
-        if self.config.max_concurrent.is_some_and(|max| before >= max) {
+        if self.local_max_concurrent.is_some_and(|max| before >= max) {
             return Err(Denied::RateLimited {
                 tenant: id(),
                 limit: "concurrent-requests",
@@ -174,10 +265,17 @@ impl Tenant {
         Ok(permit)
     }
 
-    /// Charges generated tokens once they are known.
+    /// Charges generated tokens once they are known (to Redis too, without waiting, when the
+    /// limits are shared).
     pub fn charge_tokens(&self, n: u64, now: Instant) {
         if let Some(b) = &self.tokens {
             b.lock().expect("bucket lock").charge(n as f64, now);
+        }
+        if let (Some(s), Some(tpm)) = (&self.shared, self.config.tokens_per_minute) {
+            if n > 0 {
+                let (s, id) = (s.clone(), self.config.id.clone());
+                spawn_detached(async move { s.charge(&id, "tokens", tpm, n as f64).await });
+            }
         }
     }
 }
@@ -188,6 +286,7 @@ pub struct TenantRegistry {
     by_key: HashMap<[u8; 32], Arc<Tenant>>,
     by_admin_key: HashMap<[u8; 32], Arc<Tenant>>,
     tenants: Vec<Arc<Tenant>>,
+    shared: Option<Arc<SharedLimits>>,
 }
 
 /// sha256 of an API key, as stored in the config.
@@ -214,19 +313,53 @@ impl TenantRegistry {
         deployment_key: &[u8; 32],
         now: Instant,
     ) -> Result<Self, ConfigError> {
-        Self::reloaded(tenants, deployment_key, now, None)
+        Self::build(tenants, deployment_key, now, None, None)
+    }
+
+    /// As [`TenantRegistry::from_configs`], the limits kept in `shared` (Redis) for every
+    /// replica; each tenant's own buckets hold this replica's share, used while Redis is down.
+    pub fn with_shared_limits(
+        tenants: Vec<TenantConfig>,
+        deployment_key: &[u8; 32],
+        now: Instant,
+        shared: Option<Arc<SharedLimits>>,
+    ) -> Result<Self, ConfigError> {
+        Self::build(tenants, deployment_key, now, None, shared)
     }
 
     /// As [`TenantRegistry::from_configs`], keeping the live state of `previous`'s tenants of
     /// the same id: requests in flight (their concurrency slots) and the buckets' levels (at a
-    /// changed rate, within the new capacity). A reload refills nothing.
+    /// changed rate, within the new capacity), and its shared-limits store. A reload refills
+    /// nothing.
     pub fn reloaded(
         tenants: Vec<TenantConfig>,
         deployment_key: &[u8; 32],
         now: Instant,
         previous: Option<&TenantRegistry>,
     ) -> Result<Self, ConfigError> {
-        let mut reg = TenantRegistry::default();
+        let shared = previous.and_then(|p| p.shared.clone());
+        Self::build(tenants, deployment_key, now, previous, shared)
+    }
+
+    /// The shared-limits store, if there is one.
+    pub fn shared_limits(&self) -> Option<&Arc<SharedLimits>> {
+        self.shared.as_ref()
+    }
+
+    fn build(
+        tenants: Vec<TenantConfig>,
+        deployment_key: &[u8; 32],
+        now: Instant,
+        previous: Option<&TenantRegistry>,
+        shared: Option<Arc<SharedLimits>>,
+    ) -> Result<Self, ConfigError> {
+        // With shared limits, this replica's share of each (used while Redis is down).
+        let replicas = shared.as_ref().map_or(1, |s| s.config.replicas.max(1));
+        let share = |n: u64| n.div_ceil(replicas as u64);
+        let mut reg = TenantRegistry {
+            shared: shared.clone(),
+            ..TenantRegistry::default()
+        };
         let mut ids = std::collections::HashSet::new();
         for cfg in tenants {
             let bad = |msg: String| ConfigError::Invalid {
@@ -300,16 +433,20 @@ impl TenantRegistry {
                 salt,
                 rules,
                 requests: bucket(
-                    cfg.requests_per_minute,
+                    cfg.requests_per_minute.map(share),
                     old.and_then(|o| o.requests.as_ref()),
-                    old.and_then(|o| o.config.requests_per_minute),
+                    old.and_then(|o| o.config.requests_per_minute.map(share)),
                 ),
                 tokens: bucket(
-                    cfg.tokens_per_minute,
+                    cfg.tokens_per_minute.map(share),
                     old.and_then(|o| o.tokens.as_ref()),
-                    old.and_then(|o| o.config.tokens_per_minute),
+                    old.and_then(|o| o.config.tokens_per_minute.map(share)),
                 ),
                 inflight: old.map_or_else(Default::default, |o| o.inflight.clone()),
+                local_max_concurrent: cfg
+                    .max_concurrent
+                    .map(|m| (m as u64).div_ceil(replicas as u64) as u32),
+                shared: shared.clone(),
                 config: cfg.clone(),
             });
             for h in &cfg.api_key_sha256 {
