@@ -138,13 +138,16 @@ fn token_parameters(c: &ModelConfig) -> f64 {
     c.active_parameters() as f64 - untied_embedding(c)
 }
 
+/// A matmul as (rows, out features, in features).
+type GemmShape = (usize, usize, usize);
+
 /// The matmuls of an `n`-token prefill as (rows, out, in): one layer's (fused q|k|v, o, fused
 /// gate|up, down) and the LM head's (the last token's row). `None` for a mixture of experts,
 /// whose experts are not one GEMM each.
 fn prefill_gemm_shapes(
     c: &ModelConfig,
     n: usize,
-) -> Option<(Vec<(usize, usize, usize)>, (usize, usize, usize))> {
+) -> Option<(Vec<GemmShape>, GemmShape)> {
     if c.moe.is_some() {
         return None;
     }
