@@ -7,6 +7,7 @@ mod config_reload;
 mod openai_client;
 mod reliability;
 mod security;
+mod shared_limits;
 mod templates;
 mod tenancy;
 mod tls;
