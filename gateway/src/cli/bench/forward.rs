@@ -144,10 +144,7 @@ type GemmShape = (usize, usize, usize);
 /// The matmuls of an `n`-token prefill as (rows, out, in): one layer's (fused q|k|v, o, fused
 /// gate|up, down) and the LM head's (the last token's row). `None` for a mixture of experts,
 /// whose experts are not one GEMM each.
-fn prefill_gemm_shapes(
-    c: &ModelConfig,
-    n: usize,
-) -> Option<(Vec<GemmShape>, GemmShape)> {
+fn prefill_gemm_shapes(c: &ModelConfig, n: usize) -> Option<(Vec<GemmShape>, GemmShape)> {
     if c.moe.is_some() {
         return None;
     }
