@@ -1,0 +1,177 @@
+//! The Kubernetes deployment (`deploy/kubernetes`) and the image (`Dockerfile`) agree with the
+//! Kubernetes API and with the binary they run: the manifests validate against the API schemas
+//! (kubernetes-validate from PyPI, strict), every flag and CACHET_ variable they give `cachet`
+//! exists in its `--help`, probes hit routes the server answers, the cluster config passes
+//! `cachet tenant check` and names the workers and Redis the manifests create.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn cachet(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// deploy_check.py's summary of the manifests (validated on the way).
+fn manifests() -> Vec<Value> {
+    let site = cachet_tests::pip_target(
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-kubernetes-validate"),
+        &["kubernetes-validate"],
+        "kubernetes_validate",
+    );
+    let out = Command::new("python3")
+        .arg(root().join("tests/python/deploy_check.py"))
+        .arg(root().join("deploy/kubernetes"))
+        .env("PYTHONPATH", &site)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the manifests do not validate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn find<'a>(all: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    all.iter()
+        .find(|w| w["kind"] == kind && w["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[test]
+fn the_kubernetes_manifests_validate_and_match_the_binary() {
+    let all = manifests();
+    let gateway = find(&all, "Deployment", "cachet-gateway");
+    let worker = find(&all, "StatefulSet", "cachet-worker");
+    let redis_svc = find(&all, "Service", "cachet-redis");
+    let worker_svc = find(&all, "Service", "cachet-worker");
+    assert_eq!(
+        worker_svc["headless"], true,
+        "workers need stable DNS names"
+    );
+
+    // Each cachet container: its subcommand's flags and environment variables exist, its
+    // probes are routes that subcommand's server answers, it runs as a user, not root.
+    let routes = BTreeMap::from([
+        ("serve", vec!["/health", "/ready"]),
+        ("worker", vec!["/health"]),
+    ]);
+    for w in [gateway, worker] {
+        let pod = &w["pod_security"];
+        assert_eq!(pod["runAsNonRoot"], true, "{}", w["name"]);
+        assert!(pod["runAsUser"].as_u64().unwrap() > 0);
+        for c in w["containers"].as_array().unwrap() {
+            let args: Vec<&str> = c["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap())
+                .collect();
+            let sub = args[0];
+            let (ok, help) = cachet(&[sub, "--help"]);
+            assert!(ok, "cachet {sub} --help: {help}");
+            for flag in args.iter().filter(|a| a.starts_with("--")) {
+                assert!(
+                    help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                    "{}: `cachet {sub}` has no {flag}",
+                    w["name"]
+                );
+            }
+            for env in c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_str().unwrap())
+            {
+                if env.starts_with("CACHET_") && env != "CACHET_CACHE_DIR" {
+                    assert!(
+                        help.contains(&format!("[env: {env}=")),
+                        "{}: `cachet {sub}` reads no {env}",
+                        w["name"]
+                    );
+                }
+            }
+            // The listen port is the container's port.
+            let listen = args[args.iter().position(|a| *a == "--listen").unwrap() + 1];
+            let port: u64 = listen.rsplit(':').next().unwrap().parse().unwrap();
+            assert_eq!(c["ports"][0], port, "{}", w["name"]);
+            for (probe, path) in c["probes"].as_object().unwrap() {
+                assert!(
+                    routes[sub].contains(&path.as_str().unwrap()),
+                    "{} {probe}: `cachet {sub}` does not answer {path}",
+                    w["name"]
+                );
+            }
+            assert_eq!(c["security"]["allowPrivilegeEscalation"], false);
+        }
+    }
+    assert_eq!(worker["containers"][0]["gpus"], 1);
+    assert_eq!(gateway["annotations"]["prometheus.io/path"], "/metrics");
+
+    // The cluster config: valid, with one upstream per worker pod at its stable name, Redis at
+    // its Service, and the replica count the gateway Deployment runs.
+    let cfg_path = root().join("deploy/kubernetes/cachet.toml");
+    let (ok, out) = cachet(&["tenant", "check", cfg_path.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let cfg: toml::Value = toml::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let urls: Vec<&str> = cfg["upstream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["url"].as_str().unwrap())
+        .collect();
+    let port = worker_svc["ports"][0].as_u64().unwrap();
+    let want: Vec<String> = (0..worker["replicas"].as_u64().unwrap())
+        .map(|i| format!("http://cachet-worker-{i}.cachet-worker:{port}"))
+        .collect();
+    assert_eq!(urls, want);
+    let shared = &cfg["shared_limits"];
+    assert_eq!(
+        shared["redis_url"].as_str().unwrap(),
+        format!("redis://cachet-redis:{}/0", redis_svc["ports"][0])
+    );
+    assert_eq!(
+        shared["replicas"].as_integer().unwrap() as u64,
+        gateway["replicas"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn the_image_runs_cachet_as_an_unprivileged_user() {
+    let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let stages: Vec<&str> = text.split("\nFROM ").collect();
+    assert!(stages.len() >= 2, "a multi-stage build");
+    let last = stages.last().unwrap();
+    assert!(
+        last.starts_with("nvidia/cuda:13."),
+        "the run stage has CUDA 13's runtime libraries: {}",
+        last.lines().next().unwrap()
+    );
+    let user = last
+        .lines()
+        .filter_map(|l| l.strip_prefix("USER "))
+        .last()
+        .expect("a USER");
+    assert!(
+        !user.starts_with('0') && !user.starts_with("root"),
+        "{user}"
+    );
+    assert!(last.contains("ENTRYPOINT [\"cachet\"]"));
+    // The ports the manifests use are exposed, and the build copies the binary the tests run.
+    assert!(last.contains("EXPOSE 8000 9001"));
+    assert!(text.contains("cargo build --release -p cachet-gateway --bin cachet"));
+}
