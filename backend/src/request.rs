@@ -27,6 +27,9 @@ pub struct EngineRequest {
     pub priority: i32,
     /// Give up (finish with an error) if not finished by then.
     pub deadline: Option<Instant>,
+    /// The W3C `traceparent` of the request's trace, passed on to remote engines (workers,
+    /// OpenAI-compatible servers) as a header; the local engine does not read it.
+    pub trace_parent: Option<String>,
     /// The tenant (or another label) the request belongs to: carried into logs and events, and
     /// the group fair sharing counts tokens by.
     pub tag: String,
@@ -51,6 +54,7 @@ impl EngineRequest {
             public_blocks: 0,
             priority: 0,
             deadline: None,
+            trace_parent: None,
             tag: String::new(),
             share: 1.0,
             constraint: None,

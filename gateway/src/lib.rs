@@ -18,6 +18,7 @@ pub mod route;
 pub mod sandbox;
 pub mod server;
 pub mod tenants;
+pub mod trace;
 pub mod upstream;
 pub mod usage;
 pub mod worker;

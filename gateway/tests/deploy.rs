@@ -164,7 +164,7 @@ fn the_image_runs_cachet_as_an_unprivileged_user() {
     let user = last
         .lines()
         .filter_map(|l| l.strip_prefix("USER "))
-        .last()
+        .next_back()
         .expect("a USER");
     assert!(
         !user.starts_with('0') && !user.starts_with("root"),

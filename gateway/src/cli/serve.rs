@@ -132,6 +132,8 @@ pub struct ServeArgs {
     /// Seconds a remote upstream's stream may stay silent before the request fails.
     #[arg(long, default_value_t = 30)]
     pub upstream_idle_timeout: u64,
+    #[command(flatten)]
+    pub otlp: OtlpArgs,
     /// Where every request's usage record goes (tenant, key id, tokens, timings, status, route,
     /// cost): `sqlite:PATH` (embedded, WAL; created if missing), `postgres://USER@HOST/DB`, or
     /// `off` (no records, no budgets, no /v1/usage). Written in batches off the request path; a
@@ -364,6 +366,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         state.reasoning = reasoning;
         state.set_public_prefixes(public_prefixes);
         state.usage = usage;
+        state.tracing = a.otlp.tracing("cachet-gateway")?.map(Arc::new);
         anyhow::Ok(Arc::new(state))
     })?;
     rt.block_on(async move {
@@ -438,14 +441,57 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             let _ = tx.send(true);
         });
         let usage = state.usage.clone();
+        let traces = state.tracing.clone();
         server::serve(listener, state, tls_config, rx, a.conn.limits()).await?;
         // Drained: every request's record is made; write them before stopping.
         if let Some(u) = usage {
             tokio::task::spawn_blocking(move || u.flush()).await?;
+        }
+        if let Some(t) = traces {
+            tokio::task::spawn_blocking(move || t.shutdown()).await?;
         }
         anyhow::Ok(())
     })?;
     drop(engine);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Request traces over OTLP (`cachet serve`, `cachet worker`).
+#[derive(Args, Debug, Clone)]
+pub struct OtlpArgs {
+    /// Export a span per request (with its phases and the engine's queue / prefill / decode
+    /// times) to this OTLP/HTTP endpoint, a collector's base URL (`http://collector:4318`; spans
+    /// go to its /v1/traces, protobuf). Clients' W3C `traceparent` is continued either way.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// The service name spans are exported under (default: cachet-gateway for `serve`,
+    /// cachet-worker for `worker`).
+    #[arg(long, env = "OTEL_SERVICE_NAME")]
+    pub otlp_service_name: Option<String>,
+}
+
+impl OtlpArgs {
+    /// The exporter the flags ask for, if any (`default_name`: the service name by default).
+    pub fn tracing(
+        &self,
+        default_name: &str,
+    ) -> anyhow::Result<Option<cachet_gateway::trace::Tracing>> {
+        let Some(url) = &self.otlp_endpoint else {
+            return Ok(None);
+        };
+        let name = self
+            .otlp_service_name
+            .clone()
+            .unwrap_or_else(|| default_name.to_string());
+        // Built on a thread of its own: the exporter's blocking HTTP client may not be made
+        // inside the async runtime.
+        let (u, n) = (url.clone(), name.clone());
+        let t = std::thread::spawn(move || cachet_gateway::trace::Tracing::new(&u, &n))
+            .join()
+            .map_err(|_| anyhow::anyhow!("the OTLP exporter's set-up panicked"))?
+            .map_err(anyhow::Error::msg)?;
+        tracing::info!(endpoint = %url, service = name, "exporting request traces over OTLP");
+        Ok(Some(t))
+    }
 }

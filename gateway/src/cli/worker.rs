@@ -19,6 +19,8 @@ pub struct WorkerArgs {
     pub auth_token: Option<String>,
     #[command(flatten)]
     pub conn: super::connection_args::ConnectionArgs,
+    #[command(flatten)]
+    pub otlp: super::serve::OtlpArgs,
 }
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
@@ -34,6 +36,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     if a.engine.hash_key_file.is_none() {
         tracing::warn!("no --hash-key-file: this worker's block hashes match no gateway's; exact prefix routing needs the gateway's key");
     }
+    let traces = a.otlp.tracing("cachet-worker")?.map(Arc::new);
     let started = a.engine.start(key)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -48,6 +51,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             key_id: worker::key_id(&key),
             auth_token: a.auth_token.clone(),
             closing: rx.clone(),
+            tracing: traces.clone(),
         });
         let listener = tokio::net::TcpListener::bind(a.listen)
             .await
@@ -64,6 +68,9 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             let _ = tx.send(true);
         });
         worker::serve(listener, state, rx, a.conn.limits()).await?;
+        if let Some(t) = traces {
+            tokio::task::spawn_blocking(move || t.shutdown()).await?;
+        }
         anyhow::Ok(())
     })?;
     drop(started);

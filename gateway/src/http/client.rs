@@ -169,12 +169,27 @@ impl Endpoint {
         body: Bytes,
         timeout: Duration,
     ) -> Result<hyper::Response<Incoming>, ClientError> {
-        let req = request(
+        self.send_traced(method, path, body, timeout, None).await
+    }
+
+    /// As [`Endpoint::send`], with the request's W3C `traceparent` (if it has a trace).
+    pub async fn send_traced(
+        &self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+        traceparent: Option<&str>,
+    ) -> Result<hyper::Response<Incoming>, ClientError> {
+        let mut req = request(
             method,
             &format!("{}{path}", self.url),
             self.token.as_deref(),
             body,
         );
+        if let Some(v) = traceparent.and_then(|t| hyper::header::HeaderValue::from_str(t).ok()) {
+            req.headers_mut().insert("traceparent", v);
+        }
         send(&self.client, req, timeout).await
     }
 }

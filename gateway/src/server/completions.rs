@@ -22,6 +22,7 @@ use super::respond::{self, Meta};
 use super::{templates, AppState};
 use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
 use crate::tenants::Tenant;
+use crate::trace::RequestTrace;
 
 /// Counts a completion request by tenant and status (errors before authentication count as
 /// tenant `-`).
@@ -76,11 +77,23 @@ pub async fn shaped<R: respond::Render>(
     prepare: impl FnOnce(&AppState, &[u8]) -> Result<(Parsed, R, String), ApiError>,
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
     let arrived = Instant::now();
+    let trace = Arc::new(RequestTrace::start(
+        state.tracing.as_deref(),
+        req.headers(),
+        req.uri().path(),
+        arrived,
+    ));
     let api_key = http::api_key(&req).unwrap_or("");
-    let tenant = state
-        .tenants()
-        .authenticate(api_key)
-        .map_err(|e| (e.into(), "-".to_string()))?;
+    let tenant = state.tenants().authenticate(api_key).map_err(|e| {
+        let e: ApiError = e.into();
+        trace.end(e.status.as_u16());
+        (e, "-".to_string())
+    })?;
+    trace.phase("auth", arrived, Instant::now());
+    trace.attributes([
+        opentelemetry::KeyValue::new("cachet.tenant", tenant.id().to_string()),
+        opentelemetry::KeyValue::new("gen_ai.request.model", state.model_id.clone()),
+    ]);
     let name = tenant.id().to_string();
     // The request's usage record, written when it ends (also if the client leaves).
     let mut ticket = state.usage.as_ref().map(|log| {
@@ -111,15 +124,19 @@ pub async fn shaped<R: respond::Render>(
                 id,
                 at: arrived,
                 want_timings,
+                trace: trace.clone(),
             },
             &mut ticket,
         )
         .await
     }
     .await;
-    // Refused before it ran: the record says why.
-    if let (Some(t), Err(e)) = (&mut ticket, &result) {
-        t.record.status = e.status.as_u16();
+    // Refused before it ran: the record and the trace say why.
+    if let Err(e) = &result {
+        trace.end(e.status.as_u16());
+        if let Some(t) = &mut ticket {
+            t.record.status = e.status.as_u16();
+        }
     }
     drop(ticket);
     result.map(|r| (r, name.clone())).map_err(|e| (e, name))
@@ -132,6 +149,8 @@ pub struct Arrival {
     pub at: Instant,
     /// The client asked for the server-side timings (`x-cachet-timings`).
     pub want_timings: bool,
+    /// The request's trace (its span, and the context passed on to upstreams).
+    pub trace: Arc<RequestTrace>,
 }
 
 /// The tenant has budget left this period (requests already admitted run to their end).
@@ -191,6 +210,7 @@ pub async fn run(
         id,
         at: arrived,
         want_timings,
+        trace,
     } = arrival;
     let Parsed {
         input,
@@ -241,6 +261,7 @@ pub async fn run(
         Input::Chat(r, msgs) => {
             let segments = match templates::template_for(&tenant, &r) {
                 Some(name) => {
+                    let t0 = Instant::now();
                     let applied = templates::apply(
                         &state,
                         &tenant,
@@ -248,6 +269,7 @@ pub async fn run(
                         templates::input(&tenant, &r, msgs),
                     )
                     .await?;
+                    trace.phase("template", t0, Instant::now());
                     hints = Some((applied.rendered.stop, applied.rendered.max_tokens));
                     applied.rendered.segments
                 }
@@ -261,6 +283,7 @@ pub async fn run(
                 &segments,
                 template_tools.as_ref(),
                 kwargs.as_ref(),
+                Some(&trace),
             )?;
             fill = p.fill;
             (r.common, vec![(p.ids, p.prompt)])
@@ -269,7 +292,10 @@ pub async fn run(
             let prompts = ps
                 .into_iter()
                 .map(|p| match p {
-                    PromptIn::Text(t) => Ok((state.tokenizer.encode_prompt(&t)?, t)),
+                    PromptIn::Text(t) => Ok((
+                        trace.time("tokenize", || state.tokenizer.encode_prompt(&t))?,
+                        t,
+                    )),
                     PromptIn::Tokens(ids) => {
                         if let Some(&t) = ids.iter().find(|&&t| t as usize >= state.vocab) {
                             return Err(ApiError::bad_request(
@@ -382,13 +408,23 @@ pub async fn run(
                 er.ignore_eos = common.ignore_eos;
                 er.deadline = Some(arrived + state.request_timeout);
                 er.constraint = constraint.clone();
+                er.trace_parent = trace.traceparent().map(str::to_string);
                 er
             })
             .collect();
+        // Routing, and handing the group to the chosen engine or worker (up to its response
+        // head); the engine's timings count from here.
+        let t0 = Instant::now();
+        trace.sent();
         let (evs, routed) = state
             .pool
             .submit_group(&ers, &text, common.session_key())
             .await?;
+        trace.phase("route", t0, Instant::now());
+        trace.attributes([opentelemetry::KeyValue::new(
+            "cachet.upstream",
+            routed.upstream.clone(),
+        )]);
         state.metrics.routed(
             state.pool.policy_name(),
             routed.reason,
@@ -409,6 +445,7 @@ pub async fn run(
         ignored,
         calls,
         reasoning: chat && state.reasoning.is_some(),
+        trace: Some(trace),
     };
     if common.stream {
         Ok(respond::sse(
@@ -459,6 +496,7 @@ pub fn prepare(
     segments: &[cachet_guest_sdk::Segment],
     tools: Option<&serde_json::Value>,
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    trace: Option<&RequestTrace>,
 ) -> Result<Prepared, ApiError> {
     // Template variables render as markup (control tokens recognised): none may carry one.
     if let Some(k) = kwargs {
@@ -472,6 +510,7 @@ pub fn prepare(
             ));
         }
     }
+    let t0 = Instant::now();
     let n = crate::normalize::normalize(segments, &tenant.rules);
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
     let r = crate::normalize::tokens::render(
@@ -481,7 +520,12 @@ pub fn prepare(
         kwargs,
         first_dynamic,
     )?;
+    let t1 = Instant::now();
     let enc = state.prefix_tokens.encode(&state.tokenizer, &r, salt)?;
+    if let Some(t) = trace {
+        t.phase("normalize", t0, t1);
+        t.phase("tokenize", t1, Instant::now());
+    }
     state
         .metrics
         .normalized(tenant.id(), n.relocated.len(), enc.stable_tokens);

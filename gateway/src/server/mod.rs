@@ -80,6 +80,9 @@ pub struct AppState {
     pub public_prefixes: std::sync::RwLock<Arc<crate::normalize::public::PublicPrefixes>>,
     /// Where usage records go (`--usage-db`); `None`: no records, no budgets.
     pub usage: Option<Arc<crate::usage::UsageLog>>,
+    /// Request traces exported over OTLP (`--otlp-endpoint`); `None`: a client's traceparent
+    /// is passed on, nothing exported.
+    pub tracing: Option<Arc<crate::trace::Tracing>>,
     next_id: AtomicU64,
 }
 
@@ -121,6 +124,7 @@ impl AppState {
             reasoning,
             public_prefixes: Default::default(),
             usage: None,
+            tracing: None,
             next_id: AtomicU64::new(1),
         }
     }

@@ -19,6 +19,7 @@ use super::tools::{Call, Format, Out, Parser};
 use super::AppState;
 use crate::http::{self, ApiError, Body};
 use crate::tenants::Permit;
+use crate::trace::RequestTrace;
 use crate::upstream::Events;
 
 /// Seconds since the Unix epoch (OpenAI's `created`).
@@ -86,14 +87,26 @@ struct Meter {
     /// Per choice: tokens delivered and not yet charged (none once settled).
     delivered: Vec<u64>,
     ticket: Option<Ticket>,
+    /// The request's trace, ended with the response (its status; 499 if the client left).
+    trace: Option<Arc<RequestTrace>>,
+    status: Option<u16>,
+    tokens: (u64, u64),
 }
 
 impl Meter {
-    fn new(permit: Permit, choices: usize, ticket: Option<Ticket>) -> Self {
+    fn new(
+        permit: Permit,
+        choices: usize,
+        ticket: Option<Ticket>,
+        trace: Option<Arc<RequestTrace>>,
+    ) -> Self {
         Meter {
             permit,
             delivered: vec![0; choices],
             ticket,
+            trace,
+            status: None,
+            tokens: (0, 0),
         }
     }
 
@@ -109,6 +122,7 @@ impl Meter {
         if let Some(t) = &mut self.ticket {
             t.record.status = status.as_u16();
         }
+        self.status = Some(status.as_u16());
     }
 
     /// Records a finished choice: metrics (its prompt once per prompt: `first` of its group),
@@ -132,6 +146,11 @@ impl Meter {
                 .metrics
                 .cached_tokens
                 .inc_by(usage.cached_tokens as u64);
+            self.tokens.0 += usage.prompt_tokens as u64;
+        }
+        self.tokens.1 += usage.completion_tokens as u64;
+        if let Some(t) = &self.trace {
+            t.engine(timings);
         }
         self.permit
             .tenant()
@@ -149,6 +168,14 @@ impl Meter {
 
 impl Drop for Meter {
     fn drop(&mut self) {
+        if let Some(t) = &self.trace {
+            t.attributes([
+                opentelemetry::KeyValue::new("gen_ai.usage.input_tokens", self.tokens.0 as i64),
+                opentelemetry::KeyValue::new("gen_ai.usage.output_tokens", self.tokens.1 as i64),
+            ]);
+            // No status: the client left before the response ended (nginx's 499).
+            t.end(self.status.unwrap_or(499));
+        }
         let left: u64 = self.delivered.iter().sum();
         if left > 0 {
             self.permit.tenant().charge_tokens(left, Instant::now());
@@ -174,6 +201,8 @@ pub struct Meta {
     pub calls: Option<(Format, usize)>,
     /// The model's thinking is split from its answer (where the render has a place for it).
     pub reasoning: bool,
+    /// The request's trace, ended when the response does.
+    pub trace: Option<Arc<RequestTrace>>,
 }
 
 impl Meta {
@@ -437,7 +466,7 @@ pub async fn whole(
     let k = streams.len();
     // Dropped with this future when the client leaves: what was generated is charged, and the
     // forwarding tasks cancel every choice.
-    let mut meter = Meter::new(permit, k, ticket);
+    let mut meter = Meter::new(permit, k, ticket, meta.trace.clone());
     let status = whole_into(streams, &meta, &mut render, &mut meter, state).await;
     meter.ended(match &status {
         Ok(_) => StatusCode::OK,
@@ -550,7 +579,7 @@ pub fn sse(
     let k = streams.len();
     let head = meta.finish(http::streaming("text/event-stream", rx));
     tokio::spawn(async move {
-        let mut meter = Meter::new(permit, k, ticket);
+        let mut meter = Meter::new(permit, k, ticket, meta.trace.clone());
         let mut events = merge(streams);
         let mut sum = UsageSum::default();
         let send = |frames: Vec<String>| {

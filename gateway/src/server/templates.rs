@@ -215,6 +215,7 @@ pub async fn admin(
                 &applied.rendered.segments,
                 tools.as_ref(),
                 kwargs.as_ref(),
+                None,
             )?;
             ok_json(
                 StatusCode::OK,

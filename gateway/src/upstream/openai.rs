@@ -390,7 +390,13 @@ impl Upstream for OpenAi {
             let limit = wait_limit(er.deadline, self.timeouts.first_event);
             let resp = self
                 .ep
-                .send("POST", "/v1/completions", body, head)
+                .send_traced(
+                    "POST",
+                    "/v1/completions",
+                    body,
+                    head,
+                    er.trace_parent.as_deref(),
+                )
                 .await
                 .map_err(|e| StartError::Failed(e.to_string()))?;
             let status = resp.status();

@@ -268,7 +268,13 @@ impl Upstream for Worker {
             let limit = wait_limit(er.deadline, self.timeouts.first_event);
             let resp = self
                 .ep
-                .send("POST", "/v1/generate", body, head)
+                .send_traced(
+                    "POST",
+                    "/v1/generate",
+                    body,
+                    head,
+                    er.trace_parent.as_deref(),
+                )
                 .await
                 .map_err(|e| StartError::Failed(e.to_string()))?;
             let status = resp.status();

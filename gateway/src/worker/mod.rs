@@ -37,6 +37,9 @@ pub struct WorkerState {
     pub auth_token: Option<String>,
     /// Turns true at shutdown: ends the long-lived `/v1/kv_events` streams.
     pub closing: watch::Receiver<bool>,
+    /// Spans of generate requests exported over OTLP (`--otlp-endpoint`), children of the
+    /// gateway's request span through its `traceparent`.
+    pub tracing: Option<Arc<crate::trace::Tracing>>,
 }
 
 fn error(status: StatusCode, code: &'static str, message: impl std::fmt::Display) -> ApiError {
@@ -186,10 +189,24 @@ fn engine_request(g: GenerateRequest) -> Result<EngineRequest, ApiError> {
 }
 
 async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let g: GenerateRequest = http::read_json(req, MAX_BODY).await?;
-    let er = engine_request(g)?;
+    let trace = crate::trace::RequestTrace::start(
+        state.tracing.as_deref(),
+        req.headers(),
+        "/v1/generate",
+        std::time::Instant::now(),
+    );
+    trace.attributes([opentelemetry::KeyValue::new(
+        "gen_ai.request.model",
+        state.model_id.clone(),
+    )]);
+    let g: GenerateRequest = http::read_json(req, MAX_BODY)
+        .await
+        .inspect_err(|e| trace.end(e.status.as_u16()))?;
+    let er = engine_request(g).inspect_err(|e| trace.end(e.status.as_u16()))?;
+    trace.sent();
     let mut stream = crate::upstream::embedded::submit_engine(&state.engine, er)
         .await
+        .inspect_err(|_| trace.end(503))
         .map_err(|e| {
             use cachet_backend::EngineError;
             match e {
@@ -223,14 +240,28 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
                     error,
                     text,
                     stop_sequence,
-                } => WireEvent::Finished {
-                    reason,
-                    usage,
-                    timings,
-                    error,
-                    text,
-                    stop_sequence,
-                },
+                } => {
+                    trace.engine(&timings);
+                    trace.attributes([
+                        opentelemetry::KeyValue::new(
+                            "gen_ai.usage.input_tokens",
+                            usage.prompt_tokens as i64,
+                        ),
+                        opentelemetry::KeyValue::new(
+                            "gen_ai.usage.output_tokens",
+                            usage.completion_tokens as i64,
+                        ),
+                    ]);
+                    trace.end(if error.is_some() { 500 } else { 200 });
+                    WireEvent::Finished {
+                        reason,
+                        usage,
+                        timings,
+                        error,
+                        text,
+                        stop_sequence,
+                    }
+                }
             };
             if tx.send(http::ndjson_line(&wire)).await.is_err() {
                 return;

@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod config_reload;
 mod openai_client;
+mod otlp;
 mod reliability;
 mod security;
 mod shared_limits;
