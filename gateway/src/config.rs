@@ -74,9 +74,21 @@ pub struct ConfigFile {
     /// Prices per model, turning usage records' tokens into spend.
     #[serde(default)]
     pub price: Vec<crate::usage::Price>,
+    /// How upstreams named by DNS are resolved.
+    #[serde(default)]
+    pub discovery: Option<DiscoveryConfig>,
     /// Tenant limits kept in Redis for every replica of the gateway (read at start-up).
     #[serde(default)]
     pub shared_limits: Option<crate::tenants::shared::SharedLimitsConfig>,
+}
+
+/// `[discovery]`: the name server that resolves `dns = true` upstreams (default: the system's,
+/// from /etc/resolv.conf — in Kubernetes, the cluster DNS).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// `IP:PORT` of a DNS server.
+    pub nameserver: Option<std::net::SocketAddr>,
 }
 
 /// An `[[upstream]]` of the config file: where the gateway sends requests (read at start-up).
@@ -85,10 +97,17 @@ pub struct ConfigFile {
 pub enum UpstreamConfig {
     /// A `cachet worker` at `url` (exact prefix routing from its KV events). An `https://` URL
     /// is verified against the system's roots and `ca_file`'s certificates (PEM), if given.
+    /// `dns = true`: the URL's host names a set of workers (a Kubernetes headless service),
+    /// resolved again every `dns_refresh_secs` (default 10): each address is a member, a new
+    /// one joins once its health check answers, a gone one leaves (its requests run out).
     Cachet {
         url: String,
         #[serde(default)]
         ca_file: Option<std::path::PathBuf>,
+        #[serde(default)]
+        dns: bool,
+        #[serde(default)]
+        dns_refresh_secs: Option<u64>,
     },
     /// The gateway's own engine, as one member of the pool.
     Embedded {},
@@ -155,8 +174,27 @@ fn validate_upstreams(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for u in upstreams {
         let name = match u {
-            UpstreamConfig::Cachet { url, ca_file } => {
+            UpstreamConfig::Cachet {
+                url,
+                ca_file,
+                dns,
+                dns_refresh_secs,
+            } => {
                 check_upstream_url(url, ca_file.as_deref())?;
+                if *dns {
+                    crate::upstream::discovery::DnsName::parse(url)
+                        .map_err(|e| ConfigError::Upstream(format!("`{url}`: {e}")))?;
+                }
+                if dns_refresh_secs.is_some() && !dns {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}`: dns_refresh_secs is for dns = true upstreams"
+                    )));
+                }
+                if *dns_refresh_secs == Some(0) {
+                    return Err(ConfigError::Upstream(format!(
+                        "`{url}`: dns_refresh_secs must be at least 1"
+                    )));
+                }
                 url.trim_end_matches('/').to_string()
             }
             UpstreamConfig::Embedded {} => "embedded".to_string(),

@@ -178,10 +178,13 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         cachet_gateway::config::check_upstream_url(url, a.worker_ca_file.as_deref())
             .context("--worker")?;
     }
+    let discovery = file.discovery.clone();
     let mut members = file.upstream;
     members.extend(a.workers.iter().map(|url| UpstreamConfig::Cachet {
         url: url.clone(),
         ca_file: a.worker_ca_file.clone(),
+        dns: false,
+        dns_refresh_secs: None,
     }));
     if members.is_empty() {
         members.push(UpstreamConfig::Embedded {});
@@ -309,14 +312,18 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let state = rt.block_on(async {
         let key_id = cachet_gateway::protocol::key_id(&key);
-        let upstreams: Vec<Arc<dyn Upstream>> = members
+        // Workers named by DNS join the pool as they are found (below); the others start now.
+        let (by_dns, listed): (Vec<&UpstreamConfig>, Vec<&UpstreamConfig>) = members
             .iter()
+            .partition(|m| matches!(m, UpstreamConfig::Cachet { dns: true, .. }));
+        let upstreams: Vec<Arc<dyn Upstream>> = listed
+            .into_iter()
             .map(|m| -> anyhow::Result<Arc<dyn Upstream>> {
                 Ok(match m {
                     UpstreamConfig::Embedded {} => {
                         Embedded::start(handle.clone().expect("started above"))
                     }
-                    UpstreamConfig::Cachet { url, ca_file } => Worker::start(
+                    UpstreamConfig::Cachet { url, ca_file, .. } => Worker::start(
                         url,
                         a.worker_token.clone(),
                         key_id.clone(),
@@ -350,8 +357,38 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             policy,
             HashContext::new(key, [0; 32], &model_id, a.engine.block_size),
         );
+        let pool = Arc::new(pool);
+        if !by_dns.is_empty() {
+            let resolver = upstream::discovery::resolver(discovery.as_ref())
+                .map_err(anyhow::Error::msg)?;
+            for m in by_dns {
+                let UpstreamConfig::Cachet {
+                    url,
+                    ca_file,
+                    dns_refresh_secs,
+                    ..
+                } = m
+                else {
+                    unreachable!("partitioned above")
+                };
+                let name = upstream::discovery::DnsName::parse(url).map_err(anyhow::Error::msg)?;
+                let refresh = Duration::from_secs(dns_refresh_secs.unwrap_or(10));
+                tracing::info!(host = %name.host, port = name.port, ?refresh, "workers found by DNS");
+                let (token, key_id, client) =
+                    (a.worker_token.clone(), key_id.clone(), upstream_client(ca_file)?);
+                tokio::spawn(upstream::discovery::follow(
+                    pool.clone(),
+                    name,
+                    refresh,
+                    resolver.clone(),
+                    move |u: &str| -> Arc<dyn Upstream> {
+                        Worker::start(u, token.clone(), key_id.clone(), timeouts, client.clone())
+                    },
+                ));
+            }
+        }
         let mut state = AppState::new(
-            Arc::new(pool),
+            pool,
             handle.clone(),
             tokenizer,
             model_id.clone(),

@@ -355,6 +355,9 @@ impl Metrics {
 
     /// Sets the per-upstream load gauges (at scrape time).
     pub fn worker_load(&self, load: &[crate::upstream::MemberLoad]) {
+        // Only the members there are now (workers found by DNS leave).
+        self.worker_inflight.clear();
+        self.worker_cached_blocks.clear();
         for m in load {
             let l = WorkerLabel {
                 worker: m.name.clone(),

@@ -203,6 +203,8 @@ url = "http://10.0.0.2:9000/"
             UpstreamConfig::Cachet {
                 url: "http://10.0.0.2:9000/".into(),
                 ca_file: None,
+                dns: false,
+                dns_refresh_secs: None,
             }
         ]
     );

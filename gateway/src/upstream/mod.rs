@@ -11,6 +11,7 @@
 //! routes through a pool, a pool of one when it serves alone.
 
 pub mod blocks;
+pub mod discovery;
 pub mod embedded;
 pub mod openai;
 pub mod pool;
@@ -180,6 +181,9 @@ pub trait Upstream: Send + Sync {
     fn cached_blocks(&self) -> usize;
     /// Requests of this gateway in flight there.
     fn inflight(&self) -> usize;
+    /// It has left the pool: its background work (health polls, event streams) ends. Requests
+    /// running there are not touched.
+    fn stop(&self) {}
 }
 
 /// A member's count of this gateway's requests: in flight, and accepted then ended (which lets

@@ -5,7 +5,7 @@
 //! skipped for the next; one that keeps failing is taken out for [`OPEN_FOR`] while its health
 //! checks go on.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use cachet_backend::block_hash::HashContext;
@@ -86,9 +86,10 @@ pub struct MemberLoad {
     pub cached_blocks: usize,
 }
 
-/// The members and the policy.
+/// The members and the policy. Members come and go (upstreams named by DNS): each request
+/// routes over the set as it was when it arrived.
 pub struct Pool {
-    members: Vec<Member>,
+    members: RwLock<Arc<Vec<Arc<Member>>>>,
     policy: Box<dyn Policy>,
     /// Block hashing as the engines do it (the tenant's salt is set per request).
     hasher: HashContext,
@@ -102,16 +103,58 @@ impl Pool {
         hasher: HashContext,
     ) -> Self {
         Pool {
-            members: upstreams
-                .into_iter()
-                .map(|upstream| Member {
-                    upstream,
-                    breaker: Default::default(),
-                })
-                .collect(),
+            members: RwLock::new(Arc::new(
+                upstreams
+                    .into_iter()
+                    .map(|upstream| {
+                        Arc::new(Member {
+                            upstream,
+                            breaker: Default::default(),
+                        })
+                    })
+                    .collect(),
+            )),
             policy,
             hasher,
         }
+    }
+
+    /// The members now.
+    fn members(&self) -> Arc<Vec<Arc<Member>>> {
+        self.members.read().expect("members lock").clone()
+    }
+
+    /// Adds a member (a worker found by DNS whose health check answered).
+    pub fn add(&self, upstream: Arc<dyn Upstream>) {
+        let mut m = self.members.write().expect("members lock");
+        let mut next = m.as_ref().clone();
+        next.push(Arc::new(Member {
+            upstream,
+            breaker: Default::default(),
+        }));
+        *m = Arc::new(next);
+    }
+
+    /// Takes the member `name` out: no new request goes there, the ones running there run out,
+    /// its background work (health polls, event streams) stops. Whether it was a member.
+    pub fn remove(&self, name: &str) -> bool {
+        let mut m = self.members.write().expect("members lock");
+        let Some(i) = m.iter().position(|x| x.upstream.name() == name) else {
+            return false;
+        };
+        let mut next = m.as_ref().clone();
+        let gone = next.remove(i);
+        *m = Arc::new(next);
+        gone.upstream.stop();
+        true
+    }
+
+    /// The members' names, in pool order.
+    pub fn names(&self) -> Vec<String> {
+        self.members()
+            .iter()
+            .map(|m| m.upstream.name().to_string())
+            .collect()
     }
 
     pub fn policy_name(&self) -> &'static str {
@@ -119,18 +162,24 @@ impl Pool {
     }
 
     pub fn len(&self) -> usize {
-        self.members.len()
+        self.members().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
+        self.members().is_empty()
     }
 
     /// Waits until at least `n` members are healthy, or `timeout`.
     pub async fn wait_healthy(&self, n: usize, timeout: Duration) -> bool {
         let t0 = Instant::now();
         while t0.elapsed() < timeout {
-            if self.members.iter().filter(|m| m.view(&[]).healthy).count() >= n {
+            if self
+                .members()
+                .iter()
+                .filter(|m| m.view(&[]).healthy)
+                .count()
+                >= n
+            {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -167,7 +216,8 @@ impl Pool {
             ..self.hasher.clone()
         }
         .hash_all(&er.prompt);
-        let views: Vec<WorkerView> = self.members.iter().map(|m| m.view(&hashes)).collect();
+        let members = self.members();
+        let views: Vec<WorkerView> = members.iter().map(|m| m.view(&hashes)).collect();
         let decision = self.policy.route(
             &RouteRequest {
                 prompt_blocks: hashes.len(),
@@ -176,11 +226,11 @@ impl Pool {
             &views,
         );
         if decision.order.is_empty() {
-            return Err(UpstreamError::NoUpstream(self.members.len()));
+            return Err(UpstreamError::NoUpstream(members.len()));
         }
         let mut attempts = Vec::new();
         for (n, &i) in decision.order.iter().enumerate() {
-            let m = &self.members[i];
+            let m = &members[i];
             let name = m.upstream.name().to_string();
             let mut started = Vec::with_capacity(ers.len());
             let mut result = Ok(());
@@ -250,7 +300,7 @@ impl Pool {
 
     /// Each member's load, for metrics.
     pub fn load(&self) -> Vec<MemberLoad> {
-        self.members
+        self.members()
             .iter()
             .map(|m| MemberLoad {
                 name: m.upstream.name().to_string(),

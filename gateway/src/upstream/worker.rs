@@ -36,6 +36,8 @@ pub struct Worker {
     health: Mutex<Health>,
     blocks: BlockSet,
     tally: Arc<Tally>,
+    /// Turns true when it leaves the pool: its poller and event follower end.
+    stopped: tokio::sync::watch::Sender<bool>,
 }
 
 impl Worker {
@@ -56,6 +58,7 @@ impl Worker {
             health: Default::default(),
             blocks: Default::default(),
             tally: Default::default(),
+            stopped: tokio::sync::watch::channel(false).0,
         });
         tokio::spawn(w.clone().poll(key_id));
         tokio::spawn(w.clone().follow());
@@ -74,9 +77,10 @@ impl Worker {
         serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
-    /// Polls `/v1/state` for ever: health and load.
+    /// Polls `/v1/state` until stopped: health and load.
     async fn poll(self: Arc<Self>, key_id: String) {
-        loop {
+        let mut stopped = self.stopped.subscribe();
+        while !*stopped.borrow() {
             let mark = self.tally.finished();
             match self.state().await {
                 Ok(s) => {
@@ -103,18 +107,30 @@ impl Worker {
                     }
                 }
             }
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = stopped.changed() => {}
+            }
         }
     }
 
-    /// Follows `/v1/kv_events` for ever, reconnecting (with a fresh snapshot) on failure.
+    /// Follows `/v1/kv_events` until stopped, reconnecting (with a fresh snapshot) on failure.
     async fn follow(self: Arc<Self>) {
-        loop {
-            if let Err(e) = self.follow_once().await {
-                tracing::debug!(worker = %self.ep.url, error = %e, "KV event stream ended");
+        let mut stopped = self.stopped.subscribe();
+        while !*stopped.borrow() {
+            tokio::select! {
+                r = self.follow_once() => {
+                    if let Err(e) = r {
+                        tracing::debug!(worker = %self.ep.url, error = %e, "KV event stream ended");
+                    }
+                }
+                _ = stopped.changed() => break,
             }
             self.blocks.clear();
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = stopped.changed() => {}
+            }
         }
     }
 
@@ -322,6 +338,10 @@ impl Upstream for Worker {
     fn inflight(&self) -> usize {
         self.tally.inflight()
     }
+
+    fn stop(&self) {
+        self.stopped.send_replace(true);
+    }
 }
 
 #[cfg(test)]
@@ -339,6 +359,7 @@ mod tests {
             health: Default::default(),
             blocks: Default::default(),
             tally: Default::default(),
+            stopped: tokio::sync::watch::channel(false).0,
         }
     }
 
