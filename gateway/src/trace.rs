@@ -247,6 +247,14 @@ impl RequestTrace {
         }
     }
 
+    /// The request's tokens, as the GenAI conventions name them.
+    pub fn usage(&self, input: u64, output: u64) {
+        self.attributes([
+            KeyValue::new("gen_ai.usage.input_tokens", input as i64),
+            KeyValue::new("gen_ai.usage.output_tokens", output as i64),
+        ]);
+    }
+
     /// Ends the request span with the response's status.
     pub fn end(&self, status: u16) {
         if self.tracer.is_none() {

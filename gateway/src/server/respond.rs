@@ -169,10 +169,7 @@ impl Meter {
 impl Drop for Meter {
     fn drop(&mut self) {
         if let Some(t) = &self.trace {
-            t.attributes([
-                opentelemetry::KeyValue::new("gen_ai.usage.input_tokens", self.tokens.0 as i64),
-                opentelemetry::KeyValue::new("gen_ai.usage.output_tokens", self.tokens.1 as i64),
-            ]);
+            t.usage(self.tokens.0, self.tokens.1);
             // No status: the client left before the response ended (nginx's 499).
             t.end(self.status.unwrap_or(499));
         }

@@ -242,16 +242,7 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
                     stop_sequence,
                 } => {
                     trace.engine(&timings);
-                    trace.attributes([
-                        opentelemetry::KeyValue::new(
-                            "gen_ai.usage.input_tokens",
-                            usage.prompt_tokens as i64,
-                        ),
-                        opentelemetry::KeyValue::new(
-                            "gen_ai.usage.output_tokens",
-                            usage.completion_tokens as i64,
-                        ),
-                    ]);
+                    trace.usage(usage.prompt_tokens as u64, usage.completion_tokens as u64);
                     trace.end(if error.is_some() { 500 } else { 200 });
                     WireEvent::Finished {
                         reason,
