@@ -632,3 +632,65 @@ fn the_compiled_module_cache_is_bounded_and_deleted_templates_release_their_code
     assert_eq!(sb.cache_usage(), (0, 0));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn replicas_sharing_a_templates_directory_never_serve_a_stale_active_version() {
+    use cachet_gateway::sandbox::store::TemplateStore;
+    let sb = sandbox();
+    let dir = std::env::temp_dir().join(format!("cachet-shared-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Two replicas' stores over one directory (a shared volume), each with its own index.
+    let a = TemplateStore::open(&dir, sb.clone()).unwrap();
+    let b = TemplateStore::open(&dir, sb.clone()).unwrap();
+    let (one, two, three) = (replying(b"one"), replying(b"two"), replying(b"three"));
+    let hash = |bytes: &[u8]| blake3::hash(bytes).as_bytes().to_owned();
+    // Uploaded on A: B serves it at once (its index had never seen the template).
+    a.upload("t", "shared", &one).unwrap();
+    assert_eq!(b.resolve("t", "shared").unwrap().hash, hash(&one));
+    // B uploads the next version (numbered after A's), A activates it: B serves it the moment
+    // the activation has returned, and A too.
+    let (v2, active) = b.upload("t", "shared", &two).unwrap();
+    assert_eq!((v2.version, active), (2, false));
+    a.activate("t", "shared", 2).unwrap();
+    assert_eq!(b.resolve("t", "shared").unwrap().hash, hash(&two));
+    assert_eq!(a.resolve("t", "shared").unwrap().hash, hash(&two));
+    // Back to 1 from B: A follows.
+    b.activate("t", "shared", 1).unwrap();
+    assert_eq!(a.resolve("t", "shared").unwrap().hash, hash(&one));
+    // Listings show what the directory holds, whichever replica wrote it.
+    a.upload("t", "shared", &three).unwrap();
+    let listed = b.list("t");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0]
+            .versions
+            .iter()
+            .map(|v| v.version)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert_eq!(listed[0].active, Some(1));
+    // Uploads racing from both replicas get distinct version numbers.
+    std::thread::scope(|s| {
+        let ha = s.spawn(|| a.upload("t", "race", &one).unwrap().0.version);
+        let hb = s.spawn(|| b.upload("t", "race", &two).unwrap().0.version);
+        let (va, vb) = (ha.join().unwrap(), hb.join().unwrap());
+        assert_ne!(va, vb);
+    });
+    assert_eq!(
+        a.list("t")
+            .iter()
+            .find(|t| t.name == "race")
+            .unwrap()
+            .versions
+            .len(),
+        2
+    );
+    // Deleted on A: B no longer serves it.
+    a.delete("t", "shared", None).unwrap();
+    assert!(matches!(
+        b.resolve("t", "shared"),
+        Err(TemplateError::NotFound(_))
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}

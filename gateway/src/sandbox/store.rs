@@ -8,6 +8,13 @@
 //! Uploads are validated and compiled before they are written; activation is a rename, so a
 //! reader sees the old version or the new one, never a mix. The index is rebuilt from the
 //! directory at start-up, so templates survive a restart.
+//!
+//! Several gateway replicas may share the directory (a shared volume): the directory is the
+//! truth and the index a cache of it. Each request reads its template's `active` file (one small
+//! read), so once an activation returns on one replica no replica serves the old version; a
+//! version or template another replica added is indexed when first named, listings and changes
+//! rescan the template's directory first, and a version file is created only if absent, so two
+//! replicas uploading at once get two version numbers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -120,6 +127,81 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Writes `bytes` to `path` whole, only if nothing is there (another replica's upload may have
+/// taken the name): `Ok(false)` when it was.
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    // A hard link never replaces an existing file (a rename would).
+    let r = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The version number of a file name `v<N>.wasm`.
+fn version_of(fname: &str) -> Option<u32> {
+    fname
+        .strip_prefix('v')
+        .and_then(|s| s.strip_suffix(".wasm"))
+        .and_then(|s| s.parse::<u32>().ok())
+}
+
+/// A template's `active` file: the version it names, if any.
+fn read_active(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("active"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// The stored version at `path`: its size, hash and upload time.
+fn version_info(version: u32, path: &Path) -> std::io::Result<VersionInfo> {
+    let bytes = std::fs::read(path)?;
+    let created = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let h = blake3::hash(&bytes);
+    Ok(VersionInfo {
+        version,
+        hash: h.to_hex().to_string(),
+        size: bytes.len(),
+        created,
+        raw_hash: *h.as_bytes(),
+    })
+}
+
+/// `dir`'s template as it is on disk, reusing what `known` already read of unchanged versions.
+fn scan(dir: &Path, known: Option<&Entry>) -> std::io::Result<Entry> {
+    let mut entry = Entry::default();
+    let files = match std::fs::read_dir(dir) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(entry),
+        Err(e) => return Err(e),
+    };
+    for f in files.flatten() {
+        let Some(v) = version_of(&f.file_name().to_string_lossy()) else {
+            continue;
+        };
+        let info = match known.and_then(|k| k.versions.get(&v)) {
+            Some(i) => i.clone(),
+            None => match version_info(v, &f.path()) {
+                Ok(i) => i,
+                // Deleted by another replica between the listing and the read.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            },
+        };
+        entry.versions.insert(v, info);
+    }
+    entry.active = read_active(dir).filter(|v| entry.versions.contains_key(v));
+    Ok(entry)
+}
+
 impl TemplateStore {
     /// Opens (creating) `dir` and indexes what is there.
     pub fn open(dir: &Path, sandbox: Arc<Sandbox>) -> Result<TemplateStore, TemplateError> {
@@ -139,39 +221,7 @@ impl TemplateStore {
                 if !valid_name(&name) {
                     continue;
                 }
-                let mut entry = Entry::default();
-                for f in std::fs::read_dir(n.path()).map_err(storage)?.flatten() {
-                    let fname = f.file_name().to_string_lossy().into_owned();
-                    let Some(v) = fname
-                        .strip_prefix('v')
-                        .and_then(|s| s.strip_suffix(".wasm"))
-                        .and_then(|s| s.parse::<u32>().ok())
-                    else {
-                        continue;
-                    };
-                    let bytes = std::fs::read(f.path()).map_err(storage)?;
-                    let created = f
-                        .metadata()
-                        .and_then(|m| m.modified())
-                        .ok()
-                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                        .map_or(0, |d| d.as_secs());
-                    let h = blake3::hash(&bytes);
-                    entry.versions.insert(
-                        v,
-                        VersionInfo {
-                            version: v,
-                            hash: h.to_hex().to_string(),
-                            size: bytes.len(),
-                            created,
-                            raw_hash: *h.as_bytes(),
-                        },
-                    );
-                }
-                entry.active = std::fs::read_to_string(n.path().join("active"))
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .filter(|v| entry.versions.contains_key(v));
+                let entry = scan(&n.path(), None).map_err(storage)?;
                 if !entry.versions.is_empty() {
                     index.insert((tenant.clone(), name), entry);
                 }
@@ -217,6 +267,24 @@ impl TemplateStore {
         self.dir.join(tenant_dir(tenant)).join(name)
     }
 
+    /// Re-reads one template from the directory into `index` (other replicas may have changed
+    /// it); a template gone from disk leaves the index.
+    fn refresh(
+        &self,
+        index: &mut HashMap<(String, String), Entry>,
+        tenant: &str,
+        name: &str,
+    ) -> Result<(), TemplateError> {
+        let key = (tenant.to_string(), name.to_string());
+        let entry = scan(&self.path(tenant, name), index.get(&key)).map_err(storage)?;
+        if entry.versions.is_empty() {
+            index.remove(&key);
+        } else {
+            index.insert(key, entry);
+        }
+        Ok(())
+    }
+
     /// Validates, compiles and stores a new version; the first version of a template becomes
     /// active by itself.
     pub fn upload(
@@ -244,12 +312,16 @@ impl TemplateStore {
         let dir = self.path(tenant, name);
         std::fs::create_dir_all(&dir).map_err(storage)?;
         let mut index = self.index.write().expect("index lock");
+        self.refresh(&mut index, tenant, name)?;
         let entry = index
             .entry((tenant.to_string(), name.to_string()))
             .or_default();
-        let version = entry.versions.keys().next_back().map_or(1, |v| v + 1);
-        let activate = entry.active.is_none();
-        write_atomically(&dir.join(format!("v{version}.wasm")), bytes).map_err(storage)?;
+        let mut version = entry.versions.keys().next_back().map_or(1, |v| v + 1);
+        // Another replica may take the number first: then the next one.
+        while !write_new(&dir.join(format!("v{version}.wasm")), bytes).map_err(storage)? {
+            version += 1;
+        }
+        let activate = entry.active.is_none() && read_active(&dir).is_none();
         let info = VersionInfo {
             version,
             hash: blake3::Hash::from_bytes(compiled.hash).to_hex().to_string(),
@@ -271,9 +343,28 @@ impl TemplateStore {
         Ok((info, activate))
     }
 
-    /// A tenant's templates.
+    /// A tenant's templates, as the directory holds them now.
     pub fn list(&self, tenant: &str) -> Vec<TemplateInfo> {
-        let index = self.index.read().expect("index lock");
+        let mut index = self.index.write().expect("index lock");
+        let mut names: Vec<String> = index
+            .keys()
+            .filter(|(t, _)| t == tenant)
+            .map(|(_, n)| n.clone())
+            .collect();
+        if let Ok(dirs) = std::fs::read_dir(self.dir.join(tenant_dir(tenant))) {
+            names.extend(
+                dirs.flatten()
+                    .filter_map(|d| d.file_name().to_str().map(str::to_string))
+                    .filter(|n| valid_name(n)),
+            );
+        }
+        names.sort();
+        names.dedup();
+        for n in &names {
+            if let Err(e) = self.refresh(&mut index, tenant, n) {
+                tracing::warn!(tenant, template = %n, error = %e, "re-reading a template");
+            }
+        }
         let mut out: Vec<TemplateInfo> = index
             .iter()
             .filter(|((t, _), _)| t == tenant)
@@ -290,6 +381,7 @@ impl TemplateStore {
     /// Makes `version` the one requests use, atomically.
     pub fn activate(&self, tenant: &str, name: &str, version: u32) -> Result<(), TemplateError> {
         let mut index = self.index.write().expect("index lock");
+        self.refresh(&mut index, tenant, name)?;
         let entry = index
             .get_mut(&(tenant.to_string(), name.to_string()))
             .ok_or_else(|| TemplateError::NotFound(name.into()))?;
@@ -325,6 +417,7 @@ impl TemplateStore {
         version: Option<u32>,
     ) -> Result<(), TemplateError> {
         let mut index = self.index.write().expect("index lock");
+        self.refresh(&mut index, tenant, name)?;
         let key = (tenant.to_string(), name.to_string());
         let entry = index
             .get_mut(&key)
@@ -371,17 +464,36 @@ impl TemplateStore {
     }
 
     /// The active version of a tenant's template, compiled (from the sandbox's cache when warm).
+    /// The version is the one the directory's `active` file names now (another replica may
+    /// have activated another since this one looked).
     pub fn resolve(&self, tenant: &str, name: &str) -> Result<Arc<Compiled>, TemplateError> {
-        let (version, hash) = {
-            let index = self.index.read().expect("index lock");
-            let e = index
-                .get(&(tenant.to_string(), name.to_string()))
-                .ok_or_else(|| TemplateError::NotFound(name.into()))?;
-            let v = e
-                .active
-                .ok_or_else(|| TemplateError::NotFound(name.into()))?;
-            (v, e.versions[&v].raw_hash)
+        if !valid_name(name) {
+            return Err(TemplateError::NotFound(name.into()));
+        }
+        let key = (tenant.to_string(), name.to_string());
+        let on_disk = read_active(&self.path(tenant, name));
+        let known = |index: &HashMap<(String, String), Entry>| {
+            let e = index.get(&key)?;
+            let v = on_disk.filter(|v| e.active == Some(*v))?;
+            Some((v, e.versions.get(&v)?.raw_hash))
         };
+        let found = known(&self.index.read().expect("index lock"));
+        let (version, hash) = match found {
+            Some(vh) => vh,
+            None => {
+                // Not indexed as the directory has it: added, activated or deleted elsewhere.
+                let mut index = self.index.write().expect("index lock");
+                self.refresh(&mut index, tenant, name)?;
+                let e = index
+                    .get(&key)
+                    .ok_or_else(|| TemplateError::NotFound(name.into()))?;
+                let v = e
+                    .active
+                    .ok_or_else(|| TemplateError::NotFound(name.into()))?;
+                (v, e.versions[&v].raw_hash)
+            }
+        };
+
         if let Some(c) = self.sandbox.cached(&hash) {
             return Ok(c);
         }
