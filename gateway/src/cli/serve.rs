@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// (a config's `[[upstream]]` names its own `ca_file`).
     #[arg(long, value_name = "PEM")]
     pub worker_ca_file: Option<std::path::PathBuf>,
+    /// Mutual TLS to the workers: this certificate (PEM) is presented to every `cachet` worker
+    /// that asks for one (a worker started with --tls-client-ca).
+    #[arg(long, value_name = "PEM", requires = "worker_client_key")]
+    pub worker_client_cert: Option<std::path::PathBuf>,
+    /// The private key of --worker-client-cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "worker_client_cert")]
+    pub worker_client_key: Option<std::path::PathBuf>,
     /// Directory where tenants' prompt templates (Wasm) are stored; enables the templates API
     /// (`/v1/templates`) and the `template` field of chat requests.
     #[arg(long)]
@@ -310,6 +317,23 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         cachet_gateway::http::client::client_with_ca(timeouts.connect, ca.as_deref())
             .map_err(anyhow::Error::msg)
     };
+    // Workers' clients present the gateway's certificate where the flags give one.
+    let identity = match (&a.worker_client_cert, &a.worker_client_key) {
+        (Some(cert), Some(key)) => Some(cachet_gateway::http::client::ClientIdentity {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ => None,
+    };
+    let worker_client = |ca: &Option<std::path::PathBuf>| {
+        cachet_gateway::http::client::client_with_identity(
+            timeouts.connect,
+            ca.as_deref(),
+            identity.as_ref(),
+        )
+        .map_err(anyhow::Error::msg)
+        .context("--worker-client-cert / --worker-client-key")
+    };
     let state = rt.block_on(async {
         let key_id = cachet_gateway::protocol::key_id(&key);
         // Workers named by DNS join the pool as they are found (below); the others start now.
@@ -328,7 +352,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                         a.worker_token.clone(),
                         key_id.clone(),
                         timeouts,
-                        upstream_client(ca_file)?,
+                        worker_client(ca_file)?,
                     ),
                     UpstreamConfig::Openai {
                         url,
@@ -375,7 +399,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 let refresh = Duration::from_secs(dns_refresh_secs.unwrap_or(10));
                 tracing::info!(host = %name.host, port = name.port, ?refresh, "workers found by DNS");
                 let (token, key_id, client) =
-                    (a.worker_token.clone(), key_id.clone(), upstream_client(ca_file)?);
+                    (a.worker_token.clone(), key_id.clone(), worker_client(ca_file)?);
                 tokio::spawn(upstream::discovery::follow(
                     pool.clone(),
                     name,

@@ -1,6 +1,7 @@
 //! `cachet worker`: the engine alone behind an HTTP API, for a gateway in front of many.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -17,6 +18,17 @@ pub struct WorkerArgs {
     /// Bearer token the gateway must send (`CACHET_WORKER_TOKEN`); none: no check.
     #[arg(long, env = "CACHET_WORKER_TOKEN")]
     pub auth_token: Option<String>,
+    /// Serve over TLS with this certificate chain (PEM; reloaded when the file changes). The
+    /// gateway reaches the worker at an https:// URL and verifies it (its --worker-ca-file).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: every client must present a certificate signed by this CA (PEM) — the
+    /// gateway's --worker-client-cert. Counts as authentication for a worker off loopback.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     #[command(flatten)]
     pub conn: super::connection_args::ConnectionArgs,
     #[command(flatten)]
@@ -26,12 +38,23 @@ pub struct WorkerArgs {
 pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     // Anyone who reaches a worker can run the engine with any tenant's salt and read its KV
     // events: off loopback it needs a token.
-    if !a.listen.ip().is_loopback() && a.auth_token.is_none() {
+    if !a.listen.ip().is_loopback() && a.auth_token.is_none() && a.tls_client_ca.is_none() {
         anyhow::bail!(
-            "--listen {} is reachable from other machines: set --auth-token (or CACHET_WORKER_TOKEN) and give the gateway the same --worker-token",
+            "--listen {} is reachable from other machines: set --auth-token (or CACHET_WORKER_TOKEN) and give the gateway the same --worker-token, or require client certificates (--tls-client-ca)",
             a.listen
         );
     }
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => {
+            let cert = cachet_gateway::http::tls::ReloadingCert::new(c, k)?;
+            let cfg = cachet_gateway::http::tls::server_config_with_clients(
+                cert.clone(),
+                a.tls_client_ca.as_deref(),
+            )?;
+            Some((cert, cfg))
+        }
+        _ => None,
+    };
     let key = a.engine.hash_key()?;
     if a.engine.hash_key_file.is_none() {
         tracing::warn!("no --hash-key-file: this worker's block hashes match no gateway's; exact prefix routing needs the gateway's key");
@@ -67,7 +90,18 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             tracing::info!("draining");
             let _ = tx.send(true);
         });
-        worker::serve(listener, state, rx, a.conn.limits()).await?;
+        let tls = tls.map(|(cert, cfg)| {
+            // The certificate follows its files (a renewed one is picked up within seconds).
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+                loop {
+                    tick.tick().await;
+                    cert.reload(false);
+                }
+            });
+            cfg
+        });
+        worker::serve(listener, state, tls, rx, a.conn.limits()).await?;
         if let Some(t) = traces {
             tokio::task::spawn_blocking(move || t.shutdown()).await?;
         }

@@ -62,9 +62,25 @@ pub fn client(connect_timeout: Duration) -> Client {
     client_with_ca(connect_timeout, None).expect("the system's roots need no file")
 }
 
+/// A client certificate and its key (PEM files), presented to servers that ask (mutual TLS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
 /// A client with `connect_timeout` for new connections; `https://` URLs are verified against
 /// the system's roots and, when given, the certificates of `ca_file` (PEM).
 pub fn client_with_ca(connect_timeout: Duration, ca_file: Option<&Path>) -> Result<Client, String> {
+    client_with_identity(connect_timeout, ca_file, None)
+}
+
+/// As [`client_with_ca`], presenting `identity`'s certificate to servers that ask for one.
+pub fn client_with_identity(
+    connect_timeout: Duration,
+    ca_file: Option<&Path>,
+    identity: Option<&ClientIdentity>,
+) -> Result<Client, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add_parsable_certificates(system_roots().iter().cloned());
     if let Some(path) = ca_file {
@@ -79,8 +95,18 @@ pub fn client_with_ca(connect_timeout: Duration, ca_file: Option<&Path>) -> Resu
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let tls = match identity {
+        None => tls.with_no_client_auth(),
+        Some(id) => {
+            use rustls_pki_types::pem::PemObject;
+            let chain = read_ca_file(&id.cert)?;
+            let key = rustls_pki_types::PrivateKeyDer::from_pem_file(&id.key)
+                .map_err(|e| format!("{}: {e}", id.key.display()))?;
+            tls.with_client_auth_cert(chain, key)
+                .map_err(|e| format!("{}: {e}", id.cert.display()))?
+        }
+    };
     let mut conn = hyper_util::client::legacy::connect::HttpConnector::new();
     conn.set_nodelay(true);
     conn.set_connect_timeout(Some(connect_timeout));

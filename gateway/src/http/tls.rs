@@ -90,10 +90,40 @@ impl ResolvesServerCert for ReloadingCert {
 
 /// A server config over a reloading certificate, offering HTTP/2 and HTTP/1.1.
 pub fn server_config(cert: Arc<ReloadingCert>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_cert_resolver(cert);
+    server_config_with_clients(cert, None)
+}
+
+/// As [`server_config`], and with `client_ca` (PEM) every client must present a certificate
+/// that CA signed (mutual TLS): a handshake without one fails.
+pub fn server_config_with_clients(
+    cert: Arc<ReloadingCert>,
+    client_ca: Option<&Path>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in crate::http::client::read_ca_file(path).map_err(|msg| TlsError::File {
+                path: path.into(),
+                msg,
+            })? {
+                roots.add(c)?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider(),
+            )
+            .build()
+            .map_err(|e| TlsError::File {
+                path: path.into(),
+                msg: format!("client CA: {e}"),
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut cfg = builder.with_cert_resolver(cert);
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }

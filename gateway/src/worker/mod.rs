@@ -267,9 +267,10 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<WorkerState>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: watch::Receiver<bool>,
     limits: http::serve::Limits,
 ) -> std::io::Result<()> {
     let handle = move |req| handle(state.clone(), req);
-    http::serve::serve(listener, handle, None, shutdown, limits).await
+    http::serve::serve(listener, handle, tls, shutdown, limits).await
 }

@@ -148,7 +148,20 @@ pub fn start_model(
 
 /// A test CA and a server certificate for localhost / 127.0.0.1 signed by it, as PEM files.
 pub fn make_certs(dir: &std::path::Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let (ca, crt, key, _) = make_certs_with_client(dir, tag);
+    (ca, crt, key)
+}
+
+/// As [`make_certs`], with a client certificate signed by the same CA (for mutual TLS):
+/// (CA, server cert, server key, (client cert, client key)).
+#[allow(clippy::type_complexity)]
+pub fn make_certs_with_client(
+    dir: &std::path::Path,
+    tag: &str,
+) -> (PathBuf, PathBuf, PathBuf, (PathBuf, PathBuf)) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -169,7 +182,17 @@ pub fn make_certs(dir: &std::path::Path, tag: &str) -> (PathBuf, PathBuf, PathBu
     std::fs::write(&ca, ca_cert.pem()).unwrap();
     std::fs::write(&crt, cert.pem()).unwrap();
     std::fs::write(&k, key.serialize_pem()).unwrap();
-    (ca, crt, k)
+    let client_key = KeyPair::generate().unwrap();
+    let mut client_params = CertificateParams::new(vec!["cachet-gateway".to_string()]).unwrap();
+    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client = client_params.signed_by(&client_key, &issuer).unwrap();
+    let (cc, ck) = (
+        dir.join(format!("client-{tag}.pem")),
+        dir.join(format!("client-{tag}.key")),
+    );
+    std::fs::write(&cc, client.pem()).unwrap();
+    std::fs::write(&ck, client_key.serialize_pem()).unwrap();
+    (ca, crt, k, (cc, ck))
 }
 
 pub fn curl(args: &[&str]) -> (bool, String) {

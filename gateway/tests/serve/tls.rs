@@ -159,3 +159,127 @@ fn an_https_upstream_is_trusted_through_its_ca_file_and_not_without() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Mutual TLS between gateway and worker: a `cachet worker` serving TLS that requires client
+/// certificates from a test CA (listening on every address: a client CA is authentication
+/// enough to start without a token). A gateway presenting a certificate of that CA chats
+/// through it; one without is refused at the handshake (503, the reason in its log), and so
+/// is curl without a certificate, while curl with one reaches the worker.
+#[test]
+fn a_worker_requiring_client_certificates_serves_only_the_gateway_that_has_one() {
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("cachet-mtls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, crt, key, (client_crt, client_key)) = make_certs_with_client(&dir, "mtls");
+    let wport = free_port();
+    let _worker = cachet_tests::Proc(
+        Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .arg("worker")
+            .args(cachet_tests::SMOLLM2_CPU)
+            .args(["--listen", &format!("0.0.0.0:{wport}")])
+            .arg("--tls-cert")
+            .arg(&crt)
+            .arg("--tls-key")
+            .arg(&key)
+            .arg("--tls-client-ca")
+            .arg(&ca)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", wport)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the worker did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let wurl = format!("https://127.0.0.1:{wport}");
+    // curl: refused without a client certificate, served with one.
+    let (ok, out) = curl(&["--cacert", ca.to_str().unwrap(), &format!("{wurl}/health")]);
+    assert!(!ok, "served without a client certificate: {out}");
+    let (ok, out) = curl(&[
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--cert",
+        client_crt.to_str().unwrap(),
+        "--key",
+        client_key.to_str().unwrap(),
+        &format!("{wurl}/health"),
+    ]);
+    assert!(ok && out.contains("ok"), "{out}");
+    let cfg = dir.join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[tenant]]\nid = \"t\"\napi_key_sha256 = [\"{}\"]\n",
+            key_hash("sk-gw")
+        ),
+    )
+    .unwrap();
+    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":8,"temperature":0}"#;
+    for with_cert in [true, false] {
+        let port = free_port();
+        let log = dir.join(format!("gateway-{with_cert}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cachet"));
+        cmd.env("CACHET_USAGE_DB", "off")
+            .args(["serve", "--config", cfg.to_str().unwrap()])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--worker", &wurl])
+            .arg("--worker-ca-file")
+            .arg(&ca)
+            .args(cachet_tests::SMOLLM2_CPU)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
+        if with_cert {
+            cmd.arg("--worker-client-cert")
+                .arg(&client_crt)
+                .arg("--worker-client-key")
+                .arg(&client_key);
+        }
+        let _gateway = cachet_tests::Proc(cmd.spawn().unwrap());
+        let base = format!("http://127.0.0.1:{port}");
+        let t0 = Instant::now();
+        while !curl(&[&format!("{base}/health")]).0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "the gateway did not start"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let chat = || {
+            curl(&[
+                "-H",
+                "Authorization: Bearer sk-gw",
+                "-d",
+                body,
+                "-w",
+                "\nSTATUS=%{http_code}",
+                &format!("{base}/v1/chat/completions"),
+            ])
+            .1
+        };
+        if with_cert {
+            let t0 = Instant::now();
+            loop {
+                let out = chat();
+                if out.contains("STATUS=200") {
+                    assert!(out.contains("Paris"), "{out}");
+                    break;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(30), "{out}");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        } else {
+            std::thread::sleep(Duration::from_secs(2));
+            let out = chat();
+            assert!(out.contains("STATUS=503"), "{out}");
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                text.to_lowercase().contains("certificate"),
+                "the log does not say why: {text}"
+            );
+        }
+    }
+}
