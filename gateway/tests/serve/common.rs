@@ -195,6 +195,46 @@ pub fn make_certs_with_client(
     (ca, crt, k, (cc, ck))
 }
 
+/// Waits up to two minutes until `ip:port` accepts connections (`what` started).
+pub fn wait_listening(ip: &str, port: u16, what: &str) {
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect((ip, port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{what} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits up to two minutes until the server at `base` answers `/health`.
+pub fn wait_health(base: &str) {
+    let t0 = Instant::now();
+    while !curl(&[&format!("{base}/health")]).0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{base} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A chat request to `base` as `key` (body `body`): the response body, then `STATUS=<code>`.
+pub fn chat_with_status(base: &str, key: &str, body: &str) -> String {
+    curl(&[
+        "-H",
+        &format!("Authorization: Bearer {key}"),
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        "-w",
+        "\nSTATUS=%{http_code}",
+        &format!("{base}/v1/chat/completions"),
+    ])
+    .1
+}
+
 pub fn curl(args: &[&str]) -> (bool, String) {
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "60"])

@@ -15,17 +15,6 @@ use super::common::*;
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 
-fn wait_port(port: u16, what: &str) {
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "{what} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// `cachet ARGS` on SmolLM2 (CPU) listening on a free port, exporting to `otlp` as `service`.
 fn cachet_proc(
     args: &[&str],
@@ -47,7 +36,7 @@ fn cachet_proc(
             .spawn()
             .unwrap(),
     );
-    wait_port(port, service);
+    wait_listening("127.0.0.1", port, service);
     (p, port)
 }
 
@@ -141,7 +130,7 @@ fn a_clients_trace_continues_through_gateways_workers_and_openai_upstreams() {
             .spawn()
             .unwrap(),
     );
-    wait_port(rport, "the OTLP receiver");
+    wait_listening("127.0.0.1", rport, "the OTLP receiver");
     let otlp = format!("http://127.0.0.1:{rport}");
 
     // A worker, and a gateway in front of it.

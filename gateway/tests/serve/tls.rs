@@ -113,28 +113,8 @@ fn an_https_upstream_is_trusted_through_its_ca_file_and_not_without() {
                 .unwrap(),
         );
         let base = format!("http://127.0.0.1:{port}");
-        let t0 = Instant::now();
-        while !curl(&[&format!("{base}/health")]).0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "the gateway did not start"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let chat = || {
-            curl(&[
-                "-H",
-                "Authorization: Bearer sk-gw",
-                "-H",
-                "Content-Type: application/json",
-                "-d",
-                body,
-                "-w",
-                "\nSTATUS=%{http_code}",
-                &format!("{base}/v1/chat/completions"),
-            ])
-            .1
-        };
+        wait_health(&base);
+        let chat = || chat_with_status(&base, "sk-gw", body);
         if trusted {
             // Once its first health check has passed, the upstream answers.
             let t0 = Instant::now();
@@ -188,14 +168,7 @@ fn a_worker_requiring_client_certificates_serves_only_the_gateway_that_has_one()
             .spawn()
             .unwrap(),
     );
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", wport)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "the worker did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_listening("127.0.0.1", wport, "the worker");
     let wurl = format!("https://127.0.0.1:{wport}");
     // curl: refused without a client certificate, served with one.
     let (ok, out) = curl(&["--cacert", ca.to_str().unwrap(), &format!("{wurl}/health")]);
@@ -240,26 +213,8 @@ fn a_worker_requiring_client_certificates_serves_only_the_gateway_that_has_one()
         }
         let _gateway = cachet_tests::Proc(cmd.spawn().unwrap());
         let base = format!("http://127.0.0.1:{port}");
-        let t0 = Instant::now();
-        while !curl(&[&format!("{base}/health")]).0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "the gateway did not start"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let chat = || {
-            curl(&[
-                "-H",
-                "Authorization: Bearer sk-gw",
-                "-d",
-                body,
-                "-w",
-                "\nSTATUS=%{http_code}",
-                &format!("{base}/v1/chat/completions"),
-            ])
-            .1
-        };
+        wait_health(&base);
+        let chat = || chat_with_status(&base, "sk-gw", body);
         if with_cert {
             let t0 = Instant::now();
             loop {
