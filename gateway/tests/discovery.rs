@@ -11,17 +11,6 @@ use cachet_tests::{free_port, Proc};
 
 const NAME: &str = "workers.cachet.test";
 
-fn wait_port(ip: &str, port: u16) {
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect((ip, port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "{ip}:{port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn worker(ip: &str, port: u16) -> Proc {
     let p = Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
@@ -33,7 +22,7 @@ fn worker(ip: &str, port: u16) -> Proc {
             .spawn()
             .unwrap(),
     );
-    wait_port(ip, port);
+    cachet_tests::wait_listening(ip, port, "a worker");
     p
 }
 
@@ -151,7 +140,7 @@ fn workers_named_by_dns_join_after_their_health_check_and_leave_when_gone() {
             .spawn()
             .unwrap(),
     );
-    wait_port("127.0.0.1", gport);
+    cachet_tests::wait_listening("127.0.0.1", gport, "the gateway");
     let base = format!("http://127.0.0.1:{gport}");
     let url = |ip: &str| format!("http://{ip}:{wport}");
 

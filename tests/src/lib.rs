@@ -417,6 +417,18 @@ pub const SMOLLM2_CPU: &[&str] = &[
     "0.1",
 ];
 
+/// Waits up to two minutes until `ip:port` accepts connections (`what` started).
+pub fn wait_listening(ip: &str, port: u16, what: &str) {
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect((ip, port)).is_err() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "{what} did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A TCP port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

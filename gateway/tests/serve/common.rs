@@ -195,17 +195,7 @@ pub fn make_certs_with_client(
     (ca, crt, k, (cc, ck))
 }
 
-/// Waits up to two minutes until `ip:port` accepts connections (`what` started).
-pub fn wait_listening(ip: &str, port: u16, what: &str) {
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect((ip, port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "{what} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+pub use cachet_tests::wait_listening;
 
 /// Waits up to two minutes until the server at `base` answers `/health`.
 pub fn wait_health(base: &str) {
