@@ -23,6 +23,9 @@ pub struct WorkerView {
     pub kv_total: usize,
     /// Leading blocks of this request's prompt the worker holds (exact, from its KV events).
     pub overlap_blocks: usize,
+    /// A stable identity of the member (a hash of its name, set by the pool): what session
+    /// affinity hashes, so a session keeps its worker when others join or leave the pool.
+    pub id: u64,
 }
 
 impl WorkerView {

@@ -7,11 +7,13 @@ use super::{healthy, least_load::LeastLoad, Decision, Policy, RouteRequest, Work
 #[derive(Debug, Default)]
 pub struct Session;
 
-fn weight(key: &str, worker: usize) -> u64 {
+/// The rendezvous weight of a session key on the member whose identity is `member`
+/// ([`WorkerView::id`]: its name's hash, not its position, which shifts when members come and go).
+fn weight(key: &str, member: u64) -> u64 {
     let h = blake3::Hasher::new()
         .update(b"cachet session")
         .update(key.as_bytes())
-        .update(&(worker as u64).to_le_bytes())
+        .update(&member.to_le_bytes())
         .finalize();
     u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
 }
@@ -27,7 +29,7 @@ impl Policy for Session {
             return d;
         };
         let mut order = healthy(workers);
-        order.sort_by_key(|&i| std::cmp::Reverse(weight(key, i)));
+        order.sort_by_key(|&i| std::cmp::Reverse(weight(key, workers[i].id)));
         Decision {
             order,
             reason: "session",

@@ -81,7 +81,12 @@ fn unhealthy_workers_are_never_chosen() {
 #[test]
 fn sessions_stick_and_move_only_when_their_worker_goes() {
     let p = session::Session;
-    let ws = vec![w(0, 0); 4];
+    let ws: Vec<WorkerView> = (0..4)
+        .map(|i| WorkerView {
+            id: 1000 + i,
+            ..w(0, 0)
+        })
+        .collect();
     let key = |k: &'static str| RouteRequest {
         prompt_blocks: 1,
         session_key: Some(k),
@@ -125,6 +130,48 @@ fn sessions_stick_and_move_only_when_their_worker_goes() {
             assert_ne!(now, 2);
         }
     }
+}
+
+#[test]
+fn a_session_keeps_its_worker_when_another_leaves_or_joins_the_pool() {
+    // Members found by DNS come and go: positions shift, identities do not.
+    let p = session::Session;
+    let member = |id: u64| WorkerView { id, ..w(0, 0) };
+    let all: Vec<WorkerView> = [11, 22, 33, 44].map(member).to_vec();
+    let route = |ws: &[WorkerView], k: &str| {
+        ws[p.route(
+            &RouteRequest {
+                prompt_blocks: 1,
+                session_key: Some(k),
+            },
+            ws,
+        )
+        .order[0]]
+            .id
+    };
+    let keys: Vec<String> = (0..200).map(|i| format!("user-{i}")).collect();
+    let before: Vec<u64> = keys.iter().map(|k| route(&all, k)).collect();
+    // Member 22 leaves (everyone after it moves up a position).
+    let left: Vec<WorkerView> = [11, 33, 44].map(member).to_vec();
+    // A new member joins at the end.
+    let joined: Vec<WorkerView> = [11, 22, 33, 44, 55].map(member).to_vec();
+    let mut to_new = 0;
+    for (k, &b) in keys.iter().zip(&before) {
+        if b != 22 {
+            assert_eq!(route(&left, k), b, "{k} moved when another member left");
+        }
+        let now = route(&joined, k);
+        if now == 55 {
+            to_new += 1;
+        } else {
+            assert_eq!(now, b, "{k} moved to an old member when a new one joined");
+        }
+    }
+    // About a fifth of the sessions move to the new member, and only those.
+    assert!(
+        (20..=70).contains(&to_new),
+        "{to_new} of 200 moved to the new member"
+    );
 }
 
 #[test]

@@ -96,6 +96,7 @@ impl Upstream for Embedded {
             kv_used: st.kv.used,
             kv_total: st.kv.total,
             overlap_blocks: self.blocks.overlap(hashes),
+            ..Default::default()
         }
     }
 

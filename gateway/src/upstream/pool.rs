@@ -34,6 +34,19 @@ impl Breaker {
 struct Member {
     upstream: Arc<dyn Upstream>,
     breaker: Mutex<Breaker>,
+    /// A hash of the upstream's name ([`WorkerView::id`]).
+    id: u64,
+}
+
+impl Member {
+    fn new(upstream: Arc<dyn Upstream>) -> Self {
+        let h = blake3::hash(upstream.name().as_bytes());
+        Member {
+            id: u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes")),
+            upstream,
+            breaker: Default::default(),
+        }
+    }
 }
 
 impl Member {
@@ -57,6 +70,7 @@ impl Member {
 
     fn view(&self, hashes: &[cachet_backend::block_hash::BlockHash]) -> WorkerView {
         let mut v = self.upstream.view(hashes);
+        v.id = self.id;
         v.healthy &= self
             .breaker
             .lock()
@@ -106,12 +120,7 @@ impl Pool {
             members: RwLock::new(Arc::new(
                 upstreams
                     .into_iter()
-                    .map(|upstream| {
-                        Arc::new(Member {
-                            upstream,
-                            breaker: Default::default(),
-                        })
-                    })
+                    .map(|upstream| Arc::new(Member::new(upstream)))
                     .collect(),
             )),
             policy,
@@ -128,10 +137,7 @@ impl Pool {
     pub fn add(&self, upstream: Arc<dyn Upstream>) {
         let mut m = self.members.write().expect("members lock");
         let mut next = m.as_ref().clone();
-        next.push(Arc::new(Member {
-            upstream,
-            breaker: Default::default(),
-        }));
+        next.push(Arc::new(Member::new(upstream)));
         *m = Arc::new(next);
     }
 

@@ -255,6 +255,7 @@ impl Upstream for Worker {
             } else {
                 self.blocks.overlap(hashes)
             },
+            ..Default::default()
         }
     }
 
