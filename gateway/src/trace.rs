@@ -11,6 +11,7 @@
 //! response ends, and exported in batches off the request path (`OTEL_BSP_*` tune the batches).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
@@ -107,7 +108,7 @@ pub struct RequestTrace {
     base: (Instant, SystemTime),
     /// When the engine (or worker) was handed the request.
     sent: Mutex<Option<Instant>>,
-    engine_seen: Mutex<bool>,
+    engine_seen: AtomicBool,
 }
 
 impl std::fmt::Debug for RequestTrace {
@@ -143,7 +144,7 @@ impl RequestTrace {
                 parent_header: client.map(str::to_string),
                 base,
                 sent: Mutex::new(None),
-                engine_seen: Mutex::new(false),
+                engine_seen: AtomicBool::new(false),
             };
         };
         let span = t
@@ -165,7 +166,7 @@ impl RequestTrace {
             cx,
             base,
             sent: Mutex::new(None),
-            engine_seen: Mutex::new(false),
+            engine_seen: AtomicBool::new(false),
         }
     }
 
@@ -219,11 +220,8 @@ impl RequestTrace {
         let Some(sent) = *self.sent.lock().expect("trace lock") else {
             return;
         };
-        {
-            let mut seen = self.engine_seen.lock().expect("trace lock");
-            if std::mem::replace(&mut *seen, true) {
-                return;
-            }
+        if self.engine_seen.swap(true, Ordering::Relaxed) {
+            return;
         }
         let scheduled = sent + t.queue;
         let first = sent + t.ttft.max(t.queue);
@@ -240,19 +238,22 @@ impl RequestTrace {
         self.phase("decode", first, sent + t.e2e.max(t.ttft));
     }
 
-    /// Attributes of the request span.
-    pub fn attributes(&self, attrs: impl IntoIterator<Item = KeyValue>) {
+    /// Attributes of the request span, made only when it is exported (the request path pays
+    /// nothing for them otherwise).
+    pub fn attributes<I: IntoIterator<Item = KeyValue>>(&self, attrs: impl FnOnce() -> I) {
         if self.tracer.is_some() {
-            self.cx.span().set_attributes(attrs);
+            self.cx.span().set_attributes(attrs());
         }
     }
 
     /// The request's tokens, as the GenAI conventions name them.
     pub fn usage(&self, input: u64, output: u64) {
-        self.attributes([
-            KeyValue::new("gen_ai.usage.input_tokens", input as i64),
-            KeyValue::new("gen_ai.usage.output_tokens", output as i64),
-        ]);
+        self.attributes(|| {
+            [
+                KeyValue::new("gen_ai.usage.input_tokens", input as i64),
+                KeyValue::new("gen_ai.usage.output_tokens", output as i64),
+            ]
+        });
     }
 
     /// Ends the request span with the response's status.

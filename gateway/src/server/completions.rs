@@ -90,10 +90,12 @@ pub async fn shaped<R: respond::Render>(
         (e, "-".to_string())
     })?;
     trace.phase("auth", arrived, Instant::now());
-    trace.attributes([
-        opentelemetry::KeyValue::new("cachet.tenant", tenant.id().to_string()),
-        opentelemetry::KeyValue::new("gen_ai.request.model", state.model_id.clone()),
-    ]);
+    trace.attributes(|| {
+        [
+            opentelemetry::KeyValue::new("cachet.tenant", tenant.id().to_string()),
+            opentelemetry::KeyValue::new("gen_ai.request.model", state.model_id.clone()),
+        ]
+    });
     let name = tenant.id().to_string();
     // The request's usage record, written when it ends (also if the client leaves).
     let mut ticket = state.usage.as_ref().map(|log| {
@@ -421,10 +423,12 @@ pub async fn run(
             .submit_group(&ers, &text, common.session_key())
             .await?;
         trace.phase("route", t0, Instant::now());
-        trace.attributes([opentelemetry::KeyValue::new(
-            "cachet.upstream",
-            routed.upstream.clone(),
-        )]);
+        trace.attributes(|| {
+            [opentelemetry::KeyValue::new(
+                "cachet.upstream",
+                routed.upstream.clone(),
+            )]
+        });
         state.metrics.routed(
             state.pool.policy_name(),
             routed.reason,

@@ -195,10 +195,12 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
         "/v1/generate",
         std::time::Instant::now(),
     );
-    trace.attributes([opentelemetry::KeyValue::new(
-        "gen_ai.request.model",
-        state.model_id.clone(),
-    )]);
+    trace.attributes(|| {
+        [opentelemetry::KeyValue::new(
+            "gen_ai.request.model",
+            state.model_id.clone(),
+        )]
+    });
     let g: GenerateRequest = http::read_json(req, MAX_BODY)
         .await
         .inspect_err(|e| trace.end(e.status.as_u16()))?;
@@ -229,6 +231,17 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
                 _ = tx.closed() => return,
             };
             let Some(ev) = ev else { return };
+            if let EngineEvent::Finished {
+                usage,
+                timings,
+                error,
+                ..
+            } = &ev
+            {
+                trace.engine(timings);
+                trace.usage(usage.prompt_tokens as u64, usage.completion_tokens as u64);
+                trace.end(if error.is_some() { 500 } else { 200 });
+            }
             let wire = match ev {
                 EngineEvent::Token {
                     id, text, logprobs, ..
@@ -240,19 +253,14 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
                     error,
                     text,
                     stop_sequence,
-                } => {
-                    trace.engine(&timings);
-                    trace.usage(usage.prompt_tokens as u64, usage.completion_tokens as u64);
-                    trace.end(if error.is_some() { 500 } else { 200 });
-                    WireEvent::Finished {
-                        reason,
-                        usage,
-                        timings,
-                        error,
-                        text,
-                        stop_sequence,
-                    }
-                }
+                } => WireEvent::Finished {
+                    reason,
+                    usage,
+                    timings,
+                    error,
+                    text,
+                    stop_sequence,
+                },
             };
             if tx.send(http::ndjson_line(&wire)).await.is_err() {
                 return;
