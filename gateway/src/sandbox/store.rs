@@ -321,7 +321,9 @@ impl TemplateStore {
         while !write_new(&dir.join(format!("v{version}.wasm")), bytes).map_err(storage)? {
             version += 1;
         }
-        let activate = entry.active.is_none() && read_active(&dir).is_none();
+        // The refresh read the directory's `active` file: none (or a deleted version's) means
+        // this first stored version serves.
+        let activate = entry.active.is_none();
         let info = VersionInfo {
             version,
             hash: blake3::Hash::from_bytes(compiled.hash).to_hex().to_string(),
