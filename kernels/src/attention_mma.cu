@@ -21,6 +21,11 @@
 // every key tile, with their own running max, sum and output, merged through shared memory at
 // the end. Smaller heads keep four warps (three blocks per SM hide the latency instead).
 #define MMA_KGROUPS(D) ((D) > 128 ? 2 : 1)
+// Decode steps split each key tile over the warps (below) with the FP8 cache; the bf16 cache
+// keeps one warp per 16 query rows (its d128 variant spills with the split's registers).
+#ifndef MMA_DECODE_SPLIT_BF16
+#define MMA_DECODE_SPLIT_BF16 0
+#endif
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
     asm volatile(
@@ -78,6 +83,7 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes)
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_async_wait2() { asm volatile("cp.async.wait_group 2;\n" ::); }
 
 // Four 8×8 bf16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16* p) {
@@ -229,10 +235,17 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // fragments are read from it at each k-step (in registers they would spill).
     constexpr bool Q_SHARED = !FP8 && D > 128;
     bf16* Qs = FP8 ? reinterpret_cast<bf16*>(raw) : stage + (Q_SHARED ? 4 : 2) * TILE;
-    __shared__ float raw_scale[FP8 ? 2 : 1][2][MMA_TK];  // [stage][K, V][row]
+    // FP8 decode (below): one f16 V tile, then three raw stages — K's codes go from their raw stage
+    // straight into MMA fragments, so only V is converted in shared memory, and the smem of the K
+    // tile holds a third stage in flight.
+    constexpr int DEC_STAGES = 3;
+    constexpr bool RESCALE_SKIP = FP8;  // (the bf16 d128 kernel spills with the vote)
+    fp8* raw_dec = reinterpret_cast<fp8*>(stage + TILE);
+    __shared__ float raw_scale[FP8 ? DEC_STAGES : 1][2][MMA_TK];  // [stage][K, V][row]
     __shared__ float tile_k_scale[FP8 ? MMA_TK : 1];      // K scales of the tile being computed
-    // bf16: rows (slot * n_kv + kv head) of the key tiles in the cache.
-    __shared__ unsigned slot_of[2][MMA_TK];
+    // Rows (slot * n_kv + kv head) of the key tiles in the cache, per stage: looked up once per
+    // row, before the copies that read them.
+    __shared__ unsigned slot_of[FP8 ? DEC_STAGES : 2][MMA_TK];
     // Units in reverse: the last tokens of a prompt have the longest causal range, so they start
     // first and the short ones fill in behind them.
     const int unit = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
@@ -252,67 +265,88 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         window > 0 ? max(split_begin, max(0, (int)pos[start] + 1 - window) / MMA_TK * MMA_TK) : split_begin;
     const int k_end = min(ctx_end, split_begin + split_len);
 
-    // Block-table lookups for the key tile at k0, into slot_of[buf].
-    auto lookup = [&](int k0, int buf) {
-        if (tid < MMA_TK) {
-            const int p = k0 + tid;
+    // Decode (every query row of the block in one 16-row MMA block, as in a decode step with a GQA
+    // group of at most 16): the four warps split each key tile instead of its query rows — warp w
+    // takes keys [16w, 16w + 16) with its own running max, sum and output, merged through shared
+    // memory at the end — and each warp copies (and, FP8, converts) its own rows of every tile, so
+    // the tile loop has no block-wide barrier: four warps at the tensor cores instead of one, and
+    // none waiting for another's copies.
+    constexpr bool DEC = FP8 || MMA_DECODE_SPLIT_BF16;
+    const bool dec = DEC && KG == 1 && ntok * group <= MMA_HK;
+    // The work on a tile's rows [r0, r0 + nr) is spread over `nt` threads, this one being `me`:
+    // the whole block's (0, MMA_TK, tid, THREADS), or in decode a warp's (16w, 16, lane, 32).
+    // Block-table lookups for those rows of the key tile at k0, into slot_of[buf].
+    auto lookup = [&](int k0, int buf, int r0, int nr, int me) {
+        if (me < nr) {
+            const int c = r0 + me, p = k0 + c;
             const unsigned row = (p < k_end) ? (table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
-            slot_of[buf][tid] = row;
+            slot_of[buf][c] = row;
         }
     };
-    // bf16: cp.async of the key tile at k0 into stage `buf` (rows past the range are zero-filled).
-    auto fetch = [&](int k0, int buf) {
+    // bf16: cp.async of those rows of the key tile at k0 into stage `buf` (rows past the range are
+    // zero-filled).
+    auto fetch = [&](int k0, int buf, int r0, int nr, int me, int nt) {
         bf16* Ks = stage + buf * 2 * TILE;
         bf16* Vs = Ks + TILE;
         const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
         const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
-        for (int idx = tid; idx < MMA_TK * (D / 8); idx += THREADS) {
-            const int c = idx / (D / 8), i = idx % (D / 8);
+        for (int idx = me; idx < nr * (D / 8); idx += nt) {
+            const int c = r0 + idx / (D / 8), i = idx % (D / 8);
             const int bytes = (k0 + c < k_end) ? 16 : 0;
             const size_t at = (size_t)slot_of[buf][c] * (D / 8) + i;
             cp_async16(Ks + c * DP + i * 8, kc + at, bytes);
             cp_async16(Vs + c * DP + i * 8, vc + at, bytes);
         }
     };
-    // FP8: cp.async of the codes and scales of the key tile at k0 into raw stage `buf` (rows past
-    // the range are zero-filled: code 0, scale 0).
-    auto issue = [&](int k0, int buf) {
+    // FP8: cp.async of the codes and scales of those rows of the key tile at k0 into raw stage
+    // `buf` (rows past the range are zero-filled: code 0, scale 0).
+    // Decode reads K's raw rows 16 bytes a lane, lanes 4r..4r+3 the chunks q (+ 4g) of row r:
+    // at d = 128 (eight chunks a row, one bank cycle) the odd rows' chunks are stored swapped by
+    // halves, so the two rows a quarter-warp reads fall in different banks.
+    auto kswz = [&](int c) { return (D >= 128 && (c & 1)) ? 4 : 0; };
+    auto issue = [&](int k0, int buf, int r0, int nr, int me, int nt) {
         constexpr int CH = D / 16;  // 16-code chunks per row
-        fp8* rk = raw + buf * 2 * MMA_TK * D;
+        fp8* rk = (dec ? raw_dec : raw) + buf * 2 * MMA_TK * D;
         fp8* rv = rk + MMA_TK * D;
         const uint4* kc = reinterpret_cast<const uint4*>(k_cache);
         const uint4* vc = reinterpret_cast<const uint4*>(v_cache);
-        for (int idx = tid; idx < MMA_TK * CH; idx += THREADS) {
-            const int c = idx / CH, i = idx % CH, p = k0 + c;
+        for (int idx = me; idx < nr * CH; idx += nt) {
+            const int c = r0 + idx / CH, i = idx % CH;
+            const int p = k0 + c;
             const bool in = p < k_end;
-            const size_t row = in ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
-            cp_async16(rk + c * D + i * 16, kc + row * CH + i, in ? 16 : 0);
+            const size_t row = dec ? slot_of[buf][c] : in ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
+            cp_async16(rk + c * D + (dec ? i ^ kswz(c) : i) * 16, kc + row * CH + i, in ? 16 : 0);
             cp_async16(rv + c * D + i * 16, vc + row * CH + i, in ? 16 : 0);
         }
-        if (tid < MMA_TK) {
-            const int p = k0 + tid;
+        for (int idx = me; idx < 2 * nr; idx += nt) {
+            const int c = r0 + idx % nr, which = idx / nr;  // which: 0 K, 1 V
+            const int p = k0 + c;
             const bool in = p < k_end;
-            const size_t row = in ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
-            cp_async4(&raw_scale[FP8 ? buf : 0][0][tid], k_scale + row, in ? 4 : 0);
-            cp_async4(&raw_scale[FP8 ? buf : 0][1][tid], v_scale + row, in ? 4 : 0);
+            const size_t row = dec ? slot_of[buf][c] : in ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
+            cp_async4(&raw_scale[FP8 ? buf : 0][which][c], (which ? v_scale : k_scale) + row, in ? 4 : 0);
         }
     };
-    // FP8: raw stage `buf` → the bf16 K/V tile.
-    auto dequant_stage = [&](int buf) {
+    // FP8: those rows of raw stage `buf` → the f16 K/V tile (decode: V only, into the V tile at
+    // the start of shared memory).
+    auto dequant_stage = [&](int buf, int r0, int nr, int me, int nt) {
         constexpr int CH = D / 16;
-        const fp8* rk = raw + buf * 2 * MMA_TK * D;
+        const fp8* rk = (dec ? raw_dec : raw) + buf * 2 * MMA_TK * D;
         const fp8* rv = rk + MMA_TK * D;
-        for (int idx = tid; idx < MMA_TK * CH; idx += THREADS) {
-            const int c = idx / CH, i = idx % CH;
+        bf16* vt = dec ? stage : stage + TILE;
+        for (int idx = me; idx < nr * CH; idx += nt) {
+            const int c = r0 + idx / CH, i = idx % CH;
             const float vs = raw_scale[FP8 ? buf : 0][1][c];
-            dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16), false, 0u);
-            dequant16(stage + TILE + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16), true,
+            if (!dec)
+                dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16), false, 0u);
+            dequant16(vt + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16), true,
                       pack_f16(vs, vs));
         }
-        if (tid < MMA_TK) tile_k_scale[tid] = raw_scale[FP8 ? buf : 0][0][tid];
+        for (int idx = me; idx < nr; idx += nt) tile_k_scale[r0 + idx] = raw_scale[FP8 ? buf : 0][0][r0 + idx];
     };
+    // This warp's rows of every tile in decode.
+    const int my_r0 = warp * MMA_HK;
 
-    if constexpr (!FP8) lookup(k_begin, 0);
+    if constexpr (!FP8) lookup(k_begin, 0, 0, MMA_TK, tid);
     // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
     // them is the softmax's exp.
     const float qscale = scale * LOG2E;
@@ -411,12 +445,16 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     }
     __syncthreads();
     if constexpr (!FP8) {
-        if (k_begin < k_end) fetch(k_begin, 0);
+        if (k_begin < k_end) {
+            if (dec) fetch(k_begin, 0, my_r0, MMA_HK, lane, 32);
+            else fetch(k_begin, 0, 0, MMA_TK, tid, THREADS);
+        }
         cp_async_commit();
     }
     // This warp's 16 query rows: A fragments of Q for every 16-wide slice of D; its key group
-    // takes keys [kg · MMA_TK / KG, (kg + 1) · MMA_TK / KG) of each tile.
-    const int kg = KG > 1 ? warp / 4 : 0, row0 = (warp % 4) * 16;
+    // takes keys [kg · MMA_TK / KG, (kg + 1) · MMA_TK / KG) of each tile (decode: rows 0..15 and
+    // keys [16w, 16w + 16)).
+    const int kg = dec ? warp : KG > 1 ? warp / 4 : 0, row0 = dec ? 0 : (warp % 4) * 16;
     const bool active = row0 < qlen;  // warp-uniform: idle warps only help with the copies
     // The A fragment of Q's 16-wide slice kk.
     auto q_frag = [&](unsigned* f, int kk) {
@@ -426,10 +464,25 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         f[2] = *reinterpret_cast<const unsigned*>(base + 8);
         f[3] = *reinterpret_cast<const unsigned*>(base + 8 * DP + 8);
     };
+    // FP8 decode: K's B fragments come from 16-byte loads of raw codes — lane (r, q) takes bytes
+    // [64g + 16q, 64g + 16q + 16) of key r, whose word j holds the four values the fragment of
+    // slice 4g + j wants (its k = 2q, 2q+1, 2q+8, 2q+9). Q·Kᵀ sums over d in any order, so Q's
+    // A fragments take the same permutation of d: slice 4g + j's values of k = 2q, 2q+1 | 2q+8,
+    // 2q+9 are Q's d = 64g + 16q + 4j + 0, 1 | 2, 3.
+    auto q_frag_perm = [&](unsigned* f, int kk) {
+        const bf16* base = Qs + (row0 + fr) * DP + 64 * (kk / 4) + 16 * fq + 4 * (kk % 4);
+        f[0] = *reinterpret_cast<const unsigned*>(base);
+        f[1] = *reinterpret_cast<const unsigned*>(base + 8 * DP);
+        f[2] = *reinterpret_cast<const unsigned*>(base + 2);
+        f[3] = *reinterpret_cast<const unsigned*>(base + 8 * DP + 2);
+    };
     unsigned qa[Q_SHARED ? 1 : D / 16][4];
     if constexpr (!Q_SHARED) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) q_frag(qa[kk], kk);
+        for (int kk = 0; kk < D / 16; ++kk) {
+            if (FP8 && dec) q_frag_perm(qa[kk], kk);
+            else q_frag(qa[kk], kk);
+        }
     }
     const int ra = row0 + fr, rb = ra + 8;  // the two rows this thread holds
     const int pos_a = (ra < qlen) ? (int)pos[start + ra / group] : -1;
@@ -442,42 +495,72 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // ldmatrix row addresses of this lane: matrix lane / 8, row lane % 8.
     const int lm = lane >> 3, lr = lane & 7;
     if constexpr (FP8) {
-        __syncthreads();  // every warp holds its Q fragments: the raw stages are free
-        if (k_begin < k_end) issue(k_begin, 0);
+        const int r0 = dec ? my_r0 : 0, nr = dec ? MMA_HK : MMA_TK, me = dec ? lane : tid, nt = dec ? 32 : THREADS;
+        if (dec)
+            for (int b = 0; b < DEC_STAGES; ++b) lookup(k_begin + b * MMA_TK, b, r0, nr, me);
+        __syncthreads();  // every warp holds its Q fragments: the raw stages are free; rows looked up
+        if (k_begin < k_end) issue(k_begin, 0, r0, nr, me, nt);
         cp_async_commit();
-        if (k_begin + MMA_TK < k_end) issue(k_begin + MMA_TK, 1);
+        if (k_begin + MMA_TK < k_end) issue(k_begin + MMA_TK, 1, r0, nr, me, nt);
         cp_async_commit();
+        if (dec) {
+            if (k_begin + 2 * MMA_TK < k_end) issue(k_begin + 2 * MMA_TK, 2, r0, nr, me, nt);
+            cp_async_commit();
+        }
+    } else if (dec) {
+        __syncthreads();  // every warp holds its Q fragments: stage 1 (where Q is) is free
     }
 
     int t = 0;
     for (int k0 = k_begin; k0 < k_end; k0 += MMA_TK, ++t) {
         const int cur = t & 1, nxt = cur ^ 1;
         const bool more = k0 + MMA_TK < k_end;
-        if constexpr (FP8) {
+        if (dec) {
+            // The warp's own rows only: warp-wide barriers.
+            if constexpr (FP8) {
+                cp_async_wait2();  // this lane's copies of tile t have landed...
+                __syncwarp();      // ...and the warp's; it is done with its f16 V rows (tile t - 1)
+                dequant_stage(t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
+                __syncwarp();
+                // The next copy into this raw stage is issued once the scores have read its K.
+            } else {
+                __syncwarp();  // the warp is done with its rows of stage nxt (tile t - 1)
+                if (more) {
+                    lookup(k0 + MMA_TK, nxt, my_r0, MMA_HK, lane);
+                    __syncwarp();
+                    fetch(k0 + MMA_TK, nxt, my_r0, MMA_HK, lane, 32);
+                }
+                cp_async_commit();
+                cp_async_wait1();
+                __syncwarp();
+            }
+        } else if constexpr (FP8) {
             cp_async_wait1();  // this thread's copies of tile t have landed (t + 1 may be in flight)...
             __syncthreads();   // ...and everyone's; everyone is done with the bf16 tile (tile t - 1)
-            dequant_stage(cur);
+            dequant_stage(cur, 0, MMA_TK, tid, THREADS);
             __syncthreads();   // the bf16 tile is ready; raw stage cur is free
-            if (k0 + 2 * MMA_TK < k_end) issue(k0 + 2 * MMA_TK, cur);
+            if (k0 + 2 * MMA_TK < k_end) issue(k0 + 2 * MMA_TK, cur, 0, MMA_TK, tid, THREADS);
             cp_async_commit();
         } else {
-            if (more) lookup(k0 + MMA_TK, nxt);
+            if (more) lookup(k0 + MMA_TK, nxt, 0, MMA_TK, tid);
             // Everyone is done with stage nxt (the previous tile, or Q) and sees slot_of[nxt].
             __syncthreads();
-            if (more) fetch(k0 + MMA_TK, nxt);
+            if (more) fetch(k0 + MMA_TK, nxt, 0, MMA_TK, tid, THREADS);
             cp_async_commit();
             cp_async_wait1();  // this thread's copies of tile t have landed...
             __syncthreads();   // ...and everyone's
         }
         if (!active) continue;
         const bf16* Ks = stage + (FP8 ? 0 : cur * 2 * TILE);
-        const bf16* Vs = Ks + TILE;
+        const bf16* Vs = (FP8 && dec) ? stage : Ks + TILE;
         const int kn = min(MMA_TK, k_end - k0);
         // The group's keys of the tile in steps of MMA_HK (fewer live score registers: 3 blocks
         // fit an SM).
+        const int h_first = dec ? my_r0 : kg * (MMA_TK / KG), h_span = dec ? MMA_HK : MMA_TK / KG;
 #pragma unroll
         for (int hh = 0; hh < MMA_TK / KG; hh += MMA_HK) {
-            const int h = kg * (MMA_TK / KG) + hh;
+            if (hh >= h_span) break;
+            const int h = h_first + hh;
             const bf16* Kh = Ks + h * DP;
             const bf16* Vh = Vs + h * DP;
             const int hn = kn - h, kb = k0 + h;  // keys of this half in range; its first key
@@ -501,6 +584,31 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                         mma_bf16(s[nb], q1, b + 2);
                     }
                 }
+            } else if (FP8 && dec) {
+                // K's codes from the raw stage into f16 B fragments (d permuted as Q's), then the
+                // stage is free for the tile DEC_STAGES ahead.
+                const fp8* rk = raw_dec + (t % DEC_STAGES) * 2 * MMA_TK * D;
+#pragma unroll
+                for (int nb = 0; nb < MMA_HK / 8; ++nb) {
+                    s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+                    const int c = h + nb * 8 + fr;
+#pragma unroll
+                    for (int g = 0; g < D / 64; ++g) {
+                        const uint4 w = *reinterpret_cast<const uint4*>(rk + c * D + ((4 * g + fq) ^ kswz(c)) * 16);
+                        const unsigned words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const unsigned b[2] = {e4m3x2_f16x2(words[j] & 0xffffu), e4m3x2_f16x2(words[j] >> 16)};
+                            mma_f16(s[nb], qa[4 * g + j], b);
+                        }
+                    }
+                }
+                if (k0 + DEC_STAGES * MMA_TK < k_end) {
+                    lookup(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane);
+                    __syncwarp();
+                    issue(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
+                }
+                cp_async_commit();
             } else {
 #pragma unroll
                 for (int nb = 0; nb < MMA_HK / 8; ++nb) {
@@ -582,12 +690,15 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             l_b = l_b * al_b + sum_b;
             m_a = mn_a;
             m_b = mn_b;
+            // Rescale only when some row's max moved (past the first tiles of a long range, rarely).
+            if (!RESCALE_SKIP || __any_sync(0xffffffffu, al_a != 1.f || al_b != 1.f)) {
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[n][0] *= al_a;
-                o[n][1] *= al_a;
-                o[n][2] *= al_b;
-                o[n][3] *= al_b;
+                for (int n = 0; n < D / 8; ++n) {
+                    o[n][0] *= al_a;
+                    o[n][1] *= al_a;
+                    o[n][2] *= al_b;
+                    o[n][3] *= al_b;
+                }
             }
             // O += P V: P's C fragments of key blocks 2j, 2j+1 are the A fragment of key slice j; one
             // ldmatrix.x4.trans gives the B fragments of two 8-wide D blocks.
@@ -620,43 +731,47 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             }
         }
     }
-    if constexpr (KG > 1) {
-        // Merge the key groups: each thread of group 1 leaves its m, l and accumulators where the
-        // thread of group 0 with the same lane and rows finds them (the stages are free once
-        // every warp is past its last tile).
-        float* mo = reinterpret_cast<float*>(smem_f);  // [row warp][n][4][lane]
-        float* ml = mo + 4 * (D / 8) * 4 * 32;         // [row warp][4][lane]
-        const int w4 = warp % 4;
+    if (KG > 1 || dec) {
+        // Merge the key groups: each thread of a group > 0 leaves its m, l and accumulators in a
+        // slot (its row warp's; in decode, its warp's) where the thread of group 0 with the same
+        // lane and rows finds them (the stages are free once every warp is past its last tile).
+        float* mo = reinterpret_cast<float*>(smem_f);  // [slot][n][4][lane]
+        float* ml = mo + 4 * (D / 8) * 4 * 32;         // [slot][4][lane]
+        const int groups = dec ? 4 : KG;
+        const int slot = dec ? warp : warp % 4;
         __syncthreads();
-        if (kg == 1 && active) {
+        if (kg > 0 && active) {
 #pragma unroll
             for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) mo[((w4 * (D / 8) + n) * 4 + e) * 32 + lane] = o[n][e];
-            ml[(w4 * 4 + 0) * 32 + lane] = m_a;
-            ml[(w4 * 4 + 1) * 32 + lane] = m_b;
-            ml[(w4 * 4 + 2) * 32 + lane] = l_a;
-            ml[(w4 * 4 + 3) * 32 + lane] = l_b;
+                for (int e = 0; e < 4; ++e) mo[((slot * (D / 8) + n) * 4 + e) * 32 + lane] = o[n][e];
+            ml[(slot * 4 + 0) * 32 + lane] = m_a;
+            ml[(slot * 4 + 1) * 32 + lane] = m_b;
+            ml[(slot * 4 + 2) * 32 + lane] = l_a;
+            ml[(slot * 4 + 3) * 32 + lane] = l_b;
         }
         __syncthreads();
-        if (kg == 1 || !active) return;
-        const float m2a = ml[(w4 * 4 + 0) * 32 + lane], m2b = ml[(w4 * 4 + 1) * 32 + lane];
-        const float mn_a = fmaxf(m_a, m2a), mn_b = fmaxf(m_b, m2b);
-        const float a1 = (m_a == -CACHET_INF) ? 0.f : fast_exp2(m_a - mn_a);
-        const float a2 = (m2a == -CACHET_INF) ? 0.f : fast_exp2(m2a - mn_a);
-        const float b1 = (m_b == -CACHET_INF) ? 0.f : fast_exp2(m_b - mn_b);
-        const float b2 = (m2b == -CACHET_INF) ? 0.f : fast_exp2(m2b - mn_b);
-        l_a = l_a * a1 + ml[(w4 * 4 + 2) * 32 + lane] * a2;
-        l_b = l_b * b1 + ml[(w4 * 4 + 3) * 32 + lane] * b2;
-        m_a = mn_a;
-        m_b = mn_b;
+        if (kg > 0 || !active) return;
+        for (int g = 1; g < groups; ++g) {
+            const int from = dec ? g : slot;
+            const float m2a = ml[(from * 4 + 0) * 32 + lane], m2b = ml[(from * 4 + 1) * 32 + lane];
+            const float mn_a = fmaxf(m_a, m2a), mn_b = fmaxf(m_b, m2b);
+            const float a1 = (m_a == -CACHET_INF) ? 0.f : fast_exp2(m_a - mn_a);
+            const float a2 = (m2a == -CACHET_INF) ? 0.f : fast_exp2(m2a - mn_a);
+            const float b1 = (m_b == -CACHET_INF) ? 0.f : fast_exp2(m_b - mn_b);
+            const float b2 = (m2b == -CACHET_INF) ? 0.f : fast_exp2(m2b - mn_b);
+            l_a = l_a * a1 + ml[(from * 4 + 2) * 32 + lane] * a2;
+            l_b = l_b * b1 + ml[(from * 4 + 3) * 32 + lane] * b2;
+            m_a = mn_a;
+            m_b = mn_b;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const float* po = mo + (w4 * (D / 8) + n) * 4 * 32 + lane;
-            o[n][0] = o[n][0] * a1 + po[0] * a2;
-            o[n][1] = o[n][1] * a1 + po[32] * a2;
-            o[n][2] = o[n][2] * b1 + po[64] * b2;
-            o[n][3] = o[n][3] * b1 + po[96] * b2;
+            for (int n = 0; n < D / 8; ++n) {
+                const float* po = mo + (from * (D / 8) + n) * 4 * 32 + lane;
+                o[n][0] = o[n][0] * a1 + po[0] * a2;
+                o[n][1] = o[n][1] * a1 + po[32] * a2;
+                o[n][2] = o[n][2] * b1 + po[64] * b2;
+                o[n][3] = o[n][3] * b1 + po[96] * b2;
+            }
         }
     }
     const bool has_a = ra < qlen, has_b = rb < qlen;
