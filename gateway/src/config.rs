@@ -2,17 +2,20 @@
 //! [`crate::tenants`]) and `[[upstream]]` tables — where the gateway sends requests, read at
 //! start-up.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// One tenant as configured.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     pub id: String,
     /// sha256 (hex) of each API key.
     pub api_key_sha256: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent: Option<u32>,
     /// Scheduler priority class: lower runs first.
     #[serde(default)]
@@ -24,6 +27,7 @@ pub struct TenantConfig {
     #[serde(default = "one")]
     pub share: f32,
     /// Tenants in the same group share prefix-cache entries (e.g. a public system prompt).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_share_group: Option<String>,
     /// Models this tenant may use; empty means all.
     #[serde(default)]
@@ -33,16 +37,21 @@ pub struct TenantConfig {
     #[serde(default)]
     pub admin_key_sha256: Vec<String>,
     /// Template for chat requests that name none.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub default_template: Option<String>,
     /// Passed to the tenant's templates as `tenant.metadata`.
     #[serde(default)]
     pub metadata: std::collections::BTreeMap<String, String>,
     /// Template budgets of this tenant (within the gateway's `--template-*` limits).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub template_deadline_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub template_fuel: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub template_memory_mib: Option<u64>,
     /// Prompt normalization: "relocate" (default: volatile values move into a block before the
     /// new message), "relocate-after" (after it: earlier turns stay cacheable) or "off".
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub normalize: Option<String>,
     /// More volatile-value patterns (regexes) for the normalizer, e.g. `ORD-\\d{6}`.
     #[serde(default)]
@@ -50,9 +59,15 @@ pub struct TenantConfig {
     /// Spend limit in USD per `budget_period`, priced by the config's `[[price]]`s: a request
     /// that arrives with the budget spent is refused (429 `budget_exceeded`); one admitted
     /// runs to its end.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub budget_usd: Option<f64>,
     /// `day` or `month` (default; UTC calendar periods).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub budget_period: Option<crate::usage::Period>,
+    /// A suspended tenant's requests are refused (403 `tenant_suspended`) until it is resumed;
+    /// its keys, limits and usage stay.
+    #[serde(default)]
+    pub suspended: bool,
 }
 
 fn one() -> f32 {
@@ -80,6 +95,10 @@ pub struct ConfigFile {
     /// Tenant limits kept in Redis for every replica of the gateway (read at start-up).
     #[serde(default)]
     pub shared_limits: Option<crate::tenants::shared::SharedLimitsConfig>,
+    /// Tenants kept in a database and changed live through the operator API (read at
+    /// start-up; the `[[tenant]]` tables are then imported on the database's first start).
+    #[serde(default)]
+    pub operator: Option<crate::operator::OperatorConfig>,
 }
 
 /// `[discovery]`: the name server that resolves `dns = true` upstreams (default: the system's,
@@ -136,7 +155,10 @@ impl ConfigFile {
         let file: ConfigFile = toml::from_str(text)?;
         validate_upstreams(&file.upstream)?;
         if let Some(s) = &file.shared_limits {
-            s.validate().map_err(ConfigError::SharedLimits)?;
+            s.validate().map_err(ConfigError::Section)?;
+        }
+        if let Some(o) = &file.operator {
+            o.validate().map_err(ConfigError::Section)?;
         }
         Ok(file)
     }
@@ -237,5 +259,6 @@ pub enum ConfigError {
     #[error("upstream: {0}")]
     Upstream(String),
     #[error("{0}")]
-    SharedLimits(String),
+    /// A section of its own (`[shared_limits]`, `[operator]`) that is wrong.
+    Section(String),
 }

@@ -13,6 +13,7 @@
 pub mod config;
 pub mod http;
 pub mod normalize;
+pub mod operator;
 pub mod protocol;
 pub mod route;
 pub mod sandbox;

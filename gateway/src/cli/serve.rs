@@ -10,7 +10,9 @@ use cachet_backend::block_hash::HashContext;
 use cachet_gateway::config::{ConfigFile, UpstreamConfig};
 use cachet_gateway::http::tls;
 use cachet_gateway::normalize::public::PublicPrefixes;
+use cachet_gateway::operator::Operator;
 use cachet_gateway::server::fields::UnknownFields;
+use cachet_gateway::server::operator::OperatorState;
 use cachet_gateway::server::tools::Format;
 use cachet_gateway::server::{self, AppState};
 use cachet_gateway::tenants::shared::SharedLimits;
@@ -173,13 +175,61 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let tenants = TenantRegistry::with_shared_limits(
-        file.tenant,
-        &key,
-        std::time::Instant::now(),
-        shared_limits,
-    )
-    .with_context(in_config)?;
+    // With [operator], tenants live in its database (the file's are imported on the database's
+    // first start); otherwise they are the file's.
+    let file_tenants =
+        TenantRegistry::from_configs(file.tenant.clone(), &key, std::time::Instant::now())
+            .with_context(in_config)?;
+    let operator = match file.operator.clone() {
+        Some(cfg) => {
+            let store = Operator::open(cfg)
+                .map_err(anyhow::Error::msg)
+                .with_context(in_config)?;
+            if store.bootstrap(&file.tenant)? {
+                tracing::info!(
+                    tenants = file.tenant.len(),
+                    "operator store created: the config's tenants imported"
+                );
+            } else if !file.tenant.is_empty() {
+                tracing::info!("tenants come from the operator store; the config's [[tenant]] tables were imported on its first start only");
+            }
+            Some(Arc::new(OperatorState {
+                store,
+                deployment_key: key,
+            }))
+        }
+        None => None,
+    };
+    let (tenants, snapshot) = match &operator {
+        Some(op) => {
+            let snap = op.store.snapshot()?;
+            let reg = TenantRegistry::from_store(
+                snap.tenants.clone(),
+                &key,
+                std::time::Instant::now(),
+                None,
+                shared_limits,
+            )
+            .context("the operator store's tenants")?;
+            tracing::info!(
+                revision = snap.revision,
+                tenants = reg.tenants().len(),
+                "tenants from the operator store"
+            );
+            (reg, Some(snap))
+        }
+        None => {
+            drop(file_tenants);
+            let reg = TenantRegistry::with_shared_limits(
+                file.tenant,
+                &key,
+                std::time::Instant::now(),
+                shared_limits,
+            )
+            .with_context(in_config)?;
+            (reg, None)
+        }
+    };
     // The pool: the config's [[upstream]]s, then each --worker; alone, the embedded engine.
     for url in &a.workers {
         cachet_gateway::config::check_upstream_url(url, a.worker_ca_file.as_deref())
@@ -428,6 +478,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         state.set_public_prefixes(public_prefixes);
         state.usage = usage;
         state.tracing = a.otlp.tracing("cachet-gateway")?.map(Arc::new);
+        state.operator = operator.clone();
         anyhow::Ok(Arc::new(state))
     })?;
     rt.block_on(async move {
@@ -436,6 +487,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("listening on {}", a.listen))?;
         tracing::info!(addr = %listener.local_addr()?, "serving");
         let (tx, rx) = tokio::sync::watch::channel(false);
+        if let (Some(op), Some(snap)) = (&operator, snapshot) {
+            // Changes made on other replicas (or on this one) come from the store.
+            let (st, o) = (state.clone(), op.clone());
+            op.store.follow(snap, move |s| server::operator::install(&st, &o, s));
+        }
         {
             // SIGHUP re-reads the tenants config; a config that does not parse is refused and the
             // previous one stays.
@@ -455,18 +511,25 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                                 tracing::warn!("[shared_limits] changed: the Redis connection is made at start-up, so the change takes effect on restart");
                             }
                             let prefixes = PublicPrefixes::new(&f.public_prefix, &state.tokenizer, block_size)?;
+                            if state.operator.is_some() {
+                                // Tenants come from the operator store; the file's public
+                                // prefixes still reload.
+                                return Ok((None, prefixes));
+                            }
                             TenantRegistry::reloaded(f.tenant, &key, std::time::Instant::now(), Some(&previous))
-                                .map(|reg| (reg, prefixes))
+                                .map(|reg| (Some(reg), prefixes))
                                 .map_err(|e| e.to_string())
                         });
                     match loaded {
                         Ok((reg, prefixes)) => {
                             tracing::info!(
-                                tenants = reg.tenants().len(),
+                                tenants = reg.as_ref().map(|r| r.tenants().len()),
                                 public_prefixes = prefixes.prefixes().len(),
                                 "tenants config reloaded"
                             );
-                            state.set_tenants(reg);
+                            if let Some(reg) = reg {
+                                state.set_tenants(reg);
+                            }
                             state.set_public_prefixes(prefixes);
                         }
                         Err(e) => tracing::warn!(error = %e, "tenants config reload refused; keeping the previous one"),

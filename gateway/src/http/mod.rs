@@ -89,6 +89,42 @@ pub fn from_loopback(req: &Request<Incoming>) -> bool {
         .is_some_and(|p| p.0.ip().is_loopback())
 }
 
+/// The query string's `name=value` pairs, `%XX` and `+` decoded (an escape that is not one
+/// stays as written).
+pub fn query_pairs(req: &Request<Incoming>) -> Vec<(String, String)> {
+    fn decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            match (b[i], hex) {
+                (b'%', Some(v)) => {
+                    out.push(v);
+                    i += 2;
+                }
+                (b'+', _) => out.push(b' '),
+                (c, _) => out.push(c),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
 /// Reads a body of at most `limit` bytes. A larger body is read on (and dropped) up to
 /// [`DRAIN_BODY_BYTES`] so the client, still sending, receives the 413 instead of a reset. A body
 /// that pauses longer than its [`serve::BodyTimeouts`] allow between two chunks, or takes longer

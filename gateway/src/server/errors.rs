@@ -23,6 +23,12 @@ impl From<Denied> for ApiError {
                     None,
                 )
             },
+            Denied::Suspended { .. } => ApiError {
+                status: StatusCode::FORBIDDEN,
+                kind: "permission_error",
+                code: Some("tenant_suspended"),
+                ..ApiError::bad_request(message, None)
+            },
             Denied::ModelNotAllowed { .. } => ApiError {
                 status: StatusCode::FORBIDDEN,
                 code: Some("model_not_allowed"),

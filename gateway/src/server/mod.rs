@@ -18,6 +18,7 @@ pub mod errors;
 pub mod fields;
 pub mod metrics;
 pub mod openai;
+pub mod operator;
 pub mod reasoning;
 pub mod respond;
 pub mod responses;
@@ -55,7 +56,8 @@ pub struct AppState {
     pub max_model_len: usize,
     /// How long a request may take end to end: the deadline it carries to the engine.
     pub request_timeout: Duration,
-    /// Swapped whole on reload (SIGHUP); requests in flight keep the tenant they authenticated as.
+    /// Swapped whole on reload (SIGHUP, or a change in the operator store); requests in flight
+    /// keep the tenant they authenticated as.
     pub tenants: std::sync::RwLock<Arc<TenantRegistry>>,
     /// The model name clients send (`model`).
     pub model_id: String,
@@ -83,6 +85,8 @@ pub struct AppState {
     /// Request traces exported over OTLP (`--otlp-endpoint`); `None`: a client's traceparent
     /// is passed on, nothing exported.
     pub tracing: Option<Arc<crate::trace::Tracing>>,
+    /// The operator store (`[operator]`): tenants changed live through `/operator/v1`.
+    pub operator: Option<Arc<operator::OperatorState>>,
     next_id: AtomicU64,
 }
 
@@ -125,6 +129,7 @@ impl AppState {
             public_prefixes: Default::default(),
             usage: None,
             tracing: None,
+            operator: None,
             next_id: AtomicU64::new(1),
         }
     }
@@ -200,6 +205,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         (_, p) if p == "/v1/templates" || p.starts_with("/v1/templates/") => {
             templates::admin(state.clone(), req).await
         }
+        (_, p) if p.starts_with("/operator/") => operator::handle(state.clone(), req).await,
         (
             _,
             "/v1/chat/completions"

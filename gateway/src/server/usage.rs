@@ -36,23 +36,16 @@ pub async fn usage(state: &AppState, req: &Request<Incoming>) -> Result<Response
     let today = now_ms().div_euclid(86_400_000);
     let (month_start, _) = Period::Month.bounds(now_ms());
     let (mut start, mut end) = (month_start.div_euclid(86_400_000), today);
-    for pair in req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+    for (k, v) in http::query_pairs(req) {
         let day = |name: &'static str| {
-            parse_day(v).ok_or_else(|| {
+            parse_day(&v).ok_or_else(|| {
                 ApiError::bad_request(
                     format!("{name} must be a date as YYYY-MM-DD (UTC), got `{v}`"),
                     Some(name),
                 )
             })
         };
-        match k {
+        match k.as_str() {
             "start" => start = day("start")?,
             "end" => end = day("end")?,
             _ => {

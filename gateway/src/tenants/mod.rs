@@ -28,6 +28,8 @@ pub use crate::config::{ConfigError, TenantConfig};
 pub enum Denied {
     #[error("invalid API key")]
     BadKey,
+    #[error("tenant `{tenant}` is suspended; its operator can resume it")]
+    Suspended { tenant: String },
     #[error("tenant `{tenant}` may not use model `{model}`")]
     ModelNotAllowed { tenant: String, model: String },
     #[error("tenant `{tenant}` is over its {limit} limit; retry after {retry_after:?}")]
@@ -313,7 +315,7 @@ impl TenantRegistry {
         deployment_key: &[u8; 32],
         now: Instant,
     ) -> Result<Self, ConfigError> {
-        Self::build(tenants, deployment_key, now, None, None)
+        Self::build(tenants, deployment_key, now, None, None, true)
     }
 
     /// As [`TenantRegistry::from_configs`], the limits kept in `shared` (Redis) for every
@@ -324,7 +326,7 @@ impl TenantRegistry {
         now: Instant,
         shared: Option<Arc<SharedLimits>>,
     ) -> Result<Self, ConfigError> {
-        Self::build(tenants, deployment_key, now, None, shared)
+        Self::build(tenants, deployment_key, now, None, shared, true)
     }
 
     /// As [`TenantRegistry::from_configs`], keeping the live state of `previous`'s tenants of
@@ -338,7 +340,21 @@ impl TenantRegistry {
         previous: Option<&TenantRegistry>,
     ) -> Result<Self, ConfigError> {
         let shared = previous.and_then(|p| p.shared.clone());
-        Self::build(tenants, deployment_key, now, previous, shared)
+        Self::build(tenants, deployment_key, now, previous, shared, true)
+    }
+
+    /// As [`TenantRegistry::reloaded`], from the operator store's tenants: there a tenant may
+    /// have no key (all revoked; it keeps its settings and usage), and `shared` is the
+    /// shared-limits store (on the first load, `previous` is `None`).
+    pub fn from_store(
+        tenants: Vec<TenantConfig>,
+        deployment_key: &[u8; 32],
+        now: Instant,
+        previous: Option<&TenantRegistry>,
+        shared: Option<Arc<SharedLimits>>,
+    ) -> Result<Self, ConfigError> {
+        let shared = previous.and_then(|p| p.shared.clone()).or(shared);
+        Self::build(tenants, deployment_key, now, previous, shared, false)
     }
 
     /// The shared-limits store, if there is one.
@@ -352,6 +368,7 @@ impl TenantRegistry {
         now: Instant,
         previous: Option<&TenantRegistry>,
         shared: Option<Arc<SharedLimits>>,
+        require_keys: bool,
     ) -> Result<Self, ConfigError> {
         // With shared limits, this replica's share of each (used while Redis is down).
         let replicas = shared.as_ref().map_or(1, |s| s.config.replicas.max(1));
@@ -375,7 +392,7 @@ impl TenantRegistry {
                     cfg.id
                 )));
             }
-            if cfg.api_key_sha256.is_empty() {
+            if require_keys && cfg.api_key_sha256.is_empty() {
                 return Err(bad(
                     "needs at least one api_key_sha256 (`cachet tenant hash-key KEY`)".into(),
                 ));
@@ -477,18 +494,22 @@ impl TenantRegistry {
 
     /// The tenant an API key belongs to.
     pub fn authenticate(&self, api_key: &str) -> Result<Arc<Tenant>, Denied> {
-        self.by_key
-            .get(&hash_key(api_key))
-            .cloned()
-            .ok_or(Denied::BadKey)
+        Self::unless_suspended(self.by_key.get(&hash_key(api_key)))
     }
 
     /// The tenant whose templates an admin key manages.
     pub fn authenticate_admin(&self, admin_key: &str) -> Result<Arc<Tenant>, Denied> {
-        self.by_admin_key
-            .get(&hash_key(admin_key))
-            .cloned()
-            .ok_or(Denied::BadKey)
+        Self::unless_suspended(self.by_admin_key.get(&hash_key(admin_key)))
+    }
+
+    fn unless_suspended(t: Option<&Arc<Tenant>>) -> Result<Arc<Tenant>, Denied> {
+        match t {
+            None => Err(Denied::BadKey),
+            Some(t) if t.config.suspended => Err(Denied::Suspended {
+                tenant: t.id().to_string(),
+            }),
+            Some(t) => Ok(t.clone()),
+        }
     }
 
     pub fn tenants(&self) -> &[Arc<Tenant>] {
