@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod config_reload;
 mod openai_client;
+mod operator;
 mod otlp;
 mod reliability;
 mod security;
