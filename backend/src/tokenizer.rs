@@ -136,8 +136,9 @@ impl TextTokenizer {
         text: &str,
         sequence: bool,
     ) -> Result<Vec<u32>, EngineError> {
+        // Ids only: no character offsets tracked (the same ids, less work per call).
         let enc = t
-            .encode(text, sequence)
+            .encode_fast(text, sequence)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(match &self.wrap_ids {
             Some((m, _)) => enc.get_ids().iter().map(|&i| i % m).collect(),

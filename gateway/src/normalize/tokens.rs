@@ -241,7 +241,15 @@ struct Cache {
 pub struct PrefixTokens {
     cache: Mutex<Cache>,
     max_bytes: usize,
+    /// Token ids of markup pieces (the chat template's literal text around messages, such as
+    /// `<|im_end|>\n<|im_start|>assistant\n`): every request's tail has them, and a piece is
+    /// tokenized on its own, so its ids are always the same. At most [`MARKUP_ENTRIES`].
+    markup: Mutex<std::collections::HashMap<Box<str>, Arc<[u32]>>>,
 }
+
+/// Markup pieces remembered (beyond, the map starts over: a template that writes varying
+/// markup, such as a date, cannot grow it without bound).
+const MARKUP_ENTRIES: usize = 4096;
 
 impl PrefixTokens {
     /// A cache of at most `max_bytes` of token ids.
@@ -252,7 +260,40 @@ impl PrefixTokens {
                 bytes: 0,
             }),
             max_bytes,
+            markup: Default::default(),
         }
+    }
+
+    /// [`tokenize`], markup pieces' ids from the markup map.
+    fn tokenize(
+        &self,
+        tok: &TextTokenizer,
+        text: &str,
+        pieces: &[Piece],
+        ids: &mut Vec<u32>,
+    ) -> Result<(), EngineError> {
+        for p in pieces {
+            let s = &text[p.range.clone()];
+            if p.content {
+                ids.extend(tok.encode_plain(s)?);
+                continue;
+            }
+            let known = self.markup.lock().expect("markup lock").get(s).cloned();
+            let m = match known {
+                Some(m) => m,
+                None => {
+                    let m: Arc<[u32]> = tok.encode(s)?.into();
+                    let mut map = self.markup.lock().expect("markup lock");
+                    if map.len() >= MARKUP_ENTRIES {
+                        map.clear();
+                    }
+                    map.insert(s.into(), m.clone());
+                    m
+                }
+            };
+            ids.extend_from_slice(&m);
+        }
+        Ok(())
     }
 
     /// Bytes of token ids held.
@@ -271,7 +312,7 @@ impl PrefixTokens {
         let (head, tail) = split(&r.pieces, r.boundary);
         let mut ids = Vec::with_capacity(r.text.len() / 3);
         if head.is_empty() {
-            tokenize(tok, &r.text, &tail, &mut ids)?;
+            self.tokenize(tok, &r.text, &tail, &mut ids)?;
             return Ok(Encoded {
                 ids,
                 stable_tokens: 0,
@@ -291,13 +332,13 @@ impl PrefixTokens {
             Some(p) => (p, None),
             None => {
                 let mut p = Vec::new();
-                tokenize(tok, &r.text, &head, &mut p)?;
+                self.tokenize(tok, &r.text, &head, &mut p)?;
                 let p = Arc::new(p);
                 (p.clone(), Some((key, p)))
             }
         };
         ids.extend_from_slice(&prefix);
-        tokenize(tok, &r.text, &tail, &mut ids)?;
+        self.tokenize(tok, &r.text, &tail, &mut ids)?;
         Ok(Encoded {
             ids,
             stable_tokens: prefix.len(),

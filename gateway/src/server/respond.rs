@@ -428,6 +428,34 @@ impl LogprobsOut {
     }
 }
 
+/// The choices' events as they arrive, each tagged with its choice index: one choice is read
+/// where it is (no task, no channel: the common case costs no hop between threads); several
+/// through [`merge`]. Dropped, it drops the streams — cancelling the requests where they run.
+enum Choices {
+    One(Events),
+    Many(mpsc::UnboundedReceiver<(usize, Option<EngineEvent>)>),
+}
+
+impl Choices {
+    fn new(mut streams: Vec<Events>) -> Choices {
+        match streams.pop() {
+            Some(s) if streams.is_empty() => Choices::One(s),
+            Some(s) => {
+                streams.push(s);
+                Choices::Many(merge(streams))
+            }
+            None => Choices::Many(merge(streams)),
+        }
+    }
+
+    async fn recv(&mut self) -> Option<(usize, Option<EngineEvent>)> {
+        match self {
+            Choices::One(s) => Some((0, s.next().await)),
+            Choices::Many(rx) => rx.recv().await,
+        }
+    }
+}
+
 /// The choices' events merged into one channel, each tagged with its choice index. A forwarding
 /// task per choice drops its stream — cancelling the request where it runs — as soon as the
 /// receiver is gone.
@@ -480,7 +508,7 @@ async fn whole_into(
     state: &AppState,
 ) -> Result<serde_json::Value, ApiError> {
     let k = streams.len();
-    let mut rx = merge(streams);
+    let mut rx = Choices::new(streams);
     let mut out: Vec<ChoiceOut> = (0..k)
         .map(|_| ChoiceOut {
             text: String::new(),
@@ -577,7 +605,7 @@ pub fn sse(
     let head = meta.finish(http::streaming("text/event-stream", rx));
     tokio::spawn(async move {
         let mut meter = Meter::new(permit, k, ticket, meta.trace.clone());
-        let mut events = merge(streams);
+        let mut events = Choices::new(streams);
         let mut sum = UsageSum::default();
         let send = |frames: Vec<String>| {
             let tx = tx.clone();
