@@ -185,13 +185,24 @@ pub(crate) fn tokenize(
     pieces: &[Piece],
     ids: &mut Vec<u32>,
 ) -> Result<(), EngineError> {
+    tokenize_with(tok, text, pieces, ids, |s| Ok(tok.encode(s)?.into()))
+}
+
+/// [`tokenize`], each markup piece's ids from `markup`.
+fn tokenize_with(
+    tok: &TextTokenizer,
+    text: &str,
+    pieces: &[Piece],
+    ids: &mut Vec<u32>,
+    mut markup: impl FnMut(&str) -> Result<Arc<[u32]>, EngineError>,
+) -> Result<(), EngineError> {
     for p in pieces {
         let s = &text[p.range.clone()];
-        ids.extend(if p.content {
-            tok.encode_plain(s)?
+        if p.content {
+            ids.extend(tok.encode_plain(s)?);
         } else {
-            tok.encode(s)?
-        });
+            ids.extend_from_slice(&markup(s)?);
+        }
     }
     Ok(())
 }
@@ -272,28 +283,18 @@ impl PrefixTokens {
         pieces: &[Piece],
         ids: &mut Vec<u32>,
     ) -> Result<(), EngineError> {
-        for p in pieces {
-            let s = &text[p.range.clone()];
-            if p.content {
-                ids.extend(tok.encode_plain(s)?);
-                continue;
+        tokenize_with(tok, text, pieces, ids, |s| {
+            if let Some(m) = self.markup.lock().expect("markup lock").get(s) {
+                return Ok(m.clone());
             }
-            let known = self.markup.lock().expect("markup lock").get(s).cloned();
-            let m = match known {
-                Some(m) => m,
-                None => {
-                    let m: Arc<[u32]> = tok.encode(s)?.into();
-                    let mut map = self.markup.lock().expect("markup lock");
-                    if map.len() >= MARKUP_ENTRIES {
-                        map.clear();
-                    }
-                    map.insert(s.into(), m.clone());
-                    m
-                }
-            };
-            ids.extend_from_slice(&m);
-        }
-        Ok(())
+            let m: Arc<[u32]> = tok.encode(s)?.into();
+            let mut map = self.markup.lock().expect("markup lock");
+            if map.len() >= MARKUP_ENTRIES {
+                map.clear();
+            }
+            map.insert(s.into(), m.clone());
+            Ok(m)
+        })
     }
 
     /// Bytes of token ids held.
