@@ -146,6 +146,23 @@ fn the_kubernetes_manifests_validate_and_match_the_binary() {
         shared["replicas"].as_integer().unwrap() as u64,
         gateway["replicas"].as_u64().unwrap()
     );
+    // The operator store and the usage records: the PostgreSQL of postgres.yaml, through the
+    // variable the gateway container sets (from the Secret) and `cachet serve` reads.
+    let op = &cfg["operator"];
+    let var = op["database_env"].as_str().unwrap();
+    let genv: Vec<&str> = gateway["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(genv.contains(&var), "the gateway sets no {var}: {genv:?}");
+    assert_eq!(var, "CACHET_USAGE_DB", "usage and operator store share one database");
+    assert!(!op["key"].as_array().unwrap().is_empty());
+    let pg = find(&all, "StatefulSet", "cachet-postgres");
+    let pg_svc = find(&all, "Service", "cachet-postgres");
+    assert_eq!(pg_svc["ports"][0], 5432);
+    assert_eq!(pg["replicas"], 1);
 }
 
 #[test]
