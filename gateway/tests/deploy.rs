@@ -157,7 +157,10 @@ fn the_kubernetes_manifests_validate_and_match_the_binary() {
         .map(|e| e.as_str().unwrap())
         .collect();
     assert!(genv.contains(&var), "the gateway sets no {var}: {genv:?}");
-    assert_eq!(var, "CACHET_USAGE_DB", "usage and operator store share one database");
+    assert_eq!(
+        var, "CACHET_USAGE_DB",
+        "usage and operator store share one database"
+    );
     assert!(!op["key"].as_array().unwrap().is_empty());
     let pg = find(&all, "StatefulSet", "cachet-postgres");
     let pg_svc = find(&all, "Service", "cachet-postgres");

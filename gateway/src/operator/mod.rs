@@ -19,7 +19,8 @@
 pub mod db;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -348,6 +349,15 @@ pub struct Operator {
     pub config: OperatorConfig,
     url: String,
     conn: Mutex<Conn>,
+    /// What `/metrics` says about the store.
+    pub status: Arc<StoreStatus>,
+}
+
+/// The revision this replica's tenants come from, and whether the store answers its follower.
+#[derive(Debug, Default)]
+pub struct StoreStatus {
+    pub revision: AtomicI64,
+    pub down: AtomicBool,
 }
 
 fn lock_revision(tx: &mut Tx<'_>) -> Result<i64, DbError> {
@@ -462,6 +472,7 @@ impl Operator {
             config,
             url,
             conn: Mutex::new(conn),
+            status: Default::default(),
         })
     }
 
@@ -698,7 +709,8 @@ impl Operator {
         start: Snapshot,
         apply: impl Fn(Snapshot) + Send + 'static,
     ) -> std::thread::JoinHandle<()> {
-        let (url, poll) = (self.url.clone(), self.config.poll());
+        let (url, poll, status) = (self.url.clone(), self.config.poll(), self.status.clone());
+        status.revision.store(start.revision, Ordering::Relaxed);
         std::thread::Builder::new()
             .name("operator-follow".into())
             .spawn(move || {
@@ -716,6 +728,7 @@ impl Operator {
                         if now_rev != rev || expiry.is_some_and(|e| now_ms() >= e) {
                             let s = snapshot_of(c)?;
                             (rev, expiry) = (s.revision, s.next_expiry_ms);
+                            status.revision.fetch_max(rev, Ordering::Relaxed);
                             apply(s);
                         }
                         Ok(())
@@ -723,6 +736,7 @@ impl Operator {
                     match step {
                         Ok(()) if down => {
                             down = false;
+                            status.down.store(false, Ordering::Relaxed);
                             tracing::info!("operator store answers again");
                         }
                         Ok(()) => {}
@@ -730,6 +744,7 @@ impl Operator {
                             conn = None;
                             if !down {
                                 down = true;
+                                status.down.store(true, Ordering::Relaxed);
                                 tracing::warn!(error = %e, "operator store does not answer; tenants stay as they are");
                             }
                         }

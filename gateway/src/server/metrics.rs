@@ -95,6 +95,8 @@ pub struct Metrics {
     shared_limit_errors: Counter,
     shared_limit_fallbacks: Counter,
     shared_limits_up: Gauge,
+    operator_revision: Gauge,
+    operator_store_up: Gauge,
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
@@ -140,6 +142,8 @@ impl Metrics {
             shared_limit_errors: Counter::default(),
             shared_limit_fallbacks: Counter::default(),
             shared_limits_up: Gauge::default(),
+            operator_revision: Gauge::default(),
+            operator_store_up: Gauge::default(),
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: Gauge::default(),
@@ -260,6 +264,16 @@ impl Metrics {
             "shared_limits_up",
             "1 while the Redis holding tenants' shared limits answers (0 while it does not; absent limits: 0)",
             m.shared_limits_up.clone(),
+        );
+        registry.register(
+            "operator_revision",
+            "The operator store's revision this replica's tenants come from (0 without [operator])",
+            m.operator_revision.clone(),
+        );
+        registry.register(
+            "operator_store_up",
+            "1 while the operator store answers this replica's follower (0 while it does not, or without [operator])",
+            m.operator_store_up.clone(),
         );
         if engine {
             registry.register(
@@ -439,6 +453,13 @@ impl Metrics {
         follow(&self.shared_limit_errors, s.errors.load(Relaxed));
         follow(&self.shared_limit_fallbacks, s.fallbacks.load(Relaxed));
         self.shared_limits_up.set(i64::from(!s.is_down()));
+    }
+
+    /// The operator store's revision in use and whether it answers.
+    pub fn operator(&self, s: &crate::operator::StoreStatus) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.operator_revision.set(s.revision.load(Relaxed));
+        self.operator_store_up.set(i64::from(!s.down.load(Relaxed)));
     }
 
     /// The text exposition, with the embedded engine's state as of now, if there is one.

@@ -180,6 +180,9 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             if let Some(s) = state.tenants().shared_limits() {
                 state.metrics.shared_limits(s);
             }
+            if let Some(op) = &state.operator {
+                state.metrics.operator(&op.store.status);
+            }
             let stats = state.engine.as_ref().map(|e| e.stats());
             http::bytes(
                 StatusCode::OK,

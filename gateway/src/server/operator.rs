@@ -141,7 +141,14 @@ async fn change(
     let (st, op, actor) = (state.clone(), op.clone(), actor.to_string());
     tokio::task::spawn_blocking(move || {
         let applied = op.store.apply(&actor, c, &|t| op.validate(t))?;
-        install(&st, &op, op.store.snapshot()?);
+        let snap = op.store.snapshot()?;
+        // The follower sees the new revision too and installs it again (harmlessly); the
+        // revision in use is the newest either installed.
+        op.store
+            .status
+            .revision
+            .fetch_max(snap.revision, std::sync::atomic::Ordering::Relaxed);
+        install(&st, &op, snap);
         Ok::<_, OpError>(applied)
     })
     .await

@@ -246,6 +246,18 @@ fn operator_changes_reach_every_replica_within_a_second() {
         .all(|e| e["actor"] == "alice"));
     assert_eq!(audit["data"][5]["detail"]["reason"], "unpaid invoice");
 
+    // Both replicas' /metrics: the store answers, and each is at the newest revision.
+    let newest = audit["data"][0]["revision"].as_i64().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for base in [&base_a, &base_b] {
+        let (_, m) = curl(&[&format!("{base}/metrics")]);
+        assert!(m.contains("cachet_operator_store_up 1"), "{m}");
+        assert!(
+            m.contains(&format!("cachet_operator_revision {newest}")),
+            "{base}: not at revision {newest}"
+        );
+    }
+
     // A restarted replica: everything where it was; the file's tenant was imported once only.
     drop(a);
     let (_a2, base_a2) = start(&config);
