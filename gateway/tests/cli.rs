@@ -81,6 +81,66 @@ fn logits_prints_transformers_top_k_as_json() {
 }
 
 #[test]
+fn logits_of_the_last_rows_as_one_step_match_transformers() {
+    // The last three tokens as one step after the rest is prefilled (a verification step's
+    // shape): each row's logits are transformers' at that position.
+    let reference = read_json("tiny-gqa-llama3_reference.json");
+    let case = &reference["cases"][2];
+    let ids = ids_of(&case["ids"]);
+    let ids_arg = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let model = fixtures().join("tiny-gqa-llama3");
+    let dump = std::env::temp_dir().join(format!("cachet-rows-{}.f32", std::process::id()));
+    let run = |rows: &str| {
+        cachet(&[
+            "logits",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            &ids_arg,
+            "--decode-last",
+            rows,
+            "--dump",
+            dump.to_str().unwrap(),
+        ])
+    };
+    let out = run("3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<f32> = std::fs::read(&dump)
+        .unwrap()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let want = case["logits"].as_array().unwrap();
+    let vocab = got.len() / 3;
+    assert_eq!(got.len(), 3 * vocab);
+    for (r, row) in got.chunks(vocab).enumerate() {
+        let w = want[want.len() - 3 + r].as_array().unwrap();
+        assert_eq!(w.len(), vocab);
+        for (g, w) in row.iter().zip(w) {
+            assert!((*g as f64 - w.as_f64().unwrap()).abs() < 1e-3, "row {r}");
+        }
+    }
+    for bad in ["0", &(ids.len() + 1).to_string()] {
+        let out = run(bad);
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("give 1 to the prompt's length"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_file(dump);
+}
+
+#[test]
 fn generate_streams_the_answer() {
     let model = smollm2_path();
     let out = cachet(&[

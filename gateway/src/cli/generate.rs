@@ -130,13 +130,15 @@ pub struct LogitsArgs {
     /// How many of the largest logits to print.
     #[arg(long, default_value_t = 5)]
     pub top: usize,
-    /// Also write every logit of the last position as little-endian f32 to this file.
+    /// Also write every logit of the last position (with --decode-last ROWS, of each of the
+    /// last ROWS positions, one after another) as little-endian f32 to this file.
     #[arg(long)]
     pub dump: Option<std::path::PathBuf>,
-    /// Run the last token as a decode step of its own (the rest prefilled first), the way
-    /// generation computes it, instead of as the last row of one prefill.
-    #[arg(long)]
-    pub decode_last: bool,
+    /// Run the last token (or the last ROWS tokens, as a speculative verification step does) as
+    /// a step of its own after the rest is prefilled, the way generation computes it, instead
+    /// of as the last row of one prefill.
+    #[arg(long, value_name = "ROWS", num_args = 0..=1, default_missing_value = "1")]
+    pub decode_last: Option<usize>,
 }
 
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
@@ -297,8 +299,14 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
         );
     }
     let mut runner = runner_for(&config, weights, &a.model, ids.len())?;
-    let logits = if a.decode_last {
-        cachet_backend::generate::last_logits(runner.as_mut(), &ids, 1, ids.len())?
+    let logits = if let Some(rows) = a.decode_last {
+        if rows == 0 || rows > ids.len() {
+            anyhow::bail!(
+                "--decode-last {rows}: give 1 to the prompt's length ({})",
+                ids.len()
+            );
+        }
+        cachet_backend::generate::last_logits(runner.as_mut(), &ids, rows, ids.len())?
     } else {
         let layout = runner.kv_layout();
         let mut alloc = SimpleAllocator::new(layout.num_blocks, layout.block_size);
@@ -308,9 +316,12 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
         batch.push_seq(&ids, 0, &table, layout.block_size, true);
         runner.forward(&batch)?
     };
-    let row = logits.row(0);
+    let rows = a.decode_last.unwrap_or(1);
+    let row = logits.row(rows - 1);
     if let Some(path) = &a.dump {
-        let bytes: Vec<u8> = row.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bytes: Vec<u8> = (0..rows)
+            .flat_map(|r| logits.row(r).iter().flat_map(|x| x.to_le_bytes()))
+            .collect();
         std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
     }
     let mut idx: Vec<usize> = (0..row.len()).collect();
