@@ -33,16 +33,22 @@ fn help_explains_every_subcommand() {
     }
 }
 
-#[test]
-fn logits_prints_transformers_top_k_as_json() {
+/// A case of tiny-gqa-llama3's transformers reference: it, its prompt ids, and them as `--ids`.
+fn reference_case() -> (serde_json::Value, Vec<u32>, String) {
     let reference = read_json("tiny-gqa-llama3_reference.json");
-    let case = &reference["cases"][2];
+    let case = reference["cases"][2].clone();
     let ids = ids_of(&case["ids"]);
-    let ids_arg = ids
+    let arg = ids
         .iter()
         .map(|i| i.to_string())
         .collect::<Vec<_>>()
         .join(",");
+    (case, ids, arg)
+}
+
+#[test]
+fn logits_prints_transformers_top_k_as_json() {
+    let (case, _, ids_arg) = reference_case();
     let dir = fixtures().join("tiny-gqa-llama3");
     let out = cachet(&[
         "logits",
@@ -84,14 +90,7 @@ fn logits_prints_transformers_top_k_as_json() {
 fn logits_of_the_last_rows_as_one_step_match_transformers() {
     // The last three tokens as one step after the rest is prefilled (a verification step's
     // shape): each row's logits are transformers' at that position.
-    let reference = read_json("tiny-gqa-llama3_reference.json");
-    let case = &reference["cases"][2];
-    let ids = ids_of(&case["ids"]);
-    let ids_arg = ids
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let (case, ids, ids_arg) = reference_case();
     let model = fixtures().join("tiny-gqa-llama3");
     let dump = std::env::temp_dir().join(format!("cachet-rows-{}.f32", std::process::id()));
     let run = |rows: &str| {
