@@ -11,7 +11,7 @@
 //! ```
 
 use cachet_backend::block_hash::BlockHash;
-use cachet_backend::request::{FinishReason, RequestTimings, Usage};
+use cachet_backend::request::{EngineEvent, FinishReason, RequestTimings, Usage};
 use cachet_backend::sampler::{RowLogprobs, SamplingParams};
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +75,61 @@ pub enum WireEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stop_sequence: Option<String>,
     },
+}
+
+impl From<EngineEvent> for WireEvent {
+    /// An engine event as the worker sends it (a token's arrival time stays on the worker).
+    fn from(ev: EngineEvent) -> Self {
+        match ev {
+            EngineEvent::Token {
+                id, text, logprobs, ..
+            } => WireEvent::Token { id, text, logprobs },
+            EngineEvent::Finished {
+                reason,
+                usage,
+                timings,
+                error,
+                text,
+                stop_sequence,
+            } => WireEvent::Finished {
+                reason,
+                usage,
+                timings,
+                error,
+                text,
+                stop_sequence,
+            },
+        }
+    }
+}
+
+impl WireEvent {
+    /// The engine event a line of the wire stands for, a token timed on its arrival here.
+    pub fn into_event(self, at: std::time::Instant) -> EngineEvent {
+        match self {
+            WireEvent::Token { id, text, logprobs } => EngineEvent::Token {
+                id,
+                text,
+                at,
+                logprobs,
+            },
+            WireEvent::Finished {
+                reason,
+                usage,
+                timings,
+                error,
+                text,
+                stop_sequence,
+            } => EngineEvent::Finished {
+                reason,
+                usage,
+                timings,
+                error,
+                text,
+                stop_sequence,
+            },
+        }
+    }
 }
 
 /// One line of a `/v1/kv_events` stream; `seq` orders them.

@@ -177,11 +177,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     // With [operator], tenants live in its database (the file's are imported on the database's
     // first start); otherwise they are the file's.
-    let file_tenants =
-        TenantRegistry::from_configs(file.tenant.clone(), &key, std::time::Instant::now())
-            .with_context(in_config)?;
     let operator = match file.operator.clone() {
         Some(cfg) => {
+            // The file's tenants are checked as they would load before any is imported.
+            TenantRegistry::from_configs(file.tenant.clone(), &key, std::time::Instant::now())
+                .with_context(in_config)?;
             let store = Operator::open(cfg)
                 .map_err(anyhow::Error::msg)
                 .with_context(in_config)?;
@@ -219,7 +219,6 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             (reg, Some(snap))
         }
         None => {
-            drop(file_tenants);
             let reg = TenantRegistry::with_shared_limits(
                 file.tenant,
                 &key,

@@ -89,6 +89,11 @@ pub fn from_loopback(req: &Request<Incoming>) -> bool {
         .is_some_and(|p| p.0.ip().is_loopback())
 }
 
+/// A JSON answer, as handlers return it.
+pub fn ok_json(status: StatusCode, v: serde_json::Value) -> Result<Response<Body>, ApiError> {
+    Ok(json(status, &v))
+}
+
 /// The query string's `name=value` pairs, `%XX` and `+` decoded (an escape that is not one
 /// stays as written).
 pub fn query_pairs(req: &Request<Incoming>) -> Vec<(String, String)> {

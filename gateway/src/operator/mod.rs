@@ -333,6 +333,8 @@ pub struct Applied {
     pub revision: i64,
     pub tenant: Option<TenantRecord>,
     pub key: Option<NewKey>,
+    /// The tenants as the change leaves them (what the registry loads next).
+    pub snapshot: Snapshot,
 }
 
 /// Fields that are not settings: keys come from the keys API, `suspended` from suspend/resume.
@@ -360,8 +362,10 @@ pub struct StoreStatus {
     pub down: AtomicBool,
 }
 
-fn lock_revision(tx: &mut Tx<'_>) -> Result<i64, DbError> {
-    let sql = if tx.is_postgres() {
+/// The revision; `lock`: taken for a change (the row locked on PostgreSQL until the
+/// transaction ends; SQLite's IMMEDIATE transaction already holds the write lock).
+fn read_revision(tx: &mut Tx<'_>, lock: bool) -> Result<i64, DbError> {
+    let sql = if lock && tx.is_postgres() {
         "SELECT n FROM cachet_revision WHERE id = 1 FOR UPDATE"
     } else {
         "SELECT n FROM cachet_revision WHERE id = 1"
@@ -484,7 +488,7 @@ impl Operator {
     pub fn bootstrap(&self, tenants: &[TenantConfig]) -> Result<bool, OpError> {
         let now = now_ms();
         self.conn().transaction(|tx| {
-            let rev = lock_revision(tx)?;
+            let rev = read_revision(tx, true)?;
             if rev != 0 {
                 return Ok(false);
             }
@@ -563,7 +567,7 @@ impl Operator {
     ) -> Result<Applied, OpError> {
         let now = now_ms();
         self.conn().transaction(|tx| {
-            let rev = lock_revision(tx)? + 1;
+            let rev = read_revision(tx, true)? + 1;
             let before = load_records(tx)?;
             let find = |id: &str| before.iter().find(|t| t.id == id).cloned();
             let need = |id: &str| find(id).ok_or_else(|| OpError::NoTenant(id.to_string()));
@@ -681,11 +685,8 @@ impl Operator {
                 }
             };
             let after = load_records(tx)?;
-            let configs = after
-                .iter()
-                .map(|t| t.tenant_config(now))
-                .collect::<Result<Vec<_>, _>>()?;
-            validate(configs).map_err(|msg| OpError::invalid(msg, None))?;
+            let snapshot = Snapshot::of(rev, &after, now)?;
+            validate(snapshot.tenants.clone()).map_err(|msg| OpError::invalid(msg, None))?;
             tx.exec("UPDATE cachet_revision SET n = $1 WHERE id = 1", &[rev.into()])?;
             tx.exec(
                 "INSERT INTO cachet_audit (revision, n, at_ms, actor, action, tenant, detail) VALUES ($1, 0, $2, $3, $4, $5, $6)",
@@ -696,6 +697,7 @@ impl Operator {
                 revision: rev,
                 tenant: after.into_iter().find(|t| t.id == tenant),
                 key,
+                snapshot,
             })
         })
     }
@@ -756,36 +758,33 @@ impl Operator {
 }
 
 fn revision_of(c: &mut Conn) -> Result<i64, DbError> {
-    c.read(read_revision)
+    c.read(|tx| read_revision(tx, false))
 }
 
 fn snapshot_of(c: &mut Conn) -> Result<Snapshot, DbError> {
-    let now = now_ms();
     c.read(|tx| {
-        let revision = read_revision(tx)?;
-        let records = load_records(tx)?;
-        let next_expiry_ms = records
-            .iter()
-            .flat_map(|t| &t.keys)
-            .filter(|k| k.active(now))
-            .filter_map(|k| k.expires_ms)
-            .min();
+        let revision = read_revision(tx, false)?;
+        Snapshot::of(revision, &load_records(tx)?, now_ms())
+    })
+}
+
+impl Snapshot {
+    /// What the registry loads from `records` at revision `revision`, at `now`.
+    fn of(revision: i64, records: &[TenantRecord], now: i64) -> Result<Snapshot, DbError> {
         Ok(Snapshot {
             revision,
             tenants: records
                 .iter()
                 .map(|t| t.tenant_config(now))
                 .collect::<Result<_, _>>()?,
-            next_expiry_ms,
+            next_expiry_ms: records
+                .iter()
+                .flat_map(|t| &t.keys)
+                .filter(|k| k.active(now))
+                .filter_map(|k| k.expires_ms)
+                .min(),
         })
-    })
-}
-
-fn read_revision(tx: &mut Tx<'_>) -> Result<i64, DbError> {
-    tx.query("SELECT n FROM cachet_revision WHERE id = 1", &[])?
-        .first()
-        .and_then(|r| r[0].i64())
-        .ok_or_else(|| DbError("cachet_revision has no row".into()))
+    }
 }
 
 /// A tenant's settings from JSON, or the field that is wrong.

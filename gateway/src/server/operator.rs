@@ -93,10 +93,6 @@ impl From<OpError> for ApiError {
     }
 }
 
-fn ok(status: StatusCode, v: serde_json::Value) -> Result<Response<Body>, ApiError> {
-    Ok(http::json(status, &v))
-}
-
 /// A JSON body, or an empty one as `T`'s default.
 async fn body_or_default<T: serde::de::DeserializeOwned + Default>(
     req: Request<Incoming>,
@@ -141,14 +137,13 @@ async fn change(
     let (st, op, actor) = (state.clone(), op.clone(), actor.to_string());
     tokio::task::spawn_blocking(move || {
         let applied = op.store.apply(&actor, c, &|t| op.validate(t))?;
-        let snap = op.store.snapshot()?;
         // The follower sees the new revision too and installs it again (harmlessly); the
         // revision in use is the newest either installed.
         op.store
             .status
             .revision
-            .fetch_max(snap.revision, std::sync::atomic::Ordering::Relaxed);
-        install(&st, &op, snap);
+            .fetch_max(applied.revision, std::sync::atomic::Ordering::Relaxed);
+        install(&st, &op, applied.snapshot.clone());
         Ok::<_, OpError>(applied)
     })
     .await
@@ -202,7 +197,7 @@ pub async fn handle(
     match (&method, rest.as_slice()) {
         (&Method::GET, ["tenants"]) => {
             let records = read(&op, |o| Ok(o.records()?)).await?;
-            ok(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"object": "list", "data": records}),
             )
@@ -230,7 +225,7 @@ pub async fn handle(
                 },
             )
             .await?;
-            ok(
+            http::ok_json(
                 StatusCode::CREATED,
                 serde_json::json!({"revision": a.revision, "tenant": a.tenant, "api_key": a.key}),
             )
@@ -244,21 +239,21 @@ pub async fn handle(
                     .ok_or(OpError::NoTenant(id))
             })
             .await?;
-            ok(StatusCode::OK, serde_json::to_value(t).expect("serializes"))
+            http::ok_json(StatusCode::OK, serde_json::to_value(t).expect("serializes"))
         }
         (&Method::PATCH, ["tenants", id]) => {
             let id = id.to_string();
             let patch: serde_json::Map<String, serde_json::Value> =
                 http::read_json(req, MAX_BODY_BYTES).await?;
             let a = change(&state, &op, &actor, Change::Update { id, patch }).await?;
-            ok(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"revision": a.revision, "tenant": a.tenant}),
             )
         }
         (&Method::DELETE, ["tenants", id]) => {
             let a = change(&state, &op, &actor, Change::Delete { id: id.to_string() }).await?;
-            ok(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"revision": a.revision, "deleted": id}),
             )
@@ -277,7 +272,7 @@ pub async fn handle(
                 },
             )
             .await?;
-            ok(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"revision": a.revision, "tenant": a.tenant}),
             )
@@ -291,7 +286,7 @@ pub async fn handle(
                 label: b.label,
             };
             let a = change(&state, &op, &actor, c).await?;
-            ok(
+            http::ok_json(
                 StatusCode::CREATED,
                 serde_json::json!({"revision": a.revision, "key": a.key}),
             )
@@ -306,7 +301,7 @@ pub async fn handle(
                 label: b.label,
             };
             let a = change(&state, &op, &actor, c).await?;
-            ok(
+            http::ok_json(
                 StatusCode::CREATED,
                 serde_json::json!({"revision": a.revision, "key": a.key}),
             )
@@ -317,7 +312,7 @@ pub async fn handle(
                 key_id: key_id.to_string(),
             };
             let a = change(&state, &op, &actor, c).await?;
-            ok(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"revision": a.revision, "revoked": key_id}),
             )
@@ -346,7 +341,7 @@ pub async fn handle(
                 }
             }
             let entries = read(&op, move |o| Ok(o.audit(tenant.as_deref(), limit)?)).await?;
-            ok(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"object": "list", "data": entries}),
             )

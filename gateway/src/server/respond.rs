@@ -438,13 +438,10 @@ enum Choices {
 
 impl Choices {
     fn new(mut streams: Vec<Events>) -> Choices {
-        match streams.pop() {
-            Some(s) if streams.is_empty() => Choices::One(s),
-            Some(s) => {
-                streams.push(s);
-                Choices::Many(merge(streams))
-            }
-            None => Choices::Many(merge(streams)),
+        if streams.len() == 1 {
+            Choices::One(streams.pop().expect("one stream"))
+        } else {
+            Choices::Many(merge(streams))
         }
     }
 

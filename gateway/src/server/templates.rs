@@ -134,10 +134,6 @@ async fn run(
     }
 }
 
-fn ok_json(status: StatusCode, v: serde_json::Value) -> Result<Response<RespBody>, ApiError> {
-    Ok(http::json(status, &v))
-}
-
 /// The admin API. `path` is below `/v1/templates`.
 pub async fn admin(
     state: Arc<AppState>,
@@ -164,7 +160,7 @@ pub async fn admin(
     let method = req.method().clone();
     let t = tenant.id().to_string();
     match (&method, rest.as_slice()) {
-        (&Method::GET, []) => ok_json(
+        (&Method::GET, []) => http::ok_json(
             StatusCode::OK,
             serde_json::json!({"object": "list", "data": store.list(&t)}),
         ),
@@ -178,7 +174,7 @@ pub async fn admin(
                     .await
                     .map_err(|e| ApiError::internal(format!("upload task: {e}")))??;
             tracing::info!(tenant = tenant.id(), version = info.version, hash = %info.hash, "template uploaded");
-            ok_json(
+            http::ok_json(
                 StatusCode::CREATED,
                 serde_json::json!({"version": info, "active": activated}),
             )
@@ -192,7 +188,7 @@ pub async fn admin(
             let name = name.to_string();
             let a: Activate = http::read_json(req, MAX_BODY_BYTES).await?;
             store.activate(&t, &name, a.version)?;
-            ok_json(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"name": name, "active": a.version}),
             )
@@ -217,7 +213,7 @@ pub async fn admin(
                 kwargs.as_ref(),
                 None,
             )?;
-            ok_json(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({
                     "segments": applied.rendered.segments,
@@ -235,7 +231,7 @@ pub async fn admin(
         }
         (&Method::DELETE, [name]) => {
             store.delete(&t, name, None)?;
-            ok_json(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"name": name, "deleted": true}),
             )
@@ -245,7 +241,7 @@ pub async fn admin(
                 ApiError::bad_request(format!("`{v}` is not a version number"), None)
             })?;
             store.delete(&t, name, Some(v))?;
-            ok_json(
+            http::ok_json(
                 StatusCode::OK,
                 serde_json::json!({"name": name, "version": v, "deleted": true}),
             )

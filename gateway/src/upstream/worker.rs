@@ -176,29 +176,7 @@ impl Stream {
         };
         let w: WireEvent =
             serde_json::from_slice(&line).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        Ok(Some(match w {
-            WireEvent::Token { id, text, logprobs } => EngineEvent::Token {
-                id,
-                text,
-                at: Instant::now(),
-                logprobs,
-            },
-            WireEvent::Finished {
-                reason,
-                usage,
-                timings,
-                error,
-                text,
-                stop_sequence,
-            } => EngineEvent::Finished {
-                reason,
-                usage,
-                timings,
-                error,
-                text,
-                stop_sequence,
-            },
-        }))
+        Ok(Some(w.into_event(Instant::now())))
     }
 }
 

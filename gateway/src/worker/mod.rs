@@ -242,26 +242,7 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
                 trace.usage(usage.prompt_tokens as u64, usage.completion_tokens as u64);
                 trace.end(if error.is_some() { 500 } else { 200 });
             }
-            let wire = match ev {
-                EngineEvent::Token {
-                    id, text, logprobs, ..
-                } => WireEvent::Token { id, text, logprobs },
-                EngineEvent::Finished {
-                    reason,
-                    usage,
-                    timings,
-                    error,
-                    text,
-                    stop_sequence,
-                } => WireEvent::Finished {
-                    reason,
-                    usage,
-                    timings,
-                    error,
-                    text,
-                    stop_sequence,
-                },
-            };
+            let wire = WireEvent::from(ev);
             if tx.send(http::ndjson_line(&wire)).await.is_err() {
                 return;
             }
