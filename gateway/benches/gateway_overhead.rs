@@ -164,7 +164,7 @@ async fn measure(setup: &Setup, tok: &TextTokenizer) {
         grace: Duration::from_secs(1),
         ..Default::default()
     };
-    tokio::spawn(server::serve(listener, state, None, rx, limits));
+    tokio::spawn(server::serve(listener, state, None, rx, limits, None));
     let client: Client =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build_http();

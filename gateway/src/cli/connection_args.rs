@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use cachet_gateway::http::lanes::{self, Lanes};
 use cachet_gateway::http::serve::{BodyTimeouts, Limits};
 use clap::Args;
 
@@ -43,6 +44,37 @@ pub struct ConnectionArgs {
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub grace_period: u64,
+    /// Threads that serve connections, thread-per-core as nginx's workers: each connection, its
+    /// requests and the upstream calls they make run start to end on one of them (no hand-offs
+    /// between threads on a request's path). `auto`: one per CPU core this process may use; a
+    /// number; or `shared`: every connection on one work-stealing runtime, which evens out very
+    /// uneven requests at the cost of those hand-offs.
+    #[arg(long, default_value = "auto", value_parser = parse_io_threads)]
+    pub io_threads: IoThreads,
+}
+
+/// `--io-threads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoThreads {
+    /// One lane per core.
+    Auto,
+    /// This many lanes.
+    Lanes(usize),
+    /// No lanes: the shared runtime.
+    Shared,
+}
+
+fn parse_io_threads(s: &str) -> Result<IoThreads, String> {
+    match s {
+        "auto" => Ok(IoThreads::Auto),
+        "shared" => Ok(IoThreads::Shared),
+        n => match n.parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(IoThreads::Lanes(n)),
+            _ => Err(format!(
+                "`{s}`: give `auto` (a thread per core), a number from 1 to 1024, or `shared`"
+            )),
+        },
+    }
 }
 
 impl ConnectionArgs {
@@ -63,6 +95,23 @@ impl ConnectionArgs {
         }
     }
 
+    /// The serving threads `--io-threads` asks for (none for `shared`), started; call before
+    /// the upstream clients are made, so they keep a connection pool per thread.
+    pub fn lanes(&self) -> std::io::Result<Option<std::sync::Arc<Lanes>>> {
+        let n = match self.io_threads {
+            IoThreads::Shared => return Ok(None),
+            IoThreads::Auto => lanes::count(0),
+            IoThreads::Lanes(n) => n,
+        };
+        let l = Lanes::start(n)?;
+        tracing::info!(
+            io_threads = n,
+            from_flag = self.io_threads != IoThreads::Auto,
+            "serving connections on {n} threads, each connection on one"
+        );
+        Ok(Some(l))
+    }
+
     pub fn limits(&self) -> Limits {
         let s = |n: u64| Duration::from_secs(n.max(1));
         Limits {
@@ -78,6 +127,22 @@ impl ConnectionArgs {
             max_cancels_per_second: self.http2_max_cancels_per_second.max(1),
             idle_timeout: s(self.idle_timeout),
             grace: Duration::from_secs(self.grace_period),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_threads_take_auto_a_count_or_shared_and_say_what_else_to_give() {
+        assert_eq!(parse_io_threads("auto"), Ok(IoThreads::Auto));
+        assert_eq!(parse_io_threads("shared"), Ok(IoThreads::Shared));
+        assert_eq!(parse_io_threads("4"), Ok(IoThreads::Lanes(4)));
+        for bad in ["0", "-1", "many", "5000"] {
+            let e = parse_io_threads(bad).unwrap_err();
+            assert!(e.contains("auto") && e.contains("shared"), "{e}");
         }
     }
 }

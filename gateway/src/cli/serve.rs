@@ -361,6 +361,8 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // The serving threads first: the upstream clients made below keep a pool for each.
+    let lanes = a.conn.lanes()?;
     // Each remote upstream's client: TLS roots of its own where it names a CA file.
     let upstream_client = |ca: &Option<std::path::PathBuf>| {
         cachet_gateway::http::client::client_with_ca(timeouts.connect, ca.as_deref())
@@ -565,7 +567,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         });
         let usage = state.usage.clone();
         let traces = state.tracing.clone();
-        server::serve(listener, state, tls_config, rx, a.conn.limits()).await?;
+        server::serve(listener, state, tls_config, rx, a.conn.limits(), lanes).await?;
         // Drained: every request's record is made; write them before stopping.
         if let Some(u) = usage {
             tokio::task::spawn_blocking(move || u.flush()).await?;

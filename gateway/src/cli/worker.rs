@@ -64,6 +64,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let lanes = a.conn.lanes()?;
     let (handle, model_id) = (started.engine.handle(), started.model_id.clone());
     rt.block_on(async move {
         let (tx, rx) = tokio::sync::watch::channel(false);
@@ -101,7 +102,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             });
             cfg
         });
-        worker::serve(listener, state, tls, rx, a.conn.limits()).await?;
+        worker::serve(listener, state, tls, rx, a.conn.limits(), lanes).await?;
         if let Some(t) = traces {
             tokio::task::spawn_blocking(move || t.shutdown()).await?;
         }

@@ -12,10 +12,54 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::StatusCode;
 
-pub type Client = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    Full<Bytes>,
->;
+type Connector = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+type Pooled = hyper_util::client::legacy::Client<Connector, Full<Bytes>>;
+
+/// A client for one upstream (or a set of them): HTTP/1.1 connections kept in a pool — one pool
+/// per serving lane ([`super::lanes`]), so a connection opened by a lane's thread is only used
+/// there and a request never waits on another thread's connection task; one shared pool for
+/// everything else (health checks, background tasks, processes without lanes). Cheap to clone:
+/// the clones share the pools.
+#[derive(Clone)]
+pub struct Client {
+    shared: Pooled,
+    /// A pool per lane, made on the lane's first request.
+    per_lane: Arc<[OnceLock<Pooled>]>,
+    connector: Connector,
+}
+
+impl Client {
+    fn new(connector: Connector) -> Self {
+        Client {
+            shared: pooled(connector.clone()),
+            per_lane: (0..super::lanes::started())
+                .map(|_| OnceLock::new())
+                .collect(),
+            connector,
+        }
+    }
+
+    /// Sends `req` through the pool of the lane this runs on (the shared one elsewhere).
+    pub fn request(
+        &self,
+        req: hyper::Request<Full<Bytes>>,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        match super::lanes::current().and_then(|i| self.per_lane.get(i)) {
+            Some(slot) => slot
+                .get_or_init(|| pooled(self.connector.clone()))
+                .request(req),
+            None => self.shared.request(req),
+        }
+    }
+}
+
+/// A pool of connections made with `connector`: idle ones kept 30 s; their tasks run on the
+/// runtime of the thread that opens them.
+fn pooled(connector: Connector) -> Pooled {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
 
 /// What went wrong talking to an upstream.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -117,11 +161,7 @@ pub fn client_with_identity(
         .https_or_http()
         .enable_http1()
         .wrap_connector(conn);
-    Ok(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(https),
-    )
+    Ok(Client::new(https))
 }
 
 /// A request with a JSON body (or none) and an optional bearer token.

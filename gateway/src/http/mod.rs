@@ -1,12 +1,14 @@
 //! HTTP plumbing shared by the gateway's server and `cachet worker`: request bodies read with
 //! limits, JSON and streaming replies, bearer tokens, the error shape, the accept loop with its
-//! connection limits ([`serve`]), idle-connection tracking ([`idle`]), TLS ([`tls`]) and the
-//! client the gateway reaches its upstreams with ([`client`]). Nothing here knows tenants,
+//! connection limits ([`serve`]), the threads connections are served on ([`lanes`]),
+//! idle-connection tracking ([`idle`]), TLS ([`tls`]) and the client the gateway reaches its
+//! upstreams with ([`client`]). Nothing here knows tenants,
 //! engines or routes.
 
 pub mod client;
 pub mod error;
 pub mod idle;
+pub mod lanes;
 pub mod serve;
 pub mod tls;
 

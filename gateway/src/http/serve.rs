@@ -19,6 +19,9 @@
 //!   at most once a second with a count of the ones not logged;
 //! - graceful drain: on shutdown no new connections are accepted and those in flight get
 //!   `grace` to finish.
+//!
+//! With [`Lanes`], each accepted connection is served start to end on one lane's thread
+//! (thread-per-core); without, on the calling runtime's workers.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -33,6 +36,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::{watch, Notify};
 
+use super::lanes::Lanes;
 use super::{idle, Body};
 
 /// Connection-level limits.
@@ -284,14 +288,15 @@ impl AcceptErrors {
 }
 
 /// Accepts connections on `listener` (through TLS when `tls` is given) and serves each request
-/// with `handle` until `shutdown` turns true; then stops accepting and lets connections in
-/// flight finish within `limits.grace`.
+/// with `handle` — on `lanes` where given, else on this runtime — until `shutdown` turns true;
+/// then stops accepting and lets connections in flight finish within `limits.grace`.
 pub async fn serve<H, F>(
     listener: tokio::net::TcpListener,
     handle: H,
     tls: Option<Arc<rustls::ServerConfig>>,
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
+    lanes: Option<Arc<Lanes>>,
 ) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
@@ -341,18 +346,18 @@ where
                 };
                 tune_accepted(&stream);
                 let handle = handle.clone();
-                let active = active.clone();
-                let conn_tx = conn_tx.clone();
                 let stop = shutdown.clone();
                 let acceptor = acceptor.clone();
-                active.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    let _place = place;
+                // Counted until the connection ends, or its future is dropped unrun.
+                let live = InFlight::enter(&active, &conn_tx);
+                let serve = move |stream| async move {
+                    let _held = (slot, place, live);
                     connection(stream, peer, handle, acceptor, stop, limits, activity, shed).await;
-                    let left = active.fetch_sub(1, Ordering::SeqCst) - 1;
-                    let _ = conn_tx.send(left);
-                });
+                };
+                match &lanes {
+                    Some(l) => l.spawn_connection(stream, serve),
+                    None => { tokio::spawn(serve(stream)); }
+                }
             }
             _ = shutdown.changed() => break,
         }
@@ -368,6 +373,29 @@ where
         }
     }
     Ok(())
+}
+
+/// A connection counted as in flight (the drain waits for these); leaving sends the new count.
+struct InFlight {
+    active: Arc<AtomicUsize>,
+    changed: watch::Sender<usize>,
+}
+
+impl InFlight {
+    fn enter(active: &Arc<AtomicUsize>, changed: &watch::Sender<usize>) -> Self {
+        active.fetch_add(1, Ordering::SeqCst);
+        InFlight {
+            active: active.clone(),
+            changed: changed.clone(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let left = self.active.fetch_sub(1, Ordering::SeqCst) - 1;
+        let _ = self.changed.send(left);
+    }
 }
 
 /// Logs a connection closed for cancelling too fast — at most once a second, with the number of

@@ -267,15 +267,16 @@ fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<Body>, A
     ))
 }
 
-/// Serves the API on `listener` (through TLS when `tls` is given) until `shutdown` turns true,
-/// then drains (see [`crate::http::serve`]).
+/// Serves the API on `listener` (through TLS when `tls` is given; each connection on one of
+/// `lanes` where given) until `shutdown` turns true, then drains (see [`crate::http::serve`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: watch::Receiver<bool>,
     limits: Limits,
+    lanes: Option<Arc<http::lanes::Lanes>>,
 ) -> std::io::Result<()> {
     let handle = move |req| handle(state.clone(), req);
-    http::serve::serve(listener, handle, tls, shutdown, limits).await
+    http::serve::serve(listener, handle, tls, shutdown, limits, lanes).await
 }

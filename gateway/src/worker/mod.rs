@@ -251,15 +251,16 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
     Ok(http::streaming("application/x-ndjson", rx))
 }
 
-/// Serves the worker API on `listener` until `shutdown` turns true; requests in flight then get
-/// `limits.grace` to finish.
+/// Serves the worker API on `listener` (each connection on one of `lanes` where given) until
+/// `shutdown` turns true; requests in flight then get `limits.grace` to finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<WorkerState>,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: watch::Receiver<bool>,
     limits: http::serve::Limits,
+    lanes: Option<Arc<http::lanes::Lanes>>,
 ) -> std::io::Result<()> {
     let handle = move |req| handle(state.clone(), req);
-    http::serve::serve(listener, handle, tls, shutdown, limits).await
+    http::serve::serve(listener, handle, tls, shutdown, limits, lanes).await
 }

@@ -275,3 +275,83 @@ fn a_full_engine_queue_gets_503_and_a_disconnect_cancels_at_once() {
         "B waited {waited:?} after A's client left"
     );
 }
+
+/// One lane serves every connection here (`--io-threads 1`); a 600 KB prompt's normalization and
+/// tokenization (seconds in a debug build) goes to the blocking pool, so `/health` on other
+/// connections of that lane keeps answering at once meanwhile — a tenant's huge prompts do not
+/// stall everyone else's requests on its lane.
+#[test]
+fn a_huge_prompt_does_not_hold_up_the_other_connections_on_its_lane() {
+    use std::io::{Read, Write};
+    let config = format!(
+        "[[tenant]]\nid = \"a\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-lane")
+    );
+    let (_server, base) = start_with(&config, &["--io-threads", "1"]);
+    wait_health(&base);
+    let addr = base.trim_start_matches("http://").to_string();
+    let words = [
+        "router", "firmware", "packet", "the", "of", "VLAN", "tunnel", "lease",
+    ];
+    let text: String = (0..100_000)
+        .map(|i| words[(i * 7 + i / 3) % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let body = serde_json::json!({"model": "smollm2", "max_tokens": 1,
+        "messages": [{"role": "user", "content": text}]})
+    .to_string();
+    let big = {
+        let (addr, body) = (addr.clone(), body.clone());
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut s = post_raw(&addr, "sk-lane", "/v1/chat/completions", &body);
+            let mut out = String::new();
+            let mut buf = [0u8; 4096];
+            while !out.contains("}}") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "closed: {out}");
+                out.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            (t0.elapsed(), out)
+        })
+    };
+    let health = |addr: &str| {
+        let t0 = Instant::now();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(
+            s,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        t0.elapsed()
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let mut answered = Vec::new();
+    while !big.is_finished() {
+        answered.push(health(&addr));
+    }
+    let (took, out) = big.join().unwrap();
+    // Refused after it was tokenized: too long for SmolLM2.
+    assert!(
+        out.contains("400 Bad Request") && out.contains("the model's limit"),
+        "{out}"
+    );
+    let slowest = answered.iter().max().copied().unwrap_or_default();
+    println!(
+        "huge prompt answered in {took:?}; {} health checks meanwhile, slowest {slowest:?}",
+        answered.len()
+    );
+    assert!(
+        answered.len() >= 3,
+        "only {} health checks answered in the {took:?} the huge prompt took",
+        answered.len()
+    );
+    assert!(
+        slowest * 4 < took,
+        "a health check took {slowest:?} while the huge prompt took {took:?}: the lane was held"
+    );
+}
