@@ -503,10 +503,15 @@ pub fn prepare(
 ) -> Result<Prepared, ApiError> {
     let (p, times) = prepare_timed(state, tenant, salt, segments, tools, kwargs)?;
     if let Some(t) = trace {
-        t.phase("normalize", times[0], times[1]);
-        t.phase("tokenize", times[1], times[2]);
+        trace_prepare(t, times);
     }
     Ok(p)
+}
+
+/// The phases of [`prepare_timed`]'s instants on the request's trace.
+fn trace_prepare(trace: &RequestTrace, [start, tokenize, end]: [Instant; 3]) {
+    trace.phase("normalize", start, tokenize);
+    trace.phase("tokenize", tokenize, end);
 }
 
 /// A completion request's prompts as (token ids, text): text tokenized, token ids checked
@@ -577,8 +582,7 @@ pub async fn prepare_owned(
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
-    trace.phase("normalize", times[0], times[1]);
-    trace.phase("tokenize", times[1], times[2]);
+    trace_prepare(trace, times);
     Ok(p)
 }
 
