@@ -88,6 +88,25 @@ def int8_channel(amax, outliers):
     return q
 
 
+def fp8_smoothed(amax, which):
+    """FP8 per token after dividing each channel by its calibration amax (K's channels tied in
+    RoPE pairs, as a scale folded into W_q/W_k must commute with the rotation) and multiplying
+    back: what folding the scales into the projections would give (q·k and p·v unchanged)."""
+
+    def q(x, layer_idx, name):
+        if name not in which:
+            return fp8(x)
+        a = amax[(layer_idx, name)].clamp_min(1e-6)  # [kv heads, d]
+        if name == "k":
+            h = a.shape[-1] // 2
+            pair = torch.maximum(a[:, :h], a[:, h:])
+            a = torch.cat([pair, pair], -1)
+        s = a[None, :, None, :]
+        return fp8(x / s) * s
+
+    return q
+
+
 class Quantized(DynamicCache):
     """Passes every incoming K and V through `fmt` before it is stored (and attended to)."""
 
@@ -146,6 +165,8 @@ def main():
             "fp8": (lambda x, l, n: fp8(x), d + 4),
             "int8-token": (lambda x, l, n: int8_token(x), d + 4),
             "int8-channel": (int8_channel(amax, 0), d),
+            "fp8-smooth-k": (fp8_smoothed(amax, "k"), d + 4),
+            "fp8-smooth-kv": (fp8_smoothed(amax, "kv"), d + 4),
         }
         for k in [int(x) for x in a.outliers.split(",") if x]:
             formats[f"int8-channel+{k}"] = (int8_channel(amax, k), d + k)
