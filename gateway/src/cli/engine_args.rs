@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use cachet_backend::config::ModelConfig;
-use cachet_backend::device::WeightQuantization;
+use cachet_backend::device::{KvCacheDtype, WeightQuantization};
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{
@@ -198,6 +198,17 @@ pub struct Started {
     pub model_id: String,
     /// The step limits in force (flags, or the device's defaults).
     pub limits: StepLimits,
+}
+
+/// What to tell a host who asks for the FP8 KV cache on a model it measurably hurts: models with
+/// q/k/v biases (Qwen2.5) lose 8–23% of their top-1 choices with it (BENCHMARKS §9c).
+fn fp8_kv_warning(config: &ModelConfig, dtype: KvCacheDtype) -> Option<String> {
+    (dtype == KvCacheDtype::Fp8E4m3 && config.attention_bias).then(|| {
+        "--kv-cache-dtype fp8 on a model with q/k/v biases: on Qwen2.5 it changed 8-23% of the \
+         top-1 tokens (BENCHMARKS §9c); check this model with `cachet bench kv-fp8`, or keep the \
+         default cache"
+            .to_string()
+    })
 }
 
 /// How much one engine step may hold.
@@ -407,6 +418,12 @@ impl EngineArgs {
             },
             tensor_parallel_size: a.tensor_parallel_size,
         };
+        if let Some(w) = fp8_kv_warning(
+            dummy_config.as_ref().map_or(&model.config, |(c, _)| c),
+            a.kv_cache_dtype,
+        ) {
+            tracing::warn!("{w}");
+        }
         let model_id = a.model_id(dummy_config.as_ref(), &model.name);
         // The loaded weights are handed to the device (the host keeps no second copy).
         let runner = match &dummy_config {
@@ -467,6 +484,22 @@ impl EngineArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fp8_cache_on_a_model_with_qkv_biases_is_warned_about() {
+        let config = |name: &str| {
+            let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../examples/configs")
+                .join(name);
+            ModelConfig::from_hf_json(&p).unwrap()
+        };
+        let (qwen, llama) = (config("qwen2.5-7b.json"), config("llama3-8b.json"));
+        assert!(qwen.attention_bias && !llama.attention_bias);
+        let w = fp8_kv_warning(&qwen, KvCacheDtype::Fp8E4m3).unwrap();
+        assert!(w.contains("bench kv-fp8"), "{w}");
+        assert_eq!(fp8_kv_warning(&qwen, KvCacheDtype::Auto), None);
+        assert_eq!(fp8_kv_warning(&llama, KvCacheDtype::Fp8E4m3), None);
+    }
 
     #[test]
     fn step_limits_fit_the_device_and_flags_win() {
