@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cachet_backend::block_hash::BlockHash;
-use cachet_backend::request::{EngineEvent, FinishReason, RequestTimings, Usage};
+use cachet_backend::request::{EngineEvent, EngineRequest, FinishReason, RequestTimings, Usage};
 use lru::LruCache;
 
 use super::{
@@ -43,6 +43,122 @@ pub struct Options {
     pub history_blocks: usize,
     /// Send each request's cache salt as vLLM's `cache_salt`.
     pub send_cache_salt: bool,
+}
+
+/// The `/v1/completions` body an OpenAI-compatible server is sent: OpenAI's fields, then vLLM's
+/// extensions only where a request uses them (a server without them is not sent what it would
+/// refuse); written straight from the request's fields, with no JSON tree or prompt copy between.
+#[derive(serde::Serialize)]
+struct CompletionBody<'a> {
+    model: &'a str,
+    prompt: &'a str,
+    max_tokens: usize,
+    temperature: f32,
+    top_p: f32,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+    #[serde(skip_serializing_if = "is_zero")]
+    presence_penalty: f32,
+    #[serde(skip_serializing_if = "is_zero")]
+    frequency_penalty: f32,
+    #[serde(
+        skip_serializing_if = "<[_]>::is_empty",
+        serialize_with = "bias_by_token"
+    )]
+    logit_bias: &'a [(u32, f32)],
+    #[serde(skip_serializing_if = "is_zero_usize")]
+    top_k: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    min_p: f32,
+    #[serde(skip_serializing_if = "is_one")]
+    repetition_penalty: f32,
+    #[serde(skip_serializing_if = "is_zero_usize")]
+    min_tokens: usize,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ignore_eos: bool,
+    /// Structured outputs: JSON through OpenAI's `response_format`, the rest through vLLM's
+    /// `structured_outputs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    structured_outputs: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "str::is_empty")]
+    user: &'a str,
+    /// The tenant's salt (never a client's alone): the server keeps tenants' cached prefixes
+    /// apart as the gateway's own engines do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_salt: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+fn is_zero(x: &f32) -> bool {
+    *x == 0.0
+}
+
+fn is_zero_usize(x: &usize) -> bool {
+    *x == 0
+}
+
+fn is_one(x: &f32) -> bool {
+    *x == 1.0
+}
+
+/// OpenAI's `logit_bias`: token ids as the keys of an object.
+fn bias_by_token<S: serde::Serializer>(bias: &&[(u32, f32)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(bias.iter().map(|(t, b)| (t.to_string(), b)))
+}
+
+/// The completion request `er` makes of the server serving `model`, with the rendered prompt
+/// `text`, as JSON (with the tenant's salt as `cache_salt` when `send_cache_salt`).
+fn completion_body(model: &str, send_cache_salt: bool, er: &EngineRequest, text: &str) -> Vec<u8> {
+    use cachet_backend::grammar::Constraint;
+    let p = &er.sampling;
+    let (response_format, structured_outputs) = match &er.constraint {
+        None => (None, None),
+        Some(Constraint::JsonObject) => (Some(serde_json::json!({"type": "json_object"})), None),
+        Some(Constraint::JsonSchema(s)) => (
+            Some(serde_json::json!({"type": "json_schema",
+                "json_schema": {"name": "output", "schema": s, "strict": true}})),
+            None,
+        ),
+        Some(Constraint::Regex(r)) => (None, Some(serde_json::json!({"regex": r}))),
+        Some(Constraint::Choice(c)) => (None, Some(serde_json::json!({"choice": c}))),
+        Some(Constraint::Lark(g)) => (None, Some(serde_json::json!({"grammar": g}))),
+    };
+    serde_json::to_vec(&CompletionBody {
+        model,
+        prompt: text,
+        max_tokens: er.max_tokens,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+        seed: p.seed,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        logit_bias: &p.logit_bias,
+        top_k: p.top_k,
+        min_p: p.min_p.max(0.0),
+        repetition_penalty: p.repetition_penalty,
+        min_tokens: p.min_tokens,
+        ignore_eos: er.ignore_eos,
+        response_format,
+        structured_outputs,
+        stop: &er.stop,
+        user: &er.tag,
+        cache_salt: send_cache_salt.then(|| crate::protocol::hex(&er.salt)),
+    })
+    .expect("a completion body serialises")
 }
 
 /// An OpenAI-compatible server.
@@ -308,83 +424,12 @@ impl Upstream for OpenAi {
                     "logprobs are not available from an OpenAI-compatible upstream; ask without logprobs or route to a cachet engine".into(),
                 ));
             }
-            let mut body = serde_json::json!({
-                "model": self.model,
-                "prompt": req.text,
-                "max_tokens": er.max_tokens,
-                "temperature": er.sampling.temperature,
-                "top_p": er.sampling.top_p,
-                "stream": true,
-                "stream_options": {"include_usage": true},
-            });
-            if let Some(seed) = p.seed {
-                body["seed"] = seed.into();
-            }
-            // OpenAI's processors, then vLLM's extensions (sent only when used, so a server
-            // without them is not sent what it would refuse).
-            if p.presence_penalty != 0.0 {
-                body["presence_penalty"] = p.presence_penalty.into();
-            }
-            if p.frequency_penalty != 0.0 {
-                body["frequency_penalty"] = p.frequency_penalty.into();
-            }
-            if !p.logit_bias.is_empty() {
-                body["logit_bias"] = p
-                    .logit_bias
-                    .iter()
-                    .map(|(t, b)| (t.to_string(), serde_json::Value::from(*b)))
-                    .collect::<serde_json::Map<_, _>>()
-                    .into();
-            }
-            if p.top_k > 0 {
-                body["top_k"] = p.top_k.into();
-            }
-            if p.min_p > 0.0 {
-                body["min_p"] = p.min_p.into();
-            }
-            if p.repetition_penalty != 1.0 {
-                body["repetition_penalty"] = p.repetition_penalty.into();
-            }
-            if p.min_tokens > 0 {
-                body["min_tokens"] = p.min_tokens.into();
-            }
-            if er.ignore_eos {
-                body["ignore_eos"] = true.into();
-            }
-            // Structured outputs: JSON through OpenAI's `response_format`, the rest through
-            // vLLM's `structured_outputs`.
-            use cachet_backend::grammar::Constraint;
-            match &er.constraint {
-                None => {}
-                Some(Constraint::JsonObject) => {
-                    body["response_format"] = serde_json::json!({"type": "json_object"})
-                }
-                Some(Constraint::JsonSchema(s)) => {
-                    body["response_format"] = serde_json::json!({"type": "json_schema",
-                        "json_schema": {"name": "output", "schema": s, "strict": true}})
-                }
-                Some(Constraint::Regex(r)) => {
-                    body["structured_outputs"] = serde_json::json!({"regex": r})
-                }
-                Some(Constraint::Choice(c)) => {
-                    body["structured_outputs"] = serde_json::json!({"choice": c})
-                }
-                Some(Constraint::Lark(g)) => {
-                    body["structured_outputs"] = serde_json::json!({"grammar": g})
-                }
-            }
-            if !er.stop.is_empty() {
-                body["stop"] = er.stop.clone().into();
-            }
-            if !er.tag.is_empty() {
-                body["user"] = er.tag.clone().into();
-            }
-            if self.send_cache_salt {
-                // The tenant's salt (never a client's alone): the server keeps tenants' cached
-                // prefixes apart as the gateway's own engines do.
-                body["cache_salt"] = crate::protocol::hex(&er.salt).into();
-            }
-            let body = Bytes::from(body.to_string());
+            let body = Bytes::from(completion_body(
+                &self.model,
+                self.send_cache_salt,
+                er,
+                req.text,
+            ));
             let mut tally = self.tally.start();
             let head = wait_limit(er.deadline, self.timeouts.response);
             let limit = wait_limit(er.deadline, self.timeouts.first_event);
@@ -452,5 +497,94 @@ impl Upstream for OpenAi {
 
     fn inflight(&self) -> usize {
         self.tally.inflight()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachet_backend::grammar::Constraint;
+
+    fn body(send_salt: bool, er: &EngineRequest) -> serde_json::Value {
+        serde_json::from_slice(&completion_body("m", send_salt, er, "Hello \"x\"")).unwrap()
+    }
+
+    #[test]
+    fn the_completion_body_carries_every_field_a_request_uses_and_no_other() {
+        let plain = EngineRequest::new(vec![1, 2], 16);
+        assert_eq!(
+            body(false, &plain),
+            serde_json::json!({"model": "m", "prompt": "Hello \"x\"", "max_tokens": 16,
+                "temperature": plain.sampling.temperature, "top_p": plain.sampling.top_p,
+                "stream": true, "stream_options": {"include_usage": true}})
+        );
+        let mut er = EngineRequest::new(vec![1], 8);
+        er.salt = [0xab; 32];
+        er.sampling.temperature = 0.7;
+        er.sampling.seed = Some(7);
+        er.sampling.presence_penalty = 0.5;
+        er.sampling.frequency_penalty = -0.25;
+        er.sampling.logit_bias = vec![(42, -100.0), (7, 2.5)];
+        er.sampling.top_k = 20;
+        er.sampling.min_p = 0.05;
+        er.sampling.repetition_penalty = 1.1;
+        er.sampling.min_tokens = 3;
+        er.ignore_eos = true;
+        er.stop = vec!["END".into()];
+        er.tag = "user-9".into();
+        er.constraint = Some(Constraint::Regex("[0-9]+".into()));
+        let b = body(true, &er);
+        assert_eq!(
+            b["temperature"],
+            serde_json::json!(0.7),
+            "f32 0.7 sent as 0.7"
+        );
+        for (k, v) in [
+            ("seed", serde_json::json!(7)),
+            ("presence_penalty", serde_json::json!(0.5)),
+            ("frequency_penalty", serde_json::json!(-0.25)),
+            ("logit_bias", serde_json::json!({"42": -100.0, "7": 2.5})),
+            ("top_k", serde_json::json!(20)),
+            ("min_p", serde_json::json!(0.05)),
+            ("repetition_penalty", serde_json::json!(1.1)),
+            ("min_tokens", serde_json::json!(3)),
+            ("ignore_eos", serde_json::json!(true)),
+            ("stop", serde_json::json!(["END"])),
+            ("user", serde_json::json!("user-9")),
+            ("structured_outputs", serde_json::json!({"regex": "[0-9]+"})),
+            ("cache_salt", serde_json::json!("ab".repeat(32))),
+        ] {
+            assert_eq!(b[k], v, "{k}");
+        }
+        assert!(b.get("response_format").is_none());
+        assert!(body(false, &er).get("cache_salt").is_none());
+        er.constraint = Some(Constraint::JsonSchema(
+            serde_json::json!({"type": "object"}),
+        ));
+        assert_eq!(
+            body(false, &er)["response_format"],
+            serde_json::json!({"type": "json_schema",
+                "json_schema": {"name": "output", "schema": {"type": "object"}, "strict": true}})
+        );
+        er.constraint = Some(Constraint::JsonObject);
+        assert_eq!(
+            body(false, &er)["response_format"],
+            serde_json::json!({"type": "json_object"})
+        );
+        for (c, key, v) in [
+            (
+                Constraint::Choice(vec!["a".into(), "b".into()]),
+                "choice",
+                serde_json::json!(["a", "b"]),
+            ),
+            (
+                Constraint::Lark("start: \"x\"".into()),
+                "grammar",
+                serde_json::json!("start: \"x\""),
+            ),
+        ] {
+            er.constraint = Some(c);
+            assert_eq!(body(false, &er)["structured_outputs"][key], v);
+        }
     }
 }
