@@ -86,6 +86,10 @@ struct CompletionBody<'a> {
     structured_outputs: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     stop: &'a [String],
+    /// vLLM's extension; ids of the model's vocabulary, which the gateway's tokenizer shares
+    /// with the servers it routes to.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    stop_token_ids: &'a [u32],
     #[serde(skip_serializing_if = "str::is_empty")]
     user: &'a str,
     /// The tenant's salt (never a client's alone): the server keeps tenants' cached prefixes
@@ -155,6 +159,7 @@ fn completion_body(model: &str, send_cache_salt: bool, er: &EngineRequest, text:
         response_format,
         structured_outputs,
         stop: &er.stop,
+        stop_token_ids: &er.stop_token_ids,
         user: &er.tag,
         cache_salt: send_cache_salt.then(|| crate::protocol::hex(&er.salt)),
     })
@@ -531,6 +536,7 @@ mod tests {
         er.sampling.min_tokens = 3;
         er.ignore_eos = true;
         er.stop = vec!["END".into()];
+        er.stop_token_ids = vec![2, 11];
         er.tag = "user-9".into();
         er.constraint = Some(Constraint::Regex("[0-9]+".into()));
         let b = body(true, &er);
@@ -550,6 +556,7 @@ mod tests {
             ("min_tokens", serde_json::json!(3)),
             ("ignore_eos", serde_json::json!(true)),
             ("stop", serde_json::json!(["END"])),
+            ("stop_token_ids", serde_json::json!([2, 11])),
             ("user", serde_json::json!("user-9")),
             ("structured_outputs", serde_json::json!({"regex": "[0-9]+"})),
             ("cache_salt", serde_json::json!("ab".repeat(32))),
