@@ -100,7 +100,7 @@ impl ConnectionArgs {
     pub fn lanes(&self) -> std::io::Result<Option<std::sync::Arc<Lanes>>> {
         let n = match self.io_threads {
             IoThreads::Shared => return Ok(None),
-            IoThreads::Auto => lanes::count(0),
+            IoThreads::Auto => lanes::per_core(),
             IoThreads::Lanes(n) => n,
         };
         let l = Lanes::start(n)?;

@@ -52,11 +52,8 @@ pub struct Lanes {
     next: AtomicUsize,
 }
 
-/// How many lanes `asked` means: 0 is one per CPU core this process may use.
-pub fn count(asked: usize) -> usize {
-    if asked > 0 {
-        return asked;
-    }
+/// One lane per CPU core this process may use.
+pub fn per_core() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
@@ -94,18 +91,9 @@ impl Lanes {
         }))
     }
 
-    /// How many lanes there are.
-    pub fn len(&self) -> usize {
-        self.lanes.len()
-    }
-
-    /// Always false: there is at least one lane.
-    pub fn is_empty(&self) -> bool {
-        self.lanes.is_empty()
-    }
-
     /// Connections on each lane now.
-    pub fn load(&self) -> Vec<usize> {
+    #[cfg(test)]
+    fn load(&self) -> Vec<usize> {
         self.lanes
             .iter()
             .map(|l| l.connections.load(Ordering::Relaxed))
@@ -229,8 +217,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_asks_for_a_lane_per_core() {
-        assert_eq!(count(3), 3);
-        assert!(count(0) >= 1);
+    fn there_is_a_lane_per_core_and_at_least_one() {
+        assert!(per_core() >= 1);
     }
 }

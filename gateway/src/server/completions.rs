@@ -542,12 +542,29 @@ fn text_prompts(state: &AppState, ps: Vec<PromptIn>) -> Result<Vec<(Vec<u32>, St
 /// and tokenization (about 0.7 µs a byte on one core: a 500 KB message takes 0.3 s) would hold
 /// every other request on the lane for that long; below it the hand-off costs more than it
 /// saves.
-pub const PREPARE_INLINE_BYTES: usize = 16 << 10;
+const PREPARE_INLINE_BYTES: usize = 16 << 10;
+
+/// The length of `v` as JSON text, counted as it is written (no string is kept).
+fn json_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    serde_json::to_writer(&mut c, v).expect("a JSON value writes");
+    c.0
+}
 
 /// [`prepare`] for a request that owns its inputs: inline when they are small, on the blocking
 /// pool when they are not ([`PREPARE_INLINE_BYTES`]).
 #[allow(clippy::too_many_arguments)]
-pub async fn prepare_owned(
+async fn prepare_owned(
     state: &Arc<AppState>,
     tenant: &Arc<Tenant>,
     salt: [u8; 32],
@@ -557,7 +574,7 @@ pub async fn prepare_owned(
     trace: &RequestTrace,
 ) -> Result<Prepared, ApiError> {
     let text: usize = segments.iter().map(|s| s.text.len()).sum();
-    let tools_len = tools.as_ref().map_or(0, |t| t.to_string().len());
+    let tools_len = tools.as_ref().map_or(0, json_len);
     if text + tools_len <= PREPARE_INLINE_BYTES {
         return prepare(
             state,
@@ -634,4 +651,13 @@ fn prepare_timed(
         },
         [t0, t1, t2],
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn json_len_counts_what_to_string_would_write() {
+        let v = serde_json::json!([{"type": "function", "function": {"name": "f\"x", "parameters": {"a": [1, 2.5, null]}}}]);
+        assert_eq!(super::json_len(&v), v.to_string().len());
+    }
 }
