@@ -33,13 +33,16 @@
 // Launch: grid (num_tiles, n_heads, splits), block ATT_THREADS, dynamic shared memory
 //         (ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) floats. d ≤ MAXD: each
 //         thread accumulates MAXD / 4 output dims.
-template <bool FP8, int MAXD>
+// MODE: 0 bf16 cache, 1 FP8, 2 INT8 (the codes times their channel's scale, the outlier
+// channels rebuilt from their two bytes; kv_table is the layer's table, common.cuh).
+template <int MODE, int MAXD>
 __device__ __forceinline__ void paged_attention(
     const bf16* __restrict__ qkv, const void* __restrict__ k_cache, const void* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale, const unsigned* __restrict__ pos, const unsigned* __restrict__ tile_seq, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, const unsigned* __restrict__ block_tables, int max_blocks,
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, int d,
-    int block_size, float scale, int split_len, int window) {
+    int block_size, float scale, int split_len, int window, const float* __restrict__ kv_table) {
+    constexpr bool FP8 = MODE == 1, INT8 = MODE == 2;
     extern __shared__ float smem[];
     const int dp = d + 1;  // padded row stride: no bank conflicts across rows
     float* Qs = smem;                     // [ATT_TQ][dp]
@@ -48,8 +51,18 @@ __device__ __forceinline__ void paged_attention(
     float* Ss = Vs + ATT_TK * dp;         // [ATT_TQ][ATT_TK]
     __shared__ size_t slot_of[ATT_TK];
     __shared__ float k_sc[ATT_TK], v_sc[ATT_TK];  // FP8: each key's scales
+    __shared__ float ch_sc[INT8 ? 2 : 1][INT8 ? MAXD : 1];  // INT8: the head's channel scales (K, V)
+    __shared__ int ch_out[2][KV_I8_OUTLIERS];              // INT8: its outlier channels (K, V)
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int kvh = h / (n_heads / n_kv);
+    if constexpr (INT8) {
+        for (int i = tid; i < 2 * d; i += ATT_THREADS)
+            ch_sc[i / d][i % d] = kv_table[(size_t)((i / d) * n_kv + kvh) * d + i % d];
+        if (tid < 2 * KV_I8_OUTLIERS)
+            ch_out[tid / KV_I8_OUTLIERS][tid % KV_I8_OUTLIERS] =
+                (int)kv_table[(size_t)2 * n_kv * d + ((tid / KV_I8_OUTLIERS) * n_kv + kvh) * KV_I8_OUTLIERS +
+                              tid % KV_I8_OUTLIERS];
+    }
     const int cols = (n_heads + 2 * n_kv) * d;
     const int start = tile_start[tile], qlen = tile_len[tile];
     const unsigned* table = block_tables + (size_t)tile_seq[tile] * max_blocks;
@@ -81,13 +94,42 @@ __device__ __forceinline__ void paged_attention(
             const int p = k0 + tid;
             const size_t head = (tid < kn) ? ((size_t)table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
             slot_of[tid] = head * d;
-            if constexpr (FP8) {
+            if constexpr (FP8 || INT8) {
                 k_sc[tid] = (tid < kn) ? k_scale[head] : 0.f;
                 v_sc[tid] = (tid < kn) ? v_scale[head] : 0.f;
             }
         }
         __syncthreads();
-        if constexpr (FP8) {
+        if constexpr (INT8) {
+            // 8-byte loads of 8 codes, each times its channel's scale (0 at an outlier), then the
+            // outliers written over from their two bytes (k_sc / v_sc hold the aux words).
+            const int chunks = d >> 3;
+            const signed char* kq = static_cast<const signed char*>(k_cache);
+            const signed char* vq = static_cast<const signed char*>(v_cache);
+            for (int idx = tid; idx < ATT_TK * chunks; idx += ATT_THREADS) {
+                const int c = idx / chunks, i = (idx - c * chunks) << 3;
+                uint2 kw = make_uint2(0, 0), vw = make_uint2(0, 0);
+                if (c < kn) {
+                    kw = *reinterpret_cast<const uint2*>(kq + slot_of[c] + i);
+                    vw = *reinterpret_cast<const uint2*>(vq + slot_of[c] + i);
+                }
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const int kb = (signed char)(((u < 4 ? kw.x : kw.y) >> (8 * (u & 3))) & 0xffu);
+                    const int vb = (signed char)(((u < 4 ? vw.x : vw.y) >> (8 * (u & 3))) & 0xffu);
+                    Ks[c * dp + i + u] = (float)kb * ch_sc[0][i + u];
+                    Vs[c * dp + i + u] = (float)vb * ch_sc[INT8 ? 1 : 0][i + u];
+                }
+            }
+            __syncthreads();
+            for (int idx = tid; idx < kn * 2 * KV_I8_OUTLIERS; idx += ATT_THREADS) {
+                const int c = idx / (2 * KV_I8_OUTLIERS), w = (idx / KV_I8_OUTLIERS) & 1, o = idx % KV_I8_OUTLIERS;
+                const int ch = ch_out[w][o];
+                const unsigned char* codes = static_cast<const unsigned char*>(w ? v_cache : k_cache);
+                const float aux = w ? v_sc[c] : k_sc[c];
+                (w ? Vs : Ks)[c * dp + ch] = i8_outlier(codes[slot_of[c] + ch], __float_as_uint(aux), o);
+            }
+        } else if constexpr (FP8) {
             // 8-byte loads: 8 codes per thread per row chunk (d is a multiple of 8 for FP8).
             const int chunks = d >> 3;
             const fp8* kq = static_cast<const fp8*>(k_cache);
@@ -212,25 +254,34 @@ __device__ __forceinline__ void paged_attention(
 // rope_kv launch has written.
 #define PAGED_ATTENTION_CALL                                                                                  \
     qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len, block_tables, max_blocks, out, \
-        part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len, window
+        part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len, window, kv_table
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(PAGED_ATTENTION_ARGS(bf16)) {
-    paged_attention<false, ATT_MAXD>(PAGED_ATTENTION_CALL);
+    paged_attention<0, ATT_MAXD>(PAGED_ATTENTION_CALL);
 }
 
 // As paged_attention_bf16 over an FP8 cache (d a multiple of 8).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PAGED_ATTENTION_ARGS(fp8)) {
-    paged_attention<true, ATT_MAXD>(PAGED_ATTENTION_CALL);
+    paged_attention<1, ATT_MAXD>(PAGED_ATTENTION_CALL);
+}
+
+// As paged_attention_bf16 over an INT8 cache (d a multiple of 8; `kv_table` the layer's table).
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_int8(PAGED_ATTENTION_ARGS(fp8)) {
+    paged_attention<2, ATT_MAXD>(PAGED_ATTENTION_CALL);
 }
 
 // The same for 128 < d ≤ 256 (Gemma), twice the accumulators per thread and (d = 256) 169 KiB of
 // shared memory: one block per SM.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_bf16(PAGED_ATTENTION_ARGS(bf16)) {
-    paged_attention<false, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
+    paged_attention<0, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_fp8(PAGED_ATTENTION_ARGS(fp8)) {
-    paged_attention<true, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
+    paged_attention<1, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_int8(PAGED_ATTENTION_ARGS(fp8)) {
+    paged_attention<2, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
 }
 
 // Merges the splits of the attention kernels: out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.

@@ -121,6 +121,35 @@ __device__ __forceinline__ float block_max(float v) {
 // FP8 e4m3fn (largest finite 448, no infinities) for the KV cache, in integer arithmetic so it
 // compiles for any architecture and matches backend/src/device/fp8.rs.
 typedef unsigned char fp8;
+
+// The INT8 KV cache (backend/src/device/kv_int8.rs). A layer's table: [2 (K, V)][n_kv][d] scales
+// (0 at an outlier channel), then [2][n_kv][KV_I8_OUTLIERS] outlier channels (as floats). A
+// token-head: d codes (i8; an outlier's slot holds its bf16's high byte) and an aux word whose
+// byte i is outlier i's low byte.
+#define KV_I8_OUTLIERS 4
+
+// Value x of channel c of a token-head into its INT8 slot (`scales`, `outl`: the head's part
+// of the table): round(x / scale) saturated to ±127, or the bf16 split between the code and
+// aux byte i for outlier i.
+__device__ __forceinline__ void i8_store(unsigned char* codes, unsigned char* aux, int c, float x,
+                                         const float* __restrict__ scales, const float* __restrict__ outl) {
+#pragma unroll
+    for (int i = 0; i < KV_I8_OUTLIERS; ++i)
+        if ((int)outl[i] == c) {
+            const bf16 b = f2bf(x);
+            codes[c] = (unsigned char)(b >> 8);
+            aux[i] = (unsigned char)(b & 0xffu);
+            return;
+        }
+    const float s = scales[c];
+    const float q = s > 0.f ? fminf(fmaxf(rintf(__fdiv_rn(x, s)), -127.f), 127.f) : 0.f;
+    codes[c] = (unsigned char)(signed char)(int)q;
+}
+
+// The bf16 value of outlier i from its high byte (the code at its channel) and the aux word.
+__device__ __forceinline__ float i8_outlier(unsigned hi, unsigned aux, int i) {
+    return __uint_as_float((hi << 24) | (((aux >> (8 * i)) & 0xffu) << 16));
+}
 #define E4M3_MAX 448.f
 
 // f32 → e4m3fn: round to nearest even, saturate at ±448, NaN → 0x7f.
@@ -196,4 +225,5 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s
         bf16 *__restrict__ out, float *__restrict__ part_o, float *__restrict__ part_ml, int n_heads, int n_kv, \
         int d, int block_size, float scale, int split_len, int group, int sub_tokens, int units_per_tile,     \
         const float *__restrict__ rope, const unsigned *__restrict__ slots, int fused, int window,             \
-        const bf16 *__restrict__ q_norm, const bf16 *__restrict__ k_norm, float norm_eps
+        const bf16 *__restrict__ q_norm, const bf16 *__restrict__ k_norm, float norm_eps,                      \
+        const float *__restrict__ kv_table

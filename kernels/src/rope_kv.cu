@@ -33,13 +33,15 @@ __device__ __forceinline__ float head_block_sum(float v) {
     return total;
 }
 
-template <bool FP8>
+// MODE: 0 bf16 cache, 1 FP8 (e4m3, a scale per token-head), 2 INT8 (kv_table's format).
+template <int MODE>
 __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __restrict__ rope,
                                         const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
                                         void* __restrict__ k_cache, void* __restrict__ v_cache,
                                         float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
                                         int n_kv, int d, const bf16* __restrict__ q_norm,
-                                        const bf16* __restrict__ k_norm, float norm_eps) {
+                                        const bf16* __restrict__ k_norm, float norm_eps,
+                                        const float* __restrict__ kv_table) {
     const size_t t = blockIdx.x;
     const int h = blockIdx.y, half = d / 2, j = threadIdx.x;
     bf16* row = qkv + t * (size_t)((n_heads + 2 * n_kv) * d);
@@ -65,7 +67,21 @@ __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __r
     const int kh = h - n_heads;
     const size_t head = (size_t)slot * n_kv + kh, base = head * d;
     const bf16* vr = row + (n_heads + n_kv + kh) * d;
-    if constexpr (FP8) {
+    if constexpr (MODE == 2) {
+        // Static per-channel scales; K from the rotation's f32 result, as FP8.
+        const float* ks = kv_table + (size_t)kh * d;
+        const float* vs = kv_table + (size_t)(n_kv + kh) * d;
+        const float* ko = kv_table + (size_t)2 * n_kv * d + kh * KV_I8_OUTLIERS;
+        const float* vo = ko + n_kv * KV_I8_OUTLIERS;
+        unsigned char* kc = static_cast<unsigned char*>(k_cache) + base;
+        unsigned char* vc = static_cast<unsigned char*>(v_cache) + base;
+        unsigned char* ka = reinterpret_cast<unsigned char*>(k_scale + head);
+        unsigned char* va = reinterpret_cast<unsigned char*>(v_scale + head);
+        i8_store(kc, ka, j, r1, ks, ko);
+        i8_store(kc, ka, j + half, r2, ks, ko);
+        i8_store(vc, va, j, bf2f(vr[j]), vs, vo);
+        i8_store(vc, va, j + half, bf2f(vr[j + half]), vs, vo);
+    } else if constexpr (MODE == 1) {
         // One scale per token and head: the head's largest magnitude maps to E4M3_MAX. K is
         // quantized from the rotation's f32 result, not its bf16 rounding.
         const float v1 = bf2f(vr[j]), v2 = bf2f(vr[j + half]);
@@ -102,15 +118,17 @@ __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __r
 //   k_scale, v_scale : unused (see rope_kv_fp8)
 //   q_norm, k_norm   : device, bf16 [d]: the q and k heads' RMSNorm weights, applied before the
 //              rotation (Qwen3, Gemma 3), or both null
+//   kv_table : unused (see rope_kv_int8)
 // Launch: grid (n, n_heads + n_kv), block d / 2 (d ≤ 256).
 extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __restrict__ rope,
                                         const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
                                         int n_kv, int d, const bf16* __restrict__ q_norm,
-                                        const bf16* __restrict__ k_norm, float norm_eps) {
-    rope_kv<false>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm,
-                   norm_eps);
+                                        const bf16* __restrict__ k_norm, float norm_eps,
+                                        const float* __restrict__ kv_table) {
+    rope_kv<0>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps,
+               kv_table);
 }
 
 // As rope_kv_bf16 into an FP8 cache:
@@ -121,7 +139,23 @@ extern "C" __global__ void rope_kv_fp8(bf16* __restrict__ qkv, const float* __re
                                        fp8* __restrict__ k_cache, fp8* __restrict__ v_cache,
                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
                                        int n_kv, int d, const bf16* __restrict__ q_norm,
-                                       const bf16* __restrict__ k_norm, float norm_eps) {
-    rope_kv<true>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm,
-                  norm_eps);
+                                       const bf16* __restrict__ k_norm, float norm_eps,
+                                       const float* __restrict__ kv_table) {
+    rope_kv<1>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps,
+               kv_table);
+}
+
+// As rope_kv_bf16 into an INT8 cache (common.cuh, backend/src/device/kv_int8.rs):
+//   k_cache, v_cache : device, i8 [num_slots, n_kv, d] of this layer
+//   k_scale, v_scale : device, u32 [num_slots, n_kv]: the outliers' low bytes
+//   kv_table : device, f32, this layer's table (scales and outlier channels)
+extern "C" __global__ void rope_kv_int8(bf16* __restrict__ qkv, const float* __restrict__ rope,
+                                        const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
+                                        fp8* __restrict__ k_cache, fp8* __restrict__ v_cache,
+                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
+                                        int n_kv, int d, const bf16* __restrict__ q_norm,
+                                        const bf16* __restrict__ k_norm, float norm_eps,
+                                        const float* __restrict__ kv_table) {
+    rope_kv<2>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps,
+               kv_table);
 }

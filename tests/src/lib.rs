@@ -150,8 +150,16 @@ pub fn device_runner_for(
     dtype: cachet_backend::device::KvCacheDtype,
     spec: Option<&cachet_backend::spec::SpecConfig>,
 ) -> Box<dyn Runner> {
+    use cachet_backend::device::{kv_int8, KvCacheDtype};
     let opts = RunnerOptions {
         kv_cache_dtype: dtype,
+        // The INT8 cache calibrates on the text in the model's tokenizer; a random model with
+        // none on the text's bytes.
+        kv_calibration: match (dtype, &m.tokenizer) {
+            (KvCacheDtype::Int8, Some(t)) => kv_int8::calibration_tokens(t).unwrap(),
+            (KvCacheDtype::Int8, None) => kv_int8::dummy_calibration_tokens(m.config.vocab_size),
+            _ => Vec::new(),
+        },
         ..runner_options(dev, num_blocks, spec)
     };
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
@@ -203,6 +211,7 @@ fn runner_options(
         kv_cache_dtype: Default::default(),
         quantization: Default::default(),
         tensor_parallel_size: 1,
+        kv_calibration: Vec::new(),
     }
 }
 

@@ -403,6 +403,7 @@ gpu_test! {
             kv_cache_dtype: Default::default(),
             quantization: Default::default(),
             tensor_parallel_size: 1,
+            kv_calibration: Vec::new(),
         };
         let err = match cachet_backend::model::runner::build_runner(
             &m.config,

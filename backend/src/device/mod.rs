@@ -12,6 +12,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod fp8;
+pub mod kv_int8;
 pub mod moe;
 
 use crate::config::Activation;
@@ -28,6 +29,9 @@ pub enum KvCacheDtype {
     Auto,
     /// FP8 e4m3 with an f32 scale per token and KV head ([`fp8`]): about half the bytes of bf16.
     Fp8E4m3,
+    /// INT8 with static per-channel scales calibrated at load and each head's largest channels
+    /// in bf16 ([`kv_int8`]): FP8's bytes, closer to the unquantized cache.
+    Int8,
 }
 
 impl std::str::FromStr for KvCacheDtype {
@@ -36,10 +40,13 @@ impl std::str::FromStr for KvCacheDtype {
         match s {
             "auto" | "bf16" => Ok(KvCacheDtype::Auto),
             "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8E4m3),
+            "int8" => Ok(KvCacheDtype::Int8),
             "fp8_e5m2" => {
                 Err("fp8_e5m2 is not supported: use fp8 (e4m3 with per-token scales)".into())
             }
-            other => Err(format!("unknown KV cache dtype {other:?}: use auto or fp8")),
+            other => Err(format!(
+                "unknown KV cache dtype {other:?}: use auto, fp8 or int8"
+            )),
         }
     }
 }
@@ -49,6 +56,7 @@ impl std::fmt::Display for KvCacheDtype {
         f.write_str(match self {
             KvCacheDtype::Auto => "auto",
             KvCacheDtype::Fp8E4m3 => "fp8",
+            KvCacheDtype::Int8 => "int8",
         })
     }
 }
@@ -117,11 +125,12 @@ impl KvLayout {
         self.num_blocks * self.block_size
     }
     /// Bytes one block takes across all layers, K and V: `native_elem` bytes per value in the
-    /// device's own type, or an FP8 code per value plus a scale per token-head.
+    /// device's own type, or (FP8, INT8) a code per value plus 4 bytes per token-head.
     pub fn block_bytes(&self, native_elem: usize) -> usize {
         let head = match self.dtype {
             KvCacheDtype::Auto => self.head_dim * native_elem,
             KvCacheDtype::Fp8E4m3 => fp8::fp8_head_bytes(self.head_dim),
+            KvCacheDtype::Int8 => kv_int8::int8_head_bytes(self.head_dim),
         };
         2 * self.num_layers * self.block_size * self.num_kv_heads * head
     }
@@ -331,6 +340,20 @@ pub trait Device: Send {
         self.upload(&t)
     }
     fn alloc_kv(&self, layout: &KvLayout) -> Result<Self::Kv, DeviceError>;
+    /// K and V of `layer` at `slots` of an unquantized cache, as f32 `[slots, kv heads · d]`
+    /// each: what the INT8 cache's calibration reads back.
+    fn kv_rows(
+        &self,
+        kv: &Self::Kv,
+        layer: usize,
+        slots: std::ops::Range<usize>,
+    ) -> Result<(Vec<f32>, Vec<f32>), DeviceError>;
+    /// Gives an INT8 cache ([`KvCacheDtype::Int8`]) its calibrated scales and outlier channels.
+    fn set_kv_int8_table(
+        &self,
+        kv: &mut Self::Kv,
+        table: &kv_int8::KvInt8Table,
+    ) -> Result<(), DeviceError>;
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<Self::Batch, DeviceError>;
     /// Rows of `table` for each token id, times `scale` (1, or Gemma's √hidden).
     fn embed(

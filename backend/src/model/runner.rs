@@ -10,8 +10,8 @@ use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice, CudaOptions};
 use crate::device::{
-    Device, DeviceSample, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout, StepPlan,
-    WeightQuantization,
+    kv_int8, Device, DeviceSample, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout,
+    StepPlan, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::HostWeights;
@@ -135,6 +135,10 @@ pub struct RunnerOptions {
     pub quantization: WeightQuantization,
     /// Ranks the model is split over (`--tensor-parallel-size`; 1: no split).
     pub tensor_parallel_size: usize,
+    /// Tokens the INT8 KV cache's scales are calibrated on at load (one prefill of up to
+    /// [`kv_int8::CALIBRATION_MAX_TOKENS`]): [`kv_int8::CALIBRATION_TEXT`] in the model's
+    /// tokenizer. Only read for [`KvCacheDtype::Int8`], which refuses to start without them.
+    pub kv_calibration: Vec<u32>,
 }
 
 /// The verification steps of n-gram speculation, for their CUDA graphs.
@@ -242,7 +246,17 @@ impl<D: Device> ModelRunner<D> {
             }
             .into());
         }
+        // Calibrated before the pool is allocated: the pass runs on a small cache of its own.
+        let int8_table = match layout.dtype {
+            KvCacheDtype::Int8 => {
+                Some(calibrate_int8(&dev, &model, &layout, &opts.kv_calibration)?)
+            }
+            _ => None,
+        };
         let mut kv = dev.alloc_kv(&layout)?;
+        if let Some(t) = &int8_table {
+            dev.set_kv_int8_table(&mut kv, t)?;
+        }
         tracing::info!(
             device = dev.name(),
             blocks = layout.num_blocks,
@@ -283,6 +297,59 @@ impl<D: Device> ModelRunner<D> {
             pending: None,
         })
     }
+}
+
+/// The INT8 cache's table for `model`: one prefill of the calibration tokens into an
+/// unquantized cache of its own, then each layer's per-channel largest K and V magnitudes
+/// ([`kv_int8::KvInt8Table::from_amax`]).
+fn calibrate_int8<D: Device>(
+    dev: &D,
+    model: &Decoder<D>,
+    layout: &KvLayout,
+    tokens: &[u32],
+) -> Result<kv_int8::KvInt8Table, EngineError> {
+    let n = tokens
+        .len()
+        .min(kv_int8::CALIBRATION_MAX_TOKENS)
+        .min(model.max_positions());
+    if n < 16 {
+        return Err(EngineError::InvalidRequest(format!(
+            "the int8 KV cache calibrates its scales on a text at load and was given {} tokens              (needs at least 16): pass the tokenized calibration text (kv_int8::CALIBRATION_TEXT)",
+            tokens.len()
+        )));
+    }
+    let started = std::time::Instant::now();
+    let blocks = n.div_ceil(layout.block_size);
+    let tmp_layout = KvLayout {
+        num_blocks: blocks,
+        dtype: KvCacheDtype::Auto,
+        ..*layout
+    };
+    let mut kv = dev.alloc_kv(&tmp_layout)?;
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut batch = ForwardBatch::default();
+    batch.push_seq(&tokens[..n], 0, &table, layout.block_size, true);
+    batch.validate(&tmp_layout, model.config.vocab_size)?;
+    model.forward(dev, &mut kv, &batch)?;
+    let width = layout.num_kv_heads * layout.head_dim;
+    let mut amax = Vec::with_capacity(layout.num_layers);
+    for layer in 0..layout.num_layers {
+        let (k, v) = dev.kv_rows(&kv, layer, 0..n)?;
+        let (mut ka, mut va) = (vec![0f32; width], vec![0f32; width]);
+        kv_int8::fold_amax(&mut ka, &k);
+        kv_int8::fold_amax(&mut va, &v);
+        amax.push([ka, va]);
+    }
+    let t = kv_int8::KvInt8Table::from_amax(&amax, layout.num_kv_heads, layout.head_dim)
+        .map_err(EngineError::InvalidRequest)?;
+    tracing::info!(
+        device = dev.name(),
+        tokens = n,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "int8 KV cache calibrated (static per-channel scales, {} bf16 outlier channels per head)",
+        kv_int8::OUTLIERS
+    );
+    Ok(t)
 }
 
 impl<D: Device> ModelRunner<D> {
@@ -459,6 +526,7 @@ pub fn cpu_runner(
         kv_cache_dtype: KvCacheDtype::Auto,
         quantization: WeightQuantization::None,
         tensor_parallel_size: 1,
+        kv_calibration: Vec::new(),
     };
     Ok(Box::new(ModelRunner::new(
         CpuDevice::new(),

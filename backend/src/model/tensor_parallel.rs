@@ -219,6 +219,14 @@ impl TpRunner {
     ) -> Result<Self, EngineError> {
         let n = opts.tensor_parallel_size;
         check(config, n).map_err(EngineError::InvalidRequest)?;
+        if opts.kv_cache_dtype == crate::device::KvCacheDtype::Int8 {
+            // Its calibration pass would run on one rank while the others are still loading.
+            return Err(EngineError::InvalidRequest(
+                "--kv-cache-dtype int8 is not supported with --tensor-parallel-size above 1 yet: \
+                 use auto or fp8"
+                    .into(),
+            ));
+        }
         let comm = CpuComm::new(n);
         let local = rank_config(config, n);
         let refs = weights.as_refs();

@@ -111,11 +111,14 @@ pub struct EngineArgs {
     /// (for experiments with a small cache).
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
-    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3
-    /// with a scale per token and KV head: about twice the blocks in the same memory). FP8's loss
-    /// depends on the model: SmolLM2 keeps 95–97% of its top-1 choices, models where a few key
-    /// channels dwarf the others far fewer (Qwen2.5: 77–92%); measure yours with `cachet bench
-    /// kv-fp8`.
+    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU), fp8 (e4m3
+    /// with a scale per token and KV head: about twice the blocks in the same memory) or int8
+    /// (the same bytes: a static scale per channel calibrated on a text at load, each head's 4
+    /// largest channels kept in bf16). FP8's loss depends on the model: SmolLM2 keeps 95–97% of
+    /// its top-1 choices, models where a few key channels dwarf the others far fewer (Qwen2.5:
+    /// 77–92%), which int8 keeps (BENCHMARKS §9c); on CUDA int8 runs on the CUDA-core attention
+    /// kernel (no tensor-core one yet). Measure yours with `cachet bench kv-fp8 [--compare
+    /// kv-int8]`.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
     /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
@@ -205,8 +208,8 @@ pub struct Started {
 fn fp8_kv_warning(config: &ModelConfig, dtype: KvCacheDtype) -> Option<String> {
     (dtype == KvCacheDtype::Fp8E4m3 && config.attention_bias).then(|| {
         "--kv-cache-dtype fp8 on a model with q/k/v biases: on Qwen2.5 it changed 8-23% of the \
-         top-1 tokens (BENCHMARKS §9c); check this model with `cachet bench kv-fp8`, or keep the \
-         default cache"
+         top-1 tokens (BENCHMARKS §9c); check this model with `cachet bench kv-fp8`, or use \
+         --kv-cache-dtype int8 (the same bytes) or the default cache"
             .to_string()
     })
 }
@@ -417,6 +420,12 @@ impl EngineArgs {
                 q
             },
             tensor_parallel_size: a.tensor_parallel_size,
+            kv_calibration: match a.kv_cache_dtype {
+                KvCacheDtype::Int8 => {
+                    cachet_backend::device::kv_int8::calibration_tokens(&tokenizer)?
+                }
+                _ => Vec::new(),
+            },
         };
         if let Some(w) = fp8_kv_warning(
             dummy_config.as_ref().map_or(&model.config, |(c, _)| c),

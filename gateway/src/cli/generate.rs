@@ -5,14 +5,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use cachet_backend::config::ModelConfig;
-use cachet_backend::device::ForwardBatch;
-use cachet_backend::device::WeightQuantization;
+use cachet_backend::device::{kv_int8, ForwardBatch, KvCacheDtype, WeightQuantization};
 use cachet_backend::generate::{self, GenerateParams};
 use cachet_backend::kv::SimpleAllocator;
 use cachet_backend::loader::{self, HostWeights, LoadedModel};
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::sampler::SamplingParams;
-use cachet_backend::tokenizer::{ChatMessage, IncrementalDecoder};
+use cachet_backend::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
 use clap::{Args, ValueEnum};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -53,8 +52,9 @@ pub struct ModelArgs {
     /// Run every step eagerly: no CUDA graph for the decode steps.
     #[arg(long)]
     pub enforce_eager: bool,
-    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3
-    /// with a scale per token and KV head: about twice the blocks in the same memory).
+    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU), fp8 (e4m3
+    /// with a scale per token and KV head: about twice the blocks in the same memory) or int8
+    /// (the same bytes: static per-channel scales calibrated at load, bf16 outlier channels).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
     /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
@@ -166,7 +166,15 @@ fn runner_for(
     weights: HostWeights,
     args: &ModelArgs,
     tokens: usize,
+    tokenizer: Option<&TextTokenizer>,
 ) -> anyhow::Result<Box<dyn Runner>> {
+    let kv_calibration = match args.kv_cache_dtype {
+        KvCacheDtype::Int8 => kv_int8::calibration_tokens(
+            tokenizer
+                .context("the int8 KV cache calibrates on text: this model has no tokenizer")?,
+        )?,
+        _ => Vec::new(),
+    };
     let max_len = args
         .max_model_len
         .unwrap_or(config.max_position_embeddings.min(8192));
@@ -184,6 +192,7 @@ fn runner_for(
         kv_cache_dtype: args.kv_cache_dtype,
         quantization: WeightQuantization::for_checkpoint(args.quantization, config),
         tensor_parallel_size: args.tensor_parallel_size,
+        kv_calibration,
     };
     Ok(build_runner(config, WeightSource::Owned(weights), &opts)?)
 }
@@ -210,7 +219,13 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     } else {
         tok.encode_prompt(&a.prompt)?
     };
-    let mut runner = runner_for(&config, weights, &a.model, prompt.len() + a.max_tokens)?;
+    let mut runner = runner_for(
+        &config,
+        weights,
+        &a.model,
+        prompt.len() + a.max_tokens,
+        Some(tok),
+    )?;
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampling: SamplingParams {
@@ -298,7 +313,7 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
             config.vocab_size
         );
     }
-    let mut runner = runner_for(&config, weights, &a.model, ids.len())?;
+    let mut runner = runner_for(&config, weights, &a.model, ids.len(), tokenizer.as_ref())?;
     let logits = if let Some(rows) = a.decode_last {
         if rows == 0 || rows > ids.len() {
             anyhow::bail!(

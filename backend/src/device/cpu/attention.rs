@@ -1,13 +1,13 @@
 //! Paged causal attention on the CPU: each new token attends over its sequence's keys
 //! `0..=position` (the last `window` of them in a sliding-window layer), found through the block
 //! table. Exact softmax in f32 (max-subtracted); work is
-//! split over (token, head) pairs. An FP8 cache is first dequantized, per sequence and KV head,
-//! into dense rows (the values the GPU kernels compute with).
+//! split over (token, head) pairs. An FP8 or INT8 cache is first dequantized, per sequence and KV
+//! head, into dense rows (the values the GPU kernels compute with).
 
 use rayon::prelude::*;
 
 use super::{CpuBatch, CpuKv, CpuKvStore, CpuTensor};
-use crate::device::{fp8, AttnParams, SeqInBatch};
+use crate::device::{fp8, kv_int8, AttnParams, SeqInBatch};
 
 /// Key and value rows of position `j` of a sequence, for one KV head.
 trait Rows: Sync {
@@ -107,6 +107,40 @@ pub fn paged_attention(
             let rows = Dense {
                 k: dense(&k[layer], &k_scale[layer]),
                 v: dense(&v[layer], &v_scale[layer]),
+                nkv,
+                d,
+            };
+            attend(qkv, b, p, &rows)
+        }
+        CpuKvStore::Int8 {
+            k,
+            v,
+            k_aux,
+            v_aux,
+            heads,
+        } => {
+            // The write refused an uncalibrated cache, so `heads` covers every layer of a batch
+            // with tokens (an empty one reads nothing).
+            let formats = heads.get(layer).map_or(&[][..], |f| &f[..]);
+            let dense = |codes: &[u8], aux: &[u32], which: usize| -> Vec<Vec<f32>> {
+                (0..seqs.len() * nkv)
+                    .into_par_iter()
+                    .map(|i| {
+                        let (s, kvh) = (&seqs[i / nkv], i % nkv);
+                        let f = &formats[kvh][which];
+                        let mut out = vec![0f32; s.context_len * d];
+                        for (j, row) in out.chunks_mut(d).enumerate() {
+                            let slot = s.block_table[j / bs] as usize * bs + j % bs;
+                            let h = slot * nkv + kvh;
+                            kv_int8::dequantize_head(&codes[h * d..(h + 1) * d], aux[h], f, row);
+                        }
+                        out
+                    })
+                    .collect()
+            };
+            let rows = Dense {
+                k: dense(&k[layer], &k_aux[layer], 0),
+                v: dense(&v[layer], &v_aux[layer], 1),
                 nkv,
                 d,
             };

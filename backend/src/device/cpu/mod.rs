@@ -10,8 +10,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::{
-    fp8, AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout, MoeParams,
-    MoeWeights,
+    fp8, kv_int8, AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout,
+    MoeParams, MoeWeights,
 };
 use crate::config::Activation;
 use crate::error::DeviceError;
@@ -34,7 +34,8 @@ impl CpuTensor {
 }
 
 /// The paged KV cache: per layer, K and V of `[num_slots, num_kv_heads, head_dim]`, in f32, or
-/// (FP8) as e4m3 codes with a scale per `[num_slots, num_kv_heads]`.
+/// (FP8) as e4m3 codes with a scale per `[num_slots, num_kv_heads]`, or (INT8) as codes with an
+/// aux word per `[num_slots, num_kv_heads]` and the calibrated table ([`kv_int8`]).
 pub struct CpuKv {
     pub layout: KvLayout,
     pub store: CpuKvStore,
@@ -51,6 +52,14 @@ pub enum CpuKvStore {
         k_scale: Vec<Vec<f32>>,
         v_scale: Vec<Vec<f32>>,
     },
+    Int8 {
+        k: Vec<Vec<u8>>,
+        v: Vec<Vec<u8>>,
+        k_aux: Vec<Vec<u32>>,
+        v_aux: Vec<Vec<u32>>,
+        /// Per layer, per KV head: K's and V's formats; empty until calibrated.
+        heads: Vec<Vec<[kv_int8::HeadFormat; 2]>>,
+    },
 }
 
 impl CpuKv {
@@ -59,7 +68,13 @@ impl CpuKv {
     }
 
     /// Stores one token's K and V (`[num_kv_heads · head_dim]` each) at `slot` of `layer`.
-    fn write(&mut self, layer: usize, slot: usize, k_src: &[f32], v_src: &[f32]) {
+    fn write(
+        &mut self,
+        layer: usize,
+        slot: usize,
+        k_src: &[f32],
+        v_src: &[f32],
+    ) -> Result<(), DeviceError> {
         let (stride, d) = (self.slot_stride(), self.layout.head_dim);
         let range = slot * stride..(slot + 1) * stride;
         match &mut self.store {
@@ -82,7 +97,37 @@ impl CpuKv {
                         fp8::quantize_head(&v_src[h * d..(h + 1) * d], &mut v[layer][lo..hi]);
                 }
             }
+            CpuKvStore::Int8 {
+                k,
+                v,
+                k_aux,
+                v_aux,
+                heads,
+            } => {
+                let nkv = self.layout.num_kv_heads;
+                let Some(formats) = heads.get(layer) else {
+                    return Err(DeviceError::Op {
+                        device: "cpu",
+                        op: "kv write",
+                        msg: "the int8 KV cache has no calibrated scales".into(),
+                    });
+                };
+                for (h, [fk, fv]) in formats.iter().enumerate().take(nkv) {
+                    let (lo, hi) = (slot * stride + h * d, slot * stride + (h + 1) * d);
+                    k_aux[layer][slot * nkv + h] = kv_int8::quantize_head(
+                        &k_src[h * d..(h + 1) * d],
+                        fk,
+                        &mut k[layer][lo..hi],
+                    );
+                    v_aux[layer][slot * nkv + h] = kv_int8::quantize_head(
+                        &v_src[h * d..(h + 1) * d],
+                        fv,
+                        &mut v[layer][lo..hi],
+                    );
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -213,11 +258,71 @@ impl Device for CpuDevice {
                 k_scale: zeroed_layers(l, heads, 0.0f32)?,
                 v_scale: zeroed_layers(l, heads, 0.0f32)?,
             },
+            KvCacheDtype::Int8 => CpuKvStore::Int8 {
+                k: zeroed_layers(l, n, 0u8)?,
+                v: zeroed_layers(l, n, 0u8)?,
+                k_aux: zeroed_layers(l, heads, 0u32)?,
+                v_aux: zeroed_layers(l, heads, 0u32)?,
+                heads: Vec::new(),
+            },
         };
         Ok(CpuKv {
             layout: *layout,
             store,
         })
+    }
+
+    fn kv_rows(
+        &self,
+        kv: &CpuKv,
+        layer: usize,
+        slots: std::ops::Range<usize>,
+    ) -> Result<(Vec<f32>, Vec<f32>), DeviceError> {
+        let stride = kv.slot_stride();
+        let (CpuKvStore::F32 { k, v }, true) = (
+            &kv.store,
+            layer < kv.layout.num_layers && slots.end <= kv.layout.num_slots(),
+        ) else {
+            return Err(DeviceError::Op {
+                device: "cpu",
+                op: "kv_rows",
+                msg: "reads an unquantized cache's layers and slots only".into(),
+            });
+        };
+        let r = slots.start * stride..slots.end * stride;
+        Ok((k[layer][r.clone()].to_vec(), v[layer][r].to_vec()))
+    }
+
+    fn set_kv_int8_table(
+        &self,
+        kv: &mut CpuKv,
+        table: &kv_int8::KvInt8Table,
+    ) -> Result<(), DeviceError> {
+        let l = kv.layout;
+        let CpuKvStore::Int8 { heads, .. } = &mut kv.store else {
+            return Err(DeviceError::Op {
+                device: "cpu",
+                op: "set_kv_int8_table",
+                msg: "the cache is not int8".into(),
+            });
+        };
+        if (table.num_layers, table.num_kv_heads, table.head_dim)
+            != (l.num_layers, l.num_kv_heads, l.head_dim)
+        {
+            return Err(DeviceError::Op {
+                device: "cpu",
+                op: "set_kv_int8_table",
+                msg: "the table's shape is not the cache's".into(),
+            });
+        }
+        *heads = (0..l.num_layers)
+            .map(|layer| {
+                (0..l.num_kv_heads)
+                    .map(|h| [table.head(layer, 0, h), table.head(layer, 1, h)])
+                    .collect()
+            })
+            .collect();
+        Ok(())
     }
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CpuBatch, DeviceError> {
@@ -584,7 +689,7 @@ fn rope_and_cache(
         let slot = b.batch.slot_mapping[t] as usize;
         let k_src = &row[p.num_heads * d..p.num_heads * d + kv_dim];
         let v_src = &row[p.num_heads * d + kv_dim..p.num_heads * d + 2 * kv_dim];
-        kv.write(layer, slot, k_src, v_src);
+        kv.write(layer, slot, k_src, v_src)?;
     }
     Ok(())
 }

@@ -18,13 +18,20 @@ fn layer_kv(kv: &mut CudaKv, layer: usize) -> LayerKv<'_> {
         v: &mut kv.v[layer],
         k_scale: &mut kv.k_scale[layer],
         v_scale: &mut kv.v_scale[layer],
+        table: &kv.int8_table[layer],
     }
 }
 
 impl CudaDevice {
     /// The tensor-core attention kernel for head_dim `d` and the cache's dtype, if there is one
-    /// (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core kernel).
-    fn mma_attention(&self, d: usize, fp8: bool) -> Option<&CudaFunction> {
+    /// (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core kernel). The INT8 cache has
+    /// only the CUDA-core kernel so far.
+    fn mma_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<&CudaFunction> {
+        let fp8 = match dtype {
+            KvCacheDtype::Auto => false,
+            KvCacheDtype::Fp8E4m3 => true,
+            KvCacheDtype::Int8 => return None,
+        };
         match (d, fp8) {
             _ if self.options.simt_attention => None,
             (64, false) => Some(&self.k.attention_mma_d64),
@@ -41,7 +48,7 @@ impl CudaDevice {
         &self,
         b: &CudaBatch,
         p: &AttnParams,
-        fp8: bool,
+        dtype: KvCacheDtype,
     ) -> Result<AttentionPlan, DeviceError> {
         AttentionPlan::choose(
             &StepShape {
@@ -53,7 +60,7 @@ impl CudaDevice {
             },
             &Capabilities {
                 sms: self.sms,
-                tensor_cores: self.mma_attention(p.head_dim, fp8).is_some(),
+                tensor_cores: self.mma_attention(p.head_dim, dtype).is_some(),
                 fused_rope: self.options.fused_rope,
                 split: self.options.split,
             },
@@ -80,6 +87,7 @@ impl CudaDevice {
             let func = match kv.layout.dtype {
                 KvCacheDtype::Auto => &self.k.rope_kv,
                 KvCacheDtype::Fp8E4m3 => &self.k.rope_kv_fp8,
+                KvCacheDtype::Int8 => &self.k.rope_kv_int8,
             };
             self.launch_rope_kv(
                 func,
@@ -107,13 +115,14 @@ impl CudaDevice {
         b: &CudaBatch,
         p: &AttnParams,
     ) -> Result<CudaTensor, DeviceError> {
-        let fp8 = kv.layout.dtype == KvCacheDtype::Fp8E4m3;
+        let dtype = kv.layout.dtype;
+        let fp8 = dtype == KvCacheDtype::Fp8E4m3;
         let d = p.head_dim;
         if b.n == 0 {
             let out = self.alloc_bf16(0, "attention")?;
             return Ok(CudaTensor::new_bf16(0, p.num_heads * d, out));
         }
-        let plan = self.attention_plan(b, p, fp8)?;
+        let plan = self.attention_plan(b, p, dtype)?;
         let qk_norm = match qk_norm {
             Some(n) => Some((n.q.bf16("head norm")?, n.k.bf16("head norm")?, n.eps)),
             None => None,
@@ -129,7 +138,7 @@ impl CudaDevice {
                 self.alloc_f32(if split { rows * d } else { 1 }, "attention splits")?;
             let mut part_ml =
                 self.alloc_f32(if split { rows * 2 } else { 1 }, "attention splits")?;
-            let mma = self.mma_attention(d, fp8);
+            let mma = self.mma_attention(d, dtype);
             let (func, grid, shared) = match mma {
                 Some(f) => (
                     f,
@@ -141,11 +150,13 @@ impl CudaDevice {
                     },
                 ),
                 None => (
-                    match (fp8, d > ATT_MAXD) {
-                        (false, false) => &self.k.attention,
-                        (true, false) => &self.k.attention_fp8,
-                        (false, true) => &self.k.attention_d256,
-                        (true, true) => &self.k.attention_d256_fp8,
+                    match (dtype, d > ATT_MAXD) {
+                        (KvCacheDtype::Auto, false) => &self.k.attention,
+                        (KvCacheDtype::Fp8E4m3, false) => &self.k.attention_fp8,
+                        (KvCacheDtype::Int8, false) => &self.k.attention_int8,
+                        (KvCacheDtype::Auto, true) => &self.k.attention_d256,
+                        (KvCacheDtype::Fp8E4m3, true) => &self.k.attention_d256_fp8,
+                        (KvCacheDtype::Int8, true) => &self.k.attention_d256_int8,
                     },
                     (b.num_tiles, p.num_heads, plan.splits),
                     attention_smem_bytes(d),

@@ -107,10 +107,13 @@ pub struct Kernels {
     pub gather_rows: CudaFunction,
     pub rope_kv: CudaFunction,
     pub rope_kv_fp8: CudaFunction,
+    pub rope_kv_int8: CudaFunction,
     pub attention: CudaFunction,
     pub attention_fp8: CudaFunction,
+    pub attention_int8: CudaFunction,
     pub attention_d256: CudaFunction,
     pub attention_d256_fp8: CudaFunction,
+    pub attention_d256_int8: CudaFunction,
     pub attention_mma_d64: CudaFunction,
     pub attention_mma_d128: CudaFunction,
     pub attention_mma_d256: CudaFunction,
@@ -202,10 +205,13 @@ impl Kernels {
             gather_rows: f("gather_rows_bf16")?,
             rope_kv: f("rope_kv_bf16")?,
             rope_kv_fp8: f("rope_kv_fp8")?,
+            rope_kv_int8: f("rope_kv_int8")?,
             attention: f("paged_attention_bf16")?,
             attention_fp8: f("paged_attention_fp8")?,
+            attention_int8: f("paged_attention_int8")?,
             attention_d256: f("paged_attention_d256_bf16")?,
             attention_d256_fp8: f("paged_attention_d256_fp8")?,
+            attention_d256_int8: f("paged_attention_d256_int8")?,
             attention_mma_d64: f("paged_attention_mma_d64_bf16")?,
             attention_mma_d128: f("paged_attention_mma_d128_bf16")?,
             attention_mma_d256: f("paged_attention_mma_d256_bf16")?,
@@ -242,10 +248,14 @@ impl Kernels {
             moe_gemm: [f("moe_gemm_bm64_bf16")?, f("moe_gemm_bm128_bf16")?],
             moe_combine: f("moe_combine_bf16")?,
         };
-        for func in [&k.attention, &k.attention_fp8] {
+        for func in [&k.attention, &k.attention_fp8, &k.attention_int8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
         }
-        for func in [&k.attention_d256, &k.attention_d256_fp8] {
+        for func in [
+            &k.attention_d256,
+            &k.attention_d256_fp8,
+            &k.attention_d256_int8,
+        ] {
             smem(func, attention_smem_bytes(ATT_MAXD_WIDE))?;
         }
         smem(&k.attention_mma_d64, mma_smem_bytes(64))?;

@@ -70,6 +70,8 @@ pub(super) struct LayerKv<'a> {
     pub v: &'a mut CudaSlice<u8>,
     pub k_scale: &'a mut CudaSlice<f32>,
     pub v_scale: &'a mut CudaSlice<f32>,
+    /// The INT8 cache's table of this layer (unread for other dtypes).
+    pub table: &'a CudaSlice<f32>,
 }
 
 /// The arguments every attention kernel takes (attention.cu / attention_mma.cu).
@@ -252,7 +254,7 @@ impl CudaDevice {
             }
             None => l.arg(&null).arg(&null),
         };
-        l.arg(&eps);
+        l.arg(&eps).arg(kv.table);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, (nh + nkv) as u32, 1),
             block_dim: ((d / 2) as u32, 1, 1),
@@ -313,7 +315,7 @@ impl CudaDevice {
             }
             None => l.arg(&null).arg(&null),
         };
-        l.arg(&eps);
+        l.arg(&eps).arg(a.kv.table);
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
             block_dim: (

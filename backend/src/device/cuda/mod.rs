@@ -31,13 +31,16 @@ mod tensor;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
 pub use options::{CudaOptions, SplitOptions};
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
-use super::{AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvLayout, MoeParams, MoeWeights};
+use super::{
+    AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout, MoeParams,
+    MoeWeights,
+};
 use crate::config::Activation;
 use crate::error::DeviceError;
 use crate::tensor::HostTensor;
@@ -206,6 +209,59 @@ impl Device for CudaDevice {
 
     fn alloc_kv(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
         self.alloc_kv_cache(layout)
+    }
+
+    fn kv_rows(
+        &self,
+        kv: &CudaKv,
+        layer: usize,
+        slots: std::ops::Range<usize>,
+    ) -> Result<(Vec<f32>, Vec<f32>), DeviceError> {
+        let l = kv.layout;
+        if l.dtype != KvCacheDtype::Auto || layer >= l.num_layers || slots.end > l.num_slots() {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "kv_rows",
+                msg: "reads an unquantized cache's layers and slots only".into(),
+            });
+        }
+        // bf16: two bytes per value.
+        let bytes = 2 * l.num_kv_heads * l.head_dim;
+        let read = |buf: &CudaSlice<u8>| -> Result<Vec<f32>, DeviceError> {
+            let raw = self
+                .stream
+                .clone_dtoh(&buf.slice(slots.start * bytes..slots.end * bytes))
+                .map_err(op_err("download"))?;
+            Ok(raw
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+                .collect())
+        };
+        Ok((read(&kv.k[layer])?, read(&kv.v[layer])?))
+    }
+
+    fn set_kv_int8_table(
+        &self,
+        kv: &mut CudaKv,
+        table: &crate::device::kv_int8::KvInt8Table,
+    ) -> Result<(), DeviceError> {
+        let l = kv.layout;
+        if l.dtype != KvCacheDtype::Int8
+            || (table.num_layers, table.num_kv_heads, table.head_dim)
+                != (l.num_layers, l.num_kv_heads, l.head_dim)
+        {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "set_kv_int8_table",
+                msg: "the cache is not int8 or the table's shape is not the cache's".into(),
+            });
+        }
+        for (layer, dst) in kv.int8_table.iter_mut().enumerate() {
+            self.stream
+                .memcpy_htod(table.layer(layer), dst)
+                .map_err(op_err("upload"))?;
+        }
+        Ok(())
     }
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CudaBatch, DeviceError> {

@@ -124,6 +124,9 @@ pub struct CudaKv {
     pub(super) v: Vec<CudaSlice<u8>>,
     pub(super) k_scale: Vec<CudaSlice<f32>>,
     pub(super) v_scale: Vec<CudaSlice<f32>>,
+    /// INT8: each layer's table ([`crate::device::kv_int8::KvInt8Table::layer`]), zeros until
+    /// calibrated; other dtypes: one unread element per layer.
+    pub(super) int8_table: Vec<CudaSlice<f32>>,
     /// Decode graphs captured over this cache.
     pub(super) graphs: Option<DecodeGraphs>,
 }
@@ -186,24 +189,32 @@ impl CudaDevice {
     pub(super) fn alloc_kv_cache(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
         let heads = layout.num_slots() * layout.num_kv_heads;
         let n = heads * layout.head_dim;
-        let fp8 = layout.dtype == KvCacheDtype::Fp8E4m3;
-        if fp8 && !layout.head_dim.is_multiple_of(8) {
+        // FP8 and INT8 take the same buffers: a byte per value and 4 per token-head.
+        let coded = layout.dtype != KvCacheDtype::Auto;
+        if coded && !layout.head_dim.is_multiple_of(8) {
             return Err(DeviceError::Op {
                 device: DEV,
                 op: "alloc_kv",
                 msg: format!(
-                    "an FP8 KV cache needs head_dim divisible by 8 (got {})",
-                    layout.head_dim
+                    "an {} KV cache needs head_dim divisible by 8 (got {})",
+                    layout.dtype, layout.head_dim
                 ),
             });
         }
-        let (bytes, scales) = if fp8 { (n, heads) } else { (2 * n, 1) };
+        let (bytes, scales) = if coded { (n, heads) } else { (2 * n, 1) };
+        let table = match layout.dtype {
+            KvCacheDtype::Int8 => {
+                crate::device::kv_int8::KvInt8Table::layer_len(layout.num_kv_heads, layout.head_dim)
+            }
+            _ => 1,
+        };
         let mut kv = CudaKv {
             layout: *layout,
             k: Vec::with_capacity(layout.num_layers),
             v: Vec::with_capacity(layout.num_layers),
             k_scale: Vec::with_capacity(layout.num_layers),
             v_scale: Vec::with_capacity(layout.num_layers),
+            int8_table: Vec::with_capacity(layout.num_layers),
             graphs: None,
         };
         for _ in 0..layout.num_layers {
@@ -211,6 +222,7 @@ impl CudaDevice {
             kv.v.push(zeros(&self.stream, bytes)?);
             kv.k_scale.push(zeros(&self.stream, scales)?);
             kv.v_scale.push(zeros(&self.stream, scales)?);
+            kv.int8_table.push(zeros(&self.stream, table)?);
         }
         Ok(kv)
     }

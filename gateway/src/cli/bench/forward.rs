@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cachet_backend::config::ModelConfig;
-use cachet_backend::device::{ForwardBatch, KvLayout, StepPlan, WeightQuantization};
+use cachet_backend::device::{
+    kv_int8, ForwardBatch, KvCacheDtype, KvLayout, StepPlan, WeightQuantization,
+};
 use cachet_backend::loader;
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use clap::Args;
@@ -61,8 +63,9 @@ pub struct ForwardArgs {
     /// largest decode batch, the longest prefill) and print where the time goes.
     #[arg(long)]
     pub profile: bool,
-    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3
-    /// with a scale per token and KV head: about twice the blocks in the same memory).
+    /// KV cache storage: auto (the device's type: bf16 on CUDA, f32 on the CPU), fp8 (e4m3
+    /// with a scale per token and KV head: about twice the blocks in the same memory) or int8
+    /// (the same bytes: static per-channel scales calibrated at load, bf16 outlier channels).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
     /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
@@ -199,6 +202,7 @@ fn kv_bytes(layout: &KvLayout, ctx: usize, elem: f64) -> f64 {
 
 pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     let (config, host);
+    let mut kv_calibration = Vec::new();
     let weights = match a.load_format {
         LoadFormat::Dummy => {
             let path = PathBuf::from(&a.model);
@@ -208,6 +212,9 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 path
             };
             config = ModelConfig::from_hf_json(&cfg_path)?;
+            if a.kv_cache_dtype == KvCacheDtype::Int8 {
+                kv_calibration = kv_int8::dummy_calibration_tokens(config.vocab_size);
+            }
             WeightSource::Dummy { seed: 0 }
         }
         LoadFormat::Auto => {
@@ -216,6 +223,11 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             }
             host = loader::load(&a.model, true).with_context(|| format!("loading {}", a.model))?;
             config = host.config.clone();
+            if a.kv_cache_dtype == KvCacheDtype::Int8 {
+                kv_calibration = kv_int8::calibration_tokens(host.tokenizer.as_ref().context(
+                    "the int8 KV cache calibrates on text: this model has no tokenizer",
+                )?)?;
+            }
             WeightSource::Host(&host.weights)
         }
     };
@@ -229,6 +241,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         kv_cache_dtype: a.kv_cache_dtype,
         quantization: a.quantization,
         tensor_parallel_size: a.tensor_parallel_size,
+        kv_calibration,
     };
     let mut r = build_runner(&config, weights, &opts)?;
     let dev = r.device_name();

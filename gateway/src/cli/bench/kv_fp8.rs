@@ -3,12 +3,13 @@
 //! run: logits of the last positions of short and long prompts (relative error, largest error,
 //! top-1 agreement, KL), greedy agreement on chat prompts (real weights only: random weights say
 //! nothing about answers), and KV blocks per GiB. `--compare weights` holds FP8 projection
-//! weights (`--quantization fp8`) against the loaded ones the same way, KV as the device's own.
+//! weights (`--quantization fp8`) against the loaded ones the same way, KV as the device's own;
+//! `--compare kv-int8` the INT8 KV cache (`--kv-cache-dtype int8`, FP8's bytes).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use cachet_backend::device::{KvCacheDtype, KvLayout, WeightQuantization};
+use cachet_backend::device::{kv_int8, KvCacheDtype, KvLayout, WeightQuantization};
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::rng::Rng;
 use cachet_backend::tokenizer::ChatMessage;
@@ -32,8 +33,8 @@ pub struct KvFp8Args {
     /// Prompt tokens per prefill pass.
     #[arg(long, default_value_t = 2048)]
     pub chunk: usize,
-    /// What is FP8 in the run compared with the reference: the KV cache, or the projection
-    /// weights (quantized at load).
+    /// What is quantized in the run compared with the reference: the KV cache in FP8, the
+    /// projection weights in FP8 (quantized at load), or the KV cache in INT8.
     #[arg(long, value_enum, default_value = "kv")]
     pub compare: Compare,
     /// Write the results as JSON here too.
@@ -47,6 +48,9 @@ pub enum Compare {
     Kv,
     /// FP8 projection weights (`--quantization fp8`).
     Weights,
+    /// The INT8 KV cache (`--kv-cache-dtype int8`): calibrated per-channel scales, bf16
+    /// outliers.
+    KvInt8,
 }
 
 /// Long natural text for a real model's tokenizer: the workloads' prompts, numbered, repeated.
@@ -81,6 +85,10 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
             kv_cache_dtype: dtype,
             quantization,
             tensor_parallel_size: 1,
+            kv_calibration: match dtype {
+                KvCacheDtype::Int8 => kv_int8::calibration_tokens(&tokenizer)?,
+                _ => Vec::new(),
+            },
         };
         let w = match &host {
             Some(m) => WeightSource::Host(&m.weights),
@@ -92,27 +100,34 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
     let mut fp8 = match a.compare {
         Compare::Kv => make(KvCacheDtype::Fp8E4m3, WeightQuantization::None)?,
         Compare::Weights => make(KvCacheDtype::Auto, WeightQuantization::Fp8)?,
+        Compare::KvInt8 => make(KvCacheDtype::Int8, WeightQuantization::None)?,
     };
     let dev = reference.device_name();
     let native = if dev == "cpu" { 4 } else { 2 };
     let per_gib = |l: KvLayout| (1usize << 30) / l.block_bytes(native);
     let (ref_blocks, fp8_blocks) = (per_gib(reference.kv_layout()), per_gib(fp8.kv_layout()));
     println!(
-        "model {} ({} layers, {} KV heads × {}), device {dev}, {} weights; FP8 {}",
+        "model {} ({} layers, {} KV heads × {}), device {dev}, {} weights; {}",
         a.m.model,
         config.num_hidden_layers,
         config.num_key_value_heads,
         config.head_dim,
         if dummy { "random" } else { "real" },
         match a.compare {
-            Compare::Kv => "KV cache against the device's own",
-            Compare::Weights => "projection weights against the loaded ones",
+            Compare::Kv => "FP8 KV cache against the device's own",
+            Compare::Weights => "FP8 projection weights against the loaded ones",
+            Compare::KvInt8 => "INT8 KV cache against the device's own",
         }
     );
-    if a.compare == Compare::Kv {
+    if a.compare != Compare::Weights {
         println!(
-            "KV blocks of 16 tokens per GiB: {} {ref_blocks}, fp8 {fp8_blocks} ({:.2}×)\n",
+            "KV blocks of 16 tokens per GiB: {} {ref_blocks}, {} {fp8_blocks} ({:.2}×)\n",
             if dev == "cpu" { "f32" } else { "bf16" },
+            if a.compare == Compare::KvInt8 {
+                "int8"
+            } else {
+                "fp8"
+            },
             fp8_blocks as f64 / ref_blocks as f64
         );
     }
@@ -186,7 +201,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
             "model": a.m.model,
             "device": dev,
             "dummy_weights": dummy,
-            "fp8": match a.compare { Compare::Kv => "kv", Compare::Weights => "weights" },
+            "fp8": match a.compare { Compare::Kv => "kv", Compare::Weights => "weights", Compare::KvInt8 => "kv-int8" },
             "blocks_per_gib": {"reference": ref_blocks, "fp8": fp8_blocks},
             "logits": diffs,
             "greedy": greedy,

@@ -115,6 +115,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             kv_cache_dtype: Default::default(),
             quantization: Default::default(),
             tensor_parallel_size: 1,
+            kv_calibration: Vec::new(),
         };
         build_runner(&config, weights, &opts)
     };
