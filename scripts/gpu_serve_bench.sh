@@ -4,7 +4,8 @@
 # 1,000 output tokens (ignore_eos), 256 in flight — once with the default flags (the step limits
 # chosen for the device) and once with the CPU-sized limits that were the defaults before
 # (--max-num-seqs 64 --max-num-batched-tokens 2048), one after the other; RUNS picks others:
-# fp8-weights (--quantization fp8), kv-fp8 (--kv-cache-dtype fp8), fp8 (both).
+# fp8-weights (--quantization fp8), kv-fp8 (--kv-cache-dtype fp8), kv-int8 (--kv-cache-dtype int8),
+# fp8 (both).
 # Carry .carry/cachet.xz; SmolLM2's GGUF as /tmp/smollm2.gguf (an earlier carry).
 #   OUT=... [N=1000] [RUNS="defaults fp8"] scripts/gpu_serve_bench.sh
 source "$(dirname "$0")/gpu_common.sh"
@@ -33,6 +34,7 @@ for r in ${RUNS:-defaults cpu-sized-limits}; do
     cpu-sized-limits) run cpu-sized-limits --max-num-seqs 64 --max-num-batched-tokens 2048 ;;
     fp8-weights) run fp8-weights --quantization fp8 ;;
     kv-fp8) run kv-fp8 --kv-cache-dtype fp8 ;;
+    kv-int8) run kv-int8 --kv-cache-dtype int8 ;;
     fp8) run fp8 --quantization fp8 --kv-cache-dtype fp8 ;;
     *) echo "unknown run $r" ;;
   esac

@@ -127,6 +127,36 @@ __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, bool scaled, unsig
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+// Two INT8 codes (low byte first) → f16x2, exactly: a code with its sign bit flipped is the low
+// mantissa byte of 1024 + (code + 128) in f16, and 1152 subtracted leaves the code.
+__device__ __forceinline__ unsigned i8x2_f16x2(unsigned two) {
+    const unsigned h = __byte_perm(two ^ 0x8080u, 0x64646464u, 0x4140);
+    unsigned r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(0x64806480u));
+    return r;
+}
+
+// 16 INT8 codes (one 16-byte load) → 16 f16 in shared memory, unscaled (the INT8 cache's channel
+// scales are applied to Q for K and to the output for V).
+__device__ __forceinline__ void dequant16_i8(bf16* dst, uint4 w) {
+    const unsigned words[4] = {w.x, w.y, w.z, w.w};
+    unsigned o[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        o[2 * k] = i8x2_f16x2(words[k] & 0xffffu);
+        o[2 * k + 1] = i8x2_f16x2(words[k] >> 16);
+    }
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// f32 → f16 bits, round to nearest even.
+__device__ __forceinline__ bf16 f2h(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
 // 8 pairs of a head as f32: x[0] = a[0..8), x[1] = b[0..8) (bf16, 16-byte aligned).
 __device__ __forceinline__ void load_pairs8(const bf16* a, const bf16* b, float (&x)[2][8]) {
     const uint4 xa = *reinterpret_cast<const uint4*>(a), xb = *reinterpret_cast<const uint4*>(b);
@@ -207,7 +237,13 @@ __device__ __forceinline__ uint2 codes8(const float* r, float inv) {
 // each tile is then converted into one f16 K/V tile (K as plain codes, its scales applied to the
 // scores; V times its scales), and the tensor-core loop runs in f16 (Q and P in f16 too): one
 // conversion per two values. Half the bytes of the bf16 path in flight per tile, twice the tiles.
-template <int D, bool FP8>
+// INT8 (MODE 2; the same buffers, `kv_table` the layer's table, common.cuh) takes the FP8 path with
+// three changes: Q is staged times K's channel scales (0 at K's outlier channels), and each score
+// gets Σ_i q[o_i] · k[o_i] over K's outliers (kout, rebuilt from their two bytes per tile) instead
+// of a per-key scale; V's tile holds plain codes with its outlier channels written over, and the
+// output is multiplied by V's channel scales (1 at the outliers).
+// MODE: 0 bf16 cache, 1 FP8, 2 INT8; `FP8` below means either coded cache.
+template <int D, int MODE>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void* __restrict__ k_cache,
                                               void* __restrict__ v_cache, float* __restrict__ k_scale,
                                               float* __restrict__ v_scale, const unsigned* __restrict__ pos,
@@ -221,7 +257,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                                               int units_per_tile, const float* __restrict__ rope,
                                               const unsigned* __restrict__ slots, int fused, int window,
                                               const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
-                                              float norm_eps) {
+                                              float norm_eps, const float* __restrict__ kv_table) {
+    constexpr bool FP8 = MODE != 0, I8 = MODE == 2;
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
     constexpr int KG = MMA_KGROUPS(D), THREADS = MMA_THREADS * KG;
     constexpr int TILE = MMA_TK * DP;
@@ -243,6 +280,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     fp8* raw_dec = reinterpret_cast<fp8*>(stage + TILE);
     __shared__ float raw_scale[FP8 ? DEC_STAGES : 1][2][MMA_TK];  // [stage][K, V][row]
     __shared__ float tile_k_scale[FP8 ? MMA_TK : 1];      // K scales of the tile being computed
+    __shared__ float qout[I8 ? MMA_TQ : 1][KV_I8_OUTLIERS];  // INT8: each Q row at K's outliers
+    __shared__ float4 kout[I8 ? MMA_TK : 1];                 // INT8: the tile's K at its outliers
     // Rows (slot * n_kv + kv head) of the key tiles in the cache, per stage: looked up once per
     // row, before the copies that read them.
     __shared__ unsigned slot_of[FP8 ? DEC_STAGES : 2][MMA_TK];
@@ -252,6 +291,15 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, fr = lane >> 2, fq = lane & 3;
     const int cols = (n_heads + 2 * n_kv) * D;
+    // INT8: this kv head's outlier channels, K's and V's.
+    int och_k[KV_I8_OUTLIERS], och_v[KV_I8_OUTLIERS];
+    if constexpr (I8) {
+#pragma unroll
+        for (int i = 0; i < KV_I8_OUTLIERS; ++i) {
+            och_k[i] = (int)kv_table[2 * n_kv * D + kvh * KV_I8_OUTLIERS + i];
+            och_v[i] = (int)kv_table[2 * n_kv * D + (n_kv + kvh) * KV_I8_OUTLIERS + i];
+        }
+    }
     const int start = tile_start[tile] + sub * sub_tokens;
     const int ntok = min(sub_tokens, (int)tile_len[tile] - sub * sub_tokens);
     if (ntok <= 0) return;  // the whole block: no barrier skipped
@@ -333,15 +381,36 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         const fp8* rk = (dec ? raw_dec : raw) + buf * 2 * MMA_TK * D;
         const fp8* rv = rk + MMA_TK * D;
         bf16* vt = dec ? stage : stage + TILE;
-        for (int idx = me; idx < nr * CH; idx += nt) {
-            const int c = r0 + idx / CH, i = idx % CH;
-            const float vs = raw_scale[FP8 ? buf : 0][1][c];
-            if (!dec)
-                dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16), false, 0u);
-            dequant16(vt + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16), true,
-                      pack_f16(vs, vs));
+        if constexpr (I8) {
+            for (int idx = me; idx < nr * CH; idx += nt) {
+                const int c = r0 + idx / CH, i = idx % CH;
+                if (!dec) dequant16_i8(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16));
+                dequant16_i8(vt + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16));
+            }
+            // Then the outliers from their two bytes (code slot, aux byte): V's over its tile's
+            // codes, K's into kout (their codes meet a zero in Q).
+            if (dec) __syncwarp();
+            else __syncthreads();
+            float* ko = reinterpret_cast<float*>(kout);
+            for (int idx = me; idx < nr * KV_I8_OUTLIERS; idx += nt) {
+                const int c = r0 + idx / KV_I8_OUTLIERS, i = idx % KV_I8_OUTLIERS;
+                const unsigned ka = __float_as_uint(raw_scale[buf][0][c]), va = __float_as_uint(raw_scale[buf][1][c]);
+                const int kc = och_k[i], vc = och_v[i];
+                const int kat = dec ? ((kc >> 4) ^ kswz(c)) * 16 + (kc & 15) : kc;
+                vt[c * DP + vc] = f2h(i8_outlier(rv[c * D + vc], va, i));
+                ko[c * KV_I8_OUTLIERS + i] = i8_outlier(rk[c * D + kat], ka, i);
+            }
+        } else {
+            for (int idx = me; idx < nr * CH; idx += nt) {
+                const int c = r0 + idx / CH, i = idx % CH;
+                const float vs = raw_scale[FP8 ? buf : 0][1][c];
+                if (!dec)
+                    dequant16(stage + c * DP + i * 16, *reinterpret_cast<const uint4*>(rk + c * D + i * 16), false, 0u);
+                dequant16(vt + c * DP + i * 16, *reinterpret_cast<const uint4*>(rv + c * D + i * 16), true,
+                          pack_f16(vs, vs));
+            }
+            for (int idx = me; idx < nr; idx += nt) tile_k_scale[r0 + idx] = raw_scale[FP8 ? buf : 0][0][r0 + idx];
         }
-        for (int idx = me; idx < nr; idx += nt) tile_k_scale[r0 + idx] = raw_scale[FP8 ? buf : 0][0][r0 + idx];
     };
     // This warp's rows of every tile in decode.
     const int my_r0 = warp * MMA_HK;
@@ -350,7 +419,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
     // them is the softmax's exp.
     const float qscale = scale * LOG2E;
-    if (fused) {
+    if (!I8 && fused) {
         // Fused decode path (every sequence one unit): the q and k heads arrive unrotated and no
         // rope_kv launch ran. Q is rotated as it is staged (8 pairs per thread: elements i.. and
         // i + D/2..), and the block whose key range holds a new token's position rotates that
@@ -434,13 +503,25 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                     qkv + (size_t)(start + r / group) * cols + (kvh * group + r % group) * D + i);
                 const unsigned w[4] = {x.x, x.y, x.z, x.w};
                 unsigned o4[4];
+                // INT8: times K's channel scale (0 at an outlier channel).
+                const float* ks = kv_table + kvh * D + i;
 #pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    o4[k] = FP8 ? pack_f16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale)
-                                : pack_bf16(bf2f((bf16)(w[k] & 0xffffu)) * qscale, bf2f((bf16)(w[k] >> 16)) * qscale);
+                for (int k = 0; k < 4; ++k) {
+                    const float s0 = I8 ? qscale * ks[2 * k] : qscale, s1 = I8 ? qscale * ks[2 * k + 1] : qscale;
+                    o4[k] = FP8 ? pack_f16(bf2f((bf16)(w[k] & 0xffffu)) * s0, bf2f((bf16)(w[k] >> 16)) * s1)
+                                : pack_bf16(bf2f((bf16)(w[k] & 0xffffu)) * s0, bf2f((bf16)(w[k] >> 16)) * s1);
+                }
                 v = make_uint4(o4[0], o4[1], o4[2], o4[3]);
             }
             *reinterpret_cast<uint4*>(Qs + r * DP + i) = v;
+        }
+        if constexpr (I8) {
+            for (int idx = tid; idx < MMA_TQ * KV_I8_OUTLIERS; idx += THREADS) {
+                const int r = idx / KV_I8_OUTLIERS, i = idx % KV_I8_OUTLIERS;
+                qout[r][i] = r < qlen ? bf2f(qkv[(size_t)(start + r / group) * cols + (kvh * group + r % group) * D +
+                                                 och_k[i]]) * qscale
+                                      : 0.f;
+            }
         }
     }
     __syncthreads();
@@ -485,6 +566,14 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         }
     }
     const int ra = row0 + fr, rb = ra + 8;  // the two rows this thread holds
+    float qo_a[KV_I8_OUTLIERS], qo_b[KV_I8_OUTLIERS];  // INT8: their values at K's outliers
+    if constexpr (I8) {
+#pragma unroll
+        for (int i = 0; i < KV_I8_OUTLIERS; ++i) {
+            qo_a[i] = qout[ra][i];
+            qo_b[i] = qout[rb][i];
+        }
+    }
     const int pos_a = (ra < qlen) ? (int)pos[start + ra / group] : -1;
     const int pos_b = (rb < qlen) ? (int)pos[start + rb / group] : -1;
     const int first_pos = pos[start];  // the unit's tokens are consecutive: the smallest position
@@ -598,7 +687,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                         const unsigned words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                         for (int j = 0; j < 4; ++j) {
-                            const unsigned b[2] = {e4m3x2_f16x2(words[j] & 0xffffu), e4m3x2_f16x2(words[j] >> 16)};
+                            const unsigned b[2] = {I8 ? i8x2_f16x2(words[j] & 0xffffu) : e4m3x2_f16x2(words[j] & 0xffffu),
+                                                   I8 ? i8x2_f16x2(words[j] >> 16) : e4m3x2_f16x2(words[j] >> 16)};
                             mma_f16(s[nb], qa[4 * g + j], b);
                         }
                     }
@@ -627,7 +717,19 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                     }
                 }
             }
-            if constexpr (FP8) {
+            if constexpr (I8) {
+                // K's outlier channels: Q met zeros there; add q[o] · k[o] (rows past the range
+                // have zero outliers).
+#pragma unroll
+                for (int nb = 0; nb < MMA_HK / 8; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float4 kv = kout[h + nb * 8 + 2 * fq + e];
+                        s[nb][e] += qo_a[0] * kv.x + qo_a[1] * kv.y + qo_a[2] * kv.z + qo_a[3] * kv.w;
+                        s[nb][2 + e] += qo_b[0] * kv.x + qo_b[1] * kv.y + qo_b[2] * kv.z + qo_b[3] * kv.w;
+                    }
+                }
+            } else if constexpr (FP8) {
                 // Scores of plain K codes times each key's scale (before masking: a row past the
                 // range has scale 0, and -inf × 0 would be NaN).
 #pragma unroll
@@ -775,6 +877,19 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         }
     }
     const bool has_a = ra < qlen, has_b = rb < qlen;
+    if constexpr (I8) {
+        // V's channel scales (an outlier channel's table scale is 0: its values are real ones).
+        const float* vs = kv_table + (size_t)(n_kv + kvh) * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int dcol = n * 8 + 2 * fq;
+            const float s0 = vs[dcol] > 0.f ? vs[dcol] : 1.f, s1 = vs[dcol + 1] > 0.f ? vs[dcol + 1] : 1.f;
+            o[n][0] *= s0;
+            o[n][1] *= s1;
+            o[n][2] *= s0;
+            o[n][3] *= s1;
+        }
+    }
     if (gridDim.z == 1) {
         const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
 #pragma unroll
@@ -813,16 +928,18 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // BLOCKS: resident blocks per SM the registers are bounded for — 3 for d64 / d128; 1 for head_dim
 // 256 (Gemma 3, bf16 cache), whose Q fragments and output accumulators take twice the registers
 // of d128. An FP8 cache at d256 spills and runs on paged_attention_d256_fp8 (attention.cu).
-#define MMA_KERNEL(NAME, D, FP8, KV, BLOCKS)                                                                  \
+#define MMA_KERNEL(NAME, D, MODE, KV, BLOCKS)                                                                 \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS * MMA_KGROUPS(D), BLOCKS) NAME(PAGED_ATTENTION_ARGS(KV)) {        \
-        attention_mma<D, FP8>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,   \
-                              block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                              split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,      \
-                              q_norm, k_norm, norm_eps);                                                      \
+        attention_mma<D, MODE>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,  \
+                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
+                               split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,     \
+                               q_norm, k_norm, norm_eps, kv_table);                                           \
     }
 
-MMA_KERNEL(paged_attention_mma_d128_bf16, 128, false, bf16, 3)
-MMA_KERNEL(paged_attention_mma_d64_bf16, 64, false, bf16, 3)
-MMA_KERNEL(paged_attention_mma_d128_fp8, 128, true, fp8, 3)
-MMA_KERNEL(paged_attention_mma_d64_fp8, 64, true, fp8, 3)
-MMA_KERNEL(paged_attention_mma_d256_bf16, 256, false, bf16, 1)
+MMA_KERNEL(paged_attention_mma_d128_bf16, 128, 0, bf16, 3)
+MMA_KERNEL(paged_attention_mma_d64_bf16, 64, 0, bf16, 3)
+MMA_KERNEL(paged_attention_mma_d128_fp8, 128, 1, fp8, 3)
+MMA_KERNEL(paged_attention_mma_d64_fp8, 64, 1, fp8, 3)
+MMA_KERNEL(paged_attention_mma_d128_int8, 128, 2, fp8, 3)
+MMA_KERNEL(paged_attention_mma_d64_int8, 64, 2, fp8, 3)
+MMA_KERNEL(paged_attention_mma_d256_bf16, 256, 0, bf16, 1)

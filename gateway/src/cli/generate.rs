@@ -168,11 +168,15 @@ fn runner_for(
     tokens: usize,
     tokenizer: Option<&TextTokenizer>,
 ) -> anyhow::Result<Box<dyn Runner>> {
-    let kv_calibration = match args.kv_cache_dtype {
-        KvCacheDtype::Int8 => kv_int8::calibration_tokens(
-            tokenizer
-                .context("the int8 KV cache calibrates on text: this model has no tokenizer")?,
-        )?,
+    let kv_calibration = match (args.kv_cache_dtype, tokenizer) {
+        (KvCacheDtype::Int8, Some(t)) => kv_int8::calibration_tokens(t)?,
+        (KvCacheDtype::Int8, None) => {
+            tracing::warn!(
+                "this model has no tokenizer: the int8 KV cache calibrates on the calibration \
+                 text's bytes as token ids (fine for random weights, weaker for trained ones)"
+            );
+            kv_int8::dummy_calibration_tokens(config.vocab_size)
+        }
         _ => Vec::new(),
     };
     let max_len = args

@@ -24,21 +24,18 @@ fn layer_kv(kv: &mut CudaKv, layer: usize) -> LayerKv<'_> {
 
 impl CudaDevice {
     /// The tensor-core attention kernel for head_dim `d` and the cache's dtype, if there is one
-    /// (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core kernel). The INT8 cache has
-    /// only the CUDA-core kernel so far.
+    /// (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core kernel).
     fn mma_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<&CudaFunction> {
-        let fp8 = match dtype {
-            KvCacheDtype::Auto => false,
-            KvCacheDtype::Fp8E4m3 => true,
-            KvCacheDtype::Int8 => return None,
-        };
-        match (d, fp8) {
+        use KvCacheDtype::*;
+        match (d, dtype) {
             _ if self.options.simt_attention => None,
-            (64, false) => Some(&self.k.attention_mma_d64),
-            (128, false) => Some(&self.k.attention_mma_d128),
-            (256, false) => Some(&self.k.attention_mma_d256),
-            (64, true) => Some(&self.k.attention_mma_d64_fp8),
-            (128, true) => Some(&self.k.attention_mma_d128_fp8),
+            (64, Auto) => Some(&self.k.attention_mma_d64),
+            (128, Auto) => Some(&self.k.attention_mma_d128),
+            (256, Auto) => Some(&self.k.attention_mma_d256),
+            (64, Fp8E4m3) => Some(&self.k.attention_mma_d64_fp8),
+            (128, Fp8E4m3) => Some(&self.k.attention_mma_d128_fp8),
+            (64, Int8) => Some(&self.k.attention_mma_d64_int8),
+            (128, Int8) => Some(&self.k.attention_mma_d128_int8),
             _ => None,
         }
     }
@@ -61,7 +58,8 @@ impl CudaDevice {
             &Capabilities {
                 sms: self.sms,
                 tensor_cores: self.mma_attention(p.head_dim, dtype).is_some(),
-                fused_rope: self.options.fused_rope,
+                // The fused rope + cache write is not built for the INT8 cache.
+                fused_rope: self.options.fused_rope && dtype != KvCacheDtype::Int8,
                 split: self.options.split,
             },
         )
@@ -116,7 +114,6 @@ impl CudaDevice {
         p: &AttnParams,
     ) -> Result<CudaTensor, DeviceError> {
         let dtype = kv.layout.dtype;
-        let fp8 = dtype == KvCacheDtype::Fp8E4m3;
         let d = p.head_dim;
         if b.n == 0 {
             let out = self.alloc_bf16(0, "attention")?;
@@ -143,7 +140,7 @@ impl CudaDevice {
                 Some(f) => (
                     f,
                     (plan.units, plan.grid_y, plan.splits),
-                    if fp8 {
+                    if dtype != KvCacheDtype::Auto {
                         mma_fp8_smem_bytes(d)
                     } else {
                         mma_smem_bytes(d)

@@ -119,6 +119,8 @@ pub struct Kernels {
     pub attention_mma_d256: CudaFunction,
     pub attention_mma_d64_fp8: CudaFunction,
     pub attention_mma_d128_fp8: CudaFunction,
+    pub attention_mma_d64_int8: CudaFunction,
+    pub attention_mma_d128_int8: CudaFunction,
     pub combine: CudaFunction,
     pub fill_normal: CudaFunction,
     pub sample: CudaFunction,
@@ -217,6 +219,8 @@ impl Kernels {
             attention_mma_d256: f("paged_attention_mma_d256_bf16")?,
             attention_mma_d64_fp8: f("paged_attention_mma_d64_fp8")?,
             attention_mma_d128_fp8: f("paged_attention_mma_d128_fp8")?,
+            attention_mma_d64_int8: f("paged_attention_mma_d64_int8")?,
+            attention_mma_d128_int8: f("paged_attention_mma_d128_int8")?,
             combine: f("attention_combine_bf16")?,
             fill_normal: f("fill_normal_bf16")?,
             sample: f("sample_f32")?,
@@ -263,6 +267,8 @@ impl Kernels {
         smem(&k.attention_mma_d256, mma_smem_bytes(256))?;
         smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
+        smem(&k.attention_mma_d64_int8, mma_fp8_smem_bytes(64))?;
+        smem(&k.attention_mma_d128_int8, mma_fp8_smem_bytes(128))?;
         for (func, bm) in k.moe_gemm.iter().zip(MOE_BMS) {
             smem(func, moe_gemm_smem_bytes(bm))?;
         }
