@@ -8,7 +8,7 @@
 # bf16 vs an f32 cache, so a few codes round the other way). Each prompt is
 # checked as one prefill, with its last token as a decode step of its own (the
 # fused GEMV path of a one-row step and the decode attention), and (n >= 4) with its last four
-# tokens as one step of their own (a speculative verification step). MODES picks some.
+# tokens as one step of their own (a speculative verification step). MODES and MODELS pick some.
 set -euo pipefail
 bin=${CACHET:-.carry/cachet}
 "$bin" model random --config examples/configs/small-gqa-d64.json --out /tmp/m64 --seed 3 2>/dev/null
@@ -22,7 +22,7 @@ bin=${CACHET:-.carry/cachet}
 "$bin" model random --config examples/configs/small-gemma3-d256.json --out /tmp/g256 --seed 7 2>/dev/null
 for kv in ${KV:-auto}; do
 tol=$([ "$kv" = auto ] && echo 2e-2 || echo 5e-2)
-for model in /tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 /tmp/g256 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied tests/fixtures/tiny-gemma3; do
+for model in ${MODELS:-/tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 /tmp/g256 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied tests/fixtures/tiny-gemma3}; do
   max=$(python3 -c "import json; print(json.load(open('$model/config.json'))['max_position_embeddings'])")
   for n in 1 37 300 1500; do
     [ "$n" -le "$max" ] || continue
@@ -39,7 +39,7 @@ for model in /tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 /tmp/g256 tests/fixtures/tiny
     done
     if [ -n "$refused" ]; then
       if [ "$refused" = " cuda" ] && grep -q "divisible by 8" /tmp/cuda.err; then
-        echo "$model kv $kv n=$n $mode: skipped (CUDA: $(grep -ho 'an FP8 KV cache needs head_dim[^)]*)' /tmp/cuda.err | head -1))"
+        echo "$model kv $kv n=$n $mode: skipped (CUDA: $(grep -ho 'an [A-Za-z0-9]* KV cache needs head_dim[^)]*)' /tmp/cuda.err | head -1))"
       else
         echo "$model kv $kv n=$n $mode: FAIL ($refused refused: $(tail -1 /tmp/cuda.err) / $(tail -1 /tmp/cpu.err))"
       fi

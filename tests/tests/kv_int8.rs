@@ -84,7 +84,7 @@ device_test! {
         let fp8 = diff(KvCacheDtype::Fp8E4m3);
         let int8 = diff(KvCacheDtype::Int8);
         println!("fp8 {fp8:?}\nint8 {int8:?}");
-        // Measured on the CPU: KL 1.6e-2 (FP8) against 1.9e-3 (INT8) at this prompt.
+        // Measured on the CPU: KL 4.1e-2 (FP8) against 2.0e-3 (INT8), top-1 93.8% vs 100%.
         assert!(int8.mean_kl * 3.0 < fp8.mean_kl, "fp8 {fp8:?}\nint8 {int8:?}");
         assert!(int8.rel_err < fp8.rel_err, "fp8 {fp8:?}\nint8 {int8:?}");
         assert!(int8.top1_agreement >= fp8.top1_agreement, "fp8 {fp8:?}\nint8 {int8:?}");

@@ -8,14 +8,23 @@
 //! aux word (where FP8 keeps its f32 scale). A normal channel `c` holds
 //! `clamp(round(x / scale[c]), -127, 127)` as an `i8`. Outlier `i` (channel `o_i`) holds its value
 //! rounded to bf16, split in two: the high byte in the code slot of `o_i`, the low byte in byte
-//! `i` of the aux word. Scales are the calibration's amax / 127 (values past them saturate); the
-//! outliers are the channels with the largest calibration amax, per layer, KV head and K or V.
+//! `i` of the aux word. Scales are [`HEADROOM`] × the calibration's bound / 127 (values past
+//! that saturate) — V's bound a channel's largest magnitude, K's the largest norm of its RoPE
+//! pair ([`fold_pair_amax`]); the outliers are the channels with the largest bounds, per layer,
+//! KV head and K or V.
 //! The CUDA kernels (`rope_kv.cu`, `attention.cu`) use the same arithmetic.
 
 use half::bf16;
 
 /// Channels of each head (per layer, KV head, K and V) kept in bf16.
 pub const OUTLIERS: usize = 4;
+
+/// A channel's range is its calibration bound times this: text the calibration never saw goes
+/// past the bounds (SmolLM2 on `bench kv-fp8`'s prompts: V up to 2.0×, K 1.4×), and a saturated
+/// value costs far more than the bit given up. Emulated on SmolLM2 at 4,096 tokens of those
+/// prompts: KL 1.2e-2 with no headroom (FP8: 1.7e-3), 1.9e-4 with 1.5×, 1.2e-4 with 2×; on
+/// 4,096 tokens of this repository's docs 8.1e-4 / 1.3e-3 at 1× / 2× (FP8: 1.0e-2).
+pub const HEADROOM: f32 = 2.0;
 
 /// Bytes one token-head takes: `d` codes plus the aux word of the outliers' low bytes.
 pub const fn int8_head_bytes(head_dim: usize) -> usize {
@@ -67,8 +76,8 @@ impl KvInt8Table {
 
     /// The table from calibration maxima: `amax[layer][which][kvh * d + c]`, `which` 0 for K and
     /// 1 for V. Each head's `OUTLIERS` largest channels (ties to the lower channel) are kept in
-    /// bf16; the others get `amax / 127` (a channel never seen non-zero gets the head's
-    /// smallest non-zero scale, or 1e-6, so a value there still encodes).
+    /// bf16; the others get `HEADROOM · amax / 127` (a channel never seen non-zero gets the
+    /// head's smallest non-zero scale, or 1e-6, so a value there still encodes).
     pub fn from_amax(
         amax: &[[Vec<f32>; 2]],
         num_kv_heads: usize,
@@ -112,9 +121,9 @@ impl KvInt8Table {
                         *sc = if out.contains(&c) {
                             0.0
                         } else if head[c] > 0.0 {
-                            head[c] / 127.0
+                            HEADROOM * head[c] / 127.0
                         } else {
-                            floor / 127.0
+                            HEADROOM * floor / 127.0
                         };
                     }
                     let o = &mut outliers
@@ -204,7 +213,29 @@ pub fn dequantize_head(codes: &[u8], aux: u32, f: &HeadFormat, out: &mut [f32]) 
     }
 }
 
-/// Per-channel largest magnitudes of `rows` (`[n, kv heads · d]`), folded into `amax`.
+/// K's per-channel bound from `rows` (`[n, kv heads · d]`, after RoPE), folded into `amax`:
+/// for both channels of each rotated pair (`i`, `i + d/2`) the largest norm of the pair. RoPE
+/// turns a pair by its position's angle and keeps its norm, so the bound holds at every
+/// position — a channel's own largest value over the calibration text's positions does not
+/// (a slowly turning pair seen only at small angles puts nearly all of its norm in one channel
+/// there, and later positions move it into the other, past a scale fitted to the first view).
+pub fn fold_pair_amax(amax: &mut [f32], rows: &[f32], head_dim: usize) {
+    let half = head_dim / 2;
+    if amax.is_empty() || half == 0 {
+        return;
+    }
+    for r in rows.chunks(amax.len()) {
+        for (a, x) in amax.chunks_mut(head_dim).zip(r.chunks(head_dim)) {
+            for i in 0..half {
+                let n = x[i].hypot(x[i + half]);
+                a[i] = a[i].max(n);
+                a[i + half] = a[i + half].max(n);
+            }
+        }
+    }
+}
+
+/// Per-channel largest magnitudes of `rows` (`[n, kv heads · d]`), folded into `amax` (V's).
 pub fn fold_amax(amax: &mut [f32], rows: &[f32]) {
     if amax.is_empty() {
         return;
@@ -225,20 +256,20 @@ mod tests {
     }
 
     #[test]
-    fn the_largest_channels_are_the_outliers_and_the_rest_get_amax_over_127() {
+    fn the_largest_channels_are_the_outliers_and_the_rest_get_their_bound_over_127() {
         let d = 8;
         let k = vec![1.0, 9.0, 2.0, 7.0, 0.5, 8.0, 6.0, 3.0];
         let v = vec![0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0];
         let t = table(k, v, 1, d);
         let hk = t.head(0, 0, 0);
         assert_eq!(hk.outliers, [1, 3, 5, 6]);
-        assert_eq!(hk.scales[0], 1.0 / 127.0);
+        assert_eq!(hk.scales[0], HEADROOM / 127.0);
         assert_eq!(hk.scales[1], 0.0);
-        assert_eq!(hk.scales[7], 3.0 / 127.0);
+        assert_eq!(hk.scales[7], HEADROOM * 3.0 / 127.0);
         // Ties go to the lower channel; a channel never seen gets the smallest scale.
         let hv = t.head(0, 1, 0);
         assert_eq!(hv.outliers, [1, 2, 6, 7]);
-        assert_eq!(hv.scales[0], 1.0 / 127.0);
+        assert_eq!(hv.scales[0], HEADROOM / 127.0);
         assert!(
             KvInt8Table::from_amax(&[[vec![1.0; 3], vec![1.0; 3]]], 1, 3)
                 .unwrap_err()
@@ -277,13 +308,29 @@ mod tests {
                 );
             }
         }
-        // Past the calibrated range a value saturates at ±127 steps.
+        // Channels 3 and 11 and the lowest two of the ties are kept in bf16; past its range a
+        // normal channel saturates at ±127 steps.
+        assert_eq!(f.outliers, [0, 1, 3, 11]);
         let mut big = x.clone();
-        big[0] = 100.0;
+        big[5] = 100.0;
+        big[6] = -100.0;
         quantize_head(&big, &f, &mut codes);
-        assert_eq!(codes[0] as i8, 127);
+        assert_eq!((codes[5] as i8, codes[6] as i8), (127, -127));
         assert_eq!(encode_i8(-1e9, 1.0) as i8, -127);
         assert_eq!(encode_i8(2.5, 1.0) as i8, 2, "ties to even");
+    }
+
+    #[test]
+    fn k_bounds_hold_for_every_rotation_of_a_pair() {
+        // One head of d = 4: pairs (0, 2) and (1, 3).
+        let mut a = vec![0f32; 4];
+        fold_pair_amax(&mut a, &[3.0, 0.5, 4.0, 0.0, -1.0, 1.0, 0.0, 0.0], 4);
+        assert_eq!(a, vec![5.0, 1.0, 5.0, 1.0]);
+        // The per-channel maxima of the same rows would put channel 0 at 3: a rotation of the
+        // (3, 4) pair to (5, 0) saturates there and not under the pair's bound.
+        let mut b = vec![0f32; 4];
+        fold_amax(&mut b, &[3.0, 0.5, 4.0, 0.0, -1.0, 1.0, 0.0, 0.0]);
+        assert_eq!(b, vec![3.0, 1.0, 4.0, 0.0]);
     }
 
     #[test]

@@ -300,8 +300,9 @@ impl<D: Device> ModelRunner<D> {
 }
 
 /// The INT8 cache's table for `model`: one prefill of the calibration tokens into an
-/// unquantized cache of its own, then each layer's per-channel largest K and V magnitudes
-/// ([`kv_int8::KvInt8Table::from_amax`]).
+/// unquantized cache of its own, then each layer's per-channel bounds — V's largest magnitudes,
+/// K's largest norms of each rotated pair ([`kv_int8::fold_pair_amax`]: a bound at positions past
+/// the text's too) — into [`kv_int8::KvInt8Table::from_amax`].
 fn calibrate_int8<D: Device>(
     dev: &D,
     model: &Decoder<D>,
@@ -336,7 +337,7 @@ fn calibrate_int8<D: Device>(
     for layer in 0..layout.num_layers {
         let (k, v) = dev.kv_rows(&kv, layer, 0..n)?;
         let (mut ka, mut va) = (vec![0f32; width], vec![0f32; width]);
-        kv_int8::fold_amax(&mut ka, &k);
+        kv_int8::fold_pair_amax(&mut ka, &k, layout.head_dim);
         kv_int8::fold_amax(&mut va, &v);
         amax.push([ka, va]);
     }
