@@ -43,7 +43,6 @@ __device__ __forceinline__ void paged_attention(
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads, int n_kv, int d,
     int block_size, float scale, int split_len, int window, const float* __restrict__ kv_table) {
     constexpr bool FP8 = MODE == 1, INT8 = MODE == 2;
-    pdl_launch_dependents();
     extern __shared__ float smem[];
     const int dp = d + 1;  // padded row stride: no bank conflicts across rows
     float* Qs = smem;                     // [ATT_TQ][dp]
@@ -307,7 +306,6 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attention_combine_
     const float* __restrict__ part_o, const float* __restrict__ part_ml, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, bf16* __restrict__ out, int n_heads, int d, int splits, int group,
     int sub_tokens, int units_per_tile, int unit_rows) {
-    pdl_launch_dependents();
     const int unit = blockIdx.x, y = blockIdx.y;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int start = tile_start[tile] + sub * sub_tokens;

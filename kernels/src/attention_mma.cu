@@ -259,7 +259,6 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                                               const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
                                               float norm_eps, const float* __restrict__ kv_table) {
     constexpr bool FP8 = MODE != 0, I8 = MODE == 2;
-    pdl_launch_dependents();  // the next projection's blocks may take the SMs this one leaves
     constexpr int DP = D + 8;  // padded bf16 row stride (16-byte aligned rows, no ldmatrix bank conflicts)
     constexpr int KG = MMA_KGROUPS(D), THREADS = MMA_THREADS * KG;
     constexpr int TILE = MMA_TK * DP;

@@ -16,22 +16,6 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
-// Programmatic dependent launch (Hopper; backend CudaOptions::pdl): a kernel launched as a
-// dependent of the one before it may start before that one ends, and waits for its end (and its
-// writes) here before reading its output or writing anything; launch_dependents lets the next
-// kernel start the same way once every block of this one has run it. Both are no-ops for a
-// kernel launched without it (and before sm_90).
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -207,9 +207,6 @@ __device__ __forceinline__ int row_units(int k) {
 template <int R, bool F8>
 __device__ __forceinline__ void gemv_plain(const void* __restrict__ w, const float* __restrict__ w_scale,
                                            const bf16* __restrict__ x, bf16* __restrict__ y, int n, int k, int rows) {
-    prefetch_first(w, n, k * (F8 ? 1 : 2));
-    pdl_wait();
-    pdl_launch_dependents();
     const int warps = gridDim.x * (blockDim.x >> 5);
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
@@ -239,8 +236,6 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
                                           int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
     prefetch_first(w, n, k * (F8 ? 1 : 2));
-    pdl_wait();
-    pdl_launch_dependents();
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
@@ -271,8 +266,6 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
                                               int k, int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
     prefetch_first(w, inter, k * (F8 ? 1 : 2));
-    pdl_wait();
-    pdl_launch_dependents();
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);

@@ -32,34 +32,6 @@ pub(super) struct MoeGroups {
 }
 
 /// A launch of one block per row.
-/// A kernel's arguments for [`CudaDevice::launch_ex`]: each value in an 8-byte slot of its own
-/// (a device pointer, or an `i32` / `f32` in the slot's low bytes: the driver reads each
-/// parameter's size from its slot's start, little-endian).
-#[derive(Default)]
-struct ExArgs {
-    slots: Vec<u64>,
-}
-
-impl ExArgs {
-    fn ptr<T>(&mut self, s: &CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> &mut Self {
-        use cudarc::driver::DevicePtr;
-        self.slots.push(s.device_ptr(stream).0);
-        self
-    }
-    fn null(&mut self) -> &mut Self {
-        self.slots.push(0);
-        self
-    }
-    fn i32(&mut self, v: i32) -> &mut Self {
-        self.slots.push(v as u32 as u64);
-        self
-    }
-    fn f32(&mut self, v: f32) -> &mut Self {
-        self.slots.push(v.to_bits() as u64);
-        self
-    }
-}
-
 fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
@@ -583,53 +555,6 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `func` over `cfg` through `cuLaunchKernelEx`, as a programmatic dependent of the kernel
-    /// before it on the stream (the kernel executes `griddepcontrol.wait` before it reads what
-    /// that one wrote or writes anything).
-    ///
-    /// # Safety
-    /// `args` must be `func`'s parameters, in order, with the types its signature says.
-    unsafe fn launch_ex(
-        &self,
-        func: &CudaFunction,
-        cfg: LaunchConfig,
-        args: &mut ExArgs,
-    ) -> Result<(), cudarc::driver::DriverError> {
-        use cudarc::driver::sys;
-        let mut params: Vec<*mut std::ffi::c_void> = args
-            .slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut std::ffi::c_void)
-            .collect();
-        // SAFETY: a zeroed attribute is a valid union; the id and its one field are set below.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: `params` points at one slot per kernel parameter (the caller's promise), alive
-        // for the call; the config's attribute outlives it too.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                func.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-            .result()
-        }
-    }
-
     fn gemv_config(&self, smem: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (self.sms as u32, 1, 1),
@@ -653,20 +578,7 @@ impl CudaDevice {
             return Err(unfit("gemv", rows, GEMV_ROWS[v], k));
         }
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let func = &self.k.gemv[w.format()][v];
-        if self.options.pdl {
-            let s = &*self.stream;
-            let mut a = ExArgs::default();
-            match w {
-                WeightRef::Bf16(b) => a.ptr(b, s).null(),
-                WeightRef::E4m3 { codes, scales } => a.ptr(codes, s).ptr(scales, s),
-            };
-            a.ptr(x, s).ptr(y, s).i32(ni).i32(ki).i32(ri);
-            // SAFETY: as below; the arguments are the kernel's, in order.
-            return unsafe { self.launch_ex(func, self.gemv_config(0), &mut a) }
-                .map_err(op_err("gemv"));
-        }
-        let mut l = self.stream.launch_builder(func);
+        let mut l = self.stream.launch_builder(&self.k.gemv[w.format()][v]);
         let null = 0u64;
         match w {
             WeightRef::Bf16(b) => l.arg(b).arg(&null),
@@ -1034,29 +946,6 @@ impl CudaDevice {
             Some(act) => &self.k.gemv_norm_glu[w.format()][act as usize][v],
             None => &self.k.gemv_norm[w.format()][v],
         };
-        if self.options.pdl {
-            let s = &*self.stream;
-            let mut a = ExArgs::default();
-            a.ptr(residual, s);
-            match delta {
-                Some((d, Some(dw))) => a.ptr(d, s).ptr(dw, s),
-                Some((d, None)) => a.ptr(d, s).null(),
-                None => a.null().null(),
-            };
-            match residual_out {
-                Some(r) => a.ptr(r, s),
-                None => a.null(),
-            };
-            a.ptr(norm, s);
-            match w {
-                WeightRef::Bf16(b) => a.ptr(b, s).null(),
-                WeightRef::E4m3 { codes, scales } => a.ptr(codes, s).ptr(scales, s),
-            };
-            a.ptr(out, s).i32(ni).i32(ki).i32(ri).f32(eps);
-            // SAFETY: as below; the arguments are the kernel's, in order.
-            return unsafe { self.launch_ex(func, self.gemv_config(smem), &mut a) }
-                .map_err(op_err("gemv + norm"));
-        }
         let mut l = self.stream.launch_builder(func);
         l.arg(residual);
         match delta {

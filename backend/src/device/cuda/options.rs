@@ -127,10 +127,6 @@ pub struct CudaOptions {
     /// Kernel sources substituted by file name (`CACHET_KERNEL_DIR`), for kernel work without a
     /// rebuild.
     pub kernel_dir: Option<PathBuf>,
-    /// Launch the decode GEMVs as programmatic dependents of the kernel before them (Hopper's
-    /// PDL: a GEMV's blocks start, and warm L2 with their weights, on the SMs the previous
-    /// kernel has left, and wait for its end only to read its output; `CACHET_PDL=on|off`).
-    pub pdl: bool,
 }
 
 impl Default for CudaOptions {
@@ -143,7 +139,6 @@ impl Default for CudaOptions {
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             kernel_cache: None,
             kernel_dir: None,
-            pdl: false,
         }
     }
 }
@@ -180,11 +175,6 @@ impl CudaOptions {
                     format!("`{v}`: expected `simt` (or unset)"),
                 ))
             }
-        }
-        match var("CACHET_PDL").as_deref() {
-            None | Some("") | Some("off") => {}
-            Some("on") => o.pdl = true,
-            Some(v) => return Err(bad("CACHET_PDL", format!("`{v}`: expected `on` or `off`"))),
         }
         match var("CACHET_ROPE").as_deref() {
             None | Some("") | Some("fused") => {}
@@ -263,15 +253,9 @@ mod tests {
             ("CACHET_ROPE", "separate"),
             ("CACHET_ATTENTION_SPLIT", "32,128,2,16"),
             ("CACHET_GEMV", "off"),
-            ("CACHET_PDL", "on"),
         ])
         .unwrap();
-        assert!(o.simt_attention && !o.fused_rope && o.pdl);
-        assert!(!parse(&[]).unwrap().pdl);
-        assert!(parse(&[("CACHET_PDL", "yes")])
-            .unwrap_err()
-            .to_string()
-            .contains("expected `on` or `off`"));
+        assert!(o.simt_attention && !o.fused_rope);
         assert_eq!(
             o.split,
             SplitOptions {
