@@ -34,6 +34,16 @@ pub fn compare_logits(
 ) -> Result<LogitsDiff, EngineError> {
     let a = last_logits(reference, prompt, rows, chunk)?;
     let b = last_logits(candidate, prompt, rows, chunk)?;
+    Ok(diff_logits(&a, &b, prompt.len()))
+}
+
+/// [`compare_logits`] of logits already computed (the same rows of a `context`-token prompt),
+/// for a reference held against several candidates.
+pub fn diff_logits(
+    a: &cachet_backend::model::decoder::Logits,
+    b: &cachet_backend::model::decoder::Logits,
+    context: usize,
+) -> LogitsDiff {
     let (mut num, mut den, mut max_abs, mut agree, mut kl) = (0f64, 0f64, 0f64, 0usize, 0f64);
     for r in 0..a.rows {
         let (x, y) = (a.row(r), b.row(r));
@@ -48,15 +58,15 @@ pub fn compare_logits(
     }
     let count = (a.rows * a.vocab).max(1) as f64;
     let rms = (den / count).sqrt();
-    Ok(LogitsDiff {
-        context: prompt.len(),
+    LogitsDiff {
+        context,
         positions: a.rows,
         rel_err: (num / den.max(f64::MIN_POSITIVE)).sqrt(),
         max_abs_err: max_abs,
         max_err_over_rms: max_abs / rms.max(f64::MIN_POSITIVE),
         top1_agreement: agree as f64 / a.rows.max(1) as f64,
         mean_kl: kl / a.rows.max(1) as f64,
-    })
+    }
 }
 
 /// Greedy continuations of a candidate against a reference.
