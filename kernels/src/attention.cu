@@ -100,37 +100,11 @@ __device__ __forceinline__ void paged_attention(
             }
         }
         __syncthreads();
-        if constexpr (INT8) {
-            // 8-byte loads of 8 codes, each times its channel's scale (0 at an outlier), then the
-            // outliers written over from their two bytes (k_sc / v_sc hold the aux words).
-            const int chunks = d >> 3;
-            const signed char* kq = static_cast<const signed char*>(k_cache);
-            const signed char* vq = static_cast<const signed char*>(v_cache);
-            for (int idx = tid; idx < ATT_TK * chunks; idx += ATT_THREADS) {
-                const int c = idx / chunks, i = (idx - c * chunks) << 3;
-                uint2 kw = make_uint2(0, 0), vw = make_uint2(0, 0);
-                if (c < kn) {
-                    kw = *reinterpret_cast<const uint2*>(kq + slot_of[c] + i);
-                    vw = *reinterpret_cast<const uint2*>(vq + slot_of[c] + i);
-                }
-#pragma unroll
-                for (int u = 0; u < 8; ++u) {
-                    const int kb = (signed char)(((u < 4 ? kw.x : kw.y) >> (8 * (u & 3))) & 0xffu);
-                    const int vb = (signed char)(((u < 4 ? vw.x : vw.y) >> (8 * (u & 3))) & 0xffu);
-                    Ks[c * dp + i + u] = (float)kb * ch_sc[0][i + u];
-                    Vs[c * dp + i + u] = (float)vb * ch_sc[INT8 ? 1 : 0][i + u];
-                }
-            }
-            __syncthreads();
-            for (int idx = tid; idx < kn * 2 * KV_I8_OUTLIERS; idx += ATT_THREADS) {
-                const int c = idx / (2 * KV_I8_OUTLIERS), w = (idx / KV_I8_OUTLIERS) & 1, o = idx % KV_I8_OUTLIERS;
-                const int ch = ch_out[w][o];
-                const unsigned char* codes = static_cast<const unsigned char*>(w ? v_cache : k_cache);
-                const float aux = w ? v_sc[c] : k_sc[c];
-                (w ? Vs : Ks)[c * dp + ch] = i8_outlier(codes[slot_of[c] + ch], __float_as_uint(aux), o);
-            }
-        } else if constexpr (FP8) {
-            // 8-byte loads: 8 codes per thread per row chunk (d is a multiple of 8 for FP8).
+        if constexpr (FP8 || INT8) {
+            // 8-byte loads: 8 codes per thread per row chunk (d is a multiple of 8 for these
+            // caches). FP8: each code times its key's scale. INT8: times its channel's scale (0
+            // at an outlier), then the outliers written over from their two bytes (k_sc / v_sc
+            // hold the aux words).
             const int chunks = d >> 3;
             const fp8* kq = static_cast<const fp8*>(k_cache);
             const fp8* vq = static_cast<const fp8*>(v_cache);
@@ -146,8 +120,22 @@ __device__ __forceinline__ void paged_attention(
                 for (int u = 0; u < 8; ++u) {
                     const unsigned kb = ((u < 4 ? kw.x : kw.y) >> (8 * (u & 3))) & 0xffu;
                     const unsigned vb = ((u < 4 ? vw.x : vw.y) >> (8 * (u & 3))) & 0xffu;
-                    Ks[c * dp + i + u] = e4m3f(kb) * ks;
-                    Vs[c * dp + i + u] = e4m3f(vb) * vs;
+                    if constexpr (INT8) {
+                        Ks[c * dp + i + u] = (float)(signed char)kb * ch_sc[0][i + u];
+                        Vs[c * dp + i + u] = (float)(signed char)vb * ch_sc[INT8 ? 1 : 0][i + u];
+                    } else {
+                        Ks[c * dp + i + u] = e4m3f(kb) * ks;
+                        Vs[c * dp + i + u] = e4m3f(vb) * vs;
+                    }
+                }
+            }
+            if constexpr (INT8) {
+                __syncthreads();
+                for (int idx = tid; idx < kn * 2 * KV_I8_OUTLIERS; idx += ATT_THREADS) {
+                    const int c = idx / (2 * KV_I8_OUTLIERS), w = (idx / KV_I8_OUTLIERS) & 1, o = idx % KV_I8_OUTLIERS;
+                    const int ch = ch_out[w][o];
+                    const fp8* codes = w ? vq : kq;
+                    (w ? Vs : Ks)[c * dp + ch] = i8_outlier(codes[slot_of[c] + ch], __float_as_uint(w ? v_sc[c] : k_sc[c]), o);
                 }
             }
         } else if ((d & 7) == 0) {

@@ -120,42 +120,24 @@ __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __r
 //              rotation (Qwen3, Gemma 3), or both null
 //   kv_table : unused (see rope_kv_int8)
 // Launch: grid (n, n_heads + n_kv), block d / 2 (d ≤ 256).
-extern "C" __global__ void rope_kv_bf16(bf16* __restrict__ qkv, const float* __restrict__ rope,
-                                        const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
-                                        bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
-                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
-                                        int n_kv, int d, const bf16* __restrict__ q_norm,
-                                        const bf16* __restrict__ k_norm, float norm_eps,
-                                        const float* __restrict__ kv_table) {
-    rope_kv<0>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps,
-               kv_table);
-}
+#define ROPE_KV_ARGS(KV)                                                                                   \
+    bf16 *__restrict__ qkv, const float *__restrict__ rope, const unsigned *__restrict__ pos,              \
+        const unsigned *__restrict__ slots, KV *__restrict__ k_cache, KV *__restrict__ v_cache,            \
+        float *__restrict__ k_scale, float *__restrict__ v_scale, int n_heads, int n_kv, int d,           \
+        const bf16 *__restrict__ q_norm, const bf16 *__restrict__ k_norm, float norm_eps,                  \
+        const float *__restrict__ kv_table
+#define ROPE_KV_CALL                                                                                       \
+    qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps, kv_table
+
+extern "C" __global__ void rope_kv_bf16(ROPE_KV_ARGS(bf16)) { rope_kv<0>(ROPE_KV_CALL); }
 
 // As rope_kv_bf16 into an FP8 cache:
 //   k_cache, v_cache : device, e4m3 [num_slots, n_kv, d] of this layer
 //   k_scale, v_scale : device, f32  [num_slots, n_kv]: value = code * scale
-extern "C" __global__ void rope_kv_fp8(bf16* __restrict__ qkv, const float* __restrict__ rope,
-                                       const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
-                                       fp8* __restrict__ k_cache, fp8* __restrict__ v_cache,
-                                       float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
-                                       int n_kv, int d, const bf16* __restrict__ q_norm,
-                                       const bf16* __restrict__ k_norm, float norm_eps,
-                                       const float* __restrict__ kv_table) {
-    rope_kv<1>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps,
-               kv_table);
-}
+extern "C" __global__ void rope_kv_fp8(ROPE_KV_ARGS(fp8)) { rope_kv<1>(ROPE_KV_CALL); }
 
 // As rope_kv_bf16 into an INT8 cache (common.cuh, backend/src/device/kv_int8.rs):
 //   k_cache, v_cache : device, i8 [num_slots, n_kv, d] of this layer
 //   k_scale, v_scale : device, u32 [num_slots, n_kv]: the outliers' low bytes
 //   kv_table : device, f32, this layer's table (scales and outlier channels)
-extern "C" __global__ void rope_kv_int8(bf16* __restrict__ qkv, const float* __restrict__ rope,
-                                        const unsigned* __restrict__ pos, const unsigned* __restrict__ slots,
-                                        fp8* __restrict__ k_cache, fp8* __restrict__ v_cache,
-                                        float* __restrict__ k_scale, float* __restrict__ v_scale, int n_heads,
-                                        int n_kv, int d, const bf16* __restrict__ q_norm,
-                                        const bf16* __restrict__ k_norm, float norm_eps,
-                                        const float* __restrict__ kv_table) {
-    rope_kv<2>(qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps,
-               kv_table);
-}
+extern "C" __global__ void rope_kv_int8(ROPE_KV_ARGS(fp8)) { rope_kv<2>(ROPE_KV_CALL); }

@@ -763,3 +763,22 @@ impl RedisServer {
         let _ = self.proc.0.wait();
     }
 }
+
+/// `m`'s chat rendering (its own template and tokenizer) of the first `n` prompts of the
+/// benchmark workloads (`COPY_HEAVY`, then `FREE_CHAT`).
+pub fn chat_prompts(m: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
+    use cachet_backend::tokenizer::ChatMessage;
+    use cachet_bench::workload::{COPY_HEAVY, FREE_CHAT};
+    let tok = m.tokenizer.as_ref().expect("a model with a tokenizer");
+    COPY_HEAVY
+        .iter()
+        .chain(FREE_CHAT)
+        .take(n)
+        .map(|q| {
+            let text = tok
+                .render_chat(&[ChatMessage::new("user", *q)], true)
+                .unwrap();
+            tok.encode(&text).unwrap()
+        })
+        .collect()
+}

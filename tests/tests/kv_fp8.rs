@@ -12,9 +12,7 @@ use cachet_backend::device::{KvCacheDtype, KvLayout};
 use cachet_backend::engine::Engine;
 use cachet_backend::engine::EngineConfig;
 use cachet_backend::rng::Rng;
-use cachet_backend::tokenizer::ChatMessage;
 use cachet_bench::fidelity::{compare_logits, greedy_agreement};
-use cachet_bench::workload::{COPY_HEAVY, FREE_CHAT};
 use cachet_tests::*;
 
 const ML_DTYPES: &str = r#"
@@ -118,34 +116,19 @@ fn fp8_blocks_take_about_half_the_bytes_of_bf16() {
     }
 }
 
-fn chat_prompts(n: usize) -> Vec<Vec<u32>> {
-    let tok = smollm2().tokenizer.as_ref().unwrap();
-    COPY_HEAVY
-        .iter()
-        .chain(FREE_CHAT)
-        .take(n)
-        .map(|q| {
-            let text = tok
-                .render_chat(&[ChatMessage::new("user", *q)], true)
-                .unwrap();
-            tok.encode(&text).unwrap()
-        })
-        .collect()
-}
-
 device_test! {
     fn fp8_cache_stays_close_to_the_full_precision_cache_on_smollm2(dev) {
         let m = smollm2();
         let mut reference = device_runner_with(dev, m, 64, KvCacheDtype::Auto);
         let mut fp8 = device_runner_with(dev, m, 64, KvCacheDtype::Fp8E4m3);
         // A ~600-token prompt of several chat prompts: logits of its last 32 positions.
-        let long: Vec<u32> = chat_prompts(12).concat().into_iter().take(600).collect();
+        let long: Vec<u32> = chat_prompts(smollm2(), 12).concat().into_iter().take(600).collect();
         let d = compare_logits(reference.as_mut(), fp8.as_mut(), &long, 32, 256).unwrap();
         println!("{d:?}");
         assert!(d.rel_err < 0.1, "{d:?}");
         assert!(d.mean_kl < 0.02, "{d:?}");
         assert!(d.top1_agreement >= 0.8, "{d:?}");
-        let g = greedy_agreement(reference.as_mut(), fp8.as_mut(), &chat_prompts(6), 24).unwrap();
+        let g = greedy_agreement(reference.as_mut(), fp8.as_mut(), &chat_prompts(smollm2(), 6), 24).unwrap();
         println!("{g:?}");
         assert!(g.agreement_rate >= 0.6 && g.identical >= 2, "{g:?}");
 
@@ -163,7 +146,7 @@ device_test! {
         let runner = device_runner_with(dev, m, 128, KvCacheDtype::Fp8E4m3);
         assert_eq!(runner.kv_layout().dtype, KvCacheDtype::Fp8E4m3);
         let engine = Engine::start(runner, m.tokenizer.clone(), cfg);
-        let prompt = chat_prompts(1).remove(0);
+        let prompt = chat_prompts(smollm2(), 1).remove(0);
         assert!(prompt.len() > 48, "the prompt spans several blocks");
         let h = engine.handle();
         let cold = collect(h.submit(greedy_request(prompt.clone(), 24)).unwrap());

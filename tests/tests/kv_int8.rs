@@ -7,11 +7,9 @@
 use cachet_backend::device::{kv_int8, KvCacheDtype, KvLayout};
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::generate::last_logits;
-use cachet_backend::loader::{self, LoadedModel};
+use cachet_backend::loader;
 use cachet_backend::model::runner::{build_runner, KvBudget, RunnerOptions, WeightSource};
-use cachet_backend::tokenizer::ChatMessage;
 use cachet_bench::fidelity::{compare_logits, diff_logits, greedy_agreement};
-use cachet_bench::workload::{COPY_HEAVY, FREE_CHAT};
 use cachet_tests::*;
 
 #[test]
@@ -35,22 +33,6 @@ fn int8_blocks_take_the_bytes_of_fp8_blocks() {
         .parse::<KvCacheDtype>()
         .unwrap_err()
         .contains("auto, fp8 or int8"));
-}
-
-/// `m`'s tokenizer's chat rendering of the first `n` workload prompts.
-fn chat_prompts(m: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
-    let tok = m.tokenizer.as_ref().unwrap();
-    COPY_HEAVY
-        .iter()
-        .chain(FREE_CHAT)
-        .take(n)
-        .map(|q| {
-            let text = tok
-                .render_chat(&[ChatMessage::new("user", *q)], true)
-                .unwrap();
-            tok.encode(&text).unwrap()
-        })
-        .collect()
 }
 
 device_test! {

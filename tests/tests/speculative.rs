@@ -38,19 +38,28 @@ fn copy_prompts() -> Vec<Vec<u32>> {
     .collect()
 }
 
-fn run(
+/// An engine of `m` with `speculative`, taking every request at once.
+fn spec_engine(
     dev: DeviceKind,
     m: &cachet_backend::loader::LoadedModel,
     speculative: Option<SpecConfig>,
-    requests: Vec<cachet_backend::request::EngineRequest>,
-) -> (Vec<Collected>, EngineStats) {
+) -> cachet_backend::engine::Engine {
     let cfg = EngineConfig {
         speculative,
         max_waiting: 100_000,
         max_waiting_tokens: usize::MAX,
         ..Default::default()
     };
-    let e = engine(dev, m, 256, cfg);
+    engine(dev, m, 256, cfg)
+}
+
+fn run(
+    dev: DeviceKind,
+    m: &cachet_backend::loader::LoadedModel,
+    speculative: Option<SpecConfig>,
+    requests: Vec<cachet_backend::request::EngineRequest>,
+) -> (Vec<Collected>, EngineStats) {
+    let e = spec_engine(dev, m, speculative);
     let h = e.handle();
     let streams: Vec<_> = requests.into_iter().map(|r| h.submit(r).unwrap()).collect();
     let out: Vec<Collected> = streams.into_iter().map(collect).collect();
@@ -69,13 +78,7 @@ fn run_midway(
     k: usize,
 ) -> (Vec<Collected>, EngineStats) {
     assert!(requests.iter().all(|r| r.max_tokens > k));
-    let cfg = EngineConfig {
-        speculative,
-        max_waiting: 100_000,
-        max_waiting_tokens: usize::MAX,
-        ..Default::default()
-    };
-    let e = engine(dev, m, 256, cfg);
+    let e = spec_engine(dev, m, speculative);
     let h = e.handle();
     let mut streams: Vec<_> = requests.into_iter().map(|r| h.submit(r).unwrap()).collect();
     let mut first: Vec<(Vec<u32>, String)> = Vec::new();
