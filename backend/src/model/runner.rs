@@ -315,7 +315,8 @@ fn calibrate_int8<D: Device>(
         .min(model.max_positions());
     if n < 16 {
         return Err(EngineError::InvalidRequest(format!(
-            "the int8 KV cache calibrates its scales on a text at load and was given {} tokens              (needs at least 16): pass the tokenized calibration text (kv_int8::CALIBRATION_TEXT)",
+            "the int8 KV cache calibrates its scales on a text at load and was given {} tokens \
+             (needs at least 16): pass the tokenized calibration text (kv_int8::CALIBRATION_TEXT)",
             tokens.len()
         )));
     }
