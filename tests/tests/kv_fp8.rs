@@ -99,9 +99,10 @@ fn e4m3_codec_matches_ml_dtypes() {
     );
 }
 
+/// (INT8 blocks, `--kv-cache-dtype int8`, take FP8's bytes.)
 #[test]
 fn fp8_blocks_take_about_half_the_bytes_of_bf16() {
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         let layout = |dtype| KvLayout {
             num_layers: 32,
             num_blocks: 1,
@@ -113,6 +114,10 @@ fn fp8_blocks_take_about_half_the_bytes_of_bf16() {
         let ratio = layout(KvCacheDtype::Auto).block_bytes(2) as f64
             / layout(KvCacheDtype::Fp8E4m3).block_bytes(2) as f64;
         assert!(ratio > 1.88 && ratio < 2.0, "head_dim {d}: {ratio}");
+        assert_eq!(
+            layout(KvCacheDtype::Int8).block_bytes(2),
+            layout(KvCacheDtype::Fp8E4m3).block_bytes(2)
+        );
     }
 }
 
