@@ -58,8 +58,7 @@ impl CudaDevice {
             &Capabilities {
                 sms: self.sms,
                 tensor_cores: self.mma_attention(p.head_dim, dtype).is_some(),
-                // The fused rope + cache write is not built for the INT8 cache.
-                fused_rope: self.options.fused_rope && dtype != KvCacheDtype::Int8,
+                fused_rope: self.options.fused_rope,
                 split: self.options.split,
             },
         )
