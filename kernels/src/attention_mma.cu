@@ -224,15 +224,6 @@ __device__ __forceinline__ uint4 pack8(const float (&r)[8], float mul) {
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// As pack8<true> with a multiplier per element: mul · s[e] (the INT8 path's Q: K's channel scales).
-__device__ __forceinline__ uint4 pack8_scaled(const float (&r)[8], float mul, const float* s) {
-    unsigned o[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-        o[k] = pack_f16(bf2f(f2bf(r[2 * k])) * mul * s[2 * k], bf2f(f2bf(r[2 * k + 1])) * mul * s[2 * k + 1]);
-    return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
 // Eight e4m3 codes of r · inv, low byte first.
 __device__ __forceinline__ uint2 codes8(const float* r, float inv) {
     unsigned w[2] = {0u, 0u};
@@ -428,13 +419,12 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
     // them is the softmax's exp.
     const float qscale = scale * LOG2E;
-    if (fused) {
+    if (!I8 && fused) {
         // Fused decode path (every sequence one unit): the q and k heads arrive unrotated and no
         // rope_kv launch ran. Q is rotated as it is staged (8 pairs per thread: elements i.. and
         // i + D/2..), and the block whose key range holds a new token's position rotates that
-        // token's k head, writes it and its v head into the cache (bf16, e4m3 codes with the
-        // head's scale, or INT8 in its table's format, exactly as rope_kv does; INT8's Q is
-        // staged as the unfused path stages it) and reads them back with the rest of the tile
+        // token's k head, writes it and its v head into the cache (bf16, or e4m3 codes with the
+        // head's scale, exactly as rope_kv does) and reads them back with the rest of the tile
         // below (the barrier after this orders the writes before the copies). Each position lies
         // in exactly one split, so each write has one writer, and no other block reads it: a
         // unit's new keys are its own sequence's, in its own range.
@@ -447,26 +437,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                 const bf16* q = qkv + (size_t)tok * cols + (kvh * group + r % group) * D;
                 float rot[2][8];
                 prep8(q, i, HALF, q_norm, PAIRS, norm_eps, rope + (size_t)pos[tok] * D, rot);
-                if constexpr (I8) {
-                    const float* ks = kv_table + kvh * D;
-                    lo = pack8_scaled(rot[0], qscale, ks + i);
-                    hi = pack8_scaled(rot[1], qscale, ks + HALF + i);
-#pragma unroll
-                    for (int j = 0; j < KV_I8_OUTLIERS; ++j) {
-                        const int o = och_k[j];
-                        if (o >= i && o < i + 8) qout[r][j] = bf2f(f2bf(rot[0][o - i])) * qscale;
-                        if (o >= HALF + i && o < HALF + i + 8) qout[r][j] = bf2f(f2bf(rot[1][o - HALF - i])) * qscale;
-                    }
-                } else {
-                    lo = pack8<FP8>(rot[0], qscale);
-                    hi = pack8<FP8>(rot[1], qscale);
-                }
-            } else if constexpr (I8) {
-#pragma unroll
-                for (int j = 0; j < KV_I8_OUTLIERS; ++j) {
-                    const int o = och_k[j];
-                    if ((o >= i && o < i + 8) || (o >= HALF + i && o < HALF + i + 8)) qout[r][j] = 0.f;
-                }
+                lo = pack8<FP8>(rot[0], qscale);
+                hi = pack8<FP8>(rot[1], qscale);
             }
             *reinterpret_cast<uint4*>(Qs + r * DP + i) = lo;
             *reinterpret_cast<uint4*>(Qs + r * DP + HALF + i) = hi;
@@ -484,32 +456,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             prep8(k, i, HALF, k_norm, PAIRS, norm_eps, rope + (size_t)p * D, rot);
             const size_t head = (size_t)slot * n_kv + kvh;
             const uint4 v1 = v[i / 8], v2 = v[(HALF + i) / 8];
-            if constexpr (I8) {
-                // The table's static per-channel scales and outliers; K from the rotation's f32
-                // result, as rope_kv_int8.
-                float vf[2][8];
-                const unsigned vw[8] = {v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w};
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    vf[0][e] = bf2f((bf16)((vw[e / 2] >> (16 * (e & 1))) & 0xffffu));
-                    vf[1][e] = bf2f((bf16)((vw[4 + e / 2] >> (16 * (e & 1))) & 0xffffu));
-                }
-                const float* ks = kv_table + kvh * D;
-                const float* vs = kv_table + (size_t)(n_kv + kvh) * D;
-                const float* ko = kv_table + (size_t)2 * n_kv * D + kvh * KV_I8_OUTLIERS;
-                const float* vo = ko + n_kv * KV_I8_OUTLIERS;
-                unsigned char* kc = static_cast<unsigned char*>(k_cache) + head * D;
-                unsigned char* vc = static_cast<unsigned char*>(v_cache) + head * D;
-                unsigned char* ka = reinterpret_cast<unsigned char*>(k_scale + head);
-                unsigned char* va = reinterpret_cast<unsigned char*>(v_scale + head);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    i8_store(kc, ka, i + e, rot[0][e], ks, ko);
-                    i8_store(kc, ka, HALF + i + e, rot[1][e], ks, ko);
-                    i8_store(vc, va, i + e, vf[0][e], vs, vo);
-                    i8_store(vc, va, HALF + i + e, vf[1][e], vs, vo);
-                }
-            } else if constexpr (FP8) {
+            if constexpr (FP8) {
                 // One scale per token and head: its largest magnitude maps to E4M3_MAX; K from the
                 // rotation's f32 result.
                 const unsigned vw[8] = {v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w};

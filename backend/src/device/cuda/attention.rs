@@ -58,7 +58,8 @@ impl CudaDevice {
             &Capabilities {
                 sms: self.sms,
                 tensor_cores: self.mma_attention(p.head_dim, dtype).is_some(),
-                fused_rope: self.options.fused_rope,
+                // The fused rope + cache write is not built for the INT8 cache.
+                fused_rope: self.options.fused_rope && dtype != KvCacheDtype::Int8,
                 split: self.options.split,
             },
         )
