@@ -80,13 +80,13 @@ device_test! {
 }
 
 #[test]
-fn the_int8_cache_refuses_to_start_uncalibrated_or_over_tensor_parallel_ranks() {
+fn the_int8_cache_refuses_to_start_uncalibrated_and_calibrates_over_tensor_parallel_ranks() {
     let m = smollm2();
     let opts = |calibration: Vec<u32>, ranks: usize| RunnerOptions {
         device: DeviceKind::Cpu,
         block_size: 16,
         max_model_len: 1024,
-        kv: KvBudget::Blocks(8),
+        kv: KvBudget::Blocks(12),
         cuda_graph_sizes: vec![],
         cuda_graph_verify: None,
         kv_cache_dtype: KvCacheDtype::Int8,
@@ -109,9 +109,31 @@ fn the_int8_cache_refuses_to_start_uncalibrated_or_over_tensor_parallel_ranks() 
         "the calibration text is {} tokens",
         tokens.len()
     );
-    let e = err(&opts(tokens.clone(), 3));
-    assert!(e.contains("int8") && e.contains("tensor-parallel"), "{e}");
-    // Out-of-vocabulary calibration ids are an error, not a crash.
+    // Out-of-vocabulary calibration ids are an error, not a crash (on every rank of a group).
     let e = err(&opts(vec![u32::MAX; 64], 1));
     assert!(e.contains("outside the vocabulary"), "{e}");
+    let e = err(&opts(vec![u32::MAX; 64], 3));
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    // Over three CPU ranks every rank calibrates its own KV heads in one pass (the collectives
+    // need them all). The all-reduce's summation order moves a few values across a rounding
+    // boundary, so the check is that the sharded cache is as close to the unquantized one as
+    // the unsharded cache is.
+    let prompt: Vec<u32> = chat_prompts(m, 6).concat().into_iter().take(160).collect();
+    let logits = |dtype: KvCacheDtype, ranks: usize| {
+        let o = RunnerOptions {
+            kv_cache_dtype: dtype,
+            ..opts(tokens.clone(), ranks)
+        };
+        let mut r = build_runner(&m.config, WeightSource::Host(&m.weights), &o).unwrap();
+        last_logits(r.as_mut(), &prompt, 8, 160).unwrap()
+    };
+    let full = logits(KvCacheDtype::Auto, 1);
+    let one = diff_logits(&full, &logits(KvCacheDtype::Int8, 1), prompt.len());
+    let three = diff_logits(&full, &logits(KvCacheDtype::Int8, 3), prompt.len());
+    println!("one rank {one:?}\nthree ranks {three:?}");
+    assert!(three.top1_agreement == 1.0, "{three:?}");
+    assert!(
+        three.rel_err < 1.5 * one.rel_err && three.mean_kl < 2.0 * one.mean_kl + 1e-4,
+        "one {one:?}\nthree {three:?}"
+    );
 }

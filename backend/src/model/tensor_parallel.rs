@@ -219,14 +219,6 @@ impl TpRunner {
     ) -> Result<Self, EngineError> {
         let n = opts.tensor_parallel_size;
         check(config, n).map_err(EngineError::InvalidRequest)?;
-        if opts.kv_cache_dtype == crate::device::KvCacheDtype::Int8 {
-            // Its calibration pass would run on one rank while the others are still loading.
-            return Err(EngineError::InvalidRequest(
-                "--kv-cache-dtype int8 is not supported with --tensor-parallel-size above 1 yet: \
-                 use auto or fp8"
-                    .into(),
-            ));
-        }
         let comm = CpuComm::new(n);
         let local = rank_config(config, n);
         let refs = weights.as_refs();
@@ -239,10 +231,57 @@ impl TpRunner {
                 opts,
             )
         };
-        let rank0 = build(0)?;
+        // Every rank is built at once: an INT8 cache's calibration is a forward pass, whose
+        // collectives need every rank in them. A rank that fails aborts the group, so the others
+        // leave their collectives with an error instead of waiting.
+        let built: Vec<Result<ModelRunner<CpuDevice>, EngineError>> = std::thread::scope(|s| {
+            let build = &build;
+            let comm = &comm;
+            let handles: Vec<_> = (1..n)
+                .map(|r| {
+                    s.spawn(move || {
+                        let runner = build(r);
+                        if runner.is_err() {
+                            comm.abort();
+                        }
+                        runner
+                    })
+                })
+                .collect();
+            let rank0 = build(0);
+            if rank0.is_err() {
+                comm.abort();
+            }
+            std::iter::once(rank0)
+                .chain(handles.into_iter().map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::InvalidRequest(
+                            "a tensor-parallel rank panicked while loading".into(),
+                        ))
+                    })
+                }))
+                .collect()
+        });
+        let (mut runners, mut errors) = (Vec::with_capacity(n), Vec::new());
+        for r in built {
+            match r {
+                Ok(runner) => runners.push(runner),
+                Err(e) => errors.push(e),
+            }
+        }
+        if !errors.is_empty() {
+            // The failing rank's own reason, not the others' "another rank failed".
+            let own = errors
+                .iter()
+                .position(|e| !e.to_string().contains("another rank failed"))
+                .unwrap_or(0);
+            return Err(errors.swap_remove(own));
+        }
+        let mut runners = runners.into_iter();
+        let rank0 = runners.next().expect("rank 0");
         let mut others = Vec::with_capacity(n - 1);
-        for r in 1..n {
-            let mut runner = build(r)?;
+        for (i, mut runner) in runners.enumerate() {
+            let r = i + 1;
             let (tx, commands) = mpsc::channel::<Command>();
             let (done_tx, done) = mpsc::channel();
             let comm = comm.clone();
