@@ -143,7 +143,7 @@ fn router_choices_equal_transformers_where_not_tied() {
             head_dim: m.config.head_dim,
             dtype: KvCacheDtype::Auto,
         };
-        let mut kv = dev.alloc_kv(&layout).unwrap();
+        let mut kv = dev.alloc_kv(&layout, None).unwrap();
         let mut b = ForwardBatch::default();
         b.push_seq(&ids, 0, &[0, 1, 2], 16, true);
         dec.forward(&dev, &mut kv, &b).unwrap();

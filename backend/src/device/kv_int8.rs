@@ -169,6 +169,34 @@ impl KvInt8Table {
     }
 }
 
+/// What [`super::Device::alloc_kv`] is given for `layout`: an INT8 cache needs its table, of the
+/// cache's shape; any other takes none.
+pub fn check_table<'a>(
+    device: &'static str,
+    layout: &super::KvLayout,
+    table: Option<&'a KvInt8Table>,
+) -> Result<Option<&'a KvInt8Table>, crate::error::DeviceError> {
+    let bad = |msg: &str| crate::error::DeviceError::Op {
+        device,
+        op: "alloc_kv",
+        msg: msg.into(),
+    };
+    match (layout.dtype, table) {
+        (super::KvCacheDtype::Int8, None) => {
+            Err(bad("an int8 KV cache needs its calibrated table"))
+        }
+        (super::KvCacheDtype::Int8, Some(t))
+            if (t.num_layers, t.num_kv_heads, t.head_dim)
+                != (layout.num_layers, layout.num_kv_heads, layout.head_dim) =>
+        {
+            Err(bad("the int8 table's shape is not the cache's"))
+        }
+        (super::KvCacheDtype::Int8, t) => Ok(t),
+        (_, Some(_)) => Err(bad("an int8 table for a cache that is not int8")),
+        (_, None) => Ok(None),
+    }
+}
+
 /// One head's static format: a scale per channel (0 at the outliers) and the outlier channels,
 /// in ascending order.
 #[derive(Debug, Clone, PartialEq)]
@@ -331,6 +359,27 @@ mod tests {
         let mut b = vec![0f32; 4];
         fold_amax(&mut b, &[3.0, 0.5, 4.0, 0.0, -1.0, 1.0, 0.0, 0.0]);
         assert_eq!(b, vec![3.0, 1.0, 4.0, 0.0]);
+    }
+
+    #[test]
+    fn only_an_int8_cache_takes_a_table_and_only_of_its_shape() {
+        use crate::device::{KvCacheDtype, KvLayout};
+        let layout = |dtype| KvLayout {
+            num_layers: 1,
+            num_blocks: 2,
+            block_size: 16,
+            num_kv_heads: 1,
+            head_dim: 8,
+            dtype,
+        };
+        let t = table(vec![1.0; 8], vec![1.0; 8], 1, 8);
+        let wide = table(vec![1.0; 16], vec![1.0; 16], 1, 16);
+        let err = |l, t| check_table("cpu", &l, t).unwrap_err().to_string();
+        assert!(check_table("cpu", &layout(KvCacheDtype::Int8), Some(&t)).is_ok());
+        assert!(err(layout(KvCacheDtype::Int8), None).contains("needs its calibrated table"));
+        assert!(err(layout(KvCacheDtype::Int8), Some(&wide)).contains("shape"));
+        assert!(err(layout(KvCacheDtype::Fp8E4m3), Some(&t)).contains("not int8"));
+        assert!(check_table("cpu", &layout(KvCacheDtype::Auto), None).is_ok());
     }
 
     #[test]

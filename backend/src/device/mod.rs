@@ -339,7 +339,13 @@ pub trait Device: Send {
     fn upload_owned(&self, t: HostTensor) -> Result<Self::Tensor, DeviceError> {
         self.upload(&t)
     }
-    fn alloc_kv(&self, layout: &KvLayout) -> Result<Self::Kv, DeviceError>;
+    /// The paged KV cache of `layout`, zeroed; an INT8 one ([`KvCacheDtype::Int8`]) with its
+    /// calibrated table, which only it takes ([`kv_int8::check_table`]).
+    fn alloc_kv(
+        &self,
+        layout: &KvLayout,
+        int8: Option<&kv_int8::KvInt8Table>,
+    ) -> Result<Self::Kv, DeviceError>;
     /// K and V of `layer` at `slots` of an unquantized cache, as f32 `[slots, kv heads · d]`
     /// each: what the INT8 cache's calibration reads back.
     fn kv_rows(
@@ -348,12 +354,6 @@ pub trait Device: Send {
         layer: usize,
         slots: std::ops::Range<usize>,
     ) -> Result<(Vec<f32>, Vec<f32>), DeviceError>;
-    /// Gives an INT8 cache ([`KvCacheDtype::Int8`]) its calibrated scales and outlier channels.
-    fn set_kv_int8_table(
-        &self,
-        kv: &mut Self::Kv,
-        table: &kv_int8::KvInt8Table,
-    ) -> Result<(), DeviceError>;
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<Self::Batch, DeviceError>;
     /// Rows of `table` for each token id, times `scale` (1, or Gemma's √hidden).
     fn embed(

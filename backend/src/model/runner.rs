@@ -253,10 +253,7 @@ impl<D: Device> ModelRunner<D> {
             }
             _ => None,
         };
-        let mut kv = dev.alloc_kv(&layout)?;
-        if let Some(t) = &int8_table {
-            dev.set_kv_int8_table(&mut kv, t)?;
-        }
+        let mut kv = dev.alloc_kv(&layout, int8_table.as_ref())?;
         tracing::info!(
             device = dev.name(),
             blocks = layout.num_blocks,
@@ -327,7 +324,7 @@ fn calibrate_int8<D: Device>(
         dtype: KvCacheDtype::Auto,
         ..*layout
     };
-    let mut kv = dev.alloc_kv(&tmp_layout)?;
+    let mut kv = dev.alloc_kv(&tmp_layout, None)?;
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut batch = ForwardBatch::default();
     batch.push_seq(&tokens[..n], 0, &table, layout.block_size, true);

@@ -89,20 +89,10 @@ pub fn paged_attention(
             k_scale,
             v_scale,
         } => {
-            let dense = |codes: &[u8], scales: &[f32]| -> Vec<Vec<f32>> {
-                (0..seqs.len() * nkv)
-                    .into_par_iter()
-                    .map(|i| {
-                        let (s, kvh) = (&seqs[i / nkv], i % nkv);
-                        let mut out = vec![0f32; s.context_len * d];
-                        for (j, row) in out.chunks_mut(d).enumerate() {
-                            let slot = s.block_table[j / bs] as usize * bs + j % bs;
-                            let h = slot * nkv + kvh;
-                            fp8::dequantize_head(&codes[h * d..(h + 1) * d], scales[h], row);
-                        }
-                        out
-                    })
-                    .collect()
+            let dense = |codes: &[u8], scales: &[f32]| {
+                dense_rows(seqs, nkv, d, bs, |_, h, row| {
+                    fp8::dequantize_head(&codes[h * d..(h + 1) * d], scales[h], row)
+                })
             };
             let rows = Dense {
                 k: dense(&k[layer], &k_scale[layer]),
@@ -119,24 +109,12 @@ pub fn paged_attention(
             v_aux,
             heads,
         } => {
-            // The write refused an uncalibrated cache, so `heads` covers every layer of a batch
-            // with tokens (an empty one reads nothing).
-            let formats = heads.get(layer).map_or(&[][..], |f| &f[..]);
-            let dense = |codes: &[u8], aux: &[u32], which: usize| -> Vec<Vec<f32>> {
-                (0..seqs.len() * nkv)
-                    .into_par_iter()
-                    .map(|i| {
-                        let (s, kvh) = (&seqs[i / nkv], i % nkv);
-                        let f = &formats[kvh][which];
-                        let mut out = vec![0f32; s.context_len * d];
-                        for (j, row) in out.chunks_mut(d).enumerate() {
-                            let slot = s.block_table[j / bs] as usize * bs + j % bs;
-                            let h = slot * nkv + kvh;
-                            kv_int8::dequantize_head(&codes[h * d..(h + 1) * d], aux[h], f, row);
-                        }
-                        out
-                    })
-                    .collect()
+            let formats = &heads[layer];
+            let dense = |codes: &[u8], aux: &[u32], which: usize| {
+                dense_rows(seqs, nkv, d, bs, |kvh, h, row| {
+                    let f = &formats[kvh][which];
+                    kv_int8::dequantize_head(&codes[h * d..(h + 1) * d], aux[h], f, row)
+                })
             };
             let rows = Dense {
                 k: dense(&k[layer], &k_aux[layer], 0),
@@ -147,6 +125,29 @@ pub fn paged_attention(
             attend(qkv, b, p, &rows)
         }
     }
+}
+
+/// Each sequence's rows for each KV head, dense: `[seq · nkv + kvh]` → `[context_len · d]`, row
+/// `j` filled by `dequant(kvh, h, row)` from token-head `h` (its slot's, through the block table).
+fn dense_rows(
+    seqs: &[SeqInBatch],
+    nkv: usize,
+    d: usize,
+    bs: usize,
+    dequant: impl Fn(usize, usize, &mut [f32]) + Sync,
+) -> Vec<Vec<f32>> {
+    (0..seqs.len() * nkv)
+        .into_par_iter()
+        .map(|i| {
+            let (s, kvh) = (&seqs[i / nkv], i % nkv);
+            let mut out = vec![0f32; s.context_len * d];
+            for (j, row) in out.chunks_mut(d).enumerate() {
+                let slot = s.block_table[j / bs] as usize * bs + j % bs;
+                dequant(kvh, slot * nkv + kvh, row);
+            }
+            out
+        })
+        .collect()
 }
 
 fn attend(qkv: &CpuTensor, b: &CpuBatch, p: &AttnParams, rows: &impl Rows) -> CpuTensor {

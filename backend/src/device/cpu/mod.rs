@@ -57,7 +57,7 @@ pub enum CpuKvStore {
         v: Vec<Vec<u8>>,
         k_aux: Vec<Vec<u32>>,
         v_aux: Vec<Vec<u32>>,
-        /// Per layer, per KV head: K's and V's formats; empty until calibrated.
+        /// Per layer, per KV head: K's and V's formats (the calibrated table's).
         heads: Vec<Vec<[kv_int8::HeadFormat; 2]>>,
     },
 }
@@ -68,13 +68,7 @@ impl CpuKv {
     }
 
     /// Stores one token's K and V (`[num_kv_heads · head_dim]` each) at `slot` of `layer`.
-    fn write(
-        &mut self,
-        layer: usize,
-        slot: usize,
-        k_src: &[f32],
-        v_src: &[f32],
-    ) -> Result<(), DeviceError> {
+    fn write(&mut self, layer: usize, slot: usize, k_src: &[f32], v_src: &[f32]) {
         let (stride, d) = (self.slot_stride(), self.layout.head_dim);
         let range = slot * stride..(slot + 1) * stride;
         match &mut self.store {
@@ -105,14 +99,7 @@ impl CpuKv {
                 heads,
             } => {
                 let nkv = self.layout.num_kv_heads;
-                let Some(formats) = heads.get(layer) else {
-                    return Err(DeviceError::Op {
-                        device: "cpu",
-                        op: "kv write",
-                        msg: "the int8 KV cache has no calibrated scales".into(),
-                    });
-                };
-                for (h, [fk, fv]) in formats.iter().enumerate().take(nkv) {
+                for (h, [fk, fv]) in heads[layer].iter().enumerate() {
                     let (lo, hi) = (slot * stride + h * d, slot * stride + (h + 1) * d);
                     k_aux[layer][slot * nkv + h] = kv_int8::quantize_head(
                         &k_src[h * d..(h + 1) * d],
@@ -127,7 +114,6 @@ impl CpuKv {
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -243,7 +229,12 @@ impl Device for CpuDevice {
         Ok(w)
     }
 
-    fn alloc_kv(&self, layout: &KvLayout) -> Result<CpuKv, DeviceError> {
+    fn alloc_kv(
+        &self,
+        layout: &KvLayout,
+        int8: Option<&kv_int8::KvInt8Table>,
+    ) -> Result<CpuKv, DeviceError> {
+        let int8 = kv_int8::check_table("cpu", layout, int8)?;
         let heads = layout.num_slots() * layout.num_kv_heads;
         let n = heads * layout.head_dim;
         let l = layout.num_layers;
@@ -263,7 +254,15 @@ impl Device for CpuDevice {
                 v: zeroed_layers(l, n, 0u8)?,
                 k_aux: zeroed_layers(l, heads, 0u32)?,
                 v_aux: zeroed_layers(l, heads, 0u32)?,
-                heads: Vec::new(),
+                heads: int8.map_or_else(Vec::new, |t| {
+                    (0..l)
+                        .map(|layer| {
+                            (0..layout.num_kv_heads)
+                                .map(|h| [t.head(layer, 0, h), t.head(layer, 1, h)])
+                                .collect()
+                        })
+                        .collect()
+                }),
             },
         };
         Ok(CpuKv {
@@ -291,38 +290,6 @@ impl Device for CpuDevice {
         };
         let r = slots.start * stride..slots.end * stride;
         Ok((k[layer][r.clone()].to_vec(), v[layer][r].to_vec()))
-    }
-
-    fn set_kv_int8_table(
-        &self,
-        kv: &mut CpuKv,
-        table: &kv_int8::KvInt8Table,
-    ) -> Result<(), DeviceError> {
-        let l = kv.layout;
-        let CpuKvStore::Int8 { heads, .. } = &mut kv.store else {
-            return Err(DeviceError::Op {
-                device: "cpu",
-                op: "set_kv_int8_table",
-                msg: "the cache is not int8".into(),
-            });
-        };
-        if (table.num_layers, table.num_kv_heads, table.head_dim)
-            != (l.num_layers, l.num_kv_heads, l.head_dim)
-        {
-            return Err(DeviceError::Op {
-                device: "cpu",
-                op: "set_kv_int8_table",
-                msg: "the table's shape is not the cache's".into(),
-            });
-        }
-        *heads = (0..l.num_layers)
-            .map(|layer| {
-                (0..l.num_kv_heads)
-                    .map(|h| [table.head(layer, 0, h), table.head(layer, 1, h)])
-                    .collect()
-            })
-            .collect();
-        Ok(())
     }
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CpuBatch, DeviceError> {
@@ -689,7 +656,7 @@ fn rope_and_cache(
         let slot = b.batch.slot_mapping[t] as usize;
         let k_src = &row[p.num_heads * d..p.num_heads * d + kv_dim];
         let v_src = &row[p.num_heads * d + kv_dim..p.num_heads * d + 2 * kv_dim];
-        kv.write(layer, slot, k_src, v_src)?;
+        kv.write(layer, slot, k_src, v_src);
     }
     Ok(())
 }

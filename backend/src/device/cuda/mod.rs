@@ -207,8 +207,12 @@ impl Device for CudaDevice {
         Ok(())
     }
 
-    fn alloc_kv(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
-        self.alloc_kv_cache(layout)
+    fn alloc_kv(
+        &self,
+        layout: &KvLayout,
+        int8: Option<&crate::device::kv_int8::KvInt8Table>,
+    ) -> Result<CudaKv, DeviceError> {
+        self.alloc_kv_cache(layout, int8)
     }
 
     fn kv_rows(
@@ -238,30 +242,6 @@ impl Device for CudaDevice {
                 .collect())
         };
         Ok((read(&kv.k[layer])?, read(&kv.v[layer])?))
-    }
-
-    fn set_kv_int8_table(
-        &self,
-        kv: &mut CudaKv,
-        table: &crate::device::kv_int8::KvInt8Table,
-    ) -> Result<(), DeviceError> {
-        let l = kv.layout;
-        if l.dtype != KvCacheDtype::Int8
-            || (table.num_layers, table.num_kv_heads, table.head_dim)
-                != (l.num_layers, l.num_kv_heads, l.head_dim)
-        {
-            return Err(DeviceError::Op {
-                device: DEV,
-                op: "set_kv_int8_table",
-                msg: "the cache is not int8 or the table's shape is not the cache's".into(),
-            });
-        }
-        for (layer, dst) in kv.int8_table.iter_mut().enumerate() {
-            self.stream
-                .memcpy_htod(table.layer(layer), dst)
-                .map_err(op_err("upload"))?;
-        }
-        Ok(())
     }
 
     fn prepare_batch(&self, batch: &ForwardBatch) -> Result<CudaBatch, DeviceError> {

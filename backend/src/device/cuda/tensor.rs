@@ -124,8 +124,8 @@ pub struct CudaKv {
     pub(super) v: Vec<CudaSlice<u8>>,
     pub(super) k_scale: Vec<CudaSlice<f32>>,
     pub(super) v_scale: Vec<CudaSlice<f32>>,
-    /// INT8: each layer's table ([`crate::device::kv_int8::KvInt8Table::layer`]), zeros until
-    /// calibrated; other dtypes: one unread element per layer.
+    /// INT8: each layer's table ([`crate::device::kv_int8::KvInt8Table::layer`]); other dtypes:
+    /// one unread element per layer.
     pub(super) int8_table: Vec<CudaSlice<f32>>,
     /// Decode graphs captured over this cache.
     pub(super) graphs: Option<DecodeGraphs>,
@@ -185,8 +185,13 @@ impl CudaDevice {
         self.stream.clone_htod(v).map_err(op_err("upload batch"))
     }
 
-    /// The paged KV cache of `layout`, zeroed.
-    pub(super) fn alloc_kv_cache(&self, layout: &KvLayout) -> Result<CudaKv, DeviceError> {
+    /// The paged KV cache of `layout`, zeroed, with its INT8 table where it is one.
+    pub(super) fn alloc_kv_cache(
+        &self,
+        layout: &KvLayout,
+        int8: Option<&crate::device::kv_int8::KvInt8Table>,
+    ) -> Result<CudaKv, DeviceError> {
+        let int8 = crate::device::kv_int8::check_table(DEV, layout, int8)?;
         let heads = layout.num_slots() * layout.num_kv_heads;
         let n = heads * layout.head_dim;
         // FP8 and INT8 take the same buffers: a byte per value and 4 per token-head.
@@ -202,12 +207,6 @@ impl CudaDevice {
             });
         }
         let (bytes, scales) = if coded { (n, heads) } else { (2 * n, 1) };
-        let table = match layout.dtype {
-            KvCacheDtype::Int8 => {
-                crate::device::kv_int8::KvInt8Table::layer_len(layout.num_kv_heads, layout.head_dim)
-            }
-            _ => 1,
-        };
         let mut kv = CudaKv {
             layout: *layout,
             k: Vec::with_capacity(layout.num_layers),
@@ -217,12 +216,18 @@ impl CudaDevice {
             int8_table: Vec::with_capacity(layout.num_layers),
             graphs: None,
         };
-        for _ in 0..layout.num_layers {
+        for layer in 0..layout.num_layers {
             kv.k.push(zeros(&self.stream, bytes)?);
             kv.v.push(zeros(&self.stream, bytes)?);
             kv.k_scale.push(zeros(&self.stream, scales)?);
             kv.v_scale.push(zeros(&self.stream, scales)?);
-            kv.int8_table.push(zeros(&self.stream, table)?);
+            kv.int8_table.push(match int8 {
+                Some(t) => self
+                    .stream
+                    .clone_htod(t.layer(layer))
+                    .map_err(super::op_err("upload"))?,
+                None => zeros(&self.stream, 1)?,
+            });
         }
         Ok(kv)
     }
