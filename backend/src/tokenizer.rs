@@ -4,6 +4,9 @@ use std::path::Path;
 
 use crate::error::{EngineError, LoadError};
 
+mod ascii;
+pub(crate) use ascii::{LLAMA3_SPLIT, QWEN2_SPLIT};
+
 /// One chat message, as in the OpenAI API: the template ABI's message, so one shape carries a
 /// message from the gateway's API through a tenant's template to the chat template.
 pub use cachet_guest_sdk::Message as ChatMessage;
@@ -22,6 +25,9 @@ pub struct TextTokenizer {
     /// The same tokenizer with special tokens taken as plain text (for message text: a user's
     /// `<|im_start|>` must not become the control token).
     plain: std::sync::Arc<tokenizers::Tokenizer>,
+    /// ASCII message text through `plain`'s model without its pipeline, where the pipeline is
+    /// a byte-level BPE one it reproduces ([`ascii`]).
+    ascii: Option<std::sync::Arc<ascii::AsciiBpe>>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -47,8 +53,10 @@ impl TextTokenizer {
             .filter(|t| t.special && !t.content.is_empty())
             .map(|t| t.content.clone())
             .collect();
+        let plain = plain_of(&inner);
         TextTokenizer {
-            plain: plain_of(&inner),
+            ascii: ascii::AsciiBpe::of(&plain).map(std::sync::Arc::new),
+            plain,
             specials: std::sync::Arc::new(specials),
             inner,
             chat_template,
@@ -126,7 +134,34 @@ impl TextTokenizer {
     /// Encodes `text` with special tokens as plain text: `<|im_start|>` in it becomes the tokens
     /// of those characters, never the control token.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        if let Some(ids) = self
+            .ascii
+            .as_ref()
+            .and_then(|a| a.encode(&self.plain, text))
+        {
+            let ids = ids.map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+            return Ok(self.wrapped(ids));
+        }
         self.encode_with(&self.plain, text, false)
+    }
+
+    /// Whether [`TextTokenizer::encode_plain`] takes ASCII text past the library's pipeline.
+    pub fn has_ascii_path(&self) -> bool {
+        self.ascii.is_some()
+    }
+
+    /// [`TextTokenizer::encode_plain`] through the library's pipeline only (the reference the
+    /// ASCII path is checked against).
+    pub fn encode_plain_reference(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.encode_with(&self.plain, text, false)
+    }
+
+    /// Ids of this tokenizer as the model's (see [`TextTokenizer::for_dummy_model`]).
+    fn wrapped(&self, mut ids: Vec<u32>) -> Vec<u32> {
+        if let Some((m, _)) = &self.wrap_ids {
+            ids.iter_mut().for_each(|i| *i %= m);
+        }
+        ids
     }
 
     /// Encodes with `t`; `sequence`: with what the tokenizer adds around a sequence (BOS).
@@ -140,10 +175,7 @@ impl TextTokenizer {
         let enc = t
             .encode_fast(text, sequence)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        Ok(match &self.wrap_ids {
-            Some((m, _)) => enc.get_ids().iter().map(|&i| i % m).collect(),
-            None => enc.get_ids().to_vec(),
-        })
+        Ok(self.wrapped(enc.get_ids().to_vec()))
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, EngineError> {

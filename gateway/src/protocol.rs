@@ -169,9 +169,16 @@ pub struct StateReply {
     pub cached_blocks: usize,
 }
 
-/// Lowercase hex of `bytes`.
+/// Lowercase hex of `bytes` (on the request path: the salt sent upstream, call ids — no
+/// formatter per byte).
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
 }
 
 /// 64 hex digits → 32 bytes.
@@ -200,4 +207,17 @@ pub fn key_id(key: &[u8; 32]) -> String {
     h.update(b"cachet key id");
     h.update(key);
     h.finalize().to_hex()[..16].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_is_lowercase_two_digits_a_byte_and_parses_back() {
+        let bytes: [u8; 32] = std::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0xa5);
+        let h = super::hex(&bytes);
+        let formatted: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(h, formatted);
+        assert_eq!(super::parse_hex32(&h), Some(bytes));
+        assert_eq!(super::hex(&[0x00, 0x0f, 0xf0, 0xff]), "000ff0ff");
+    }
 }

@@ -201,12 +201,15 @@ __device__ __forceinline__ int row_units(int k) {
     return F8 ? k >> 4 : k >> 3;
 }
 
+__device__ __forceinline__ void store_out(bf16* y, size_t i, float v) { y[i] = f2bf(v); }
+__device__ __forceinline__ void store_out(float* y, size_t i, float v) { y[i] = v; }
+
 // y[r, j] = x[r, :] · W[j, :] (· w_scale[j] for e4m3), r < rows.
 //   w : device, bf16 or e4m3 [n, k];  w_scale : device, f32 [n] (e4m3) or null;
-//   x : device, bf16 [rows, k];  y : device, bf16 [rows, n]
-template <int R, bool F8>
+//   x : device, bf16 [rows, k];  y : device, bf16 or f32 (Out) [rows, n]
+template <int R, bool F8, typename Out>
 __device__ __forceinline__ void gemv_plain(const void* __restrict__ w, const float* __restrict__ w_scale,
-                                           const bf16* __restrict__ x, bf16* __restrict__ y, int n, int k, int rows) {
+                                           const bf16* __restrict__ x, Out* __restrict__ y, int n, int k, int rows) {
     const int warps = gridDim.x * (blockDim.x >> 5);
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
@@ -218,7 +221,7 @@ __device__ __forceinline__ void gemv_plain(const void* __restrict__ w, const flo
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float s = warp_sum(acc[r]) * sc;
-            if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
+            if ((threadIdx.x & 31) == 0 && r < rows) store_out(y, (size_t)r * n + j, s);
         }
     }
 }
@@ -284,12 +287,13 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
 }
 
 // Every symbol takes (…, w, w_scale, …): w_scale is null for the bf16 ones.
-#define GEMV_PLAIN_KERNEL(name, R, F8)                                                                \
+#define GEMV_PLAIN_KERNEL_OUT(name, R, F8, OUT)                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const void* __restrict__ w, const float* __restrict__ w_scale, const bf16* __restrict__ x, \
-             bf16* __restrict__ y, int n, int k, int rows) {                                          \
-        gemv_plain<R, F8>(w, w_scale, x, y, n, k, rows);                                              \
+             OUT* __restrict__ y, int n, int k, int rows) {                                           \
+        gemv_plain<R, F8, OUT>(w, w_scale, x, y, n, k, rows);                                         \
     }
+#define GEMV_PLAIN_KERNEL(name, R, F8) GEMV_PLAIN_KERNEL_OUT(name, R, F8, bf16)
 #define GEMV_NORM_KERNEL(name, R, F8)                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
@@ -310,6 +314,10 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
 GEMV_PLAIN_KERNEL(gemv_bf16_r1, 1, false)
 GEMV_PLAIN_KERNEL(gemv_bf16_r2, 2, false)
 GEMV_PLAIN_KERNEL(gemv_bf16_r4, 4, false)
+// f32 products (a MoE router's logits: bf16 ones turn near ties into other experts).
+GEMV_PLAIN_KERNEL_OUT(gemv_f32out_bf16_r1, 1, false, float)
+GEMV_PLAIN_KERNEL_OUT(gemv_f32out_bf16_r2, 2, false, float)
+GEMV_PLAIN_KERNEL_OUT(gemv_f32out_bf16_r4, 4, false, float)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r1, 1, false)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r2, 2, false)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r4, 4, false)

@@ -125,3 +125,52 @@ fn tool_conversations_render_as_transformers_renders_them() {
     }
     assert_eq!(checked, 8);
 }
+
+/// Message text through the ASCII path (`encode_plain` past the library's pipeline for byte-level
+/// BPE vocabularies) gets the library's own ids, on SmolLM2's vocabulary (GPT-2's split after
+/// single digits) and Qwen2.5's (Qwen2's split): prose, code, logs, whitespace and punctuation
+/// runs, contractions of both cases, control-token text and every ASCII byte — and text the
+/// path is not for (non-ASCII) still gets them, from the library.
+#[test]
+fn ascii_message_text_gets_the_librarys_ids_on_real_vocabularies() {
+    let mut texts: Vec<String> = vec![
+        "What is the capital of France?".into(),
+        "You are a helpful assistant for Acme routers. Today is 2026-12-02T13:05:00Z.".into(),
+        "I'M sure they'RE here; we'll see. Don't   stop\n\n\n  ok\r\n\tdone  ".into(),
+        "def f(x):\n    return [i**2 for i in range(10) if i % 3 == 0]  # squares\n".into(),
+        "ERROR 2026/12/02 13:05:07 conn=1234567 latency=89.5ms path=/v1/chat?x=1&y=22".into(),
+        "<|im_start|>user\nhi<|im_end|> <|endoftext|> {{ x }} ```json\n{\"a\": [1,2]}\n```".into(),
+        "    \t\t  \n \x0b\x0c!!! ??? ... --- ___ ''' \"\"\" ((( )))".into(),
+        (0u8..128).map(|b| b as char).collect(),
+        "naïve café — 東京 🙂 (not ASCII: the library's path)".into(),
+    ];
+    let words = [
+        "the", " The", "1", "22", "333", "4444", " ", "  ", "\n", "\t", "'s", "'LL", "x", "(", ")",
+        ".", ",", "?", "!", "\r\n", "don't", "HTTP/1.1", "0x7f", "a_b", "->",
+    ];
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..600 {
+        let mut t = String::new();
+        for _ in 0..(seed % 24) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            t.push_str(words[(seed % words.len() as u64) as usize]);
+        }
+        texts.push(t);
+    }
+    let _one = one_real_model_at_a_time();
+    for path in [smollm2_path(), qwen05_path()] {
+        let meta = cachet_backend::loader::load_meta(path.to_str().unwrap()).unwrap();
+        let tok = meta.tokenizer.expect("a GGUF tokenizer");
+        assert!(tok.has_ascii_path(), "{}", path.display());
+        for text in &texts {
+            assert_eq!(
+                tok.encode_plain(text).unwrap(),
+                tok.encode_plain_reference(text).unwrap(),
+                "{} on {text:?}",
+                path.display()
+            );
+        }
+    }
+}

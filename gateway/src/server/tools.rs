@@ -633,10 +633,7 @@ pub fn call_id(prefix: &str, response: &str, choice: usize, k: usize) -> String 
     h.update(response.as_bytes());
     h.update(&(choice as u64).to_le_bytes());
     h.update(&(k as u64).to_le_bytes());
-    let hex: String = h.finalize().as_bytes()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = crate::protocol::hex(&h.finalize().as_bytes()[..12]);
     format!("{prefix}{hex}")
 }
 

@@ -129,6 +129,8 @@ pub struct Kernels {
     pub logprobs: CudaFunction,
     /// gemv.cu by weight format (bf16, then e4m3 with row scales), one per entry of GEMV_ROWS.
     pub gemv: [[CudaFunction; 3]; 2],
+    /// gemv.cu's bf16-weight GEMV into f32 (a MoE router's logits), one per entry of GEMV_ROWS.
+    pub gemv_f32out: [CudaFunction; 3],
     pub gemv_norm: [[CudaFunction; 3]; 2],
     /// The gated MLP variants by weight format, then [`crate::config::Activation`]: SwiGLU,
     /// then GeGLU.
@@ -228,6 +230,7 @@ impl Kernels {
             mask_logits: f("mask_logits_f32")?,
             logprobs: f("logprobs_f32")?,
             gemv: [gemv_set(&f, "gemv", "bf16")?, gemv_set(&f, "gemv", "e4m3")?],
+            gemv_f32out: gemv_set(&f, "gemv_f32out", "bf16")?,
             gemv_norm: [
                 gemv_set(&f, "gemv_norm", "bf16")?,
                 gemv_set(&f, "gemv_norm", "e4m3")?,

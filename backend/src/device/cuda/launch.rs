@@ -592,6 +592,32 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// gemv.cu's `gemv_f32out_bf16_r{R}` (instantiation `v`): `y[rows, n] = x · wᵀ` in f32, for
+    /// bf16 weights.
+    pub(super) fn launch_gemv_f32out(
+        &self,
+        v: usize,
+        w: &CudaSlice<u16>,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        (rows, k, n): (usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        if rows > GEMV_ROWS[v] || !k.is_multiple_of(8) {
+            return Err(unfit("gemv_f32out", rows, GEMV_ROWS[v], k));
+        }
+        if w.len() < n * k || x.len() < rows * k || y.len() < rows * n {
+            return Err(short_buffers("gemv_f32out", rows, n));
+        }
+        let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
+        let null = 0u64;
+        let mut l = self.stream.launch_builder(&self.k.gemv_f32out[v]);
+        l.arg(w).arg(&null).arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
+        // SAFETY: rows ≤ R, k a multiple of one 16-byte load of bf16 and the buffers' sizes
+        // (checked above); fresh 16-byte-aligned allocations, so every row starts aligned.
+        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv_f32out"))?;
+        Ok(())
+    }
+
     /// `moe_route_f32(f32 logits[n, E], i32 ids[n, k], f32 weights[n, k], int n, int E, int k,
     /// int norm)`: a warp per token.
     pub(super) fn launch_moe_route(

@@ -438,8 +438,26 @@ impl Device for CudaDevice {
         if n == 0 {
             return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
         }
-        // f32 logits: bf16 ones turn near ties into other experts than the model's.
-        let logits = self.timed("moe router", || self.gemm(x, w.router, true))?;
+        // f32 logits: bf16 ones turn near ties into other experts than the model's. A few rows
+        // (decode) through the GEMV, which reads the router's rows once at the copy rate; more
+        // through cuBLAS.
+        let logits = self.timed("moe router", || {
+            match (
+                &w.router.buf,
+                self.gemv_variant(n, h, &w.router.weight("moe")?),
+            ) {
+                (CudaBuf::Bf16(r), Some(v)) if self.options.moe_router_gemv => {
+                    let mut out = self.alloc_f32(n * e, "moe router")?;
+                    self.launch_gemv_f32out(v, r, x.bf16("moe")?, &mut out, (n, h, e))?;
+                    Ok(CudaTensor {
+                        rows: n,
+                        cols: e,
+                        buf: CudaBuf::F32(out),
+                    })
+                }
+                _ => self.gemm(x, w.router, true),
+            }
+        })?;
         let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
         let mut weights = self.alloc_f32(n * k, "moe routing")?;
         self.timed("moe routing", || {

@@ -122,6 +122,9 @@ pub struct CudaOptions {
     /// expert) instead of the expert GEMVs (`CACHET_MOE_GEMM=off|rows`; off: always the
     /// GEMVs).
     pub moe_gemm_min_rows: usize,
+    /// A MoE router's logits for the rows a GEMV takes through the f32-output GEMV (default),
+    /// or always through cuBLAS (`CACHET_MOE_ROUTER=gemm`, for side-by-side measurements).
+    pub moe_router_gemv: bool,
     /// Where compiled kernels are cached (none: compile at every start).
     pub kernel_cache: Option<PathBuf>,
     /// Kernel sources substituted by file name (`CACHET_KERNEL_DIR`), for kernel work without a
@@ -137,6 +140,7 @@ impl Default for CudaOptions {
             split: SplitOptions::default(),
             gemv_max_rows: GEMV_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
+            moe_router_gemv: true,
             kernel_cache: None,
             kernel_dir: None,
         }
@@ -209,6 +213,16 @@ impl CudaOptions {
                 })?,
             };
         }
+        match var("CACHET_MOE_ROUTER").as_deref() {
+            None | Some("") | Some("gemv") => {}
+            Some("gemm") => o.moe_router_gemv = false,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_MOE_ROUTER",
+                    format!("`{v}`: expected `gemv` or `gemm`"),
+                ))
+            }
+        }
         o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
         Ok(o)
     }
@@ -277,6 +291,13 @@ mod tests {
         assert_eq!(o.gemv_max_rows, 0);
         assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);
         assert_eq!(parse(&[]).unwrap().moe_gemm_min_rows, 8);
+        assert!(parse(&[]).unwrap().moe_router_gemv);
+        assert!(
+            !parse(&[("CACHET_MOE_ROUTER", "gemm")])
+                .unwrap()
+                .moe_router_gemv
+        );
+        assert!(parse(&[("CACHET_MOE_ROUTER", "cublas")]).is_err());
         assert_eq!(
             parse(&[("CACHET_MOE_GEMM", "32")])
                 .unwrap()
