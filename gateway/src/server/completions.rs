@@ -539,9 +539,10 @@ fn text_prompts(state: &AppState, ps: Vec<PromptIn>) -> Result<Vec<(Vec<u32>, St
 
 /// Prompts with more text than this are prepared on the blocking pool. A serving lane runs all
 /// its connections' requests on one thread (`--io-threads`), and a long prompt's normalization
-/// and tokenization (about 0.7 µs a byte on one core: a 500 KB message takes 0.3 s) would hold
-/// every other request on the lane for that long; below it the hand-off costs more than it
-/// saves.
+/// and tokenization (about 0.7 µs a byte on one core through the tokenizers pipeline: a 500 KB
+/// message takes 0.3 s; ASCII text of a byte-level BPE vocabulary about a tenth of that) would
+/// hold every other request on the lane for that long; below it the hand-off costs more than it
+/// saves. Sized for the slow path: the text's bytes decide, not which path it will take.
 const PREPARE_INLINE_BYTES: usize = 16 << 10;
 
 /// The length of `v` as JSON text, counted as it is written (no string is kept).
