@@ -14,7 +14,9 @@
 //! every branch, and the ids of real vocabularies end to end.
 
 use std::ops::Range;
+use std::sync::RwLock;
 
+use rustc_hash::FxHashMap;
 use tokenizers::models::ModelWrapper;
 use tokenizers::Model;
 
@@ -173,6 +175,12 @@ fn llama3(s: &[u8], max_digits: usize, out: &mut Vec<Range<usize>>) {
     }
 }
 
+/// Pieces whose ids [`AsciiBpe`] keeps: at most this many (the map is emptied when a request
+/// would pass it) …
+const CACHE_PIECES: usize = 1 << 14;
+/// … of at most this many bytes each.
+const CACHE_PIECE_BYTES: usize = 64;
+
 /// A byte-level BPE tokenizer's ASCII fast path (see the module's text).
 pub(crate) struct AsciiBpe {
     split: Split,
@@ -181,6 +189,10 @@ pub(crate) struct AsciiBpe {
     /// The added tokens the plain tokenizer still isolates (those not special) that are ASCII:
     /// text holding one goes through the library.
     added: Vec<String>,
+    /// The ids of pieces seen before, by their bytes (bounded by [`CACHE_PIECES`] and
+    /// [`CACHE_PIECE_BYTES`]): a hit costs a hash of the piece, where the model's own word cache
+    /// also builds a token (and its string) per id.
+    cache: RwLock<FxHashMap<Box<[u8]>, Box<[u32]>>>,
 }
 
 impl AsciiBpe {
@@ -225,6 +237,7 @@ impl AsciiBpe {
             split,
             chars,
             added,
+            cache: RwLock::default(),
         })
     }
 
@@ -245,13 +258,33 @@ impl AsciiBpe {
         self.split.pieces(text, &mut pieces);
         let mut ids = Vec::with_capacity(pieces.len() + 4);
         let mut word = String::with_capacity(32);
-        for p in pieces {
-            word.clear();
-            word.extend(text.as_bytes()[p].iter().map(|&b| self.chars[b as usize]));
-            match bpe.tokenize(&word) {
-                Ok(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
-                Err(e) => return Some(Err(e)),
+        let mut seen = Vec::new();
+        {
+            let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
+            for p in pieces {
+                let bytes = &text.as_bytes()[p];
+                if let Some(hit) = cache.get(bytes) {
+                    ids.extend_from_slice(hit);
+                    continue;
+                }
+                word.clear();
+                word.extend(bytes.iter().map(|&b| self.chars[b as usize]));
+                let from = ids.len();
+                match bpe.tokenize(&word) {
+                    Ok(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                    Err(e) => return Some(Err(e)),
+                }
+                if bytes.len() <= CACHE_PIECE_BYTES {
+                    seen.push((Box::<[u8]>::from(bytes), Box::<[u32]>::from(&ids[from..])));
+                }
             }
+        }
+        if !seen.is_empty() {
+            let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+            if cache.len() + seen.len() > CACHE_PIECES {
+                cache.clear();
+            }
+            cache.extend(seen.into_iter().take(CACHE_PIECES));
         }
         Some(Ok(ids))
     }
@@ -412,6 +445,61 @@ mod tests {
         ] {
             assert_eq!(split_of(&json), None, "{json}");
         }
+    }
+
+    /// A byte-level BPE tokenizer of the 256 byte characters and a few merges, GPT-2's split.
+    fn tiny_tokenizer() -> tokenizers::Tokenizer {
+        let chars: Vec<char> = (0u8..=255).map(byte_char).collect();
+        let mut vocab: serde_json::Map<String, serde_json::Value> = chars
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.to_string(), i.into()))
+            .collect();
+        let merges = [
+            ("Ġ", "t"),
+            ("Ġt", "h"),
+            ("Ġth", "e"),
+            ("e", "r"),
+            ("1", "2"),
+        ];
+        for (a, b) in merges {
+            let n = vocab.len();
+            vocab.insert(format!("{a}{b}"), n.into());
+        }
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": byte_level(true), "post_processor": null,
+            "decoder": null,
+            "model": {"type": "BPE", "vocab": vocab,
+                      "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()},
+        });
+        json.to_string().parse().unwrap()
+    }
+
+    #[test]
+    fn ids_equal_the_pipelines_and_the_piece_cache_stays_bounded() {
+        let t = tiny_tokenizer();
+        let fast = AsciiBpe::of(&t).expect("GPT-2's pipeline");
+        let library = |text: &str| t.encode_fast(text, false).unwrap().get_ids().to_vec();
+        for text in corpus().iter().chain(corpus().iter()) {
+            assert_eq!(
+                fast.encode(&t, text).unwrap().unwrap(),
+                library(text),
+                "{text:?}"
+            );
+        }
+        // More distinct pieces than the cache keeps: it is emptied, never grows past its bound,
+        // and answers stay right.
+        for i in 0..(CACHE_PIECES + CACHE_PIECES / 2) {
+            let text = format!("the w{i:x}q 12 there");
+            assert_eq!(fast.encode(&t, &text).unwrap().unwrap(), library(&text));
+            assert!(fast.cache.read().unwrap().len() <= CACHE_PIECES);
+        }
+        let long = "x".repeat(CACHE_PIECE_BYTES + 1);
+        assert_eq!(fast.encode(&t, &long).unwrap().unwrap(), library(&long));
+        assert!(!fast.cache.read().unwrap().contains_key(long.as_bytes()));
+        // Not for this path: non-ASCII text.
+        assert!(fast.encode(&t, "café").is_none());
     }
 
     #[test]
