@@ -192,8 +192,11 @@ pub(crate) struct AsciiBpe {
     /// The ids of pieces seen before, by their bytes (bounded by [`CACHE_PIECES`] and
     /// [`CACHE_PIECE_BYTES`]): a hit costs a hash of the piece, where the model's own word cache
     /// also builds a token (and its string) per id.
-    cache: RwLock<FxHashMap<Box<[u8]>, Box<[u32]>>>,
+    cache: RwLock<PieceIds>,
 }
+
+/// A piece's bytes → its ids.
+type PieceIds = FxHashMap<Box<[u8]>, Box<[u32]>>;
 
 impl AsciiBpe {
     /// The fast path for `t` (the tokenizer that takes special tokens as text), when its
