@@ -556,10 +556,22 @@ impl IncrementalDecoder {
 /// GPT-2's byte-level alphabet, inverted: the byte a character of a byte-level BPE token
 /// stands for. Printable bytes (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) stand for themselves; the other 68
 /// bytes were shifted to U+0100.. in byte order.
-fn byte_of_char(c: char) -> Option<u8> {
-    const fn printable(b: u8) -> bool {
-        matches!(b, 0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff)
+/// Bytes GPT-2's byte-level table spells as themselves; the others take U+0100 onwards, in
+/// order.
+const fn printable(b: u8) -> bool {
+    matches!(b, 0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff)
+}
+
+/// GPT-2's character for byte `b` ([`byte_of_char`]'s inverse).
+fn char_of_byte(b: u8) -> char {
+    if printable(b) {
+        return b as char;
     }
+    let n = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(0x100 + n).expect("below U+0200")
+}
+
+fn byte_of_char(c: char) -> Option<u8> {
     // The 68 shifted bytes, in order (U+0100 + k stands for SHIFTED[k]).
     const SHIFTED: [u8; 68] = {
         let mut t = [0u8; 68];

@@ -227,7 +227,7 @@ impl AsciiBpe {
         let split = split_of(&serde_json::to_value(t.get_pre_tokenizer()?).ok()?)?;
         let mut chars = ['\0'; 128];
         for (b, c) in chars.iter_mut().enumerate() {
-            *c = byte_char(b as u8);
+            *c = super::char_of_byte(b as u8);
         }
         let special = t.get_added_vocabulary().get_encode_special_tokens();
         let added = t
@@ -325,17 +325,6 @@ fn split_of(v: &serde_json::Value) -> Option<Split> {
         }
         _ => None,
     }
-}
-
-/// GPT-2's character for byte `b` (printable ASCII and Latin-1 stand for themselves, the rest
-/// take U+0100 onwards in order).
-fn byte_char(b: u8) -> char {
-    let visible = |b: u8| matches!(b, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff);
-    if visible(b) {
-        return b as char;
-    }
-    let n = (0..b).filter(|&x| !visible(x)).count() as u32;
-    char::from_u32(256 + n).expect("below U+0200")
 }
 
 #[cfg(test)]
@@ -452,7 +441,7 @@ mod tests {
 
     /// A byte-level BPE tokenizer of the 256 byte characters and a few merges, GPT-2's split.
     fn tiny_tokenizer() -> tokenizers::Tokenizer {
-        let chars: Vec<char> = (0u8..=255).map(byte_char).collect();
+        let chars: Vec<char> = (0u8..=255).map(super::super::char_of_byte).collect();
         let mut vocab: serde_json::Map<String, serde_json::Value> = chars
             .iter()
             .enumerate()
@@ -507,14 +496,15 @@ mod tests {
 
     #[test]
     fn byte_characters_are_gpt2s() {
-        assert_eq!(byte_char(b' '), 'Ġ');
-        assert_eq!(byte_char(b'\n'), 'Ċ');
-        assert_eq!(byte_char(b'\t'), 'ĉ');
-        assert_eq!(byte_char(b'a'), 'a');
-        assert_eq!(byte_char(0), 'Ā');
-        assert_eq!(byte_char(0x7f), 'ġ');
-        for b in 0u8..128 {
-            assert_eq!(super::super::byte_of_char(byte_char(b)), Some(b));
+        use super::super::{byte_of_char, char_of_byte};
+        assert_eq!(char_of_byte(b' '), 'Ġ');
+        assert_eq!(char_of_byte(b'\n'), 'Ċ');
+        assert_eq!(char_of_byte(b'\t'), 'ĉ');
+        assert_eq!(char_of_byte(b'a'), 'a');
+        assert_eq!(char_of_byte(0), 'Ā');
+        assert_eq!(char_of_byte(0x7f), 'ġ');
+        for b in 0u8..=255 {
+            assert_eq!(byte_of_char(char_of_byte(b)), Some(b));
         }
     }
 }
