@@ -245,30 +245,36 @@ __device__ __forceinline__ void paged_attention(
         part_o, part_ml, n_heads, n_kv, d, block_size, scale, split_len, window, kv_table
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_bf16(PAGED_ATTENTION_ARGS(bf16)) {
+    wait_for_prior_kernels();
     paged_attention<0, ATT_MAXD>(PAGED_ATTENTION_CALL);
 }
 
 // As paged_attention_bf16 over an FP8 cache (d a multiple of 8).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_fp8(PAGED_ATTENTION_ARGS(fp8)) {
+    wait_for_prior_kernels();
     paged_attention<1, ATT_MAXD>(PAGED_ATTENTION_CALL);
 }
 
 // As paged_attention_bf16 over an INT8 cache (d a multiple of 8; `kv_table` the layer's table).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_int8(PAGED_ATTENTION_ARGS(fp8)) {
+    wait_for_prior_kernels();
     paged_attention<2, ATT_MAXD>(PAGED_ATTENTION_CALL);
 }
 
 // The same for 128 < d ≤ 256 (Gemma), twice the accumulators per thread and (d = 256) 169 KiB of
 // shared memory: one block per SM.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_bf16(PAGED_ATTENTION_ARGS(bf16)) {
+    wait_for_prior_kernels();
     paged_attention<0, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_fp8(PAGED_ATTENTION_ARGS(fp8)) {
+    wait_for_prior_kernels();
     paged_attention<1, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) paged_attention_d256_int8(PAGED_ATTENTION_ARGS(fp8)) {
+    wait_for_prior_kernels();
     paged_attention<2, ATT_MAXD_WIDE>(PAGED_ATTENTION_CALL);
 }
 
@@ -294,6 +300,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attention_combine_
     const float* __restrict__ part_o, const float* __restrict__ part_ml, const unsigned* __restrict__ tile_start,
     const unsigned* __restrict__ tile_len, bf16* __restrict__ out, int n_heads, int d, int splits, int group,
     int sub_tokens, int units_per_tile, int unit_rows) {
+    wait_for_prior_kernels();
     const int unit = blockIdx.x, y = blockIdx.y;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int start = tile_start[tile] + sub * sub_tokens;

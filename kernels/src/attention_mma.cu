@@ -930,6 +930,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // of d128. An FP8 cache at d256 spills and runs on paged_attention_d256_fp8 (attention.cu).
 #define MMA_KERNEL(NAME, D, MODE, KV, BLOCKS)                                                                 \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS * MMA_KGROUPS(D), BLOCKS) NAME(PAGED_ATTENTION_ARGS(KV)) {        \
+        wait_for_prior_kernels();                                                                             \
         attention_mma<D, MODE>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,  \
                                block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
                                split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,     \

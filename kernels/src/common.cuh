@@ -6,6 +6,20 @@ typedef unsigned short bf16;
 
 #define CACHET_INF __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (Hopper and later). In decode graphs a kernel may be started
+// while the one before it still runs (backend/src/device/cuda/graphs.rs turns kernel-to-kernel
+// edges into programmatic ones): its blocks are resident and wait here, so the launch and
+// ramp-up of each kernel overlap the tail of the previous one. It returns once every kernel
+// this one depends on has finished and its writes are visible, so it is the first statement
+// of every kernel, before any read or write another kernel could race with (a unit test in
+// kernels/src/lib.rs checks). Where nothing was launched programmatically (eager launches,
+// older GPUs) it returns at once.
+__device__ __forceinline__ void wait_for_prior_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf2f(bf16 x) { return __uint_as_float(((unsigned)x) << 16); }
 
 // Round to nearest even; NaN stays NaN.

@@ -7,6 +7,7 @@
 //   out   : device, f32  [n, cols]
 extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
                                       float* __restrict__ out, int cols, float scale) {
+    wait_for_prior_kernels();
     const size_t t = blockIdx.x;
     const bf16* row = table + (size_t)ids[t] * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]) * scale;
@@ -30,12 +31,14 @@ __device__ __forceinline__ void act_mul(const bf16* __restrict__ gu, bf16* __res
 //   out : device, bf16 [n, inter]
 extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
                                          unsigned long long total) {
+    wait_for_prior_kernels();
     act_mul<silu>(gu, out, inter, total);
 }
 
 // GeGLU (Gemma): gelu_tanh(gate) * up; the same layout.
 extern "C" __global__ void gelu_tanh_mul_bf16(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
                                               unsigned long long total) {
+    wait_for_prior_kernels();
     act_mul<gelu_tanh>(gu, out, inter, total);
 }
 
@@ -66,11 +69,13 @@ __device__ __forceinline__ void act_mul_x8(const bf16* __restrict__ gu, bf16* __
 
 extern "C" __global__ void silu_mul_bf16x8(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
                                            unsigned total8) {
+    wait_for_prior_kernels();
     act_mul_x8<silu>(gu, out, inter, total8);
 }
 
 extern "C" __global__ void gelu_tanh_mul_bf16x8(const bf16* __restrict__ gu, bf16* __restrict__ out, int inter,
                                                 unsigned total8) {
+    wait_for_prior_kernels();
     act_mul_x8<gelu_tanh>(gu, out, inter, total8);
 }
 
@@ -80,6 +85,7 @@ extern "C" __global__ void gelu_tanh_mul_bf16x8(const bf16* __restrict__ gu, bf1
 //   out  : device, bf16 [m, cols]
 extern "C" __global__ void gather_rows_bf16(const unsigned* __restrict__ rows, const bf16* __restrict__ x,
                                             bf16* __restrict__ out, int cols) {
+    wait_for_prior_kernels();
     const size_t i = blockIdx.x;
     const bf16* src = x + (size_t)rows[i] * cols;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) out[i * cols + j] = src[j];
@@ -90,6 +96,7 @@ extern "C" __global__ void gather_rows_bf16(const unsigned* __restrict__ rows, c
 //   out : device, bf16 [n]
 extern "C" __global__ void fill_normal_bf16(bf16* __restrict__ out, unsigned long long n, unsigned long long seed,
                                             float mean, float std) {
+    wait_for_prior_kernels();
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
         unsigned long long z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
@@ -109,6 +116,7 @@ extern "C" __global__ void fill_normal_bf16(bf16* __restrict__ out, unsigned lon
 //   bias : device, bf16 [cols]
 extern "C" __global__ void add_bias_bf16(bf16* __restrict__ x, const bf16* __restrict__ bias, int cols,
                                          unsigned long long total) {
+    wait_for_prior_kernels();
     for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < total;
          e += (unsigned long long)gridDim.x * blockDim.x)
         x[e] = f2bf(bf2f(x[e]) + bf2f(bias[e % cols]));

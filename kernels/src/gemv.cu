@@ -291,6 +291,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const void* __restrict__ w, const float* __restrict__ w_scale, const bf16* __restrict__ x, \
              OUT* __restrict__ y, int n, int k, int rows) {                                           \
+        wait_for_prior_kernels();                                                                     \
         gemv_plain<R, F8, OUT>(w, w_scale, x, y, n, k, rows);                                         \
     }
 #define GEMV_PLAIN_KERNEL(name, R, F8) GEMV_PLAIN_KERNEL_OUT(name, R, F8, bf16)
@@ -300,6 +301,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
+        wait_for_prior_kernels();                                                                         \
         gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
     }
 #define GEMV_GLU_KERNEL(name, R, F8, ACT)                                                             \
@@ -308,6 +310,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ act, int inter, int k, int rows, float eps) {                         \
+        wait_for_prior_kernels();                                                                                  \
         gemv_norm_glu<R, F8, ACT>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, act, inter, k, rows, \
                                   eps);                                                               \
     }
@@ -345,6 +348,7 @@ GEMV_GLU_KERNEL(gemv_norm_geglu_e4m3_r4, 4, true, gelu_tanh)
 //   w : device, bf16 [n, k];  codes : device, e4m3 [n, k];  scale : device, f32 [n]
 extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ w, fp8* __restrict__ codes,
                                               float* __restrict__ scale, int n, int k) {
+    wait_for_prior_kernels();
     const int j = blockIdx.x;
     if (j >= n) return;
     const bf16* row = w + (size_t)j * k;
@@ -360,6 +364,7 @@ extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ w, fp8* _
 // prefill steps. Grid-stride over n · k.
 extern "C" __global__ void dequantize_rows_e4m3(const fp8* __restrict__ codes, const float* __restrict__ scale,
                                                 bf16* __restrict__ w, int n, int k) {
+    wait_for_prior_kernels();
     const size_t total = (size_t)n * k;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
         w[e] = f2bf(e4m3f(codes[e]) * scale[e / k]);
@@ -392,10 +397,12 @@ __device__ __forceinline__ void fp8_scale_out(const float* __restrict__ d, const
 extern "C" __global__ void fp8_scale_out_bf16(const float* __restrict__ d, const float* __restrict__ w_scale,
                                               const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
                                               int m) {
+    wait_for_prior_kernels();
     fp8_scale_out<bf16>(d, w_scale, x_scale, out, n, m);
 }
 extern "C" __global__ void fp8_scale_out_f32(const float* __restrict__ d, const float* __restrict__ w_scale,
                                              const float* __restrict__ x_scale, float* __restrict__ out, int n, int m) {
+    wait_for_prior_kernels();
     fp8_scale_out<float>(d, w_scale, x_scale, out, n, m);
 }
 

@@ -222,4 +222,33 @@ mod tests {
             }
         }
     }
+
+    /// Decode graphs launch kernels programmatically (graphs.rs): a kernel whose first
+    /// statement is not `wait_for_prior_kernels()` could read what the kernel before it has not
+    /// written yet. Every `__global__` body, written out or in a macro, starts with it.
+    #[test]
+    fn every_kernel_waits_for_the_kernels_before_it_first() {
+        let mut kernels = 0;
+        for s in SOURCES {
+            let code = s.code;
+            for (at, _) in code.match_indices("__global__") {
+                let open = at + code[at..].find('{').expect("a kernel body");
+                let body =
+                    code[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                let head = &code[at..open];
+                assert!(
+                    body.starts_with("wait_for_prior_kernels();"),
+                    "{}: the kernel `{}` does not start with wait_for_prior_kernels()",
+                    s.name,
+                    head.split_whitespace().collect::<Vec<_>>().join(" ")
+                );
+                kernels += 1;
+            }
+        }
+        let symbols: usize = SOURCES.iter().map(|s| s.symbols.len()).sum();
+        assert!(
+            kernels >= 30 && kernels <= symbols,
+            "{kernels} kernel bodies for {symbols} symbols"
+        );
+    }
 }

@@ -19,6 +19,7 @@
 // E ≤ MOE_MAX_EXPERTS, k ≤ E (checked by the host).
 extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* __restrict__ ids,
                                           float* __restrict__ weights, int n, int E, int k, int norm) {
+    wait_for_prior_kernels();
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (t >= n) return;
@@ -141,6 +142,7 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
     extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
                                     const bf16* __restrict__ x, const int* __restrict__ ids,          \
                                     bf16* __restrict__ act, int inter, int h, int k) {                \
+        wait_for_prior_kernels();                                                                     \
         moe_gate_up<F8>(w, w_scale, x, ids, act, inter, h, k);                                        \
     }
 #define MOE_DOWN_KERNEL(name, F8)                                                                     \
@@ -148,6 +150,7 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
                                     const bf16* __restrict__ act, const int* __restrict__ ids,        \
                                     const float* __restrict__ weights, bf16* __restrict__ y, int h,   \
                                     int inter, int k, int kp) {                                       \
+        wait_for_prior_kernels();                                                                     \
         moe_down<F8>(w, w_scale, act, ids, weights, y, h, inter, k, kp);                              \
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_bf16, false)
@@ -174,6 +177,7 @@ MOE_DOWN_KERNEL(moe_down_e4m3, true)
 // cap ≥ pairs + E·(bm − 1), a multiple of bm (checked by the host); E ≤ MOE_MAX_EXPERTS.
 extern "C" __global__ void moe_sort(const int* __restrict__ ids, int* __restrict__ sorted, int* __restrict__ tile_expert,
                                     int* __restrict__ num_tiles, int pairs, int E, int cap, int bm) {
+    wait_for_prior_kernels();
     __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
     for (int i = threadIdx.x; i < cap; i += blockDim.x) sorted[i] = -1;
@@ -303,6 +307,7 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const bf16*
         name(const bf16* __restrict__ a, const bf16* __restrict__ w, const int* __restrict__ sorted,  \
              const int* __restrict__ tile_expert, const int* __restrict__ num_tiles, bf16* __restrict__ out, \
              int N, int K, int a_div) {                                                               \
+        wait_for_prior_kernels();                                                                     \
         moe_gemm<BM>(a, w, sorted, tile_expert, num_tiles, out, N, K, a_div);                         \
     }
 MOE_GEMM_KERNEL(moe_gemm_bm64_bf16, 64)
@@ -313,6 +318,7 @@ MOE_GEMM_KERNEL(moe_gemm_bm128_bf16, 128)
 //   yp : device, bf16 [n·k, h];  weights : device, f32 [n·k];  y : device, bf16 [n, h]
 extern "C" __global__ void moe_combine_bf16(const bf16* __restrict__ yp, const float* __restrict__ weights,
                                             bf16* __restrict__ y, int n, int k, int h) {
+    wait_for_prior_kernels();
     const size_t total = (size_t)n * h;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const size_t t = i / h, j = i % h;

@@ -17,6 +17,7 @@
 //   out : device, bf16 [rows, cols]
 extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const bf16* __restrict__ w,
                                          bf16* __restrict__ out, int cols, float eps) {
+    wait_for_prior_kernels();
     const size_t row = blockIdx.x;
     const float* xr = x + row * cols;
     if (cols <= RMS_PER_THREAD * (int)blockDim.x) {
@@ -45,6 +46,7 @@ extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const bf16
 extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const bf16* __restrict__ delta,
                                              const bf16* __restrict__ delta_w, const bf16* __restrict__ w,
                                              bf16* __restrict__ out, int cols, float eps) {
+    wait_for_prior_kernels();
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;
     const bf16* dr = delta + row * cols;

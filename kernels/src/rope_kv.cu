@@ -129,15 +129,15 @@ __device__ __forceinline__ void rope_kv(bf16* __restrict__ qkv, const float* __r
 #define ROPE_KV_CALL                                                                                       \
     qkv, rope, pos, slots, k_cache, v_cache, k_scale, v_scale, n_heads, n_kv, d, q_norm, k_norm, norm_eps, kv_table
 
-extern "C" __global__ void rope_kv_bf16(ROPE_KV_ARGS(bf16)) { rope_kv<0>(ROPE_KV_CALL); }
+extern "C" __global__ void rope_kv_bf16(ROPE_KV_ARGS(bf16)) { wait_for_prior_kernels(); rope_kv<0>(ROPE_KV_CALL); }
 
 // As rope_kv_bf16 into an FP8 cache:
 //   k_cache, v_cache : device, e4m3 [num_slots, n_kv, d] of this layer
 //   k_scale, v_scale : device, f32  [num_slots, n_kv]: value = code * scale
-extern "C" __global__ void rope_kv_fp8(ROPE_KV_ARGS(fp8)) { rope_kv<1>(ROPE_KV_CALL); }
+extern "C" __global__ void rope_kv_fp8(ROPE_KV_ARGS(fp8)) { wait_for_prior_kernels(); rope_kv<1>(ROPE_KV_CALL); }
 
 // As rope_kv_bf16 into an INT8 cache (common.cuh, backend/src/device/kv_int8.rs):
 //   k_cache, v_cache : device, i8 [num_slots, n_kv, d] of this layer
 //   k_scale, v_scale : device, u32 [num_slots, n_kv]: the outliers' low bytes
 //   kv_table : device, f32, this layer's table (scales and outlier channels)
-extern "C" __global__ void rope_kv_int8(ROPE_KV_ARGS(fp8)) { rope_kv<2>(ROPE_KV_CALL); }
+extern "C" __global__ void rope_kv_int8(ROPE_KV_ARGS(fp8)) { wait_for_prior_kernels(); rope_kv<2>(ROPE_KV_CALL); }

@@ -163,6 +163,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_f32(const fl
                                                                        const RowParams* __restrict__ params,
                                                                        float* __restrict__ scratch,
                                                                        unsigned* __restrict__ out, int vocab) {
+    wait_for_prior_kernels();
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     __shared__ float chunk_mass[SAMPLE_THREADS];
@@ -314,6 +315,7 @@ extern "C" __global__ void edit_logits_f32(float* __restrict__ logits, const uns
                                            const unsigned* __restrict__ token, const float* __restrict__ pos,
                                            const float* __restrict__ neg, const float* __restrict__ add, int n,
                                            int vocab) {
+    wait_for_prior_kernels();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float* x = logits + (size_t)row[i] * vocab + token[i];
@@ -328,6 +330,7 @@ extern "C" __global__ void edit_logits_f32(float* __restrict__ logits, const uns
 // Launch: grid n masks, block 256.
 extern "C" __global__ void mask_logits_f32(float* __restrict__ logits, const unsigned* __restrict__ rows,
                                            const unsigned* __restrict__ bits, int words, int vocab) {
+    wait_for_prior_kernels();
     float* x = logits + (size_t)rows[blockIdx.x] * vocab;
     const unsigned* b = bits + (size_t)blockIdx.x * words;
     for (int t = threadIdx.x; t < vocab; t += blockDim.x)
@@ -352,6 +355,7 @@ extern "C" __global__ void __launch_bounds__(LOGPROB_THREADS) logprobs_f32(const
                                                                            const int* __restrict__ want,
                                                                            float* __restrict__ out_lp,
                                                                            unsigned* __restrict__ out_id, int vocab) {
+    wait_for_prior_kernels();
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     const size_t row = blockIdx.x;

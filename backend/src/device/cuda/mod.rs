@@ -27,6 +27,7 @@ mod kernels;
 mod launch;
 pub mod options;
 mod profile;
+mod programmatic;
 mod tensor;
 
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
 pub use options::{CudaOptions, SplitOptions};
+pub use programmatic::Pdl;
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
 use super::{
@@ -102,6 +104,9 @@ pub struct CudaDevice {
     /// Streaming multiprocessors (sizes the attention split).
     sms: usize,
     options: CudaOptions,
+    /// How decode graphs launch our kernels: the option on Hopper and later, else off (set
+    /// off for good if the driver refuses programmatic edges).
+    pdl: std::cell::Cell<programmatic::Pdl>,
     profiler: profile::Profiler,
 }
 
@@ -153,6 +158,11 @@ impl CudaDevice {
             arch,
             block_size,
             sms,
+            pdl: std::cell::Cell::new(if major >= 9 {
+                options.pdl
+            } else {
+                programmatic::Pdl::Off
+            }),
             options,
             profiler: Default::default(),
         })

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use super::kernels::{ATT_TK, GEMV_DEFAULT_ROWS, GEMV_ROWS};
+use super::programmatic::Pdl;
 use crate::error::DeviceError;
 
 /// Shortest key range an attention split is given.
@@ -125,6 +126,9 @@ pub struct CudaOptions {
     /// A MoE router's logits for the rows a GEMV takes through the f32-output GEMV (default),
     /// or always through cuBLAS (`CACHET_MOE_ROUTER=gemm`, for side-by-side measurements).
     pub moe_router_gemv: bool,
+    /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
+    /// late|early`; Hopper and later only): see `programmatic.rs`.
+    pub pdl: Pdl,
     /// Where compiled kernels are cached (none: compile at every start).
     pub kernel_cache: Option<PathBuf>,
     /// Kernel sources substituted by file name (`CACHET_KERNEL_DIR`), for kernel work without a
@@ -141,6 +145,7 @@ impl Default for CudaOptions {
             gemv_max_rows: GEMV_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             moe_router_gemv: true,
+            pdl: Pdl::Early,
             kernel_cache: None,
             kernel_dir: None,
         }
@@ -223,6 +228,17 @@ impl CudaOptions {
                 ))
             }
         }
+        o.pdl = match var("CACHET_PDL").as_deref() {
+            None | Some("") | Some("early") => Pdl::Early,
+            Some("late") => Pdl::Late,
+            Some("off") => Pdl::Off,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_PDL",
+                    format!("`{v}`: expected `early`, `late` or `off`"),
+                ))
+            }
+        };
         o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
         Ok(o)
     }
@@ -298,6 +314,9 @@ mod tests {
                 .moe_router_gemv
         );
         assert!(parse(&[("CACHET_MOE_ROUTER", "cublas")]).is_err());
+        assert_eq!(parse(&[]).unwrap().pdl, Pdl::Early);
+        assert_eq!(parse(&[("CACHET_PDL", "late")]).unwrap().pdl, Pdl::Late);
+        assert_eq!(parse(&[("CACHET_PDL", "off")]).unwrap().pdl, Pdl::Off);
         assert_eq!(
             parse(&[("CACHET_MOE_GEMM", "32")])
                 .unwrap()
@@ -327,6 +346,7 @@ mod tests {
             ("CACHET_MOE_GEMM", "0", "off or a row count"),
             ("CACHET_ROPE", "sideways", "separate"),
             ("CACHET_ATTENTION", "fast", "simt"),
+            ("CACHET_PDL", "on", "early"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k) && e.contains(want), "{k}={v}: {e}");

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Programmatic dependent launch in decode graphs, side by side in one call (issues 22 and 24):
+# the CUDA engine and MoE tests with it on (graph replays against eager steps, the MoE layer
+# against the CPU reference), then `bench forward` with CACHET_PDL=off (plain graph edges, as
+# before), late and early (the default) on SmolLM2 (real GGUF, the most launch-bound), the
+# Llama-3-8B shape and the Qwen3-30B-A3B shape (dummy bf16 weights).
+# Carry .carry/{cachet,engine-tests,moe-tests}.xz; SmolLM2's GGUF as /tmp/smollm2.gguf.
+#   OUT=... [MODES="off late early"] scripts/gpu_pdl.sh
+source "$(dirname "$0")/gpu_common.sh"
+modes=${MODES:-off late early}
+if [ -x /tmp/engine-tests ]; then
+  echo "== engine tests on CUDA (PDL early)"
+  timeout 240 /tmp/engine-tests --ignored --test-threads 1 2>&1 | tee "$out/engine-cuda.txt" | grep -E "^test |test result|panicked"
+fi
+if [ -x /tmp/moe-tests ]; then
+  echo "== MoE tests on CUDA (PDL early)"
+  timeout 240 /tmp/moe-tests --ignored --test-threads 1 2>&1 | tee "$out/moe-cuda.txt" | grep -E "^test |test result|panicked"
+fi
+bench() { # name, then bench forward's arguments
+  local name=$1; shift
+  for pdl in $modes; do
+    echo "== $name, CACHET_PDL=$pdl"
+    CACHET_PDL=$pdl timeout 150 /tmp/cachet bench forward "$@" --device cuda --cached-prefix none \
+      --sampling-batches 1 --graph-batches 1 --json-out "$out/forward-$name-pdl-$pdl.json" 2>&1 \
+      | grep -v " INFO " | tee "$out/forward-$name-pdl-$pdl.txt" | grep -E "^\| (decode|batch 1 )"
+  done
+}
+[ ! -f /tmp/smollm2.gguf ] || bench smollm2 --model /tmp/smollm2.gguf --decode-contexts 512,4096 \
+  --decode-batches 16,64 --decode-context 2048 --prefill 512
+bench llama3-8b --model examples/configs/llama3-8b.json --load-format dummy --decode-contexts 512,4096 \
+  --decode-batches 64,256 --decode-context 2048 --prefill 512
+bench qwen3-30b-a3b --model examples/configs/qwen3-30b-a3b.json --load-format dummy \
+  --decode-contexts 512,4096 --decode-batches 16,64 --decode-context 2048 --prefill 512
