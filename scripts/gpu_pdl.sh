@@ -8,7 +8,14 @@
 #   OUT=... [MODES="off late early"] scripts/gpu_pdl.sh
 source "$(dirname "$0")/gpu_common.sh"
 modes=${MODES:-off late early}
-if [ -x /tmp/engine-tests ]; then
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "== which programmatic edges the driver takes (scripts/pdl_probe)"
+  ( cd "$(dirname "$0")/pdl_probe" && export PATH=/usr/local/cuda/bin:$PATH &&
+    nvcc -cubin -arch=sm_90 kernels.cu -o /tmp/pdl-kernels.cubin &&
+    g++ probe.cpp -I/usr/local/cuda/include -L/usr/local/cuda/lib64/stubs -lcuda -o /tmp/pdl-probe &&
+    cd /tmp && cp pdl-kernels.cubin kernels.cubin && ./pdl-probe ) 2>&1 | tee "$out/pdl-probe.txt"
+fi
+if [ -x /tmp/engine-tests ] && [ -f /tmp/smollm2.gguf ]; then
   echo "== engine tests on CUDA (PDL early)"
   timeout 240 /tmp/engine-tests --ignored --test-threads 1 2>&1 | tee "$out/engine-cuda.txt" | grep -E "^test |test result|panicked"
 fi
@@ -22,7 +29,7 @@ bench() { # name, then bench forward's arguments
     echo "== $name, CACHET_PDL=$pdl"
     CACHET_PDL=$pdl timeout 150 /tmp/cachet bench forward "$@" --device cuda --cached-prefix none \
       --sampling-batches 1 --graph-batches 1 --json-out "$out/forward-$name-pdl-$pdl.json" 2>&1 \
-      | grep -v " INFO " | tee "$out/forward-$name-pdl-$pdl.txt" | grep -E "^\| (decode|batch 1 )"
+      | grep -v " INFO " | tee "$out/forward-$name-pdl-$pdl.txt" | grep -E "^\| (decode|batch 1 )|^CUDA graphs|WARN"
   done
 }
 [ ! -f /tmp/smollm2.gguf ] || bench smollm2 --model /tmp/smollm2.gguf --decode-contexts 512,4096 \

@@ -616,6 +616,9 @@ pub struct GraphReport {
     /// Device memory the graphs hold (their activations and static buffers).
     pub bytes: usize,
     pub capture_ms: f64,
+    /// Kernel-to-kernel edges launched programmatically (Hopper: `CACHET_PDL`), over all
+    /// graphs.
+    pub programmatic_edges: usize,
 }
 
 /// How to pick one row's token on the device (layout shared with `sampling.cu`'s `RowParams`).

@@ -280,6 +280,7 @@ impl<D: Device> ModelRunner<D> {
                 graphs = g.graphs,
                 mib = g.bytes as f64 / (1u64 << 20) as f64,
                 ms = g.capture_ms,
+                programmatic_edges = g.programmatic_edges,
                 sizes = ?opts.cuda_graph_sizes,
                 verify = ?opts.cuda_graph_verify,
                 "decode CUDA graphs captured"

@@ -26,12 +26,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use std::sync::Arc;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
 
-use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{result, CudaSlice, CudaStream, DriverError};
-
-use super::programmatic::{self, Pdl};
+use super::programmatic::Pdl;
 use super::{op_err, CudaBatch, CudaBuf, CudaDevice, CudaKv, CudaTensor, DEV};
 use crate::device::{Device, ForwardBatch, ForwardBody, GraphReport, GraphShapes};
 use crate::error::{DeviceError, EngineError};
@@ -41,43 +39,13 @@ const PAD_SLOT: u32 = u32::MAX;
 /// Smallest context bucket.
 const MIN_BUCKET: usize = 256;
 
-/// An instantiated graph: the captured graph and its executable. (cudarc's `CudaGraph`
-/// instantiates as the capture ends, before its edges can be made programmatic.)
-struct Graph {
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
-    stream: Arc<CudaStream>,
-}
+/// An instantiated graph.
+struct Graph(CudaGraph);
 
 // SAFETY: like the device that captured it, a graph is only used from the thread that owns the
 // device and its KV cache (the engine thread); moving it there is fine, sharing is not allowed
 // (it is not Sync).
 unsafe impl Send for Graph {}
-
-impl Graph {
-    fn launch(&self) -> Result<(), DriverError> {
-        self.stream.context().bind_to_thread()?;
-        // SAFETY: a live executable of this stream's context.
-        unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }
-    }
-
-    fn upload(&self) -> Result<(), DriverError> {
-        self.stream.context().bind_to_thread()?;
-        // SAFETY: as launch.
-        unsafe { result::graph::upload(self.exec, self.stream.cu_stream()) }
-    }
-}
-
-impl Drop for Graph {
-    fn drop(&mut self) {
-        let _ = self.stream.context().bind_to_thread();
-        // SAFETY: made by `capture`, destroyed once, here.
-        unsafe {
-            let _ = result::graph::exec_destroy(self.exec);
-            let _ = result::graph::destroy(self.graph);
-        }
-    }
-}
 
 /// The graphs of one KV cache (they bake in its buffers).
 pub struct DecodeGraphs {
@@ -241,6 +209,7 @@ impl CudaDevice {
         let free1 = self.ctx.mem_get_info().map_err(op_err("memory info"))?.0;
         g.report = GraphReport {
             graphs: g.graphs.len(),
+            programmatic_edges: g.report.programmatic_edges,
             bytes: free0.saturating_sub(free1),
             capture_ms: t0.elapsed().as_secs_f64() * 1e3,
         };
@@ -272,6 +241,9 @@ impl CudaDevice {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(op_err("begin graph capture"))?;
+        // Our kernels' launches make their edges programmatic while this is set (launch.rs).
+        let edges0 = self.pdl_edges.get();
+        self.capturing.set(true);
         let recorded = body(kv, batch).and_then(|t| {
             let CudaBuf::F32(src) = &t.buf else {
                 return Err(DeviceError::Op {
@@ -287,67 +259,30 @@ impl CudaDevice {
                 .map_err(op_err("graph logits copy"))?;
             Ok(())
         });
+        self.capturing.set(false);
         // Ends the capture whatever happened, so the stream is usable again.
-        let ended = self.stream.context().bind_to_thread().and_then(|()| {
-            // SAFETY: this stream began a capture above.
-            unsafe { result::stream::end_capture(self.stream.cu_stream()) }
-        });
+        let graph = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(op_err("end graph capture"));
         self.resume_profiling(was_profiling);
-        let graph = ended.map_err(op_err("end graph capture"))?;
-        let destroy = |e: DriverError| {
-            // SAFETY: the graph captured above, not instantiated.
-            let _ = unsafe { result::graph::destroy(graph) };
-            e
-        };
-        if let Err(e) = recorded {
-            if !graph.is_null() {
-                // SAFETY: as `destroy`.
-                let _ = unsafe { result::graph::destroy(graph) };
+        recorded?;
+        let edges = self.pdl_edges.get() - edges0;
+        let graph = match graph {
+            Err(e) if edges > 0 => {
+                tracing::warn!(error = %e, "a decode graph with programmatic edges did not instantiate; plain edges from now on");
+                self.pdl.set(Pdl::Off);
+                return self.capture(g, kv, tokens, size, bucket, body);
             }
-            return Err(e);
-        }
-        if graph.is_null() {
-            return Err(DeviceError::Op {
+            graph => graph?.ok_or(DeviceError::Op {
                 device: DEV,
                 op: "graph capture",
                 msg: "the capture recorded nothing".into(),
-            }
-            .into());
-        }
-        let pdl = self.pdl.get();
-        if pdl != Pdl::Off {
-            let ours = programmatic::module_of(&self.k.rms_norm).map_err(op_err("graph edges"))?;
-            // SAFETY: the graph is ours alone; every kernel of `ours` waits for the kernels
-            // before it first (kernels/src/lib.rs tests it).
-            match unsafe { programmatic::make_programmatic(graph, ours, pdl) } {
-                Ok(n) => tracing::debug!(edges = n, ?pdl, "decode graph: programmatic edges"),
-                Err(e) => {
-                    // Partly rewritten: start over with plain edges from here on.
-                    tracing::warn!(error = %e, "programmatic graph edges refused; plain edges from now on");
-                    self.pdl.set(Pdl::Off);
-                    destroy(e);
-                    return self.capture(g, kv, tokens, size, bucket, body);
-                }
-            }
-        }
-        // SAFETY: a complete graph of this context.
-        let exec = match unsafe { result::graph::instantiate(graph, CUgraphInstantiate_flags(0)) } {
-            Ok(exec) => exec,
-            Err(e) if pdl != Pdl::Off => {
-                tracing::warn!(error = %e, "a graph with programmatic edges did not instantiate; plain edges from now on");
-                self.pdl.set(Pdl::Off);
-                destroy(e);
-                return self.capture(g, kv, tokens, size, bucket, body);
-            }
-            Err(e) => return Err(op_err("instantiate graph")(destroy(e)).into()),
+            })?,
         };
-        let graph = Graph {
-            graph,
-            exec,
-            stream: self.stream.clone(),
-        };
+        g.report.programmatic_edges += edges;
         graph.upload().map_err(op_err("graph upload"))?;
-        Ok(graph)
+        Ok(Graph(graph))
     }
 
     pub(super) fn replay(
@@ -431,6 +366,7 @@ impl CudaDevice {
             g.report.graphs = g.graphs.len();
         }
         g.graphs[&(q, size, bucket)]
+            .0
             .launch()
             .map_err(op_err("graph launch"))?;
         // Logits of the real tokens, in the batch's order (sequence after sequence).

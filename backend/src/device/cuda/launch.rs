@@ -3,12 +3,15 @@
 //! in `kernels/`), checks what the kernel cannot, and says in its `SAFETY:` line why the launch
 //! is sound. Everything above this file is safe code.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaEvent, CudaFunction, CudaSlice, DriverError, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 
 use super::kernels::{
     mma_threads, ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX,
     GEMV_THREADS, MOE_BK, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
 };
+use super::programmatic::{self, Pdl};
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
 use crate::config::Activation;
@@ -131,6 +134,35 @@ pub(super) struct CombineArgs<'a> {
 }
 
 impl CudaDevice {
+    /// Enqueues one of our kernels. While a decode graph is being captured with programmatic
+    /// dependent launch on, the edge from the kernel before it (when that is one of ours too)
+    /// is made programmatic first (programmatic.rs); a driver that refuses turns it off.
+    ///
+    /// # Safety
+    /// As `LaunchArgs::launch`: the arguments match the kernel's parameters.
+    unsafe fn enqueue(
+        &self,
+        l: &mut LaunchArgs<'_>,
+        cfg: LaunchConfig,
+    ) -> Result<Option<(CudaEvent, CudaEvent)>, DriverError> {
+        let mode = self.pdl.get();
+        if self.capturing.get() && mode != Pdl::Off {
+            // SAFETY: our stream; every kernel of ours starts with wait_for_prior_kernels()
+            // (kernels/src/lib.rs tests it).
+            match unsafe {
+                programmatic::programmatic_edge(self.stream.cu_stream(), self.ours, mode)
+            } {
+                Ok(made) => self.pdl_edges.set(self.pdl_edges.get() + made as usize),
+                Err(e) => {
+                    tracing::warn!(error = %e, "programmatic graph edges refused; plain edges from now on");
+                    self.pdl.set(Pdl::Off);
+                }
+            }
+        }
+        // SAFETY: the caller's.
+        unsafe { l.launch(cfg) }
+    }
+
     /// `embed_bf16(u32 ids[n], bf16 table[vocab, cols], f32 out[n, cols], int cols, float scale)`.
     pub(super) fn launch_embed(
         &self,
@@ -145,7 +177,7 @@ impl CudaDevice {
         l.arg(ids).arg(table).arg(out).arg(&c).arg(&scale);
         // SAFETY: `out` holds n × cols f32, `table` vocab × cols bf16; the ids were validated
         // against the vocabulary by the runner.
-        unsafe { l.launch(rows_config(n, 256)) }.map_err(op_err("embed"))?;
+        unsafe { self.enqueue(&mut l, rows_config(n, 256)) }.map_err(op_err("embed"))?;
         Ok(())
     }
 
@@ -163,7 +195,7 @@ impl CudaDevice {
         let mut l = self.stream.launch_builder(&self.k.rms_norm);
         l.arg(x).arg(w).arg(out).arg(&c).arg(&eps);
         // SAFETY: x and out hold rows × cols elements, w cols; one block per row.
-        unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("rms_norm"))?;
+        unsafe { self.enqueue(&mut l, norm_config(rows, cols)) }.map_err(op_err("rms_norm"))?;
         Ok(())
     }
 
@@ -184,7 +216,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         // SAFETY: x holds rows × cols elements, bias cols; grid-stride loop.
-        unsafe { l.launch(cfg) }.map_err(op_err("add_bias"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("add_bias"))?;
         Ok(())
     }
 
@@ -212,7 +244,7 @@ impl CudaDevice {
         l.arg(w).arg(out).arg(&c).arg(&eps);
         // SAFETY: residual, delta and out hold rows × cols elements, delta_w (when given) and w
         // cols; each block reads and writes only its own row of the residual.
-        unsafe { l.launch(norm_config(rows, cols)) }.map_err(op_err("add_rms_norm"))?;
+        unsafe { self.enqueue(&mut l, norm_config(rows, cols)) }.map_err(op_err("add_rms_norm"))?;
         Ok(())
     }
 
@@ -265,7 +297,7 @@ impl CudaDevice {
         // hold d elements each; the cache buffers are the layer's, allocated for the layout's
         // dtype with the kernel chosen for it; positions are below max_pos and slots inside the
         // cache or the padding mark (validated by the runner).
-        unsafe { l.launch(cfg) }.map_err(op_err("rope_kv"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("rope_kv"))?;
         Ok(())
     }
 
@@ -337,7 +369,7 @@ impl CudaDevice {
         // only for its own d with group ≤ 64 (AttentionPlan::choose); `fused` only where the plan
         // allows it (each sequence one unit), with the rope table (max_pos × d, positions
         // validated by the runner) and one slot per token.
-        unsafe { l.launch(cfg) }.map_err(op_err("attention"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("attention"))?;
         Ok(())
     }
 
@@ -373,7 +405,7 @@ impl CudaDevice {
         };
         // SAFETY: the split buffers were filled by the attention launch of the same plan
         // (units × grid_y × splits × unit_rows rows); blocks past a unit's outputs return.
-        unsafe { c.launch(cfg) }.map_err(op_err("attention combine"))?;
+        unsafe { self.enqueue(&mut c, cfg) }.map_err(op_err("attention combine"))?;
         Ok(())
     }
 
@@ -402,7 +434,7 @@ impl CudaDevice {
             };
             // SAFETY: i % 8 == 0 and both buffers whole allocations (16-byte aligned), holding
             // rows × 2i and rows × i elements.
-            unsafe { l.launch(cfg) }.map_err(op_err("glu"))?;
+            unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("glu"))?;
         } else {
             let total = total as u64;
             let mut l = self.stream.launch_builder(&self.k.glu[a]);
@@ -413,7 +445,7 @@ impl CudaDevice {
                 shared_mem_bytes: 0,
             };
             // SAFETY: the buffers hold rows × 2i and rows × i elements; grid-stride loop.
-            unsafe { l.launch(cfg) }.map_err(op_err("glu"))?;
+            unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("glu"))?;
         }
         Ok(())
     }
@@ -431,7 +463,7 @@ impl CudaDevice {
         let mut l = self.stream.launch_builder(&self.k.gather_rows);
         l.arg(rows).arg(x).arg(out).arg(&c);
         // SAFETY: every row index is below n (validated by the runner); out holds m × cols.
-        unsafe { l.launch(rows_config(m, 256)) }.map_err(op_err("gather"))?;
+        unsafe { self.enqueue(&mut l, rows_config(m, 256)) }.map_err(op_err("gather"))?;
         Ok(())
     }
 
@@ -452,7 +484,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         // SAFETY: `out` holds n elements; grid-stride loop.
-        unsafe { b.launch(cfg) }.map_err(op_err("fill_normal"))?;
+        unsafe { self.enqueue(&mut b, cfg) }.map_err(op_err("fill_normal"))?;
         Ok(())
     }
 
@@ -476,7 +508,7 @@ impl CudaDevice {
         };
         // SAFETY: params holds 8 words a row (the layout of RowSampling); scratch is rows × vocab
         // whenever a row samples (the kernel touches it only then); ids holds rows.
-        unsafe { l.launch(cfg) }.map_err(op_err("sample"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("sample"))?;
         Ok(())
     }
 
@@ -505,7 +537,7 @@ impl CudaDevice {
         };
         // SAFETY: the five arrays hold n entries each, every (row, token) inside the logits
         // (LogitEdits::validate) and none twice.
-        unsafe { l.launch(cfg) }.map_err(op_err("edit_logits"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("edit_logits"))?;
         Ok(())
     }
 
@@ -527,7 +559,7 @@ impl CudaDevice {
         };
         // SAFETY: rows holds n row indices inside the logits (RowMasks::validate), bits n × words
         // with words = ceil(vocab / 32).
-        unsafe { l.launch(cfg) }.map_err(op_err("mask_logits"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("mask_logits"))?;
         Ok(())
     }
 
@@ -551,7 +583,7 @@ impl CudaDevice {
         };
         // SAFETY: chosen and want hold rows entries, lp rows × 21 and top rows × 20
         // (MAX_TOP_LOGPROBS); chosen ids are inside the vocabulary (the sampler's output).
-        unsafe { l.launch(cfg) }.map_err(op_err("logprobs"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("logprobs"))?;
         Ok(())
     }
 
@@ -588,7 +620,7 @@ impl CudaDevice {
         // SAFETY: rows ≤ R and k a multiple of one 16-byte load of the format (checked above),
         // fresh 16-byte-aligned allocations, so every row starts 16-byte aligned; e4m3 weights
         // come with their n row scales.
-        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv"))?;
+        unsafe { self.enqueue(&mut l, self.gemv_config(0)) }.map_err(op_err("gemv"))?;
         Ok(())
     }
 
@@ -614,7 +646,7 @@ impl CudaDevice {
         l.arg(w).arg(&null).arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
         // SAFETY: rows ≤ R, k a multiple of one 16-byte load of bf16 and the buffers' sizes
         // (checked above); fresh 16-byte-aligned allocations, so every row starts aligned.
-        unsafe { l.launch(self.gemv_config(0)) }.map_err(op_err("gemv_f32out"))?;
+        unsafe { self.enqueue(&mut l, self.gemv_config(0)) }.map_err(op_err("gemv_f32out"))?;
         Ok(())
     }
 
@@ -652,7 +684,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         // SAFETY: E ≤ MOE_MAX_EXPERTS, 1 ≤ k ≤ E, buffers hold n·E and n·k (checked above).
-        unsafe { l.launch(cfg) }.map_err(op_err("moe_route"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_route"))?;
         Ok(())
     }
 
@@ -693,7 +725,7 @@ impl CudaDevice {
         // SAFETY: h a multiple of one 16-byte load of the format, whole (16-byte aligned)
         // allocations, buffer sizes checked above; the expert rows read are those of ids < E,
         // which the routing kernel wrote into a weight of E·2·inter rows (the caller checks it).
-        unsafe { l.launch(cfg) }.map_err(op_err("moe_gate_up"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_gate_up"))?;
         Ok(())
     }
 
@@ -742,7 +774,7 @@ impl CudaDevice {
         };
         // SAFETY: as launch_moe_gate_up, over a down weight of E·h rows of inter; k ≤ kp ≤
         // MOE_MAX_K (the block's warps and its shared partial sums).
-        unsafe { l.launch(cfg) }.map_err(op_err("moe_down"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_down"))?;
         Ok(())
     }
 
@@ -777,7 +809,7 @@ impl CudaDevice {
         // SAFETY: E ≤ MOE_MAX_EXPERTS (its shared counters), every id < E (the routing kernel
         // wrote them), sorted holds cap ≥ pairs + E·(bm − 1) entries, which bounds every
         // expert's padded run and so every tile index below cap / bm.
-        unsafe { l.launch(rows_config(1, 1024)) }.map_err(op_err("moe_sort"))?;
+        unsafe { self.enqueue(&mut l, rows_config(1, 1024)) }.map_err(op_err("moe_sort"))?;
         Ok(())
     }
 
@@ -827,7 +859,7 @@ impl CudaDevice {
         // SAFETY: K a multiple of the k step and N of 8 (whole 16-byte loads and 4-byte stores
         // of whole allocations), buffer sizes checked above; the sort wrote every tile's expert
         // (< E) and pairs (< pairs, or −1 skipped) for the tiles below num_tiles ≤ max_tiles.
-        unsafe { l.launch(cfg) }.map_err(op_err("moe_gemm"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_gemm"))?;
         Ok(())
     }
 
@@ -851,7 +883,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         // SAFETY: buffer sizes checked above; grid-stride over n·h.
-        unsafe { l.launch(cfg) }.map_err(op_err("moe_combine"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_combine"))?;
         Ok(())
     }
 
@@ -871,7 +903,8 @@ impl CudaDevice {
         let mut l = self.stream.launch_builder(&self.k.quantize_rows_e4m3);
         l.arg(w).arg(codes).arg(scales).arg(&ni).arg(&ki);
         // SAFETY: w and codes hold n·k elements and scales n (checked above); one block per row.
-        unsafe { l.launch(rows_config(n, 256)) }.map_err(op_err("quantize_rows_e4m3"))?;
+        unsafe { self.enqueue(&mut l, rows_config(n, 256)) }
+            .map_err(op_err("quantize_rows_e4m3"))?;
         Ok(())
     }
 
@@ -895,7 +928,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         // SAFETY: every buffer holds what n rows of k take (checked above); grid-stride loop.
-        unsafe { l.launch(cfg) }.map_err(op_err("dequantize_rows_e4m3"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("dequantize_rows_e4m3"))?;
         Ok(())
     }
 
@@ -939,7 +972,7 @@ impl CudaDevice {
         l.arg(&ni).arg(&mi);
         // SAFETY: d and out hold n·m elements (out a buffer of its own), the scales m and n, m a
         // multiple of four (checked above; fresh allocations, 16-byte aligned); grid-stride loop.
-        unsafe { l.launch(cfg) }.map_err(op_err("fp8_scale_out"))?;
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("fp8_scale_out"))?;
         Ok(())
     }
 
@@ -992,7 +1025,7 @@ impl CudaDevice {
         // SAFETY: rows ≤ R, k a multiple of one load and R·k·2 bytes of dynamic shared memory within the
         // attribute set at load (checked above); residual_out is a fresh buffer, so no block
         // reads what another writes; delta and residual_out are both given or both null.
-        unsafe { l.launch(self.gemv_config(smem)) }.map_err(op_err("gemv + norm"))?;
+        unsafe { self.enqueue(&mut l, self.gemv_config(smem)) }.map_err(op_err("gemv + norm"))?;
         Ok(())
     }
 }

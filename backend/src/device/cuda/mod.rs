@@ -107,6 +107,12 @@ pub struct CudaDevice {
     /// How decode graphs launch our kernels: the option on Hopper and later, else off (set
     /// off for good if the driver refuses programmatic edges).
     pdl: std::cell::Cell<programmatic::Pdl>,
+    /// The module of our kernels (programmatic edges join two of them only).
+    ours: cudarc::driver::sys::CUmodule,
+    /// A decode graph is being captured (launches then make their edges programmatic).
+    capturing: std::cell::Cell<bool>,
+    /// Programmatic edges made so far.
+    pdl_edges: std::cell::Cell<usize>,
     profiler: profile::Profiler,
 }
 
@@ -145,9 +151,17 @@ impl CudaDevice {
             options.kernel_cache.as_deref(),
             options.kernel_dir.as_deref(),
         )?;
+        // Programmatic dependent launch needs Hopper and the driver's capture calls.
+        let pdl = if major >= 9 && programmatic::supported(stream.cu_stream()) {
+            options.pdl
+        } else {
+            programmatic::Pdl::Off
+        };
+        let ours =
+            programmatic::module_of(&loaded.kernels.rms_norm).map_err(op_err("kernel module"))?;
         let blas = gemm::Blas::new(&stream)?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
-        tracing::info!(gpu = %name, %arch, kernels_cached = loaded.from_cache, ?options, "CUDA device ready");
+        tracing::info!(gpu = %name, %arch, kernels_cached = loaded.from_cache, ?options, ?pdl, "CUDA device ready");
         Ok(CudaDevice {
             ctx,
             stream,
@@ -158,11 +172,10 @@ impl CudaDevice {
             arch,
             block_size,
             sms,
-            pdl: std::cell::Cell::new(if major >= 9 {
-                options.pdl
-            } else {
-                programmatic::Pdl::Off
-            }),
+            pdl: std::cell::Cell::new(pdl),
+            ours,
+            capturing: Default::default(),
+            pdl_edges: Default::default(),
             options,
             profiler: Default::default(),
         })

@@ -9,11 +9,16 @@
 //! first statement, checked by a unit test) until the first has finished and its writes are
 //! visible. The order of effects is the one the plain edge gave; only the launch moves earlier.
 //!
-//! After a capture, every edge from a kernel node into one of *our* kernels (a function of the
-//! module compiled from `kernels/`; cuBLAS's kernels and copies keep their edges) is replaced by
-//! a programmatic one, from the upstream kernel's launch-order port (the dependent may launch
-//! once every block of the upstream has started: [`Pdl::Early`]) or its programmatic port (once
-//! every block has exited, as our kernels never trigger early: [`Pdl::Late`]).
+//! While a decode graph is captured, right before each of our kernels is enqueued
+//! ([`programmatic_edge`], called by every launch in launch.rs): when the capture's one pending
+//! dependency is another of our kernels (a function of the module compiled from `kernels/`;
+//! cuBLAS's kernels, copies and the capture's allocations keep plain edges), the edge the launch
+//! will get is made programmatic — from the upstream kernel's launch-order port (the dependent may
+//! launch once every block of the upstream has started: [`Pdl::Early`]) or its programmatic port
+//! (once every block has exited, as our kernels never trigger early: [`Pdl::Late`]). Edges
+//! cannot be rewritten after the capture: the driver refuses to remove dependencies from a
+//! graph holding allocation nodes (`CUDA_ERROR_NOT_SUPPORTED`, measured; scripts/pdl_probe
+//! shows the same rewrite accepted in a graph without them).
 
 use std::ptr;
 
@@ -46,6 +51,46 @@ impl Pdl {
     }
 }
 
+/// Whether this driver has the capture calls [`programmatic_edge`] makes (CUDA 12.3 and
+/// later): each is called once on `stream` while it is not capturing, where it changes
+/// nothing. (cudarc resolves a symbol at its first call and panics if it is missing.)
+pub(super) fn supported(stream: sys::CUstream) -> bool {
+    std::panic::catch_unwind(|| {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let (mut id, mut n) = (0, 0usize);
+        let mut graph: CUgraph = ptr::null_mut();
+        let mut deps: *const CUgraphNode = ptr::null();
+        let mut data: *const CUgraphEdgeData = ptr::null();
+        // SAFETY: a live stream; out-pointers to locals. Not capturing: the update is refused
+        // (CUDA_ERROR_ILLEGAL_STATE) without effect.
+        unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                stream,
+                &mut status,
+                &mut id,
+                &mut graph,
+                &mut deps,
+                &mut data,
+                &mut n,
+            )
+            .result()
+            .is_ok()
+                && status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+                && {
+                    let _ = sys::cuStreamUpdateCaptureDependencies_v2(
+                        stream,
+                        ptr::null_mut(),
+                        ptr::null(),
+                        0,
+                        0,
+                    );
+                    true
+                }
+        }
+    })
+    .unwrap_or(false)
+}
+
 /// The module `f` was loaded from.
 pub(super) fn module_of(f: &CudaFunction) -> Result<CUmodule, DriverError> {
     let mut m: CUmodule = ptr::null_mut();
@@ -54,61 +99,83 @@ pub(super) fn module_of(f: &CudaFunction) -> Result<CUmodule, DriverError> {
     Ok(m)
 }
 
-/// Replaces every plain edge of `graph` from a kernel node into a kernel of `ours` with a
-/// programmatic one as `mode` says; returns how many edges were replaced.
+/// A driver call that failed, named.
+#[derive(Debug)]
+pub(super) struct Failed(pub &'static str, pub DriverError);
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.0, self.1)
+    }
+}
+
+trait Named {
+    fn named(self, call: &'static str) -> Result<(), Failed>;
+}
+
+impl Named for sys::CUresult {
+    fn named(self, call: &'static str) -> Result<(), Failed> {
+        self.result().map_err(|e| Failed(call, e))
+    }
+}
+
+/// Right before one of our kernels is enqueued on `stream`: if the stream is capturing and its
+/// one pending dependency is a kernel of `ours` joined by a plain edge, makes that edge
+/// programmatic as `mode` says. Returns whether it did.
 ///
 /// # Safety
-/// `graph` is a valid graph not being instantiated or launched elsewhere, and every kernel of
-/// `ours` starts with `wait_for_prior_kernels()`.
-pub(super) unsafe fn make_programmatic(
-    graph: CUgraph,
+/// `stream` is a live stream of the current context, and the kernel about to be launched on
+/// it starts with `wait_for_prior_kernels()`, as every kernel of `ours` does.
+pub(super) unsafe fn programmatic_edge(
+    stream: sys::CUstream,
     ours: CUmodule,
     mode: Pdl,
-) -> Result<usize, DriverError> {
+) -> Result<bool, Failed> {
     let Some(port) = mode.port() else {
-        return Ok(0);
+        return Ok(false);
     };
-    // SAFETY: the caller's graph; every pointer is to a live local of the stated length.
+    // SAFETY: the caller's stream; the returned arrays are read before the next call on it.
     unsafe {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id = 0;
+        let mut graph: CUgraph = ptr::null_mut();
+        let mut deps: *const CUgraphNode = ptr::null();
+        let mut data: *const CUgraphEdgeData = ptr::null();
         let mut n = 0usize;
-        sys::cuGraphGetEdges_v2(
-            graph,
-            ptr::null_mut(),
-            ptr::null_mut(),
-            ptr::null_mut(),
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            &mut id,
+            &mut graph,
+            &mut deps,
+            &mut data,
             &mut n,
         )
-        .result()?;
-        let mut from: Vec<CUgraphNode> = vec![ptr::null_mut(); n];
-        let mut to: Vec<CUgraphNode> = vec![ptr::null_mut(); n];
-        let mut data = vec![edge(0, CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT); n];
-        sys::cuGraphGetEdges_v2(
-            graph,
-            from.as_mut_ptr(),
-            to.as_mut_ptr(),
-            data.as_mut_ptr(),
-            &mut n,
-        )
-        .result()?;
-        // A node with several incoming edges (none in a one-stream capture) keeps plain ones.
-        let incoming = |node: CUgraphNode| to[..n].iter().filter(|&&t| t == node).count();
-        let mut replaced = 0;
-        for i in 0..n {
-            let plain = data[i].type_
-                == CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT as u8
-                && data[i].from_port == 0;
-            if !plain || !is_kernel(from[i])? || !is_ours(to[i], ours)? || incoming(to[i]) != 1 {
-                continue;
-            }
-            sys::cuGraphRemoveDependencies_v2(graph, &from[i], &to[i], &data[i], 1).result()?;
-            let programmatic = edge(
-                port,
-                CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC,
-            );
-            sys::cuGraphAddDependencies_v2(graph, &from[i], &to[i], &programmatic, 1).result()?;
-            replaced += 1;
+        .named("cuStreamGetCaptureInfo_v3")?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+            || n != 1
+            || deps.is_null()
+        {
+            return Ok(false);
         }
-        Ok(replaced)
+        let plain = edge(0, CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT);
+        let mut node = *deps;
+        if (!data.is_null() && *data != plain) || !is_ours(node, ours)? {
+            return Ok(false);
+        }
+        let programmatic = edge(
+            port,
+            CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC,
+        );
+        sys::cuStreamUpdateCaptureDependencies_v2(
+            stream,
+            &mut node,
+            &programmatic,
+            1,
+            sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32,
+        )
+        .named("cuStreamUpdateCaptureDependencies_v2")?;
+        Ok(true)
     }
 }
 
@@ -123,16 +190,16 @@ fn edge(from_port: u8, kind: CUgraphDependencyType) -> CUgraphEdgeData {
 
 /// # Safety
 /// `node` is a node of a live graph.
-unsafe fn is_kernel(node: CUgraphNode) -> Result<bool, DriverError> {
+unsafe fn is_kernel(node: CUgraphNode) -> Result<bool, Failed> {
     let mut t = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
     // SAFETY: the caller's node.
-    unsafe { sys::cuGraphNodeGetType(node, &mut t) }.result()?;
+    unsafe { sys::cuGraphNodeGetType(node, &mut t) }.named("cuGraphNodeGetType")?;
     Ok(t == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL)
 }
 
 /// # Safety
 /// `node` is a node of a live graph.
-unsafe fn is_ours(node: CUgraphNode, ours: CUmodule) -> Result<bool, DriverError> {
+unsafe fn is_ours(node: CUgraphNode, ours: CUmodule) -> Result<bool, Failed> {
     // SAFETY: the caller's node; the parameters are plain data (pointers and sizes), for
     // which all zeros is a valid value.
     unsafe {
@@ -140,13 +207,13 @@ unsafe fn is_ours(node: CUgraphNode, ours: CUmodule) -> Result<bool, DriverError
             return Ok(false);
         }
         let mut p: CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
-        sys::cuGraphKernelNodeGetParams_v2(node, &mut p).result()?;
+        sys::cuGraphKernelNodeGetParams_v2(node, &mut p).named("cuGraphKernelNodeGetParams_v2")?;
         // Library kernels (cuBLAS) may come as a CUkernel with no module function.
         if p.func.is_null() {
             return Ok(false);
         }
         let mut m: CUmodule = ptr::null_mut();
-        sys::cuFuncGetModule(&mut m, p.func).result()?;
+        sys::cuFuncGetModule(&mut m, p.func).named("cuFuncGetModule")?;
         Ok(m == ours)
     }
 }

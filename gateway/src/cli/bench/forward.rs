@@ -390,10 +390,11 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
     }
     if let Some(g) = r.cuda_graphs() {
         println!(
-            "\nCUDA graphs: {} captured in {:.0} ms, holding {:.0} MiB\n",
+            "\nCUDA graphs: {} captured in {:.0} ms, holding {:.0} MiB; {} kernel edges programmatic\n",
             g.graphs,
             g.capture_ms,
-            g.bytes as f64 / (1u64 << 20) as f64
+            g.bytes as f64 / (1u64 << 20) as f64,
+            g.programmatic_edges
         );
         println!(
             "| decode step, ctx {} | eager | CUDA graphs | graphs / eager |",
