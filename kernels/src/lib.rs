@@ -110,6 +110,9 @@ pub const SOURCES: &[KernelSource] = &[
         code: include_str!("moe.cu"),
         symbols: &[
             "moe_route_f32",
+            "moe_router_route_r1",
+            "moe_router_route_r2",
+            "moe_router_route_r4",
             "moe_gate_up_bf16",
             "moe_gate_up_e4m3",
             "moe_down_bf16",

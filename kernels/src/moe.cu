@@ -12,19 +12,17 @@
 #define MOE_MAX_EXPERTS 512
 #define MOE_MAX_K 8
 
-// One warp per token: softmax over the E router logits (f32: a bf16 product would turn near
-// ties into different experts than the model's), the k largest (ties to the lower expert),
-// weights renormalised over the k when `norm`.
+// Token t's routing by one warp: softmax over its E router logits (f32: a bf16 product would
+// turn near ties into different experts than the model's), the k largest (ties to the lower
+// expert), weights renormalised over the k when `norm`. `logits` is read through `volatile`
+// loads: the fused router below reads logits other blocks of its grid wrote.
 //   logits : device, f32 [n, E];  ids : device, i32 [n, k];  weights : device, f32 [n, k]
 // E ≤ MOE_MAX_EXPERTS, k ≤ E (checked by the host).
-extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* __restrict__ ids,
-                                          float* __restrict__ weights, int n, int E, int k, int norm) {
-    wait_for_prior_kernels();
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+__device__ __forceinline__ void route_token(const volatile float* logits, int* __restrict__ ids,
+                                            float* __restrict__ weights, int t, int E, int k, int norm) {
     const int lane = threadIdx.x & 31;
-    if (t >= n) return;
     constexpr int PER = MOE_MAX_EXPERTS / 32;
-    const float* l = logits + (size_t)t * E;
+    const volatile float* l = logits + (size_t)t * E;
     const float neg_inf = __int_as_float(0xff800000u);
     float p[PER];
     float m = neg_inf;
@@ -75,6 +73,52 @@ extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* 
     if (norm && lane == 0)
         for (int j = 0; j < k; ++j) weights[(size_t)t * k + j] /= chosen_sum;
 }
+
+// One warp per token: route_token over an [n, E] logits matrix.
+extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* __restrict__ ids,
+                                          float* __restrict__ weights, int n, int E, int k, int norm) {
+    wait_for_prior_kernels();
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= n) return;
+    route_token(logits, ids, weights, t, E, k, norm);
+}
+
+// A decode step's router and routing in one launch: the blocks compute the E logit rows of the
+// few tokens (gemv.cu's plain GEMV, f32 out, a warp per expert row), and the last block to
+// finish — a ticket taken after a fence, the threadFenceReduction pattern — routes every token
+// (route_token, a warp each) and resets the ticket for the next launch. Saves the routing
+// launch of every MoE layer.
+//   w : device, bf16 [E, h];  x : device, bf16 [rows, h];  logits : device, f32 [rows, E]
+//   (scratch);  ids, weights : device, [rows, k];  done : device, u32 [1], zero between launches
+// rows ≤ R; h % 8 == 0; E ≤ MOE_MAX_EXPERTS, k ≤ E (checked by the host).
+template <int R>
+__device__ __forceinline__ void moe_router_route(const bf16* __restrict__ w, const bf16* __restrict__ x,
+                                                 float* __restrict__ logits, int* __restrict__ ids,
+                                                 float* __restrict__ weights, unsigned* __restrict__ done, int h,
+                                                 int rows, int E, int k, int norm) {
+    __shared__ unsigned ticket;
+    gemv_plain<R, false, float>(w, nullptr, x, logits, E, h, rows);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(done, 1u);
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence();
+    for (int t = threadIdx.x >> 5; t < rows; t += blockDim.x >> 5) route_token(logits, ids, weights, t, E, k, norm);
+    if (threadIdx.x == 0) *done = 0u;
+}
+
+#define MOE_ROUTER_ROUTE_KERNEL(name, R)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
+        name(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ logits,      \
+             int* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done, int h,  \
+             int rows, int E, int k, int norm) {                                                      \
+        wait_for_prior_kernels();                                                                     \
+        moe_router_route<R>(w, x, logits, ids, weights, done, h, rows, E, k, norm);                   \
+    }
+MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r1, 1)
+MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r2, 2)
+MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r4, 4)
 
 // ---- Few rows: expert GEMVs ----
 

@@ -306,6 +306,12 @@ gpu_test! {
         use cachet_backend::device::moe::route;
         use cachet_backend::device::{MoeParams, MoeWeights};
         let cuda = CudaDevice::new(0, 16, Default::default()).unwrap();
+        // The router as two launches (GEMV, then routing), beside the default fused one.
+        let two_launches = cachet_backend::device::cuda::CudaOptions {
+            moe_router: cachet_backend::device::cuda::MoeRouter::Gemv,
+            ..Default::default()
+        };
+        let cuda_unfused = CudaDevice::new(0, 16, two_launches).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(5);
         for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (16, 3, 128, 64, false), (128, 8, 256, 64, true)] {
@@ -324,12 +330,25 @@ gpu_test! {
                 };
                 let (c_r, g_r) = (cpu.upload(&router).unwrap(), cuda.upload(&router).unwrap());
                 // n ≥ 8·… with E = 128 and k = 8 → 128-row tiles at 1,536+ pairs.
-                for n in [1, 3, 7, 8, 64, 300, 1600] {
+                for n in [1, 2, 3, 7, 8, 64, 300, 1600] {
                     let x = bf16_exact(&mut rng, n, h, 1.0);
                     let want = cpu.to_host(&cpu.moe(&cpu.upload(&x).unwrap(),
                         MoeWeights { router: &c_r, gate_up: &c_gu, down: &c_dn }, &p).unwrap()).unwrap();
                     let got = cuda.to_host(&cuda.moe(&cuda.upload(&x).unwrap(),
                         MoeWeights { router: &g_r, gate_up: &g_gu, down: &g_dn }, &p).unwrap()).unwrap();
+                    if n <= 2 {
+                        // The same logits and routing whether fused or not: the same outputs.
+                        let (u_r, u_gu, u_dn) = (cuda_unfused.upload(&router).unwrap(),
+                            cuda_unfused.upload(&gate_up).unwrap(), cuda_unfused.upload(&down).unwrap());
+                        let (u_gu, u_dn) = if fp8 {
+                            (cuda_unfused.quantize_fp8(u_gu).unwrap(), cuda_unfused.quantize_fp8(u_dn).unwrap())
+                        } else {
+                            (u_gu, u_dn)
+                        };
+                        let unfused = cuda_unfused.to_host(&cuda_unfused.moe(&cuda_unfused.upload(&x).unwrap(),
+                            MoeWeights { router: &u_r, gate_up: &u_gu, down: &u_dn }, &p).unwrap()).unwrap();
+                        assert_eq!(got, unfused, "{n} rows: the fused router routed otherwise");
+                    }
                     let logits = cachet_backend::device::cpu::gemm::matmul_t(&x.data, &router.data, n, h, e);
                     let (mut compared, mut worst) = (0, 0.0f64);
                     for t in 0..n {

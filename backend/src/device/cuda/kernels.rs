@@ -144,6 +144,8 @@ pub struct Kernels {
     /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
     /// weighted combine.
     pub moe_route: CudaFunction,
+    /// The router's GEMV and the routing in one launch, by GEMV_ROWS instantiation.
+    pub moe_router_route: [CudaFunction; 3],
     pub moe_gate_up: [CudaFunction; 2],
     pub moe_down: [CudaFunction; 2],
     pub moe_sort: CudaFunction,
@@ -249,6 +251,11 @@ impl Kernels {
             dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
             fp8_scale_out: [f("fp8_scale_out_bf16")?, f("fp8_scale_out_f32")?],
             moe_route: f("moe_route_f32")?,
+            moe_router_route: [
+                f("moe_router_route_r1")?,
+                f("moe_router_route_r2")?,
+                f("moe_router_route_r4")?,
+            ],
             moe_gate_up: [f("moe_gate_up_bf16")?, f("moe_gate_up_e4m3")?],
             moe_down: [f("moe_down_bf16")?, f("moe_down_e4m3")?],
             moe_sort: f("moe_sort")?,

@@ -688,6 +688,63 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// moe.cu's `moe_router_route_r{R}` (instantiation `v`): the router's f32 logits of `rows`
+    /// tokens (`logits`, scratch [rows, e]) and their routing (`ids`, `weights` [rows, k]) in one
+    /// launch, for bf16 router weights `w` [e, h].
+    pub(super) fn launch_moe_router_route(
+        &self,
+        v: usize,
+        w: &CudaSlice<u16>,
+        x: &CudaSlice<u16>,
+        logits: &mut CudaSlice<f32>,
+        (ids, weights): (&mut CudaSlice<i32>, &mut CudaSlice<f32>),
+        (rows, h, e, k, norm): (usize, usize, usize, usize, bool),
+    ) -> Result<(), DeviceError> {
+        if rows > GEMV_ROWS[v] || !h.is_multiple_of(8) {
+            return Err(unfit("moe_router_route", rows, GEMV_ROWS[v], h));
+        }
+        if e > MOE_MAX_EXPERTS || k == 0 || k > e {
+            return Err(DeviceError::Op {
+                device: super::DEV,
+                op: "moe_router_route",
+                msg: format!("{k} of {e} experts (at most {MOE_MAX_EXPERTS} experts)"),
+            });
+        }
+        if w.len() < e * h
+            || x.len() < rows * h
+            || logits.len() < rows * e
+            || ids.len() < rows * k
+            || weights.len() < rows * k
+        {
+            return Err(short_buffers("moe_router_route", rows, e));
+        }
+        let (hi, ri, ei, ki, normi) = (h as i32, rows as i32, e as i32, k as i32, i32::from(norm));
+        let mut l = self.stream.launch_builder(&self.k.moe_router_route[v]);
+        l.arg(w)
+            .arg(x)
+            .arg(logits)
+            .arg(ids)
+            .arg(weights)
+            .arg(&self.moe_done)
+            .arg(&hi)
+            .arg(&ri)
+            .arg(&ei)
+            .arg(&ki)
+            .arg(&normi);
+        // A warp per expert row: as many blocks as the rows fill, at most one per SM.
+        let warps = (GEMV_THREADS / 32) as usize;
+        let cfg = LaunchConfig {
+            grid_dim: (e.div_ceil(warps).clamp(1, self.sms) as u32, 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: rows ≤ R, h a multiple of 8, fresh 16-byte-aligned allocations; E ≤
+        // MOE_MAX_EXPERTS, 1 ≤ k ≤ E; buffers of the checked sizes; the ticket is zero between
+        // launches (made zeroed, reset by each launch's last block, launches serialized).
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_router_route"))?;
+        Ok(())
+    }
+
     /// `moe_gate_up_{fmt}(w[E·2·inter, h], f32 w_scale[E·2·inter] or null, bf16 x[n, h], i32
     /// ids[n·k], bf16 act[n·k, inter], int inter, int h, int k)`. Every id must be < E (the
     /// routing kernel writes them).

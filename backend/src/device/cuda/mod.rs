@@ -35,7 +35,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
-pub use options::{CudaOptions, SplitOptions};
+pub use options::{CudaOptions, MoeRouter, SplitOptions};
 pub use programmatic::Pdl;
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
@@ -111,6 +111,8 @@ pub struct CudaDevice {
     ours: cudarc::driver::sys::CUmodule,
     /// A decode graph is being captured (launches then make their edges programmatic).
     capturing: std::cell::Cell<bool>,
+    /// The fused MoE router's ticket (moe.cu's `moe_router_route_r*`: zero between launches).
+    moe_done: CudaSlice<u32>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
     profiler: profile::Profiler,
@@ -159,6 +161,9 @@ impl CudaDevice {
         };
         let ours =
             programmatic::module_of(&loaded.kernels.rms_norm).map_err(op_err("kernel module"))?;
+        let moe_done = stream
+            .alloc_zeros::<u32>(1)
+            .map_err(op_err("MoE router ticket"))?;
         let blas = gemm::Blas::new(&stream)?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = loaded.from_cache, ?options, ?pdl, "CUDA device ready");
@@ -176,6 +181,7 @@ impl CudaDevice {
             ours,
             capturing: Default::default(),
             pdl_edges: Default::default(),
+            moe_done,
             options,
             profiler: Default::default(),
         })
@@ -461,36 +467,55 @@ impl Device for CudaDevice {
         if n == 0 {
             return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
         }
-        // f32 logits: bf16 ones turn near ties into other experts than the model's. A few rows
-        // (decode) through the GEMV, which reads the router's rows once at the copy rate; more
-        // through cuBLAS.
-        let logits = self.timed("moe router", || {
-            match (
-                &w.router.buf,
-                self.gemv_variant(n, h, &w.router.weight("moe")?),
-            ) {
-                (CudaBuf::Bf16(r), Some(v)) if self.options.moe_router_gemv => {
-                    let mut out = self.alloc_f32(n * e, "moe router")?;
-                    self.launch_gemv_f32out(v, r, x.bf16("moe")?, &mut out, (n, h, e))?;
-                    Ok(CudaTensor {
-                        rows: n,
-                        cols: e,
-                        buf: CudaBuf::F32(out),
-                    })
-                }
-                _ => self.gemm(x, w.router, true),
-            }
-        })?;
         let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
         let mut weights = self.alloc_f32(n * k, "moe routing")?;
-        self.timed("moe routing", || {
-            self.launch_moe_route(
-                logits.f32("moe")?,
-                &mut ids,
-                &mut weights,
-                (n, e, k, p.norm_topk_prob),
-            )
-        })?;
+        let gemv = match &w.router.buf {
+            CudaBuf::Bf16(r) if self.options.moe_router != MoeRouter::Gemm => self
+                .gemv_variant(n, h, &w.router.weight("moe")?)
+                .map(|v| (r, v)),
+            _ => None,
+        };
+        match gemv {
+            // A decode step's few rows: the router and the routing in one launch.
+            Some((r, v)) if self.options.moe_router == MoeRouter::Fused => {
+                self.timed("moe router + routing", || {
+                    let mut logits = self.alloc_f32(n * e, "moe router")?;
+                    self.launch_moe_router_route(
+                        v,
+                        r,
+                        x.bf16("moe")?,
+                        &mut logits,
+                        (&mut ids, &mut weights),
+                        (n, h, e, k, p.norm_topk_prob),
+                    )
+                })?;
+            }
+            _ => {
+                // f32 logits: bf16 ones turn near ties into other experts than the model's. A
+                // few rows (decode) through the GEMV, which reads the router's rows once at the
+                // copy rate; more through cuBLAS.
+                let logits = self.timed("moe router", || match gemv {
+                    Some((r, v)) => {
+                        let mut out = self.alloc_f32(n * e, "moe router")?;
+                        self.launch_gemv_f32out(v, r, x.bf16("moe")?, &mut out, (n, h, e))?;
+                        Ok(CudaTensor {
+                            rows: n,
+                            cols: e,
+                            buf: CudaBuf::F32(out),
+                        })
+                    }
+                    None => self.gemm(x, w.router, true),
+                })?;
+                self.timed("moe routing", || {
+                    self.launch_moe_route(
+                        logits.f32("moe")?,
+                        &mut ids,
+                        &mut weights,
+                        (n, e, k, p.norm_topk_prob),
+                    )
+                })?;
+            }
+        }
         let xs = x.bf16("moe")?;
         let mut y = self.alloc_bf16(n * h, "moe")?;
         let grouped = match (&w.gate_up.buf, &w.down.buf) {

@@ -107,6 +107,17 @@ impl std::str::FromStr for SplitOptions {
     }
 }
 
+/// How a mixture-of-experts router runs on a decode step's few rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeRouter {
+    /// The logits GEMV and the routing in one launch (moe.cu's `moe_router_route_r*`).
+    Fused,
+    /// The f32-output GEMV, then the routing kernel.
+    Gemv,
+    /// cuBLAS, then the routing kernel.
+    Gemm,
+}
+
 /// The CUDA device's options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaOptions {
@@ -123,9 +134,9 @@ pub struct CudaOptions {
     /// expert) instead of the expert GEMVs (`CACHET_MOE_GEMM=off|rows`; off: always the
     /// GEMVs).
     pub moe_gemm_min_rows: usize,
-    /// A MoE router's logits for the rows a GEMV takes through the f32-output GEMV (default),
-    /// or always through cuBLAS (`CACHET_MOE_ROUTER=gemm`, for side-by-side measurements).
-    pub moe_router_gemv: bool,
+    /// How a MoE router runs for the rows a GEMV takes (`CACHET_MOE_ROUTER=fused|gemv|gemm`,
+    /// for side-by-side measurements): see [`MoeRouter`].
+    pub moe_router: MoeRouter,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -144,7 +155,7 @@ impl Default for CudaOptions {
             split: SplitOptions::default(),
             gemv_max_rows: GEMV_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
-            moe_router_gemv: true,
+            moe_router: MoeRouter::Fused,
             pdl: Pdl::Early,
             kernel_cache: None,
             kernel_dir: None,
@@ -219,12 +230,13 @@ impl CudaOptions {
             };
         }
         match var("CACHET_MOE_ROUTER").as_deref() {
-            None | Some("") | Some("gemv") => {}
-            Some("gemm") => o.moe_router_gemv = false,
+            None | Some("") | Some("fused") => {}
+            Some("gemv") => o.moe_router = MoeRouter::Gemv,
+            Some("gemm") => o.moe_router = MoeRouter::Gemm,
             Some(v) => {
                 return Err(bad(
                     "CACHET_MOE_ROUTER",
-                    format!("`{v}`: expected `gemv` or `gemm`"),
+                    format!("`{v}`: expected `fused`, `gemv` or `gemm`"),
                 ))
             }
         }
@@ -307,11 +319,14 @@ mod tests {
         assert_eq!(o.gemv_max_rows, 0);
         assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);
         assert_eq!(parse(&[]).unwrap().moe_gemm_min_rows, 8);
-        assert!(parse(&[]).unwrap().moe_router_gemv);
-        assert!(
-            !parse(&[("CACHET_MOE_ROUTER", "gemm")])
-                .unwrap()
-                .moe_router_gemv
+        assert_eq!(parse(&[]).unwrap().moe_router, MoeRouter::Fused);
+        assert_eq!(
+            parse(&[("CACHET_MOE_ROUTER", "gemv")]).unwrap().moe_router,
+            MoeRouter::Gemv
+        );
+        assert_eq!(
+            parse(&[("CACHET_MOE_ROUTER", "gemm")]).unwrap().moe_router,
+            MoeRouter::Gemm
         );
         assert!(parse(&[("CACHET_MOE_ROUTER", "cublas")]).is_err());
         assert_eq!(parse(&[]).unwrap().pdl, Pdl::Early);
