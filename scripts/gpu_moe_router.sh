@@ -3,8 +3,8 @@
 # tests (the layer against the CPU reference token by token on every path; the fused router
 # against the two-launch one), then `bench forward` on the Qwen3-30B-A3B shape (dummy bf16
 # weights), decode batch 1 at contexts 512 and 4096 and batch 2, for each CACHET_MOE_ROUTER in
-# ROUTERS (fused: logits GEMV and routing in one launch, the default; gemv: the GEMV, then the
-# routing kernel; gemm: cuBLAS, then the routing kernel) and each CACHET_PDL in PDLS, ROUNDS
+# ROUTERS (gemv: the GEMV, then the routing kernel, the default; fused: logits GEMV and routing
+# in one launch; gemm: cuBLAS, then the routing kernel) and each CACHET_PDL in PDLS, ROUNDS
 # rounds taken in turn. Carry .carry/{cachet,moe-tests}.xz.
 #   OUT=... [MODEL=qwen3-30b-a3b] [ROUTERS="gemv fused"] [PDLS="early"] [ROUNDS=1] scripts/gpu_moe_router.sh
 source "$(dirname "$0")/gpu_common.sh"

@@ -306,12 +306,12 @@ gpu_test! {
         use cachet_backend::device::moe::route;
         use cachet_backend::device::{MoeParams, MoeWeights};
         let cuda = CudaDevice::new(0, 16, Default::default()).unwrap();
-        // The router as two launches (GEMV, then routing), beside the default fused one.
-        let two_launches = cachet_backend::device::cuda::CudaOptions {
-            moe_router: cachet_backend::device::cuda::MoeRouter::Gemv,
+        // The router and routing in one launch (CACHET_MOE_ROUTER=fused), beside the default two.
+        let one_launch = cachet_backend::device::cuda::CudaOptions {
+            moe_router: cachet_backend::device::cuda::MoeRouter::Fused,
             ..Default::default()
         };
-        let cuda_unfused = CudaDevice::new(0, 16, two_launches).unwrap();
+        let cuda_fused = CudaDevice::new(0, 16, one_launch).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(5);
         for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (16, 3, 128, 64, false), (128, 8, 256, 64, true)] {
@@ -338,16 +338,16 @@ gpu_test! {
                         MoeWeights { router: &g_r, gate_up: &g_gu, down: &g_dn }, &p).unwrap()).unwrap();
                     if n <= 2 {
                         // The same logits and routing whether fused or not: the same outputs.
-                        let (u_r, u_gu, u_dn) = (cuda_unfused.upload(&router).unwrap(),
-                            cuda_unfused.upload(&gate_up).unwrap(), cuda_unfused.upload(&down).unwrap());
-                        let (u_gu, u_dn) = if fp8 {
-                            (cuda_unfused.quantize_fp8(u_gu).unwrap(), cuda_unfused.quantize_fp8(u_dn).unwrap())
+                        let (f_r, f_gu, f_dn) = (cuda_fused.upload(&router).unwrap(),
+                            cuda_fused.upload(&gate_up).unwrap(), cuda_fused.upload(&down).unwrap());
+                        let (f_gu, f_dn) = if fp8 {
+                            (cuda_fused.quantize_fp8(f_gu).unwrap(), cuda_fused.quantize_fp8(f_dn).unwrap())
                         } else {
-                            (u_gu, u_dn)
+                            (f_gu, f_dn)
                         };
-                        let unfused = cuda_unfused.to_host(&cuda_unfused.moe(&cuda_unfused.upload(&x).unwrap(),
-                            MoeWeights { router: &u_r, gate_up: &u_gu, down: &u_dn }, &p).unwrap()).unwrap();
-                        assert_eq!(got, unfused, "{n} rows: the fused router routed otherwise");
+                        let fused = cuda_fused.to_host(&cuda_fused.moe(&cuda_fused.upload(&x).unwrap(),
+                            MoeWeights { router: &f_r, gate_up: &f_gu, down: &f_dn }, &p).unwrap()).unwrap();
+                        assert_eq!(fused, got, "{n} rows: the fused router routed otherwise");
                     }
                     let logits = cachet_backend::device::cpu::gemm::matmul_t(&x.data, &router.data, n, h, e);
                     let (mut compared, mut worst) = (0, 0.0f64);

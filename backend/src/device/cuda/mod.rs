@@ -476,7 +476,8 @@ impl Device for CudaDevice {
             _ => None,
         };
         match gemv {
-            // A decode step's few rows: the router and the routing in one launch.
+            // A decode step's few rows, CACHET_MOE_ROUTER=fused: the router and the routing in
+            // one launch.
             Some((r, v)) if self.options.moe_router == MoeRouter::Fused => {
                 self.timed("moe router + routing", || {
                     let mut logits = self.alloc_f32(n * e, "moe router")?;
