@@ -34,6 +34,18 @@ pub(super) struct MoeGroups {
     pub num_tiles: CudaSlice<i32>,
 }
 
+/// The routing kernels take up to MOE_MAX_EXPERTS experts and 1 ≤ k ≤ E.
+fn routable(op: &'static str, e: usize, k: usize) -> Result<(), DeviceError> {
+    if e > MOE_MAX_EXPERTS || k == 0 || k > e {
+        return Err(DeviceError::Op {
+            device: super::DEV,
+            op,
+            msg: format!("{k} of {e} experts (at most {MOE_MAX_EXPERTS} experts)"),
+        });
+    }
+    Ok(())
+}
+
 /// A launch of one block per row.
 fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -659,13 +671,7 @@ impl CudaDevice {
         weights: &mut CudaSlice<f32>,
         (n, e, k, norm): (usize, usize, usize, bool),
     ) -> Result<(), DeviceError> {
-        if e > MOE_MAX_EXPERTS || k == 0 || k > e {
-            return Err(DeviceError::Op {
-                device: super::DEV,
-                op: "moe_route",
-                msg: format!("{k} of {e} experts (at most {MOE_MAX_EXPERTS} experts)"),
-            });
-        }
+        routable("moe_route", e, k)?;
         if logits.len() < n * e || ids.len() < n * k || weights.len() < n * k {
             return Err(short_buffers("moe_route", n, e));
         }
@@ -703,13 +709,7 @@ impl CudaDevice {
         if rows > GEMV_ROWS[v] || !h.is_multiple_of(8) {
             return Err(unfit("moe_router_route", rows, GEMV_ROWS[v], h));
         }
-        if e > MOE_MAX_EXPERTS || k == 0 || k > e {
-            return Err(DeviceError::Op {
-                device: super::DEV,
-                op: "moe_router_route",
-                msg: format!("{k} of {e} experts (at most {MOE_MAX_EXPERTS} experts)"),
-            });
-        }
+        routable("moe_router_route", e, k)?;
         if w.len() < e * h
             || x.len() < rows * h
             || logits.len() < rows * e

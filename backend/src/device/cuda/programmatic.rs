@@ -65,39 +65,59 @@ impl Pdl {
 /// nothing. (cudarc resolves a symbol at its first call and panics if it is missing.)
 pub(super) fn supported(stream: sys::CUstream) -> bool {
     std::panic::catch_unwind(|| {
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let (mut id, mut n) = (0, 0usize);
-        let mut graph: CUgraph = ptr::null_mut();
-        let mut deps: *const CUgraphNode = ptr::null();
-        let mut data: *const CUgraphEdgeData = ptr::null();
-        // SAFETY: a live stream; out-pointers to locals. Not capturing: the update is refused
+        // SAFETY: a live stream. Not capturing: the update is refused
         // (CUDA_ERROR_ILLEGAL_STATE) without effect.
         unsafe {
-            sys::cuStreamGetCaptureInfo_v3(
-                stream,
-                &mut status,
-                &mut id,
-                &mut graph,
-                &mut deps,
-                &mut data,
-                &mut n,
-            )
-            .result()
-            .is_ok()
-                && status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-                && {
-                    let _ = sys::cuStreamUpdateCaptureDependencies_v2(
-                        stream,
-                        ptr::null_mut(),
-                        ptr::null(),
-                        0,
-                        0,
-                    );
-                    true
-                }
+            capture_info(stream).is_ok_and(|c| {
+                c.status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+            }) && {
+                let _ = sys::cuStreamUpdateCaptureDependencies_v2(
+                    stream,
+                    ptr::null_mut(),
+                    ptr::null(),
+                    0,
+                    0,
+                );
+                true
+            }
         }
     })
     .unwrap_or(false)
+}
+
+/// A stream's capture status and pending dependencies; the arrays are the driver's, valid
+/// until the next call on the stream.
+struct CaptureInfo {
+    status: sys::CUstreamCaptureStatus,
+    deps: *const CUgraphNode,
+    data: *const CUgraphEdgeData,
+    n: usize,
+}
+
+/// # Safety
+/// `stream` is a live stream of the current context.
+unsafe fn capture_info(stream: sys::CUstream) -> Result<CaptureInfo, DriverError> {
+    let mut c = CaptureInfo {
+        status: sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        deps: ptr::null(),
+        data: ptr::null(),
+        n: 0,
+    };
+    let (mut id, mut graph): (u64, CUgraph) = (0, ptr::null_mut());
+    // SAFETY: the caller's stream; out-pointers to locals.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut c.status,
+            &mut id,
+            &mut graph,
+            &mut c.deps,
+            &mut c.data,
+            &mut c.n,
+        )
+    }
+    .result()?;
+    Ok(c)
 }
 
 /// The module `f` was loaded from.
@@ -145,24 +165,10 @@ pub(super) unsafe fn programmatic_edge(
     };
     // SAFETY: the caller's stream; the returned arrays are read before the next call on it.
     unsafe {
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let mut id = 0;
-        let mut graph: CUgraph = ptr::null_mut();
-        let mut deps: *const CUgraphNode = ptr::null();
-        let mut data: *const CUgraphEdgeData = ptr::null();
-        let mut n = 0usize;
-        sys::cuStreamGetCaptureInfo_v3(
-            stream,
-            &mut status,
-            &mut id,
-            &mut graph,
-            &mut deps,
-            &mut data,
-            &mut n,
-        )
-        .named("cuStreamGetCaptureInfo_v3")?;
-        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
-            || n != 1
+        let c = capture_info(stream).map_err(|e| Failed("cuStreamGetCaptureInfo_v3", e))?;
+        let (deps, data) = (c.deps, c.data);
+        if c.status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+            || c.n != 1
             || deps.is_null()
         {
             return Ok(false);
