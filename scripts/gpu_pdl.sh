@@ -4,7 +4,8 @@
 # against the CPU reference), then `bench forward` with CACHET_PDL=off (plain graph edges, as
 # before), late and early (the default) on SmolLM2 (real GGUF, the most launch-bound), the
 # Llama-3-8B shape and the Qwen3-30B-A3B shape (dummy bf16 weights).
-# Carry .carry/{cachet,engine-tests,moe-tests}.xz; SmolLM2's GGUF as /tmp/smollm2.gguf.
+# Carry .carry/{cachet,engine-tests,moe-tests}.xz (and kv-int8-tests / kv-fp8-tests to run the
+# INT8 and FP8 cache tests with it too); SmolLM2's GGUF as /tmp/smollm2.gguf.
 #   OUT=... [MODES="off late early"] scripts/gpu_pdl.sh
 source "$(dirname "$0")/gpu_common.sh"
 modes=${MODES:-off late early}
@@ -23,6 +24,13 @@ if [ -x /tmp/moe-tests ]; then
   echo "== MoE tests on CUDA (PDL early)"
   timeout 240 /tmp/moe-tests --ignored --test-threads 1 2>&1 | tee "$out/moe-cuda.txt" | grep -E "^test |test result|panicked"
 fi
+for b in kv-int8-tests kv-fp8-tests; do
+  [ -x /tmp/$b ] || [ ! -f .carry/$b.xz ] || { xz -dc .carry/$b.xz > /tmp/$b && chmod +x /tmp/$b; }
+  if [ -x /tmp/$b ] && [ -f /tmp/smollm2.gguf ]; then
+    echo "== $b on CUDA (PDL early)"
+    timeout 240 /tmp/$b --ignored --test-threads 1 2>&1 | tee "$out/$b-cuda.txt" | grep -E "test result|panicked"
+  fi
+done
 bench() { # name, then bench forward's arguments
   local name=$1; shift
   for pdl in $modes; do
