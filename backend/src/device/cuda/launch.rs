@@ -34,14 +34,39 @@ pub(super) struct MoeGroups {
     pub num_tiles: CudaSlice<i32>,
 }
 
-/// The routing kernels take up to MOE_MAX_EXPERTS experts and 1 ≤ k ≤ E.
-fn routable(op: &'static str, e: usize, k: usize) -> Result<(), DeviceError> {
+/// What an f32-output GEMV of instantiation `v` needs: rows ≤ R, k a multiple of one 16-byte
+/// load of bf16, w [n, k], x [rows, k] and y [rows, n].
+fn gemv_f32out_fits(
+    op: &'static str,
+    v: usize,
+    (w, x, y): (usize, usize, usize),
+    (rows, k, n): (usize, usize, usize),
+) -> Result<(), DeviceError> {
+    if rows > GEMV_ROWS[v] || !k.is_multiple_of(8) {
+        return Err(unfit(op, rows, GEMV_ROWS[v], k));
+    }
+    if w < n * k || x < rows * k || y < rows * n {
+        return Err(short_buffers(op, rows, n));
+    }
+    Ok(())
+}
+
+/// What routing n tokens over e experts needs: e ≤ MOE_MAX_EXPERTS, 1 ≤ k ≤ e, logits [n, e],
+/// ids and weights [n, k].
+fn routable(
+    op: &'static str,
+    (logits, ids, weights): (usize, usize, usize),
+    (n, e, k): (usize, usize, usize),
+) -> Result<(), DeviceError> {
     if e > MOE_MAX_EXPERTS || k == 0 || k > e {
         return Err(DeviceError::Op {
             device: super::DEV,
             op,
             msg: format!("{k} of {e} experts (at most {MOE_MAX_EXPERTS} experts)"),
         });
+    }
+    if logits < n * e || ids < n * k || weights < n * k {
+        return Err(short_buffers(op, n, e));
     }
     Ok(())
 }
@@ -646,12 +671,7 @@ impl CudaDevice {
         y: &mut CudaSlice<f32>,
         (rows, k, n): (usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        if rows > GEMV_ROWS[v] || !k.is_multiple_of(8) {
-            return Err(unfit("gemv_f32out", rows, GEMV_ROWS[v], k));
-        }
-        if w.len() < n * k || x.len() < rows * k || y.len() < rows * n {
-            return Err(short_buffers("gemv_f32out", rows, n));
-        }
+        gemv_f32out_fits("gemv_f32out", v, (w.len(), x.len(), y.len()), (rows, k, n))?;
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
         let null = 0u64;
         let mut l = self.stream.launch_builder(&self.k.gemv_f32out[v]);
@@ -671,10 +691,11 @@ impl CudaDevice {
         weights: &mut CudaSlice<f32>,
         (n, e, k, norm): (usize, usize, usize, bool),
     ) -> Result<(), DeviceError> {
-        routable("moe_route", e, k)?;
-        if logits.len() < n * e || ids.len() < n * k || weights.len() < n * k {
-            return Err(short_buffers("moe_route", n, e));
-        }
+        routable(
+            "moe_route",
+            (logits.len(), ids.len(), weights.len()),
+            (n, e, k),
+        )?;
         let (ni, ei, ki, normi) = (n as i32, e as i32, k as i32, i32::from(norm));
         let mut l = self.stream.launch_builder(&self.k.moe_route);
         l.arg(logits)
@@ -706,18 +727,9 @@ impl CudaDevice {
         (ids, weights): (&mut CudaSlice<i32>, &mut CudaSlice<f32>),
         (rows, h, e, k, norm): (usize, usize, usize, usize, bool),
     ) -> Result<(), DeviceError> {
-        if rows > GEMV_ROWS[v] || !h.is_multiple_of(8) {
-            return Err(unfit("moe_router_route", rows, GEMV_ROWS[v], h));
-        }
-        routable("moe_router_route", e, k)?;
-        if w.len() < e * h
-            || x.len() < rows * h
-            || logits.len() < rows * e
-            || ids.len() < rows * k
-            || weights.len() < rows * k
-        {
-            return Err(short_buffers("moe_router_route", rows, e));
-        }
+        let op = "moe_router_route";
+        gemv_f32out_fits(op, v, (w.len(), x.len(), logits.len()), (rows, h, e))?;
+        routable(op, (logits.len(), ids.len(), weights.len()), (rows, e, k))?;
         let (hi, ri, ei, ki, normi) = (h as i32, rows as i32, e as i32, k as i32, i32::from(norm));
         let mut l = self.stream.launch_builder(&self.k.moe_router_route[v]);
         l.arg(w)
