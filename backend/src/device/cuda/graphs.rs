@@ -238,8 +238,15 @@ impl CudaDevice {
         batch.tile_lens = vec![tokens as u32; size];
         batch.max_ctx = bucket;
         let was_profiling = self.pause_profiling();
+        // Allocating on the pool's side stream during a capture is not one of the calls the
+        // stricter modes expect; everything else enqueued here goes to the captured stream.
+        let mode = if self.graph_pool.is_some() {
+            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
+        } else {
+            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        };
         self.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .begin_capture(mode)
             .map_err(op_err("begin graph capture"))?;
         // Our kernels' launches make their edges programmatic while this is set (launch.rs).
         let edges0 = self.pdl_edges.get();

@@ -22,6 +22,7 @@ mod calibrate;
 mod gemm;
 mod gemm_fp8;
 mod gemv;
+mod graph_pool;
 mod graphs;
 mod kernels;
 mod launch;
@@ -115,6 +116,9 @@ pub struct CudaDevice {
     moe_done: CudaSlice<u32>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
+    /// Where captured decode graphs take their activations (`CACHET_GRAPH_MEMORY=pool`; none:
+    /// allocation nodes in the graph).
+    graph_pool: Option<graph_pool::GraphPool>,
     profiler: profile::Profiler,
 }
 
@@ -164,6 +168,12 @@ impl CudaDevice {
         let moe_done = stream
             .alloc_zeros::<u32>(1)
             .map_err(op_err("MoE router ticket"))?;
+        let graph_pool = match options.graph_memory {
+            graph_pool::GraphMemory::Pool => {
+                Some(graph_pool::GraphPool::new(&ctx).map_err(op_err("graph memory pool"))?)
+            }
+            graph_pool::GraphMemory::Nodes => None,
+        };
         let blas = gemm::Blas::new(&stream)?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = loaded.from_cache, ?options, ?pdl, "CUDA device ready");
@@ -181,6 +191,7 @@ impl CudaDevice {
             ours,
             capturing: Default::default(),
             pdl_edges: Default::default(),
+            graph_pool,
             moe_done,
             options,
             profiler: Default::default(),

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use super::graph_pool::GraphMemory;
 use super::kernels::{ATT_TK, GEMV_DEFAULT_ROWS, GEMV_ROWS};
 use super::programmatic::Pdl;
 use crate::error::DeviceError;
@@ -142,6 +143,9 @@ pub struct CudaOptions {
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
+    /// Where decode graphs' activations come from (`CACHET_GRAPH_MEMORY=nodes|pool`): see
+    /// `graph_pool.rs`.
+    pub graph_memory: GraphMemory,
     /// Where compiled kernels are cached (none: compile at every start).
     pub kernel_cache: Option<PathBuf>,
     /// Kernel sources substituted by file name (`CACHET_KERNEL_DIR`), for kernel work without a
@@ -159,6 +163,7 @@ impl Default for CudaOptions {
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             moe_router: MoeRouter::Gemv,
             pdl: Pdl::Early,
+            graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
             kernel_dir: None,
         }
@@ -253,6 +258,16 @@ impl CudaOptions {
                 ))
             }
         };
+        o.graph_memory = match var("CACHET_GRAPH_MEMORY").as_deref() {
+            None | Some("") | Some("nodes") => GraphMemory::Nodes,
+            Some("pool") => GraphMemory::Pool,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_GRAPH_MEMORY",
+                    format!("`{v}`: expected `nodes` or `pool`"),
+                ))
+            }
+        };
         o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
         Ok(o)
     }
@@ -334,6 +349,13 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().pdl, Pdl::Early);
         assert_eq!(parse(&[("CACHET_PDL", "late")]).unwrap().pdl, Pdl::Late);
         assert_eq!(parse(&[("CACHET_PDL", "off")]).unwrap().pdl, Pdl::Off);
+        assert_eq!(parse(&[]).unwrap().graph_memory, GraphMemory::Nodes);
+        assert_eq!(
+            parse(&[("CACHET_GRAPH_MEMORY", "pool")])
+                .unwrap()
+                .graph_memory,
+            GraphMemory::Pool
+        );
         assert_eq!(
             parse(&[("CACHET_MOE_GEMM", "32")])
                 .unwrap()
@@ -364,6 +386,7 @@ mod tests {
             ("CACHET_ROPE", "sideways", "separate"),
             ("CACHET_ATTENTION", "fast", "simt"),
             ("CACHET_PDL", "on", "early"),
+            ("CACHET_GRAPH_MEMORY", "arena", "pool"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k) && e.contains(want), "{k}={v}: {e}");

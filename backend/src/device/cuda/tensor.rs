@@ -160,9 +160,15 @@ impl CudaDevice {
         n: usize,
         what: &str,
     ) -> Result<CudaSlice<T>, DeviceError> {
-        // SAFETY: T is a plain number type (ValidAsZeroBits: no invalid bit patterns); callers
-        // fully write the buffer before reading it.
-        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| DeviceError::OutOfMemory {
+        let buf = match &self.graph_pool {
+            // SAFETY: capturing; the callers fully write the buffer before reading it and
+            // drop it before the capture ends (graphs.rs copies the logits out inside it).
+            Some(pool) if self.capturing.get() => unsafe { pool.alloc::<T>(n) },
+            // SAFETY: T is a plain number type (ValidAsZeroBits: no invalid bit patterns);
+            // callers fully write the buffer before reading it.
+            _ => unsafe { self.stream.alloc::<T>(n.max(1)) },
+        };
+        buf.map_err(|e| DeviceError::OutOfMemory {
             device: DEV,
             bytes: n * std::mem::size_of::<T>(),
             what: format!("{what} ({e:?})"),
