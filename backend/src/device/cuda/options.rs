@@ -141,7 +141,7 @@ pub struct CudaOptions {
     /// for side-by-side measurements): see [`MoeRouter`].
     pub moe_router: MoeRouter,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
-    /// late|early`; Hopper and later only): see `programmatic.rs`.
+    /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
     /// Where decode graphs' activations come from (`CACHET_GRAPH_MEMORY=nodes|pool`): see
     /// `graph_pool.rs`.
@@ -251,10 +251,11 @@ impl CudaOptions {
             None | Some("") | Some("early") => Pdl::Early,
             Some("late") => Pdl::Late,
             Some("off") => Pdl::Off,
+            Some("mixed") => Pdl::Mixed,
             Some(v) => {
                 return Err(bad(
                     "CACHET_PDL",
-                    format!("`{v}`: expected `early`, `late` or `off`"),
+                    format!("`{v}`: expected `early`, `mixed`, `late` or `off`"),
                 ))
             }
         };
@@ -349,6 +350,7 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().pdl, Pdl::Early);
         assert_eq!(parse(&[("CACHET_PDL", "late")]).unwrap().pdl, Pdl::Late);
         assert_eq!(parse(&[("CACHET_PDL", "off")]).unwrap().pdl, Pdl::Off);
+        assert_eq!(parse(&[("CACHET_PDL", "mixed")]).unwrap().pdl, Pdl::Mixed);
         assert_eq!(parse(&[]).unwrap().graph_memory, GraphMemory::Nodes);
         assert_eq!(
             parse(&[("CACHET_GRAPH_MEMORY", "pool")])

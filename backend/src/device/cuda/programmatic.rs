@@ -48,14 +48,27 @@ pub enum Pdl {
     /// Launched once every block of the kernel before it has started; its blocks wait on the
     /// device.
     Early,
+    /// Early, except a kernel whose grid puts a block on every SM (the GEMVs) is launched late:
+    /// launched early, its blocks are placed wherever the kernel before it leaves room, not one
+    /// per SM.
+    Mixed,
 }
 
 impl Pdl {
+    /// The edge into a kernel that puts a block on every SM (`fills_device`) or not.
+    pub(super) fn into_kernel(self, fills_device: bool) -> Pdl {
+        match self {
+            Pdl::Mixed if fills_device => Pdl::Late,
+            Pdl::Mixed => Pdl::Early,
+            m => m,
+        }
+    }
+
     fn port(self) -> Option<u8> {
         match self {
             Pdl::Off => None,
             Pdl::Late => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8),
-            Pdl::Early => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8),
+            Pdl::Early | Pdl::Mixed => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8),
         }
     }
 }
