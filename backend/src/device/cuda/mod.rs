@@ -116,6 +116,8 @@ pub struct CudaDevice {
     moe_done: CudaSlice<u32>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
+    /// Whether the last kernel enqueued put a block on every SM (`Pdl::Mixed` reads it).
+    last_filled: std::cell::Cell<bool>,
     /// Where captured decode graphs take their activations (`CACHET_GRAPH_MEMORY=pool`; none:
     /// allocation nodes in the graph).
     graph_pool: Option<graph_pool::GraphPool>,
@@ -191,6 +193,7 @@ impl CudaDevice {
             ours,
             capturing: Default::default(),
             pdl_edges: Default::default(),
+            last_filled: Default::default(),
             graph_pool,
             moe_done,
             options,

@@ -48,17 +48,19 @@ pub enum Pdl {
     /// Launched once every block of the kernel before it has started; its blocks wait on the
     /// device.
     Early,
-    /// Early, except a kernel whose grid puts a block on every SM (the GEMVs) is launched late:
-    /// launched early, its blocks are placed wherever the kernel before it leaves room, not one
-    /// per SM.
+    /// Early, except a kernel whose grid puts a block on every SM (the GEMVs) after one that
+    /// does not (attention of a short context, a norm) is launched late: launched early, its
+    /// blocks would be placed wherever the kernel before it leaves room, two to some SMs and
+    /// none to others.
     Mixed,
 }
 
 impl Pdl {
-    /// The edge into a kernel that puts a block on every SM (`fills_device`) or not.
-    pub(super) fn into_kernel(self, fills_device: bool) -> Pdl {
+    /// The edge into a kernel that puts a block on every SM (`fills`) or not, after one that
+    /// did (`after_filling`) or not.
+    pub(super) fn into_kernel(self, fills: bool, after_filling: bool) -> Pdl {
         match self {
-            Pdl::Mixed if fills_device => Pdl::Late,
+            Pdl::Mixed if fills && !after_filling => Pdl::Late,
             Pdl::Mixed => Pdl::Early,
             m => m,
         }
