@@ -1,21 +1,29 @@
-source scripts/gpu_common.sh >/dev/null
-d=$out/diag; mkdir -p $d
-one() { # name, env, args
-  local name=$1 envs=$2; shift 2
-  echo "== $name ($envs)" | tee -a $d/summary.txt
-  env $envs timeout 120 /tmp/cachet bench forward "$@" --device cuda --cached-prefix none --sampling-batches 1 \
-    --graph-batches 1 --decode-contexts 512 --decode-batches 4 --decode-context 512 --prefill 128 > $d/$name.txt 2>&1
-  grep -v " INFO " $d/$name.txt | grep -E "^\| decode|rror" | tee -a $d/summary.txt
-}
-one smol-fp8w-pool "CACHET_GRAPH_MEMORY=pool" --model /tmp/smollm2.gguf --quantization fp8
-one smol-fp8kv-pool "CACHET_GRAPH_MEMORY=pool" --model /tmp/smollm2.gguf --kv-cache-dtype fp8
-one l8-fp8w-pool "CACHET_GRAPH_MEMORY=pool" --model examples/configs/llama3-8b.json --load-format dummy --quantization fp8
-one l8-fp8kv-pool "CACHET_GRAPH_MEMORY=pool" --model examples/configs/llama3-8b.json --load-format dummy --kv-cache-dtype fp8
-one l8-fp8w-pool-off "CACHET_GRAPH_MEMORY=pool CACHET_PDL=off" --model examples/configs/llama3-8b.json --load-format dummy --quantization fp8
-if grep -q "rror" $d/smol-fp8w-pool.txt && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
-  echo "== sanitizer on smol-fp8w-pool"
-  CACHET_GRAPH_MEMORY=pool timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --print-limit 5 \
-    /tmp/cachet bench forward --model /tmp/smollm2.gguf --quantization fp8 --device cuda --cached-prefix none \
-    --sampling-batches 1 --graph-batches 1 --decode-contexts 512 --decode-batches 4 --decode-context 512 --prefill 128 \
-    > $d/sanitizer.txt 2>&1; grep -v " INFO " $d/sanitizer.txt | head -60
+#!/usr/bin/env bash
+# Which decode graphs go wrong with the graph memory pool and FP8 weights on the Llama-3-8B shape
+# (an illegal address at the first decode step; SmolLM2 with FP8 weights and the 8B with an FP8
+# cache pass; each graph size alone at --max-model-len 1024 passes): graph sizes and context
+# lengths varied, then compute-sanitizer on the first case that fails.
+#   OUT=... scripts/gpu_graph_pool_diag.sh
+source "$(dirname "$0")/gpu_common.sh" >/dev/null
+d=$out/diag2; mkdir -p $d
+base=(--model examples/configs/llama3-8b.json --load-format dummy --quantization fp8 --device cuda
+  --cached-prefix none --sampling-batches 1 --graph-batches 1 --decode-contexts 512 --decode-context 512
+  --prefill 128 --decode-batches 1)
+first=
+cases=("all-1k|--max-model-len 1024" "g1-8k|--cuda-graph-sizes 1 --max-model-len 8192"
+  "g1-32k|--cuda-graph-sizes 1 --max-model-len 32768" "g1-default|--cuda-graph-sizes 1"
+  "g1-4-default|--cuda-graph-sizes 1,2,4" "all-8k|--max-model-len 8192")
+for c in "${cases[@]}"; do
+  name=${c%%|*}; read -ra extra <<< "${c#*|}"
+  echo "== $name: ${extra[*]}" | tee -a $d/summary.txt
+  CACHET_GRAPH_MEMORY=pool timeout 100 /tmp/cachet bench forward "${base[@]}" "${extra[@]}" > $d/$name.txt 2>&1
+  grep -E "^\| decode batch|rror|CUDA graphs|max_model_len|KV blocks" $d/$name.txt | cut -c1-220 | tee -a $d/summary.txt
+  grep -q "rror" $d/$name.txt && [ -z "$first" ] && first=$c
+done
+if [ -n "$first" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  read -ra extra <<< "${first#*|}"
+  echo "== compute-sanitizer: ${first%%|*}" | tee -a $d/summary.txt
+  CACHET_GRAPH_MEMORY=pool timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --print-limit 3 \
+    /tmp/cachet bench forward "${base[@]}" "${extra[@]}" > $d/sanitizer.txt 2>&1
+  grep -v " INFO " $d/sanitizer.txt | head -60 | cut -c1-300
 fi

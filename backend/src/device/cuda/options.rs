@@ -111,9 +111,11 @@ impl std::str::FromStr for SplitOptions {
 /// How a mixture-of-experts router runs on a decode step's few rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeRouter {
-    /// The logits GEMV and the routing in one launch (moe.cu's `moe_router_route_r*`). Not
-    /// yet run on a GPU (written when this session's device time was spent): opt-in until the
-    /// CUDA MoE tests and `scripts/gpu_moe_router.sh` have run it.
+    /// The logits GEMV and the routing in one launch (moe.cu's `moe_router_route_r*`, its
+    /// last block routes). Gives the two-launch outputs exactly (the CUDA MoE test) but is not
+    /// faster: Qwen3-30B-A3B batch 1 3.12–3.13 vs 3.09 ms with graph pool + early PDL, 3.25–3.28
+    /// vs 3.23–3.24 with allocation nodes (BENCHMARKS.md §13): one block routing every token
+    /// after the GEMV costs what the saved launch did.
     Fused,
     /// The f32-output GEMV, then the routing kernel (the default, measured).
     Gemv,

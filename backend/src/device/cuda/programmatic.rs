@@ -20,14 +20,17 @@
 //! graph holding allocation nodes (`CUDA_ERROR_NOT_SUPPORTED`, measured; scripts/pdl_probe
 //! shows the same rewrite accepted in a graph without them).
 //!
-//! What it reaches, measured on the H200 (BENCHMARKS.md §13): each op allocates its output and
+//! What it reaches, measured on the H200 (BENCHMARKS.md §13): with the capture's own
+//! allocations (`CACHET_GRAPH_MEMORY=nodes`, the default), each op allocates its output and
 //! frees its inputs inside the capture, so allocation and free nodes stand between most pairs
-//! of kernels and only ~20% of the edges (those between kernels with nothing between them) can
-//! be programmatic: Qwen3-30B-A3B batch-1 decode 3.30 → 3.22 ms, the 8B and SmolLM2 within
-//! noise. Steering the capture so that allocations hang beside the chain instead of in it
-//! (78% of the edges programmatic) made every model slower (Qwen 3.34 → 4.42 ms, the graphs'
-//! memory 0.47 → 2 GB): the graphs stop being chains. What would let every edge be programmatic
-//! is a capture with no allocation nodes at all (activations from a per-graph arena).
+//! of kernels and only ~20% of the edges can be programmatic: Qwen3-30B-A3B batch-1 decode 3.30
+//! → 3.22 ms, the 8B and SmolLM2 within noise. With the activations from a pool of their own
+//! (`CACHET_GRAPH_MEMORY=pool`, graph_pool.rs) the step is a chain of kernels and ~75% of its
+//! edges are programmatic: early edges everywhere take SmolLM2 0.80 → 0.70 ms and Qwen 3.19 →
+//! 3.06 ms but the 8B 4.37 → 4.80 ms — a GEMV's one-block-per-SM grid launched early behind a
+//! kernel of few blocks lands two blocks on some SMs; [`Pdl::Mixed`] (late edges exactly there)
+//! keeps most of the gain without the loss (0.72, 3.12, 4.31 ms). Steering the allocation nodes
+//! beside the chain instead (78% programmatic) made every model slower (`pdl-h200/steered/`).
 
 use std::ptr;
 
@@ -245,5 +248,27 @@ unsafe fn is_ours(node: CUgraphNode, ours: CUmodule) -> Result<bool, Failed> {
         let mut m: CUmodule = ptr::null_mut();
         sys::cuFuncGetModule(&mut m, p.func).named("cuFuncGetModule")?;
         Ok(m == ours)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pdl;
+
+    #[test]
+    fn mixed_launches_late_only_into_a_device_filling_kernel_after_one_that_was_not() {
+        assert_eq!(Pdl::Mixed.into_kernel(true, false), Pdl::Late);
+        assert_eq!(Pdl::Mixed.into_kernel(true, true), Pdl::Early);
+        assert_eq!(Pdl::Mixed.into_kernel(false, false), Pdl::Early);
+        assert_eq!(Pdl::Mixed.into_kernel(false, true), Pdl::Early);
+        for m in [Pdl::Off, Pdl::Late, Pdl::Early] {
+            for (f, a) in [(true, false), (false, true)] {
+                assert_eq!(m.into_kernel(f, a), m);
+            }
+        }
+        // Mixed edges use the launch-order port where they are early.
+        assert_eq!(Pdl::Mixed.port(), Pdl::Early.port());
+        assert_ne!(Pdl::Late.port(), Pdl::Early.port());
+        assert_eq!(Pdl::Off.port(), None);
     }
 }
