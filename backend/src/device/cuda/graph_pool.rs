@@ -23,14 +23,15 @@
 //! reserved (release threshold: never), so an address baked into a graph should stay mapped.
 //!
 //! Opt-in, not the default, because of one failure not yet understood (H200,
-//! `benchmarks/results/graph-pool-h200/`): the Llama-3-8B shape with FP8 weights and all 54
-//! graphs at `--max-model-len 8192` hits an illegal address at its first replay (PDL on or
-//! off), while each graph size alone, all sizes at 1,024 tokens, SmolLM2 with FP8 weights, the
-//! 8B with an FP8 cache and every bf16 model pass (the CUDA engine, MoE and KV-cache tests pass
-//! with the pool). compute-sanitizer flags the first kernel's write to its pool buffer, which it
-//! counts as freed memory by design here, so it does not tell. The suspicion: under memory
-//! pressure the driver takes back a pool's free ranges whatever its release threshold; holding
-//! them allocated (an arena of our own) would rule that out.
+//! `benchmarks/results/graph-pool-h200/5-fp8-diag/`): the Llama-3-8B shape with FP8 weights
+//! hits an illegal address replaying its 256-row decode graph when graphs for contexts up to
+//! 8,192 tokens were captured (PDL on or off, at 80% or 90% of the memory). The same graph
+//! passes when only contexts up to 1,024 are captured; graphs of up to 64 rows, SmolLM2 with FP8
+//! weights, the 8B with an FP8 cache and every bf16 model pass, and so do the CUDA engine, MoE
+//! and KV-cache tests. compute-sanitizer flags the first kernel's write to its pool buffer,
+//! which it counts as freed memory by design here, so it does not tell. Suspects: the FP8
+//! product at 256 rows (cuBLASLt, whose kernel now follows one of ours directly instead of an
+//! allocation node) and the scratch shared across graphs.
 
 use std::sync::Arc;
 
