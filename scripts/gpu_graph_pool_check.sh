@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The graph pool with the capture strict around library calls (graph_pool.rs CaptureMode): the
-# 8B shape with FP8 weights (which failed with the whole capture relaxed), the CUDA engine and
-# MoE tests with the pool and mixed PDL, then the default against pool + mixed / early.
+# A check of a graph-pool fix in one call: the 8B shape with FP8 weights and the pool (its
+# 256-row graph fails today: graph_pool.rs), the CUDA engine and MoE tests with the pool and
+# mixed PDL, then the default against pool + mixed / early (SmolLM2 needs /tmp/smollm2.gguf).
 #   OUT=... scripts/gpu_graph_pool_check.sh
-source scripts/gpu_common.sh > /dev/null
+source "$(dirname "$0")/gpu_common.sh" > /dev/null
 d=$out/final; mkdir -p $d
 for s in 256 all; do
   echo "== 8B FP8 weights, pool, graph sizes $s, max len 8192" | tee -a $d/summary.txt
@@ -14,5 +14,5 @@ for s in 256 all; do
   grep -E "^\| decode batch|rror|CUDA graphs|WARN" $d/fp8-$s.txt | cut -c1-250 | tee -a $d/summary.txt
 done
 OUT=$d TESTS=1 TEST_PDL=mixed ROUNDS=1 ROUTERS=gemv MODELS="smollm2 llama3-8b llama3-8b-fp8 qwen3-30b-a3b" \
-  CONFIGS="nodes:early pool:mixed pool:early" scripts/gpu_graph_pool.sh > $d/log.txt 2>&1
+  CONFIGS="nodes:early pool:mixed pool:early" "$(dirname "$0")/gpu_graph_pool.sh" > $d/log.txt 2>&1
 grep -E "^==|test result|FAILED|panicked|batch 1,|rror" $d/log.txt | grep -v "^== .*tests on"
