@@ -238,8 +238,9 @@ impl CudaDevice {
         batch.tile_lens = vec![tokens as u32; size];
         batch.max_ctx = bucket;
         let was_profiling = self.pause_profiling();
-        // Allocating on the pool's side stream during a capture is not one of the calls the
-        // stricter modes expect; everything else enqueued here goes to the captured stream.
+        // The pool allocates on its side stream during the capture, which the thread-local
+        // mode refuses (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, measured); everything else
+        // enqueued here goes to the captured stream.
         let mode = if self.graph_pool.is_some() {
             CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
         } else {

@@ -182,12 +182,16 @@ impl CudaDevice {
         l: &mut LaunchArgs<'_>,
         cfg: LaunchConfig,
     ) -> Result<Option<(CudaEvent, CudaEvent)>, DriverError> {
-        let fills = cfg.grid_dim.0 as usize >= self.sms && cfg.block_dim.0 >= GEMV_THREADS;
-        let mode = self
-            .pdl
-            .get()
-            .into_kernel(fills, self.last_filled.replace(fills));
-        if self.capturing.get() && mode != Pdl::Off {
+        // Edges exist only in a capture; eager launches skip all of it.
+        let mode = if self.capturing.get() {
+            let fills = cfg.grid_dim.0 as usize >= self.sms && cfg.block_dim.0 >= GEMV_THREADS;
+            self.pdl
+                .get()
+                .into_kernel(fills, self.last_filled.replace(fills))
+        } else {
+            Pdl::Off
+        };
+        if mode != Pdl::Off {
             // SAFETY: our stream; every kernel of ours starts with wait_for_prior_kernels()
             // (kernels/src/lib.rs tests it).
             match unsafe {

@@ -116,7 +116,8 @@ pub struct CudaDevice {
     moe_done: CudaSlice<u32>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
-    /// Whether the last kernel enqueued put a block on every SM (`Pdl::Mixed` reads it).
+    /// Whether the last kernel enqueued in a capture put a block on every SM (`Pdl::Mixed`
+    /// reads it).
     last_filled: std::cell::Cell<bool>,
     /// Where captured decode graphs take their activations (`CACHET_GRAPH_MEMORY=pool`; none:
     /// allocation nodes in the graph).
