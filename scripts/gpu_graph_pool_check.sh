@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A check of a graph-pool fix in one call: the 8B shape with FP8 weights and the pool (its
 # 256-row graph fails today: graph_pool.rs), the CUDA engine and MoE tests with the pool and
-# mixed PDL, then the default against pool + mixed / early (SmolLM2 needs /tmp/smollm2.gguf).
+# mixed PDL (the FP8-weight graph test with the default nodes too), then the default against
+# pool + mixed / early (SmolLM2 needs /tmp/smollm2.gguf).
 #   OUT=... scripts/gpu_graph_pool_check.sh
 source "$(dirname "$0")/gpu_common.sh" > /dev/null
 d=$out/final; mkdir -p $d
@@ -13,6 +14,11 @@ for s in 256 all; do
     --decode-context 512 --prefill 128 --decode-batches 256 "${a[@]}" --max-model-len 8192 > $d/fp8-$s.txt 2>&1
   grep -E "^\| decode batch|rror|CUDA graphs|WARN" $d/fp8-$s.txt | cut -c1-250 | tee -a $d/summary.txt
 done
+if [ -f /tmp/smollm2.gguf ]; then
+  echo "== FP8-weight decode graphs against eager steps, allocation nodes (the default)" | tee -a $d/summary.txt
+  timeout 120 /tmp/engine-tests --ignored --test-threads 1 fp8_weights 2>&1 | tee $d/fp8-graphs-nodes.txt \
+    | grep -E "^test .*(ok|FAILED)$|test result|panicked" | tee -a $d/summary.txt
+fi
 OUT=$d TESTS=1 TEST_PDL=mixed ROUNDS=1 ROUTERS=gemv MODELS="smollm2 llama3-8b llama3-8b-fp8 qwen3-30b-a3b" \
   CONFIGS="nodes:early pool:mixed pool:early" "$(dirname "$0")/gpu_graph_pool.sh" > $d/log.txt 2>&1
 grep -E "^==|test result|FAILED|panicked|batch 1,|rror" $d/log.txt | grep -v "^== .*tests on"

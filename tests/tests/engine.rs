@@ -514,35 +514,56 @@ fn graph_matches_eager(
     }
 }
 
+/// Decode steps of the sequences `picks` name (indices into contexts of 40, 300, 700, 129, 17,
+/// 60, 90, 33 and 250 tokens: buckets 256, 512 and 1024), each run eagerly and from a graph.
+fn decode_graphs_match_eager(r: &mut dyn cachet_backend::model::Runner, picks: &[&[usize]]) {
+    use cachet_backend::device::ForwardBatch;
+    use cachet_backend::kv::SimpleAllocator;
+    assert!(
+        r.set_cuda_graphs(true),
+        "the CUDA runner captured no graphs"
+    );
+    let bs = r.kv_layout().block_size;
+    let mut alloc = SimpleAllocator::new(r.kv_layout().num_blocks, bs);
+    let seqs = prefilled_contexts(
+        r,
+        &mut alloc,
+        &prompts()[0],
+        &[40, 300, 700, 129, 17, 60, 90, 33, 250],
+        0,
+    );
+    for pick in picks {
+        let mut b = ForwardBatch::default();
+        for &i in pick.iter() {
+            let (len, table, _, next) = &seqs[i];
+            b.push_seq(&[*next], *len, table, bs, true);
+        }
+        graph_matches_eager(r, &b, 0.0, &format!("decode batch {pick:?}"));
+    }
+}
+
 gpu_test! {
     /// On a device with CUDA graphs, a decode step replayed from a graph gives the eager step's
     /// logits (same argmax, bf16-level error) — for a batch that is padded (3 → 4, 5 → 8), one that
     /// is not (1), and contexts in different buckets; padding rows write no K/V (the eager replay
     /// afterwards still agrees).
     fn decode_steps_replayed_from_cuda_graphs_match_eager_steps() {
-        use cachet_backend::device::ForwardBatch;
-        use cachet_backend::kv::SimpleAllocator;
-        let m = smollm2();
-        let mut r = device_runner(DeviceKind::Cuda, m, 512);
-        assert!(r.set_cuda_graphs(true), "the CUDA runner captured no graphs");
-        let bs = r.kv_layout().block_size;
-        let mut alloc = SimpleAllocator::new(r.kv_layout().num_blocks, bs);
-        // Contexts of 40, 300 and 700 tokens (buckets 256, 512, 1024), and two more.
-        let seqs = prefilled_contexts(
+        let mut r = device_runner(DeviceKind::Cuda, smollm2(), 512);
+        decode_graphs_match_eager(r.as_mut(), &[&[0], &[0, 1, 2], &[0, 1, 2, 3, 4]]);
+    }
+}
+
+gpu_test! {
+    /// The same with FP8 projection weights (`--quantization fp8`): steps of up to four rows go
+    /// through the FP8 GEMV, larger ones (5 → 8 and 9 → 16 rows in the graphs) through cuBLASLt's
+    /// FP8 product with its activation quantization and scale launches — all inside the graphs.
+    fn decode_steps_with_fp8_weights_replayed_from_cuda_graphs_match_eager_steps() {
+        let q = cachet_backend::device::WeightQuantization::Fp8;
+        let mut r = device_runner_quantized(DeviceKind::Cuda, smollm2(), 512, q);
+        decode_graphs_match_eager(
             r.as_mut(),
-            &mut alloc,
-            &prompts()[0],
-            &[40, 300, 700, 129, 17],
-            0,
+            &[&[0], &[0, 1, 2], &[0, 1, 2, 3, 4], &[0, 1, 2, 3, 4, 5, 6, 7, 8]],
         );
-        for pick in [vec![0usize], vec![0, 1, 2], vec![0, 1, 2, 3, 4]] {
-            let mut b = ForwardBatch::default();
-            for &i in &pick {
-                let (len, table, _, next) = &seqs[i];
-                b.push_seq(&[*next], *len, table, bs, true);
-            }
-            graph_matches_eager(r.as_mut(), &b, 0.0, &format!("decode batch {pick:?}"));
-        }
     }
 }
 

@@ -22,18 +22,25 @@
 //! graph's logits are copied into the static buffer inside it). The pool keeps what it has
 //! reserved (release threshold: never), so an address baked into a graph should stay mapped.
 //!
-//! Opt-in, not the default, because of one failure not yet understood (H200,
-//! `benchmarks/results/graph-pool-h200/5-fp8-diag/`): the Llama-3-8B shape with FP8 weights
-//! hits an illegal address replaying its 256-row decode graph when graphs for contexts up to
-//! 8,192 tokens were captured (PDL on or off, at 80% or 90% of the memory). The same graph
-//! passes when only contexts up to 1,024 are captured; graphs of up to 64 rows, SmolLM2 with FP8
-//! weights, the 8B with an FP8 cache and every bf16 model pass, and so do the CUDA engine, MoE
-//! and KV-cache tests. compute-sanitizer flags the first kernel's write to its pool buffer,
-//! which it counts as freed memory by design here, so it does not tell. Capturing in the strict
-//! thread-local mode is not possible (the side stream's allocation is refused); strict only
-//! around the cuBLAS/cuBLASLt calls still failed. Suspects: the FP8 product at 256 rows
-//! (cuBLASLt, whose kernel now follows one of ours directly instead of an allocation node) and
-//! the scratch shared across graphs.
+//! Opt-in, not the default, and never used with FP8 weights (`capture_pool`), because of a
+//! failure not yet understood (H200, `benchmarks/results/graph-pool-h200/5-fp8-diag/` and
+//! `6-fp8-bisect/`): the Llama-3-8B shape with FP8 weights hits an illegal address replaying its
+//! decode graphs (PDL on or off, at 80% or 90% of the memory). What was measured:
+//! - 256-row graphs alone, contexts up to 8,192: fails; up to 1,024: passes. Graphs of up to 64
+//!   rows, SmolLM2 with FP8 weights (the FP8 graph test included), the 8B with an FP8 cache and
+//!   every bf16 model pass, and so do the CUDA engine, MoE and KV-cache tests.
+//! - Every pool address is 256-byte aligned. With no reuse at all (frees on a second stream the
+//!   pool may not reuse from) it passes, holding 16.8 GB of graph memory.
+//! - Reuse is the trigger, and cuBLASLt's FP8 product the buffer: holding that product's three
+//!   buffers (activation codes, their scales, the f32 product) until the graph is captured
+//!   passes, and so does taking only the f32 product out of the pool — for the 256-row case.
+//!   With every graph size captured it still faults, so that was not all of it.
+//! - cuBLAS's and cuBLASLt's kernels are the only ones of a step that are not ours (ours wait
+//!   for the kernel before them before touching memory; the libraries' launches are their own).
+//! - compute-sanitizer flags the first kernel's write to its pool buffer, which it counts as
+//!   freed memory by design here, so it does not tell. Capturing in the strict thread-local
+//!   mode is not possible (the side stream's allocation is refused); strict only around the
+//!   cuBLAS/cuBLASLt calls still failed.
 
 use std::sync::Arc;
 
@@ -53,6 +60,17 @@ pub(super) struct GraphPool {
     pool: CUmemoryPool,
     /// Never captured: allocations and frees made on it during a capture take effect at once.
     side: Arc<CudaStream>,
+}
+
+impl super::CudaDevice {
+    /// The pool captures take their activations from: none unless `CACHET_GRAPH_MEMORY=pool`,
+    /// and none with FP8 weights (their cuBLASLt products are loaded once FP8 weights are, and
+    /// with them a replay can fault; see the module's note).
+    pub(super) fn capture_pool(&self) -> Option<&GraphPool> {
+        self.graph_pool
+            .as_ref()
+            .filter(|_| self.fp8_gemm.get().is_none())
+    }
 }
 
 impl GraphPool {

@@ -172,6 +172,12 @@ impl CudaDevice {
         } else {
             Vec::new()
         };
+        if self.graph_pool.is_some() && self.capture_pool().is_none() {
+            tracing::warn!(
+                "CACHET_GRAPH_MEMORY=pool is not used with FP8 weights (a replay can fault: \
+                 graph_pool.rs); their decode graphs hold allocation nodes"
+            );
+        }
         let t0 = Instant::now();
         self.synchronize()?;
         let free0 = self.ctx.mem_get_info().map_err(op_err("memory info"))?.0;
@@ -241,7 +247,7 @@ impl CudaDevice {
         // The pool allocates on its side stream during the capture, which the thread-local
         // mode refuses (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, measured); everything else
         // enqueued here goes to the captured stream.
-        let mode = if self.graph_pool.is_some() {
+        let mode = if self.capture_pool().is_some() {
             CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
         } else {
             CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL

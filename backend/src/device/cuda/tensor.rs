@@ -160,7 +160,7 @@ impl CudaDevice {
         n: usize,
         what: &str,
     ) -> Result<CudaSlice<T>, DeviceError> {
-        let buf = match &self.graph_pool {
+        let buf = match self.capture_pool() {
             // SAFETY: capturing; the callers fully write the buffer before reading it and
             // drop it before the capture ends (graphs.rs copies the logits out inside it).
             Some(pool) if self.capturing.get() => unsafe { pool.alloc::<T>(n) },
