@@ -145,8 +145,8 @@ pub struct CudaOptions {
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
-    /// Where decode graphs' activations come from (`CACHET_GRAPH_MEMORY=nodes|pool`): see
-    /// `graph_pool.rs`.
+    /// Where decode graphs' activations come from (`CACHET_GRAPH_MEMORY=nodes|pool`; the pool
+    /// is not used with FP8 weights): see `graph_pool.rs`.
     pub graph_memory: GraphMemory,
     /// Where compiled kernels are cached (none: compile at every start).
     pub kernel_cache: Option<PathBuf>,
