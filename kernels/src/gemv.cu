@@ -95,10 +95,22 @@ __device__ __forceinline__ void row_dot(const uint4* __restrict__ w, const uint4
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r] = dot_unit<F8>(wv[u], xr[r], i + 32 * u, acc[r]);
     }
-    for (; i < ku; i += 32) {
-        const uint4 wv = load_stream(w + i);
+    // The rest of the row, fewer than GEMV_UNROLL units a lane: every load issued before any
+    // product, as in the passes above (taken one at a time, each waited for, rows of a few
+    // hundred units spent most of their time here).
+    // (Several rows' sums take registers: their tails go fewer units at a time.)
+    constexpr int T = R >= 4 ? 2 : R >= 2 ? GEMV_UNROLL / 2 : GEMV_UNROLL - 1;
+    for (; i < ku; i += 32 * T) {
+        const int left = (ku - i + 31) >> 5;
+        uint4 wv[T];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = dot_unit<F8>(wv, xr[r], i, acc[r]);
+        for (int u = 0; u < T; ++u)
+            if (u < left) wv[u] = load_stream(w + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < T; ++u)
+            if (u < left)
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] = dot_unit<F8>(wv[u], xr[r], i + 32 * u, acc[r]);
     }
 }
 
@@ -125,13 +137,23 @@ __device__ __forceinline__ void row_dot2(const uint4* __restrict__ wa, const uin
                 b[r] = dot_unit<F8>(vb[u], x + r * k8, i + 32 * u, b[r]);
             }
     }
-    for (; i < ku; i += 32) {
-        const uint4 va = load_stream(wa + i), vb = load_stream(wb + i);
+    if (i < ku) {
+        const int left = (ku - i + 31) >> 5;
+        uint4 va[U - 1], vb[U - 1];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            a[r] = dot_unit<F8>(va, x + r * k8, i, a[r]);
-            b[r] = dot_unit<F8>(vb, x + r * k8, i, b[r]);
-        }
+        for (int u = 0; u < U - 1; ++u)
+            if (u < left) {
+                va[u] = load_stream(wa + i + 32 * u);
+                vb[u] = load_stream(wb + i + 32 * u);
+            }
+#pragma unroll
+        for (int u = 0; u < U - 1; ++u)
+            if (u < left)
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    a[r] = dot_unit<F8>(va[u], x + r * k8, i + 32 * u, a[r]);
+                    b[r] = dot_unit<F8>(vb[u], x + r * k8, i + 32 * u, b[r]);
+                }
     }
 }
 

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The batched-tail GEMV (.carry-k/v4/gemv.cu, now kernels/src/gemv.cu) against the built-in one,
+# from the repository root on the GPU machine:  OUT=... bash benchmarks/results/gemv-row-loops-h200/run-tail.sh
 # base vs v4 (GEMV tails batched): MoE and families tests with v4, then bench rounds.
 source scripts/gpu_common.sh >/dev/null
 d=$out/gemv-tail; mkdir -p $d
