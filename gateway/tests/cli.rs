@@ -264,6 +264,56 @@ fn bad_input_gets_a_clear_error() {
     std::fs::remove_file(&config).ok();
 }
 
+/// Without chunked prefill a step holds a whole prompt: a step token limit set below the longest
+/// prompt the server accepts is refused at start-up, naming both flags (left as it was, a longer
+/// prompt would wait forever).
+#[test]
+fn unchunked_steps_shorter_than_the_longest_prompt_are_refused() {
+    use std::io::Read;
+    let dir = fixtures().join("tiny-gqa-llama3");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .args([
+            "worker",
+            "--model",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--enable-chunked-prefill",
+            "false",
+            "--max-num-batched-tokens",
+            "64",
+            "--max-model-len",
+            "128",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the worker started instead of refusing the limits");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("--max-num-batched-tokens 64 is below --max-model-len 128"),
+        "{err}"
+    );
+}
+
 /// The TTFT experiment's machinery end to end at toy scale (a random 2-layer model on the CPU):
 /// servers per configuration, the server-side split in every record, the report and the plots.
 /// (The numbers themselves come from the H200: BENCHMARKS.md.)

@@ -388,7 +388,8 @@ impl Scheduler {
 
     /// Tokens this step may hold: `max_num_batched_tokens`, or under a step-time target what
     /// the fit says finishes within it — but never fewer than the running decodes plus one KV
-    /// block of prompt tokens, so decodes always run and prompts always advance.
+    /// block of prompt tokens, so decodes always run and prompts always advance (without
+    /// chunked prefill the step's first prompt goes whole past it: `schedule_with`).
     fn step_token_cap(&self) -> usize {
         let max = self.config.max_num_batched_tokens;
         if self.config.max_step_secs <= 0.0 {
@@ -595,6 +596,7 @@ impl Scheduler {
 
         // 2. Waiting requests, by policy, unless this step had to preempt.
         if out.preempted.is_empty() {
+            let mut admitted_prompt = false;
             while budget + extra > 0 && !self.waiting.is_empty() {
                 let best = self.next_waiting(now).expect("non-empty");
                 if held.contains(&self.waiting[best].req.tag) {
@@ -621,9 +623,18 @@ impl Scheduler {
                 let hit = self.kv.computed_blocks(&s.block_hashes, s.tokens.len());
                 let num_computed = hit.num_tokens;
                 let want = s.tokens.len() - num_computed;
-                let room = room(budget, extra, &s.req.tag, true);
+                let mut room = room(budget, extra, &s.req.tag, true);
                 if !self.config.enable_chunked_prefill && want > room {
-                    break;
+                    // Unchunked, a prompt goes whole or waits. The step-time target must not
+                    // hold the queue's head back for good (its budget can sit below a whole
+                    // prompt, and with no step run the fit never changes): the step's first
+                    // prompt goes past the target when the token limit holds it.
+                    let used: usize = out.scheduled.iter().map(|e| e.num_new()).sum();
+                    if admitted_prompt || used + want > self.config.max_num_batched_tokens {
+                        break;
+                    }
+                    budget += want - room;
+                    room = want;
                 }
                 let is_capped = capped.contains(&s.req.tag);
                 let num_new = if is_capped {
@@ -657,6 +668,7 @@ impl Scheduler {
                 if is_capped {
                     cap_left -= num_new;
                 }
+                admitted_prompt = true;
                 self.running.push(s);
             }
         }

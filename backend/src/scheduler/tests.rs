@@ -749,3 +749,40 @@ fn a_light_tenants_prompt_goes_in_one_step_past_the_step_time_target() {
     add(&mut s, 3, tenant_request("b", 1.0, 30, 4), t0);
     assert_eq!(plan(&s.schedule(t0))[0].2, 20);
 }
+
+/// Without chunked prefill a prompt goes whole, and a step-time target whose budget is below a
+/// whole prompt must not hold it back forever (the fit only changes when steps run): the step's
+/// first prompt goes past the target when the token limit holds it; a second waits for the
+/// next step. (`cachet bench ttft`'s baseline hung this way on a loaded CPU: its fit, taken
+/// from slow warm-up steps, had shrunk the budget below every prompt of the run.)
+#[test]
+fn unchunked_prompts_go_whole_past_a_step_time_target() {
+    let t0 = Instant::now();
+    let mut config = make_config(128, 4);
+    config.max_model_len = 128;
+    config.enable_chunked_prefill = false;
+    config.max_step_secs = 0.05;
+    let mut s = make_scheduler(128, config);
+    // Steps of 10 ms + 2 ms a token: 20 tokens fit the target.
+    for t in [64usize, 8, 40, 2, 64] {
+        s.step_time.record(t, 0.01 + 0.002 * t as f64);
+    }
+    let a: Vec<u32> = (0..100).collect();
+    let b: Vec<u32> = (200..260).collect();
+    add(&mut s, 1, make_request(&a, 4), t0);
+    add(&mut s, 2, make_request(&b, 4), t0);
+    let out = s.schedule(t0);
+    assert_eq!(
+        plan(&out).iter().map(|p| (p.0, p.2)).collect::<Vec<_>>(),
+        [(1, 100)],
+        "the first prompt whole, past the 20-token budget; the second waits"
+    );
+    feed(&mut s, &out, 9, t0);
+    let out = s.schedule(t0);
+    let p = plan(&out);
+    assert_eq!(
+        p.iter().map(|p| (p.0, p.2)).collect::<Vec<_>>(),
+        [(1, 1), (2, 60)],
+        "the decode, then the second prompt whole"
+    );
+}

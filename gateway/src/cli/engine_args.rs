@@ -70,7 +70,8 @@ pub struct EngineArgs {
     /// Reuse cached prompt prefixes (per tenant salt).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub enable_prefix_caching: bool,
-    /// Split long prompts across steps.
+    /// Split long prompts across steps. Off, a step holds a whole prompt: the step token limit
+    /// is raised to --max-model-len (an explicit --max-num-batched-tokens below it is refused).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub enable_chunked_prefill: bool,
     /// fcfs, priority (tenant class) or shortest-first: the order of the waiting requests
@@ -440,7 +441,7 @@ impl EngineArgs {
             None => build_runner(&model.config, WeightSource::Owned(model.weights), &opts)?,
         };
         let layout = runner.kv_layout();
-        let limits = StepLimits::for_device(
+        let mut limits = StepLimits::for_device(
             runner.device_name() != "cpu",
             layout.num_blocks * layout.block_size,
             a.max_num_seqs,
@@ -448,6 +449,21 @@ impl EngineArgs {
             a.max_step_ms,
             a.fair_share,
         );
+        // Without chunked prefill a prompt goes into one step whole: a step must hold the
+        // longest prompt the server accepts, or such a prompt would wait forever.
+        if !a.enable_chunked_prefill && limits.max_num_batched_tokens < a.max_model_len {
+            anyhow::ensure!(
+                a.max_num_batched_tokens.is_none(),
+                "--max-num-batched-tokens {} is below --max-model-len {}: with \
+                 --enable-chunked-prefill false a prompt is prefilled in one step, so a longer \
+                 one could never run; raise --max-num-batched-tokens to {} or more, lower \
+                 --max-model-len, or enable chunked prefill",
+                limits.max_num_batched_tokens,
+                a.max_model_len,
+                a.max_model_len
+            );
+            limits.max_num_batched_tokens = a.max_model_len;
+        }
         tracing::info!(
             device = runner.device_name(),
             max_num_seqs = limits.max_num_seqs,

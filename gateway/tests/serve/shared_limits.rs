@@ -110,7 +110,9 @@ fn two_replicas_behind_a_tcp_balancer_admit_one_limit_between_them() {
     let lb = format!("127.0.0.1:{lb_port}");
 
     // Eight clients as fast as they can for 20 s: far over the limit (1 a second, a minute's
-    // worth as burst), through the balancer.
+    // worth as burst), through the balancer — and on until the burst is spent, where a loaded
+    // machine serves the admitted requests slowly (refusals come at once after that; at most
+    // two minutes).
     let run = Duration::from_secs(20);
     let (ok, limited, other) = (
         Arc::new(AtomicU64::new(0)),
@@ -140,6 +142,11 @@ fn two_replicas_behind_a_tcp_balancer_admit_one_limit_between_them() {
         })
         .collect();
     std::thread::sleep(run);
+    while t0.elapsed() < Duration::from_secs(120)
+        && limited.load(Ordering::Relaxed) <= 2 * ok.load(Ordering::Relaxed)
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().unwrap();
