@@ -270,12 +270,20 @@ fn bad_input_gets_a_clear_error() {
 #[test]
 fn unchunked_steps_shorter_than_the_longest_prompt_are_refused() {
     use std::io::Read;
-    let dir = fixtures().join("tiny-gqa-llama3");
+    cachet_tests::smollm2_path();
+    let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/configs/small-gqa-d64.json");
     let mut child = Command::new(env!("CARGO_BIN_EXE_cachet"))
         .args([
             "worker",
             "--model",
-            dir.to_str().unwrap(),
+            cfg.to_str().unwrap(),
+            "--load-format",
+            "dummy",
+            "--tokenizer",
+            "smollm2",
+            "--device",
+            "cpu",
             "--listen",
             "127.0.0.1:0",
             "--enable-chunked-prefill",
