@@ -37,9 +37,10 @@
 //!   With every graph size captured it still faults, so that was not all of it.
 //! - cuBLAS's and cuBLASLt's kernels are the only ones of a step that are not ours (ours wait
 //!   for the kernel before them before touching memory; the libraries' launches are their own).
-//!   Captured, cuBLASLt's FP8 product hangs off an allocation node of the library's own (and a
-//!   memset for the gate|up shape), workspace notwithstanding: an FP8 "pool" graph was never
-//!   free of allocation nodes, and those are the next suspect (`6-fp8-bisect/`, call 4).
+//!   Captured with the pool, cuBLASLt's FP8 product follows our quantize kernel directly,
+//!   except the gate|up shape's, which follows a memset of the library's own. The library
+//!   joins its own split launches with programmatic edges. Giving it device scale pointers
+//!   changes nothing (`6-fp8-bisect/`, calls 4 and 5).
 //! - compute-sanitizer flags the first kernel's write to its pool buffer, which it counts as
 //!   freed memory by design here, so it does not tell. Capturing in the strict thread-local
 //!   mode is not possible (the side stream's allocation is refused); strict only around the
