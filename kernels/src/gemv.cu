@@ -95,10 +95,9 @@ __device__ __forceinline__ void row_dot(const uint4* __restrict__ w, const uint4
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r] = dot_unit<F8>(wv[u], xr[r], i + 32 * u, acc[r]);
     }
-    // The rest of the row, fewer than GEMV_UNROLL units a lane: every load issued before any
-    // product, as in the passes above (taken one at a time, each waited for, rows of a few
-    // hundred units spent most of their time here).
-    // (Several rows' sums take registers: their tails go fewer units at a time.)
+    // The rest of the row (fewer than GEMV_UNROLL units a lane), its loads issued before any
+    // product as in the passes above: taken one load at a time, rows of a few hundred units
+    // spent most of their time here. With several rows' sums in registers, T units at a time.
     constexpr int T = R >= 4 ? 2 : R >= 2 ? GEMV_UNROLL / 2 : GEMV_UNROLL - 1;
     for (; i < ku; i += 32 * T) {
         const int left = (ku - i + 31) >> 5;
@@ -137,6 +136,7 @@ __device__ __forceinline__ void row_dot2(const uint4* __restrict__ wa, const uin
                 b[r] = dot_unit<F8>(vb[u], x + r * k8, i + 32 * u, b[r]);
             }
     }
+    // The rest of the rows (fewer than U units a lane), loads first, as in row_dot.
     if (i < ku) {
         const int left = (ku - i + 31) >> 5;
         uint4 va[U - 1], vb[U - 1];
