@@ -758,15 +758,10 @@ fn a_light_tenants_prompt_goes_in_one_step_past_the_step_time_target() {
 #[test]
 fn unchunked_prompts_go_whole_past_a_step_time_target() {
     let t0 = Instant::now();
-    let mut config = make_config(128, 4);
-    config.max_model_len = 128;
-    config.enable_chunked_prefill = false;
-    config.max_step_secs = 0.05;
-    let mut s = make_scheduler(128, config);
-    // Steps of 10 ms + 2 ms a token: 20 tokens fit the target.
-    for t in [64usize, 8, 40, 2, 64] {
-        s.step_time.record(t, 0.01 + 0.002 * t as f64);
-    }
+    // 20 tokens fit the target; a step may hold 128.
+    let mut s = timed_scheduler(false);
+    s.config.enable_chunked_prefill = false;
+    s.config.max_num_batched_tokens = 128;
     let a: Vec<u32> = (0..100).collect();
     let b: Vec<u32> = (200..260).collect();
     add(&mut s, 1, make_request(&a, 4), t0);
