@@ -235,17 +235,37 @@ fn absurd_limits_are_refused_with_the_limit_named() {
 
 #[test]
 fn tokens_of_streams_the_client_abandons_are_charged() {
-    // 400 tokens a minute; each request's prompt is ~30 tokens and it streams up to 200.
-    let (_server, base) = start(&config("tokens_per_minute = 400"));
+    // 200 tokens a minute, refilling continuously; each request streams up to 200 tokens and the
+    // client leaves after 60 chunks. The bound below counts the refill, so a slow machine (where
+    // each stream takes seconds and the bucket refills meanwhile) cannot make it fail, and free
+    // abandoned streams cannot make it pass.
+    const PER_MINUTE: f64 = 200.0;
+    let (_server, base) = start(&config("tokens_per_minute = 200"));
     let addr = base.trim_start_matches("http://").to_string();
-    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"Count from one to one hundred, in words."}],"max_tokens":200,"temperature":0,"ignore_eos":true,"stream":true}"#;
-    let mut refused_after = None;
-    for i in 0..12 {
-        let mut s = post_raw(&addr, "sk-a", "/v1/chat/completions", body);
+    let messages = serde_json::json!([{"role": "user", "content": "Count from one to one hundred, in words."}]);
+    // The prompt's size, measured through tenant `b` (its own bucket).
+    let probe = serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 1});
+    let (code, r) = http_json(
+        "POST",
+        &format!("{base}/v1/chat/completions"),
+        "sk-b",
+        &probe,
+    );
+    assert_eq!(code, 200, "{r}");
+    let prompt = r["usage"]["prompt_tokens"]
+        .as_f64()
+        .expect("usage.prompt_tokens");
+    let body = serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 200,
+        "temperature": 0, "ignore_eos": true, "stream": true})
+    .to_string();
+    let t0 = Instant::now();
+    let mut refused = None;
+    for i in 0..30 {
+        let mut s = post_raw(&addr, "sk-a", "/v1/chat/completions", &body);
         let mut got = String::new();
         let mut buf = [0u8; 4096];
-        // Read ~40 streamed chunks, then leave.
-        while got.matches("data: ").count() < 40 {
+        // The role chunk and 59 content chunks (each at least one token), then leave.
+        while got.matches("data: ").count() < 60 {
             let n = s.read(&mut buf).unwrap_or(0);
             if n == 0 {
                 break;
@@ -253,17 +273,33 @@ fn tokens_of_streams_the_client_abandons_are_charged() {
             got.push_str(&String::from_utf8_lossy(&buf[..n]));
         }
         if got.starts_with("HTTP/1.1 429") {
-            refused_after = Some(i);
+            refused = Some((i, t0.elapsed()));
             break;
         }
         assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(
+            got.matches("data: ").count() >= 60,
+            "the stream ended early: {got}"
+        );
         drop(s);
-        std::thread::sleep(Duration::from_millis(200));
+        // Time for the gateway to see the hang-up and charge what was generated.
+        std::thread::sleep(Duration::from_millis(500));
+        if t0.elapsed() > Duration::from_secs(300) {
+            break;
+        }
     }
-    // Prompts alone (~30 tokens each) would let 13 through; with the ~40 tokens delivered to
-    // each abandoned stream charged too, the budget runs out after about six.
-    let n = refused_after.expect("never refused: abandoned streams are free");
-    assert!(n <= 9, "refused after {n} requests");
+    let (n, took) = refused.expect("never refused: abandoned streams are free");
+    // What the bucket could give in that time: its burst plus the refill.
+    let supply = PER_MINUTE * (1.0 + took.as_secs_f64() / 60.0);
+    // Charged, each admitted stream costs its prompt and at least 59 tokens, so n of them fit
+    // in the supply (plus one request's worth, if a hang-up is charged after the next admission).
+    // Free, a refusal would need n * prompt > supply - prompt: with a ~30-token prompt, n would
+    // be over twice the bound.
+    let charged_at_least = n as f64 * (prompt + 40.0);
+    assert!(
+        charged_at_least <= supply + prompt + 60.0,
+        "refused only after {n} requests of {prompt} prompt tokens in {took:?} ({supply:.0} tokens supplied)"
+    );
 }
 
 #[test]
