@@ -332,7 +332,7 @@ impl TextTokenizer {
             .as_ref()
             .map_err(|e| EngineError::InvalidRequest(e.clone()))?;
         let tmpl = env.get_template("chat").expect("added at compile time");
-        let messages: Vec<serde_json::Value> = messages.iter().map(template_message).collect();
+        let messages: Vec<minijinja::Value> = messages.iter().map(template_message).collect();
         if let Some(k) = kwargs
             .into_iter()
             .flat_map(|k| k.keys())
@@ -343,7 +343,7 @@ impl TextTokenizer {
             )));
         }
         let base = minijinja::context! {
-            messages => messages,
+            messages => minijinja::Value::from(messages),
             tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
@@ -360,28 +360,37 @@ impl TextTokenizer {
 
 /// A message as HF chat templates read it: `role`, `content`, and where there are some,
 /// `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments
-/// an object, as transformers passes them) or `tool_call_id`.
-fn template_message(m: &ChatMessage) -> serde_json::Value {
-    let mut v = serde_json::json!({"role": m.role, "content": m.content});
+/// an object, as transformers passes them) or `tool_call_id`. Built as the template engine's own
+/// values (a map keeping this key order), without a JSON tree in between.
+fn template_message(m: &ChatMessage) -> minijinja::Value {
+    use minijinja::Value;
+    let mut fields: Vec<(&str, Value)> = Vec::with_capacity(4);
+    fields.push(("role", Value::from(m.role.as_str())));
+    fields.push(("content", Value::from(m.content.as_str())));
     if !m.tool_calls.is_empty() {
-        v["tool_calls"] = m
+        let calls: Vec<Value> = m
             .tool_calls
             .iter()
             .map(|c| {
-                let args = serde_json::from_str::<serde_json::Value>(&c.arguments)
-                    .unwrap_or_else(|_| c.arguments.clone().into());
-                serde_json::json!({
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": args},
-                })
+                let args = match serde_json::from_str::<serde_json::Value>(&c.arguments) {
+                    Ok(v) => Value::from_serialize(&v),
+                    Err(_) => Value::from(c.arguments.as_str()),
+                };
+                let function =
+                    Value::from_iter([("name", Value::from(c.name.as_str())), ("arguments", args)]);
+                Value::from_iter([
+                    ("id", Value::from(c.id.as_str())),
+                    ("type", Value::from("function")),
+                    ("function", function),
+                ])
             })
             .collect();
+        fields.push(("tool_calls", Value::from(calls)));
     }
     if let Some(id) = &m.tool_call_id {
-        v["tool_call_id"] = id.clone().into();
+        fields.push(("tool_call_id", Value::from(id.as_str())));
     }
-    v
+    Value::from_iter(fields)
 }
 
 /// Python's `json.dumps`, as transformers' chat templates call it through `tojson`.
