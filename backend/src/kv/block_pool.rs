@@ -316,7 +316,7 @@ impl BlockPool {
     pub fn free(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
         for b in blocks {
             let blk = &mut self.blocks[b as usize];
-            debug_assert!(blk.ref_cnt > 0, "double free of block {b}");
+            assert!(blk.ref_cnt > 0, "double free of block {b}");
             blk.ref_cnt -= 1;
             if blk.ref_cnt > 0 {
                 continue;

@@ -549,7 +549,7 @@ pub fn dequantize(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
             }
         }
     }
-    debug_assert_eq!(out.len(), n);
+    assert_eq!(out.len(), n);
     out
 }
 

@@ -751,9 +751,10 @@ fn a_connection_flood_at_the_open_file_limit_neither_spins_nor_floods_the_log() 
 /// answered 4× faster (47 vs 199 ms). Now refused requests cache nothing and tenants share no
 /// cache entries. Each round sends a prompt no one sent before (the same words in a new order:
 /// the same per-word cost, a miss for any whole-prompt cache), then one fixed prompt from `a` and
-/// from `b`; the three medians agree within 1.5× (a cache hit would be several times faster).
-/// Medians of five, because a whole request is now ~20 ms and one scheduling hiccup on a
-/// two-core machine is as long.
+/// from `b`; the three fastest times agree within 2× (the cache hit was 4× faster). The fastest of
+/// seven, not a median: a request is now 20–30 ms, and on a two-core machine running other tests
+/// beside this one, load only ever makes a request slower (medians of five came out 28 and 44 ms
+/// for the same work), while a cache hit would make one faster every time.
 #[test]
 fn no_tenant_can_time_what_another_sent() {
     let _quiet = cachet_tests::no_real_model_running();
@@ -788,25 +789,22 @@ fn no_tenant_can_time_what_another_sent() {
     timed("sk-a", &prompt(1));
     let body = prompt(0);
     let (mut fresh, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..5 {
+    for round in 0..7 {
         let new = prompt(1_000 + round);
         fresh.push(timed("sk-a", &new));
         a.push(timed("sk-a", &body));
         b.push(timed("sk-b", &body));
     }
     eprintln!("timing probe: fresh {fresh:.3?}, a {a:.3?}, b {b:.3?}");
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[2]
-    };
-    let (mf, ma, mb) = (median(&mut fresh), median(&mut a), median(&mut b));
+    let fastest = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (mf, ma, mb) = (fastest(&fresh), fastest(&a), fastest(&b));
     assert!(
-        mb > ma / 1.5 && ma > mb / 1.5,
-        "median a {ma:.3} s, b {mb:.3} s: one tenant's prompt is faster for the other"
+        mb > ma / 2.0 && ma > mb / 2.0,
+        "fastest a {ma:.3} s, b {mb:.3} s: one tenant's prompt is faster for the other"
     );
     assert!(
-        ma > mf / 1.5 && mb > mf / 1.5,
-        "a prompt sent before is faster (median {ma:.3} s from a, {mb:.3} s from b) than one never sent ({mf:.3} s): refused requests filled a cache"
+        ma > mf / 2.0 && mb > mf / 2.0,
+        "a prompt sent before is faster (fastest {ma:.3} s from a, {mb:.3} s from b) than one never sent ({mf:.3} s): refused requests filled a cache"
     );
 }
 

@@ -1,12 +1,13 @@
 //! Paged causal attention on the CPU: each new token attends over its sequence's keys
 //! `0..=position` (the last `window` of them in a sliding-window layer), found through the block
-//! table. Exact softmax in f32 (max-subtracted); work is
-//! split over (token, head) pairs. An FP8 or INT8 cache is first dequantized, per sequence and KV
+//! table. Exact softmax in f32 (max-subtracted), the scores' dot products and the values' sums
+//! through the GEMM's vector kernels (AVX2+FMA where the processor has them); work is split over
+//! (token, head) pairs. An FP8 or INT8 cache is first dequantized, per sequence and KV
 //! head, into dense rows (the values the GPU kernels compute with).
 
 use rayon::prelude::*;
 
-use super::{CpuBatch, CpuKv, CpuKvStore, CpuTensor};
+use super::{gemm, CpuBatch, CpuKv, CpuKvStore, CpuTensor};
 use crate::device::{fp8, kv_int8, AttnParams, SeqInBatch};
 
 /// Key and value rows of position `j` of a sequence, for one KV head.
@@ -155,6 +156,7 @@ fn attend(qkv: &CpuTensor, b: &CpuBatch, p: &AttnParams, rows: &impl Rows) -> Cp
     let n = qkv.rows;
     let group = p.num_heads / p.num_kv_heads;
     let mut out = vec![0.0f32; n * p.num_heads * d];
+    let fused = gemm::fma_available();
     out.par_chunks_mut(d)
         .enumerate()
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
@@ -169,7 +171,7 @@ fn attend(qkv: &CpuTensor, b: &CpuBatch, p: &AttnParams, rows: &impl Rows) -> Cp
             let mut max = f32::NEG_INFINITY;
             for j in first..ctx {
                 let k = rows.k(seq, kvh, j);
-                let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                let s = gemm::dot_rt(fused, q, k) * p.scale;
                 max = max.max(s);
                 scores.push(s);
             }
@@ -180,9 +182,7 @@ fn attend(qkv: &CpuTensor, b: &CpuBatch, p: &AttnParams, rows: &impl Rows) -> Cp
             }
             o.fill(0.0);
             for (j, &w) in (first..ctx).zip(scores.iter()) {
-                for (oi, vi) in o.iter_mut().zip(rows.v(seq, kvh, j)) {
-                    *oi += w * vi;
-                }
+                gemm::axpy_rt(fused, w, rows.v(seq, kvh, j), o);
             }
             let inv = 1.0 / denom;
             o.iter_mut().for_each(|x| *x *= inv);

@@ -50,16 +50,72 @@ pub fn matmul_t(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> 
     out
 }
 
+/// Whether the AVX2+FMA builds of these kernels run on this processor.
+pub(super) fn fma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 fn block(x: &[f32], w: &[f32], n: usize, k: usize, cols: usize, tile: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if fma_available() {
             // SAFETY: the processor supports AVX2 and FMA, checked just above.
             unsafe { block_avx2(x, w, n, k, cols, tile) };
             return;
         }
     }
     block_portable::<false>(x, w, n, k, cols, tile);
+}
+
+/// `a · b` in [`dot`]'s order (LANES independent sums, so it vectorises; a running scalar sum
+/// waits on every add), fused where `fused` (from [`fma_available`]): attention's scores.
+pub(super) fn dot_rt(fused: bool, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fused {
+        // SAFETY: `fused` comes from fma_available().
+        return unsafe { dot_avx2(a, b) };
+    }
+    let _ = fused;
+    dot::<false>(a, b)
+}
+
+/// `y += s · x` element-wise, fused where `fused` (from [`fma_available`]): attention's
+/// weighted sum of values.
+pub(super) fn axpy_rt(fused: bool, s: f32, x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fused {
+        // SAFETY: `fused` comes from fma_available().
+        unsafe { axpy_avx2(s, x, y) };
+        return;
+    }
+    let _ = fused;
+    axpy::<false>(s, x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot::<true>(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(s: f32, x: &[f32], y: &mut [f32]) {
+    axpy::<true>(s, x, y)
+}
+
+#[inline(always)]
+fn axpy<const FUSED: bool>(s: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi = fma::<FUSED>(s, xi, *yi);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
