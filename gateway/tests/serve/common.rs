@@ -7,13 +7,15 @@ use std::time::{Duration, Instant};
 
 pub use cachet_tests::free_port;
 
-/// A running `cachet serve`, killed when dropped.
-pub struct Server(pub Child);
+/// A running `cachet serve`, killed when dropped, and the scratch directory it was started with
+/// (its config and usage records), removed then.
+pub struct Server(pub Child, PathBuf);
 
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 
@@ -133,7 +135,7 @@ pub fn start_model(
         cmd.arg("--usage-db")
             .arg(format!("sqlite:{}", dir.join("usage.db").display()));
     }
-    let server = Server(cmd.spawn().unwrap());
+    let server = Server(cmd.spawn().unwrap(), dir);
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
