@@ -3,17 +3,146 @@
 //! token must not wait for Nagle's algorithm), a connect timeout, idle connections kept 30 s; the
 //! line reader for NDJSON and SSE response bodies; typed errors for all of it.
 
+use std::future::Future;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::StatusCode;
 
-type Connector = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
 type Pooled = hyper_util::client::legacy::Client<Connector, Full<Bytes>>;
+
+/// The last read or write error any of a client's connections met, and when. A TLS server that
+/// refuses the client (no client certificate, mutual TLS) says so in an alert after the
+/// handshake; when that alert is read before the first request is sent, hyper's pool reports
+/// only "connection was not ready" and drops the cause. [`send`] adds it back.
+#[derive(Default)]
+struct LastError(Mutex<Option<(Instant, String)>>);
+
+impl LastError {
+    fn note(&self, e: &std::io::Error) {
+        let text = error_chain(e);
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), text));
+    }
+
+    /// The error noted within `window`, if any.
+    fn recent(&self, window: Duration) -> Option<String> {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() <= window)
+            .map(|(_, text)| text.clone())
+    }
+}
+
+/// A connection's stream that notes its read and write errors in its client's [`LastError`].
+struct Noted<S> {
+    inner: S,
+    last: Arc<LastError>,
+}
+
+impl<S> Noted<S> {
+    fn check<T>(&self, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        if let Poll::Ready(Err(e)) = &r {
+            self.last.note(e);
+        }
+        r
+    }
+}
+
+impl<S: hyper::rt::Read + Unpin> hyper::rt::Read for Noted<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        this.check(r)
+    }
+}
+
+impl<S: hyper::rt::Write + Unpin> hyper::rt::Write for Noted<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.check(r)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.check(r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_flush(cx);
+        this.check(r)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.check(r)
+    }
+}
+
+impl<S: hyper_util::client::legacy::connect::Connection> hyper_util::client::legacy::connect::Connection
+    for Noted<S>
+{
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        self.inner.connected()
+    }
+}
+
+/// The HTTP(S) connector, its connections' errors noted.
+#[derive(Clone)]
+struct Connector {
+    inner: Https,
+    last: Arc<LastError>,
+}
+
+type Stream = hyper_rustls::MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>;
+type ConnectError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<hyper::Uri> for Connector {
+    type Response = Noted<Stream>;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<Noted<Stream>, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: hyper::Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let last = self.last.clone();
+        Box::pin(async move {
+            Ok(Noted {
+                inner: connecting.await?,
+                last,
+            })
+        })
+    }
+}
 
 /// A client for one upstream (or a set of them): HTTP/1.1 connections kept in a pool — one pool
 /// per serving lane ([`super::lanes`]), so a connection opened by a lane's thread is only used
@@ -161,7 +290,10 @@ pub fn client_with_identity(
         .https_or_http()
         .enable_http1()
         .wrap_connector(conn);
-    Ok(Client::new(https))
+    Ok(Client::new(Connector {
+        inner: https,
+        last: Arc::default(),
+    }))
 }
 
 /// A request with a JSON body (or none) and an optional bearer token.
@@ -190,7 +322,19 @@ pub async fn send(
     tokio::time::timeout(timeout, client.request(req))
         .await
         .map_err(|_| ClientError::Timeout(timeout))?
-        .map_err(|e| ClientError::Connect(error_chain(&e)))
+        .map_err(|e| {
+            let mut text = error_chain(&e);
+            // The pool's "not ready" (a connection closed before the request went out) hides
+            // why it closed: add the latest error one of this client's connections met.
+            if text.contains("not ready") || text.contains("closed before message completed") {
+                if let Some(cause) = client.connector.last.recent(Duration::from_secs(5)) {
+                    if !text.contains(&cause) {
+                        text.push_str(&format!(" (a connection to it failed just before: {cause})"));
+                    }
+                }
+            }
+            ClientError::Connect(text)
+        })
 }
 
 /// An error with its causes ("client error (Connect): invalid peer certificate: UnknownIssuer"):
