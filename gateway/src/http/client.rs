@@ -105,8 +105,8 @@ impl<S: hyper::rt::Write + Unpin> hyper::rt::Write for Noted<S> {
     }
 }
 
-impl<S: hyper_util::client::legacy::connect::Connection> hyper_util::client::legacy::connect::Connection
-    for Noted<S>
+impl<S: hyper_util::client::legacy::connect::Connection>
+    hyper_util::client::legacy::connect::Connection for Noted<S>
 {
     fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
         self.inner.connected()
@@ -329,7 +329,9 @@ pub async fn send(
             if text.contains("not ready") || text.contains("closed before message completed") {
                 if let Some(cause) = client.connector.last.recent(Duration::from_secs(5)) {
                     if !text.contains(&cause) {
-                        text.push_str(&format!(" (a connection to it failed just before: {cause})"));
+                        text.push_str(&format!(
+                            " (a connection to it failed just before: {cause})"
+                        ));
                     }
                 }
             }
