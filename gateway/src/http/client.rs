@@ -324,9 +324,10 @@ pub async fn send(
         .map_err(|_| ClientError::Timeout(timeout))?
         .map_err(|e| {
             let mut text = error_chain(&e);
-            // The pool's "not ready" (a connection closed before the request went out) hides
-            // why it closed: add the latest error one of this client's connections met.
-            if text.contains("not ready") || text.contains("closed before message completed") {
+            // The pool's "not ready" (a connection closed before the request went out) and an
+            // incomplete answer hide why the connection closed: add the latest error one of
+            // this client's connections met.
+            if closed_early(&e) {
                 if let Some(cause) = client.connector.last.recent(Duration::from_secs(5)) {
                     if !text.contains(&cause) {
                         text.push_str(&format!(
@@ -337,6 +338,20 @@ pub async fn send(
             }
             ClientError::Connect(text)
         })
+}
+
+/// Whether hyper gave up on a request because its connection closed under it (canceled
+/// before it was sent, or the answer cut short), which it reports without the connection's own
+/// error.
+fn closed_early(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            return h.is_canceled() || h.is_incomplete_message();
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// An error with its causes ("client error (Connect): invalid peer certificate: UnknownIssuer"):
