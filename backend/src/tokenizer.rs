@@ -6,6 +6,8 @@ use crate::error::{EngineError, LoadError};
 
 mod ascii;
 pub(crate) use ascii::{LLAMA3_SPLIT, QWEN2_SPLIT};
+mod layout;
+pub use layout::opacity as chat_template_opacity;
 
 /// One chat message, as in the OpenAI API: the template ABI's message, so one shape carries a
 /// message from the gateway's API through a tenant's template to the chat template.
@@ -32,7 +34,7 @@ pub struct TextTokenizer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     /// The chat template compiled once (rendering runs per request), or why it does not compile.
-    compiled: std::sync::Arc<std::sync::OnceLock<Result<minijinja::Environment<'static>, String>>>,
+    compiled: std::sync::Arc<std::sync::OnceLock<Result<Compiled, String>>>,
     /// See [`TextTokenizer::for_dummy_model`]: the model's vocabulary size, and the ids of this
     /// tokenizer that decode on their own to visible text.
     wrap_ids: Option<(u32, std::sync::Arc<Vec<u32>>)>,
@@ -304,13 +306,89 @@ impl TextTokenizer {
         kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
+        let compiled = self.compiled()?;
+        self.check_kwargs(kwargs)?;
+        let Some(layouts) = &compiled.layouts else {
+            return self.render_engine(
+                &compiled.env,
+                messages,
+                tools,
+                kwargs,
+                add_generation_prompt,
+            );
+        };
+        // The template only copies contents (`layout`): one rendering per layout, contents
+        // spliced in.
+        let key = layout_key(messages, tools, kwargs, add_generation_prompt);
+        let layout = match layouts.get(&key) {
+            Some(l) => Some(l),
+            None => {
+                let held: Vec<ChatMessage> = messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| {
+                        let mut x = m.clone();
+                        if !x.content.is_empty() {
+                            x.content = layouts.placeholder(i);
+                        }
+                        x
+                    })
+                    .collect();
+                let rendered =
+                    self.render_engine(&compiled.env, &held, tools, kwargs, add_generation_prompt)?;
+                let has: Vec<bool> = messages.iter().map(|m| !m.content.is_empty()).collect();
+                layouts.insert(key, rendered, &has)
+            }
+        };
+        match layout {
+            Some(l) => {
+                let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+                Ok(l.splice(&contents))
+            }
+            None => self.render_engine(
+                &compiled.env,
+                messages,
+                tools,
+                kwargs,
+                add_generation_prompt,
+            ),
+        }
+    }
+
+    /// [`TextTokenizer::render_chat_with`] through the template engine every time (the
+    /// reference the layout cache is tested against).
+    pub fn render_chat_direct(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        let compiled = self.compiled()?;
+        self.check_kwargs(kwargs)?;
+        self.render_engine(
+            &compiled.env,
+            messages,
+            tools,
+            kwargs,
+            add_generation_prompt,
+        )
+    }
+
+    /// Whether chat prompts are rendered once per layout (the template only copies message
+    /// contents), or why not — for the serving log.
+    pub fn chat_layouts(&self) -> Result<(), String> {
+        let compiled = self.compiled().map_err(|e| e.to_string())?;
+        compiled.opacity.clone()
+    }
+
+    fn compiled(&self) -> Result<&Compiled, EngineError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
             EngineError::InvalidRequest(
                 "this model has no chat template; send a plain completion instead".into(),
             )
         })?;
-        let env = self
-            .compiled
+        self.compiled
             .get_or_init(|| {
                 let mut env = minijinja::Environment::new();
                 env.set_trim_blocks(true);
@@ -327,21 +405,43 @@ impl TextTokenizer {
                 env.add_filter("tojson", pyjson::tojson);
                 env.add_template_owned("chat", template.to_string())
                     .map_err(|e| format!("chat template does not parse: {e}"))?;
-                Ok(env)
+                let opacity = layout::opacity(template);
+                Ok(Compiled {
+                    env,
+                    layouts: opacity.is_ok().then(layout::Layouts::new),
+                    opacity,
+                })
             })
             .as_ref()
-            .map_err(|e| EngineError::InvalidRequest(e.clone()))?;
-        let tmpl = env.get_template("chat").expect("added at compile time");
-        let messages: Vec<minijinja::Value> = messages.iter().map(template_message).collect();
-        if let Some(k) = kwargs
+            .map_err(|e| EngineError::InvalidRequest(e.clone()))
+    }
+
+    fn check_kwargs(
+        &self,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<(), EngineError> {
+        match kwargs
             .into_iter()
             .flat_map(|k| k.keys())
             .find(|k| Self::TEMPLATE_NAMES.contains(&k.as_str()))
         {
-            return Err(EngineError::InvalidRequest(format!(
+            Some(k) => Err(EngineError::InvalidRequest(format!(
                 "chat_template_kwargs may not set `{k}`: the renderer sets it"
-            )));
+            ))),
+            None => Ok(()),
         }
+    }
+
+    fn render_engine(
+        &self,
+        env: &minijinja::Environment<'static>,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        let tmpl = env.get_template("chat").expect("added at compile time");
+        let messages: Vec<minijinja::Value> = messages.iter().map(template_message).collect();
         let base = minijinja::context! {
             messages => minijinja::Value::from(messages),
             tools => tools,
@@ -356,6 +456,70 @@ impl TextTokenizer {
         tmpl.render(ctx)
             .map_err(|e| EngineError::InvalidRequest(format!("chat template failed: {e}")))
     }
+}
+
+/// A compiled chat template: the engine's environment, and its layout cache when the template
+/// only copies message contents.
+struct Compiled {
+    env: minijinja::Environment<'static>,
+    layouts: Option<layout::Layouts>,
+    opacity: Result<(), String>,
+}
+
+/// What a conversation's rendering depends on besides its contents' text: each message's role,
+/// whether its content is empty, its tool calls and tool call id; the tools; the template
+/// variables; the generation prompt. Fields are length-prefixed (no two layouts share a key).
+fn layout_key(
+    messages: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    add_generation_prompt: bool,
+) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    let field = |h: &mut blake3::Hasher, b: &[u8]| {
+        h.update(&(b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    h.update(b"cachet chat layout 1");
+    h.update(&[add_generation_prompt as u8]);
+    let json = |h: &mut blake3::Hasher, v: Option<Vec<u8>>| match v {
+        Some(b) => {
+            h.update(&[1]);
+            field(h, &b);
+        }
+        None => {
+            h.update(&[0]);
+        }
+    };
+    json(
+        &mut h,
+        tools.map(|t| serde_json::to_vec(t).expect("JSON writes")),
+    );
+    json(
+        &mut h,
+        kwargs.map(|k| serde_json::to_vec(k).expect("JSON writes")),
+    );
+    h.update(&(messages.len() as u64).to_le_bytes());
+    for m in messages {
+        field(&mut h, m.role.as_bytes());
+        h.update(&[m.content.is_empty() as u8]);
+        match &m.tool_call_id {
+            Some(id) => {
+                h.update(&[1]);
+                field(&mut h, id.as_bytes());
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
+        h.update(&(m.tool_calls.len() as u64).to_le_bytes());
+        for c in &m.tool_calls {
+            field(&mut h, c.id.as_bytes());
+            field(&mut h, c.name.as_bytes());
+            field(&mut h, c.arguments.as_bytes());
+        }
+    }
+    *h.finalize().as_bytes()
 }
 
 /// A message as HF chat templates read it: `role`, `content`, and where there are some,

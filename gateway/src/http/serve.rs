@@ -435,7 +435,9 @@ async fn connection<H, F>(
         let guard = act.begin();
         req.extensions_mut().insert(limits.body);
         req.extensions_mut().insert(Peer(peer));
-        let fut = handle(req);
+        // Boxed: the handler's future is kilobytes (every route's state machine), and hyper
+        // moves what `call` returns into its dispatcher; a box moves as a pointer.
+        let fut = Box::pin(handle(req));
         async move {
             let resp = fut.await;
             Ok::<_, Infallible>(resp.map(|b| idle::guard_body(b, guard)))

@@ -117,7 +117,8 @@ pub async fn shaped<R: respond::Render>(
         if let Some(t) = &mut ticket {
             t.record.request_id = id.clone();
         }
-        run(
+        // Boxed, as the handler's future moves: `run`'s state machine is kilobytes.
+        Box::pin(run(
             state.clone(),
             tenant,
             parsed,
@@ -129,7 +130,7 @@ pub async fn shaped<R: respond::Render>(
                 trace: trace.clone(),
             },
             &mut ticket,
-        )
+        ))
         .await
     }
     .await;

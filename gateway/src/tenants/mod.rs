@@ -208,7 +208,9 @@ impl Tenant {
     /// `on_error` is `local`.
     pub async fn admit_request(self: &Arc<Self>, now: Instant) -> Result<Permit, Denied> {
         if let Some(s) = self.shared.as_ref().filter(|_| self.limited()) {
-            match s.admit(&self.config).await {
+            // Boxed: the Redis round trip's state machine is kilobytes, and every request's
+            // future would carry it.
+            match Box::pin(s.admit(&self.config)).await {
                 Ok(Ok(lease)) => {
                     self.inflight.fetch_add(1, Ordering::SeqCst);
                     // This replica's share follows what it admits, so a fallback starts warm.
