@@ -37,7 +37,13 @@ pub fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        // Straight into bytes (`to_string` goes through `fmt::Write`, a call per fragment).
+        .body(
+            Full::new(Bytes::from(
+                serde_json::to_vec(v).expect("a JSON value writes"),
+            ))
+            .boxed(),
+        )
         .expect("static response parts")
 }
 

@@ -349,35 +349,33 @@ impl Stream {
                 let reason = self.finish.unwrap_or(FinishReason::Stop);
                 return Some(self.finished(reason, None));
             }
-            let v: serde_json::Value = match serde_json::from_str(data) {
-                Ok(v) => v,
-                Err(e) => return Some(self.failed(format!("a chunk is not JSON: {e}"))),
+            let chunk: Chunk = match serde_json::from_str(data) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Some(self.failed(format!("a chunk is not a completion chunk: {e}")))
+                }
             };
-            if let Some(err) = v.get("error") {
-                let msg = err["message"]
-                    .as_str()
-                    .unwrap_or("upstream error")
-                    .to_string();
+            if let Some(err) = chunk.error {
+                let msg = err
+                    .message
+                    .map_or_else(|| "upstream error".to_string(), |m| m.into_owned());
                 return Some(self.finished(FinishReason::Error, Some(msg)));
             }
-            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                let n = |k: &str| u[k].as_u64().unwrap_or(0) as usize;
+            if let Some(u) = chunk.usage {
                 self.usage = Some(Usage {
-                    prompt_tokens: n("prompt_tokens"),
-                    completion_tokens: n("completion_tokens"),
-                    cached_tokens: u["prompt_tokens_details"]["cached_tokens"]
-                        .as_u64()
-                        .unwrap_or(0) as usize,
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                    cached_tokens: u.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
                 });
             }
-            if let Some(c) = v["choices"].get(0) {
-                if let Some(s) = c["stop_reason"].as_str() {
-                    self.stop_sequence = Some(s.to_string());
+            if let Some(c) = chunk.choices.into_iter().flatten().next() {
+                if let Some(s) = c.stop_reason {
+                    self.stop_sequence = Some(s.into_owned());
                 }
-                if let Some(r) = c["finish_reason"].as_str() {
-                    self.finish = Some(finish_reason(r));
+                if let Some(r) = c.finish_reason {
+                    self.finish = Some(finish_reason(&r));
                 }
-                let text = c["text"].as_str().unwrap_or("");
+                let text = c.text.unwrap_or_default();
                 if !text.is_empty() {
                     let at = Instant::now();
                     self.first_at.get_or_insert(at);
@@ -385,7 +383,7 @@ impl Stream {
                     self.pieces += 1;
                     self.pending.push_back(EngineEvent::Token {
                         id: 0,
-                        text: text.to_string(),
+                        text: text.into_owned(),
                         at,
                         logprobs: None,
                     });
@@ -393,6 +391,101 @@ impl Stream {
             }
         }
     }
+}
+
+/// One event of an OpenAI-compatible completion stream: what this client reads of it, typed
+/// (text borrowed from the line where it has no escapes; other fields skipped unread). An
+/// `error` of any shape is an error; a field of the wrong type inside a choice or the usage
+/// reads as absent; `choices` and `usage` must be a list and an object (or null).
+#[derive(serde::Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow, deserialize_with = "lenient_error")]
+    error: Option<ChunkError<'a>>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+    #[serde(default, borrow)]
+    choices: Option<Vec<ChunkChoice<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkError<'a> {
+    #[serde(default, borrow, deserialize_with = "lenient")]
+    message: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkUsage {
+    #[serde(default, deserialize_with = "lenient_count")]
+    prompt_tokens: usize,
+    #[serde(default, deserialize_with = "lenient_count")]
+    completion_tokens: usize,
+    #[serde(default, deserialize_with = "lenient")]
+    prompt_tokens_details: Option<ChunkCached>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkCached {
+    #[serde(default, deserialize_with = "lenient_count")]
+    cached_tokens: usize,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(default, borrow, deserialize_with = "lenient")]
+    text: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "lenient")]
+    finish_reason: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "lenient")]
+    stop_reason: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// `T` where the value is one, absent otherwise (`null`, or another type).
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Or<T> {
+        Is(T),
+        Other(serde::de::IgnoredAny),
+    }
+    Ok(
+        match <Option<Or<T>> as serde::Deserialize>::deserialize(d)? {
+            Some(Or::Is(t)) => Some(t),
+            _ => None,
+        },
+    )
+}
+
+/// An error object, or an error without a message where the value is another non-null one.
+fn lenient_error<'de, D>(d: D) -> Result<Option<ChunkError<'de>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Or<'a> {
+        #[serde(borrow)]
+        Is(ChunkError<'a>),
+        Other(serde::de::IgnoredAny),
+    }
+    Ok(
+        match <Option<Or<'de>> as serde::Deserialize>::deserialize(d)? {
+            Some(Or::Is(e)) => Some(e),
+            Some(Or::Other(_)) => Some(ChunkError { message: None }),
+            None => None,
+        },
+    )
+}
+
+/// A token count, 0 where the value is not a whole number.
+fn lenient_count<'de, D>(d: D) -> Result<usize, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(lenient::<D, u64>(d)?.unwrap_or(0) as usize)
 }
 
 impl EventStream for Stream {
@@ -509,6 +602,45 @@ impl Upstream for OpenAi {
 mod tests {
     use super::*;
     use cachet_backend::grammar::Constraint;
+
+    /// Chunks as servers send them: vLLM's integer `stop_reason` (a token id), escaped text,
+    /// null usage, errors as objects and as bare strings, unknown fields.
+    #[test]
+    fn chunks_read_what_servers_send() {
+        let c: Chunk = serde_json::from_str(r#"{"id":"x","choices":[{"index":0,"text":"a\"b\n","finish_reason":null,"stop_reason":151645,"logprobs":null}],"usage":null,"extra":{"k":[1,2]}}"#).unwrap();
+        let choice = &c.choices.as_ref().unwrap()[0];
+        assert_eq!(choice.text.as_deref(), Some("a\"b\n"));
+        assert_eq!(choice.finish_reason, None);
+        assert_eq!(choice.stop_reason, None, "a token id is no stop string");
+        assert!(c.usage.is_none() && c.error.is_none());
+        let c: Chunk = serde_json::from_str(r#"{"choices":[{"text":"","finish_reason":"length","stop_reason":"END"}],"usage":{"prompt_tokens":12,"completion_tokens":"3","prompt_tokens_details":{"cached_tokens":8}}}"#).unwrap();
+        let choice = &c.choices.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                choice.finish_reason.as_deref(),
+                choice.stop_reason.as_deref()
+            ),
+            (Some("length"), Some("END"))
+        );
+        let u = c.usage.unwrap();
+        assert_eq!(
+            (
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.prompt_tokens_details.unwrap().cached_tokens
+            ),
+            (12, 0, 8)
+        );
+        let c: Chunk =
+            serde_json::from_str(r#"{"error":{"message":"model overloaded","code":503}}"#).unwrap();
+        assert_eq!(
+            c.error.unwrap().message.as_deref(),
+            Some("model overloaded")
+        );
+        let c: Chunk = serde_json::from_str(r#"{"error":"boom","choices":null}"#).unwrap();
+        assert!(c.error.unwrap().message.is_none() && c.choices.is_none());
+        assert!(serde_json::from_str::<Chunk>(r#"{"choices":{"text":"x"}}"#).is_err());
+    }
 
     fn body(send_salt: bool, er: &EngineRequest) -> serde_json::Value {
         serde_json::from_slice(&completion_body("m", send_salt, er, "Hello \"x\"")).unwrap()
