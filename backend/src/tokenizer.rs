@@ -306,6 +306,20 @@ impl TextTokenizer {
         kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
+        self.render_chat_in(&[], messages, tools, kwargs, add_generation_prompt)
+    }
+
+    /// [`TextTokenizer::render_chat_with`], with the layouts this rendering may reuse kept
+    /// apart under `partition` (the gateway passes the tenant's cache salt: a tenant cannot
+    /// tell from a rendering's speed which layouts — tools, tool calls — another one used).
+    pub fn render_chat_in(
+        &self,
+        partition: &[u8],
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
         let compiled = self.compiled()?;
         self.check_kwargs(kwargs)?;
         let Some(layouts) = &compiled.layouts else {
@@ -319,7 +333,7 @@ impl TextTokenizer {
         };
         // The template only copies contents (`layout`): one rendering per layout, contents
         // spliced in.
-        let key = layout_key(messages, tools, kwargs, add_generation_prompt);
+        let key = layout_key(partition, messages, tools, kwargs, add_generation_prompt);
         let layout = match layouts.get(&key) {
             Some(l) => Some(l),
             None => {
@@ -466,10 +480,11 @@ struct Compiled {
     opacity: Result<(), String>,
 }
 
-/// What a conversation's rendering depends on besides its contents' text: each message's role,
+/// The partition, then what a conversation's rendering depends on besides its contents' text: each message's role,
 /// whether its content is empty, its tool calls and tool call id; the tools; the template
 /// variables; the generation prompt. Fields are length-prefixed (no two layouts share a key).
 fn layout_key(
+    partition: &[u8],
     messages: &[ChatMessage],
     tools: Option<&serde_json::Value>,
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
@@ -481,6 +496,7 @@ fn layout_key(
         h.update(b);
     };
     h.update(b"cachet chat layout 1");
+    field(&mut h, partition);
     h.update(&[add_generation_prompt as u8]);
     let json = |h: &mut blake3::Hasher, v: Option<Vec<u8>>| match v {
         Some(b) => {

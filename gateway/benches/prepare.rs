@@ -36,16 +36,26 @@ fn main() {
             .unwrap()
         })
     });
-    c.bench_function("render_chat_with (2 messages)", |b| {
+    c.bench_function("render_chat_with (2 messages, a layout seen before)", |b| {
         b.iter(|| {
             tok.render_chat_with(std::hint::black_box(&msgs), None, None, true)
                 .unwrap()
         })
     });
+    c.bench_function(
+        "render_chat_direct (2 messages, the template engine)",
+        |b| {
+            b.iter(|| {
+                tok.render_chat_direct(std::hint::black_box(&msgs), None, None, true)
+                    .unwrap()
+            })
+        },
+    );
     c.bench_function("normalize::tokens::render (2 messages, marked)", |b| {
         b.iter(|| {
             cachet_gateway::normalize::tokens::render(
                 &tok,
+                &[],
                 std::hint::black_box(&msgs),
                 None,
                 None,

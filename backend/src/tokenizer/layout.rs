@@ -818,5 +818,10 @@ mod tests {
         ];
         tok.render_chat_with(&msgs, None, None, true).unwrap();
         assert_eq!(tok.compiled().unwrap().layouts.as_ref().unwrap().len(), 2);
+        // Partitions (tenants) do not share layouts.
+        for p in [&b"tenant a"[..], b"tenant b", b"tenant a"] {
+            tok.render_chat_in(p, &msgs, None, None, true).unwrap();
+        }
+        assert_eq!(tok.compiled().unwrap().layouts.as_ref().unwrap().len(), 4);
     }
 }

@@ -76,6 +76,7 @@ impl PublicPrefixes {
                 (Some(system), None) => {
                     let r = tokens::render(
                         tok,
+                        &[],
                         &[ChatMessage::new("system", system)],
                         None,
                         None,

@@ -50,7 +50,7 @@ pub struct Rendered {
 }
 
 /// Renders `messages` (and `tools`, OpenAI's function tools) with the chat template and the
-/// generation prompt. `first_dynamic` is where the first request-dependent text is: byte
+/// generation prompt, reusing only layouts rendered under `partition` (the tenant's cache salt). `first_dynamic` is where the first request-dependent text is: byte
 /// `offset` of message `index`'s content.
 ///
 /// What the template renders outside message contents — function definitions, a call's name
@@ -58,6 +58,7 @@ pub struct Rendered {
 /// text holds a control token's text is refused.
 pub fn render(
     tok: &TextTokenizer,
+    partition: &[u8],
     messages: &[ChatMessage],
     tools: Option<&serde_json::Value>,
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
@@ -104,7 +105,7 @@ pub fn render(
             x
         })
         .collect();
-    let rendered = tok.render_chat_with(&marked, tools, kwargs, true)?;
+    let rendered = tok.render_chat_in(partition, &marked, tools, kwargs, true)?;
     let mut text = String::with_capacity(rendered.len());
     let mut pieces = Vec::new();
     let mut boundary = None;

@@ -631,6 +631,7 @@ fn prepare_timed(
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
     let r = crate::normalize::tokens::render(
         &state.tokenizer,
+        salt,
         &messages,
         tools,
         kwargs,
