@@ -173,7 +173,7 @@ pub fn normalizer(data: &[u8]) {
         return;
     }
     let tok = &tokenizers_for_fuzzing()[(flags as usize / 3) % 2];
-    let rendered = match tokens::render(tok, &messages, None, None, first_dynamic) {
+    let rendered = match tokens::render(tok, &[], &messages, None, None, first_dynamic) {
         Ok(r) => r,
         Err(e) => {
             assert!(
