@@ -24,48 +24,15 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mock=$(free_port); proxy=$(free_port); gw=$(free_port); gws=$(free_port)
 
-chunk='{"id":"cmpl-1","object":"text_completion","created":1,"model":"smollm2","choices":[{"index":0,"text":"Paris","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}'
-chat='{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"smollm2","choices":[{"index":0,"message":{"role":"assistant","content":"Paris"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}'
-esc() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
-nginx_conf() { # name, then the http block's servers
-  mkdir -p "$dir/$1"
-  cat > "$dir/$1/nginx.conf" <<CONF
-worker_processes 1;
-pid $dir/$1/nginx.pid;
-error_log $dir/$1/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $dir/$1/body; proxy_temp_path $dir/$1/proxy;
-  fastcgi_temp_path $dir/$1/fcgi; uwsgi_temp_path $dir/$1/uwsgi; scgi_temp_path $dir/$1/scgi;
-  $2
-}
-CONF
-  nginx -c "$dir/$1/nginx.conf" -g 'daemon off;' &
-}
-models='{"object":"list","data":[{"id":"smollm2","object":"model"}]}'
-nginx_conf mock "server {
-    listen 127.0.0.1:$mock;
-    location = /v1/models { default_type application/json; return 200 '$models'; }
-    location = /v1/completions { default_type text/event-stream; return 200 \"data: $(esc "$chunk")\n\ndata: [DONE]\n\n\"; }
-    location = /v1/chat/completions { default_type application/json; return 200 \"$(esc "$chat")\"; }
-  }"
+source "$(dirname "$0")/mock_upstream.sh"
+mock_upstream "$mock"
 nginx_conf proxy "upstream mock { server 127.0.0.1:$mock; keepalive 64; }
   server {
     listen 127.0.0.1:$proxy;
     location / { proxy_pass http://mock; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
   }"
 key=sk-cost-bench
-cat > "$dir/cachet.toml" <<CONF
-[[tenant]]
-id = "bench"
-api_key_sha256 = ["$("$bin" tenant hash-key $key)"]
-
-[[upstream]]
-kind = "openai"
-url = "http://127.0.0.1:$mock"
-model = "smollm2"
-CONF
+cachet_config "$bin" "$key" "$mock" > "$dir/cachet.toml"
 for mode in auto:$gw shared:$gws; do
   CACHET_USAGE_DB=off "$bin" serve --model smollm2 --config "$dir/cachet.toml" --io-threads "${mode%%:*}" \
     --listen "127.0.0.1:${mode#*:}" --log-format json 2> "$out/cachet-${mode%%:*}.log" &

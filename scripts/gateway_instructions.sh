@@ -2,7 +2,7 @@
 # Instructions the gateway executes per proxied chat request, counted by valgrind's callgrind:
 # deterministic where wall-clock rates on this shared 2-core machine move by 1.5x between runs,
 # so two builds compare exactly. `cachet serve` (one lane) runs under callgrind with a mock
-# OpenAI upstream (nginx returning a fixed SSE answer, as scripts/gateway_cost.sh); after a
+# OpenAI upstream (scripts/mock_upstream.sh, as scripts/gateway_cost.sh); after a
 # warm-up the counting is switched on for REQS requests on one keep-alive connection, then the
 # total is divided by them. The callgrind output stays in OUT for callgrind_annotate.
 #   REQS=1000 OUT=dir scripts/gateway_instructions.sh target/release/cachet [more binaries...]
@@ -15,42 +15,15 @@ dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mock=$(free_port)
-chunk='{"id":"cmpl-1","object":"text_completion","created":1,"model":"smollm2","choices":[{"index":0,"text":"Paris","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}'
-esc() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
-mkdir -p "$dir/mock"
-cat > "$dir/mock/nginx.conf" <<CONF
-worker_processes 1;
-pid $dir/mock/nginx.pid;
-error_log $dir/mock/error.log;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $dir/mock/body; proxy_temp_path $dir/mock/proxy;
-  fastcgi_temp_path $dir/mock/fcgi; uwsgi_temp_path $dir/mock/uwsgi; scgi_temp_path $dir/mock/scgi;
-  server {
-    listen 127.0.0.1:$mock;
-    location = /v1/models { default_type application/json; return 200 '{"object":"list","data":[{"id":"smollm2","object":"model"}]}'; }
-    location = /v1/completions { default_type text/event-stream; return 200 "data: $(esc "$chunk")\n\ndata: [DONE]\n\n"; }
-  }
-}
-CONF
-nginx -c "$dir/mock/nginx.conf" -g 'daemon off;' &
+source "$(dirname "$0")/mock_upstream.sh"
+mock_upstream "$mock"
 key=sk-cost-bench
 body='{"model":"smollm2","max_tokens":1,"messages":[{"role":"system","content":"You are a helpful assistant for Acme routers."},{"role":"user","content":"What is the capital of France?"}]}'
 printf '%s' "$body" > "$dir/body.json"
 for bin in "$@"; do
   name=$(basename "$bin")
   gw=$(free_port)
-  cat > "$dir/cachet.toml" <<CONF
-[[tenant]]
-id = "bench"
-api_key_sha256 = ["$("$bin" tenant hash-key $key)"]
-
-[[upstream]]
-kind = "openai"
-url = "http://127.0.0.1:$mock"
-model = "smollm2"
-CONF
+  cachet_config "$bin" "$key" "$mock" > "$dir/cachet.toml"
   rm -f "$out/callgrind.$name.out"*
   CACHET_USAGE_DB=off valgrind --tool=callgrind --instr-atstart=no \
     --callgrind-out-file="$out/callgrind.$name.out" \

@@ -322,51 +322,47 @@ impl TextTokenizer {
     ) -> Result<String, EngineError> {
         let compiled = self.compiled()?;
         self.check_kwargs(kwargs)?;
-        let Some(layouts) = &compiled.layouts else {
-            return self.render_engine(
-                &compiled.env,
-                messages,
-                tools,
-                kwargs,
-                add_generation_prompt,
-            );
-        };
-        // The template only copies contents (`layout`): one rendering per layout, contents
+        // A template that only copies contents (`layout`): one rendering per layout, contents
         // spliced in.
-        let key = layout_key(partition, messages, tools, kwargs, add_generation_prompt);
-        let layout = match layouts.get(&key) {
-            Some(l) => Some(l),
-            None => {
-                let held: Vec<ChatMessage> = messages
-                    .iter()
-                    .enumerate()
-                    .map(|(i, m)| {
-                        let mut x = m.clone();
-                        if !x.content.is_empty() {
-                            x.content = layouts.placeholder(i);
-                        }
-                        x
-                    })
-                    .collect();
-                let rendered =
-                    self.render_engine(&compiled.env, &held, tools, kwargs, add_generation_prompt)?;
-                let has: Vec<bool> = messages.iter().map(|m| !m.content.is_empty()).collect();
-                layouts.insert(key, rendered, &has)
-            }
-        };
-        match layout {
-            Some(l) => {
+        if let Some(layouts) = &compiled.layouts {
+            let key = layout_key(partition, messages, tools, kwargs, add_generation_prompt);
+            let layout = match layouts.get(&key) {
+                Some(l) => Some(l),
+                None => {
+                    let held: Vec<ChatMessage> = messages
+                        .iter()
+                        .enumerate()
+                        .map(|(i, m)| {
+                            let mut x = m.clone();
+                            if !x.content.is_empty() {
+                                x.content = layouts.placeholder(i);
+                            }
+                            x
+                        })
+                        .collect();
+                    let rendered = self.render_engine(
+                        &compiled.env,
+                        &held,
+                        tools,
+                        kwargs,
+                        add_generation_prompt,
+                    )?;
+                    let has: Vec<bool> = messages.iter().map(|m| !m.content.is_empty()).collect();
+                    layouts.insert(key, rendered, &has)
+                }
+            };
+            if let Some(l) = layout {
                 let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-                Ok(l.splice(&contents))
+                return Ok(l.splice(&contents));
             }
-            None => self.render_engine(
-                &compiled.env,
-                messages,
-                tools,
-                kwargs,
-                add_generation_prompt,
-            ),
         }
+        self.render_engine(
+            &compiled.env,
+            messages,
+            tools,
+            kwargs,
+            add_generation_prompt,
+        )
     }
 
     /// [`TextTokenizer::render_chat_with`] through the template engine every time (the
