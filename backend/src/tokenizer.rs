@@ -7,7 +7,6 @@ use crate::error::{EngineError, LoadError};
 mod ascii;
 pub(crate) use ascii::{LLAMA3_SPLIT, QWEN2_SPLIT};
 mod layout;
-pub use layout::opacity as chat_template_opacity;
 
 /// One chat message, as in the OpenAI API: the template ABI's message, so one shape carries a
 /// message from the gateway's API through a tenant's template to the chat template.
@@ -324,22 +323,12 @@ impl TextTokenizer {
         self.check_kwargs(kwargs)?;
         // A template that only copies contents (`layout`): one rendering per layout, contents
         // spliced in.
-        if let Some(layouts) = &compiled.layouts {
+        if let Ok(layouts) = &compiled.layouts {
             let key = layout_key(partition, messages, tools, kwargs, add_generation_prompt);
             let layout = match layouts.get(&key) {
                 Some(l) => Some(l),
                 None => {
-                    let held: Vec<ChatMessage> = messages
-                        .iter()
-                        .enumerate()
-                        .map(|(i, m)| {
-                            let mut x = m.clone();
-                            if !x.content.is_empty() {
-                                x.content = layouts.placeholder(i);
-                            }
-                            x
-                        })
-                        .collect();
+                    let held = with_contents(messages, |i, _| layouts.placeholder(i));
                     let rendered = self.render_engine(
                         &compiled.env,
                         &held,
@@ -389,7 +378,7 @@ impl TextTokenizer {
     /// contents), or why not — for the serving log.
     pub fn chat_layouts(&self) -> Result<(), String> {
         let compiled = self.compiled().map_err(|e| e.to_string())?;
-        compiled.opacity.clone()
+        compiled.layouts.as_ref().map(|_| ()).map_err(Clone::clone)
     }
 
     fn compiled(&self) -> Result<&Compiled, EngineError> {
@@ -415,11 +404,9 @@ impl TextTokenizer {
                 env.add_filter("tojson", pyjson::tojson);
                 env.add_template_owned("chat", template.to_string())
                     .map_err(|e| format!("chat template does not parse: {e}"))?;
-                let opacity = layout::opacity(template);
                 Ok(Compiled {
                     env,
-                    layouts: opacity.is_ok().then(layout::Layouts::new),
-                    opacity,
+                    layouts: layout::opacity(template).map(|()| layout::Layouts::new()),
                 })
             })
             .as_ref()
@@ -469,16 +456,29 @@ impl TextTokenizer {
 }
 
 /// A compiled chat template: the engine's environment, and its layout cache when the template
-/// only copies message contents.
+/// only copies message contents (`layout::opacity`).
 struct Compiled {
     env: minijinja::Environment<'static>,
-    layouts: Option<layout::Layouts>,
-    opacity: Result<(), String>,
+    /// Why not, when the template does more with a content than copy it.
+    layouts: Result<layout::Layouts, String>,
 }
 
 /// The partition, then what a conversation's rendering depends on besides its contents' text: each message's role,
 /// whether its content is empty, its tool calls and tool call id; the tools; the template
-/// variables; the generation prompt. Fields are length-prefixed (no two layouts share a key).
+/// variables; the generation prompt. Text fields are length-prefixed, JSON written whole (no two
+/// layouts share a key).
+/// JSON of either shape a layout key hashes.
+mod erased {
+    pub trait Json {
+        fn write(&self, h: &mut blake3::Hasher);
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn write(&self, h: &mut blake3::Hasher) {
+            serde_json::to_writer(h, self).expect("JSON writes to a hasher");
+        }
+    }
+}
+
 fn layout_key(
     partition: &[u8],
     messages: &[ChatMessage],
@@ -494,23 +494,18 @@ fn layout_key(
     h.update(b"cachet chat layout 1");
     field(&mut h, partition);
     h.update(&[add_generation_prompt as u8]);
-    let json = |h: &mut blake3::Hasher, v: Option<Vec<u8>>| match v {
-        Some(b) => {
+    // JSON values end where they end: written straight into the hash, unprefixed.
+    let json = |h: &mut blake3::Hasher, v: Option<&dyn erased::Json>| match v {
+        Some(v) => {
             h.update(&[1]);
-            field(h, &b);
+            v.write(h);
         }
         None => {
             h.update(&[0]);
         }
     };
-    json(
-        &mut h,
-        tools.map(|t| serde_json::to_vec(t).expect("JSON writes")),
-    );
-    json(
-        &mut h,
-        kwargs.map(|k| serde_json::to_vec(k).expect("JSON writes")),
-    );
+    json(&mut h, tools.map(|t| t as &dyn erased::Json));
+    json(&mut h, kwargs.map(|k| k as &dyn erased::Json));
     h.update(&(messages.len() as u64).to_le_bytes());
     for m in messages {
         field(&mut h, m.role.as_bytes());
@@ -532,6 +527,25 @@ fn layout_key(
         }
     }
     *h.finalize().as_bytes()
+}
+
+/// `messages` with every non-empty content replaced by `f(index, content)` (empty ones stay
+/// empty: templates test `if message.content`).
+pub fn with_contents(
+    messages: &[ChatMessage],
+    f: impl Fn(usize, &str) -> String,
+) -> Vec<ChatMessage> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut x = m.clone();
+            if !m.content.is_empty() {
+                x.content = f(i, &m.content);
+            }
+            x
+        })
+        .collect()
 }
 
 /// A message as HF chat templates read it: `role`, `content`, and where there are some,

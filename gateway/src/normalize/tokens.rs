@@ -93,18 +93,10 @@ pub fn render(
             }
         }
     }
-    // Empty contents stay empty (templates test `if message.content`): no text to protect.
-    let marked: Vec<ChatMessage> = messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let mut x = m.clone();
-            if !m.content.is_empty() {
-                x.content = format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content);
-            }
-            x
-        })
-        .collect();
+    // Empty contents stay empty: no text to protect.
+    let marked = cachet_backend::tokenizer::with_contents(messages, |i, c| {
+        format!("{OPEN}{i}{SEP}{c}{CLOSE}")
+    });
     let rendered = tok.render_chat_in(partition, &marked, tools, kwargs, true)?;
     let mut text = String::with_capacity(rendered.len());
     let mut pieces = Vec::new();

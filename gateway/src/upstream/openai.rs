@@ -356,9 +356,11 @@ impl Stream {
                 }
             };
             if let Some(err) = chunk.error {
-                let msg = err
-                    .message
-                    .map_or_else(|| "upstream error".to_string(), |m| m.into_owned());
+                let message = match err {
+                    ChunkErrorField::Object(e) => e.message,
+                    ChunkErrorField::Other(_) => None,
+                };
+                let msg = message.map_or_else(|| "upstream error".to_string(), |m| m.into_owned());
                 return Some(self.finished(FinishReason::Error, Some(msg)));
             }
             if let Some(u) = chunk.usage {
@@ -399,12 +401,21 @@ impl Stream {
 /// reads as absent; `choices` and `usage` must be a list and an object (or null).
 #[derive(serde::Deserialize)]
 struct Chunk<'a> {
-    #[serde(default, borrow, deserialize_with = "lenient_error")]
-    error: Option<ChunkError<'a>>,
+    #[serde(default, borrow)]
+    error: Option<ChunkErrorField<'a>>,
     #[serde(default)]
     usage: Option<ChunkUsage>,
     #[serde(default, borrow)]
     choices: Option<Vec<ChunkChoice<'a>>>,
+}
+
+/// An error object, or an error of another shape (a bare string), without a message then.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum ChunkErrorField<'a> {
+    #[serde(borrow)]
+    Object(ChunkError<'a>),
+    Other(serde::de::IgnoredAny),
 }
 
 #[derive(serde::Deserialize)]
@@ -455,27 +466,6 @@ where
         match <Option<Or<T>> as serde::Deserialize>::deserialize(d)? {
             Some(Or::Is(t)) => Some(t),
             _ => None,
-        },
-    )
-}
-
-/// An error object, or an error without a message where the value is another non-null one.
-fn lenient_error<'de, D>(d: D) -> Result<Option<ChunkError<'de>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Or<'a> {
-        #[serde(borrow)]
-        Is(ChunkError<'a>),
-        Other(serde::de::IgnoredAny),
-    }
-    Ok(
-        match <Option<Or<'de>> as serde::Deserialize>::deserialize(d)? {
-            Some(Or::Is(e)) => Some(e),
-            Some(Or::Other(_)) => Some(ChunkError { message: None }),
-            None => None,
         },
     )
 }
@@ -633,12 +623,12 @@ mod tests {
         );
         let c: Chunk =
             serde_json::from_str(r#"{"error":{"message":"model overloaded","code":503}}"#).unwrap();
-        assert_eq!(
-            c.error.unwrap().message.as_deref(),
-            Some("model overloaded")
-        );
+        let Some(ChunkErrorField::Object(e)) = c.error else {
+            panic!("an error object")
+        };
+        assert_eq!(e.message.as_deref(), Some("model overloaded"));
         let c: Chunk = serde_json::from_str(r#"{"error":"boom","choices":null}"#).unwrap();
-        assert!(c.error.unwrap().message.is_none() && c.choices.is_none());
+        assert!(matches!(c.error, Some(ChunkErrorField::Other(_))) && c.choices.is_none());
         assert!(serde_json::from_str::<Chunk>(r#"{"choices":{"text":"x"}}"#).is_err());
     }
 
