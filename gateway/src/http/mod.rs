@@ -33,17 +33,22 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 pub const DRAIN_BODY_BYTES: usize = 16 << 20;
 
 /// A JSON response.
-pub fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+pub fn json(status: StatusCode, v: &impl serde::Serialize) -> Response<Body> {
+    json_bytes(status, to_json(v))
+}
+
+/// `v` as JSON bytes: straight into them (`to_string` goes through `fmt::Write`, a call per
+/// fragment).
+pub fn to_json(v: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(v).expect("the server's own values write as JSON")
+}
+
+/// A JSON response of a body already written.
+pub fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
-        // Straight into bytes (`to_string` goes through `fmt::Write`, a call per fragment).
-        .body(
-            Full::new(Bytes::from(
-                serde_json::to_vec(v).expect("a JSON value writes"),
-            ))
-            .boxed(),
-        )
+        .body(Full::new(Bytes::from(body)).boxed())
         .expect("static response parts")
 }
 

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::fields::{Api, UnknownFields};
-use super::openai::{self, Parsed, MAX_KEY_BYTES};
+use super::openai::{self, MessageIn, Parsed, MAX_KEY_BYTES};
 use super::respond::{self, ChoiceOut, Meta, Render, UsageSum};
 use super::tools::{self, Call};
 use super::{completions, AppState};
@@ -42,14 +42,6 @@ struct MessagesRequest {
     tools: Option<Value>,
     tool_choice: Option<Value>,
     thinking: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-struct MessageIn {
-    role: String,
-    content: Value,
-    #[serde(flatten)]
-    other: BTreeMap<String, Value>,
 }
 
 /// Anthropic's cache marker: `{"type": "ephemeral"}`, with an optional `ttl`.
@@ -298,8 +290,7 @@ fn tools_of(
 
 /// Parses and validates a Messages body into the request every shape runs as.
 pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
-    let (r, ignored): (MessagesRequest, _) =
-        openai::checked(Api::Messages, http::parse_json(body)?, unknown)?;
+    let (r, ignored): (MessagesRequest, _) = openai::checked(Api::Messages, body, unknown)?;
     let Some(max_tokens) = r.max_tokens else {
         return Err(ApiError::bad_request(
             "max_tokens: Field required (the Messages API needs the output's limit)",
@@ -634,7 +625,7 @@ impl Render for AnthropicRender {
         choices: Vec<ChoiceOut>,
         usage: &UsageSum,
         _tok: &TextTokenizer,
-    ) -> Value {
+    ) -> Vec<u8> {
         let c = choices.into_iter().next().expect("one choice");
         let mut u = usage_json(&usage.usage);
         respond::add_timings(&mut u, meta, &usage.timings);
@@ -651,7 +642,7 @@ impl Render for AnthropicRender {
                 .enumerate()
                 .map(|(k, call)| tool_use(meta, k, call)),
         );
-        serde_json::json!({
+        http::to_json(&serde_json::json!({
             "id": meta.id,
             "type": "message",
             "role": "assistant",
@@ -660,7 +651,7 @@ impl Render for AnthropicRender {
             "stop_reason": stop_reason(c.reason, c.stop_sequence.as_deref(), !c.calls.is_empty()),
             "stop_sequence": c.stop_sequence,
             "usage": u,
-        })
+        }))
     }
 
     fn start(&mut self, meta: &Meta, _choices: usize) -> Vec<String> {

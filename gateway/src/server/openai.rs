@@ -2,9 +2,13 @@
 //! checked against [`super::fields::FIELDS`]: it works as documented, or is refused by name;
 //! an unknown field is refused too unless the deployment lets it through with a warning.
 
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
+use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::fields::{self, Api, Status, UnknownFields};
 use super::tools::{self, Choice, Function, Tools};
@@ -39,7 +43,7 @@ pub const MAX_KEY_BYTES: usize = 256;
 
 /// Fields shared by chat and text completions (the table has been checked first: these are the
 /// fields that work, typed).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct Common {
     pub model: String,
     pub max_tokens: Option<u64>,
@@ -83,18 +87,141 @@ pub struct Common {
     pub structured_outputs: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ChatMessageIn {
+/// A message of a chat (or Anthropic Messages) body: its role, its content, and anything else it
+/// carries (`name`, `tool_calls`, …), which each shape accepts or refuses by name.
+#[derive(Debug)]
+pub struct MessageIn {
     pub role: String,
     pub content: serde_json::Value,
-    /// Anything else a message carries (`name`, `tool_calls`, …): refused by name.
-    #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// Read member by member (serde's `flatten` would buffer the whole message first).
+impl<'de> Deserialize<'de> for MessageIn {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageIn;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<MessageIn, A::Error> {
+                let (mut role, mut content, mut other) = (None, None, BTreeMap::new());
+                while let Some(k) = m.next_key_seed(Key)? {
+                    match &*k {
+                        "role" if role.is_some() => return Err(de::Error::duplicate_field("role")),
+                        "role" => role = Some(m.next_value()?),
+                        "content" if content.is_some() => {
+                            return Err(de::Error::duplicate_field("content"))
+                        }
+                        "content" => content = Some(m.next_value()?),
+                        _ => {
+                            other.insert(k.into_owned(), m.next_value()?);
+                        }
+                    }
+                }
+                Ok(MessageIn {
+                    role: role.ok_or_else(|| de::Error::missing_field("role"))?,
+                    content: content.ok_or_else(|| de::Error::missing_field("content"))?,
+                    other,
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// An object key, borrowed from the body unless it holds escapes.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Cow<'de, str>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(Cow::Borrowed(s))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(s.to_owned()))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(s))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A request body's top-level members, each value still its JSON text: the body is scanned
+/// once, its keys checked against the field table, and each value parsed straight into its
+/// field's type (no `serde_json::Value` tree of the whole body in between).
+pub struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Members<'de>, A::Error> {
+                let mut out = Vec::with_capacity(16);
+                while let Some(k) = m.next_key_seed(Key)? {
+                    out.push((k, m.next_value::<&'de RawValue>()?));
+                }
+                Ok(Members(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'a> Members<'a> {
+    /// The members of a body that must be one JSON object.
+    pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(body).map_err(|e| {
+            if e.is_data() {
+                ApiError::bad_request("the body must be a JSON object", None)
+            } else {
+                ApiError::bad_request(format!("invalid JSON body: {e}"), None)
+            }
+        })
+    }
+
+    /// The members as `T` (members `T` does not name are skipped). A value of the wrong type
+    /// is a 400 naming its member.
+    pub fn typed<T: Deserialize<'a>>(&self) -> Result<T, ApiError> {
+        let at = Cell::new("");
+        let members = self.0.iter().map(|(k, v)| {
+            at.set(k);
+            (&**k, *v)
+        });
+        T::deserialize(de::value::MapDeserializer::<_, serde_json::Error>::new(
+            members,
+        ))
+        .map_err(|e| {
+            // An error inside a value carries its position in that value's text; one of the
+            // object (a missing or duplicate member) has none.
+            if e.line() == 0 {
+                return ApiError::bad_request(format!("invalid request body: {e}"), None);
+            }
+            let e = e.to_string();
+            let e = e.rsplit_once(" at line ").map_or(&*e, |(m, _)| m);
+            let k = at.get();
+            ApiError::bad_field(format!("invalid request body: `{k}`: {e}"), k.to_string())
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    pub messages: Vec<ChatMessageIn>,
+    pub messages: Vec<MessageIn>,
     /// The tenant's template to render the messages with (Cachet extension; `extra_body` in
     /// the OpenAI client). Without it the tenant's `default_template` applies, if any.
     pub template: Option<String>,
@@ -106,14 +233,26 @@ pub struct ChatRequest {
     /// Extra variables for the model's chat template (vLLM's extension; Qwen3's
     /// `enable_thinking`).
     pub chat_template_kwargs: Option<Box<serde_json::Value>>,
-    #[serde(flatten)]
+    /// Typed from the same members (see [`ChatRequest::of`]).
+    #[serde(skip)]
     pub common: Common,
+}
+
+impl ChatRequest {
+    /// A chat body's members typed: its own fields, and the common ones from the same members
+    /// (each skips the other's).
+    pub fn of(m: &Members) -> Result<ChatRequest, ApiError> {
+        let mut r: ChatRequest = m.typed()?;
+        r.common = m.typed()?;
+        Ok(r)
+    }
 }
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     pub prompt: serde_json::Value,
-    #[serde(flatten)]
+    /// Typed from the same members, as [`ChatRequest::common`].
+    #[serde(skip)]
     pub common: Common,
 }
 
@@ -162,15 +301,18 @@ pub struct Parsed {
 /// bytes give a request or a 400 that names what to fix (the `request` fuzz target holds it to
 /// that).
 pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
-    let v = crate::http::parse_json(body)?;
+    let m = Members::parse(body)?;
     if chat {
-        let (r, ignored) = checked::<ChatRequest>(Api::Chat, v, unknown)?;
+        let ignored = check_fields(Api::Chat, &m, unknown)?;
+        let r = ChatRequest::of(&m)?;
         let msgs = r.messages()?;
         let tools = r.tools()?;
         r.template_kwargs()?;
         validated(Input::Chat(r, msgs), ignored, tools)
     } else {
-        let (r, ignored) = checked::<CompletionRequest>(Api::Completions, v, unknown)?;
+        let ignored = check_fields(Api::Completions, &m, unknown)?;
+        let mut r: CompletionRequest = m.typed()?;
+        r.common = m.typed()?;
         let p = r.prompts()?;
         validated(Input::Text(r, p), ignored, None)
     }
@@ -180,19 +322,12 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
 /// ([`check_fields`]), typed as `T`; with the unknown fields let through.
 pub fn checked<T: serde::de::DeserializeOwned>(
     api: Api,
-    v: serde_json::Value,
+    body: &[u8],
     unknown: UnknownFields,
 ) -> Result<(T, Vec<String>), ApiError> {
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad_request(
-            "the body must be a JSON object",
-            None,
-        ));
-    };
-    let ignored = check_fields(api, obj, unknown)?;
-    let r = serde_json::from_value(v)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))?;
-    Ok((r, ignored))
+    let m = Members::parse(body)?;
+    let ignored = check_fields(api, &m, unknown)?;
+    Ok((m.typed()?, ignored))
 }
 
 /// The checks of the common fields, on a request whose input (and tools) are already valid.
@@ -301,7 +436,10 @@ pub fn parse_as_chat(
         }
         e
     };
-    let (r, _) = checked::<ChatRequest>(Api::Chat, chat, UnknownFields::Reject).map_err(rename)?;
+    let body = serde_json::to_vec(&chat).expect("a JSON value writes");
+    let m = Members::parse(&body)?;
+    check_fields(Api::Chat, &m, UnknownFields::Reject).map_err(rename)?;
+    let r = ChatRequest::of(&m).map_err(rename)?;
     let msgs = r.messages().map_err(rename)?;
     let tools = r.tools().map_err(rename)?;
     validated(Input::Chat(r, msgs), ignored, tools).map_err(rename)
@@ -310,14 +448,10 @@ pub fn parse_as_chat(
 /// Every key of an `api` body against the table: refused fields (with a value other than
 /// their no-op) and unknown ones are a 400 naming them; unknown ones are returned instead under
 /// `Warn`.
-fn check_fields(
-    api: Api,
-    obj: &serde_json::Map<String, serde_json::Value>,
-    unknown: UnknownFields,
-) -> Result<Vec<String>, ApiError> {
+fn check_fields(api: Api, m: &Members, unknown: UnknownFields) -> Result<Vec<String>, ApiError> {
     use serde_json::Value;
     let mut ignored = Vec::new();
-    for (k, v) in obj {
+    for (k, raw) in &m.0 {
         let Some(f) = fields::lookup(k, api) else {
             match unknown {
                 UnknownFields::Reject => {
@@ -326,11 +460,11 @@ fn check_fields(
                             "Unrecognized request argument supplied: {k} (docs/API.md lists the fields {} takes)",
                             api.path()
                         ),
-                        k.clone(),
+                        k.to_string(),
                     ))
                 }
                 UnknownFields::Warn => {
-                    ignored.push(k.clone());
+                    ignored.push(k.to_string());
                     continue;
                 }
             }
@@ -338,8 +472,10 @@ fn check_fields(
         if f.status == Status::Works {
             continue;
         }
-        // The no-ops of refused fields: what a client may send meaning "none of it".
-        let no_op = match (f.name, v) {
+        // The no-ops of refused fields: what a client may send meaning "none of it" (the only
+        // values parsed before typing: a refused field's are rare).
+        let v: Value = serde_json::from_str(raw.get()).expect("the body's own JSON");
+        let no_op = match (f.name, &v) {
             (_, Value::Null) => true,
             ("tools" | "functions", Value::Array(a)) => a.is_empty(),
             ("tool_choice" | "function_call", Value::String(s)) => s == "none",

@@ -12,6 +12,7 @@ use cachet_backend::request::{EngineEvent, FinishReason, RequestTimings, Usage};
 use cachet_backend::sampler::RowLogprobs;
 use cachet_backend::tokenizer::TextTokenizer;
 use hyper::{Response, StatusCode};
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::reasoning::ThinkSplitter;
@@ -242,7 +243,7 @@ pub trait Render: Send + 'static {
         choices: Vec<ChoiceOut>,
         usage: &UsageSum,
         tok: &TextTokenizer,
-    ) -> serde_json::Value;
+    ) -> Vec<u8>;
     fn start(&mut self, meta: &Meta, choices: usize) -> Vec<String>;
     /// Whether this shape has a place for the model's thinking (then [`Render::reasoning`]
     /// gets it and [`ChoiceOut::reasoning`] holds it); otherwise it stays in the text.
@@ -280,32 +281,64 @@ pub trait Render: Send + 'static {
     fn error(&mut self, meta: &Meta, e: &ApiError) -> Vec<String>;
 }
 
-fn usage_json(u: &Usage) -> serde_json::Value {
-    serde_json::json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
-}
-
 /// The server-side timings when the client asked for them (`cachet_timings`, milliseconds:
 /// prepare = parse + template + normalize + tokenize; queue = engine arrival → first scheduled
 /// (KV allocation included); prefill = first scheduled → first token; engine_ttft = queue +
 /// prefill; e2e and mean inter-token latency in the engine), of the first choice.
-pub fn add_timings(v: &mut serde_json::Value, meta: &Meta, t: &RequestTimings) {
-    if let Some(p) = meta.prepare {
+#[derive(Serialize)]
+pub struct TimingsOut {
+    prepare_ms: f64,
+    queue_ms: f64,
+    prefill_ms: f64,
+    engine_ttft_ms: f64,
+    engine_e2e_ms: f64,
+    mean_itl_ms: f64,
+    preemptions: u32,
+}
+
+impl TimingsOut {
+    fn of(meta: &Meta, t: &RequestTimings) -> Option<TimingsOut> {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        v["cachet_timings"] = serde_json::json!({
-            "prepare_ms": ms(p),
-            "queue_ms": ms(t.queue),
-            "prefill_ms": ms(t.prefill),
-            "engine_ttft_ms": ms(t.ttft),
-            "engine_e2e_ms": ms(t.e2e),
-            "mean_itl_ms": ms(t.mean_itl),
-            "preemptions": t.preemptions,
-        });
+        meta.prepare.map(|p| TimingsOut {
+            prepare_ms: ms(p),
+            queue_ms: ms(t.queue),
+            prefill_ms: ms(t.prefill),
+            engine_ttft_ms: ms(t.ttft),
+            engine_e2e_ms: ms(t.e2e),
+            mean_itl_ms: ms(t.mean_itl),
+            preemptions: t.preemptions,
+        })
     }
+}
+
+/// Adds `cachet_timings` to another shape's usage object, when the client asked for them.
+pub fn add_timings(v: &mut serde_json::Value, meta: &Meta, t: &RequestTimings) {
+    if let Some(t) = TimingsOut::of(meta, t) {
+        v["cachet_timings"] = serde_json::to_value(t).expect("numbers write");
+    }
+}
+
+/// OpenAI's usage object (with the timings when asked).
+#[derive(Serialize)]
+struct UsageOut {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+    prompt_tokens_details: CachedOut,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_tokens_details: Option<ReasoningOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cachet_timings: Option<TimingsOut>,
+}
+
+#[derive(Serialize)]
+struct CachedOut {
+    cached_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct ReasoningOut {
+    reasoning_tokens: u64,
 }
 
 /// The request's usage over its choices, as OpenAI counts it: each prompt once (and its cached
@@ -334,13 +367,20 @@ impl UsageSum {
         }
     }
     /// OpenAI's usage object (with the timings when asked).
-    pub fn openai_json(&self, meta: &Meta) -> serde_json::Value {
-        let mut v = usage_json(&self.usage);
-        if let Some(n) = self.reasoning_tokens {
-            v["completion_tokens_details"] = serde_json::json!({"reasoning_tokens": n});
+    fn openai(&self, meta: &Meta) -> UsageOut {
+        let u = &self.usage;
+        UsageOut {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens_details: CachedOut {
+                cached_tokens: u.cached_tokens,
+            },
+            completion_tokens_details: self.reasoning_tokens.map(|n| ReasoningOut {
+                reasoning_tokens: n,
+            }),
+            cachet_timings: TimingsOut::of(meta, &self.timings),
         }
-        add_timings(&mut v, meta, &self.timings);
-        v
     }
 }
 
@@ -494,7 +534,7 @@ pub async fn whole(
         Ok(_) => StatusCode::OK,
         Err(e) => e.status,
     });
-    status.map(|body| meta.finish(http::json(StatusCode::OK, &body)))
+    status.map(|body| meta.finish(http::json_bytes(StatusCode::OK, body)))
 }
 
 async fn whole_into(
@@ -503,7 +543,7 @@ async fn whole_into(
     render: &mut impl Render,
     meter: &mut Meter,
     state: &AppState,
-) -> Result<serde_json::Value, ApiError> {
+) -> Result<Vec<u8>, ApiError> {
     let k = streams.len();
     let mut rx = Choices::new(streams);
     let mut out: Vec<ChoiceOut> = (0..k)
@@ -829,18 +869,26 @@ impl OpenAiRender {
             (false, _) => "text_completion",
         }
     }
-    fn envelope(&self, meta: &Meta, chunk: bool, choices: serde_json::Value) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "id": meta.id,
-            "object": self.object(chunk),
-            "created": meta.created,
-            "model": meta.model,
-            "choices": choices,
-        });
-        if self.service_tier {
-            v["service_tier"] = "default".into();
+    fn envelope<'a, C: Serialize>(
+        &self,
+        meta: &'a Meta,
+        chunk: bool,
+        choices: C,
+        usage: Option<UsageOut>,
+    ) -> Envelope<'a, C> {
+        Envelope {
+            id: &meta.id,
+            object: self.object(chunk),
+            created: meta.created,
+            model: &meta.model,
+            choices,
+            service_tier: self.service_tier.then_some("default"),
+            usage,
         }
-        v
+    }
+    /// A `data:` frame of one chunk of choice `i`.
+    fn frame<C: Serialize>(&self, meta: &Meta, choice: C) -> String {
+        sse_frame(&self.envelope(meta, true, [choice], None))
     }
     fn chunk(
         &self,
@@ -851,28 +899,105 @@ impl OpenAiRender {
         finish: Option<(&str, Option<&str>)>,
         role: bool,
     ) -> String {
-        let reason = finish.map(|f| f.0);
-        let mut choice = if self.chat {
-            let delta = if role {
-                serde_json::json!({"role": "assistant", "content": text})
+        let delta = self.chat.then(|| {
+            if role {
+                Delta {
+                    role: Some("assistant"),
+                    content: Some(text),
+                }
             } else if finish.is_some() && text.is_empty() {
-                serde_json::json!({})
+                Delta::default()
             } else {
-                serde_json::json!({"content": text})
-            };
-            serde_json::json!({"index": i, "delta": delta, "finish_reason": reason})
-        } else {
-            serde_json::json!({"index": i, "text": text, "finish_reason": reason})
-        };
-        if let Some((_, stop)) = finish {
-            choice["stop_reason"] = stop.into();
-        }
-        if self.logprobs {
-            choice["logprobs"] = logprobs.unwrap_or(serde_json::Value::Null);
-        }
-        let v = self.envelope(meta, true, serde_json::json!([choice]));
-        format!("data: {v}\n\n")
+                Delta {
+                    role: None,
+                    content: Some(text),
+                }
+            }
+        });
+        self.frame(
+            meta,
+            ChunkChoice {
+                index: i,
+                delta,
+                text: (!self.chat).then_some(text),
+                finish_reason: finish.map(|f| f.0),
+                stop_reason: finish.map(|f| f.1),
+                logprobs: self
+                    .logprobs
+                    .then(|| logprobs.unwrap_or(serde_json::Value::Null)),
+            },
+        )
     }
+}
+
+/// A `data:` frame of server-sent events holding `v`.
+fn sse_frame(v: &impl Serialize) -> String {
+    let mut b = b"data: ".to_vec();
+    serde_json::to_writer(&mut b, v).expect("the server's own values write as JSON");
+    b.extend_from_slice(b"\n\n");
+    String::from_utf8(b).expect("JSON is UTF-8")
+}
+
+/// OpenAI's response object, whole or a chunk.
+#[derive(Serialize)]
+struct Envelope<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: C,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_tier: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageOut>,
+}
+
+/// A choice of a whole response: chat's `message` or completions' `text`.
+#[derive(Serialize)]
+struct WholeChoice<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<MessageOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    logprobs: serde_json::Value,
+    finish_reason: &'static str,
+    stop_reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct MessageOut<'a> {
+    role: &'static str,
+    /// Null for a message of tool calls only.
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<serde_json::Value>,
+}
+
+/// A choice of a chunk: chat's `delta` or completions' `text`; `stop_reason` with the
+/// finish, `logprobs` when asked.
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<Delta<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    finish_reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_reason: Option<Option<&'a str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<serde_json::Value>,
+}
+
+#[derive(Serialize, Default)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
 }
 
 impl Render for OpenAiRender {
@@ -882,9 +1007,9 @@ impl Render for OpenAiRender {
         choices: Vec<ChoiceOut>,
         usage: &UsageSum,
         tok: &TextTokenizer,
-    ) -> serde_json::Value {
-        let choices: Vec<serde_json::Value> = choices
-            .into_iter()
+    ) -> Vec<u8> {
+        let out: Vec<WholeChoice> = choices
+            .iter()
             .enumerate()
             .map(|(i, c)| {
                 let logprobs = if self.logprobs {
@@ -894,32 +1019,28 @@ impl Render for OpenAiRender {
                 } else {
                     serde_json::Value::Null
                 };
-                let reason = finish_reason(c.reason, !c.calls.is_empty());
-                if self.chat {
-                    let mut message = serde_json::json!({"role": "assistant", "content": c.text});
-                    if let Some(r) = &c.reasoning {
-                        message["reasoning_content"] = r.as_str().into();
-                    }
-                    if !c.calls.is_empty() {
-                        if c.text.is_empty() {
-                            message["content"] = serde_json::Value::Null;
-                        }
-                        message["tool_calls"] = c
-                            .calls
-                            .iter()
-                            .enumerate()
-                            .map(|(k, call)| Self::tool_call(meta, i, k, call, false))
-                            .collect();
-                    }
-                    serde_json::json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason, "stop_reason": c.stop_sequence})
-                } else {
-                    serde_json::json!({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": reason, "stop_reason": c.stop_sequence})
+                let message = self.chat.then(|| MessageOut {
+                    role: "assistant",
+                    content: (!c.text.is_empty() || c.calls.is_empty()).then_some(&*c.text),
+                    reasoning_content: c.reasoning.as_deref(),
+                    tool_calls: c
+                        .calls
+                        .iter()
+                        .enumerate()
+                        .map(|(k, call)| Self::tool_call(meta, i, k, call, false))
+                        .collect(),
+                });
+                WholeChoice {
+                    index: i,
+                    message,
+                    text: (!self.chat).then_some(&*c.text),
+                    logprobs,
+                    finish_reason: finish_reason(c.reason, !c.calls.is_empty()),
+                    stop_reason: c.stop_sequence.as_deref(),
                 }
             })
             .collect();
-        let mut body = self.envelope(meta, false, choices.into());
-        body["usage"] = usage.openai_json(meta);
-        body
+        http::to_json(&self.envelope(meta, false, out, Some(usage.openai(meta))))
     }
 
     fn splits_reasoning(&self) -> bool {
@@ -930,8 +1051,7 @@ impl Render for OpenAiRender {
         let choice = serde_json::json!({
             "index": i, "delta": {"reasoning_content": text}, "finish_reason": null,
         });
-        let v = self.envelope(meta, true, serde_json::json!([choice]));
-        vec![format!("data: {v}\n\n")]
+        vec![self.frame(meta, choice)]
     }
 
     fn start(&mut self, meta: &Meta, choices: usize) -> Vec<String> {
@@ -988,16 +1108,19 @@ impl Render for OpenAiRender {
         if self.logprobs {
             choice["logprobs"] = serde_json::Value::Null;
         }
-        let v = self.envelope(meta, true, serde_json::json!([choice]));
-        vec![format!("data: {v}\n\n")]
+        vec![self.frame(meta, choice)]
     }
 
     fn end(&mut self, meta: &Meta, usage: &UsageSum) -> Vec<String> {
         let mut frames = Vec::new();
         if self.include_usage {
-            let mut v = self.envelope(meta, true, serde_json::json!([]));
-            v["usage"] = usage.openai_json(meta);
-            frames.push(format!("data: {v}\n\n"));
+            let none: [(); 0] = [];
+            frames.push(sse_frame(&self.envelope(
+                meta,
+                true,
+                none,
+                Some(usage.openai(meta)),
+            )));
         }
         frames.push("data: [DONE]\n\n".to_string());
         frames

@@ -136,8 +136,7 @@ pub struct Echo {
 
 /// Parses and validates a Responses body into the request every shape runs as.
 pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiError> {
-    let (r, ignored): (ResponsesRequest, _) =
-        openai::checked(Api::Responses, http::parse_json(body)?, unknown)?;
+    let (r, ignored): (ResponsesRequest, _) = openai::checked(Api::Responses, body, unknown)?;
     let mut msgs = Vec::new();
     if let Some(i) = &r.instructions {
         msgs.push(serde_json::json!({"role": "system", "content": i}));
@@ -589,7 +588,7 @@ impl Render for ResponsesRender {
         choices: Vec<ChoiceOut>,
         usage: &UsageSum,
         _tok: &TextTokenizer,
-    ) -> Value {
+    ) -> Vec<u8> {
         let c = choices.into_iter().next().expect("one choice");
         if let Some(r) = &c.reasoning {
             self.output.push(self.reasoning_item(r, true));
@@ -600,7 +599,7 @@ impl Render for ResponsesRender {
         for (k, call) in c.calls.iter().enumerate() {
             self.output.push(Self::function_call(meta, k, call, true));
         }
-        self.response(meta, Some(c.reason), Some(usage))
+        http::to_json(&self.response(meta, Some(c.reason), Some(usage)))
     }
 
     fn start(&mut self, meta: &Meta, _choices: usize) -> Vec<String> {

@@ -197,7 +197,8 @@ pub async fn admin(
             let name = name.to_string();
             // The request a chat would send, validated as one; the run counts in the tenant's
             // concurrency and requests/min like a chat's.
-            let r: openai::ChatRequest = http::read_json(req, MAX_BODY_BYTES).await?;
+            let body = http::read_body(req, MAX_BODY_BYTES).await?;
+            let r = openai::ChatRequest::of(&openai::Members::parse(&body)?)?;
             let msgs = r.messages()?;
             let tools = r.tools()?.and_then(|t| t.template_tools());
             let kwargs = r.template_kwargs()?;

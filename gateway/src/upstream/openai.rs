@@ -9,6 +9,7 @@
 //! see, tokenizers that differ); `cachet worker`s are routed on their real KV events. Health comes
 //! from `GET /v1/models`; load is the gateway's own requests in flight there.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -340,7 +341,11 @@ impl Stream {
                 }
                 Err(e) => return Some(self.failed(e)),
             };
-            let line = String::from_utf8_lossy(&line);
+            // Valid UTF-8 checked on the fast path (a word at a time), repaired only if not.
+            let line = match std::str::from_utf8(&line) {
+                Ok(l) => Cow::Borrowed(l),
+                Err(_) => String::from_utf8_lossy(&line),
+            };
             let Some(data) = line.trim_end_matches('\r').strip_prefix("data:") else {
                 continue; // blank separators, comments, event names
             };
@@ -420,8 +425,8 @@ enum ChunkErrorField<'a> {
 
 #[derive(serde::Deserialize)]
 struct ChunkError<'a> {
-    #[serde(default, borrow, deserialize_with = "lenient")]
-    message: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "lenient_str")]
+    message: Option<Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -430,7 +435,7 @@ struct ChunkUsage {
     prompt_tokens: usize,
     #[serde(default, deserialize_with = "lenient_count")]
     completion_tokens: usize,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_object")]
     prompt_tokens_details: Option<ChunkCached>,
 }
 
@@ -442,40 +447,139 @@ struct ChunkCached {
 
 #[derive(serde::Deserialize)]
 struct ChunkChoice<'a> {
-    #[serde(default, borrow, deserialize_with = "lenient")]
-    text: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow, deserialize_with = "lenient")]
-    finish_reason: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow, deserialize_with = "lenient")]
-    stop_reason: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "lenient_str")]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "lenient_str")]
+    finish_reason: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "lenient_str")]
+    stop_reason: Option<Cow<'a, str>>,
 }
 
-/// `T` where the value is one, absent otherwise (`null`, or another type).
-fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+/// The lenient fields' visitors: a value of the type wanted is read; a value of any other type
+/// (`null` included) is skipped and reads as `NOTHING`. Written out rather than through an
+/// untagged enum, which would buffer every field's value before trying its variants.
+macro_rules! nothing_for_other_types {
+    () => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Self::NOTHING)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(Self::NOTHING)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(Self::NOTHING)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Self::NOTHING)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(Self::NOTHING)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(Self::NOTHING)
+        }
+    };
+}
+
+/// Drains an object a lenient field does not take.
+fn skip_map<'de, A: serde::de::MapAccess<'de>>(mut a: A) -> Result<(), A::Error> {
+    while a
+        .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+        .is_some()
+    {}
+    Ok(())
+}
+
+/// A string where the value is one (borrowed where it has no escapes), absent otherwise.
+fn lenient_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    struct V;
+    impl V {
+        const NOTHING: Option<Cow<'static, str>> = None;
+    }
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Borrowed(s)))
+        }
+        fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(s.to_owned())))
+        }
+        fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(s)))
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
+            skip_map(a).map(|_| None)
+        }
+        nothing_for_other_types!();
+    }
+    d.deserialize_any(V)
+}
+
+/// A token count, 0 where the value is not a whole number.
+fn lenient_count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    struct V;
+    impl V {
+        const NOTHING: usize = 0;
+    }
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = usize;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_u64<E>(self, n: u64) -> Result<usize, E> {
+            Ok(usize::try_from(n).unwrap_or(0))
+        }
+        fn visit_str<E>(self, _: &str) -> Result<usize, E> {
+            Ok(0)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<usize, A::Error> {
+            skip_map(a).map(|_| 0)
+        }
+        nothing_for_other_types!();
+    }
+    d.deserialize_any(V)
+}
+
+/// `T` where the value is an object, absent otherwise.
+fn lenient_object<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: serde::Deserialize<'de>,
 {
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Or<T> {
-        Is(T),
-        Other(serde::de::IgnoredAny),
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<T> V<T> {
+        const NOTHING: Option<T> = None;
     }
-    Ok(
-        match <Option<Or<T>> as serde::Deserialize>::deserialize(d)? {
-            Some(Or::Is(t)) => Some(t),
-            _ => None,
-        },
-    )
-}
-
-/// A token count, 0 where the value is not a whole number.
-fn lenient_count<'de, D>(d: D) -> Result<usize, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    Ok(lenient::<D, u64>(d)?.unwrap_or(0) as usize)
+    impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<Option<T>, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(a)).map(Some)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        nothing_for_other_types!();
+    }
+    d.deserialize_any(V(std::marker::PhantomData))
 }
 
 impl EventStream for Stream {
@@ -630,6 +734,26 @@ mod tests {
         let c: Chunk = serde_json::from_str(r#"{"error":"boom","choices":null}"#).unwrap();
         assert!(matches!(c.error, Some(ChunkErrorField::Other(_))) && c.choices.is_none());
         assert!(serde_json::from_str::<Chunk>(r#"{"choices":{"text":"x"}}"#).is_err());
+        // Every other type where a string, a count or an object is read: absent, skipped whole.
+        let c: Chunk = serde_json::from_str(r#"{"choices":[{"text":["a",{"b":[1]}],"finish_reason":{"x":{"y":2}},"stop_reason":-1.5}],"usage":{"prompt_tokens":-3,"completion_tokens":{"n":1},"prompt_tokens_details":[{"cached_tokens":1}]}}"#).unwrap();
+        let choice = &c.choices.as_ref().unwrap()[0];
+        assert!(
+            choice.text.is_none() && choice.finish_reason.is_none() && choice.stop_reason.is_none()
+        );
+        let u = c.usage.unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (0, 0));
+        assert!(u.prompt_tokens_details.is_none());
+        let c: Chunk = serde_json::from_str(r#"{"usage":{"prompt_tokens":7.0,"completion_tokens":true,"prompt_tokens_details":{"cached_tokens":"4","other":null}}}"#).unwrap();
+        let u = c.usage.unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (0, 0));
+        assert_eq!(u.prompt_tokens_details.unwrap().cached_tokens, 0);
+        // A string with escapes is read (owned), one without is borrowed from the line.
+        let line = r#"{"choices":[{"text":"caf\u00e9","finish_reason":"stop"}]}"#;
+        let c: Chunk = serde_json::from_str(line).unwrap();
+        let choice = &c.choices.as_ref().unwrap()[0];
+        assert_eq!(choice.text.as_deref(), Some("café"));
+        assert!(matches!(choice.text, Some(Cow::Owned(_))));
+        assert!(matches!(choice.finish_reason, Some(Cow::Borrowed("stop"))));
     }
 
     fn body(send_salt: bool, er: &EngineRequest) -> serde_json::Value {
