@@ -165,7 +165,7 @@ pub fn normalizer(data: &[u8]) {
         .collect();
     let rules = Rules {
         mode,
-        patterns: Vec::new(),
+        ..Rules::default()
     };
     let normalized = check_normalized(&segments, &rules);
     let (messages, first_dynamic) = normalize::to_messages(&normalized);

@@ -20,8 +20,11 @@ pub mod detect;
 pub mod public;
 pub mod tokens;
 
+use std::sync::{Arc, Mutex};
+
 use cachet_backend::tokenizer::ChatMessage;
 use cachet_guest_sdk::{Cache, Segment};
+use lru::LruCache;
 use regex::Regex;
 
 /// What the normalizer does for a tenant.
@@ -57,6 +60,91 @@ pub struct Rules {
     pub mode: Mode,
     /// Tenant-defined volatile patterns, on top of the built-in ones.
     pub patterns: Vec<Regex>,
+    /// Static texts already normalized under these rules.
+    pub memo: Memo,
+}
+
+/// Static texts already normalized under one tenant's rules. A system prompt comes back request
+/// after request, and finding its spans scans it once per pattern (thirteen built-in ones, and
+/// the tenant's); its result is kept under the text's hash instead. Bounded by bytes; one per
+/// tenant (each tenant's rules are its own), so no tenant sees another's prompts in its timings.
+#[derive(Clone, Default)]
+pub struct Memo(Arc<Mutex<MemoEntries>>);
+
+/// Most bytes of texts and their spans one tenant's memo holds.
+pub const MEMO_BYTES: usize = 2 << 20;
+/// Longer static texts are normalized every time (one would take a large share of the memo).
+pub const MEMO_MAX_TEXT: usize = 64 << 10;
+
+struct MemoEntries {
+    map: LruCache<[u8; 32], Arc<Done>>,
+    bytes: usize,
+}
+
+impl Default for MemoEntries {
+    fn default() -> Self {
+        MemoEntries {
+            map: LruCache::unbounded(),
+            bytes: 0,
+        }
+    }
+}
+
+/// A static text normalized: what is left of it, and the spans taken out, in order.
+#[derive(Debug, PartialEq)]
+struct Done {
+    text: String,
+    relocated: Vec<String>,
+}
+
+impl Done {
+    /// What the memo counts for it (the key and bookkeeping included).
+    fn bytes(&self) -> usize {
+        128 + self.text.len() + self.relocated.iter().map(|r| r.len() + 24).sum::<usize>()
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.entries();
+        write!(f, "Memo({} texts, {} bytes)", m.map.len(), m.bytes)
+    }
+}
+
+impl Memo {
+    fn entries(&self) -> std::sync::MutexGuard<'_, MemoEntries> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `text` normalized under `patterns` (and the built-in ones), from the memo if it was
+    /// before.
+    fn normalized(&self, text: &str, patterns: &[Regex]) -> Arc<Done> {
+        if text.len() > MEMO_MAX_TEXT {
+            return Arc::new(normalize_text(text, patterns));
+        }
+        let key = *blake3::hash(text.as_bytes()).as_bytes();
+        if let Some(d) = self.entries().map.get(&key) {
+            return d.clone();
+        }
+        let d = Arc::new(normalize_text(text, patterns));
+        let mut m = self.entries();
+        if m.map.put(key, d.clone()).is_none() {
+            m.bytes += d.bytes();
+        }
+        while m.bytes > MEMO_BYTES {
+            let Some((_, old)) = m.map.pop_lru() else {
+                break;
+            };
+            m.bytes -= old.bytes();
+        }
+        d
+    }
+
+    /// Texts held, and the bytes counted for them.
+    pub fn size(&self) -> (usize, usize) {
+        let m = self.entries();
+        (m.map.len(), m.bytes)
+    }
 }
 
 impl Rules {
@@ -70,7 +158,11 @@ impl Rules {
                     .map_err(|e| format!("volatile_patterns entry `{p}` is not a regex: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Rules { mode, patterns })
+        Ok(Rules {
+            mode,
+            patterns,
+            memo: Memo::default(),
+        })
     }
 }
 
@@ -138,6 +230,29 @@ pub fn to_messages(segments: &[Segment]) -> (Vec<ChatMessage>, Option<(usize, us
     (messages, first_dynamic)
 }
 
+/// A static text without its volatile spans, and the spans, in order.
+fn normalize_text(text: &str, patterns: &[Regex]) -> Done {
+    let mut text = text.to_string();
+    let mut relocated = Vec::new();
+    // Until no span is left: a cut can join what was around a span into a new one
+    // ("session 3f2a…-11-29T12:00@00Z" leaves "session:00@00Z", a `key: value` pair), and
+    // normalizing must be idempotent. Each round removes text, so this ends; real prompts
+    // take one round and a second that finds nothing.
+    loop {
+        let spans = detect::find(&text, patterns);
+        if spans.is_empty() {
+            break;
+        }
+        relocated.extend(spans.iter().map(|sp| text[sp.start..sp.end].to_string()));
+        let before = text.len();
+        text = cut(&text, &spans);
+        if text.len() >= before {
+            break; // (spans are never empty, so this is only a safety net)
+        }
+    }
+    Done { text, relocated }
+}
+
 /// Normalizes `segments` under `rules`.
 pub fn normalize(segments: &[Segment], rules: &Rules) -> Normalized {
     let mut out = segments.to_vec();
@@ -149,21 +264,10 @@ pub fn normalize(segments: &[Segment], rules: &Rules) -> Normalized {
         };
     }
     for s in out.iter_mut().filter(|s| s.cache == Cache::Static) {
-        // Until no span is left: a cut can join what was around a span into a new one
-        // ("session 3f2a…-11-29T12:00@00Z" leaves "session:00@00Z", a `key: value` pair), and
-        // normalizing must be idempotent. Each round removes text, so this ends; real prompts
-        // take one round and a second that finds nothing.
-        loop {
-            let spans = detect::find(&s.text, &rules.patterns);
-            if spans.is_empty() {
-                break;
-            }
-            relocated.extend(spans.iter().map(|sp| s.text[sp.start..sp.end].to_string()));
-            let before = s.text.len();
-            s.text = cut(&s.text, &spans);
-            if s.text.len() >= before {
-                break; // (spans are never empty, so this is only a safety net)
-            }
+        let d = rules.memo.normalized(&s.text, &rules.patterns);
+        if !d.relocated.is_empty() {
+            relocated.extend(d.relocated.iter().cloned());
+            s.text.clone_from(&d.text);
         }
     }
     if relocated.is_empty() {

@@ -445,3 +445,67 @@ fn relocate_after_puts_the_values_behind_the_new_message_so_the_next_turn_reuses
         vec!["Current time: 2026-11-29T12:00:00Z".to_string()]
     );
 }
+
+/// One tenant's rules normalize request after request from their memo: every result equals a
+/// fresh normalization's (the random prompts above, each sent twice and again after others), the
+/// memo keeps to its byte bound, and a text over the size limit is normalized without it.
+#[test]
+fn the_memo_answers_as_normalizing_again_would_and_stays_bounded() {
+    let tenant = Rules::new(None, &[r"ORD-\d{6}".into()]).unwrap();
+    let fresh = || Rules::new(None, &[r"ORD-\d{6}".into()]).unwrap();
+    let mut shapes = Rng(0xface);
+    let mut sent = Vec::new();
+    for case in 0..300 {
+        let n = 1 + shapes.below(6) as usize;
+        let shape: Vec<(usize, bool)> = (0..n)
+            .map(|_| {
+                (
+                    shapes.below(PLAIN.len() as u64) as usize,
+                    shapes.below(2) == 0,
+                )
+            })
+            .collect();
+        let (mut text, _) = prompt_with(&mut Rng(77 + case), &shape);
+        if case % 5 == 0 {
+            text.push_str(&format!(" Order ORD-{:06} is open.", case * 37));
+        }
+        sent.push(vec![
+            seg("system", &text, Cache::Static),
+            seg("user", "question?", Cache::Dynamic),
+        ]);
+    }
+    for round in 0..2 {
+        for (i, segs) in sent.iter().enumerate() {
+            let want = normalize(segs, &fresh());
+            assert_eq!(normalize(segs, &tenant), want, "round {round}, prompt {i}");
+            assert_eq!(
+                normalize(segs, &tenant),
+                want,
+                "round {round}, prompt {i}, again"
+            );
+        }
+    }
+    let distinct: std::collections::HashSet<&str> =
+        sent.iter().map(|s| s[0].text.as_str()).collect();
+    let (texts, bytes) = tenant.memo.size();
+    assert_eq!(texts, distinct.len(), "each distinct static text once");
+    assert!(bytes <= MEMO_BYTES);
+    // Past its bound the least recently used texts go, and results stay right.
+    let big = "Be brief. ".repeat(6_000);
+    for i in 0..80 {
+        let text = format!("{i} {big} Ticket id: T-{i}");
+        let segs = [seg("system", &text, Cache::Static)];
+        let n = normalize(&segs, &tenant);
+        assert_eq!(n, normalize(&segs, &fresh()));
+        assert_eq!(n.relocated, [format!("Ticket id: T-{i}")]);
+    }
+    let (texts, bytes) = tenant.memo.size();
+    assert!(bytes <= MEMO_BYTES, "{bytes} bytes held");
+    assert!(texts < sent.len() + 80, "{texts} texts: nothing was let go");
+    // A text over the size limit is normalized every time, never kept.
+    let huge = format!("{} Session id: s-1", "x ".repeat(MEMO_MAX_TEXT));
+    let before = tenant.memo.size().0;
+    let n = normalize(&[seg("system", &huge, Cache::Static)], &tenant);
+    assert_eq!(n.relocated, ["Session id: s-1"]);
+    assert_eq!(tenant.memo.size().0, before);
+}
