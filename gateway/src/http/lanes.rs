@@ -45,6 +45,23 @@ struct Lane {
     thread: Option<JoinHandle<()>>,
 }
 
+/// How often a lane's anchor timer fires ([`anchor`]).
+const ANCHOR_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A timer always pending on the lane's clock, never doing anything. Tokio's time driver
+/// unparks its thread — a write to the runtime's eventfd, and one more pass through epoll —
+/// whenever a timer is registered earlier than the driver's next wake-up, and a driver that
+/// parked with no timer at all has none: every request's upstream timeout then cost a system
+/// call (`strace`: one `write` a request). With this timer at most a second away, timeouts of
+/// seconds and more register silently. It wakes the lane once a second.
+async fn anchor() {
+    let mut tick = tokio::time::interval(ANCHOR_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+    }
+}
+
 /// The serving threads. Dropping it stops them (what still runs on them is dropped).
 pub struct Lanes {
     lanes: Vec<Lane>,
@@ -74,7 +91,10 @@ impl Lanes {
                     LANE.with(|l| l.set(Some(i)));
                     // The runtime runs its tasks while this waits; a dropped sender stops it too.
                     rt.block_on(async {
-                        let _ = stopped.await;
+                        tokio::select! {
+                            _ = stopped => {}
+                            _ = anchor() => {}
+                        }
                     });
                 })?;
             lanes.push(Lane {
