@@ -26,6 +26,21 @@ use crate::error::DeviceError;
 /// cuBLASLt workspace (what NVIDIA recommends for Hopper).
 const LT_WORKSPACE: usize = 32 << 20;
 
+/// Whether FP8 products accumulate in the tensor cores' fast mode, without cuBLASLt's periodic
+/// promotion of partial sums to full f32 (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`, as vLLM's and
+/// torch's `_scaled_mm(use_fast_accum=True)` FP8 GEMMs run). `CACHET_FP8_FAST_ACCUM=0` or `1`
+/// chooses; see BENCHMARKS.md §9b for the speed and the error of each.
+fn fast_accum() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let on = std::env::var("CACHET_FP8_FAST_ACCUM").map_or(FAST_ACCUM_DEFAULT, |v| v != "0");
+        tracing::info!(fast_accum = on, "FP8 GEMMs through cuBLASLt");
+        on
+    })
+}
+
+const FAST_ACCUM_DEFAULT: bool = false;
+
 fn lt_err(op: &'static str, status: lt::cublasStatus_t) -> DeviceError {
     DeviceError::Op {
         device: DEV,
@@ -160,6 +175,16 @@ impl Fp8Gemm {
             lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
             &OP_T,
         )?;
+        let fast = fast_accum() as i8;
+        // SAFETY: the attribute is an int8_t.
+        check("cublasLtMatmulDescSetAttribute", unsafe {
+            lt::cublasLtMatmulDescSetAttribute(
+                desc,
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                (&fast as *const i8).cast(),
+                std::mem::size_of::<i8>(),
+            )
+        })?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         check("cublasLtMatmulPreferenceCreate", unsafe {
