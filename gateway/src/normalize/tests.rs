@@ -244,19 +244,24 @@ fn prompt_with(rng: &mut Rng, shape: &[(usize, bool)]) -> (String, Vec<String>) 
     (text, values)
 }
 
+/// 1 to `most` sentences, each with a volatile value before it one time in `one_in`.
+fn random_shape(rng: &mut Rng, most: u64, one_in: u64) -> Vec<(usize, bool)> {
+    let n = 1 + rng.below(most) as usize;
+    (0..n)
+        .map(|_| {
+            (
+                rng.below(PLAIN.len() as u64) as usize,
+                rng.below(one_in) == 0,
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn properties_hold_on_random_prompts() {
     let mut shapes = Rng(0x5eed);
     for case in 0..1000 {
-        let n = 1 + shapes.below(8) as usize;
-        let shape: Vec<(usize, bool)> = (0..n)
-            .map(|_| {
-                (
-                    shapes.below(PLAIN.len() as u64) as usize,
-                    shapes.below(3) == 0,
-                )
-            })
-            .collect();
+        let shape = random_shape(&mut shapes, 8, 3);
         let mut r1 = Rng(1000 + case);
         let mut r2 = Rng(9_000_000 + case * 7);
         let (t1, v1) = prompt_with(&mut r1, &shape);
@@ -456,15 +461,7 @@ fn the_memo_answers_as_normalizing_again_would_and_stays_bounded() {
     let mut shapes = Rng(0xface);
     let mut sent = Vec::new();
     for case in 0..300 {
-        let n = 1 + shapes.below(6) as usize;
-        let shape: Vec<(usize, bool)> = (0..n)
-            .map(|_| {
-                (
-                    shapes.below(PLAIN.len() as u64) as usize,
-                    shapes.below(2) == 0,
-                )
-            })
-            .collect();
+        let shape = random_shape(&mut shapes, 6, 2);
         let (mut text, _) = prompt_with(&mut Rng(77 + case), &shape);
         if case % 5 == 0 {
             text.push_str(&format!(" Order ORD-{:06} is open.", case * 37));

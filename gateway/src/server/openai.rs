@@ -474,7 +474,10 @@ fn check_fields(api: Api, m: &Members, unknown: UnknownFields) -> Result<Vec<Str
         }
         // The no-ops of refused fields: what a client may send meaning "none of it" (the only
         // values parsed before typing: a refused field's are rare).
-        let v: Value = serde_json::from_str(raw.get()).expect("the body's own JSON");
+        let v: Value = serde_json::from_str(raw.get()).map_err(|e| {
+            // Scanned as JSON already; what parsing adds is a number's range (`1e400`).
+            ApiError::bad_field(format!("invalid request body: `{k}`: {e}"), k.to_string())
+        })?;
         let no_op = match (f.name, &v) {
             (_, Value::Null) => true,
             ("tools" | "functions", Value::Array(a)) => a.is_empty(),
@@ -1238,6 +1241,13 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("functions"));
         let e = err(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temprature":1}"#);
         assert_eq!(e.param.as_deref(), Some("temprature"));
+        // A number out of range is an error where it is read, never a panic.
+        let e =
+            err(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"functions":1e400}"#);
+        assert_eq!(e.param.as_deref(), Some("functions"));
+        let e =
+            err(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1e400}"#);
+        assert_eq!(e.param.as_deref(), Some("temperature"));
     }
 
     #[test]
