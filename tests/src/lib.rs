@@ -165,6 +165,30 @@ pub fn device_runner_for(
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }
 
+/// Calibration tokens for tests whose point is not the INT8 scales' quality (prefix caching over
+/// INT8 blocks, tensor-parallel calibration): the calibration text's first 256 tokens. The full
+/// text (2,048 tokens) is one CPU prefill of ~20 s per runner built.
+pub fn short_int8_calibration(m: &LoadedModel) -> Vec<u32> {
+    let t = m.tokenizer.as_ref().expect("a model with its tokenizer");
+    let mut ids = cachet_backend::device::kv_int8::calibration_tokens(t).unwrap();
+    ids.truncate(256);
+    ids
+}
+
+/// An INT8-cache runner on `dev` calibrated on [`short_int8_calibration`].
+pub fn int8_runner_calibrated_briefly(
+    dev: DeviceKind,
+    m: &LoadedModel,
+    num_blocks: usize,
+) -> Box<dyn Runner> {
+    let opts = RunnerOptions {
+        kv_cache_dtype: cachet_backend::device::KvCacheDtype::Int8,
+        kv_calibration: short_int8_calibration(m),
+        ..runner_options(dev, num_blocks, None)
+    };
+    build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
+}
+
 /// A CPU runner of `m` split over `ranks` tensor-parallel ranks (an error where it does not
 /// split).
 pub fn tp_runner(
