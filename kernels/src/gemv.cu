@@ -392,21 +392,31 @@ extern "C" __global__ void dequantize_rows_e4m3(const fp8* __restrict__ codes, c
         w[e] = f2bf(e4m3f(codes[e]) * scale[e / k]);
 }
 
-// The FP8 GEMM's epilogue (cuBLASLt multiplies the codes with unit scales, in f32): out[t, j] =
-// d[t, j] · w_scale[j] · x_scale[t] — the weight row's and the token's scale — into bf16 or f32.
-// Grid-stride over n · m in groups of four (m % 4 == 0, checked by the host).
-//   d : device, f32 [n, m];  w_scale : device, f32 [m];  x_scale : device, f32 [n]
-template <typename Out>
-__device__ __forceinline__ void fp8_scale_out(const float* __restrict__ d, const float* __restrict__ w_scale,
+// The FP8 GEMM's epilogue (cuBLASLt multiplies the codes with unit scales, into f32 or bf16):
+// out[t, j] = d[t, j] · w_scale[j] · x_scale[t] — the weight row's and the token's scale — into
+// bf16 or f32. Grid-stride over n · m in groups of four (m % 4 == 0, checked by the host).
+//   d : device, f32 or bf16 [n, m];  w_scale : device, f32 [m];  x_scale : device, f32 [n]
+__device__ __forceinline__ void load4(const float* d, size_t g, float v[4]) {
+    const float4 x = reinterpret_cast<const float4*>(d)[g];
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+}
+__device__ __forceinline__ void load4(const bf16* d, size_t g, float v[4]) {
+    const uint2 x = reinterpret_cast<const uint2*>(d)[g];
+    v[0] = __uint_as_float(x.x << 16), v[1] = __uint_as_float(x.x & 0xffff0000u);
+    v[2] = __uint_as_float(x.y << 16), v[3] = __uint_as_float(x.y & 0xffff0000u);
+}
+template <typename In, typename Out>
+__device__ __forceinline__ void fp8_scale_out(const In* __restrict__ d, const float* __restrict__ w_scale,
                                               const float* __restrict__ x_scale, Out* __restrict__ out, int n, int m) {
     const size_t groups = (size_t)n * m / 4;
     for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups; g += (size_t)gridDim.x * blockDim.x) {
         const size_t e = 4 * g;
         const int t = (int)(e / m), j = (int)(e % m);
-        const float4 v = reinterpret_cast<const float4*>(d)[g];
+        float v[4];
+        load4(d, g, v);
         const float4 ws = *reinterpret_cast<const float4*>(w_scale + j);
         const float xs = x_scale[t];
-        const float r[4] = {v.x * ws.x * xs, v.y * ws.y * xs, v.z * ws.z * xs, v.w * ws.w * xs};
+        const float r[4] = {v[0] * ws.x * xs, v[1] * ws.y * xs, v[2] * ws.z * xs, v[3] * ws.w * xs};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             if constexpr (sizeof(Out) == 2)
@@ -420,11 +430,18 @@ extern "C" __global__ void fp8_scale_out_bf16(const float* __restrict__ d, const
                                               const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
                                               int m) {
     wait_for_prior_kernels();
-    fp8_scale_out<bf16>(d, w_scale, x_scale, out, n, m);
+    fp8_scale_out<float, bf16>(d, w_scale, x_scale, out, n, m);
 }
 extern "C" __global__ void fp8_scale_out_f32(const float* __restrict__ d, const float* __restrict__ w_scale,
                                              const float* __restrict__ x_scale, float* __restrict__ out, int n, int m) {
     wait_for_prior_kernels();
-    fp8_scale_out<float>(d, w_scale, x_scale, out, n, m);
+    fp8_scale_out<float, float>(d, w_scale, x_scale, out, n, m);
+}
+// The same from a bf16 product (half the bytes written and read back).
+extern "C" __global__ void fp8_scale_bf16_bf16(const bf16* __restrict__ d, const float* __restrict__ w_scale,
+                                               const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
+                                               int m) {
+    wait_for_prior_kernels();
+    fp8_scale_out<bf16, bf16>(d, w_scale, x_scale, out, n, m);
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::gemm_fp8::Fp8Out;
+use super::gemm_fp8::{Fp8Out, Fp8Product};
 use super::tensor::{CudaBuf, CudaTensor};
 use super::{op_err, CudaDevice, DEV};
 use crate::error::DeviceError;
@@ -161,7 +161,8 @@ impl CudaDevice {
     }
 
     /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, the e4m3 product in
-    /// f32, then both scale vectors applied. `None` when there is no cuBLASLt or no algorithm
+    /// bf16 (in f32 for an f32 result, or with `CACHET_FP8_PRODUCT=f32`), then both scale
+    /// vectors applied. `None` when there is no cuBLASLt or no algorithm
     /// for the shape.
     fn gemm_fp8(
         &self,
@@ -183,18 +184,53 @@ impl CudaDevice {
         let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
         let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
         self.launch_quantize_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))?;
-        let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
-        if !lt.matmul(&self.stream, (codes, &x_codes), (m, n_pad, k), &mut raw)? {
-            return Ok(None);
-        }
         let scales = (w_scale, &x_scale);
-        let buf = if out_f32 {
-            let mut o = self.alloc_f32(n * m, "linear")?;
-            self.launch_fp8_scale_out(&raw, scales, Fp8Out::F32(&mut o), (n, m))?;
-            CudaBuf::F32(o)
+        let buf = if out_f32 || !super::gemm_fp8::bf16_product() {
+            let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
+            if !lt.matmul(
+                &self.stream,
+                (codes, &x_codes),
+                (m, n_pad, k),
+                Fp8Out::F32(&mut raw),
+            )? {
+                return Ok(None);
+            }
+            if out_f32 {
+                let mut o = self.alloc_f32(n * m, "linear")?;
+                self.launch_fp8_scale_out(
+                    Fp8Product::F32(&raw),
+                    scales,
+                    Fp8Out::F32(&mut o),
+                    (n, m),
+                )?;
+                CudaBuf::F32(o)
+            } else {
+                let mut o = self.alloc_bf16(n * m, "linear")?;
+                self.launch_fp8_scale_out(
+                    Fp8Product::F32(&raw),
+                    scales,
+                    Fp8Out::Bf16(&mut o),
+                    (n, m),
+                )?;
+                CudaBuf::Bf16(o)
+            }
         } else {
+            let mut raw = self.alloc_bf16(n_pad * m, "FP8 product")?;
+            if !lt.matmul(
+                &self.stream,
+                (codes, &x_codes),
+                (m, n_pad, k),
+                Fp8Out::Bf16(&mut raw),
+            )? {
+                return Ok(None);
+            }
             let mut o = self.alloc_bf16(n * m, "linear")?;
-            self.launch_fp8_scale_out(&raw, scales, Fp8Out::Bf16(&mut o), (n, m))?;
+            self.launch_fp8_scale_out(
+                Fp8Product::Bf16(&raw),
+                scales,
+                Fp8Out::Bf16(&mut o),
+                (n, m),
+            )?;
             CudaBuf::Bf16(o)
         };
         Ok(Some(CudaTensor {

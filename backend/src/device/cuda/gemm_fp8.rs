@@ -1,8 +1,9 @@
 //! FP8 GEMMs through cuBLASLt for steps of more rows than the FP8 GEMV takes (batched decode,
 //! prefill): the activations are quantized to e4m3 with one scale per token (a launch of
 //! `quantize_rows_e4m3`, as the weights were at load), cuBLASLt multiplies the e4m3 codes on the
-//! tensor cores with unit scales into f32, and `fp8_scale_out` applies the weight row's and the
-//! token's scale on the way to bf16. No bf16 copy of the weights is ever made, so a step reads
+//! tensor cores with unit scales into bf16 (f32 where the result is f32, or with
+//! `CACHET_FP8_PRODUCT=f32`), and `fp8_scale_out` applies the weight row's and the token's scale
+//! on the way to the result. No bf16 copy of the weights is ever made, so a step reads
 //! each weight byte once. (cuBLASLt's own per-row scaling, `OUTER_VEC_32F`, is refused on the
 //! H200's library — CUBLAS_STATUS_INVALID_VALUE from the heuristic for every shape — so the
 //! scales are an epilogue launch of ours.)
@@ -41,6 +42,22 @@ fn fast_accum() -> bool {
 
 const FAST_ACCUM_DEFAULT: bool = false;
 
+/// Whether a bf16 result's product is written by cuBLASLt in bf16 (then scaled from bf16 to
+/// bf16: 4 bytes an element through the epilogue) rather than in f32 (10 bytes: the f32 product
+/// written, read back, bf16 written). bf16 by default: prefill 2.5–3.5% faster on the H200, the
+/// logits' error against transformers and bf16 the same (BENCHMARKS.md §9b);
+/// `CACHET_FP8_PRODUCT=f32` keeps the f32 product.
+pub fn bf16_product() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let on = std::env::var("CACHET_FP8_PRODUCT").map_or(BF16_PRODUCT_DEFAULT, |v| v == "bf16");
+        tracing::info!(bf16_product = on, "FP8 GEMMs' products");
+        on
+    })
+}
+
+const BF16_PRODUCT_DEFAULT: bool = true;
+
 fn lt_err(op: &'static str, status: lt::cublasStatus_t) -> DeviceError {
     DeviceError::Op {
         device: DEV,
@@ -56,8 +73,9 @@ fn check(op: &'static str, status: lt::cublasStatus_t) -> Result<(), DeviceError
     }
 }
 
-/// The shape of one product: weight rows (output features), tokens, columns.
-type Shape = (usize, usize, usize);
+/// The shape of one product: weight rows (output features), tokens, columns, and whether it is
+/// written in bf16 (else f32).
+type Shape = (usize, usize, usize, bool);
 
 struct Plan {
     desc: lt::cublasLtMatmulDesc_t,
@@ -105,6 +123,12 @@ pub enum Fp8Out<'a> {
     F32(&'a mut CudaSlice<f32>),
 }
 
+/// cuBLASLt's product of the codes (unit scales), before the epilogue.
+pub enum Fp8Product<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<u16>),
+}
+
 impl Fp8Gemm {
     /// `None` when libcublasLt cannot be loaded (the dequantizing path serves then).
     pub fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>, DeviceError> {
@@ -127,9 +151,13 @@ impl Fp8Gemm {
     }
 
     /// Makes the plan of a shape; `Ok(None)` when cuBLASLt has no algorithm for it.
-    fn plan(&self, (m, n, k): Shape) -> Result<Option<Plan>, DeviceError> {
+    fn plan(&self, (m, n, k, bf16): Shape) -> Result<Option<Plan>, DeviceError> {
         let f8 = lt::cudaDataType::CUDA_R_8F_E4M3;
-        let out_type = lt::cudaDataType::CUDA_R_32F;
+        let out_type = if bf16 {
+            lt::cudaDataType::CUDA_R_16BF
+        } else {
+            lt::cudaDataType::CUDA_R_32F
+        };
         // Filled in below; whatever was made is destroyed with it if a step fails.
         let mut plan = Plan {
             desc: std::ptr::null_mut(),
@@ -235,16 +263,20 @@ impl Fp8Gemm {
         Ok(Some(plan))
     }
 
-    /// `raw = x · wᵀ` over the codes (unit scales), f32 `[n, m]`; `Ok(false)` when cuBLASLt
-    /// has no algorithm for the shape (nothing was launched).
+    /// `raw = x · wᵀ` over the codes (unit scales), f32 or bf16 `[n, m]`; `Ok(false)` when
+    /// cuBLASLt has no algorithm for the shape (nothing was launched).
     pub fn matmul(
         &self,
         stream: &Arc<CudaStream>,
         (w, x): (&CudaSlice<u8>, &CudaSlice<u8>),
         (m, n, k): (usize, usize, usize),
-        raw: &mut CudaSlice<f32>,
+        raw: Fp8Out<'_>,
     ) -> Result<bool, DeviceError> {
-        let shape = (m, n, k);
+        let (raw_len, bf16) = match &raw {
+            Fp8Out::F32(r) => (r.len(), false),
+            Fp8Out::Bf16(r) => (r.len(), true),
+        };
+        let shape = (m, n, k, bf16);
         let mut plans = self.plans.borrow_mut();
         let plan = match plans.entry(shape) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -253,7 +285,7 @@ impl Fp8Gemm {
         let Some(plan) = plan.as_ref() else {
             return Ok(false);
         };
-        if w.len() < m * k || x.len() < n * k || raw.len() < n * m {
+        if w.len() < m * k || x.len() < n * k || raw_len < n * m {
             return Err(DeviceError::Op {
                 device: DEV,
                 op: "cublasLtMatmul",
@@ -263,9 +295,13 @@ impl Fp8Gemm {
         let (wp, _g1) = w.device_ptr(stream);
         let (xp, _g2) = x.device_ptr(stream);
         let (wkp, _g3) = self.workspace.device_ptr(stream);
-        let (dp, _g4) = raw.device_ptr_mut(stream);
+        let (dp, _g4) = match raw {
+            Fp8Out::F32(r) => r.device_ptr_mut(stream),
+            Fp8Out::Bf16(r) => r.device_ptr_mut(stream),
+        };
         let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: the operands hold m·k and n·k codes and the output n·m f32 (checked above), all
+        // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the plan's
+        // type (checked above), all
         // on this stream; the workspace is LT_WORKSPACE bytes; alpha/beta outlive the call.
         check("cublasLtMatmul", unsafe {
             lt::cublasLtMatmul(

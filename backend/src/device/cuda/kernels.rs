@@ -138,8 +138,9 @@ pub struct Kernels {
     /// FP8 weights: bf16 rows to e4m3 codes with row scales, and back to bf16.
     pub quantize_rows_e4m3: CudaFunction,
     pub dequantize_rows_e4m3: CudaFunction,
-    /// The FP8 GEMM's epilogue: row and token scales applied, into bf16 or f32.
-    pub fp8_scale_out: [CudaFunction; 2],
+    /// The FP8 GEMM's epilogue: row and token scales applied, from an f32 product into bf16 or
+    /// f32, and from a bf16 product into bf16.
+    pub fp8_scale_out: [CudaFunction; 3],
     /// Mixture of experts (moe.cu): routing; the few-row path's gate|up + SwiGLU and weighted
     /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
     /// weighted combine.
@@ -249,7 +250,11 @@ impl Kernels {
             ],
             quantize_rows_e4m3: f("quantize_rows_e4m3")?,
             dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
-            fp8_scale_out: [f("fp8_scale_out_bf16")?, f("fp8_scale_out_f32")?],
+            fp8_scale_out: [
+                f("fp8_scale_out_bf16")?,
+                f("fp8_scale_out_f32")?,
+                f("fp8_scale_bf16_bf16")?,
+            ],
             moe_route: f("moe_route_f32")?,
             moe_router_route: [
                 f("moe_router_route_r1")?,

@@ -1013,17 +1013,21 @@ impl CudaDevice {
     /// int m)`: the FP8 GEMM's product scaled by its weight rows' and tokens' scales.
     pub(super) fn launch_fp8_scale_out(
         &self,
-        d: &CudaSlice<f32>,
+        d: super::gemm_fp8::Fp8Product<'_>,
         (w_scale, x_scale): (&CudaSlice<f32>, &CudaSlice<f32>),
         out: super::gemm_fp8::Fp8Out<'_>,
         (n, m): (usize, usize),
     ) -> Result<(), DeviceError> {
-        use super::gemm_fp8::Fp8Out;
+        use super::gemm_fp8::{Fp8Out, Fp8Product};
         let out_len = match &out {
             Fp8Out::Bf16(o) => o.len(),
             Fp8Out::F32(o) => o.len(),
         };
-        if d.len() < n * m
+        let d_len = match &d {
+            Fp8Product::F32(d) => d.len(),
+            Fp8Product::Bf16(d) => d.len(),
+        };
+        if d_len < n * m
             || w_scale.len() < m
             || x_scale.len() < n
             || out_len < n * m
@@ -1037,11 +1041,23 @@ impl CudaDevice {
             block_dim: (512, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(match out {
-            Fp8Out::Bf16(_) => &self.k.fp8_scale_out[0],
-            Fp8Out::F32(_) => &self.k.fp8_scale_out[1],
+        let mut l = self.stream.launch_builder(match (&d, &out) {
+            (Fp8Product::F32(_), Fp8Out::Bf16(_)) => &self.k.fp8_scale_out[0],
+            (Fp8Product::F32(_), Fp8Out::F32(_)) => &self.k.fp8_scale_out[1],
+            (Fp8Product::Bf16(_), Fp8Out::Bf16(_)) => &self.k.fp8_scale_out[2],
+            (Fp8Product::Bf16(_), Fp8Out::F32(_)) => {
+                return Err(DeviceError::Op {
+                    device: super::DEV,
+                    op: "fp8_scale_out",
+                    msg: "a bf16 product is scaled into bf16 only".into(),
+                })
+            }
         });
-        l.arg(d).arg(w_scale).arg(x_scale);
+        match d {
+            Fp8Product::F32(d) => l.arg(d),
+            Fp8Product::Bf16(d) => l.arg(d),
+        };
+        l.arg(w_scale).arg(x_scale);
         match out {
             Fp8Out::Bf16(o) => l.arg(o),
             Fp8Out::F32(o) => l.arg(o),
