@@ -185,53 +185,41 @@ impl CudaDevice {
         let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
         self.launch_quantize_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))?;
         let scales = (w_scale, &x_scale);
+        // The scales applied on the way to the result.
+        let scaled = |product: Fp8Product| -> Result<CudaBuf, DeviceError> {
+            Ok(if out_f32 {
+                let mut o = self.alloc_f32(n * m, "linear")?;
+                self.launch_fp8_scale_out(product, scales, Fp8Out::F32(&mut o), (n, m))?;
+                CudaBuf::F32(o)
+            } else {
+                let mut o = self.alloc_bf16(n * m, "linear")?;
+                self.launch_fp8_scale_out(product, scales, Fp8Out::Bf16(&mut o), (n, m))?;
+                CudaBuf::Bf16(o)
+            })
+        };
+        let shape = (m, n_pad, k);
         let buf = if out_f32 || !super::gemm_fp8::bf16_product() {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
             if !lt.matmul(
                 &self.stream,
                 (codes, &x_codes),
-                (m, n_pad, k),
+                shape,
                 Fp8Out::F32(&mut raw),
             )? {
                 return Ok(None);
             }
-            if out_f32 {
-                let mut o = self.alloc_f32(n * m, "linear")?;
-                self.launch_fp8_scale_out(
-                    Fp8Product::F32(&raw),
-                    scales,
-                    Fp8Out::F32(&mut o),
-                    (n, m),
-                )?;
-                CudaBuf::F32(o)
-            } else {
-                let mut o = self.alloc_bf16(n * m, "linear")?;
-                self.launch_fp8_scale_out(
-                    Fp8Product::F32(&raw),
-                    scales,
-                    Fp8Out::Bf16(&mut o),
-                    (n, m),
-                )?;
-                CudaBuf::Bf16(o)
-            }
+            scaled(Fp8Product::F32(&raw))?
         } else {
             let mut raw = self.alloc_bf16(n_pad * m, "FP8 product")?;
             if !lt.matmul(
                 &self.stream,
                 (codes, &x_codes),
-                (m, n_pad, k),
+                shape,
                 Fp8Out::Bf16(&mut raw),
             )? {
                 return Ok(None);
             }
-            let mut o = self.alloc_bf16(n * m, "linear")?;
-            self.launch_fp8_scale_out(
-                Fp8Product::Bf16(&raw),
-                scales,
-                Fp8Out::Bf16(&mut o),
-                (n, m),
-            )?;
-            CudaBuf::Bf16(o)
+            scaled(Fp8Product::Bf16(&raw))?
         };
         Ok(Some(CudaTensor {
             rows: n,
