@@ -19,12 +19,9 @@ secs=${SECS:-10}
 rounds=${ROUNDS:-3}
 out=${OUT:-gateway-cost-out}
 mkdir -p "$out"
-dir=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source "$(dirname "$0")/mock_upstream.sh"
 mock=$(free_port); proxy=$(free_port); gw=$(free_port); gws=$(free_port)
 
-source "$(dirname "$0")/mock_upstream.sh"
 mock_upstream "$mock"
 nginx_conf proxy "upstream mock { server 127.0.0.1:$mock; keepalive 64; }
   server {

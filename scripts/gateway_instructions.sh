@@ -11,11 +11,8 @@ set -euo pipefail
 reqs=${REQS:-1000}
 out=${OUT:-gateway-instructions-out}
 mkdir -p "$out"
-dir=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-mock=$(free_port)
 source "$(dirname "$0")/mock_upstream.sh"
+mock=$(free_port)
 mock_upstream "$mock"
 key=sk-cost-bench
 body='{"model":"smollm2","max_tokens":1,"messages":[{"role":"system","content":"You are a helpful assistant for Acme routers."},{"role":"user","content":"What is the capital of France?"}]}'

@@ -1,9 +1,13 @@
-# Shared by the gateway's cost benchmarks (sourced; needs $dir, a scratch directory): a mock
+# Shared by the gateway's cost benchmarks (sourced): a scratch directory ($dir, removed and the
+# background jobs killed on exit), `free_port`, a mock
 # OpenAI-compatible upstream — nginx returning fixed answers: /v1/chat/completions as JSON,
 # /v1/completions as the SSE stream the gateway reads, /v1/models — and `nginx_conf`, which
 # writes and starts one nginx (one worker, its own files under $dir) in the background;
 # `cachet_config`, a gateway config with the mock as its upstream.
 #   source scripts/mock_upstream.sh; mock_upstream PORT; cachet_config BIN KEY PORT > cachet.toml
+dir=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 chunk='{"id":"cmpl-1","object":"text_completion","created":1,"model":"smollm2","choices":[{"index":0,"text":"Paris","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}'
 chat='{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"smollm2","choices":[{"index":0,"message":{"role":"assistant","content":"Paris"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}'
 esc() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }

@@ -141,6 +141,7 @@ impl Memo {
     }
 
     /// Texts held, and the bytes counted for them.
+    #[cfg(test)]
     pub fn size(&self) -> (usize, usize) {
         let m = self.entries();
         (m.map.len(), m.bytes)

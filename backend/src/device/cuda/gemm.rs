@@ -198,7 +198,7 @@ impl CudaDevice {
             })
         };
         let shape = (m, n_pad, k);
-        let buf = if out_f32 || !super::gemm_fp8::bf16_product() {
+        let buf = if out_f32 || !self.options.fp8_bf16_product {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
             if !lt.matmul(
                 &self.stream,

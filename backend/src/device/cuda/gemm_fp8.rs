@@ -27,37 +27,6 @@ use crate::error::DeviceError;
 /// cuBLASLt workspace (what NVIDIA recommends for Hopper).
 const LT_WORKSPACE: usize = 32 << 20;
 
-/// Whether FP8 products accumulate in the tensor cores' fast mode, without cuBLASLt's periodic
-/// promotion of partial sums to full f32 (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`, as vLLM's and
-/// torch's `_scaled_mm(use_fast_accum=True)` FP8 GEMMs run). `CACHET_FP8_FAST_ACCUM=0` or `1`
-/// chooses; see BENCHMARKS.md §9b for the speed and the error of each.
-fn fast_accum() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let on = std::env::var("CACHET_FP8_FAST_ACCUM").map_or(FAST_ACCUM_DEFAULT, |v| v != "0");
-        tracing::info!(fast_accum = on, "FP8 GEMMs through cuBLASLt");
-        on
-    })
-}
-
-const FAST_ACCUM_DEFAULT: bool = false;
-
-/// Whether a bf16 result's product is written by cuBLASLt in bf16 (then scaled from bf16 to
-/// bf16: 4 bytes an element through the epilogue) rather than in f32 (10 bytes: the f32 product
-/// written, read back, bf16 written). bf16 by default: prefill 2.5–3.5% faster on the H200, the
-/// logits' error against transformers and bf16 the same (BENCHMARKS.md §9b);
-/// `CACHET_FP8_PRODUCT=f32` keeps the f32 product.
-pub fn bf16_product() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let on = std::env::var("CACHET_FP8_PRODUCT").map_or(BF16_PRODUCT_DEFAULT, |v| v == "bf16");
-        tracing::info!(bf16_product = on, "FP8 GEMMs' products");
-        on
-    })
-}
-
-const BF16_PRODUCT_DEFAULT: bool = true;
-
 fn lt_err(op: &'static str, status: lt::cublasStatus_t) -> DeviceError {
     DeviceError::Op {
         device: DEV,
@@ -105,6 +74,8 @@ impl Drop for Plan {
 /// A cuBLASLt handle with its workspace and the plans made so far (`None`: no algorithm).
 pub struct Fp8Gemm {
     handle: lt::cublasLtHandle_t,
+    /// Accumulate in the tensor cores' fast mode ([`super::CudaOptions::fp8_fast_accum`]).
+    fast_accum: bool,
     workspace: CudaSlice<u8>,
     plans: RefCell<HashMap<Shape, Option<Plan>>>,
 }
@@ -131,7 +102,7 @@ pub enum Fp8Product<'a> {
 
 impl Fp8Gemm {
     /// `None` when libcublasLt cannot be loaded (the dequantizing path serves then).
-    pub fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>, DeviceError> {
+    pub fn new(stream: &Arc<CudaStream>, fast_accum: bool) -> Result<Option<Self>, DeviceError> {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { lt::is_culib_present() } {
             tracing::warn!("libcublasLt not found: FP8 weights are dequantized for steps of more than a few rows");
@@ -145,6 +116,7 @@ impl Fp8Gemm {
             unsafe { stream.alloc::<u8>(LT_WORKSPACE) }.map_err(op_err("cublasLt workspace"))?;
         Ok(Some(Fp8Gemm {
             handle,
+            fast_accum,
             workspace,
             plans: RefCell::new(HashMap::new()),
         }))
@@ -203,7 +175,7 @@ impl Fp8Gemm {
             lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
             &OP_T,
         )?;
-        let fast = fast_accum() as i8;
+        let fast = self.fast_accum as i8;
         // SAFETY: the attribute is an int8_t.
         check("cublasLtMatmulDescSetAttribute", unsafe {
             lt::cublasLtMatmulDescSetAttribute(

@@ -363,7 +363,10 @@ impl Device for CudaDevice {
 
     fn quantize_fp8(&self, w: CudaTensor) -> Result<CudaTensor, DeviceError> {
         if self.fp8_gemm.get().is_none() {
-            let _ = self.fp8_gemm.set(gemm_fp8::Fp8Gemm::new(&self.stream)?);
+            let _ = self.fp8_gemm.set(gemm_fp8::Fp8Gemm::new(
+                &self.stream,
+                self.options.fp8_fast_accum,
+            )?);
         }
         let (n, k) = (w.rows, w.cols);
         let mut codes = self.alloc_out::<u8>(n * k, "FP8 weights")?;

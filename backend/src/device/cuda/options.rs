@@ -153,6 +153,16 @@ pub struct CudaOptions {
     /// Kernel sources substituted by file name (`CACHET_KERNEL_DIR`), for kernel work without a
     /// rebuild.
     pub kernel_dir: Option<PathBuf>,
+    /// FP8 GEMMs accumulate in the tensor cores' fast mode, without cuBLASLt's periodic
+    /// promotion of partial sums to f32 (`CACHET_FP8_FAST_ACCUM=0|1`, as torch's
+    /// `_scaled_mm(use_fast_accum=True)`). Off: on the H200 it made prefill 2–5% faster and
+    /// batched decode no faster, with the same error (BENCHMARKS.md §9b).
+    pub fp8_fast_accum: bool,
+    /// A bf16 result's FP8 product is written by cuBLASLt in bf16 and scaled bf16 → bf16 (4 bytes
+    /// an element through the epilogue) rather than in f32 (10 bytes: written, read back, bf16
+    /// written) (`CACHET_FP8_PRODUCT=bf16|f32`). bf16: prefill 2.5–4% faster on the H200, the
+    /// logits' error against transformers and bf16 the same (BENCHMARKS.md §9b).
+    pub fp8_bf16_product: bool,
 }
 
 impl Default for CudaOptions {
@@ -168,6 +178,8 @@ impl Default for CudaOptions {
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
             kernel_dir: None,
+            fp8_fast_accum: false,
+            fp8_bf16_product: true,
         }
     }
 }
@@ -272,6 +284,26 @@ impl CudaOptions {
             }
         };
         o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
+        match var("CACHET_FP8_FAST_ACCUM").as_deref() {
+            None | Some("") | Some("0") => {}
+            Some("1") => o.fp8_fast_accum = true,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_FP8_FAST_ACCUM",
+                    format!("`{v}`: expected `0` or `1`"),
+                ))
+            }
+        }
+        match var("CACHET_FP8_PRODUCT").as_deref() {
+            None | Some("") | Some("bf16") => {}
+            Some("f32") => o.fp8_bf16_product = false,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_FP8_PRODUCT",
+                    format!("`{v}`: expected `bf16` or `f32`"),
+                ))
+            }
+        }
         Ok(o)
     }
 }
@@ -354,6 +386,18 @@ mod tests {
         assert_eq!(parse(&[("CACHET_PDL", "off")]).unwrap().pdl, Pdl::Off);
         assert_eq!(parse(&[("CACHET_PDL", "mixed")]).unwrap().pdl, Pdl::Mixed);
         assert_eq!(parse(&[]).unwrap().graph_memory, GraphMemory::Nodes);
+        let fp8 = |o: CudaOptions| (o.fp8_fast_accum, o.fp8_bf16_product);
+        assert_eq!(fp8(parse(&[]).unwrap()), (false, true));
+        assert_eq!(
+            fp8(parse(&[
+                ("CACHET_FP8_FAST_ACCUM", "1"),
+                ("CACHET_FP8_PRODUCT", "f32")
+            ])
+            .unwrap()),
+            (true, false)
+        );
+        assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
+        assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
             parse(&[("CACHET_GRAPH_MEMORY", "pool")])
                 .unwrap()
