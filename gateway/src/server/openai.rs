@@ -230,12 +230,17 @@ impl<'a> Members<'a> {
             if e.line() == 0 {
                 return ApiError::bad_request(format!("invalid request body: {e}"), None);
             }
-            let e = e.to_string();
-            let e = e.rsplit_once(" at line ").map_or(&*e, |(m, _)| m);
-            let k = at.get();
-            ApiError::bad_field(format!("invalid request body: `{k}`: {e}"), k.to_string())
+            member_error(at.get(), &e)
         })
     }
+}
+
+/// A 400 naming member `k`, whose value failed to parse with `e` (its position, inside that
+/// value's own text, left out).
+fn member_error(k: &str, e: &serde_json::Error) -> ApiError {
+    let e = e.to_string();
+    let e = e.rsplit_once(" at line ").map_or(&*e, |(m, _)| m);
+    ApiError::bad_field(format!("invalid request body: `{k}`: {e}"), k.to_string())
 }
 
 #[derive(Debug, Deserialize)]
@@ -495,7 +500,7 @@ fn check_fields(api: Api, m: &Members, unknown: UnknownFields) -> Result<Vec<Str
         // values parsed before typing: a refused field's are rare).
         let v: Value = serde_json::from_str(raw.get()).map_err(|e| {
             // Scanned as JSON already; what parsing adds is a number's range (`1e400`).
-            ApiError::bad_field(format!("invalid request body: `{k}`: {e}"), k.to_string())
+            member_error(k, &e)
         })?;
         let no_op = match (f.name, &v) {
             (_, Value::Null) => true,
