@@ -12,17 +12,21 @@ use cachet_tests::{free_port, Proc};
 const NAME: &str = "workers.cachet.test";
 
 fn worker(ip: &str, port: u16) -> Proc {
-    let p = Proc(
+    let log = std::env::temp_dir().join(format!(
+        "cachet-discovery-{}-{ip}-{port}.log",
+        std::process::id()
+    ));
+    let mut p = Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .arg("worker")
             .args(cachet_tests::SMOLLM2_CPU)
             .args(["--listen", &format!("{ip}:{port}")])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .unwrap(),
     );
-    cachet_tests::wait_listening(ip, port, "a worker");
+    cachet_tests::wait_proc_listening(&mut p, ip, port, "a worker", &log);
     p
 }
 
@@ -129,18 +133,22 @@ fn workers_named_by_dns_join_after_their_health_check_and_leave_when_gone() {
     )
     .unwrap();
     let gport = free_port();
-    let _gateway = Proc(
+    let glog = std::env::temp_dir().join(format!(
+        "cachet-discovery-{}-gateway.log",
+        std::process::id()
+    ));
+    let mut gateway = Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .env("CACHET_USAGE_DB", "off")
             .args(["serve", "--config", cfg.to_str().unwrap()])
             .args(cachet_tests::SMOLLM2_CPU)
             .args(["--listen", &format!("127.0.0.1:{gport}")])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&glog).unwrap()))
             .spawn()
             .unwrap(),
     );
-    cachet_tests::wait_listening("127.0.0.1", gport, "the gateway");
+    cachet_tests::wait_proc_listening(&mut gateway, "127.0.0.1", gport, "the gateway", &glog);
     let base = format!("http://127.0.0.1:{gport}");
     let url = |ip: &str| format!("http://{ip}:{wport}");
 

@@ -462,13 +462,76 @@ pub fn wait_listening(ip: &str, port: u16, what: &str) {
     }
 }
 
-/// A TCP port that was free a moment ago.
+/// As [`wait_listening`] for a process of ours: fails as soon as it exits, and either failure
+/// shows the end of its log (where the test sent its stderr) — a server that could not start
+/// says why instead of leaving two minutes of silence.
+pub fn wait_proc_listening(p: &mut Proc, ip: &str, port: u16, what: &str, log: &std::path::Path) {
+    let tail = || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    };
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect((ip, port)).is_err() {
+        if let Ok(Some(status)) = p.0.try_wait() {
+            panic!(
+                "{what} exited ({status}) before listening on {ip}:{port}; its log:\n{}",
+                tail()
+            );
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "{what} did not listen on {ip}:{port} within two minutes; its log:\n{}",
+            tail()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A TCP port free on every address a moment ago, for a server a test starts.
+///
+/// Not one the kernel hands out (`bind(:0)`): those come from the ephemeral range, the same
+/// range every outgoing connection's source port is taken from, so between this call and the
+/// server's `bind` — seconds while a model loads — one of the many connections the other tests
+/// open could take it (a listener on 0.0.0.0 conflicts with any socket on that port). Ports
+/// here are below that range (`ip_local_port_range`), walked from a per-process start so the
+/// tests of one binary never get the same one twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("binding a free port")
-        .local_addr()
-        .expect("local address")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (lo, hi) = if ephemeral_start > 12000 {
+        (10000, ephemeral_start)
+    } else {
+        // An unusual range starting low: fall back to what the kernel hands out.
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("binding a free port")
+            .local_addr()
+            .expect("local address")
+            .port();
+    };
+    let span = hi - lo;
+    static START: OnceLock<u32> = OnceLock::new();
+    let start = *START.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        std::process::id().wrapping_mul(2654435761) ^ nanos
+    });
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (lo + start.wrapping_add(n) % span) as u16;
+        // A listener on 0.0.0.0 takes the port on every IPv4 address: it binds only where no
+        // socket holds the port on any of them.
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port in {lo}..{hi}");
 }
 
 /// Runs `curl -sS` with `args`; returns (HTTP status, body). Status 0: no response.

@@ -23,7 +23,11 @@ fn cachet_proc(
     env: &[(&str, &str)],
 ) -> (cachet_tests::Proc, u16) {
     let port = cachet_tests::free_port();
-    let p = cachet_tests::Proc(
+    let log = std::env::temp_dir().join(format!(
+        "cachet-otlp-{}-{service}-{port}.log",
+        std::process::id()
+    ));
+    let mut p = cachet_tests::Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .args(args)
             .args(cachet_tests::SMOLLM2_CPU)
@@ -32,11 +36,11 @@ fn cachet_proc(
             .env("CACHET_USAGE_DB", "off")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .unwrap(),
     );
-    wait_listening("127.0.0.1", port, service);
+    cachet_tests::wait_proc_listening(&mut p, "127.0.0.1", port, service, &log);
     (p, port)
 }
 

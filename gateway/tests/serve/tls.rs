@@ -152,7 +152,8 @@ fn a_worker_requiring_client_certificates_serves_only_the_gateway_that_has_one()
     std::fs::create_dir_all(&dir).unwrap();
     let (ca, crt, key, (client_crt, client_key)) = make_certs_with_client(&dir, "mtls");
     let wport = free_port();
-    let _worker = cachet_tests::Proc(
+    let wlog = dir.join("worker.log");
+    let mut worker = cachet_tests::Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .arg("worker")
             .args(cachet_tests::SMOLLM2_CPU)
@@ -164,11 +165,11 @@ fn a_worker_requiring_client_certificates_serves_only_the_gateway_that_has_one()
             .arg("--tls-client-ca")
             .arg(&ca)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&wlog).unwrap()))
             .spawn()
             .unwrap(),
     );
-    wait_listening("127.0.0.1", wport, "the worker");
+    cachet_tests::wait_proc_listening(&mut worker, "127.0.0.1", wport, "the worker", &wlog);
     let wurl = format!("https://127.0.0.1:{wport}");
     // curl: refused without a client certificate, served with one.
     let (ok, out) = curl(&["--cacert", ca.to_str().unwrap(), &format!("{wurl}/health")]);
