@@ -382,6 +382,73 @@ extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ w, fp8* _
     if (threadIdx.x == 0) scale[j] = s;
 }
 
+// A GEMM's input rows (activations) to e4m3 with one scale per row, for cuBLASLt's FP8 product:
+// scale[j] = amax_j / 448 as quantize_rows_e4m3, but each row read once (each thread holds its
+// 16-byte chunks in registers, up to ACT_Q_CHUNKS a thread; longer rows are read twice), eight
+// codes written at a time, and x · (448 / amax_j) instead of a division per element — an ulp or
+// two from x / scale[j], which moves a code only where a value lies on a rounding boundary
+// (quantize_rows_e4m3 stays exact: the weights must match the CPU's fp8.rs). One block of
+// ACT_Q_THREADS per row; k % 8 == 0 and 16-byte-aligned rows (the host checks k % 16).
+//   x : device, bf16 [n, k];  codes : device, e4m3 [n, k];  scale : device, f32 [n]
+#define ACT_Q_THREADS 256
+#define ACT_Q_CHUNKS 8
+__device__ __forceinline__ float amax8(uint4 v) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        m = fmaxf(m, fmaxf(fabsf(__uint_as_float(w[i] << 16)), fabsf(__uint_as_float(w[i] & 0xffff0000u))));
+    return m;
+}
+// Two floats → two e4m3 codes (lo in the low byte): RNE, saturated at ±448, NaN → 0x7f — one
+// instruction on sm_89+, f2e4m3 (the same results) before.
+__device__ __forceinline__ unsigned f32x2_e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short two;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(two) : "f"(hi), "f"(lo));
+    return two;
+#else
+    return (unsigned)f2e4m3(lo) | ((unsigned)f2e4m3(hi) << 8);
+#endif
+}
+__device__ __forceinline__ uint2 e4m3x8(uint4 v, float inv) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+    unsigned q[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        q[i] = f32x2_e4m3x2(__uint_as_float(w[i] << 16) * inv, __uint_as_float(w[i] & 0xffff0000u) * inv);
+    return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+}
+extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4m3(
+    const bf16* __restrict__ x, fp8* __restrict__ codes, float* __restrict__ scale, int n, int k) {
+    wait_for_prior_kernels();
+    const int j = blockIdx.x;
+    if (j >= n) return;
+    const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)j * k);
+    uint2* out = reinterpret_cast<uint2*>(codes + (size_t)j * k);
+    const int chunks = k >> 3, held = ACT_Q_CHUNKS * ACT_Q_THREADS;
+    uint4 v[ACT_Q_CHUNKS];
+    float m = 0.f;
+#pragma unroll
+    for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
+        const int i = threadIdx.x + c * ACT_Q_THREADS;
+        if (i < chunks) {
+            v[c] = row[i];
+            m = fmaxf(m, amax8(v[c]));
+        }
+    }
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) m = fmaxf(m, amax8(row[i]));
+    const float amax = block_max(m);
+    const float inv = amax > 0.f ? __fdiv_rn(E4M3_MAX, amax) : 0.f;
+#pragma unroll
+    for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
+        const int i = threadIdx.x + c * ACT_Q_THREADS;
+        if (i < chunks) out[i] = e4m3x8(v[c], inv);
+    }
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) out[i] = e4m3x8(row[i], inv);
+    if (threadIdx.x == 0) scale[j] = __fdiv_rn(amax, E4M3_MAX);
+}
+
 // w[j, :] = bf16(e4m3(codes[j, :]) · scale[j]): FP8 weights back to bf16 for the GEMMs of
 // prefill steps. Grid-stride over n · k.
 extern "C" __global__ void dequantize_rows_e4m3(const fp8* __restrict__ codes, const float* __restrict__ scale,
@@ -437,11 +504,30 @@ extern "C" __global__ void fp8_scale_out_f32(const float* __restrict__ d, const 
     wait_for_prior_kernels();
     fp8_scale_out<float, float>(d, w_scale, x_scale, out, n, m);
 }
-// The same from a bf16 product (half the bytes written and read back).
-extern "C" __global__ void fp8_scale_bf16_bf16(const bf16* __restrict__ d, const float* __restrict__ w_scale,
-                                               const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
-                                               int m) {
+// The same from a bf16 product (half the bytes written and read back), the same arithmetic, eight
+// elements a thread in 16-byte loads and stores: a block row of FP8_SCALE_THREADS threads per
+// 8 · FP8_SCALE_THREADS columns, blockIdx.y the token (no index division; m % 8 == 0).
+#define FP8_SCALE_THREADS 256
+extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_bf16(
+    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
+    bf16* __restrict__ out, int n, int m) {
     wait_for_prior_kernels();
-    fp8_scale_out<bf16, bf16>(d, w_scale, x_scale, out, n, m);
+    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
+    if (t >= n || c >= m) return;
+    const size_t e = (size_t)t * m + c;
+    const uint4 v = *reinterpret_cast<const uint4*>(d + e);
+    const float4 w0 = *reinterpret_cast<const float4*>(w_scale + c);
+    const float4 w1 = *reinterpret_cast<const float4*>(w_scale + c + 4);
+    const float xs = x_scale[t];
+    const unsigned in[4] = {v.x, v.y, v.z, v.w};
+    const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    unsigned o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float lo = __uint_as_float(in[i] << 16) * ws[2 * i] * xs;
+        const float hi = __uint_as_float(in[i] & 0xffff0000u) * ws[2 * i + 1] * xs;
+        o[i] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+    }
+    *reinterpret_cast<uint4*>(out + e) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 

@@ -198,6 +198,49 @@ device_test! {
     }
 }
 
+gpu_test! {
+    /// An FP8 GEMM's input rows are quantized by `quantize_act_rows_e4m3` (each row read once,
+    /// x · 448/amax) unless `CACHET_FP8_ACTIVATIONS=exact` keeps the weights' kernel (x /
+    /// scale): the products of the two agree to well within what the activations' quantization
+    /// itself costs, and both stay within that cost of the CPU (bf16 inputs, the same FP8
+    /// weights), for rows held in registers and rows read twice (k past 16,384).
+    fn fp8_activations_quantized_fast_give_the_exact_kernels_products() {
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::cpu::CpuDevice;
+        use cachet_backend::device::Device;
+        use cachet_backend::tensor::HostTensor;
+        let fast = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let exact = CudaDevice::new(0, 16, CudaOptions { fp8_exact_activations: true, ..Default::default() }).unwrap();
+        let cpu = CpuDevice::new();
+        let mut rng = cachet_backend::rng::Rng::new(11);
+        let mut bf16_rows = |rows: usize, cols: usize, std: f64| {
+            let data = (0..rows * cols).map(|_| half::bf16::from_f64(rng.normal() * std).to_f32()).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        for (m, k) in [(64, 64), (256, 4096), (128, 14336), (64, 20480)] {
+            let w = bf16_rows(m, k, (k as f64).powf(-0.5));
+            let (wf, we) = (fast.quantize_fp8(fast.upload(&w).unwrap()).unwrap(), exact.quantize_fp8(exact.upload(&w).unwrap()).unwrap());
+            let wc = cpu.quantize_fp8(cpu.upload(&w).unwrap()).unwrap();
+            for n in [5, 40, 300] {
+                let mut x = bf16_rows(n, k, 1.0);
+                // An outlier channel, as activations have: it sets each row's scale.
+                for t in 0..n {
+                    x.data[t * k + 3] = 24.0;
+                }
+                let got = fast.to_host(&fast.linear(&fast.upload(&x).unwrap(), &wf).unwrap()).unwrap();
+                let want = exact.to_host(&exact.linear(&exact.upload(&x).unwrap(), &we).unwrap()).unwrap();
+                let reference = cpu.to_host(&cpu.linear(&cpu.upload(&x).unwrap(), &wc).unwrap()).unwrap();
+                let (between, fast_err, exact_err) =
+                    (rel_err(&got, &want), rel_err(&got, &reference), rel_err(&want, &reference));
+                eprintln!("{n}×{k} · ({m}×{k})ᵀ: fast vs exact {between:.2e}; vs the CPU fast {fast_err:.2e}, exact {exact_err:.2e}");
+                assert!(between < 2e-3, "{n}×{k}: fast and exact quantization {between:e} apart");
+                assert!(fast_err < 8e-2 && exact_err < 8e-2, "{n}×{k}: {fast_err:e} / {exact_err:e} off the CPU");
+                assert!(fast_err < exact_err * 1.1 + 1e-3, "{n}×{k}: fast {fast_err:e} against exact {exact_err:e}");
+            }
+        }
+    }
+}
+
 device_test! {
     fn tiny_families_greedy_64_tokens_like_transformers_with_caching_chunking_batching(dev) {
         for (name, _) in FAMILIES {

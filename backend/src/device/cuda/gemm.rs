@@ -183,40 +183,53 @@ impl CudaDevice {
         let n_pad = fp8_padded_rows(n);
         let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
         let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
-        self.launch_quantize_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))?;
+        // The parts are timed under `gemm` too (`↳`: the profile counts them once, in `gemm`).
+        self.timed("↳ fp8: quantize activations", || {
+            if self.options.fp8_exact_activations {
+                self.launch_quantize_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))
+            } else {
+                self.launch_quantize_act_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))
+            }
+        })?;
         let scales = (w_scale, &x_scale);
         // The scales applied on the way to the result.
         let scaled = |product: Fp8Product| -> Result<CudaBuf, DeviceError> {
-            Ok(if out_f32 {
-                let mut o = self.alloc_f32(n * m, "linear")?;
-                self.launch_fp8_scale_out(product, scales, Fp8Out::F32(&mut o), (n, m))?;
-                CudaBuf::F32(o)
-            } else {
-                let mut o = self.alloc_bf16(n * m, "linear")?;
-                self.launch_fp8_scale_out(product, scales, Fp8Out::Bf16(&mut o), (n, m))?;
-                CudaBuf::Bf16(o)
+            self.timed("↳ fp8: scales", || {
+                Ok(if out_f32 {
+                    let mut o = self.alloc_f32(n * m, "linear")?;
+                    self.launch_fp8_scale_out(product, scales, Fp8Out::F32(&mut o), (n, m))?;
+                    CudaBuf::F32(o)
+                } else {
+                    let mut o = self.alloc_bf16(n * m, "linear")?;
+                    self.launch_fp8_scale_out(product, scales, Fp8Out::Bf16(&mut o), (n, m))?;
+                    CudaBuf::Bf16(o)
+                })
             })
         };
         let shape = (m, n_pad, k);
         let buf = if out_f32 || !self.options.fp8_bf16_product {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
-            if !lt.matmul(
-                &self.stream,
-                (codes, &x_codes),
-                shape,
-                Fp8Out::F32(&mut raw),
-            )? {
+            if !self.timed("↳ fp8: cuBLASLt product", || {
+                lt.matmul(
+                    &self.stream,
+                    (codes, &x_codes),
+                    shape,
+                    Fp8Out::F32(&mut raw),
+                )
+            })? {
                 return Ok(None);
             }
             scaled(Fp8Product::F32(&raw))?
         } else {
             let mut raw = self.alloc_bf16(n_pad * m, "FP8 product")?;
-            if !lt.matmul(
-                &self.stream,
-                (codes, &x_codes),
-                shape,
-                Fp8Out::Bf16(&mut raw),
-            )? {
+            if !self.timed("↳ fp8: cuBLASLt product", || {
+                lt.matmul(
+                    &self.stream,
+                    (codes, &x_codes),
+                    shape,
+                    Fp8Out::Bf16(&mut raw),
+                )
+            })? {
                 return Ok(None);
             }
             scaled(Fp8Product::Bf16(&raw))?

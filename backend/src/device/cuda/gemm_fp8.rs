@@ -1,6 +1,7 @@
 //! FP8 GEMMs through cuBLASLt for steps of more rows than the FP8 GEMV takes (batched decode,
 //! prefill): the activations are quantized to e4m3 with one scale per token (a launch of
-//! `quantize_rows_e4m3`, as the weights were at load), cuBLASLt multiplies the e4m3 codes on the
+//! `quantize_act_rows_e4m3`; the weights were quantized at load by the exact
+//! `quantize_rows_e4m3`), cuBLASLt multiplies the e4m3 codes on the
 //! tensor cores with unit scales into bf16 (f32 where the result is f32, or with
 //! `CACHET_FP8_PRODUCT=f32`), and `fp8_scale_out` applies the weight row's and the token's scale
 //! on the way to the result. No bf16 copy of the weights is ever made, so a step reads

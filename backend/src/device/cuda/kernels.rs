@@ -137,6 +137,8 @@ pub struct Kernels {
     pub gemv_norm_glu: [[[CudaFunction; 3]; 2]; 2],
     /// FP8 weights: bf16 rows to e4m3 codes with row scales, and back to bf16.
     pub quantize_rows_e4m3: CudaFunction,
+    /// A GEMM's input rows to e4m3 with row scales (each row read once, vectorized).
+    pub quantize_act_rows_e4m3: CudaFunction,
     pub dequantize_rows_e4m3: CudaFunction,
     /// The FP8 GEMM's epilogue: row and token scales applied, from an f32 product into bf16 or
     /// f32, and from a bf16 product into bf16.
@@ -249,6 +251,7 @@ impl Kernels {
                 ],
             ],
             quantize_rows_e4m3: f("quantize_rows_e4m3")?,
+            quantize_act_rows_e4m3: f("quantize_act_rows_e4m3")?,
             dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
             fp8_scale_out: [
                 f("fp8_scale_out_bf16")?,

@@ -985,6 +985,29 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// `quantize_act_rows_e4m3(bf16 x[n, k], e4m3 codes[n, k], f32 scale[n], int n, int k)`: a
+    /// GEMM's input rows, each read once (k a multiple of 8).
+    pub(super) fn launch_quantize_act_rows_e4m3(
+        &self,
+        x: &CudaSlice<u16>,
+        codes: &mut CudaSlice<u8>,
+        scales: &mut CudaSlice<f32>,
+        (n, k): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        if x.len() < n * k || codes.len() < n * k || scales.len() < n || !k.is_multiple_of(8) {
+            return Err(short_buffers("quantize_act_rows_e4m3", n, k));
+        }
+        let (ni, ki) = (n as i32, k as i32);
+        let mut l = self.stream.launch_builder(&self.k.quantize_act_rows_e4m3);
+        l.arg(x).arg(codes).arg(scales).arg(&ni).arg(&ki);
+        // SAFETY: x and codes hold n·k elements and scales n (checked above), k a multiple of 8
+        // so every row starts 16-byte aligned in both (allocations are); one block of
+        // ACT_Q_THREADS (256) per row.
+        unsafe { self.enqueue(&mut l, rows_config(n, 256)) }
+            .map_err(op_err("quantize_act_rows_e4m3"))?;
+        Ok(())
+    }
+
     /// `dequantize_rows_e4m3(e4m3 codes[n, k], f32 scale[n], bf16 w[n, k], int n, int k)`.
     pub(super) fn launch_dequantize_rows_e4m3(
         &self,
@@ -1036,10 +1059,26 @@ impl CudaDevice {
             return Err(short_buffers("fp8_scale_out", n, m));
         }
         let (ni, mi) = (n as i32, m as i32);
-        let cfg = LaunchConfig {
-            grid_dim: ((self.sms * 4) as u32, 1, 1),
-            block_dim: (512, 1, 1),
-            shared_mem_bytes: 0,
+        let cfg = match &d {
+            // Eight columns a thread, 256 threads a block, a row of blocks per token (gemv.cu's
+            // FP8_SCALE_THREADS); m is a multiple of 16 (the FP8 GEMM's condition).
+            Fp8Product::Bf16(_) if m.is_multiple_of(8) && n <= 65535 => LaunchConfig {
+                grid_dim: (m.div_ceil(8 * 256) as u32, n as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            Fp8Product::Bf16(_) => {
+                return Err(DeviceError::Op {
+                    device: super::DEV,
+                    op: "fp8_scale_bf16_bf16",
+                    msg: format!("{n} rows of {m}: at most 65,535 rows of a multiple of 8"),
+                })
+            }
+            Fp8Product::F32(_) => LaunchConfig {
+                grid_dim: ((self.sms * 4) as u32, 1, 1),
+                block_dim: (512, 1, 1),
+                shared_mem_bytes: 0,
+            },
         };
         let mut l = self.stream.launch_builder(match (&d, &out) {
             (Fp8Product::F32(_), Fp8Out::Bf16(_)) => &self.k.fp8_scale_out[0],
@@ -1064,7 +1103,9 @@ impl CudaDevice {
         };
         l.arg(&ni).arg(&mi);
         // SAFETY: d and out hold n·m elements (out a buffer of its own), the scales m and n, m a
-        // multiple of four (checked above; fresh allocations, 16-byte aligned); grid-stride loop.
+        // multiple of four — of eight for the bf16 product's 16-byte accesses — (checked above;
+        // fresh allocations, 16-byte aligned); a grid-stride loop, or a thread per eight
+        // columns of one row with the threads past m returning.
         unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("fp8_scale_out"))?;
         Ok(())
     }

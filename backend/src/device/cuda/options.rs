@@ -163,6 +163,10 @@ pub struct CudaOptions {
     /// written) (`CACHET_FP8_PRODUCT=bf16|f32`). bf16: prefill 2.5–4% faster on the H200, the
     /// logits' error against transformers and bf16 the same (BENCHMARKS.md §9b).
     pub fp8_bf16_product: bool,
+    /// An FP8 GEMM's input rows quantized by the weights' kernel (`quantize_rows_e4m3`: each
+    /// row read twice, a division an element) rather than `quantize_act_rows_e4m3` (read once,
+    /// vectorized, a multiplication) (`CACHET_FP8_ACTIVATIONS=fast|exact`).
+    pub fp8_exact_activations: bool,
 }
 
 impl Default for CudaOptions {
@@ -180,6 +184,7 @@ impl Default for CudaOptions {
             kernel_dir: None,
             fp8_fast_accum: false,
             fp8_bf16_product: true,
+            fp8_exact_activations: false,
         }
     }
 }
@@ -304,6 +309,16 @@ impl CudaOptions {
                 ))
             }
         }
+        match var("CACHET_FP8_ACTIVATIONS").as_deref() {
+            None | Some("") | Some("fast") => {}
+            Some("exact") => o.fp8_exact_activations = true,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_FP8_ACTIVATIONS",
+                    format!("`{v}`: expected `fast` or `exact`"),
+                ))
+            }
+        }
         Ok(o)
     }
 }
@@ -386,16 +401,24 @@ mod tests {
         assert_eq!(parse(&[("CACHET_PDL", "off")]).unwrap().pdl, Pdl::Off);
         assert_eq!(parse(&[("CACHET_PDL", "mixed")]).unwrap().pdl, Pdl::Mixed);
         assert_eq!(parse(&[]).unwrap().graph_memory, GraphMemory::Nodes);
-        let fp8 = |o: CudaOptions| (o.fp8_fast_accum, o.fp8_bf16_product);
-        assert_eq!(fp8(parse(&[]).unwrap()), (false, true));
+        let fp8 = |o: CudaOptions| {
+            (
+                o.fp8_fast_accum,
+                o.fp8_bf16_product,
+                o.fp8_exact_activations,
+            )
+        };
+        assert_eq!(fp8(parse(&[]).unwrap()), (false, true, false));
         assert_eq!(
             fp8(parse(&[
                 ("CACHET_FP8_FAST_ACCUM", "1"),
-                ("CACHET_FP8_PRODUCT", "f32")
+                ("CACHET_FP8_PRODUCT", "f32"),
+                ("CACHET_FP8_ACTIVATIONS", "exact")
             ])
             .unwrap()),
-            (true, false)
+            (true, false, true)
         );
+        assert!(parse(&[("CACHET_FP8_ACTIVATIONS", "slow")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(

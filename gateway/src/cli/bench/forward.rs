@@ -573,7 +573,12 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 println!("\n{name}: this device has no per-operation timing");
                 continue;
             }
-            let total: f64 = prof.iter().map(|p| p.1).sum();
+            // `↳` rows are parts of an operation already counted.
+            let total: f64 = prof
+                .iter()
+                .filter(|p| !p.0.starts_with('↳'))
+                .map(|p| p.1)
+                .sum();
             println!("\nwhere the time goes — {name} (device events; step {wall:.2} ms wall, {total:.2} ms in timed operations):\n");
             println!("| operation | calls | ms | share |");
             println!("|---|---|---|---|");
