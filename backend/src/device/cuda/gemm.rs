@@ -206,30 +206,21 @@ impl CudaDevice {
                 })
             })
         };
-        let shape = (m, n_pad, k);
+        // cuBLASLt's product of the codes; false: no algorithm for the shape.
+        let product = |raw: Fp8Out| {
+            self.timed("↳ fp8: cuBLASLt product", || {
+                lt.matmul(&self.stream, (codes, &x_codes), (m, n_pad, k), raw)
+            })
+        };
         let buf = if out_f32 || !self.options.fp8_bf16_product {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
-            if !self.timed("↳ fp8: cuBLASLt product", || {
-                lt.matmul(
-                    &self.stream,
-                    (codes, &x_codes),
-                    shape,
-                    Fp8Out::F32(&mut raw),
-                )
-            })? {
+            if !product(Fp8Out::F32(&mut raw))? {
                 return Ok(None);
             }
             scaled(Fp8Product::F32(&raw))?
         } else {
             let mut raw = self.alloc_bf16(n_pad * m, "FP8 product")?;
-            if !self.timed("↳ fp8: cuBLASLt product", || {
-                lt.matmul(
-                    &self.stream,
-                    (codes, &x_codes),
-                    shape,
-                    Fp8Out::Bf16(&mut raw),
-                )
-            })? {
+            if !product(Fp8Out::Bf16(&mut raw))? {
                 return Ok(None);
             }
             scaled(Fp8Product::Bf16(&raw))?
