@@ -26,7 +26,7 @@ fn worker(ip: &str, port: u16) -> Proc {
             .spawn()
             .unwrap(),
     );
-    cachet_tests::wait_proc_listening(&mut p, ip, port, "a worker", &log);
+    cachet_tests::wait_proc_listening(&mut p.0, ip, port, "a worker", &log);
     p
 }
 
@@ -148,7 +148,7 @@ fn workers_named_by_dns_join_after_their_health_check_and_leave_when_gone() {
             .spawn()
             .unwrap(),
     );
-    cachet_tests::wait_proc_listening(&mut gateway, "127.0.0.1", gport, "the gateway", &glog);
+    cachet_tests::wait_proc_listening(&mut gateway.0, "127.0.0.1", gport, "the gateway", &glog);
     let base = format!("http://127.0.0.1:{gport}");
     let url = |ip: &str| format!("http://{ip}:{wport}");
 

@@ -19,7 +19,8 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     let key_file = dir.join("hash.key");
     std::fs::write(&key_file, cachet_gateway::tenants::hex(&key)).unwrap();
     let port = free_port();
-    let _w = Proc(
+    let log = dir.join("worker.log");
+    let mut w = Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .arg("worker")
             .args(cachet_tests::SMOLLM2_CPU)
@@ -32,16 +33,17 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
             .arg("--hash-key-file")
             .arg(&key_file)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .unwrap(),
     );
+    cachet_tests::wait_proc_listening(&mut w.0, "127.0.0.1", port, "the worker", &log);
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
     while curl_status(&[&format!("{base}/health")]).0 != 200 {
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "the worker did not start"
+            "the worker listens but is not healthy"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -465,7 +465,13 @@ pub fn wait_listening(ip: &str, port: u16, what: &str) {
 /// As [`wait_listening`] for a process of ours: fails as soon as it exits, and either failure
 /// shows the end of its log (where the test sent its stderr) — a server that could not start
 /// says why instead of leaving two minutes of silence.
-pub fn wait_proc_listening(p: &mut Proc, ip: &str, port: u16, what: &str, log: &std::path::Path) {
+pub fn wait_proc_listening(
+    child: &mut std::process::Child,
+    ip: &str,
+    port: u16,
+    what: &str,
+    log: &std::path::Path,
+) {
     let tail = || {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -473,7 +479,7 @@ pub fn wait_proc_listening(p: &mut Proc, ip: &str, port: u16, what: &str, log: &
     };
     let t0 = std::time::Instant::now();
     while std::net::TcpStream::connect((ip, port)).is_err() {
-        if let Ok(Some(status)) = p.0.try_wait() {
+        if let Ok(Some(status)) = child.try_wait() {
             panic!(
                 "{what} exited ({status}) before listening on {ip}:{port}; its log:\n{}",
                 tail()

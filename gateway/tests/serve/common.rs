@@ -125,27 +125,18 @@ pub fn start_model(
         .arg("--config")
         .arg(&cfg)
         .args(extra)
-        .stdout(Stdio::null())
-        .stderr(match log {
-            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
-            None => Stdio::null(),
-        });
+        .stdout(Stdio::null());
+    // Its log goes where the test asked, else beside its config: shown if it fails to start.
+    let log = log.map_or_else(|| dir.join("serve.log"), PathBuf::from);
+    cmd.stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
     // Each server keeps its usage records in its own directory, unless the test names a store.
     if !extra.contains(&"--usage-db") {
         cmd.arg("--usage-db")
             .arg(format!("sqlite:{}", dir.join("usage.db").display()));
     }
-    let server = Server(cmd.spawn().unwrap(), dir);
-    let base = format!("http://127.0.0.1:{port}");
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "cachet serve did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (server, base)
+    let mut server = Server(cmd.spawn().unwrap(), dir);
+    cachet_tests::wait_proc_listening(&mut server.0, "127.0.0.1", port, "cachet serve", &log);
+    (server, format!("http://127.0.0.1:{port}"))
 }
 
 /// A test CA and a server certificate for localhost / 127.0.0.1 signed by it, as PEM files.

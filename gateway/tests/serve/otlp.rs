@@ -40,7 +40,7 @@ fn cachet_proc(
             .spawn()
             .unwrap(),
     );
-    cachet_tests::wait_proc_listening(&mut p, "127.0.0.1", port, service, &log);
+    cachet_tests::wait_proc_listening(&mut p.0, "127.0.0.1", port, service, &log);
     (p, port)
 }
 

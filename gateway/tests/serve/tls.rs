@@ -181,7 +181,7 @@ fn a_worker_requiring_client_certificates_serves_only_the_gateway_that_has_one()
             .spawn()
             .unwrap(),
     );
-    cachet_tests::wait_proc_listening(&mut worker, "127.0.0.1", wport, "the worker", &wlog);
+    cachet_tests::wait_proc_listening(&mut worker.0, "127.0.0.1", wport, "the worker", &wlog);
     let wurl = format!("https://127.0.0.1:{wport}");
     // curl: refused without a client certificate, served with one.
     let (ok, out) = curl(&["--cacert", ca.to_str().unwrap(), &format!("{wurl}/health")]);
