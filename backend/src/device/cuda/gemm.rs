@@ -185,11 +185,8 @@ impl CudaDevice {
         let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
         // The parts are timed under `gemm` too (`↳`: the profile counts them once, in `gemm`).
         self.timed("↳ fp8: quantize activations", || {
-            if self.options.fp8_exact_activations {
-                self.launch_quantize_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))
-            } else {
-                self.launch_quantize_act_rows_e4m3(xs, &mut x_codes, &mut x_scale, (n, k))
-            }
+            let exact = self.options.fp8_exact_activations;
+            self.launch_quantize_rows_e4m3(exact, xs, &mut x_codes, &mut x_scale, (n, k))
         })?;
         let scales = (w_scale, &x_scale);
         // The scales applied on the way to the result.

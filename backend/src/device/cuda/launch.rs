@@ -964,47 +964,36 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `quantize_rows_e4m3(bf16 w[n, k], e4m3 codes[n, k], f32 scale[n], int n, int k)`: one
-    /// block per row.
+    /// `quantize_rows_e4m3` / `quantize_act_rows_e4m3(bf16 w[n, k], e4m3 codes[n, k], f32
+    /// scale[n], int n, int k)`, one block per row: `exact` (weights, the CPU's arithmetic) or
+    /// a GEMM's input rows, each read once (k a multiple of 8).
     pub(super) fn launch_quantize_rows_e4m3(
         &self,
+        exact: bool,
         w: &CudaSlice<u16>,
         codes: &mut CudaSlice<u8>,
         scales: &mut CudaSlice<f32>,
         (n, k): (usize, usize),
     ) -> Result<(), DeviceError> {
-        if w.len() < n * k || codes.len() < n * k || scales.len() < n {
-            return Err(short_buffers("quantize_rows_e4m3", n, k));
+        let (name, f) = if exact {
+            ("quantize_rows_e4m3", &self.k.quantize_rows_e4m3)
+        } else {
+            ("quantize_act_rows_e4m3", &self.k.quantize_act_rows_e4m3)
+        };
+        if w.len() < n * k
+            || codes.len() < n * k
+            || scales.len() < n
+            || !(exact || k.is_multiple_of(8))
+        {
+            return Err(short_buffers(name, n, k));
         }
         let (ni, ki) = (n as i32, k as i32);
-        let mut l = self.stream.launch_builder(&self.k.quantize_rows_e4m3);
+        let mut l = self.stream.launch_builder(f);
         l.arg(w).arg(codes).arg(scales).arg(&ni).arg(&ki);
-        // SAFETY: w and codes hold n·k elements and scales n (checked above); one block per row.
-        unsafe { self.enqueue(&mut l, rows_config(n, 256)) }
-            .map_err(op_err("quantize_rows_e4m3"))?;
-        Ok(())
-    }
-
-    /// `quantize_act_rows_e4m3(bf16 x[n, k], e4m3 codes[n, k], f32 scale[n], int n, int k)`: a
-    /// GEMM's input rows, each read once (k a multiple of 8).
-    pub(super) fn launch_quantize_act_rows_e4m3(
-        &self,
-        x: &CudaSlice<u16>,
-        codes: &mut CudaSlice<u8>,
-        scales: &mut CudaSlice<f32>,
-        (n, k): (usize, usize),
-    ) -> Result<(), DeviceError> {
-        if x.len() < n * k || codes.len() < n * k || scales.len() < n || !k.is_multiple_of(8) {
-            return Err(short_buffers("quantize_act_rows_e4m3", n, k));
-        }
-        let (ni, ki) = (n as i32, k as i32);
-        let mut l = self.stream.launch_builder(&self.k.quantize_act_rows_e4m3);
-        l.arg(x).arg(codes).arg(scales).arg(&ni).arg(&ki);
-        // SAFETY: x and codes hold n·k elements and scales n (checked above), k a multiple of 8
-        // so every row starts 16-byte aligned in both (allocations are); one block of
-        // ACT_Q_THREADS (256) per row.
-        unsafe { self.enqueue(&mut l, rows_config(n, 256)) }
-            .map_err(op_err("quantize_act_rows_e4m3"))?;
+        // SAFETY: w and codes hold n·k elements and scales n (checked above); for the
+        // vectorized kernel k is a multiple of 8, so every row starts 16-byte aligned in both
+        // (allocations are); one block of 256 threads (its ACT_Q_THREADS) per row.
+        unsafe { self.enqueue(&mut l, rows_config(n, 256)) }.map_err(op_err(name))?;
         Ok(())
     }
 

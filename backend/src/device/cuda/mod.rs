@@ -371,7 +371,13 @@ impl Device for CudaDevice {
         let (n, k) = (w.rows, w.cols);
         let mut codes = self.alloc_out::<u8>(n * k, "FP8 weights")?;
         let mut scales = self.alloc_f32(n, "FP8 weight scales")?;
-        self.launch_quantize_rows_e4m3(w.bf16("quantize_fp8")?, &mut codes, &mut scales, (n, k))?;
+        self.launch_quantize_rows_e4m3(
+            true,
+            w.bf16("quantize_fp8")?,
+            &mut codes,
+            &mut scales,
+            (n, k),
+        )?;
         Ok(CudaTensor {
             rows: n,
             cols: k,

@@ -212,6 +212,16 @@ impl CudaOptions {
             kernel_cache,
             ..Default::default()
         };
+        // A two-way switch: false unset or `default`, true at `other`, else refused by name.
+        let switch = |name: &'static str, default: &str, other: &str| match var(name).as_deref() {
+            None | Some("") => Ok(false),
+            Some(v) if v == default => Ok(false),
+            Some(v) if v == other => Ok(true),
+            Some(v) => Err(bad(
+                name,
+                format!("`{v}`: expected `{default}` or `{other}`"),
+            )),
+        };
         match var("CACHET_ATTENTION").as_deref() {
             None | Some("") | Some("auto") => {}
             Some("simt") => o.simt_attention = true,
@@ -222,16 +232,7 @@ impl CudaOptions {
                 ))
             }
         }
-        match var("CACHET_ROPE").as_deref() {
-            None | Some("") | Some("fused") => {}
-            Some("separate") => o.fused_rope = false,
-            Some(v) => {
-                return Err(bad(
-                    "CACHET_ROPE",
-                    format!("`{v}`: expected `separate` or `fused`"),
-                ))
-            }
-        }
+        o.fused_rope = !switch("CACHET_ROPE", "fused", "separate")?;
         if let Some(v) = var("CACHET_ATTENTION_SPLIT") {
             o.split = v.parse().map_err(|m| bad("CACHET_ATTENTION_SPLIT", m))?;
         }
@@ -278,47 +279,13 @@ impl CudaOptions {
                 ))
             }
         };
-        o.graph_memory = match var("CACHET_GRAPH_MEMORY").as_deref() {
-            None | Some("") | Some("nodes") => GraphMemory::Nodes,
-            Some("pool") => GraphMemory::Pool,
-            Some(v) => {
-                return Err(bad(
-                    "CACHET_GRAPH_MEMORY",
-                    format!("`{v}`: expected `nodes` or `pool`"),
-                ))
-            }
-        };
+        if switch("CACHET_GRAPH_MEMORY", "nodes", "pool")? {
+            o.graph_memory = GraphMemory::Pool;
+        }
         o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
-        match var("CACHET_FP8_FAST_ACCUM").as_deref() {
-            None | Some("") | Some("0") => {}
-            Some("1") => o.fp8_fast_accum = true,
-            Some(v) => {
-                return Err(bad(
-                    "CACHET_FP8_FAST_ACCUM",
-                    format!("`{v}`: expected `0` or `1`"),
-                ))
-            }
-        }
-        match var("CACHET_FP8_PRODUCT").as_deref() {
-            None | Some("") | Some("bf16") => {}
-            Some("f32") => o.fp8_bf16_product = false,
-            Some(v) => {
-                return Err(bad(
-                    "CACHET_FP8_PRODUCT",
-                    format!("`{v}`: expected `bf16` or `f32`"),
-                ))
-            }
-        }
-        match var("CACHET_FP8_ACTIVATIONS").as_deref() {
-            None | Some("") | Some("fast") => {}
-            Some("exact") => o.fp8_exact_activations = true,
-            Some(v) => {
-                return Err(bad(
-                    "CACHET_FP8_ACTIVATIONS",
-                    format!("`{v}`: expected `fast` or `exact`"),
-                ))
-            }
-        }
+        o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
+        o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
+        o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         Ok(o)
     }
 }
