@@ -91,15 +91,20 @@ extern "C" __global__ void gather_rows_bf16(const unsigned* __restrict__ rows, c
     for (int j = threadIdx.x; j < cols; j += blockDim.x) out[i * cols + j] = src[j];
 }
 
-// out[i] = mean + std * N(0, 1), from a counter-based hash of (seed, i): the same seed gives the
-// same tensor on any launch shape. For `--load-format dummy` weights.
-//   out : device, bf16 [n]
+// out[i] = mean + std * N(0, 1), from a counter-based hash of (seed, e): the same seed gives the
+// same tensor on any launch shape. For `--load-format dummy` weights. `e` is the element's index
+// in the whole tensor: out holds rows of `cols` elements taken from a tensor `full_cols` wide,
+// starting at element `offset` (a tensor-parallel rank's block of rows and columns; the whole
+// tensor is cols = full_cols, offset 0), so a rank draws exactly its slice of the whole.
+//   out : device, bf16 [n] = [n / cols, cols]
 extern "C" __global__ void fill_normal_bf16(bf16* __restrict__ out, unsigned long long n, unsigned long long seed,
-                                            float mean, float std) {
+                                            float mean, float std, unsigned long long cols,
+                                            unsigned long long full_cols, unsigned long long offset) {
     wait_for_prior_kernels();
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        unsigned long long z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+        const unsigned long long e = offset + (i / cols) * full_cols + i % cols;
+        unsigned long long z = seed + (e + 1) * 0x9E3779B97F4A7C15ull;
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         z ^= z >> 31;

@@ -203,6 +203,50 @@ pub fn tp_runner(
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts)
 }
 
+/// `m` split over `ranks` GPUs (rank r on GPU r) through NCCL — one rank too, which
+/// `build_runner` never makes (it runs a whole model plainly), so one GPU tests the path.
+pub fn cuda_tp_runner(
+    m: &LoadedModel,
+    num_blocks: usize,
+    ranks: usize,
+) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
+    let opts = RunnerOptions {
+        tensor_parallel_size: ranks,
+        ..runner_options(DeviceKind::Cuda, num_blocks, None)
+    };
+    let cuda = cachet_backend::device::cuda::CudaOptions::from_env(Some(
+        cachet_backend::loader::fetch::cache_dir().join("kernels"),
+    ))?;
+    Ok(Box::new(
+        cachet_backend::model::tensor_parallel::TpRunner::cuda(
+            &m.config,
+            WeightSource::Host(&m.weights),
+            &opts,
+            &cuda,
+        )?,
+    ))
+}
+
+/// A runner of `config`'s model with dummy weights (`--load-format dummy`, seed 7) on `dev`,
+/// split over `ranks` (1: whole).
+pub fn dummy_runner(
+    dev: DeviceKind,
+    config: &cachet_backend::config::ModelConfig,
+    num_blocks: usize,
+    ranks: usize,
+) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
+    let opts = RunnerOptions {
+        tensor_parallel_size: ranks,
+        ..runner_options(dev, num_blocks, None)
+    };
+    build_runner(config, WeightSource::Dummy { seed: 7 }, &opts)
+}
+
+/// GPUs visible to CUDA here (0 without a driver).
+pub fn cuda_gpus() -> usize {
+    cachet_backend::device::cuda::gpu_count().unwrap_or(0)
+}
+
 /// A runner on `dev` whose projections are stored as `quantization` says.
 pub fn device_runner_quantized(
     dev: DeviceKind,

@@ -127,3 +127,136 @@ fn a_step_refused_on_every_rank_leaves_the_split_model_serving() {
     let got = all_logits(r.as_mut(), &ids);
     assert!(rel_err(&got.data, &want.data) <= 1e-5);
 }
+
+#[test]
+fn dummy_weights_made_split_are_the_unsplit_dummy_models() {
+    // `--load-format dummy` over ranks: each rank draws its part of the unsplit dummy model
+    // (uneven vocabularies, tied and untied heads, biases, experts).
+    for (name, splits) in MODELS {
+        let config = tiny(name).config;
+        let ids: Vec<u32> = [3u32, 17, 250, 9, 41, 7, 120]
+            .iter()
+            .map(|&t| t % config.vocab_size as u32)
+            .collect();
+        let whole = all_logits(
+            dummy_runner(DeviceKind::Cpu, &config, 16, 1)
+                .unwrap()
+                .as_mut(),
+            &ids,
+        );
+        for &n in splits {
+            let split = all_logits(
+                dummy_runner(DeviceKind::Cpu, &config, 16, n)
+                    .unwrap()
+                    .as_mut(),
+                &ids,
+            );
+            let err = rel_err(&split.data, &whole.data);
+            assert!(
+                err <= 1e-5,
+                "{name} over {n} ranks: {err:e} from the unsplit dummy model"
+            );
+        }
+    }
+}
+
+gpu_test! {
+    /// The CUDA dummy generator draws a rank's rows and columns without the rest of the
+    /// tensor, and they are the whole tensor's values there.
+    #[allow(clippy::single_range_in_vec_init)] // a part of one row range is a case here
+    fn cuda_dummy_parts_are_the_whole_dummy_tensors_parts() {
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::{Device, Part};
+        use cachet_backend::tensor::HostTensor;
+        let dev = CudaDevice::new(0, 16, CudaOptions::from_env(None).unwrap()).unwrap();
+        let shape = [96usize, 40];
+        let whole = HostTensor::new(shape.to_vec(), dev.to_host(&dev.random(&shape, 11, 0.0, 1.0).unwrap()).unwrap());
+        for (rows, cols) in [
+            (vec![0..96], 0..40),
+            (vec![8..24, 40..48, 90..96], 0..40),
+            (vec![0..96], 13..29),
+            (vec![5..6], 39..40),
+        ] {
+            let part = Part { rows: &rows, cols };
+            let got = dev.to_host(&dev.random_part(&shape, &part, 11, 0.0, 1.0).unwrap()).unwrap();
+            assert_eq!(got, part.cut(&whole).data, "{part:?}");
+        }
+        // A 1-D tensor's parts are ranges of its elements.
+        let whole = dev.to_host(&dev.random(&[300], 5, 1.0, 0.5).unwrap()).unwrap();
+        let rows = [10..20, 200..210];
+        let got = dev
+            .to_host(&dev.random_part(&[300], &Part { rows: &rows, cols: 0..1 }, 5, 1.0, 0.5).unwrap())
+            .unwrap();
+        assert_eq!(got, [&whole[10..20], &whole[200..210]].concat());
+    }
+}
+
+gpu_test! {
+    /// One GPU as a tensor-parallel group of one: the model goes through NCCL's all-reduce and
+    /// all-gather (copies, for one rank) eagerly and inside the decode graphs, and gives the
+    /// plain runner's logits and, through the engine, transformers' greedy tokens.
+    fn one_gpu_through_nccl_gives_the_plain_runners_logits() {
+        for (name, _) in MODELS {
+            let m = tiny(name);
+            let reference = read_json(&format!("{name}_reference.json"));
+            let mut plain = device_runner(DeviceKind::Cuda, &m, 16);
+            let mut tp = cuda_tp_runner(&m, 16, 1).unwrap();
+            assert!(tp.cuda_graphs().is_some(), "{name}: decode graphs captured with NCCL in them");
+            for case in reference["cases"].as_array().unwrap() {
+                let ids = ids_of(&case["ids"]);
+                let (a, b) = (all_logits(plain.as_mut(), &ids), all_logits(tp.as_mut(), &ids));
+                let err = rel_err(&b.data, &a.data);
+                assert!(err <= 1e-3, "{name}, {} tokens: {err:e} from the plain runner", ids.len());
+            }
+            if let Some(greedy) = reference["greedy"].as_array() {
+                let cases: Vec<(Vec<u32>, Vec<u32>, Option<usize>)> = greedy
+                    .iter()
+                    .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"]), None))
+                    .collect();
+                let e = Engine::start(cuda_tp_runner(&m, 64, 1).unwrap(), m.tokenizer.clone(), EngineConfig::default());
+                check_engine_greedy_rounds(DeviceKind::Cuda, &m, &e, &cases, &format!("{name} through NCCL"));
+            }
+        }
+    }
+}
+
+gpu_test! {
+    /// Every tiny family split over two GPUs through NCCL: transformers' logits within the
+    /// GPU's bf16 tolerance and the one-GPU model's, greedy through the engine; dummy weights
+    /// made split equal to the one-GPU dummy model's. Needs two GPUs (says so and stops
+    /// with fewer).
+    fn split_over_two_gpus_gives_transformers_logits_and_the_unsplit_ones() {
+        let gpus = cuda_gpus();
+        if gpus < 2 {
+            eprintln!("skipped: {gpus} GPU(s) visible, tensor parallelism over NCCL needs 2");
+            return;
+        }
+        for (name, _) in MODELS {
+            let m = tiny(name);
+            let reference = read_json(&format!("{name}_reference.json"));
+            let mut whole = device_runner(DeviceKind::Cuda, &m, 16);
+            let mut r = cuda_tp_runner(&m, 16, 2).unwrap();
+            for case in reference["cases"].as_array().unwrap() {
+                let what = format!("{name} over 2 GPUs");
+                let (ids, _, got) = check_case_logits(r.as_mut(), case, 3e-2, &what);
+                let unsplit = all_logits(whole.as_mut(), &ids);
+                let err = rel_err(&got.data, &unsplit.data);
+                assert!(err <= 2e-2, "{what}: {err:e} from the one-GPU model");
+            }
+            let config = &m.config;
+            let ids: Vec<u32> = (0..40u32).map(|t| (t * 37 + 5) % config.vocab_size as u32).collect();
+            let one = all_logits(dummy_runner(DeviceKind::Cuda, config, 16, 1).unwrap().as_mut(), &ids);
+            let two = all_logits(dummy_runner(DeviceKind::Cuda, config, 16, 2).unwrap().as_mut(), &ids);
+            let err = rel_err(&two.data, &one.data);
+            assert!(err <= 2e-2, "{name}: dummy weights over 2 GPUs {err:e} from one");
+            if let Some(greedy) = reference["greedy"].as_array() {
+                let cases: Vec<(Vec<u32>, Vec<u32>, Option<usize>)> = greedy
+                    .iter()
+                    .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"]), None))
+                    .collect();
+                let e = Engine::start(cuda_tp_runner(&m, 64, 2).unwrap(), m.tokenizer.clone(), EngineConfig::default());
+                check_engine_greedy_rounds(DeviceKind::Cuda, &m, &e, &cases, &format!("{name} over 2 GPUs"));
+            }
+        }
+    }
+}

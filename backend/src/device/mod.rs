@@ -278,6 +278,38 @@ pub fn matrix_dims(
     }
 }
 
+/// A tensor-parallel rank's part of a weight: its row ranges of the whole tensor, in order, and
+/// its columns (a 1-D tensor's elements are its rows). The part is `[Σ rows, cols]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part<'a> {
+    pub rows: &'a [std::ops::Range<usize>],
+    pub cols: std::ops::Range<usize>,
+}
+
+impl Part<'_> {
+    /// The part's shape, of a whole tensor of `shape`.
+    pub fn shape(&self, shape: &[usize]) -> Vec<usize> {
+        let rows = self.rows.iter().map(|r| r.len()).sum();
+        if shape.len() == 2 {
+            vec![rows, self.cols.len()]
+        } else {
+            vec![rows]
+        }
+    }
+
+    /// The part of a whole host tensor `t`.
+    pub fn cut(&self, t: &HostTensor) -> HostTensor {
+        let cols = if t.shape.len() == 2 { t.shape[1] } else { 1 };
+        let mut data = Vec::with_capacity(self.shape(&t.shape).iter().product());
+        for r in self.rows {
+            for row in t.data[r.start * cols..r.end * cols].chunks(cols) {
+                data.extend_from_slice(&row[self.cols.clone()]);
+            }
+        }
+        HostTensor::new(self.shape(&t.shape), data)
+    }
+}
+
 /// Attention shape parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnParams {
@@ -498,6 +530,22 @@ pub trait Device: Send {
         mean: f32,
         std: f32,
     ) -> Result<Self::Tensor, DeviceError>;
+    /// `part` of the weight [`Device::random`] makes of `shape` with `seed`: the same values
+    /// the whole tensor has there (a tensor-parallel rank's slice of a dummy model is the slice
+    /// of the unsplit model's). Generic: the whole tensor made, read back and cut; a device
+    /// whose generator is counter-based makes only the part.
+    fn random_part(
+        &self,
+        shape: &[usize],
+        part: &Part<'_>,
+        seed: u64,
+        mean: f32,
+        std: f32,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let whole = self.random(shape, seed, mean, std)?;
+        let host = HostTensor::new(shape.to_vec(), self.to_host(&whole)?);
+        self.upload(&part.cut(&host))
+    }
     /// (free, total) device memory in bytes, where the device has its own.
     fn memory_info(&self) -> Option<(usize, usize)> {
         None

@@ -5,12 +5,14 @@
 //! layers with their own RoPE base), each present or absent in a layer's weights and config.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use super::rope;
+use super::tensor_parallel::{Shard, ShardPlan};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{
     AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, MoeParams,
-    MoeWeights, WeightQuantization,
+    MoeWeights, Part, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostTensor, HostWeights};
@@ -171,79 +173,133 @@ impl<D: Device> Decoder<D> {
     }
 
     /// Random weights made on the device (`--load-format dummy`): real shapes for performance
-    /// work, nothing materialised on the host.
+    /// work, nothing materialised on the host. With `shard`, `config` is a tensor-parallel
+    /// rank's and each weight is the rank's part of the unsplit model's (the same values, so
+    /// the ranks together compute what one device does with `Decoder::random` of the whole).
     pub fn random(
         dev: &D,
         config: &ModelConfig,
         seed: u64,
         max_positions: usize,
         quantization: WeightQuantization,
+        shard: Option<&Shard<'_>>,
     ) -> Result<Self, EngineError> {
-        let (h, v) = (config.hidden_size, config.vocab_size);
+        let full = shard.map_or(config, |s| s.full);
+        let (h, v) = (full.hidden_size, full.vocab_size);
         // A dense MLP is one expert of the model's width.
-        let (experts, i) = match &config.moe {
+        let (experts, i) = match &full.moe {
             Some(m) => (m.num_experts, m.expert_intermediate_size),
-            None => (1, config.intermediate_size),
+            None => (1, full.intermediate_size),
         };
-        let mut n = 0u64;
-        let mut rnd = |shape: &[usize], mean: f32, std: f32| {
-            n += 1;
-            dev.random(
-                shape,
-                seed.wrapping_mul(1_000_003).wrapping_add(n),
-                mean,
-                std,
-            )
+        // The k-th weight drawn has its own seed (the same k on every rank).
+        let draw_at = |k: u64, shape: &[usize], part: Option<Part<'_>>, mean: f32, std: f32| {
+            let seed = seed.wrapping_mul(1_000_003).wrapping_add(k);
+            match part {
+                Some(p) => dev.random_part(shape, &p, seed, mean, std),
+                None => dev.random(shape, seed, mean, std),
+            }
+        };
+        let drawn = std::cell::Cell::new(0u64);
+        let draw = |shape: &[usize], part: Option<Part<'_>>, mean: f32, std: f32| {
+            drawn.set(drawn.get() + 1);
+            draw_at(drawn.get(), shape, part, mean, std)
+        };
+        // The rank's rows / columns of a projection (the whole where there is no shard).
+        let rows = |r: fn(&ShardPlan) -> &[Range<usize>], cols: usize| {
+            shard.map(|s| Part {
+                rows: r(&s.plan),
+                cols: 0..cols,
+            })
+        };
+        let (all, down_rows) = (0..h, 0..experts * h);
+        let cols = |c: fn(&ShardPlan) -> Range<usize>| {
+            shard.map(|s| Part {
+                rows: std::slice::from_ref(&all),
+                cols: c(&s.plan),
+            })
         };
         let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for _ in 0..config.num_hidden_layers {
+        let (qkv_dim, q_dim) = (full.qkv_dim(), full.q_dim());
+        let mut layers = Vec::with_capacity(full.num_hidden_layers);
+        for _ in 0..full.num_hidden_layers {
             layers.push(Layer {
-                attn_norm: rnd(&[h], 1.0, 0.05)?,
-                qkv: quantized(dev, rnd(&[config.qkv_dim(), h], 0.0, s(h))?, quantization)?,
-                qkv_bias: if config.attention_bias {
-                    Some(rnd(&[config.qkv_dim()], 0.0, 0.5)?)
+                attn_norm: draw(&[h], None, 1.0, 0.05)?,
+                qkv: quantized(
+                    dev,
+                    draw(&[qkv_dim, h], rows(|p| &p.qkv_rows, h), 0.0, s(h))?,
+                    quantization,
+                )?,
+                qkv_bias: if full.attention_bias {
+                    Some(draw(&[qkv_dim], rows(|p| &p.qkv_rows, 1), 0.0, 0.5)?)
                 } else {
                     None
                 },
-                qk_norm: if config.qk_norm {
+                qk_norm: if full.qk_norm {
                     Some((
-                        rnd(&[config.head_dim], 1.0, 0.05)?,
-                        rnd(&[config.head_dim], 1.0, 0.05)?,
+                        draw(&[full.head_dim], None, 1.0, 0.05)?,
+                        draw(&[full.head_dim], None, 1.0, 0.05)?,
                     ))
                 } else {
                     None
                 },
-                post_norms: if config.post_norms {
-                    Some((rnd(&[h], 1.0, 0.05)?, rnd(&[h], 1.0, 0.05)?))
+                post_norms: if full.post_norms {
+                    Some((draw(&[h], None, 1.0, 0.05)?, draw(&[h], None, 1.0, 0.05)?))
                 } else {
                     None
                 },
                 o_proj: quantized(
                     dev,
-                    rnd(&[h, config.q_dim()], 0.0, s(config.q_dim()))?,
+                    draw(&[h, q_dim], cols(|p| p.o_cols.clone()), 0.0, s(q_dim))?,
                     quantization,
                 )?,
-                mlp_norm: rnd(&[h], 1.0, 0.05)?,
-                gate_up: quantized(dev, rnd(&[experts * 2 * i, h], 0.0, s(h))?, quantization)?,
-                down: quantized(dev, rnd(&[experts * h, i], 0.0, s(i))?, quantization)?,
-                router: match &config.moe {
-                    Some(m) => Some(rnd(&[m.num_experts, h], 0.0, s(h))?),
+                mlp_norm: draw(&[h], None, 1.0, 0.05)?,
+                gate_up: quantized(
+                    dev,
+                    draw(
+                        &[experts * 2 * i, h],
+                        rows(|p| &p.gate_up_rows, h),
+                        0.0,
+                        s(h),
+                    )?,
+                    quantization,
+                )?,
+                down: quantized(
+                    dev,
+                    draw(
+                        &[experts * h, i],
+                        shard.map(|sh| Part {
+                            rows: std::slice::from_ref(&down_rows),
+                            cols: sh.plan.down_cols.clone(),
+                        }),
+                        0.0,
+                        s(i),
+                    )?,
+                    quantization,
+                )?,
+                router: match &full.moe {
+                    Some(m) => Some(draw(&[m.num_experts, h], None, 0.0, s(h))?),
                     None => None,
                 },
             });
         }
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
+        // The embedding table is whole on every rank; a rank's LM head is its vocabulary rows
+        // (of the embedding table where the two are tied).
+        let embed_k = drawn.get() + 1;
+        let embed = draw(&[v, h], None, 0.0, 1.0)?;
+        let final_norm = draw(&[h], None, 1.0, 0.05)?;
+        let vocab = rows(|p| std::slice::from_ref(&p.vocab_rows), h);
+        let lm_head = match (full.tie_word_embeddings, vocab) {
+            (true, None) => None,
+            (true, Some(part)) => Some(draw_at(embed_k, &[v, h], Some(part), 0.0, 1.0)?),
+            (false, part) => Some(draw(&[v, h], part, 0.0, s(h))?),
+        };
         Ok(Decoder {
             config: config.clone(),
-            embed: rnd(&[v, h], 0.0, 1.0)?,
+            embed,
             layers,
-            final_norm: rnd(&[h], 1.0, 0.05)?,
-            lm_head: if config.tie_word_embeddings {
-                None
-            } else {
-                Some(rnd(&[v, h], 0.0, s(h))?)
-            },
+            final_norm,
+            lm_head,
             rope,
             rope_local,
             attn: attn_params_all(config),

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::str::FromStr;
 
 use super::decoder::{Decoder, Logits};
+use super::tensor_parallel::TpRunner;
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice, CudaOptions};
@@ -115,6 +116,12 @@ pub enum WeightSource<'a> {
     Owned(HostWeights),
     /// Random weights made on the device.
     Dummy { seed: u64 },
+    /// A tensor-parallel rank's part of the random weights `Dummy { seed }` makes of the whole
+    /// model (made on the rank's device).
+    DummyShard {
+        seed: u64,
+        shard: super::tensor_parallel::Shard<'a>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -205,9 +212,22 @@ impl<D: Device> ModelRunner<D> {
                 opts.max_model_len,
                 opts.quantization,
             )?,
-            WeightSource::Dummy { seed } => {
-                Decoder::random(&dev, config, seed, opts.max_model_len, opts.quantization)?
-            }
+            WeightSource::Dummy { seed } => Decoder::random(
+                &dev,
+                config,
+                seed,
+                opts.max_model_len,
+                opts.quantization,
+                None,
+            )?,
+            WeightSource::DummyShard { seed, shard } => Decoder::random(
+                &dev,
+                config,
+                seed,
+                opts.max_model_len,
+                opts.quantization,
+                Some(&shard),
+            )?,
         };
         if opts.quantization == WeightQuantization::Fp8 {
             tracing::info!(
@@ -353,7 +373,7 @@ fn calibrate_int8<D: Device>(
 }
 
 impl<D: Device> ModelRunner<D> {
-    fn check(&self, batch: &ForwardBatch) -> Result<(), EngineError> {
+    pub(crate) fn check(&self, batch: &ForwardBatch) -> Result<(), EngineError> {
         batch.validate(&self.layout, self.model.config.vocab_size)?;
         if let Some(&p) = batch.positions.iter().max() {
             if p as usize >= self.model.max_positions() {
@@ -471,27 +491,13 @@ pub fn build_runner(
     if opts.tensor_parallel_size != 1 {
         super::tensor_parallel::check(config, opts.tensor_parallel_size)
             .map_err(EngineError::InvalidRequest)?;
-        if use_cuda {
-            return Err(EngineError::InvalidRequest(
-                "--tensor-parallel-size above 1 runs on the CPU device so far (the CUDA ranks, \
-                 over NCCL, are not built yet): use --device cpu, or 1 on a GPU"
-                    .into(),
-            ));
-        }
-        let w = match &weights {
-            WeightSource::Host(w) => *w,
-            WeightSource::Owned(w) => w,
-            WeightSource::Dummy { .. } => {
-                return Err(EngineError::InvalidRequest(
-                    "--tensor-parallel-size above 1 needs the model's weights (split as they \
-                     load), not --load-format dummy"
-                        .into(),
-                ))
-            }
-        };
-        return Ok(Box::new(super::tensor_parallel::TpRunner::new(
-            config, w, opts,
-        )?));
+        return Ok(if use_cuda {
+            let cuda =
+                CudaOptions::from_env(Some(crate::loader::fetch::cache_dir().join("kernels")))?;
+            Box::new(TpRunner::cuda(config, weights, opts, &cuda)?)
+        } else {
+            Box::new(TpRunner::new(config, weights, opts)?)
+        });
     }
     if use_cuda {
         // The switches are read here, once; the kernel cache lives with the model cache.

@@ -14,8 +14,15 @@
 //! block tables, each holding its own heads' K and V.
 //!
 //! [`TpRunner`] drives N [`ModelRunner`]s, rank 0 on the caller's thread and the others on one
-//! thread each. On the CPU device the collectives go through [`CpuComm`] (shared memory); the
-//! CUDA ranks (NCCL) are not built yet and a CUDA model asks for one rank.
+//! thread each (on CUDA, one GPU and its context each: rank r on GPU r). On the CPU device the
+//! collectives go through [`CpuComm`] (shared memory); on CUDA through NCCL
+//! ([`crate::device::cuda::nccl`]), enqueued on each rank's stream and captured into its decode
+//! graphs. Every rank begins every step (rank 0 validates the batch first, so a refused batch
+//! reaches none); rank 0 alone edits, masks and samples the gathered logits.
+//!
+//! Weights: a loaded model is cut per rank ([`shard_weights`]); `--load-format dummy` makes each
+//! rank's part on its device ([`ShardPlan`], [`Shard`]), with the values the unsplit dummy model
+//! has there, so TP=N and TP=1 can be compared on the same weights.
 
 use std::ops::Range;
 use std::sync::mpsc;
@@ -24,7 +31,9 @@ use std::thread::JoinHandle;
 
 use crate::config::ModelConfig;
 use crate::device::cpu::{CpuComm, CpuDevice};
-use crate::device::{ForwardBatch, GraphReport, KvLayout, StepPlan};
+use crate::device::cuda::nccl::{NcclGroup, NcclRank};
+use crate::device::cuda::{CudaDevice, CudaOptions};
+use crate::device::{Device, ForwardBatch, GraphReport, KvLayout, Part, StepPlan};
 use crate::error::EngineError;
 use crate::loader::{HostLayer, HostWeights};
 use crate::tensor::HostTensor;
@@ -95,31 +104,80 @@ fn kv_heads(kvh: usize, r: usize, n: usize) -> Range<usize> {
     }
 }
 
+/// Which rows and columns of the unsplit model's weights rank `r` of `n` holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPlan {
+    /// Its q heads', then its KV heads' k and v rows of q|k|v (and of its bias).
+    pub qkv_rows: Vec<Range<usize>>,
+    /// o_proj's input columns of its q heads.
+    pub o_cols: Range<usize>,
+    /// Its hidden units' gate rows and up rows, of every expert in turn.
+    pub gate_up_rows: Vec<Range<usize>>,
+    /// down's input columns of its hidden units (of every expert).
+    pub down_cols: Range<usize>,
+    /// Its rows of the LM head: its block of the vocabulary.
+    pub vocab_rows: Range<usize>,
+}
+
+impl ShardPlan {
+    pub fn new(config: &ModelConfig, r: usize, n: usize) -> Self {
+        let d = config.head_dim;
+        let (h, kvh) = (config.num_attention_heads, config.num_key_value_heads);
+        let q = split(h, r, n);
+        let kv = kv_heads(kvh, r, n);
+        // Column-parallel gate|up rows and row-parallel down columns of each expert (the
+        // router is whole on every rank: each routes its tokens the same way).
+        let (experts, i) = match &config.moe {
+            Some(m) => (m.num_experts, m.expert_intermediate_size),
+            None => (1, config.intermediate_size),
+        };
+        let mlp = split(i, r, n);
+        ShardPlan {
+            qkv_rows: vec![
+                q.start * d..q.end * d,
+                (h + kv.start) * d..(h + kv.end) * d,
+                (h + kvh + kv.start) * d..(h + kvh + kv.end) * d,
+            ],
+            o_cols: q.start * d..q.end * d,
+            gate_up_rows: (0..experts)
+                .flat_map(|x| {
+                    let base = x * 2 * i;
+                    [
+                        base + mlp.start..base + mlp.end,
+                        base + i + mlp.start..base + i + mlp.end,
+                    ]
+                })
+                .collect(),
+            down_cols: mlp,
+            vocab_rows: split(config.vocab_size, r, n),
+        }
+    }
+}
+
+/// A tensor-parallel rank's shard of a model made on its device ([`super::decoder::Decoder::random`]):
+/// the unsplit model's config and the rank's plan.
+pub struct Shard<'a> {
+    pub full: &'a ModelConfig,
+    pub plan: ShardPlan,
+}
+
 /// The rows `ranges` of a `[rows, cols]` (or 1-D) tensor, in order.
 fn take_rows(t: &HostTensor, ranges: &[Range<usize>]) -> HostTensor {
-    let cols = if t.shape.len() == 2 { t.shape[1] } else { 1 };
-    let mut data = Vec::new();
-    for r in ranges {
-        data.extend_from_slice(&t.data[r.start * cols..r.end * cols]);
+    let cols = if t.shape.len() == 2 { t.shape[1] } else { 0 };
+    Part {
+        rows: ranges,
+        cols: 0..cols.max(1),
     }
-    let rows = ranges.iter().map(|r| r.len()).sum();
-    let shape = if t.shape.len() == 2 {
-        vec![rows, cols]
-    } else {
-        vec![rows]
-    };
-    HostTensor::new(shape, data)
+    .cut(t)
 }
 
 /// The columns `range` of a `[rows, cols]` tensor.
 fn take_cols(t: &HostTensor, range: Range<usize>) -> HostTensor {
-    let cols = t.shape[1];
-    let data = t
-        .data
-        .chunks(cols)
-        .flat_map(|row| row[range.clone()].iter().copied())
-        .collect();
-    HostTensor::new(vec![t.shape[0], range.len()], data)
+    Part {
+        rows: std::slice::from_ref(&(0..t.shape[0])),
+        cols: range,
+    }
+    .cut(t)
 }
 
 /// Rank `r`'s slices of `w` (the unsplit model of `config`) over `n` ranks.
@@ -129,129 +187,206 @@ pub fn shard_weights(
     r: usize,
     n: usize,
 ) -> HostWeights {
-    let d = config.head_dim;
-    let (h, kvh, i) = (
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.intermediate_size,
-    );
-    let q = split(h, r, n);
-    let kv = kv_heads(kvh, r, n);
-    let qkv_rows = [
-        q.start * d..q.end * d,
-        (h + kv.start) * d..(h + kv.end) * d,
-        (h + kvh + kv.start) * d..(h + kvh + kv.end) * d,
-    ];
-    // Column-parallel gate|up rows and row-parallel down columns of each expert (the router
-    // is whole on every rank: each routes its tokens the same way).
-    let (experts, i) = match &config.moe {
-        Some(m) => (m.num_experts, m.expert_intermediate_size),
-        None => (1, i),
-    };
-    let mlp = split(i, r, n);
-    let gate_up_rows: Vec<Range<usize>> = (0..experts)
-        .flat_map(|x| {
-            let base = x * 2 * i;
-            [
-                base + mlp.start..base + mlp.end,
-                base + i + mlp.start..base + i + mlp.end,
-            ]
-        })
-        .collect();
+    let plan = ShardPlan::new(config, r, n);
     let layers = w
         .layers
         .iter()
         .map(|l| HostLayer {
             attn_norm: l.attn_norm.clone(),
-            qkv: take_rows(l.qkv, &qkv_rows),
-            qkv_bias: l.qkv_bias.map(|b| take_rows(b, &qkv_rows)),
+            qkv: take_rows(l.qkv, &plan.qkv_rows),
+            qkv_bias: l.qkv_bias.map(|b| take_rows(b, &plan.qkv_rows)),
             q_norm: l.q_norm.cloned(),
             k_norm: l.k_norm.cloned(),
             post_attn_norm: l.post_attn_norm.cloned(),
             post_mlp_norm: l.post_mlp_norm.cloned(),
-            o_proj: take_cols(l.o_proj, q.start * d..q.end * d),
+            o_proj: take_cols(l.o_proj, plan.o_cols.clone()),
             mlp_norm: l.mlp_norm.clone(),
-            gate_up: take_rows(l.gate_up, &gate_up_rows),
-            down: take_cols(l.down, mlp.clone()),
+            gate_up: take_rows(l.gate_up, &plan.gate_up_rows),
+            down: take_cols(l.down, plan.down_cols.clone()),
             router: l.router.cloned(),
         })
         .collect();
-    let vocab = split(config.vocab_size, r, n);
     HostWeights {
         embed: w.embed.clone(),
         layers,
         final_norm: w.final_norm.clone(),
         // Tied or not, a rank's LM head is its rows of the vocabulary.
-        lm_head: Some(take_rows(w.lm_head.unwrap_or(w.embed), &[vocab])),
+        lm_head: Some(take_rows(
+            w.lm_head.unwrap_or(w.embed),
+            std::slice::from_ref(&plan.vocab_rows),
+        )),
     }
 }
 
 /// What rank 0 asks the other ranks to run.
 enum Command {
-    /// A forward pass over the batch (the ranks' logits are rank 0's to use).
-    Forward(Box<ForwardBatch>),
-    SetProfiling(bool),
+    /// A step's forward pass begun (each rank keeps its logits; rank 0's are the ones used).
+    Begin(Box<ForwardBatch>),
+    /// Decode graphs on or off, as on rank 0 (every rank replays or runs eagerly alike).
+    SetGraphs(bool),
 }
+
+/// What a rank answers: the command's result (for `SetGraphs`, whether it has graphs).
+type Answer = Result<bool, EngineError>;
 
 struct Rank {
     commands: mpsc::Sender<Command>,
-    done: mpsc::Receiver<Result<(), EngineError>>,
+    done: mpsc::Receiver<Answer>,
     thread: JoinHandle<()>,
 }
 
-/// A model over N CPU ranks behind the [`Runner`] interface: rank 0 answers, the others follow.
-pub struct TpRunner {
-    /// The whole model's config (each rank's has its share of the heads and the MLP).
-    config: ModelConfig,
-    rank0: ModelRunner<CpuDevice>,
-    others: Vec<Rank>,
-    comm: Arc<CpuComm>,
-    /// The batch of a step begun and not finished (the other ranks run it at the finish).
-    begun: Option<ForwardBatch>,
+/// A group's collectives, as the runner ends them when a rank fails.
+#[derive(Clone)]
+enum Group {
+    Cpu(Arc<CpuComm>),
+    Cuda(Arc<NcclGroup>),
 }
 
-impl TpRunner {
-    /// `config`'s model from `weights` over `opts.tensor_parallel_size` CPU ranks.
+impl Group {
+    /// Ends the collectives in flight with an error on every rank.
+    fn abort(&self) {
+        match self {
+            Group::Cpu(c) => c.abort(),
+            Group::Cuda(g) => g.abort(),
+        }
+    }
+
+    /// After a failed step every rank has returned from: the CPU group is usable again; an
+    /// aborted NCCL group is not (its steps fail, saying so, until the worker restarts).
+    fn recover(&self) {
+        if let Group::Cpu(c) = self {
+            c.reset();
+        }
+    }
+}
+
+/// A model over N ranks behind the [`Runner`] interface: rank 0 answers, the others follow on
+/// one thread each.
+pub struct TpRunner<D: Device> {
+    /// The whole model's config (each rank's has its share of the heads and the MLP).
+    config: ModelConfig,
+    rank0: ModelRunner<D>,
+    others: Vec<Rank>,
+    group: Group,
+}
+
+/// Where rank `r` of `n` gets its weights from `weights` (the whole model of `config`).
+fn rank_source<'a>(
+    weights: &'a WeightSource<'a>,
+    config: &'a ModelConfig,
+    r: usize,
+    n: usize,
+) -> Result<WeightSource<'a>, EngineError> {
+    Ok(match weights {
+        WeightSource::Host(w) => WeightSource::Owned(shard_weights(&w.as_refs(), config, r, n)),
+        WeightSource::Owned(w) => WeightSource::Owned(shard_weights(&w.as_refs(), config, r, n)),
+        WeightSource::Dummy { seed } => WeightSource::DummyShard {
+            seed: *seed,
+            shard: Shard {
+                full: config,
+                plan: ShardPlan::new(config, r, n),
+            },
+        },
+        WeightSource::DummyShard { .. } => {
+            return Err(EngineError::InvalidRequest(
+                "a rank's shard cannot be split again".into(),
+            ))
+        }
+    })
+}
+
+impl TpRunner<CpuDevice> {
+    /// `config`'s model from `weights` over `opts.tensor_parallel_size` CPU ranks, whose
+    /// collectives go through shared memory.
     pub fn new(
         config: &ModelConfig,
-        weights: &HostWeights,
+        weights: WeightSource<'_>,
         opts: &RunnerOptions,
     ) -> Result<Self, EngineError> {
         let n = opts.tensor_parallel_size;
         check(config, n).map_err(EngineError::InvalidRequest)?;
         let comm = CpuComm::new(n);
+        let devices = (0..n).map(|r| CpuDevice::rank(comm.clone(), r)).collect();
+        let runner = Self::start(config, &weights, opts, devices, Group::Cpu(comm))?;
+        tracing::info!(ranks = n, "tensor parallel: one model over {n} CPU ranks");
+        Ok(runner)
+    }
+}
+
+impl TpRunner<CudaDevice> {
+    /// `config`'s model from `weights` over `opts.tensor_parallel_size` GPUs (rank r on GPU r),
+    /// whose collectives go through NCCL.
+    pub fn cuda(
+        config: &ModelConfig,
+        weights: WeightSource<'_>,
+        opts: &RunnerOptions,
+        cuda: &CudaOptions,
+    ) -> Result<Self, EngineError> {
+        let n = opts.tensor_parallel_size;
+        check(config, n).map_err(EngineError::InvalidRequest)?;
+        let visible = crate::device::cuda::gpu_count()?;
+        if visible < n {
+            return Err(EngineError::InvalidRequest(format!(
+                "--tensor-parallel-size {n} needs {n} GPUs and {visible} are visible                  (CUDA_VISIBLE_DEVICES picks which)"
+            )));
+        }
+        let mut devices = (0..n)
+            .map(|r| CudaDevice::new(r, opts.block_size, cuda.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ordinals: Vec<usize> = (0..n).collect();
+        let group = NcclGroup::new(&ordinals, cuda.nccl_library.as_deref())?;
+        let gather_widths: Vec<usize> = (0..n)
+            .map(|r| split(config.vocab_size, r, n).len())
+            .collect();
+        for (rank, d) in devices.iter_mut().enumerate() {
+            d.join(NcclRank {
+                group: group.clone(),
+                rank,
+                gather_widths: gather_widths.clone(),
+            });
+        }
+        let version = group.version;
+        let runner = Self::start(config, &weights, opts, devices, Group::Cuda(group))?;
+        tracing::info!(
+            ranks = n,
+            nccl = version,
+            "tensor parallel: one model over {n} GPUs"
+        );
+        Ok(runner)
+    }
+}
+
+impl<D: Device + 'static> TpRunner<D> {
+    /// Builds rank r's model on `devices[r]`, all at once (loading a model runs collectives —
+    /// an INT8 cache's calibration pass, the CUDA graphs' capture — which need every rank in
+    /// them), then starts the other ranks' threads. A rank that fails aborts the group, so the
+    /// others leave their collectives with an error instead of waiting.
+    fn start(
+        config: &ModelConfig,
+        weights: &WeightSource<'_>,
+        opts: &RunnerOptions,
+        devices: Vec<D>,
+        group: Group,
+    ) -> Result<Self, EngineError> {
+        let n = devices.len();
         let local = rank_config(config, n);
-        let refs = weights.as_refs();
-        let build = |r: usize| -> Result<ModelRunner<CpuDevice>, EngineError> {
-            let shard = shard_weights(&refs, config, r, n);
-            ModelRunner::new(
-                CpuDevice::rank(comm.clone(), r),
-                &local,
-                WeightSource::Owned(shard),
-                opts,
-            )
-        };
-        // Every rank is built at once: an INT8 cache's calibration is a forward pass, whose
-        // collectives need every rank in them. A rank that fails aborts the group, so the others
-        // leave their collectives with an error instead of waiting.
-        let built: Vec<Result<ModelRunner<CpuDevice>, EngineError>> = std::thread::scope(|s| {
-            let build = &build;
-            let comm = &comm;
-            let handles: Vec<_> = (1..n)
-                .map(|r| {
-                    s.spawn(move || {
-                        let runner = build(r);
-                        if runner.is_err() {
-                            comm.abort();
-                        }
-                        runner
-                    })
-                })
-                .collect();
-            let rank0 = build(0);
-            if rank0.is_err() {
-                comm.abort();
+        let build = |r: usize, dev: D| -> Result<ModelRunner<D>, EngineError> {
+            let runner = rank_source(weights, config, r, n)
+                .and_then(|source| ModelRunner::new(dev, &local, source, opts));
+            if runner.is_err() {
+                group.abort();
             }
+            runner
+        };
+        let built: Vec<Result<ModelRunner<D>, EngineError>> = std::thread::scope(|s| {
+            let build = &build;
+            let mut devices = devices.into_iter();
+            let dev0 = devices.next().expect("one rank at least");
+            let handles: Vec<_> = devices
+                .enumerate()
+                .map(|(i, dev)| s.spawn(move || build(i + 1, dev)))
+                .collect();
+            let rank0 = build(0, dev0);
             std::iter::once(rank0)
                 .chain(handles.into_iter().map(|h| {
                     h.join().unwrap_or_else(|_| {
@@ -273,7 +408,10 @@ impl TpRunner {
             // The failing rank's own reason, not the others' "another rank failed".
             let own = errors
                 .iter()
-                .position(|e| !e.to_string().contains("another rank failed"))
+                .position(|e| {
+                    let e = e.to_string();
+                    !e.contains("another rank failed") && !e.contains("was aborted")
+                })
                 .unwrap_or(0);
             return Err(errors.swap_remove(own));
         }
@@ -283,21 +421,18 @@ impl TpRunner {
         for (i, mut runner) in runners.enumerate() {
             let r = i + 1;
             let (tx, commands) = mpsc::channel::<Command>();
-            let (done_tx, done) = mpsc::channel();
-            let comm = comm.clone();
+            let (done_tx, done) = mpsc::channel::<Answer>();
+            let group = group.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("cachet-tp-rank-{r}"))
                 .spawn(move || {
                     for c in commands {
                         let result = match c {
-                            Command::Forward(b) => runner.forward(&b).map(|_| ()),
-                            Command::SetProfiling(on) => {
-                                runner.set_profiling(on);
-                                Ok(())
-                            }
+                            Command::Begin(b) => runner.forward_begin(&b).map(|()| true),
+                            Command::SetGraphs(on) => Ok(runner.set_cuda_graphs(on)),
                         };
                         if result.is_err() {
-                            comm.abort();
+                            group.abort();
                         }
                         if done_tx.send(result).is_err() {
                             break;
@@ -311,13 +446,11 @@ impl TpRunner {
                 thread,
             });
         }
-        tracing::info!(ranks = n, "tensor parallel: one model over {n} CPU ranks");
         Ok(TpRunner {
             config: config.clone(),
             rank0,
             others,
-            comm,
-            begun: None,
+            group,
         })
     }
 
@@ -331,40 +464,48 @@ impl TpRunner {
         Ok(())
     }
 
-    /// Waits for every other rank's answer; the first error, if any.
-    fn gather(&self) -> Result<(), EngineError> {
-        let mut first = Ok(());
+    /// Waits for every other rank's answer: each one's, or the first error.
+    fn gather(&self) -> Result<Vec<bool>, EngineError> {
+        let mut answers = Vec::with_capacity(self.others.len());
+        let mut first = None;
         for (i, r) in self.others.iter().enumerate() {
-            let res = r.done.recv().unwrap_or_else(|_| {
-                Err(EngineError::InvalidRequest(format!(
-                    "tensor-parallel rank {} has stopped",
-                    i + 1
-                )))
-            });
-            if first.is_ok() {
-                first = res;
+            match r.done.recv() {
+                Ok(Ok(a)) => answers.push(a),
+                Ok(Err(e)) => {
+                    first.get_or_insert(e);
+                }
+                Err(_) => {
+                    first.get_or_insert(EngineError::InvalidRequest(format!(
+                        "tensor-parallel rank {} has stopped",
+                        i + 1
+                    )));
+                }
             }
         }
-        first
+        match first {
+            Some(e) => Err(e),
+            None => Ok(answers),
+        }
     }
 
-    /// Runs `f` on rank 0 while the other ranks run `batch`'s forward pass.
+    /// Runs `f` on rank 0 while the other ranks begin `batch`'s forward pass. A batch the
+    /// model refuses is refused before any rank sees it.
     fn with_ranks<T>(
         &mut self,
         batch: &ForwardBatch,
-        f: impl FnOnce(&mut ModelRunner<CpuDevice>) -> Result<T, EngineError>,
+        f: impl FnOnce(&mut ModelRunner<D>) -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
-        self.broadcast(|| Command::Forward(Box::new(batch.clone())))?;
+        self.rank0.check(batch)?;
+        self.broadcast(|| Command::Begin(Box::new(batch.clone())))?;
         let out = f(&mut self.rank0);
         if out.is_err() {
             // Ranks waiting in a collective for rank 0 get an error instead of waiting forever.
-            self.comm.abort();
+            self.group.abort();
         }
         let others = self.gather();
         if out.is_err() || others.is_err() {
-            // Every rank is back: the next step starts clean (a step refused for its batch
-            // fails on every rank alike and leaves the model as it was).
-            self.comm.reset();
+            // Every rank is back: the next step starts clean where the group allows it.
+            self.group.recover();
         }
         let out = out?;
         others?;
@@ -372,9 +513,8 @@ impl TpRunner {
     }
 }
 
-impl Drop for TpRunner {
+impl<D: Device> Drop for TpRunner<D> {
     fn drop(&mut self) {
-        self.comm.abort();
         for Rank {
             commands, thread, ..
         } in self.others.drain(..)
@@ -385,7 +525,7 @@ impl Drop for TpRunner {
     }
 }
 
-impl Runner for TpRunner {
+impl<D: Device + 'static> Runner for TpRunner<D> {
     fn device_name(&self) -> &'static str {
         self.rank0.device_name()
     }
@@ -401,23 +541,12 @@ impl Runner for TpRunner {
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, EngineError> {
         self.with_ranks(batch, |r| r.forward(batch))
     }
-    fn forward_step(
-        &mut self,
-        batch: &ForwardBatch,
-        plan: &StepPlan,
-    ) -> Result<StepOutput, EngineError> {
-        self.with_ranks(batch, |r| r.forward_step(batch, plan))
-    }
     fn forward_begin(&mut self, batch: &ForwardBatch) -> Result<(), EngineError> {
-        // The CPU computes at the finish anyway: the ranks run the whole step there.
-        self.begun = Some(batch.clone());
-        Ok(())
+        self.with_ranks(batch, |r| r.forward_begin(batch))
     }
     fn forward_finish(&mut self, plan: &StepPlan) -> Result<StepOutput, EngineError> {
-        let batch = self.begun.take().ok_or_else(|| {
-            EngineError::InvalidRequest("forward_finish without forward_begin".into())
-        })?;
-        self.forward_step(&batch, plan)
+        // Every rank has the gathered logits; rank 0 edits, masks and samples them.
+        self.rank0.forward_finish(plan)
     }
     fn synchronize(&self) -> Result<(), EngineError> {
         self.rank0.synchronize()
@@ -436,17 +565,19 @@ impl Runner for TpRunner {
     fn samples_on_device(&self) -> bool {
         self.rank0.samples_on_device()
     }
-    fn set_cuda_graphs(&mut self, _on: bool) -> bool {
-        false
+    fn set_cuda_graphs(&mut self, on: bool) -> bool {
+        let ours = self.rank0.set_cuda_graphs(on);
+        let theirs = self
+            .broadcast(|| Command::SetGraphs(on))
+            .and_then(|()| self.gather());
+        ours && theirs.is_ok_and(|t| t.iter().all(|&g| g))
     }
     fn cuda_graphs(&self) -> Option<GraphReport> {
-        None
+        self.rank0.cuda_graphs()
     }
     fn set_profiling(&self, on: bool) {
+        // Rank 0's operations are timed (its collectives include waiting for the others).
         self.rank0.set_profiling(on);
-        if self.broadcast(|| Command::SetProfiling(on)).is_ok() {
-            let _ = self.gather();
-        }
     }
     fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, EngineError> {
         self.rank0.take_profile()

@@ -132,8 +132,9 @@ pub struct EngineArgs {
     pub quantization: Option<cachet_backend::device::WeightQuantization>,
     /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
     /// share of the attention heads, the MLP and the vocabulary, with an all-reduce after each
-    /// row-parallel projection). On the CPU device the ranks are threads of this process; the
-    /// CUDA ranks (NCCL over several GPUs) are not built yet, so CUDA takes 1.
+    /// row-parallel projection). On the CPU device the ranks are threads of this process; on
+    /// CUDA one GPU each (rank r on GPU r; CUDA_VISIBLE_DEVICES picks them), collectives through
+    /// NCCL (libnccl.so.2, or CACHET_NCCL_LIBRARY). The scheduler and KV manager stay one.
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
     /// File holding the 32-byte deployment key of the block hashes, as 64 hex digits. The gateway

@@ -4,7 +4,8 @@
 //! is sound. Everything above this file is safe code.
 
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, DriverError, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaViewMut, DriverError, LaunchArgs, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::kernels::{
@@ -512,17 +513,22 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `fill_normal_bf16(bf16 out[n], u64 n, u64 seed, f32 mean, f32 std)`.
+    /// `fill_normal_bf16(bf16 out[n], u64 n, u64 seed, f32 mean, f32 std, u64 cols, u64
+    /// full_cols, u64 offset)`: `out`'s rows of `cols` are taken from a tensor `full_cols` wide
+    /// from element `offset` on (`(n, n, 0)`: the whole tensor).
     pub(super) fn launch_fill_normal(
         &self,
-        out: &mut CudaSlice<u16>,
+        out: &mut CudaViewMut<'_, u16>,
         n: usize,
         seed: u64,
         (mean, std): (f32, f32),
+        (cols, full_cols, offset): (usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        let n64 = n as u64;
+        let (n64, cols, full_cols, offset) =
+            (n as u64, cols as u64, full_cols as u64, offset as u64);
         let mut b = self.stream.launch_builder(&self.k.fill_normal);
         b.arg(out).arg(&n64).arg(&seed).arg(&mean).arg(&std);
+        b.arg(&cols).arg(&full_cols).arg(&offset);
         let cfg = LaunchConfig {
             grid_dim: (1024, 1, 1),
             block_dim: (256, 1, 1),

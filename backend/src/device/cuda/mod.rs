@@ -26,6 +26,7 @@ mod graph_pool;
 mod graphs;
 mod kernels;
 mod launch;
+pub mod nccl;
 pub mod options;
 mod profile;
 mod programmatic;
@@ -42,7 +43,7 @@ pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
 use super::{
     AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout, MoeParams,
-    MoeWeights,
+    MoeWeights, Part,
 };
 use crate::config::Activation;
 use crate::error::DeviceError;
@@ -91,6 +92,14 @@ pub fn available() -> Result<(), DeviceError> {
     }
 }
 
+/// GPUs visible here (`CUDA_VISIBLE_DEVICES` picks them); an error where CUDA is unusable.
+pub fn gpu_count() -> Result<usize, DeviceError> {
+    available()?;
+    CudaContext::device_count()
+        .map(|n| n as usize)
+        .map_err(op_err("device count"))
+}
+
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -122,6 +131,8 @@ pub struct CudaDevice {
     /// Where captured decode graphs take their activations (`CACHET_GRAPH_MEMORY=pool`; none:
     /// allocation nodes in the graph).
     graph_pool: Option<graph_pool::GraphPool>,
+    /// This device's rank of a tensor-parallel group (none: the model is whole here).
+    tp: Option<nccl::NcclRank>,
     profiler: profile::Profiler,
 }
 
@@ -198,8 +209,26 @@ impl CudaDevice {
             graph_pool,
             moe_done,
             options,
+            tp: None,
             profiler: Default::default(),
         })
+    }
+}
+
+impl CudaDevice {
+    /// Makes this device rank `rank` of a tensor-parallel group: the decoder's collectives go
+    /// through the group's NCCL communicator from here on.
+    pub fn join(&mut self, rank: nccl::NcclRank) {
+        self.tp = Some(rank);
+    }
+
+    /// The stream every operation of this device is enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn options(&self) -> &CudaOptions {
+        &self.options
     }
 }
 
@@ -235,8 +264,35 @@ impl Device for CudaDevice {
         std: f32,
     ) -> Result<CudaTensor, DeviceError> {
         let (rows, cols) = super::matrix_dims(shape, DEV, "random")?;
+        let whole = 0..if shape.len() == 2 { rows } else { rows * cols };
+        let cols = if shape.len() == 2 { 0..cols } else { 0..1 };
+        let part = Part {
+            rows: std::slice::from_ref(&whole),
+            cols,
+        };
+        self.random_part(shape, &part, seed, mean, std)
+    }
+
+    fn random_part(
+        &self,
+        shape: &[usize],
+        part: &Part<'_>,
+        seed: u64,
+        mean: f32,
+        std: f32,
+    ) -> Result<CudaTensor, DeviceError> {
+        let full_cols = if shape.len() == 2 { shape[1] } else { 1 };
+        let (rows, cols) = super::matrix_dims(&part.shape(shape), DEV, "random")?;
         let mut buf = self.alloc_bf16(rows * cols, "dummy weight")?;
-        self.launch_fill_normal(&mut buf, rows * cols, seed, (mean, std))?;
+        let width = part.cols.len();
+        let mut at = 0;
+        for r in part.rows.iter().filter(|r| !r.is_empty()) {
+            let n = r.len() * width;
+            let offset = r.start * full_cols + part.cols.start;
+            let mut out = buf.slice_mut(at..at + n);
+            self.launch_fill_normal(&mut out, n, seed, (mean, std), (width, full_cols, offset))?;
+            at += n;
+        }
         Ok(CudaTensor::new_bf16(rows, cols, buf))
     }
 
@@ -350,6 +406,14 @@ impl Device for CudaDevice {
             }
             Ok(CudaTensor::new_bf16(rows, cols, out))
         })
+    }
+
+    fn all_reduce_sum(&self, t: &mut CudaTensor) -> Result<(), DeviceError> {
+        self.tp_all_reduce(t)
+    }
+
+    fn all_gather_cols(&self, t: CudaTensor) -> Result<CudaTensor, DeviceError> {
+        self.tp_all_gather_cols(t)
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {

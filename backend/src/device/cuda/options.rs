@@ -167,6 +167,9 @@ pub struct CudaOptions {
     /// row read twice, a division an element) rather than `quantize_act_rows_e4m3` (read once,
     /// vectorized, a multiplication) (`CACHET_FP8_ACTIVATIONS=fast|exact`).
     pub fp8_exact_activations: bool,
+    /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
+    /// `libnccl.so.2`, then `libnccl.so`).
+    pub nccl_library: Option<PathBuf>,
 }
 
 impl Default for CudaOptions {
@@ -185,6 +188,7 @@ impl Default for CudaOptions {
             fp8_fast_accum: false,
             fp8_bf16_product: true,
             fp8_exact_activations: false,
+            nccl_library: None,
         }
     }
 }
@@ -283,6 +287,9 @@ impl CudaOptions {
             o.graph_memory = GraphMemory::Pool;
         }
         o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
+        o.nccl_library = var("CACHET_NCCL_LIBRARY")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;

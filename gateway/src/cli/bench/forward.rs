@@ -76,8 +76,10 @@ pub struct ForwardArgs {
     pub quantization: cachet_backend::device::WeightQuantization,
     /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
     /// share of the attention heads, the MLP and the vocabulary, with an all-reduce after each
-    /// row-parallel projection). On the CPU device the ranks are threads of this process; the
-    /// CUDA ranks (NCCL over several GPUs) are not built yet, so CUDA takes 1.
+    /// row-parallel projection). On the CPU device the ranks are threads of this process; on
+    /// CUDA one GPU each (rank r on GPU r), collectives through NCCL. Floors are per GPU (its
+    /// share of the weights and its KV heads); prefill rates against N × one GPU's GEMM
+    /// ceiling; `--profile` shows the all-reduce's time.
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
 }
@@ -244,6 +246,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         kv_calibration,
     };
     let mut r = build_runner(&config, weights, &opts)?;
+    let tp = a.tensor_parallel_size as f64;
     let dev = r.device_name();
     let elem = if dev == "cpu" { 4.0 } else { 2.0 };
     let bs = r.kv_layout().block_size;
@@ -284,7 +287,8 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .map(|_| ())
                 .map_err(Into::into)
         })?;
-        let bytes = weight_bytes_per_decode_step(&config, elem, a.quantization, 1)
+        // Per GPU: its share of the weights (the layout is already a rank's KV heads).
+        let bytes = weight_bytes_per_decode_step(&config, elem, a.quantization, 1) / tp
             + kv_bytes(&r.kv_layout(), ctx, elem);
         let (floor, ratio) = match cal {
             Some(c) => {
@@ -319,7 +323,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 .map(|_| ())
                 .map_err(Into::into)
         })?;
-        let weights = weight_bytes_per_decode_step(&config, elem, a.quantization, n);
+        let weights = weight_bytes_per_decode_step(&config, elem, a.quantization, n) / tp;
         let kv = n as f64 * kv_bytes(&r.kv_layout(), ctx, elem);
         let (floor, ratio, floors) = match cal {
             Some(c) => {
@@ -328,7 +332,7 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
                 // the measured GEMM ceiling), not by reading the weights once; attention by
                 // reading the KV.
                 let bytes_ms = (weights + kv) / c.copy_bytes_per_s * 1e3;
-                let gemm_ms = 2.0 * n as f64 * token_parameters(&config) / c.gemm_flops * 1e3;
+                let gemm_ms = 2.0 * n as f64 * token_parameters(&config) / tp / c.gemm_flops * 1e3;
                 let roof_ms = (weights / c.copy_bytes_per_s * 1e3).max(gemm_ms)
                     + kv / c.copy_bytes_per_s * 1e3;
                 (
@@ -471,6 +475,13 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
             _ => None,
         };
         let (ceil, ratio) = match near {
+            Some(c) if tp > 1.0 => (
+                format!(
+                    "{:.0} TFLOP/s ({tp} × cuBLAS on one GPU, measured next)",
+                    tp * c.gemm_flops / 1e12
+                ),
+                format!("{:.0}%", 100.0 * flops / t / (tp * c.gemm_flops)),
+            ),
             Some(c) => (
                 format!("{:.0} TFLOP/s (cuBLAS, measured next)", c.gemm_flops / 1e12),
                 format!("{:.0}%", 100.0 * flops / t / c.gemm_flops),
