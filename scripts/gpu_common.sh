@@ -9,7 +9,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NO_COLOR=1  # plain log lines, so " INFO " filters them
 export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
 mkdir -p "$(dirname "${BUILT_IN:-/work/main}")" && ln -sfn "$PWD" "${BUILT_IN:-/work/main}"
-for b in cachet engine-tests speculative-tests families-tests moe-tests; do
+for b in cachet engine-tests speculative-tests families-tests moe-tests tp-tests; do
   [ -x /tmp/$b ] || [ ! -f .carry/$b.xz ] || { xz -dc .carry/$b.xz > /tmp/$b && chmod +x /tmp/$b; }
 done
 mkdir -p "$CACHET_CACHE_DIR/models/smollm2"

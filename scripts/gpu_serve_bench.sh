@@ -6,8 +6,10 @@
 # (--max-num-seqs 64 --max-num-batched-tokens 2048), one after the other; RUNS picks others:
 # fp8-weights (--quantization fp8), kv-fp8 (--kv-cache-dtype fp8), kv-int8 (--kv-cache-dtype int8),
 # fp8 (both).
-# Carry .carry/cachet.xz; SmolLM2's GGUF as /tmp/smollm2.gguf (an earlier carry).
-#   OUT=... [N=1000] [RUNS="defaults fp8"] scripts/gpu_serve_bench.sh
+# Carry .carry/cachet.xz; SmolLM2's GGUF as /tmp/smollm2.gguf (an earlier carry), or name another
+# tokenizer source: TOKENIZER=tests/fixtures/tiny-mixtral.gguf (in the tree; prompts are token ids
+# either way, the tokenizer only turns the generated ids into text).
+#   OUT=... [N=1000] [RUNS="defaults fp8"] [TOKENIZER=smollm2] scripts/gpu_serve_bench.sh
 source "$(dirname "$0")/gpu_common.sh"
 key=sk-bench
 printf '[[tenant]]\nid = "bench"\napi_key_sha256 = ["%s"]\n' "$(printf $key | sha256sum | cut -d' ' -f1)" > /tmp/tenants.toml
@@ -20,7 +22,7 @@ serve() {  # name, then model flags
 run() {  # name, then server flags
   local name=$1; shift
   echo "== $name: $*"
-  serve "$name" --model examples/configs/llama3-8b.json --load-format dummy --tokenizer smollm2 "$@" && {
+  serve "$name" --model examples/configs/llama3-8b.json --load-format dummy --tokenizer ${TOKENIZER:-smollm2} "$@" && {
     grep -o 'step limits.*' "$out/serve-$name.log" | sed 's/\x1b\[[0-9;]*m//g'
     timeout ${T:-260} /tmp/cachet bench serve --base-url http://127.0.0.1:18100 --api-key $key \
       --dataset random --input-len 750 --output-len 1000 --num-prompts ${N:-1000} --max-concurrency 256 \

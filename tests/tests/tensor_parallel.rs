@@ -260,3 +260,16 @@ gpu_test! {
         }
     }
 }
+
+/// The 70B shape of the tensor-parallel benchmarks (examples/configs/llama3-70b.json) has
+/// Llama-3-70B's published size, 70.6 B parameters, and splits over 2, 4 and 8 GPUs.
+#[test]
+fn the_70b_example_shape_has_its_published_size_and_splits() {
+    let path = fixtures().join("../../examples/configs/llama3-70b.json");
+    let c = cachet_backend::config::ModelConfig::from_hf_json(&path).unwrap();
+    let p = c.num_parameters() as f64;
+    assert!((p / 70.6e9 - 1.0).abs() < 0.01, "{p:e} parameters");
+    for n in [2, 4, 8] {
+        cachet_backend::model::tensor_parallel::check(&c, n).unwrap();
+    }
+}
