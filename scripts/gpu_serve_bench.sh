@@ -8,8 +8,9 @@
 # fp8 (both).
 # Carry .carry/cachet.xz; SmolLM2's GGUF as /tmp/smollm2.gguf (an earlier carry), or name another
 # tokenizer source: TOKENIZER=tests/fixtures/tiny-mixtral.gguf (in the tree; prompts are token ids
-# either way, the tokenizer only turns the generated ids into text).
-#   OUT=... [N=1000] [RUNS="defaults fp8"] [TOKENIZER=smollm2] scripts/gpu_serve_bench.sh
+# either way, the tokenizer only turns the generated ids into text; the gateway refuses prompt ids
+# outside its vocabulary, so give a range inside it: ID_RANGE=3,299 for tiny-mixtral's 300).
+#   OUT=... [N=1000] [RUNS="defaults fp8"] [TOKENIZER=smollm2] [ID_RANGE=1000,10000] scripts/gpu_serve_bench.sh
 source "$(dirname "$0")/gpu_common.sh"
 key=sk-bench
 printf '[[tenant]]\nid = "bench"\napi_key_sha256 = ["%s"]\n' "$(printf $key | sha256sum | cut -d' ' -f1)" > /tmp/tenants.toml
@@ -26,7 +27,7 @@ run() {  # name, then server flags
     grep -o 'step limits.*' "$out/serve-$name.log" | sed 's/\x1b\[[0-9;]*m//g'
     timeout ${T:-260} /tmp/cachet bench serve --base-url http://127.0.0.1:18100 --api-key $key \
       --dataset random --input-len 750 --output-len 1000 --num-prompts ${N:-1000} --max-concurrency 256 \
-      --ignore-eos --json-out "$out/bench-serve-$name.json" 2>&1 | tee "$out/bench-serve-$name.txt"
+      --ignore-eos --id-range ${ID_RANGE:-1000,10000} --json-out "$out/bench-serve-$name.json" 2>&1 | tee "$out/bench-serve-$name.txt"
     kill %1; wait
   }
 }

@@ -211,7 +211,7 @@ gpu_test! {
             if let Some(greedy) = reference["greedy"].as_array() {
                 let cases: Vec<(Vec<u32>, Vec<u32>, Option<usize>)> = greedy
                     .iter()
-                    .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"]), None))
+                    .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"]), first_route_tie(&c["route_gaps"])))
                     .collect();
                 let e = Engine::start(cuda_tp_runner(&m, 64, 1).unwrap(), m.tokenizer.clone(), EngineConfig::default());
                 check_engine_greedy_rounds(DeviceKind::Cuda, &m, &e, &cases, &format!("{name} through NCCL"));
@@ -238,21 +238,29 @@ gpu_test! {
             let mut r = cuda_tp_runner(&m, 16, 2).unwrap();
             for case in reference["cases"].as_array().unwrap() {
                 let what = format!("{name} over 2 GPUs");
+                // A mixture of experts as far as bf16 can follow transformers' routing.
+                let Some(case) = &case_before_route_tie(DeviceKind::Cuda, case) else {
+                    continue;
+                };
                 let (ids, _, got) = check_case_logits(r.as_mut(), case, 3e-2, &what);
                 let unsplit = all_logits(whole.as_mut(), &ids);
                 let err = rel_err(&got.data, &unsplit.data);
                 assert!(err <= 2e-2, "{what}: {err:e} from the one-GPU model");
             }
             let config = &m.config;
-            let ids: Vec<u32> = (0..40u32).map(|t| (t * 37 + 5) % config.vocab_size as u32).collect();
-            let one = all_logits(dummy_runner(DeviceKind::Cuda, config, 16, 1).unwrap().as_mut(), &ids);
-            let two = all_logits(dummy_runner(DeviceKind::Cuda, config, 16, 2).unwrap().as_mut(), &ids);
-            let err = rel_err(&two.data, &one.data);
-            assert!(err <= 2e-2, "{name}: dummy weights over 2 GPUs {err:e} from one");
+            // Random routers have near ties anywhere, where bf16 sums over two GPUs may pick
+            // another expert: the dummy split of MoE models is held exactly on the CPU (above).
+            if config.moe.is_none() {
+                let ids: Vec<u32> = (0..40u32).map(|t| (t * 37 + 5) % config.vocab_size as u32).collect();
+                let one = all_logits(dummy_runner(DeviceKind::Cuda, config, 16, 1).unwrap().as_mut(), &ids);
+                let two = all_logits(dummy_runner(DeviceKind::Cuda, config, 16, 2).unwrap().as_mut(), &ids);
+                let err = rel_err(&two.data, &one.data);
+                assert!(err <= 2e-2, "{name}: dummy weights over 2 GPUs {err:e} from one");
+            }
             if let Some(greedy) = reference["greedy"].as_array() {
                 let cases: Vec<(Vec<u32>, Vec<u32>, Option<usize>)> = greedy
                     .iter()
-                    .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"]), None))
+                    .map(|c| (ids_of(&c["prompt"]), ids_of(&c["output"]), first_route_tie(&c["route_gaps"])))
                     .collect();
                 let e = Engine::start(cuda_tp_runner(&m, 64, 2).unwrap(), m.tokenizer.clone(), EngineConfig::default());
                 check_engine_greedy_rounds(DeviceKind::Cuda, &m, &e, &cases, &format!("{name} over 2 GPUs"));
