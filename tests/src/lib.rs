@@ -203,6 +203,21 @@ pub fn tp_runner(
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts)
 }
 
+/// A CPU runner of the model `spec` names ([`config`] its config) over `ranks`, each rank
+/// reading its slices from the files.
+pub fn files_tp_runner(
+    spec: &str,
+    config: &cachet_backend::config::ModelConfig,
+    num_blocks: usize,
+    ranks: usize,
+) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
+    let opts = RunnerOptions {
+        tensor_parallel_size: ranks,
+        ..runner_options(DeviceKind::Cpu, num_blocks, None)
+    };
+    build_runner(config, WeightSource::Files(spec), &opts)
+}
+
 /// `m` split over `ranks` GPUs (rank r on GPU r) through NCCL — one rank too, which
 /// `build_runner` never makes (it runs a whole model plainly), so one GPU tests the path.
 pub fn cuda_tp_runner(

@@ -281,3 +281,161 @@ fn the_70b_example_shape_has_its_published_size_and_splits() {
         cachet_backend::model::tensor_parallel::check(&c, n).unwrap();
     }
 }
+
+/// Every fixture's files (HF safetensors, GGUF with llama.cpp's q/k row order, quantized GGUF,
+/// stacked and per-expert MoE layouts) and the ranks they split over.
+fn sharded_files() -> Vec<(std::path::PathBuf, Vec<usize>)> {
+    let mut files: Vec<_> = MODELS
+        .iter()
+        .map(|(name, splits)| (fixtures().join(name), splits.to_vec()))
+        .collect();
+    files.push((fixtures().join("tiny-mixtral.gguf"), vec![2]));
+    // FP8 checkpoints, scaled per channel and per block (read whole and cut: the scales index
+    // the whole tensor).
+    files.push((fixtures().join("tiny-qwen3-fp8-channel"), vec![2]));
+    files.push((fixtures().join("tiny-qwen3-fp8-block"), vec![2]));
+    files.push((fixtures().join("tiny-qwen3-moe.gguf"), vec![2, 4]));
+    files.push((smollm2_path(), vec![3]));
+    files
+}
+
+#[test]
+fn a_ranks_slices_read_from_the_files_are_those_cut_from_the_whole_model() {
+    for (path, splits) in sharded_files() {
+        let spec = path.to_str().unwrap();
+        let whole = cachet_backend::loader::load(spec, false).unwrap();
+        for n in splits {
+            for r in 0..n {
+                let read = cachet_backend::loader::load_shard(spec, r, n, false).unwrap();
+                let cut = cachet_backend::model::tensor_parallel::shard_weights(
+                    &whole.weights.as_refs(),
+                    &whole.config,
+                    r,
+                    n,
+                );
+                assert!(
+                    read == cut,
+                    "{spec}: rank {r} of {n} read differs from its cut"
+                );
+            }
+        }
+    }
+}
+
+/// The bytes of `tensor`'s rows `rows` (all columns) or of its columns `cols` (all rows) in an
+/// f32 safetensors file, overwritten with NaN.
+fn poison(
+    bytes: &mut [u8],
+    tensor: &str,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let t = &header[tensor];
+    assert_eq!(t["dtype"], "F32", "{tensor}");
+    let width = t["shape"][1].as_u64().unwrap() as usize;
+    let start = 8 + n + t["data_offsets"][0].as_u64().unwrap() as usize;
+    for row in rows {
+        for col in cols.clone() {
+            let at = start + (row * width + col) * 4;
+            bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        }
+    }
+}
+
+#[test]
+fn a_rank_reads_none_of_the_other_ranks_slices() {
+    // tiny-gqa-llama3 (6 heads of 12, 2 KV heads, 200 hidden units) over 2 ranks, with every
+    // slice of layer 0 that rank 0 does not hold turned to NaN in a copy of its file: rank 0
+    // still gets its slices exactly (it never decodes the others), the whole model does not.
+    let src = fixtures().join("tiny-gqa-llama3");
+    let dir = std::env::temp_dir().join(format!("cachet-shard-read-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let l = "model.layers.0";
+    poison(
+        &mut bytes,
+        &format!("{l}.self_attn.q_proj.weight"),
+        36..72,
+        0..72,
+    );
+    poison(
+        &mut bytes,
+        &format!("{l}.self_attn.k_proj.weight"),
+        12..24,
+        0..72,
+    );
+    poison(
+        &mut bytes,
+        &format!("{l}.self_attn.v_proj.weight"),
+        12..24,
+        0..72,
+    );
+    poison(
+        &mut bytes,
+        &format!("{l}.self_attn.o_proj.weight"),
+        0..72,
+        36..72,
+    );
+    poison(
+        &mut bytes,
+        &format!("{l}.mlp.gate_proj.weight"),
+        100..200,
+        0..72,
+    );
+    poison(
+        &mut bytes,
+        &format!("{l}.mlp.up_proj.weight"),
+        100..200,
+        0..72,
+    );
+    poison(
+        &mut bytes,
+        &format!("{l}.mlp.down_proj.weight"),
+        0..72,
+        100..200,
+    );
+    poison(&mut bytes, "lm_head.weight", 156..311, 0..72);
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    let spec = dir.to_str().unwrap();
+    let original = cachet_backend::loader::load(src.to_str().unwrap(), false).unwrap();
+    let want = cachet_backend::model::tensor_parallel::shard_weights(
+        &original.weights.as_refs(),
+        &original.config,
+        0,
+        2,
+    );
+    let read = cachet_backend::loader::load_shard(spec, 0, 2, false).unwrap();
+    let poisoned = cachet_backend::loader::load(spec, false).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(read == want, "rank 0's slices read from the poisoned file");
+    assert!(
+        poisoned.weights.layers[0]
+            .qkv
+            .data
+            .iter()
+            .any(|v| v.is_nan()),
+        "the poison is in the file"
+    );
+}
+
+#[test]
+fn ranks_reading_their_slices_give_the_unsplit_logits() {
+    // SmolLM2 (GGUF, Q4_1, llama.cpp's q/k order) over three ranks, each reading its slices
+    // from the file as `cachet serve --tensor-parallel-size 3` does.
+    let m = smollm2();
+    let ids = m
+        .tokenizer
+        .as_ref()
+        .unwrap()
+        .encode("The capital of France is Paris, and the capital of Italy is")
+        .unwrap();
+    let whole = all_logits(device_runner(DeviceKind::Cpu, m, 16).as_mut(), &ids);
+    let path = smollm2_path();
+    let mut r = files_tp_runner(path.to_str().unwrap(), &m.config, 16, 3).unwrap();
+    let split = all_logits(r.as_mut(), &ids);
+    let err = rel_err(&split.data, &whole.data);
+    assert!(err <= 1e-5, "{err:e} from the unsplit model");
+}

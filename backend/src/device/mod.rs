@@ -297,6 +297,16 @@ impl Part<'_> {
         }
     }
 
+    /// Whether the part lies inside a whole tensor of `shape`.
+    pub fn fits(&self, shape: &[usize]) -> bool {
+        let (rows, cols) = match shape {
+            [r, c] => (*r, *c),
+            [n] => (*n, 1),
+            _ => return false,
+        };
+        self.cols.end <= cols && self.rows.iter().all(|r| r.start <= r.end && r.end <= rows)
+    }
+
     /// The part of a whole host tensor `t`.
     pub fn cut(&self, t: &HostTensor) -> HostTensor {
         let cols = if t.shape.len() == 2 { t.shape[1] } else { 1 };

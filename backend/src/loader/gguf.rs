@@ -434,6 +434,64 @@ impl GgufFile {
     }
 }
 
+impl GgufFile {
+    /// `part` of 2-D tensor `name` (row-major shape `[rows, cols]`, checked to be `expected`),
+    /// dequantising only its rows: a row is whole blocks in the file, so a rank's rows are read
+    /// alone; its columns are cut from them. `None` where the tensor is not 2-D or its rows are
+    /// not whole blocks (the caller reads it whole).
+    pub fn tensor_f32_part(
+        &self,
+        name: &str,
+        expected: &[usize],
+        part: &crate::device::Part<'_>,
+    ) -> Result<Option<Vec<f32>>, LoadError> {
+        let info = self.tensor_info(name)?;
+        let shape = info.shape();
+        if shape != expected {
+            return Err(LoadError::Shape {
+                path: self.path.clone(),
+                name: name.into(),
+                got: shape,
+                expected: expected.to_vec(),
+            });
+        }
+        let Ok(dtype) = info.dtype.clone() else {
+            return Ok(None);
+        };
+        let [rows, cols] = shape[..] else {
+            return Ok(None);
+        };
+        let (per_block, block_bytes) = dtype.block();
+        if cols % per_block != 0 {
+            return Ok(None);
+        }
+        let row_bytes = cols / per_block * block_bytes;
+        let file = (*self.bytes).as_ref();
+        let start = (self.data_offset + info.offset) as usize;
+        if start.saturating_add(rows * row_bytes) > file.len() {
+            return Err(LoadError::Truncated {
+                path: self.path.clone(),
+                what: format!("tensor `{name}`"),
+                needed: (start + rows * row_bytes) as u64,
+                available: file.len() as u64,
+            });
+        }
+        let mut out = Vec::with_capacity(part.shape(expected).iter().product());
+        for r in part.rows {
+            let bytes = &file[start + r.start * row_bytes..start + r.end * row_bytes];
+            let values = dequantize(dtype, bytes, r.len() * cols);
+            if part.cols == (0..cols) {
+                out.extend(values);
+            } else {
+                for row in values.chunks_exact(cols) {
+                    out.extend_from_slice(&row[part.cols.clone()]);
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
 /// Dequantises `n` elements of `dtype` from `bytes` (whose length the caller checked).
 pub fn dequantize(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n);

@@ -101,6 +101,60 @@ impl SafetensorsDir {
     }
 }
 
+impl SafetensorsDir {
+    /// `part` of 2-D tensor `name` as f32, checked to be `expected` in whole, reading only the
+    /// part's bytes from the mapped file (a tensor-parallel rank's slice: its rows are
+    /// contiguous there, its columns a stride of each row). FP8 weights, whose scales index the
+    /// whole tensor, are read whole and cut.
+    pub fn tensor_part(
+        &self,
+        name: &str,
+        expected: &[usize],
+        part: &crate::device::Part<'_>,
+    ) -> Result<HostTensor, LoadError> {
+        let &i = self
+            .index
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor {
+                path: self.shards.first().map(|s| s.0.clone()).unwrap_or_default(),
+                name: name.into(),
+            })?;
+        let (path, mmap) = &self.shards[i];
+        let st = SafeTensors::deserialize(mmap).map_err(|e| safetensors_error(path, mmap, e))?;
+        let view = st
+            .tensor(name)
+            .map_err(|e| LoadError::format(path, e.to_string()))?;
+        if view.shape() != expected {
+            return Err(LoadError::Shape {
+                path: path.clone(),
+                name: name.into(),
+                got: view.shape().to_vec(),
+                expected: expected.to_vec(),
+            });
+        }
+        let elem = match view.dtype() {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            _ if expected.len() == 2 => {
+                let whole = self.tensor(name)?;
+                return Ok(part.cut(&whole));
+            }
+            other => return Err(unsupported(path, name, format!("{other:?}"))),
+        };
+        let cols = if expected.len() == 2 { expected[1] } else { 1 };
+        let bytes = view.data();
+        let mut data = Vec::with_capacity(part.shape(expected).iter().product());
+        for r in part.rows {
+            for row in r.clone() {
+                let at = (row * cols + part.cols.start) * elem;
+                let b = &bytes[at..at + part.cols.len() * elem];
+                data.extend(decode(view.dtype(), b).expect("a dtype decoded above"));
+            }
+        }
+        Ok(HostTensor::new(part.shape(expected), data))
+    }
+}
+
 /// The tensor names of one safetensors file (`bytes`; `path` names it in errors).
 pub fn shard_names(path: &Path, bytes: &[u8]) -> Result<Vec<String>, LoadError> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, bytes, e))?;
@@ -174,8 +228,21 @@ fn read_values(path: &Path, bytes: &[u8], name: &str) -> Result<(HostTensor, boo
     let view = st
         .tensor(name)
         .map_err(|e| LoadError::format(path, e.to_string()))?;
-    let bytes = view.data();
-    let data: Vec<f32> = match view.dtype() {
+    let data = decode(view.dtype(), view.data())
+        .ok_or_else(|| unsupported(path, name, format!("{:?}", view.dtype())))?;
+    let fp8 = view.dtype() == Dtype::F8_E4M3;
+    Ok((
+        HostTensor {
+            shape: view.shape().to_vec(),
+            data,
+        },
+        fp8,
+    ))
+}
+
+/// `bytes` of `dtype` as f32 (e4m3 codes without their scale); `None` for another dtype.
+fn decode(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
         Dtype::F32 => bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -192,16 +259,8 @@ fn read_values(path: &Path, bytes: &[u8], name: &str) -> Result<(HostTensor, boo
             .iter()
             .map(|&c| crate::device::fp8::decode_e4m3(c))
             .collect(),
-        other => return Err(unsupported(path, name, format!("{other:?}"))),
-    };
-    let fp8 = view.dtype() == Dtype::F8_E4M3;
-    Ok((
-        HostTensor {
-            shape: view.shape().to_vec(),
-            data,
-        },
-        fp8,
-    ))
+        _ => return None,
+    })
 }
 
 fn unsupported(path: &Path, name: &str, dtype: String) -> LoadError {

@@ -10,10 +10,13 @@ pub mod gguf_tokenizer;
 pub mod hf;
 pub mod random;
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::config::{Activation, Arch, ModelConfig, RopeScaling};
+use crate::device::Part as Slice;
 use crate::error::LoadError;
+use crate::model::tensor_parallel::ShardPlan;
 use crate::tokenizer::TextTokenizer;
 
 pub use crate::tensor::HostTensor;
@@ -22,7 +25,7 @@ pub use crate::tensor::HostTensor;
 /// matmul (q|k|v, gate|up). `T` is how a tensor is held: owned [`HostTensor`]s from the loader,
 /// or borrowed / copy-on-write ones on their way to a device ([`HostWeights::as_refs`],
 /// [`HostWeights::map`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HostLayer<T = HostTensor> {
     pub attn_norm: T,
     /// `[q_dim + 2·kv_dim, hidden]`
@@ -48,7 +51,7 @@ pub struct HostLayer<T = HostTensor> {
     pub post_mlp_norm: Option<T>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HostWeights<T = HostTensor> {
     /// `[vocab, hidden]`
     pub embed: T,
@@ -181,6 +184,40 @@ pub fn load(spec: &str, progress: bool) -> Result<LoadedModel, LoadError> {
     }
 }
 
+/// Rank `rank` of `ranks`' tensor-parallel slices of `spec`'s weights (those
+/// [`crate::model::tensor_parallel::shard_weights`] cuts from the whole), read from the files
+/// without the rest: a rank's rows are read alone, its columns from their rows (see
+/// `assemble`); the tensors every rank keeps whole are read whole.
+pub fn load_shard(
+    spec: &str,
+    rank: usize,
+    ranks: usize,
+    progress: bool,
+) -> Result<HostWeights, LoadError> {
+    match resolve(spec)? {
+        ModelSource::HfDir(dir) => {
+            let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+            let src = HfSource {
+                st: hf::SafetensorsDir::open(&dir)?,
+                dir,
+            };
+            let plan = ShardPlan::new(&config, rank, ranks);
+            assemble(&src, &config, progress, Some(&plan))
+        }
+        ModelSource::Gguf(path) => {
+            let file = gguf::GgufFile::open(&path)?;
+            let config = gguf_meta(&file, &path)?.config;
+            let src = GgufSource {
+                head_dim: config.head_dim,
+                permuted_qk: config.arch.gguf_permutes_qk(),
+                file,
+            };
+            let plan = ShardPlan::new(&config, rank, ranks);
+            assemble(&src, &config, progress, Some(&plan))
+        }
+    }
+}
+
 /// Names of one layer's tensors in some file format.
 trait TensorSource {
     fn path(&self) -> &Path;
@@ -196,6 +233,17 @@ trait TensorSource {
     /// permutes the rows of some families for its RoPE).
     fn fix_qk(&self, t: HostTensor, _n_heads: usize) -> HostTensor {
         t
+    }
+    /// `part` of tensor `name`, whose whole shape must be `expected` (the caller has checked
+    /// that the part fits it). Generic: the whole tensor read, then cut.
+    fn get_part(
+        &self,
+        name: &str,
+        expected: &[usize],
+        part: &Slice<'_>,
+    ) -> Result<HostTensor, LoadError> {
+        let t = self.get(name)?;
+        Ok(part.cut(&shape_checked(self.path(), name, t, expected)?))
     }
 }
 
@@ -245,10 +293,18 @@ fn checked(
     name: &str,
     expected: &[usize],
 ) -> Result<HostTensor, LoadError> {
-    let t = src.get(name)?;
+    shape_checked(src.path(), name, src.get(name)?, expected)
+}
+
+fn shape_checked(
+    path: &Path,
+    name: &str,
+    t: HostTensor,
+    expected: &[usize],
+) -> Result<HostTensor, LoadError> {
     if t.shape != expected {
         return Err(LoadError::Shape {
-            path: src.path().into(),
+            path: path.into(),
             name: name.into(),
             got: t.shape,
             expected: expected.to_vec(),
@@ -257,10 +313,36 @@ fn checked(
     Ok(t)
 }
 
+/// Tensor `name` of shape `expected`, or its `part` (read alone where the source can).
+fn fetch(
+    src: &dyn TensorSource,
+    name: &str,
+    expected: &[usize],
+    part: Option<Slice<'_>>,
+) -> Result<HostTensor, LoadError> {
+    match part {
+        None => checked(src, name, expected),
+        Some(p) if p.fits(expected) => src.get_part(name, expected, &p),
+        Some(p) => Err(LoadError::format(
+            src.path(),
+            format!(
+                "`{name}` {expected:?} has no rows {:?}, columns {:?}",
+                p.rows, p.cols
+            ),
+        )),
+    }
+}
+
+/// The model's weights from `src` — all of them, or with `plan` a tensor-parallel rank's
+/// slices ([`crate::model::tensor_parallel::shard_weights`]'s, read from the files: a rank's rows
+/// of q/k/v, gate/up and the LM head and its columns of o_proj and down; norms, router and
+/// embedding whole; a mixture of experts' stacked experts are read whole and cut, a layer at a
+/// time).
 fn assemble(
     src: &dyn TensorSource,
     cfg: &ModelConfig,
     progress: bool,
+    plan: Option<&ShardPlan>,
 ) -> Result<HostWeights, LoadError> {
     let names = src.names(cfg);
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
@@ -280,48 +362,106 @@ fn assemble(
         t.data.iter_mut().for_each(|w| *w += offset);
         Ok(t)
     };
+    // A rank's rows (all columns) / columns (all rows) of a tensor; `None` without a plan.
+    let all_h = 0..h;
+    let rows = |r: fn(&ShardPlan) -> &Range<usize>, cols: usize| {
+        plan.map(|p| Slice {
+            rows: std::slice::from_ref(r(p)),
+            cols: 0..cols,
+        })
+    };
+    let cols = |c: fn(&ShardPlan) -> &Range<usize>| {
+        plan.map(|p| Slice {
+            rows: std::slice::from_ref(&all_h),
+            cols: c(p).clone(),
+        })
+    };
+    // Heads in a q / k part (GGUF's row order is undone head by head).
+    let heads = |rows: usize| rows / cfg.head_dim;
     let embed = checked(src, names.embed, &[v, h])?;
     bar.inc(1);
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         let n = |p| (names.layer)(l, p);
-        let q = src.fix_qk(
-            checked(src, &n(Part::Q), &[cfg.q_dim(), h])?,
-            cfg.num_attention_heads,
-        );
-        let k = src.fix_qk(
-            checked(src, &n(Part::K), &[cfg.kv_dim(), h])?,
-            cfg.num_key_value_heads,
-        );
-        let vv = checked(src, &n(Part::V), &[cfg.kv_dim(), h])?;
+        let q = fetch(src, &n(Part::Q), &[cfg.q_dim(), h], rows(|p| &p.q_rows, h))?;
+        let qh = heads(q.shape[0]);
+        let q = src.fix_qk(q, qh);
+        let k = fetch(
+            src,
+            &n(Part::K),
+            &[cfg.kv_dim(), h],
+            rows(|p| &p.kv_rows, h),
+        )?;
+        let kh = heads(k.shape[0]);
+        let k = src.fix_qk(k, kh);
+        let vv = fetch(
+            src,
+            &n(Part::V),
+            &[cfg.kv_dim(), h],
+            rows(|p| &p.kv_rows, h),
+        )?;
         let (gate_up, down, router) = match &cfg.moe {
             None => (
                 HostTensor::concat_rows(&[
-                    checked(src, &n(Part::Gate), &[i, h])?,
-                    checked(src, &n(Part::Up), &[i, h])?,
+                    fetch(src, &n(Part::Gate), &[i, h], rows(|p| &p.mlp, h))?,
+                    fetch(src, &n(Part::Up), &[i, h], rows(|p| &p.mlp, h))?,
                 ]),
-                checked(src, &n(Part::Down), &[h, i])?,
+                fetch(
+                    src,
+                    &n(Part::Down),
+                    &[h, i],
+                    plan.map(|p| Slice {
+                        rows: std::slice::from_ref(&all_h),
+                        cols: p.mlp.clone(),
+                    }),
+                )?,
                 None,
             ),
             Some(m) => {
                 let (gate_up, down) = experts(src, &n, m, h)?;
+                let (gate_up, down) = match plan {
+                    None => (gate_up, down),
+                    Some(p) => {
+                        let every = 0..down.shape[0];
+                        (
+                            Slice {
+                                rows: &p.gate_up_rows,
+                                cols: 0..h,
+                            }
+                            .cut(&gate_up),
+                            Slice {
+                                rows: std::slice::from_ref(&every),
+                                cols: p.down_cols.clone(),
+                            }
+                            .cut(&down),
+                        )
+                    }
+                };
                 let router = checked(src, &n(Part::Router), &[m.num_experts, h])?;
                 (gate_up, down, Some(router))
             }
         };
         let column = |t: HostTensor| HostTensor::new(vec![t.data.len(), 1], t.data);
         let qkv_bias = if cfg.attention_bias {
-            let qb = src.fix_qk(
-                column(checked(src, &n(Part::QBias), &[cfg.q_dim()])?),
-                cfg.num_attention_heads,
-            );
-            let kb = src.fix_qk(
-                column(checked(src, &n(Part::KBias), &[cfg.kv_dim()])?),
-                cfg.num_key_value_heads,
-            );
-            let vb = column(checked(src, &n(Part::VBias), &[cfg.kv_dim()])?);
+            let qb = fetch(src, &n(Part::QBias), &[cfg.q_dim()], rows(|p| &p.q_rows, 1))?;
+            let qh = heads(qb.data.len());
+            let qb = src.fix_qk(column(qb), qh);
+            let kb = fetch(
+                src,
+                &n(Part::KBias),
+                &[cfg.kv_dim()],
+                rows(|p| &p.kv_rows, 1),
+            )?;
+            let kh = heads(kb.data.len());
+            let kb = src.fix_qk(column(kb), kh);
+            let vb = column(fetch(
+                src,
+                &n(Part::VBias),
+                &[cfg.kv_dim()],
+                rows(|p| &p.kv_rows, 1),
+            )?);
             let all = HostTensor::concat_rows(&[qb, kb, vb]);
-            Some(HostTensor::new(vec![cfg.qkv_dim()], all.data))
+            Some(HostTensor::new(vec![all.data.len()], all.data))
         } else {
             None
         };
@@ -349,7 +489,7 @@ fn assemble(
             post_mlp_norm,
             attn_norm: norm(&n(Part::AttnNorm), h)?,
             qkv: HostTensor::concat_rows(&[q, k, vv]),
-            o_proj: checked(src, &n(Part::O), &[h, cfg.q_dim()])?,
+            o_proj: fetch(src, &n(Part::O), &[h, cfg.q_dim()], cols(|p| &p.o_cols))?,
             mlp_norm: norm(&n(Part::MlpNorm), h)?,
             gate_up,
             down,
@@ -358,10 +498,18 @@ fn assemble(
         bar.inc(1);
     }
     let final_norm = norm(names.final_norm, h)?;
-    let lm_head = if cfg.tie_word_embeddings || !src.has(names.lm_head) {
-        None
-    } else {
-        Some(checked(src, names.lm_head, &[v, h])?)
+    let own_head = !cfg.tie_word_embeddings && src.has(names.lm_head);
+    let lm_head = match (plan, own_head) {
+        (None, false) => None,
+        (None, true) => Some(checked(src, names.lm_head, &[v, h])?),
+        // Tied or not, a rank's LM head is its rows of the vocabulary.
+        (Some(_), false) => rows(|p| &p.vocab_rows, h).map(|p| p.cut(&embed)),
+        (Some(_), true) => Some(fetch(
+            src,
+            names.lm_head,
+            &[v, h],
+            rows(|p| &p.vocab_rows, h),
+        )?),
     };
     bar.inc(1);
     bar.finish_and_clear();
@@ -448,6 +596,14 @@ impl TensorSource for HfSource {
     }
     fn names(&self, cfg: &ModelConfig) -> WeightNames {
         hf_names(cfg)
+    }
+    fn get_part(
+        &self,
+        name: &str,
+        expected: &[usize],
+        part: &Slice<'_>,
+    ) -> Result<HostTensor, LoadError> {
+        self.st.tensor_part(name, expected, part)
     }
 }
 
@@ -553,7 +709,7 @@ pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
         dir: dir.into(),
         st: hf::SafetensorsDir::open(dir)?,
     };
-    let weights = assemble(&src, &meta.config, progress)?;
+    let weights = assemble(&src, &meta.config, progress, None)?;
     Ok(meta.with_weights(weights))
 }
 
@@ -594,6 +750,17 @@ impl TensorSource for GgufSource {
     fn get(&self, name: &str) -> Result<HostTensor, LoadError> {
         let (shape, data) = self.file.tensor_f32(name)?;
         Ok(HostTensor { shape, data })
+    }
+    fn get_part(
+        &self,
+        name: &str,
+        expected: &[usize],
+        part: &Slice<'_>,
+    ) -> Result<HostTensor, LoadError> {
+        match self.file.tensor_f32_part(name, expected, part)? {
+            Some(data) => Ok(HostTensor::new(part.shape(expected), data)),
+            None => Ok(part.cut(&checked(self, name, expected)?)),
+        }
     }
     fn names(&self, _cfg: &ModelConfig) -> WeightNames {
         WeightNames {
@@ -884,7 +1051,7 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
         permuted_qk: meta.config.arch.gguf_permutes_qk(),
         file,
     };
-    let weights = assemble(&src, &meta.config, progress)?;
+    let weights = assemble(&src, &meta.config, progress, None)?;
     Ok(meta.with_weights(weights))
 }
 

@@ -114,6 +114,10 @@ pub enum WeightSource<'a> {
     /// Loaded weights given up: each tensor's host memory goes (or, on the CPU, stays as the
     /// device's) as it is uploaded, so loading never holds two copies.
     Owned(HostWeights),
+    /// The weights of the model `spec` names ([`crate::loader::resolve`]), read when the runner
+    /// is built: whole by one device, each tensor-parallel rank its slices alone
+    /// ([`crate::loader::load_shard`]), so the whole model is never on the host.
+    Files(&'a str),
     /// Random weights made on the device.
     Dummy { seed: u64 },
     /// A tensor-parallel rank's part of the random weights `Dummy { seed }` makes of the whole
@@ -209,6 +213,13 @@ impl<D: Device> ModelRunner<D> {
                 &dev,
                 config,
                 w.map(Cow::Owned),
+                opts.max_model_len,
+                opts.quantization,
+            )?,
+            WeightSource::Files(spec) => Decoder::new(
+                &dev,
+                config,
+                crate::loader::load(spec, true)?.weights.map(Cow::Owned),
                 opts.max_model_len,
                 opts.quantization,
             )?,

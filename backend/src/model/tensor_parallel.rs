@@ -107,6 +107,12 @@ fn kv_heads(kvh: usize, r: usize, n: usize) -> Range<usize> {
 /// Which rows and columns of the unsplit model's weights rank `r` of `n` holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardPlan {
+    /// Its q heads' rows of q_proj.
+    pub q_rows: Range<usize>,
+    /// Its KV heads' rows of k_proj and of v_proj.
+    pub kv_rows: Range<usize>,
+    /// Its hidden units: rows of gate_proj and up_proj, columns of down_proj (of each expert).
+    pub mlp: Range<usize>,
     /// Its q heads', then its KV heads' k and v rows of q|k|v (and of its bias).
     pub qkv_rows: Vec<Range<usize>>,
     /// o_proj's input columns of its q heads.
@@ -133,6 +139,9 @@ impl ShardPlan {
         };
         let mlp = split(i, r, n);
         ShardPlan {
+            q_rows: q.start * d..q.end * d,
+            kv_rows: kv.start * d..kv.end * d,
+            mlp: mlp.clone(),
             qkv_rows: vec![
                 q.start * d..q.end * d,
                 (h + kv.start) * d..(h + kv.end) * d,
@@ -280,6 +289,10 @@ fn rank_source<'a>(
     Ok(match weights {
         WeightSource::Host(w) => WeightSource::Owned(shard_weights(&w.as_refs(), config, r, n)),
         WeightSource::Owned(w) => WeightSource::Owned(shard_weights(&w.as_refs(), config, r, n)),
+        // Each rank reads its slices; rank 0 shows the progress.
+        WeightSource::Files(spec) => {
+            WeightSource::Owned(crate::loader::load_shard(spec, r, n, r == 0)?)
+        }
         WeightSource::Dummy { seed } => WeightSource::DummyShard {
             seed: *seed,
             shard: Shard {
