@@ -439,3 +439,22 @@ fn ranks_reading_their_slices_give_the_unsplit_logits() {
     let err = rel_err(&split.data, &whole.data);
     assert!(err <= 1e-5, "{err:e} from the unsplit model");
 }
+
+#[test]
+fn the_ranks_all_reduces_are_timed_together_and_leave_the_model_serving() {
+    // `bench forward` adds a split step's all-reduces, timed on their own, to its floor.
+    let m = tiny("tiny-qwen2");
+    let mut r = tp_runner(&m, 16, 2).unwrap();
+    let secs = r.time_all_reduce(4 * m.config.hidden_size, 8).unwrap();
+    assert!(secs.is_some_and(|s| s > 0.0), "{secs:?}");
+    let mut whole = device_runner(DeviceKind::Cpu, &m, 16);
+    assert_eq!(
+        whole.time_all_reduce(64, 8).unwrap(),
+        None,
+        "one device: nothing to time"
+    );
+    let ids = [3, 17, 250, 9];
+    let want = all_logits(whole.as_mut(), &ids);
+    let got = all_logits(r.as_mut(), &ids);
+    assert!(rel_err(&got.data, &want.data) <= 1e-5);
+}

@@ -595,6 +595,12 @@ pub trait Device: Send {
     fn calibrate(&self) -> Result<Option<Calibration>, DeviceError> {
         Ok(None)
     }
+    /// Tensor parallelism: seconds of `count` all-reduces of `elems` bf16 values back to back
+    /// over this device's group, as one timed run (the row-parallel sums of a step on their
+    /// own); every rank of the group must call it at once. `None` where the device is no rank.
+    fn time_all_reduce(&self, _elems: usize, _count: usize) -> Result<Option<f64>, DeviceError> {
+        Ok(None)
+    }
     /// Seconds of `repeat` passes over the GEMMs `shapes` — (rows, out features, in features): a
     /// bf16 activation of rows × in times a weight of out × in, each shape with weights of its
     /// own — run back to back on random data, as one timed run (a model's matmuls on their own,

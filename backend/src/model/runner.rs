@@ -54,6 +54,15 @@ pub trait Runner: Send {
         shapes: &[(usize, usize, usize)],
         repeat: usize,
     ) -> Result<Option<f64>, EngineError>;
+    /// Seconds of `count` all-reduces of `elems` values over the runner's tensor-parallel
+    /// ranks (see [`crate::device::Device::time_all_reduce`]); `None` for a model on one device.
+    fn time_all_reduce(
+        &mut self,
+        _elems: usize,
+        _count: usize,
+    ) -> Result<Option<f64>, EngineError> {
+        Ok(None)
+    }
     /// Whether steps come back as tokens chosen on the device (see [`StepOutput`]).
     fn samples_on_device(&self) -> bool;
     /// Turns replaying decode graphs on or off (for eager-vs-graph comparisons); whether the
@@ -464,6 +473,9 @@ impl<D: Device> Runner for ModelRunner<D> {
     }
     fn set_profiling(&self, on: bool) {
         self.dev.set_profiling(on)
+    }
+    fn time_all_reduce(&mut self, elems: usize, count: usize) -> Result<Option<f64>, EngineError> {
+        Ok(self.dev.time_all_reduce(elems, count)?)
     }
     fn samples_on_device(&self) -> bool {
         self.dev.samples_on_device()

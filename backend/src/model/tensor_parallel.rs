@@ -233,6 +233,8 @@ enum Command {
     Begin(Box<ForwardBatch>),
     /// Decode graphs on or off, as on rank 0 (every rank replays or runs eagerly alike).
     SetGraphs(bool),
+    /// The all-reduces rank 0 times (elements, count): every rank runs them.
+    TimeAllReduce(usize, usize),
 }
 
 /// What a rank answers: the command's result (for `SetGraphs`, whether it has graphs).
@@ -443,6 +445,9 @@ impl<D: Device + 'static> TpRunner<D> {
                         let result = match c {
                             Command::Begin(b) => runner.forward_begin(&b).map(|()| true),
                             Command::SetGraphs(on) => Ok(runner.set_cuda_graphs(on)),
+                            Command::TimeAllReduce(elems, count) => {
+                                runner.time_all_reduce(elems, count).map(|t| t.is_some())
+                            }
                         };
                         if result.is_err() {
                             group.abort();
@@ -587,6 +592,19 @@ impl<D: Device + 'static> Runner for TpRunner<D> {
     }
     fn cuda_graphs(&self) -> Option<GraphReport> {
         self.rank0.cuda_graphs()
+    }
+    fn time_all_reduce(&mut self, elems: usize, count: usize) -> Result<Option<f64>, EngineError> {
+        self.broadcast(|| Command::TimeAllReduce(elems, count))?;
+        let ours = self.rank0.time_all_reduce(elems, count);
+        if ours.is_err() {
+            self.group.abort();
+        }
+        let theirs = self.gather();
+        if ours.is_err() || theirs.is_err() {
+            self.group.recover();
+        }
+        theirs?;
+        ours
     }
     fn set_profiling(&self, on: bool) {
         // Rank 0's operations are timed (its collectives include waiting for the others).

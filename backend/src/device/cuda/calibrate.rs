@@ -77,6 +77,18 @@ impl CudaDevice {
         })
     }
 
+    /// Seconds of `count` NCCL all-reduces of `elems` bf16 values back to back: median of 5
+    /// timed runs after 2 (every rank runs the same, so they pair up).
+    pub fn measure_all_reduce(&self, elems: usize, count: usize) -> Result<f64, DeviceError> {
+        let mut t = self.random(&[elems], 4, 0.0, 1.0)?;
+        median_secs(self, 2, 5, || {
+            for _ in 0..count {
+                self.tp_all_reduce(&mut t)?;
+            }
+            Ok(())
+        })
+    }
+
     pub(super) fn measure(&self) -> Result<Calibration, DeviceError> {
         Ok(Calibration {
             copy_bytes_per_s: self.measure_copy_bandwidth(4 << 30)?,

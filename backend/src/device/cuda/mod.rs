@@ -844,6 +844,13 @@ impl Device for CudaDevice {
         self.measure_gemm_sequence(shapes, repeat).map(Some)
     }
 
+    fn time_all_reduce(&self, elems: usize, count: usize) -> Result<Option<f64>, DeviceError> {
+        match &self.tp {
+            Some(_) => self.measure_all_reduce(elems, count).map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn capture_decode_graphs(
         &self,
         kv: &mut CudaKv,

@@ -84,6 +84,18 @@ pub struct ForwardArgs {
     pub tensor_parallel_size: usize,
 }
 
+/// Milliseconds of the all-reduces a step of `rows` rows makes over the runner's
+/// tensor-parallel ranks (two a layer, of `rows × hidden` values), measured on their own;
+/// `None` for a model on one device.
+fn all_reduce_ms(
+    r: &mut dyn Runner,
+    config: &ModelConfig,
+    rows: usize,
+) -> anyhow::Result<Option<f64>> {
+    let t = r.time_all_reduce(rows * config.hidden_size, 2 * config.num_hidden_layers)?;
+    Ok(t.map(|s| s * 1e3))
+}
+
 /// Times `f` (after warm-up), synchronising the device; median seconds.
 fn time(
     r: &mut dyn Runner,
@@ -290,13 +302,20 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         // Per GPU: its share of the weights (the layout is already a rank's KV heads).
         let bytes = weight_bytes_per_decode_step(&config, elem, a.quantization, 1) / tp
             + kv_bytes(&r.kv_layout(), ctx, elem);
+        let ar = all_reduce_ms(r.as_mut(), &config, 1)?;
         let (floor, ratio) = match cal {
             Some(c) => {
                 // DRAM moves a copy's reads and writes at this combined rate; a decode step's
-                // reads can use all of it.
-                let f = bytes / c.copy_bytes_per_s * 1e3;
+                // reads can use all of it. Split over ranks, the step's all-reduces are added
+                // as measured on their own.
+                let f = bytes / c.copy_bytes_per_s * 1e3 + ar.unwrap_or(0.0);
                 (
-                    format!("{f:.2} ms (bytes ÷ copy bandwidth)"),
+                    match ar {
+                        Some(ar) => format!(
+                            "{f:.2} ms (per-GPU bytes ÷ copy bandwidth + all-reduces {ar:.3} ms)"
+                        ),
+                        None => format!("{f:.2} ms (bytes ÷ copy bandwidth)"),
+                    },
                     format!("{:.2}×", t * 1e3 / f),
                 )
             }
@@ -325,16 +344,18 @@ pub fn run(a: ForwardArgs) -> anyhow::Result<()> {
         })?;
         let weights = weight_bytes_per_decode_step(&config, elem, a.quantization, n) / tp;
         let kv = n as f64 * kv_bytes(&r.kv_layout(), ctx, elem);
+        let ar = all_reduce_ms(r.as_mut(), &config, n)?.unwrap_or(0.0);
         let (floor, ratio, floors) = match cal {
             Some(c) => {
                 // Bytes ÷ copy rate, as for batch 1 — and the roofline: at a high batch the
                 // projections are bound by the GEMM's arithmetic (2 FLOP per weight per row at
                 // the measured GEMM ceiling), not by reading the weights once; attention by
                 // reading the KV.
-                let bytes_ms = (weights + kv) / c.copy_bytes_per_s * 1e3;
+                let bytes_ms = (weights + kv) / c.copy_bytes_per_s * 1e3 + ar;
                 let gemm_ms = 2.0 * n as f64 * token_parameters(&config) / tp / c.gemm_flops * 1e3;
                 let roof_ms = (weights / c.copy_bytes_per_s * 1e3).max(gemm_ms)
-                    + kv / c.copy_bytes_per_s * 1e3;
+                    + kv / c.copy_bytes_per_s * 1e3
+                    + ar;
                 (
                     format!("{bytes_ms:.2} ms (bytes ÷ copy) · {roof_ms:.2} ms (roofline)"),
                     format!("{:.2}× · {:.2}×", t * 1e3 / bytes_ms, t * 1e3 / roof_ms),
