@@ -242,6 +242,30 @@ pub fn cuda_tp_runner(
     ))
 }
 
+/// [`cuda_tp_runner`] with each rank reading its slices from the files of `spec`.
+pub fn cuda_files_tp_runner(
+    spec: &str,
+    config: &cachet_backend::config::ModelConfig,
+    num_blocks: usize,
+    ranks: usize,
+) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
+    let opts = RunnerOptions {
+        tensor_parallel_size: ranks,
+        ..runner_options(DeviceKind::Cuda, num_blocks, None)
+    };
+    let cuda = cachet_backend::device::cuda::CudaOptions::from_env(Some(
+        cachet_backend::loader::fetch::cache_dir().join("kernels"),
+    ))?;
+    Ok(Box::new(
+        cachet_backend::model::tensor_parallel::TpRunner::cuda(
+            config,
+            WeightSource::Files(spec),
+            &opts,
+            &cuda,
+        )?,
+    ))
+}
+
 /// A runner of `config`'s model with dummy weights (`--load-format dummy`, seed 7) on `dev`,
 /// split over `ranks` (1: whole).
 pub fn dummy_runner(

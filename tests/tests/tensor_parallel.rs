@@ -202,12 +202,20 @@ gpu_test! {
             let mut plain = device_runner(DeviceKind::Cuda, &m, 16);
             let mut tp = cuda_tp_runner(&m, 16, 1).unwrap();
             assert!(tp.cuda_graphs().is_some(), "{name}: decode graphs captured with NCCL in them");
+            let secs = tp.time_all_reduce(4 * m.config.hidden_size, 16).unwrap();
+            assert!(secs.is_some_and(|s| s > 0.0), "{name}: NCCL all-reduces timed: {secs:?}");
             for case in reference["cases"].as_array().unwrap() {
                 let ids = ids_of(&case["ids"]);
                 let (a, b) = (all_logits(plain.as_mut(), &ids), all_logits(tp.as_mut(), &ids));
                 let err = rel_err(&b.data, &a.data);
                 assert!(err <= 1e-3, "{name}, {} tokens: {err:e} from the plain runner", ids.len());
             }
+            // The rank reading its slices from the files (here all of them) on the GPU.
+            let spec = fixtures().join(name);
+            let mut read = cuda_files_tp_runner(spec.to_str().unwrap(), &m.config, 16, 1).unwrap();
+            let ids = ids_of(&reference["cases"][0]["ids"]);
+            let (a, b) = (all_logits(plain.as_mut(), &ids), all_logits(read.as_mut(), &ids));
+            assert!(rel_err(&b.data, &a.data) <= 1e-3, "{name}: read from its files");
             if let Some(greedy) = reference["greedy"].as_array() {
                 let cases: Vec<(Vec<u32>, Vec<u32>, Option<usize>)> = greedy
                     .iter()
@@ -247,6 +255,12 @@ gpu_test! {
                 let err = rel_err(&got.data, &unsplit.data);
                 assert!(err <= 2e-2, "{what}: {err:e} from the one-GPU model");
             }
+            // Each GPU's rank reading its slices from the files: the same model.
+            let spec = fixtures().join(name);
+            let mut read = cuda_files_tp_runner(spec.to_str().unwrap(), &m.config, 16, 2).unwrap();
+            let ids = ids_of(&reference["cases"][0]["ids"]);
+            let (a, b) = (all_logits(r.as_mut(), &ids), all_logits(read.as_mut(), &ids));
+            assert!(rel_err(&b.data, &a.data) <= 1e-3, "{name}: read from its files over 2 GPUs");
             let config = &m.config;
             // Random routers have near ties anywhere, where bf16 sums over two GPUs may pick
             // another expert: the dummy split of MoE models is held exactly on the CPU (above).
