@@ -18,7 +18,7 @@ if ! ldconfig -p | grep -q 'libnccl.so.2'; then
 fi
 { echo "NCCL: ${CACHET_NCCL_LIBRARY:-system}"; ldconfig -p | grep nccl; nvidia-smi topo -m; } 2>&1 | tee "$out/nccl.txt"
 gpus=$(nvidia-smi -L | wc -l)
-[ -x /tmp/tp-tests ] && /tmp/tp-tests --ignored --test-threads 1 2>&1 | tee "$out/tp-tests.txt"
+[ -x /tmp/tp-tests ] && /tmp/tp-tests --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/tp-tests.txt"
 [ "${BENCH:-0}" = 1 ] && [ "$gpus" -ge 2 ] || exit 0
 fwd() {  # name, then flags
   local name=$1; shift

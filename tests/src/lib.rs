@@ -203,8 +203,8 @@ pub fn tp_runner(
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts)
 }
 
-/// A CPU runner of the model `spec` names ([`config`] its config) over `ranks`, each rank
-/// reading its slices from the files.
+/// A CPU runner of the model `spec` names (`config` its config) over `ranks` (1: whole),
+/// reading its weights from the files as it uploads them (each rank its slices).
 pub fn files_tp_runner(
     spec: &str,
     config: &cachet_backend::config::ModelConfig,

@@ -472,3 +472,34 @@ fn the_ranks_all_reduces_are_timed_together_and_leave_the_model_serving() {
     let got = all_logits(r.as_mut(), &ids);
     assert!(rel_err(&got.data, &want.data) <= 1e-5);
 }
+
+#[test]
+fn a_model_uploaded_as_it_is_read_gives_the_loaded_models_logits() {
+    // `cachet serve` reads a model's tensors as it uploads them (one layer on the host at a
+    // time): the same logits as the model loaded whole, for HF and GGUF files, whole and split.
+    for (path, n) in [
+        (fixtures().join("tiny-qwen2"), 2),
+        (fixtures().join("tiny-gemma3"), 2),
+        (fixtures().join("tiny-qwen3-moe.gguf"), 2),
+        (smollm2_path(), 3),
+    ] {
+        let spec = path.to_str().unwrap();
+        let m = cachet_backend::loader::load(spec, false).unwrap();
+        let ids: Vec<u32> = [3u32, 17, 250, 9, 41]
+            .iter()
+            .map(|&t| t % m.config.vocab_size as u32)
+            .collect();
+        let want = all_logits(device_runner(DeviceKind::Cpu, &m, 16).as_mut(), &ids);
+        for ranks in [1, n] {
+            let got = all_logits(
+                files_tp_runner(spec, &m.config, 16, ranks)
+                    .unwrap()
+                    .as_mut(),
+                &ids,
+            );
+            let err = rel_err(&got.data, &want.data);
+            let tol = if ranks == 1 { 0.0 } else { 1e-5 };
+            assert!(err <= tol, "{spec} over {ranks}: {err:e}");
+        }
+    }
+}

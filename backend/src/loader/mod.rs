@@ -62,7 +62,8 @@ pub struct HostWeights<T = HostTensor> {
 }
 
 impl<T> HostLayer<T> {
-    fn map<U>(self, f: &mut impl FnMut(T) -> U) -> HostLayer<U> {
+    /// Every tensor through `f`, the structure kept.
+    pub fn map<U>(self, f: &mut impl FnMut(T) -> U) -> HostLayer<U> {
         HostLayer {
             attn_norm: f(self.attn_norm),
             qkv: f(self.qkv),
@@ -186,36 +187,14 @@ pub fn load(spec: &str, progress: bool) -> Result<LoadedModel, LoadError> {
 
 /// Rank `rank` of `ranks`' tensor-parallel slices of `spec`'s weights (those
 /// [`crate::model::tensor_parallel::shard_weights`] cuts from the whole), read from the files
-/// without the rest: a rank's rows are read alone, its columns from their rows (see
-/// `assemble`); the tensors every rank keeps whole are read whole.
+/// without the rest ([`WeightReader`]), all at once.
 pub fn load_shard(
     spec: &str,
     rank: usize,
     ranks: usize,
     progress: bool,
 ) -> Result<HostWeights, LoadError> {
-    match resolve(spec)? {
-        ModelSource::HfDir(dir) => {
-            let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
-            let src = HfSource {
-                st: hf::SafetensorsDir::open(&dir)?,
-                dir,
-            };
-            let plan = ShardPlan::new(&config, rank, ranks);
-            assemble(&src, &config, progress, Some(&plan))
-        }
-        ModelSource::Gguf(path) => {
-            let file = gguf::GgufFile::open(&path)?;
-            let config = gguf_meta(&file, &path)?.config;
-            let src = GgufSource {
-                head_dim: config.head_dim,
-                permuted_qk: config.arch.gguf_permutes_qk(),
-                file,
-            };
-            let plan = ShardPlan::new(&config, rank, ranks);
-            assemble(&src, &config, progress, Some(&plan))
-        }
-    }
+    WeightReader::open(spec, Some((rank, ranks)))?.read_all(progress)
 }
 
 /// Names of one layer's tensors in some file format.
@@ -333,64 +312,109 @@ fn fetch(
     }
 }
 
-/// The model's weights from `src` — all of them, or with `plan` a tensor-parallel rank's
-/// slices ([`crate::model::tensor_parallel::shard_weights`]'s, read from the files: a rank's rows
-/// of q/k/v, gate/up and the LM head and its columns of o_proj and down; norms, router and
-/// embedding whole; a mixture of experts' stacked experts are read whole and cut, a layer at a
-/// time).
-fn assemble(
-    src: &dyn TensorSource,
-    cfg: &ModelConfig,
-    progress: bool,
-    plan: Option<&ShardPlan>,
-) -> Result<HostWeights, LoadError> {
-    let names = src.names(cfg);
-    let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let bar = progress_bar(
-        progress,
-        cfg.num_hidden_layers as u64 + 2,
-        "loading weights",
-    );
-    // Gemma's RMSNorms scale by (1 + w): the 1 is added here once.
-    let offset = if cfg.arch == Arch::Gemma3 && src.gemma_norm_offsets() {
-        1.0
-    } else {
-        0.0
-    };
-    let norm = |name: &str, len: usize| -> Result<HostTensor, LoadError> {
-        let mut t = checked(src, name, &[len])?;
-        t.data.iter_mut().for_each(|w| *w += offset);
+/// A model's weights read from its files tensor by tensor — all of them, or with a plan a
+/// tensor-parallel rank's slices ([`crate::model::tensor_parallel::shard_weights`]'s: its rows
+/// of q/k/v, gate/up and the LM head, read alone, and its columns of o_proj and down, read row by
+/// row; norms, router and embedding whole; FP8 checkpoints and stacked experts read whole and
+/// cut, a tensor at a time). A device uploads them as they come
+/// ([`crate::model::decoder::Decoder::from_reader`]), so the host holds one layer at a time.
+pub struct WeightReader {
+    src: Box<dyn TensorSource>,
+    config: ModelConfig,
+    plan: Option<ShardPlan>,
+    names: WeightNames,
+    /// Added to Gemma's norm weights when the source stores them as offsets from 1.
+    offset: f32,
+}
+
+impl WeightReader {
+    fn new(src: Box<dyn TensorSource>, config: &ModelConfig, plan: Option<ShardPlan>) -> Self {
+        let names = src.names(config);
+        // Gemma's RMSNorms scale by (1 + w): the 1 is added here once.
+        let offset = if config.arch == Arch::Gemma3 && src.gemma_norm_offsets() {
+            1.0
+        } else {
+            0.0
+        };
+        WeightReader {
+            src,
+            config: config.clone(),
+            plan,
+            names,
+            offset,
+        }
+    }
+
+    /// The weights of the model `spec` names ([`resolve`]); with `shard` = (rank, ranks), that
+    /// rank's slices.
+    pub fn open(spec: &str, shard: Option<(usize, usize)>) -> Result<Self, LoadError> {
+        let (src, config): (Box<dyn TensorSource>, ModelConfig) = match resolve(spec)? {
+            ModelSource::HfDir(dir) => {
+                let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+                let st = hf::SafetensorsDir::open(&dir)?;
+                (Box::new(HfSource { dir, st }), config)
+            }
+            ModelSource::Gguf(path) => {
+                let file = gguf::GgufFile::open(&path)?;
+                let config = gguf_meta(&file, &path)?.config;
+                let src = GgufSource {
+                    head_dim: config.head_dim,
+                    permuted_qk: config.arch.gguf_permutes_qk(),
+                    file,
+                };
+                (Box::new(src), config)
+            }
+        };
+        let plan = shard.map(|(r, n)| ShardPlan::new(&config, r, n));
+        Ok(Self::new(src, &config, plan))
+    }
+
+    /// The whole model's config (a rank's slices are of this model).
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn norm(&self, name: &str, len: usize) -> Result<HostTensor, LoadError> {
+        let mut t = checked(&*self.src, name, &[len])?;
+        t.data.iter_mut().for_each(|w| *w += self.offset);
         Ok(t)
-    };
-    // A rank's rows (all columns) / columns (all rows) of a tensor; `None` without a plan.
-    let all_h = 0..h;
-    let rows = |r: fn(&ShardPlan) -> &Range<usize>, cols: usize| {
-        plan.map(|p| Slice {
+    }
+
+    /// The rows `r` of the plan (all columns) of a `cols`-wide tensor; `None` without a plan.
+    fn rows<'p>(&'p self, r: fn(&ShardPlan) -> &Range<usize>, cols: usize) -> Option<Slice<'p>> {
+        self.plan.as_ref().map(|p| Slice {
             rows: std::slice::from_ref(r(p)),
             cols: 0..cols,
         })
-    };
-    let cols = |c: fn(&ShardPlan) -> &Range<usize>| {
-        plan.map(|p| Slice {
-            rows: std::slice::from_ref(&all_h),
-            cols: c(p).clone(),
-        })
-    };
-    // Heads in a q / k part (GGUF's row order is undone head by head).
-    let heads = |rows: usize| rows / cfg.head_dim;
-    let embed = checked(src, names.embed, &[v, h])?;
-    bar.inc(1);
-    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-    for l in 0..cfg.num_hidden_layers {
-        let n = |p| (names.layer)(l, p);
-        let q = fetch(src, &n(Part::Q), &[cfg.q_dim(), h], rows(|p| &p.q_rows, h))?;
+    }
+
+    /// `[vocab, hidden]`, whole on every rank.
+    pub fn embed(&self) -> Result<HostTensor, LoadError> {
+        let c = &self.config;
+        checked(&*self.src, self.names.embed, &[c.vocab_size, c.hidden_size])
+    }
+
+    /// Layer `l` (a rank's slices of it with a plan).
+    pub fn layer(&self, l: usize) -> Result<HostLayer, LoadError> {
+        let (src, cfg) = (&*self.src, &self.config);
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let all_h = 0..h;
+        let n = |p| (self.names.layer)(l, p);
+        // Heads in a q / k part (GGUF's row order is undone head by head).
+        let heads = |rows: usize| rows / cfg.head_dim;
+        let q = fetch(
+            src,
+            &n(Part::Q),
+            &[cfg.q_dim(), h],
+            self.rows(|p| &p.q_rows, h),
+        )?;
         let qh = heads(q.shape[0]);
         let q = src.fix_qk(q, qh);
         let k = fetch(
             src,
             &n(Part::K),
             &[cfg.kv_dim(), h],
-            rows(|p| &p.kv_rows, h),
+            self.rows(|p| &p.kv_rows, h),
         )?;
         let kh = heads(k.shape[0]);
         let k = src.fix_qk(k, kh);
@@ -398,19 +422,19 @@ fn assemble(
             src,
             &n(Part::V),
             &[cfg.kv_dim(), h],
-            rows(|p| &p.kv_rows, h),
+            self.rows(|p| &p.kv_rows, h),
         )?;
         let (gate_up, down, router) = match &cfg.moe {
             None => (
                 HostTensor::concat_rows(&[
-                    fetch(src, &n(Part::Gate), &[i, h], rows(|p| &p.mlp, h))?,
-                    fetch(src, &n(Part::Up), &[i, h], rows(|p| &p.mlp, h))?,
+                    fetch(src, &n(Part::Gate), &[i, h], self.rows(|p| &p.mlp, h))?,
+                    fetch(src, &n(Part::Up), &[i, h], self.rows(|p| &p.mlp, h))?,
                 ]),
                 fetch(
                     src,
                     &n(Part::Down),
                     &[h, i],
-                    plan.map(|p| Slice {
+                    self.plan.as_ref().map(|p| Slice {
                         rows: std::slice::from_ref(&all_h),
                         cols: p.mlp.clone(),
                     }),
@@ -419,7 +443,7 @@ fn assemble(
             ),
             Some(m) => {
                 let (gate_up, down) = experts(src, &n, m, h)?;
-                let (gate_up, down) = match plan {
+                let (gate_up, down) = match &self.plan {
                     None => (gate_up, down),
                     Some(p) => {
                         let every = 0..down.shape[0];
@@ -443,14 +467,19 @@ fn assemble(
         };
         let column = |t: HostTensor| HostTensor::new(vec![t.data.len(), 1], t.data);
         let qkv_bias = if cfg.attention_bias {
-            let qb = fetch(src, &n(Part::QBias), &[cfg.q_dim()], rows(|p| &p.q_rows, 1))?;
+            let qb = fetch(
+                src,
+                &n(Part::QBias),
+                &[cfg.q_dim()],
+                self.rows(|p| &p.q_rows, 1),
+            )?;
             let qh = heads(qb.data.len());
             let qb = src.fix_qk(column(qb), qh);
             let kb = fetch(
                 src,
                 &n(Part::KBias),
                 &[cfg.kv_dim()],
-                rows(|p| &p.kv_rows, 1),
+                self.rows(|p| &p.kv_rows, 1),
             )?;
             let kh = heads(kb.data.len());
             let kb = src.fix_qk(column(kb), kh);
@@ -458,7 +487,7 @@ fn assemble(
                 src,
                 &n(Part::VBias),
                 &[cfg.kv_dim()],
-                rows(|p| &p.kv_rows, 1),
+                self.rows(|p| &p.kv_rows, 1),
             )?);
             let all = HostTensor::concat_rows(&[qb, kb, vb]);
             Some(HostTensor::new(vec![all.data.len()], all.data))
@@ -467,58 +496,81 @@ fn assemble(
         };
         let (q_norm, k_norm) = if cfg.qk_norm {
             (
-                Some(norm(&n(Part::QNorm), cfg.head_dim)?),
-                Some(norm(&n(Part::KNorm), cfg.head_dim)?),
+                Some(self.norm(&n(Part::QNorm), cfg.head_dim)?),
+                Some(self.norm(&n(Part::KNorm), cfg.head_dim)?),
             )
         } else {
             (None, None)
         };
         let (post_attn_norm, post_mlp_norm) = if cfg.post_norms {
             (
-                Some(norm(&n(Part::PostAttnNorm), h)?),
-                Some(norm(&n(Part::PostMlpNorm), h)?),
+                Some(self.norm(&n(Part::PostAttnNorm), h)?),
+                Some(self.norm(&n(Part::PostMlpNorm), h)?),
             )
         } else {
             (None, None)
         };
-        layers.push(HostLayer {
+        let o_cols = self.plan.as_ref().map(|p| Slice {
+            rows: std::slice::from_ref(&all_h),
+            cols: p.o_cols.clone(),
+        });
+        Ok(HostLayer {
             qkv_bias,
             q_norm,
             k_norm,
             post_attn_norm,
             post_mlp_norm,
-            attn_norm: norm(&n(Part::AttnNorm), h)?,
+            attn_norm: self.norm(&n(Part::AttnNorm), h)?,
             qkv: HostTensor::concat_rows(&[q, k, vv]),
-            o_proj: fetch(src, &n(Part::O), &[h, cfg.q_dim()], cols(|p| &p.o_cols))?,
-            mlp_norm: norm(&n(Part::MlpNorm), h)?,
+            o_proj: fetch(src, &n(Part::O), &[h, cfg.q_dim()], o_cols)?,
+            mlp_norm: self.norm(&n(Part::MlpNorm), h)?,
             gate_up,
             down,
             router,
-        });
-        bar.inc(1);
+        })
     }
-    let final_norm = norm(names.final_norm, h)?;
-    let own_head = !cfg.tie_word_embeddings && src.has(names.lm_head);
-    let lm_head = match (plan, own_head) {
-        (None, false) => None,
-        (None, true) => Some(checked(src, names.lm_head, &[v, h])?),
-        // Tied or not, a rank's LM head is its rows of the vocabulary.
-        (Some(_), false) => rows(|p| &p.vocab_rows, h).map(|p| p.cut(&embed)),
-        (Some(_), true) => Some(fetch(
-            src,
-            names.lm_head,
-            &[v, h],
-            rows(|p| &p.vocab_rows, h),
-        )?),
-    };
-    bar.inc(1);
-    bar.finish_and_clear();
-    Ok(HostWeights {
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-    })
+
+    pub fn final_norm(&self) -> Result<HostTensor, LoadError> {
+        self.norm(self.names.final_norm, self.config.hidden_size)
+    }
+
+    /// The LM head: `None` where it is the embedding table; with a plan always the rank's rows of
+    /// the vocabulary (of the embedding table where the two are tied).
+    pub fn lm_head(&self) -> Result<Option<HostTensor>, LoadError> {
+        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+        let own = !self.config.tie_word_embeddings && self.src.has(self.names.lm_head);
+        let vocab = self.rows(|p| &p.vocab_rows, h);
+        Ok(match (vocab, own) {
+            (None, false) => None,
+            (None, true) => Some(checked(&*self.src, self.names.lm_head, &[v, h])?),
+            (Some(p), false) => Some(fetch(&*self.src, self.names.embed, &[v, h], Some(p))?),
+            (Some(p), true) => Some(fetch(&*self.src, self.names.lm_head, &[v, h], Some(p))?),
+        })
+    }
+
+    /// Every tensor at once, with a progress bar (`progress`).
+    pub fn read_all(&self, progress: bool) -> Result<HostWeights, LoadError> {
+        let layers = self.config.num_hidden_layers;
+        let bar = progress_bar(progress, layers as u64 + 2, "loading weights");
+        let embed = self.embed()?;
+        bar.inc(1);
+        let layers = (0..layers)
+            .map(|l| {
+                let layer = self.layer(l);
+                bar.inc(1);
+                layer
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (final_norm, lm_head) = (self.final_norm()?, self.lm_head()?);
+        bar.inc(1);
+        bar.finish_and_clear();
+        Ok(HostWeights {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        })
+    }
 }
 
 /// A mixture of experts' stacked weights (see [`HostLayer`]) from whichever layout the source
@@ -709,7 +761,7 @@ pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
         dir: dir.into(),
         st: hf::SafetensorsDir::open(dir)?,
     };
-    let weights = assemble(&src, &meta.config, progress, None)?;
+    let weights = WeightReader::new(Box::new(src), &meta.config, None).read_all(progress)?;
     Ok(meta.with_weights(weights))
 }
 
@@ -1051,7 +1103,7 @@ pub fn load_gguf(path: &Path, progress: bool) -> Result<LoadedModel, LoadError> 
         permuted_qk: meta.config.arch.gguf_permutes_qk(),
         file,
     };
-    let weights = assemble(&src, &meta.config, progress, None)?;
+    let weights = WeightReader::new(Box::new(src), &meta.config, None).read_all(progress)?;
     Ok(meta.with_weights(weights))
 }
 

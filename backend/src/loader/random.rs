@@ -135,7 +135,9 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> Vec<(String, HostTenso
 /// assembly, as if read from the HF directory [`save_random_hf_dir`] writes).
 pub fn random_weights(cfg: &ModelConfig, seed: u64) -> HostWeights {
     let src = super::MemorySource::new(random_hf_tensors(cfg, seed));
-    super::assemble(&src, cfg, false, None).expect("random tensors have the config's shapes")
+    super::WeightReader::new(Box::new(src), cfg, None)
+        .read_all(false)
+        .expect("random tensors have the config's shapes")
 }
 
 /// Writes `config.json` + `model.safetensors` (f32) for a random model.

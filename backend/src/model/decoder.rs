@@ -15,7 +15,7 @@ use crate::device::{
     MoeWeights, Part, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
-use crate::loader::{HostTensor, HostWeights};
+use crate::loader::{HostLayer, HostTensor, HostWeights, WeightReader};
 
 struct Layer<T> {
     attn_norm: T,
@@ -118,6 +118,43 @@ fn quantized<D: Device>(
     }
 }
 
+/// A host tensor on the device (an owned one's host memory goes as it is uploaded).
+fn upload<D: Device>(dev: &D, t: Cow<'_, HostTensor>) -> Result<D::Tensor, DeviceError> {
+    match t {
+        Cow::Borrowed(t) => dev.upload(t),
+        Cow::Owned(t) => dev.upload_owned(t),
+    }
+}
+
+/// One layer's weights on the device, each projection quantized as it arrives (one unquantized
+/// tensor on the device at a time).
+fn upload_layer<D: Device>(
+    dev: &D,
+    l: HostLayer<Cow<'_, HostTensor>>,
+    quantization: WeightQuantization,
+) -> Result<Layer<D::Tensor>, EngineError> {
+    let up = |t| upload(dev, t);
+    let proj = |t| quantized(dev, upload(dev, t)?, quantization);
+    Ok(Layer {
+        attn_norm: up(l.attn_norm)?,
+        qkv: proj(l.qkv)?,
+        qkv_bias: l.qkv_bias.map(up).transpose()?,
+        qk_norm: match (l.q_norm, l.k_norm) {
+            (Some(q), Some(k)) => Some((up(q)?, up(k)?)),
+            _ => None,
+        },
+        post_norms: match (l.post_attn_norm, l.post_mlp_norm) {
+            (Some(a), Some(m)) => Some((up(a)?, up(m)?)),
+            _ => None,
+        },
+        o_proj: proj(l.o_proj)?,
+        mlp_norm: up(l.mlp_norm)?,
+        gate_up: proj(l.gate_up)?,
+        down: proj(l.down)?,
+        router: l.router.map(up).transpose()?,
+    })
+}
+
 impl<D: Device> Decoder<D> {
     /// Uploads `weights` — each owned tensor handed to the device as it goes, so the host holds
     /// at most one copy of the model; positions up to `max_positions` get RoPE tables.
@@ -128,43 +165,57 @@ impl<D: Device> Decoder<D> {
         max_positions: usize,
         quantization: WeightQuantization,
     ) -> Result<Self, EngineError> {
-        let up = |t: Cow<'_, HostTensor>| match t {
-            Cow::Borrowed(t) => dev.upload(t),
-            Cow::Owned(t) => dev.upload_owned(t),
-        };
-        // A projection, quantized as it arrives (one unquantized tensor on the device at a time).
-        let proj = |t: Cow<'_, HostTensor>| quantized(dev, up(t)?, quantization);
         let layers = weights
             .layers
             .into_iter()
-            .map(|l| {
-                Ok(Layer {
-                    attn_norm: up(l.attn_norm)?,
-                    qkv: proj(l.qkv)?,
-                    qkv_bias: l.qkv_bias.map(up).transpose()?,
-                    qk_norm: match (l.q_norm, l.k_norm) {
-                        (Some(q), Some(k)) => Some((up(q)?, up(k)?)),
-                        _ => None,
-                    },
-                    post_norms: match (l.post_attn_norm, l.post_mlp_norm) {
-                        (Some(a), Some(m)) => Some((up(a)?, up(m)?)),
-                        _ => None,
-                    },
-                    o_proj: proj(l.o_proj)?,
-                    mlp_norm: up(l.mlp_norm)?,
-                    gate_up: proj(l.gate_up)?,
-                    down: proj(l.down)?,
-                    router: l.router.map(up).transpose()?,
-                })
-            })
+            .map(|l| upload_layer(dev, l, quantization))
             .collect::<Result<Vec<_>, EngineError>>()?;
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
         Ok(Decoder {
             config: config.clone(),
-            embed: up(weights.embed)?,
+            embed: upload(dev, weights.embed)?,
             layers,
-            final_norm: up(weights.final_norm)?,
-            lm_head: weights.lm_head.map(up).transpose()?,
+            final_norm: upload(dev, weights.final_norm)?,
+            lm_head: weights.lm_head.map(|t| upload(dev, t)).transpose()?,
+            rope,
+            rope_local,
+            attn: attn_params_all(config),
+            max_positions,
+        })
+    }
+
+    /// Reads the weights from `reader` and uploads each tensor as it is read, so the host holds
+    /// one layer at a time (a tensor-parallel rank: its slices of one layer); `config` is the
+    /// model's on this device (a rank's share).
+    pub fn from_reader(
+        dev: &D,
+        config: &ModelConfig,
+        reader: &WeightReader,
+        max_positions: usize,
+        quantization: WeightQuantization,
+        progress: bool,
+    ) -> Result<Self, EngineError> {
+        let n = config.num_hidden_layers;
+        let bar = crate::loader::progress_bar(progress, n as u64 + 2, "loading weights");
+        let embed = dev.upload_owned(reader.embed()?)?;
+        bar.inc(1);
+        let mut layers = Vec::with_capacity(n);
+        for l in 0..n {
+            let layer = reader.layer(l)?.map(&mut Cow::Owned);
+            layers.push(upload_layer(dev, layer, quantization)?);
+            bar.inc(1);
+        }
+        let final_norm = dev.upload_owned(reader.final_norm()?)?;
+        let lm_head = reader.lm_head()?.map(|t| dev.upload_owned(t)).transpose()?;
+        bar.inc(1);
+        bar.finish_and_clear();
+        let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
+        Ok(Decoder {
+            config: config.clone(),
+            embed,
+            layers,
+            final_norm,
+            lm_head,
             rope,
             rope_local,
             attn: attn_params_all(config),

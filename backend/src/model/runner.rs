@@ -15,7 +15,7 @@ use crate::device::{
     StepPlan, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
-use crate::loader::HostWeights;
+use crate::loader::{HostWeights, WeightReader};
 
 /// A model ready to run batches against its paged KV cache.
 pub trait Runner: Send {
@@ -124,9 +124,16 @@ pub enum WeightSource<'a> {
     /// device's) as it is uploaded, so loading never holds two copies.
     Owned(HostWeights),
     /// The weights of the model `spec` names ([`crate::loader::resolve`]), read when the runner
-    /// is built: whole by one device, each tensor-parallel rank its slices alone
-    /// ([`crate::loader::load_shard`]), so the whole model is never on the host.
+    /// is built and uploaded as they are read (the host holds one layer at a time); over
+    /// tensor-parallel ranks each reads its slices alone ([`WeightSource::FilesShard`]).
     Files(&'a str),
+    /// Rank `rank` of `ranks`' slices of the model `spec` names, read and uploaded as
+    /// [`WeightSource::Files`] (rank 0 shows the progress).
+    FilesShard {
+        spec: &'a str,
+        rank: usize,
+        ranks: usize,
+    },
     /// Random weights made on the device.
     Dummy { seed: u64 },
     /// A tensor-parallel rank's part of the random weights `Dummy { seed }` makes of the whole
@@ -225,12 +232,21 @@ impl<D: Device> ModelRunner<D> {
                 opts.max_model_len,
                 opts.quantization,
             )?,
-            WeightSource::Files(spec) => Decoder::new(
+            WeightSource::Files(spec) => Decoder::from_reader(
                 &dev,
                 config,
-                crate::loader::load(spec, true)?.weights.map(Cow::Owned),
+                &WeightReader::open(spec, None)?,
                 opts.max_model_len,
                 opts.quantization,
+                true,
+            )?,
+            WeightSource::FilesShard { spec, rank, ranks } => Decoder::from_reader(
+                &dev,
+                config,
+                &WeightReader::open(spec, Some((rank, ranks)))?,
+                opts.max_model_len,
+                opts.quantization,
+                rank == 0,
             )?,
             WeightSource::Dummy { seed } => Decoder::random(
                 &dev,

@@ -291,10 +291,12 @@ fn rank_source<'a>(
     Ok(match weights {
         WeightSource::Host(w) => WeightSource::Owned(shard_weights(&w.as_refs(), config, r, n)),
         WeightSource::Owned(w) => WeightSource::Owned(shard_weights(&w.as_refs(), config, r, n)),
-        // Each rank reads its slices; rank 0 shows the progress.
-        WeightSource::Files(spec) => {
-            WeightSource::Owned(crate::loader::load_shard(spec, r, n, r == 0)?)
-        }
+        // Each rank reads its slices and uploads them as they come.
+        WeightSource::Files(spec) => WeightSource::FilesShard {
+            spec,
+            rank: r,
+            ranks: n,
+        },
         WeightSource::Dummy { seed } => WeightSource::DummyShard {
             seed: *seed,
             shard: Shard {
@@ -302,7 +304,7 @@ fn rank_source<'a>(
                 plan: ShardPlan::new(config, r, n),
             },
         },
-        WeightSource::DummyShard { .. } => {
+        WeightSource::DummyShard { .. } | WeightSource::FilesShard { .. } => {
             return Err(EngineError::InvalidRequest(
                 "a rank's shard cannot be split again".into(),
             ))

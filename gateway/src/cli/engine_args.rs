@@ -388,22 +388,10 @@ impl EngineArgs {
         let dummy_config = a.dummy_config()?;
         let name = a.tokenizer_source()?;
         fetch_known(name)?;
-        // A model split over ranks is read by the ranks, each its slices (never whole here).
-        let split = a.tensor_parallel_size > 1 && dummy_config.is_none();
-        let (model, weights) = if split {
-            let meta =
-                loader::load_meta(name).with_context(|| format!("reading model `{name}`"))?;
-            (meta, None)
-        } else {
-            let m = loader::load(name, true).with_context(|| format!("loading model `{name}`"))?;
-            let meta = loader::ModelMeta {
-                name: m.name,
-                source: m.source,
-                config: m.config,
-                tokenizer: m.tokenizer,
-            };
-            (meta, Some(m.weights))
-        };
+        // The weights are read as the runner is built, each tensor uploaded as it is read (the
+        // host holds one layer at a time; split over ranks, each reads its slices): only the
+        // config and tokenizer here.
+        let model = loader::load_meta(name).with_context(|| format!("reading model `{name}`"))?;
         let mut tokenizer = model
             .tokenizer
             .clone()
@@ -451,16 +439,9 @@ impl EngineArgs {
             tracing::warn!("{w}");
         }
         let model_id = a.model_id(dummy_config.as_ref(), &model.name);
-        // The loaded weights are handed to the device (the host keeps no second copy).
         let runner = match &dummy_config {
             Some((config, _)) => build_runner(config, WeightSource::Dummy { seed: 0 }, &opts)?,
-            None => {
-                let source = match weights {
-                    Some(w) => WeightSource::Owned(w),
-                    None => WeightSource::Files(name),
-                };
-                build_runner(&model.config, source, &opts)?
-            }
+            None => build_runner(&model.config, WeightSource::Files(name), &opts)?,
         };
         let layout = runner.kv_layout();
         let mut limits = StepLimits::for_device(
