@@ -196,10 +196,7 @@ pub fn tp_runner(
     num_blocks: usize,
     ranks: usize,
 ) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
-    let opts = RunnerOptions {
-        tensor_parallel_size: ranks,
-        ..runner_options(DeviceKind::Cpu, num_blocks, None)
-    };
+    let opts = tp_options(DeviceKind::Cpu, num_blocks, ranks);
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts)
 }
 
@@ -211,35 +208,43 @@ pub fn files_tp_runner(
     num_blocks: usize,
     ranks: usize,
 ) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
-    let opts = RunnerOptions {
-        tensor_parallel_size: ranks,
-        ..runner_options(DeviceKind::Cpu, num_blocks, None)
-    };
+    let opts = tp_options(DeviceKind::Cpu, num_blocks, ranks);
     build_runner(config, WeightSource::Files(spec), &opts)
 }
 
-/// `m` split over `ranks` GPUs (rank r on GPU r) through NCCL — one rank too, which
-/// `build_runner` never makes (it runs a whole model plainly), so one GPU tests the path.
+/// The test runners' options on `dev`, split over `ranks`.
+fn tp_options(dev: DeviceKind, num_blocks: usize, ranks: usize) -> RunnerOptions {
+    RunnerOptions {
+        tensor_parallel_size: ranks,
+        ..runner_options(dev, num_blocks, None)
+    }
+}
+
+/// `config`'s model from `weights` split over `ranks` GPUs (rank r on GPU r) through NCCL —
+/// one rank too, which `build_runner` never makes (it runs a whole model plainly), so one GPU
+/// tests the path.
+fn cuda_group(
+    config: &cachet_backend::config::ModelConfig,
+    weights: WeightSource<'_>,
+    num_blocks: usize,
+    ranks: usize,
+) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
+    let cuda = cachet_backend::device::cuda::CudaOptions::from_env(Some(
+        cachet_backend::loader::fetch::cache_dir().join("kernels"),
+    ))?;
+    let opts = tp_options(DeviceKind::Cuda, num_blocks, ranks);
+    Ok(Box::new(
+        cachet_backend::model::tensor_parallel::TpRunner::cuda(config, weights, &opts, &cuda)?,
+    ))
+}
+
+/// `m` over `ranks` GPUs through NCCL ([`cuda_group`]), cut from the loaded weights.
 pub fn cuda_tp_runner(
     m: &LoadedModel,
     num_blocks: usize,
     ranks: usize,
 ) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
-    let opts = RunnerOptions {
-        tensor_parallel_size: ranks,
-        ..runner_options(DeviceKind::Cuda, num_blocks, None)
-    };
-    let cuda = cachet_backend::device::cuda::CudaOptions::from_env(Some(
-        cachet_backend::loader::fetch::cache_dir().join("kernels"),
-    ))?;
-    Ok(Box::new(
-        cachet_backend::model::tensor_parallel::TpRunner::cuda(
-            &m.config,
-            WeightSource::Host(&m.weights),
-            &opts,
-            &cuda,
-        )?,
-    ))
+    cuda_group(&m.config, WeightSource::Host(&m.weights), num_blocks, ranks)
 }
 
 /// [`cuda_tp_runner`] with each rank reading its slices from the files of `spec`.
@@ -249,21 +254,7 @@ pub fn cuda_files_tp_runner(
     num_blocks: usize,
     ranks: usize,
 ) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
-    let opts = RunnerOptions {
-        tensor_parallel_size: ranks,
-        ..runner_options(DeviceKind::Cuda, num_blocks, None)
-    };
-    let cuda = cachet_backend::device::cuda::CudaOptions::from_env(Some(
-        cachet_backend::loader::fetch::cache_dir().join("kernels"),
-    ))?;
-    Ok(Box::new(
-        cachet_backend::model::tensor_parallel::TpRunner::cuda(
-            config,
-            WeightSource::Files(spec),
-            &opts,
-            &cuda,
-        )?,
-    ))
+    cuda_group(config, WeightSource::Files(spec), num_blocks, ranks)
 }
 
 /// A runner of `config`'s model with dummy weights (`--load-format dummy`, seed 7) on `dev`,
@@ -274,11 +265,11 @@ pub fn dummy_runner(
     num_blocks: usize,
     ranks: usize,
 ) -> Result<Box<dyn Runner>, cachet_backend::error::EngineError> {
-    let opts = RunnerOptions {
-        tensor_parallel_size: ranks,
-        ..runner_options(dev, num_blocks, None)
-    };
-    build_runner(config, WeightSource::Dummy { seed: 7 }, &opts)
+    build_runner(
+        config,
+        WeightSource::Dummy { seed: 7 },
+        &tp_options(dev, num_blocks, ranks),
+    )
 }
 
 /// GPUs visible to CUDA here (0 without a driver).

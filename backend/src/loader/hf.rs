@@ -68,10 +68,8 @@ impl SafetensorsDir {
         self.index.contains_key(name)
     }
 
-    /// Reads `name` as f32; an FP8 weight (`X.weight`, e4m3) is dequantized with its scale
-    /// (`X.weight_scale_inv` or `X.weight_scale`: one for the tensor, one per output row, or
-    /// one per block of rows × columns).
-    pub fn tensor(&self, name: &str) -> Result<HostTensor, LoadError> {
+    /// The shard (path, bytes) holding tensor `name`.
+    fn shard_of(&self, name: &str) -> Result<&(PathBuf, Mmap), LoadError> {
         let &i = self
             .index
             .get(name)
@@ -79,7 +77,14 @@ impl SafetensorsDir {
                 path: self.shards.first().map(|s| s.0.clone()).unwrap_or_default(),
                 name: name.into(),
             })?;
-        let (path, mmap) = &self.shards[i];
+        Ok(&self.shards[i])
+    }
+
+    /// Reads `name` as f32; an FP8 weight (`X.weight`, e4m3) is dequantized with its scale
+    /// (`X.weight_scale_inv` or `X.weight_scale`: one for the tensor, one per output row, or
+    /// one per block of rows × columns).
+    pub fn tensor(&self, name: &str) -> Result<HostTensor, LoadError> {
+        let (path, mmap) = self.shard_of(name)?;
         match read_values(path, mmap, name)? {
             (t, false) => Ok(t),
             (codes, true) => {
@@ -112,14 +117,7 @@ impl SafetensorsDir {
         expected: &[usize],
         part: &crate::device::Part<'_>,
     ) -> Result<HostTensor, LoadError> {
-        let &i = self
-            .index
-            .get(name)
-            .ok_or_else(|| LoadError::MissingTensor {
-                path: self.shards.first().map(|s| s.0.clone()).unwrap_or_default(),
-                name: name.into(),
-            })?;
-        let (path, mmap) = &self.shards[i];
+        let (path, mmap) = self.shard_of(name)?;
         let st = SafeTensors::deserialize(mmap).map_err(|e| safetensors_error(path, mmap, e))?;
         let view = st
             .tensor(name)

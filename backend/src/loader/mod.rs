@@ -402,33 +402,22 @@ impl WeightReader {
         let n = |p| (self.names.layer)(l, p);
         // Heads in a q / k part (GGUF's row order is undone head by head).
         let heads = |rows: usize| rows / cfg.head_dim;
-        let q = fetch(
-            src,
-            &n(Part::Q),
-            &[cfg.q_dim(), h],
-            self.rows(|p| &p.q_rows, h),
-        )?;
+        // A projection's rows `r` of the plan (all of them without one).
+        let rows_of = |part, shape: [usize; 2], r: fn(&ShardPlan) -> &Range<usize>| {
+            fetch(src, &n(part), &shape, self.rows(r, shape[1]))
+        };
+        let q = rows_of(Part::Q, [cfg.q_dim(), h], |p| &p.q_rows)?;
         let qh = heads(q.shape[0]);
         let q = src.fix_qk(q, qh);
-        let k = fetch(
-            src,
-            &n(Part::K),
-            &[cfg.kv_dim(), h],
-            self.rows(|p| &p.kv_rows, h),
-        )?;
+        let k = rows_of(Part::K, [cfg.kv_dim(), h], |p| &p.kv_rows)?;
         let kh = heads(k.shape[0]);
         let k = src.fix_qk(k, kh);
-        let vv = fetch(
-            src,
-            &n(Part::V),
-            &[cfg.kv_dim(), h],
-            self.rows(|p| &p.kv_rows, h),
-        )?;
+        let vv = rows_of(Part::V, [cfg.kv_dim(), h], |p| &p.kv_rows)?;
         let (gate_up, down, router) = match &cfg.moe {
             None => (
                 HostTensor::concat_rows(&[
-                    fetch(src, &n(Part::Gate), &[i, h], self.rows(|p| &p.mlp, h))?,
-                    fetch(src, &n(Part::Up), &[i, h], self.rows(|p| &p.mlp, h))?,
+                    rows_of(Part::Gate, [i, h], |p| &p.mlp)?,
+                    rows_of(Part::Up, [i, h], |p| &p.mlp)?,
                 ]),
                 fetch(
                     src,
@@ -465,31 +454,24 @@ impl WeightReader {
                 (gate_up, down, Some(router))
             }
         };
-        let column = |t: HostTensor| HostTensor::new(vec![t.data.len(), 1], t.data);
+        // A bias's rows `r` of the plan, as a column (GGUF's q/k order is undone on columns),
+        // q and k in HF's row order.
+        let bias = |part, len: usize, r: fn(&ShardPlan) -> &Range<usize>, qk: bool| {
+            let b = fetch(src, &n(part), &[len], self.rows(r, 1))?;
+            let (rows, data) = (b.data.len(), b.data);
+            let col = HostTensor::new(vec![rows, 1], data);
+            Ok::<_, LoadError>(if qk {
+                src.fix_qk(col, heads(rows))
+            } else {
+                col
+            })
+        };
         let qkv_bias = if cfg.attention_bias {
-            let qb = fetch(
-                src,
-                &n(Part::QBias),
-                &[cfg.q_dim()],
-                self.rows(|p| &p.q_rows, 1),
-            )?;
-            let qh = heads(qb.data.len());
-            let qb = src.fix_qk(column(qb), qh);
-            let kb = fetch(
-                src,
-                &n(Part::KBias),
-                &[cfg.kv_dim()],
-                self.rows(|p| &p.kv_rows, 1),
-            )?;
-            let kh = heads(kb.data.len());
-            let kb = src.fix_qk(column(kb), kh);
-            let vb = column(fetch(
-                src,
-                &n(Part::VBias),
-                &[cfg.kv_dim()],
-                self.rows(|p| &p.kv_rows, 1),
-            )?);
-            let all = HostTensor::concat_rows(&[qb, kb, vb]);
+            let all = HostTensor::concat_rows(&[
+                bias(Part::QBias, cfg.q_dim(), |p| &p.q_rows, true)?,
+                bias(Part::KBias, cfg.kv_dim(), |p| &p.kv_rows, true)?,
+                bias(Part::VBias, cfg.kv_dim(), |p| &p.kv_rows, false)?,
+            ]);
             Some(HostTensor::new(vec![all.data.len()], all.data))
         } else {
             None
