@@ -10,7 +10,13 @@
 #   with TP=1 then TP=2 (decode batch 1 at ctx 512 / 4096, batches 16 / 64 at ctx 2048, prefill
 #   512 / 4096), the Llama-3-70B shape over two GPUs (decode batch 1, batch 64, prefill 4096,
 #   --profile), and decode batch 1 of the 70B under NCCL_PROTO=LL / LL128 / Simple.
-#   OUT=... [BENCH=1] scripts/gpu_tp.sh
+# - With two GPUs and SERVE=1: the serving benchmark on the 8B shape (dummy weights), one
+#   `cachet serve --tensor-parallel-size 2` against a gateway in front of two `cachet worker`s
+#   (one GPU each, CUDA_VISIBLE_DEVICES), side by side, at two loads: 16 in flight (64 requests of
+#   750 / 256 tokens: per-token latency) and 256 in flight (N=600 of 750 / 1,000: throughput).
+#   TOKENIZER (default tests/fixtures/tiny-mixtral.gguf, in the tree) and ID_RANGE as in
+#   gpu_serve_bench.sh.
+#   OUT=... [BENCH=1] [SERVE=1] scripts/gpu_tp.sh
 source "$(dirname "$0")/gpu_common.sh"
 if ! ldconfig -p | grep -q 'libnccl.so.2'; then
   lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
@@ -19,7 +25,44 @@ fi
 { echo "NCCL: ${CACHET_NCCL_LIBRARY:-system}"; ldconfig -p | grep nccl; nvidia-smi topo -m; } 2>&1 | tee "$out/nccl.txt"
 gpus=$(nvidia-smi -L | wc -l)
 [ -x /tmp/tp-tests ] && /tmp/tp-tests --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/tp-tests.txt"
-[ "${BENCH:-0}" = 1 ] && [ "$gpus" -ge 2 ] || exit 0
+[ "$gpus" -ge 2 ] || exit 0
+if [ "${SERVE:-0}" = 1 ]; then
+  key=sk-bench
+  printf '[[tenant]]\nid = "bench"\napi_key_sha256 = ["%s"]\n' "$(printf $key | sha256sum | cut -d' ' -f1)" > /tmp/tenants.toml
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > /tmp/hash.key
+  model="--model examples/configs/llama3-8b.json --load-format dummy --tokenizer ${TOKENIZER:-tests/fixtures/tiny-mixtral.gguf}"
+  up() {  # url, log: waits for /health
+    for i in $(seq 1 240); do curl -sf "$1/health" > /dev/null && return 0; sleep 1; done
+    echo "$1 did not start"; tail -20 "$2"; return 1
+  }
+  loads() {  # layout name
+    for load in "16 64 256" "256 ${N:-600} 1000"; do
+      set -- $load
+      timeout 300 /tmp/cachet bench serve --base-url http://127.0.0.1:18100 --api-key $key \
+        --dataset random --input-len 750 --output-len $3 --num-prompts $2 --max-concurrency $1 \
+        --ignore-eos --id-range ${ID_RANGE:-3,299} --json-out "$out/serve-$layout-c$1.json" 2>&1 \
+        | tee "$out/serve-$layout-c$1.txt" | grep -E "Output token throughput|Median TPOT|Median TTFT|Failed"
+    done
+  }
+  layout=tp2; echo "== $layout"
+  /tmp/cachet serve $model --device cuda --tensor-parallel-size 2 --config /tmp/tenants.toml \
+    --listen 127.0.0.1:18100 > "$out/serve-tp2.log" 2>&1 &
+  up http://127.0.0.1:18100 "$out/serve-tp2.log" && loads
+  kill %1; wait
+  layout=2xtp1; echo "== $layout"
+  for g in 0 1; do
+    CUDA_VISIBLE_DEVICES=$g /tmp/cachet worker $model --device cuda --hash-key-file /tmp/hash.key \
+      --listen 127.0.0.1:1900$g > "$out/worker-$g.log" 2>&1 &
+  done
+  up http://127.0.0.1:19000 "$out/worker-0.log" && up http://127.0.0.1:19001 "$out/worker-1.log" && {
+    /tmp/cachet serve $model --config /tmp/tenants.toml --hash-key-file /tmp/hash.key \
+      --worker http://127.0.0.1:19000 --worker http://127.0.0.1:19001 --listen 127.0.0.1:18100 \
+      > "$out/gateway.log" 2>&1 &
+    up http://127.0.0.1:18100 "$out/gateway.log" && loads
+  }
+  kill $(jobs -p) 2>/dev/null; wait
+fi
+[ "${BENCH:-0}" = 1 ] || exit 0
 fwd() {  # name, then flags
   local name=$1; shift
   echo "== $name: $*"
