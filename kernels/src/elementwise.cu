@@ -1,15 +1,23 @@
 // Embedding lookup, the gated activations (SwiGLU, GeGLU), row gathers, biases, dummy weights.
 #include "common.cuh"
 
-// out[t, :] = table[ids[t], :] * scale  (into the f32 residual stream; scale is 1, or Gemma's √hidden)
+// out[t, :] = table[ids[t] - first, :] * scale  (into the f32 residual stream; scale is 1, or
+// Gemma's √hidden) where the table holds that id — the vocabulary's rows [first, first + rows):
+// all of them, or a tensor-parallel rank's part — else zeros (the ranks' rows are then summed).
 //   ids   : device, u32  [n]
-//   table : device, bf16 [vocab, cols]
+//   table : device, bf16 [rows, cols]
 //   out   : device, f32  [n, cols]
 extern "C" __global__ void embed_bf16(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
-                                      float* __restrict__ out, int cols, float scale) {
+                                      float* __restrict__ out, int cols, float scale, unsigned first,
+                                      unsigned rows) {
     wait_for_prior_kernels();
     const size_t t = blockIdx.x;
-    const bf16* row = table + (size_t)ids[t] * cols;
+    const unsigned r = ids[t] - first;  // wraps past `rows` below `first`
+    if (r >= rows) {
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = 0.f;
+        return;
+    }
+    const bf16* row = table + (size_t)r * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[t * cols + i] = bf2f(row[i]) * scale;
 }
 

@@ -315,8 +315,8 @@ fn fetch(
 /// A model's weights read from its files tensor by tensor — all of them, or with a plan a
 /// tensor-parallel rank's slices ([`crate::model::tensor_parallel::shard_weights`]'s: its rows
 /// of q/k/v, gate/up and the LM head, read alone, and its columns of o_proj and down, read row by
-/// row; norms, router and embedding whole; FP8 checkpoints and stacked experts read whole and
-/// cut, a tensor at a time). A device uploads them as they come
+/// row, and its rows of the embedding; norms and router whole; FP8 checkpoints and stacked
+/// experts read whole and cut, a tensor at a time). A device uploads them as they come
 /// ([`crate::model::decoder::Decoder::from_reader`]), so the host holds one layer at a time.
 pub struct WeightReader {
     src: Box<dyn TensorSource>,
@@ -388,10 +388,11 @@ impl WeightReader {
         })
     }
 
-    /// `[vocab, hidden]`, whole on every rank.
+    /// `[vocab, hidden]`; with a plan the rank's rows of the vocabulary.
     pub fn embed(&self) -> Result<HostTensor, LoadError> {
-        let c = &self.config;
-        checked(&*self.src, self.names.embed, &[c.vocab_size, c.hidden_size])
+        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+        let part = self.rows(|p| &p.vocab_rows, h);
+        fetch(&*self.src, self.names.embed, &[v, h], part)
     }
 
     /// Layer `l` (a rank's slices of it with a plan).
@@ -516,18 +517,15 @@ impl WeightReader {
         self.norm(self.names.final_norm, self.config.hidden_size)
     }
 
-    /// The LM head: `None` where it is the embedding table; with a plan always the rank's rows of
-    /// the vocabulary (of the embedding table where the two are tied).
+    /// The LM head (with a plan, the rank's rows of the vocabulary); `None` where it is the
+    /// embedding table.
     pub fn lm_head(&self) -> Result<Option<HostTensor>, LoadError> {
         let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-        let own = !self.config.tie_word_embeddings && self.src.has(self.names.lm_head);
-        let vocab = self.rows(|p| &p.vocab_rows, h);
-        Ok(match (vocab, own) {
-            (None, false) => None,
-            (None, true) => Some(checked(&*self.src, self.names.lm_head, &[v, h])?),
-            (Some(p), false) => Some(fetch(&*self.src, self.names.embed, &[v, h], Some(p))?),
-            (Some(p), true) => Some(fetch(&*self.src, self.names.lm_head, &[v, h], Some(p))?),
-        })
+        if self.config.tie_word_embeddings || !self.src.has(self.names.lm_head) {
+            return Ok(None);
+        }
+        let part = self.rows(|p| &p.vocab_rows, h);
+        Ok(Some(fetch(&*self.src, self.names.lm_head, &[v, h], part)?))
     }
 
     /// Every tensor at once, with a progress bar (`progress`).

@@ -334,16 +334,14 @@ impl<D: Device> Decoder<D> {
             });
         }
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
-        // The embedding table is whole on every rank; a rank's LM head is its vocabulary rows
-        // (of the embedding table where the two are tied).
-        let embed_k = drawn.get() + 1;
-        let embed = draw(&[v, h], None, 0.0, 1.0)?;
+        // A rank's embedding rows and LM head rows are its block of the vocabulary (tied, the
+        // one serves as the other).
+        let vocab = || rows(|p| std::slice::from_ref(&p.vocab_rows), h);
+        let embed = draw(&[v, h], vocab(), 0.0, 1.0)?;
         let final_norm = draw(&[h], None, 1.0, 0.05)?;
-        let vocab = rows(|p| std::slice::from_ref(&p.vocab_rows), h);
-        let lm_head = match (full.tie_word_embeddings, vocab) {
-            (true, None) => None,
-            (true, Some(part)) => Some(draw_at(embed_k, &[v, h], Some(part), 0.0, 1.0)?),
-            (false, part) => Some(draw(&[v, h], part, 0.0, s(h))?),
+        let lm_head = match full.tie_word_embeddings {
+            true => None,
+            false => Some(draw(&[v, h], vocab(), 0.0, s(h))?),
         };
         Ok(Decoder {
             config: config.clone(),

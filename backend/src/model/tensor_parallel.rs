@@ -7,8 +7,9 @@
 //!   its share of the MLP's hidden units with no communication;
 //! - o_proj and down are split by input columns (row-parallel): each rank's product is a partial
 //!   sum, added over the ranks by one all-reduce before it enters the residual stream;
-//! - the LM head is split by vocabulary rows; the logits' column blocks are gathered in rank
-//!   order (the embedding table is kept whole on every rank).
+//! - the embedding table and the LM head are split by vocabulary rows: a rank looks up the ids
+//!   it holds (zeros for the others) and the ranks' rows are summed; the logits' column blocks
+//!   are gathered in rank order.
 //!
 //! The scheduler and the KV manager stay single: every rank runs the same batch over the same
 //! block tables, each holding its own heads' K and V.
@@ -91,6 +92,20 @@ pub fn split(len: usize, r: usize, n: usize) -> Range<usize> {
     let (base, extra) = (len / n, len % n);
     let start = r * base + r.min(extra);
     start..start + base + usize::from(r < extra)
+}
+
+/// Every rank's share of a vocabulary of `vocab` over `n` ranks (its rows of the embedding and
+/// the LM head, its columns of the logits), in rank order.
+pub fn vocab_widths(vocab: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|r| split(vocab, r, n).len()).collect()
+}
+
+/// Rank `rank`'s rows of a vocabulary split `widths`, where a table of `rows` rows is its share
+/// and not the whole (a group of one holds the whole).
+pub fn vocab_part(widths: &[usize], rank: usize, rows: usize) -> Option<Range<usize>> {
+    let total: usize = widths.iter().sum();
+    let first: usize = widths[..rank].iter().sum();
+    (rows != total && widths.get(rank) == Some(&rows)).then(|| first..first + rows)
 }
 
 /// The KV heads rank `r` of `n` holds.
@@ -215,15 +230,14 @@ pub fn shard_weights(
             router: l.router.cloned(),
         })
         .collect();
+    // A rank's embedding rows and LM head rows are its block of the vocabulary (tied, the one
+    // serves as the other).
+    let vocab = std::slice::from_ref(&plan.vocab_rows);
     HostWeights {
-        embed: w.embed.clone(),
+        embed: take_rows(w.embed, vocab),
         layers,
         final_norm: w.final_norm.clone(),
-        // Tied or not, a rank's LM head is its rows of the vocabulary.
-        lm_head: Some(take_rows(
-            w.lm_head.unwrap_or(w.embed),
-            std::slice::from_ref(&plan.vocab_rows),
-        )),
+        lm_head: w.lm_head.map(|t| take_rows(t, vocab)),
     }
 }
 
@@ -323,7 +337,10 @@ impl TpRunner<CpuDevice> {
         let n = opts.tensor_parallel_size;
         check(config, n).map_err(EngineError::InvalidRequest)?;
         let comm = CpuComm::new(n);
-        let devices = (0..n).map(|r| CpuDevice::rank(comm.clone(), r)).collect();
+        let widths = vocab_widths(config.vocab_size, n);
+        let devices = (0..n)
+            .map(|r| CpuDevice::rank(comm.clone(), r, widths.clone()))
+            .collect();
         let runner = Self::start(config, &weights, opts, devices, Group::Cpu(comm))?;
         tracing::info!(ranks = n, "tensor parallel: one model over {n} CPU ranks");
         Ok(runner)

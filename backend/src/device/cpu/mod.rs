@@ -130,6 +130,8 @@ type RouteLog = Arc<std::sync::Mutex<Vec<Vec<Vec<usize>>>>>;
 pub struct CpuDevice {
     /// The tensor-parallel group this device is a rank of, and its rank.
     tp: Option<(Arc<CpuComm>, usize)>,
+    /// The group's ranks' shares of the vocabulary, in rank order (its embedding rows).
+    vocab_widths: Vec<usize>,
     /// Where [`Device::moe`] records its routing, when asked ([`CpuDevice::recording_routes`]).
     routes: Option<RouteLog>,
 }
@@ -139,10 +141,12 @@ impl CpuDevice {
         CpuDevice::default()
     }
 
-    /// Rank `rank` of the tensor-parallel group `comm` ([`crate::model::tensor_parallel`]).
-    pub fn rank(comm: Arc<CpuComm>, rank: usize) -> Self {
+    /// Rank `rank` of the tensor-parallel group `comm` ([`crate::model::tensor_parallel`]),
+    /// the ranks holding `vocab_widths` rows of the vocabulary each.
+    pub fn rank(comm: Arc<CpuComm>, rank: usize, vocab_widths: Vec<usize>) -> Self {
         CpuDevice {
             tp: Some((comm, rank)),
+            vocab_widths,
             routes: None,
         }
     }
@@ -151,8 +155,8 @@ impl CpuDevice {
     /// against a reference); [`CpuDevice::take_routes`] hands them over.
     pub fn recording_routes() -> Self {
         CpuDevice {
-            tp: None,
             routes: Some(Default::default()),
+            ..Default::default()
         }
     }
 
@@ -304,16 +308,29 @@ impl Device for CpuDevice {
     }
 
     fn embed(&self, table: &CpuTensor, b: &CpuBatch, scale: f32) -> Result<CpuTensor, DeviceError> {
+        // A tensor-parallel rank holding its part of the vocabulary looks up the ids it holds,
+        // and the ranks' rows are summed (each id's row is on exactly one rank).
+        let part = self.tp.as_ref().and_then(|(_, rank)| {
+            crate::model::tensor_parallel::vocab_part(&self.vocab_widths, *rank, table.rows)
+        });
+        let first = part.as_ref().map_or(0, |p| p.start);
         let cols = table.cols;
         let mut data = Vec::with_capacity(b.batch.num_tokens() * cols);
         for &t in &b.batch.token_ids {
-            data.extend(table.row(t as usize).iter().map(|x| x * scale));
+            match (t as usize).checked_sub(first).filter(|&r| r < table.rows) {
+                Some(r) => data.extend(table.row(r).iter().map(|x| x * scale)),
+                None => data.extend(std::iter::repeat_n(0.0, cols)),
+            }
         }
-        Ok(CpuTensor {
+        let mut out = CpuTensor {
             rows: b.batch.num_tokens(),
             cols,
             data,
-        })
+        };
+        if part.is_some() {
+            self.all_reduce_sum(&mut out)?;
+        }
+        Ok(out)
     }
 
     fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32) -> Result<CpuTensor, DeviceError> {

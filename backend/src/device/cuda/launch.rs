@@ -217,12 +217,14 @@ impl CudaDevice {
         out: &mut CudaSlice<f32>,
         (n, cols): (usize, usize),
         scale: f32,
+        (first, rows): (usize, usize),
     ) -> Result<(), DeviceError> {
-        let c = cols as i32;
+        let (c, first, rows) = (cols as i32, first as u32, rows as u32);
         let mut l = self.stream.launch_builder(&self.k.embed);
         l.arg(ids).arg(table).arg(out).arg(&c).arg(&scale);
-        // SAFETY: `out` holds n × cols f32, `table` vocab × cols bf16; the ids were validated
-        // against the vocabulary by the runner.
+        l.arg(&first).arg(&rows);
+        // SAFETY: `out` holds n × cols f32, `table` rows × cols bf16; an id outside
+        // [first, first + rows) reads nothing (its row is zeros).
         unsafe { self.enqueue(&mut l, rows_config(n, 256)) }.map_err(op_err("embed"))?;
         Ok(())
     }

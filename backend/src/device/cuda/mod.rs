@@ -354,14 +354,23 @@ impl Device for CudaDevice {
         b: &CudaBatch,
         scale: f32,
     ) -> Result<CudaTensor, DeviceError> {
-        self.timed("embed", || {
+        // A tensor-parallel rank holding its part of the vocabulary looks up the ids it holds,
+        // and the ranks' rows are summed (each id's row is on exactly one rank).
+        let part = self.tp.as_ref().and_then(|tp| tp.vocab_part(table.rows));
+        let mut out = self.timed("embed", || {
             let cols = table.cols;
             let mut out = self.alloc_f32(b.n * cols, "embedding")?;
             if b.n > 0 {
-                self.launch_embed(&b.ids, table.bf16("embed")?, &mut out, (b.n, cols), scale)?;
+                let (ids, t) = (&b.ids, table.bf16("embed")?);
+                let rows = (part.as_ref().map_or(0, |p| p.start), table.rows);
+                self.launch_embed(ids, t, &mut out, (b.n, cols), scale, rows)?;
             }
             Ok(CudaTensor::new_f32(b.n, cols, out))
-        })
+        })?;
+        if part.is_some() {
+            self.tp_all_reduce(&mut out)?;
+        }
+        Ok(out)
     }
 
     fn rms_norm(

@@ -283,8 +283,17 @@ fn check(api: &Api, comm: Option<Comm>, r: c_int, op: &'static str) -> Result<()
 pub struct NcclRank {
     pub group: Arc<NcclGroup>,
     pub rank: usize,
-    /// Every rank's columns of the vocabulary-parallel LM head's logits, in rank order.
+    /// Every rank's share of the vocabulary (its LM head's logits columns, its embedding rows),
+    /// in rank order.
     pub gather_widths: Vec<usize>,
+}
+
+impl NcclRank {
+    /// The vocabulary rows this rank holds, where a table of `rows` rows is its part rather
+    /// than the whole vocabulary.
+    pub fn vocab_part(&self, rows: usize) -> Option<std::ops::Range<usize>> {
+        crate::model::tensor_parallel::vocab_part(&self.gather_widths, self.rank, rows)
+    }
 }
 
 impl super::CudaDevice {
