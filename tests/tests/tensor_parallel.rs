@@ -7,6 +7,7 @@
 use cachet_backend::device::ForwardBatch;
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::kv::SimpleAllocator;
+use cachet_backend::model::tensor_parallel::split;
 use cachet_backend::scheduler::SchedulerConfig;
 use cachet_tests::*;
 
@@ -330,6 +331,13 @@ fn a_ranks_slices_read_from_the_files_are_those_cut_from_the_whole_model() {
                 assert!(
                     read == cut,
                     "{spec}: rank {r} of {n} read differs from its cut"
+                );
+                // Vocabulary-parallel: a rank holds its block of the embedding's rows.
+                let block = split(whole.config.vocab_size, r, n);
+                assert_eq!(
+                    read.embed.shape[0],
+                    block.len(),
+                    "{spec}: rank {r}'s embedding"
                 );
             }
         }
