@@ -393,3 +393,51 @@ fn the_ttft_experiment_runs_and_writes_its_report() {
             .contains("</svg>"));
     }
 }
+
+/// `cachet bench forward` over tensor-parallel ranks (the CPU's here) with dummy weights made
+/// split: it runs its decode and prefill rows, timing the ranks' all-reduces on the way.
+#[test]
+fn bench_forward_runs_a_model_split_over_ranks() {
+    let config = fixtures().join("../../examples/configs/tiny-mha-tied.json");
+    let out = cachet(&[
+        "bench",
+        "forward",
+        "--model",
+        config.to_str().unwrap(),
+        "--load-format",
+        "dummy",
+        "--device",
+        "cpu",
+        "--tensor-parallel-size",
+        "2",
+        "--decode-contexts",
+        "32",
+        "--decode-batches",
+        "2",
+        "--decode-context",
+        "32",
+        "--prefill",
+        "32",
+        "--cached-prefix",
+        "0:0",
+        "--sampling-batches",
+        "1",
+        "--graph-batches",
+        "1",
+        "--max-model-len",
+        "256",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "decode batch 1, ctx 32",
+        "decode batch 2, ctx 32",
+        "prefill 32 tokens",
+    ] {
+        assert!(text.contains(row), "{row}: {text}");
+    }
+}
