@@ -369,9 +369,9 @@ impl TpRunner<CudaDevice> {
             .collect::<Result<Vec<_>, _>>()?;
         let ordinals: Vec<usize> = (0..n).collect();
         let group = NcclGroup::new(&ordinals, cuda.nccl_library.as_deref())?;
-        let gather_widths: Vec<usize> = (0..n)
-            .map(|r| split(config.vocab_size, r, n).len())
-            .collect();
+        // NCCL's set-up switches this thread between the GPUs; rank 0 is built on it.
+        devices[0].bind_to_thread()?;
+        let gather_widths = vocab_widths(config.vocab_size, n);
         for (rank, d) in devices.iter_mut().enumerate() {
             d.join(NcclRank {
                 group: group.clone(),

@@ -222,13 +222,9 @@ impl CudaDevice {
         self.tp = Some(rank);
     }
 
-    /// The stream every operation of this device is enqueued on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
-    pub fn options(&self) -> &CudaOptions {
-        &self.options
+    /// Makes this device's context the calling thread's current one.
+    pub fn bind_to_thread(&self) -> Result<(), DeviceError> {
+        self.ctx.bind_to_thread().map_err(op_err("bind context"))
     }
 }
 
