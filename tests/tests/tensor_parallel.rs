@@ -321,7 +321,9 @@ fn a_ranks_slices_read_from_the_files_are_those_cut_from_the_whole_model() {
         let whole = cachet_backend::loader::load(spec, false).unwrap();
         for n in splits {
             for r in 0..n {
-                let read = cachet_backend::loader::load_shard(spec, r, n, false).unwrap();
+                let read = cachet_backend::loader::WeightReader::open(spec, Some((r, n)))
+                    .and_then(|w| w.read_all(false))
+                    .unwrap();
                 let cut = cachet_backend::model::tensor_parallel::shard_weights(
                     &whole.weights.as_refs(),
                     &whole.config,
@@ -429,7 +431,9 @@ fn a_rank_reads_none_of_the_other_ranks_slices() {
         0,
         2,
     );
-    let read = cachet_backend::loader::load_shard(spec, 0, 2, false).unwrap();
+    let read = cachet_backend::loader::WeightReader::open(spec, Some((0, 2)))
+        .and_then(|w| w.read_all(false))
+        .unwrap();
     let poisoned = cachet_backend::loader::load(spec, false).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(read == want, "rank 0's slices read from the poisoned file");

@@ -185,18 +185,6 @@ pub fn load(spec: &str, progress: bool) -> Result<LoadedModel, LoadError> {
     }
 }
 
-/// Rank `rank` of `ranks`' tensor-parallel slices of `spec`'s weights (those
-/// [`crate::model::tensor_parallel::shard_weights`] cuts from the whole), read from the files
-/// without the rest ([`WeightReader`]), all at once.
-pub fn load_shard(
-    spec: &str,
-    rank: usize,
-    ranks: usize,
-    progress: bool,
-) -> Result<HostWeights, LoadError> {
-    WeightReader::open(spec, Some((rank, ranks)))?.read_all(progress)
-}
-
 /// Names of one layer's tensors in some file format.
 trait TensorSource {
     fn path(&self) -> &Path;
@@ -445,7 +433,7 @@ impl WeightReader {
                             .cut(&gate_up),
                             Slice {
                                 rows: std::slice::from_ref(&every),
-                                cols: p.down_cols.clone(),
+                                cols: p.mlp.clone(),
                             }
                             .cut(&down),
                         )
@@ -495,7 +483,7 @@ impl WeightReader {
         };
         let o_cols = self.plan.as_ref().map(|p| Slice {
             rows: std::slice::from_ref(&all_h),
-            cols: p.o_cols.clone(),
+            cols: p.q_rows.clone(),
         });
         Ok(HostLayer {
             qkv_bias,

@@ -17,6 +17,14 @@ use crate::device::{
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostLayer, HostTensor, HostWeights, WeightReader};
 
+/// A model's tensors on a device: embedding, layers, final norm, LM head (none: tied).
+type DeviceTensors<D> = (
+    <D as Device>::Tensor,
+    Vec<Layer<<D as Device>::Tensor>>,
+    <D as Device>::Tensor,
+    Option<<D as Device>::Tensor>,
+);
+
 struct Layer<T> {
     attn_norm: T,
     qkv: T,
@@ -170,13 +178,28 @@ impl<D: Device> Decoder<D> {
             .into_iter()
             .map(|l| upload_layer(dev, l, quantization))
             .collect::<Result<Vec<_>, EngineError>>()?;
+        let embed = upload(dev, weights.embed)?;
+        let final_norm = upload(dev, weights.final_norm)?;
+        let lm_head = weights.lm_head.map(|t| upload(dev, t)).transpose()?;
+        let tensors = (embed, layers, final_norm, lm_head);
+        Self::with_tensors(dev, config, tensors, max_positions)
+    }
+
+    /// The model of `config` from its tensors on the device (embedding, layers, final norm, LM
+    /// head), with RoPE tables for positions up to `max_positions`.
+    fn with_tensors(
+        dev: &D,
+        config: &ModelConfig,
+        (embed, layers, final_norm, lm_head): DeviceTensors<D>,
+        max_positions: usize,
+    ) -> Result<Self, EngineError> {
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
         Ok(Decoder {
             config: config.clone(),
-            embed: upload(dev, weights.embed)?,
+            embed,
             layers,
-            final_norm: upload(dev, weights.final_norm)?,
-            lm_head: weights.lm_head.map(|t| upload(dev, t)).transpose()?,
+            final_norm,
+            lm_head,
             rope,
             rope_local,
             attn: attn_params_all(config),
@@ -209,18 +232,12 @@ impl<D: Device> Decoder<D> {
         let lm_head = reader.lm_head()?.map(|t| dev.upload_owned(t)).transpose()?;
         bar.inc(1);
         bar.finish_and_clear();
-        let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
-        Ok(Decoder {
-            config: config.clone(),
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-            rope,
-            rope_local,
-            attn: attn_params_all(config),
+        Self::with_tensors(
+            dev,
+            config,
+            (embed, layers, final_norm, lm_head),
             max_positions,
-        })
+        )
     }
 
     /// Random weights made on the device (`--load-format dummy`): real shapes for performance
@@ -243,17 +260,14 @@ impl<D: Device> Decoder<D> {
             None => (1, full.intermediate_size),
         };
         // The k-th weight drawn has its own seed (the same k on every rank).
-        let draw_at = |k: u64, shape: &[usize], part: Option<Part<'_>>, mean: f32, std: f32| {
+        let mut k = 0u64;
+        let mut draw = |shape: &[usize], part: Option<Part<'_>>, mean: f32, std: f32| {
+            k += 1;
             let seed = seed.wrapping_mul(1_000_003).wrapping_add(k);
             match part {
                 Some(p) => dev.random_part(shape, &p, seed, mean, std),
                 None => dev.random(shape, seed, mean, std),
             }
-        };
-        let drawn = std::cell::Cell::new(0u64);
-        let draw = |shape: &[usize], part: Option<Part<'_>>, mean: f32, std: f32| {
-            drawn.set(drawn.get() + 1);
-            draw_at(drawn.get(), shape, part, mean, std)
         };
         // The rank's rows / columns of a projection (the whole where there is no shard).
         let rows = |r: fn(&ShardPlan) -> &[Range<usize>], cols: usize| {
@@ -300,7 +314,7 @@ impl<D: Device> Decoder<D> {
                 },
                 o_proj: quantized(
                     dev,
-                    draw(&[h, q_dim], cols(|p| p.o_cols.clone()), 0.0, s(q_dim))?,
+                    draw(&[h, q_dim], cols(|p| p.q_rows.clone()), 0.0, s(q_dim))?,
                     quantization,
                 )?,
                 mlp_norm: draw(&[h], None, 1.0, 0.05)?,
@@ -320,7 +334,7 @@ impl<D: Device> Decoder<D> {
                         &[experts * h, i],
                         shard.map(|sh| Part {
                             rows: std::slice::from_ref(&down_rows),
-                            cols: sh.plan.down_cols.clone(),
+                            cols: sh.plan.mlp.clone(),
                         }),
                         0.0,
                         s(i),
@@ -333,7 +347,6 @@ impl<D: Device> Decoder<D> {
                 },
             });
         }
-        let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
         // A rank's embedding rows and LM head rows are its block of the vocabulary (tied, the
         // one serves as the other).
         let vocab = || rows(|p| std::slice::from_ref(&p.vocab_rows), h);
@@ -343,17 +356,12 @@ impl<D: Device> Decoder<D> {
             true => None,
             false => Some(draw(&[v, h], vocab(), 0.0, s(h))?),
         };
-        Ok(Decoder {
-            config: config.clone(),
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-            rope,
-            rope_local,
-            attn: attn_params_all(config),
+        Self::with_tensors(
+            dev,
+            config,
+            (embed, layers, final_norm, lm_head),
             max_positions,
-        })
+        )
     }
 
     pub fn max_positions(&self) -> usize {

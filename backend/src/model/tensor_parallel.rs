@@ -100,12 +100,24 @@ pub fn vocab_widths(vocab: usize, n: usize) -> Vec<usize> {
     (0..n).map(|r| split(vocab, r, n).len()).collect()
 }
 
-/// Rank `rank`'s rows of a vocabulary split `widths`, where a table of `rows` rows is its share
-/// and not the whole (a group of one holds the whole).
-pub fn vocab_part(widths: &[usize], rank: usize, rows: usize) -> Option<Range<usize>> {
-    let total: usize = widths.iter().sum();
+/// Rank `rank`'s block of a vocabulary split `widths` over a group of two or more (`None`: a
+/// group of one holds the whole vocabulary); an error where its embedding table, of `rows`
+/// rows, is not that block.
+pub fn vocab_part(
+    widths: &[usize],
+    rank: usize,
+    rows: usize,
+) -> Result<Option<Range<usize>>, String> {
+    if widths.len() < 2 {
+        return Ok(None);
+    }
     let first: usize = widths[..rank].iter().sum();
-    (rows != total && widths.get(rank) == Some(&rows)).then(|| first..first + rows)
+    match widths.get(rank) {
+        Some(&w) if w == rows => Ok(Some(first..first + w)),
+        w => Err(format!(
+            "rank {rank}'s embedding has {rows} rows where its block of the vocabulary has {w:?}"
+        )),
+    }
 }
 
 /// The KV heads rank `r` of `n` holds.
@@ -122,7 +134,7 @@ fn kv_heads(kvh: usize, r: usize, n: usize) -> Range<usize> {
 /// Which rows and columns of the unsplit model's weights rank `r` of `n` holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardPlan {
-    /// Its q heads' rows of q_proj.
+    /// Its q heads' rows of q_proj (and columns of o_proj).
     pub q_rows: Range<usize>,
     /// Its KV heads' rows of k_proj and of v_proj.
     pub kv_rows: Range<usize>,
@@ -130,13 +142,9 @@ pub struct ShardPlan {
     pub mlp: Range<usize>,
     /// Its q heads', then its KV heads' k and v rows of q|k|v (and of its bias).
     pub qkv_rows: Vec<Range<usize>>,
-    /// o_proj's input columns of its q heads.
-    pub o_cols: Range<usize>,
     /// Its hidden units' gate rows and up rows, of every expert in turn.
     pub gate_up_rows: Vec<Range<usize>>,
-    /// down's input columns of its hidden units (of every expert).
-    pub down_cols: Range<usize>,
-    /// Its rows of the LM head: its block of the vocabulary.
+    /// Its rows of the embedding and the LM head: its block of the vocabulary.
     pub vocab_rows: Range<usize>,
 }
 
@@ -162,7 +170,6 @@ impl ShardPlan {
                 (h + kv.start) * d..(h + kv.end) * d,
                 (h + kvh + kv.start) * d..(h + kvh + kv.end) * d,
             ],
-            o_cols: q.start * d..q.end * d,
             gate_up_rows: (0..experts)
                 .flat_map(|x| {
                     let base = x * 2 * i;
@@ -172,7 +179,6 @@ impl ShardPlan {
                     ]
                 })
                 .collect(),
-            down_cols: mlp,
             vocab_rows: split(config.vocab_size, r, n),
         }
     }
@@ -223,10 +229,10 @@ pub fn shard_weights(
             k_norm: l.k_norm.cloned(),
             post_attn_norm: l.post_attn_norm.cloned(),
             post_mlp_norm: l.post_mlp_norm.cloned(),
-            o_proj: take_cols(l.o_proj, plan.o_cols.clone()),
+            o_proj: take_cols(l.o_proj, plan.q_rows.clone()),
             mlp_norm: l.mlp_norm.clone(),
             gate_up: take_rows(l.gate_up, &plan.gate_up_rows),
-            down: take_cols(l.down, plan.down_cols.clone()),
+            down: take_cols(l.down, plan.mlp.clone()),
             router: l.router.cloned(),
         })
         .collect();
@@ -651,6 +657,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_ranks_embedding_is_its_block_of_the_vocabulary_or_refused() {
+        let widths = vocab_widths(9, 2);
+        assert_eq!(widths, vec![5, 4]);
+        assert_eq!(vocab_part(&widths, 1, 4), Ok(Some(5..9)));
+        assert_eq!(
+            vocab_part(&[9], 0, 9),
+            Ok(None),
+            "a group of one holds the whole"
+        );
+        let e = vocab_part(&widths, 0, 9).unwrap_err();
+        assert!(e.contains("9 rows") && e.contains("Some(5)"), "{e}");
     }
 
     #[test]

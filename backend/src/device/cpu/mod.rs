@@ -310,9 +310,17 @@ impl Device for CpuDevice {
     fn embed(&self, table: &CpuTensor, b: &CpuBatch, scale: f32) -> Result<CpuTensor, DeviceError> {
         // A tensor-parallel rank holding its part of the vocabulary looks up the ids it holds,
         // and the ranks' rows are summed (each id's row is on exactly one rank).
-        let part = self.tp.as_ref().and_then(|(_, rank)| {
-            crate::model::tensor_parallel::vocab_part(&self.vocab_widths, *rank, table.rows)
-        });
+        let part = match &self.tp {
+            Some((_, rank)) => {
+                crate::model::tensor_parallel::vocab_part(&self.vocab_widths, *rank, table.rows)
+                    .map_err(|msg| DeviceError::Op {
+                        device: "cpu",
+                        op: "embed",
+                        msg,
+                    })?
+            }
+            None => None,
+        };
         let first = part.as_ref().map_or(0, |p| p.start);
         let cols = table.cols;
         let mut data = Vec::with_capacity(b.batch.num_tokens() * cols);

@@ -352,7 +352,10 @@ impl Device for CudaDevice {
     ) -> Result<CudaTensor, DeviceError> {
         // A tensor-parallel rank holding its part of the vocabulary looks up the ids it holds,
         // and the ranks' rows are summed (each id's row is on exactly one rank).
-        let part = self.tp.as_ref().and_then(|tp| tp.vocab_part(table.rows));
+        let part = match &self.tp {
+            Some(tp) => tp.vocab_part(table.rows)?,
+            None => None,
+        };
         let mut out = self.timed("embed", || {
             let cols = table.cols;
             let mut out = self.alloc_f32(b.n * cols, "embedding")?;

@@ -289,10 +289,16 @@ pub struct NcclRank {
 }
 
 impl NcclRank {
-    /// The vocabulary rows this rank holds, where a table of `rows` rows is its part rather
-    /// than the whole vocabulary.
-    pub fn vocab_part(&self, rows: usize) -> Option<std::ops::Range<usize>> {
-        crate::model::tensor_parallel::vocab_part(&self.gather_widths, self.rank, rows)
+    /// The vocabulary rows this rank's embedding table (of `rows` rows) holds
+    /// ([`crate::model::tensor_parallel::vocab_part`]).
+    pub fn vocab_part(&self, rows: usize) -> Result<Option<std::ops::Range<usize>>, DeviceError> {
+        crate::model::tensor_parallel::vocab_part(&self.gather_widths, self.rank, rows).map_err(
+            |msg| DeviceError::Op {
+                device: DEV,
+                op: "embed",
+                msg,
+            },
+        )
     }
 }
 
