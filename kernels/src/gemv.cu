@@ -167,31 +167,6 @@ __device__ __forceinline__ void prefetch_first(const void* w, int n, int row_byt
         asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + e));
 }
 
-// The next projection's weights into L2 while this one drains. Each warp, once its rows are done,
-// prefetches its share of the first `bytes` of pf0 (and as many of pf1: the up half of a gate|up
-// weight, read beside the gate half). Warps that finish early keep DRAM busy through this
-// kernel's tail, the launch gap and the next kernel's prologue — time the memory pipe otherwise
-// idles at every kernel boundary of a decode step — and the next kernel's first rows come from
-// L2. A hint: nothing is read into registers, results are unchanged. pf0 null: nothing.
-// prefetch_share: warp `warp` of `warps` takes its share.
-__device__ __forceinline__ void prefetch_share(const void* pf0, const void* pf1, unsigned long long bytes,
-                                               unsigned long long warp, unsigned long long warps) {
-    if (!pf0 || bytes == 0) return;
-    const unsigned long long lines = (bytes + 127) >> 7, per = (lines + warps - 1) / warps;
-    const unsigned long long end = min(lines, (warp + 1) * per);
-    const unsigned char *a = static_cast<const unsigned char*>(pf0), *b = static_cast<const unsigned char*>(pf1);
-    for (unsigned long long l = warp * per + (threadIdx.x & 31); l < end; l += 32) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a + (l << 7)));
-        if (b) asm volatile("prefetch.global.L2 [%0];" ::"l"(b + (l << 7)));
-    }
-}
-
-// prefetch_share over the warps of a 1-D grid.
-__device__ __forceinline__ void prefetch_next(const void* pf0, const void* pf1, unsigned long long bytes) {
-    prefetch_share(pf0, pf1, bytes, blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5),
-                   gridDim.x * (blockDim.x >> 5));
-}
-
 // Elements of a row each thread keeps in registers during the prologue (rows up to
 // GEMV_NORM_PT * blockDim.x long: every load issued at once, one round trip).
 #define GEMV_NORM_PT 8
@@ -333,16 +308,13 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
     }
 }
 
-// Every symbol takes (…, w, w_scale, …): w_scale is null for the bf16 ones; and last, what to
-// warm L2 with for the projection after it (prefetch_next; pf0 null: nothing).
-#define PREFETCH_ARGS const void *__restrict__ pf0, const void *__restrict__ pf1, unsigned long long pf_bytes
+// Every symbol takes (…, w, w_scale, …): w_scale is null for the bf16 ones.
 #define GEMV_PLAIN_KERNEL_OUT(name, R, F8, OUT)                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const void* __restrict__ w, const float* __restrict__ w_scale, const bf16* __restrict__ x, \
-             OUT* __restrict__ y, int n, int k, int rows, PREFETCH_ARGS) {                            \
+             OUT* __restrict__ y, int n, int k, int rows) {                                           \
         wait_for_prior_kernels();                                                                     \
         gemv_plain<R, F8, OUT>(w, w_scale, x, y, n, k, rows);                                         \
-        prefetch_next(pf0, pf1, pf_bytes);                                                            \
     }
 #define GEMV_PLAIN_KERNEL(name, R, F8) GEMV_PLAIN_KERNEL_OUT(name, R, F8, bf16)
 #define GEMV_NORM_KERNEL(name, R, F8)                                                                 \
@@ -350,21 +322,19 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
         name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
-             bf16* __restrict__ y, int n, int k, int rows, float eps, PREFETCH_ARGS) {                \
+             bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
         wait_for_prior_kernels();                                                                         \
         gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
-        prefetch_next(pf0, pf1, pf_bytes);                                                                \
     }
 #define GEMV_GLU_KERNEL(name, R, F8, ACT)                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
-             bf16* __restrict__ act, int inter, int k, int rows, float eps, PREFETCH_ARGS) {          \
+             bf16* __restrict__ act, int inter, int k, int rows, float eps) {                         \
         wait_for_prior_kernels();                                                                                  \
         gemv_norm_glu<R, F8, ACT>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, act, inter, k, rows, \
                                   eps);                                                               \
-        prefetch_next(pf0, pf1, pf_bytes);                                                            \
     }
 GEMV_PLAIN_KERNEL(gemv_bf16_r1, 1, false)
 GEMV_PLAIN_KERNEL(gemv_bf16_r2, 2, false)

@@ -128,32 +128,22 @@ MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r4, 4)
 //   w : device, bf16 or e4m3 [E · 2 · inter, h];  w_scale : device, f32 [E · 2 · inter] (e4m3)
 //   or null;  x : device, bf16 [n, h];  ids : device, i32 [n · k];  act : device, bf16
 //   [n · k, inter]
-//   down, down_bytes: the down weight [E · h, inter] and how many bytes of each chosen expert's
-//   block of it (h rows from e·h) to warm L2 with once a warp's row is done (gemv.cu's
-//   prefetch_share over the pair's warps; null: none)
 template <bool F8>
 __device__ __forceinline__ void moe_gate_up(const void* __restrict__ w, const float* __restrict__ w_scale,
                                             const bf16* __restrict__ x, const int* __restrict__ ids,
-                                            bf16* __restrict__ act, int inter, int h, int k,
-                                            const void* __restrict__ down, unsigned long long down_bytes) {
+                                            bf16* __restrict__ act, int inter, int h, int k) {
     const int p = blockIdx.x;
     const int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (j >= inter) return;
     const int e = ids[p];
-    if (j < inter) {
-        const size_t gate_row = (size_t)e * 2 * inter + j, up_row = gate_row + inter;
-        const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(p / k) * h);
-        float g[1] = {0.f}, u[1] = {0.f};
-        row_dot2<1, F8>(weight_row<F8>(w, (int)gate_row, h), weight_row<F8>(w, (int)up_row, h), xr,
-                        row_units<F8>(h), g, u);
-        const float gsc = F8 ? w_scale[gate_row] : 1.f, usc = F8 ? w_scale[up_row] : 1.f;
-        const float gs = bf2f(f2bf(warp_sum(g[0]) * gsc)), us = bf2f(f2bf(warp_sum(u[0]) * usc));
-        if ((threadIdx.x & 31) == 0) act[(size_t)p * inter + j] = f2bf(silu(gs) * us);
-    }
-    if (down) {
-        const unsigned long long expert = (unsigned long long)h * inter * (F8 ? 1 : 2);
-        prefetch_share(static_cast<const unsigned char*>(down) + e * expert, nullptr, down_bytes, j,
-                       gridDim.y * (blockDim.x >> 5));
-    }
+    const size_t gate_row = (size_t)e * 2 * inter + j, up_row = gate_row + inter;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(p / k) * h);
+    float g[1] = {0.f}, u[1] = {0.f};
+    row_dot2<1, F8>(weight_row<F8>(w, (int)gate_row, h), weight_row<F8>(w, (int)up_row, h), xr,
+                    row_units<F8>(h), g, u);
+    const float gsc = F8 ? w_scale[gate_row] : 1.f, usc = F8 ? w_scale[up_row] : 1.f;
+    const float gs = bf2f(f2bf(warp_sum(g[0]) * gsc)), us = bf2f(f2bf(warp_sum(u[0]) * usc));
+    if ((threadIdx.x & 31) == 0) act[(size_t)p * inter + j] = f2bf(silu(gs) * us);
 }
 
 // y[t, j] = Σ_s weights[t·k + s] · bf16(act[t·k + s] · W[ids[t·k + s]·h + j, :]): the chosen
@@ -195,20 +185,17 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
 #define MOE_GATE_UP_KERNEL(name, F8)                                                                  \
     extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
                                     const bf16* __restrict__ x, const int* __restrict__ ids,          \
-                                    bf16* __restrict__ act, int inter, int h, int k,                  \
-                                    const void* __restrict__ down, unsigned long long down_bytes) {   \
+                                    bf16* __restrict__ act, int inter, int h, int k) {                \
         wait_for_prior_kernels();                                                                     \
-        moe_gate_up<F8>(w, w_scale, x, ids, act, inter, h, k, down, down_bytes);                      \
+        moe_gate_up<F8>(w, w_scale, x, ids, act, inter, h, k);                                        \
     }
 #define MOE_DOWN_KERNEL(name, F8)                                                                     \
     extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
                                     const bf16* __restrict__ act, const int* __restrict__ ids,        \
                                     const float* __restrict__ weights, bf16* __restrict__ y, int h,   \
-                                    int inter, int k, int kp, PREFETCH_ARGS) {                        \
+                                    int inter, int k, int kp) {                                       \
         wait_for_prior_kernels();                                                                     \
         moe_down<F8>(w, w_scale, act, ids, weights, y, h, inter, k, kp);                              \
-        prefetch_share(pf0, pf1, pf_bytes, (blockIdx.x * gridDim.y + blockIdx.y) * (blockDim.x >> 5) + (threadIdx.x >> 5), \
-                       gridDim.x * gridDim.y * (blockDim.x >> 5));                                    \
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_bf16, false)
 MOE_GATE_UP_KERNEL(moe_gate_up_e4m3, true)

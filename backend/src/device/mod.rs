@@ -422,11 +422,6 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x · wᵀ`: x `[n, k]`, w `[m, k]` → `[n, m]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
-    /// A hint for the next projection (`linear`, `norm_linear`, `norm_glu` or `moe`, which
-    /// takes it): the one after it reads `w` (a fused gate|up weight, both halves at once, with `glu`), so
-    /// a device with a cache may start fetching `w` while the next one drains. Results are the
-    /// same with or without it.
-    fn warm_next(&self, _w: &Self::Tensor, _glu: bool) {}
     /// Tensor parallelism: `t` summed over the ranks of this device's group, in place (the
     /// row-parallel projections' partial sums). A device that is no rank has nothing to add.
     fn all_reduce_sum(&self, _t: &mut Self::Tensor) -> Result<(), DeviceError> {

@@ -428,9 +428,6 @@ impl<D: Device> Decoder<D> {
         // norm of models that have one (Gemma's post-norms, fused into the same pass).
         let mut pending: Option<(D::Tensor, Option<&D::Tensor>)> = None;
         for (l, layer) in self.layers.iter().enumerate() {
-            // Each projection warms the device's cache with the next one's weights as it
-            // drains (attention, between q|k|v and o_proj, reads little else at decode).
-            dev.warm_next(&layer.o_proj, false);
             let mut qkv = dev.norm_linear(
                 &mut residual,
                 as_delta(&pending),
@@ -448,9 +445,6 @@ impl<D: Device> Decoder<D> {
                 _ => &self.rope,
             };
             let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
-            if layer.router.is_none() {
-                dev.warm_next(&layer.gate_up, true);
-            }
             // Row-parallel under tensor parallelism: each rank's product is a partial sum.
             let mut o = dev.linear(&attn, &layer.o_proj)?;
             dev.all_reduce_sum(&mut o)?;
@@ -479,13 +473,9 @@ impl<D: Device> Decoder<D> {
                         gate_up: &layer.gate_up,
                         down: &layer.down,
                     };
-                    if let Some(next) = self.layers.get(l + 1) {
-                        dev.warm_next(&next.qkv, false);
-                    }
                     dev.moe(&x, w, &p)?
                 }
                 _ => {
-                    dev.warm_next(&layer.down, false);
                     let act = dev.norm_glu(
                         &mut residual,
                         delta,
@@ -494,9 +484,6 @@ impl<D: Device> Decoder<D> {
                         &layer.gate_up,
                         self.config.hidden_act,
                     )?;
-                    if let Some(next) = self.layers.get(l + 1) {
-                        dev.warm_next(&next.qkv, false);
-                    }
                     dev.linear(&act, &layer.down)?
                 }
             };

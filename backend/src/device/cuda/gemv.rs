@@ -3,8 +3,6 @@
 //! sub-layer's output norm) fused in as a prologue and SwiGLU / GeGLU as the gate/up epilogue. Steps with more rows than `gemv_max_rows` (or
 //! shapes the kernels cannot take) go through the norm kernels and cuBLAS.
 
-use cudarc::driver::DevicePtr;
-
 use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
 use super::tensor::{CudaBuf, CudaTensor, WeightRef};
 use super::{CudaDevice, DEV};
@@ -12,56 +10,7 @@ use crate::config::Activation;
 use crate::device::{Delta, Device};
 use crate::error::DeviceError;
 
-/// What a GEMV warms L2 with as it drains (gemv.cu's `prefetch_next`): the first `bytes` from
-/// device address `first` and, for a gate|up weight, as many from `second` (its up half).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Warm {
-    pub first: u64,
-    pub second: u64,
-    pub bytes: u64,
-}
-
-impl Warm {
-    /// The kernel arguments (pf0, pf1, pf_bytes) for `warm`: nulls for none.
-    pub fn args(warm: Option<Warm>) -> (u64, u64, u64) {
-        warm.map_or((0, 0, 0), |w| (w.first, w.second, w.bytes))
-    }
-}
-
 impl CudaDevice {
-    /// The L2 warm-up that reads the start of `w` (of both its halves with `glu`), within this
-    /// device's prefetch budget; none where the budget is off.
-    pub(super) fn warm_for(&self, w: &CudaTensor, glu: bool) -> Option<Warm> {
-        if self.l2_prefetch == 0 {
-            return None;
-        }
-        let (ptr, elem) = self.weight_ptr(w)?;
-        let total = (w.rows * w.cols * elem) as u64;
-        let budget = self.l2_prefetch as u64;
-        Some(if glu {
-            Warm {
-                first: ptr,
-                second: ptr + total / 2,
-                bytes: (budget / 2).min(total / 2),
-            }
-        } else {
-            Warm {
-                first: ptr,
-                second: 0,
-                bytes: budget.min(total),
-            }
-        })
-    }
-
-    /// A weight's device address and bytes per element (none for an f32 tensor).
-    pub(super) fn weight_ptr(&self, w: &CudaTensor) -> Option<(u64, usize)> {
-        match &w.buf {
-            CudaBuf::Bf16(b) => Some((b.device_ptr(&self.stream).0, 2)),
-            CudaBuf::E4m3 { codes, .. } => Some((codes.device_ptr(&self.stream).0, 1)),
-            CudaBuf::F32(_) => None,
-        }
-    }
-
     /// Which GEMV instantiation serves `rows` input rows of `k` features by `w`, if any. FP8
     /// weights take the GEMV up to its largest instantiation (4 rows) whatever CACHET_GEMV says;
     /// more rows go to cuBLASLt's FP8 GEMM (or, without one, are dequantized for cuBLAS).
@@ -80,14 +29,12 @@ impl CudaDevice {
         GEMV_ROWS.iter().position(|&r| rows <= r)
     }
 
-    /// `x · wᵀ` for a few rows with instantiation `v` of gemv.cu, warming L2 with `warm` as
-    /// it drains.
+    /// `x · wᵀ` for a few rows with instantiation `v` of gemv.cu.
     pub(super) fn gemv(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,
         v: usize,
-        warm: Option<Warm>,
     ) -> Result<CudaTensor, DeviceError> {
         let (rows, k, n) = (x.rows, x.cols, w.rows);
         let mut out = self.alloc_bf16(rows * n, "gemv")?;
@@ -97,7 +44,6 @@ impl CudaDevice {
             x.bf16("gemv")?,
             &mut out,
             (rows, k, n),
-            warm,
         )?;
         Ok(CudaTensor::new_bf16(rows, n, out))
     }
@@ -124,7 +70,6 @@ impl CudaDevice {
         w: &CudaTensor,
         glu: Option<Activation>,
     ) -> Result<CudaTensor, DeviceError> {
-        let warm = self.warm.take();
         let Some(v) = self.gemv_norm_variant(residual, w, glu.is_some()) else {
             let x = self.norm(residual, delta, norm, eps)?;
             let y = self.linear(&x, w)?;
@@ -174,7 +119,6 @@ impl CudaDevice {
                 &mut out,
                 (rows, k, n),
                 eps,
-                warm,
             )?;
             if let Some(r) = res_out {
                 residual.buf = CudaBuf::F32(r);

@@ -12,7 +12,6 @@ use super::kernels::{
     mma_threads, ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX,
     GEMV_THREADS, MOE_BK, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
 };
-use super::gemv::Warm;
 use super::programmatic::{self, Pdl};
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
@@ -659,13 +658,11 @@ impl CudaDevice {
         x: &CudaSlice<u16>,
         y: &mut CudaSlice<u16>,
         (rows, k, n): (usize, usize, usize),
-        warm: Option<Warm>,
     ) -> Result<(), DeviceError> {
         if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) {
             return Err(unfit("gemv", rows, GEMV_ROWS[v], k));
         }
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let (pf0, pf1, pf_bytes) = Warm::args(warm);
         let mut l = self.stream.launch_builder(&self.k.gemv[w.format()][v]);
         let null = 0u64;
         match w {
@@ -673,11 +670,9 @@ impl CudaDevice {
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
         l.arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
-        l.arg(&pf0).arg(&pf1).arg(&pf_bytes);
         // SAFETY: rows ≤ R and k a multiple of one 16-byte load of the format (checked above),
         // fresh 16-byte-aligned allocations, so every row starts 16-byte aligned; e4m3 weights
-        // come with their n row scales. The warm-up only prefetches (no access can fault) inside
-        // a weight's own bytes (`warm_for`).
+        // come with their n row scales.
         unsafe { self.enqueue(&mut l, self.gemv_config(0)) }.map_err(op_err("gemv"))?;
         Ok(())
     }
@@ -697,7 +692,6 @@ impl CudaDevice {
         let null = 0u64;
         let mut l = self.stream.launch_builder(&self.k.gemv_f32out[v]);
         l.arg(w).arg(&null).arg(x).arg(y).arg(&ni).arg(&ki).arg(&ri);
-        l.arg(&null).arg(&null).arg(&null);
         // SAFETY: rows ≤ R, k a multiple of one 16-byte load of bf16 and the buffers' sizes
         // (checked above); fresh 16-byte-aligned allocations, so every row starts aligned.
         unsafe { self.enqueue(&mut l, self.gemv_config(0)) }.map_err(op_err("gemv_f32out"))?;
@@ -780,10 +774,8 @@ impl CudaDevice {
     }
 
     /// `moe_gate_up_{fmt}(w[E·2·inter, h], f32 w_scale[E·2·inter] or null, bf16 x[n, h], i32
-    /// ids[n·k], bf16 act[n·k, inter], int inter, int h, int k, down[E·h, inter] or null,
-    /// u64 down_bytes)`: with `down` (the down weight's address, bytes of each expert's block —
-    /// at most h·inter elements), each pair's warps warm L2 with the start of its expert's
-    /// block. Every id must be < E (the routing kernel writes them).
+    /// ids[n·k], bf16 act[n·k, inter], int inter, int h, int k)`. Every id must be < E (the
+    /// routing kernel writes them).
     pub(super) fn launch_moe_gate_up(
         &self,
         w: WeightRef<'_>,
@@ -791,7 +783,6 @@ impl CudaDevice {
         ids: &CudaSlice<i32>,
         act: &mut CudaSlice<u16>,
         (n, k, inter, h): (usize, usize, usize, usize),
-        down: Option<(u64, u64)>,
     ) -> Result<(), DeviceError> {
         if !h.is_multiple_of(w.k_multiple()) {
             return Err(unfit("moe_gate_up", 1, 1, h));
@@ -807,8 +798,6 @@ impl CudaDevice {
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
         l.arg(x).arg(ids).arg(act).arg(&ii).arg(&hi).arg(&ki);
-        let (down_ptr, down_bytes) = down.unwrap_or((0, 0));
-        l.arg(&down_ptr).arg(&down_bytes);
         let cfg = LaunchConfig {
             grid_dim: (
                 (n * k) as u32,
@@ -826,9 +815,8 @@ impl CudaDevice {
     }
 
     /// `moe_down_{fmt}(w[E·h, inter], f32 w_scale[E·h] or null, bf16 act[n·k, inter], i32
-    /// ids[n·k], f32 weights[n·k], bf16 y[n, h], int h, int inter, int k, int kp, pf0, pf1,
-    /// pf_bytes)`: kp = k rounded up to a power of two, MOE_MAX_K warps a block, MOE_MAX_K / kp
-    /// output rows each; warming L2 with `warm` as it drains.
+    /// ids[n·k], f32 weights[n·k], bf16 y[n, h], int h, int inter, int k, int kp)`: kp = k
+    /// rounded up to a power of two, MOE_MAX_K warps a block, MOE_MAX_K / kp output rows each.
     pub(super) fn launch_moe_down(
         &self,
         w: WeightRef<'_>,
@@ -837,7 +825,6 @@ impl CudaDevice {
         weights: &CudaSlice<f32>,
         y: &mut CudaSlice<u16>,
         (n, k, inter, h): (usize, usize, usize, usize),
-        warm: Option<Warm>,
     ) -> Result<(), DeviceError> {
         if !inter.is_multiple_of(w.k_multiple()) || k == 0 || k > MOE_MAX_K {
             return Err(unfit("moe_down", k, MOE_MAX_K, inter));
@@ -865,8 +852,6 @@ impl CudaDevice {
             .arg(&ii)
             .arg(&ki)
             .arg(&kpi);
-        let (pf0, pf1, pf_bytes) = Warm::args(warm);
-        l.arg(&pf0).arg(&pf1).arg(&pf_bytes);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, h.div_ceil(MOE_MAX_K / kp) as u32, 1),
             block_dim: (MOE_MAX_K as u32 * 32, 1, 1),
@@ -1140,7 +1125,6 @@ impl CudaDevice {
         out: &mut CudaSlice<u16>,
         (rows, k, n): (usize, usize, usize),
         eps: f32,
-        warm: Option<Warm>,
     ) -> Result<(), DeviceError> {
         let smem = GEMV_ROWS[v] * k * 2;
         if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) || smem > GEMV_SMEM_MAX {
@@ -1169,8 +1153,6 @@ impl CudaDevice {
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
         l.arg(out).arg(&ni).arg(&ki).arg(&ri).arg(&eps);
-        let (pf0, pf1, pf_bytes) = Warm::args(warm);
-        l.arg(&pf0).arg(&pf1).arg(&pf_bytes);
         // SAFETY: rows ≤ R, k a multiple of one load and R·k·2 bytes of dynamic shared memory within the
         // attribute set at load (checked above); residual_out is a fresh buffer, so no block
         // reads what another writes; delta and residual_out are both given or both null.

@@ -134,12 +134,6 @@ pub struct CudaDevice {
     /// This device's rank of a tensor-parallel group (none: the model is whole here).
     tp: Option<nccl::NcclRank>,
     profiler: profile::Profiler,
-    /// Bytes a decode GEMV may warm L2 with for the projection after it: the option, at most
-    /// half the L2.
-    l2_prefetch: usize,
-    /// What the next GEMV launch warms L2 with ([`Device::warm_next`]), taken by the next
-    /// projection whichever way it runs.
-    warm: std::cell::Cell<Option<gemv::Warm>>,
 }
 
 // SAFETY: the context, stream, cuBLAS handle and functions are only used from the thread that
@@ -171,9 +165,6 @@ impl CudaDevice {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(op_err("SM count"))? as usize;
-        let l2 = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-            .map_err(op_err("L2 size"))? as usize;
         let loaded = kernels::Kernels::load(
             &ctx,
             &arch,
@@ -217,11 +208,9 @@ impl CudaDevice {
             last_filled: Default::default(),
             graph_pool,
             moe_done,
-            l2_prefetch: options.l2_prefetch_bytes.min(l2 / 2),
             options,
             tp: None,
             profiler: Default::default(),
-            warm: Default::default(),
         })
     }
 }
@@ -436,17 +425,12 @@ impl Device for CudaDevice {
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        let warm = self.warm.take();
         match self.gemv_variant(x.rows, x.cols, &w.weight("linear")?) {
-            Some(v) if x.cols == w.cols => self.timed("gemv", || self.gemv(x, w, v, warm)),
+            Some(v) if x.cols == w.cols => self.timed("gemv", || self.gemv(x, w, v)),
             _ => self.timed(if x.rows == 1 { "gemm (1 row)" } else { "gemm" }, || {
                 self.gemm(x, w, false)
             }),
         }
-    }
-
-    fn warm_next(&self, w: &CudaTensor, glu: bool) {
-        self.warm.set(self.warm_for(w, glu));
     }
 
     fn quantize_fp8(&self, w: CudaTensor) -> Result<CudaTensor, DeviceError> {
@@ -497,7 +481,6 @@ impl Device for CudaDevice {
     }
 
     fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
-        self.warm.take();
         self.timed("gemm lm_head", || self.gemm(x, w, true))
     }
 
@@ -558,7 +541,6 @@ impl Device for CudaDevice {
         w: MoeWeights<'_, CudaTensor>,
         p: &MoeParams,
     ) -> Result<CudaTensor, DeviceError> {
-        let warm = self.warm.take();
         let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
         let err = |msg: String| DeviceError::Op {
             device: DEV,
@@ -669,21 +651,12 @@ impl Device for CudaDevice {
         } else {
             self.timed("moe expert gemv", || {
                 let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-                // Each pair's gate|up warms L2 with its expert's down block (as much of it as
-                // the prefetch budget shared by the pairs allows).
-                let down = match self.weight_ptr(w.down) {
-                    Some((ptr, elem)) if self.l2_prefetch > 0 => {
-                        Some((ptr, (h * i * elem).min(self.l2_prefetch / (n * k)) as u64))
-                    }
-                    _ => None,
-                };
                 self.launch_moe_gate_up(
                     w.gate_up.weight("moe")?,
                     xs,
                     &ids,
                     &mut act,
                     (n, k, i, h),
-                    down,
                 )?;
                 self.launch_moe_down(
                     w.down.weight("moe")?,
@@ -692,7 +665,6 @@ impl Device for CudaDevice {
                     &weights,
                     &mut y,
                     (n, k, i, h),
-                    warm,
                 )
             })?;
         }

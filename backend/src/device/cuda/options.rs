@@ -170,10 +170,6 @@ pub struct CudaOptions {
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
     pub nccl_library: Option<PathBuf>,
-    /// Bytes of the next projection's weights a decode GEMV warms L2 with as it drains
-    /// (`CACHET_L2_PREFETCH_MB=off|MiB`; gemv.cu's `prefetch_next`). Capped at half the
-    /// device's L2.
-    pub l2_prefetch_bytes: usize,
 }
 
 impl Default for CudaOptions {
@@ -193,13 +189,9 @@ impl Default for CudaOptions {
             fp8_bf16_product: true,
             fp8_exact_activations: false,
             nccl_library: None,
-            l2_prefetch_bytes: L2_PREFETCH_DEFAULT_MIB << 20,
         }
     }
 }
-
-/// `CACHET_L2_PREFETCH_MB`'s default.
-pub const L2_PREFETCH_DEFAULT_MIB: usize = 16;
 
 fn bad(var: &'static str, msg: String) -> DeviceError {
     DeviceError::Op {
@@ -301,17 +293,6 @@ impl CudaOptions {
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
-        if let Some(v) = var("CACHET_L2_PREFETCH_MB") {
-            o.l2_prefetch_bytes = match v.as_str() {
-                "off" | "0" => 0,
-                _ => v.parse::<usize>().map(|m| m << 20).map_err(|_| {
-                    bad(
-                        "CACHET_L2_PREFETCH_MB",
-                        format!("`{v}`: expected off or a size in MiB"),
-                    )
-                })?,
-            };
-        }
         Ok(o)
     }
 }
@@ -414,12 +395,6 @@ mod tests {
         assert!(parse(&[("CACHET_FP8_ACTIVATIONS", "slow")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
-        let l2 = |v: &str| parse(&[("CACHET_L2_PREFETCH_MB", v)]).map(|o| o.l2_prefetch_bytes);
-        assert_eq!(parse(&[]).unwrap().l2_prefetch_bytes, 16 << 20);
-        assert_eq!((l2("off").unwrap(), l2("0").unwrap()), (0, 0));
-        assert_eq!(l2("24").unwrap(), 24 << 20);
-        let e = l2("16MB").unwrap_err().to_string();
-        assert!(e.contains("CACHET_L2_PREFETCH_MB") && e.contains("MiB"), "{e}");
         assert_eq!(
             parse(&[("CACHET_GRAPH_MEMORY", "pool")])
                 .unwrap()
