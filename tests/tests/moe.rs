@@ -376,3 +376,82 @@ gpu_test! {
         }
     }
 }
+
+gpu_test! {
+    /// A decode step's MoE layer with its norm in the router's GEMV launch (the default; the
+    /// launch hands the normalised rows on to the experts) against the CPU's norm then layer:
+    /// the same residual stream, and every token whose k-th and next router probabilities are
+    /// not a near tie within 3e-2; up to 4 rows fused (the profile names the launch), 5 through
+    /// the separate norm.
+    fn a_moe_layers_norm_fused_into_its_routers_gemv_matches_the_cpu_reference() {
+        use cachet_backend::config::Activation;
+        use cachet_backend::device::cuda::CudaDevice;
+        use cachet_backend::device::moe::route;
+        use cachet_backend::device::{Delta, MoeParams, MoeWeights};
+        let cuda = CudaDevice::new(0, 16, Default::default()).unwrap();
+        let cpu = CpuDevice::new();
+        let mut rng = cachet_backend::rng::Rng::new(11);
+        let eps = 1e-6;
+        for (e, k, h, i) in [(8, 2, 256, 128), (128, 8, 256, 64)] {
+            let router = bf16_exact(&mut rng, e, h, (h as f64).powf(-0.5));
+            let gate_up = bf16_exact(&mut rng, e * 2 * i, h, (h as f64).powf(-0.5));
+            let down = bf16_exact(&mut rng, e * h, i, (i as f64).powf(-0.5));
+            let norm_w = bf16_exact(&mut rng, 1, h, 1.0);
+            let p = MoeParams { num_experts: e, top_k: k, inter: i, norm_topk_prob: true, act: Activation::Silu };
+            for fp8 in [false, true] {
+                for (n, with_delta) in [(1, false), (1, true), (2, true), (4, true), (5, true)] {
+                    let residual = bf16_exact(&mut rng, n, h, 1.0);
+                    let delta = bf16_exact(&mut rng, n, h, 0.5);
+                    macro_rules! layer {
+                        ($dev:expr) => {{
+                            let dev = $dev;
+                            let (r, g, d) = (dev.upload(&router).unwrap(), dev.upload(&gate_up).unwrap(),
+                                dev.upload(&down).unwrap());
+                            let (g, d) = if fp8 {
+                                (dev.quantize_fp8(g).unwrap(), dev.quantize_fp8(d).unwrap())
+                            } else {
+                                (g, d)
+                            };
+                            let (nw, dx) = (dev.upload(&norm_w).unwrap(), dev.upload(&delta).unwrap());
+                            let mut res = dev.upload_table(&residual).unwrap();
+                            let delta = with_delta.then_some(Delta { x: &dx, norm: None });
+                            dev.set_profiling(true);
+                            let w = MoeWeights { router: &r, gate_up: &g, down: &d };
+                            let y = dev.norm_moe(&mut res, delta, &nw, eps, w, &p).unwrap();
+                            let ops: Vec<String> =
+                                dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                            dev.set_profiling(false);
+                            (dev.to_host(&y).unwrap(), dev.to_host(&res).unwrap(), ops)
+                        }};
+                    }
+                    let (want, want_res, _) = layer!(&cpu);
+                    let (got, got_res, ops) = layer!(&cuda);
+                    let what = format!("E {e}, k {k}, FP8 {fp8}, {n} rows, delta {with_delta}");
+                    assert_eq!(
+                        ops.iter().any(|o| o == "moe norm + router"),
+                        n <= 4,
+                        "{what}: the norm runs in the router's launch up to 4 rows only: {ops:?}"
+                    );
+                    assert_eq!(got_res, want_res, "{what}: the residual stream as the CPU updates it");
+                    let mut x = cpu.upload_table(&residual).unwrap();
+                    let dx = cpu.upload(&delta).unwrap();
+                    let dx = with_delta.then_some(Delta { x: &dx, norm: None });
+                    let x = cpu.norm(&mut x, dx, &cpu.upload(&norm_w).unwrap(), eps).unwrap();
+                    let logits =
+                        cachet_backend::device::cpu::gemm::matmul_t(&cpu.to_host(&x).unwrap(), &router.data, n, h, e);
+                    let mut compared = 0;
+                    for t in 0..n {
+                        let r = route(&logits[t * e..(t + 1) * e], k + 1, false);
+                        if r[k - 1].1 - r[k].1 < 1e-4 {
+                            continue;
+                        }
+                        let err = rel_err(&got[t * h..(t + 1) * h], &want[t * h..(t + 1) * h]);
+                        assert!(err < 3e-2, "{what}: token {t} {err:e} off the CPU reference");
+                        compared += 1;
+                    }
+                    assert!(compared + 1 >= n, "{what}: {compared} of {n} tokens compared");
+                }
+            }
+        }
+    }
+}
