@@ -12,8 +12,6 @@
 //     output norm (Gemma) applied to what is added;
 //   - gemv_norm_swiglu_* / gemv_norm_geglu_*: that, and SiLU(gate) · up or GELU-tanh(gate) · up
 //     as the epilogue (a warp computes gate row j and up row j together).
-//   - gemv_norm_f32out_*: the norm GEMV with f32 outputs (a MoE router's logits), block 0 also
-//     writing the normalised rows out for the experts that read them next.
 // The arithmetic matches the unfused kernels (add_rms_norm_bf16, silu_mul_bf16x8,
 // gelu_tanh_mul_bf16): the normalised input and the gate/up values are rounded to bf16 where
 // those round them.
@@ -250,27 +248,21 @@ __device__ __forceinline__ void gemv_plain(const void* __restrict__ w, const flo
     }
 }
 
-// y[r, j] = rms_norm(residual[r] (+ delta'[r])) · W[j, :]; see norm_prologue. With x_out, block 0
-// also writes the normalised rows there (a MoE router's input, which the experts read next).
+// y[r, j] = rms_norm(residual[r] (+ delta'[r])) · W[j, :]; see norm_prologue.
 //   residual : device, f32 [rows, k]; delta : device, bf16 [rows, k] or null;
 //   delta_w : device, bf16 [k] or null; residual_out : device, f32 [rows, k] or null;
 //   norm_w : device, bf16 [k]; w : device, bf16 or e4m3 [n, k]; w_scale : device, f32 [n]
-//   (e4m3) or null; y : device, bf16 or f32 (Out) [rows, n]; x_out : device, bf16 [rows, k] or
-//   null
-template <int R, bool F8, typename Out>
+//   (e4m3) or null; y : device, bf16 [rows, n]
+template <int R, bool F8>
 __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, const bf16* __restrict__ delta,
                                           const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
                                           const bf16* __restrict__ norm_w, const void* __restrict__ w,
-                                          const float* __restrict__ w_scale, Out* __restrict__ y,
-                                          bf16* __restrict__ x_out, int n, int k, int rows, float eps) {
+                                          const float* __restrict__ w_scale, bf16* __restrict__ y, int n, int k,
+                                          int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
     prefetch_first(w, n, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
-    if (x_out && blockIdx.x == 0) {
-        const bf16* xs = reinterpret_cast<const bf16*>(gemv_xs);
-        for (int i = threadIdx.x; i < rows * k; i += blockDim.x) x_out[i] = xs[i];
-    }
     const int warps = gridDim.x * (blockDim.x >> 5);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
         float acc[R];
@@ -281,7 +273,7 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float s = warp_sum(acc[r]) * sc;
-            if ((threadIdx.x & 31) == 0 && r < rows) store_out(y, (size_t)r * n + j, s);
+            if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
         }
     }
 }
@@ -332,19 +324,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
         wait_for_prior_kernels();                                                                         \
-        gemv_norm<R, F8, bf16>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, nullptr, n, k, rows, \
-                               eps);                                                                  \
-    }
-// A MoE router's logits in f32 from the normalised rows, which block 0 hands on in x_out.
-#define GEMV_NORM_ROUTER_KERNEL(name, R)                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
-        name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
-             const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
-             const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
-             float* __restrict__ y, bf16* __restrict__ x_out, int n, int k, int rows, float eps) {     \
-        wait_for_prior_kernels();                                                                     \
-        gemv_norm<R, false, float>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, x_out, n, k, \
-                                   rows, eps);                                                        \
+        gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
     }
 #define GEMV_GLU_KERNEL(name, R, F8, ACT)                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
@@ -366,9 +346,6 @@ GEMV_PLAIN_KERNEL_OUT(gemv_f32out_bf16_r4, 4, false, float)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r1, 1, false)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r2, 2, false)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r4, 4, false)
-GEMV_NORM_ROUTER_KERNEL(gemv_norm_f32out_bf16_r1, 1)
-GEMV_NORM_ROUTER_KERNEL(gemv_norm_f32out_bf16_r2, 2)
-GEMV_NORM_ROUTER_KERNEL(gemv_norm_f32out_bf16_r4, 4)
 GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r1, 1, false, silu)
 GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r2, 2, false, silu)
 GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r4, 4, false, silu)

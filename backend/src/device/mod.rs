@@ -522,20 +522,6 @@ pub trait Device: Send {
         w: MoeWeights<'_, Self::Tensor>,
         p: &MoeParams,
     ) -> Result<Self::Tensor, DeviceError>;
-    /// [`Device::moe`] over `rms_norm(residual (+ delta')) · norm`, the residual updated as
-    /// [`Device::norm`] does: a device may fuse the norm into the router's launch.
-    fn norm_moe(
-        &self,
-        residual: &mut Self::Tensor,
-        delta: Option<Delta<'_, Self::Tensor>>,
-        norm: &Self::Tensor,
-        eps: f32,
-        w: MoeWeights<'_, Self::Tensor>,
-        p: &MoeParams,
-    ) -> Result<Self::Tensor, DeviceError> {
-        let x = self.norm(residual, delta, norm, eps)?;
-        self.moe(&x, w, p)
-    }
 
     /// Uploads a table that must keep f32 precision (RoPE cos/sin).
     fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {

@@ -4,7 +4,6 @@
 //! shapes the kernels cannot take) go through the norm kernels and cuBLAS.
 
 use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
-use super::launch::NormGemvOut;
 use super::tensor::{CudaBuf, CudaTensor, WeightRef};
 use super::{CudaDevice, DEV};
 use crate::config::Activation;
@@ -85,102 +84,46 @@ impl CudaDevice {
             None => "gemv + norm",
         };
         self.timed(op, || {
-            let rows = residual.rows;
+            let (rows, k) = (residual.rows, residual.cols);
             let n = if glu.is_some() { w.rows / 2 } else { w.rows };
             let mut out = self.alloc_bf16(rows * n, "gemv")?;
-            let out_ref = NormGemvOut::Bf16(&mut out);
-            self.launch_norm_gemv(v, glu, residual, delta, norm, eps, w, out_ref, n)?;
+            let CudaBuf::F32(res) = &residual.buf else {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "gemv",
+                    msg: "residual must be f32".into(),
+                });
+            };
+            let mut res_out = match delta {
+                Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
+                None => None,
+            };
+            let delta = match delta {
+                Some(d) => Some((
+                    d.x.bf16("gemv")?,
+                    match d.norm {
+                        Some(nw) => Some(nw.bf16("gemv")?),
+                        None => None,
+                    },
+                )),
+                None => None,
+            };
+            self.launch_gemv_norm(
+                v,
+                glu,
+                res,
+                delta,
+                res_out.as_mut(),
+                norm.bf16("gemv")?,
+                w.weight("gemv")?,
+                &mut out,
+                (rows, k, n),
+                eps,
+            )?;
+            if let Some(r) = res_out {
+                residual.buf = CudaBuf::F32(r);
+            }
             Ok(CudaTensor::new_bf16(rows, n, out))
         })
-    }
-
-    /// A MoE router's f32 logits `rms_norm(residual (+ delta)) · routerᵀ` in one gemv.cu launch,
-    /// with the normalised rows it hands on to the experts: `(x, logits)`, the residual updated
-    /// as [`Device::norm`] does. None where the rows or the router do not fit a GEMV (bf16
-    /// router, at most the GEMV's rows).
-    pub(super) fn norm_router(
-        &self,
-        residual: &mut CudaTensor,
-        delta: Option<Delta<'_, CudaTensor>>,
-        norm: &CudaTensor,
-        eps: f32,
-        router: &CudaTensor,
-    ) -> Result<Option<(CudaTensor, CudaTensor)>, DeviceError> {
-        let Some(v) = self
-            .gemv_norm_variant(residual, router, false)
-            .filter(|_| matches!(router.buf, CudaBuf::Bf16(_)))
-        else {
-            return Ok(None);
-        };
-        self.timed("moe norm + router", || {
-            let (rows, k, e) = (residual.rows, residual.cols, router.rows);
-            let mut logits = self.alloc_f32(rows * e, "moe router")?;
-            let mut x = self.alloc_bf16(rows * k, "moe router")?;
-            let out = NormGemvOut::Router {
-                logits: &mut logits,
-                x: &mut x,
-            };
-            self.launch_norm_gemv(v, None, residual, delta, norm, eps, router, out, e)?;
-            Ok(Some((
-                CudaTensor::new_bf16(rows, k, x),
-                CudaTensor::new_f32(rows, e, logits),
-            )))
-        })
-    }
-
-    /// One launch of gemv.cu's norm GEMV instantiation `v` over `residual` (+ `delta`) by `w`
-    /// into `out` (`n` outputs a row), the residual replaced by its updated copy where there is
-    /// a delta.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_norm_gemv(
-        &self,
-        v: usize,
-        glu: Option<Activation>,
-        residual: &mut CudaTensor,
-        delta: Option<Delta<'_, CudaTensor>>,
-        norm: &CudaTensor,
-        eps: f32,
-        w: &CudaTensor,
-        out: NormGemvOut<'_>,
-        n: usize,
-    ) -> Result<(), DeviceError> {
-        let (rows, k) = (residual.rows, residual.cols);
-        let CudaBuf::F32(res) = &residual.buf else {
-            return Err(DeviceError::Op {
-                device: DEV,
-                op: "gemv",
-                msg: "residual must be f32".into(),
-            });
-        };
-        let mut res_out = match delta {
-            Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
-            None => None,
-        };
-        let delta = match delta {
-            Some(d) => Some((
-                d.x.bf16("gemv")?,
-                match d.norm {
-                    Some(nw) => Some(nw.bf16("gemv")?),
-                    None => None,
-                },
-            )),
-            None => None,
-        };
-        self.launch_gemv_norm(
-            v,
-            glu,
-            res,
-            delta,
-            res_out.as_mut(),
-            norm.bf16("gemv")?,
-            w.weight("gemv")?,
-            out,
-            (rows, k, n),
-            eps,
-        )?;
-        if let Some(r) = res_out {
-            residual.buf = CudaBuf::F32(r);
-        }
-        Ok(())
     }
 }

@@ -132,9 +132,6 @@ pub struct Kernels {
     /// gemv.cu's bf16-weight GEMV into f32 (a MoE router's logits), one per entry of GEMV_ROWS.
     pub gemv_f32out: [CudaFunction; 3],
     pub gemv_norm: [[CudaFunction; 3]; 2],
-    /// gemv.cu's `gemv_norm_f32out_bf16_r{R}`: a MoE router's logits after the norm, which it
-    /// hands on.
-    pub gemv_norm_f32out: [CudaFunction; 3],
     /// The gated MLP variants by weight format, then [`crate::config::Activation`]: SwiGLU,
     /// then GeGLU.
     pub gemv_norm_glu: [[[CudaFunction; 3]; 2]; 2],
@@ -239,7 +236,6 @@ impl Kernels {
             logprobs: f("logprobs_f32")?,
             gemv: [gemv_set(&f, "gemv", "bf16")?, gemv_set(&f, "gemv", "e4m3")?],
             gemv_f32out: gemv_set(&f, "gemv_f32out", "bf16")?,
-            gemv_norm_f32out: gemv_set(&f, "gemv_norm_f32out", "bf16")?,
             gemv_norm: [
                 gemv_set(&f, "gemv_norm", "bf16")?,
                 gemv_set(&f, "gemv_norm", "e4m3")?,
@@ -294,7 +290,7 @@ impl Kernels {
         for (func, bm) in k.moe_gemm.iter().zip(MOE_BMS) {
             smem(func, moe_gemm_smem_bytes(bm))?;
         }
-        let norm_gemvs = k.gemv_norm.iter().flatten().chain(&k.gemv_norm_f32out);
+        let norm_gemvs = k.gemv_norm.iter().flatten();
         for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {
             smem(func, GEMV_SMEM_MAX as u32)?;
         }

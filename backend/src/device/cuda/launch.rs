@@ -171,17 +171,6 @@ pub(super) struct CombineArgs<'a> {
     pub unit_rows: i32,
 }
 
-/// Where a norm GEMV's products go.
-pub(super) enum NormGemvOut<'a> {
-    /// bf16 products: a projection's, or its gated activation's.
-    Bf16(&'a mut CudaSlice<u16>),
-    /// A MoE router's f32 logits, and the normalised rows (bf16) handed on to the experts.
-    Router {
-        logits: &'a mut CudaSlice<f32>,
-        x: &'a mut CudaSlice<u16>,
-    },
-}
-
 impl CudaDevice {
     /// Enqueues one of our kernels. While a decode graph is being captured with programmatic
     /// dependent launch on, the edge from the kernel before it (when that is one of ours too)
@@ -1122,8 +1111,7 @@ impl CudaDevice {
     /// or null, bf16 delta_w[k] or null, f32 residual_out[rows, k] or null, bf16 norm_w[k], w[n
     /// or 2n, k], f32 w_scale[n or 2n] or null, bf16 out[rows, n], int n, int k, int rows, float
     /// eps)` for the instantiation `v` (the gated variant of `glu`, if any) and the weights'
-    /// format; with [`NormGemvOut::Router`], `gemv_norm_f32out_bf16_r{R}(…, f32 out[rows, n],
-    /// bf16 x_out[rows, k], …)` (bf16 weights, no activation).
+    /// format.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_gemv_norm(
         &self,
@@ -1134,7 +1122,7 @@ impl CudaDevice {
         residual_out: Option<&mut CudaSlice<f32>>,
         norm: &CudaSlice<u16>,
         w: WeightRef<'_>,
-        out: NormGemvOut<'_>,
+        out: &mut CudaSlice<u16>,
         (rows, k, n): (usize, usize, usize),
         eps: f32,
     ) -> Result<(), DeviceError> {
@@ -1144,19 +1132,9 @@ impl CudaDevice {
         }
         let null = 0u64;
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let func = match (&out, glu, &w) {
-            (NormGemvOut::Router { .. }, None, WeightRef::Bf16(_)) => &self.k.gemv_norm_f32out[v],
-            (NormGemvOut::Router { .. }, ..) => {
-                return Err(DeviceError::Op {
-                    device: super::DEV,
-                    op: "gemv + norm",
-                    msg: "a router's norm GEMV takes bf16 weights and no activation".into(),
-                })
-            }
-            (NormGemvOut::Bf16(_), Some(act), _) => {
-                &self.k.gemv_norm_glu[w.format()][act as usize][v]
-            }
-            (NormGemvOut::Bf16(_), None, _) => &self.k.gemv_norm[w.format()][v],
+        let func = match glu {
+            Some(act) => &self.k.gemv_norm_glu[w.format()][act as usize][v],
+            None => &self.k.gemv_norm[w.format()][v],
         };
         let mut l = self.stream.launch_builder(func);
         l.arg(residual);
@@ -1174,15 +1152,10 @@ impl CudaDevice {
             WeightRef::Bf16(b) => l.arg(b).arg(&null),
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
-        match out {
-            NormGemvOut::Bf16(o) => l.arg(o),
-            NormGemvOut::Router { logits, x } => l.arg(logits).arg(x),
-        };
-        l.arg(&ni).arg(&ki).arg(&ri).arg(&eps);
+        l.arg(out).arg(&ni).arg(&ki).arg(&ri).arg(&eps);
         // SAFETY: rows ≤ R, k a multiple of one load and R·k·2 bytes of dynamic shared memory within the
         // attribute set at load (checked above); residual_out is a fresh buffer, so no block
-        // reads what another writes; delta and residual_out are both given or both null; a
-        // router's x_out holds rows·k (the caller allocates it so).
+        // reads what another writes; delta and residual_out are both given or both null.
         unsafe { self.enqueue(&mut l, self.gemv_config(smem)) }.map_err(op_err("gemv + norm"))?;
         Ok(())
     }

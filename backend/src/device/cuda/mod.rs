@@ -226,157 +226,6 @@ impl CudaDevice {
     pub fn bind_to_thread(&self) -> Result<(), DeviceError> {
         self.ctx.bind_to_thread().map_err(op_err("bind context"))
     }
-
-    /// [`Device::moe`], the router's `logits` (`[n, experts]`, f32) given where the norm's
-    /// launch computed them.
-    fn moe_layer(
-        &self,
-        x: &CudaTensor,
-        w: MoeWeights<'_, CudaTensor>,
-        p: &MoeParams,
-        logits: Option<CudaTensor>,
-    ) -> Result<CudaTensor, DeviceError> {
-        let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
-        let err = |msg: String| DeviceError::Op {
-            device: DEV,
-            op: "moe",
-            msg,
-        };
-        p.check_shapes(
-            h,
-            (w.router.rows, w.router.cols),
-            (w.gate_up.rows, w.gate_up.cols),
-            (w.down.rows, w.down.cols),
-        )
-        .map_err(err)?;
-        if p.act != Activation::Silu {
-            return Err(err(format!(
-                "{:?} experts: the CUDA expert kernels are SwiGLU's",
-                p.act
-            )));
-        }
-        if n == 0 {
-            return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
-        }
-        let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
-        let mut weights = self.alloc_f32(n * k, "moe routing")?;
-        let gemv = match &w.router.buf {
-            CudaBuf::Bf16(r) if self.options.moe_router != MoeRouter::Gemm => self
-                .gemv_variant(n, h, &w.router.weight("moe")?)
-                .map(|v| (r, v)),
-            _ => None,
-        };
-        match gemv {
-            // The logits came with the norm (Device::norm_moe): the routing only.
-            _ if logits.is_some() => {
-                let logits = logits.as_ref().expect("checked");
-                self.timed("moe routing", || {
-                    self.launch_moe_route(
-                        logits.f32("moe")?,
-                        &mut ids,
-                        &mut weights,
-                        (n, e, k, p.norm_topk_prob),
-                    )
-                })?;
-            }
-            // A decode step's few rows, CACHET_MOE_ROUTER=fused: the router and the routing in
-            // one launch.
-            Some((r, v)) if self.options.moe_router == MoeRouter::Fused => {
-                self.timed("moe router + routing", || {
-                    let mut logits = self.alloc_f32(n * e, "moe router")?;
-                    self.launch_moe_router_route(
-                        v,
-                        r,
-                        x.bf16("moe")?,
-                        &mut logits,
-                        (&mut ids, &mut weights),
-                        (n, h, e, k, p.norm_topk_prob),
-                    )
-                })?;
-            }
-            _ => {
-                // f32 logits: bf16 ones turn near ties into other experts than the model's. A
-                // few rows (decode) through the GEMV, which reads the router's rows once at the
-                // copy rate; more through cuBLAS.
-                let logits = self.timed("moe router", || match gemv {
-                    Some((r, v)) => {
-                        let mut out = self.alloc_f32(n * e, "moe router")?;
-                        self.launch_gemv_f32out(v, r, x.bf16("moe")?, &mut out, (n, h, e))?;
-                        Ok(CudaTensor {
-                            rows: n,
-                            cols: e,
-                            buf: CudaBuf::F32(out),
-                        })
-                    }
-                    None => self.gemm(x, w.router, true),
-                })?;
-                self.timed("moe routing", || {
-                    self.launch_moe_route(
-                        logits.f32("moe")?,
-                        &mut ids,
-                        &mut weights,
-                        (n, e, k, p.norm_topk_prob),
-                    )
-                })?;
-            }
-        }
-        let xs = x.bf16("moe")?;
-        let mut y = self.alloc_bf16(n * h, "moe")?;
-        let grouped = match (&w.gate_up.buf, &w.down.buf) {
-            (CudaBuf::Bf16(gu), CudaBuf::Bf16(dw))
-                if n >= self.options.moe_gemm_min_rows
-                    && h.is_multiple_of(kernels::MOE_BK)
-                    && i.is_multiple_of(kernels::MOE_BK) =>
-            {
-                Some((gu, dw))
-            }
-            _ => None,
-        };
-        if let Some((gu, dw)) = grouped {
-            let pairs = n * k;
-            self.timed("moe grouped gemm", || {
-                // Tiles of 128 rows where the experts average that many pairs (prefill), else
-                // 64 (less padding where each expert has a few).
-                let bm = if pairs >= 96 * e { 128 } else { 64 };
-                let cap = launch::moe_sorted_capacity(pairs, e, bm);
-                let mut groups = launch::MoeGroups {
-                    bm,
-                    sorted: self.alloc_out::<i32>(cap, "moe groups")?,
-                    tile_expert: self.alloc_out::<i32>(cap / bm, "moe groups")?,
-                    num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
-                };
-                self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
-                let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
-                self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))?;
-                let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
-                self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
-                drop(gate_up);
-                let mut down = self.alloc_bf16(pairs * h, "moe down")?;
-                self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))?;
-                self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
-            })?;
-        } else {
-            self.timed("moe expert gemv", || {
-                let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-                self.launch_moe_gate_up(
-                    w.gate_up.weight("moe")?,
-                    xs,
-                    &ids,
-                    &mut act,
-                    (n, k, i, h),
-                )?;
-                self.launch_moe_down(
-                    w.down.weight("moe")?,
-                    &act,
-                    &ids,
-                    &weights,
-                    &mut y,
-                    (n, k, i, h),
-                )
-            })?;
-        }
-        Ok(CudaTensor::new_bf16(n, h, y))
-    }
 }
 
 impl Device for CudaDevice {
@@ -692,27 +541,134 @@ impl Device for CudaDevice {
         w: MoeWeights<'_, CudaTensor>,
         p: &MoeParams,
     ) -> Result<CudaTensor, DeviceError> {
-        self.moe_layer(x, w, p, None)
-    }
-
-    fn norm_moe(
-        &self,
-        residual: &mut CudaTensor,
-        delta: Option<Delta<'_, CudaTensor>>,
-        norm: &CudaTensor,
-        eps: f32,
-        w: MoeWeights<'_, CudaTensor>,
-        p: &MoeParams,
-    ) -> Result<CudaTensor, DeviceError> {
-        // A decode step's few rows: the norm fused into the router's GEMV, which hands the
-        // normalised rows on to the experts (one launch a layer fewer).
-        if self.options.moe_norm_fused && self.options.moe_router == MoeRouter::Gemv {
-            if let Some((x, logits)) = self.norm_router(residual, delta, norm, eps, w.router)? {
-                return self.moe_layer(&x, w, p, Some(logits));
+        let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
+        let err = |msg: String| DeviceError::Op {
+            device: DEV,
+            op: "moe",
+            msg,
+        };
+        p.check_shapes(
+            h,
+            (w.router.rows, w.router.cols),
+            (w.gate_up.rows, w.gate_up.cols),
+            (w.down.rows, w.down.cols),
+        )
+        .map_err(err)?;
+        if p.act != Activation::Silu {
+            return Err(err(format!(
+                "{:?} experts: the CUDA expert kernels are SwiGLU's",
+                p.act
+            )));
+        }
+        if n == 0 {
+            return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
+        }
+        let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
+        let mut weights = self.alloc_f32(n * k, "moe routing")?;
+        let gemv = match &w.router.buf {
+            CudaBuf::Bf16(r) if self.options.moe_router != MoeRouter::Gemm => self
+                .gemv_variant(n, h, &w.router.weight("moe")?)
+                .map(|v| (r, v)),
+            _ => None,
+        };
+        match gemv {
+            // A decode step's few rows, CACHET_MOE_ROUTER=fused: the router and the routing in
+            // one launch.
+            Some((r, v)) if self.options.moe_router == MoeRouter::Fused => {
+                self.timed("moe router + routing", || {
+                    let mut logits = self.alloc_f32(n * e, "moe router")?;
+                    self.launch_moe_router_route(
+                        v,
+                        r,
+                        x.bf16("moe")?,
+                        &mut logits,
+                        (&mut ids, &mut weights),
+                        (n, h, e, k, p.norm_topk_prob),
+                    )
+                })?;
+            }
+            _ => {
+                // f32 logits: bf16 ones turn near ties into other experts than the model's. A
+                // few rows (decode) through the GEMV, which reads the router's rows once at the
+                // copy rate; more through cuBLAS.
+                let logits = self.timed("moe router", || match gemv {
+                    Some((r, v)) => {
+                        let mut out = self.alloc_f32(n * e, "moe router")?;
+                        self.launch_gemv_f32out(v, r, x.bf16("moe")?, &mut out, (n, h, e))?;
+                        Ok(CudaTensor {
+                            rows: n,
+                            cols: e,
+                            buf: CudaBuf::F32(out),
+                        })
+                    }
+                    None => self.gemm(x, w.router, true),
+                })?;
+                self.timed("moe routing", || {
+                    self.launch_moe_route(
+                        logits.f32("moe")?,
+                        &mut ids,
+                        &mut weights,
+                        (n, e, k, p.norm_topk_prob),
+                    )
+                })?;
             }
         }
-        let x = self.norm(residual, delta, norm, eps)?;
-        self.moe_layer(&x, w, p, None)
+        let xs = x.bf16("moe")?;
+        let mut y = self.alloc_bf16(n * h, "moe")?;
+        let grouped = match (&w.gate_up.buf, &w.down.buf) {
+            (CudaBuf::Bf16(gu), CudaBuf::Bf16(dw))
+                if n >= self.options.moe_gemm_min_rows
+                    && h.is_multiple_of(kernels::MOE_BK)
+                    && i.is_multiple_of(kernels::MOE_BK) =>
+            {
+                Some((gu, dw))
+            }
+            _ => None,
+        };
+        if let Some((gu, dw)) = grouped {
+            let pairs = n * k;
+            self.timed("moe grouped gemm", || {
+                // Tiles of 128 rows where the experts average that many pairs (prefill), else
+                // 64 (less padding where each expert has a few).
+                let bm = if pairs >= 96 * e { 128 } else { 64 };
+                let cap = launch::moe_sorted_capacity(pairs, e, bm);
+                let mut groups = launch::MoeGroups {
+                    bm,
+                    sorted: self.alloc_out::<i32>(cap, "moe groups")?,
+                    tile_expert: self.alloc_out::<i32>(cap / bm, "moe groups")?,
+                    num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
+                };
+                self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
+                let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
+                self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))?;
+                let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
+                self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
+                drop(gate_up);
+                let mut down = self.alloc_bf16(pairs * h, "moe down")?;
+                self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))?;
+                self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
+            })?;
+        } else {
+            self.timed("moe expert gemv", || {
+                let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
+                self.launch_moe_gate_up(
+                    w.gate_up.weight("moe")?,
+                    xs,
+                    &ids,
+                    &mut act,
+                    (n, k, i, h),
+                )?;
+                self.launch_moe_down(
+                    w.down.weight("moe")?,
+                    &act,
+                    &ids,
+                    &weights,
+                    &mut y,
+                    (n, k, i, h),
+                )
+            })?;
+        }
+        Ok(CudaTensor::new_bf16(n, h, y))
     }
 
     fn gather_logit_rows(&self, x: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {

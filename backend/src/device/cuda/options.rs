@@ -142,9 +142,6 @@ pub struct CudaOptions {
     /// How a MoE router runs for the rows a GEMV takes (`CACHET_MOE_ROUTER=gemv|fused|gemm`,
     /// for side-by-side measurements): see [`MoeRouter`].
     pub moe_router: MoeRouter,
-    /// A MoE layer's norm runs in its router's GEMV, which hands the normalised rows on to the
-    /// experts (`CACHET_MOE_NORM=fused|separate`; with the `gemv` router only).
-    pub moe_norm_fused: bool,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -184,7 +181,6 @@ impl Default for CudaOptions {
             gemv_max_rows: GEMV_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             moe_router: MoeRouter::Gemv,
-            moe_norm_fused: true,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -275,7 +271,6 @@ impl CudaOptions {
                 ))
             }
         }
-        o.moe_norm_fused = !switch("CACHET_MOE_NORM", "fused", "separate")?;
         o.pdl = match var("CACHET_PDL").as_deref() {
             None | Some("") | Some("early") => Pdl::Early,
             Some("late") => Pdl::Late,
@@ -375,13 +370,6 @@ mod tests {
             MoeRouter::Gemm
         );
         assert!(parse(&[("CACHET_MOE_ROUTER", "cublas")]).is_err());
-        assert!(parse(&[]).unwrap().moe_norm_fused);
-        assert!(
-            !parse(&[("CACHET_MOE_NORM", "separate")])
-                .unwrap()
-                .moe_norm_fused
-        );
-        assert!(parse(&[("CACHET_MOE_NORM", "split")]).is_err());
         assert_eq!(parse(&[]).unwrap().pdl, Pdl::Early);
         assert_eq!(parse(&[("CACHET_PDL", "late")]).unwrap().pdl, Pdl::Late);
         assert_eq!(parse(&[("CACHET_PDL", "off")]).unwrap().pdl, Pdl::Off);
