@@ -5,8 +5,10 @@
 # With ABLATION=1, each optimization alone instead (run it as a second call at the first call's
 # rate: the device allows 10 minutes a call; the rate of the last run is left in /tmp/ttft-rate).
 # Results, report and plots go to $OUT/$TTFT_DIR (default gpu-out/ttft).
-#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf LOAD=1.0 REQUESTS=1200 bash scripts/gpu_ttft.sh
-#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2.gguf RATE=$(cat /tmp/ttft-rate) ABLATION=1 MODES=warm bash scripts/gpu_ttft.sh
+# TOKENIZER: SmolLM2's GGUF, or only its tokenizer and chat template (1.8 MB, what the offline GPU
+# machine is carried): python3 scripts/gguf_tokenizer_only.py SmolLM2-135M-Instruct.Q4_1.gguf .carry/smollm2-tokenizer.gguf
+#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2-tokenizer.gguf LOAD=1.0 REQUESTS=1200 bash scripts/gpu_ttft.sh
+#   CACHET=.carry/cachet TOKENIZER=.carry/smollm2-tokenizer.gguf RATE=$(cat /tmp/ttft-rate) ABLATION=1 MODES=warm bash scripts/gpu_ttft.sh
 set -euo pipefail
 out=${OUT:-gpu-out}/${TTFT_DIR:-ttft}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

@@ -233,3 +233,47 @@ fn real_chat_templates_render_through_layouts_as_the_engine_renders_them() {
         }
     }
 }
+
+/// `scripts/gguf_tokenizer_only.py` (SmolLM2's tokenizer carried without its 98 MB of weights,
+/// for dummy-weight runs on an offline machine): the tensor-less file loads as a tokenizer that
+/// still matches transformers, with the same special tokens, chat template and model config.
+#[test]
+fn a_gguf_stripped_of_its_tensors_keeps_the_tokenizer_and_template() {
+    let m = smollm2();
+    let dir = std::env::temp_dir().join(format!("cachet-gguf-meta-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("smollm2-tokenizer.gguf");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    let run = std::process::Command::new("python3")
+        .arg(repo.join("scripts/gguf_tokenizer_only.py"))
+        .arg(smollm2_path())
+        .arg(&out)
+        .output()
+        .expect("running python3");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let size = std::fs::metadata(&out).unwrap().len();
+    assert!(size < 4 << 20, "no tensors left: {size} bytes");
+    let meta = cachet_backend::loader::load_meta(out.to_str().unwrap()).unwrap();
+    assert_eq!(meta.config, m.config);
+    let (tok, whole) = (meta.tokenizer.unwrap(), m.tokenizer.as_ref().unwrap());
+    assert_eq!(tok.chat_template(), whole.chat_template());
+    assert_eq!(tok.vocab_size(), whole.vocab_size());
+    for case in read_json("smollm2_reference.json")["tokenizer"]
+        .as_array()
+        .unwrap()
+    {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(
+            tok.encode(text).unwrap(),
+            ids_of(&case["ids"]),
+            "text {text:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
