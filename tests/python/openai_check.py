@@ -120,4 +120,8 @@ check("prefix-cache tokens", 0 < hits <= queried, f"{hits} of {queried}")
 for name in ["cachet_inter_token_latency_seconds", "cachet_e2e_request_latency_seconds", "cachet_request_queue_time_seconds",
              "cachet_num_requests_running", "cachet_num_requests_waiting", "cachet_kv_cache_usage_ratio", "cachet_generation_tokens"]:
     check(f"metric {name}", name in families)
+steps = families["cachet_engine_steps"].samples[0].value
+busy = families["cachet_engine_step_seconds"].samples[0].value
+gap = families["cachet_engine_step_gap_seconds"].samples[0].value
+check("engine step time and the host's gaps between steps", steps > 0 and busy > 0 and gap >= 0, f"{steps} steps, {busy} s, gaps {gap} s")
 print("all checks passed")

@@ -48,6 +48,16 @@ pub(super) struct EngineCore {
     pub(super) hasher: HashContext,
     /// The grammars of requests with structured outputs.
     pub(super) matchers: HashMap<RequestId, Box<Matcher>>,
+    pub(super) timing: StepTiming,
+}
+
+/// Where the engine's time goes between steps (see [`EngineStats::step_gap_seconds`]).
+#[derive(Default)]
+pub(super) struct StepTiming {
+    step_secs: f64,
+    gap_secs: f64,
+    /// When the last step's results reached the host, while there is still work.
+    last_end: Option<Instant>,
 }
 
 impl EngineCore {
@@ -55,6 +65,7 @@ impl EngineCore {
         loop {
             // Block when idle; otherwise take whatever arrived.
             if !self.sched.has_work() {
+                self.timing.last_end = None;
                 match self.cmd_rx.recv() {
                     Ok(c) => {
                         if !self.apply(c) {
@@ -170,6 +181,9 @@ impl EngineCore {
         }
         let (batch, mut plan) = input_batch::build(&out, self.sched.kv.block_size());
         let started = Instant::now();
+        if let Some(end) = self.timing.last_end {
+            self.timing.gap_secs += started.duration_since(end).as_secs_f64();
+        }
         // The forward pass is queued on the device first; the grammar masks are computed on the
         // host meanwhile (on all cores), then applied before the tokens are chosen.
         let step = self.runner.forward_begin(&batch).and_then(|()| {
@@ -180,6 +194,9 @@ impl EngineCore {
             }
             step
         });
+        let ended = Instant::now();
+        self.timing.step_secs += ended.duration_since(started).as_secs_f64();
+        self.timing.last_end = Some(ended);
         match step {
             Ok(step) => {
                 self.sched
@@ -377,5 +394,7 @@ impl EngineCore {
         s.counters = self.sched.counters;
         s.spec_cost_ratio = self.sched.spec_cost_ratio();
         s.cached_by_tenant = self.sched.kv.pool().cached_idle_by_owner();
+        s.step_seconds = self.timing.step_secs;
+        s.step_gap_seconds = self.timing.gap_secs;
     }
 }

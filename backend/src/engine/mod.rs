@@ -81,6 +81,13 @@ pub struct EngineStats {
     pub spec_cost_ratio: f64,
     /// Idle cached KV blocks per tenant (the tenant whose request computed them).
     pub cached_by_tenant: Vec<(String, usize)>,
+    /// Seconds spent in forward steps, from queuing a step on the device to its results on the
+    /// host (the device's work and the engine's wait for it), in total.
+    pub step_seconds: f64,
+    /// Seconds between one step's results and the next step's queuing while requests were in
+    /// the engine (sampling, streaming the tokens out, scheduling, building the batch): time the
+    /// device waits on the host, in total.
+    pub step_gap_seconds: f64,
 }
 
 impl EngineStats {
@@ -296,6 +303,7 @@ impl Engine {
             kv_events,
             hasher: limits.hasher.clone(),
             matchers: Default::default(),
+            timing: Default::default(),
         };
         let thread = std::thread::Builder::new()
             .name("cachet-engine".into())

@@ -111,6 +111,9 @@ pub struct Metrics {
     spec_accepted: Gauge,
     spec_active: Gauge,
     spec_verifications: Family<AcceptedLabel, Gauge>,
+    engine_steps: Gauge,
+    engine_step_seconds: Gauge<f64, AtomicU64>,
+    engine_step_gap_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -158,6 +161,9 @@ impl Metrics {
             spec_accepted: Gauge::default(),
             spec_active: Gauge::default(),
             spec_verifications: Family::default(),
+            engine_steps: Gauge::default(),
+            engine_step_seconds: Gauge::default(),
+            engine_step_gap_seconds: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -320,6 +326,21 @@ impl Metrics {
                 "preemptions",
                 "Requests preempted by recompute",
                 m.preemptions.clone(),
+            );
+            registry.register(
+                "engine_steps",
+                "Forward steps the engine has run",
+                m.engine_steps.clone(),
+            );
+            registry.register(
+                "engine_step_seconds",
+                "Seconds in forward steps, from queuing a step on the device to its results on the host, in total",
+                m.engine_step_seconds.clone(),
+            );
+            registry.register(
+                "engine_step_gap_seconds",
+                "Seconds between a step's results and the next step's queuing while requests were in the engine (sampling, streaming, scheduling): the device waiting on the host, in total",
+                m.engine_step_gap_seconds.clone(),
             );
             registry.register(
                 "spec_draft_tokens",
@@ -494,6 +515,9 @@ impl Metrics {
             .set(s.counters.spec_accepted_tokens as i64);
         self.spec_active.set(s.counters.spec_active as i64);
         self.spec_cost_ratio.set(s.spec_cost_ratio);
+        self.engine_steps.set(s.counters.steps as i64);
+        self.engine_step_seconds.set(s.step_seconds);
+        self.engine_step_gap_seconds.set(s.step_gap_seconds);
         for (n, &count) in s.counters.spec_acceptance_lengths.iter().enumerate() {
             if count > 0 {
                 self.spec_verifications
