@@ -365,6 +365,65 @@ device_test! {
 }
 
 device_test! {
+    fn tokens_handed_to_many_streams_at_once_read_as_one_streams_do(dev) {
+        // 48 requests decoding together: their tokens go to their streams on several threads
+        // (from 32 requests a step). Each text must be what the request gets alone, and a stop
+        // string taken from it must end it where it ends the text alone.
+        let tok = smollm2().tokenizer.as_ref().unwrap();
+        let prompts: Vec<Vec<u32>> = (0..48)
+            .map(|i| {
+                let q = format!("Question {i}: {}", QUESTIONS[i % QUESTIONS.len()]);
+                tok.encode(&tok.render_chat(&[ChatMessage::new("user", q.as_str())], true).unwrap())
+                    .unwrap()
+            })
+            .collect();
+        let mut cfg = EngineConfig::default();
+        cfg.scheduler.max_num_seqs = 64;
+        cfg.scheduler.max_num_batched_tokens = 4096;
+        let e = engine(dev, smollm2(), 512, cfg);
+        let h = e.handle();
+        let all = |stops: &dyn Fn(usize) -> Vec<String>| -> Vec<Collected> {
+            let streams: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let mut r = greedy_request(p.clone(), 12);
+                    r.stop = stops(i);
+                    h.submit(r).unwrap()
+                })
+                .collect();
+            streams.into_iter().map(collect).collect()
+        };
+        let full = all(&|_| Vec::new());
+        for i in [0, 17, 47] {
+            let alone = collect(h.submit(greedy_request(prompts[i].clone(), 12)).unwrap());
+            assert_eq!((&full[i].text, full[i].reason), (&alone.text, alone.reason), "request {i}");
+            assert_eq!(full[i].tokens, alone.tokens, "request {i}");
+        }
+        // The stop: five characters from the text's second space on (none where it is shorter).
+        let stop_of = |i: usize| -> Option<String> {
+            let t = &full[i].text;
+            let at = t.match_indices(' ').nth(1)?.0;
+            let s: String = t[at..].chars().take(5).collect();
+            (s.chars().count() == 5).then_some(s)
+        };
+        let cut = all(&|i| stop_of(i).into_iter().collect());
+        let mut stopped = 0;
+        for (i, c) in cut.iter().enumerate() {
+            match stop_of(i) {
+                Some(stop) => {
+                    assert_eq!(c.reason, FinishReason::Stop, "request {i}, stop {stop:?} in {:?}", full[i].text);
+                    assert_eq!(c.text, full[i].text[..full[i].text.find(&stop).unwrap()], "request {i}");
+                    stopped += 1;
+                }
+                None => assert_eq!(c.text, full[i].text, "request {i}"),
+            }
+        }
+        assert!(stopped >= 40, "{stopped} of 48 requests had a stop string");
+    }
+}
+
+device_test! {
     fn seeded_sampling_is_reproducible_and_eos_stops(dev) {
         let m = smollm2();
         let tok = m.tokenizer.as_ref().unwrap();
