@@ -366,9 +366,9 @@ device_test! {
 
 device_test! {
     fn tokens_handed_to_many_streams_at_once_read_as_one_streams_do(dev) {
-        // 48 requests decoding together: their tokens go to their streams on several threads
-        // (from 32 requests a step). Each text must be what the request gets alone, and a stop
-        // string taken from it must end it where it ends the text alone.
+        // 48 requests decoding together, every step handing 48 tokens to their streams: each
+        // text must be what the request gets alone, and a stop string taken from it must end it
+        // where it ends the text alone.
         let tok = smollm2().tokenizer.as_ref().unwrap();
         let prompts: Vec<Vec<u32>> = (0..48)
             .map(|i| {

@@ -203,7 +203,16 @@ impl EngineCore {
                     .record_step_time(&out, started.elapsed().as_secs_f64());
                 let sampled = self.sampler.sample(&out, &step);
                 let produced = self.sched.update(&out, &sampled, Instant::now());
-                self.emit_all(produced);
+                for t in produced {
+                    let (id, last) = (t.id, t.finish.is_some());
+                    let grammar = self.follow_grammar(id, t.token);
+                    self.emit(t);
+                    match grammar {
+                        Err(e) => self.finish(id, FinishReason::Error, Some(e.to_string())),
+                        Ok(true) if !last => self.finish(id, FinishReason::Stop, None),
+                        Ok(_) => {}
+                    }
+                }
             }
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed; failing the step's requests");
@@ -291,78 +300,34 @@ impl EngineCore {
         Ok(m.is_stopped())
     }
 
-    /// Hands a step's tokens to their streams. A request with a grammar follows each token in
-    /// it first, one token at a time; the others' tokens (detokenization, stop strings, the
-    /// channel send: ~6 µs a token, the most of the host's time between steps at large
-    /// batches, BENCHMARKS.md §12c) are handed out on the host's cores at once, each request's
-    /// tokens in order on one thread, then the requests they ended are finished.
-    fn emit_all(&mut self, produced: Vec<StepToken>) {
-        let mut slot: HashMap<RequestId, usize> = HashMap::new();
-        let mut groups: Vec<(RequestId, Vec<StepToken>)> = Vec::new();
-        for t in produced {
-            if self.matchers.contains_key(&t.id) {
-                let (id, last) = (t.id, t.finish.is_some());
-                let grammar = self.follow_grammar(id, t.token);
-                self.emit_one(t);
-                match grammar {
-                    Err(e) => self.finish(id, FinishReason::Error, Some(e.to_string())),
-                    Ok(true) if !last => self.finish(id, FinishReason::Stop, None),
-                    Ok(_) => {}
-                }
-                continue;
-            }
-            let i = *slot.entry(t.id).or_insert_with(|| {
-                groups.push((t.id, Vec::new()));
-                groups.len() - 1
-            });
-            groups[i].1.push(t);
-        }
-        if groups.len() < PARALLEL_EMIT_MIN_REQUESTS {
-            for t in groups.into_iter().flat_map(|(_, ts)| ts) {
-                self.emit_one(t);
-            }
-            return;
-        }
-        // Each request's stream state out of the map while its tokens are handed out.
-        let seqs: HashMap<RequestId, &crate::scheduler::Seq> =
-            self.sched.seqs().map(|s| (s.id, s)).collect();
-        let mut jobs: Vec<(RequestId, StreamState, Vec<StepToken>)> = groups
-            .into_iter()
-            .filter_map(|(id, ts)| self.streams.remove(&id).map(|st| (id, st, ts)))
-            .collect();
-        let tok = self.tokenizer.as_ref();
-        let ended: Vec<Option<FinishReason>> = jobs
-            .par_iter_mut()
-            .with_min_len(8)
-            .map(|(id, st, ts)| {
-                let seq = seqs.get(id)?;
-                ts.drain(..).find_map(|t| hand_out(tok, seq, st, t))
-            })
-            .collect();
-        drop(seqs);
-        let mut finished = Vec::new();
-        for ((id, st, _), end) in jobs.into_iter().zip(ended) {
-            self.streams.insert(id, st);
-            if let Some(reason) = end {
-                finished.push((id, reason));
-            }
-        }
-        for (id, reason) in finished {
-            self.finish(id, reason, None);
-        }
-    }
-
-    /// One token to its stream ([`hand_out`]), finishing the request if it ended it.
-    fn emit_one(&mut self, t: StepToken) {
+    fn emit(&mut self, t: StepToken) {
         let Some(seq) = self.sched.get(t.id) else {
             return;
         };
         let Some(st) = self.streams.get_mut(&t.id) else {
             return;
         };
-        let id = t.id;
-        if let Some(reason) = hand_out(self.tokenizer.as_ref(), seq, st, t) {
-            self.finish(id, reason, None);
+        let at = Instant::now();
+        let delta = match &self.tokenizer {
+            // Stop strings count only once `min_tokens` are out (vLLM's rule).
+            Some(tok) if st.emitted < seq.req.sampling.min_tokens.saturating_sub(1) => {
+                st.text.push(tok, t.token, t.finish, &[])
+            }
+            Some(tok) => st.text.push(tok, t.token, t.finish, &seq.req.stop),
+            None => super::output::Delta {
+                text: String::new(),
+                finish: t.finish,
+            },
+        };
+        st.emitted += 1;
+        let _ = st.tx.send(EngineEvent::Token {
+            id: t.token,
+            text: delta.text,
+            at,
+            logprobs: t.logprobs,
+        });
+        if let Some(reason) = delta.finish {
+            self.finish(t.id, reason, None);
         }
     }
 
@@ -432,37 +397,4 @@ impl EngineCore {
         s.step_seconds = self.timing.step_secs;
         s.step_gap_seconds = self.timing.gap_secs;
     }
-}
-
-/// Steps handing tokens to fewer requests than this do it on the engine thread alone.
-const PARALLEL_EMIT_MIN_REQUESTS: usize = 32;
-
-/// Sends token `t` of request `seq` to its stream `st` (its text past any stop string held
-/// back; stop strings count once `min_tokens` are out, vLLM's rule): the reason, if this token
-/// ends the request (then its later tokens in the step are not sent).
-fn hand_out(
-    tok: Option<&TextTokenizer>,
-    seq: &crate::scheduler::Seq,
-    st: &mut StreamState,
-    t: StepToken,
-) -> Option<FinishReason> {
-    let at = Instant::now();
-    let delta = match tok {
-        Some(tok) if st.emitted < seq.req.sampling.min_tokens.saturating_sub(1) => {
-            st.text.push(tok, t.token, t.finish, &[])
-        }
-        Some(tok) => st.text.push(tok, t.token, t.finish, &seq.req.stop),
-        None => super::output::Delta {
-            text: String::new(),
-            finish: t.finish,
-        },
-    };
-    st.emitted += 1;
-    let _ = st.tx.send(EngineEvent::Token {
-        id: t.token,
-        text: delta.text,
-        at,
-        logprobs: t.logprobs,
-    });
-    delta.finish
 }

@@ -155,10 +155,6 @@ impl Scheduler {
             .chain(self.waiting.iter())
             .find(|s| s.id == id)
     }
-    /// Every request the scheduler holds, running then waiting.
-    pub fn seqs(&self) -> impl Iterator<Item = &Seq> {
-        self.running.iter().chain(self.waiting.iter())
-    }
     pub fn ids(&self) -> Vec<RequestId> {
         self.running
             .iter()
