@@ -35,7 +35,7 @@ use crate::device::cpu::{CpuComm, CpuDevice};
 use crate::device::cuda::nccl::{NcclGroup, NcclRank};
 use crate::device::cuda::{CudaDevice, CudaOptions};
 use crate::device::{Device, ForwardBatch, GraphReport, KvLayout, Part, StepPlan};
-use crate::error::EngineError;
+use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostLayer, HostWeights};
 use crate::tensor::HostTensor;
 
@@ -101,22 +101,27 @@ pub fn vocab_widths(vocab: usize, n: usize) -> Vec<usize> {
 }
 
 /// Rank `rank`'s block of a vocabulary split `widths` over a group of two or more (`None`: a
-/// group of one holds the whole vocabulary); an error where its embedding table, of `rows`
-/// rows, is not that block.
+/// group of one holds the whole vocabulary); refused (as `device`'s embed) where its embedding
+/// table, of `rows` rows, is not that block.
 pub fn vocab_part(
     widths: &[usize],
     rank: usize,
     rows: usize,
-) -> Result<Option<Range<usize>>, String> {
+    device: &'static str,
+) -> Result<Option<Range<usize>>, DeviceError> {
     if widths.len() < 2 {
         return Ok(None);
     }
     let first: usize = widths[..rank].iter().sum();
     match widths.get(rank) {
         Some(&w) if w == rows => Ok(Some(first..first + w)),
-        w => Err(format!(
-            "rank {rank}'s embedding has {rows} rows where its block of the vocabulary has {w:?}"
-        )),
+        w => Err(DeviceError::Op {
+            device,
+            op: "embed",
+            msg: format!(
+                "rank {rank}'s embedding has {rows} rows where its block of the vocabulary has {w:?}"
+            ),
+        }),
     }
 }
 
@@ -663,13 +668,13 @@ mod tests {
     fn a_ranks_embedding_is_its_block_of_the_vocabulary_or_refused() {
         let widths = vocab_widths(9, 2);
         assert_eq!(widths, vec![5, 4]);
-        assert_eq!(vocab_part(&widths, 1, 4), Ok(Some(5..9)));
+        assert_eq!(vocab_part(&widths, 1, 4, "cpu").unwrap(), Some(5..9));
         assert_eq!(
-            vocab_part(&[9], 0, 9),
-            Ok(None),
+            vocab_part(&[9], 0, 9, "cpu").unwrap(),
+            None,
             "a group of one holds the whole"
         );
-        let e = vocab_part(&widths, 0, 9).unwrap_err();
+        let e = vocab_part(&widths, 0, 9, "cpu").unwrap_err().to_string();
         assert!(e.contains("9 rows") && e.contains("Some(5)"), "{e}");
     }
 

@@ -126,12 +126,19 @@ pub struct CpuBatch {
 /// Every mixture-of-experts call's routing, in call order: per token, its experts by slot.
 type RouteLog = Arc<std::sync::Mutex<Vec<Vec<Vec<usize>>>>>;
 
+/// A CPU device's place in a tensor-parallel group.
+#[derive(Debug, Clone)]
+struct CpuRank {
+    comm: Arc<CpuComm>,
+    rank: usize,
+    /// The ranks' shares of the vocabulary, in rank order (their embedding rows).
+    vocab_widths: Vec<usize>,
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct CpuDevice {
-    /// The tensor-parallel group this device is a rank of, and its rank.
-    tp: Option<(Arc<CpuComm>, usize)>,
-    /// The group's ranks' shares of the vocabulary, in rank order (its embedding rows).
-    vocab_widths: Vec<usize>,
+    /// The tensor-parallel group this device is a rank of.
+    tp: Option<CpuRank>,
     /// Where [`Device::moe`] records its routing, when asked ([`CpuDevice::recording_routes`]).
     routes: Option<RouteLog>,
 }
@@ -145,8 +152,11 @@ impl CpuDevice {
     /// the ranks holding `vocab_widths` rows of the vocabulary each.
     pub fn rank(comm: Arc<CpuComm>, rank: usize, vocab_widths: Vec<usize>) -> Self {
         CpuDevice {
-            tp: Some((comm, rank)),
-            vocab_widths,
+            tp: Some(CpuRank {
+                comm,
+                rank,
+                vocab_widths,
+            }),
             routes: None,
         }
     }
@@ -311,14 +321,12 @@ impl Device for CpuDevice {
         // A tensor-parallel rank holding its part of the vocabulary looks up the ids it holds,
         // and the ranks' rows are summed (each id's row is on exactly one rank).
         let part = match &self.tp {
-            Some((_, rank)) => {
-                crate::model::tensor_parallel::vocab_part(&self.vocab_widths, *rank, table.rows)
-                    .map_err(|msg| DeviceError::Op {
-                        device: "cpu",
-                        op: "embed",
-                        msg,
-                    })?
-            }
+            Some(tp) => crate::model::tensor_parallel::vocab_part(
+                &tp.vocab_widths,
+                tp.rank,
+                table.rows,
+                "cpu",
+            )?,
             None => None,
         };
         let first = part.as_ref().map_or(0, |p| p.start);
@@ -376,13 +384,13 @@ impl Device for CpuDevice {
 
     fn all_reduce_sum(&self, t: &mut CpuTensor) -> Result<(), DeviceError> {
         match &self.tp {
-            Some((comm, rank)) => comm.all_reduce_sum(*rank, &mut t.data),
+            Some(tp) => tp.comm.all_reduce_sum(tp.rank, &mut t.data),
             None => Ok(()),
         }
     }
 
     fn time_all_reduce(&self, elems: usize, count: usize) -> Result<Option<f64>, DeviceError> {
-        let Some((comm, rank)) = &self.tp else {
+        let Some(CpuRank { comm, rank, .. }) = &self.tp else {
             return Ok(None);
         };
         let mut v = vec![1.0f32; elems];
@@ -396,8 +404,8 @@ impl Device for CpuDevice {
 
     fn all_gather_cols(&self, t: CpuTensor) -> Result<CpuTensor, DeviceError> {
         match &self.tp {
-            Some((comm, rank)) => {
-                let (data, cols) = comm.all_gather_cols(*rank, &t.data, t.rows)?;
+            Some(tp) => {
+                let (data, cols) = tp.comm.all_gather_cols(tp.rank, &t.data, t.rows)?;
                 Ok(CpuTensor {
                     rows: t.rows,
                     cols,

@@ -288,20 +288,6 @@ pub struct NcclRank {
     pub gather_widths: Vec<usize>,
 }
 
-impl NcclRank {
-    /// The vocabulary rows this rank's embedding table (of `rows` rows) holds
-    /// ([`crate::model::tensor_parallel::vocab_part`]).
-    pub fn vocab_part(&self, rows: usize) -> Result<Option<std::ops::Range<usize>>, DeviceError> {
-        crate::model::tensor_parallel::vocab_part(&self.gather_widths, self.rank, rows).map_err(
-            |msg| DeviceError::Op {
-                device: DEV,
-                op: "embed",
-                msg,
-            },
-        )
-    }
-}
-
 impl super::CudaDevice {
     /// `t` summed over the group's ranks, in place (bf16 or f32, as the projection wrote it).
     pub(super) fn tp_all_reduce(&self, t: &mut CudaTensor) -> Result<(), DeviceError> {
