@@ -351,7 +351,20 @@ device_test! {
             .map(|(i, _)| i)
             .unwrap_or_else(|| panic!("fewer than three words: {:?}", full.text));
         let stop: String = full.text[cut_at..].chars().take(6).collect();
-        let mut r = greedy_request(p, 12);
+        // Room for 64 tokens: the stop string, found on the hand-out thread, must end the
+        // request in the engine too (at most a step later), not leave it running to its limit.
+        let generated = |h: &cachet_backend::engine::EngineHandle| {
+            let t0 = std::time::Instant::now();
+            loop {
+                let s = h.stats();
+                if s.running == 0 || t0.elapsed() > std::time::Duration::from_secs(30) {
+                    return s.counters.generated_tokens;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        let before = generated(&h);
+        let mut r = greedy_request(p, 64);
         r.stop = vec![stop.clone()];
         let cut = collect(h.submit(r).unwrap());
         assert_eq!(
@@ -361,6 +374,15 @@ device_test! {
             full.text
         );
         assert_eq!(cut.text, full.text[..full.text.find(&stop).unwrap()]);
+        // The tokens counted are the tokens sent, none past the stop.
+        assert_eq!(cut.usage.completion_tokens, cut.tokens.len());
+        assert!(cut.tokens.len() <= 12, "{} tokens before the stop", cut.tokens.len());
+        let ran = generated(&h) - before;
+        assert!(
+            ran <= cut.tokens.len() as u64 + 2,
+            "the engine generated {ran} tokens for a request stopped after {}",
+            cut.tokens.len()
+        );
     }
 }
 

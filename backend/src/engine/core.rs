@@ -1,6 +1,7 @@
 //! The engine thread's loop: take commands (add, cancel, shut down), reap requests whose
 //! client went away or whose deadline passed, run one step (schedule → input batch → forward →
-//! sample → update), stream the tokens out, publish stats and KV events.
+//! sample → update), pass the tokens to the hand-out thread ([`super::output`]), publish stats
+//! and KV events.
 
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc as tmpsc};
 
-use super::output::TextOutput;
+use super::output::{Ending, Handout, HandoutMsg};
 use super::{dequeue, Command, EngineStats, SharedQueue};
 use crate::block_hash::HashContext;
 use crate::device::RowMasks;
@@ -17,26 +18,27 @@ use crate::kv::KvEvent;
 use crate::model::input_batch;
 use crate::model::step_sampler::StepSampler;
 use crate::model::Runner;
-use crate::request::{EngineEvent, FinishReason, RequestTimings, Usage};
-use crate::scheduler::{RequestId, Scheduler, StepToken};
-use crate::tokenizer::TextTokenizer;
+use crate::request::{EngineEvent, FinishReason, RequestTimings};
+use crate::scheduler::{RequestId, Scheduler};
 use crate::EngineError;
 use rayon::prelude::*;
 
+/// The engine's side of a request's stream (the hand-out thread holds the text side).
 pub(super) struct StreamState {
+    /// Whether the client is still there.
     tx: tmpsc::UnboundedSender<EngineEvent>,
-    text: TextOutput,
     started: bool,
     prompt_len: usize,
     /// The request's tenant (its place in the per-tenant queue counts).
     tag: String,
-    /// Tokens sent (a speculative step can produce tokens past a stop string: not counted).
-    emitted: usize,
 }
 
 pub(super) struct EngineCore {
     pub(super) runner: Box<dyn Runner>,
-    pub(super) tokenizer: Option<TextTokenizer>,
+    /// Detokenizes and sends every stream's events on a thread of its own.
+    pub(super) handout: Handout,
+    /// Requests the hand-out thread found a stop string in.
+    pub(super) stopped_rx: mpsc::Receiver<RequestId>,
     pub(super) sched: Scheduler,
     pub(super) sampler: StepSampler,
     pub(super) streams: HashMap<RequestId, StreamState>,
@@ -86,6 +88,9 @@ impl EngineCore {
                     Err(mpsc::TryRecvError::Disconnected) => return,
                 }
             }
+            while let Ok(id) = self.stopped_rx.try_recv() {
+                self.finish(id, FinishReason::Stop, None);
+            }
             self.reap();
             if self.sched.has_work() {
                 self.step();
@@ -112,15 +117,19 @@ impl EngineCore {
                     public_blocks: req.public_blocks,
                     ..self.hasher.clone()
                 };
+                self.handout.send(HandoutMsg::Open {
+                    id,
+                    tx: tx.clone(),
+                    stops: req.stop.clone(),
+                    min_tokens: req.sampling.min_tokens,
+                });
                 self.streams.insert(
                     id,
                     StreamState {
                         tx,
-                        text: TextOutput::new(),
                         started: false,
                         prompt_len: req.prompt.len(),
                         tag: req.tag.clone(),
-                        emitted: 0,
                     },
                 );
                 self.sched.add(id, *req, hasher, arrival);
@@ -202,16 +211,31 @@ impl EngineCore {
                 self.sched
                     .record_step_time(&out, started.elapsed().as_secs_f64());
                 let sampled = self.sampler.sample(&out, &step);
-                let produced = self.sched.update(&out, &sampled, Instant::now());
-                for t in produced {
-                    let (id, last) = (t.id, t.finish.is_some());
-                    let grammar = self.follow_grammar(id, t.token);
-                    self.emit(t);
-                    match grammar {
-                        Err(e) => self.finish(id, FinishReason::Error, Some(e.to_string())),
-                        Ok(true) if !last => self.finish(id, FinishReason::Stop, None),
-                        Ok(_) => {}
+                // The grammars follow every token before the next step is scheduled; the tokens
+                // go to their streams in one message, the ends after them. A request's tokens
+                // after its end (a grammar completed or broken inside a speculative step) are
+                // neither followed nor sent.
+                let mut ends: Vec<(RequestId, FinishReason, Option<String>)> = Vec::new();
+                let mut produced = self.sched.update(&out, &sampled, Instant::now());
+                produced.retain(|t| {
+                    if ends.iter().any(|e| e.0 == t.id) {
+                        return false;
                     }
+                    match (t.finish, self.follow_grammar(t.id, t.token)) {
+                        (Some(reason), _) => ends.push((t.id, reason, None)),
+                        (None, Err(e)) => {
+                            ends.push((t.id, FinishReason::Error, Some(e.to_string())))
+                        }
+                        (None, Ok(true)) => ends.push((t.id, FinishReason::Stop, None)),
+                        (None, Ok(false)) => {}
+                    }
+                    true
+                });
+                if !produced.is_empty() {
+                    self.handout.send(HandoutMsg::Tokens(produced));
+                }
+                for (id, reason, error) in ends {
+                    self.finish(id, reason, error);
                 }
             }
             Err(e) => {
@@ -300,38 +324,8 @@ impl EngineCore {
         Ok(m.is_stopped())
     }
 
-    fn emit(&mut self, t: StepToken) {
-        let Some(seq) = self.sched.get(t.id) else {
-            return;
-        };
-        let Some(st) = self.streams.get_mut(&t.id) else {
-            return;
-        };
-        let at = Instant::now();
-        let delta = match &self.tokenizer {
-            // Stop strings count only once `min_tokens` are out (vLLM's rule).
-            Some(tok) if st.emitted < seq.req.sampling.min_tokens.saturating_sub(1) => {
-                st.text.push(tok, t.token, t.finish, &[])
-            }
-            Some(tok) => st.text.push(tok, t.token, t.finish, &seq.req.stop),
-            None => super::output::Delta {
-                text: String::new(),
-                finish: t.finish,
-            },
-        };
-        st.emitted += 1;
-        let _ = st.tx.send(EngineEvent::Token {
-            id: t.token,
-            text: delta.text,
-            at,
-            logprobs: t.logprobs,
-        });
-        if let Some(reason) = delta.finish {
-            self.finish(t.id, reason, None);
-        }
-    }
-
-    /// Ends a request: frees its blocks and sends `Finished`.
+    /// Ends a request: frees its blocks and has the hand-out thread send `Finished` (after the
+    /// tokens already passed to it).
     fn finish(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
         self.matchers.remove(&id);
         let Some(seq) = self.sched.remove(id) else {
@@ -348,7 +342,6 @@ impl EngineCore {
             a.map(|a| a.saturating_duration_since(b))
                 .unwrap_or_default()
         };
-        let n_out = st.emitted;
         let timings = RequestTimings {
             queue: since(seq.first_scheduled, seq.arrival),
             prefill: seq
@@ -358,27 +351,22 @@ impl EngineCore {
                 .unwrap_or_default(),
             ttft: since(seq.first_token, seq.arrival),
             e2e: now.saturating_duration_since(seq.arrival),
-            mean_itl: match (seq.first_token, seq.last_token) {
-                (Some(f), Some(l)) if n_out > 1 => {
-                    l.saturating_duration_since(f) / (n_out as u32 - 1)
-                }
-                _ => Duration::ZERO,
-            },
+            mean_itl: Duration::ZERO,
             preemptions: seq.preemptions,
         };
-        let usage = Usage {
-            prompt_tokens: seq.prompt_len,
-            cached_tokens: seq.cached_tokens.unwrap_or(0),
-            completion_tokens: n_out,
-        };
-        let rest = st.text.rest(reason);
-        let _ = st.tx.send(EngineEvent::Finished {
-            reason,
-            usage,
-            timings,
-            error,
-            text: rest,
-            stop_sequence: st.text.matched().map(str::to_owned),
+        self.handout.send(HandoutMsg::Close {
+            id,
+            end: Ending {
+                reason,
+                error,
+                prompt_tokens: seq.prompt_len,
+                cached_tokens: seq.cached_tokens.unwrap_or(0),
+                timings,
+                itl_span: seq
+                    .first_token
+                    .zip(seq.last_token)
+                    .map(|(f, l)| l.saturating_duration_since(f)),
+            },
         });
     }
 

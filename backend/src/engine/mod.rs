@@ -291,9 +291,11 @@ impl Engine {
         kv.set_cache_shares(config.cache_shares);
         let mut sched = Scheduler::new(sched_cfg, kv);
         sched.set_speculation(config.speculative.clone(), runner.samples_on_device());
+        let (stopped_tx, stopped_rx) = mpsc::channel();
         let mut core = core::EngineCore {
             runner,
-            tokenizer,
+            handout: output::Handout::start(tokenizer, stopped_tx),
+            stopped_rx,
             sched,
             sampler: StepSampler::new(),
             streams: Default::default(),
@@ -307,7 +309,11 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("cachet-engine".into())
-            .spawn(move || core.run())
+            .spawn(move || {
+                core.run();
+                // Every event queued reaches its stream before the engine counts as stopped.
+                core.handout.close();
+            })
             .expect("spawning the engine thread");
         Engine {
             handle,
