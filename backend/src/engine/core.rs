@@ -231,11 +231,19 @@ impl EngineCore {
                     }
                     true
                 });
-                if !produced.is_empty() {
-                    self.handout.send(HandoutMsg::Tokens(produced));
+                // The requests ending here first, so their clients hear of the end before the
+                // step's other tokens are detokenized and sent (each stream's order is kept).
+                let (ending, going): (Vec<_>, Vec<_>) = produced
+                    .into_iter()
+                    .partition(|t| ends.iter().any(|e| e.0 == t.id));
+                if !ending.is_empty() {
+                    self.handout.send(HandoutMsg::Tokens(ending));
                 }
                 for (id, reason, error) in ends {
                     self.finish(id, reason, error);
+                }
+                if !going.is_empty() {
+                    self.handout.send(HandoutMsg::Tokens(going));
                 }
             }
             Err(e) => {
