@@ -287,7 +287,14 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     __shared__ unsigned slot_of[FP8 ? DEC_STAGES : 2][MMA_TK];
     // Units in reverse: the last tokens of a prompt have the longest causal range, so they start
     // first and the short ones fill in behind them.
-    const int unit = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    // `fused` bit 1: the grid is (kv heads, units, splits) — a sequence's kv heads are
+    // consecutive blocks, scheduled together, so they walk the same keys at about the same time
+    // and their rows (adjacent in the cache: slot-major, heads within a slot) are read from the
+    // same DRAM pages together; otherwise (units, kv heads, splits).
+    const bool heads_first = (fused & 2) != 0;
+    fused &= 1;
+    const int unit = heads_first ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
+    const int kvh = heads_first ? blockIdx.x : blockIdx.y, split = blockIdx.z;
     const int tile = unit / units_per_tile, sub = unit % units_per_tile;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, fr = lane >> 2, fq = lane & 3;
     const int cols = (n_heads + 2 * n_kv) * D;
@@ -920,7 +927,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // block of 128 threads (256 for head_dim 256: MMA_KGROUPS), dynamic shared memory 4 * MMA_TK * (D + 8) bf16 (two K/V stages; _fp8: one K/V
 // tile of 2 * MMA_TK * (D + 8) bf16 plus 4 * MMA_TK * D bytes of raw stages); split rows are
 // indexed [unit, kv head, split, row] with 64 rows per unit, row = token_in_unit * group + head_in_group.
-// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8). `fused` = 1 (only
+// The _fp8 symbols read an e4m3 cache with its scales (as paged_attention_fp8). `fused` bit 1 puts
+// the kv heads on the grid's x (see attention_mma). `fused` bit 0 = 1 (only
 // when every sequence of the batch is one unit: units_per_tile = 1 and every tile shorter than 32
 // tokens) takes the q and k heads unrotated and does rope_kv's work
 // itself: `rope` is rope_kv's cos/sin table, `slots` the tokens' cache slots (0xFFFFFFFF: a

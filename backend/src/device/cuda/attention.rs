@@ -136,10 +136,19 @@ impl CudaDevice {
             let mut part_ml =
                 self.alloc_f32(if split { rows * 2 } else { 1 }, "attention splits")?;
             let mma = self.mma_attention(d, dtype);
+            // The tensor-core kernel may take its kv heads on the grid's x (`fused` bit 1); y
+            // holds at most 65,535 units.
+            let heads_first = mma.is_some()
+                && self.options.attention_heads_first
+                && plan.units <= u16::MAX as usize;
             let (func, grid, shared) = match mma {
                 Some(f) => (
                     f,
-                    (plan.units, plan.grid_y, plan.splits),
+                    if heads_first {
+                        (plan.grid_y, plan.units, plan.splits)
+                    } else {
+                        (plan.units, plan.grid_y, plan.splits)
+                    },
                     if dtype != KvCacheDtype::Auto {
                         mma_fp8_smem_bytes(d)
                     } else {
@@ -184,7 +193,7 @@ impl CudaDevice {
                     units_per_tile: plan.units_per_tile as i32,
                     rope: rope.f32("rope")?,
                     slots: &b.slots,
-                    fused: plan.fused_rope as i32,
+                    fused: plan.fused_rope as i32 | if heads_first { 2 } else { 0 },
                     window: p.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                     qk_norm,
                 },

@@ -142,9 +142,11 @@ pub(super) struct AttentionArgs<'a> {
     pub group: i32,
     pub sub_tokens: i32,
     pub units_per_tile: i32,
-    /// f32 `[max_pos, d]` cos|sin, and u32 `[n]` slots: read when `fused` is 1.
+    /// f32 `[max_pos, d]` cos|sin, and u32 `[n]` slots: read when `fused` bit 0 is set.
     pub rope: &'a CudaSlice<f32>,
     pub slots: &'a CudaSlice<u32>,
+    /// Bit 0: the fused rope + cache write; bit 1 (tensor-core kernel): the grid is (kv heads,
+    /// units, splits).
     pub fused: i32,
     /// Keys a query sees in a sliding-window layer (0: all).
     pub window: i32,

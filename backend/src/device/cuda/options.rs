@@ -167,6 +167,10 @@ pub struct CudaOptions {
     /// row read twice, a division an element) rather than `quantize_act_rows_e4m3` (read once,
     /// vectorized, a multiplication) (`CACHET_FP8_ACTIVATIONS=fast|exact`).
     pub fp8_exact_activations: bool,
+    /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
+    /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
+    /// the cache — together, rather than one kv head of every sequence first.
+    pub attention_heads_first: bool,
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
     pub nccl_library: Option<PathBuf>,
@@ -188,6 +192,7 @@ impl Default for CudaOptions {
             fp8_fast_accum: false,
             fp8_bf16_product: true,
             fp8_exact_activations: false,
+            attention_heads_first: true,
             nccl_library: None,
         }
     }
@@ -293,6 +298,7 @@ impl CudaOptions {
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
+        o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
         Ok(o)
     }
 }
@@ -393,6 +399,13 @@ mod tests {
             (true, false, true)
         );
         assert!(parse(&[("CACHET_FP8_ACTIVATIONS", "slow")]).is_err());
+        assert!(parse(&[]).unwrap().attention_heads_first);
+        assert!(
+            !parse(&[("CACHET_ATTENTION_ORDER", "units")])
+                .unwrap()
+                .attention_heads_first
+        );
+        assert!(parse(&[("CACHET_ATTENTION_ORDER", "rows")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
