@@ -96,6 +96,11 @@ impl EngineCore {
                 self.step();
             }
             self.publish();
+            if self.handout.lost() {
+                // Dropping the engine's stream handles ends every client's stream.
+                tracing::error!("stopping the engine: its token hand-out thread has ended");
+                return;
+            }
         }
     }
 

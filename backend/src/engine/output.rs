@@ -169,6 +169,9 @@ struct Stream {
 pub(super) struct Handout {
     tx: Option<mpsc::Sender<HandoutMsg>>,
     thread: Option<JoinHandle<()>>,
+    /// A message could not be queued: the thread has ended (it panicked), taking its streams'
+    /// senders with it.
+    lost: std::cell::Cell<bool>,
 }
 
 impl Handout {
@@ -182,15 +185,22 @@ impl Handout {
         Handout {
             tx: Some(tx),
             thread: Some(thread),
+            lost: Default::default(),
         }
     }
 
     pub fn send(&self, msg: HandoutMsg) {
-        if let Some(tx) = &self.tx {
-            if tx.send(msg).is_err() {
-                tracing::error!("the token hand-out thread has ended; a stream lost an event");
-            }
+        let queued = self.tx.as_ref().is_some_and(|tx| tx.send(msg).is_ok());
+        if !queued && !self.lost.replace(true) {
+            tracing::error!("the token hand-out thread has ended; its streams' events are lost");
         }
+    }
+
+    /// Whether the thread has ended while messages were still being sent: the engine must stop
+    /// (its own stream handles dropped, so every client sees its stream end) rather than run
+    /// requests whose tokens no one hands out.
+    pub fn lost(&self) -> bool {
+        self.lost.get()
     }
 
     /// Waits until everything queued has been handed out.
@@ -307,6 +317,93 @@ fn handout_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn collect(rx: &mut tmpsc::UnboundedReceiver<EngineEvent>) -> Vec<EngineEvent> {
+        let mut v = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            v.push(e);
+        }
+        v
+    }
+
+    #[test]
+    fn the_hand_out_keeps_each_streams_order_and_counts_what_it_sent() {
+        let (stopped_tx, _stopped) = mpsc::channel();
+        let mut h = Handout::start(None, stopped_tx);
+        let (tx, mut rx) = tmpsc::unbounded_channel();
+        h.send(HandoutMsg::Open {
+            id: 7,
+            tx,
+            stops: Vec::new(),
+            min_tokens: 0,
+        });
+        let tok = |token| StepToken {
+            id: 7,
+            token,
+            finish: None,
+            logprobs: None,
+        };
+        h.send(HandoutMsg::Tokens(vec![tok(11), tok(12)]));
+        h.send(HandoutMsg::Tokens(vec![tok(13)]));
+        h.send(HandoutMsg::Close {
+            id: 7,
+            end: Ending {
+                reason: FinishReason::Length,
+                error: None,
+                prompt_tokens: 5,
+                cached_tokens: 2,
+                timings: RequestTimings::default(),
+                itl_span: Some(Duration::from_millis(10)),
+            },
+        });
+        // Tokens of a stream already closed are dropped, not sent.
+        h.send(HandoutMsg::Tokens(vec![tok(14)]));
+        h.close();
+        assert!(!h.lost());
+        let events = collect(&mut rx);
+        let ids: Vec<u32> = events
+            .iter()
+            .filter_map(|e| match e {
+                EngineEvent::Token { id, .. } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids, [11, 12, 13]);
+        match events.last() {
+            Some(EngineEvent::Finished {
+                reason,
+                usage,
+                timings,
+                ..
+            }) => {
+                assert_eq!(*reason, FinishReason::Length);
+                assert_eq!(
+                    (
+                        usage.prompt_tokens,
+                        usage.cached_tokens,
+                        usage.completion_tokens
+                    ),
+                    (5, 2, 3)
+                );
+                assert_eq!(timings.mean_itl, Duration::from_millis(5));
+            }
+            other => panic!("the last event is not Finished: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_hand_out_thread_that_ended_is_reported_lost() {
+        let (tx, rx) = mpsc::channel();
+        drop(rx);
+        let h = Handout {
+            tx: Some(tx),
+            thread: None,
+            lost: Default::default(),
+        };
+        assert!(!h.lost());
+        h.send(HandoutMsg::Tokens(Vec::new()));
+        assert!(h.lost());
+    }
 
     #[test]
     fn text_that_may_start_a_stop_string_is_held_back() {
