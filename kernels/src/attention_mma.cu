@@ -26,6 +26,18 @@
 #ifndef MMA_DECODE_SPLIT_BF16
 #define MMA_DECODE_SPLIT_BF16 0
 #endif
+// 1: decode blocks of the FP8 cache run an instantiation of their own (attention_mma's DECODE;
+// the INT8 cache's would spill), so every choice
+// between the decode and the prompt path below is made at compile time — the copies' loops and
+// addresses, the lookups and the fragment paths — instead of at run time in one body holding
+// both. 0: one body, `dec` decided per block at run time (what the measurements of
+// BENCHMARKS.md §9 and §12 ran). Swapped in through CACHET_KERNEL_DIR for a side-by-side run.
+#ifndef MMA_DECODE_SPECIALIZED
+#define MMA_DECODE_SPECIALIZED 0
+#endif
+// Whether the kernel of head_dim D and cache MODE has a decode instantiation.
+#define MMA_SPECIALIZES(D, MODE) \
+    (MMA_DECODE_SPECIALIZED && ((MODE) == 1 || ((MODE) == 0 && MMA_DECODE_SPLIT_BF16)) && MMA_KGROUPS(D) == 1)
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
     asm volatile(
@@ -243,7 +255,7 @@ __device__ __forceinline__ uint2 codes8(const float* r, float inv) {
 // of a per-key scale; V's tile holds plain codes with its outlier channels written over, and the
 // output is multiplied by V's channel scales (1 at the outliers).
 // MODE: 0 bf16 cache, 1 FP8, 2 INT8; `FP8` below means either coded cache.
-template <int D, int MODE>
+template <int D, int MODE, bool DECODE>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void* __restrict__ k_cache,
                                               void* __restrict__ v_cache, float* __restrict__ k_scale,
                                               float* __restrict__ v_scale, const unsigned* __restrict__ pos,
@@ -327,7 +339,9 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // the tile loop has no block-wide barrier: four warps at the tensor cores instead of one, and
     // none waiting for another's copies.
     constexpr bool DEC = FP8 || MMA_DECODE_SPLIT_BF16;
-    const bool dec = DEC && KG == 1 && ntok * group <= MMA_HK;
+    static_assert(!DECODE || MMA_SPECIALIZES(D, MODE), "a decode instantiation");
+    // Specialized: the caller chose the instantiation by the same test (mma_decode_block).
+    const bool dec = MMA_SPECIALIZES(D, MODE) ? DECODE : DEC && KG == 1 && ntok * group <= MMA_HK;
     // The work on a tile's rows [r0, r0 + nr) is spread over `nt` threads, this one being `me`:
     // the whole block's (0, MMA_TK, tid, THREADS), or in decode a warp's (16w, 16, lane, 32).
     // Block-table lookups for those rows of the key tile at k0, into slot_of[buf].
@@ -936,13 +950,31 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 // BLOCKS: resident blocks per SM the registers are bounded for — 3 for d64 / d128; 1 for head_dim
 // 256 (Gemma 3, bf16 cache), whose Q fragments and output accumulators take twice the registers
 // of d128. An FP8 cache at d256 spills and runs on paged_attention_d256_fp8 (attention.cu).
+// Whether this block runs attention_mma's decode path (every query row of the block in one 16-row
+// MMA block): the test attention_mma makes itself when not specialized.
+template <int D, int MODE>
+__device__ __forceinline__ bool mma_decode_block(const unsigned* __restrict__ tile_len, int fused, int group,
+                                                 int sub_tokens, int units_per_tile) {
+    const int unit = (fused & 2) ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
+    const int tile = unit / units_per_tile, sub = unit % units_per_tile;
+    const int ntok = min(sub_tokens, (int)tile_len[tile] - sub * sub_tokens);
+    return ntok * group <= MMA_HK;
+}
+#define MMA_CALL(D, MODE, DECODE)                                                                             \
+    attention_mma<D, MODE, DECODE>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len, \
+                                   block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size,   \
+                                   scale, split_len, group, sub_tokens, units_per_tile, rope, slots, fused,     \
+                                   window, q_norm, k_norm, norm_eps, kv_table)
 #define MMA_KERNEL(NAME, D, MODE, KV, BLOCKS)                                                                 \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS * MMA_KGROUPS(D), BLOCKS) NAME(PAGED_ATTENTION_ARGS(KV)) {        \
         wait_for_prior_kernels();                                                                             \
-        attention_mma<D, MODE>(qkv, k_cache, v_cache, k_scale, v_scale, pos, tile_seq, tile_start, tile_len,  \
-                               block_tables, max_blocks, out, part_o, part_ml, n_heads, n_kv, block_size, scale, \
-                               split_len, group, sub_tokens, units_per_tile, rope, slots, fused, window,     \
-                               q_norm, k_norm, norm_eps, kv_table);                                           \
+        if constexpr (MMA_SPECIALIZES(D, MODE)) {                                                             \
+            if (mma_decode_block<D, MODE>(tile_len, fused, group, sub_tokens, units_per_tile)) {             \
+                MMA_CALL(D, MODE, true);                                                                      \
+                return;                                                                                       \
+            }                                                                                                 \
+        }                                                                                                     \
+        MMA_CALL(D, MODE, false);                                                                             \
     }
 
 MMA_KERNEL(paged_attention_mma_d128_bf16, 128, 0, bf16, 3)

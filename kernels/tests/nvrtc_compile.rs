@@ -68,10 +68,40 @@ fn every_kernel_compiles_for_sm90_without_spills() {
         c.log
     );
     assert!(c.cubin.len() > 1000);
+    // For reading the machine code without a GPU: `cuobjdump -sass` (PyPI: nvidia-cuda-cuobjdump).
+    if let Some(path) = std::env::var_os("CACHET_CUBIN_OUT") {
+        std::fs::write(&path, &c.cubin).unwrap();
+    }
     for sym in cachet_kernels::symbols() {
         assert!(
             c.log.contains(sym),
             "ptxas reported nothing for `{sym}`: was it compiled?"
         );
+    }
+    // The decode-specialized attention (attention_mma.cu's MMA_DECODE_SPECIALIZED = 1, swapped in
+    // through CACHET_KERNEL_DIR for side-by-side runs) must compile without spills too.
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kernels-decode-specialized");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = include_str!("../src/attention_mma.cu");
+    let off = "#define MMA_DECODE_SPECIALIZED 0\n";
+    assert!(
+        source.contains(off),
+        "attention_mma.cu no longer defaults the switch to 0"
+    );
+    std::fs::write(
+        dir.join("attention_mma.cu"),
+        source.replace(off, "#define MMA_DECODE_SPECIALIZED 1\n"),
+    )
+    .unwrap();
+    let s = compile::compile("sm_90", None, Some(&dir)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        !s.from_cache && s.cubin != c.cubin,
+        "the switch changed nothing"
+    );
+    if let Some(path) = std::env::var_os("CACHET_CUBIN_OUT") {
+        let mut path = std::path::PathBuf::from(path);
+        path.set_extension("specialized.cubin");
+        std::fs::write(&path, &s.cubin).unwrap();
     }
 }
