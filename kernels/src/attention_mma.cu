@@ -345,10 +345,19 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // The work on a tile's rows [r0, r0 + nr) is spread over `nt` threads, this one being `me`:
     // the whole block's (0, MMA_TK, tid, THREADS), or in decode a warp's (16w, 16, lane, 32).
     // Block-table lookups for those rows of the key tile at k0, into slot_of[buf].
+    // The decode instantiation divides by a power-of-two block size with a shift (a division and a
+    // remainder are ~40 instructions a tile in its loop).
+    const bool pow2_blocks = DECODE && (block_size & (block_size - 1)) == 0;
+    const int block_shift = __ffs(block_size) - 1;
     auto lookup = [&](int k0, int buf, int r0, int nr, int me) {
         if (me < nr) {
             const int c = r0 + me, p = k0 + c;
-            const unsigned row = (p < k_end) ? (table[p / block_size] * block_size + p % block_size) * n_kv + kvh : 0;
+            unsigned row = 0;
+            if (p < k_end) {
+                const unsigned b = pow2_blocks ? (unsigned)p >> block_shift : (unsigned)(p / block_size);
+                const unsigned off = pow2_blocks ? (unsigned)p & (block_size - 1) : (unsigned)(p % block_size);
+                row = (table[b] * block_size + off) * n_kv + kvh;
+            }
             slot_of[buf][c] = row;
         }
     };
