@@ -4,7 +4,11 @@
 # tensor-core one for the FP8 cache, and Nsight Compute's speed-of-light, memory and warp-stall
 # sections of the attention kernel of a batch-256 step for each cache. Everything ends up in
 # $OUT/kv-fp8-profile.tar.gz. Carry .carry/cachet.xz.
-#   OUT=... scripts/gpu_kv_fp8_profile.sh
+# SOURCE=1 adds, for the FP8 cache, Nsight Compute's source page: every SASS instruction with its
+# executed count and sampled stalls, attributed to the kernel's lines (the kernels carry line
+# information). CTX sets the context (default 2048; 1280 is the served benchmark's), QUANT=fp8
+# loads FP8 weights as served. Clocks are left alone (not ncu's base clocks).
+#   OUT=... [NCU_ONLY=1] [SOURCE=1] [CTX=1280] [QUANT=fp8] scripts/gpu_kv_fp8_profile.sh
 source "$(dirname "$0")/gpu_common.sh"
 m=(--model examples/configs/llama3-8b.json --load-format dummy --device cuda --decode-contexts 2048
    --decode-context 2048 --prefill 512 --cached-prefix none --sampling-batches 1 --graph-batches 1)
@@ -17,14 +21,21 @@ done
   --profile 2>&1 | grep -v INFO > "$out/kv/forward-fp8-simt.txt"
 ncu=/opt/nvidia/nsight-compute/2025.3.1/ncu
 if [ -x $ncu ]; then
+  ctx=${CTX:-2048}
+  quant=(); [ -z "${QUANT:-}" ] || quant=(--quantization $QUANT)
   for kv in auto fp8; do
     k=paged_attention_mma_d128_bf16; [ $kv = fp8 ] && k=paged_attention_mma_d128_fp8
+    extra=(); [ "${SOURCE:-0}" = 1 ] && [ $kv = fp8 ] && extra=(--section SourceCounters --export "$out/kv/attention-fp8")
     # Batch 1 runs first (32 launches a step, ~11 timed steps and graph captures): skip past it.
-    $ncu -k $k --launch-skip ${NCU_SKIP:-900} --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section WarpStateStats --section LaunchStats --section Occupancy \
-      /tmp/cachet bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda \
-      --kv-cache-dtype $kv --decode-batches 256 --decode-contexts 2048 --decode-context 2048 --prefill 512 \
+    $ncu --clock-control none -k $k --launch-skip ${NCU_SKIP:-900} --launch-count 2 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
+      --section Occupancy --section InstructionStats "${extra[@]}" \
+      /tmp/cachet bench forward --model examples/configs/llama3-8b.json --load-format dummy --device cuda "${quant[@]}" \
+      --kv-cache-dtype $kv --decode-batches 256 --decode-contexts $ctx --decode-context $ctx --prefill 512 \
       --cached-prefix none --sampling-batches 1 --graph-batches 1 > "$out/kv/ncu-$kv.txt" 2>&1
   done
+  if [ -f "$out/kv/attention-fp8.ncu-rep" ]; then
+    $ncu --import "$out/kv/attention-fp8.ncu-rep" --page source --csv --print-source sass,cuda > "$out/kv/source-fp8.csv" 2>&1
+  fi
 fi
 tar czf "$out/kv-fp8-profile.tar.gz" -C "$out" kv && rm -r "$out/kv"

@@ -37,8 +37,6 @@ pub(super) struct EngineCore {
     pub(super) runner: Box<dyn Runner>,
     /// Detokenizes and sends every stream's events on a thread of its own.
     pub(super) handout: Handout,
-    /// Requests the hand-out thread found a stop string in.
-    pub(super) stopped_rx: mpsc::Receiver<RequestId>,
     pub(super) sched: Scheduler,
     pub(super) sampler: StepSampler,
     pub(super) streams: HashMap<RequestId, StreamState>,
@@ -88,7 +86,7 @@ impl EngineCore {
                     Err(mpsc::TryRecvError::Disconnected) => return,
                 }
             }
-            while let Ok(id) = self.stopped_rx.try_recv() {
+            for id in self.handout.take_stopped() {
                 self.finish(id, FinishReason::Stop, None);
             }
             self.reap();

@@ -291,11 +291,9 @@ impl Engine {
         kv.set_cache_shares(config.cache_shares);
         let mut sched = Scheduler::new(sched_cfg, kv);
         sched.set_speculation(config.speculative.clone(), runner.samples_on_device());
-        let (stopped_tx, stopped_rx) = mpsc::channel();
         let mut core = core::EngineCore {
             runner,
-            handout: output::Handout::start(tokenizer, stopped_tx),
-            stopped_rx,
+            handout: output::Handout::start(tokenizer),
             sched,
             sampler: StepSampler::new(),
             streams: Default::default(),
@@ -309,11 +307,9 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("cachet-engine".into())
-            .spawn(move || {
-                core.run();
-                // Every event queued reaches its stream before the engine counts as stopped.
-                core.handout.close();
-            })
+            // `core` drops when `run` returns, and its hand-out drains first: every event queued
+            // reaches its stream before the thread ends.
+            .spawn(move || core.run())
             .expect("spawning the engine thread");
         Engine {
             handle,

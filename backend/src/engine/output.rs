@@ -169,24 +169,33 @@ struct Stream {
 pub(super) struct Handout {
     tx: Option<mpsc::Sender<HandoutMsg>>,
     thread: Option<JoinHandle<()>>,
+    /// The requests the thread found a stop string in, for the engine to end.
+    stopped: mpsc::Receiver<RequestId>,
     /// A message could not be queued: the thread has ended (it panicked), taking its streams'
     /// senders with it.
     lost: std::cell::Cell<bool>,
 }
 
 impl Handout {
-    /// Starts the thread; each request a stop string ended is sent on `stopped`.
-    pub fn start(tokenizer: Option<TextTokenizer>, stopped: mpsc::Sender<RequestId>) -> Handout {
+    /// Starts the thread.
+    pub fn start(tokenizer: Option<TextTokenizer>) -> Handout {
         let (tx, rx) = mpsc::channel();
+        let (stopped_tx, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("cachet-handout".into())
-            .spawn(move || handout_loop(tokenizer, rx, stopped))
+            .spawn(move || handout_loop(tokenizer, rx, stopped_tx))
             .expect("spawning the token hand-out thread");
         Handout {
             tx: Some(tx),
             thread: Some(thread),
+            stopped,
             lost: Default::default(),
         }
+    }
+
+    /// The requests a stop string ended since the last call.
+    pub fn take_stopped(&self) -> Vec<RequestId> {
+        self.stopped.try_iter().collect()
     }
 
     pub fn send(&self, msg: HandoutMsg) {
@@ -328,8 +337,7 @@ mod tests {
 
     #[test]
     fn the_hand_out_keeps_each_streams_order_and_counts_what_it_sent() {
-        let (stopped_tx, _stopped) = mpsc::channel();
-        let mut h = Handout::start(None, stopped_tx);
+        let mut h = Handout::start(None);
         let (tx, mut rx) = tmpsc::unbounded_channel();
         h.send(HandoutMsg::Open {
             id: 7,
@@ -398,6 +406,7 @@ mod tests {
         let h = Handout {
             tx: Some(tx),
             thread: None,
+            stopped: mpsc::channel().1,
             lost: Default::default(),
         };
         assert!(!h.lost());
