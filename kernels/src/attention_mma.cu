@@ -26,14 +26,15 @@
 #ifndef MMA_DECODE_SPLIT_BF16
 #define MMA_DECODE_SPLIT_BF16 0
 #endif
-// 1: decode blocks of the FP8 cache run an instantiation of their own (attention_mma's DECODE;
-// the INT8 cache's would spill), so every choice
-// between the decode and the prompt path below is made at compile time — the copies' loops and
-// addresses, the lookups and the fragment paths — instead of at run time in one body holding
-// both. 0: one body, `dec` decided per block at run time (what the measurements of
-// BENCHMARKS.md §9 and §12 ran). Swapped in through CACHET_KERNEL_DIR for a side-by-side run.
+// 1 (the default): decode blocks of the FP8 cache run an instantiation of their own
+// (attention_mma's DECODE; the INT8 cache's would spill), so every choice between the decode and
+// the prompt path below is made at compile time — the copies' loops and addresses, the lookups
+// and the fragment paths — instead of at run time in one body holding both: 650 instructions a
+// tile loop instead of 833, a batch-256 FP8 decode step 5% faster (BENCHMARKS.md §12c). 0: one
+// body, `dec` decided per block at run time (what §9 and §12 ran), for side-by-side runs through
+// CACHET_KERNEL_DIR.
 #ifndef MMA_DECODE_SPECIALIZED
-#define MMA_DECODE_SPECIALIZED 0
+#define MMA_DECODE_SPECIALIZED 1
 #endif
 // Whether the kernel of head_dim D and cache MODE has a decode instantiation.
 #define MMA_SPECIALIZES(D, MODE) \
