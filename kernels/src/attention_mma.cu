@@ -343,6 +343,10 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     static_assert(!DECODE || MMA_SPECIALIZES(D, MODE), "a decode instantiation");
     // Specialized: the caller chose the instantiation by the same test (mma_decode_block).
     const bool dec = MMA_SPECIALIZES(D, MODE) ? DECODE : DEC && KG == 1 && ntok * group <= MMA_HK;
+    // The FP8 cache's decode instantiation takes V's codes, like K's, from the raw stage straight
+    // into MMA fragments: no f16 V tile in shared memory, no ldmatrix, no barrier between a
+    // warp's conversion and its products (below, at P·V).
+    constexpr bool VREG = DECODE && MODE == 1;
     // The work on a tile's rows [r0, r0 + nr) is spread over `nt` threads, this one being `me`:
     // the whole block's (0, MMA_TK, tid, THREADS), or in decode a warp's (16w, 16, lane, 32).
     // Block-table lookups for those rows of the key tile at k0, into slot_of[buf].
@@ -640,8 +644,10 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             if constexpr (FP8) {
                 cp_async_wait2();  // this lane's copies of tile t have landed...
                 __syncwarp();      // ...and the warp's; it is done with its f16 V rows (tile t - 1)
-                dequant_stage(t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
-                __syncwarp();
+                if constexpr (!VREG) {
+                    dequant_stage(t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
+                    __syncwarp();
+                }
                 // The next copy into this raw stage is issued once the scores have read its K.
             } else {
                 __syncwarp();  // the warp is done with its rows of stage nxt (tile t - 1)
@@ -724,12 +730,14 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                         }
                     }
                 }
-                if (k0 + DEC_STAGES * MMA_TK < k_end) {
-                    lookup(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane);
-                    __syncwarp();
-                    issue(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
+                if constexpr (!VREG) {  // (VREG: V's codes are still to be read, after P·V)
+                    if (k0 + DEC_STAGES * MMA_TK < k_end) {
+                        lookup(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane);
+                        __syncwarp();
+                        issue(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
+                    }
+                    cp_async_commit();
                 }
-                cp_async_commit();
             } else {
 #pragma unroll
                 for (int nb = 0; nb < MMA_HK / 8; ++nb) {
@@ -767,7 +775,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                 for (int nb = 0; nb < MMA_HK / 8; ++nb) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float ks = tile_k_scale[h + nb * 8 + 2 * fq + e];
+                        const int c = h + nb * 8 + 2 * fq + e;
+                        const float ks = VREG ? raw_scale[t % DEC_STAGES][0][c] : tile_k_scale[c];
                         s[nb][e] *= ks;
                         s[nb][2 + e] *= ks;
                     }
@@ -835,6 +844,71 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             }
             // O += P V: P's C fragments of key blocks 2j, 2j+1 are the A fragment of key slice j; one
             // ldmatrix.x4.trans gives the B fragments of two 8-wide D blocks.
+            if constexpr (VREG) {
+                // V's B fragments from the raw stage: lane (r, q) wants V at keys 2q, 2q+1 | 2q+8,
+                // 2q+9 of the warp's 16 (P's columns as its C fragments hold them) and, for the
+                // 8-wide block n of D, its column r. Columns are a permutation of d chosen so that
+                // they are contiguous for the lane: column r of block n is d = r · D/8 + n, so the
+                // lane reads D/8 consecutive codes of each of its four keys, and its output column
+                // 2q+e of block n is d = (2q+e) · D/8 + n (the writes below). Each key's scale
+                // multiplies its codes in f16, as the f16 tile did.
+                constexpr int W = D / 32;  // words of D/8 codes
+                const fp8* rv = raw_dec + (t % DEC_STAGES) * 2 * MMA_TK * D + MMA_TK * D + fr * (D / 8);
+                const int kq = h + 2 * fq;
+                unsigned v0[W], v1[W], v8[W], v9[W];
+                if constexpr (W == 4) {
+                    const uint4 a = *reinterpret_cast<const uint4*>(rv + kq * D);
+                    const uint4 b = *reinterpret_cast<const uint4*>(rv + (kq + 1) * D);
+                    const uint4 c = *reinterpret_cast<const uint4*>(rv + (kq + 8) * D);
+                    const uint4 d = *reinterpret_cast<const uint4*>(rv + (kq + 9) * D);
+                    v0[0] = a.x; v0[1] = a.y; v0[2] = a.z; v0[3] = a.w;
+                    v1[0] = b.x; v1[1] = b.y; v1[2] = b.z; v1[3] = b.w;
+                    v8[0] = c.x; v8[1] = c.y; v8[2] = c.z; v8[3] = c.w;
+                    v9[0] = d.x; v9[1] = d.y; v9[2] = d.z; v9[3] = d.w;
+                } else {
+                    static_assert(W == 2, "head_dim 64 or 128");
+                    const uint2 a = *reinterpret_cast<const uint2*>(rv + kq * D);
+                    const uint2 b = *reinterpret_cast<const uint2*>(rv + (kq + 1) * D);
+                    const uint2 c = *reinterpret_cast<const uint2*>(rv + (kq + 8) * D);
+                    const uint2 d = *reinterpret_cast<const uint2*>(rv + (kq + 9) * D);
+                    v0[0] = a.x; v0[1] = a.y;
+                    v1[0] = b.x; v1[1] = b.y;
+                    v8[0] = c.x; v8[1] = c.y;
+                    v9[0] = d.x; v9[1] = d.y;
+                }
+                const float* vsc = raw_scale[t % DEC_STAGES][1];
+                const unsigned s01 = pack_f16(vsc[kq], vsc[kq + 1]), s89 = pack_f16(vsc[kq + 8], vsc[kq + 9]);
+                unsigned pa[4];
+                pa[0] = pack_f16(s[0][0], s[0][1]);
+                pa[1] = pack_f16(s[0][2], s[0][3]);
+                pa[2] = pack_f16(s[1][0], s[1][1]);
+                pa[3] = pack_f16(s[1][2], s[1][3]);
+#pragma unroll
+                for (int w = 0; w < W; ++w) {
+                    // Bytes 0, 1 | 2, 3 of the key pairs' words, interleaved: codes of blocks
+                    // 4w + 0, 1 | 4w + 2, 3.
+                    const unsigned lo[2] = {__byte_perm(v0[w], v1[w], 0x5140), __byte_perm(v8[w], v9[w], 0x5140)};
+                    const unsigned hi[2] = {__byte_perm(v0[w], v1[w], 0x7362), __byte_perm(v8[w], v9[w], 0x7362)};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const unsigned* src = i < 2 ? lo : hi;
+                        const int sh = (i & 1) * 16;
+                        unsigned b[2] = {e4m3x2_f16x2(src[0] >> sh), e4m3x2_f16x2(src[1] >> sh)};
+                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(b[0]) : "r"(s01));
+                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(b[1]) : "r"(s89));
+                        mma_f16(o[4 * w + i], pa, b);
+                    }
+                }
+                // The raw stage is read: the tile DEC_STAGES ahead may go into it.
+                __syncwarp();
+                if (k0 + DEC_STAGES * MMA_TK < k_end) {
+                    lookup(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane);
+                    __syncwarp();
+                    issue(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
+                }
+                cp_async_commit();
+                continue;
+            }
 #pragma unroll
             for (int j = 0; j < MMA_HK / 16; ++j) {
                 unsigned pa[4];
@@ -920,6 +994,51 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             o[n][2] *= s0;
             o[n][3] *= s1;
         }
+    }
+    if constexpr (VREG) {
+        // Output column 2q+e of block n is d = (2q+e) · D/8 + n: this lane holds D/8 consecutive
+        // values of d for each e.
+        constexpr int NB = D / 8;
+        if (gridDim.z == 1) {
+            const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int d0 = (2 * fq + e) * NB;
+                bf16* oa = out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + d0;
+                bf16* ob = out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + d0;
+#pragma unroll
+                for (int n = 0; n < NB; n += 8) {
+                    if (has_a)
+                        *reinterpret_cast<uint4*>(oa + n) =
+                            make_uint4(pack_bf16(o[n][e] * ia, o[n + 1][e] * ia), pack_bf16(o[n + 2][e] * ia, o[n + 3][e] * ia),
+                                       pack_bf16(o[n + 4][e] * ia, o[n + 5][e] * ia), pack_bf16(o[n + 6][e] * ia, o[n + 7][e] * ia));
+                    if (has_b)
+                        *reinterpret_cast<uint4*>(ob + n) =
+                            make_uint4(pack_bf16(o[n][2 + e] * ib, o[n + 1][2 + e] * ib), pack_bf16(o[n + 2][2 + e] * ib, o[n + 3][2 + e] * ib),
+                                       pack_bf16(o[n + 4][2 + e] * ib, o[n + 5][2 + e] * ib), pack_bf16(o[n + 6][2 + e] * ib, o[n + 7][2 + e] * ib));
+                }
+            }
+        } else {
+            const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int d0 = (2 * fq + e) * NB;
+#pragma unroll
+                for (int n = 0; n < NB; n += 4) {
+                    if (has_a)
+                        *reinterpret_cast<float4*>(part_o + (base + ra) * D + d0 + n) =
+                            make_float4(o[n][e], o[n + 1][e], o[n + 2][e], o[n + 3][e]);
+                    if (has_b)
+                        *reinterpret_cast<float4*>(part_o + (base + rb) * D + d0 + n) =
+                            make_float4(o[n][2 + e], o[n + 1][2 + e], o[n + 2][2 + e], o[n + 3][2 + e]);
+                }
+            }
+            if (fq == 0) {
+                if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
+                if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
+            }
+        }
+        return;
     }
     if (gridDim.z == 1) {
         const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
