@@ -256,7 +256,10 @@ __device__ __forceinline__ uint2 codes8(const float* r, float inv) {
 // of a per-key scale; V's tile holds plain codes with its outlier channels written over, and the
 // output is multiplied by V's channel scales (1 at the outliers).
 // MODE: 0 bf16 cache, 1 FP8, 2 INT8; `FP8` below means either coded cache.
-template <int D, int MODE, bool DECODE>
+// DECODE: 0 the general body (prompts; decode too where not specialized), 1 the FP8 cache's decode
+// blocks of up to 16 query rows (MMA_SPECIALIZES), 2 the same of up to 8 rows with the products
+// transposed (paged_attention_mma_*_fp8_dec, below).
+template <int D, int MODE, int DECODE>
 __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void* __restrict__ k_cache,
                                               void* __restrict__ v_cache, float* __restrict__ k_scale,
                                               float* __restrict__ v_scale, const unsigned* __restrict__ pos,
@@ -280,7 +283,14 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // FP8: one [K tile | V tile], then two raw stages of [K codes | V codes] (MMA_TK × D bytes
     // each), where Q is staged before the loop.
     bf16* stage = reinterpret_cast<bf16*>(smem_f);
-    fp8* raw = reinterpret_cast<fp8*>(stage + 2 * TILE);
+    // Transposed decode (DECODE 2): the key tile takes the MMAs' 16 rows and the block's (at most
+    // 8) query rows their 8 columns — S^T = K Q^T, O^T += V^T P^T — so half the products of the
+    // 16-row decode (where 12 of 16 rows are padding for a GQA group of 4), half its accumulator
+    // and Q registers (4 blocks an SM: its own symbol's bounds), and shared memory is only the
+    // three raw stages (Q staged in them before the loop; the warps' merge after it).
+    constexpr bool TR = DECODE == 2;
+    static_assert(!TR || (MODE == 1 && KG == 1), "the transposed decode reads an FP8 cache, d <= 128");
+    fp8* raw = reinterpret_cast<fp8*>(stage + (TR ? 0 : 2 * TILE));
     // D = 256 (bf16): Q stays in a shared region of its own after the two stages, and the A
     // fragments are read from it at each k-step (in registers they would spill).
     constexpr bool Q_SHARED = !FP8 && D > 128;
@@ -290,7 +300,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // tile holds a third stage in flight.
     constexpr int DEC_STAGES = 3;
     constexpr bool RESCALE_SKIP = FP8;  // (the bf16 d128 kernel spills with the vote)
-    fp8* raw_dec = reinterpret_cast<fp8*>(stage + TILE);
+    fp8* raw_dec = reinterpret_cast<fp8*>(stage + (TR ? 0 : TILE));
     __shared__ float raw_scale[FP8 ? DEC_STAGES : 1][2][MMA_TK];  // [stage][K, V][row]
     __shared__ float tile_k_scale[FP8 ? MMA_TK : 1];      // K scales of the tile being computed
     __shared__ float qout[I8 ? MMA_TQ : 1][KV_I8_OUTLIERS];  // INT8: each Q row at K's outliers
@@ -340,19 +350,20 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // the tile loop has no block-wide barrier: four warps at the tensor cores instead of one, and
     // none waiting for another's copies.
     constexpr bool DEC = FP8 || MMA_DECODE_SPLIT_BF16;
-    static_assert(!DECODE || MMA_SPECIALIZES(D, MODE), "a decode instantiation");
+    static_assert(DECODE != 1 || MMA_SPECIALIZES(D, MODE), "a decode instantiation");
     // Specialized: the caller chose the instantiation by the same test (mma_decode_block).
-    const bool dec = MMA_SPECIALIZES(D, MODE) ? DECODE : DEC && KG == 1 && ntok * group <= MMA_HK;
+    const bool dec = TR || (MMA_SPECIALIZES(D, MODE) ? DECODE != 0 : DEC && KG == 1 && ntok * group <= MMA_HK);
+    if (TR && qlen > 8) __trap();  // the host launches it for steps of at most 8 rows a block
     // The FP8 cache's decode instantiation takes V's codes, like K's, from the raw stage straight
     // into MMA fragments: no f16 V tile in shared memory, no ldmatrix, no barrier between a
     // warp's conversion and its products (below, at P·V).
-    constexpr bool VREG = DECODE && MODE == 1;
+    constexpr bool VREG = DECODE != 0 && MODE == 1;
     // The work on a tile's rows [r0, r0 + nr) is spread over `nt` threads, this one being `me`:
     // the whole block's (0, MMA_TK, tid, THREADS), or in decode a warp's (16w, 16, lane, 32).
     // Block-table lookups for those rows of the key tile at k0, into slot_of[buf].
     // The decode instantiation divides by a power-of-two block size with a shift (a division and a
     // remainder are ~40 instructions a tile in its loop).
-    const bool pow2_blocks = DECODE && (block_size & (block_size - 1)) == 0;
+    const bool pow2_blocks = DECODE != 0 && (block_size & (block_size - 1)) == 0;
     const int block_shift = __ffs(block_size) - 1;
     auto lookup = [&](int k0, int buf, int r0, int nr, int me) {
         if (me < nr) {
@@ -600,7 +611,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             else q_frag(qa[kk], kk);
         }
     }
-    const int ra = row0 + fr, rb = ra + 8;  // the two rows this thread holds
+    // The two rows this thread holds (transposed: the two query columns 2q, 2q+1 of its C fragments).
+    const int ra = TR ? 2 * fq : row0 + fr, rb = TR ? ra + 1 : ra + 8;
     float qo_a[KV_I8_OUTLIERS], qo_b[KV_I8_OUTLIERS];  // INT8: their values at K's outliers
     if constexpr (I8) {
 #pragma unroll
@@ -613,9 +625,11 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     const int pos_b = (rb < qlen) ? (int)pos[start + rb / group] : -1;
     const int first_pos = pos[start];  // the unit's tokens are consecutive: the smallest position
     float m_a = -CACHET_INF, m_b = -CACHET_INF, l_a = 0.f, l_b = 0.f;
-    float o[D / 8][4];
+    // Output accumulators: 8-wide blocks of d (transposed: 16-wide blocks of d, two query columns).
+    constexpr int NO = TR ? D / 16 : D / 8;
+    float o[NO][4];
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     // ldmatrix row addresses of this lane: matrix lane / 8, row lane % 8.
     const int lm = lane >> 3, lr = lane & 7;
     if constexpr (FP8) {
@@ -691,6 +705,144 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             const bf16* Vh = Vs + h * DP;
             const int hn = kn - h, kb = k0 + h;  // keys of this half in range; its first key
             if (hn <= 0) continue;
+            if constexpr (TR) {
+                // S^T = K Q^T: this warp's 16 keys are the MMA's rows (A from the raw codes: lane
+                // (r, q) reads keys r and r + 8, 16 bytes at the same permuted offsets as the
+                // 16-row decode), Q's rows its 8 columns (B: the same permuted fragments, rows r).
+                const int st_buf = t % DEC_STAGES;
+                const fp8* rk = raw_dec + st_buf * 2 * MMA_TK * D;
+                const int c0 = h + fr, c1 = c0 + 8;
+                float st[4] = {0.f, 0.f, 0.f, 0.f};  // [key r | r + 8][query 2q | 2q+1]
+#pragma unroll
+                for (int g = 0; g < D / 64; ++g) {
+                    const uint4 w0 = *reinterpret_cast<const uint4*>(rk + c0 * D + ((4 * g + fq) ^ kswz(c0)) * 16);
+                    const uint4 w1 = *reinterpret_cast<const uint4*>(rk + c1 * D + ((4 * g + fq) ^ kswz(c1)) * 16);
+                    const unsigned x0[4] = {w0.x, w0.y, w0.z, w0.w}, x1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const unsigned a[4] = {e4m3x2_f16x2(x0[j] & 0xffffu), e4m3x2_f16x2(x1[j] & 0xffffu),
+                                               e4m3x2_f16x2(x0[j] >> 16), e4m3x2_f16x2(x1[j] >> 16)};
+                        const unsigned b[2] = {qa[4 * g + j][0], qa[4 * g + j][2]};
+                        mma_f16(st, a, b);
+                    }
+                }
+                const float* ksc = raw_scale[st_buf][0];
+                const float k0s = ksc[c0], k1s = ksc[c1];
+                st[0] *= k0s;
+                st[1] *= k0s;
+                st[2] *= k1s;
+                st[3] *= k1s;
+                if (hn < MMA_HK || kb + MMA_HK - 1 > first_pos || (window > 0 && kb + window < ctx_end)) {
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const int c = fr + 8 * i, kp = kb + c;
+                        const bool out_a = window > 0 && kp + window <= pos_a;
+                        const bool out_b = window > 0 && kp + window <= pos_b;
+                        if (c >= hn || kp > pos_a || out_a) st[2 * i] = -CACHET_INF;
+                        if (c >= hn || kp > pos_b || out_b) st[2 * i + 1] = -CACHET_INF;
+                    }
+                }
+                // Online softmax of query columns a, b: each over the 8 lanes of its quarter.
+                float tmax_a = fmaxf(st[0], st[2]), tmax_b = fmaxf(st[1], st[3]);
+#pragma unroll
+                for (int x = 4; x < 32; x <<= 1) {
+                    tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, x));
+                    tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, x));
+                }
+                const float mn_a = fmaxf(m_a, tmax_a), mn_b = fmaxf(m_b, tmax_b);
+                const float al_a = (mn_a == -CACHET_INF) ? 1.f : fast_exp2(m_a - mn_a);
+                const float al_b = (mn_b == -CACHET_INF) ? 1.f : fast_exp2(m_b - mn_b);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float mn = (e & 1) ? mn_b : mn_a;
+                    st[e] = (st[e] == -CACHET_INF) ? 0.f : fast_exp2(st[e] - mn);
+                }
+                float sum_a = st[0] + st[2], sum_b = st[1] + st[3];
+#pragma unroll
+                for (int x = 4; x < 32; x <<= 1) {
+                    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, x);
+                    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, x);
+                }
+                l_a = l_a * al_a + sum_a;
+                l_b = l_b * al_b + sum_b;
+                m_a = mn_a;
+                m_b = mn_b;
+                if (__any_sync(0xffffffffu, al_a != 1.f || al_b != 1.f)) {
+#pragma unroll
+                    for (int n = 0; n < NO; ++n) {
+                        o[n][0] *= al_a;
+                        o[n][1] *= al_b;
+                        o[n][2] *= al_a;
+                        o[n][3] *= al_b;
+                    }
+                }
+                // O^T += V^T P^T. B = P^T: the C fragments of S^T, packed as f16 pairs (key r: its
+                // two queries), are two 8×8 matrices [key][query] in the layout movmatrix
+                // transposes into B's (lane (r, q): keys 2q, 2q+1 of query r). A = V^T: rows are d
+                // permuted so that lane (r, q) reads D/8 consecutive codes of each of its keys 2q,
+                // 2q+1, 2q+8, 2q+9 — row r (+8) of 16-wide block n is d = r · D/8 (+ D/16) + n —
+                // two keys' codes interleaved by byte permutes, converted, times each key's scale.
+                unsigned pb[2];
+                {
+                    const unsigned p0 = pack_f16(st[0], st[1]), p1 = pack_f16(st[2], st[3]);
+                    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(p0));
+                    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(p1));
+                }
+                constexpr int W = D / 32;  // words of D/8 codes
+                const fp8* rv = rk + MMA_TK * D + fr * (D / 8);
+                const int kq = h + 2 * fq;
+                unsigned v0[W], v1[W], v8[W], v9[W];
+                if constexpr (W == 4) {
+                    const uint4 a = *reinterpret_cast<const uint4*>(rv + kq * D);
+                    const uint4 b = *reinterpret_cast<const uint4*>(rv + (kq + 1) * D);
+                    const uint4 c = *reinterpret_cast<const uint4*>(rv + (kq + 8) * D);
+                    const uint4 d = *reinterpret_cast<const uint4*>(rv + (kq + 9) * D);
+                    v0[0] = a.x; v0[1] = a.y; v0[2] = a.z; v0[3] = a.w;
+                    v1[0] = b.x; v1[1] = b.y; v1[2] = b.z; v1[3] = b.w;
+                    v8[0] = c.x; v8[1] = c.y; v8[2] = c.z; v8[3] = c.w;
+                    v9[0] = d.x; v9[1] = d.y; v9[2] = d.z; v9[3] = d.w;
+                } else {
+                    static_assert(W == 2, "head_dim 64 or 128");
+                    const uint2 a = *reinterpret_cast<const uint2*>(rv + kq * D);
+                    const uint2 b = *reinterpret_cast<const uint2*>(rv + (kq + 1) * D);
+                    const uint2 c = *reinterpret_cast<const uint2*>(rv + (kq + 8) * D);
+                    const uint2 d = *reinterpret_cast<const uint2*>(rv + (kq + 9) * D);
+                    v0[0] = a.x; v0[1] = a.y;
+                    v1[0] = b.x; v1[1] = b.y;
+                    v8[0] = c.x; v8[1] = c.y;
+                    v9[0] = d.x; v9[1] = d.y;
+                }
+                const float* vsc = raw_scale[st_buf][1];
+                const unsigned s01 = pack_f16(vsc[kq], vsc[kq + 1]), s89 = pack_f16(vsc[kq + 8], vsc[kq + 9]);
+                // Code β of the lane's D/8 (β = 4w + i) for keys 2q, 2q+1 and 2q+8, 2q+9, as f16
+                // pairs times their scales.
+                unsigned lo01[D / 8], lo89[D / 8];
+#pragma unroll
+                for (int w = 0; w < W; ++w) {
+                    const unsigned p01[2] = {__byte_perm(v0[w], v1[w], 0x5140), __byte_perm(v0[w], v1[w], 0x7362)};
+                    const unsigned p89[2] = {__byte_perm(v8[w], v9[w], 0x5140), __byte_perm(v8[w], v9[w], 0x7362)};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        lo01[4 * w + i] = e4m3x2_f16x2(p01[i >> 1] >> ((i & 1) * 16));
+                        lo89[4 * w + i] = e4m3x2_f16x2(p89[i >> 1] >> ((i & 1) * 16));
+                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo01[4 * w + i]) : "r"(s01));
+                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo89[4 * w + i]) : "r"(s89));
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NO; ++n) {
+                    const unsigned a[4] = {lo01[n], lo01[NO + n], lo89[n], lo89[NO + n]};
+                    mma_f16(o[n], a, pb);
+                }
+                // The raw stage is read: the tile DEC_STAGES ahead may go into it.
+                __syncwarp();
+                if (k0 + DEC_STAGES * MMA_TK < k_end) {
+                    lookup(k0 + DEC_STAGES * MMA_TK, st_buf, my_r0, MMA_HK, lane);
+                    __syncwarp();
+                    issue(k0 + DEC_STAGES * MMA_TK, st_buf, my_r0, MMA_HK, lane, 32);
+                }
+                cp_async_commit();
+            } else {
             // S = Q Kᵀ for 2 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
             float s[MMA_HK / 8][4];
             if constexpr (Q_SHARED) {
@@ -907,8 +1059,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                     issue(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
                 }
                 cp_async_commit();
-                continue;
-            }
+            } else {
 #pragma unroll
             for (int j = 0; j < MMA_HK / 16; ++j) {
                 unsigned pa[4];
@@ -936,6 +1087,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                     }
                 }
             }
+            }  // not VREG
+            }  // not TR
         }
     }
     if (KG > 1 || dec) {
@@ -943,15 +1096,15 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         // slot (its row warp's; in decode, its warp's) where the thread of group 0 with the same
         // lane and rows finds them (the stages are free once every warp is past its last tile).
         float* mo = reinterpret_cast<float*>(smem_f);  // [slot][n][4][lane]
-        float* ml = mo + 4 * (D / 8) * 4 * 32;         // [slot][4][lane]
+        float* ml = mo + 4 * NO * 4 * 32;              // [slot][4][lane]
         const int groups = dec ? 4 : KG;
         const int slot = dec ? warp : warp % 4;
         __syncthreads();
         if (kg > 0 && active) {
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n)
+            for (int n = 0; n < NO; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) mo[((slot * (D / 8) + n) * 4 + e) * 32 + lane] = o[n][e];
+                for (int e = 0; e < 4; ++e) mo[((slot * NO + n) * 4 + e) * 32 + lane] = o[n][e];
             ml[(slot * 4 + 0) * 32 + lane] = m_a;
             ml[(slot * 4 + 1) * 32 + lane] = m_b;
             ml[(slot * 4 + 2) * 32 + lane] = l_a;
@@ -971,12 +1124,13 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             l_b = l_b * b1 + ml[(from * 4 + 3) * 32 + lane] * b2;
             m_a = mn_a;
             m_b = mn_b;
+            // Elements of row a: 0, 1 (transposed: 0, 2); of row b: 2, 3 (1, 3).
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                const float* po = mo + (from * (D / 8) + n) * 4 * 32 + lane;
+            for (int n = 0; n < NO; ++n) {
+                const float* po = mo + (from * NO + n) * 4 * 32 + lane;
                 o[n][0] = o[n][0] * a1 + po[0] * a2;
-                o[n][1] = o[n][1] * a1 + po[32] * a2;
-                o[n][2] = o[n][2] * b1 + po[64] * b2;
+                o[n][1] = TR ? o[n][1] * b1 + po[32] * b2 : o[n][1] * a1 + po[32] * a2;
+                o[n][2] = TR ? o[n][2] * a1 + po[64] * a2 : o[n][2] * b1 + po[64] * b2;
                 o[n][3] = o[n][3] * b1 + po[96] * b2;
             }
         }
@@ -995,7 +1149,49 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             o[n][3] *= s1;
         }
     }
-    if constexpr (VREG) {
+    if constexpr (TR) {
+        // Query a's d = r · D/8 + [0, D/16) from o[·][0], + D/16 + [0, D/16) from o[·][2]; b's
+        // from o[·][1], o[·][3]: D/8 consecutive values of d a query.
+        float va[D / 8], vb[D / 8];
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            va[n] = o[n][0];
+            va[NO + n] = o[n][2];
+            vb[n] = o[n][1];
+            vb[NO + n] = o[n][3];
+        }
+        const int d0 = fr * (D / 8);
+        if (gridDim.z == 1) {
+            const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
+            bf16* oa = out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + d0;
+            bf16* ob = out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + d0;
+#pragma unroll
+            for (int n = 0; n < D / 8; n += 8) {
+                if (has_a)
+                    *reinterpret_cast<uint4*>(oa + n) =
+                        make_uint4(pack_bf16(va[n] * ia, va[n + 1] * ia), pack_bf16(va[n + 2] * ia, va[n + 3] * ia),
+                                   pack_bf16(va[n + 4] * ia, va[n + 5] * ia), pack_bf16(va[n + 6] * ia, va[n + 7] * ia));
+                if (has_b)
+                    *reinterpret_cast<uint4*>(ob + n) =
+                        make_uint4(pack_bf16(vb[n] * ib, vb[n + 1] * ib), pack_bf16(vb[n + 2] * ib, vb[n + 3] * ib),
+                                   pack_bf16(vb[n + 4] * ib, vb[n + 5] * ib), pack_bf16(vb[n + 6] * ib, vb[n + 7] * ib));
+            }
+        } else {
+            const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
+#pragma unroll
+            for (int n = 0; n < D / 8; n += 4) {
+                if (has_a)
+                    *reinterpret_cast<float4*>(part_o + (base + ra) * D + d0 + n) = make_float4(va[n], va[n + 1], va[n + 2], va[n + 3]);
+                if (has_b)
+                    *reinterpret_cast<float4*>(part_o + (base + rb) * D + d0 + n) = make_float4(vb[n], vb[n + 1], vb[n + 2], vb[n + 3]);
+            }
+            if (fr == 0) {
+                if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
+                if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
+            }
+        }
+        return;
+    } else if constexpr (VREG) {
         // Output column 2q+e of block n is d = (2q+e) · D/8 + n: this lane holds D/8 consecutive
         // values of d for each e.
         constexpr int NB = D / 8;
@@ -1039,7 +1235,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             }
         }
         return;
-    }
+    } else {
     if (gridDim.z == 1) {
         const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
 #pragma unroll
@@ -1062,6 +1258,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
         }
     }
+    }  // the general layout
 }
 
 // Arguments (the same list) and layouts as paged_attention_bf16 (attention.cu), except: `d` is fixed
@@ -1099,11 +1296,20 @@ __device__ __forceinline__ bool mma_decode_block(const unsigned* __restrict__ ti
         wait_for_prior_kernels();                                                                             \
         if constexpr (MMA_SPECIALIZES(D, MODE)) {                                                             \
             if (mma_decode_block<D, MODE>(tile_len, fused, group, sub_tokens, units_per_tile)) {             \
-                MMA_CALL(D, MODE, true);                                                                      \
+                MMA_CALL(D, MODE, 1);                                                                      \
                 return;                                                                                       \
             }                                                                                                 \
         }                                                                                                     \
-        MMA_CALL(D, MODE, false);                                                                             \
+        MMA_CALL(D, MODE, 0);                                                                             \
+    }
+
+// The transposed decode (attention_mma's DECODE 2) of the FP8 cache, for steps whose every block
+// has at most 8 query rows (a decode step with a GQA group of at most 8): its own symbol, so its
+// registers are bounded for four blocks an SM, and shared memory of mma_fp8_dec_smem_bytes.
+#define MMA_DEC_KERNEL(NAME, D)                                                                        \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) NAME(PAGED_ATTENTION_ARGS(fp8)) { \
+        wait_for_prior_kernels();                                                                     \
+        MMA_CALL(D, 1, 2);                                                                            \
     }
 
 MMA_KERNEL(paged_attention_mma_d128_bf16, 128, 0, bf16, 3)
@@ -1112,4 +1318,6 @@ MMA_KERNEL(paged_attention_mma_d128_fp8, 128, 1, fp8, 3)
 MMA_KERNEL(paged_attention_mma_d64_fp8, 64, 1, fp8, 3)
 MMA_KERNEL(paged_attention_mma_d128_int8, 128, 2, fp8, 3)
 MMA_KERNEL(paged_attention_mma_d64_int8, 64, 2, fp8, 3)
+MMA_DEC_KERNEL(paged_attention_mma_d128_fp8_dec, 128)
+MMA_DEC_KERNEL(paged_attention_mma_d64_fp8_dec, 64)
 MMA_KERNEL(paged_attention_mma_d256_bf16, 256, 0, bf16, 1)

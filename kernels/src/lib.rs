@@ -68,6 +68,8 @@ pub const SOURCES: &[KernelSource] = &[
             "paged_attention_mma_d64_bf16",
             "paged_attention_mma_d128_fp8",
             "paged_attention_mma_d64_fp8",
+            "paged_attention_mma_d128_fp8_dec",
+            "paged_attention_mma_d64_fp8_dec",
             "paged_attention_mma_d256_bf16",
         ],
     },

@@ -5,7 +5,9 @@ use cudarc::driver::CudaFunction;
 
 use super::attention_plan::{AttentionPlan, Capabilities, StepShape};
 use super::batch::CudaBatch;
-use super::kernels::{attention_smem_bytes, mma_fp8_smem_bytes, mma_smem_bytes, ATT_MAXD};
+use super::kernels::{
+    attention_smem_bytes, mma_fp8_dec_smem_bytes, mma_fp8_smem_bytes, mma_smem_bytes, ATT_MAXD,
+};
 use super::launch::{AttentionArgs, CombineArgs, LayerKv, QkNorm};
 use super::tensor::{CudaKv, CudaTensor};
 use super::CudaDevice;
@@ -141,7 +143,23 @@ impl CudaDevice {
             let heads_first = mma.is_some()
                 && self.options.attention_heads_first
                 && plan.units <= u16::MAX as usize;
+            // A decode step of the FP8 cache with at most 8 query rows a block (each tile one
+            // token: a unit's rows are its tokens × the group) runs the transposed kernel.
+            let transposed = mma.is_some()
+                && dtype == KvCacheDtype::Fp8E4m3
+                && self.options.attention_decode_transposed
+                && plan.tensor_cores
+                && b.longest_tile() * plan.group <= 8;
             let (func, grid, shared) = match mma {
+                Some(_) if transposed => (
+                    &self.k.attention_mma_fp8_dec[usize::from(d == 128)],
+                    if heads_first {
+                        (plan.grid_y, plan.units, plan.splits)
+                    } else {
+                        (plan.units, plan.grid_y, plan.splits)
+                    },
+                    mma_fp8_dec_smem_bytes(d),
+                ),
                 Some(f) => (
                     f,
                     if heads_first {

@@ -4,7 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+use cudarc::driver::sys::CUfunction_attribute::{
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+};
 use cudarc::driver::{CudaContext, CudaFunction};
 
 use super::{op_err, DEV};
@@ -89,6 +92,16 @@ pub fn mma_fp8_smem_bytes(d: usize) -> u32 {
     (2 * ATT_TK * (d + 8) * 2 + 4 * ATT_TK * d) as u32
 }
 
+/// Shared memory of the FP8 cache's transposed decode kernels (`paged_attention_mma_*_fp8_dec`):
+/// three raw stages of K and V codes, which also hold Q before the loop and the warps' partial
+/// outputs after it.
+pub fn mma_fp8_dec_smem_bytes(d: usize) -> u32 {
+    let stages = 3 * 2 * ATT_TK * d;
+    let q = MMA_ROWS * (d + 8) * 2;
+    let merge = 4 * (d / 16) * 4 * 32 * 4 + 4 * 4 * 32 * 4;
+    stages.max(q).max(merge) as u32
+}
+
 /// Shared memory of the CUDA-core attention kernel (attention.cu).
 pub fn attention_smem_bytes(d: usize) -> u32 {
     ((ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) * 4) as u32
@@ -119,6 +132,8 @@ pub struct Kernels {
     pub attention_mma_d256: CudaFunction,
     pub attention_mma_d64_fp8: CudaFunction,
     pub attention_mma_d128_fp8: CudaFunction,
+    /// The FP8 cache's transposed decode (steps of at most 8 query rows a block), d = 64, 128.
+    pub attention_mma_fp8_dec: [CudaFunction; 2],
     pub attention_mma_d64_int8: CudaFunction,
     pub attention_mma_d128_int8: CudaFunction,
     pub combine: CudaFunction,
@@ -226,6 +241,10 @@ impl Kernels {
             attention_mma_d256: f("paged_attention_mma_d256_bf16")?,
             attention_mma_d64_fp8: f("paged_attention_mma_d64_fp8")?,
             attention_mma_d128_fp8: f("paged_attention_mma_d128_fp8")?,
+            attention_mma_fp8_dec: [
+                f("paged_attention_mma_d64_fp8_dec")?,
+                f("paged_attention_mma_d128_fp8_dec")?,
+            ],
             attention_mma_d64_int8: f("paged_attention_mma_d64_int8")?,
             attention_mma_d128_int8: f("paged_attention_mma_d128_int8")?,
             combine: f("attention_combine_bf16")?,
@@ -285,6 +304,12 @@ impl Kernels {
         smem(&k.attention_mma_d256, mma_smem_bytes(256))?;
         smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
+        for (func, d) in k.attention_mma_fp8_dec.iter().zip([64, 128]) {
+            smem(func, mma_fp8_dec_smem_bytes(d))?;
+            // Four blocks an SM: all the carveout to shared memory.
+            func.set_attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+                .map_err(op_err("kernel shared memory carveout"))?;
+        }
         smem(&k.attention_mma_d64_int8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_int8, mma_fp8_smem_bytes(128))?;
         for (func, bm) in k.moe_gemm.iter().zip(MOE_BMS) {

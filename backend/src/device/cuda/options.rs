@@ -171,6 +171,10 @@ pub struct CudaOptions {
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
     /// the cache — together, rather than one kv head of every sequence first.
     pub attention_heads_first: bool,
+    /// Decode steps with the FP8 cache whose blocks hold at most 8 query rows (a GQA group of at
+    /// most 8) run the transposed kernel — keys on the MMAs' 16 rows, queries on their 8 columns,
+    /// four blocks an SM — rather than the 16-row one (`CACHET_DECODE_ATTENTION=transposed|rows`).
+    pub attention_decode_transposed: bool,
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
     pub nccl_library: Option<PathBuf>,
@@ -193,6 +197,7 @@ impl Default for CudaOptions {
             fp8_bf16_product: true,
             fp8_exact_activations: false,
             attention_heads_first: true,
+            attention_decode_transposed: true,
             nccl_library: None,
         }
     }
@@ -299,6 +304,7 @@ impl CudaOptions {
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
+        o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         Ok(o)
     }
 }
@@ -406,6 +412,13 @@ mod tests {
                 .attention_heads_first
         );
         assert!(parse(&[("CACHET_ATTENTION_ORDER", "rows")]).is_err());
+        assert!(parse(&[]).unwrap().attention_decode_transposed);
+        assert!(
+            !parse(&[("CACHET_DECODE_ATTENTION", "rows")])
+                .unwrap()
+                .attention_decode_transposed
+        );
+        assert!(parse(&[("CACHET_DECODE_ATTENTION", "units")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
