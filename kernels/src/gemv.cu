@@ -531,3 +531,52 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_b
     *reinterpret_cast<uint4*>(out + e) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// The FP8 gate|up product's epilogue and the gated activation in one pass: fp8_scale_bf16_bf16's
+// arithmetic on the gate and up columns (each scaled value rounded to bf16), then act_mul_x8's
+// (elementwise.cu), so the result is bit for bit the two launches' — without writing the scaled
+// gate|up and reading it back.
+//   d       : bf16 [n, 2·inter] (cuBLASLt's product of the codes: gate columns, then up)
+//   w_scale : f32 [2·inter], x_scale : f32 [n]
+//   out     : bf16 [n, inter]
+// grid (ceil(inter / (8·FP8_SCALE_THREADS)), n), block FP8_SCALE_THREADS; inter % 8 == 0.
+template <float (*Act)(float)>
+__device__ __forceinline__ void fp8_scale_glu(const bf16* __restrict__ d, const float* __restrict__ w_scale,
+                                              const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
+                                              int inter) {
+    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
+    if (t >= n || c >= inter) return;
+    const size_t row = (size_t)t * 2 * inter;
+    const uint4 gv = *reinterpret_cast<const uint4*>(d + row + c);
+    const uint4 uv = *reinterpret_cast<const uint4*>(d + row + inter + c);
+    const float4 g0 = *reinterpret_cast<const float4*>(w_scale + c);
+    const float4 g1 = *reinterpret_cast<const float4*>(w_scale + c + 4);
+    const float4 u0 = *reinterpret_cast<const float4*>(w_scale + inter + c);
+    const float4 u1 = *reinterpret_cast<const float4*>(w_scale + inter + c + 4);
+    const float xs = x_scale[t];
+    const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+    const float gs[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    const float us[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    unsigned o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float ga = bf2f(f2bf(__uint_as_float(gw[i] << 16) * gs[2 * i] * xs));
+        const float gb = bf2f(f2bf(__uint_as_float(gw[i] & 0xffff0000u) * gs[2 * i + 1] * xs));
+        const float ua = bf2f(f2bf(__uint_as_float(uw[i] << 16) * us[2 * i] * xs));
+        const float ub = bf2f(f2bf(__uint_as_float(uw[i] & 0xffff0000u) * us[2 * i + 1] * xs));
+        o[i] = (unsigned)f2bf(Act(ga) * ua) | ((unsigned)f2bf(Act(gb) * ub) << 16);
+    }
+    *reinterpret_cast<uint4*>(out + (size_t)t * inter + c) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_silu_bf16(
+    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
+    bf16* __restrict__ out, int n, int inter) {
+    wait_for_prior_kernels();
+    fp8_scale_glu<silu>(d, w_scale, x_scale, out, n, inter);
+}
+extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_gelu_tanh_bf16(
+    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
+    bf16* __restrict__ out, int n, int inter) {
+    wait_for_prior_kernels();
+    fp8_scale_glu<gelu_tanh>(d, w_scale, x_scale, out, n, inter);
+}
+

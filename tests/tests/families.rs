@@ -241,6 +241,55 @@ gpu_test! {
     }
 }
 
+gpu_test! {
+    /// An FP8 gate|up product's scales and gated activation in one pass
+    /// (`fp8_scale_{silu|gelu_tanh}_bf16`) give the two launches' result bit for bit
+    /// (`CACHET_FP8_GLU=separate`: the scales' launch, then the activation's), SwiGLU and GeGLU,
+    /// for steps of the rows that reach cuBLASLt; the profile shows which path each took.
+    fn fp8_gate_up_scaled_and_gated_in_one_pass_equal_the_two_launches() {
+        use cachet_backend::config::Activation;
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::Device;
+        use cachet_backend::tensor::HostTensor;
+        let fused = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let separate =
+            CudaDevice::new(0, 16, CudaOptions { fp8_fused_glu: false, ..Default::default() }).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(12);
+        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
+            let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        for (k, inter) in [(64, 64), (2048, 5632)] {
+            let w = rows(2 * inter, k, 0.0, (k as f64).powf(-0.5));
+            let norm = rows(1, k, 1.0, 0.1);
+            for n in [5, 40, 300] {
+                let x = rows(n, k, 0.0, 1.0);
+                for act in [Activation::Silu, Activation::GeluTanh] {
+                    let mut outs = Vec::new();
+                    for (dev, label) in [(&fused, "fused"), (&separate, "separate")] {
+                        let wq = dev.quantize_fp8(dev.upload(&w).unwrap()).unwrap();
+                        let nw = dev.upload(&norm).unwrap();
+                        let mut residual = dev.upload_table(&x).unwrap();
+                        dev.set_profiling(true);
+                        let y = dev.norm_glu(&mut residual, None, &nw, 1e-5, &wq, act).unwrap();
+                        let got = dev.to_host(&y).unwrap();
+                        let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                        dev.set_profiling(false);
+                        let one_pass = ops.iter().any(|op| op == "↳ fp8: scales + gated activation");
+                        assert_eq!(one_pass, label == "fused", "{label}, {n} rows: the ops were {ops:?}");
+                        assert_eq!(got.len(), n * inter);
+                        assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
+                        outs.push(got);
+                    }
+                    let differ = outs[0].iter().zip(&outs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    eprintln!("{n}×{k} → {inter}, {act:?}: {differ} of {} values differ", outs[0].len());
+                    assert_eq!(differ, 0, "{n}×{k} → {inter}, {act:?}: one pass and two launches differ");
+                }
+            }
+        }
+    }
+}
+
 device_test! {
     fn tiny_families_greedy_64_tokens_like_transformers_with_caching_chunking_batching(dev) {
         for (name, _) in FAMILIES {

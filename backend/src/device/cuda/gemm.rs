@@ -13,6 +13,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use super::gemm_fp8::{Fp8Out, Fp8Product};
 use super::tensor::{CudaBuf, CudaTensor};
 use super::{op_err, CudaDevice, DEV};
+use crate::config::Activation;
 use crate::error::DeviceError;
 
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
@@ -79,7 +80,7 @@ impl CudaDevice {
         let (n, k, m) = (x.rows, x.cols, w.rows);
         let xs = x.bf16("linear")?;
         if let CudaBuf::E4m3 { codes, scales } = &w.buf {
-            if let Some(out) = self.gemm_fp8(xs, (codes, scales), (m, n, k), out_f32)? {
+            if let Some(out) = self.gemm_fp8(xs, (codes, scales), (m, n, k), out_f32, None)? {
                 return Ok(out);
             }
         }
@@ -162,20 +163,29 @@ impl CudaDevice {
 
     /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, the e4m3 product in
     /// bf16 (in f32 for an f32 result, or with `CACHET_FP8_PRODUCT=f32`), then both scale
-    /// vectors applied. `None` when there is no cuBLASLt or no algorithm
-    /// for the shape.
+    /// vectors applied — with `glu`, on a gate|up product, in the same pass as the gated
+    /// activation (bf16 product only: [`Self::fp8_glu_fused`]), the result then [n, m / 2].
+    /// `None` when there is no cuBLASLt or no algorithm for the shape.
     fn gemm_fp8(
         &self,
         xs: &CudaSlice<u16>,
         (codes, w_scale): (&CudaSlice<u8>, &CudaSlice<f32>),
         (m, n, k): (usize, usize, usize),
         out_f32: bool,
+        glu: Option<Activation>,
     ) -> Result<Option<CudaTensor>, DeviceError> {
         let Some(Some(lt)) = self.fp8_gemm.get() else {
             return Ok(None);
         };
         if n == 0 || !k.is_multiple_of(16) || !m.is_multiple_of(16) {
             return Ok(None);
+        }
+        if glu.is_some() && !self.fp8_glu_fused(n, m, out_f32) {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "fp8 gate|up",
+                msg: format!("no fused epilogue for {n} rows of {m}"),
+            });
         }
         // The product runs on a padded row count, so cuBLASLt plans a few dozen shapes, not one
         // per prompt length: the pad rows' codes are whatever the buffer held and their
@@ -191,6 +201,13 @@ impl CudaDevice {
         let scales = (w_scale, &x_scale);
         // The scales applied on the way to the result.
         let scaled = |product: Fp8Product| -> Result<CudaBuf, DeviceError> {
+            if let (Some(act), Fp8Product::Bf16(d)) = (glu, &product) {
+                return self.timed("↳ fp8: scales + gated activation", || {
+                    let mut o = self.alloc_bf16(n * m / 2, "linear")?;
+                    self.launch_fp8_scale_glu(act, d, scales, &mut o, (n, m / 2))?;
+                    Ok(CudaBuf::Bf16(o))
+                });
+            }
             self.timed("↳ fp8: scales", || {
                 Ok(if out_f32 {
                     let mut o = self.alloc_f32(n * m, "linear")?;
@@ -224,9 +241,61 @@ impl CudaDevice {
         };
         Ok(Some(CudaTensor {
             rows: n,
-            cols: m,
+            cols: if glu.is_some() { m / 2 } else { m },
             buf,
         }))
+    }
+
+    /// Whether an FP8 gate|up product of `n` rows and `m` columns takes its gated activation in
+    /// the scales' pass (`fp8_scale_{silu|gelu_tanh}_bf16`): a bf16 product, half its columns a
+    /// multiple of 8, at most 65,535 rows.
+    pub(super) fn fp8_glu_fused(&self, n: usize, m: usize, out_f32: bool) -> bool {
+        self.options.fp8_fused_glu
+            && self.options.fp8_bf16_product
+            && !out_f32
+            && (m / 2).is_multiple_of(8)
+            && n <= 65535
+    }
+
+    /// `act(x · gateᵀ) ⊙ (x · upᵀ)` for a gate|up weight `w` ([gate rows; up rows]): for FP8
+    /// weights through cuBLASLt with the scales and the activation in one pass, else the
+    /// product, then [`crate::device::Device::glu`].
+    pub(super) fn linear_glu(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        act: Activation,
+    ) -> Result<CudaTensor, DeviceError> {
+        use crate::device::Device;
+        let fused = match &w.buf {
+            CudaBuf::E4m3 { codes, scales }
+                if x.cols == w.cols
+                    && x.rows > 0
+                    && self
+                        .gemv_variant(x.rows, x.cols, &w.weight("linear")?)
+                        .is_none()
+                    && self.fp8_glu_fused(x.rows, w.rows, false) =>
+            {
+                let xs = x.bf16("linear")?;
+                self.timed("gemm", || {
+                    self.gemm_fp8(
+                        xs,
+                        (codes, scales),
+                        (w.rows, x.rows, x.cols),
+                        false,
+                        Some(act),
+                    )
+                })?
+            }
+            _ => None,
+        };
+        match fused {
+            Some(out) => Ok(out),
+            None => {
+                let y = self.linear(x, w)?;
+                self.glu(&y, act)
+            }
+        }
     }
 }
 

@@ -72,10 +72,9 @@ impl CudaDevice {
     ) -> Result<CudaTensor, DeviceError> {
         let Some(v) = self.gemv_norm_variant(residual, w, glu.is_some()) else {
             let x = self.norm(residual, delta, norm, eps)?;
-            let y = self.linear(&x, w)?;
             return match glu {
-                Some(act) => self.glu(&y, act),
-                None => Ok(y),
+                Some(act) => self.linear_glu(&x, w, act),
+                None => self.linear(&x, w),
             };
         };
         let op = match glu {

@@ -500,6 +500,50 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// `fp8_scale_{silu|gelu_tanh}_bf16(bf16 d[n, 2i], f32 w_scale[2i], f32 x_scale[n],
+    /// bf16 out[n, i], int n, int i)`: the FP8 gate|up product scaled and gated in one pass.
+    pub(super) fn launch_fp8_scale_glu(
+        &self,
+        act: Activation,
+        d: &CudaSlice<u16>,
+        (w_scale, x_scale): (&CudaSlice<f32>, &CudaSlice<f32>),
+        out: &mut CudaSlice<u16>,
+        (n, i): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        if d.len() < n * 2 * i || w_scale.len() < 2 * i || x_scale.len() < n || out.len() < n * i {
+            return Err(short_buffers("fp8_scale_glu", n, 2 * i));
+        }
+        if !i.is_multiple_of(8) || n > 65535 {
+            return Err(DeviceError::Op {
+                device: super::DEV,
+                op: "fp8_scale_glu",
+                msg: format!("{n} rows of {i}: at most 65,535 rows of a multiple of 8"),
+            });
+        }
+        let (ni, ii) = (n as i32, i as i32);
+        let mut l = self
+            .stream
+            .launch_builder(&self.k.fp8_scale_glu[act as usize]);
+        l.arg(d)
+            .arg(w_scale)
+            .arg(x_scale)
+            .arg(out)
+            .arg(&ni)
+            .arg(&ii);
+        // Eight columns a thread, 256 threads a block (gemv.cu's FP8_SCALE_THREADS), a row of
+        // blocks per token.
+        let cfg = LaunchConfig {
+            grid_dim: (i.div_ceil(8 * 256) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: d holds n rows of 2i, out n rows of i, the scales 2i and n (checked above),
+        // i a multiple of 8 for the 16-byte accesses (fresh allocations, 16-byte aligned);
+        // threads past i return.
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("fp8_scale_glu"))?;
+        Ok(())
+    }
+
     /// `gather_rows_bf16(u32 rows[m], bf16 x[n, cols], bf16 out[m, cols], int cols)`.
     pub(super) fn launch_gather_rows(
         &self,

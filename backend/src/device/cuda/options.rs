@@ -167,6 +167,10 @@ pub struct CudaOptions {
     /// row read twice, a division an element) rather than `quantize_act_rows_e4m3` (read once,
     /// vectorized, a multiplication) (`CACHET_FP8_ACTIVATIONS=fast|exact`).
     pub fp8_exact_activations: bool,
+    /// An FP8 gate|up product's scales and the gated activation in one pass
+    /// (`fp8_scale_{silu|gelu_tanh}_bf16`, bit for bit the two launches' result) rather than
+    /// the scales' launch, then the activation's (`CACHET_FP8_GLU=fused|separate`).
+    pub fp8_fused_glu: bool,
     /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
     /// the cache — together, rather than one kv head of every sequence first.
@@ -196,6 +200,7 @@ impl Default for CudaOptions {
             fp8_fast_accum: false,
             fp8_bf16_product: true,
             fp8_exact_activations: false,
+            fp8_fused_glu: true,
             attention_heads_first: true,
             attention_decode_transposed: true,
             nccl_library: None,
@@ -304,6 +309,7 @@ impl CudaOptions {
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
+        o.fp8_fused_glu = !switch("CACHET_FP8_GLU", "fused", "separate")?;
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         Ok(o)
     }
@@ -419,6 +425,13 @@ mod tests {
                 .attention_decode_transposed
         );
         assert!(parse(&[("CACHET_DECODE_ATTENTION", "units")]).is_err());
+        assert!(parse(&[]).unwrap().fp8_fused_glu);
+        assert!(
+            !parse(&[("CACHET_FP8_GLU", "separate")])
+                .unwrap()
+                .fp8_fused_glu
+        );
+        assert!(parse(&[("CACHET_FP8_GLU", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
