@@ -256,6 +256,47 @@ __device__ __forceinline__ uint2 codes8(const float* r, float inv) {
 // of a per-key scale; V's tile holds plain codes with its outlier channels written over, and the
 // output is multiplied by V's channel scales (1 at the outliers).
 // MODE: 0 bf16 cache, 1 FP8, 2 INT8; `FP8` below means either coded cache.
+// V's codes as the decode kernels' P·V fragments want them. Lane (r, q) of a warp takes V at the
+// warp's keys kq = 2q, kq+1 | kq+8, kq+9 (P's columns as its C fragments hold them) and D/8
+// consecutive values of d from d = r · D/8 (`rv`: the raw stage's V rows, offset by r · D/8): the
+// products' D is a permutation of d chosen so, each lane reading 16 (d = 64: 8) consecutive codes
+// of each of its four keys. pair01[β] holds keys kq, kq+1's codes of the lane's value β as an f16
+// pair (kq's low), pair89[β] those of kq+8, kq+9, each times its key's scale (`vsc`, per row of
+// the stage), in f16 as the f16 tile was.
+template <int D>
+__device__ __forceinline__ void v_code_pairs(const fp8* rv, int kq, const float* vsc, unsigned (&pair01)[D / 8],
+                                             unsigned (&pair89)[D / 8]) {
+    constexpr int W = D / 32;  // words of D/8 codes
+    static_assert(W == 2 || W == 4, "head_dim 64 or 128");
+    unsigned v0[W], v1[W], v8[W], v9[W];
+    const fp8* rows[4] = {rv + kq * D, rv + (kq + 1) * D, rv + (kq + 8) * D, rv + (kq + 9) * D};
+    unsigned* words[4] = {v0, v1, v8, v9};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if constexpr (W == 4) {
+            const uint4 a = *reinterpret_cast<const uint4*>(rows[k]);
+            words[k][0] = a.x; words[k][1] = a.y; words[k][2] = a.z; words[k][3] = a.w;
+        } else {
+            const uint2 a = *reinterpret_cast<const uint2*>(rows[k]);
+            words[k][0] = a.x; words[k][1] = a.y;
+        }
+    }
+    const unsigned s01 = pack_f16(vsc[kq], vsc[kq + 1]), s89 = pack_f16(vsc[kq + 8], vsc[kq + 9]);
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+        // Bytes 0, 1 | 2, 3 of the two keys' words interleaved: values 4w, 4w+1 | 4w+2, 4w+3.
+        const unsigned p01[2] = {__byte_perm(v0[w], v1[w], 0x5140), __byte_perm(v0[w], v1[w], 0x7362)};
+        const unsigned p89[2] = {__byte_perm(v8[w], v9[w], 0x5140), __byte_perm(v8[w], v9[w], 0x7362)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            pair01[4 * w + i] = e4m3x2_f16x2(p01[i >> 1] >> ((i & 1) * 16));
+            pair89[4 * w + i] = e4m3x2_f16x2(p89[i >> 1] >> ((i & 1) * 16));
+            asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(pair01[4 * w + i]) : "r"(s01));
+            asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(pair89[4 * w + i]) : "r"(s89));
+        }
+    }
+}
+
 // DECODE: 0 the general body (prompts; decode too where not specialized), 1 the FP8 cache's decode
 // blocks of up to 16 query rows (MMA_SPECIALIZES), 2 the same of up to 8 rows with the products
 // transposed (paged_attention_mma_*_fp8_dec, below).
@@ -460,6 +501,17 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     };
     // This warp's rows of every tile in decode.
     const int my_r0 = warp * MMA_HK;
+    // FP8 decode, once the warp is done with raw stage `buf` (tile k0's): its rows of the tile
+    // DEC_STAGES ahead go into it (the stage's copies form one group whether or not there are any).
+    auto refill_dec = [&](int k0, int buf) {
+        __syncwarp();
+        if (k0 + DEC_STAGES * MMA_TK < k_end) {
+            lookup(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane);
+            __syncwarp();
+            issue(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane, 32);
+        }
+        cp_async_commit();
+    };
 
     if constexpr (!FP8) lookup(k_begin, 0, 0, MMA_TK, tid);
     // Q rows, 8 elements per 16-byte load, pre-scaled: scores come out in log2 units, so exp2 of
@@ -788,60 +840,14 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(p0));
                     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(p1));
                 }
-                constexpr int W = D / 32;  // words of D/8 codes
-                const fp8* rv = rk + MMA_TK * D + fr * (D / 8);
-                const int kq = h + 2 * fq;
-                unsigned v0[W], v1[W], v8[W], v9[W];
-                if constexpr (W == 4) {
-                    const uint4 a = *reinterpret_cast<const uint4*>(rv + kq * D);
-                    const uint4 b = *reinterpret_cast<const uint4*>(rv + (kq + 1) * D);
-                    const uint4 c = *reinterpret_cast<const uint4*>(rv + (kq + 8) * D);
-                    const uint4 d = *reinterpret_cast<const uint4*>(rv + (kq + 9) * D);
-                    v0[0] = a.x; v0[1] = a.y; v0[2] = a.z; v0[3] = a.w;
-                    v1[0] = b.x; v1[1] = b.y; v1[2] = b.z; v1[3] = b.w;
-                    v8[0] = c.x; v8[1] = c.y; v8[2] = c.z; v8[3] = c.w;
-                    v9[0] = d.x; v9[1] = d.y; v9[2] = d.z; v9[3] = d.w;
-                } else {
-                    static_assert(W == 2, "head_dim 64 or 128");
-                    const uint2 a = *reinterpret_cast<const uint2*>(rv + kq * D);
-                    const uint2 b = *reinterpret_cast<const uint2*>(rv + (kq + 1) * D);
-                    const uint2 c = *reinterpret_cast<const uint2*>(rv + (kq + 8) * D);
-                    const uint2 d = *reinterpret_cast<const uint2*>(rv + (kq + 9) * D);
-                    v0[0] = a.x; v0[1] = a.y;
-                    v1[0] = b.x; v1[1] = b.y;
-                    v8[0] = c.x; v8[1] = c.y;
-                    v9[0] = d.x; v9[1] = d.y;
-                }
-                const float* vsc = raw_scale[st_buf][1];
-                const unsigned s01 = pack_f16(vsc[kq], vsc[kq + 1]), s89 = pack_f16(vsc[kq + 8], vsc[kq + 9]);
-                // Code β of the lane's D/8 (β = 4w + i) for keys 2q, 2q+1 and 2q+8, 2q+9, as f16
-                // pairs times their scales.
                 unsigned lo01[D / 8], lo89[D / 8];
-#pragma unroll
-                for (int w = 0; w < W; ++w) {
-                    const unsigned p01[2] = {__byte_perm(v0[w], v1[w], 0x5140), __byte_perm(v0[w], v1[w], 0x7362)};
-                    const unsigned p89[2] = {__byte_perm(v8[w], v9[w], 0x5140), __byte_perm(v8[w], v9[w], 0x7362)};
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        lo01[4 * w + i] = e4m3x2_f16x2(p01[i >> 1] >> ((i & 1) * 16));
-                        lo89[4 * w + i] = e4m3x2_f16x2(p89[i >> 1] >> ((i & 1) * 16));
-                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo01[4 * w + i]) : "r"(s01));
-                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo89[4 * w + i]) : "r"(s89));
-                    }
-                }
+                v_code_pairs<D>(rk + MMA_TK * D + fr * (D / 8), h + 2 * fq, raw_scale[st_buf][1], lo01, lo89);
 #pragma unroll
                 for (int n = 0; n < NO; ++n) {
                     const unsigned a[4] = {lo01[n], lo01[NO + n], lo89[n], lo89[NO + n]};
                     mma_f16(o[n], a, pb);
                 }
-                // The raw stage is read: the tile DEC_STAGES ahead may go into it.
-                __syncwarp();
-                if (k0 + DEC_STAGES * MMA_TK < k_end) {
-                    lookup(k0 + DEC_STAGES * MMA_TK, st_buf, my_r0, MMA_HK, lane);
-                    __syncwarp();
-                    issue(k0 + DEC_STAGES * MMA_TK, st_buf, my_r0, MMA_HK, lane, 32);
-                }
-                cp_async_commit();
+                refill_dec(k0, st_buf);  // the raw stage is read
             } else {
             // S = Q Kᵀ for 2 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
             float s[MMA_HK / 8][4];
@@ -882,14 +888,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                         }
                     }
                 }
-                if constexpr (!VREG) {  // (VREG: V's codes are still to be read, after P·V)
-                    if (k0 + DEC_STAGES * MMA_TK < k_end) {
-                        lookup(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane);
-                        __syncwarp();
-                        issue(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
-                    }
-                    cp_async_commit();
-                }
+                if constexpr (!VREG) refill_dec(k0, t % DEC_STAGES);  // (VREG: V's codes are read after P·V)
             } else {
 #pragma unroll
                 for (int nb = 0; nb < MMA_HK / 8; ++nb) {
@@ -1004,61 +1003,20 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                 // lane reads D/8 consecutive codes of each of its four keys, and its output column
                 // 2q+e of block n is d = (2q+e) · D/8 + n (the writes below). Each key's scale
                 // multiplies its codes in f16, as the f16 tile did.
-                constexpr int W = D / 32;  // words of D/8 codes
-                const fp8* rv = raw_dec + (t % DEC_STAGES) * 2 * MMA_TK * D + MMA_TK * D + fr * (D / 8);
-                const int kq = h + 2 * fq;
-                unsigned v0[W], v1[W], v8[W], v9[W];
-                if constexpr (W == 4) {
-                    const uint4 a = *reinterpret_cast<const uint4*>(rv + kq * D);
-                    const uint4 b = *reinterpret_cast<const uint4*>(rv + (kq + 1) * D);
-                    const uint4 c = *reinterpret_cast<const uint4*>(rv + (kq + 8) * D);
-                    const uint4 d = *reinterpret_cast<const uint4*>(rv + (kq + 9) * D);
-                    v0[0] = a.x; v0[1] = a.y; v0[2] = a.z; v0[3] = a.w;
-                    v1[0] = b.x; v1[1] = b.y; v1[2] = b.z; v1[3] = b.w;
-                    v8[0] = c.x; v8[1] = c.y; v8[2] = c.z; v8[3] = c.w;
-                    v9[0] = d.x; v9[1] = d.y; v9[2] = d.z; v9[3] = d.w;
-                } else {
-                    static_assert(W == 2, "head_dim 64 or 128");
-                    const uint2 a = *reinterpret_cast<const uint2*>(rv + kq * D);
-                    const uint2 b = *reinterpret_cast<const uint2*>(rv + (kq + 1) * D);
-                    const uint2 c = *reinterpret_cast<const uint2*>(rv + (kq + 8) * D);
-                    const uint2 d = *reinterpret_cast<const uint2*>(rv + (kq + 9) * D);
-                    v0[0] = a.x; v0[1] = a.y;
-                    v1[0] = b.x; v1[1] = b.y;
-                    v8[0] = c.x; v8[1] = c.y;
-                    v9[0] = d.x; v9[1] = d.y;
-                }
-                const float* vsc = raw_scale[t % DEC_STAGES][1];
-                const unsigned s01 = pack_f16(vsc[kq], vsc[kq + 1]), s89 = pack_f16(vsc[kq + 8], vsc[kq + 9]);
+                unsigned lo01[D / 8], lo89[D / 8];
+                v_code_pairs<D>(raw_dec + (t % DEC_STAGES) * 2 * MMA_TK * D + MMA_TK * D + fr * (D / 8), h + 2 * fq,
+                                raw_scale[t % DEC_STAGES][1], lo01, lo89);
                 unsigned pa[4];
                 pa[0] = pack_f16(s[0][0], s[0][1]);
                 pa[1] = pack_f16(s[0][2], s[0][3]);
                 pa[2] = pack_f16(s[1][0], s[1][1]);
                 pa[3] = pack_f16(s[1][2], s[1][3]);
 #pragma unroll
-                for (int w = 0; w < W; ++w) {
-                    // Bytes 0, 1 | 2, 3 of the key pairs' words, interleaved: codes of blocks
-                    // 4w + 0, 1 | 4w + 2, 3.
-                    const unsigned lo[2] = {__byte_perm(v0[w], v1[w], 0x5140), __byte_perm(v8[w], v9[w], 0x5140)};
-                    const unsigned hi[2] = {__byte_perm(v0[w], v1[w], 0x7362), __byte_perm(v8[w], v9[w], 0x7362)};
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const unsigned* src = i < 2 ? lo : hi;
-                        const int sh = (i & 1) * 16;
-                        unsigned b[2] = {e4m3x2_f16x2(src[0] >> sh), e4m3x2_f16x2(src[1] >> sh)};
-                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(b[0]) : "r"(s01));
-                        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(b[1]) : "r"(s89));
-                        mma_f16(o[4 * w + i], pa, b);
-                    }
+                for (int n = 0; n < D / 8; ++n) {
+                    const unsigned b[2] = {lo01[n], lo89[n]};
+                    mma_f16(o[n], pa, b);
                 }
-                // The raw stage is read: the tile DEC_STAGES ahead may go into it.
-                __syncwarp();
-                if (k0 + DEC_STAGES * MMA_TK < k_end) {
-                    lookup(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane);
-                    __syncwarp();
-                    issue(k0 + DEC_STAGES * MMA_TK, t % DEC_STAGES, my_r0, MMA_HK, lane, 32);
-                }
-                cp_async_commit();
+                refill_dec(k0, t % DEC_STAGES);  // the raw stage is read
             } else {
 #pragma unroll
             for (int j = 0; j < MMA_HK / 16; ++j) {
