@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick CUDA-vs-CPU logits check of both attention kernels (no model download): random GQA models
-# with head_dim 64 and 128 (tensor-core kernel, group 4, split-K for the short prompts, several
+# with head_dim 64 and 128 (tensor-core kernel, groups 4 and 8, split-K for the short prompts, several
 # units per sequence for the long ones), the same with sliding windows, and the tiny fixtures
 # (CUDA-core kernel; tiny-gemma3: windows, GeGLU, output norms, scaled embeddings). KV="auto fp8
 # int8" also checks the FP8 and INT8 KV caches (CUDA against the CPU's reference of the same
@@ -13,6 +13,9 @@ set -euo pipefail
 bin=${CACHET:-.carry/cachet}
 "$bin" model random --config examples/configs/small-gqa-d64.json --out /tmp/m64 --seed 3 2>/dev/null
 "$bin" model random --config examples/configs/small-gqa-d128.json --out /tmp/m128 --seed 4 2>/dev/null
+# A GQA group of 8 (Llama-3-70B's, Qwen3-30B-A3B's): a decode step fills all 8 query columns of
+# the FP8 cache's transposed decode kernel.
+"$bin" model random --config examples/configs/small-gqa8-d128.json --out /tmp/g8 --seed 8 2>/dev/null
 # Sliding windows (Mistral-style, every layer) of 100 and 256 keys: the 300- and 1500-token prompts
 # reach past them, and a decode step over 1500 keys splits the key range, some splits wholly
 # outside the window.
@@ -22,7 +25,7 @@ bin=${CACHET:-.carry/cachet}
 "$bin" model random --config examples/configs/small-gemma3-d256.json --out /tmp/g256 --seed 7 2>/dev/null
 for kv in ${KV:-auto}; do
 tol=$([ "$kv" = auto ] && echo 2e-2 || echo 5e-2)
-for model in ${MODELS:-/tmp/m64 /tmp/m128 /tmp/w64 /tmp/w128 /tmp/g256 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied tests/fixtures/tiny-gemma3}; do
+for model in ${MODELS:-/tmp/m64 /tmp/m128 /tmp/g8 /tmp/w64 /tmp/w128 /tmp/g256 tests/fixtures/tiny-gqa-llama3 tests/fixtures/tiny-mha-tied tests/fixtures/tiny-gemma3}; do
   max=$(python3 -c "import json; print(json.load(open('$model/config.json'))['max_position_embeddings'])")
   for n in 1 37 300 1500; do
     [ "$n" -le "$max" ] || continue
