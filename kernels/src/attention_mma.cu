@@ -327,11 +327,13 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // Transposed decode (DECODE 2): the key tile takes the MMAs' 16 rows and the block's (at most
     // 8) query rows their 8 columns — S^T = K Q^T, O^T += V^T P^T — so half the products of the
     // 16-row decode (where 12 of 16 rows are padding for a GQA group of 4), half its accumulator
-    // and Q registers (4 blocks an SM: its own symbol's bounds), and shared memory is only the
-    // three raw stages (Q staged in them before the loop; the warps' merge after it).
+    // and Q registers (FP8: 4 blocks an SM by its own symbol's bounds, shared memory only the
+    // three raw stages, Q staged in them before the loop and the warps' merge after it; bf16: the
+    // two stages of K and V tiles as in prompts, each warp copying and taking its 16 keys of a
+    // tile, where the 16-row kernel leaves three of four warps without query rows).
     constexpr bool TR = DECODE == 2;
-    static_assert(!TR || (MODE == 1 && KG == 1), "the transposed decode reads an FP8 cache, d <= 128");
-    fp8* raw = reinterpret_cast<fp8*>(stage + (TR ? 0 : 2 * TILE));
+    static_assert(!TR || (MODE != 2 && KG == 1), "the transposed decode: bf16 or FP8 cache, d <= 128");
+    fp8* raw = reinterpret_cast<fp8*>(stage + ((TR && FP8) ? 0 : 2 * TILE));
     // D = 256 (bf16): Q stays in a shared region of its own after the two stages, and the A
     // fragments are read from it at each k-step (in registers they would spill).
     constexpr bool Q_SHARED = !FP8 && D > 128;
@@ -341,7 +343,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // tile holds a third stage in flight.
     constexpr int DEC_STAGES = 3;
     constexpr bool RESCALE_SKIP = FP8;  // (the bf16 d128 kernel spills with the vote)
-    fp8* raw_dec = reinterpret_cast<fp8*>(stage + (TR ? 0 : TILE));
+    fp8* raw_dec = reinterpret_cast<fp8*>(stage + ((TR && FP8) ? 0 : TILE));
     __shared__ float raw_scale[FP8 ? DEC_STAGES : 1][2][MMA_TK];  // [stage][K, V][row]
     __shared__ float tile_k_scale[FP8 ? MMA_TK : 1];      // K scales of the tile being computed
     __shared__ float qout[I8 ? MMA_TQ : 1][KV_I8_OUTLIERS];  // INT8: each Q row at K's outliers
@@ -758,13 +760,23 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             const int hn = kn - h, kb = k0 + h;  // keys of this half in range; its first key
             if (hn <= 0) continue;
             if constexpr (TR) {
-                // S^T = K Q^T: this warp's 16 keys are the MMA's rows (A from the raw codes: lane
-                // (r, q) reads keys r and r + 8, 16 bytes at the same permuted offsets as the
-                // 16-row decode), Q's rows its 8 columns (B: the same permuted fragments, rows r).
+                // S^T = K Q^T: this warp's 16 keys are the MMA's rows, Q's rows its 8 columns (B:
+                // Q's fragments of rows r). FP8: A from the raw codes — lane (r, q) reads keys r and
+                // r + 8, 16 bytes at the same permuted offsets as the 16-row decode, Q's fragments
+                // permuted alike; bf16: A by ldmatrix from the warp's rows of the K tile.
                 const int st_buf = t % DEC_STAGES;
                 const fp8* rk = raw_dec + st_buf * 2 * MMA_TK * D;
                 const int c0 = h + fr, c1 = c0 + 8;
                 float st[4] = {0.f, 0.f, 0.f, 0.f};  // [key r | r + 8][query 2q | 2q+1]
+                if constexpr (!FP8) {
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; ++kk) {
+                        unsigned a[4];
+                        ldmatrix_x4(a, Kh + (lane & 15) * DP + kk * 16 + (lane >> 4) * 8);
+                        const unsigned b[2] = {qa[kk][0], qa[kk][2]};
+                        mma_bf16(st, a, b);
+                    }
+                } else {
 #pragma unroll
                 for (int g = 0; g < D / 64; ++g) {
                     const uint4 w0 = *reinterpret_cast<const uint4*>(rk + c0 * D + ((4 * g + fq) ^ kswz(c0)) * 16);
@@ -784,6 +796,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                 st[1] *= k0s;
                 st[2] *= k1s;
                 st[3] *= k1s;
+                }
                 if (hn < MMA_HK || kb + MMA_HK - 1 > first_pos || (window > 0 && kb + window < ctx_end)) {
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
@@ -836,18 +849,31 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                 // two keys' codes interleaved by byte permutes, converted, times each key's scale.
                 unsigned pb[2];
                 {
-                    const unsigned p0 = pack_f16(st[0], st[1]), p1 = pack_f16(st[2], st[3]);
+                    const unsigned p0 = FP8 ? pack_f16(st[0], st[1]) : pack_bf16(st[0], st[1]);
+                    const unsigned p1 = FP8 ? pack_f16(st[2], st[3]) : pack_bf16(st[2], st[3]);
                     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(p0));
                     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(p1));
                 }
-                unsigned lo01[D / 8], lo89[D / 8];
-                v_code_pairs<D>(rk + MMA_TK * D + fr * (D / 8), h + 2 * fq, raw_scale[st_buf][1], lo01, lo89);
+                if constexpr (FP8) {
+                    unsigned lo01[D / 8], lo89[D / 8];
+                    v_code_pairs<D>(rk + MMA_TK * D + fr * (D / 8), h + 2 * fq, raw_scale[st_buf][1], lo01, lo89);
 #pragma unroll
-                for (int n = 0; n < NO; ++n) {
-                    const unsigned a[4] = {lo01[n], lo01[NO + n], lo89[n], lo89[NO + n]};
-                    mma_f16(o[n], a, pb);
+                    for (int n = 0; n < NO; ++n) {
+                        const unsigned a[4] = {lo01[n], lo01[NO + n], lo89[n], lo89[NO + n]};
+                        mma_f16(o[n], a, pb);
+                    }
+                    refill_dec(k0, st_buf);  // the raw stage is read
+                } else {
+                    // bf16: d in its own order — block n's rows r, r + 8 are d = 16n + r, + 8 — V^T's
+                    // fragments by ldmatrix.trans of the warp's rows of the V tile (matrices: keys
+                    // 0-7 | 8-15 × d 16n + 0-7 | + 8-15).
+#pragma unroll
+                    for (int n = 0; n < NO; ++n) {
+                        unsigned a[4];
+                        ldmatrix_x4_trans(a, Vh + ((lane >> 4) * 8 + (lane & 7)) * DP + n * 16 + ((lane >> 3) & 1) * 8);
+                        mma_bf16(o[n], a, pb);
+                    }
                 }
-                refill_dec(k0, st_buf);  // the raw stage is read
             } else {
             // S = Q Kᵀ for 2 blocks of 8 keys; one ldmatrix.x4 gives the B fragments of two D slices.
             float s[MMA_HK / 8][4];
@@ -1107,7 +1133,43 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             o[n][3] *= s1;
         }
     }
-    if constexpr (TR) {
+    if constexpr (TR && !FP8) {
+        // o[n][0] is query a's d = 16n + r, o[n][2] its d = 16n + r + 8; o[n][1], o[n][3] query b's.
+        if (gridDim.z == 1) {
+            const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
+            bf16* oa = out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + fr;
+            bf16* ob = out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + fr;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                if (has_a) {
+                    oa[16 * n] = f2bf(o[n][0] * ia);
+                    oa[16 * n + 8] = f2bf(o[n][2] * ia);
+                }
+                if (has_b) {
+                    ob[16 * n] = f2bf(o[n][1] * ib);
+                    ob[16 * n + 8] = f2bf(o[n][3] * ib);
+                }
+            }
+        } else {
+            const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                if (has_a) {
+                    part_o[(base + ra) * D + 16 * n + fr] = o[n][0];
+                    part_o[(base + ra) * D + 16 * n + fr + 8] = o[n][2];
+                }
+                if (has_b) {
+                    part_o[(base + rb) * D + 16 * n + fr] = o[n][1];
+                    part_o[(base + rb) * D + 16 * n + fr + 8] = o[n][3];
+                }
+            }
+            if (fr == 0) {
+                if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
+                if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
+            }
+        }
+        return;
+    } else if constexpr (TR) {
         // Query a's d = r · D/8 + [0, D/16) from o[·][0], + D/16 + [0, D/16) from o[·][2]; b's
         // from o[·][1], o[·][3]: D/8 consecutive values of d a query.
         float va[D / 8], vb[D / 8];
@@ -1261,13 +1323,14 @@ __device__ __forceinline__ bool mma_decode_block(const unsigned* __restrict__ ti
         MMA_CALL(D, MODE, 0);                                                                             \
     }
 
-// The transposed decode (attention_mma's DECODE 2) of the FP8 cache, for steps whose every block
-// has at most 8 query rows (a decode step with a GQA group of at most 8): its own symbol, so its
-// registers are bounded for four blocks an SM, and shared memory of mma_fp8_dec_smem_bytes.
-#define MMA_DEC_KERNEL(NAME, D)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) NAME(PAGED_ATTENTION_ARGS(fp8)) { \
-        wait_for_prior_kernels();                                                                     \
-        MMA_CALL(D, 1, 2);                                                                            \
+// The transposed decode (attention_mma's DECODE 2), for steps whose every block has at most 8
+// query rows (a decode step with a GQA group of at most 8): symbols of its own, so their
+// registers are bounded for their own occupancy — FP8 cache: four blocks an SM, shared memory of
+// mma_fp8_dec_smem_bytes; bf16: three, mma_smem_bytes as the prompt kernel.
+#define MMA_DEC_KERNEL(NAME, D, MODE, KV, BLOCKS)                                                        \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, BLOCKS) NAME(PAGED_ATTENTION_ARGS(KV)) { \
+        wait_for_prior_kernels();                                                                       \
+        MMA_CALL(D, MODE, 2);                                                                           \
     }
 
 MMA_KERNEL(paged_attention_mma_d128_bf16, 128, 0, bf16, 3)
@@ -1276,6 +1339,8 @@ MMA_KERNEL(paged_attention_mma_d128_fp8, 128, 1, fp8, 3)
 MMA_KERNEL(paged_attention_mma_d64_fp8, 64, 1, fp8, 3)
 MMA_KERNEL(paged_attention_mma_d128_int8, 128, 2, fp8, 3)
 MMA_KERNEL(paged_attention_mma_d64_int8, 64, 2, fp8, 3)
-MMA_DEC_KERNEL(paged_attention_mma_d128_fp8_dec, 128)
-MMA_DEC_KERNEL(paged_attention_mma_d64_fp8_dec, 64)
+MMA_DEC_KERNEL(paged_attention_mma_d128_fp8_dec, 128, 1, fp8, 4)
+MMA_DEC_KERNEL(paged_attention_mma_d64_fp8_dec, 64, 1, fp8, 4)
+MMA_DEC_KERNEL(paged_attention_mma_d128_bf16_dec, 128, 0, bf16, 3)
+MMA_DEC_KERNEL(paged_attention_mma_d64_bf16_dec, 64, 0, bf16, 3)
 MMA_KERNEL(paged_attention_mma_d256_bf16, 256, 0, bf16, 1)

@@ -70,6 +70,8 @@ pub const SOURCES: &[KernelSource] = &[
             "paged_attention_mma_d64_fp8",
             "paged_attention_mma_d128_fp8_dec",
             "paged_attention_mma_d64_fp8_dec",
+            "paged_attention_mma_d128_bf16_dec",
+            "paged_attention_mma_d64_bf16_dec",
             "paged_attention_mma_d256_bf16",
         ],
     },

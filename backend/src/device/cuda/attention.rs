@@ -143,22 +143,33 @@ impl CudaDevice {
             let heads_first = mma.is_some()
                 && self.options.attention_heads_first
                 && plan.units <= u16::MAX as usize;
-            // A decode step of the FP8 cache with at most 8 query rows a block (each tile one
-            // token: a unit's rows are its tokens × the group) runs the transposed kernel.
-            let transposed = mma.is_some()
-                && dtype == KvCacheDtype::Fp8E4m3
-                && self.options.attention_decode_transposed
+            // A decode step with at most 8 query rows a block (a unit's rows are its tokens ×
+            // the group) runs the transposed kernel of its cache, where that is on.
+            let transposed = match dtype {
+                KvCacheDtype::Fp8E4m3 => self.options.attention_decode_transposed,
+                KvCacheDtype::Auto => self.options.attention_decode_transposed_bf16,
+                KvCacheDtype::Int8 => false,
+            } && mma.is_some()
+                && d <= 128
                 && plan.tensor_cores
                 && b.longest_tile() * plan.group <= 8;
             let (func, grid, shared) = match mma {
                 Some(_) if transposed => (
-                    &self.k.attention_mma_fp8_dec[usize::from(d == 128)],
+                    if dtype == KvCacheDtype::Fp8E4m3 {
+                        &self.k.attention_mma_fp8_dec[usize::from(d == 128)]
+                    } else {
+                        &self.k.attention_mma_bf16_dec[usize::from(d == 128)]
+                    },
                     if heads_first {
                         (plan.grid_y, plan.units, plan.splits)
                     } else {
                         (plan.units, plan.grid_y, plan.splits)
                     },
-                    mma_fp8_dec_smem_bytes(d),
+                    if dtype == KvCacheDtype::Fp8E4m3 {
+                        mma_fp8_dec_smem_bytes(d)
+                    } else {
+                        mma_smem_bytes(d)
+                    },
                 ),
                 Some(f) => (
                     f,

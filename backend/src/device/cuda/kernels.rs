@@ -134,6 +134,8 @@ pub struct Kernels {
     pub attention_mma_d128_fp8: CudaFunction,
     /// The FP8 cache's transposed decode (steps of at most 8 query rows a block), d = 64, 128.
     pub attention_mma_fp8_dec: [CudaFunction; 2],
+    /// The same for the bf16 cache (`CACHET_DECODE_ATTENTION_BF16=transposed`), d = 64, 128.
+    pub attention_mma_bf16_dec: [CudaFunction; 2],
     pub attention_mma_d64_int8: CudaFunction,
     pub attention_mma_d128_int8: CudaFunction,
     pub combine: CudaFunction,
@@ -248,6 +250,10 @@ impl Kernels {
                 f("paged_attention_mma_d64_fp8_dec")?,
                 f("paged_attention_mma_d128_fp8_dec")?,
             ],
+            attention_mma_bf16_dec: [
+                f("paged_attention_mma_d64_bf16_dec")?,
+                f("paged_attention_mma_d128_bf16_dec")?,
+            ],
             attention_mma_d64_int8: f("paged_attention_mma_d64_int8")?,
             attention_mma_d128_int8: f("paged_attention_mma_d128_int8")?,
             combine: f("attention_combine_bf16")?,
@@ -308,6 +314,9 @@ impl Kernels {
         smem(&k.attention_mma_d256, mma_smem_bytes(256))?;
         smem(&k.attention_mma_d64_fp8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_fp8, mma_fp8_smem_bytes(128))?;
+        for (func, d) in k.attention_mma_bf16_dec.iter().zip([64, 128]) {
+            smem(func, mma_smem_bytes(d))?;
+        }
         for (func, d) in k.attention_mma_fp8_dec.iter().zip([64, 128]) {
             smem(func, mma_fp8_dec_smem_bytes(d))?;
             // Four blocks an SM: all the carveout to shared memory.

@@ -179,6 +179,10 @@ pub struct CudaOptions {
     /// most 8) run the transposed kernel — keys on the MMAs' 16 rows, queries on their 8 columns,
     /// four blocks an SM — rather than the 16-row one (`CACHET_DECODE_ATTENTION=transposed|rows`).
     pub attention_decode_transposed: bool,
+    /// The same kernel shape for the bf16 cache (`CACHET_DECODE_ATTENTION_BF16=rows|transposed`,
+    /// default rows: the 16-row kernel, where a decode block's four warps share one warp's query
+    /// rows). Not yet measured on a GPU, so off until it is.
+    pub attention_decode_transposed_bf16: bool,
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
     pub nccl_library: Option<PathBuf>,
@@ -203,6 +207,7 @@ impl Default for CudaOptions {
             fp8_fused_glu: true,
             attention_heads_first: true,
             attention_decode_transposed: true,
+            attention_decode_transposed_bf16: false,
             nccl_library: None,
         }
     }
@@ -311,6 +316,8 @@ impl CudaOptions {
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
         o.fp8_fused_glu = !switch("CACHET_FP8_GLU", "fused", "separate")?;
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
+        o.attention_decode_transposed_bf16 =
+            switch("CACHET_DECODE_ATTENTION_BF16", "rows", "transposed")?;
         Ok(o)
     }
 }
@@ -425,6 +432,12 @@ mod tests {
                 .attention_decode_transposed
         );
         assert!(parse(&[("CACHET_DECODE_ATTENTION", "units")]).is_err());
+        assert!(!parse(&[]).unwrap().attention_decode_transposed_bf16);
+        assert!(
+            parse(&[("CACHET_DECODE_ATTENTION_BF16", "transposed")])
+                .unwrap()
+                .attention_decode_transposed_bf16
+        );
         assert!(parse(&[]).unwrap().fp8_fused_glu);
         assert!(
             !parse(&[("CACHET_FP8_GLU", "separate")])
