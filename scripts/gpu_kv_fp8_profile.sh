@@ -7,7 +7,9 @@
 # SOURCE=1 adds, for the FP8 cache, Nsight Compute's source page: every SASS instruction with its
 # executed count and sampled stalls, attributed to the kernel's lines (the kernels carry line
 # information). CTX sets the context (default 2048; 1280 is the served benchmark's), QUANT=fp8
-# loads FP8 weights as served. Clocks are left alone (not ncu's base clocks).
+# loads FP8 weights as served. Clocks are left alone (not ncu's base clocks). The decode kernel
+# profiled follows CACHET_DECODE_ATTENTION / CACHET_DECODE_ATTENTION_BF16 (the transposed `_dec`
+# symbols where on).
 #   OUT=... [NCU_ONLY=1] [SOURCE=1] [CTX=1280] [QUANT=fp8] scripts/gpu_kv_fp8_profile.sh
 source "$(dirname "$0")/gpu_common.sh"
 m=(--model examples/configs/llama3-8b.json --load-format dummy --device cuda --decode-contexts 2048
@@ -24,7 +26,9 @@ if [ -x $ncu ]; then
   ctx=${CTX:-2048}
   quant=(); [ -z "${QUANT:-}" ] || quant=(--quantization $QUANT)
   for kv in auto fp8; do
-    k=paged_attention_mma_d128_bf16; [ $kv = fp8 ] && k=paged_attention_mma_d128_fp8
+    # The decode steps' kernel: the transposed one (`_dec`) where it is on (FP8: the default).
+    k=paged_attention_mma_d128_bf16; [ "${CACHET_DECODE_ATTENTION_BF16:-rows}" = transposed ] && k=${k}_dec
+    [ $kv = fp8 ] && k=paged_attention_mma_d128_fp8 && [ "${CACHET_DECODE_ATTENTION:-transposed}" = transposed ] && k=${k}_dec
     extra=(); [ "${SOURCE:-0}" = 1 ] && [ $kv = fp8 ] && extra=(--section SourceCounters --export "$out/kv/attention-fp8")
     # Batch 1 runs first (32 launches a step, ~11 timed steps and graph captures): skip past it.
     $ncu --clock-control none -k $k --launch-skip ${NCU_SKIP:-900} --launch-count 2 --section SpeedOfLight \
