@@ -449,6 +449,45 @@ extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4
     if (threadIdx.x == 0) scale[j] = __fdiv_rn(amax, E4M3_MAX);
 }
 
+// A sub-layer's input straight into the FP8 GEMM's: residual[r, :] += delta'[r, :] when delta is
+// given (add_rms_norm_bf16; else the residual is only read, as rms_norm_bf16), y = bf16 of
+// rms_norm(residual[r, :]) · w — those kernels' output — then y quantized as
+// quantize_act_rows_e4m3 quantizes it (codes[r, i] = e4m3(y_i · 448/amax), scale[r] =
+// amax/448): the same codes and scales bit for bit, without the bf16 rows written and read back
+// or the launch between. Rows of at most RMS_PER_THREAD · blockDim.x (held in registers); a
+// block per row, norm_config's threads.
+//   residual : device, f32 [rows, cols];  delta : bf16 [rows, cols] or null;  delta_w, w : bf16 [cols]
+//   codes : device, e4m3 [rows, cols];  scale : device, f32 [rows]
+extern "C" __global__ void rms_norm_e4m3(float* __restrict__ residual, const bf16* __restrict__ delta,
+                                         const bf16* __restrict__ delta_w, const bf16* __restrict__ w,
+                                         fp8* __restrict__ codes, float* __restrict__ scale, int cols, float eps) {
+    wait_for_prior_kernels();
+    const size_t row = blockIdx.x;
+    float* rr = residual + row * cols;
+    const bf16* dr = delta ? delta + row * cols : nullptr;
+    float v[RMS_PER_THREAD], wv[RMS_PER_THREAD], y[RMS_PER_THREAD];
+    const float inv = residual_row_regs<RMS_PER_THREAD>(rr, dr, delta_w, w, cols, eps, v, wv);
+    float m = 0.f;
+#pragma unroll
+    for (int k = 0; k < RMS_PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        y[k] = 0.f;
+        if (i < cols) {
+            if (dr) rr[i] = v[k];
+            y[k] = bf2f(f2bf(wv[k] * (v[k] * inv)));
+            m = fmaxf(m, fabsf(y[k]));
+        }
+    }
+    const float amax = block_max(m);
+    const float qi = amax > 0.f ? __fdiv_rn(E4M3_MAX, amax) : 0.f;
+#pragma unroll
+    for (int k = 0; k < RMS_PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < cols) codes[row * cols + i] = (fp8)(f32x2_e4m3x2(y[k] * qi, 0.f) & 0xffu);
+    }
+    if (threadIdx.x == 0) scale[row] = __fdiv_rn(amax, E4M3_MAX);
+}
+
 // w[j, :] = bf16(e4m3(codes[j, :]) · scale[j]): FP8 weights back to bf16 for the GEMMs of
 // prefill steps. Grid-stride over n · k.
 extern "C" __global__ void dequantize_rows_e4m3(const fp8* __restrict__ codes, const float* __restrict__ scale,

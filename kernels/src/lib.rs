@@ -105,6 +105,7 @@ pub const SOURCES: &[KernelSource] = &[
             "gemv_norm_geglu_e4m3_r4",
             "quantize_rows_e4m3",
             "quantize_act_rows_e4m3",
+            "rms_norm_e4m3",
             "dequantize_rows_e4m3",
             "fp8_scale_out_bf16",
             "fp8_scale_out_f32",

@@ -290,6 +290,68 @@ gpu_test! {
     }
 }
 
+gpu_test! {
+    /// A sub-layer's norm straight into the FP8 GEMM's input codes (`rms_norm_e4m3`,
+    /// `CACHET_FP8_NORM=fused`) gives what the norm's launch then the quantization's give, bit
+    /// for bit — the projection's output and the residual it leaves — with and without a delta to
+    /// add (and Gemma's norm of that delta), for a plain projection and a gated gate|up one, at
+    /// the rows that reach cuBLASLt; the profile shows which path each took.
+    fn fp8_norm_into_codes_equals_the_norm_then_the_quantization() {
+        use cachet_backend::config::Activation;
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::{Delta, Device};
+        use cachet_backend::tensor::HostTensor;
+        let fused =
+            CudaDevice::new(0, 16, CudaOptions { fp8_fused_norm: true, ..Default::default() }).unwrap();
+        let separate = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(13);
+        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
+            let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        for (k, m) in [(64, 96), (4096, 1024)] {
+            let w = rows(m, k, 0.0, (k as f64).powf(-0.5));
+            let norm = rows(1, k, 1.0, 0.1);
+            let delta_norm = rows(1, k, 1.0, 0.1);
+            for n in [5, 40, 300] {
+                let x = rows(n, k, 0.0, 1.0);
+                let d = rows(n, k, 0.0, 0.5);
+                for (delta, post) in [(false, false), (true, false), (true, true)] {
+                    for glu in [None, Some(Activation::Silu)] {
+                        let mut outs = Vec::new();
+                        for (dev, label) in [(&fused, "fused"), (&separate, "separate")] {
+                            let wq = dev.quantize_fp8(dev.upload(&w).unwrap()).unwrap();
+                            let nw = dev.upload(&norm).unwrap();
+                            let (dx, dn) = (dev.upload(&d).unwrap(), dev.upload(&delta_norm).unwrap());
+                            let delta = delta.then(|| Delta { x: &dx, norm: post.then_some(&dn) });
+                            let mut residual = dev.upload_table(&x).unwrap();
+                            dev.set_profiling(true);
+                            let y = match glu {
+                                Some(act) => dev.norm_glu(&mut residual, delta, &nw, 1e-5, &wq, act),
+                                None => dev.norm_linear(&mut residual, delta, &nw, 1e-5, &wq),
+                            }
+                            .unwrap();
+                            let (got, res) = (dev.to_host(&y).unwrap(), dev.to_host(&residual).unwrap());
+                            let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                            dev.set_profiling(false);
+                            let one_pass = ops.iter().any(|op| op == "↳ fp8: norm into codes");
+                            assert_eq!(one_pass, label == "fused", "{label}, {n} rows: the ops were {ops:?}");
+                            assert_eq!(got.len(), n * if glu.is_some() { m / 2 } else { m });
+                            assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
+                            outs.push((got, res));
+                        }
+                        let what = format!("{n}×{k} → {m}, delta {delta}, its norm {post}, {glu:?}");
+                        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                        let (differ, res_differ) = (bits(&outs[0].0, &outs[1].0), bits(&outs[0].1, &outs[1].1));
+                        eprintln!("{what}: {differ} outputs and {res_differ} residual values differ");
+                        assert_eq!((differ, res_differ), (0, 0), "{what}: the fused norm differs");
+                    }
+                }
+            }
+        }
+    }
+}
+
 device_test! {
     fn tiny_families_greedy_64_tokens_like_transformers_with_caching_chunking_batching(dev) {
         for (name, _) in FAMILIES {

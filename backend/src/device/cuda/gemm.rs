@@ -14,6 +14,7 @@ use super::gemm_fp8::{Fp8Out, Fp8Product};
 use super::tensor::{CudaBuf, CudaTensor};
 use super::{op_err, CudaDevice, DEV};
 use crate::config::Activation;
+use crate::device::Delta;
 use crate::error::DeviceError;
 
 /// cuBLAS workspace (what NVIDIA recommends for Hopper).
@@ -80,7 +81,8 @@ impl CudaDevice {
         let (n, k, m) = (x.rows, x.cols, w.rows);
         let xs = x.bf16("linear")?;
         if let CudaBuf::E4m3 { codes, scales } = &w.buf {
-            if let Some(out) = self.gemm_fp8(xs, (codes, scales), (m, n, k), out_f32, None)? {
+            let x = Fp8Input::Bf16(xs);
+            if let Some(out) = self.gemm_fp8(x, (codes, scales), (m, n, k), out_f32, None)? {
                 return Ok(out);
             }
         }
@@ -168,7 +170,7 @@ impl CudaDevice {
     /// `None` when there is no cuBLASLt or no algorithm for the shape.
     fn gemm_fp8(
         &self,
-        xs: &CudaSlice<u16>,
+        x: Fp8Input<'_>,
         (codes, w_scale): (&CudaSlice<u8>, &CudaSlice<f32>),
         (m, n, k): (usize, usize, usize),
         out_f32: bool,
@@ -191,13 +193,29 @@ impl CudaDevice {
         // per prompt length: the pad rows' codes are whatever the buffer held and their
         // products are never read (each output row depends on its own input row only).
         let n_pad = fp8_padded_rows(n);
-        let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
-        let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
-        // The parts are timed under `gemm` too (`↳`: the profile counts them once, in `gemm`).
-        self.timed("↳ fp8: quantize activations", || {
-            let exact = self.options.fp8_exact_activations;
-            self.launch_quantize_rows_e4m3(exact, xs, &mut x_codes, &mut x_scale, (n, k))
-        })?;
+        let (x_codes, x_scale) = match x {
+            Fp8Input::Bf16(xs) => {
+                let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
+                let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
+                // The parts are timed under `gemm` too (`↳`: the profile counts them once, in
+                // `gemm`).
+                self.timed("↳ fp8: quantize activations", || {
+                    let exact = self.options.fp8_exact_activations;
+                    self.launch_quantize_rows_e4m3(exact, xs, &mut x_codes, &mut x_scale, (n, k))
+                })?;
+                (x_codes, x_scale)
+            }
+            Fp8Input::Codes(c, s) if c.len() >= n_pad * k && s.len() >= n => (c, s),
+            Fp8Input::Codes(..) => {
+                return Err(DeviceError::Op {
+                    device: DEV,
+                    op: "fp8 gemm",
+                    msg: format!(
+                        "quantized input too short for {n} rows (padded to {n_pad}) of {k}"
+                    ),
+                })
+            }
+        };
         let scales = (w_scale, &x_scale);
         // The scales applied on the way to the result.
         let scaled = |product: Fp8Product| -> Result<CudaBuf, DeviceError> {
@@ -246,6 +264,83 @@ impl CudaDevice {
         }))
     }
 
+    /// The sub-layer's norm straight into the FP8 GEMM's input codes ([`Fp8Input::Codes`], the
+    /// `rms_norm_e4m3` kernel: the separate launches' codes bit for bit), then the product — with
+    /// `glu`, gated in the scales' pass as [`Self::linear_glu`] does. `None` (nothing done, the
+    /// residual untouched) where that path does not apply: off (`CACHET_FP8_NORM`), weights not
+    /// FP8, a step the GEMV takes, the exact activation kernel, rows wider than
+    /// [`FP8_NORM_MAX_COLS`], or no cuBLASLt algorithm for the shape.
+    pub(super) fn norm_fp8_projection(
+        &self,
+        residual: &mut CudaTensor,
+        delta: Option<Delta<'_, CudaTensor>>,
+        norm: &CudaTensor,
+        eps: f32,
+        w: &CudaTensor,
+        glu: Option<Activation>,
+    ) -> Result<Option<CudaTensor>, DeviceError> {
+        let (n, k, m) = (residual.rows, residual.cols, w.rows);
+        let CudaBuf::E4m3 { codes, scales } = &w.buf else {
+            return Ok(None);
+        };
+        let Some(Some(lt)) = self.fp8_gemm.get() else {
+            return Ok(None);
+        };
+        let applies = self.options.fp8_fused_norm
+            && !self.options.fp8_exact_activations
+            && n > 0
+            && k == w.cols
+            && k <= FP8_NORM_MAX_COLS
+            && k.is_multiple_of(16)
+            && m.is_multiple_of(16)
+            && self.gemv_variant(n, k, &w.weight("linear")?).is_none()
+            && glu.is_none_or(|_| self.fp8_glu_fused(n, m, false))
+            && lt.supports((m, fp8_padded_rows(n), k, self.options.fp8_bf16_product))?;
+        if !applies {
+            return Ok(None);
+        }
+        let n_pad = fp8_padded_rows(n);
+        let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
+        let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
+        let op = match &delta {
+            Some(d) if d.norm.is_some() => "add_rms_norm + output norm",
+            Some(_) => "add_rms_norm",
+            None => "rms_norm",
+        };
+        self.timed(op, || {
+            self.timed("↳ fp8: norm into codes", || {
+                let delta = match &delta {
+                    Some(d) => Some((
+                        d.x.bf16("add_rms_norm")?,
+                        match d.norm {
+                            Some(nw) => Some(nw.bf16("add_rms_norm")?),
+                            None => None,
+                        },
+                    )),
+                    None => None,
+                };
+                let wv = norm.bf16("rms_norm")?;
+                let r = residual.f32_mut("rms_norm")?;
+                self.launch_rms_norm_e4m3(r, delta, wv, &mut x_codes, &mut x_scale, (n, k), eps)
+            })
+        })?;
+        self.timed("gemm", || {
+            self.gemm_fp8(
+                Fp8Input::Codes(x_codes, x_scale),
+                (codes, scales),
+                (m, n, k),
+                false,
+                glu,
+            )
+        })?
+        .map(Some)
+        .ok_or_else(|| DeviceError::Op {
+            device: DEV,
+            op: "fp8 gemm",
+            msg: format!("cuBLASLt planned {n}×{k} · ({m}×{k})ᵀ and then had no algorithm"),
+        })
+    }
+
     /// Whether an FP8 gate|up product of `n` rows and `m` columns takes its gated activation in
     /// the scales' pass (`fp8_scale_{silu|gelu_tanh}_bf16`): a bf16 product, half its columns a
     /// multiple of 8, at most 65,535 rows.
@@ -276,7 +371,7 @@ impl CudaDevice {
                         .is_none()
                     && self.fp8_glu_fused(x.rows, w.rows, false) =>
             {
-                let xs = x.bf16("linear")?;
+                let xs = Fp8Input::Bf16(x.bf16("linear")?);
                 self.timed("gemm", || {
                     self.gemm_fp8(
                         xs,
@@ -297,6 +392,17 @@ impl CudaDevice {
             }
         }
     }
+}
+
+/// Widest rows `rms_norm_e4m3` takes: eight values a thread of 1,024 (norm_config's threads).
+pub(super) const FP8_NORM_MAX_COLS: usize = 8 * 1024;
+
+/// An FP8 product's input: bf16 rows quantized on the way in, or codes and row scales already
+/// made (owned: they live until the product is enqueued; the rows padded as
+/// [`fp8_padded_rows`] says).
+pub(super) enum Fp8Input<'a> {
+    Bf16(&'a CudaSlice<u16>),
+    Codes(CudaSlice<u8>, CudaSlice<f32>),
 }
 
 /// The rows an FP8 product runs on for `n` input rows: multiples of 16 up to 64 (batched decode

@@ -45,7 +45,7 @@ fn check(op: &'static str, status: lt::cublasStatus_t) -> Result<(), DeviceError
 
 /// The shape of one product: weight rows (output features), tokens, columns, and whether it is
 /// written in bf16 (else f32).
-type Shape = (usize, usize, usize, bool);
+pub type Shape = (usize, usize, usize, bool);
 
 struct Plan {
     desc: lt::cublasLtMatmulDesc_t,
@@ -238,6 +238,16 @@ impl Fp8Gemm {
 
     /// `raw = x · wᵀ` over the codes (unit scales), f32 or bf16 `[n, m]`; `Ok(false)` when
     /// cuBLASLt has no algorithm for the shape (nothing was launched).
+    /// Whether cuBLASLt has an algorithm for `shape` (planned now if it was not).
+    pub fn supports(&self, shape: Shape) -> Result<bool, DeviceError> {
+        let mut plans = self.plans.borrow_mut();
+        let plan = match plans.entry(shape) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(shape)?),
+        };
+        Ok(plan.is_some())
+    }
+
     pub fn matmul(
         &self,
         stream: &Arc<CudaStream>,

@@ -71,6 +71,9 @@ impl CudaDevice {
         glu: Option<Activation>,
     ) -> Result<CudaTensor, DeviceError> {
         let Some(v) = self.gemv_norm_variant(residual, w, glu.is_some()) else {
+            if let Some(y) = self.norm_fp8_projection(residual, delta, norm, eps, w, glu)? {
+                return Ok(y);
+            }
             let x = self.norm(residual, delta, norm, eps)?;
             return match glu {
                 Some(act) => self.linear_glu(&x, w, act),

@@ -156,6 +156,8 @@ pub struct Kernels {
     pub quantize_rows_e4m3: CudaFunction,
     /// A GEMM's input rows to e4m3 with row scales (each row read once, vectorized).
     pub quantize_act_rows_e4m3: CudaFunction,
+    /// A sub-layer's norm (with its residual add) straight into e4m3 codes and row scales.
+    pub rms_norm_e4m3: CudaFunction,
     pub dequantize_rows_e4m3: CudaFunction,
     /// The FP8 GEMM's epilogue: row and token scales applied, from an f32 product into bf16 or
     /// f32, and from a bf16 product into bf16.
@@ -280,6 +282,7 @@ impl Kernels {
             ],
             quantize_rows_e4m3: f("quantize_rows_e4m3")?,
             quantize_act_rows_e4m3: f("quantize_act_rows_e4m3")?,
+            rms_norm_e4m3: f("rms_norm_e4m3")?,
             dequantize_rows_e4m3: f("dequantize_rows_e4m3")?,
             fp8_scale_out: [
                 f("fp8_scale_out_bf16")?,

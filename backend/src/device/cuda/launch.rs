@@ -1051,6 +1051,56 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// `rms_norm_e4m3(f32 residual[rows, cols], bf16 delta[rows, cols] or null, bf16 delta_w[cols]
+    /// or null, bf16 w[cols], e4m3 codes[rows, cols], f32 scale[rows], int cols, float eps)`: a
+    /// sub-layer's norm (adding `delta` into the residual when given) into the FP8 GEMM's input.
+    /// Rows of at most 8 · 1024 columns (held in registers: the caller checks
+    /// [`super::gemm::FP8_NORM_MAX_COLS`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_rms_norm_e4m3(
+        &self,
+        residual: &mut CudaSlice<f32>,
+        delta: Option<(&CudaSlice<u16>, Option<&CudaSlice<u16>>)>,
+        w: &CudaSlice<u16>,
+        codes: &mut CudaSlice<u8>,
+        scale: &mut CudaSlice<f32>,
+        (rows, cols): (usize, usize),
+        eps: f32,
+    ) -> Result<(), DeviceError> {
+        let short = residual.len() < rows * cols
+            || delta
+                .is_some_and(|(d, dw)| d.len() < rows * cols || dw.is_some_and(|n| n.len() < cols))
+            || w.len() < cols
+            || codes.len() < rows * cols
+            || scale.len() < rows;
+        if short || cols > super::gemm::FP8_NORM_MAX_COLS {
+            return Err(short_buffers("rms_norm_e4m3", rows, cols));
+        }
+        let c = cols as i32;
+        let null = 0u64;
+        let mut l = self.stream.launch_builder(&self.k.rms_norm_e4m3);
+        l.arg(residual);
+        match delta {
+            Some((d, dw)) => {
+                l.arg(d);
+                match dw {
+                    Some(n) => l.arg(n),
+                    None => l.arg(&null),
+                };
+            }
+            None => {
+                l.arg(&null).arg(&null);
+            }
+        }
+        l.arg(w).arg(codes).arg(scale).arg(&c).arg(&eps);
+        // SAFETY: the buffers hold what the kernel reads and writes (checked above); each block
+        // reads and writes its own row; cols ≤ 8 · 1024, so norm_config's threads hold a row in
+        // registers.
+        unsafe { self.enqueue(&mut l, norm_config(rows, cols)) }
+            .map_err(op_err("rms_norm_e4m3"))?;
+        Ok(())
+    }
+
     /// `dequantize_rows_e4m3(e4m3 codes[n, k], f32 scale[n], bf16 w[n, k], int n, int k)`.
     pub(super) fn launch_dequantize_rows_e4m3(
         &self,

@@ -171,6 +171,11 @@ pub struct CudaOptions {
     /// (`fp8_scale_{silu|gelu_tanh}_bf16`, bit for bit the two launches' result) rather than
     /// the scales' launch, then the activation's (`CACHET_FP8_GLU=fused|separate`).
     pub fp8_fused_glu: bool,
+    /// A sub-layer's norm writes the FP8 GEMM's input codes and row scales directly
+    /// (`rms_norm_e4m3`: the norm's and the quantization's launches' result bit for bit)
+    /// rather than bf16 rows the quantization reads back (`CACHET_FP8_NORM=separate|fused`;
+    /// default separate until measured on a GPU).
+    pub fp8_fused_norm: bool,
     /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
     /// the cache — together, rather than one kv head of every sequence first.
@@ -205,6 +210,7 @@ impl Default for CudaOptions {
             fp8_bf16_product: true,
             fp8_exact_activations: false,
             fp8_fused_glu: true,
+            fp8_fused_norm: false,
             attention_heads_first: true,
             attention_decode_transposed: true,
             attention_decode_transposed_bf16: false,
@@ -315,6 +321,7 @@ impl CudaOptions {
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
         o.fp8_fused_glu = !switch("CACHET_FP8_GLU", "fused", "separate")?;
+        o.fp8_fused_norm = switch("CACHET_FP8_NORM", "separate", "fused")?;
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         o.attention_decode_transposed_bf16 =
             switch("CACHET_DECODE_ATTENTION_BF16", "rows", "transposed")?;
@@ -445,6 +452,12 @@ mod tests {
                 .fp8_fused_glu
         );
         assert!(parse(&[("CACHET_FP8_GLU", "yes")]).is_err());
+        assert!(!parse(&[]).unwrap().fp8_fused_norm);
+        assert!(
+            parse(&[("CACHET_FP8_NORM", "fused")])
+                .unwrap()
+                .fp8_fused_norm
+        );
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
