@@ -309,16 +309,7 @@ impl CudaDevice {
         };
         self.timed(op, || {
             self.timed("↳ fp8: norm into codes", || {
-                let delta = match &delta {
-                    Some(d) => Some((
-                        d.x.bf16("add_rms_norm")?,
-                        match d.norm {
-                            Some(nw) => Some(nw.bf16("add_rms_norm")?),
-                            None => None,
-                        },
-                    )),
-                    None => None,
-                };
+                let delta = super::gemv::delta_slices(delta.as_ref(), "add_rms_norm")?;
                 let wv = norm.bf16("rms_norm")?;
                 let r = residual.f32_mut("rms_norm")?;
                 self.launch_rms_norm_e4m3(r, delta, wv, &mut x_codes, &mut x_scale, (n, k), eps)

@@ -3,12 +3,33 @@
 //! sub-layer's output norm) fused in as a prologue and SwiGLU / GeGLU as the gate/up epilogue. Steps with more rows than `gemv_max_rows` (or
 //! shapes the kernels cannot take) go through the norm kernels and cuBLAS.
 
+use cudarc::driver::CudaSlice;
+
 use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
 use super::tensor::{CudaBuf, CudaTensor, WeightRef};
 use super::{CudaDevice, DEV};
 use crate::config::Activation;
 use crate::device::{Delta, Device};
 use crate::error::DeviceError;
+
+/// A sub-layer's delta as the norm kernels take it: its rows, and its own norm's weights where it
+/// has one (Gemma's output norms).
+pub(super) type DeltaSlices<'a> = Option<(&'a CudaSlice<u16>, Option<&'a CudaSlice<u16>>)>;
+
+/// [`DeltaSlices`] of `delta` (`op` names the caller in a wrong-dtype error).
+pub(super) fn delta_slices<'a>(
+    delta: Option<&Delta<'a, CudaTensor>>,
+    op: &'static str,
+) -> Result<DeltaSlices<'a>, DeviceError> {
+    let Some(d) = delta else {
+        return Ok(None);
+    };
+    let norm = match d.norm {
+        Some(nw) => Some(nw.bf16(op)?),
+        None => None,
+    };
+    Ok(Some((d.x.bf16(op)?, norm)))
+}
 
 impl CudaDevice {
     /// Which GEMV instantiation serves `rows` input rows of `k` features by `w`, if any. FP8
@@ -100,16 +121,7 @@ impl CudaDevice {
                 Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
                 None => None,
             };
-            let delta = match delta {
-                Some(d) => Some((
-                    d.x.bf16("gemv")?,
-                    match d.norm {
-                        Some(nw) => Some(nw.bf16("gemv")?),
-                        None => None,
-                    },
-                )),
-                None => None,
-            };
+            let delta = delta_slices(delta.as_ref(), "gemv")?;
             self.launch_gemv_norm(
                 v,
                 glu,
