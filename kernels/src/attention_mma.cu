@@ -841,12 +841,12 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                         o[n][3] *= al_b;
                     }
                 }
-                // O^T += V^T P^T. B = P^T: the C fragments of S^T, packed as f16 pairs (key r: its
-                // two queries), are two 8×8 matrices [key][query] in the layout movmatrix
-                // transposes into B's (lane (r, q): keys 2q, 2q+1 of query r). A = V^T: rows are d
-                // permuted so that lane (r, q) reads D/8 consecutive codes of each of its keys 2q,
-                // 2q+1, 2q+8, 2q+9 — row r (+8) of 16-wide block n is d = r · D/8 (+ D/16) + n —
-                // two keys' codes interleaved by byte permutes, converted, times each key's scale.
+                // O^T += V^T P^T. B = P^T: the C fragments of S^T, packed as f16 (bf16) pairs (key
+                // r: its two queries), are two 8×8 matrices [key][query] in the layout movmatrix
+                // transposes into B's (lane (r, q): keys 2q, 2q+1 of query r). A = V^T, FP8: rows
+                // are d permuted so that lane (r, q) reads D/8 consecutive codes of each of its keys
+                // 2q, 2q+1, 2q+8, 2q+9 — row r (+8) of 16-wide block n is d = r · D/8 (+ D/16) + n
+                // — two keys' codes interleaved by byte permutes, converted, times each key's scale.
                 unsigned pb[2];
                 {
                     const unsigned p0 = FP8 ? pack_f16(st[0], st[1]) : pack_bf16(st[0], st[1]);
