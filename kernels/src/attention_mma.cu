@@ -297,6 +297,38 @@ __device__ __forceinline__ void v_code_pairs(const fp8* rv, int kq, const float*
     }
 }
 
+// An attention output value (already divided by l where `whole`): bf16 into `o` when the block
+// took the whole key range, else f32 into its split's partials `p`.
+__device__ __forceinline__ void put_value(bool has, bool whole, bf16* o, float* p, float v) {
+    if (!has) return;
+    if (whole) *o = f2bf(v);
+    else *p = v;
+}
+// Two consecutive values of d (`o`, `p` 4- and 8-byte aligned).
+__device__ __forceinline__ void put_pair(bool has, bool whole, bf16* o, float* p, float v0, float v1) {
+    if (!has) return;
+    if (whole) {
+        *reinterpret_cast<unsigned*>(o) = pack_bf16(v0, v1);
+    } else {
+        p[0] = v0;
+        p[1] = v1;
+    }
+}
+// NV consecutive values of d (NV a multiple of 8; `o`, `p` 16-byte aligned), times `inv` in bf16.
+template <int NV>
+__device__ __forceinline__ void put_run(const float (&v)[NV], bool whole, bf16* o, float* p, float inv) {
+    if (whole) {
+#pragma unroll
+        for (int n = 0; n < NV; n += 8)
+            *reinterpret_cast<uint4*>(o + n) =
+                make_uint4(pack_bf16(v[n] * inv, v[n + 1] * inv), pack_bf16(v[n + 2] * inv, v[n + 3] * inv),
+                           pack_bf16(v[n + 4] * inv, v[n + 5] * inv), pack_bf16(v[n + 6] * inv, v[n + 7] * inv));
+    } else {
+#pragma unroll
+        for (int n = 0; n < NV; n += 4) *reinterpret_cast<float4*>(p + n) = make_float4(v[n], v[n + 1], v[n + 2], v[n + 3]);
+    }
+}
+
 // DECODE: 0 the general body (prompts; decode too where not specialized), 1 the FP8 cache's decode
 // blocks of up to 16 query rows (MMA_SPECIALIZES), 2 the same of up to 8 rows with the products
 // transposed (paged_attention_mma_*_fp8_dec, below).
@@ -1133,42 +1165,27 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             o[n][3] *= s1;
         }
     }
+    // Rows a and b out: in bf16 divided by l where the block took the whole key range (one
+    // split), else the split's f32 partials and (m, l) for attention_combine_bf16.
+    const bool whole = gridDim.z == 1;
+    const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;  // split rows
+    const float ia = !whole ? 1.f : l_a > 0.f ? 1.f / l_a : 0.f;
+    const float ib = !whole ? 1.f : l_b > 0.f ? 1.f / l_b : 0.f;
+    bf16* oa = out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D;
+    bf16* ob = out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D;
+    float* pa = part_o + (base + ra) * D;
+    float* pb = part_o + (base + rb) * D;
     if constexpr (TR && !FP8) {
         // o[n][0] is query a's d = 16n + r, o[n][2] its d = 16n + r + 8; o[n][1], o[n][3] query b's.
-        if (gridDim.z == 1) {
-            const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
-            bf16* oa = out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + fr;
-            bf16* ob = out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + fr;
 #pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                if (has_a) {
-                    oa[16 * n] = f2bf(o[n][0] * ia);
-                    oa[16 * n + 8] = f2bf(o[n][2] * ia);
-                }
-                if (has_b) {
-                    ob[16 * n] = f2bf(o[n][1] * ib);
-                    ob[16 * n + 8] = f2bf(o[n][3] * ib);
-                }
-            }
-        } else {
-            const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
+        for (int n = 0; n < NO; ++n) {
 #pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                if (has_a) {
-                    part_o[(base + ra) * D + 16 * n + fr] = o[n][0];
-                    part_o[(base + ra) * D + 16 * n + fr + 8] = o[n][2];
-                }
-                if (has_b) {
-                    part_o[(base + rb) * D + 16 * n + fr] = o[n][1];
-                    part_o[(base + rb) * D + 16 * n + fr + 8] = o[n][3];
-                }
-            }
-            if (fr == 0) {
-                if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
-                if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
+            for (int h8 = 0; h8 < 2; ++h8) {
+                const int d = 16 * n + fr + 8 * h8;
+                put_value(has_a, whole, oa + d, pa + d, o[n][2 * h8] * ia);
+                put_value(has_b, whole, ob + d, pb + d, o[n][2 * h8 + 1] * ib);
             }
         }
-        return;
     } else if constexpr (TR) {
         // Query a's d = r · D/8 + [0, D/16) from o[·][0], + D/16 + [0, D/16) from o[·][2]; b's
         // from o[·][1], o[·][3]: D/8 consecutive values of d a query.
@@ -1181,104 +1198,38 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             vb[NO + n] = o[n][3];
         }
         const int d0 = fr * (D / 8);
-        if (gridDim.z == 1) {
-            const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
-            bf16* oa = out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + d0;
-            bf16* ob = out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + d0;
-#pragma unroll
-            for (int n = 0; n < D / 8; n += 8) {
-                if (has_a)
-                    *reinterpret_cast<uint4*>(oa + n) =
-                        make_uint4(pack_bf16(va[n] * ia, va[n + 1] * ia), pack_bf16(va[n + 2] * ia, va[n + 3] * ia),
-                                   pack_bf16(va[n + 4] * ia, va[n + 5] * ia), pack_bf16(va[n + 6] * ia, va[n + 7] * ia));
-                if (has_b)
-                    *reinterpret_cast<uint4*>(ob + n) =
-                        make_uint4(pack_bf16(vb[n] * ib, vb[n + 1] * ib), pack_bf16(vb[n + 2] * ib, vb[n + 3] * ib),
-                                   pack_bf16(vb[n + 4] * ib, vb[n + 5] * ib), pack_bf16(vb[n + 6] * ib, vb[n + 7] * ib));
-            }
-        } else {
-            const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
-#pragma unroll
-            for (int n = 0; n < D / 8; n += 4) {
-                if (has_a)
-                    *reinterpret_cast<float4*>(part_o + (base + ra) * D + d0 + n) = make_float4(va[n], va[n + 1], va[n + 2], va[n + 3]);
-                if (has_b)
-                    *reinterpret_cast<float4*>(part_o + (base + rb) * D + d0 + n) = make_float4(vb[n], vb[n + 1], vb[n + 2], vb[n + 3]);
-            }
-            if (fr == 0) {
-                if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
-                if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
-            }
-        }
-        return;
+        if (has_a) put_run(va, whole, oa + d0, pa + d0, ia);
+        if (has_b) put_run(vb, whole, ob + d0, pb + d0, ib);
     } else if constexpr (VREG) {
         // Output column 2q+e of block n is d = (2q+e) · D/8 + n: this lane holds D/8 consecutive
         // values of d for each e.
-        constexpr int NB = D / 8;
-        if (gridDim.z == 1) {
-            const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int d0 = (2 * fq + e) * NB;
-                bf16* oa = out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + d0;
-                bf16* ob = out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + d0;
+        for (int e = 0; e < 2; ++e) {
+            float va[D / 8], vb[D / 8];
 #pragma unroll
-                for (int n = 0; n < NB; n += 8) {
-                    if (has_a)
-                        *reinterpret_cast<uint4*>(oa + n) =
-                            make_uint4(pack_bf16(o[n][e] * ia, o[n + 1][e] * ia), pack_bf16(o[n + 2][e] * ia, o[n + 3][e] * ia),
-                                       pack_bf16(o[n + 4][e] * ia, o[n + 5][e] * ia), pack_bf16(o[n + 6][e] * ia, o[n + 7][e] * ia));
-                    if (has_b)
-                        *reinterpret_cast<uint4*>(ob + n) =
-                            make_uint4(pack_bf16(o[n][2 + e] * ib, o[n + 1][2 + e] * ib), pack_bf16(o[n + 2][2 + e] * ib, o[n + 3][2 + e] * ib),
-                                       pack_bf16(o[n + 4][2 + e] * ib, o[n + 5][2 + e] * ib), pack_bf16(o[n + 6][2 + e] * ib, o[n + 7][2 + e] * ib));
-                }
+            for (int n = 0; n < D / 8; ++n) {
+                va[n] = o[n][e];
+                vb[n] = o[n][2 + e];
             }
-        } else {
-            const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int d0 = (2 * fq + e) * NB;
-#pragma unroll
-                for (int n = 0; n < NB; n += 4) {
-                    if (has_a)
-                        *reinterpret_cast<float4*>(part_o + (base + ra) * D + d0 + n) =
-                            make_float4(o[n][e], o[n + 1][e], o[n + 2][e], o[n + 3][e]);
-                    if (has_b)
-                        *reinterpret_cast<float4*>(part_o + (base + rb) * D + d0 + n) =
-                            make_float4(o[n][2 + e], o[n + 1][2 + e], o[n + 2][2 + e], o[n + 3][2 + e]);
-                }
-            }
-            if (fq == 0) {
-                if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
-                if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
-            }
-        }
-        return;
-    } else {
-    if (gridDim.z == 1) {
-        const float ia = (l_a > 0.f) ? 1.f / l_a : 0.f, ib = (l_b > 0.f) ? 1.f / l_b : 0.f;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const int dcol = n * 8 + 2 * fq;
-            if (has_a) *reinterpret_cast<unsigned*>(out + (size_t)(start + ra / group) * n_heads * D + (kvh * group + ra % group) * D + dcol) = pack_bf16(o[n][0] * ia, o[n][1] * ia);
-            if (has_b) *reinterpret_cast<unsigned*>(out + (size_t)(start + rb / group) * n_heads * D + (kvh * group + rb % group) * D + dcol) = pack_bf16(o[n][2] * ib, o[n][3] * ib);
+            const int d0 = (2 * fq + e) * (D / 8);
+            if (has_a) put_run(va, whole, oa + d0, pa + d0, ia);
+            if (has_b) put_run(vb, whole, ob + d0, pb + d0, ib);
         }
     } else {
-        const size_t base = (((size_t)unit * n_kv + kvh) * gridDim.z + split) * MMA_TQ;
+        // Block n's columns 2q, 2q+1 are d = 8n + 2q, + 1.
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-            const int dcol = n * 8 + 2 * fq;
-            if (has_a) { part_o[(base + ra) * D + dcol] = o[n][0]; part_o[(base + ra) * D + dcol + 1] = o[n][1]; }
-            if (has_b) { part_o[(base + rb) * D + dcol] = o[n][2]; part_o[(base + rb) * D + dcol + 1] = o[n][3]; }
-        }
-        if (fq == 0) {
-            // The running max goes out in natural-log units, as attention_combine_bf16 expects.
-            if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
-            if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
+            const int d = n * 8 + 2 * fq;
+            put_pair(has_a, whole, oa + d, pa + d, o[n][0] * ia, o[n][1] * ia);
+            put_pair(has_b, whole, ob + d, pb + d, o[n][2] * ib, o[n][3] * ib);
         }
     }
-    }  // the general layout
+    // One lane a row (the row's other lanes hold the same m and l); the running max in
+    // natural-log units, as the combine expects.
+    if (!whole && (TR ? fr : fq) == 0) {
+        if (has_a) { part_ml[(base + ra) * 2] = m_a * LN2; part_ml[(base + ra) * 2 + 1] = l_a; }
+        if (has_b) { part_ml[(base + rb) * 2] = m_b * LN2; part_ml[(base + rb) * 2 + 1] = l_b; }
+    }
 }
 
 // Arguments (the same list) and layouts as paged_attention_bf16 (attention.cu), except: `d` is fixed

@@ -213,7 +213,7 @@ impl Handout {
     }
 
     /// Waits until everything queued has been handed out.
-    pub fn close(&mut self) {
+    fn close(&mut self) {
         self.tx = None;
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {

@@ -25,19 +25,46 @@ fn layer_kv(kv: &mut CudaKv, layer: usize) -> LayerKv<'_> {
 }
 
 impl CudaDevice {
-    /// The tensor-core attention kernel for head_dim `d` and the cache's dtype, if there is one
-    /// (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core kernel).
-    fn mma_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<&CudaFunction> {
+    /// The tensor-core attention kernel for head_dim `d` and the cache's dtype, with its shared
+    /// memory, if there is one (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core
+    /// kernel).
+    fn mma_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<(&CudaFunction, u32)> {
         use KvCacheDtype::*;
-        match (d, dtype) {
-            _ if self.options.simt_attention => None,
-            (64, Auto) => Some(&self.k.attention_mma_d64),
-            (128, Auto) => Some(&self.k.attention_mma_d128),
-            (256, Auto) => Some(&self.k.attention_mma_d256),
-            (64, Fp8E4m3) => Some(&self.k.attention_mma_d64_fp8),
-            (128, Fp8E4m3) => Some(&self.k.attention_mma_d128_fp8),
-            (64, Int8) => Some(&self.k.attention_mma_d64_int8),
-            (128, Int8) => Some(&self.k.attention_mma_d128_int8),
+        let f = match (d, dtype) {
+            _ if self.options.simt_attention => return None,
+            (64, Auto) => &self.k.attention_mma_d64,
+            (128, Auto) => &self.k.attention_mma_d128,
+            (256, Auto) => &self.k.attention_mma_d256,
+            (64, Fp8E4m3) => &self.k.attention_mma_d64_fp8,
+            (128, Fp8E4m3) => &self.k.attention_mma_d128_fp8,
+            (64, Int8) => &self.k.attention_mma_d64_int8,
+            (128, Int8) => &self.k.attention_mma_d128_int8,
+            _ => return None,
+        };
+        let smem = if dtype == Auto {
+            mma_smem_bytes(d)
+        } else {
+            mma_fp8_smem_bytes(d)
+        };
+        Some((f, smem))
+    }
+
+    /// The transposed decode kernel (steps of at most 8 query rows a block) for head_dim `d` and
+    /// the cache's dtype, with its shared memory, where it exists and is on
+    /// (`CACHET_DECODE_ATTENTION`, `CACHET_DECODE_ATTENTION_BF16`).
+    fn mma_decode_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<(&CudaFunction, u32)> {
+        let i = match d {
+            64 => 0,
+            128 => 1,
+            _ => return None,
+        };
+        match dtype {
+            KvCacheDtype::Fp8E4m3 if self.options.attention_decode_transposed => {
+                Some((&self.k.attention_mma_fp8_dec[i], mma_fp8_dec_smem_bytes(d)))
+            }
+            KvCacheDtype::Auto if self.options.attention_decode_transposed_bf16 => {
+                Some((&self.k.attention_mma_bf16_dec[i], mma_smem_bytes(d)))
+            }
             _ => None,
         }
     }
@@ -144,45 +171,22 @@ impl CudaDevice {
                 && self.options.attention_heads_first
                 && plan.units <= u16::MAX as usize;
             // A decode step with at most 8 query rows a block (a unit's rows are its tokens ×
-            // the group) runs the transposed kernel of its cache, where that is on.
-            let transposed = match dtype {
-                KvCacheDtype::Fp8E4m3 => self.options.attention_decode_transposed,
-                KvCacheDtype::Auto => self.options.attention_decode_transposed_bf16,
-                KvCacheDtype::Int8 => false,
-            } && mma.is_some()
-                && d <= 128
-                && plan.tensor_cores
-                && b.longest_tile() * plan.group <= 8;
+            // the group) runs the transposed kernel of its cache, where there is one.
+            let mma = match mma {
+                Some(_) if plan.tensor_cores && b.longest_tile() * plan.group <= 8 => {
+                    self.mma_decode_attention(d, dtype).or(mma)
+                }
+                _ => mma,
+            };
             let (func, grid, shared) = match mma {
-                Some(_) if transposed => (
-                    if dtype == KvCacheDtype::Fp8E4m3 {
-                        &self.k.attention_mma_fp8_dec[usize::from(d == 128)]
-                    } else {
-                        &self.k.attention_mma_bf16_dec[usize::from(d == 128)]
-                    },
-                    if heads_first {
-                        (plan.grid_y, plan.units, plan.splits)
-                    } else {
-                        (plan.units, plan.grid_y, plan.splits)
-                    },
-                    if dtype == KvCacheDtype::Fp8E4m3 {
-                        mma_fp8_dec_smem_bytes(d)
-                    } else {
-                        mma_smem_bytes(d)
-                    },
-                ),
-                Some(f) => (
+                Some((f, smem)) => (
                     f,
                     if heads_first {
                         (plan.grid_y, plan.units, plan.splits)
                     } else {
                         (plan.units, plan.grid_y, plan.splits)
                     },
-                    if dtype != KvCacheDtype::Auto {
-                        mma_fp8_smem_bytes(d)
-                    } else {
-                        mma_smem_bytes(d)
-                    },
+                    smem,
                 ),
                 None => (
                     match (dtype, d > ATT_MAXD) {

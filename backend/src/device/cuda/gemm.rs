@@ -195,8 +195,7 @@ impl CudaDevice {
         let n_pad = fp8_padded_rows(n);
         let (x_codes, x_scale) = match x {
             Fp8Input::Bf16(xs) => {
-                let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
-                let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
+                let (mut x_codes, mut x_scale) = self.alloc_fp8_input(n, k)?;
                 // The parts are timed under `gemm` too (`↳`: the profile counts them once, in
                 // `gemm`).
                 self.timed("↳ fp8: quantize activations", || {
@@ -299,9 +298,7 @@ impl CudaDevice {
         if !applies {
             return Ok(None);
         }
-        let n_pad = fp8_padded_rows(n);
-        let mut x_codes = self.alloc_out::<u8>(n_pad * k, "FP8 activations")?;
-        let mut x_scale = self.alloc_f32(n, "FP8 activation scales")?;
+        let (mut x_codes, mut x_scale) = self.alloc_fp8_input(n, k)?;
         let op = match &delta {
             Some(d) if d.norm.is_some() => "add_rms_norm + output norm",
             Some(_) => "add_rms_norm",
@@ -330,6 +327,18 @@ impl CudaDevice {
             op: "fp8 gemm",
             msg: format!("cuBLASLt planned {n}×{k} · ({m}×{k})ᵀ and then had no algorithm"),
         })
+    }
+
+    /// An FP8 product's input buffers for `n` rows of `k`: the codes of the padded rows
+    /// ([`fp8_padded_rows`]; the pad rows' codes are whatever the buffer held, and their
+    /// products are never read) and a scale a row.
+    fn alloc_fp8_input(
+        &self,
+        n: usize,
+        k: usize,
+    ) -> Result<(CudaSlice<u8>, CudaSlice<f32>), DeviceError> {
+        let codes = self.alloc_out::<u8>(fp8_padded_rows(n) * k, "FP8 activations")?;
+        Ok((codes, self.alloc_f32(n, "FP8 activation scales")?))
     }
 
     /// Whether an FP8 gate|up product of `n` rows and `m` columns takes its gated activation in

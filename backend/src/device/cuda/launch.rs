@@ -1060,7 +1060,7 @@ impl CudaDevice {
     pub(super) fn launch_rms_norm_e4m3(
         &self,
         residual: &mut CudaSlice<f32>,
-        delta: Option<(&CudaSlice<u16>, Option<&CudaSlice<u16>>)>,
+        delta: super::gemv::DeltaSlices<'_>,
         w: &CudaSlice<u16>,
         codes: &mut CudaSlice<u8>,
         scale: &mut CudaSlice<f32>,
@@ -1214,7 +1214,7 @@ impl CudaDevice {
         v: usize,
         glu: Option<Activation>,
         residual: &CudaSlice<f32>,
-        delta: Option<(&CudaSlice<u16>, Option<&CudaSlice<u16>>)>,
+        delta: super::gemv::DeltaSlices<'_>,
         residual_out: Option<&mut CudaSlice<f32>>,
         norm: &CudaSlice<u16>,
         w: WeightRef<'_>,
