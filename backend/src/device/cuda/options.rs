@@ -173,8 +173,8 @@ pub struct CudaOptions {
     pub fp8_fused_glu: bool,
     /// A sub-layer's norm writes the FP8 GEMM's input codes and row scales directly
     /// (`rms_norm_e4m3`: the norm's and the quantization's launches' result bit for bit)
-    /// rather than bf16 rows the quantization reads back (`CACHET_FP8_NORM=separate|fused`;
-    /// default separate until measured on a GPU).
+    /// rather than bf16 rows the quantization reads back (`CACHET_FP8_NORM=fused|separate`;
+    /// batch-64 FP8 decode −1.7%, batch 256 −0.9% on the H200, BENCHMARKS.md §12c).
     pub fp8_fused_norm: bool,
     /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
@@ -184,10 +184,14 @@ pub struct CudaOptions {
     /// most 8) run the transposed kernel — keys on the MMAs' 16 rows, queries on their 8 columns,
     /// four blocks an SM — rather than the 16-row one (`CACHET_DECODE_ATTENTION=transposed|rows`).
     pub attention_decode_transposed: bool,
-    /// The same kernel shape for the bf16 cache (`CACHET_DECODE_ATTENTION_BF16=rows|transposed`,
-    /// default rows: the 16-row kernel, where a decode block's four warps share one warp's query
-    /// rows). Not yet measured on a GPU, so off until it is.
+    /// The same kernel shape for the bf16 cache (`CACHET_DECODE_ATTENTION_BF16=transposed|rows`;
+    /// rows: the 16-row kernel, where a decode block's four warps share one warp's query rows).
+    /// Batch-256 bf16 decode −7.5%, batch 64 −9% on the H200 (BENCHMARKS.md §12c).
     pub attention_decode_transposed_bf16: bool,
+    /// A mixed step's single-token tiles (its decoding sequences) get the transposed decode
+    /// kernel in a launch of their own, its prompt tiles the 16-row kernel, rather than one
+    /// launch running every tile on the 16-row kernel (`CACHET_MIXED_DECODE=apart|together`).
+    pub attention_mixed_apart: bool,
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
     pub nccl_library: Option<PathBuf>,
@@ -210,10 +214,11 @@ impl Default for CudaOptions {
             fp8_bf16_product: true,
             fp8_exact_activations: false,
             fp8_fused_glu: true,
-            fp8_fused_norm: false,
+            fp8_fused_norm: true,
             attention_heads_first: true,
             attention_decode_transposed: true,
-            attention_decode_transposed_bf16: false,
+            attention_decode_transposed_bf16: true,
+            attention_mixed_apart: true,
             nccl_library: None,
         }
     }
@@ -321,10 +326,11 @@ impl CudaOptions {
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
         o.fp8_fused_glu = !switch("CACHET_FP8_GLU", "fused", "separate")?;
-        o.fp8_fused_norm = switch("CACHET_FP8_NORM", "separate", "fused")?;
+        o.fp8_fused_norm = !switch("CACHET_FP8_NORM", "fused", "separate")?;
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         o.attention_decode_transposed_bf16 =
-            switch("CACHET_DECODE_ATTENTION_BF16", "rows", "transposed")?;
+            !switch("CACHET_DECODE_ATTENTION_BF16", "transposed", "rows")?;
+        o.attention_mixed_apart = !switch("CACHET_MIXED_DECODE", "apart", "together")?;
         Ok(o)
     }
 }
@@ -439,12 +445,19 @@ mod tests {
                 .attention_decode_transposed
         );
         assert!(parse(&[("CACHET_DECODE_ATTENTION", "units")]).is_err());
-        assert!(!parse(&[]).unwrap().attention_decode_transposed_bf16);
+        assert!(parse(&[]).unwrap().attention_decode_transposed_bf16);
         assert!(
-            parse(&[("CACHET_DECODE_ATTENTION_BF16", "transposed")])
+            !parse(&[("CACHET_DECODE_ATTENTION_BF16", "rows")])
                 .unwrap()
                 .attention_decode_transposed_bf16
         );
+        assert!(parse(&[]).unwrap().attention_mixed_apart);
+        assert!(
+            !parse(&[("CACHET_MIXED_DECODE", "together")])
+                .unwrap()
+                .attention_mixed_apart
+        );
+        assert!(parse(&[("CACHET_MIXED_DECODE", "split")]).is_err());
         assert!(parse(&[]).unwrap().fp8_fused_glu);
         assert!(
             !parse(&[("CACHET_FP8_GLU", "separate")])
@@ -452,9 +465,9 @@ mod tests {
                 .fp8_fused_glu
         );
         assert!(parse(&[("CACHET_FP8_GLU", "yes")]).is_err());
-        assert!(!parse(&[]).unwrap().fp8_fused_norm);
+        assert!(parse(&[]).unwrap().fp8_fused_norm);
         assert!(
-            parse(&[("CACHET_FP8_NORM", "fused")])
+            !parse(&[("CACHET_FP8_NORM", "separate")])
                 .unwrap()
                 .fp8_fused_norm
         );
