@@ -980,3 +980,86 @@ device_test! {
         assert!(h.submit(r).is_err());
     }
 }
+
+gpu_test! {
+    /// A mixed step — sequences decoding one token beside a prompt chunk — runs its single-token
+    /// tiles on the transposed decode kernel in a launch of their own (the profile shows it) and
+    /// the prompt's tiles on the 16-row kernel: every row's logits are the CPU reference's, for the
+    /// bf16 and the FP8 cache, head_dim 64 and 128, GQA groups 4 and 8 (random weights). The
+    /// decoding sequences sit before, between and after the prompt in the batch, their contexts
+    /// short and long (the decode launch splits its key ranges, the prompt's its own).
+    fn mixed_steps_match_the_cpu_reference_with_decode_tiles_apart() {
+        use cachet_backend::config::ModelConfig;
+        use cachet_backend::device::{ForwardBatch, KvCacheDtype};
+        use cachet_backend::kv::SimpleAllocator;
+        use cachet_backend::loader::{random::random_weights, LoadedModel};
+        let mut bad = Vec::new();
+        for name in ["small-gqa-d64", "small-gqa-d128", "small-gqa8-d128"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../examples/configs")
+                .join(format!("{name}.json"));
+            let config = ModelConfig::from_hf_json(&path).unwrap();
+            let m = LoadedModel {
+                name: name.into(),
+                source: "<random>".into(),
+                weights: random_weights(&config, 5),
+                config,
+                tokenizer: None,
+            };
+            let v = m.config.vocab_size as u32;
+            for dtype in [KvCacheDtype::Auto, KvCacheDtype::Fp8E4m3] {
+                let mut dev = device_runner_with(DeviceKind::Cuda, &m, 256, dtype);
+                let mut cpu = device_runner_with(DeviceKind::Cpu, &m, 256, dtype);
+                let bs = dev.kv_layout().block_size;
+                let mut alloc = SimpleAllocator::new(256, bs);
+                // Contexts of 40, 700 and 1,100 tokens, prefilled on both devices.
+                let mut seqs = Vec::new();
+                for (i, len) in [40usize, 700, 1100].into_iter().enumerate() {
+                    let ids: Vec<u32> = (0..len).map(|j| ((j * (7 + i) + 3) as u32) % v).collect();
+                    let mut table = Vec::new();
+                    alloc.ensure(&mut table, len + 1).unwrap();
+                    let mut b = ForwardBatch::default();
+                    b.push_seq(&ids, 0, &table, bs, true);
+                    let next = argmax(cpu.forward(&b).unwrap().row(0)) as u32;
+                    dev.forward(&b).unwrap();
+                    seqs.push((len, table, next));
+                }
+                // The mixed step: decode, a 100-token prompt, decode, decode; logits for every row.
+                let prompt: Vec<u32> = (0..100u32).map(|j| (j * 13 + 1) % v).collect();
+                let mut ptable = Vec::new();
+                alloc.ensure(&mut ptable, prompt.len()).unwrap();
+                let mut b = ForwardBatch::default();
+                let (len, table, next) = &seqs[0];
+                b.push_seq(&[*next], *len, table, bs, true);
+                b.push_seq(&prompt, 0, &ptable, bs, true);
+                for (len, table, next) in &seqs[1..] {
+                    b.push_seq(&[*next], *len, table, bs, true);
+                }
+                b.logit_rows = (0..b.num_tokens() as u32).collect();
+                let want = cpu.forward(&b).unwrap();
+                dev.set_profiling(true);
+                let got = dev.forward(&b).unwrap();
+                let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                dev.set_profiling(false);
+                assert!(
+                    ops.iter().any(|op| op == "↳ attention: single-token tiles apart"),
+                    "{name} {dtype:?}: the decode tiles had no launch of their own: {ops:?}"
+                );
+                let tol = if dtype == KvCacheDtype::Auto { 2e-2 } else { 5e-2 };
+                let mut worst = 0f64;
+                for row in 0..b.num_tokens() {
+                    let (w, g) = (want.row(row), got.row(row));
+                    let err = rel_err(g, w);
+                    worst = worst.max(err);
+                    let top = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let clear = w.iter().filter(|&&x| top - x <= NEAR_TIE).count() == 1;
+                    if err > tol || (clear && argmax(g) != argmax(w)) {
+                        bad.push(format!("{name} {dtype:?} row {row}: rel err {err:.2e}, top-1 {} vs {}", argmax(g), argmax(w)));
+                    }
+                }
+                eprintln!("{name} {dtype:?}: {} rows, worst rel err {worst:.2e} (bar {tol:.0e})", b.num_tokens());
+            }
+        }
+        assert!(bad.is_empty(), "{bad:#?}");
+    }
+}
