@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The transposed decode attention on the H200 (issue 22; BENCHMARKS.md §12c), one binary, each
 # cache's decode kernel chosen per process: bf16 cache CACHET_DECODE_ATTENTION_BF16=rows|transposed
-# (transposed: prepared, not yet measured, so off by default), FP8 cache
+# (default transposed since session 35's measurement), FP8 cache
 # CACHET_DECODE_ATTENTION=rows|transposed (default transposed). First the CUDA-vs-CPU attention
 # check with both transposed kernels on (bf16 and FP8 caches, GQA groups 4 and 8, windows, split
 # keys), then `bench forward` decode batches 64 / 128 / 256 at context CTX (default 1280), bf16
 # weights + bf16 KV and FP8 weights + FP8 KV, rows and transposed alternated over ROUNDS (default
 # 2); SERVE=1 adds the served benchmark with the default flags (bf16) and the bf16 transposed kernel.
 # Also the FP8 sub-layer norm straight into the GEMM's codes (CACHET_FP8_NORM=separate|fused,
-# prepared with it, off by default): its CUDA test against the two launches, bit for bit (with the
+# default fused since the same measurement): its CUDA test against the two launches, bit for bit (with the
 # gate|up epilogue's), when .carry/families-tests.xz is carried, and a third A/B row, FP8 weights
-# + FP8 KV with it fused.
+# + FP8 KV with the two launches (CACHET_FP8_NORM=separate).
 # Carry .carry/cachet.xz; SERVE=1 needs a tokenizer (TOKENIZER=.carry/smollm2-tokenizer.gguf).
 #   OUT=... [ROUNDS=2] [CTX=1280] [SERVE=1 TOKENIZER=...] scripts/gpu_decode_attention.sh
 source "$(dirname "$0")/gpu_common.sh"
@@ -37,7 +37,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     bench "bf16-$v-$r" CACHET_DECODE_ATTENTION_BF16 $v
     bench "fp8-$v-$r" CACHET_DECODE_ATTENTION $v --quantization fp8 --kv-cache-dtype fp8
   done
-  bench "fp8-norm-fused-$r" CACHET_FP8_NORM fused --quantization fp8 --kv-cache-dtype fp8
+  bench "fp8-norm-separate-$r" CACHET_FP8_NORM separate --quantization fp8 --kv-cache-dtype fp8
 done
 if [ "${SERVE:-0}" = 1 ]; then
   CACHET_DECODE_ATTENTION_BF16=transposed RUNS=defaults TAG=bf16-transposed bash scripts/gpu_serve_bench.sh

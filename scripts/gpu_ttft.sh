@@ -9,12 +9,14 @@
 # machine is carried): python3 scripts/gguf_tokenizer_only.py SmolLM2-135M-Instruct.Q4_1.gguf .carry/smollm2-tokenizer.gguf
 #   CACHET=.carry/cachet TOKENIZER=.carry/smollm2-tokenizer.gguf LOAD=1.0 REQUESTS=1200 bash scripts/gpu_ttft.sh
 #   CACHET=.carry/cachet TOKENIZER=.carry/smollm2-tokenizer.gguf RATE=$(cat /tmp/ttft-rate) ABLATION=1 MODES=warm bash scripts/gpu_ttft.sh
+# CONFIGS picks the configurations (default baseline,all-on), e.g. CONFIGS=all-on MODES=warm RATE=... for
+# one configuration's A/B between binaries or switches at a fixed rate.
 set -euo pipefail
 out=${OUT:-gpu-out}/${TTFT_DIR:-ttft}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export CACHET_CACHE_DIR=${CACHET_CACHE_DIR:-/tmp/cachet-cache}
 bin=${CACHET:-.carry/cachet}
-configs=baseline,all-on
+configs=${CONFIGS:-baseline,all-on}
 if [ "${ABLATION:-0}" = 1 ]; then
   configs=+prefix-cache,+normalization,+chunked-prefill,+shortest-first,+cuda-graphs,+speculation,+fp8-kv
 fi

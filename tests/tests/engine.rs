@@ -982,13 +982,13 @@ device_test! {
 }
 
 gpu_test! {
-    /// A mixed step — sequences decoding one token beside a prompt chunk — runs its single-token
-    /// tiles on the transposed decode kernel in a launch of their own (the profile shows it) and
-    /// the prompt's tiles on the 16-row kernel: every row's logits are the CPU reference's, for the
+    /// A mixed step — sequences decoding one token beside a prompt chunk, one attention launch
+    /// on the 16-row tensor-core kernel — gives the CPU reference's logits on every row, for the
     /// bf16 and the FP8 cache, head_dim 64 and 128, GQA groups 4 and 8 (random weights). The
     /// decoding sequences sit before, between and after the prompt in the batch, their contexts
-    /// short and long (the decode launch splits its key ranges, the prompt's its own).
-    fn mixed_steps_match_the_cpu_reference_with_decode_tiles_apart() {
+    /// short and long. (The attention check runs one sequence a step; this is the step the
+    /// served benchmark's chunked prefill runs most.)
+    fn mixed_steps_match_the_cpu_reference() {
         use cachet_backend::config::ModelConfig;
         use cachet_backend::device::{ForwardBatch, KvCacheDtype};
         use cachet_backend::kv::SimpleAllocator;
@@ -1037,14 +1037,7 @@ gpu_test! {
                 }
                 b.logit_rows = (0..b.num_tokens() as u32).collect();
                 let want = cpu.forward(&b).unwrap();
-                dev.set_profiling(true);
                 let got = dev.forward(&b).unwrap();
-                let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
-                dev.set_profiling(false);
-                assert!(
-                    ops.iter().any(|op| op == "↳ attention: single-token tiles apart"),
-                    "{name} {dtype:?}: the decode tiles had no launch of their own: {ops:?}"
-                );
                 let tol = if dtype == KvCacheDtype::Auto { 2e-2 } else { 5e-2 };
                 let mut worst = 0f64;
                 for row in 0..b.num_tokens() {

@@ -301,9 +301,9 @@ gpu_test! {
         use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
         use cachet_backend::device::{Delta, Device};
         use cachet_backend::tensor::HostTensor;
-        let fused =
-            CudaDevice::new(0, 16, CudaOptions { fp8_fused_norm: true, ..Default::default() }).unwrap();
-        let separate = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let fused = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let separate =
+            CudaDevice::new(0, 16, CudaOptions { fp8_fused_norm: false, ..Default::default() }).unwrap();
         let mut rng = cachet_backend::rng::Rng::new(13);
         let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
             let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();

@@ -1,7 +1,7 @@
 //! Launching a layer's attention: RoPE + the K/V write (`rope_kv.cu`, unless the attention does
 //! it itself), the attention kernel the [`AttentionPlan`] chose, and the split combine.
 
-use cudarc::driver::{CudaFunction, CudaSlice};
+use cudarc::driver::CudaFunction;
 
 use super::attention_plan::{AttentionPlan, Capabilities, StepShape};
 use super::batch::CudaBatch;
@@ -77,35 +77,21 @@ impl CudaDevice {
         dtype: KvCacheDtype,
     ) -> Result<AttentionPlan, DeviceError> {
         AttentionPlan::choose(
-            &self.step_shape(&b.tile_lens, b.max_ctx, p),
-            &self.attention_caps(p.head_dim, dtype),
+            &StepShape {
+                tile_lens: &b.tile_lens,
+                max_ctx: b.max_ctx,
+                num_heads: p.num_heads,
+                num_kv_heads: p.num_kv_heads,
+                head_dim: p.head_dim,
+            },
+            &Capabilities {
+                sms: self.sms,
+                tensor_cores: self.mma_attention(p.head_dim, dtype).is_some(),
+                // The fused rope + cache write is not built for the INT8 cache.
+                fused_rope: self.options.fused_rope && dtype != KvCacheDtype::Int8,
+                split: self.options.split,
+            },
         )
-    }
-
-    fn step_shape<'a>(
-        &self,
-        tile_lens: &'a [u32],
-        max_ctx: usize,
-        p: &AttnParams,
-    ) -> StepShape<'a> {
-        StepShape {
-            tile_lens,
-            max_ctx,
-            num_heads: p.num_heads,
-            num_kv_heads: p.num_kv_heads,
-            head_dim: p.head_dim,
-        }
-    }
-
-    /// What this device offers an attention launch of head_dim `d` over a `dtype` cache.
-    fn attention_caps(&self, d: usize, dtype: KvCacheDtype) -> Capabilities {
-        Capabilities {
-            sms: self.sms,
-            tensor_cores: self.mma_attention(d, dtype).is_some(),
-            // The fused rope + cache write is not built for the INT8 cache.
-            fused_rope: self.options.fused_rope && dtype != KvCacheDtype::Int8,
-            split: self.options.split,
-        }
     }
 
     /// RoPE on the q and k heads of `qkv`, in place, and the K/V write into the cache of `layer`
@@ -172,180 +158,108 @@ impl CudaDevice {
         }
         self.timed("attention", || {
             let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;
+            let rows = plan.part_rows();
+            let split = plan.splits > 1;
+            let mut part_o =
+                self.alloc_f32(if split { rows * d } else { 1 }, "attention splits")?;
+            let mut part_ml =
+                self.alloc_f32(if split { rows * 2 } else { 1 }, "attention splits")?;
             let mma = self.mma_attention(d, dtype);
-            // A step with at most 8 query rows a block (a unit's rows are its tokens × the
-            // group) runs the transposed decode kernel of its cache, where there is one. A
-            // mixed step — decoding sequences beside prompt chunks — gives its single-token
-            // tiles (first in tile order) that kernel in a launch of their own and the prompt
-            // tiles the 16-row one, where one launch would run every tile on the 16-row kernel
-            // with as many units a tile as the longest needs.
-            let decode = match mma {
-                Some(_) if plan.tensor_cores && plan.group <= 8 => {
-                    self.mma_decode_attention(d, dtype)
+            // The tensor-core kernel may take its kv heads on the grid's x (`fused` bit 1); y
+            // holds at most 65,535 units.
+            let heads_first = mma.is_some()
+                && self.options.attention_heads_first
+                && plan.units <= u16::MAX as usize;
+            // A decode step with at most 8 query rows a block (a unit's rows are its tokens ×
+            // the group) runs the transposed kernel of its cache, where there is one.
+            let mma = match mma {
+                Some(_) if plan.tensor_cores && b.longest_tile() * plan.group <= 8 => {
+                    self.mma_decode_attention(d, dtype).or(mma)
                 }
-                _ => None,
+                _ => mma,
             };
-            let attend =
-                |kernel, plan: &AttentionPlan, tiles, out: &mut CudaSlice<u16>, kv: &mut CudaKv| {
-                    self.attend(
-                        kernel,
-                        plan,
-                        tiles,
-                        (qkv, qk_norm, rope),
-                        kv,
-                        layer,
-                        b,
-                        p,
-                        out,
-                    )
-                };
-            let singles = b.single_tiles;
-            match decode {
-                Some(dec) if b.longest_tile() * plan.group <= 8 => {
-                    attend(Some(dec), &plan, 0..b.num_tiles, &mut out, kv)?
-                }
-                Some(dec)
-                    if self.options.attention_mixed_apart
-                        && singles > 0
-                        && singles < b.num_tiles =>
-                {
-                    // The whole step's plan did not fuse the rope (a prompt tile is longer
-                    // than a unit): it ran above, for both launches.
-                    let part = |tiles: std::ops::Range<usize>| {
-                        let mut plan = AttentionPlan::choose(
-                            &self.step_shape(&b.tile_lens[tiles], b.max_ctx, p),
-                            &self.attention_caps(p.head_dim, dtype),
-                        )?;
-                        plan.fused_rope = false;
-                        Ok::<_, DeviceError>(plan)
-                    };
-                    self.timed("↳ attention: single-token tiles apart", || {
-                        attend(Some(dec), &part(0..singles)?, 0..singles, &mut out, kv)
-                    })?;
-                    let rest = singles..b.num_tiles;
-                    attend(mma, &part(rest.clone())?, rest, &mut out, kv)?;
-                }
-                _ => attend(mma, &plan, 0..b.num_tiles, &mut out, kv)?,
+            let (func, grid, shared) = match mma {
+                Some((f, smem)) => (
+                    f,
+                    if heads_first {
+                        (plan.grid_y, plan.units, plan.splits)
+                    } else {
+                        (plan.units, plan.grid_y, plan.splits)
+                    },
+                    smem,
+                ),
+                None => (
+                    match (dtype, d > ATT_MAXD) {
+                        (KvCacheDtype::Auto, false) => &self.k.attention,
+                        (KvCacheDtype::Fp8E4m3, false) => &self.k.attention_fp8,
+                        (KvCacheDtype::Int8, false) => &self.k.attention_int8,
+                        (KvCacheDtype::Auto, true) => &self.k.attention_d256,
+                        (KvCacheDtype::Fp8E4m3, true) => &self.k.attention_d256_fp8,
+                        (KvCacheDtype::Int8, true) => &self.k.attention_d256_int8,
+                    },
+                    (b.num_tiles, p.num_heads, plan.splits),
+                    attention_smem_bytes(d),
+                ),
+            };
+            self.launch_attention(
+                func,
+                AttentionArgs {
+                    qkv: qkv.bf16("attention")?,
+                    kv: layer_kv(kv, layer),
+                    pos: &b.pos,
+                    tile_seq: &b.tile_seq,
+                    tile_start: &b.tile_start,
+                    tile_len: &b.tile_len,
+                    block_tables: &b.block_tables,
+                    max_blocks: b.max_blocks as i32,
+                    out: &mut out,
+                    part_o: &mut part_o,
+                    part_ml: &mut part_ml,
+                    num_heads: p.num_heads as i32,
+                    num_kv_heads: p.num_kv_heads as i32,
+                    head_dim: d as i32,
+                    block_size: b.block_size as i32,
+                    scale: p.scale,
+                    split_len: plan.split_len as i32,
+                    group: plan.group as i32,
+                    sub_tokens: plan.sub_tokens as i32,
+                    units_per_tile: plan.units_per_tile as i32,
+                    rope: rope.f32("rope")?,
+                    slots: &b.slots,
+                    fused: plan.fused_rope as i32 | if heads_first { 2 } else { 0 },
+                    window: p.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                    qk_norm,
+                },
+                grid,
+                plan.tensor_cores,
+                shared,
+            )?;
+            if split {
+                // Combine rows: token × group for the tensor-core kernel, token alone for the
+                // CUDA-core one; outputs of the fullest unit: its tokens (at most sub_tokens, at
+                // most the longest tile) × group × d.
+                let group = if plan.tensor_cores { plan.group } else { 1 };
+                let elems = plan.sub_tokens.min(b.longest_tile().max(1)) * group * d;
+                self.launch_combine(
+                    CombineArgs {
+                        part_o: &part_o,
+                        part_ml: &part_ml,
+                        tile_start: &b.tile_start,
+                        tile_len: &b.tile_len,
+                        out: &mut out,
+                        num_heads: p.num_heads as i32,
+                        head_dim: d as i32,
+                        splits: plan.splits as i32,
+                        group: group as i32,
+                        sub_tokens: plan.sub_tokens as i32,
+                        units_per_tile: plan.units_per_tile as i32,
+                        unit_rows: plan.unit_rows as i32,
+                    },
+                    (plan.units, plan.grid_y),
+                    elems,
+                )?;
             }
             Ok(CudaTensor::new_bf16(b.n, p.num_heads * d, out))
         })
-    }
-
-    /// One attention launch over the tiles `tiles` of `b` laid out by `plan` (made for those
-    /// tiles), and its split combine: on the tensor-core `kernel` with its shared memory, or
-    /// with `None` on the CUDA-core kernel of the cache. Writes those tiles' rows of `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &self,
-        kernel: Option<(&CudaFunction, u32)>,
-        plan: &AttentionPlan,
-        tiles: std::ops::Range<usize>,
-        (qkv, qk_norm, rope): (&CudaTensor, QkNorm<'_>, &CudaTensor),
-        kv: &mut CudaKv,
-        layer: usize,
-        b: &CudaBatch,
-        p: &AttnParams,
-        out: &mut CudaSlice<u16>,
-    ) -> Result<(), DeviceError> {
-        let (d, dtype) = (p.head_dim, kv.layout.dtype);
-        let rows = plan.part_rows();
-        let split = plan.splits > 1;
-        let mut part_o = self.alloc_f32(if split { rows * d } else { 1 }, "attention splits")?;
-        let mut part_ml = self.alloc_f32(if split { rows * 2 } else { 1 }, "attention splits")?;
-        // The tensor-core kernel may take its kv heads on the grid's x (`fused` bit 1); y
-        // holds at most 65,535 units.
-        let heads_first = kernel.is_some()
-            && self.options.attention_heads_first
-            && plan.units <= u16::MAX as usize;
-        let (func, grid, shared) = match kernel {
-            Some((f, smem)) => (
-                f,
-                if heads_first {
-                    (plan.grid_y, plan.units, plan.splits)
-                } else {
-                    (plan.units, plan.grid_y, plan.splits)
-                },
-                smem,
-            ),
-            None => (
-                match (dtype, d > ATT_MAXD) {
-                    (KvCacheDtype::Auto, false) => &self.k.attention,
-                    (KvCacheDtype::Fp8E4m3, false) => &self.k.attention_fp8,
-                    (KvCacheDtype::Int8, false) => &self.k.attention_int8,
-                    (KvCacheDtype::Auto, true) => &self.k.attention_d256,
-                    (KvCacheDtype::Fp8E4m3, true) => &self.k.attention_d256_fp8,
-                    (KvCacheDtype::Int8, true) => &self.k.attention_d256_int8,
-                },
-                (tiles.len(), p.num_heads, plan.splits),
-                attention_smem_bytes(d),
-            ),
-        };
-        let longest = b.tile_lens[tiles.clone()]
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0) as usize;
-        let tile_seq = b.tile_seq.slice(tiles.clone());
-        let tile_start = b.tile_start.slice(tiles.clone());
-        let tile_len = b.tile_len.slice(tiles);
-        self.launch_attention(
-            func,
-            AttentionArgs {
-                qkv: qkv.bf16("attention")?,
-                kv: layer_kv(kv, layer),
-                pos: &b.pos,
-                tile_seq: &tile_seq,
-                tile_start: &tile_start,
-                tile_len: &tile_len,
-                block_tables: &b.block_tables,
-                max_blocks: b.max_blocks as i32,
-                out,
-                part_o: &mut part_o,
-                part_ml: &mut part_ml,
-                num_heads: p.num_heads as i32,
-                num_kv_heads: p.num_kv_heads as i32,
-                head_dim: d as i32,
-                block_size: b.block_size as i32,
-                scale: p.scale,
-                split_len: plan.split_len as i32,
-                group: plan.group as i32,
-                sub_tokens: plan.sub_tokens as i32,
-                units_per_tile: plan.units_per_tile as i32,
-                rope: rope.f32("rope")?,
-                slots: &b.slots,
-                fused: plan.fused_rope as i32 | if heads_first { 2 } else { 0 },
-                window: p.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-                qk_norm,
-            },
-            grid,
-            plan.tensor_cores,
-            shared,
-        )?;
-        if split {
-            // Combine rows: token × group for the tensor-core kernel, token alone for the
-            // CUDA-core one; outputs of the fullest unit: its tokens (at most sub_tokens, at
-            // most the longest tile) × group × d.
-            let group = if plan.tensor_cores { plan.group } else { 1 };
-            let elems = plan.sub_tokens.min(longest.max(1)) * group * d;
-            self.launch_combine(
-                CombineArgs {
-                    part_o: &part_o,
-                    part_ml: &part_ml,
-                    tile_start: &tile_start,
-                    tile_len: &tile_len,
-                    out,
-                    num_heads: p.num_heads as i32,
-                    head_dim: d as i32,
-                    splits: plan.splits as i32,
-                    group: group as i32,
-                    sub_tokens: plan.sub_tokens as i32,
-                    units_per_tile: plan.units_per_tile as i32,
-                    unit_rows: plan.unit_rows as i32,
-                },
-                (plan.units, plan.grid_y),
-                elems,
-            )?;
-        }
-        Ok(())
     }
 }

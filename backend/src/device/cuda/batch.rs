@@ -20,16 +20,12 @@ pub struct CudaBatch {
     pub(super) logit_rows: CudaSlice<u32>,
     pub(super) num_logit_rows: usize,
     pub(super) block_size: usize,
-    /// Attention query tiles: up to ATT_TQ consecutive tokens of one sequence each, the
-    /// sequences of one new token first ([`tiles`]).
+    /// Attention query tiles: up to ATT_TQ consecutive tokens of one sequence each.
     pub(super) tile_seq: CudaSlice<u32>,
     pub(super) tile_start: CudaSlice<u32>,
     pub(super) tile_len: CudaSlice<u32>,
     pub(super) num_tiles: usize,
     pub(super) tile_lens: Vec<u32>,
-    /// Leading tiles of one token each: a mixed step's decoding sequences, which its attention
-    /// may give a launch of their own.
-    pub(super) single_tiles: usize,
     /// Longest context any tile attends over.
     pub(super) max_ctx: usize,
 }
@@ -47,30 +43,12 @@ pub(super) struct Tiles {
     pub seq: Vec<u32>,
     pub start: Vec<u32>,
     pub len: Vec<u32>,
-    /// The leading tiles of one token (sequences with one new token).
-    pub single: usize,
 }
 
-/// Cuts each sequence's new tokens into tiles of at most ATT_TQ tokens: first one tile for
-/// each sequence with a single new token, then the others' tiles (the kernels find a tile's
-/// rows through its start, so the order is free; a mixed step's single-token tiles form one
-/// range a launch can take on its own).
+/// Cuts each sequence's new tokens into tiles of at most ATT_TQ tokens.
 pub(super) fn tiles(batch: &ForwardBatch) -> Tiles {
     let mut t = Tiles::default();
     for (i, s) in batch.seqs.iter().enumerate() {
-        if s.query_len == 1 {
-            t.seq.push(i as u32);
-            t.start.push(s.query_start as u32);
-            t.len.push(1);
-        }
-    }
-    t.single = t.seq.len();
-    for (i, s) in batch
-        .seqs
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.query_len != 1)
-    {
         let mut off = 0;
         while off < s.query_len {
             let len = (s.query_len - off).min(ATT_TQ);
@@ -103,7 +81,6 @@ impl CudaDevice {
             tile_start: self.htod_u32(&t.start)?,
             tile_len: self.htod_u32(&t.len)?,
             num_tiles: t.seq.len(),
-            single_tiles: t.single,
             tile_lens: t.len,
             max_ctx: batch.seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
             n: batch.num_tokens(),
@@ -129,22 +106,9 @@ mod tests {
         let table: Vec<u32> = (0..8).collect();
         b.push_seq(&[1; 70], 0, &table, 16, true);
         b.push_seq(&[2], 40, &table, 16, true);
-        b.push_seq(&[3; 5], 8, &table, 16, true);
-        b.push_seq(&[4], 12, &table, 16, true);
         let t = tiles(&b);
-        // The single-token sequences' tiles first, in batch order, then the others'.
-        assert_eq!(t.single, 2);
-        assert_eq!(t.seq, vec![1, 3, 0, 0, 0, 2]);
-        assert_eq!(t.start, vec![70, 76, 0, 32, 64, 71]);
-        assert_eq!(t.len, vec![1, 1, 32, 32, 6, 5]);
-        // Every token in exactly one tile.
-        let mut rows: Vec<u32> = t
-            .start
-            .iter()
-            .zip(&t.len)
-            .flat_map(|(&s, &l)| s..s + l)
-            .collect();
-        rows.sort_unstable();
-        assert_eq!(rows, (0..77).collect::<Vec<u32>>());
+        assert_eq!(t.seq, vec![0, 0, 0, 1]);
+        assert_eq!(t.start, vec![0, 32, 64, 70]);
+        assert_eq!(t.len, vec![32, 32, 6, 1]);
     }
 }

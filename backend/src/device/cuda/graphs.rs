@@ -141,7 +141,6 @@ impl CudaDevice {
             tile_start: self.htod_u32(&starts)?,
             tile_len: self.htod_u32(&vec![q as u32; seqs])?,
             num_tiles: seqs,
-            single_tiles: if q == 1 { seqs } else { 0 },
             tile_lens: vec![q as u32; seqs],
             max_ctx: 0,
         })
@@ -241,7 +240,6 @@ impl CudaDevice {
         let rows = size * tokens;
         batch.n = rows;
         batch.num_tiles = size;
-        batch.single_tiles = if tokens == 1 { size } else { 0 };
         batch.num_logit_rows = rows;
         batch.tile_lens = vec![tokens as u32; size];
         batch.max_ctx = bucket;

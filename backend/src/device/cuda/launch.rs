@@ -4,8 +4,8 @@
 //! is sound. Everything above this file is safe code.
 
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, CudaView, CudaViewMut, DriverError, LaunchArgs,
-    LaunchConfig, PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaViewMut, DriverError, LaunchArgs, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::kernels::{
@@ -120,12 +120,11 @@ pub(super) struct AttentionArgs<'a> {
     /// bf16 `[n, (nh + 2·nkv)·d]`.
     pub qkv: &'a CudaSlice<u16>,
     pub kv: LayerKv<'a>,
-    /// u32 `[n]` positions, and per tile of this launch: sequence, first token, length (views:
-    /// a mixed step's decode tiles and its prompt tiles may go to two launches).
+    /// u32 `[n]` positions, and per tile: sequence, first token, length.
     pub pos: &'a CudaSlice<u32>,
-    pub tile_seq: &'a CudaView<'a, u32>,
-    pub tile_start: &'a CudaView<'a, u32>,
-    pub tile_len: &'a CudaView<'a, u32>,
+    pub tile_seq: &'a CudaSlice<u32>,
+    pub tile_start: &'a CudaSlice<u32>,
+    pub tile_len: &'a CudaSlice<u32>,
     /// u32 `[seqs, max_blocks]`.
     pub block_tables: &'a CudaSlice<u32>,
     pub max_blocks: i32,
@@ -162,8 +161,8 @@ pub(super) type QkNorm<'a> = Option<(&'a CudaSlice<u16>, &'a CudaSlice<u16>, f32
 pub(super) struct CombineArgs<'a> {
     pub part_o: &'a CudaSlice<f32>,
     pub part_ml: &'a CudaSlice<f32>,
-    pub tile_start: &'a CudaView<'a, u32>,
-    pub tile_len: &'a CudaView<'a, u32>,
+    pub tile_start: &'a CudaSlice<u32>,
+    pub tile_len: &'a CudaSlice<u32>,
     pub out: &'a mut CudaSlice<u16>,
     pub num_heads: i32,
     pub head_dim: i32,

@@ -188,10 +188,6 @@ pub struct CudaOptions {
     /// rows: the 16-row kernel, where a decode block's four warps share one warp's query rows).
     /// Batch-256 bf16 decode −7.5%, batch 64 −9% on the H200 (BENCHMARKS.md §12c).
     pub attention_decode_transposed_bf16: bool,
-    /// A mixed step's single-token tiles (its decoding sequences) get the transposed decode
-    /// kernel in a launch of their own, its prompt tiles the 16-row kernel, rather than one
-    /// launch running every tile on the 16-row kernel (`CACHET_MIXED_DECODE=apart|together`).
-    pub attention_mixed_apart: bool,
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
     pub nccl_library: Option<PathBuf>,
@@ -218,7 +214,6 @@ impl Default for CudaOptions {
             attention_heads_first: true,
             attention_decode_transposed: true,
             attention_decode_transposed_bf16: true,
-            attention_mixed_apart: true,
             nccl_library: None,
         }
     }
@@ -330,7 +325,6 @@ impl CudaOptions {
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         o.attention_decode_transposed_bf16 =
             !switch("CACHET_DECODE_ATTENTION_BF16", "transposed", "rows")?;
-        o.attention_mixed_apart = !switch("CACHET_MIXED_DECODE", "apart", "together")?;
         Ok(o)
     }
 }
@@ -451,13 +445,6 @@ mod tests {
                 .unwrap()
                 .attention_decode_transposed_bf16
         );
-        assert!(parse(&[]).unwrap().attention_mixed_apart);
-        assert!(
-            !parse(&[("CACHET_MIXED_DECODE", "together")])
-                .unwrap()
-                .attention_mixed_apart
-        );
-        assert!(parse(&[("CACHET_MIXED_DECODE", "split")]).is_err());
         assert!(parse(&[]).unwrap().fp8_fused_glu);
         assert!(
             !parse(&[("CACHET_FP8_GLU", "separate")])
