@@ -10,7 +10,10 @@
 # loads FP8 weights as served. Clocks are left alone (not ncu's base clocks). The decode kernel
 # profiled follows CACHET_DECODE_ATTENTION / CACHET_DECODE_ATTENTION_BF16 (the transposed `_dec`
 # symbols where on).
-#   OUT=... [NCU_ONLY=1] [SOURCE=1] [CTX=1280] [QUANT=fp8] scripts/gpu_kv_fp8_profile.sh
+# KVS picks the caches Nsight Compute profiles (default "auto fp8"; each takes minutes: the
+# application runs once a pass). On the device, give the whole script's timeout room: a
+# `timeout` that kills ncu leaves its target holding the GPU's memory.
+#   OUT=... [NCU_ONLY=1] [KVS=fp8] [SOURCE=1] [CTX=1280] [QUANT=fp8] scripts/gpu_kv_fp8_profile.sh
 source "$(dirname "$0")/gpu_common.sh"
 m=(--model examples/configs/llama3-8b.json --load-format dummy --device cuda --decode-contexts 2048
    --decode-context 2048 --prefill 512 --cached-prefix none --sampling-batches 1 --graph-batches 1)
@@ -25,7 +28,7 @@ ncu=/opt/nvidia/nsight-compute/2025.3.1/ncu
 if [ -x $ncu ]; then
   ctx=${CTX:-2048}
   quant=(); [ -z "${QUANT:-}" ] || quant=(--quantization $QUANT)
-  for kv in auto fp8; do
+  for kv in ${KVS:-auto fp8}; do
     # The decode steps' kernel: the transposed one (`_dec`) where it is on (FP8: the default).
     k=paged_attention_mma_d128_bf16; [ "${CACHET_DECODE_ATTENTION_BF16:-rows}" = transposed ] && k=${k}_dec
     [ $kv = fp8 ] && k=paged_attention_mma_d128_fp8 && [ "${CACHET_DECODE_ATTENTION:-transposed}" = transposed ] && k=${k}_dec

@@ -578,20 +578,16 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_b
 //   w_scale : f32 [2·inter], x_scale : f32 [n]
 //   out     : bf16 [n, inter]
 // grid (ceil(inter / (8·FP8_SCALE_THREADS)), n), block FP8_SCALE_THREADS; inter % 8 == 0.
+// Columns c..c+7 of token t's gated activation, packed bf16 (what fp8_scale_glu writes).
 template <float (*Act)(float)>
-__device__ __forceinline__ void fp8_scale_glu(const bf16* __restrict__ d, const float* __restrict__ w_scale,
-                                              const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
-                                              int inter) {
-    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
-    if (t >= n || c >= inter) return;
-    const size_t row = (size_t)t * 2 * inter;
-    const uint4 gv = *reinterpret_cast<const uint4*>(d + row + c);
-    const uint4 uv = *reinterpret_cast<const uint4*>(d + row + inter + c);
+__device__ __forceinline__ uint4 scale_glu8(const bf16* __restrict__ row, const float* __restrict__ w_scale,
+                                            float xs, int inter, int c) {
+    const uint4 gv = *reinterpret_cast<const uint4*>(row + c);
+    const uint4 uv = *reinterpret_cast<const uint4*>(row + inter + c);
     const float4 g0 = *reinterpret_cast<const float4*>(w_scale + c);
     const float4 g1 = *reinterpret_cast<const float4*>(w_scale + c + 4);
     const float4 u0 = *reinterpret_cast<const float4*>(w_scale + inter + c);
     const float4 u1 = *reinterpret_cast<const float4*>(w_scale + inter + c + 4);
-    const float xs = x_scale[t];
     const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
     const float gs[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
     const float us[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
@@ -604,7 +600,16 @@ __device__ __forceinline__ void fp8_scale_glu(const bf16* __restrict__ d, const 
         const float ub = bf2f(f2bf(__uint_as_float(uw[i] & 0xffff0000u) * us[2 * i + 1] * xs));
         o[i] = (unsigned)f2bf(Act(ga) * ua) | ((unsigned)f2bf(Act(gb) * ub) << 16);
     }
-    *reinterpret_cast<uint4*>(out + (size_t)t * inter + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+template <float (*Act)(float)>
+__device__ __forceinline__ void fp8_scale_glu(const bf16* __restrict__ d, const float* __restrict__ w_scale,
+                                              const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
+                                              int inter) {
+    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
+    if (t >= n || c >= inter) return;
+    *reinterpret_cast<uint4*>(out + (size_t)t * inter + c) =
+        scale_glu8<Act>(d + (size_t)t * 2 * inter, w_scale, x_scale[t], inter, c);
 }
 extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_silu_bf16(
     const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
@@ -617,5 +622,59 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_gelu_t
     bf16* __restrict__ out, int n, int inter) {
     wait_for_prior_kernels();
     fp8_scale_glu<gelu_tanh>(d, w_scale, x_scale, out, n, inter);
+}
+
+// The same gated activation straight into the down projection's FP8 input: fp8_scale_glu's bf16
+// values of the row, then quantize_act_rows_e4m3's codes and scale of them (amax over the bf16
+// values, codes of value · 448/amax) — the three launches' codes and scales bit for bit, without
+// the activation written and read back or the quantization's launch. One block of ACT_Q_THREADS
+// per token, eight columns a chunk, up to ACT_Q_CHUNKS chunks a thread held in registers (the
+// rest of a longer row computed twice).
+//   d : bf16 [n, 2·inter];  w_scale : f32 [2·inter];  x_scale : f32 [n]
+//   codes : e4m3 [n, inter];  scale : f32 [n];  inter % 8 == 0
+template <float (*Act)(float)>
+__device__ __forceinline__ void fp8_scale_glu_e4m3(const bf16* __restrict__ d, const float* __restrict__ w_scale,
+                                                   const float* __restrict__ x_scale, fp8* __restrict__ codes,
+                                                   float* __restrict__ scale, int n, int inter) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    const bf16* row = d + (size_t)t * 2 * inter;
+    const float xs = x_scale[t];
+    uint2* out = reinterpret_cast<uint2*>(codes + (size_t)t * inter);
+    const int chunks = inter >> 3, held = ACT_Q_CHUNKS * ACT_Q_THREADS;
+    uint4 v[ACT_Q_CHUNKS];
+    float m = 0.f;
+#pragma unroll
+    for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
+        const int i = threadIdx.x + c * ACT_Q_THREADS;
+        if (i < chunks) {
+            v[c] = scale_glu8<Act>(row, w_scale, xs, inter, 8 * i);
+            m = fmaxf(m, amax8(v[c]));
+        }
+    }
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS)
+        m = fmaxf(m, amax8(scale_glu8<Act>(row, w_scale, xs, inter, 8 * i)));
+    const float amax = block_max(m);
+    const float inv = amax > 0.f ? __fdiv_rn(E4M3_MAX, amax) : 0.f;
+#pragma unroll
+    for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
+        const int i = threadIdx.x + c * ACT_Q_THREADS;
+        if (i < chunks) out[i] = e4m3x8(v[c], inv);
+    }
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS)
+        out[i] = e4m3x8(scale_glu8<Act>(row, w_scale, xs, inter, 8 * i), inv);
+    if (threadIdx.x == 0) scale[t] = __fdiv_rn(amax, E4M3_MAX);
+}
+extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) fp8_scale_silu_e4m3(
+    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
+    fp8* __restrict__ codes, float* __restrict__ scale, int n, int inter) {
+    wait_for_prior_kernels();
+    fp8_scale_glu_e4m3<silu>(d, w_scale, x_scale, codes, scale, n, inter);
+}
+extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) fp8_scale_gelu_tanh_e4m3(
+    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
+    fp8* __restrict__ codes, float* __restrict__ scale, int n, int inter) {
+    wait_for_prior_kernels();
+    fp8_scale_glu_e4m3<gelu_tanh>(d, w_scale, x_scale, codes, scale, n, inter);
 }
 

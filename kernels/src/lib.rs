@@ -111,6 +111,8 @@ pub const SOURCES: &[KernelSource] = &[
             "fp8_scale_out_f32",
             "fp8_scale_silu_bf16",
             "fp8_scale_gelu_tanh_bf16",
+            "fp8_scale_silu_e4m3",
+            "fp8_scale_gelu_tanh_e4m3",
         ],
     },
     KernelSource {

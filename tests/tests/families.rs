@@ -352,6 +352,66 @@ gpu_test! {
     }
 }
 
+gpu_test! {
+    /// A dense MLP's gated activation straight into the down product's FP8 input codes
+    /// (`fp8_scale_{silu|gelu_tanh}_e4m3`, `CACHET_FP8_GLU_CODES=fused`) gives what the
+    /// activation's launch then the quantization's give, bit for bit — the MLP's output and the
+    /// residual — with and without a delta, SwiGLU and GeGLU, at the rows that reach cuBLASLt, for
+    /// widths held in registers and one past them (17,408 > 16,384 columns: computed twice);
+    /// the profile shows which path each took.
+    fn fp8_glu_into_codes_equals_the_activation_then_the_quantization() {
+        use cachet_backend::config::Activation;
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::{Delta, Device};
+        use cachet_backend::tensor::HostTensor;
+        let fused =
+            CudaDevice::new(0, 16, CudaOptions { fp8_glu_codes: true, ..Default::default() }).unwrap();
+        let separate = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(14);
+        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
+            let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        for (k, inter) in [(64, 64), (2048, 5632), (1024, 17408)] {
+            let gate_up = rows(2 * inter, k, 0.0, (k as f64).powf(-0.5));
+            let down = rows(k, inter, 0.0, (inter as f64).powf(-0.5));
+            let norm = rows(1, k, 1.0, 0.1);
+            for n in [5, 40, 300] {
+                let x = rows(n, k, 0.0, 1.0);
+                let d = rows(n, k, 0.0, 0.5);
+                for delta in [false, true] {
+                    for act in [Activation::Silu, Activation::GeluTanh] {
+                        let mut outs = Vec::new();
+                        for (dev, label) in [(&fused, "fused"), (&separate, "separate")] {
+                            let gu = dev.quantize_fp8(dev.upload(&gate_up).unwrap()).unwrap();
+                            let dn = dev.quantize_fp8(dev.upload(&down).unwrap()).unwrap();
+                            let nw = dev.upload(&norm).unwrap();
+                            let dx = dev.upload(&d).unwrap();
+                            let delta = delta.then_some(Delta { x: &dx, norm: None });
+                            let mut residual = dev.upload_table(&x).unwrap();
+                            dev.set_profiling(true);
+                            let y = dev.norm_mlp(&mut residual, delta, &nw, 1e-5, &gu, &dn, act).unwrap();
+                            let (got, res) = (dev.to_host(&y).unwrap(), dev.to_host(&residual).unwrap());
+                            let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                            dev.set_profiling(false);
+                            let one_pass = ops.iter().any(|op| op == "↳ fp8: scales + gated activation into codes");
+                            assert_eq!(one_pass, label == "fused", "{label}, {n} rows: the ops were {ops:?}");
+                            assert_eq!(got.len(), n * k);
+                            assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
+                            outs.push((got, res));
+                        }
+                        let what = format!("{n}×{k} → {inter} → {k}, delta {delta}, {act:?}");
+                        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                        let (differ, res_differ) = (bits(&outs[0].0, &outs[1].0), bits(&outs[0].1, &outs[1].1));
+                        eprintln!("{what}: {differ} outputs and {res_differ} residual values differ");
+                        assert_eq!((differ, res_differ), (0, 0), "{what}: the activation into codes differs");
+                    }
+                }
+            }
+        }
+    }
+}
+
 device_test! {
     fn tiny_families_greedy_64_tokens_like_transformers_with_caching_chunking_batching(dev) {
         for (name, _) in FAMILIES {
