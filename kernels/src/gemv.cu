@@ -419,25 +419,24 @@ __device__ __forceinline__ uint2 e4m3x8(uint4 v, float inv) {
         q[i] = f32x2_e4m3x2(__uint_as_float(w[i] << 16) * inv, __uint_as_float(w[i] & 0xffff0000u) * inv);
     return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
 }
-extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4m3(
-    const bf16* __restrict__ x, fp8* __restrict__ codes, float* __restrict__ scale, int n, int k) {
-    wait_for_prior_kernels();
-    const int j = blockIdx.x;
-    if (j >= n) return;
-    const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)j * k);
-    uint2* out = reinterpret_cast<uint2*>(codes + (size_t)j * k);
-    const int chunks = k >> 3, held = ACT_Q_CHUNKS * ACT_Q_THREADS;
+// A row of `chunks` chunks of eight bf16 values, chunk(i) giving chunk i packed, into e4m3 codes
+// and the row's scale as described above: up to ACT_Q_CHUNKS chunks a thread held in registers
+// between the amax and the codes, the rest made twice. A block of ACT_Q_THREADS.
+template <typename Chunk>
+__device__ __forceinline__ void quantize_chunks_e4m3(Chunk chunk, int chunks, uint2* __restrict__ out,
+                                                     float* __restrict__ scale) {
+    const int held = ACT_Q_CHUNKS * ACT_Q_THREADS;
     uint4 v[ACT_Q_CHUNKS];
     float m = 0.f;
 #pragma unroll
     for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
         const int i = threadIdx.x + c * ACT_Q_THREADS;
         if (i < chunks) {
-            v[c] = row[i];
+            v[c] = chunk(i);
             m = fmaxf(m, amax8(v[c]));
         }
     }
-    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) m = fmaxf(m, amax8(row[i]));
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) m = fmaxf(m, amax8(chunk(i)));
     const float amax = block_max(m);
     const float inv = amax > 0.f ? __fdiv_rn(E4M3_MAX, amax) : 0.f;
 #pragma unroll
@@ -445,8 +444,17 @@ extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4
         const int i = threadIdx.x + c * ACT_Q_THREADS;
         if (i < chunks) out[i] = e4m3x8(v[c], inv);
     }
-    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) out[i] = e4m3x8(row[i], inv);
-    if (threadIdx.x == 0) scale[j] = __fdiv_rn(amax, E4M3_MAX);
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) out[i] = e4m3x8(chunk(i), inv);
+    if (threadIdx.x == 0) *scale = __fdiv_rn(amax, E4M3_MAX);
+}
+extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4m3(
+    const bf16* __restrict__ x, fp8* __restrict__ codes, float* __restrict__ scale, int n, int k) {
+    wait_for_prior_kernels();
+    const int j = blockIdx.x;
+    if (j >= n) return;
+    const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)j * k);
+    quantize_chunks_e4m3([&](int i) { return row[i]; }, k >> 3, reinterpret_cast<uint2*>(codes + (size_t)j * k),
+                         scale + j);
 }
 
 // A sub-layer's input straight into the FP8 GEMM's: residual[r, :] += delta'[r, :] when delta is
@@ -640,30 +648,8 @@ __device__ __forceinline__ void fp8_scale_glu_e4m3(const bf16* __restrict__ d, c
     if (t >= n) return;
     const bf16* row = d + (size_t)t * 2 * inter;
     const float xs = x_scale[t];
-    uint2* out = reinterpret_cast<uint2*>(codes + (size_t)t * inter);
-    const int chunks = inter >> 3, held = ACT_Q_CHUNKS * ACT_Q_THREADS;
-    uint4 v[ACT_Q_CHUNKS];
-    float m = 0.f;
-#pragma unroll
-    for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
-        const int i = threadIdx.x + c * ACT_Q_THREADS;
-        if (i < chunks) {
-            v[c] = scale_glu8<Act>(row, w_scale, xs, inter, 8 * i);
-            m = fmaxf(m, amax8(v[c]));
-        }
-    }
-    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS)
-        m = fmaxf(m, amax8(scale_glu8<Act>(row, w_scale, xs, inter, 8 * i)));
-    const float amax = block_max(m);
-    const float inv = amax > 0.f ? __fdiv_rn(E4M3_MAX, amax) : 0.f;
-#pragma unroll
-    for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
-        const int i = threadIdx.x + c * ACT_Q_THREADS;
-        if (i < chunks) out[i] = e4m3x8(v[c], inv);
-    }
-    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS)
-        out[i] = e4m3x8(scale_glu8<Act>(row, w_scale, xs, inter, 8 * i), inv);
-    if (threadIdx.x == 0) scale[t] = __fdiv_rn(amax, E4M3_MAX);
+    quantize_chunks_e4m3([&](int i) { return scale_glu8<Act>(row, w_scale, xs, inter, 8 * i); }, inter >> 3,
+                         reinterpret_cast<uint2*>(codes + (size_t)t * inter), scale + t);
 }
 extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) fp8_scale_silu_e4m3(
     const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
