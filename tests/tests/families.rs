@@ -366,6 +366,9 @@ gpu_test! {
         use cachet_backend::tensor::HostTensor;
         let fused =
             CudaDevice::new(0, 16, CudaOptions { fp8_glu_codes: true, ..Default::default() }).unwrap();
+        // The norm's own launch and the quantization's before the gate|up product.
+        let norm_apart = CudaOptions { fp8_glu_codes: true, fp8_fused_norm: false, ..Default::default() };
+        let norm_apart = CudaDevice::new(0, 16, norm_apart).unwrap();
         let separate = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
         let mut rng = cachet_backend::rng::Rng::new(14);
         let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
@@ -382,7 +385,7 @@ gpu_test! {
                 for delta in [false, true] {
                     for act in [Activation::Silu, Activation::GeluTanh] {
                         let mut outs = Vec::new();
-                        for (dev, label) in [(&fused, "fused"), (&separate, "separate")] {
+                        for (dev, label) in [(&fused, "fused"), (&norm_apart, "fused, norm apart"), (&separate, "separate")] {
                             let gu = dev.quantize_fp8(dev.upload(&gate_up).unwrap()).unwrap();
                             let dn = dev.quantize_fp8(dev.upload(&down).unwrap()).unwrap();
                             let nw = dev.upload(&norm).unwrap();
@@ -395,16 +398,18 @@ gpu_test! {
                             let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
                             dev.set_profiling(false);
                             let one_pass = ops.iter().any(|op| op == "↳ fp8: scales + gated activation into codes");
-                            assert_eq!(one_pass, label == "fused", "{label}, {n} rows: the ops were {ops:?}");
+                            assert_eq!(one_pass, label != "separate", "{label}, {n} rows: the ops were {ops:?}");
                             assert_eq!(got.len(), n * k);
                             assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
                             outs.push((got, res));
                         }
-                        let what = format!("{n}×{k} → {inter} → {k}, delta {delta}, {act:?}");
                         let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-                        let (differ, res_differ) = (bits(&outs[0].0, &outs[1].0), bits(&outs[0].1, &outs[1].1));
-                        eprintln!("{what}: {differ} outputs and {res_differ} residual values differ");
-                        assert_eq!((differ, res_differ), (0, 0), "{what}: the activation into codes differs");
+                        for (i, label) in ["fused", "fused, norm apart"].iter().enumerate() {
+                            let what = format!("{n}×{k} → {inter} → {k}, delta {delta}, {act:?}, {label}");
+                            let (differ, res_differ) = (bits(&outs[i].0, &outs[2].0), bits(&outs[i].1, &outs[2].1));
+                            eprintln!("{what}: {differ} outputs and {res_differ} residual values differ");
+                            assert_eq!((differ, res_differ), (0, 0), "{what}: the activation into codes differs");
+                        }
                     }
                 }
             }
