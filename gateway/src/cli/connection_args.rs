@@ -25,8 +25,9 @@ pub struct ConnectionArgs {
     /// Connections served at once; at the cap, idle connections are closed to make room.
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
-    /// Connections served at once from one client IP; more are closed at once. (Behind a load
-    /// balancer every client shares its IP: raise this to the cap.)
+    /// Connections served at once from one client IP; more get 429 with Retry-After (plain
+    /// HTTP; over TLS they are closed at once). (Behind a load balancer every client shares its
+    /// IP: raise this to the cap.)
     #[arg(long, default_value_t = 256)]
     pub max_connections_per_ip: usize,
     /// HTTP/2 streams open at once on one connection.

@@ -5,8 +5,9 @@
 //! - a deadline for a request head, a cap on its size;
 //! - body read timeouts — between two chunks and in all — applied by [`super::read_body`] from
 //!   the request's extensions ([`BodyTimeouts`]), so a stalled or trickling body ends in 408;
-//! - connections served at once: globally, and per client IP (more from one IP are closed at
-//!   once); when the global cap is reached, idle connections (no request in flight) are closed,
+//! - connections served at once: globally, and per client IP (more from one IP get a 429 with
+//!   Retry-After and are closed — plain HTTP; over TLS they are closed at once, no handshake
+//!   spent on them); when the global cap is reached, idle connections (no request in flight) are closed,
 //!   longest-idle first, to make room, so `/health` and real clients get in while thousands of
 //!   idle sockets are held open;
 //! - idle keep-alive connections closed; HTTP/2 with a cap on concurrent streams and h2's
@@ -50,7 +51,8 @@ pub struct Limits {
     pub body: BodyTimeouts,
     /// Connections served at once; at the cap, idle ones are closed to make room.
     pub max_connections: usize,
-    /// Connections served at once from one client IP; more are closed at once.
+    /// Connections served at once from one client IP; more get a 429 (plain HTTP) and are
+    /// closed.
     pub max_connections_per_ip: usize,
     /// HTTP/2 streams open at once on one connection.
     pub max_concurrent_streams: u32,
@@ -309,6 +311,8 @@ where
     let conns = Arc::new(Connections::default());
     let mut errors = AcceptErrors::new();
     let mut refused_ip = EverySecond::new();
+    // Refusals being answered at once (each a second at most); past it, closed unanswered.
+    let replies = Arc::new(tokio::sync::Semaphore::new(REFUSAL_REPLIES));
     loop {
         let slot = match slots.clone().try_acquire_owned() {
             Ok(s) => s,
@@ -341,7 +345,14 @@ where
                     if let Some(not_logged) = refused_ip.due() {
                         tracing::warn!(ip = %peer.ip(), cap = limits.max_connections_per_ip, not_logged, "connection refused: this IP holds its cap of connections");
                     }
-                    drop(stream);
+                    // A plain-HTTP client learns why; the reply holds no connection slot.
+                    if let (None, Ok(turn)) = (&acceptor, replies.clone().try_acquire_owned()) {
+                        let cap = limits.max_connections_per_ip;
+                        tokio::spawn(async move {
+                            refuse_over_ip_cap(stream, cap).await;
+                            drop(turn);
+                        });
+                    }
                     continue;
                 };
                 tune_accepted(&stream);
@@ -373,6 +384,44 @@ where
         }
     }
     Ok(())
+}
+
+/// Connections over their IP's cap answered at once ([`refuse_over_ip_cap`]); more are closed
+/// unanswered, so a flood from one address costs at most this many small tasks.
+const REFUSAL_REPLIES: usize = 64;
+
+/// The reply to a plain-HTTP connection over its IP's cap: 429 with `Retry-After` and the API's
+/// error body naming the cap and what to do, then the close — within a second. What the client
+/// sends meanwhile is read off until it closes (a request arriving after the close would reset
+/// the connection before the client reads the 429).
+async fn refuse_over_ip_cap(mut stream: tokio::net::TcpStream, cap: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = super::error::ApiError {
+        status: hyper::StatusCode::TOO_MANY_REQUESTS,
+        kind: "rate_limit_error",
+        code: Some("too_many_connections"),
+        message: format!(
+            "this client address already holds {cap} connections, the server's cap \
+             (--max-connections-per-ip): reuse connections (keep-alive) or open fewer at once"
+        ),
+        param: None,
+        retry_after: Some(Duration::from_secs(1)),
+        source: super::error::Source::Client,
+    };
+    let body = e.body().to_string();
+    let reply = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(reply.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 1024];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 /// A connection counted as in flight (the drain waits for these); leaving sends the new count.

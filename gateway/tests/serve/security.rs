@@ -117,12 +117,38 @@ fn stalled_and_trickling_bodies_end_in_408_and_one_ip_cannot_take_every_connecti
     // The attacker's IP takes its cap of connections, each with a body that stalls.
     let t0 = Instant::now();
     let mut stalled: Vec<TcpStream> = (0..8).map(|_| start_stalled("127.0.0.2")).collect();
-    // A ninth from the same IP is closed at once.
-    let mut ninth = connect_from(&base, "127.0.0.2");
-    assert!(
-        closed_within(&mut ninth, Duration::from_secs(2)),
-        "a connection over the per-IP cap stays open"
-    );
+    // A ninth from the same IP gets 429 with Retry-After and the cap named, then the close,
+    // whether it sends its request or not.
+    for send in [true, false] {
+        let mut ninth = connect_from(&base, "127.0.0.2");
+        if send {
+            ninth
+                .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+        }
+        ninth
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let mut out = String::new();
+        let _ = ninth.read_to_string(&mut out);
+        assert!(
+            out.starts_with("HTTP/1.1 429"),
+            "over the per-IP cap: {out:?}"
+        );
+        assert!(out.contains("retry-after: 1"), "{out}");
+        let body = &out[out.find("\r\n\r\n").unwrap() + 4..];
+        let e: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(e["error"]["code"], "too_many_connections", "{body}");
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("8 connections") && msg.contains("--max-connections-per-ip"),
+            "{msg}"
+        );
+        assert!(
+            closed_within(&mut ninth, Duration::from_secs(2)),
+            "the refused connection stays open"
+        );
+    }
     // Everyone else is served meanwhile.
     let (st, secs) = health_from(&base, "127.0.0.3");
     assert!(st.contains("200") && secs < 1.0, "{st} in {secs} s");
