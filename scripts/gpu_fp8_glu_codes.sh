@@ -6,9 +6,10 @@
 # weights + FP8 KV — decode batches 64 / 256 at context CTX (default 1280) and a 2,048-token
 # prefill — separate and fused alternated over ROUNDS (default 2). SERVE=1 adds the served
 # benchmark (FP8 + FP8 KV) with it fused. NCU=1 adds Nsight Compute on the FP8 cache's decode
-# attention kernel of a batch-256 step (scripts/gpu_kv_fp8_profile.sh, KVS=fp8).
+# attention kernel of a batch-256 step (scripts/gpu_kv_fp8_profile.sh, KVS=fp8; SOURCE=1 with its
+# source page: each instruction's executed count and sampled stalls).
 # Carry .carry/cachet.xz (and .carry/families-tests.xz); SERVE=1 needs TOKENIZER.
-#   OUT=... [ROUNDS=2] [CTX=1280] [SERVE=1 TOKENIZER=...] [NCU=1] scripts/gpu_fp8_glu_codes.sh
+#   OUT=... [ROUNDS=2] [CTX=1280] [SERVE=1 TOKENIZER=...] [NCU=1 [SOURCE=1]] scripts/gpu_fp8_glu_codes.sh
 source "$(dirname "$0")/gpu_common.sh"
 if [ -x /tmp/families-tests ]; then
   echo "== CUDA test: the activation into codes against the two launches"
@@ -29,5 +30,5 @@ if [ "${SERVE:-0}" = 1 ]; then
   CACHET_FP8_GLU_CODES=fused RUNS=fp8 TAG=glu-codes bash scripts/gpu_serve_bench.sh
 fi
 if [ "${NCU:-0}" = 1 ]; then
-  NCU_ONLY=1 KVS=fp8 CTX="${CTX:-1280}" QUANT=fp8 bash scripts/gpu_kv_fp8_profile.sh
+  NCU_ONLY=1 KVS=fp8 CTX="${CTX:-1280}" QUANT=fp8 SOURCE="${SOURCE:-0}" bash scripts/gpu_kv_fp8_profile.sh
 fi
