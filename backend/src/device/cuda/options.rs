@@ -174,7 +174,7 @@ pub struct CudaOptions {
     /// A sub-layer's norm writes the FP8 GEMM's input codes and row scales directly
     /// (`rms_norm_e4m3`: the norm's and the quantization's launches' result bit for bit)
     /// rather than bf16 rows the quantization reads back (`CACHET_FP8_NORM=fused|separate`;
-    /// batch-64 FP8 decode −1.7%, batch 256 −0.9% on the H200, BENCHMARKS.md §12c).
+    /// batch-64 FP8 decode −1.7%, batch 256 −0.8% on the H200, BENCHMARKS.md §12c).
     pub fp8_fused_norm: bool,
     /// A dense MLP's gated activation goes straight into the down product's FP8 input codes
     /// (`fp8_scale_{silu|gelu_tanh}_e4m3`: the activation's and the quantization's launches'
@@ -191,7 +191,7 @@ pub struct CudaOptions {
     pub attention_decode_transposed: bool,
     /// The same kernel shape for the bf16 cache (`CACHET_DECODE_ATTENTION_BF16=transposed|rows`;
     /// rows: the 16-row kernel, where a decode block's four warps share one warp's query rows).
-    /// Batch-256 bf16 decode −7.5%, batch 64 −9% on the H200 (BENCHMARKS.md §12c).
+    /// Batch-256 bf16 decode −7.4%, batch 64 −9.0% on the H200 (BENCHMARKS.md §12c).
     pub attention_decode_transposed_bf16: bool,
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
