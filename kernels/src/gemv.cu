@@ -157,6 +157,15 @@ __device__ __forceinline__ void row_dot2(const uint4* __restrict__ wa, const uin
     }
 }
 
+// 1: a decode GEMV warms L2 with its warps' first weight rows before it waits for the kernel
+// before it (griddepcontrol.wait: the weights do not depend on it), so a block placed early by a
+// programmatic launch streams its weights during the previous kernel's tail; the plain GEMVs
+// prefetch too. 0 (the default until measured): the norm GEMVs prefetch after the wait, the plain
+// ones not at all. For side-by-side runs through CACHET_KERNEL_DIR (scripts/gpu_gemv_early.sh).
+#ifndef GEMV_EARLY_PREFETCH
+#define GEMV_EARLY_PREFETCH 0
+#endif
+
 // Warms L2 with this warp's first weight row (128-byte lines spread over the lanes), so DRAM
 // is busy while the block computes its prologue.
 __device__ __forceinline__ void prefetch_first(const void* w, int n, int row_bytes) {
@@ -260,7 +269,7 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
                                           const float* __restrict__ w_scale, bf16* __restrict__ y, int n, int k,
                                           int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    prefetch_first(w, n, k * (F8 ? 1 : 2));
+    if (!GEMV_EARLY_PREFETCH) prefetch_first(w, n, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
@@ -290,7 +299,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
                                               const float* __restrict__ w_scale, bf16* __restrict__ act, int inter,
                                               int k, int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    prefetch_first(w, inter, k * (F8 ? 1 : 2));
+    if (!GEMV_EARLY_PREFETCH) prefetch_first(w, inter, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
@@ -313,6 +322,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const void* __restrict__ w, const float* __restrict__ w_scale, const bf16* __restrict__ x, \
              OUT* __restrict__ y, int n, int k, int rows) {                                           \
+        if (GEMV_EARLY_PREFETCH) prefetch_first(w, n, k * (F8 ? 1 : 2));                             \
         wait_for_prior_kernels();                                                                     \
         gemv_plain<R, F8, OUT>(w, w_scale, x, y, n, k, rows);                                         \
     }
@@ -323,6 +333,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
+        if (GEMV_EARLY_PREFETCH) prefetch_first(w, n, k * (F8 ? 1 : 2));                             \
         wait_for_prior_kernels();                                                                         \
         gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
     }
@@ -332,6 +343,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ act, int inter, int k, int rows, float eps) {                         \
+        if (GEMV_EARLY_PREFETCH) prefetch_first(w, inter, k * (F8 ? 1 : 2));                         \
         wait_for_prior_kernels();                                                                                  \
         gemv_norm_glu<R, F8, ACT>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, act, inter, k, rows, \
                                   eps);                                                               \

@@ -318,7 +318,9 @@ impl CudaOptions {
         if switch("CACHET_GRAPH_MEMORY", "nodes", "pool")? {
             o.graph_memory = GraphMemory::Pool;
         }
-        o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
+        o.kernel_dir = var("CACHET_KERNEL_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
         o.nccl_library = var("CACHET_NCCL_LIBRARY")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
@@ -464,6 +466,14 @@ mod tests {
             !parse(&[("CACHET_FP8_NORM", "separate")])
                 .unwrap()
                 .fp8_fused_norm
+        );
+        assert_eq!(
+            parse(&[("CACHET_KERNEL_DIR", "")]).unwrap().kernel_dir,
+            None
+        );
+        assert_eq!(
+            parse(&[("CACHET_KERNEL_DIR", "/k")]).unwrap().kernel_dir,
+            Some(PathBuf::from("/k"))
         );
         assert!(!parse(&[]).unwrap().fp8_glu_codes);
         assert!(
