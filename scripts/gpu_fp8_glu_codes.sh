@@ -9,9 +9,10 @@
 # attention kernel of a batch-256 step (scripts/gpu_kv_fp8_profile.sh, KVS=fp8; SOURCE=1 with its
 # source page: each instruction's executed count and sampled stalls).
 # Carry .carry/cachet.xz (and .carry/families-tests.xz); SERVE=1 needs TOKENIZER.
-#   OUT=... [ROUNDS=2] [CTX=1280] [SERVE=1 TOKENIZER=...] [NCU=1 [SOURCE=1]] scripts/gpu_fp8_glu_codes.sh
+# TEST=0 skips the CUDA test, ROUNDS=0 the A/B.
+#   OUT=... [TEST=0] [ROUNDS=2] [CTX=1280] [SERVE=1 TOKENIZER=...] [NCU=1 [SOURCE=1]] scripts/gpu_fp8_glu_codes.sh
 source "$(dirname "$0")/gpu_common.sh"
-if [ -x /tmp/families-tests ]; then
+if [ "${TEST:-1}" = 1 ] && [ -x /tmp/families-tests ]; then
   echo "== CUDA test: the activation into codes against the two launches"
   /tmp/families-tests --ignored --test-threads 1 --nocapture fp8_glu_into_codes 2>&1 \
     | tee "$out/families-glu-codes.txt" | grep -E "^test |test result|panicked|differ" | tail -40
