@@ -176,6 +176,14 @@ __device__ __forceinline__ void prefetch_first(const void* w, int n, int row_byt
         asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + e));
 }
 
+// A decode GEMV's first statement: with GEMV_EARLY_PREFETCH, this warp's first weight row into
+// L2 — the weights are no kernel's output, so they may be read before the wait — then
+// wait_for_prior_kernels(); without, the wait alone.
+__device__ __forceinline__ void prefetch_weights_then_wait(const void* w, int n, int row_bytes) {
+    if (GEMV_EARLY_PREFETCH) prefetch_first(w, n, row_bytes);
+    wait_for_prior_kernels();
+}
+
 // Elements of a row each thread keeps in registers during the prologue (rows up to
 // GEMV_NORM_PT * blockDim.x long: every load issued at once, one round trip).
 #define GEMV_NORM_PT 8
@@ -322,8 +330,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const void* __restrict__ w, const float* __restrict__ w_scale, const bf16* __restrict__ x, \
              OUT* __restrict__ y, int n, int k, int rows) {                                           \
-        if (GEMV_EARLY_PREFETCH) prefetch_first(w, n, k * (F8 ? 1 : 2));                             \
-        wait_for_prior_kernels();                                                                     \
+        prefetch_weights_then_wait(w, n, k * (F8 ? 1 : 2));                                           \
         gemv_plain<R, F8, OUT>(w, w_scale, x, y, n, k, rows);                                         \
     }
 #define GEMV_PLAIN_KERNEL(name, R, F8) GEMV_PLAIN_KERNEL_OUT(name, R, F8, bf16)
@@ -333,8 +340,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
-        if (GEMV_EARLY_PREFETCH) prefetch_first(w, n, k * (F8 ? 1 : 2));                             \
-        wait_for_prior_kernels();                                                                         \
+        prefetch_weights_then_wait(w, n, k * (F8 ? 1 : 2));                                           \
         gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
     }
 #define GEMV_GLU_KERNEL(name, R, F8, ACT)                                                             \
@@ -343,8 +349,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ act, int inter, int k, int rows, float eps) {                         \
-        if (GEMV_EARLY_PREFETCH) prefetch_first(w, inter, k * (F8 ? 1 : 2));                         \
-        wait_for_prior_kernels();                                                                                  \
+        prefetch_weights_then_wait(w, inter, k * (F8 ? 1 : 2));                                       \
         gemv_norm_glu<R, F8, ACT>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, act, inter, k, rows, \
                                   eps);                                                               \
     }
