@@ -362,9 +362,18 @@ impl CudaDevice {
         down: &CudaTensor,
         act: Activation,
     ) -> Result<Option<CudaTensor>, DeviceError> {
+        if !self.options.fp8_glu_codes {
+            return Ok(None);
+        }
         let (n, k) = (residual.rows, residual.cols);
         let (gu, inter, h) = (gate_up.rows, gate_up.rows / 2, down.rows);
-        let (CudaBuf::E4m3 { .. }, CudaBuf::E4m3 { codes, scales }) = (&gate_up.buf, &down.buf)
+        let (
+            CudaBuf::E4m3 {
+                codes: gu_codes,
+                scales: gu_scales,
+            },
+            CudaBuf::E4m3 { codes, scales },
+        ) = (&gate_up.buf, &down.buf)
         else {
             return Ok(None);
         };
@@ -372,8 +381,7 @@ impl CudaDevice {
             return Ok(None);
         };
         let bf16_product = self.options.fp8_bf16_product;
-        let applies = self.options.fp8_glu_codes
-            && !self.options.fp8_exact_activations
+        let applies = !self.options.fp8_exact_activations
             && n > 0
             && gate_up.cols == k
             && down.cols == inter
@@ -397,12 +405,9 @@ impl CudaDevice {
             Some(g) => g,
             None => {
                 let x = crate::device::Device::norm(self, residual, delta, norm, eps)?;
-                let CudaBuf::E4m3 { codes, scales } = &gate_up.buf else {
-                    unreachable!("matched above")
-                };
                 let xs = Fp8Input::Bf16(x.bf16("linear")?);
                 self.timed("gemm", || {
-                    self.gemm_fp8(xs, (codes, scales), (gu, n, k), false, epi)
+                    self.gemm_fp8(xs, (gu_codes, gu_scales), (gu, n, k), false, epi)
                 })?
                 .ok_or_else(|| no_algorithm(n, k, gu))?
             }
