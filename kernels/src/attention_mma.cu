@@ -36,13 +36,6 @@
 #ifndef MMA_DECODE_SPECIALIZED
 #define MMA_DECODE_SPECIALIZED 1
 #endif
-// 1: the FP8 cache's decode warps read the block table one tile ahead of the refill that needs
-// it (a register a lane), so a refill issues its copies without waiting on a global load; 0 (the
-// default until measured): each refill looks its rows up, then issues. For side-by-side runs
-// through CACHET_KERNEL_DIR (scripts/gpu_table_prefetch.sh).
-#ifndef MMA_DEC_TABLE_PREFETCH
-#define MMA_DEC_TABLE_PREFETCH 0
-#endif
 // Whether the kernel of head_dim D and cache MODE has a decode instantiation.
 #define MMA_SPECIALIZES(D, MODE) \
     (MMA_DECODE_SPECIALIZED && ((MODE) == 1 || ((MODE) == 0 && MMA_DECODE_SPLIT_BF16)) && MMA_KGROUPS(D) == 1)
@@ -447,18 +440,17 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // remainder are ~40 instructions a tile in its loop).
     const bool pow2_blocks = DECODE != 0 && (block_size & (block_size - 1)) == 0;
     const int block_shift = __ffs(block_size) - 1;
-    // Key p's row in the cache (0 past the range): its block's table entry, then the row.
-    auto row_of = [&](int p) -> unsigned {
-        unsigned row = 0;
-        if (p < k_end) {
-            const unsigned b = pow2_blocks ? (unsigned)p >> block_shift : (unsigned)(p / block_size);
-            const unsigned off = pow2_blocks ? (unsigned)p & (block_size - 1) : (unsigned)(p % block_size);
-            row = (table[b] * block_size + off) * n_kv + kvh;
-        }
-        return row;
-    };
     auto lookup = [&](int k0, int buf, int r0, int nr, int me) {
-        if (me < nr) slot_of[buf][r0 + me] = row_of(k0 + r0 + me);
+        if (me < nr) {
+            const int c = r0 + me, p = k0 + c;
+            unsigned row = 0;
+            if (p < k_end) {
+                const unsigned b = pow2_blocks ? (unsigned)p >> block_shift : (unsigned)(p / block_size);
+                const unsigned off = pow2_blocks ? (unsigned)p & (block_size - 1) : (unsigned)(p % block_size);
+                row = (table[b] * block_size + off) * n_kv + kvh;
+            }
+            slot_of[buf][c] = row;
+        }
     };
     // bf16: cp.async of those rows of the key tile at k0 into stage `buf` (rows past the range are
     // zero-filled).
@@ -545,20 +537,10 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     const int my_r0 = warp * MMA_HK;
     // FP8 decode, once the warp is done with raw stage `buf` (tile k0's): its rows of the tile
     // DEC_STAGES ahead go into it (the stage's copies form one group whether or not there are any).
-    // With MMA_DEC_TABLE_PREFETCH, lane < MMA_HK holds its row of the tile the next refill fills,
-    // read one tile before (refills come once a tile, in order).
-    unsigned next_row = 0;
     auto refill_dec = [&](int k0, int buf) {
         __syncwarp();
         if (k0 + DEC_STAGES * MMA_TK < k_end) {
-            if constexpr (MMA_DEC_TABLE_PREFETCH) {
-                if (lane < MMA_HK) {
-                    slot_of[buf][my_r0 + lane] = next_row;
-                    next_row = row_of(k0 + (DEC_STAGES + 1) * MMA_TK + my_r0 + lane);
-                }
-            } else {
-                lookup(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane);
-            }
+            lookup(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane);
             __syncwarp();
             issue(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane, 32);
         }
@@ -738,10 +720,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     const int lm = lane >> 3, lr = lane & 7;
     if constexpr (FP8) {
         const int r0 = dec ? my_r0 : 0, nr = dec ? MMA_HK : MMA_TK, me = dec ? lane : tid, nt = dec ? 32 : THREADS;
-        if (dec) {
+        if (dec)
             for (int b = 0; b < DEC_STAGES; ++b) lookup(k_begin + b * MMA_TK, b, r0, nr, me);
-            if (MMA_DEC_TABLE_PREFETCH && me < nr) next_row = row_of(k_begin + DEC_STAGES * MMA_TK + r0 + me);
-        }
         __syncthreads();  // every warp holds its Q fragments: the raw stages are free; rows looked up
         if (k_begin < k_end) issue(k_begin, 0, r0, nr, me, nt);
         cp_async_commit();

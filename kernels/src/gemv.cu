@@ -157,15 +157,6 @@ __device__ __forceinline__ void row_dot2(const uint4* __restrict__ wa, const uin
     }
 }
 
-// 1: a decode GEMV warms L2 with its warps' first weight rows before it waits for the kernel
-// before it (griddepcontrol.wait: the weights do not depend on it), so a block placed early by a
-// programmatic launch streams its weights during the previous kernel's tail; the plain GEMVs
-// prefetch too. 0 (the default until measured): the norm GEMVs prefetch after the wait, the plain
-// ones not at all. For side-by-side runs through CACHET_KERNEL_DIR (scripts/gpu_gemv_early.sh).
-#ifndef GEMV_EARLY_PREFETCH
-#define GEMV_EARLY_PREFETCH 0
-#endif
-
 // Warms L2 with this warp's first weight row (128-byte lines spread over the lanes), so DRAM
 // is busy while the block computes its prologue.
 __device__ __forceinline__ void prefetch_first(const void* w, int n, int row_bytes) {
@@ -174,14 +165,6 @@ __device__ __forceinline__ void prefetch_first(const void* w, int n, int row_byt
     const unsigned char* wr = static_cast<const unsigned char*>(w) + (size_t)row * row_bytes;
     for (int e = (threadIdx.x & 31) * 128; e < row_bytes; e += 32 * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + e));
-}
-
-// A decode GEMV's first statement: with GEMV_EARLY_PREFETCH, this warp's first weight row into
-// L2 — the weights are no kernel's output, so they may be read before the wait — then
-// wait_for_prior_kernels(); without, the wait alone.
-__device__ __forceinline__ void prefetch_weights_then_wait(const void* w, int n, int row_bytes) {
-    if (GEMV_EARLY_PREFETCH) prefetch_first(w, n, row_bytes);
-    wait_for_prior_kernels();
 }
 
 // Elements of a row each thread keeps in registers during the prologue (rows up to
@@ -277,7 +260,7 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
                                           const float* __restrict__ w_scale, bf16* __restrict__ y, int n, int k,
                                           int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    if (!GEMV_EARLY_PREFETCH) prefetch_first(w, n, k * (F8 ? 1 : 2));
+    prefetch_first(w, n, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
@@ -307,7 +290,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
                                               const float* __restrict__ w_scale, bf16* __restrict__ act, int inter,
                                               int k, int rows, float eps) {
     extern __shared__ uint4 gemv_xs[];
-    if (!GEMV_EARLY_PREFETCH) prefetch_first(w, inter, k * (F8 ? 1 : 2));
+    prefetch_first(w, inter, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
     const int warps = gridDim.x * (blockDim.x >> 5);
@@ -330,7 +313,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
         name(const void* __restrict__ w, const float* __restrict__ w_scale, const bf16* __restrict__ x, \
              OUT* __restrict__ y, int n, int k, int rows) {                                           \
-        prefetch_weights_then_wait(w, n, k * (F8 ? 1 : 2));                                           \
+        wait_for_prior_kernels();                                                                     \
         gemv_plain<R, F8, OUT>(w, w_scale, x, y, n, k, rows);                                         \
     }
 #define GEMV_PLAIN_KERNEL(name, R, F8) GEMV_PLAIN_KERNEL_OUT(name, R, F8, bf16)
@@ -340,7 +323,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
-        prefetch_weights_then_wait(w, n, k * (F8 ? 1 : 2));                                           \
+        wait_for_prior_kernels();                                                                         \
         gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
     }
 #define GEMV_GLU_KERNEL(name, R, F8, ACT)                                                             \
@@ -349,7 +332,7 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ act, int inter, int k, int rows, float eps) {                         \
-        prefetch_weights_then_wait(w, inter, k * (F8 ? 1 : 2));                                       \
+        wait_for_prior_kernels();                                                                                  \
         gemv_norm_glu<R, F8, ACT>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, act, inter, k, rows, \
                                   eps);                                                               \
     }
@@ -436,24 +419,25 @@ __device__ __forceinline__ uint2 e4m3x8(uint4 v, float inv) {
         q[i] = f32x2_e4m3x2(__uint_as_float(w[i] << 16) * inv, __uint_as_float(w[i] & 0xffff0000u) * inv);
     return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
 }
-// A row of `chunks` chunks of eight bf16 values, chunk(i) giving chunk i packed, into e4m3 codes
-// and the row's scale as described above: up to ACT_Q_CHUNKS chunks a thread held in registers
-// between the amax and the codes, the rest made twice. A block of ACT_Q_THREADS.
-template <typename Chunk>
-__device__ __forceinline__ void quantize_chunks_e4m3(Chunk chunk, int chunks, uint2* __restrict__ out,
-                                                     float* __restrict__ scale) {
-    const int held = ACT_Q_CHUNKS * ACT_Q_THREADS;
+extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4m3(
+    const bf16* __restrict__ x, fp8* __restrict__ codes, float* __restrict__ scale, int n, int k) {
+    wait_for_prior_kernels();
+    const int j = blockIdx.x;
+    if (j >= n) return;
+    const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)j * k);
+    uint2* out = reinterpret_cast<uint2*>(codes + (size_t)j * k);
+    const int chunks = k >> 3, held = ACT_Q_CHUNKS * ACT_Q_THREADS;
     uint4 v[ACT_Q_CHUNKS];
     float m = 0.f;
 #pragma unroll
     for (int c = 0; c < ACT_Q_CHUNKS; ++c) {
         const int i = threadIdx.x + c * ACT_Q_THREADS;
         if (i < chunks) {
-            v[c] = chunk(i);
+            v[c] = row[i];
             m = fmaxf(m, amax8(v[c]));
         }
     }
-    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) m = fmaxf(m, amax8(chunk(i)));
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) m = fmaxf(m, amax8(row[i]));
     const float amax = block_max(m);
     const float inv = amax > 0.f ? __fdiv_rn(E4M3_MAX, amax) : 0.f;
 #pragma unroll
@@ -461,17 +445,8 @@ __device__ __forceinline__ void quantize_chunks_e4m3(Chunk chunk, int chunks, ui
         const int i = threadIdx.x + c * ACT_Q_THREADS;
         if (i < chunks) out[i] = e4m3x8(v[c], inv);
     }
-    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) out[i] = e4m3x8(chunk(i), inv);
-    if (threadIdx.x == 0) *scale = __fdiv_rn(amax, E4M3_MAX);
-}
-extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4m3(
-    const bf16* __restrict__ x, fp8* __restrict__ codes, float* __restrict__ scale, int n, int k) {
-    wait_for_prior_kernels();
-    const int j = blockIdx.x;
-    if (j >= n) return;
-    const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)j * k);
-    quantize_chunks_e4m3([&](int i) { return row[i]; }, k >> 3, reinterpret_cast<uint2*>(codes + (size_t)j * k),
-                         scale + j);
+    for (int i = held + threadIdx.x; i < chunks; i += ACT_Q_THREADS) out[i] = e4m3x8(row[i], inv);
+    if (threadIdx.x == 0) scale[j] = __fdiv_rn(amax, E4M3_MAX);
 }
 
 // A sub-layer's input straight into the FP8 GEMM's: residual[r, :] += delta'[r, :] when delta is
@@ -603,16 +578,20 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_b
 //   w_scale : f32 [2·inter], x_scale : f32 [n]
 //   out     : bf16 [n, inter]
 // grid (ceil(inter / (8·FP8_SCALE_THREADS)), n), block FP8_SCALE_THREADS; inter % 8 == 0.
-// Columns c..c+7 of token t's gated activation, packed bf16 (what fp8_scale_glu writes).
 template <float (*Act)(float)>
-__device__ __forceinline__ uint4 scale_glu8(const bf16* __restrict__ row, const float* __restrict__ w_scale,
-                                            float xs, int inter, int c) {
-    const uint4 gv = *reinterpret_cast<const uint4*>(row + c);
-    const uint4 uv = *reinterpret_cast<const uint4*>(row + inter + c);
+__device__ __forceinline__ void fp8_scale_glu(const bf16* __restrict__ d, const float* __restrict__ w_scale,
+                                              const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
+                                              int inter) {
+    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
+    if (t >= n || c >= inter) return;
+    const size_t row = (size_t)t * 2 * inter;
+    const uint4 gv = *reinterpret_cast<const uint4*>(d + row + c);
+    const uint4 uv = *reinterpret_cast<const uint4*>(d + row + inter + c);
     const float4 g0 = *reinterpret_cast<const float4*>(w_scale + c);
     const float4 g1 = *reinterpret_cast<const float4*>(w_scale + c + 4);
     const float4 u0 = *reinterpret_cast<const float4*>(w_scale + inter + c);
     const float4 u1 = *reinterpret_cast<const float4*>(w_scale + inter + c + 4);
+    const float xs = x_scale[t];
     const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
     const float gs[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
     const float us[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
@@ -625,16 +604,7 @@ __device__ __forceinline__ uint4 scale_glu8(const bf16* __restrict__ row, const 
         const float ub = bf2f(f2bf(__uint_as_float(uw[i] & 0xffff0000u) * us[2 * i + 1] * xs));
         o[i] = (unsigned)f2bf(Act(ga) * ua) | ((unsigned)f2bf(Act(gb) * ub) << 16);
     }
-    return make_uint4(o[0], o[1], o[2], o[3]);
-}
-template <float (*Act)(float)>
-__device__ __forceinline__ void fp8_scale_glu(const bf16* __restrict__ d, const float* __restrict__ w_scale,
-                                              const float* __restrict__ x_scale, bf16* __restrict__ out, int n,
-                                              int inter) {
-    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
-    if (t >= n || c >= inter) return;
-    *reinterpret_cast<uint4*>(out + (size_t)t * inter + c) =
-        scale_glu8<Act>(d + (size_t)t * 2 * inter, w_scale, x_scale[t], inter, c);
+    *reinterpret_cast<uint4*>(out + (size_t)t * inter + c) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_silu_bf16(
     const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
@@ -647,37 +617,5 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_gelu_t
     bf16* __restrict__ out, int n, int inter) {
     wait_for_prior_kernels();
     fp8_scale_glu<gelu_tanh>(d, w_scale, x_scale, out, n, inter);
-}
-
-// The same gated activation straight into the down projection's FP8 input: fp8_scale_glu's bf16
-// values of the row, then quantize_act_rows_e4m3's codes and scale of them (amax over the bf16
-// values, codes of value · 448/amax) — the three launches' codes and scales bit for bit, without
-// the activation written and read back or the quantization's launch. One block of ACT_Q_THREADS
-// per token, eight columns a chunk, up to ACT_Q_CHUNKS chunks a thread held in registers (the
-// rest of a longer row computed twice).
-//   d : bf16 [n, 2·inter];  w_scale : f32 [2·inter];  x_scale : f32 [n]
-//   codes : e4m3 [n, inter];  scale : f32 [n];  inter % 8 == 0
-template <float (*Act)(float)>
-__device__ __forceinline__ void fp8_scale_glu_e4m3(const bf16* __restrict__ d, const float* __restrict__ w_scale,
-                                                   const float* __restrict__ x_scale, fp8* __restrict__ codes,
-                                                   float* __restrict__ scale, int n, int inter) {
-    const int t = blockIdx.x;
-    if (t >= n) return;
-    const bf16* row = d + (size_t)t * 2 * inter;
-    const float xs = x_scale[t];
-    quantize_chunks_e4m3([&](int i) { return scale_glu8<Act>(row, w_scale, xs, inter, 8 * i); }, inter >> 3,
-                         reinterpret_cast<uint2*>(codes + (size_t)t * inter), scale + t);
-}
-extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) fp8_scale_silu_e4m3(
-    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
-    fp8* __restrict__ codes, float* __restrict__ scale, int n, int inter) {
-    wait_for_prior_kernels();
-    fp8_scale_glu_e4m3<silu>(d, w_scale, x_scale, codes, scale, n, inter);
-}
-extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) fp8_scale_gelu_tanh_e4m3(
-    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
-    fp8* __restrict__ codes, float* __restrict__ scale, int n, int inter) {
-    wait_for_prior_kernels();
-    fp8_scale_glu_e4m3<gelu_tanh>(d, w_scale, x_scale, codes, scale, n, inter);
 }
 

@@ -111,8 +111,6 @@ pub const SOURCES: &[KernelSource] = &[
             "fp8_scale_out_f32",
             "fp8_scale_silu_bf16",
             "fp8_scale_gelu_tanh_bf16",
-            "fp8_scale_silu_e4m3",
-            "fp8_scale_gelu_tanh_e4m3",
         ],
     },
     KernelSource {
@@ -238,9 +236,7 @@ mod tests {
 
     /// Decode graphs launch kernels programmatically (graphs.rs): a kernel whose first
     /// statement is not `wait_for_prior_kernels()` could read what the kernel before it has not
-    /// written yet. Every `__global__` body, written out or in a macro, starts with it — or, for
-    /// the decode GEMVs, with `prefetch_weights_then_wait(`, which may prefetch the kernel's own
-    /// weights (no kernel's output) into L2 and then waits.
+    /// written yet. Every `__global__` body, written out or in a macro, starts with it.
     #[test]
     fn every_kernel_waits_for_the_kernels_before_it_first() {
         let mut kernels = 0;
@@ -252,8 +248,7 @@ mod tests {
                     code[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
                 let head = &code[at..open];
                 assert!(
-                    body.starts_with("wait_for_prior_kernels();")
-                        || body.starts_with("prefetch_weights_then_wait("),
+                    body.starts_with("wait_for_prior_kernels();"),
                     "{}: the kernel `{}` does not start with wait_for_prior_kernels()",
                     s.name,
                     head.split_whitespace().collect::<Vec<_>>().join(" ")

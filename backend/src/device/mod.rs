@@ -513,23 +513,6 @@ pub trait Device: Send {
         self.glu(&gu, act)
     }
 
-    /// A dense MLP: [`Device::norm_glu`] then the down projection (before any tensor-parallel
-    /// sum); a device may carry the activation to the down product in its own format.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_mlp(
-        &self,
-        residual: &mut Self::Tensor,
-        delta: Option<Delta<'_, Self::Tensor>>,
-        norm: &Self::Tensor,
-        eps: f32,
-        gate_up: &Self::Tensor,
-        down: &Self::Tensor,
-        act: Activation,
-    ) -> Result<Self::Tensor, DeviceError> {
-        let h = self.norm_glu(residual, delta, norm, eps, gate_up, act)?;
-        self.linear(&h, down)
-    }
-
     /// A mixture-of-experts MLP over normalised rows `x` (`[n, hidden]`): each row routed
     /// ([`moe::route`]) and its experts' SwiGLU outputs summed with their weights: `[n, hidden]`
     /// (under tensor parallelism a partial sum over this rank's columns of every expert).

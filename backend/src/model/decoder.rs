@@ -475,15 +475,17 @@ impl<D: Device> Decoder<D> {
                     };
                     dev.moe(&x, w, &p)?
                 }
-                _ => dev.norm_mlp(
-                    &mut residual,
-                    delta,
-                    &layer.mlp_norm,
-                    eps,
-                    &layer.gate_up,
-                    &layer.down,
-                    self.config.hidden_act,
-                )?,
+                _ => {
+                    let act = dev.norm_glu(
+                        &mut residual,
+                        delta,
+                        &layer.mlp_norm,
+                        eps,
+                        &layer.gate_up,
+                        self.config.hidden_act,
+                    )?;
+                    dev.linear(&act, &layer.down)?
+                }
             };
             dev.all_reduce_sum(&mut down)?;
             pending = Some((down, post_mlp));

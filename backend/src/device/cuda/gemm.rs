@@ -82,9 +82,8 @@ impl CudaDevice {
         let xs = x.bf16("linear")?;
         if let CudaBuf::E4m3 { codes, scales } = &w.buf {
             let x = Fp8Input::Bf16(xs);
-            let epi = Fp8Epilogue::Scaled;
-            if let Some(out) = self.gemm_fp8(x, (codes, scales), (m, n, k), out_f32, epi)? {
-                return out.tensor();
+            if let Some(out) = self.gemm_fp8(x, (codes, scales), (m, n, k), out_f32, None)? {
+                return Ok(out);
             }
         }
         let dequantized;
@@ -166,25 +165,23 @@ impl CudaDevice {
 
     /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, the e4m3 product in
     /// bf16 (in f32 for an f32 result, or with `CACHET_FP8_PRODUCT=f32`), then both scale
-    /// vectors applied as `epi` says — on a gate|up product, in the same pass as the gated
-    /// activation (bf16 product only: [`Self::fp8_glu_fused`]), the result then [n, m / 2], in
-    /// bf16 or as the next FP8 product's input codes. `None` when there is no cuBLASLt or no
-    /// algorithm for the shape.
+    /// vectors applied — with `glu`, on a gate|up product, in the same pass as the gated
+    /// activation (bf16 product only: [`Self::fp8_glu_fused`]), the result then [n, m / 2].
+    /// `None` when there is no cuBLASLt or no algorithm for the shape.
     fn gemm_fp8(
         &self,
         x: Fp8Input<'_>,
         (codes, w_scale): (&CudaSlice<u8>, &CudaSlice<f32>),
         (m, n, k): (usize, usize, usize),
         out_f32: bool,
-        epi: Fp8Epilogue,
-    ) -> Result<Option<Fp8Result>, DeviceError> {
+        glu: Option<Activation>,
+    ) -> Result<Option<CudaTensor>, DeviceError> {
         let Some(Some(lt)) = self.fp8_gemm.get() else {
             return Ok(None);
         };
         if n == 0 || !k.is_multiple_of(16) || !m.is_multiple_of(16) {
             return Ok(None);
         }
-        let glu = epi.activation();
         if glu.is_some() && !self.fp8_glu_fused(n, m, out_f32) {
             return Err(DeviceError::Op {
                 device: DEV,
@@ -219,35 +216,17 @@ impl CudaDevice {
             }
         };
         let scales = (w_scale, &x_scale);
-        let tensor = |buf| {
-            Fp8Result::Tensor(CudaTensor {
-                rows: n,
-                cols: if glu.is_some() { m / 2 } else { m },
-                buf,
-            })
-        };
         // The scales applied on the way to the result.
-        let scaled = |product: Fp8Product| -> Result<Fp8Result, DeviceError> {
-            match (epi, &product) {
-                (Fp8Epilogue::Glu(act), Fp8Product::Bf16(d)) => {
-                    return self.timed("↳ fp8: scales + gated activation", || {
-                        let mut o = self.alloc_bf16(n * m / 2, "linear")?;
-                        self.launch_fp8_scale_glu(act, d, scales, &mut o, (n, m / 2))?;
-                        Ok(tensor(CudaBuf::Bf16(o)))
-                    });
-                }
-                (Fp8Epilogue::GluCodes(act), Fp8Product::Bf16(d)) => {
-                    return self.timed("↳ fp8: scales + gated activation into codes", || {
-                        let (mut c, mut s) = self.alloc_fp8_input(n, m / 2)?;
-                        let out = (&mut c, &mut s);
-                        self.launch_fp8_scale_glu_codes(act, d, scales, out, (n, m / 2))?;
-                        Ok(Fp8Result::Codes(c, s))
-                    });
-                }
-                _ => {}
+        let scaled = |product: Fp8Product| -> Result<CudaBuf, DeviceError> {
+            if let (Some(act), Fp8Product::Bf16(d)) = (glu, &product) {
+                return self.timed("↳ fp8: scales + gated activation", || {
+                    let mut o = self.alloc_bf16(n * m / 2, "linear")?;
+                    self.launch_fp8_scale_glu(act, d, scales, &mut o, (n, m / 2))?;
+                    Ok(CudaBuf::Bf16(o))
+                });
             }
             self.timed("↳ fp8: scales", || {
-                Ok(tensor(if out_f32 {
+                Ok(if out_f32 {
                     let mut o = self.alloc_f32(n * m, "linear")?;
                     self.launch_fp8_scale_out(product, scales, Fp8Out::F32(&mut o), (n, m))?;
                     CudaBuf::F32(o)
@@ -255,7 +234,7 @@ impl CudaDevice {
                     let mut o = self.alloc_bf16(n * m, "linear")?;
                     self.launch_fp8_scale_out(product, scales, Fp8Out::Bf16(&mut o), (n, m))?;
                     CudaBuf::Bf16(o)
-                }))
+                })
             })
         };
         // cuBLASLt's product of the codes; false: no algorithm for the shape.
@@ -264,7 +243,7 @@ impl CudaDevice {
                 lt.matmul(&self.stream, (codes, &x_codes), (m, n_pad, k), raw)
             })
         };
-        Ok(Some(if out_f32 || !self.options.fp8_bf16_product {
+        let buf = if out_f32 || !self.options.fp8_bf16_product {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
             if !product(Fp8Out::F32(&mut raw))? {
                 return Ok(None);
@@ -276,12 +255,17 @@ impl CudaDevice {
                 return Ok(None);
             }
             scaled(Fp8Product::Bf16(&raw))?
+        };
+        Ok(Some(CudaTensor {
+            rows: n,
+            cols: if glu.is_some() { m / 2 } else { m },
+            buf,
         }))
     }
 
     /// The sub-layer's norm straight into the FP8 GEMM's input codes ([`Fp8Input::Codes`], the
-    /// `rms_norm_e4m3` kernel: the separate launches' codes bit for bit), then the product with
-    /// `epi` — gated in the scales' pass as [`Self::linear_glu`] does. `None` (nothing done, the
+    /// `rms_norm_e4m3` kernel: the separate launches' codes bit for bit), then the product — with
+    /// `glu`, gated in the scales' pass as [`Self::linear_glu`] does. `None` (nothing done, the
     /// residual untouched) where that path does not apply: off (`CACHET_FP8_NORM`), weights not
     /// FP8, a step the GEMV takes, the exact activation kernel, rows wider than
     /// [`FP8_NORM_MAX_COLS`], or no cuBLASLt algorithm for the shape.
@@ -292,8 +276,8 @@ impl CudaDevice {
         norm: &CudaTensor,
         eps: f32,
         w: &CudaTensor,
-        epi: Fp8Epilogue,
-    ) -> Result<Option<Fp8Result>, DeviceError> {
+        glu: Option<Activation>,
+    ) -> Result<Option<CudaTensor>, DeviceError> {
         let (n, k, m) = (residual.rows, residual.cols, w.rows);
         let CudaBuf::E4m3 { codes, scales } = &w.buf else {
             return Ok(None);
@@ -309,9 +293,7 @@ impl CudaDevice {
             && k.is_multiple_of(16)
             && m.is_multiple_of(16)
             && self.gemv_variant(n, k, &w.weight("linear")?).is_none()
-            && epi
-                .activation()
-                .is_none_or(|_| self.fp8_glu_fused(n, m, false))
+            && glu.is_none_or(|_| self.fp8_glu_fused(n, m, false))
             && lt.supports((m, fp8_padded_rows(n), k, self.options.fp8_bf16_product))?;
         if !applies {
             return Ok(None);
@@ -336,97 +318,15 @@ impl CudaDevice {
                 (codes, scales),
                 (m, n, k),
                 false,
-                epi,
+                glu,
             )
         })?
         .map(Some)
-        .ok_or_else(|| no_algorithm(n, k, m))
-    }
-
-    /// A dense MLP with FP8 weights whose gated activation goes straight into the down
-    /// product's input codes (`fp8_scale_{silu|gelu_tanh}_e4m3`: the codes and row scales the
-    /// activation's launch, then the quantization's, give bit for bit): the norm (into the
-    /// gate|up product's codes where [`Self::norm_fp8_projection`] applies), gate|up, the
-    /// epilogue into codes, down. `None` (nothing done, the residual untouched) where it does
-    /// not apply: off (`CACHET_FP8_GLU_CODES`), weights not both FP8, a step the GEMVs take, an
-    /// epilogue that is not fused, the exact activation kernel, or no cuBLASLt algorithm for
-    /// either shape.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn fp8_mlp(
-        &self,
-        residual: &mut CudaTensor,
-        delta: Option<Delta<'_, CudaTensor>>,
-        norm: &CudaTensor,
-        eps: f32,
-        gate_up: &CudaTensor,
-        down: &CudaTensor,
-        act: Activation,
-    ) -> Result<Option<CudaTensor>, DeviceError> {
-        if !self.options.fp8_glu_codes {
-            return Ok(None);
-        }
-        let (n, k) = (residual.rows, residual.cols);
-        let (gu, inter, h) = (gate_up.rows, gate_up.rows / 2, down.rows);
-        let (
-            CudaBuf::E4m3 {
-                codes: gu_codes,
-                scales: gu_scales,
-            },
-            CudaBuf::E4m3 { codes, scales },
-        ) = (&gate_up.buf, &down.buf)
-        else {
-            return Ok(None);
-        };
-        let Some(Some(lt)) = self.fp8_gemm.get() else {
-            return Ok(None);
-        };
-        let bf16_product = self.options.fp8_bf16_product;
-        let applies = !self.options.fp8_exact_activations
-            && n > 0
-            && gate_up.cols == k
-            && down.cols == inter
-            && inter.is_multiple_of(16)
-            && k.is_multiple_of(16)
-            && h.is_multiple_of(16)
-            && self.fp8_glu_fused(n, gu, false)
-            && self
-                .gemv_variant(n, k, &gate_up.weight("linear")?)
-                .is_none()
-            && self
-                .gemv_variant(n, inter, &down.weight("linear")?)
-                .is_none()
-            && lt.supports((gu, fp8_padded_rows(n), k, bf16_product))?
-            && lt.supports((h, fp8_padded_rows(n), inter, bf16_product))?;
-        if !applies {
-            return Ok(None);
-        }
-        let epi = Fp8Epilogue::GluCodes(act);
-        let gated = match self.norm_fp8_projection(residual, delta, norm, eps, gate_up, epi)? {
-            Some(g) => g,
-            None => {
-                let x = crate::device::Device::norm(self, residual, delta, norm, eps)?;
-                let xs = Fp8Input::Bf16(x.bf16("linear")?);
-                self.timed("gemm", || {
-                    self.gemm_fp8(xs, (gu_codes, gu_scales), (gu, n, k), false, epi)
-                })?
-                .ok_or_else(|| no_algorithm(n, k, gu))?
-            }
-        };
-        let Fp8Result::Codes(x_codes, x_scale) = gated else {
-            return Err(DeviceError::Op {
-                device: DEV,
-                op: "fp8 mlp",
-                msg: "the gate|up epilogue made no codes".into(),
-            });
-        };
-        self.timed("gemm", || {
-            let x = Fp8Input::Codes(x_codes, x_scale);
-            let epi = Fp8Epilogue::Scaled;
-            self.gemm_fp8(x, (codes, scales), (h, n, inter), false, epi)
-        })?
-        .ok_or_else(|| no_algorithm(n, inter, h))?
-        .tensor()
-        .map(Some)
+        .ok_or_else(|| DeviceError::Op {
+            device: DEV,
+            op: "fp8 gemm",
+            msg: format!("cuBLASLt planned {n}×{k} · ({m}×{k})ᵀ and then had no algorithm"),
+        })
     }
 
     /// An FP8 product's input buffers for `n` rows of `k`: the codes of the padded rows
@@ -478,29 +378,19 @@ impl CudaDevice {
                         (codes, scales),
                         (w.rows, x.rows, x.cols),
                         false,
-                        Fp8Epilogue::Glu(act),
+                        Some(act),
                     )
                 })?
             }
             _ => None,
         };
         match fused {
-            Some(out) => out.tensor(),
+            Some(out) => Ok(out),
             None => {
                 let y = self.linear(x, w)?;
                 self.glu(&y, act)
             }
         }
-    }
-}
-
-/// cuBLASLt said it had a plan for `n`×`k` · (`m`×`k`)ᵀ, then no algorithm (after the step's
-/// residual was already updated: an error, not a fallback).
-fn no_algorithm(n: usize, k: usize, m: usize) -> DeviceError {
-    DeviceError::Op {
-        device: DEV,
-        op: "fp8 gemm",
-        msg: format!("cuBLASLt planned {n}×{k} · ({m}×{k})ᵀ and then had no algorithm"),
     }
 }
 
@@ -513,46 +403,6 @@ pub(super) const FP8_NORM_MAX_COLS: usize = 8 * 1024;
 pub(super) enum Fp8Input<'a> {
     Bf16(&'a CudaSlice<u16>),
     Codes(CudaSlice<u8>, CudaSlice<f32>),
-}
-
-/// What an FP8 product's epilogue makes of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Fp8Epilogue {
-    /// Both scales applied: bf16, or f32 for an f32 result.
-    Scaled,
-    /// A gate|up product scaled and gated: bf16 `[n, m / 2]`.
-    Glu(Activation),
-    /// The same, quantized per row into the next FP8 product's input ([`Fp8Result::Codes`]).
-    GluCodes(Activation),
-}
-
-impl Fp8Epilogue {
-    fn activation(self) -> Option<Activation> {
-        match self {
-            Fp8Epilogue::Scaled => None,
-            Fp8Epilogue::Glu(a) | Fp8Epilogue::GluCodes(a) => Some(a),
-        }
-    }
-}
-
-/// An FP8 product's result: a tensor, or the next FP8 product's input codes (padded rows, as
-/// [`Fp8Input::Codes`] takes them) and row scales.
-pub(super) enum Fp8Result {
-    Tensor(CudaTensor),
-    Codes(CudaSlice<u8>, CudaSlice<f32>),
-}
-
-impl Fp8Result {
-    pub(super) fn tensor(self) -> Result<CudaTensor, DeviceError> {
-        match self {
-            Fp8Result::Tensor(t) => Ok(t),
-            Fp8Result::Codes(..) => Err(DeviceError::Op {
-                device: DEV,
-                op: "fp8 gemm",
-                msg: "asked for a tensor, made codes".into(),
-            }),
-        }
-    }
 }
 
 /// The rows an FP8 product runs on for `n` input rows: multiples of 16 up to 64 (batched decode

@@ -5,7 +5,6 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::gemm::Fp8Epilogue;
 use super::kernels::{GEMV_ROWS, GEMV_SMEM_MAX};
 use super::tensor::{CudaBuf, CudaTensor, WeightRef};
 use super::{CudaDevice, DEV};
@@ -93,9 +92,8 @@ impl CudaDevice {
         glu: Option<Activation>,
     ) -> Result<CudaTensor, DeviceError> {
         let Some(v) = self.gemv_norm_variant(residual, w, glu.is_some()) else {
-            let epi = glu.map_or(Fp8Epilogue::Scaled, Fp8Epilogue::Glu);
-            if let Some(y) = self.norm_fp8_projection(residual, delta, norm, eps, w, epi)? {
-                return y.tensor();
+            if let Some(y) = self.norm_fp8_projection(residual, delta, norm, eps, w, glu)? {
+                return Ok(y);
             }
             let x = self.norm(residual, delta, norm, eps)?;
             return match glu {

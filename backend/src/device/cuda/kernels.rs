@@ -165,8 +165,6 @@ pub struct Kernels {
     /// The FP8 gate|up product's epilogue with the gated activation, by
     /// [`crate::config::Activation`]: scaled and activated in one pass, bf16 → bf16.
     pub fp8_scale_glu: [CudaFunction; 2],
-    /// The same, straight into the down projection's FP8 input codes and row scales.
-    pub fp8_scale_glu_codes: [CudaFunction; 2],
     /// Mixture of experts (moe.cu): routing; the few-row path's gate|up + SwiGLU and weighted
     /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
     /// weighted combine.
@@ -292,7 +290,6 @@ impl Kernels {
                 f("fp8_scale_bf16_bf16")?,
             ],
             fp8_scale_glu: [f("fp8_scale_silu_bf16")?, f("fp8_scale_gelu_tanh_bf16")?],
-            fp8_scale_glu_codes: [f("fp8_scale_silu_e4m3")?, f("fp8_scale_gelu_tanh_e4m3")?],
             moe_route: f("moe_route_f32")?,
             moe_router_route: [
                 f("moe_router_route_r1")?,

@@ -544,45 +544,6 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `fp8_scale_{silu|gelu_tanh}_e4m3(bf16 d[n, 2i], f32 w_scale[2i], f32 x_scale[n], e4m3
-    /// codes[n, i], f32 scale[n], int n, int i)`: [`Self::launch_fp8_scale_glu`]'s activation
-    /// quantized per row for the next FP8 product (its codes and scales bit for bit).
-    pub(super) fn launch_fp8_scale_glu_codes(
-        &self,
-        act: Activation,
-        d: &CudaSlice<u16>,
-        (w_scale, x_scale): (&CudaSlice<f32>, &CudaSlice<f32>),
-        (codes, scale): (&mut CudaSlice<u8>, &mut CudaSlice<f32>),
-        (n, i): (usize, usize),
-    ) -> Result<(), DeviceError> {
-        if d.len() < n * 2 * i
-            || w_scale.len() < 2 * i
-            || x_scale.len() < n
-            || codes.len() < n * i
-            || scale.len() < n
-            || !i.is_multiple_of(8)
-        {
-            return Err(short_buffers("fp8_scale_glu_e4m3", n, 2 * i));
-        }
-        let (ni, ii) = (n as i32, i as i32);
-        let mut l = self
-            .stream
-            .launch_builder(&self.k.fp8_scale_glu_codes[act as usize]);
-        l.arg(d)
-            .arg(w_scale)
-            .arg(x_scale)
-            .arg(codes)
-            .arg(scale)
-            .arg(&ni)
-            .arg(&ii);
-        // SAFETY: d holds n rows of 2i, codes n rows of i, the scales 2i, n and n (checked
-        // above), i a multiple of 8 for the 16- and 8-byte accesses (fresh allocations, 16-byte
-        // aligned); one block of 256 threads (gemv.cu's ACT_Q_THREADS) per token.
-        unsafe { self.enqueue(&mut l, rows_config(n, 256)) }
-            .map_err(op_err("fp8_scale_glu_e4m3"))?;
-        Ok(())
-    }
-
     /// `gather_rows_bf16(u32 rows[m], bf16 x[n, cols], bf16 out[m, cols], int cols)`.
     pub(super) fn launch_gather_rows(
         &self,

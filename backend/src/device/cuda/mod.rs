@@ -485,23 +485,6 @@ impl Device for CudaDevice {
         self.norm_projection(residual, delta, norm, eps, gate_up, Some(act))
     }
 
-    fn norm_mlp(
-        &self,
-        residual: &mut CudaTensor,
-        delta: Option<Delta<'_, CudaTensor>>,
-        norm: &CudaTensor,
-        eps: f32,
-        gate_up: &CudaTensor,
-        down: &CudaTensor,
-        act: Activation,
-    ) -> Result<CudaTensor, DeviceError> {
-        if let Some(y) = self.fp8_mlp(residual, delta, norm, eps, gate_up, down, act)? {
-            return Ok(y);
-        }
-        let h = self.norm_glu(residual, delta, norm, eps, gate_up, act)?;
-        self.linear(&h, down)
-    }
-
     fn lm_head(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
         self.timed("gemm lm_head", || self.gemm(x, w, true))
     }

@@ -176,11 +176,6 @@ pub struct CudaOptions {
     /// rather than bf16 rows the quantization reads back (`CACHET_FP8_NORM=fused|separate`;
     /// batch-64 FP8 decode −1.7%, batch 256 −0.8% on the H200, BENCHMARKS.md §12c).
     pub fp8_fused_norm: bool,
-    /// A dense MLP's gated activation goes straight into the down product's FP8 input codes
-    /// (`fp8_scale_{silu|gelu_tanh}_e4m3`: the activation's and the quantization's launches'
-    /// result bit for bit) rather than bf16 rows the quantization reads back
-    /// (`CACHET_FP8_GLU_CODES=separate|fused`; default separate until measured on a GPU).
-    pub fp8_glu_codes: bool,
     /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
     /// the cache — together, rather than one kv head of every sequence first.
@@ -216,7 +211,6 @@ impl Default for CudaOptions {
             fp8_exact_activations: false,
             fp8_fused_glu: true,
             fp8_fused_norm: true,
-            fp8_glu_codes: false,
             attention_heads_first: true,
             attention_decode_transposed: true,
             attention_decode_transposed_bf16: true,
@@ -318,9 +312,7 @@ impl CudaOptions {
         if switch("CACHET_GRAPH_MEMORY", "nodes", "pool")? {
             o.graph_memory = GraphMemory::Pool;
         }
-        o.kernel_dir = var("CACHET_KERNEL_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
+        o.kernel_dir = var("CACHET_KERNEL_DIR").map(PathBuf::from);
         o.nccl_library = var("CACHET_NCCL_LIBRARY")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
@@ -330,7 +322,6 @@ impl CudaOptions {
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
         o.fp8_fused_glu = !switch("CACHET_FP8_GLU", "fused", "separate")?;
         o.fp8_fused_norm = !switch("CACHET_FP8_NORM", "fused", "separate")?;
-        o.fp8_glu_codes = switch("CACHET_FP8_GLU_CODES", "separate", "fused")?;
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         o.attention_decode_transposed_bf16 =
             !switch("CACHET_DECODE_ATTENTION_BF16", "transposed", "rows")?;
@@ -467,21 +458,6 @@ mod tests {
                 .unwrap()
                 .fp8_fused_norm
         );
-        assert_eq!(
-            parse(&[("CACHET_KERNEL_DIR", "")]).unwrap().kernel_dir,
-            None
-        );
-        assert_eq!(
-            parse(&[("CACHET_KERNEL_DIR", "/k")]).unwrap().kernel_dir,
-            Some(PathBuf::from("/k"))
-        );
-        assert!(!parse(&[]).unwrap().fp8_glu_codes);
-        assert!(
-            parse(&[("CACHET_FP8_GLU_CODES", "fused")])
-                .unwrap()
-                .fp8_glu_codes
-        );
-        assert!(parse(&[("CACHET_FP8_GLU_CODES", "on")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
