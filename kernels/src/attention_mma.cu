@@ -90,6 +90,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
+// The same to a shared-space address (computed once, offsets added per copy).
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 // 4 bytes global → shared (through L1: .cg takes 16 only); `bytes` = 0 writes zeros.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
@@ -121,6 +125,19 @@ __device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned two) {
     return pack_f16(e4m3f(two & 0xffu), e4m3f((two >> 8) & 0xffu));
 #endif
 }
+// The codes in bytes 2, 3 of `four` → f16x2: on sm_89+ the conversion reads the register's upper
+// half itself (no shift first: one instruction fewer a pair).
+__device__ __forceinline__ unsigned e4m3x2_f16x2_hi(unsigned four) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short lo, hi;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(lo), "=h"(hi) : "r"(four));
+    unsigned h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(hi));
+    return h2;
+#else
+    return e4m3x2_f16x2(four >> 16);
+#endif
+}
 
 // 16 e4m3 codes (one 16-byte load) → 16 f16 in shared memory (two 16-byte stores), times `scale2`
 // (f16x2, both halves the scale) when `scaled` (V; K's scales are applied to the scores).
@@ -130,7 +147,7 @@ __device__ __forceinline__ void dequant16(bf16* dst, uint4 w, bool scaled, unsig
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         o[2 * k] = e4m3x2_f16x2(words[k] & 0xffffu);
-        o[2 * k + 1] = e4m3x2_f16x2(words[k] >> 16);
+        o[2 * k + 1] = e4m3x2_f16x2_hi(words[k]);
     }
     if (scaled) {
 #pragma unroll
@@ -289,8 +306,8 @@ __device__ __forceinline__ void v_code_pairs(const fp8* rv, int kq, const float*
         const unsigned p89[2] = {__byte_perm(v8[w], v9[w], 0x5140), __byte_perm(v8[w], v9[w], 0x7362)};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            pair01[4 * w + i] = e4m3x2_f16x2(p01[i >> 1] >> ((i & 1) * 16));
-            pair89[4 * w + i] = e4m3x2_f16x2(p89[i >> 1] >> ((i & 1) * 16));
+            pair01[4 * w + i] = (i & 1) ? e4m3x2_f16x2_hi(p01[i >> 1]) : e4m3x2_f16x2(p01[i >> 1]);
+            pair89[4 * w + i] = (i & 1) ? e4m3x2_f16x2_hi(p89[i >> 1]) : e4m3x2_f16x2(p89[i >> 1]);
             asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(pair01[4 * w + i]) : "r"(s01));
             asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(pair89[4 * w + i]) : "r"(s89));
         }
@@ -433,6 +450,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // into MMA fragments: no f16 V tile in shared memory, no ldmatrix, no barrier between a
     // warp's conversion and its products (below, at P·V).
     constexpr bool VREG = DECODE != 0 && MODE == 1;
+    // The transposed FP8 decode keeps its softmax row sums per lane until the end (below).
+    constexpr bool LANE_SUMS = TR && FP8;
     // The work on a tile's rows [r0, r0 + nr) is spread over `nt` threads, this one being `me`:
     // the whole block's (0, MMA_TK, tid, THREADS), or in decode a warp's (16w, 16, lane, 32).
     // Block-table lookups for those rows of the key tile at k0, into slot_of[buf].
@@ -535,6 +554,33 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     };
     // This warp's rows of every tile in decode.
     const int my_r0 = warp * MMA_HK;
+    // FP8 decode: `issue` for this warp's rows, addressed from per-lane constants. Lane (g, i) =
+    // (lane / CH, lane % CH) copies chunk i of rows my_r0 + g + RP·j (RP = 32 / CH rows a pass, an
+    // even number, so a row's parity — all its swizzle depends on — is g's), and one scale: K's of
+    // row my_r0 + lane (lane < 16), else V's of row my_r0 + lane - 16.
+    // Decode instantiations only (a kernel deciding per block keeps `issue`: registers).
+    constexpr bool DEC_KERNEL = TR || (MMA_SPECIALIZES(D, MODE) && DECODE != 0);
+    constexpr int DEC_CH = D / 16, DEC_RP = 32 / DEC_CH;
+    static_assert(DEC_RP % 2 == 0 && MMA_HK % DEC_RP == 0, "whole passes of even rows");
+    const int dec_g = lane / DEC_CH, dec_i = lane % DEC_CH;
+    const unsigned dec_k_at = smem_addr(raw_dec) + (my_r0 + dec_g) * D + (dec_i ^ kswz(dec_g)) * 16;
+    const unsigned dec_v_at = smem_addr(raw_dec) + MMA_TK * D + (my_r0 + dec_g) * D + dec_i * 16;
+    const char* dec_k_src = static_cast<const char*>(k_cache) + dec_i * 16;
+    const char* dec_v_src = static_cast<const char*>(v_cache) + dec_i * 16;
+    auto issue_dec = [&](int k0, int buf) {
+        const unsigned at = buf * 2 * MMA_TK * D;
+#pragma unroll
+        for (int j = 0; j < MMA_HK / DEC_RP; ++j) {
+            const int c = my_r0 + dec_g + DEC_RP * j;
+            const int bytes = k0 + c < k_end ? 16 : 0;
+            const size_t row = slot_of[buf][c];
+            cp_async16_at(dec_k_at + at + DEC_RP * j * D, dec_k_src + row * D, bytes);
+            cp_async16_at(dec_v_at + at + DEC_RP * j * D, dec_v_src + row * D, bytes);
+        }
+        const int c = my_r0 + (lane & (MMA_HK - 1)), which = lane / MMA_HK;
+        cp_async4(&raw_scale[FP8 ? buf : 0][which][c], (which ? v_scale : k_scale) + slot_of[buf][c],
+                  k0 + c < k_end ? 4 : 0);
+    };
     // FP8 decode, once the warp is done with raw stage `buf` (tile k0's): its rows of the tile
     // DEC_STAGES ahead go into it (the stage's copies form one group whether or not there are any).
     auto refill_dec = [&](int k0, int buf) {
@@ -542,7 +588,8 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         if (k0 + DEC_STAGES * MMA_TK < k_end) {
             lookup(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane);
             __syncwarp();
-            issue(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane, 32);
+            if constexpr (DEC_KERNEL) issue_dec(k0 + DEC_STAGES * MMA_TK, buf);
+            else issue(k0 + DEC_STAGES * MMA_TK, buf, my_r0, MMA_HK, lane, 32);
         }
         cp_async_commit();
     };
@@ -723,12 +770,17 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
         if (dec)
             for (int b = 0; b < DEC_STAGES; ++b) lookup(k_begin + b * MMA_TK, b, r0, nr, me);
         __syncthreads();  // every warp holds its Q fragments: the raw stages are free; rows looked up
-        if (k_begin < k_end) issue(k_begin, 0, r0, nr, me, nt);
+        auto first = [&](int b) {  // tile b of the range into raw stage b
+            if (k_begin + b * MMA_TK >= k_end) return;
+            if constexpr (DEC_KERNEL) issue_dec(k_begin + b * MMA_TK, b);
+            else issue(k_begin + b * MMA_TK, b, r0, nr, me, nt);
+        };
+        first(0);
         cp_async_commit();
-        if (k_begin + MMA_TK < k_end) issue(k_begin + MMA_TK, 1, r0, nr, me, nt);
+        first(1);
         cp_async_commit();
         if (dec) {
-            if (k_begin + 2 * MMA_TK < k_end) issue(k_begin + 2 * MMA_TK, 2, r0, nr, me, nt);
+            first(2);
             cp_async_commit();
         }
     } else if (dec) {
@@ -817,7 +869,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
                         const unsigned a[4] = {e4m3x2_f16x2(x0[j] & 0xffffu), e4m3x2_f16x2(x1[j] & 0xffffu),
-                                               e4m3x2_f16x2(x0[j] >> 16), e4m3x2_f16x2(x1[j] >> 16)};
+                                               e4m3x2_f16x2_hi(x0[j]), e4m3x2_f16x2_hi(x1[j])};
                         const unsigned b[2] = {qa[4 * g + j][0], qa[4 * g + j][2]};
                         mma_f16(st, a, b);
                     }
@@ -854,11 +906,16 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
                     const float mn = (e & 1) ? mn_b : mn_a;
                     st[e] = (st[e] == -CACHET_INF) ? 0.f : fast_exp2(st[e] - mn);
                 }
+                // FP8: each lane sums its own keys' probabilities (the max is the quarter's, so the
+                // lanes' sums add up), the 8 lanes of a column summed once after the last tile
+                // (LANE_SUMS; bf16 keeps the measured per-tile sums).
                 float sum_a = st[0] + st[2], sum_b = st[1] + st[3];
+                if constexpr (!LANE_SUMS) {
 #pragma unroll
-                for (int x = 4; x < 32; x <<= 1) {
-                    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, x);
-                    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, x);
+                    for (int x = 4; x < 32; x <<= 1) {
+                        sum_a += __shfl_xor_sync(0xffffffffu, sum_a, x);
+                        sum_b += __shfl_xor_sync(0xffffffffu, sum_b, x);
+                    }
                 }
                 l_a = l_a * al_a + sum_a;
                 l_b = l_b * al_b + sum_b;
@@ -941,7 +998,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
 #pragma unroll
                         for (int j = 0; j < 4; ++j) {
                             const unsigned b[2] = {I8 ? i8x2_f16x2(words[j] & 0xffffu) : e4m3x2_f16x2(words[j] & 0xffffu),
-                                                   I8 ? i8x2_f16x2(words[j] >> 16) : e4m3x2_f16x2(words[j] >> 16)};
+                                                   I8 ? i8x2_f16x2(words[j] >> 16) : e4m3x2_f16x2_hi(words[j])};
                             mma_f16(s[nb], qa[4 * g + j], b);
                         }
                     }
@@ -1105,6 +1162,14 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
             }
             }  // not VREG
             }  // not TR
+        }
+    }
+    if constexpr (LANE_SUMS) {
+        // The transposed tiles' row sums, per lane so far: summed over each column's 8 lanes.
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) {
+            l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
+            l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
         }
     }
     if (KG > 1 || dec) {
