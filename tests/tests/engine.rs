@@ -649,6 +649,53 @@ gpu_test! {
 }
 
 gpu_test! {
+    /// The same with FP8 weights on a random model (no download: the served 8B's head_dim 128,
+    /// GQA 4): steps of 5 and 9 rows take cuBLASLt's FP8 product inside the graphs. Run with
+    /// `CACHET_FP8_GEMM_TUNE=timed` as well (scripts/gpu_fp8_gemm_tune.sh), where the graphs are
+    /// captured after the eager warm-up step that times each product shape's candidates.
+    fn decode_steps_of_a_random_fp8_model_replayed_from_cuda_graphs_match_eager_steps() {
+        use cachet_backend::config::ModelConfig;
+        use cachet_backend::device::ForwardBatch;
+        use cachet_backend::kv::SimpleAllocator;
+        use cachet_backend::loader::{random::random_weights, LoadedModel};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/small-gqa-d128.json");
+        let config = ModelConfig::from_hf_json(&path).unwrap();
+        let m = LoadedModel {
+            name: "small-gqa-d128".into(),
+            source: "<random>".into(),
+            weights: random_weights(&config, 9),
+            config,
+            tokenizer: None,
+        };
+        let q = cachet_backend::device::WeightQuantization::Fp8;
+        let mut r = device_runner_quantized(DeviceKind::Cuda, &m, 256, q);
+        assert!(r.set_cuda_graphs(true), "the CUDA runner captured no graphs");
+        let bs = r.kv_layout().block_size;
+        let v = m.config.vocab_size as u32;
+        let mut alloc = SimpleAllocator::new(r.kv_layout().num_blocks, bs);
+        let mut seqs = Vec::new();
+        for (i, len) in [40usize, 300, 700, 129, 17, 60, 90, 33, 250].into_iter().enumerate() {
+            let ids: Vec<u32> = (0..len).map(|j| ((j * (5 + i) + 1) as u32) % v).collect();
+            let mut table = Vec::new();
+            alloc.ensure(&mut table, len + 1).unwrap();
+            let mut b = ForwardBatch::default();
+            b.push_seq(&ids, 0, &table, bs, true);
+            let next = argmax(r.forward(&b).unwrap().row(0)) as u32;
+            seqs.push((len, table, next));
+        }
+        for n in [1usize, 3, 5, 9] {
+            let mut b = ForwardBatch::default();
+            for (len, table, next) in &seqs[..n] {
+                b.push_seq(&[*next], *len, table, bs, true);
+            }
+            // Random weights leave near ties among 1,000 tokens: a top token within 2e-2 of the
+            // eager top passes (the graph's padded rows round the products as another row count).
+            graph_matches_eager(r.as_mut(), &b, 2e-2, &format!("random FP8 model, decode batch {n}"));
+        }
+    }
+}
+
+gpu_test! {
     /// On a device with CUDA graphs for speculative verification steps, a verification step (each
     /// sequence's last token and up to four drafts, logits for every token) replayed from a graph
     /// gives the eager step's logits — sequences padded to five tokens (1, 3 and 5 real ones) and

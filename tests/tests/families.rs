@@ -242,6 +242,42 @@ gpu_test! {
 }
 
 gpu_test! {
+    /// `CACHET_FP8_GEMM_TUNE=timed`: an FP8 product's algorithm is the fastest of cuBLASLt's
+    /// candidates, timed on the shape's first product. Whatever it picks computes the same
+    /// product: within accumulation-order rounding of the heuristic's pick (split-K sums in
+    /// another order), and the same bits on every later product of the shape (the choice is
+    /// kept) — for the 8B shape's projections at decode and prefill row counts.
+    fn fp8_gemms_with_timed_algorithms_give_the_heuristics_products() {
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::Device;
+        use cachet_backend::tensor::HostTensor;
+        let heuristic = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let timed = CudaDevice::new(0, 16, CudaOptions { fp8_gemm_tune: true, ..Default::default() }).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(13);
+        let mut bf16_rows = |rows: usize, cols: usize, std: f64| {
+            let data = (0..rows * cols).map(|_| half::bf16::from_f64(rng.normal() * std).to_f32()).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        for (m, k) in [(6144, 4096), (4096, 4096), (4096, 14336)] {
+            let w = bf16_rows(m, k, (k as f64).powf(-0.5));
+            let (wh, wt) = (heuristic.quantize_fp8(heuristic.upload(&w).unwrap()).unwrap(), timed.quantize_fp8(timed.upload(&w).unwrap()).unwrap());
+            for n in [40, 256, 2048] {
+                let x = bf16_rows(n, k, 1.0);
+                let want = heuristic.to_host(&heuristic.linear(&heuristic.upload(&x).unwrap(), &wh).unwrap()).unwrap();
+                let xt = timed.upload(&x).unwrap();
+                let first = timed.to_host(&timed.linear(&xt, &wt).unwrap()).unwrap();
+                let again = timed.to_host(&timed.linear(&xt, &wt).unwrap()).unwrap();
+                let err = rel_err(&first, &want);
+                let differ = first.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                eprintln!("{n}×{k} · ({m}×{k})ᵀ: timed vs heuristic {err:.2e}; {differ} values differ between two timed products");
+                assert!(err < 5e-3, "{n}×{k} · ({m}×{k})ᵀ: the timed algorithm's product is {err:e} off the heuristic's");
+                assert_eq!(differ, 0, "{n}×{k} · ({m}×{k})ᵀ: the timed product changed between calls");
+            }
+        }
+    }
+}
+
+gpu_test! {
     /// An FP8 gate|up product's scales and gated activation in one pass
     /// (`fp8_scale_{silu|gelu_tanh}_bf16`) give the two launches' result bit for bit
     /// (`CACHET_FP8_GLU=separate`: the scales' launch, then the activation's), SwiGLU and GeGLU,

@@ -240,7 +240,13 @@ impl CudaDevice {
         // cuBLASLt's product of the codes; false: no algorithm for the shape.
         let product = |raw: Fp8Out| {
             self.timed("↳ fp8: cuBLASLt product", || {
-                lt.matmul(&self.stream, (codes, &x_codes), (m, n_pad, k), raw)
+                lt.matmul(
+                    &self.stream,
+                    (codes, &x_codes),
+                    (m, n_pad, k),
+                    raw,
+                    self.capturing.get(),
+                )
             })
         };
         let buf = if out_f32 || !self.options.fp8_bf16_product {

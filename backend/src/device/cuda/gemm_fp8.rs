@@ -14,6 +14,14 @@
 //! graph never plans); the caller pads the token count to a few dozen sizes, so the plans stay
 //! few. Where cuBLASLt offers no algorithm, the plan says so once in the log and
 //! the caller falls back to dequantizing the weights for cuBLAS.
+//!
+//! With `CACHET_FP8_GEMM_TUNE=timed` a plan keeps up to [`TUNE_CANDIDATES`] of the heuristic's
+//! algorithms, and the shape's first product outside a graph capture times each on the live
+//! operands (L2 cleared before each timed launch, as a step finds it) and keeps the fastest
+//! (TensorRT-LLM's tactic selection, in small). Decode graphs are captured after an eager
+//! warm-up step of each size when tuning (`graphs.rs`), so their products use the tuned
+//! algorithms too. Measured on the H200 the best candidate is within 0–8% of the heuristic's
+//! pick (batch 64 −2 to −3%, batch 256 unchanged: BENCHMARKS.md §12c), so it is opt-in.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -27,6 +35,16 @@ use crate::error::DeviceError;
 
 /// cuBLASLt workspace (what NVIDIA recommends for Hopper).
 const LT_WORKSPACE: usize = 32 << 20;
+
+/// Algorithms of the heuristic timed per shape when tuning.
+pub const TUNE_CANDIDATES: usize = 12;
+
+/// Timed launches of each candidate (after one untimed).
+const TUNE_REPS: usize = 5;
+
+/// Bytes written between timed launches so that each finds its operands in DRAM, as a step
+/// does (the H200's L2 is 50 MB; a weight matrix of the 8B shape is 16–58 MB).
+const TUNE_FLUSH: usize = 128 << 20;
 
 fn lt_err(op: &'static str, status: lt::cublasStatus_t) -> DeviceError {
     DeviceError::Op {
@@ -53,6 +71,10 @@ struct Plan {
     b: lt::cublasLtMatrixLayout_t,
     d: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
+    /// The heuristic's algorithms, best guess first (one unless tuning).
+    candidates: Vec<lt::cublasLtMatmulAlgo_t>,
+    /// `algo` is the fastest of `candidates`, timed (or there was nothing to choose).
+    tuned: bool,
 }
 
 impl Drop for Plan {
@@ -77,7 +99,11 @@ pub struct Fp8Gemm {
     handle: lt::cublasLtHandle_t,
     /// Accumulate in the tensor cores' fast mode ([`super::CudaOptions::fp8_fast_accum`]).
     fast_accum: bool,
+    /// Time the heuristic's candidates per shape ([`super::CudaOptions::fp8_gemm_tune`]).
+    tune: bool,
     workspace: CudaSlice<u8>,
+    /// Cleared between timed launches when tuning (one byte otherwise).
+    flush: RefCell<CudaSlice<u8>>,
     plans: RefCell<HashMap<Shape, Option<Plan>>>,
 }
 
@@ -103,7 +129,11 @@ pub enum Fp8Product<'a> {
 
 impl Fp8Gemm {
     /// `None` when libcublasLt cannot be loaded (the dequantizing path serves then).
-    pub fn new(stream: &Arc<CudaStream>, fast_accum: bool) -> Result<Option<Self>, DeviceError> {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        fast_accum: bool,
+        tune: bool,
+    ) -> Result<Option<Self>, DeviceError> {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { lt::is_culib_present() } {
             tracing::warn!("libcublasLt not found: FP8 weights are dequantized for steps of more than a few rows");
@@ -115,9 +145,14 @@ impl Fp8Gemm {
         // SAFETY: u8 has no invalid bit patterns and cuBLASLt only writes its workspace.
         let workspace =
             unsafe { stream.alloc::<u8>(LT_WORKSPACE) }.map_err(op_err("cublasLt workspace"))?;
+        let flush = stream
+            .alloc_zeros::<u8>(if tune { TUNE_FLUSH } else { 1 })
+            .map_err(op_err("cublasLt tuning flush"))?;
         Ok(Some(Fp8Gemm {
             handle,
             fast_accum,
+            tune,
+            flush: RefCell::new(flush),
             workspace,
             plans: RefCell::new(HashMap::new()),
         }))
@@ -139,6 +174,8 @@ impl Fp8Gemm {
             d: std::ptr::null_mut(),
             // SAFETY: a plain C struct of integers; overwritten by the heuristic's pick below.
             algo: unsafe { std::mem::zeroed() },
+            candidates: Vec::new(),
+            tuned: !self.tune,
         };
         // SAFETY: valid out-pointer; the enums are the library's own.
         check("cublasLtMatmulDescCreate", unsafe {
@@ -201,10 +238,12 @@ impl Fp8Gemm {
                 std::mem::size_of::<u64>(),
             )
         };
+        let wanted = if self.tune { TUNE_CANDIDATES } else { 1 };
         // SAFETY: an all-zero heuristic result is a valid value of this C struct.
-        let mut found: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        let mut found: Vec<lt::cublasLtMatmulHeuristicResult_t> =
+            (0..wanted).map(|_| unsafe { std::mem::zeroed() }).collect();
         let mut count = 0i32;
-        // SAFETY: live descriptors and layouts; one result slot.
+        // SAFETY: live descriptors and layouts; `wanted` result slots.
         let status = unsafe {
             lt::cublasLtMatmulAlgoGetHeuristic(
                 self.handle,
@@ -214,25 +253,33 @@ impl Fp8Gemm {
                 plan.d,
                 plan.d,
                 pref,
-                1,
-                &mut found,
+                wanted as i32,
+                found.as_mut_ptr(),
                 &mut count,
             )
         };
         // SAFETY: created above, destroyed once.
         unsafe { lt::cublasLtMatmulPreferenceDestroy(pref) };
         check("cublasLtMatmulPreferenceSetAttribute", pref_status)?;
-        if status != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            || count == 0
-            || found.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-        {
+        let returned = if status == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            (count.max(0) as usize).min(wanted)
+        } else {
+            0
+        };
+        plan.candidates = found[..returned]
+            .iter()
+            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|r| r.algo)
+            .collect();
+        let Some(&first) = plan.candidates.first() else {
             tracing::warn!(
-                m, n, k, ?status, state = ?found.state,
+                m, n, k, ?status, state = ?found[0].state,
                 "cuBLASLt has no FP8 algorithm for this shape; its weights are dequantized for cuBLAS"
             );
             return Ok(None);
-        }
-        plan.algo = found.algo;
+        };
+        plan.algo = first;
+        plan.tuned |= plan.candidates.len() < 2;
         Ok(Some(plan))
     }
 
@@ -248,12 +295,15 @@ impl Fp8Gemm {
         Ok(plan.is_some())
     }
 
+    /// `capturing`: the stream is recording a CUDA graph (nothing may be timed or waited for, so
+    /// an untuned shape keeps the heuristic's pick for now).
     pub fn matmul(
         &self,
         stream: &Arc<CudaStream>,
         (w, x): (&CudaSlice<u8>, &CudaSlice<u8>),
         (m, n, k): (usize, usize, usize),
         raw: Fp8Out<'_>,
+        capturing: bool,
     ) -> Result<bool, DeviceError> {
         let (raw_len, bf16) = match &raw {
             Fp8Out::F32(r) => (r.len(), false),
@@ -265,7 +315,7 @@ impl Fp8Gemm {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(shape)?),
         };
-        let Some(plan) = plan.as_ref() else {
+        let Some(plan) = plan.as_mut() else {
             return Ok(false);
         };
         if w.len() < m * k || x.len() < n * k || raw_len < n * m {
@@ -283,29 +333,84 @@ impl Fp8Gemm {
             Fp8Out::Bf16(r) => r.device_ptr_mut(stream),
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the plan's
-        // type (checked above), all
-        // on this stream; the workspace is LT_WORKSPACE bytes; alpha/beta outlive the call.
-        check("cublasLtMatmul", unsafe {
-            lt::cublasLtMatmul(
-                self.handle,
-                plan.desc,
-                (&alpha as *const f32).cast(),
-                wp as *const _,
-                plan.a,
-                xp as *const _,
-                plan.b,
-                (&beta as *const f32).cast(),
-                dp as *const _,
-                plan.d,
-                dp as *mut _,
-                plan.d,
-                &plan.algo,
-                wkp as *mut _,
-                LT_WORKSPACE,
-                stream.cu_stream() as lt::cudaStream_t,
-            )
-        })?;
+        let launch = |plan: &Plan, algo: &lt::cublasLtMatmulAlgo_t| {
+            // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the plan's
+            // type (checked above), all on this stream; the workspace is LT_WORKSPACE bytes;
+            // alpha/beta outlive the call; `algo` is one the heuristic returned for this plan.
+            unsafe {
+                lt::cublasLtMatmul(
+                    self.handle,
+                    plan.desc,
+                    (&alpha as *const f32).cast(),
+                    wp as *const _,
+                    plan.a,
+                    xp as *const _,
+                    plan.b,
+                    (&beta as *const f32).cast(),
+                    dp as *const _,
+                    plan.d,
+                    dp as *mut _,
+                    plan.d,
+                    algo,
+                    wkp as *mut _,
+                    LT_WORKSPACE,
+                    stream.cu_stream() as lt::cudaStream_t,
+                )
+            }
+        };
+        if !plan.tuned && !capturing {
+            // Each candidate on the live operands (the product below overwrites what they wrote).
+            let mut times = Vec::with_capacity(plan.candidates.len());
+            for algo in &plan.candidates {
+                let ok = |st| st == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+                if !ok(launch(plan, algo)) {
+                    times.push(f32::INFINITY);
+                    continue;
+                }
+                let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let mut events = Vec::with_capacity(TUNE_REPS);
+                let mut all_ok = true;
+                for _ in 0..TUNE_REPS {
+                    stream
+                        .memset_zeros(&mut *self.flush.borrow_mut())
+                        .map_err(op_err("cublasLt tuning flush"))?;
+                    let start = stream.record_event(flags).map_err(op_err("event"))?;
+                    all_ok &= ok(launch(plan, algo));
+                    let end = stream.record_event(flags).map_err(op_err("event"))?;
+                    events.push((start, end));
+                }
+                stream.synchronize().map_err(op_err("synchronize"))?;
+                let mut ms = 0.0;
+                for (start, end) in &events {
+                    ms += start.elapsed_ms(end).map_err(op_err("event timing"))?;
+                }
+                times.push(if all_ok {
+                    ms / TUNE_REPS as f32
+                } else {
+                    f32::INFINITY
+                });
+            }
+            let (best, &best_ms) = times
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .expect("a plan has at least one candidate");
+            if best_ms.is_finite() {
+                plan.algo = plan.candidates[best];
+                tracing::debug!(
+                    m,
+                    n,
+                    k,
+                    candidates = times.len(),
+                    best,
+                    best_us = best_ms * 1e3,
+                    heuristic_us = times[0] * 1e3,
+                    "FP8 GEMM tuned"
+                );
+            }
+            plan.tuned = true;
+        }
+        check("cublasLtMatmul", launch(plan, &plan.algo))?;
         Ok(true)
     }
 }

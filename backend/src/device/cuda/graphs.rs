@@ -89,6 +89,24 @@ impl DecodeGraphs {
         })
     }
 
+    /// The static batch set up for a step of `size` sequences of `tokens` new tokens each whose
+    /// longest context is at most `bucket`.
+    fn step_batch(
+        &mut self,
+        tokens: usize,
+        size: usize,
+        bucket: usize,
+    ) -> Result<&mut CudaBatch, DeviceError> {
+        let batch = self.static_batch_for(tokens)?;
+        let rows = size * tokens;
+        batch.n = rows;
+        batch.num_tiles = size;
+        batch.num_logit_rows = rows;
+        batch.tile_lens = vec![tokens as u32; size];
+        batch.max_ctx = bucket;
+        Ok(batch)
+    }
+
     fn buckets(&self) -> Vec<usize> {
         let mut v = Vec::new();
         let mut b = MIN_BUCKET.min(self.max_len.next_power_of_two());
@@ -205,6 +223,18 @@ impl CudaDevice {
             .map(|&s| (1, s))
             .chain(verify_sizes.iter().map(|&s| (q, s)))
             .collect();
+        // Tuned FP8 GEMMs (CACHET_FP8_GEMM_TUNE=timed) time a product shape on its first use,
+        // which a capture cannot: one eager step of each shape first. Its logits go unused; its
+        // KV writes land in block 0 of the zeroed tables, which holds no sequence's keys yet (a
+        // sequence writes every position it reads).
+        if self.fp8_gemm_tuning() {
+            let bucket = g.buckets()[0];
+            for &(tokens, size) in &shapes {
+                let batch = g.step_batch(tokens, size, bucket)?;
+                body(kv, batch)?;
+            }
+            self.synchronize()?;
+        }
         for (tokens, size) in shapes {
             for bucket in g.buckets() {
                 let graph = self.capture(&mut g, kv, tokens, size, bucket, body)?;
@@ -236,13 +266,8 @@ impl CudaDevice {
         body: &mut ForwardBody<'_, Self>,
     ) -> Result<Graph, EngineError> {
         let vocab = g.vocab;
-        let batch = g.static_batch_for(tokens)?;
         let rows = size * tokens;
-        batch.n = rows;
-        batch.num_tiles = size;
-        batch.num_logit_rows = rows;
-        batch.tile_lens = vec![tokens as u32; size];
-        batch.max_ctx = bucket;
+        let batch = g.step_batch(tokens, size, bucket)?;
         let was_profiling = self.pause_profiling();
         // The pool allocates on its side stream during the capture, which the thread-local
         // mode refuses (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, measured); everything else

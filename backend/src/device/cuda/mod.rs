@@ -141,6 +141,11 @@ pub struct CudaDevice {
 unsafe impl Send for CudaDevice {}
 
 impl CudaDevice {
+    /// FP8 GEMMs are in use and tune their algorithms per shape on first use.
+    pub(super) fn fp8_gemm_tuning(&self) -> bool {
+        self.options.fp8_gemm_tune && matches!(self.fp8_gemm.get(), Some(Some(_)))
+    }
+
     /// Opens GPU `ordinal` with `options`, compiles (or loads cached) kernels for its
     /// architecture.
     pub fn new(
@@ -443,6 +448,7 @@ impl Device for CudaDevice {
             let _ = self.fp8_gemm.set(gemm_fp8::Fp8Gemm::new(
                 &self.stream,
                 self.options.fp8_fast_accum,
+                self.options.fp8_gemm_tune,
             )?);
         }
         let (n, k) = (w.rows, w.cols);

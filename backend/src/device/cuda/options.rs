@@ -158,6 +158,11 @@ pub struct CudaOptions {
     /// `_scaled_mm(use_fast_accum=True)`). Off: on the H200 it made prefill 2–5% faster and
     /// batched decode no faster, with the same error (BENCHMARKS.md §9b).
     pub fp8_fast_accum: bool,
+    /// FP8 GEMMs time up to a dozen of cuBLASLt's candidate algorithms per shape on first use and
+    /// keep the fastest, instead of the heuristic's first pick (`CACHET_FP8_GEMM_TUNE=
+    /// heuristic|timed`; decode graphs are then captured after an eager warm-up step of each
+    /// size). Off until measured on the H200.
+    pub fp8_gemm_tune: bool,
     /// A bf16 result's FP8 product is written by cuBLASLt in bf16 and scaled bf16 → bf16 (4 bytes
     /// an element through the epilogue) rather than in f32 (10 bytes: written, read back, bf16
     /// written) (`CACHET_FP8_PRODUCT=bf16|f32`). bf16: prefill 2.5–4% faster on the H200, the
@@ -207,6 +212,7 @@ impl Default for CudaOptions {
             kernel_cache: None,
             kernel_dir: None,
             fp8_fast_accum: false,
+            fp8_gemm_tune: false,
             fp8_bf16_product: true,
             fp8_exact_activations: false,
             fp8_fused_glu: true,
@@ -317,6 +323,7 @@ impl CudaOptions {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
+        o.fp8_gemm_tune = switch("CACHET_FP8_GEMM_TUNE", "heuristic", "timed")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -425,6 +432,13 @@ mod tests {
             (true, false, true)
         );
         assert!(parse(&[("CACHET_FP8_ACTIVATIONS", "slow")]).is_err());
+        assert!(!parse(&[]).unwrap().fp8_gemm_tune);
+        assert!(
+            parse(&[("CACHET_FP8_GEMM_TUNE", "timed")])
+                .unwrap()
+                .fp8_gemm_tune
+        );
+        assert!(parse(&[("CACHET_FP8_GEMM_TUNE", "on")]).is_err());
         assert!(parse(&[]).unwrap().attention_heads_first);
         assert!(
             !parse(&[("CACHET_ATTENTION_ORDER", "units")])
