@@ -619,3 +619,177 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_gelu_t
     fp8_scale_glu<gelu_tanh>(d, w_scale, x_scale, out, n, inter);
 }
 
+
+// ---- FP8 products of a few rows on the tensor cores (CACHET_FP8_SKINNY) ----
+// raw[s][i][j] = Σ_{k in split s} x[i][k] · w[j][k] over e4m3 codes (unit scales; the scales are
+// fp8_scale_*'s epilogue, as after cuBLASLt), for n ≤ 64 token rows (a multiple of 8) and m weight
+// rows, k a multiple of SKINNY_KC. cuBLASLt's FP8 product of 16–64 rows takes 2.7–3.5× the time
+// its weights take to stream (BENCHMARKS §12c). Here each weight byte goes from DRAM straight into
+// registers once (as the GEMV does) and is converted to f16 there (exactly: every e4m3 value is an
+// f16), the tokens' codes are converted once a chunk into shared memory, and mma.m16n8k16 (f16,
+// f32 sums) multiplies a warp's 16 weight rows (the MMA's M) by 8 tokens at a time (its N).
+// (sm_90's mma.sync has no e4m3 form of its own: the PTX one compiles to conversions of both
+// operands for every MMA. The conversion and mma_f16 are attention_mma.cu's, a unit before.) The fragments want k = 2t, 2t+1 | 2t+8, 2t+9 of each 16 from lane (g, t); a dot
+// product sums over k in any order, so both operands take the same permutation instead: lane
+// (g, t) holds codes [16t, 16t + 16) of a 64-code half-chunk of its weight rows g, g + 8, and MMA q
+// of the half takes its codes 4q, 4q+1 | 4q+2, 4q+3 — of the weights from its registers, of token
+// g from shared memory at the same offsets. blockIdx.y splits k (k_split codes each) when there
+// are too few weight-row blocks to fill the GPU: split s writes its sums to raw + s · n · m (f32),
+// fp8_skinny_sum_* adds the splits in order (deterministic: no atomics). OUT bf16: one split only
+// (the raw product the fused gate|up epilogue takes).
+//   w : device, e4m3 [m, k];  x : device, e4m3 [n, k];  raw : device, OUT [splits, n, m]
+#define SKINNY_WARPS 8
+#define SKINNY_KC 128
+#define SKINNY_XS (SKINNY_KC + 8)  // f16 a token row in shared memory (+8: conflict-free reads)
+template <typename OUT>
+__device__ __forceinline__ void fp8_skinny_gemm(const fp8* __restrict__ w, const fp8* __restrict__ x,
+                                                OUT* __restrict__ raw, int m, int n, int k, int k_split) {
+    __shared__ __align__(16) bf16 xh[2][64 * SKINNY_XS];  // the tokens' chunk in f16, two stages: 34 KB
+    constexpr int UNITS = SKINNY_KC / 16;                  // 16-code units a token row of a chunk
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row = (blockIdx.x * SKINNY_WARPS + warp) * 16 + g;  // this lane's weight rows: row, row + 8
+    const int kb = blockIdx.y * k_split, ke = min(k, kb + k_split);
+    const int nt = n >> 3;
+    const bool in_a = row < m, in_b = row + 8 < m;
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)(in_a ? row : 0) * k) + t;
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)(in_b ? row + 8 : 0) * k) + t;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    // This thread's two units of the tokens' chunk: unit u = tid, tid + 256 (token u / UNITS).
+    constexpr int XU = 64 * UNITS / (SKINNY_WARPS * 32);
+    auto tokens = [&](int k0, uint4 (&v)[XU]) {
+#pragma unroll
+        for (int i = 0; i < XU; ++i) {
+            const int u = threadIdx.x + i * SKINNY_WARPS * 32, tok = u / UNITS;
+            v[i] = tok < n ? *reinterpret_cast<const uint4*>(x + (size_t)tok * k + k0 + (u % UNITS) * 16) : zero;
+        }
+    };
+    auto convert = [&](const uint4 (&v)[XU], bf16* dst) {
+#pragma unroll
+        for (int i = 0; i < XU; ++i) {
+            const int u = threadIdx.x + i * SKINNY_WARPS * 32, tok = u / UNITS;
+            if (tok >= n) continue;
+            const unsigned c[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+            unsigned h[8];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) h[2 * q] = e4m3x2_f16x2(c[q] & 0xffffu), h[2 * q + 1] = e4m3x2_f16x2_hi(c[q]);
+            uint4* d = reinterpret_cast<uint4*>(dst + tok * SKINNY_XS + (u % UNITS) * 16);
+            d[0] = make_uint4(h[0], h[1], h[2], h[3]);
+            d[1] = make_uint4(h[4], h[5], h[6], h[7]);
+        }
+    };
+    // This lane's weight codes of the chunk at k0: [half][row g | g + 8], 16 codes each.
+    auto weights = [&](int k0, uint4 (&a)[2][2]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            a[h][0] = in_a ? load_stream(wa + (k0 >> 4) + 4 * h) : zero;
+            a[h][1] = in_b ? load_stream(wb + (k0 >> 4) + 4 * h) : zero;
+        }
+    };
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    uint4 a[2][2], xv[XU];
+    if (kb < ke) {
+        weights(kb, a);
+        tokens(kb, xv);
+    }
+    int buf = 0;
+    for (int k0 = kb; k0 < ke; k0 += SKINNY_KC, buf ^= 1) {
+        bf16* xb = xh[buf];
+        convert(xv, xb);
+        uint4 next[2][2];
+        const bool more = k0 + SKINNY_KC < ke;
+        if (more) {  // in flight while this chunk multiplies
+            weights(k0 + SKINNY_KC, next);
+            tokens(k0 + SKINNY_KC, xv);
+        }
+        // The chunk's tokens are converted. (Stage buf was last read two chunks ago, before the
+        // previous pass's barrier.)
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // The weights' f16 A fragments of the half's four MMAs: [q][a0..a3].
+            unsigned af[4][4];
+            const unsigned ra[4] = {a[h][0].x, a[h][0].y, a[h][0].z, a[h][0].w};
+            const unsigned rb[4] = {a[h][1].x, a[h][1].y, a[h][1].z, a[h][1].w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                af[q][0] = e4m3x2_f16x2(ra[q] & 0xffffu);
+                af[q][1] = e4m3x2_f16x2(rb[q] & 0xffffu);
+                af[q][2] = e4m3x2_f16x2_hi(ra[q]);
+                af[q][3] = e4m3x2_f16x2_hi(rb[q]);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if (j >= nt) break;
+                const uint4* xr = reinterpret_cast<const uint4*>(xb + (8 * j + g) * SKINNY_XS + 64 * h + 16 * t);
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {  // MMAs 2p, 2p + 1: codes 8p .. 8p + 7 of the lane's 16
+                    const uint4 b = xr[p];
+                    const unsigned b0[2] = {b.x, b.y}, b1[2] = {b.z, b.w};
+                    mma_f16(acc[j], af[2 * p], b0);
+                    mma_f16(acc[j], af[2 * p + 1], b1);
+                }
+            }
+        }
+        if (more) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) a[h][0] = next[h][0], a[h][1] = next[h][1];
+        }
+    }
+    // C fragments: acc[j][0, 1] weight row `row`, tokens 8j + 2t, 8j + 2t + 1; [2, 3] row + 8.
+    OUT* out = raw + (size_t)blockIdx.y * n * m;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if (j >= nt) break;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e < 2 ? row : row + 8, tok = 8 * j + 2 * t + (e & 1);
+            if (r >= m) continue;
+            if constexpr (sizeof(OUT) == 2)
+                out[(size_t)tok * m + r] = f2bf(acc[j][e]);
+            else
+                out[(size_t)tok * m + r] = acc[j][e];
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(SKINNY_WARPS * 32, 2) fp8_skinny_gemm_f32(const fp8* __restrict__ w, const fp8* __restrict__ x, float* __restrict__ raw, int m, int n,
+                        int k, int k_split) {
+    wait_for_prior_kernels();
+    fp8_skinny_gemm<float>(w, x, raw, m, n, k, k_split);
+}
+extern "C" __global__ void __launch_bounds__(SKINNY_WARPS * 32, 2) fp8_skinny_gemm_bf16(const fp8* __restrict__ w, const fp8* __restrict__ x, bf16* __restrict__ raw, int m, int n,
+                         int k, int k_split) {
+    wait_for_prior_kernels();
+    fp8_skinny_gemm<bf16>(w, x, raw, m, n, k, k_split);
+}
+// The splits' sums added in split order: out[e] = Σ_s parts[s · len + e] (f32 or bf16 out),
+// four elements a thread (len % 4 == 0), grid-stride.
+template <typename OUT>
+__device__ __forceinline__ void fp8_skinny_sum(const float* __restrict__ parts, OUT* __restrict__ out, int splits,
+                                               size_t len) {
+    for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < len / 4; q += (size_t)gridDim.x * blockDim.x) {
+        float4 s = reinterpret_cast<const float4*>(parts)[q];
+        for (int p = 1; p < splits; ++p) {
+            const float4 v = reinterpret_cast<const float4*>(parts + (size_t)p * len)[q];
+            s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+        }
+        if constexpr (sizeof(OUT) == 2) {
+            const unsigned lo = (unsigned)f2bf(s.x) | ((unsigned)f2bf(s.y) << 16);
+            const unsigned hi = (unsigned)f2bf(s.z) | ((unsigned)f2bf(s.w) << 16);
+            reinterpret_cast<uint2*>(out)[q] = make_uint2(lo, hi);
+        } else {
+            reinterpret_cast<float4*>(out)[q] = s;
+        }
+    }
+}
+extern "C" __global__ void fp8_skinny_sum_f32(const float* __restrict__ parts, float* __restrict__ out, int splits,
+                                              int len) {
+    wait_for_prior_kernels();
+    fp8_skinny_sum<float>(parts, out, splits, (size_t)len);
+}
+extern "C" __global__ void fp8_skinny_sum_bf16(const float* __restrict__ parts, bf16* __restrict__ out, int splits,
+                                               int len) {
+    wait_for_prior_kernels();
+    fp8_skinny_sum<bf16>(parts, out, splits, (size_t)len);
+}

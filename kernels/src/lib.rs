@@ -111,6 +111,10 @@ pub const SOURCES: &[KernelSource] = &[
             "fp8_scale_out_f32",
             "fp8_scale_silu_bf16",
             "fp8_scale_gelu_tanh_bf16",
+            "fp8_skinny_gemm_f32",
+            "fp8_skinny_gemm_bf16",
+            "fp8_skinny_sum_f32",
+            "fp8_skinny_sum_bf16",
         ],
     },
     KernelSource {

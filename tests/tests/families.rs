@@ -278,6 +278,70 @@ gpu_test! {
 }
 
 gpu_test! {
+    /// `CACHET_FP8_SKINNY=on`: FP8 products of 3–64 rows on our tensor-core kernel
+    /// (`fp8_skinny_gemm_*`, k split where the weight rows give too few blocks, the splits added
+    /// in order) give cuBLASLt's products within accumulation-order rounding — plain projections
+    /// of the 8B shape and an odd small one, and a gated gate|up through the fused epilogue —
+    /// and the same bits when repeated; 65 rows stay on cuBLASLt. The profile shows which path ran.
+    fn fp8_products_of_a_few_rows_on_the_skinny_kernel_match_cublaslt() {
+        use cachet_backend::config::Activation;
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::Device;
+        use cachet_backend::tensor::HostTensor;
+        let lt = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let skinny = CudaDevice::new(0, 16, CudaOptions { fp8_skinny: true, ..Default::default() }).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(14);
+        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
+            let data = (0..rows * cols).map(|_| half::bf16::from_f64(mean + rng.normal() * std).to_f32()).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        let ran = |dev: &CudaDevice| -> Vec<String> {
+            dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect()
+        };
+        for (m, k) in [(6144, 4096), (4096, 4096), (4096, 14336), (1040, 256)] {
+            let w = rows(m, k, 0.0, (k as f64).powf(-0.5));
+            let (wl, ws) = (lt.quantize_fp8(lt.upload(&w).unwrap()).unwrap(), skinny.quantize_fp8(skinny.upload(&w).unwrap()).unwrap());
+            for n in [3, 16, 40, 64, 65] {
+                let x = rows(n, k, 0.0, 1.0);
+                let want = lt.to_host(&lt.linear(&lt.upload(&x).unwrap(), &wl).unwrap()).unwrap();
+                let xs = skinny.upload(&x).unwrap();
+                skinny.set_profiling(true);
+                let got = skinny.to_host(&skinny.linear(&xs, &ws).unwrap()).unwrap();
+                let ops = ran(&skinny);
+                skinny.set_profiling(false);
+                let again = skinny.to_host(&skinny.linear(&xs, &ws).unwrap()).unwrap();
+                let on_skinny = ops.iter().any(|op| op == "↳ fp8: skinny product");
+                assert_eq!(on_skinny, n <= 64, "{n} rows of ({m}×{k}): the ops were {ops:?}");
+                let err = rel_err(&got, &want);
+                let differ = got.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                eprintln!("{n}×{k} · ({m}×{k})ᵀ: skinny vs cuBLASLt {err:.2e}; {differ} values differ when repeated");
+                assert!(got.iter().all(|v| v.is_finite()), "{n}×{k} · ({m}×{k})ᵀ: not finite");
+                assert!(err < 5e-3, "{n}×{k} · ({m}×{k})ᵀ: the skinny product is {err:e} off cuBLASLt's");
+                assert_eq!(differ, 0, "{n}×{k} · ({m}×{k})ᵀ: the skinny product changed when repeated");
+            }
+        }
+        // A gate|up product into the fused SwiGLU epilogue (k split: 88 blocks of weight rows).
+        let (k, inter) = (2048, 5632);
+        let w = rows(2 * inter, k, 0.0, (k as f64).powf(-0.5));
+        let norm = rows(1, k, 1.0, 0.1);
+        for n in [5, 40] {
+            let x = rows(n, k, 0.0, 1.0);
+            let mut outs = Vec::new();
+            for dev in [&lt, &skinny] {
+                let wq = dev.quantize_fp8(dev.upload(&w).unwrap()).unwrap();
+                let nw = dev.upload(&norm).unwrap();
+                let mut residual = dev.upload_table(&x).unwrap();
+                let y = dev.norm_glu(&mut residual, None, &nw, 1e-5, &wq, Activation::Silu).unwrap();
+                outs.push(dev.to_host(&y).unwrap());
+            }
+            let err = rel_err(&outs[1], &outs[0]);
+            eprintln!("{n}×{k} → {inter}, SwiGLU: skinny vs cuBLASLt {err:.2e}");
+            assert!(err < 1e-2, "{n}×{k} → {inter}: the skinny gate|up is {err:e} off cuBLASLt's");
+        }
+    }
+}
+
+gpu_test! {
     /// An FP8 gate|up product's scales and gated activation in one pass
     /// (`fp8_scale_{silu|gelu_tanh}_bf16`) give the two launches' result bit for bit
     /// (`CACHET_FP8_GLU=separate`: the scales' launch, then the activation's), SwiGLU and GeGLU,

@@ -237,8 +237,16 @@ impl CudaDevice {
                 })
             })
         };
-        // cuBLASLt's product of the codes; false: no algorithm for the shape.
+        // cuBLASLt's product of the codes (false: no algorithm for the shape), or with
+        // CACHET_FP8_SKINNY=on our kernel's for a few rows.
+        let skinny = self.options.fp8_skinny && n_pad <= 64 && k.is_multiple_of(128);
         let product = |raw: Fp8Out| {
+            if skinny {
+                return self.timed("↳ fp8: skinny product", || {
+                    self.launch_fp8_skinny((codes, &x_codes), (m, n_pad, k), raw)?;
+                    Ok(true)
+                });
+            }
             self.timed("↳ fp8: cuBLASLt product", || {
                 lt.matmul(
                     &self.stream,

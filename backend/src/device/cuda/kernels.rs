@@ -165,6 +165,10 @@ pub struct Kernels {
     /// The FP8 gate|up product's epilogue with the gated activation, by
     /// [`crate::config::Activation`]: scaled and activated in one pass, bf16 → bf16.
     pub fp8_scale_glu: [CudaFunction; 2],
+    /// The FP8 product of a few rows on the tensor cores (`CACHET_FP8_SKINNY`): into f32
+    /// (split-k partials, or the product) and bf16 (one split); the splits' sum into f32, bf16.
+    pub fp8_skinny: [CudaFunction; 2],
+    pub fp8_skinny_sum: [CudaFunction; 2],
     /// Mixture of experts (moe.cu): routing; the few-row path's gate|up + SwiGLU and weighted
     /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
     /// weighted combine.
@@ -290,6 +294,8 @@ impl Kernels {
                 f("fp8_scale_bf16_bf16")?,
             ],
             fp8_scale_glu: [f("fp8_scale_silu_bf16")?, f("fp8_scale_gelu_tanh_bf16")?],
+            fp8_skinny: [f("fp8_skinny_gemm_f32")?, f("fp8_skinny_gemm_bf16")?],
+            fp8_skinny_sum: [f("fp8_skinny_sum_f32")?, f("fp8_skinny_sum_bf16")?],
             moe_route: f("moe_route_f32")?,
             moe_router_route: [
                 f("moe_router_route_r1")?,

@@ -1127,6 +1127,93 @@ impl CudaDevice {
 
     /// `fp8_scale_out_{bf16|f32}(f32 d[n, m], f32 w_scale[m], f32 x_scale[n], out[n, m], int n,
     /// int m)`: the FP8 GEMM's product scaled by its weight rows' and tokens' scales.
+    /// The FP8 product `raw[n, m] = x · wᵀ` over the codes (unit scales) on `fp8_skinny_gemm_*`:
+    /// n ≤ 64 rows (a multiple of 8), k a multiple of 128. The weight rows go 128 to a block;
+    /// where that leaves fewer than two blocks an SM, k is split too, each split's sums written
+    /// to partials that `fp8_skinny_sum_*` adds in order into `raw`.
+    pub(super) fn launch_fp8_skinny(
+        &self,
+        (w, x): (&CudaSlice<u8>, &CudaSlice<u8>),
+        (m, n, k): (usize, usize, usize),
+        raw: super::gemm_fp8::Fp8Out<'_>,
+    ) -> Result<(), DeviceError> {
+        use super::gemm_fp8::Fp8Out;
+        const ROWS: usize = 128; // SKINNY_WARPS · 16 (gemv.cu)
+        const KC: usize = 128; // SKINNY_KC
+        let raw_len = match &raw {
+            Fp8Out::Bf16(r) => r.len(),
+            Fp8Out::F32(r) => r.len(),
+        };
+        if n == 0
+            || n > 64
+            || !n.is_multiple_of(8)
+            || !k.is_multiple_of(KC)
+            || !m.is_multiple_of(4)
+            || w.len() < m * k
+            || x.len() < n * k
+            || raw_len < n * m
+        {
+            return Err(short_buffers("fp8_skinny_gemm", n, m));
+        }
+        let blocks = m.div_ceil(ROWS);
+        let chunks = k / KC;
+        let splits = (2 * self.sms).div_ceil(blocks).clamp(1, chunks);
+        let k_split = chunks.div_ceil(splits) * KC;
+        let splits = k.div_ceil(k_split);
+        let cfg = |splits: usize| LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (mi, ni, ki, ksi) = (m as i32, n as i32, k as i32, k_split as i32);
+        // SAFETY (both launches): w holds m·k codes, x n·k, the output splits·n·m values
+        // (checked above or allocated here); every thread's reads are inside k (k_split a
+        // multiple of 128, the last split cut at k) and its writes inside its split's n·m.
+        if splits == 1 {
+            let mut l = self.stream.launch_builder(match &raw {
+                Fp8Out::F32(_) => &self.k.fp8_skinny[0],
+                Fp8Out::Bf16(_) => &self.k.fp8_skinny[1],
+            });
+            l.arg(w).arg(x);
+            match raw {
+                Fp8Out::F32(r) => l.arg(r),
+                Fp8Out::Bf16(r) => l.arg(r),
+            };
+            l.arg(&mi).arg(&ni).arg(&ki).arg(&ksi);
+            unsafe { self.enqueue(&mut l, cfg(1)) }.map_err(op_err("fp8_skinny_gemm"))?;
+            return Ok(());
+        }
+        let mut parts = self.alloc_f32(splits * n * m, "FP8 product partials")?;
+        let mut l = self.stream.launch_builder(&self.k.fp8_skinny[0]);
+        l.arg(w)
+            .arg(x)
+            .arg(&mut parts)
+            .arg(&mi)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&ksi);
+        unsafe { self.enqueue(&mut l, cfg(splits)) }.map_err(op_err("fp8_skinny_gemm"))?;
+        let (si, len) = (splits as i32, (n * m) as i32);
+        let mut l = self.stream.launch_builder(match &raw {
+            Fp8Out::F32(_) => &self.k.fp8_skinny_sum[0],
+            Fp8Out::Bf16(_) => &self.k.fp8_skinny_sum[1],
+        });
+        l.arg(&parts);
+        match raw {
+            Fp8Out::F32(r) => l.arg(r),
+            Fp8Out::Bf16(r) => l.arg(r),
+        };
+        l.arg(&si).arg(&len);
+        let sum = LaunchConfig {
+            grid_dim: (((n * m / 4).div_ceil(256)).min(self.sms * 8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: parts holds splits·n·m values, the output n·m (n·m a multiple of 4: m is).
+        unsafe { self.enqueue(&mut l, sum) }.map_err(op_err("fp8_skinny_sum"))?;
+        Ok(())
+    }
+
     pub(super) fn launch_fp8_scale_out(
         &self,
         d: super::gemm_fp8::Fp8Product<'_>,
