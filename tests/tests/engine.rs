@@ -562,6 +562,51 @@ fn prefilled_contexts(
         .collect()
 }
 
+/// `examples/configs/{name}.json` with random weights (`seed`): no download.
+fn random_model(name: &str, seed: u64) -> cachet_backend::loader::LoadedModel {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/configs")
+        .join(format!("{name}.json"));
+    let config = cachet_backend::config::ModelConfig::from_hf_json(&path).unwrap();
+    cachet_backend::loader::LoadedModel {
+        name: name.into(),
+        source: "<random>".into(),
+        weights: cachet_backend::loader::random::random_weights(&config, seed),
+        config,
+        tokenizer: None,
+    }
+}
+
+/// Prefills a synthetic prompt of each of `lens` (token j of prompt i: (j · (stride + i) + 1) mod
+/// the vocabulary) on every runner of `rs`, the first choosing each prompt's next token:
+/// (length, block table, next token) per prompt.
+fn prefilled_synthetic(
+    rs: &mut [&mut dyn cachet_backend::model::Runner],
+    alloc: &mut cachet_backend::kv::SimpleAllocator,
+    vocab: usize,
+    lens: &[usize],
+    stride: usize,
+) -> Vec<(usize, Vec<u32>, u32)> {
+    let bs = rs[0].kv_layout().block_size;
+    lens.iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let ids: Vec<u32> = (0..len)
+                .map(|j| ((j * (stride + i) + 1) % vocab) as u32)
+                .collect();
+            let mut table = Vec::new();
+            alloc.ensure(&mut table, len + 1).unwrap();
+            let mut b = cachet_backend::device::ForwardBatch::default();
+            b.push_seq(&ids, 0, &table, bs, true);
+            let next = argmax(rs[0].forward(&b).unwrap().row(0)) as u32;
+            for r in rs[1..].iter_mut() {
+                r.forward(&b).unwrap();
+            }
+            (len, table, next)
+        })
+        .collect()
+}
+
 /// Runs `b` eagerly, from a graph, and eagerly again: every logits row of the graph must be
 /// within bf16 error of the eager one with a top token no more than `tie` below the eager top
 /// (0: the same token), and the second eager run must match the first (the replay wrote no K/V
@@ -654,35 +699,16 @@ gpu_test! {
     /// `CACHET_FP8_GEMM_TUNE=timed` as well (scripts/gpu_fp8_gemm_tune.sh), where the graphs are
     /// captured after the eager warm-up step that times each product shape's candidates.
     fn decode_steps_of_a_random_fp8_model_replayed_from_cuda_graphs_match_eager_steps() {
-        use cachet_backend::config::ModelConfig;
         use cachet_backend::device::ForwardBatch;
         use cachet_backend::kv::SimpleAllocator;
-        use cachet_backend::loader::{random::random_weights, LoadedModel};
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/small-gqa-d128.json");
-        let config = ModelConfig::from_hf_json(&path).unwrap();
-        let m = LoadedModel {
-            name: "small-gqa-d128".into(),
-            source: "<random>".into(),
-            weights: random_weights(&config, 9),
-            config,
-            tokenizer: None,
-        };
+        let m = random_model("small-gqa-d128", 9);
         let q = cachet_backend::device::WeightQuantization::Fp8;
         let mut r = device_runner_quantized(DeviceKind::Cuda, &m, 256, q);
         assert!(r.set_cuda_graphs(true), "the CUDA runner captured no graphs");
         let bs = r.kv_layout().block_size;
-        let v = m.config.vocab_size as u32;
         let mut alloc = SimpleAllocator::new(r.kv_layout().num_blocks, bs);
-        let mut seqs = Vec::new();
-        for (i, len) in [40usize, 300, 700, 129, 17, 60, 90, 33, 250].into_iter().enumerate() {
-            let ids: Vec<u32> = (0..len).map(|j| ((j * (5 + i) + 1) as u32) % v).collect();
-            let mut table = Vec::new();
-            alloc.ensure(&mut table, len + 1).unwrap();
-            let mut b = ForwardBatch::default();
-            b.push_seq(&ids, 0, &table, bs, true);
-            let next = argmax(r.forward(&b).unwrap().row(0)) as u32;
-            seqs.push((len, table, next));
-        }
+        let lens = [40, 300, 700, 129, 17, 60, 90, 33, 250];
+        let seqs = prefilled_synthetic(&mut [r.as_mut()], &mut alloc, m.config.vocab_size, &lens, 5);
         for n in [1usize, 3, 5, 9] {
             let mut b = ForwardBatch::default();
             for (len, table, next) in &seqs[..n] {
@@ -1036,23 +1062,11 @@ gpu_test! {
     /// short and long. (The attention check runs one sequence a step; this is the step the
     /// served benchmark's chunked prefill runs most.)
     fn mixed_steps_match_the_cpu_reference() {
-        use cachet_backend::config::ModelConfig;
         use cachet_backend::device::{ForwardBatch, KvCacheDtype};
         use cachet_backend::kv::SimpleAllocator;
-        use cachet_backend::loader::{random::random_weights, LoadedModel};
         let mut bad = Vec::new();
         for name in ["small-gqa-d64", "small-gqa-d128", "small-gqa8-d128"] {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../examples/configs")
-                .join(format!("{name}.json"));
-            let config = ModelConfig::from_hf_json(&path).unwrap();
-            let m = LoadedModel {
-                name: name.into(),
-                source: "<random>".into(),
-                weights: random_weights(&config, 5),
-                config,
-                tokenizer: None,
-            };
+            let m = random_model(name, 5);
             let v = m.config.vocab_size as u32;
             for dtype in [KvCacheDtype::Auto, KvCacheDtype::Fp8E4m3] {
                 let mut dev = device_runner_with(DeviceKind::Cuda, &m, 256, dtype);
@@ -1060,17 +1074,13 @@ gpu_test! {
                 let bs = dev.kv_layout().block_size;
                 let mut alloc = SimpleAllocator::new(256, bs);
                 // Contexts of 40, 700 and 1,100 tokens, prefilled on both devices.
-                let mut seqs = Vec::new();
-                for (i, len) in [40usize, 700, 1100].into_iter().enumerate() {
-                    let ids: Vec<u32> = (0..len).map(|j| ((j * (7 + i) + 3) as u32) % v).collect();
-                    let mut table = Vec::new();
-                    alloc.ensure(&mut table, len + 1).unwrap();
-                    let mut b = ForwardBatch::default();
-                    b.push_seq(&ids, 0, &table, bs, true);
-                    let next = argmax(cpu.forward(&b).unwrap().row(0)) as u32;
-                    dev.forward(&b).unwrap();
-                    seqs.push((len, table, next));
-                }
+                let seqs = prefilled_synthetic(
+                    &mut [cpu.as_mut(), dev.as_mut()],
+                    &mut alloc,
+                    m.config.vocab_size,
+                    &[40, 700, 1100],
+                    7,
+                );
                 // The mixed step: decode, a 100-token prompt, decode, decode; logits for every row.
                 let prompt: Vec<u32> = (0..100u32).map(|j| (j * 13 + 1) % v).collect();
                 let mut ptable = Vec::new();
