@@ -620,69 +620,81 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_gelu_t
 }
 
 
-// ---- FP8 products of a few rows on the tensor cores (CACHET_FP8_SKINNY) ----
-// raw[s][i][j] = Σ_{k in split s} x[i][k] · w[j][k] over e4m3 codes (unit scales; the scales are
-// fp8_scale_*'s epilogue, as after cuBLASLt), for n ≤ 64 token rows (a multiple of 8) and m weight
-// rows, k a multiple of SKINNY_KC. cuBLASLt's FP8 product of 16–64 rows takes 2.7–3.5× the time
-// its weights take to stream (BENCHMARKS §12c). Here each weight byte goes from DRAM straight into
-// registers once (as the GEMV does) and is converted to f16 there (exactly: every e4m3 value is an
-// f16), the tokens' codes are converted once a chunk into shared memory, and mma.m16n8k16 (f16,
-// f32 sums) multiplies a warp's 16 weight rows (the MMA's M) by 8 tokens at a time (its N).
-// (sm_90's mma.sync has no e4m3 form of its own: the PTX one compiles to conversions of both
-// operands for every MMA. The conversion and mma_f16 are attention_mma.cu's, a unit before.) The fragments want k = 2t, 2t+1 | 2t+8, 2t+9 of each 16 from lane (g, t); a dot
-// product sums over k in any order, so both operands take the same permutation instead: lane
-// (g, t) holds codes [16t, 16t + 16) of a 64-code half-chunk of its weight rows g, g + 8, and MMA q
-// of the half takes its codes 4q, 4q+1 | 4q+2, 4q+3 — of the weights from its registers, of token
-// g from shared memory at the same offsets. blockIdx.y splits k (k_split codes each) when there
-// are too few weight-row blocks to fill the GPU: split s writes its sums to raw + s · n · m (f32),
-// fp8_skinny_sum_* adds the splits in order (deterministic: no atomics). OUT bf16: one split only
-// (the raw product the fused gate|up epilogue takes).
-//   w : device, e4m3 [m, k];  x : device, e4m3 [n, k];  raw : device, OUT [splits, n, m]
+// ---- Products of a few rows on the tensor cores (CACHET_FP8_SKINNY, CACHET_BF16_SKINNY) ----
+// raw[s][i][j] = Σ_{k in split s} x[i][k] · w[j][k] for n ≤ 64 token rows and m weight rows:
+// F8, over e4m3 codes with unit scales (the scales are fp8_scale_*'s epilogue, as after cuBLASLt);
+// else over bf16 values (the product itself). cuBLASLt's FP8 product of 16–64 rows takes 2.7–3.5×
+// the time its weights take to stream (BENCHMARKS §12c). Here each weight byte goes from DRAM
+// straight into registers once (as the GEMV does) — FP8 codes converted to f16 there, exactly —
+// the tokens' chunk is staged in shared memory as 16-bit values (FP8 codes converted once a
+// chunk), and mma.m16n8k16 (f16 or bf16, f32 sums) multiplies a warp's 16 weight rows (the MMA's
+// M) by 8 tokens at a time (its N). (sm_90's mma.sync has no e4m3 form of its own: the PTX one
+// compiles to conversions of both operands for every MMA. The conversions and mma_f16 / mma_bf16
+// are attention_mma.cu's, a unit before.) A chunk is 128 bytes of each weight row (128 codes or
+// 64 bf16); lane (g, t) loads bytes [16t, 16t + 16) of each 64-byte half of rows g and g + 8. The
+// fragments want k = 2t, 2t+1 | 2t+8, 2t+9 of each 16 from lane (g, t); a dot product sums over
+// k in any order, so both operands take the same permutation instead: MMA q of a half takes the
+// lane's values 4q, 4q+1 | 4q+2, 4q+3 of those bytes — of the weights from its registers, of
+// token g from shared memory at the same offsets. blockIdx.y splits k (k_split values each) when
+// there are too few weight-row blocks to fill the GPU: split s writes its sums to raw + s · n · m
+// (f32), fp8_skinny_sum_* adds the splits in order (deterministic: no atomics). OUT bf16: one
+// split only (the raw product the fused gate|up epilogue takes, or a bf16 result).
+//   w : device, e4m3 or bf16 [m, k];  x : device, e4m3 or bf16 [n, k];  raw : device, OUT [splits, n, m]
 #define SKINNY_WARPS 8
-#define SKINNY_KC 128
-#define SKINNY_XS (SKINNY_KC + 8)  // f16 a token row in shared memory (+8: conflict-free reads)
-template <typename OUT>
-__device__ __forceinline__ void fp8_skinny_gemm(const fp8* __restrict__ w, const fp8* __restrict__ x,
-                                                OUT* __restrict__ raw, int m, int n, int k, int k_split) {
-    __shared__ __align__(16) bf16 xh[2][64 * SKINNY_XS];  // the tokens' chunk in f16, two stages: 34 KB
-    constexpr int UNITS = SKINNY_KC / 16;                  // 16-code units a token row of a chunk
+#define SKINNY_CHUNK 128  // bytes of a weight row a chunk
+template <bool F8, typename OUT>
+__device__ __forceinline__ void skinny_gemm(const void* __restrict__ w_, const void* __restrict__ x_,
+                                            OUT* __restrict__ raw, int m, int n, int k, int k_split) {
+    constexpr int KC = F8 ? SKINNY_CHUNK : SKINNY_CHUNK / 2;  // values a chunk
+    // A token's chunk in shared memory, 16-bit values padded so that a quarter-warp's 16-byte
+    // reads (two tokens, four lanes each) fall in distinct banks.
+    constexpr int XS = F8 ? KC + 8 : KC + 32;
+    constexpr int MMAS = F8 ? 4 : 2;  // MMAs a half-chunk (16 bytes of a row: 16 codes or 8 bf16)
+    __shared__ __align__(16) unsigned short xh[2][64 * XS];
+    const unsigned char* w = static_cast<const unsigned char*>(w_);
+    const unsigned char* x = static_cast<const unsigned char*>(x_);
+    constexpr int VB = F8 ? 1 : 2;  // bytes a value
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row = (blockIdx.x * SKINNY_WARPS + warp) * 16 + g;  // this lane's weight rows: row, row + 8
     const int kb = blockIdx.y * k_split, ke = min(k, kb + k_split);
-    const int nt = n >> 3;
+    const int nt = (n + 7) >> 3;
     const bool in_a = row < m, in_b = row + 8 < m;
-    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)(in_a ? row : 0) * k) + t;
-    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)(in_b ? row + 8 : 0) * k) + t;
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)(in_a ? row : 0) * k * VB) + t;
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)(in_b ? row + 8 : 0) * k * VB) + t;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    // This thread's two units of the tokens' chunk: unit u = tid, tid + 256 (token u / UNITS).
-    constexpr int XU = 64 * UNITS / (SKINNY_WARPS * 32);
+    // This thread's two 16-byte units of the tokens' chunk (a token's chunk is 8 units).
+    constexpr int XU = 64 * 8 / (SKINNY_WARPS * 32);
     auto tokens = [&](int k0, uint4 (&v)[XU]) {
 #pragma unroll
         for (int i = 0; i < XU; ++i) {
-            const int u = threadIdx.x + i * SKINNY_WARPS * 32, tok = u / UNITS;
-            v[i] = tok < n ? *reinterpret_cast<const uint4*>(x + (size_t)tok * k + k0 + (u % UNITS) * 16) : zero;
+            const int u = threadIdx.x + i * SKINNY_WARPS * 32, tok = u / 8;
+            v[i] = tok < n ? *reinterpret_cast<const uint4*>(x + ((size_t)tok * k + k0) * VB + (u % 8) * 16) : zero;
         }
     };
-    auto convert = [&](const uint4 (&v)[XU], bf16* dst) {
+    auto put = [&](const uint4 (&v)[XU], unsigned short* dst) {
 #pragma unroll
         for (int i = 0; i < XU; ++i) {
-            const int u = threadIdx.x + i * SKINNY_WARPS * 32, tok = u / UNITS;
+            const int u = threadIdx.x + i * SKINNY_WARPS * 32, tok = u / 8;
             if (tok >= n) continue;
-            const unsigned c[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-            unsigned h[8];
+            if constexpr (F8) {
+                const unsigned c[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                unsigned h[8];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) h[2 * q] = e4m3x2_f16x2(c[q] & 0xffffu), h[2 * q + 1] = e4m3x2_f16x2_hi(c[q]);
-            uint4* d = reinterpret_cast<uint4*>(dst + tok * SKINNY_XS + (u % UNITS) * 16);
-            d[0] = make_uint4(h[0], h[1], h[2], h[3]);
-            d[1] = make_uint4(h[4], h[5], h[6], h[7]);
+                for (int q = 0; q < 4; ++q) h[2 * q] = e4m3x2_f16x2(c[q] & 0xffffu), h[2 * q + 1] = e4m3x2_f16x2_hi(c[q]);
+                uint4* d = reinterpret_cast<uint4*>(dst + tok * XS + (u % 8) * 16);
+                d[0] = make_uint4(h[0], h[1], h[2], h[3]);
+                d[1] = make_uint4(h[4], h[5], h[6], h[7]);
+            } else {
+                *reinterpret_cast<uint4*>(dst + tok * XS + (u % 8) * 8) = v[i];
+            }
         }
     };
-    // This lane's weight codes of the chunk at k0: [half][row g | g + 8], 16 codes each.
+    // This lane's 16 bytes of each half of the chunk at k0: [half][row g | g + 8].
     auto weights = [&](int k0, uint4 (&a)[2][2]) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            a[h][0] = in_a ? load_stream(wa + (k0 >> 4) + 4 * h) : zero;
-            a[h][1] = in_b ? load_stream(wb + (k0 >> 4) + 4 * h) : zero;
+            a[h][0] = in_a ? load_stream(wa + (k0 * VB >> 4) + 4 * h) : zero;
+            a[h][1] = in_b ? load_stream(wb + (k0 * VB >> 4) + 4 * h) : zero;
         }
     };
     float acc[8][4];
@@ -694,41 +706,51 @@ __device__ __forceinline__ void fp8_skinny_gemm(const fp8* __restrict__ w, const
         tokens(kb, xv);
     }
     int buf = 0;
-    for (int k0 = kb; k0 < ke; k0 += SKINNY_KC, buf ^= 1) {
-        bf16* xb = xh[buf];
-        convert(xv, xb);
+    for (int k0 = kb; k0 < ke; k0 += KC, buf ^= 1) {
+        unsigned short* xb = xh[buf];
+        put(xv, xb);
         uint4 next[2][2];
-        const bool more = k0 + SKINNY_KC < ke;
+        const bool more = k0 + KC < ke;
         if (more) {  // in flight while this chunk multiplies
-            weights(k0 + SKINNY_KC, next);
-            tokens(k0 + SKINNY_KC, xv);
+            weights(k0 + KC, next);
+            tokens(k0 + KC, xv);
         }
-        // The chunk's tokens are converted. (Stage buf was last read two chunks ago, before the
+        // The chunk's tokens are in stage buf. (It was last read two chunks ago, before the
         // previous pass's barrier.)
         __syncthreads();
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            // The weights' f16 A fragments of the half's four MMAs: [q][a0..a3].
-            unsigned af[4][4];
+            // The weights' A fragments of the half's MMAs: [q][a0..a3].
+            unsigned af[MMAS][4];
             const unsigned ra[4] = {a[h][0].x, a[h][0].y, a[h][0].z, a[h][0].w};
             const unsigned rb[4] = {a[h][1].x, a[h][1].y, a[h][1].z, a[h][1].w};
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                af[q][0] = e4m3x2_f16x2(ra[q] & 0xffffu);
-                af[q][1] = e4m3x2_f16x2(rb[q] & 0xffffu);
-                af[q][2] = e4m3x2_f16x2_hi(ra[q]);
-                af[q][3] = e4m3x2_f16x2_hi(rb[q]);
+            for (int q = 0; q < MMAS; ++q) {
+                if constexpr (F8) {
+                    af[q][0] = e4m3x2_f16x2(ra[q] & 0xffffu);
+                    af[q][1] = e4m3x2_f16x2(rb[q] & 0xffffu);
+                    af[q][2] = e4m3x2_f16x2_hi(ra[q]);
+                    af[q][3] = e4m3x2_f16x2_hi(rb[q]);
+                } else {
+                    af[q][0] = ra[2 * q], af[q][1] = rb[2 * q], af[q][2] = ra[2 * q + 1], af[q][3] = rb[2 * q + 1];
+                }
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 if (j >= nt) break;
-                const uint4* xr = reinterpret_cast<const uint4*>(xb + (8 * j + g) * SKINNY_XS + 64 * h + 16 * t);
+                // Token 8j + g's values at this lane's offsets: 16 (F8) or 8 (bf16) of them.
+                const uint4* xr = reinterpret_cast<const uint4*>(xb + (8 * j + g) * XS + (KC / 2) * h + (MMAS * 4) * t);
 #pragma unroll
-                for (int p = 0; p < 2; ++p) {  // MMAs 2p, 2p + 1: codes 8p .. 8p + 7 of the lane's 16
+                for (int p = 0; p < MMAS / 2; ++p) {  // MMAs 2p, 2p + 1
                     const uint4 b = xr[p];
                     const unsigned b0[2] = {b.x, b.y}, b1[2] = {b.z, b.w};
-                    mma_f16(acc[j], af[2 * p], b0);
-                    mma_f16(acc[j], af[2 * p + 1], b1);
+                    if constexpr (F8) {
+                        mma_f16(acc[j], af[2 * p], b0);
+                        mma_f16(acc[j], af[2 * p + 1], b1);
+                    } else {
+                        mma_bf16(acc[j], af[2 * p], b0);
+                        mma_bf16(acc[j], af[2 * p + 1], b1);
+                    }
                 }
             }
         }
@@ -745,7 +767,7 @@ __device__ __forceinline__ void fp8_skinny_gemm(const fp8* __restrict__ w, const
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = e < 2 ? row : row + 8, tok = 8 * j + 2 * t + (e & 1);
-            if (r >= m) continue;
+            if (r >= m || tok >= n) continue;
             if constexpr (sizeof(OUT) == 2)
                 out[(size_t)tok * m + r] = f2bf(acc[j][e]);
             else
@@ -753,16 +775,17 @@ __device__ __forceinline__ void fp8_skinny_gemm(const fp8* __restrict__ w, const
         }
     }
 }
-extern "C" __global__ void __launch_bounds__(SKINNY_WARPS * 32, 2) fp8_skinny_gemm_f32(const fp8* __restrict__ w, const fp8* __restrict__ x, float* __restrict__ raw, int m, int n,
-                        int k, int k_split) {
-    wait_for_prior_kernels();
-    fp8_skinny_gemm<float>(w, x, raw, m, n, k, k_split);
-}
-extern "C" __global__ void __launch_bounds__(SKINNY_WARPS * 32, 2) fp8_skinny_gemm_bf16(const fp8* __restrict__ w, const fp8* __restrict__ x, bf16* __restrict__ raw, int m, int n,
-                         int k, int k_split) {
-    wait_for_prior_kernels();
-    fp8_skinny_gemm<bf16>(w, x, raw, m, n, k, k_split);
-}
+#define SKINNY_KERNEL(NAME, F8, OUT)                                                                         \
+    extern "C" __global__ void __launch_bounds__(SKINNY_WARPS * 32, 2) NAME(                                \
+        const void* __restrict__ w, const void* __restrict__ x, OUT* __restrict__ raw, int m, int n, int k, \
+        int k_split) {                                                                                       \
+        wait_for_prior_kernels();                                                                            \
+        skinny_gemm<F8, OUT>(w, x, raw, m, n, k, k_split);                                                   \
+    }
+SKINNY_KERNEL(fp8_skinny_gemm_f32, true, float)
+SKINNY_KERNEL(fp8_skinny_gemm_bf16, true, bf16)
+SKINNY_KERNEL(bf16_skinny_gemm_f32, false, float)
+SKINNY_KERNEL(bf16_skinny_gemm_bf16, false, bf16)
 // The splits' sums added in split order: out[e] = Σ_s parts[s · len + e] (f32 or bf16 out),
 // four elements a thread (len % 4 == 0), grid-stride.
 template <typename OUT>

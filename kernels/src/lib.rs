@@ -113,6 +113,8 @@ pub const SOURCES: &[KernelSource] = &[
             "fp8_scale_gelu_tanh_bf16",
             "fp8_skinny_gemm_f32",
             "fp8_skinny_gemm_bf16",
+            "bf16_skinny_gemm_f32",
+            "bf16_skinny_gemm_bf16",
             "fp8_skinny_sum_f32",
             "fp8_skinny_sum_bf16",
         ],

@@ -278,7 +278,7 @@ gpu_test! {
 }
 
 gpu_test! {
-    /// `CACHET_FP8_SKINNY=on`: FP8 products of 3–64 rows on our tensor-core kernel
+    /// `CACHET_FP8_SKINNY=on`: FP8 products of 5–64 rows (fewer take the GEMV) on our tensor-core kernel
     /// (`fp8_skinny_gemm_*`, k split where the weight rows give too few blocks, the splits added
     /// in order) give cuBLASLt's products within accumulation-order rounding — plain projections
     /// of the 8B shape and an odd small one, and a gated gate|up through the fused epilogue —
@@ -301,7 +301,7 @@ gpu_test! {
         for (m, k) in [(6144, 4096), (4096, 4096), (4096, 14336), (1040, 256)] {
             let w = rows(m, k, 0.0, (k as f64).powf(-0.5));
             let (wl, ws) = (lt.quantize_fp8(lt.upload(&w).unwrap()).unwrap(), skinny.quantize_fp8(skinny.upload(&w).unwrap()).unwrap());
-            for n in [3, 16, 40, 64, 65] {
+            for n in [5, 16, 40, 64, 65] {
                 let x = rows(n, k, 0.0, 1.0);
                 let want = lt.to_host(&lt.linear(&lt.upload(&x).unwrap(), &wl).unwrap()).unwrap();
                 let xs = skinny.upload(&x).unwrap();
@@ -337,6 +337,50 @@ gpu_test! {
             let err = rel_err(&outs[1], &outs[0]);
             eprintln!("{n}×{k} → {inter}, SwiGLU: skinny vs cuBLASLt {err:.2e}");
             assert!(err < 1e-2, "{n}×{k} → {inter}: the skinny gate|up is {err:e} off cuBLASLt's");
+        }
+    }
+}
+
+gpu_test! {
+    /// `CACHET_BF16_SKINNY=on`: bf16 products of 3–64 rows on the same kernel
+    /// (`bf16_skinny_gemm_*`) give cuBLAS's within accumulation-order rounding — the 8B's
+    /// projections, an odd small shape and an f32 LM head — and the same bits when repeated; 65
+    /// rows stay on cuBLAS. The profile shows which path ran.
+    fn bf16_products_of_a_few_rows_on_the_skinny_kernel_match_cublas() {
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::Device;
+        use cachet_backend::tensor::HostTensor;
+        let blas = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let skinny = CudaDevice::new(0, 16, CudaOptions { bf16_skinny: true, ..Default::default() }).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(15);
+        let mut rows = |rows: usize, cols: usize, std: f64| {
+            let data = (0..rows * cols).map(|_| half::bf16::from_f64(rng.normal() * std).to_f32()).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        for (m, k, head) in [(6144, 4096, false), (4096, 14336, false), (1040, 192, false), (32000, 1024, true)] {
+            let w = rows(m, k, (k as f64).powf(-0.5));
+            let (wb, ws) = (blas.upload(&w).unwrap(), skinny.upload(&w).unwrap());
+            for n in [3, 16, 40, 64, 65] {
+                let x = rows(n, k, 1.0);
+                let run = |dev: &CudaDevice, w| {
+                    let x = dev.upload(&x).unwrap();
+                    let y = if head { dev.lm_head(&x, w) } else { dev.linear(&x, w) };
+                    dev.to_host(&y.unwrap()).unwrap()
+                };
+                let want = run(&blas, &wb);
+                skinny.set_profiling(true);
+                let got = run(&skinny, &ws);
+                let ops: Vec<String> = skinny.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                skinny.set_profiling(false);
+                let again = run(&skinny, &ws);
+                let on_skinny = ops.iter().any(|op| op == "↳ bf16: skinny product");
+                assert_eq!(on_skinny, n <= 64, "{n} rows of ({m}×{k}): the ops were {ops:?}");
+                let err = rel_err(&got, &want);
+                let differ = got.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                eprintln!("{n}×{k} · ({m}×{k})ᵀ{}: skinny vs cuBLAS {err:.2e}; {differ} values differ when repeated", if head { ", f32 head" } else { "" });
+                assert!(err < 5e-3, "{n}×{k} · ({m}×{k})ᵀ: the skinny product is {err:e} off cuBLAS's");
+                assert_eq!(differ, 0, "{n}×{k} · ({m}×{k})ᵀ: the skinny product changed when repeated");
+            }
         }
     }
 }

@@ -1127,27 +1127,28 @@ impl CudaDevice {
 
     /// `fp8_scale_out_{bf16|f32}(f32 d[n, m], f32 w_scale[m], f32 x_scale[n], out[n, m], int n,
     /// int m)`: the FP8 GEMM's product scaled by its weight rows' and tokens' scales.
-    /// The FP8 product `raw[n, m] = x · wᵀ` over the codes (unit scales) on `fp8_skinny_gemm_*`:
-    /// n ≤ 64 rows (a multiple of 8), k a multiple of 128. The weight rows go 128 to a block;
-    /// where that leaves fewer than two blocks an SM, k is split too, each split's sums written
-    /// to partials that `fp8_skinny_sum_*` adds in order into `raw`.
-    pub(super) fn launch_fp8_skinny(
+    /// The product `raw[n, m] = x · wᵀ` of n ≤ 64 rows on `{fp8|bf16}_skinny_gemm_*`: over FP8
+    /// codes (`T` = u8; unit scales, for fp8_scale_*) or bf16 values (`T` = u16; the product);
+    /// k a multiple of a chunk (128 codes, 64 bf16). The weight rows go 128 to a block; where
+    /// that leaves fewer than two blocks an SM, k is split too, each split's sums written to
+    /// partials that `fp8_skinny_sum_*` adds in order into `raw`.
+    pub(super) fn launch_skinny<T: cudarc::driver::DeviceRepr>(
         &self,
-        (w, x): (&CudaSlice<u8>, &CudaSlice<u8>),
+        (w, x): (&CudaSlice<T>, &CudaSlice<T>),
         (m, n, k): (usize, usize, usize),
         raw: super::gemm_fp8::Fp8Out<'_>,
     ) -> Result<(), DeviceError> {
         use super::gemm_fp8::Fp8Out;
         const ROWS: usize = 128; // SKINNY_WARPS · 16 (gemv.cu)
-        const KC: usize = 128; // SKINNY_KC
+        let f8 = std::mem::size_of::<T>() == 1;
+        let kc = if f8 { 128 } else { 64 }; // SKINNY_CHUNK bytes of a row, in values
         let raw_len = match &raw {
             Fp8Out::Bf16(r) => r.len(),
             Fp8Out::F32(r) => r.len(),
         };
         if n == 0
             || n > 64
-            || !n.is_multiple_of(8)
-            || !k.is_multiple_of(KC)
+            || !k.is_multiple_of(kc)
             || !m.is_multiple_of(4)
             || w.len() < m * k
             || x.len() < n * k
@@ -1156,9 +1157,9 @@ impl CudaDevice {
             return Err(short_buffers("fp8_skinny_gemm", n, m));
         }
         let blocks = m.div_ceil(ROWS);
-        let chunks = k / KC;
+        let chunks = k / kc;
         let splits = (2 * self.sms).div_ceil(blocks).clamp(1, chunks);
-        let k_split = chunks.div_ceil(splits) * KC;
+        let k_split = chunks.div_ceil(splits) * kc;
         let splits = k.div_ceil(k_split);
         let cfg = |splits: usize| LaunchConfig {
             grid_dim: (blocks as u32, splits as u32, 1),
@@ -1166,13 +1167,19 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let (mi, ni, ki, ksi) = (m as i32, n as i32, k as i32, k_split as i32);
-        // SAFETY (both launches): w holds m·k codes, x n·k, the output splits·n·m values
+        let kernels = if f8 {
+            &self.k.fp8_skinny
+        } else {
+            &self.k.bf16_skinny
+        };
+        // SAFETY (both launches): w holds m·k values, x n·k, the output splits·n·m values
         // (checked above or allocated here); every thread's reads are inside k (k_split a
-        // multiple of 128, the last split cut at k) and its writes inside its split's n·m.
+        // multiple of a chunk, the last split cut at k) and rows < n, its writes inside its
+        // split's n·m.
         if splits == 1 {
             let mut l = self.stream.launch_builder(match &raw {
-                Fp8Out::F32(_) => &self.k.fp8_skinny[0],
-                Fp8Out::Bf16(_) => &self.k.fp8_skinny[1],
+                Fp8Out::F32(_) => &kernels[0],
+                Fp8Out::Bf16(_) => &kernels[1],
             });
             l.arg(w).arg(x);
             match raw {
@@ -1184,7 +1191,7 @@ impl CudaDevice {
             return Ok(());
         }
         let mut parts = self.alloc_f32(splits * n * m, "FP8 product partials")?;
-        let mut l = self.stream.launch_builder(&self.k.fp8_skinny[0]);
+        let mut l = self.stream.launch_builder(&kernels[0]);
         l.arg(w)
             .arg(x)
             .arg(&mut parts)
