@@ -1154,7 +1154,7 @@ impl CudaDevice {
             || x.len() < n * k
             || raw_len < n * m
         {
-            return Err(short_buffers("fp8_skinny_gemm", n, m));
+            return Err(short_buffers("skinny_gemm", n, m));
         }
         let blocks = m.div_ceil(ROWS);
         let chunks = k / kc;
@@ -1187,10 +1187,10 @@ impl CudaDevice {
                 Fp8Out::Bf16(r) => l.arg(r),
             };
             l.arg(&mi).arg(&ni).arg(&ki).arg(&ksi);
-            unsafe { self.enqueue(&mut l, cfg(1)) }.map_err(op_err("fp8_skinny_gemm"))?;
+            unsafe { self.enqueue(&mut l, cfg(1)) }.map_err(op_err("skinny_gemm"))?;
             return Ok(());
         }
-        let mut parts = self.alloc_f32(splits * n * m, "FP8 product partials")?;
+        let mut parts = self.alloc_f32(splits * n * m, "skinny product partials")?;
         let mut l = self.stream.launch_builder(&kernels[0]);
         l.arg(w)
             .arg(x)
@@ -1199,7 +1199,7 @@ impl CudaDevice {
             .arg(&ni)
             .arg(&ki)
             .arg(&ksi);
-        unsafe { self.enqueue(&mut l, cfg(splits)) }.map_err(op_err("fp8_skinny_gemm"))?;
+        unsafe { self.enqueue(&mut l, cfg(splits)) }.map_err(op_err("skinny_gemm"))?;
         let (si, len) = (splits as i32, (n * m) as i32);
         let mut l = self.stream.launch_builder(match &raw {
             Fp8Out::F32(_) => &self.k.fp8_skinny_sum[0],
