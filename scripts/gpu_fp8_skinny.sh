@@ -7,7 +7,9 @@
 # the random FP8 model's graph-vs-eager decode test with FP8 on, then `bench forward` on the
 # Llama-3-8B shape — FP8 weights + FP8 KV, and bf16 — decode batches 16 / 32 / 64 at context 1280
 # (fewer rows take the GEMV, 65+ the libraries either way), on and off alternated over ROUNDS;
-# PROFILE=1 a `--profile` run of batch 64 each way (the `↳` product rows).
+# PROFILE=1 a `--profile` run of batch 64 each way (the `↳` product rows); NCU=1 (alone: ROUNDS=0
+# KINDS=fp8 NCU=1 for a short call) Nsight Compute's speed-of-light and memory sections on the
+# first skinny launches of an FP8 batch-64 step (their DRAM rate against the copy rate).
 # Carry .carry/cachet.xz, .carry/families-tests.xz, .carry/engine-tests.xz.
 #   OUT=... [ROUNDS=2] [PROFILE=1] [KINDS="fp8 bf16"] scripts/gpu_fp8_skinny.sh
 source "$(dirname "$0")/gpu_common.sh"
@@ -38,3 +40,13 @@ for kind in ${KINDS:-fp8 bf16}; do
     done
   fi
 done
+ncu=/opt/nvidia/nsight-compute/2025.3.1/ncu
+if [ "${NCU:-0}" = 1 ] && [ -x $ncu ]; then
+  # Give it room: a `timeout` that kills ncu leaves its target holding the GPU's memory.
+  CACHET_FP8_SKINNY=on $ncu --clock-control none -k regex:skinny_gemm --launch-count 8 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy /tmp/cachet bench forward \
+    --model examples/configs/llama3-8b.json --load-format dummy --device cuda --quantization fp8 --kv-cache-dtype fp8 \
+    --decode-contexts 512 --decode-batches 64 --decode-context 1280 --prefill 512 --cached-prefix none \
+    --sampling-batches 1 --graph-batches 1 > "$out/ncu-skinny-fp8-b64.txt" 2>&1
+  grep -E "skinny_gemm|Duration|DRAM Throughput|Memory Throughput" "$out/ncu-skinny-fp8-b64.txt" | head -40
+fi
