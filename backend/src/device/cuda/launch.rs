@@ -1130,8 +1130,9 @@ impl CudaDevice {
     /// The product `raw[n, m] = x · wᵀ` of n ≤ 64 rows on `{fp8|bf16}_skinny_gemm_*`: over FP8
     /// codes (`T` = u8; unit scales, for fp8_scale_*) or bf16 values (`T` = u16; the product);
     /// k a multiple of a chunk (128 codes, 64 bf16). The weight rows go 128 to a block; where
-    /// that leaves fewer than two blocks an SM, k is split too, each split's sums written to
-    /// partials that `fp8_skinny_sum_*` adds in order into `raw`.
+    /// that leaves fewer than two blocks an SM, k is split too (as far as the partials' traffic
+    /// stays small beside the weights'), each split's sums written to partials that
+    /// `fp8_skinny_sum_*` adds in order into `raw`.
     pub(super) fn launch_skinny<T: cudarc::driver::DeviceRepr>(
         &self,
         (w, x): (&CudaSlice<T>, &CudaSlice<T>),
@@ -1158,7 +1159,14 @@ impl CudaDevice {
         }
         let blocks = m.div_ceil(ROWS);
         let chunks = k / kc;
-        let splits = (2 * self.sms).div_ceil(blocks).clamp(1, chunks);
+        // Splits enough for two blocks an SM, but their partials written and read back (8 bytes
+        // a row and split) kept within a quarter of the weights' bytes: at 64 rows the 4,096 ×
+        // 4,096 FP8 weights take two splits, not eight.
+        let thrifty = (k * std::mem::size_of::<T>() / (32 * n)).max(1);
+        let splits = (2 * self.sms)
+            .div_ceil(blocks)
+            .clamp(1, chunks)
+            .min(thrifty);
         let k_split = chunks.div_ceil(splits) * kc;
         let splits = k.div_ceil(k_split);
         let cfg = |splits: usize| LaunchConfig {
