@@ -637,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_gelu_t
 // lane's values 4q, 4q+1 | 4q+2, 4q+3 of those bytes — of the weights from its registers, of
 // token g from shared memory at the same offsets. blockIdx.y splits k (k_split values each) when
 // there are too few weight-row blocks to fill the GPU: split s writes its sums to raw + s · n · m
-// (f32), fp8_skinny_sum_* adds the splits in order (deterministic: no atomics). OUT bf16: one
+// (f32), skinny_sum_* adds the splits in order (deterministic: no atomics). OUT bf16: one
 // split only (the raw product the fused gate|up epilogue takes, or a bf16 result).
 //   w : device, e4m3 or bf16 [m, k];  x : device, e4m3 or bf16 [n, k];  raw : device, OUT [splits, n, m]
 #define SKINNY_WARPS 8
@@ -789,7 +789,7 @@ SKINNY_KERNEL(bf16_skinny_gemm_bf16, false, bf16)
 // The splits' sums added in split order: out[e] = Σ_s parts[s · len + e] (f32 or bf16 out),
 // four elements a thread (len % 4 == 0), grid-stride.
 template <typename OUT>
-__device__ __forceinline__ void fp8_skinny_sum(const float* __restrict__ parts, OUT* __restrict__ out, int splits,
+__device__ __forceinline__ void skinny_sum(const float* __restrict__ parts, OUT* __restrict__ out, int splits,
                                                size_t len) {
     for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < len / 4; q += (size_t)gridDim.x * blockDim.x) {
         float4 s = reinterpret_cast<const float4*>(parts)[q];
@@ -806,13 +806,13 @@ __device__ __forceinline__ void fp8_skinny_sum(const float* __restrict__ parts, 
         }
     }
 }
-extern "C" __global__ void fp8_skinny_sum_f32(const float* __restrict__ parts, float* __restrict__ out, int splits,
+extern "C" __global__ void skinny_sum_f32(const float* __restrict__ parts, float* __restrict__ out, int splits,
                                               int len) {
     wait_for_prior_kernels();
-    fp8_skinny_sum<float>(parts, out, splits, (size_t)len);
+    skinny_sum<float>(parts, out, splits, (size_t)len);
 }
-extern "C" __global__ void fp8_skinny_sum_bf16(const float* __restrict__ parts, bf16* __restrict__ out, int splits,
+extern "C" __global__ void skinny_sum_bf16(const float* __restrict__ parts, bf16* __restrict__ out, int splits,
                                                int len) {
     wait_for_prior_kernels();
-    fp8_skinny_sum<bf16>(parts, out, splits, (size_t)len);
+    skinny_sum<bf16>(parts, out, splits, (size_t)len);
 }

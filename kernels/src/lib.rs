@@ -115,8 +115,8 @@ pub const SOURCES: &[KernelSource] = &[
             "fp8_skinny_gemm_bf16",
             "bf16_skinny_gemm_f32",
             "bf16_skinny_gemm_bf16",
-            "fp8_skinny_sum_f32",
-            "fp8_skinny_sum_bf16",
+            "skinny_sum_f32",
+            "skinny_sum_bf16",
         ],
     },
     KernelSource {

@@ -198,6 +198,21 @@ device_test! {
     }
 }
 
+/// A rows × cols tensor of N(mean, std²) draws rounded to bf16 (values a bf16 device holds
+/// exactly, so the devices compared start from the same inputs).
+fn bf16_normal(
+    rng: &mut cachet_backend::rng::Rng,
+    rows: usize,
+    cols: usize,
+    mean: f64,
+    std: f64,
+) -> cachet_backend::tensor::HostTensor {
+    let data = (0..rows * cols)
+        .map(|_| half::bf16::from_f64(mean + rng.normal() * std).to_f32())
+        .collect();
+    cachet_backend::tensor::HostTensor::new(vec![rows, cols], data)
+}
+
 gpu_test! {
     /// An FP8 GEMM's input rows are quantized by `quantize_act_rows_e4m3` (each row read once,
     /// x · 448/amax) unless `CACHET_FP8_ACTIVATIONS=exact` keeps the weights' kernel (x /
@@ -208,15 +223,11 @@ gpu_test! {
         use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
         use cachet_backend::device::cpu::CpuDevice;
         use cachet_backend::device::Device;
-        use cachet_backend::tensor::HostTensor;
         let fast = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
         let exact = CudaDevice::new(0, 16, CudaOptions { fp8_exact_activations: true, ..Default::default() }).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(11);
-        let mut bf16_rows = |rows: usize, cols: usize, std: f64| {
-            let data = (0..rows * cols).map(|_| half::bf16::from_f64(rng.normal() * std).to_f32()).collect();
-            HostTensor::new(vec![rows, cols], data)
-        };
+        let mut bf16_rows = |rows: usize, cols: usize, std: f64| bf16_normal(&mut rng, rows, cols, 0.0, std);
         for (m, k) in [(64, 64), (256, 4096), (128, 14336), (64, 20480)] {
             let w = bf16_rows(m, k, (k as f64).powf(-0.5));
             let (wf, we) = (fast.quantize_fp8(fast.upload(&w).unwrap()).unwrap(), exact.quantize_fp8(exact.upload(&w).unwrap()).unwrap());
@@ -250,14 +261,10 @@ gpu_test! {
     fn fp8_gemms_with_timed_algorithms_give_the_heuristics_products() {
         use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
         use cachet_backend::device::Device;
-        use cachet_backend::tensor::HostTensor;
         let heuristic = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
         let timed = CudaDevice::new(0, 16, CudaOptions { fp8_gemm_tune: true, ..Default::default() }).unwrap();
         let mut rng = cachet_backend::rng::Rng::new(13);
-        let mut bf16_rows = |rows: usize, cols: usize, std: f64| {
-            let data = (0..rows * cols).map(|_| half::bf16::from_f64(rng.normal() * std).to_f32()).collect();
-            HostTensor::new(vec![rows, cols], data)
-        };
+        let mut bf16_rows = |rows: usize, cols: usize, std: f64| bf16_normal(&mut rng, rows, cols, 0.0, std);
         for (m, k) in [(6144, 4096), (4096, 4096), (4096, 14336)] {
             let w = bf16_rows(m, k, (k as f64).powf(-0.5));
             let (wh, wt) = (heuristic.quantize_fp8(heuristic.upload(&w).unwrap()).unwrap(), timed.quantize_fp8(timed.upload(&w).unwrap()).unwrap());
@@ -287,14 +294,10 @@ gpu_test! {
         use cachet_backend::config::Activation;
         use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
         use cachet_backend::device::Device;
-        use cachet_backend::tensor::HostTensor;
         let lt = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
         let skinny = CudaDevice::new(0, 16, CudaOptions { fp8_skinny: true, ..Default::default() }).unwrap();
         let mut rng = cachet_backend::rng::Rng::new(14);
-        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
-            let data = (0..rows * cols).map(|_| half::bf16::from_f64(mean + rng.normal() * std).to_f32()).collect();
-            HostTensor::new(vec![rows, cols], data)
-        };
+        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| bf16_normal(&mut rng, rows, cols, mean, std);
         let ran = |dev: &CudaDevice| -> Vec<String> {
             dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect()
         };
@@ -349,14 +352,10 @@ gpu_test! {
     fn bf16_products_of_a_few_rows_on_the_skinny_kernel_match_cublas() {
         use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
         use cachet_backend::device::Device;
-        use cachet_backend::tensor::HostTensor;
         let blas = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
         let skinny = CudaDevice::new(0, 16, CudaOptions { bf16_skinny: true, ..Default::default() }).unwrap();
         let mut rng = cachet_backend::rng::Rng::new(15);
-        let mut rows = |rows: usize, cols: usize, std: f64| {
-            let data = (0..rows * cols).map(|_| half::bf16::from_f64(rng.normal() * std).to_f32()).collect();
-            HostTensor::new(vec![rows, cols], data)
-        };
+        let mut rows = |rows: usize, cols: usize, std: f64| bf16_normal(&mut rng, rows, cols, 0.0, std);
         for (m, k, head) in [(6144, 4096, false), (4096, 14336, false), (1040, 192, false), (32000, 1024, true)] {
             let w = rows(m, k, (k as f64).powf(-0.5));
             let (wb, ws) = (blas.upload(&w).unwrap(), skinny.upload(&w).unwrap());

@@ -170,7 +170,7 @@ pub struct Kernels {
     /// splits' sum into f32, bf16.
     pub fp8_skinny: [CudaFunction; 2],
     pub bf16_skinny: [CudaFunction; 2],
-    pub fp8_skinny_sum: [CudaFunction; 2],
+    pub skinny_sum: [CudaFunction; 2],
     /// Mixture of experts (moe.cu): routing; the few-row path's gate|up + SwiGLU and weighted
     /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
     /// weighted combine.
@@ -298,7 +298,7 @@ impl Kernels {
             fp8_scale_glu: [f("fp8_scale_silu_bf16")?, f("fp8_scale_gelu_tanh_bf16")?],
             fp8_skinny: [f("fp8_skinny_gemm_f32")?, f("fp8_skinny_gemm_bf16")?],
             bf16_skinny: [f("bf16_skinny_gemm_f32")?, f("bf16_skinny_gemm_bf16")?],
-            fp8_skinny_sum: [f("fp8_skinny_sum_f32")?, f("fp8_skinny_sum_bf16")?],
+            skinny_sum: [f("skinny_sum_f32")?, f("skinny_sum_bf16")?],
             moe_route: f("moe_route_f32")?,
             moe_router_route: [
                 f("moe_router_route_r1")?,

@@ -1132,7 +1132,7 @@ impl CudaDevice {
     /// k a multiple of a chunk (128 codes, 64 bf16). The weight rows go 128 to a block; where
     /// that leaves fewer than two blocks an SM, k is split too (as far as the partials' traffic
     /// stays small beside the weights'), each split's sums written to partials that
-    /// `fp8_skinny_sum_*` adds in order into `raw`.
+    /// `skinny_sum_*` adds in order into `raw`.
     pub(super) fn launch_skinny<T: cudarc::driver::DeviceRepr>(
         &self,
         (w, x): (&CudaSlice<T>, &CudaSlice<T>),
@@ -1210,8 +1210,8 @@ impl CudaDevice {
         unsafe { self.enqueue(&mut l, cfg(splits)) }.map_err(op_err("skinny_gemm"))?;
         let (si, len) = (splits as i32, (n * m) as i32);
         let mut l = self.stream.launch_builder(match &raw {
-            Fp8Out::F32(_) => &self.k.fp8_skinny_sum[0],
-            Fp8Out::Bf16(_) => &self.k.fp8_skinny_sum[1],
+            Fp8Out::F32(_) => &self.k.skinny_sum[0],
+            Fp8Out::Bf16(_) => &self.k.skinny_sum[1],
         });
         l.arg(&parts);
         match raw {
@@ -1225,7 +1225,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         // SAFETY: parts holds splits·n·m values, the output n·m (n·m a multiple of 4: m is).
-        unsafe { self.enqueue(&mut l, sum) }.map_err(op_err("fp8_skinny_sum"))?;
+        unsafe { self.enqueue(&mut l, sum) }.map_err(op_err("skinny_sum"))?;
         Ok(())
     }
 
