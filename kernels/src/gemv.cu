@@ -642,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_gelu_t
 //   w : device, e4m3 or bf16 [m, k];  x : device, e4m3 or bf16 [n, k];  raw : device, OUT [splits, n, m]
 #define SKINNY_WARPS 8
 #define SKINNY_CHUNK 128  // bytes of a weight row a chunk
-template <bool F8, typename OUT>
+template <bool F8, typename OUT, int NT>
 __device__ __forceinline__ void skinny_gemm(const void* __restrict__ w_, const void* __restrict__ x_,
                                             OUT* __restrict__ raw, int m, int n, int k, int k_split) {
     constexpr int KC = F8 ? SKINNY_CHUNK : SKINNY_CHUNK / 2;  // values a chunk
@@ -650,20 +650,19 @@ __device__ __forceinline__ void skinny_gemm(const void* __restrict__ w_, const v
     // reads (two tokens, four lanes each) fall in distinct banks.
     constexpr int XS = F8 ? KC + 8 : KC + 32;
     constexpr int MMAS = F8 ? 4 : 2;  // MMAs a half-chunk (16 bytes of a row: 16 codes or 8 bf16)
-    __shared__ __align__(16) unsigned short xh[2][64 * XS];
+    __shared__ __align__(16) unsigned short xh[2][8 * NT * XS];
     const unsigned char* w = static_cast<const unsigned char*>(w_);
     const unsigned char* x = static_cast<const unsigned char*>(x_);
     constexpr int VB = F8 ? 1 : 2;  // bytes a value
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row = (blockIdx.x * SKINNY_WARPS + warp) * 16 + g;  // this lane's weight rows: row, row + 8
     const int kb = blockIdx.y * k_split, ke = min(k, kb + k_split);
-    const int nt = (n + 7) >> 3;
     const bool in_a = row < m, in_b = row + 8 < m;
     const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)(in_a ? row : 0) * k * VB) + t;
     const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)(in_b ? row + 8 : 0) * k * VB) + t;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    // This thread's two 16-byte units of the tokens' chunk (a token's chunk is 8 units).
-    constexpr int XU = 64 * 8 / (SKINNY_WARPS * 32);
+    // This thread's 16-byte units of the tokens' chunk (a token's chunk is 8 units).
+    constexpr int XU = (8 * NT * 8 + SKINNY_WARPS * 32 - 1) / (SKINNY_WARPS * 32);
     auto tokens = [&](int k0, uint4 (&v)[XU]) {
 #pragma unroll
         for (int i = 0; i < XU; ++i) {
@@ -697,9 +696,9 @@ __device__ __forceinline__ void skinny_gemm(const void* __restrict__ w_, const v
             a[h][1] = in_b ? load_stream(wb + (k0 * VB >> 4) + 4 * h) : zero;
         }
     };
-    float acc[8][4];
+    float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     uint4 a[2][2], xv[XU];
     if (kb < ke) {
         weights(kb, a);
@@ -735,14 +734,15 @@ __device__ __forceinline__ void skinny_gemm(const void* __restrict__ w_, const v
                     af[q][0] = ra[2 * q], af[q][1] = rb[2 * q], af[q][2] = ra[2 * q + 1], af[q][3] = rb[2 * q + 1];
                 }
             }
+            // Token 8j + g's values at this lane's offsets (16 for F8, 8 for bf16), MMAs 2p and
+            // 2p + 1 a 16-byte read. NT is a constant, so the loops unroll whole and the
+            // scheduler interleaves the tiles' independent accumulators.
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                if (j >= nt) break;
-                // Token 8j + g's values at this lane's offsets: 16 (F8) or 8 (bf16) of them.
-                const uint4* xr = reinterpret_cast<const uint4*>(xb + (8 * j + g) * XS + (KC / 2) * h + (MMAS * 4) * t);
+            for (int p = 0; p < MMAS / 2; ++p) {
 #pragma unroll
-                for (int p = 0; p < MMAS / 2; ++p) {  // MMAs 2p, 2p + 1
-                    const uint4 b = xr[p];
+                for (int j = 0; j < NT; ++j) {
+                    const uint4 b =
+                        reinterpret_cast<const uint4*>(xb + (8 * j + g) * XS + (KC / 2) * h + (MMAS * 4) * t)[p];
                     const unsigned b0[2] = {b.x, b.y}, b1[2] = {b.z, b.w};
                     if constexpr (F8) {
                         mma_f16(acc[j], af[2 * p], b0);
@@ -762,8 +762,7 @@ __device__ __forceinline__ void skinny_gemm(const void* __restrict__ w_, const v
     // C fragments: acc[j][0, 1] weight row `row`, tokens 8j + 2t, 8j + 2t + 1; [2, 3] row + 8.
     OUT* out = raw + (size_t)blockIdx.y * n * m;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (j >= nt) break;
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = e < 2 ? row : row + 8, tok = 8 * j + 2 * t + (e & 1);
@@ -775,17 +774,24 @@ __device__ __forceinline__ void skinny_gemm(const void* __restrict__ w_, const v
         }
     }
 }
-#define SKINNY_KERNEL(NAME, F8, OUT)                                                                         \
-    extern "C" __global__ void __launch_bounds__(SKINNY_WARPS * 32, 2) NAME(                                \
+// One kernel for each tile count NT = ⌈n / 8⌉ rounded up to 1, 2, 4 or 8 (a tile's tokens past
+// n are multiplied but never written).
+#define SKINNY_KERNEL(NAME, F8, OUT, NT)                                                                     \
+    extern "C" __global__ void __launch_bounds__(SKINNY_WARPS * 32, NT >= 8 ? 1 : 2) NAME(                    \
         const void* __restrict__ w, const void* __restrict__ x, OUT* __restrict__ raw, int m, int n, int k, \
         int k_split) {                                                                                       \
         wait_for_prior_kernels();                                                                            \
-        skinny_gemm<F8, OUT>(w, x, raw, m, n, k, k_split);                                                   \
+        skinny_gemm<F8, OUT, NT>(w, x, raw, m, n, k, k_split);                                               \
     }
-SKINNY_KERNEL(fp8_skinny_gemm_f32, true, float)
-SKINNY_KERNEL(fp8_skinny_gemm_bf16, true, bf16)
-SKINNY_KERNEL(bf16_skinny_gemm_f32, false, float)
-SKINNY_KERNEL(bf16_skinny_gemm_bf16, false, bf16)
+#define SKINNY_KERNELS(NT)                                          \
+    SKINNY_KERNEL(fp8_skinny_gemm_f32_t##NT, true, float, NT)      \
+    SKINNY_KERNEL(fp8_skinny_gemm_bf16_t##NT, true, bf16, NT)      \
+    SKINNY_KERNEL(bf16_skinny_gemm_f32_t##NT, false, float, NT)    \
+    SKINNY_KERNEL(bf16_skinny_gemm_bf16_t##NT, false, bf16, NT)
+SKINNY_KERNELS(1)
+SKINNY_KERNELS(2)
+SKINNY_KERNELS(4)
+SKINNY_KERNELS(8)
 // The splits' sums added in split order: out[e] = Σ_s parts[s · len + e] (f32 or bf16 out),
 // four elements a thread (len % 4 == 0), grid-stride.
 template <typename OUT>

@@ -1175,10 +1175,12 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let (mi, ni, ki, ksi) = (m as i32, n as i32, k as i32, k_split as i32);
+        // Token tiles of 8 rows, rounded up to 1, 2, 4 or 8: the kernel's unrolled count.
+        let tiles = n.div_ceil(8).next_power_of_two().trailing_zeros() as usize;
         let kernels = if f8 {
-            &self.k.fp8_skinny
+            &self.k.fp8_skinny[tiles]
         } else {
-            &self.k.bf16_skinny
+            &self.k.bf16_skinny[tiles]
         };
         // SAFETY (both launches): w holds m·k values, x n·k, the output splits·n·m values
         // (checked above or allocated here); every thread's reads are inside k (k_split a
