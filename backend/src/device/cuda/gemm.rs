@@ -117,22 +117,6 @@ impl CudaDevice {
         if n == 0 {
             return Ok(tensor(out));
         }
-        // With CACHET_BF16_SKINNY=on, bf16 weights and a few rows: our kernel's product.
-        if self.options.bf16_skinny
-            && n <= 64
-            && k.is_multiple_of(64)
-            && m.is_multiple_of(4)
-            && matches!(w.buf, CudaBuf::Bf16(_))
-        {
-            self.timed("↳ bf16: skinny product", || {
-                let raw = match &mut out {
-                    Out::F32(o) => Fp8Out::F32(o),
-                    Out::Bf16(o) => Fp8Out::Bf16(o),
-                };
-                self.launch_skinny((ws, xs), (m, n, k), raw)
-            })?;
-            return Ok(tensor(out));
-        }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (xp, _gx) = xs.device_ptr(&self.stream);
         let (wp, _gw) = ws.device_ptr(&self.stream);
@@ -253,16 +237,8 @@ impl CudaDevice {
                 })
             })
         };
-        // cuBLASLt's product of the codes (false: no algorithm for the shape), or with
-        // CACHET_FP8_SKINNY=on our kernel's for a few rows.
-        let skinny = self.options.fp8_skinny && n_pad <= 64 && k.is_multiple_of(128);
+        // cuBLASLt's product of the codes; false: no algorithm for the shape.
         let product = |raw: Fp8Out| {
-            if skinny {
-                return self.timed("↳ fp8: skinny product", || {
-                    self.launch_skinny((codes, &x_codes), (m, n_pad, k), raw)?;
-                    Ok(true)
-                });
-            }
             self.timed("↳ fp8: cuBLASLt product", || {
                 lt.matmul(
                     &self.stream,

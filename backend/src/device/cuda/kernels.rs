@@ -165,12 +165,6 @@ pub struct Kernels {
     /// The FP8 gate|up product's epilogue with the gated activation, by
     /// [`crate::config::Activation`]: scaled and activated in one pass, bf16 → bf16.
     pub fp8_scale_glu: [CudaFunction; 2],
-    /// The product of a few rows on the tensor cores (`CACHET_FP8_SKINNY`, `CACHET_BF16_SKINNY`):
-    /// by weight format, by token tiles (1, 2, 4, 8 tiles of 8 rows), into f32 (split-k
-    /// partials, or the product) and bf16 (one split); the splits' sum into f32, bf16.
-    pub fp8_skinny: [[CudaFunction; 2]; 4],
-    pub bf16_skinny: [[CudaFunction; 2]; 4],
-    pub skinny_sum: [CudaFunction; 2],
     /// Mixture of experts (moe.cu): routing; the few-row path's gate|up + SwiGLU and weighted
     /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
     /// weighted combine.
@@ -203,20 +197,6 @@ fn gemv_set(
         f(&format!("{kind}_{fmt}_r2"))?,
         f(&format!("{kind}_{fmt}_r4"))?,
     ])
-}
-
-/// `{fmt}_skinny_gemm_{f32|bf16}_t{1|2|4|8}`, by token tiles, then output.
-fn skinny_set(
-    f: &impl Fn(&str) -> Result<CudaFunction, DeviceError>,
-    fmt: &str,
-) -> Result<[[CudaFunction; 2]; 4], DeviceError> {
-    let tiles = |t: usize| -> Result<[CudaFunction; 2], DeviceError> {
-        Ok([
-            f(&format!("{fmt}_skinny_gemm_f32_t{t}"))?,
-            f(&format!("{fmt}_skinny_gemm_bf16_t{t}"))?,
-        ])
-    };
-    Ok([tiles(1)?, tiles(2)?, tiles(4)?, tiles(8)?])
 }
 
 fn smem(func: &CudaFunction, bytes: u32) -> Result<(), DeviceError> {
@@ -310,9 +290,6 @@ impl Kernels {
                 f("fp8_scale_bf16_bf16")?,
             ],
             fp8_scale_glu: [f("fp8_scale_silu_bf16")?, f("fp8_scale_gelu_tanh_bf16")?],
-            fp8_skinny: skinny_set(&f, "fp8")?,
-            bf16_skinny: skinny_set(&f, "bf16")?,
-            skinny_sum: [f("skinny_sum_f32")?, f("skinny_sum_bf16")?],
             moe_route: f("moe_route_f32")?,
             moe_router_route: [
                 f("moe_router_route_r1")?,

@@ -163,14 +163,6 @@ pub struct CudaOptions {
     /// heuristic|timed`; decode graphs are then captured after an eager warm-up step of each
     /// size). Off until measured on the H200.
     pub fp8_gemm_tune: bool,
-    /// FP8 products of 5–64 rows (padded to 16–64) on a tensor-core kernel of our own that
-    /// streams each weight byte once (`fp8_skinny_gemm_*`, split over k where the weight rows
-    /// alone give too few blocks) instead of cuBLASLt (`CACHET_FP8_SKINNY=off|on`). Off until
-    /// measured on the H200.
-    pub fp8_skinny: bool,
-    /// The same for bf16 weights instead of cuBLAS (`bf16_skinny_gemm_*`,
-    /// `CACHET_BF16_SKINNY=off|on`). Off until measured on the H200.
-    pub bf16_skinny: bool,
     /// A bf16 result's FP8 product is written by cuBLASLt in bf16 and scaled bf16 → bf16 (4 bytes
     /// an element through the epilogue) rather than in f32 (10 bytes: written, read back, bf16
     /// written) (`CACHET_FP8_PRODUCT=bf16|f32`). bf16: prefill 2.5–4% faster on the H200, the
@@ -221,8 +213,6 @@ impl Default for CudaOptions {
             kernel_dir: None,
             fp8_fast_accum: false,
             fp8_gemm_tune: false,
-            fp8_skinny: false,
-            bf16_skinny: false,
             fp8_bf16_product: true,
             fp8_exact_activations: false,
             fp8_fused_glu: true,
@@ -334,8 +324,6 @@ impl CudaOptions {
             .map(PathBuf::from);
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
         o.fp8_gemm_tune = switch("CACHET_FP8_GEMM_TUNE", "heuristic", "timed")?;
-        o.fp8_skinny = switch("CACHET_FP8_SKINNY", "off", "on")?;
-        o.bf16_skinny = switch("CACHET_BF16_SKINNY", "off", "on")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -451,11 +439,6 @@ mod tests {
                 .fp8_gemm_tune
         );
         assert!(parse(&[("CACHET_FP8_GEMM_TUNE", "on")]).is_err());
-        assert!(!parse(&[]).unwrap().fp8_skinny);
-        assert!(parse(&[("CACHET_FP8_SKINNY", "on")]).unwrap().fp8_skinny);
-        assert!(parse(&[("CACHET_FP8_SKINNY", "yes")]).is_err());
-        assert!(!parse(&[]).unwrap().bf16_skinny);
-        assert!(parse(&[("CACHET_BF16_SKINNY", "on")]).unwrap().bf16_skinny);
         assert!(parse(&[]).unwrap().attention_heads_first);
         assert!(
             !parse(&[("CACHET_ATTENTION_ORDER", "units")])
