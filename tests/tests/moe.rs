@@ -178,6 +178,32 @@ fn router_choices_equal_transformers_where_not_tied() {
     }
 }
 
+/// The thin twins of the batch-1 structure benchmark (BENCHMARKS §13b) are their models with only
+/// the widths changed — hidden state, MLP and expert widths, vocabulary and its special ids — so
+/// the same kernels run in the same order over next to no weight bytes.
+#[test]
+fn thin_twins_are_their_models_but_for_the_widths() {
+    let dir = fixtures().join("../../examples/configs");
+    let load = |f: &str| cachet_backend::config::ModelConfig::from_hf_json(&dir.join(f)).unwrap();
+    for (full, thin) in [
+        ("qwen3-30b-a3b.json", "qwen3-30b-a3b-thin.json"),
+        ("llama3-8b.json", "llama3-8b-thin.json"),
+    ] {
+        let (full, mut thin) = (load(full), load(thin));
+        assert_eq!(thin.hidden_size, 256);
+        assert!(thin.num_parameters() * 10 < full.num_parameters());
+        thin.hidden_size = full.hidden_size;
+        thin.intermediate_size = full.intermediate_size;
+        thin.vocab_size = full.vocab_size;
+        thin.bos_token_id = full.bos_token_id;
+        thin.eos_token_ids = full.eos_token_ids.clone();
+        if let (Some(t), Some(f)) = (thin.moe.as_mut(), full.moe) {
+            t.expert_intermediate_size = f.expert_intermediate_size;
+        }
+        assert_eq!(thin, full);
+    }
+}
+
 /// The example shapes of the H200 benchmarks have their published sizes: Qwen3-30B-A3B 30.5 B
 /// parameters with 3.3 B active per token, Mixtral-8x7B 46.7 B with 12.9 B active; one token
 /// touches top_k experts a layer, many tokens all of them.
