@@ -323,7 +323,8 @@ fn bf16_exact(
 gpu_test! {
     /// The CUDA MoE layer against the CPU reference on the same (bf16-exact) inputs and weights,
     /// token by token: both paths (expert GEMVs below 8 rows, sorted grouped GEMMs from 8), 64-
-    /// and 128-row tiles, normalised or not, bf16 and FP8 expert weights. A token is compared
+    /// and 128-row tiles, normalised or not, bf16 and FP8 expert weights; the grouped products
+    /// through cuBLAS's grouped GEMM too (`CACHET_MOE_GROUPED=cublas`). A token is compared
     /// wherever its router's k-th and next probability are not within 1e-4 (f32 logits on both:
     /// only such ties may route differently).
     fn moe_layers_on_cuda_match_the_cpu_reference_on_every_path() {
@@ -338,6 +339,9 @@ gpu_test! {
             ..Default::default()
         };
         let cuda_fused = CudaDevice::new(0, 16, one_launch).unwrap();
+        // The grouped products through cuBLAS's grouped GEMM (CACHET_MOE_GROUPED=cublas).
+        let cublas = cachet_backend::device::cuda::CudaOptions { moe_grouped_cublas: true, ..Default::default() };
+        let cuda_cublas = CudaDevice::new(0, 16, cublas).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(5);
         for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (16, 3, 128, 64, false), (128, 8, 256, 64, true)] {
@@ -376,27 +380,42 @@ gpu_test! {
                         assert_eq!(fused, got, "{n} rows: the fused router routed otherwise");
                     }
                     let logits = cachet_backend::device::cpu::gemm::matmul_t(&x.data, &router.data, n, h, e);
-                    let (mut compared, mut worst) = (0, 0.0f64);
-                    for t in 0..n {
-                        if k < e {
-                            let r = route(&logits[t * e..(t + 1) * e], k + 1, false);
-                            if r[k - 1].1 - r[k].1 < 1e-4 {
-                                continue;
+                    let check = |got: &[f32], path: &str| {
+                        let (mut compared, mut worst) = (0, 0.0f64);
+                        for t in 0..n {
+                            if k < e {
+                                let r = route(&logits[t * e..(t + 1) * e], k + 1, false);
+                                if r[k - 1].1 - r[k].1 < 1e-4 {
+                                    continue;
+                                }
                             }
+                            let err = rel_err(&got[t * h..(t + 1) * h], &want[t * h..(t + 1) * h]);
+                            worst = worst.max(err);
+                            compared += 1;
                         }
-                        let err = rel_err(&got[t * h..(t + 1) * h], &want[t * h..(t + 1) * h]);
-                        worst = worst.max(err);
-                        compared += 1;
+                        let what = format!("E {e}, k {k}, h {h}, inter {i}, norm {norm}, FP8 {fp8}, {n} rows{path}");
+                        eprintln!("{what}: worst token {worst:.2e} over {compared}");
+                        // Many experts close in probability (E 128, k 8) tie more often (2 of 7
+                        // rows seen): at most a quarter of the tokens and two more, never all.
+                        assert!(
+                            compared > 0 && (compared + 2) * 4 >= n * 3,
+                            "{what}: {compared} tokens compared"
+                        );
+                        assert!(worst < 3e-2, "{what}: a token {worst:e} off the CPU reference");
+                    };
+                    check(&got, "");
+                    if !fp8 && n >= 8 {
+                        let (b_r, b_gu, b_dn) = (cuda_cublas.upload(&router).unwrap(),
+                            cuda_cublas.upload(&gate_up).unwrap(), cuda_cublas.upload(&down).unwrap());
+                        cuda_cublas.set_profiling(true);
+                        let got = cuda_cublas.to_host(&cuda_cublas.moe(&cuda_cublas.upload(&x).unwrap(),
+                            MoeWeights { router: &b_r, gate_up: &b_gu, down: &b_dn }, &p).unwrap()).unwrap();
+                        let ops: Vec<String> =
+                            cuda_cublas.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                        cuda_cublas.set_profiling(false);
+                        assert!(ops.iter().any(|op| op == "moe grouped gemm (cuBLAS)"), "{n} rows: the ops were {ops:?}");
+                        check(&got, ", cuBLAS grouped GEMM");
                     }
-                    let what = format!("E {e}, k {k}, h {h}, inter {i}, norm {norm}, FP8 {fp8}, {n} rows");
-                    eprintln!("{what}: worst token {worst:.2e} over {compared}");
-                    // Many experts close in probability (E 128, k 8) tie more often (2 of 7
-                    // rows seen): at most a quarter of the tokens and two more, never all.
-                    assert!(
-                        compared > 0 && (compared + 2) * 4 >= n * 3,
-                        "{what}: {compared} tokens compared"
-                    );
-                    assert!(worst < 3e-2, "{what}: a token {worst:e} off the CPU reference");
                 }
             }
         }

@@ -26,6 +26,7 @@ mod graph_pool;
 mod graphs;
 mod kernels;
 mod launch;
+mod moe_cublas;
 pub mod nccl;
 pub mod options;
 mod profile;
@@ -636,7 +637,14 @@ impl Device for CudaDevice {
             }
             _ => None,
         };
-        if let Some((gu, dw)) = grouped {
+        if let Some((gu, dw)) = grouped.filter(|_| {
+            // cuBLAS's grouped GEMM takes its shapes on the host: never inside a capture.
+            self.options.moe_grouped_cublas && !self.capturing.get()
+        }) {
+            self.timed("moe grouped gemm (cuBLAS)", || {
+                self.moe_grouped_cublas(xs, (gu, dw), &ids, &weights, &mut y, (n, k, e, h, i))
+            })?;
+        } else if let Some((gu, dw)) = grouped {
             let pairs = n * k;
             self.timed("moe grouped gemm", || {
                 // Tiles of 128 rows where the experts average that many pairs (prefill), else
@@ -651,12 +659,16 @@ impl Device for CudaDevice {
                 };
                 self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
                 let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
-                self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))?;
+                self.timed("↳ moe: grouped GEMMs (ours)", || {
+                    self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))
+                })?;
                 let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
                 self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
                 drop(gate_up);
                 let mut down = self.alloc_bf16(pairs * h, "moe down")?;
-                self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))?;
+                self.timed("↳ moe: grouped GEMMs (ours)", || {
+                    self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))
+                })?;
                 self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
             })?;
         } else {

@@ -142,6 +142,11 @@ pub struct CudaOptions {
     /// How a MoE router runs for the rows a GEMV takes (`CACHET_MOE_ROUTER=gemv|fused|gemm`,
     /// for side-by-side measurements): see [`MoeRouter`].
     pub moe_router: MoeRouter,
+    /// A MoE step's grouped expert products through cuBLAS's grouped GEMM
+    /// (`cublasGemmGroupedBatchedEx`, the routing read back to the host a layer, never in a
+    /// graph) instead of moe.cu's sorted grouped kernel (`CACHET_MOE_GROUPED=ours|cublas`), for
+    /// measuring the two side by side (BENCHMARKS.md §13).
+    pub moe_grouped_cublas: bool,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -207,6 +212,7 @@ impl Default for CudaOptions {
             gemv_max_rows: GEMV_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             moe_router: MoeRouter::Gemv,
+            moe_grouped_cublas: false,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -324,6 +330,7 @@ impl CudaOptions {
             .map(PathBuf::from);
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
         o.fp8_gemm_tune = switch("CACHET_FP8_GEMM_TUNE", "heuristic", "timed")?;
+        o.moe_grouped_cublas = switch("CACHET_MOE_GROUPED", "ours", "cublas")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -433,6 +440,13 @@ mod tests {
         );
         assert!(parse(&[("CACHET_FP8_ACTIVATIONS", "slow")]).is_err());
         assert!(!parse(&[]).unwrap().fp8_gemm_tune);
+        assert!(!parse(&[]).unwrap().moe_grouped_cublas);
+        assert!(
+            parse(&[("CACHET_MOE_GROUPED", "cublas")])
+                .unwrap()
+                .moe_grouped_cublas
+        );
+        assert!(parse(&[("CACHET_MOE_GROUPED", "cutlass")]).is_err());
         assert!(
             parse(&[("CACHET_FP8_GEMM_TUNE", "timed")])
                 .unwrap()

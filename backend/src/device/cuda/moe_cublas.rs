@@ -1,0 +1,200 @@
+//! A mixture-of-experts step's expert products through cuBLAS's grouped GEMM
+//! (`cublasGemmGroupedBatchedEx`, CUDA 12.5+), for measuring moe.cu's grouped kernel against the
+//! library (`CACHET_MOE_GROUPED=cublas`). cuBLAS takes each problem's shape on the host, so the
+//! routing's choices come back to the host (one synchronisation a layer), the pairs are sorted
+//! by expert there, the tokens' rows gathered into that order on the device, and each touched
+//! expert is one problem of its own shape: `[c_e, h] · W_eᵀ`. Never inside a graph capture (the
+//! caller keeps moe.cu's kernel there): the host must see the routing first.
+
+use cudarc::cublas::sys as blas_sys;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use super::{op_err, CudaDevice, DEV};
+use crate::config::Activation;
+use crate::error::DeviceError;
+
+/// Every pair's expert, sorted: `order[j]` the pair at sorted row j, `pos[p]` pair p's sorted
+/// row, `runs` each touched expert with its first sorted row and its pair count (expert order).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ExpertRuns {
+    pub order: Vec<u32>,
+    pub pos: Vec<u32>,
+    pub runs: Vec<(usize, usize, usize)>,
+}
+
+/// A stable counting sort of the pairs by expert (`ids[p] < e`, checked).
+pub(crate) fn expert_runs(ids: &[i32], e: usize) -> Result<ExpertRuns, String> {
+    let mut count = vec![0usize; e];
+    for (p, &x) in ids.iter().enumerate() {
+        let x = usize::try_from(x)
+            .ok()
+            .filter(|&x| x < e)
+            .ok_or_else(|| format!("pair {p} routed to expert {x} of {e}"))?;
+        count[x] += 1;
+    }
+    let mut next = vec![0usize; e];
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for (x, &c) in count.iter().enumerate() {
+        next[x] = start;
+        if c > 0 {
+            runs.push((x, start, c));
+        }
+        start += c;
+    }
+    let (mut order, mut pos) = (vec![0u32; ids.len()], vec![0u32; ids.len()]);
+    for (p, &x) in ids.iter().enumerate() {
+        let j = next[x as usize];
+        next[x as usize] += 1;
+        order[j] = p as u32;
+        pos[p] = j as u32;
+    }
+    Ok(ExpertRuns { order, pos, runs })
+}
+
+impl CudaDevice {
+    /// `y[n, h] = Σ_s weights[t·k + s] · down_e(silu(gate_e) · up_e)(x[t])` for the experts
+    /// `ids` chose, every expert's rows one problem of a cuBLAS grouped GEMM (gate|up, then
+    /// down), bf16 weights `gu` [E·2i, h] and `dw` [E·h, i].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_grouped_cublas(
+        &self,
+        x: &CudaSlice<u16>,
+        (gu, dw): (&CudaSlice<u16>, &CudaSlice<u16>),
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        y: &mut CudaSlice<u16>,
+        (n, k, e, h, i): (usize, usize, usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        let pairs = n * k;
+        let mut ids_h = self.stream.clone_dtoh(ids).map_err(op_err("moe routing"))?;
+        ids_h.truncate(pairs);
+        let r = expert_runs(&ids_h, e).map_err(|msg| DeviceError::Op {
+            device: DEV,
+            op: "moe",
+            msg,
+        })?;
+        let token_rows: Vec<u32> = r.order.iter().map(|&p| p / k as u32).collect();
+        let token_rows = self.htod_u32(&token_rows)?;
+        let mut xs = self.alloc_bf16(pairs * h, "moe sorted rows")?;
+        self.launch_gather_rows(&token_rows, x, &mut xs, pairs, h)?;
+        let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
+        self.timed("↳ moe: cuBLAS grouped GEMMs", || {
+            self.grouped_gemm((gu, 2 * i), (&xs, h), &mut gate_up, &r.runs)
+        })?;
+        drop(xs);
+        let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
+        self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
+        drop(gate_up);
+        let mut down = self.alloc_bf16(pairs * h, "moe down")?;
+        self.timed("↳ moe: cuBLAS grouped GEMMs", || {
+            self.grouped_gemm((dw, h), (&act, i), &mut down, &r.runs)
+        })?;
+        // Back to pair order for the weighted sum.
+        let pos = self.htod_u32(&r.pos)?;
+        let mut down_pairs = self.alloc_bf16(pairs * h, "moe down")?;
+        self.launch_gather_rows(&pos, &down, &mut down_pairs, pairs, h)?;
+        self.launch_moe_combine(&down_pairs, weights, y, (n, k, h))
+    }
+
+    /// For each run (expert x, first sorted row s, c rows): `out[s.., m] = a[s.., kk] · W_xᵀ`
+    /// with `W_x` the m × kk block of rows x·m.. of `w` — one grouped GEMM, a group a run.
+    fn grouped_gemm(
+        &self,
+        (w, m): (&CudaSlice<u16>, usize),
+        (a, kk): (&CudaSlice<u16>, usize),
+        out: &mut CudaSlice<u16>,
+        runs: &[(usize, usize, usize)],
+    ) -> Result<(), DeviceError> {
+        let g = runs.len();
+        if g == 0 {
+            return Ok(());
+        }
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (ap, _ga) = a.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        // Row-major out[c, m] = a[c, kk] · W[m, kk]ᵀ is column-major outᵀ = Wᵀ(as kk×m, T) · aᵀ
+        // (kk×c): cuBLAS's A is W, its B the rows, as in `gemm`.
+        let bf = 2u64;
+        let ptrs =
+            |f: &dyn Fn(&(usize, usize, usize)) -> u64| runs.iter().map(f).collect::<Vec<u64>>();
+        let a_ptrs = ptrs(&|&(x, _, _)| wp + (x * m * kk) as u64 * bf);
+        let b_ptrs = ptrs(&|&(_, s, _)| ap + (s * kk) as u64 * bf);
+        let c_ptrs = ptrs(&|&(_, s, _)| op + (s * m) as u64 * bf);
+        // cuBLAS reads the pointer arrays from device memory; the shapes from the host.
+        let up = |v: Vec<u64>| {
+            self.stream
+                .clone_htod(&v)
+                .map_err(op_err("moe grouped gemm"))
+        };
+        let (a_dev, b_dev, c_dev) = (up(a_ptrs)?, up(b_ptrs)?, up(c_ptrs)?);
+        let (apa, _g1) = a_dev.device_ptr(&self.stream);
+        let (bpa, _g2) = b_dev.device_ptr(&self.stream);
+        let (cpa, _g3) = c_dev.device_ptr(&self.stream);
+        let ta = vec![blas_sys::cublasOperation_t::CUBLAS_OP_T; g];
+        let tb = vec![blas_sys::cublasOperation_t::CUBLAS_OP_N; g];
+        let ms = vec![m as i32; g];
+        let ns: Vec<i32> = runs.iter().map(|&(_, _, c)| c as i32).collect();
+        let ks = vec![kk as i32; g];
+        let (alpha, beta) = (vec![1.0f32; g], vec![0.0f32; g]);
+        let (lda, ldb, ldc) = (vec![kk as i32; g], vec![kk as i32; g], vec![m as i32; g]);
+        let sizes = vec![1i32; g];
+        // SAFETY: every pointer addresses a live allocation on the handle's stream within its
+        // bounds (run s..s + c of the sorted rows, expert x's block of the weights); the host
+        // arrays hold g entries each and outlive the call; the pointer arrays are device
+        // copies kept (with their guards) until after it is enqueued, freed in stream order.
+        let status = unsafe {
+            blas_sys::cublasGemmGroupedBatchedEx(
+                *self.blas.handle.handle(),
+                ta.as_ptr(),
+                tb.as_ptr(),
+                ms.as_ptr(),
+                ns.as_ptr(),
+                ks.as_ptr(),
+                alpha.as_ptr().cast(),
+                apa as *const *const std::ffi::c_void,
+                blas_sys::cudaDataType_t::CUDA_R_16BF,
+                lda.as_ptr(),
+                bpa as *const *const std::ffi::c_void,
+                blas_sys::cudaDataType_t::CUDA_R_16BF,
+                ldb.as_ptr(),
+                beta.as_ptr().cast(),
+                cpa as *const *mut std::ffi::c_void,
+                blas_sys::cudaDataType_t::CUDA_R_16BF,
+                ldc.as_ptr(),
+                g as i32,
+                sizes.as_ptr(),
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            )
+        };
+        if status != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "cublasGemmGroupedBatchedEx",
+                msg: format!("{status:?}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_sort_by_expert_stably_with_each_run_and_its_inverse() {
+        // Pairs 0..6 routed to experts 2, 0, 2, 3, 0, 2 of 5 (expert 1 and 4 untouched).
+        let r = expert_runs(&[2, 0, 2, 3, 0, 2], 5).unwrap();
+        assert_eq!(r.order, vec![1, 4, 0, 2, 5, 3]);
+        assert_eq!(r.runs, vec![(0, 0, 2), (2, 2, 3), (3, 5, 1)]);
+        for (j, &p) in r.order.iter().enumerate() {
+            assert_eq!(r.pos[p as usize] as usize, j);
+        }
+        assert!(expert_runs(&[0, 5], 5)
+            .unwrap_err()
+            .contains("expert 5 of 5"));
+        assert!(expert_runs(&[-1], 5).is_err());
+        assert_eq!(expert_runs(&[], 3).unwrap().runs, vec![]);
+    }
+}
