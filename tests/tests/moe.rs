@@ -324,7 +324,7 @@ gpu_test! {
     /// The CUDA MoE layer against the CPU reference on the same (bf16-exact) inputs and weights,
     /// token by token: both paths (expert GEMVs below 8 rows, sorted grouped GEMMs from 8), 64-
     /// and 128-row tiles, normalised or not, bf16 and FP8 expert weights; the grouped products
-    /// through cuBLAS's grouped GEMM too (`CACHET_MOE_GROUPED=cublas`). A token is compared
+    /// through cuBLAS's grouped GEMM (the default) and moe.cu's kernel. A token is compared
     /// wherever its router's k-th and next probability are not within 1e-4 (f32 logits on both:
     /// only such ties may route differently).
     fn moe_layers_on_cuda_match_the_cpu_reference_on_every_path() {
@@ -339,9 +339,10 @@ gpu_test! {
             ..Default::default()
         };
         let cuda_fused = CudaDevice::new(0, 16, one_launch).unwrap();
-        // The grouped products through cuBLAS's grouped GEMM (CACHET_MOE_GROUPED=cublas).
-        let cublas = cachet_backend::device::cuda::CudaOptions { moe_grouped_cublas: true, ..Default::default() };
-        let cuda_cublas = CudaDevice::new(0, 16, cublas).unwrap();
+        // The grouped products through moe.cu's sorted kernel (CACHET_MOE_GROUPED=ours) beside
+        // the default, cuBLAS's grouped GEMM.
+        let ours = cachet_backend::device::cuda::CudaOptions { moe_grouped_cublas: false, ..Default::default() };
+        let cuda_ours = CudaDevice::new(0, 16, ours).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(5);
         for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (16, 3, 128, 64, false), (128, 8, 256, 64, true)] {
@@ -405,16 +406,16 @@ gpu_test! {
                     };
                     check(&got, "");
                     if !fp8 && n >= 8 {
-                        let (b_r, b_gu, b_dn) = (cuda_cublas.upload(&router).unwrap(),
-                            cuda_cublas.upload(&gate_up).unwrap(), cuda_cublas.upload(&down).unwrap());
-                        cuda_cublas.set_profiling(true);
-                        let got = cuda_cublas.to_host(&cuda_cublas.moe(&cuda_cublas.upload(&x).unwrap(),
+                        let (b_r, b_gu, b_dn) = (cuda_ours.upload(&router).unwrap(),
+                            cuda_ours.upload(&gate_up).unwrap(), cuda_ours.upload(&down).unwrap());
+                        cuda_ours.set_profiling(true);
+                        let got = cuda_ours.to_host(&cuda_ours.moe(&cuda_ours.upload(&x).unwrap(),
                             MoeWeights { router: &b_r, gate_up: &b_gu, down: &b_dn }, &p).unwrap()).unwrap();
                         let ops: Vec<String> =
-                            cuda_cublas.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
-                        cuda_cublas.set_profiling(false);
-                        assert!(ops.iter().any(|op| op == "moe grouped gemm (cuBLAS)"), "{n} rows: the ops were {ops:?}");
-                        check(&got, ", cuBLAS grouped GEMM");
+                            cuda_ours.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                        cuda_ours.set_profiling(false);
+                        assert!(ops.iter().any(|op| op == "moe grouped gemm"), "{n} rows: the ops were {ops:?}");
+                        check(&got, ", moe.cu's grouped kernel");
                     }
                 }
             }

@@ -544,9 +544,11 @@ impl Device for CudaDevice {
 
     /// Routing on the device (the router's f32 logits from cuBLAS, then `moe_route_f32`); then,
     /// for a few rows, the chosen experts' rows only (gate|up + SwiGLU per (token, slot) pair
-    /// and the weighted down per token, moe.cu's GEMVs), or for many rows the pairs sorted by
-    /// expert and two grouped GEMMs around the activation, then the weighted sum. No host
-    /// round trip either way: decode graphs capture it.
+    /// and the weighted down per token, moe.cu's GEMVs), or for many rows two grouped GEMMs
+    /// around the activation, then the weighted sum: outside a capture cuBLAS's grouped GEMM
+    /// (the routing read back to the host: `moe_cublas.rs`), inside one (or with
+    /// `CACHET_MOE_GROUPED=ours`) moe.cu's, over the pairs sorted by expert on the device, with
+    /// no host round trip, so decode graphs capture it.
     fn moe(
         &self,
         x: &CudaTensor,

@@ -1,6 +1,7 @@
 //! A mixture-of-experts step's expert products through cuBLAS's grouped GEMM
-//! (`cublasGemmGroupedBatchedEx`, CUDA 12.5+), for measuring moe.cu's grouped kernel against the
-//! library (`CACHET_MOE_GROUPED=cublas`). cuBLAS takes each problem's shape on the host, so the
+//! (`cublasGemmGroupedBatchedEx`, CUDA 12.5+), the default outside graph captures
+//! (`CACHET_MOE_GROUPED=cublas|ours`): on the H200 it made prefill 10–29% faster than moe.cu's
+//! grouped kernel (BENCHMARKS.md §13). cuBLAS takes each problem's shape on the host, so the
 //! routing's choices come back to the host (one synchronisation a layer), the pairs are sorted
 //! by expert there, the tokens' rows gathered into that order on the device, and each touched
 //! expert is one problem of its own shape: `[c_e, h] · W_eᵀ`. Never inside a graph capture (the

@@ -143,9 +143,11 @@ pub struct CudaOptions {
     /// for side-by-side measurements): see [`MoeRouter`].
     pub moe_router: MoeRouter,
     /// A MoE step's grouped expert products through cuBLAS's grouped GEMM
-    /// (`cublasGemmGroupedBatchedEx`, the routing read back to the host a layer, never in a
-    /// graph) instead of moe.cu's sorted grouped kernel (`CACHET_MOE_GROUPED=ours|cublas`), for
-    /// measuring the two side by side (BENCHMARKS.md §13).
+    /// (`cublasGemmGroupedBatchedEx`, the routing read back to the host a layer; inside a
+    /// graph capture moe.cu's sorted grouped kernel runs either way) rather than moe.cu's
+    /// kernel (`CACHET_MOE_GROUPED=cublas|ours`). cuBLAS: on the H200 prefill 512 / 4096 took
+    /// 23.5–24.9 / 137.7–139.0 ms against 27.1–27.4 / 150.0–152.3 (Qwen3-30B-A3B) and 63.8–65.6
+    /// / 425.7–429.0 against 89.7–90.4 / 523.2–525.7 (Mixtral-8x7B) (BENCHMARKS.md §13).
     pub moe_grouped_cublas: bool,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
@@ -212,7 +214,7 @@ impl Default for CudaOptions {
             gemv_max_rows: GEMV_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             moe_router: MoeRouter::Gemv,
-            moe_grouped_cublas: false,
+            moe_grouped_cublas: true,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -330,7 +332,7 @@ impl CudaOptions {
             .map(PathBuf::from);
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
         o.fp8_gemm_tune = switch("CACHET_FP8_GEMM_TUNE", "heuristic", "timed")?;
-        o.moe_grouped_cublas = switch("CACHET_MOE_GROUPED", "ours", "cublas")?;
+        o.moe_grouped_cublas = !switch("CACHET_MOE_GROUPED", "cublas", "ours")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -440,9 +442,9 @@ mod tests {
         );
         assert!(parse(&[("CACHET_FP8_ACTIVATIONS", "slow")]).is_err());
         assert!(!parse(&[]).unwrap().fp8_gemm_tune);
-        assert!(!parse(&[]).unwrap().moe_grouped_cublas);
+        assert!(parse(&[]).unwrap().moe_grouped_cublas);
         assert!(
-            parse(&[("CACHET_MOE_GROUPED", "cublas")])
+            !parse(&[("CACHET_MOE_GROUPED", "ours")])
                 .unwrap()
                 .moe_grouped_cublas
         );
