@@ -352,32 +352,35 @@ gpu_test! {
             let p = MoeParams { num_experts: e, top_k: k, inter: i, norm_topk_prob: norm, act: Activation::Silu };
             for fp8 in [false, true] {
                 let (c_gu, c_dn) = (cpu.upload(&gate_up).unwrap(), cpu.upload(&down).unwrap());
-                let (g_gu, g_dn) = (cuda.upload(&gate_up).unwrap(), cuda.upload(&down).unwrap());
-                let (c_gu, c_dn, g_gu, g_dn) = if fp8 {
-                    (cpu.quantize_fp8(c_gu).unwrap(), cpu.quantize_fp8(c_dn).unwrap(),
-                     cuda.quantize_fp8(g_gu).unwrap(), cuda.quantize_fp8(g_dn).unwrap())
+                let (c_gu, c_dn) = if fp8 {
+                    (cpu.quantize_fp8(c_gu).unwrap(), cpu.quantize_fp8(c_dn).unwrap())
                 } else {
-                    (c_gu, c_dn, g_gu, g_dn)
+                    (c_gu, c_dn)
                 };
-                let (c_r, g_r) = (cpu.upload(&router).unwrap(), cuda.upload(&router).unwrap());
+                let c_r = cpu.upload(&router).unwrap();
+                // The layer on one CUDA device: its output and the operations it ran.
+                let layer_on = |dev: &CudaDevice, x: &HostTensor| {
+                    let (r, gu, dn) = (dev.upload(&router).unwrap(), dev.upload(&gate_up).unwrap(), dev.upload(&down).unwrap());
+                    let (gu, dn) = if fp8 { (dev.quantize_fp8(gu).unwrap(), dev.quantize_fp8(dn).unwrap()) } else { (gu, dn) };
+                    dev.set_profiling(true);
+                    let y = dev.moe(&dev.upload(x).unwrap(), MoeWeights { router: &r, gate_up: &gu, down: &dn }, &p).unwrap();
+                    let got = dev.to_host(&y).unwrap();
+                    let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                    dev.set_profiling(false);
+                    (got, ops)
+                };
                 // n ≥ 8·… with E = 128 and k = 8 → 128-row tiles at 1,536+ pairs.
                 for n in [1, 2, 3, 7, 8, 64, 300, 1600] {
                     let x = bf16_exact(&mut rng, n, h, 1.0);
                     let want = cpu.to_host(&cpu.moe(&cpu.upload(&x).unwrap(),
                         MoeWeights { router: &c_r, gate_up: &c_gu, down: &c_dn }, &p).unwrap()).unwrap();
-                    let got = cuda.to_host(&cuda.moe(&cuda.upload(&x).unwrap(),
-                        MoeWeights { router: &g_r, gate_up: &g_gu, down: &g_dn }, &p).unwrap()).unwrap();
+                    let (got, ops) = layer_on(&cuda, &x);
+                    if !fp8 && n >= 8 {
+                        assert!(ops.iter().any(|op| op == "moe grouped gemm (cuBLAS)"), "{n} rows: the ops were {ops:?}");
+                    }
                     if n <= 2 {
                         // The same logits and routing whether fused or not: the same outputs.
-                        let (f_r, f_gu, f_dn) = (cuda_fused.upload(&router).unwrap(),
-                            cuda_fused.upload(&gate_up).unwrap(), cuda_fused.upload(&down).unwrap());
-                        let (f_gu, f_dn) = if fp8 {
-                            (cuda_fused.quantize_fp8(f_gu).unwrap(), cuda_fused.quantize_fp8(f_dn).unwrap())
-                        } else {
-                            (f_gu, f_dn)
-                        };
-                        let fused = cuda_fused.to_host(&cuda_fused.moe(&cuda_fused.upload(&x).unwrap(),
-                            MoeWeights { router: &f_r, gate_up: &f_gu, down: &f_dn }, &p).unwrap()).unwrap();
+                        let (fused, _) = layer_on(&cuda_fused, &x);
                         assert_eq!(fused, got, "{n} rows: the fused router routed otherwise");
                     }
                     let logits = cachet_backend::device::cpu::gemm::matmul_t(&x.data, &router.data, n, h, e);
@@ -406,14 +409,7 @@ gpu_test! {
                     };
                     check(&got, "");
                     if !fp8 && n >= 8 {
-                        let (b_r, b_gu, b_dn) = (cuda_ours.upload(&router).unwrap(),
-                            cuda_ours.upload(&gate_up).unwrap(), cuda_ours.upload(&down).unwrap());
-                        cuda_ours.set_profiling(true);
-                        let got = cuda_ours.to_host(&cuda_ours.moe(&cuda_ours.upload(&x).unwrap(),
-                            MoeWeights { router: &b_r, gate_up: &b_gu, down: &b_dn }, &p).unwrap()).unwrap();
-                        let ops: Vec<String> =
-                            cuda_ours.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
-                        cuda_ours.set_profiling(false);
+                        let (got, ops) = layer_on(&cuda_ours, &x);
                         assert!(ops.iter().any(|op| op == "moe grouped gemm"), "{n} rows: the ops were {ops:?}");
                         check(&got, ", moe.cu's grouped kernel");
                     }

@@ -639,59 +639,61 @@ impl Device for CudaDevice {
             }
             _ => None,
         };
-        if let Some((gu, dw)) = grouped.filter(|_| {
+        match grouped {
             // cuBLAS's grouped GEMM takes its shapes on the host: never inside a capture.
-            self.options.moe_grouped_cublas && !self.capturing.get()
-        }) {
-            self.timed("moe grouped gemm (cuBLAS)", || {
-                self.moe_grouped_cublas(xs, (gu, dw), &ids, &weights, &mut y, (n, k, e, h, i))
-            })?;
-        } else if let Some((gu, dw)) = grouped {
-            let pairs = n * k;
-            self.timed("moe grouped gemm", || {
-                // Tiles of 128 rows where the experts average that many pairs (prefill), else
-                // 64 (less padding where each expert has a few).
-                let bm = if pairs >= 96 * e { 128 } else { 64 };
-                let cap = launch::moe_sorted_capacity(pairs, e, bm);
-                let mut groups = launch::MoeGroups {
-                    bm,
-                    sorted: self.alloc_out::<i32>(cap, "moe groups")?,
-                    tile_expert: self.alloc_out::<i32>(cap / bm, "moe groups")?,
-                    num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
-                };
-                self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
-                let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
-                self.timed("↳ moe: grouped GEMMs (ours)", || {
-                    self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))
+            Some((gu, dw)) if self.options.moe_grouped_cublas && !self.capturing.get() => {
+                self.timed("moe grouped gemm (cuBLAS)", || {
+                    self.moe_grouped_cublas(xs, (gu, dw), &ids, &weights, &mut y, (n, k, e, h, i))
                 })?;
-                let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
-                self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
-                drop(gate_up);
-                let mut down = self.alloc_bf16(pairs * h, "moe down")?;
-                self.timed("↳ moe: grouped GEMMs (ours)", || {
-                    self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))
+            }
+            Some((gu, dw)) => {
+                let pairs = n * k;
+                self.timed("moe grouped gemm", || {
+                    // Tiles of 128 rows where the experts average that many pairs (prefill), else
+                    // 64 (less padding where each expert has a few).
+                    let bm = if pairs >= 96 * e { 128 } else { 64 };
+                    let cap = launch::moe_sorted_capacity(pairs, e, bm);
+                    let mut groups = launch::MoeGroups {
+                        bm,
+                        sorted: self.alloc_out::<i32>(cap, "moe groups")?,
+                        tile_expert: self.alloc_out::<i32>(cap / bm, "moe groups")?,
+                        num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
+                    };
+                    self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
+                    let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
+                    self.timed("↳ moe: grouped GEMMs (ours)", || {
+                        self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))
+                    })?;
+                    let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
+                    self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
+                    drop(gate_up);
+                    let mut down = self.alloc_bf16(pairs * h, "moe down")?;
+                    self.timed("↳ moe: grouped GEMMs (ours)", || {
+                        self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))
+                    })?;
+                    self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
                 })?;
-                self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
-            })?;
-        } else {
-            self.timed("moe expert gemv", || {
-                let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-                self.launch_moe_gate_up(
-                    w.gate_up.weight("moe")?,
-                    xs,
-                    &ids,
-                    &mut act,
-                    (n, k, i, h),
-                )?;
-                self.launch_moe_down(
-                    w.down.weight("moe")?,
-                    &act,
-                    &ids,
-                    &weights,
-                    &mut y,
-                    (n, k, i, h),
-                )
-            })?;
+            }
+            None => {
+                self.timed("moe expert gemv", || {
+                    let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
+                    self.launch_moe_gate_up(
+                        w.gate_up.weight("moe")?,
+                        xs,
+                        &ids,
+                        &mut act,
+                        (n, k, i, h),
+                    )?;
+                    self.launch_moe_down(
+                        w.down.weight("moe")?,
+                        &act,
+                        &ids,
+                        &weights,
+                        &mut y,
+                        (n, k, i, h),
+                    )
+                })?;
+            }
         }
         Ok(CudaTensor::new_bf16(n, h, y))
     }

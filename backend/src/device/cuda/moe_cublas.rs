@@ -57,7 +57,6 @@ impl CudaDevice {
     /// `y[n, h] = Σ_s weights[t·k + s] · down_e(silu(gate_e) · up_e)(x[t])` for the experts
     /// `ids` chose, every expert's rows one problem of a cuBLAS grouped GEMM (gate|up, then
     /// down), bf16 weights `gu` [E·2i, h] and `dw` [E·h, i].
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_grouped_cublas(
         &self,
         x: &CudaSlice<u16>,
@@ -116,12 +115,11 @@ impl CudaDevice {
         let (op, _go) = out.device_ptr_mut(&self.stream);
         // Row-major out[c, m] = a[c, kk] · W[m, kk]ᵀ is column-major outᵀ = Wᵀ(as kk×m, T) · aᵀ
         // (kk×c): cuBLAS's A is W, its B the rows, as in `gemm`.
-        let bf = 2u64;
-        let ptrs =
-            |f: &dyn Fn(&(usize, usize, usize)) -> u64| runs.iter().map(f).collect::<Vec<u64>>();
-        let a_ptrs = ptrs(&|&(x, _, _)| wp + (x * m * kk) as u64 * bf);
-        let b_ptrs = ptrs(&|&(_, s, _)| ap + (s * kk) as u64 * bf);
-        let c_ptrs = ptrs(&|&(_, s, _)| op + (s * m) as u64 * bf);
+        // Byte addresses of bf16 element offsets.
+        let at = |base: u64, elems: usize| base + 2 * elems as u64;
+        let a_ptrs: Vec<u64> = runs.iter().map(|&(x, _, _)| at(wp, x * m * kk)).collect();
+        let b_ptrs: Vec<u64> = runs.iter().map(|&(_, s, _)| at(ap, s * kk)).collect();
+        let c_ptrs: Vec<u64> = runs.iter().map(|&(_, s, _)| at(op, s * m)).collect();
         // cuBLAS reads the pointer arrays from device memory; the shapes from the host.
         let up = |v: Vec<u64>| {
             self.stream
