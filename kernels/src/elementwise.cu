@@ -87,7 +87,8 @@ extern "C" __global__ void gelu_tanh_mul_bf16x8(const bf16* __restrict__ gu, bf1
     act_mul_x8<gelu_tanh>(gu, out, inter, total8);
 }
 
-// out[i, :] = x[rows[i], :]
+// out[i, :] = x[rows[i], :]: 16-byte copies where a row is whole 16-byte chunks (cols % 8 == 0;
+// the buffers are whole allocations, so 16-byte aligned), else an element a thread.
 //   rows : device, u32  [m]
 //   x    : device, bf16 [n, cols]
 //   out  : device, bf16 [m, cols]
@@ -96,7 +97,13 @@ extern "C" __global__ void gather_rows_bf16(const unsigned* __restrict__ rows, c
     wait_for_prior_kernels();
     const size_t i = blockIdx.x;
     const bf16* src = x + (size_t)rows[i] * cols;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) out[i * cols + j] = src[j];
+    if ((cols & 7) == 0) {
+        const uint4* s = reinterpret_cast<const uint4*>(src);
+        uint4* d = reinterpret_cast<uint4*>(out + i * cols);
+        for (int j = threadIdx.x; j < cols / 8; j += blockDim.x) d[j] = s[j];
+    } else {
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) out[i * cols + j] = src[j];
+    }
 }
 
 // out[i] = mean + std * N(0, 1), from a counter-based hash of (seed, e): the same seed gives the

@@ -488,14 +488,35 @@ extern "C" __global__ void rms_norm_e4m3(float* __restrict__ residual, const bf1
     if (threadIdx.x == 0) scale[row] = __fdiv_rn(amax, E4M3_MAX);
 }
 
-// w[j, :] = bf16(e4m3(codes[j, :]) · scale[j]): FP8 weights back to bf16 for the GEMMs of
-// prefill steps. Grid-stride over n · k.
+// w[j, :] = bf16(e4m3(codes[j, :]) · scale[j]): FP8 weights back to bf16 for cuBLAS. Grid-stride
+// over n · k in groups of 16 (one 16-byte load, two 16-byte stores) where k % 16 == 0 (the
+// buffers are 16-byte aligned: whole allocations, or views at multiples of 16 rows' worth),
+// else an element a thread.
 extern "C" __global__ void dequantize_rows_e4m3(const fp8* __restrict__ codes, const float* __restrict__ scale,
                                                 bf16* __restrict__ w, int n, int k) {
     wait_for_prior_kernels();
-    const size_t total = (size_t)n * k;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
-        w[e] = f2bf(e4m3f(codes[e]) * scale[e / k]);
+    const size_t total = (size_t)n * k, stride = (size_t)gridDim.x * blockDim.x;
+    const size_t first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if ((k & 15) == 0) {
+        for (size_t g = first; g < total / 16; g += stride) {
+            const uint4 q = reinterpret_cast<const uint4*>(codes)[g];
+            const float sc = scale[g * 16 / k];
+            const unsigned words[4] = {q.x, q.y, q.z, q.w};
+            unsigned o[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float f[4];
+                e4m3x4_f32(words[i], f);
+                o[2 * i] = pack_bf16(f[0] * sc, f[1] * sc);
+                o[2 * i + 1] = pack_bf16(f[2] * sc, f[3] * sc);
+            }
+            uint4* dst = reinterpret_cast<uint4*>(w) + 2 * g;
+            dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+            dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+        }
+        return;
+    }
+    for (size_t e = first; e < total; e += stride) w[e] = f2bf(e4m3f(codes[e]) * scale[e / k]);
 }
 
 // The FP8 GEMM's epilogue (cuBLASLt multiplies the codes with unit scales, into f32 or bf16):

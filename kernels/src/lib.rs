@@ -128,6 +128,8 @@ pub const SOURCES: &[KernelSource] = &[
             "moe_sort",
             "moe_gemm_bm64_bf16",
             "moe_gemm_bm128_bf16",
+            "moe_gemm_bm64_e4m3",
+            "moe_gemm_bm128_e4m3",
             "moe_combine_bf16",
         ],
     },

@@ -208,6 +208,7 @@ MOE_DOWN_KERNEL(moe_down_e4m3, true)
 // f32 accumulate): a tile's rows are gathered from the input as they are copied to shared
 // memory (cp.async, three k-steps in flight), and the products are written back to each pair's
 // own row. So every touched expert's weights are read once per row tile, not once per token.
+// FP8 experts (e4m3 codes, a scale a row) are read as codes and widened in shared memory.
 
 #define MOE_BN 128
 #define MOE_BK 32
@@ -242,34 +243,60 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int* __restrict
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
 }
 
+// Two e4m3 codes (low byte first) → bf16x2, exactly (every e4m3 value is a bf16 value): through
+// f16x2 in hardware on sm_89+ (attention_mma.cu), integer decoding before.
+__device__ __forceinline__ unsigned e4m3x2_bf16x2(unsigned two) {
+#if __CUDA_ARCH__ >= 890
+    const unsigned h2 = e4m3x2_f16x2(two);
+    unsigned r;
+    asm("{\n"
+        ".reg .b16 lo, hi;\n"
+        ".reg .f32 f0, f1;\n"
+        "mov.b32 {lo, hi}, %1;\n"
+        "cvt.f32.f16 f0, lo;\n"
+        "cvt.f32.f16 f1, hi;\n"
+        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
+        "}"
+        : "=r"(r)
+        : "r"(h2));
+    return r;
+#else
+    return pack_bf16(e4m3f(two & 0xffu), e4m3f((two >> 8) & 0xffu));
+#endif
+}
+
 // out[pair, j] = a[pair / a_div, :] · W[e·N + j, :] for every pair of every BM-row tile (e its
 // expert), j < N, into bf16. Warps of 64 rows × 32 columns (4 m16 × 4 n8 tiles): BM / 64 × 4 of
-// them. MOE_STAGES k-steps in flight (cp.async), dynamic shared memory MOE_STAGES · (BM +
-// MOE_BN) · MOE_SK · 2 bytes. Grid (max_tiles, ⌈N / MOE_BN⌉); tiles past num_tiles return.
-//   a : device, bf16 [rows, K];  w : device, bf16 [E·N, K];  out : device, bf16 [pairs, N]
-// K % MOE_BK == 0, N % 8 == 0 (checked by the host).
-template <int BM>
-__device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const bf16* __restrict__ w,
-                                         const int* __restrict__ sorted, const int* __restrict__ tile_expert,
-                                         const int* __restrict__ num_tiles, bf16* __restrict__ out, int N, int K,
-                                         int a_div) {
+// them. MOE_STAGES k-steps in flight (cp.async), dynamic shared memory moe_gemm_smem_bytes.
+// Grid (max_tiles, ⌈N / MOE_BN⌉); tiles past num_tiles return.
+//   a : device, bf16 [rows, K];  w : device, bf16 or (F8) e4m3 codes [E·N, K];
+//   w_scale : device, f32 [E·N] (F8: W's row j is e4m3(codes[j]) · w_scale[j]; else unused);
+//   out : device, bf16 [pairs, N]
+// K % MOE_BK == 0, N % 8 == 0 (checked by the host). F8: each k-step's codes are copied as they
+// are (half the bytes of bf16), widened to bf16 in shared memory by the block (exact), and the
+// row scales applied to the accumulators on the way out.
+template <int BM, bool F8>
+__device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void* __restrict__ wv,
+                                         const float* __restrict__ w_scale, const int* __restrict__ sorted,
+                                         const int* __restrict__ tile_expert, const int* __restrict__ num_tiles,
+                                         bf16* __restrict__ out, int N, int K, int a_div) {
     constexpr int THREADS = BM / 64 * 4 * 32;
     const int tile = blockIdx.x;
     if (tile >= num_tiles[0]) return;
     extern __shared__ __align__(16) bf16 moe_smem[];
     bf16* sa = moe_smem;                              // [STAGES][BM * SK]
-    bf16* sb = moe_smem + MOE_STAGES * BM * MOE_SK;   // [STAGES][BN * SK]
+    bf16* sb = moe_smem + MOE_STAGES * BM * MOE_SK;   // [STAGES][BN * SK]; F8: [BN * SK], widened
+    unsigned char* sq = reinterpret_cast<unsigned char*>(sb + MOE_BN * MOE_SK);  // F8: [STAGES][BN * BK]
     __shared__ int rows[BM];
     const int e = tile_expert[tile];
     const int n0 = blockIdx.y * MOE_BN;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     for (int r = tid; r < BM; r += THREADS) rows[r] = sorted[tile * BM + r];
     __syncthreads();
-    // One k-step's copies: BM + MOE_BN rows of four 16-byte chunks; padding rows and columns
-    // past N are zero-filled.
+    // One k-step's copies: BM + MOE_BN rows of four 16-byte chunks (F8: the weights' rows two);
+    // padding rows and columns past N are zero-filled.
     auto load = [&](int stage, int k0) {
         bf16* A = sa + stage * BM * MOE_SK;
-        bf16* B = sb + stage * MOE_BN * MOE_SK;
 #pragma unroll
         for (int c = 0; c < BM * 4 / THREADS; ++c) {
             const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
@@ -277,12 +304,26 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const bf16*
             const bf16* src = a + (size_t)(p < 0 ? 0 : p / a_div) * K + k0 + ch * 8;
             cp_async16(A + r * MOE_SK + ch * 8, src, p < 0 ? 0 : 16);
         }
+        if (F8) {
+            const fp8* w = static_cast<const fp8*>(wv);
+            unsigned char* Q = sq + stage * MOE_BN * MOE_BK;
 #pragma unroll
-        for (int c = 0; c < MOE_BN * 4 / THREADS; ++c) {
-            const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
-            const int n = n0 + r;
-            const bf16* src = w + ((size_t)e * N + (n < N ? n : 0)) * K + k0 + ch * 8;
-            cp_async16(B + r * MOE_SK + ch * 8, src, n < N ? 16 : 0);
+            for (int c = 0; c < MOE_BN * 2 / THREADS; ++c) {
+                const int idx = tid + c * THREADS, r = idx >> 1, ch = idx & 1;
+                const int n = n0 + r;
+                const fp8* src = w + ((size_t)e * N + (n < N ? n : 0)) * K + k0 + ch * 16;
+                cp_async16(Q + r * MOE_BK + ch * 16, src, n < N ? 16 : 0);
+            }
+        } else {
+            const bf16* w = static_cast<const bf16*>(wv);
+            bf16* B = sb + stage * MOE_BN * MOE_SK;
+#pragma unroll
+            for (int c = 0; c < MOE_BN * 4 / THREADS; ++c) {
+                const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
+                const int n = n0 + r;
+                const bf16* src = w + ((size_t)e * N + (n < N ? n : 0)) * K + k0 + ch * 8;
+                cp_async16(B + r * MOE_SK + ch * 8, src, n < N ? 16 : 0);
+            }
         }
     };
     const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
@@ -307,7 +348,27 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const bf16*
         if (s + MOE_STAGES - 1 < steps) load((s + MOE_STAGES - 1) % MOE_STAGES, (s + MOE_STAGES - 1) * MOE_BK);
         cp_async_commit();
         const bf16* A = sa + (s % MOE_STAGES) * BM * MOE_SK;
-        const bf16* B = sb + (s % MOE_STAGES) * MOE_BN * MOE_SK;
+        const bf16* B = sb + (F8 ? 0 : (s % MOE_STAGES) * MOE_BN * MOE_SK);
+        if (F8) {
+            // Widen step s's codes (every warp is past step s − 1's reads of the bf16 tile).
+            const unsigned char* Q = sq + (s % MOE_STAGES) * MOE_BN * MOE_BK;
+#pragma unroll
+            for (int c = 0; c < MOE_BN * 2 / THREADS; ++c) {
+                const int idx = tid + c * THREADS, r = idx >> 1, ch = idx & 1;
+                const uint4 q = *reinterpret_cast<const uint4*>(Q + r * MOE_BK + ch * 16);
+                const unsigned words[4] = {q.x, q.y, q.z, q.w};
+                unsigned o[8];
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    o[2 * w] = e4m3x2_bf16x2(words[w] & 0xffffu);
+                    o[2 * w + 1] = e4m3x2_bf16x2(words[w] >> 16);
+                }
+                uint4* dst = reinterpret_cast<uint4*>(sb + r * MOE_SK + ch * 16);
+                dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+                dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+            }
+            __syncthreads();
+        }
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
             unsigned af[4][4], bfr[4][2];
@@ -330,6 +391,14 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const bf16*
         }
     }
     // C fragment: c0, c1 at (row lane / 4, columns 2·(lane % 4) + 0, 1), c2, c3 eight rows down.
+    float sc[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int n = n0 + wn + j * 8 + 2 * (lane & 3);
+        const bool scaled = F8 && n < N;
+        sc[j][0] = scaled ? w_scale[(size_t)e * N + n] : 1.f;
+        sc[j][1] = scaled ? w_scale[(size_t)e * N + n + 1] : 1.f;
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -341,21 +410,23 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const bf16*
                 const int n = n0 + wn + j * 8 + 2 * (lane & 3);
                 if (n < N)
                     *reinterpret_cast<unsigned*>(out + (size_t)p * N + n) =
-                        pack_bf16(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+                        pack_bf16(acc[i][j][2 * half] * sc[j][0], acc[i][j][2 * half + 1] * sc[j][1]);
             }
         }
 }
 
-#define MOE_GEMM_KERNEL(name, BM)                                                                     \
+#define MOE_GEMM_KERNEL(name, BM, F8)                                                                 \
     extern "C" __global__ void __launch_bounds__(BM / 64 * 128)                                       \
-        name(const bf16* __restrict__ a, const bf16* __restrict__ w, const int* __restrict__ sorted,  \
-             const int* __restrict__ tile_expert, const int* __restrict__ num_tiles, bf16* __restrict__ out, \
-             int N, int K, int a_div) {                                                               \
+        name(const bf16* __restrict__ a, const void* __restrict__ w, const float* __restrict__ w_scale, \
+             const int* __restrict__ sorted, const int* __restrict__ tile_expert,                     \
+             const int* __restrict__ num_tiles, bf16* __restrict__ out, int N, int K, int a_div) {     \
         wait_for_prior_kernels();                                                                     \
-        moe_gemm<BM>(a, w, sorted, tile_expert, num_tiles, out, N, K, a_div);                         \
+        moe_gemm<BM, F8>(a, w, w_scale, sorted, tile_expert, num_tiles, out, N, K, a_div);            \
     }
-MOE_GEMM_KERNEL(moe_gemm_bm64_bf16, 64)
-MOE_GEMM_KERNEL(moe_gemm_bm128_bf16, 128)
+MOE_GEMM_KERNEL(moe_gemm_bm64_bf16, 64, false)
+MOE_GEMM_KERNEL(moe_gemm_bm128_bf16, 128, false)
+MOE_GEMM_KERNEL(moe_gemm_bm64_e4m3, 64, true)
+MOE_GEMM_KERNEL(moe_gemm_bm128_e4m3, 128, true)
 
 // y[t, :] = Σ_s weights[t·k + s] · yp[t·k + s, :] in slot order (f32), into bf16: the weighted
 // sum of a token's expert outputs. Grid-stride over n · h.

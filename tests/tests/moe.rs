@@ -323,8 +323,9 @@ fn bf16_exact(
 gpu_test! {
     /// The CUDA MoE layer against the CPU reference on the same (bf16-exact) inputs and weights,
     /// token by token: both paths (expert GEMVs below 8 rows, sorted grouped GEMMs from 8), 64-
-    /// and 128-row tiles, normalised or not, bf16 and FP8 expert weights; the grouped products
-    /// through cuBLAS's grouped GEMM (the default) and moe.cu's kernel. A token is compared
+    /// and 128-row tiles, normalised or not, bf16 and FP8 expert weights; bf16's grouped products
+    /// through cuBLAS's grouped GEMM (the default) and moe.cu's kernel, FP8's through moe.cu's
+    /// FP8 kernel; both with a cuBLAS GEMM of its own for every expert (FP8 dequantized). A token is compared
     /// wherever its router's k-th and next probability are not within 1e-4 (f32 logits on both:
     /// only such ties may route differently).
     fn moe_layers_on_cuda_match_the_cpu_reference_on_every_path() {
@@ -343,6 +344,9 @@ gpu_test! {
         // the default, cuBLAS's grouped GEMM.
         let ours = cachet_backend::device::cuda::CudaOptions { moe_grouped_cublas: false, ..Default::default() };
         let cuda_ours = CudaDevice::new(0, 16, ours).unwrap();
+        // Every expert a cuBLAS GEMM of its own, FP8 ones dequantized (CACHET_MOE_OWN_GEMM=1).
+        let own = cachet_backend::device::cuda::CudaOptions { moe_gemm_own_tiles: 1, ..Default::default() };
+        let cuda_own = CudaDevice::new(0, 16, own).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(5);
         for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (16, 3, 128, 64, false), (128, 8, 256, 64, true)] {
@@ -375,8 +379,15 @@ gpu_test! {
                     let want = cpu.to_host(&cpu.moe(&cpu.upload(&x).unwrap(),
                         MoeWeights { router: &c_r, gate_up: &c_gu, down: &c_dn }, &p).unwrap()).unwrap();
                     let (got, ops) = layer_on(&cuda, &x);
-                    if !fp8 && n >= 8 {
-                        assert!(ops.iter().any(|op| op == "moe grouped gemm (cuBLAS)"), "{n} rows: the ops were {ops:?}");
+                    // Grouped from 8 rows (FP8: 32): bf16 experts through cuBLAS's grouped GEMM,
+                    // FP8 ones (experts this small) through moe.cu's FP8 kernel.
+                    use cachet_backend::device::cuda::{MOE_GEMM_DEFAULT_ROWS, MOE_GEMM_FP8_DEFAULT_ROWS};
+                    let (grouped, from) = match fp8 {
+                        true => ("moe grouped gemm", MOE_GEMM_FP8_DEFAULT_ROWS),
+                        false => ("moe grouped gemm (cuBLAS)", MOE_GEMM_DEFAULT_ROWS),
+                    };
+                    if n >= from {
+                        assert!(ops.iter().any(|op| op == grouped), "{n} rows: the ops were {ops:?}");
                     }
                     if n <= 2 {
                         // The same logits and routing whether fused or not: the same outputs.
@@ -408,10 +419,16 @@ gpu_test! {
                         assert!(worst < 3e-2, "{what}: a token {worst:e} off the CPU reference");
                     };
                     check(&got, "");
-                    if !fp8 && n >= 8 {
+                    if !fp8 && n >= from {
                         let (got, ops) = layer_on(&cuda_ours, &x);
                         assert!(ops.iter().any(|op| op == "moe grouped gemm"), "{n} rows: the ops were {ops:?}");
                         check(&got, ", moe.cu's grouped kernel");
+                    }
+                    if n >= from {
+                        // FP8 experts here dequantized an expert at a time.
+                        let (got, ops) = layer_on(&cuda_own, &x);
+                        assert!(ops.iter().any(|op| op == "moe grouped gemm (cuBLAS)"), "{n} rows: the ops were {ops:?}");
+                        check(&got, ", a cuBLAS GEMM an expert");
                     }
                 }
             }

@@ -90,7 +90,12 @@ impl CudaDevice {
         let ws = match &w.buf {
             CudaBuf::E4m3 { codes, scales } if n > 0 => {
                 let mut b = self.alloc_bf16(m * k, "dequantized weights")?;
-                self.launch_dequantize_rows_e4m3(codes, scales, &mut b, (m, k))?;
+                self.launch_dequantize_rows_e4m3(
+                    &codes.as_view(),
+                    &scales.as_view(),
+                    &mut b,
+                    (m, k),
+                )?;
                 dequantized = b;
                 &dequantized
             }

@@ -72,9 +72,15 @@ pub fn moe_gemm_threads(bm: usize) -> u32 {
 }
 
 /// Shared memory of a grouped-GEMM block of `bm` rows: three stages of A and B tiles, rows of
-/// 40 bf16 (MOE_STAGES, MOE_SK).
-pub fn moe_gemm_smem_bytes(bm: usize) -> u32 {
-    (3 * (bm + MOE_BN) * 40 * 2) as u32
+/// 40 bf16 (MOE_STAGES, MOE_SK); with FP8 weights (`fp8`) three stages of A, one widened B tile
+/// and three stages of B's codes (MOE_BK bytes a row).
+pub fn moe_gemm_smem_bytes(bm: usize, fp8: bool) -> u32 {
+    let bytes = if fp8 {
+        3 * bm * 40 * 2 + MOE_BN * 40 * 2 + 3 * MOE_BN * MOE_BK
+    } else {
+        3 * (bm + MOE_BN) * 40 * 2
+    };
+    bytes as u32
 }
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
@@ -175,7 +181,8 @@ pub struct Kernels {
     pub moe_down: [CudaFunction; 2],
     pub moe_sort: CudaFunction,
     /// The grouped GEMM by tile rows (64, 128).
-    pub moe_gemm: [CudaFunction; 2],
+    /// `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
+    pub moe_gemm: [[CudaFunction; 2]; 2],
     pub moe_combine: CudaFunction,
 }
 
@@ -299,7 +306,10 @@ impl Kernels {
             moe_gate_up: [f("moe_gate_up_bf16")?, f("moe_gate_up_e4m3")?],
             moe_down: [f("moe_down_bf16")?, f("moe_down_e4m3")?],
             moe_sort: f("moe_sort")?,
-            moe_gemm: [f("moe_gemm_bm64_bf16")?, f("moe_gemm_bm128_bf16")?],
+            moe_gemm: [
+                [f("moe_gemm_bm64_bf16")?, f("moe_gemm_bm128_bf16")?],
+                [f("moe_gemm_bm64_e4m3")?, f("moe_gemm_bm128_e4m3")?],
+            ],
             moe_combine: f("moe_combine_bf16")?,
         };
         for func in [&k.attention, &k.attention_fp8, &k.attention_int8] {
@@ -328,8 +338,10 @@ impl Kernels {
         }
         smem(&k.attention_mma_d64_int8, mma_fp8_smem_bytes(64))?;
         smem(&k.attention_mma_d128_int8, mma_fp8_smem_bytes(128))?;
-        for (func, bm) in k.moe_gemm.iter().zip(MOE_BMS) {
-            smem(func, moe_gemm_smem_bytes(bm))?;
+        for (funcs, fp8) in k.moe_gemm.iter().zip([false, true]) {
+            for (func, bm) in funcs.iter().zip(MOE_BMS) {
+                smem(func, moe_gemm_smem_bytes(bm, fp8))?;
+            }
         }
         let norm_gemvs = k.gemv_norm.iter().flatten();
         for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {

@@ -4,8 +4,8 @@
 //! is sound. Everything above this file is safe code.
 
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, CudaViewMut, DriverError, LaunchArgs, LaunchConfig,
-    PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaView, CudaViewMut, DriverError, LaunchArgs,
+    LaunchConfig, PushKernelArg,
 };
 
 use super::kernels::{
@@ -944,14 +944,15 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `moe_gemm_bm{64,128}_bf16(bf16 a[rows, K], bf16 w[E·N, K], i32 sorted[cap], i32
-    /// tile_expert[..], i32 num_tiles[1], bf16 out[pairs, N], int N, int K, int a_div)`: grid
-    /// (cap / bm, ⌈N / MOE_BN⌉) for the groups' tile rows bm; pair p reads row p / a_div of `a`.
+    /// `moe_gemm_bm{64,128}_{bf16,e4m3}(bf16 a[rows, K], bf16 or e4m3 w[E·N, K], f32
+    /// w_scale[E·N] or null, i32 sorted[cap], i32 tile_expert[..], i32 num_tiles[1], bf16
+    /// out[pairs, N], int N, int K, int a_div)`: grid (cap / bm, ⌈N / MOE_BN⌉) for the groups'
+    /// tile rows bm; pair p reads row p / a_div of `a`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_moe_gemm(
         &self,
         a: &CudaSlice<u16>,
-        w: &CudaSlice<u16>,
+        w: WeightRef<'_>,
         groups: &MoeGroups,
         out: &mut CudaSlice<u16>,
         (pairs, e, n, k, a_div): (usize, usize, usize, usize, usize),
@@ -968,14 +969,22 @@ impl CudaDevice {
             return Err(short_buffers("moe_gemm", pairs, n));
         };
         let max_tiles = moe_sorted_capacity(pairs, e, bm) / bm;
-        if a.len() < pairs.div_ceil(a_div) * k || w.len() < e * n * k || out.len() < pairs * n {
+        let weights_fit = match w {
+            WeightRef::Bf16(b) => b.len() >= e * n * k,
+            WeightRef::E4m3 { codes, scales } => codes.len() >= e * n * k && scales.len() >= e * n,
+        };
+        if a.len() < pairs.div_ceil(a_div) * k || !weights_fit || out.len() < pairs * n {
             return Err(short_buffers("moe_gemm", pairs, n));
         }
         let (ni, ki, di) = (n as i32, k as i32, a_div as i32);
-        let mut l = self.stream.launch_builder(&self.k.moe_gemm[v]);
-        l.arg(a)
-            .arg(w)
-            .arg(&groups.sorted)
+        let mut l = self.stream.launch_builder(&self.k.moe_gemm[w.format()][v]);
+        let null = 0u64;
+        l.arg(a);
+        match w {
+            WeightRef::Bf16(b) => l.arg(b).arg(&null),
+            WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
+        };
+        l.arg(&groups.sorted)
             .arg(&groups.tile_expert)
             .arg(&groups.num_tiles)
             .arg(out)
@@ -985,7 +994,7 @@ impl CudaDevice {
         let cfg = LaunchConfig {
             grid_dim: (max_tiles as u32, n.div_ceil(MOE_BN) as u32, 1),
             block_dim: (super::kernels::moe_gemm_threads(bm), 1, 1),
-            shared_mem_bytes: super::kernels::moe_gemm_smem_bytes(bm),
+            shared_mem_bytes: super::kernels::moe_gemm_smem_bytes(bm, w.format() == 1),
         };
         // SAFETY: K a multiple of the k step and N of 8 (whole 16-byte loads and 4-byte stores
         // of whole allocations), buffer sizes checked above; the sort wrote every tile's expert
@@ -1101,11 +1110,12 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `dequantize_rows_e4m3(e4m3 codes[n, k], f32 scale[n], bf16 w[n, k], int n, int k)`.
+    /// `dequantize_rows_e4m3(e4m3 codes[n, k], f32 scale[n], bf16 w[n, k], int n, int k)`: the
+    /// codes and scales may be views into a larger weight (an expert's block of rows).
     pub(super) fn launch_dequantize_rows_e4m3(
         &self,
-        codes: &CudaSlice<u8>,
-        scales: &CudaSlice<f32>,
+        codes: &CudaView<'_, u8>,
+        scales: &CudaView<'_, f32>,
         w: &mut CudaSlice<u16>,
         (n, k): (usize, usize),
     ) -> Result<(), DeviceError> {
@@ -1121,6 +1131,8 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         // SAFETY: every buffer holds what n rows of k take (checked above); grid-stride loop.
+        // With k % 16 == 0 the kernel's 16-byte loads start at row boundaries of a whole
+        // allocation (views are taken at whole rows), so they are aligned.
         unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("dequantize_rows_e4m3"))?;
         Ok(())
     }

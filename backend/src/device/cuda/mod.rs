@@ -38,8 +38,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
-pub use options::{CudaOptions, MoeRouter, SplitOptions};
+pub use options::{
+    CudaOptions, MoeRouter, SplitOptions, MOE_GEMM_DEFAULT_ROWS, MOE_GEMM_FP8_DEFAULT_ROWS,
+};
 pub use programmatic::Pdl;
+use tensor::WeightRef;
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
 use super::{
@@ -629,19 +632,28 @@ impl Device for CudaDevice {
         }
         let xs = x.bf16("moe")?;
         let mut y = self.alloc_bf16(n * h, "moe")?;
-        let grouped = match (&w.gate_up.buf, &w.down.buf) {
-            (CudaBuf::Bf16(gu), CudaBuf::Bf16(dw))
-                if n >= self.options.moe_gemm_min_rows
-                    && h.is_multiple_of(kernels::MOE_BK)
-                    && i.is_multiple_of(kernels::MOE_BK) =>
-            {
-                Some((gu, dw))
-            }
-            _ => None,
+        // bf16 or FP8 experts (both projections alike) for the grouped products.
+        let (gu, dw) = (w.gate_up.weight("moe")?, w.down.weight("moe")?);
+        let fp8 = matches!(gu, WeightRef::E4m3 { .. });
+        let min_rows = match fp8 {
+            true => self.options.moe_gemm_min_rows_fp8,
+            false => self.options.moe_gemm_min_rows,
         };
+        let grouped = (n >= min_rows
+            && gu.format() == dw.format()
+            && h.is_multiple_of(kernels::MOE_BK)
+            && i.is_multiple_of(kernels::MOE_BK))
+        .then_some((gu, dw));
+        // FP8 experts on cuBLAS's path only where an expert's gate|up product averages a GEMM
+        // of its own (few large experts: Mixtral's prefill): each is dequantized first.
+        let own_tiles = |rows: usize| (2 * i).div_ceil(128) * rows.div_ceil(128);
+        let cublas_fits =
+            !fp8 || own_tiles(n * k / e.min(n * k)) >= self.options.moe_gemm_own_tiles;
         match grouped {
             // cuBLAS's grouped GEMM takes its shapes on the host: never inside a capture.
-            Some((gu, dw)) if self.options.moe_grouped_cublas && !self.capturing.get() => {
+            Some((gu, dw))
+                if self.options.moe_grouped_cublas && !self.capturing.get() && cublas_fits =>
+            {
                 self.timed("moe grouped gemm (cuBLAS)", || {
                     self.moe_grouped_cublas(xs, (gu, dw), &ids, &weights, &mut y, (n, k, e, h, i))
                 })?;

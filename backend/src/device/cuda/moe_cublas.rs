@@ -4,12 +4,16 @@
 //! grouped kernel (BENCHMARKS.md §13). cuBLAS takes each problem's shape on the host, so the
 //! routing's choices come back to the host (one synchronisation a layer), the pairs are sorted
 //! by expert there, the tokens' rows gathered into that order on the device, and each touched
-//! expert is one problem of its own shape: `[c_e, h] · W_eᵀ`. Never inside a graph capture (the
+//! expert is one problem of its own shape: `[c_e, h] · W_eᵀ`. An expert whose product fills the
+//! GPU on its own ([`super::CudaOptions::moe_gemm_own_tiles`]: Mixtral's prefill) gets a plain
+//! cuBLAS GEMM instead of a group; FP8 experts (taken here only then) are dequantized an expert
+//! at a time into one bf16 buffer, each before its GEMM. Never inside a graph capture (the
 //! caller keeps moe.cu's kernel there): the host must see the routing first.
 
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
+use super::tensor::WeightRef;
 use super::{op_err, CudaDevice, DEV};
 use crate::config::Activation;
 use crate::error::DeviceError;
@@ -55,12 +59,12 @@ pub(crate) fn expert_runs(ids: &[i32], e: usize) -> Result<ExpertRuns, String> {
 
 impl CudaDevice {
     /// `y[n, h] = Σ_s weights[t·k + s] · down_e(silu(gate_e) · up_e)(x[t])` for the experts
-    /// `ids` chose, every expert's rows one problem of a cuBLAS grouped GEMM (gate|up, then
-    /// down), bf16 weights `gu` [E·2i, h] and `dw` [E·h, i].
+    /// `ids` chose, every expert's rows one problem of a cuBLAS grouped GEMM or a GEMM of its
+    /// own (gate|up, then down), weights `gu` [E·2i, h] and `dw` [E·h, i].
     pub(super) fn moe_grouped_cublas(
         &self,
         x: &CudaSlice<u16>,
-        (gu, dw): (&CudaSlice<u16>, &CudaSlice<u16>),
+        (gu, dw): (WeightRef<'_>, WeightRef<'_>),
         ids: &CudaSlice<i32>,
         weights: &CudaSlice<f32>,
         y: &mut CudaSlice<u16>,
@@ -98,25 +102,92 @@ impl CudaDevice {
     }
 
     /// For each run (expert x, first sorted row s, c rows): `out[s.., m] = a[s.., kk] · W_xᵀ`
-    /// with `W_x` the m × kk block of rows x·m.. of `w` — one grouped GEMM, a group a run.
+    /// with `W_x` the m × kk block of rows x·m.. of `w` — a run whose product has
+    /// [`super::CudaOptions::moe_gemm_own_tiles`] 128 × 128 tiles or more (every run of FP8
+    /// experts, each dequantized first) as a GEMM of its own, the others one grouped GEMM, a
+    /// group a run.
     fn grouped_gemm(
         &self,
-        (w, m): (&CudaSlice<u16>, usize),
+        (w, m): (WeightRef<'_>, usize),
         (a, kk): (&CudaSlice<u16>, usize),
         out: &mut CudaSlice<u16>,
         runs: &[(usize, usize, usize)],
     ) -> Result<(), DeviceError> {
-        let g = runs.len();
-        if g == 0 {
-            return Ok(());
-        }
-        let (wp, _gw) = w.device_ptr(&self.stream);
         let (ap, _ga) = a.device_ptr(&self.stream);
         let (op, _go) = out.device_ptr_mut(&self.stream);
         // Row-major out[c, m] = a[c, kk] · W[m, kk]ᵀ is column-major outᵀ = Wᵀ(as kk×m, T) · aᵀ
         // (kk×c): cuBLAS's A is W, its B the rows, as in `gemm`.
         // Byte addresses of bf16 element offsets.
         let at = |base: u64, elems: usize| base + 2 * elems as u64;
+        let own_tiles = self.options.moe_gemm_own_tiles;
+        let (own, runs): (Vec<_>, Vec<_>) = runs.iter().partition(|&&(_, _, c)| {
+            matches!(w, WeightRef::E4m3 { .. }) || m.div_ceil(128) * c.div_ceil(128) >= own_tiles
+        });
+        // out[s.., m] = a[s.., kk] · Wᵀ for c rows from s, W at device address wp.
+        let gemm_at = |wp: u64, s: usize, c: usize| {
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            // SAFETY: the caller's wp addresses an m × kk bf16 block of a live allocation held
+            // across the call; sorted rows s..s + c of `a` (kk wide) and of `out` (m wide) lie
+            // inside their live allocations (guards above) on the handle's stream; alpha/beta
+            // outlive the call.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle.handle(),
+                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    c as i32,
+                    kk as i32,
+                    (&alpha as *const f32).cast(),
+                    wp as *const _,
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                    kk as i32,
+                    at(ap, s * kk) as *const _,
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                    kk as i32,
+                    (&beta as *const f32).cast(),
+                    at(op, s * m) as *mut _,
+                    blas_sys::cudaDataType_t::CUDA_R_16BF,
+                    m as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| DeviceError::Op {
+                device: DEV,
+                op: "cublasGemmEx",
+                msg: format!("{e:?}"),
+            })
+        };
+        let w = match w {
+            WeightRef::Bf16(w) => w,
+            WeightRef::E4m3 { codes, scales } => {
+                // One expert at a time, dequantized into one buffer for its GEMM (stream order
+                // keeps each fill behind the GEMM reading the last).
+                if own.is_empty() {
+                    return Ok(());
+                }
+                let mut buf = self.alloc_bf16(m * kk, "moe dequantized expert")?;
+                for &(x, s, c) in &own {
+                    self.timed("↳ moe: dequantize an expert", || {
+                        let block = codes.slice(x * m * kk..(x + 1) * m * kk);
+                        let rows = scales.slice(x * m..(x + 1) * m);
+                        self.launch_dequantize_rows_e4m3(&block, &rows, &mut buf, (m, kk))
+                    })?;
+                    let (wp, _gw) = buf.device_ptr(&self.stream);
+                    gemm_at(wp, s, c)?;
+                }
+                return Ok(());
+            }
+        };
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        for &(x, s, c) in &own {
+            gemm_at(at(wp, x * m * kk), s, c)?;
+        }
+        let g = runs.len();
+        if g == 0 {
+            return Ok(());
+        }
         let a_ptrs: Vec<u64> = runs.iter().map(|&(x, _, _)| at(wp, x * m * kk)).collect();
         let b_ptrs: Vec<u64> = runs.iter().map(|&(_, s, _)| at(ap, s * kk)).collect();
         let c_ptrs: Vec<u64> = runs.iter().map(|&(_, s, _)| at(op, s * m)).collect();

@@ -17,6 +17,15 @@ pub const MIN_SPLIT: usize = 64;
 /// by expert rather than by per-pair expert GEMVs: from 8 tokens the GEMVs read many experts
 /// more than once (Qwen3-30B-A3B's batch 16 touches ~82 of 128 experts with 128 pairs).
 pub const MOE_GEMM_DEFAULT_ROWS: usize = 8;
+/// The same for FP8 experts: on the H200 their GEMVs took decode batch 16 faster than moe.cu's
+/// FP8 grouped kernel (Qwen3-30B-A3B 13.9 vs 17.1 ms, Mixtral 31.6 vs 35.6) and batch 24 slower
+/// (24.1 vs 21.3, 62.0 vs 37.2; BENCHMARKS.md §13c).
+pub const MOE_GEMM_FP8_DEFAULT_ROWS: usize = 24;
+/// Output tiles (128 × 128) from which an expert's product on cuBLAS's MoE path gets a GEMM of
+/// its own rather than a group of the grouped GEMM: half a wave of the H200's 132 SMs. Measured
+/// against 132, 264 and none (BENCHMARKS.md §13c): Mixtral-8x7B's prefill 512 / 4096 took 42 /
+/// 203 ms against 65 / 421 with none, Qwen3-30B-A3B's 23 / 120 against 24 / 134.
+pub const MOE_OWN_GEMM_DEFAULT_TILES: usize = 66;
 /// Most blocks a key range is split over.
 pub const MAX_SPLITS: usize = 64;
 /// Waves of attention blocks the splits may fill. Measured on the H200 (8B shape, ctx 4096,
@@ -139,6 +148,9 @@ pub struct CudaOptions {
     /// expert) instead of the expert GEMVs (`CACHET_MOE_GEMM=off|rows`; off: always the
     /// GEMVs).
     pub moe_gemm_min_rows: usize,
+    /// The same for FP8 experts (`CACHET_MOE_GEMM_FP8=off|rows`): their GEMVs stream half the
+    /// bytes, so they serve more rows before the grouped kernel pays.
+    pub moe_gemm_min_rows_fp8: usize,
     /// How a MoE router runs for the rows a GEMV takes (`CACHET_MOE_ROUTER=gemv|fused|gemm`,
     /// for side-by-side measurements): see [`MoeRouter`].
     pub moe_router: MoeRouter,
@@ -149,6 +161,12 @@ pub struct CudaOptions {
     /// 23.5–24.9 / 137.7–139.0 ms against 27.1–27.4 / 150.0–152.3 (Qwen3-30B-A3B) and 63.8–65.6
     /// / 425.7–429.0 against 89.7–90.4 / 523.2–525.7 (Mixtral-8x7B) (BENCHMARKS.md §13).
     pub moe_grouped_cublas: bool,
+    /// On cuBLAS's path, an expert whose product has this many 128 × 128 output tiles or more
+    /// gets a GEMM of its own (the others stay groups of the grouped GEMM); FP8 experts take
+    /// cuBLAS's path (each expert dequantized, then its own GEMM) where an expert's gate|up
+    /// product averages that many tiles, else moe.cu's FP8 kernel (`CACHET_MOE_OWN_GEMM=off|
+    /// tiles`).
+    pub moe_gemm_own_tiles: usize,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -213,8 +231,10 @@ impl Default for CudaOptions {
             split: SplitOptions::default(),
             gemv_max_rows: GEMV_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
+            moe_gemm_min_rows_fp8: MOE_GEMM_FP8_DEFAULT_ROWS,
             moe_router: MoeRouter::Gemv,
             moe_grouped_cublas: true,
+            moe_gemm_own_tiles: MOE_OWN_GEMM_DEFAULT_TILES,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -289,16 +309,27 @@ impl CudaOptions {
             }
             .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
         }
-        if let Some(v) = var("CACHET_MOE_GEMM") {
-            o.moe_gemm_min_rows = match v.as_str() {
-                "off" => usize::MAX,
-                _ => v.parse::<usize>().ok().filter(|&r| r > 0).ok_or_else(|| {
-                    bad(
-                        "CACHET_MOE_GEMM",
-                        format!("`{v}`: expected off or a row count ≥ 1"),
-                    )
-                })?,
-            };
+        // A count (rows, tiles), or off (never).
+        let count_or_off = |name: &'static str| -> Result<Option<usize>, DeviceError> {
+            let Some(v) = var(name) else { return Ok(None) };
+            match v.as_str() {
+                "off" => Ok(Some(usize::MAX)),
+                _ => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&r| r > 0)
+                    .map(Some)
+                    .ok_or_else(|| bad(name, format!("`{v}`: expected off or a count ≥ 1"))),
+            }
+        };
+        if let Some(r) = count_or_off("CACHET_MOE_GEMM")? {
+            o.moe_gemm_min_rows = r;
+        }
+        if let Some(r) = count_or_off("CACHET_MOE_GEMM_FP8")? {
+            o.moe_gemm_min_rows_fp8 = r;
+        }
+        if let Some(t) = count_or_off("CACHET_MOE_OWN_GEMM")? {
+            o.moe_gemm_own_tiles = t;
         }
         match var("CACHET_MOE_ROUTER").as_deref() {
             None | Some("") | Some("gemv") => {}
@@ -408,6 +439,24 @@ mod tests {
         assert_eq!(o.gemv_max_rows, 0);
         assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);
         assert_eq!(parse(&[]).unwrap().moe_gemm_min_rows, 8);
+        assert_eq!(
+            parse(&[("CACHET_MOE_GEMM_FP8", "24")])
+                .unwrap()
+                .moe_gemm_min_rows_fp8,
+            24
+        );
+        assert_eq!(
+            parse(&[("CACHET_MOE_OWN_GEMM", "off")])
+                .unwrap()
+                .moe_gemm_own_tiles,
+            usize::MAX
+        );
+        assert_eq!(
+            parse(&[("CACHET_MOE_OWN_GEMM", "64")])
+                .unwrap()
+                .moe_gemm_own_tiles,
+            64
+        );
         assert_eq!(parse(&[]).unwrap().moe_router, MoeRouter::Gemv);
         assert_eq!(
             parse(&[("CACHET_MOE_ROUTER", "fused")]).unwrap().moe_router,
@@ -522,7 +571,8 @@ mod tests {
             ("CACHET_ATTENTION_SPLIT", "64", "min_keys,max_splits"),
             ("CACHET_ATTENTION_SPLIT", "64,0", "min_keys,max_splits"),
             ("CACHET_GEMV", "two", "off or a row count"),
-            ("CACHET_MOE_GEMM", "0", "off or a row count"),
+            ("CACHET_MOE_GEMM", "0", "off or a count"),
+            ("CACHET_MOE_OWN_GEMM", "many", "off or a count"),
             ("CACHET_ROPE", "sideways", "separate"),
             ("CACHET_ATTENTION", "fast", "simt"),
             ("CACHET_PDL", "on", "early"),

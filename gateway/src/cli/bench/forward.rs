@@ -70,8 +70,9 @@ pub struct ForwardArgs {
     pub kv_cache_dtype: cachet_backend::device::KvCacheDtype,
     /// Projection weights: none (as loaded: bf16 on CUDA, f32 on the CPU) or fp8 (e4m3 with a
     /// scale per output row, quantized at load: half the weight memory; decode steps of up to
-    /// four sequences stream half the bytes, larger steps dequantize for cuBLAS). The embedding
-    /// table, the LM head and the norms stay as loaded.
+    /// four sequences stream half the bytes through the FP8 GEMV, larger steps quantize their
+    /// inputs per token for cuBLASLt's FP8 GEMM; experts go through the FP8 expert kernels).
+    /// The embedding table, the LM head and the norms stay as loaded.
     #[arg(long, default_value = "none")]
     pub quantization: cachet_backend::device::WeightQuantization,
     /// Ranks to split the model over (Megatron-style tensor parallelism: each rank holds its
