@@ -568,17 +568,11 @@ extern "C" __global__ void fp8_scale_out_f32(const float* __restrict__ d, const 
 // elements a thread in 16-byte loads and stores: a block row of FP8_SCALE_THREADS threads per
 // 8 · FP8_SCALE_THREADS columns, blockIdx.y the token (no index division; m % 8 == 0).
 #define FP8_SCALE_THREADS 256
-extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_bf16(
-    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
-    bf16* __restrict__ out, int n, int m) {
-    wait_for_prior_kernels();
-    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
-    if (t >= n || c >= m) return;
-    const size_t e = (size_t)t * m + c;
+__device__ __forceinline__ void fp8_scale_bf16_row8(const bf16* __restrict__ d, const float* __restrict__ w_scale,
+                                                    float xs, bf16* __restrict__ out, size_t e, int c) {
     const uint4 v = *reinterpret_cast<const uint4*>(d + e);
     const float4 w0 = *reinterpret_cast<const float4*>(w_scale + c);
     const float4 w1 = *reinterpret_cast<const float4*>(w_scale + c + 4);
-    const float xs = x_scale[t];
     const unsigned in[4] = {v.x, v.y, v.z, v.w};
     const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
     unsigned o[4];
@@ -589,6 +583,25 @@ extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_b
         o[i] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
     }
     *reinterpret_cast<uint4*>(out + e) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_bf16(
+    const bf16* __restrict__ d, const float* __restrict__ w_scale, const float* __restrict__ x_scale,
+    bf16* __restrict__ out, int n, int m) {
+    wait_for_prior_kernels();
+    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
+    if (t >= n || c >= m) return;
+    fp8_scale_bf16_row8(d, w_scale, x_scale[t], out, (size_t)t * m + c, c);
+}
+// The same where each row has weight scales of its own (a mixture's sorted rows, each its
+// expert's): row t's are w_scale[w_first[t] ..][:m]. Offsets are multiples of 4 (16-byte loads).
+//   w_first : device, u32 [n]
+extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) fp8_scale_bf16_bf16_rows(
+    const bf16* __restrict__ d, const float* __restrict__ w_scale, const unsigned* __restrict__ w_first,
+    const float* __restrict__ x_scale, bf16* __restrict__ out, int n, int m) {
+    wait_for_prior_kernels();
+    const int t = blockIdx.y, c = 8 * (blockIdx.x * FP8_SCALE_THREADS + threadIdx.x);
+    if (t >= n || c >= m) return;
+    fp8_scale_bf16_row8(d, w_scale + w_first[t], x_scale[t], out, (size_t)t * m + c, c);
 }
 
 // The FP8 gate|up product's epilogue and the gated activation in one pass: fp8_scale_bf16_bf16's

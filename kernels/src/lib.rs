@@ -109,6 +109,8 @@ pub const SOURCES: &[KernelSource] = &[
             "dequantize_rows_e4m3",
             "fp8_scale_out_bf16",
             "fp8_scale_out_f32",
+            "fp8_scale_bf16_bf16",
+            "fp8_scale_bf16_bf16_rows",
             "fp8_scale_silu_bf16",
             "fp8_scale_gelu_tanh_bf16",
         ],

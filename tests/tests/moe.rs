@@ -325,7 +325,8 @@ gpu_test! {
     /// token by token: both paths (expert GEMVs below 8 rows, sorted grouped GEMMs from 8), 64-
     /// and 128-row tiles, normalised or not, bf16 and FP8 expert weights; bf16's grouped products
     /// through cuBLAS's grouped GEMM (the default) and moe.cu's kernel, FP8's through moe.cu's
-    /// FP8 kernel; both with a cuBLAS GEMM of its own for every expert (FP8 dequantized). A token is compared
+    /// FP8 kernel; both with a cuBLAS GEMM of its own for every expert (FP8: cuBLASLt's FP8 GEMM,
+    /// or dequantized for cuBLAS). A token is compared
     /// wherever its router's k-th and next probability are not within 1e-4 (f32 logits on both:
     /// only such ties may route differently).
     fn moe_layers_on_cuda_match_the_cpu_reference_on_every_path() {
@@ -347,6 +348,10 @@ gpu_test! {
         // Every expert a cuBLAS GEMM of its own, FP8 ones dequantized (CACHET_MOE_OWN_GEMM=1).
         let own = cachet_backend::device::cuda::CudaOptions { moe_gemm_own_tiles: 1, ..Default::default() };
         let cuda_own = CudaDevice::new(0, 16, own).unwrap();
+        // The same with FP8 experts dequantized for cuBLAS (CACHET_MOE_FP8=dequant) rather than
+        // multiplied by cuBLASLt's FP8 GEMM.
+        let own_dequant = cachet_backend::device::cuda::CudaOptions { moe_gemm_own_tiles: 1, moe_fp8_cublaslt: false, ..Default::default() };
+        let cuda_own_dequant = CudaDevice::new(0, 16, own_dequant).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(5);
         for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (16, 3, 128, 64, false), (128, 8, 256, 64, true)] {
@@ -395,8 +400,9 @@ gpu_test! {
                         assert_eq!(fused, got, "{n} rows: the fused router routed otherwise");
                     }
                     let logits = cachet_backend::device::cpu::gemm::matmul_t(&x.data, &router.data, n, h, e);
-                    let check = |got: &[f32], path: &str| {
-                        let (mut compared, mut worst) = (0, 0.0f64);
+                    // `bar`: the worst token's relative error allowed (the mean's, half of it).
+                    let check = |got: &[f32], path: &str, bar: f64| {
+                        let (mut compared, mut worst, mut sum) = (0, 0.0f64, 0.0f64);
                         for t in 0..n {
                             if k < e {
                                 let r = route(&logits[t * e..(t + 1) * e], k + 1, false);
@@ -406,29 +412,47 @@ gpu_test! {
                             }
                             let err = rel_err(&got[t * h..(t + 1) * h], &want[t * h..(t + 1) * h]);
                             worst = worst.max(err);
+                            sum += err;
                             compared += 1;
                         }
                         let what = format!("E {e}, k {k}, h {h}, inter {i}, norm {norm}, FP8 {fp8}, {n} rows{path}");
-                        eprintln!("{what}: worst token {worst:.2e} over {compared}");
+                        let mean = sum / compared.max(1) as f64;
+                        eprintln!("{what}: worst token {worst:.2e}, mean {mean:.2e} over {compared}");
                         // Many experts close in probability (E 128, k 8) tie more often (2 of 7
                         // rows seen): at most a quarter of the tokens and two more, never all.
                         assert!(
                             compared > 0 && (compared + 2) * 4 >= n * 3,
                             "{what}: {compared} tokens compared"
                         );
-                        assert!(worst < 3e-2, "{what}: a token {worst:e} off the CPU reference");
+                        assert!(worst < bar, "{what}: a token {worst:e} off the CPU reference");
+                        assert!(mean < bar / 2.0, "{what}: tokens {mean:e} off the CPU reference on average");
                     };
-                    check(&got, "");
+                    // bf16 rounding between the products (and FP8 weights, exact on both sides).
+                    const BAR: f64 = 3e-2;
+                    // cuBLASLt's FP8 path also quantizes both products' inputs to e4m3 per token
+                    // (3 mantissa bits), as the dense FP8 GEMMs do (families.rs holds those
+                    // logits to 6e-2): up to ~6% a token seen on the H200 for one product pair.
+                    const BAR_QUANTIZED_INPUTS: f64 = 1.2e-1;
+                    check(&got, "", BAR);
                     if !fp8 && n >= from {
                         let (got, ops) = layer_on(&cuda_ours, &x);
                         assert!(ops.iter().any(|op| op == "moe grouped gemm"), "{n} rows: the ops were {ops:?}");
-                        check(&got, ", moe.cu's grouped kernel");
+                        check(&got, ", moe.cu's grouped kernel", BAR);
                     }
                     if n >= from {
-                        // FP8 experts here dequantized an expert at a time.
+                        // FP8 experts here through cuBLASLt's FP8 GEMM an expert (activations
+                        // quantized per token), or dequantized an expert at a time.
                         let (got, ops) = layer_on(&cuda_own, &x);
                         assert!(ops.iter().any(|op| op == "moe grouped gemm (cuBLAS)"), "{n} rows: the ops were {ops:?}");
-                        check(&got, ", a cuBLAS GEMM an expert");
+                        if fp8 {
+                            assert!(ops.iter().any(|op| op == "↳ fp8: cuBLASLt product"), "{n} rows: the ops were {ops:?}");
+                            check(&got, ", cuBLASLt's FP8 GEMM an expert", BAR_QUANTIZED_INPUTS);
+                            let (got, ops) = layer_on(&cuda_own_dequant, &x);
+                            assert!(ops.iter().any(|op| op == "↳ moe: dequantize an expert"), "{n} rows: the ops were {ops:?}");
+                            check(&got, ", dequantized for a cuBLAS GEMM an expert", BAR);
+                        } else {
+                            check(&got, ", a cuBLAS GEMM an expert", BAR);
+                        }
                     }
                 }
             }

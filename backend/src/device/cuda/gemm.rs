@@ -418,7 +418,7 @@ pub(super) enum Fp8Input<'a> {
 
 /// The rows an FP8 product runs on for `n` input rows: multiples of 16 up to 64 (batched decode
 /// steps), of 128 beyond (prefill).
-fn fp8_padded_rows(n: usize) -> usize {
+pub(super) fn fp8_padded_rows(n: usize) -> usize {
     if n <= 64 {
         n.next_multiple_of(16)
     } else {

@@ -309,15 +309,9 @@ impl Fp8Gemm {
             Fp8Out::F32(r) => (r.len(), false),
             Fp8Out::Bf16(r) => (r.len(), true),
         };
-        let shape = (m, n, k, bf16);
-        let mut plans = self.plans.borrow_mut();
-        let plan = match plans.entry(shape) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(shape)?),
-        };
-        let Some(plan) = plan.as_mut() else {
+        if !self.supports((m, n, k, bf16))? {
             return Ok(false);
-        };
+        }
         if w.len() < m * k || x.len() < n * k || raw_len < n * m {
             return Err(DeviceError::Op {
                 device: DEV,
@@ -327,16 +321,44 @@ impl Fp8Gemm {
         }
         let (wp, _g1) = w.device_ptr(stream);
         let (xp, _g2) = x.device_ptr(stream);
-        let (wkp, _g3) = self.workspace.device_ptr(stream);
         let (dp, _g4) = match raw {
             Fp8Out::F32(r) => r.device_ptr_mut(stream),
             Fp8Out::Bf16(r) => r.device_ptr_mut(stream),
         };
+        // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the shape's
+        // type (checked above), all on this stream, borrowed until the product is enqueued.
+        unsafe { self.matmul_at(stream, (wp, xp, dp), (m, n, k, bf16), capturing) }
+    }
+
+    /// [`Self::matmul`] on device addresses: `raw[n, m] = x[n, k] · w[m, k]ᵀ` over the codes,
+    /// bf16 or f32 as `shape` says; `Ok(false)` when cuBLASLt has no algorithm for the shape.
+    ///
+    /// # Safety
+    /// `wp`, `xp` and `dp` address m·k codes, n·k codes and n·m outputs of the shape's type in
+    /// allocations that stay live on `stream` until the product has run.
+    pub unsafe fn matmul_at(
+        &self,
+        stream: &Arc<CudaStream>,
+        (wp, xp, dp): (u64, u64, u64),
+        shape: Shape,
+        capturing: bool,
+    ) -> Result<bool, DeviceError> {
+        let mut plans = self.plans.borrow_mut();
+        let plan = match plans.entry(shape) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(shape)?),
+        };
+        let Some(plan) = plan.as_mut() else {
+            return Ok(false);
+        };
+        let (m, n, k, _) = shape;
+        let (wkp, _g3) = self.workspace.device_ptr(stream);
         let (alpha, beta) = (1.0f32, 0.0f32);
         let launch = |plan: &Plan, algo: &lt::cublasLtMatmulAlgo_t| {
             // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the plan's
-            // type (checked above), all on this stream; the workspace is LT_WORKSPACE bytes;
-            // alpha/beta outlive the call; `algo` is one the heuristic returned for this plan.
+            // type (the caller's contract), all on this stream; the workspace is LT_WORKSPACE
+            // bytes; alpha/beta outlive the call; `algo` is one the heuristic returned for this
+            // plan.
             unsafe {
                 lt::cublasLtMatmul(
                     self.handle,

@@ -168,6 +168,9 @@ pub struct Kernels {
     /// The FP8 GEMM's epilogue: row and token scales applied, from an f32 product into bf16 or
     /// f32, and from a bf16 product into bf16.
     pub fp8_scale_out: [CudaFunction; 3],
+    /// The bf16 product's epilogue where each row has weight scales of its own (a mixture's
+    /// rows sorted by expert).
+    pub fp8_scale_rows: CudaFunction,
     /// The FP8 gate|up product's epilogue with the gated activation, by
     /// [`crate::config::Activation`]: scaled and activated in one pass, bf16 → bf16.
     pub fp8_scale_glu: [CudaFunction; 2],
@@ -296,6 +299,7 @@ impl Kernels {
                 f("fp8_scale_out_f32")?,
                 f("fp8_scale_bf16_bf16")?,
             ],
+            fp8_scale_rows: f("fp8_scale_bf16_bf16_rows")?,
             fp8_scale_glu: [f("fp8_scale_silu_bf16")?, f("fp8_scale_gelu_tanh_bf16")?],
             moe_route: f("moe_route_f32")?,
             moe_router_route: [

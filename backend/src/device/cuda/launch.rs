@@ -1137,6 +1137,52 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// `fp8_scale_bf16_bf16_rows(bf16 d[n, m], f32 w_scale[..], u32 w_first[n], f32
+    /// x_scale[n], bf16 out[n, m], int n, int m)`: row t scaled by `w_scale[w_first[t]..][..m]`
+    /// and `x_scale[t]` (a mixture's sorted rows, each by its expert's weight rows); `w_first`
+    /// is checked here and uploaded.
+    pub(super) fn launch_fp8_scale_rows(
+        &self,
+        d: &CudaSlice<u16>,
+        (w_scale, w_first, x_scale): (&CudaSlice<f32>, &[u32], &CudaSlice<f32>),
+        out: &mut CudaSlice<u16>,
+        (n, m): (usize, usize),
+    ) -> Result<(), DeviceError> {
+        let scales_fit = w_first
+            .iter()
+            .all(|&f| f.is_multiple_of(4) && f as usize + m <= w_scale.len());
+        if d.len() < n * m
+            || w_first.len() < n
+            || !scales_fit
+            || x_scale.len() < n
+            || out.len() < n * m
+            || !m.is_multiple_of(8)
+            || n > 65535
+        {
+            return Err(short_buffers("fp8_scale_bf16_bf16_rows", n, m));
+        }
+        let w_first = self.htod_u32(w_first)?;
+        let (ni, mi) = (n as i32, m as i32);
+        let mut l = self.stream.launch_builder(&self.k.fp8_scale_rows);
+        l.arg(d)
+            .arg(w_scale)
+            .arg(&w_first)
+            .arg(x_scale)
+            .arg(out)
+            .arg(&ni)
+            .arg(&mi);
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(8 * 256) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: d and out hold n·m elements, w_first and x_scale n, and every row's m weight
+        // scales lie inside w_scale from a multiple of 4 (checked above), so the scales'
+        // 16-byte loads are aligned; m % 8 == 0 for the 16-byte accesses of d and out.
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("fp8_scale_bf16_bf16_rows"))?;
+        Ok(())
+    }
+
     /// `fp8_scale_out_{bf16|f32}(f32 d[n, m], f32 w_scale[m], f32 x_scale[n], out[n, m], int n,
     /// int m)`: the FP8 GEMM's product scaled by its weight rows' and tokens' scales.
     pub(super) fn launch_fp8_scale_out(

@@ -645,7 +645,7 @@ impl Device for CudaDevice {
             && i.is_multiple_of(kernels::MOE_BK))
         .then_some((gu, dw));
         // FP8 experts on cuBLAS's path only where an expert's gate|up product averages a GEMM
-        // of its own (few large experts: Mixtral's prefill): each is dequantized first.
+        // of its own (few large experts: Mixtral's prefill): cuBLASLt's FP8 GEMM an expert.
         let own_tiles = |rows: usize| (2 * i).div_ceil(128) * rows.div_ceil(128);
         let cublas_fits =
             !fp8 || own_tiles(n * k / e.min(n * k)) >= self.options.moe_gemm_own_tiles;

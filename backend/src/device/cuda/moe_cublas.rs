@@ -6,13 +6,15 @@
 //! by expert there, the tokens' rows gathered into that order on the device, and each touched
 //! expert is one problem of its own shape: `[c_e, h] · W_eᵀ`. An expert whose product fills the
 //! GPU on its own ([`super::CudaOptions::moe_gemm_own_tiles`]: Mixtral's prefill) gets a plain
-//! cuBLAS GEMM instead of a group; FP8 experts (taken here only then) are dequantized an expert
-//! at a time into one bf16 buffer, each before its GEMM. Never inside a graph capture (the
+//! cuBLAS GEMM instead of a group; FP8 experts (taken here only then) go through cuBLASLt's FP8
+//! GEMM an expert (`CACHET_MOE_FP8=cublaslt`, the default), or are dequantized an expert at a
+//! time into one bf16 buffer for cuBLAS (`dequant`). Never inside a graph capture (the
 //! caller keeps moe.cu's kernel there): the host must see the routing first.
 
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
+use super::gemm::fp8_padded_rows;
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice, DEV};
 use crate::config::Activation;
@@ -104,8 +106,8 @@ impl CudaDevice {
     /// For each run (expert x, first sorted row s, c rows): `out[s.., m] = a[s.., kk] · W_xᵀ`
     /// with `W_x` the m × kk block of rows x·m.. of `w` — a run whose product has
     /// [`super::CudaOptions::moe_gemm_own_tiles`] 128 × 128 tiles or more (every run of FP8
-    /// experts, each dequantized first) as a GEMM of its own, the others one grouped GEMM, a
-    /// group a run.
+    /// experts: cuBLASLt's FP8 GEMMs, else each dequantized first) as a GEMM of its own, the
+    /// others one grouped GEMM, a group a run.
     fn grouped_gemm(
         &self,
         (w, m): (WeightRef<'_>, usize),
@@ -113,6 +115,11 @@ impl CudaDevice {
         out: &mut CudaSlice<u16>,
         runs: &[(usize, usize, usize)],
     ) -> Result<(), DeviceError> {
+        if let WeightRef::E4m3 { codes, scales } = w {
+            if self.moe_fp8_cublaslt((codes, scales, m), (a, kk), out, runs)? {
+                return Ok(());
+            }
+        }
         let (ap, _ga) = a.device_ptr(&self.stream);
         let (op, _go) = out.device_ptr_mut(&self.stream);
         // Row-major out[c, m] = a[c, kk] · W[m, kk]ᵀ is column-major outᵀ = Wᵀ(as kk×m, T) · aᵀ
@@ -245,6 +252,91 @@ impl CudaDevice {
             });
         }
         Ok(())
+    }
+}
+
+impl CudaDevice {
+    /// FP8 experts' runs through cuBLASLt's FP8 GEMM: the sorted rows quantized per token (as
+    /// the dense FP8 GEMMs quantize theirs), each run's codes times its expert's codes on a
+    /// padded row count (a few dozen plans per weight shape), all into one bf16 product, then
+    /// every row scaled by its expert's weight scales and its own in one launch. `Ok(false)`
+    /// (nothing done) where this does not apply: switched off (`CACHET_MOE_FP8=dequant`), no
+    /// cuBLASLt, shapes not multiples of 16, or no algorithm for a run's shape.
+    fn moe_fp8_cublaslt(
+        &self,
+        (codes, w_scale, m): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
+        (a, kk): (&CudaSlice<u16>, usize),
+        out: &mut CudaSlice<u16>,
+        runs: &[(usize, usize, usize)],
+    ) -> Result<bool, DeviceError> {
+        let Some(Some(lt)) = self.fp8_gemm.get() else {
+            return Ok(false);
+        };
+        let rows: usize = runs.iter().map(|&(_, _, c)| c).sum();
+        if !self.options.moe_fp8_cublaslt
+            || rows == 0
+            || rows > 65535
+            || !m.is_multiple_of(16)
+            || !kk.is_multiple_of(16)
+        {
+            return Ok(false);
+        }
+        for &(_, _, c) in runs {
+            if !lt.supports((m, fp8_padded_rows(c), kk, true))? {
+                return Ok(false);
+            }
+        }
+        // Runs lie in order over the sorted rows; the last one's padded product reaches
+        // furthest, so both buffers end there.
+        let end = runs
+            .iter()
+            .map(|&(_, s, c)| s + fp8_padded_rows(c))
+            .max()
+            .unwrap_or(rows);
+        let mut x_codes = self.alloc_out::<u8>(end * kk, "moe FP8 activations")?;
+        let mut x_scale = self.alloc_f32(rows, "moe FP8 activation scales")?;
+        self.timed("↳ fp8: quantize activations", || {
+            let exact = self.options.fp8_exact_activations;
+            self.launch_quantize_rows_e4m3(exact, a, &mut x_codes, &mut x_scale, (rows, kk))
+        })?;
+        let mut raw = self.alloc_bf16(end * m, "moe FP8 product")?;
+        self.timed("↳ fp8: cuBLASLt product", || {
+            let (wp, _g1) = codes.device_ptr(&self.stream);
+            let (xp, _g2) = x_codes.device_ptr(&self.stream);
+            let (dp, _g3) = raw.device_ptr_mut(&self.stream);
+            for &(x, s, c) in runs {
+                let addr = (
+                    wp + (x * m * kk) as u64,
+                    xp + (s * kk) as u64,
+                    dp + 2 * (s * m) as u64,
+                );
+                // SAFETY: expert x's m × kk codes lie in `codes` (x < E, the weight's E·m rows);
+                // rows s..s + pad(c) of the activation codes and of the product lie inside
+                // `end` rows (the buffers' size); kk and m are multiples of 16, so every address
+                // is 16-byte aligned; the guards keep all three live until the launches are
+                // enqueued on this stream. A run's padding rows land on the next run's first
+                // rows, which that run's product (issued after it on the stream) rewrites.
+                let done = unsafe {
+                    lt.matmul_at(&self.stream, addr, (m, fp8_padded_rows(c), kk, true), false)
+                }?;
+                if !done {
+                    return Err(DeviceError::Op {
+                        device: DEV,
+                        op: "moe FP8 GEMM",
+                        msg: format!("cuBLASLt lost its plan for {c} rows of {m} × {kk}"),
+                    });
+                }
+            }
+            Ok(())
+        })?;
+        let w_first: Vec<u32> = runs
+            .iter()
+            .flat_map(|&(x, _, c)| std::iter::repeat_n((x * m) as u32, c))
+            .collect();
+        self.timed("↳ fp8: scales", || {
+            self.launch_fp8_scale_rows(&raw, (w_scale, &w_first, &x_scale), out, (rows, m))
+        })?;
+        Ok(true)
     }
 }
 

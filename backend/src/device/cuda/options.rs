@@ -163,10 +163,14 @@ pub struct CudaOptions {
     pub moe_grouped_cublas: bool,
     /// On cuBLAS's path, an expert whose product has this many 128 × 128 output tiles or more
     /// gets a GEMM of its own (the others stay groups of the grouped GEMM); FP8 experts take
-    /// cuBLAS's path (each expert dequantized, then its own GEMM) where an expert's gate|up
+    /// cuBLAS's path (a GEMM an expert: [`Self::moe_fp8_cublaslt`]) where an expert's gate|up
     /// product averages that many tiles, else moe.cu's FP8 kernel (`CACHET_MOE_OWN_GEMM=off|
     /// tiles`).
     pub moe_gemm_own_tiles: usize,
+    /// FP8 experts on cuBLAS's path multiply their codes through cuBLASLt's FP8 GEMM, the
+    /// sorted rows quantized per token as in the dense FP8 GEMMs (`CACHET_MOE_FP8=cublaslt`),
+    /// rather than being dequantized an expert at a time for cuBLAS (`dequant`).
+    pub moe_fp8_cublaslt: bool,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -235,6 +239,7 @@ impl Default for CudaOptions {
             moe_router: MoeRouter::Gemv,
             moe_grouped_cublas: true,
             moe_gemm_own_tiles: MOE_OWN_GEMM_DEFAULT_TILES,
+            moe_fp8_cublaslt: true,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -364,6 +369,7 @@ impl CudaOptions {
         o.fp8_fast_accum = switch("CACHET_FP8_FAST_ACCUM", "0", "1")?;
         o.fp8_gemm_tune = switch("CACHET_FP8_GEMM_TUNE", "heuristic", "timed")?;
         o.moe_grouped_cublas = !switch("CACHET_MOE_GROUPED", "cublas", "ours")?;
+        o.moe_fp8_cublaslt = !switch("CACHET_MOE_FP8", "cublaslt", "dequant")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -498,6 +504,12 @@ mod tests {
                 .moe_grouped_cublas
         );
         assert!(parse(&[("CACHET_MOE_GROUPED", "cutlass")]).is_err());
+        assert!(parse(&[]).unwrap().moe_fp8_cublaslt);
+        assert!(
+            !parse(&[("CACHET_MOE_FP8", "dequant")])
+                .unwrap()
+                .moe_fp8_cublaslt
+        );
         assert!(
             parse(&[("CACHET_FP8_GEMM_TUNE", "timed")])
                 .unwrap()
