@@ -266,8 +266,9 @@ __device__ __forceinline__ unsigned e4m3x2_bf16x2(unsigned two) {
 }
 
 // out[pair, j] = a[pair / a_div, :] · W[e·N + j, :] for every pair of every BM-row tile (e its
-// expert), j < N, into bf16. Warps of 64 rows × 32 columns (4 m16 × 4 n8 tiles): BM / 64 × 4 of
-// them. MOE_STAGES k-steps in flight (cp.async), dynamic shared memory moe_gemm_smem_bytes.
+// expert), j < N, into bf16. Warps of min(BM, 64) rows × 32 columns (up to 4 m16 × 4 n8 tiles):
+// max(BM / 64, 1) × 4 of them (BM = 16: decode steps with a few pairs an expert, a quarter of
+// the tensor-core work and shared memory of 64-row tiles). MOE_STAGES k-steps in flight (cp.async), dynamic shared memory moe_gemm_smem_bytes.
 // Grid (max_tiles, ⌈N / MOE_BN⌉); tiles past num_tiles return.
 //   a : device, bf16 [rows, K];  w : device, bf16 or (F8) e4m3 codes [E·N, K];
 //   w_scale : device, f32 [E·N] (F8: W's row j is e4m3(codes[j]) · w_scale[j]; else unused);
@@ -280,7 +281,9 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
                                          const float* __restrict__ w_scale, const int* __restrict__ sorted,
                                          const int* __restrict__ tile_expert, const int* __restrict__ num_tiles,
                                          bf16* __restrict__ out, int N, int K, int a_div) {
-    constexpr int THREADS = BM / 64 * 4 * 32;
+    constexpr int WM = BM < 64 ? BM : 64;  // rows a warp covers
+    constexpr int MI = WM / 16;            // its m16 tiles
+    constexpr int THREADS = BM / WM * 4 * 32;
     const int tile = blockIdx.x;
     if (tile >= num_tiles[0]) return;
     extern __shared__ __align__(16) bf16 moe_smem[];
@@ -298,8 +301,9 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
     auto load = [&](int stage, int k0) {
         bf16* A = sa + stage * BM * MOE_SK;
 #pragma unroll
-        for (int c = 0; c < BM * 4 / THREADS; ++c) {
+        for (int c = 0; c < (BM * 4 + THREADS - 1) / THREADS; ++c) {
             const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
+            if (BM * 4 % THREADS != 0 && idx >= BM * 4) break;
             const int p = rows[r];
             const bf16* src = a + (size_t)(p < 0 ? 0 : p / a_div) * K + k0 + ch * 8;
             cp_async16(A + r * MOE_SK + ch * 8, src, p < 0 ? 0 : 16);
@@ -326,10 +330,10 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
             }
         }
     };
-    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
-    float acc[4][4][4];
+    const int wm = (warp >> 2) * WM, wn = (warp & 3) * 32;
+    float acc[MI][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -371,9 +375,9 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
         }
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
-            unsigned af[4][4], bfr[4][2];
+            unsigned af[MI][4], bfr[4][2];
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int i = 0; i < MI; ++i)
                 ldmatrix_x4(af[i], A + (wm + i * 16 + (lane & 15)) * MOE_SK + kk + (lane >> 4) * 8);
 #pragma unroll
             for (int j = 0; j < 4; j += 2) {
@@ -385,7 +389,7 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
                 bfr[j + 1][1] = r[3];
             }
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], af[i], bfr[j]);
         }
@@ -400,7 +404,7 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
         sc[j][1] = scaled ? w_scale[(size_t)e * N + n + 1] : 1.f;
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int p = rows[wm + i * 16 + (lane >> 2) + half * 8];
@@ -416,15 +420,17 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
 }
 
 #define MOE_GEMM_KERNEL(name, BM, F8)                                                                 \
-    extern "C" __global__ void __launch_bounds__(BM / 64 * 128)                                       \
+    extern "C" __global__ void __launch_bounds__(BM < 64 ? 128 : BM / 64 * 128)                       \
         name(const bf16* __restrict__ a, const void* __restrict__ w, const float* __restrict__ w_scale, \
              const int* __restrict__ sorted, const int* __restrict__ tile_expert,                     \
              const int* __restrict__ num_tiles, bf16* __restrict__ out, int N, int K, int a_div) {     \
         wait_for_prior_kernels();                                                                     \
         moe_gemm<BM, F8>(a, w, w_scale, sorted, tile_expert, num_tiles, out, N, K, a_div);            \
     }
+MOE_GEMM_KERNEL(moe_gemm_bm16_bf16, 16, false)
 MOE_GEMM_KERNEL(moe_gemm_bm64_bf16, 64, false)
 MOE_GEMM_KERNEL(moe_gemm_bm128_bf16, 128, false)
+MOE_GEMM_KERNEL(moe_gemm_bm16_e4m3, 16, true)
 MOE_GEMM_KERNEL(moe_gemm_bm64_e4m3, 64, true)
 MOE_GEMM_KERNEL(moe_gemm_bm128_e4m3, 128, true)
 

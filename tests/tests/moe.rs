@@ -322,8 +322,8 @@ fn bf16_exact(
 
 gpu_test! {
     /// The CUDA MoE layer against the CPU reference on the same (bf16-exact) inputs and weights,
-    /// token by token: both paths (expert GEMVs below 8 rows, sorted grouped GEMMs from 8), 64-
-    /// and 128-row tiles, normalised or not, bf16 and FP8 expert weights; bf16's grouped products
+    /// token by token: both paths (expert GEMVs below 8 rows, sorted grouped GEMMs from 8), 16-,
+    /// 64- and 128-row tiles, normalised or not, bf16 and FP8 expert weights; bf16's grouped products
     /// through cuBLAS's grouped GEMM (the default) and moe.cu's kernel, FP8's through moe.cu's
     /// FP8 kernel; both with a cuBLAS GEMM of its own for every expert (FP8: cuBLASLt's FP8 GEMM,
     /// or dequantized for cuBLAS). A token is compared
@@ -343,7 +343,13 @@ gpu_test! {
         let cuda_fused = CudaDevice::new(0, 16, one_launch).unwrap();
         // The grouped products through moe.cu's sorted kernel (CACHET_MOE_GROUPED=ours) beside
         // the default, cuBLAS's grouped GEMM.
-        let ours = cachet_backend::device::cuda::CudaOptions { moe_grouped_cublas: false, ..Default::default() };
+        // bf16 experts there take 16-row tiles too (CACHET_MOE_SMALL_TILES=all; FP8 ones do by
+        // default).
+        let ours = cachet_backend::device::cuda::CudaOptions {
+            moe_grouped_cublas: false,
+            moe_small_tiles: cachet_backend::device::cuda::MoeSmallTiles::All,
+            ..Default::default()
+        };
         let cuda_ours = CudaDevice::new(0, 16, ours).unwrap();
         // Every expert a cuBLAS GEMM of its own, FP8 ones dequantized (CACHET_MOE_OWN_GEMM=1).
         let own = cachet_backend::device::cuda::CudaOptions { moe_gemm_own_tiles: 1, ..Default::default() };
@@ -378,7 +384,8 @@ gpu_test! {
                     dev.set_profiling(false);
                     (got, ops)
                 };
-                // n ≥ 8·… with E = 128 and k = 8 → 128-row tiles at 1,536+ pairs.
+                // 16-row tiles up to 16 pairs an expert (8 and 64 rows), 128-row tiles from 96
+                // (E = 128, k = 8: 1,600 rows), 64 between.
                 for n in [1, 2, 3, 7, 8, 64, 300, 1600] {
                     let x = bf16_exact(&mut rng, n, h, 1.0);
                     let want = cpu.to_host(&cpu.moe(&cpu.upload(&x).unwrap(),

@@ -60,15 +60,16 @@ pub const MOE_MAX_EXPERTS: usize = 512;
 pub const MOE_MAX_K: usize = 8;
 /// Threads of an expert GEMV block (a warp per output row).
 pub const MOE_THREADS: u32 = 256;
-/// Rows of a grouped-GEMM tile (its two instantiations), its columns and k step (MOE_BN, MOE_BK
-/// in moe.cu).
-pub const MOE_BMS: [usize; 2] = [64, 128];
+/// Rows of a grouped-GEMM tile (its three instantiations), its columns and k step (MOE_BN,
+/// MOE_BK in moe.cu).
+pub const MOE_BMS: [usize; 3] = [16, 64, 128];
 pub const MOE_BN: usize = 128;
 pub const MOE_BK: usize = 32;
 
-/// Threads of a grouped-GEMM block of `bm` rows: four warps per 64 rows.
+/// Threads of a grouped-GEMM block of `bm` rows: four warps per 64 rows (16-row tiles: four
+/// warps, each over the tile's rows).
 pub fn moe_gemm_threads(bm: usize) -> u32 {
-    (bm / 64 * 128) as u32
+    ((bm / 64).max(1) * 128) as u32
 }
 
 /// Shared memory of a grouped-GEMM block of `bm` rows: three stages of A and B tiles, rows of
@@ -185,7 +186,7 @@ pub struct Kernels {
     pub moe_sort: CudaFunction,
     /// The grouped GEMM by tile rows (64, 128).
     /// `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
-    pub moe_gemm: [[CudaFunction; 2]; 2],
+    pub moe_gemm: [[CudaFunction; 3]; 2],
     pub moe_combine: CudaFunction,
 }
 
@@ -311,8 +312,16 @@ impl Kernels {
             moe_down: [f("moe_down_bf16")?, f("moe_down_e4m3")?],
             moe_sort: f("moe_sort")?,
             moe_gemm: [
-                [f("moe_gemm_bm64_bf16")?, f("moe_gemm_bm128_bf16")?],
-                [f("moe_gemm_bm64_e4m3")?, f("moe_gemm_bm128_e4m3")?],
+                [
+                    f("moe_gemm_bm16_bf16")?,
+                    f("moe_gemm_bm64_bf16")?,
+                    f("moe_gemm_bm128_bf16")?,
+                ],
+                [
+                    f("moe_gemm_bm16_e4m3")?,
+                    f("moe_gemm_bm64_e4m3")?,
+                    f("moe_gemm_bm128_e4m3")?,
+                ],
             ],
             moe_combine: f("moe_combine_bf16")?,
         };

@@ -39,7 +39,8 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
 pub use options::{
-    CudaOptions, MoeRouter, SplitOptions, MOE_GEMM_DEFAULT_ROWS, MOE_GEMM_FP8_DEFAULT_ROWS,
+    CudaOptions, MoeRouter, MoeSmallTiles, SplitOptions, MOE_GEMM_DEFAULT_ROWS,
+    MOE_GEMM_FP8_DEFAULT_ROWS,
 };
 pub use programmatic::Pdl;
 use tensor::WeightRef;
@@ -661,9 +662,22 @@ impl Device for CudaDevice {
             Some((gu, dw)) => {
                 let pairs = n * k;
                 self.timed("moe grouped gemm", || {
-                    // Tiles of 128 rows where the experts average that many pairs (prefill), else
-                    // 64 (less padding where each expert has a few).
-                    let bm = if pairs >= 96 * e { 128 } else { 64 };
+                    // Tiles of 128 rows where the experts average that many pairs (prefill), 16
+                    // where they average 16 or fewer (decode; FP8 experts unless
+                    // CACHET_MOE_SMALL_TILES says otherwise), else 64.
+                    let bm = if pairs >= 96 * e {
+                        128
+                    } else if pairs <= 16 * e
+                        && match self.options.moe_small_tiles {
+                            MoeSmallTiles::All => true,
+                            MoeSmallTiles::Fp8 => fp8,
+                            MoeSmallTiles::Off => false,
+                        }
+                    {
+                        16
+                    } else {
+                        64
+                    };
                     let cap = launch::moe_sorted_capacity(pairs, e, bm);
                     let mut groups = launch::MoeGroups {
                         bm,

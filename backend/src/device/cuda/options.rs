@@ -132,6 +132,17 @@ pub enum MoeRouter {
     Gemm,
 }
 
+/// Which experts moe.cu's grouped kernel gives 16-row tiles in decode steps (experts averaging
+/// 16 pairs or fewer). Measured on the H200 (BENCHMARKS.md §13c, two rounds): FP8 experts' steps
+/// 8–13% faster at batch 64 and 3–4% at 256; bf16's within ±3% either way, so FP8 only by
+/// default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeSmallTiles {
+    Fp8,
+    All,
+    Off,
+}
+
 /// The CUDA device's options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaOptions {
@@ -171,6 +182,10 @@ pub struct CudaOptions {
     /// sorted rows quantized per token as in the dense FP8 GEMMs (`CACHET_MOE_FP8=cublaslt`),
     /// rather than being dequantized an expert at a time for cuBLAS (`dequant`).
     pub moe_fp8_cublaslt: bool,
+    /// Where moe.cu's grouped kernel takes 16-row tiles, for experts averaging 16 pairs or
+    /// fewer (decode steps), rather than 64 (`CACHET_MOE_SMALL_TILES=fp8|all|off`): see
+    /// [`MoeSmallTiles`].
+    pub moe_small_tiles: MoeSmallTiles,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -240,6 +255,7 @@ impl Default for CudaOptions {
             moe_grouped_cublas: true,
             moe_gemm_own_tiles: MOE_OWN_GEMM_DEFAULT_TILES,
             moe_fp8_cublaslt: true,
+            moe_small_tiles: MoeSmallTiles::Fp8,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -370,6 +386,17 @@ impl CudaOptions {
         o.fp8_gemm_tune = switch("CACHET_FP8_GEMM_TUNE", "heuristic", "timed")?;
         o.moe_grouped_cublas = !switch("CACHET_MOE_GROUPED", "cublas", "ours")?;
         o.moe_fp8_cublaslt = !switch("CACHET_MOE_FP8", "cublaslt", "dequant")?;
+        o.moe_small_tiles = match var("CACHET_MOE_SMALL_TILES").as_deref() {
+            None | Some("") | Some("fp8") => MoeSmallTiles::Fp8,
+            Some("all") => MoeSmallTiles::All,
+            Some("off") => MoeSmallTiles::Off,
+            Some(v) => {
+                return Err(bad(
+                    "CACHET_MOE_SMALL_TILES",
+                    format!("`{v}`: expected `fp8`, `all` or `off`"),
+                ))
+            }
+        };
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -505,6 +532,14 @@ mod tests {
         );
         assert!(parse(&[("CACHET_MOE_GROUPED", "cutlass")]).is_err());
         assert!(parse(&[]).unwrap().moe_fp8_cublaslt);
+        assert_eq!(parse(&[]).unwrap().moe_small_tiles, MoeSmallTiles::Fp8);
+        assert_eq!(
+            parse(&[("CACHET_MOE_SMALL_TILES", "all")])
+                .unwrap()
+                .moe_small_tiles,
+            MoeSmallTiles::All
+        );
+        assert!(parse(&[("CACHET_MOE_SMALL_TILES", "on")]).is_err());
         assert!(
             !parse(&[("CACHET_MOE_FP8", "dequant")])
                 .unwrap()
