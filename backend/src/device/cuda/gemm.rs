@@ -122,10 +122,9 @@ impl CudaDevice {
         if n == 0 {
             return Ok(tensor(out));
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let (xp, _gx) = xs.device_ptr(&self.stream);
-        let (wp, _gw) = ws.device_ptr(&self.stream);
-        let status = {
+        {
+            let (xp, _gx) = xs.device_ptr(&self.stream);
+            let (wp, _gw) = ws.device_ptr(&self.stream);
             let (op, ot) = match &mut out {
                 Out::F32(o) => (
                     o.device_ptr_mut(&self.stream),
@@ -136,36 +135,53 @@ impl CudaDevice {
                     blas_sys::cudaDataType_t::CUDA_R_16BF,
                 ),
             };
-            // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major outᵀ[m, n] = wᵀ·x with w
-            // seen as a k×m column-major matrix (transposed) and x as k×n.
-            // SAFETY: the pointers are live device allocations of the stated sizes (n·k, m·k, n·m
-            // elements of the stated types), on the handle's stream; alpha/beta outlive the call.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *self.blas.handle.handle(),
-                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    m as i32,
-                    n as i32,
-                    k as i32,
-                    (&alpha as *const f32).cast(),
-                    wp as *const _,
-                    blas_sys::cudaDataType_t::CUDA_R_16BF,
-                    k as i32,
-                    xp as *const _,
-                    blas_sys::cudaDataType_t::CUDA_R_16BF,
-                    k as i32,
-                    (&beta as *const f32).cast(),
-                    op.0 as *mut _,
-                    ot,
-                    m as i32,
-                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-        };
-        status.map_err(|e| blas_err("cublasGemmEx")(format!("{e:?}")))?;
+            // SAFETY: the three are live allocations of n·k, m·k and n·m elements (bf16, bf16
+            // and the output's type) on the handle's stream, borrowed until the product is
+            // enqueued.
+            unsafe { self.gemm_bf16_at((wp, xp, op.0), (m, n, k), ot) }?;
+        }
         Ok(tensor(out))
+    }
+
+    /// `out[n, m] = x[n, k] · w[m, k]ᵀ` (row-major) on device addresses through cuBLAS: bf16
+    /// inputs, f32 accumulation, the output in `out_type` — column-major outᵀ[m, n] = wᵀ·x with
+    /// w seen as a k×m column-major matrix (transposed) and x as k×n.
+    ///
+    /// # Safety
+    /// `wp`, `xp` and `op` address m·k bf16, n·k bf16 and n·m `out_type` elements of allocations
+    /// that stay live on the handle's stream until the product has run.
+    pub(super) unsafe fn gemm_bf16_at(
+        &self,
+        (wp, xp, op): (u64, u64, u64),
+        (m, n, k): (usize, usize, usize),
+        out_type: blas_sys::cudaDataType_t,
+    ) -> Result<(), DeviceError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the caller's addresses (see above); alpha/beta outlive the call.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                n as i32,
+                k as i32,
+                (&alpha as *const f32).cast(),
+                wp as *const _,
+                blas_sys::cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                xp as *const _,
+                blas_sys::cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                (&beta as *const f32).cast(),
+                op as *mut _,
+                out_type,
+                m as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| blas_err("cublasGemmEx")(format!("{e:?}")))
     }
 
     /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, the e4m3 product in

@@ -27,6 +27,16 @@ pub(super) fn moe_sorted_capacity(pairs: usize, e: usize, bm: usize) -> usize {
     (pairs + e * (bm - 1)).div_ceil(bm) * bm
 }
 
+/// The bf16 FP8 epilogues' grid (`fp8_scale_bf16_bf16*`, `fp8_scale_{act}_bf16`): eight columns
+/// a thread, 256 threads a block (gemv.cu's FP8_SCALE_THREADS), a row of blocks per token.
+fn fp8_scale_config(n: usize, cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (cols.div_ceil(8 * 256) as u32, n as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The pairs of a step sorted by expert into tiles of `bm` rows (moe_sort's outputs).
 pub(super) struct MoeGroups {
     pub bm: usize,
@@ -530,13 +540,7 @@ impl CudaDevice {
             .arg(out)
             .arg(&ni)
             .arg(&ii);
-        // Eight columns a thread, 256 threads a block (gemv.cu's FP8_SCALE_THREADS), a row of
-        // blocks per token.
-        let cfg = LaunchConfig {
-            grid_dim: (i.div_ceil(8 * 256) as u32, n as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = fp8_scale_config(n, i);
         // SAFETY: d holds n rows of 2i, out n rows of i, the scales 2i and n (checked above),
         // i a multiple of 8 for the 16-byte accesses (fresh allocations, 16-byte aligned);
         // threads past i return.
@@ -1171,11 +1175,7 @@ impl CudaDevice {
             .arg(out)
             .arg(&ni)
             .arg(&mi);
-        let cfg = LaunchConfig {
-            grid_dim: (m.div_ceil(8 * 256) as u32, n as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = fp8_scale_config(n, m);
         // SAFETY: d and out hold n·m elements, w_first and x_scale n, and every row's m weight
         // scales lie inside w_scale from a multiple of 4 (checked above), so the scales'
         // 16-byte loads are aligned; m % 8 == 0 for the 16-byte accesses of d and out.
@@ -1211,13 +1211,8 @@ impl CudaDevice {
         }
         let (ni, mi) = (n as i32, m as i32);
         let cfg = match &d {
-            // Eight columns a thread, 256 threads a block, a row of blocks per token (gemv.cu's
-            // FP8_SCALE_THREADS); m is a multiple of 16 (the FP8 GEMM's condition).
-            Fp8Product::Bf16(_) if m.is_multiple_of(8) && n <= 65535 => LaunchConfig {
-                grid_dim: (m.div_ceil(8 * 256) as u32, n as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            },
+            // m is a multiple of 16 (the FP8 GEMM's condition).
+            Fp8Product::Bf16(_) if m.is_multiple_of(8) && n <= 65535 => fp8_scale_config(n, m),
             Fp8Product::Bf16(_) => {
                 return Err(DeviceError::Op {
                     device: super::DEV,

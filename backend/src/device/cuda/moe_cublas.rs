@@ -132,39 +132,11 @@ impl CudaDevice {
         });
         // out[s.., m] = a[s.., kk] · Wᵀ for c rows from s, W at device address wp.
         let gemm_at = |wp: u64, s: usize, c: usize| {
-            let (alpha, beta) = (1.0f32, 0.0f32);
+            let addr = (wp, at(ap, s * kk), at(op, s * m));
             // SAFETY: the caller's wp addresses an m × kk bf16 block of a live allocation held
             // across the call; sorted rows s..s + c of `a` (kk wide) and of `out` (m wide) lie
-            // inside their live allocations (guards above) on the handle's stream; alpha/beta
-            // outlive the call.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *self.blas.handle.handle(),
-                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    m as i32,
-                    c as i32,
-                    kk as i32,
-                    (&alpha as *const f32).cast(),
-                    wp as *const _,
-                    blas_sys::cudaDataType_t::CUDA_R_16BF,
-                    kk as i32,
-                    at(ap, s * kk) as *const _,
-                    blas_sys::cudaDataType_t::CUDA_R_16BF,
-                    kk as i32,
-                    (&beta as *const f32).cast(),
-                    at(op, s * m) as *mut _,
-                    blas_sys::cudaDataType_t::CUDA_R_16BF,
-                    m as i32,
-                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| DeviceError::Op {
-                device: DEV,
-                op: "cublasGemmEx",
-                msg: format!("{e:?}"),
-            })
+            // inside their live allocations (guards above) on the handle's stream.
+            unsafe { self.gemm_bf16_at(addr, (m, c, kk), blas_sys::cudaDataType_t::CUDA_R_16BF) }
         };
         let w = match w {
             WeightRef::Bf16(w) => w,
