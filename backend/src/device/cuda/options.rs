@@ -210,7 +210,9 @@ pub struct CudaOptions {
     /// A bf16 result's FP8 product is written by cuBLASLt in bf16 and scaled bf16 → bf16 (4 bytes
     /// an element through the epilogue) rather than in f32 (10 bytes: written, read back, bf16
     /// written) (`CACHET_FP8_PRODUCT=bf16|f32`). bf16: prefill 2.5–4% faster on the H200, the
-    /// logits' error against transformers and bf16 the same (BENCHMARKS.md §9b).
+    /// logits' error against transformers and bf16 the same (BENCHMARKS.md §9b). The dense
+    /// projections only: FP8 experts' cuBLASLt products are always bf16 (their per-row epilogue
+    /// has no f32 form).
     pub fp8_bf16_product: bool,
     /// An FP8 GEMM's input rows quantized by the weights' kernel (`quantize_rows_e4m3`: each
     /// row read twice, a division an element) rather than `quantize_act_rows_e4m3` (read once,
