@@ -667,13 +667,7 @@ impl Device for CudaDevice {
                     // CACHET_MOE_SMALL_TILES says otherwise), else 64.
                     let bm = if pairs >= 96 * e {
                         128
-                    } else if pairs <= 16 * e
-                        && match self.options.moe_small_tiles {
-                            MoeSmallTiles::All => true,
-                            MoeSmallTiles::Fp8 => fp8,
-                            MoeSmallTiles::Off => false,
-                        }
-                    {
+                    } else if pairs <= 16 * e && self.options.moe_small_tiles.apply(fp8) {
                         16
                     } else {
                         64

@@ -143,6 +143,17 @@ pub enum MoeSmallTiles {
     Off,
 }
 
+impl MoeSmallTiles {
+    /// Whether experts of this format (FP8 or bf16) take 16-row tiles.
+    pub fn apply(self, fp8: bool) -> bool {
+        match self {
+            MoeSmallTiles::All => true,
+            MoeSmallTiles::Fp8 => fp8,
+            MoeSmallTiles::Off => false,
+        }
+    }
+}
+
 /// The CUDA device's options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaOptions {
@@ -535,6 +546,8 @@ mod tests {
         assert!(parse(&[("CACHET_MOE_GROUPED", "cutlass")]).is_err());
         assert!(parse(&[]).unwrap().moe_fp8_cublaslt);
         assert_eq!(parse(&[]).unwrap().moe_small_tiles, MoeSmallTiles::Fp8);
+        assert!(MoeSmallTiles::Fp8.apply(true) && !MoeSmallTiles::Fp8.apply(false));
+        assert!(MoeSmallTiles::All.apply(false) && !MoeSmallTiles::Off.apply(true));
         assert_eq!(
             parse(&[("CACHET_MOE_SMALL_TILES", "all")])
                 .unwrap()
