@@ -5,9 +5,9 @@
 # active-weight floor, batches 16 / 64 / 256 against the floor of the experts they touch, prefill
 # against the GEMM rate — and the transformers peer of the same configs in the same call
 # (TORCH=0 skips it); GEMV_TOO=1 adds the decode batches with every step on the expert GEMVs
-# (CACHET_MOE_GEMM=off) beside the grouped GEMMs. Carry .carry/{cachet,families-tests,moe-tests,
+# (CACHET_MOE_GEMM=off) beside the grouped GEMMs; QUANT="none fp8" adds the FP8-expert tables. Carry .carry/{cachet,families-tests,moe-tests,
 # engine-tests}.xz (stripped, xz); the results are tarred into $OUT/moe.tar.gz as well.
-#   OUT=... [MODELS="qwen3-30b-a3b mixtral-8x7b"] [PREFILL_qwen3_30b_a3b=512,4096] scripts/gpu_moe.sh
+#   OUT=... [MODELS="qwen3-30b-a3b mixtral-8x7b"] [PREFILL_qwen3_30b_a3b=512,4096] [QUANT="none fp8"] scripts/gpu_moe.sh
 source "$(dirname "$0")/gpu_common.sh"
 if [ -x /tmp/families-tests ]; then
   echo "== family tests on CUDA (tiny MoE models among them)"
@@ -25,11 +25,14 @@ fi
 for model in ${MODELS:-qwen3-30b-a3b mixtral-8x7b}; do
   var="PREFILL_${model//[-.]/_}"
   prefill=${!var:-512,4096}
-  echo "== bench forward, $model (prefill $prefill)"
-  /tmp/cachet bench forward --model examples/configs/$model.json --load-format dummy --device cuda \
-    --decode-contexts 512,4096 --decode-batches ${BATCHES:-16,64,256} --decode-context 2048 \
-    --prefill "$prefill" --cached-prefix none --sampling-batches 1 --graph-batches 1,16 --profile \
-    --json-out "$out/forward-$model.json" 2>&1 | grep -v " INFO " | tee "$out/forward-$model.txt"
+  for q in ${QUANT:-none}; do
+    sfx=""; [ "$q" = none ] || sfx="-$q"
+    echo "== bench forward, $model (prefill $prefill, weights $q)"
+    /tmp/cachet bench forward --model examples/configs/$model.json --load-format dummy --device cuda \
+      --quantization "$q" --decode-contexts 512,4096 --decode-batches ${BATCHES:-16,64,256} --decode-context 2048 \
+      --prefill "$prefill" --cached-prefix none --sampling-batches 1 --graph-batches 1,16 --profile \
+      --json-out "$out/forward-$model$sfx.json" 2>&1 | grep -v " INFO " | tee "$out/forward-$model$sfx.txt"
+  done
   if [ "${GEMV_TOO:-0}" = 1 ]; then
     echo "== bench forward, $model, expert GEMVs only (CACHET_MOE_GEMM=off)"
     CACHET_MOE_GEMM=off /tmp/cachet bench forward --model examples/configs/$model.json --load-format dummy \
