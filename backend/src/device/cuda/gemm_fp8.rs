@@ -283,20 +283,27 @@ impl Fp8Gemm {
         Ok(Some(plan))
     }
 
-    /// `raw = x · wᵀ` over the codes (unit scales), f32 or bf16 `[n, m]`; `Ok(false)` when
-    /// cuBLASLt has no algorithm for the shape (nothing was launched).
-    /// Whether cuBLASLt has an algorithm for `shape` (planned now if it was not).
-    pub fn supports(&self, shape: Shape) -> Result<bool, DeviceError> {
-        let mut plans = self.plans.borrow_mut();
-        let plan = match plans.entry(shape) {
+    /// The plan of `shape` in `plans`, made now if it was not (`None`: no algorithm).
+    fn planned<'p>(
+        &self,
+        plans: &'p mut HashMap<Shape, Option<Plan>>,
+        shape: Shape,
+    ) -> Result<&'p mut Option<Plan>, DeviceError> {
+        Ok(match plans.entry(shape) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(shape)?),
-        };
-        Ok(plan.is_some())
+        })
     }
 
-    /// `capturing`: the stream is recording a CUDA graph (nothing may be timed or waited for, so
-    /// an untuned shape keeps the heuristic's pick for now).
+    /// Whether cuBLASLt has an algorithm for `shape` (planned now if it was not).
+    pub fn supports(&self, shape: Shape) -> Result<bool, DeviceError> {
+        Ok(self.planned(&mut self.plans.borrow_mut(), shape)?.is_some())
+    }
+
+    /// `raw = x · wᵀ` over the codes (unit scales), f32 or bf16 `[n, m]`; `Ok(false)` when
+    /// cuBLASLt has no algorithm for the shape (nothing was launched). `capturing`: the stream
+    /// is recording a CUDA graph (nothing may be timed or waited for, so an untuned shape keeps
+    /// the heuristic's pick for now).
     pub fn matmul(
         &self,
         stream: &Arc<CudaStream>,
@@ -309,9 +316,6 @@ impl Fp8Gemm {
             Fp8Out::F32(r) => (r.len(), false),
             Fp8Out::Bf16(r) => (r.len(), true),
         };
-        if !self.supports((m, n, k, bf16))? {
-            return Ok(false);
-        }
         if w.len() < m * k || x.len() < n * k || raw_len < n * m {
             return Err(DeviceError::Op {
                 device: DEV,
@@ -344,11 +348,7 @@ impl Fp8Gemm {
         capturing: bool,
     ) -> Result<bool, DeviceError> {
         let mut plans = self.plans.borrow_mut();
-        let plan = match plans.entry(shape) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(shape)?),
-        };
-        let Some(plan) = plan.as_mut() else {
+        let Some(plan) = self.planned(&mut plans, shape)?.as_mut() else {
             return Ok(false);
         };
         let (m, n, k, _) = shape;

@@ -948,7 +948,7 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `moe_gemm_bm{64,128}_{bf16,e4m3}(bf16 a[rows, K], bf16 or e4m3 w[E·N, K], f32
+    /// `moe_gemm_bm{16,64,128}_{bf16,e4m3}(bf16 a[rows, K], bf16 or e4m3 w[E·N, K], f32
     /// w_scale[E·N] or null, i32 sorted[cap], i32 tile_expert[..], i32 num_tiles[1], bf16
     /// out[pairs, N], int N, int K, int a_div)`: grid (cap / bm, ⌈N / MOE_BN⌉) for the groups'
     /// tile rows bm; pair p reads row p / a_div of `a`.
@@ -998,7 +998,10 @@ impl CudaDevice {
         let cfg = LaunchConfig {
             grid_dim: (max_tiles as u32, n.div_ceil(MOE_BN) as u32, 1),
             block_dim: (super::kernels::moe_gemm_threads(bm), 1, 1),
-            shared_mem_bytes: super::kernels::moe_gemm_smem_bytes(bm, w.format() == 1),
+            shared_mem_bytes: super::kernels::moe_gemm_smem_bytes(
+                bm,
+                matches!(w, WeightRef::E4m3 { .. }),
+            ),
         };
         // SAFETY: K a multiple of the k step and N of 8 (whole 16-byte loads and 4-byte stores
         // of whole allocations), buffer sizes checked above; the sort wrote every tile's expert

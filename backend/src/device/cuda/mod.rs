@@ -647,9 +647,9 @@ impl Device for CudaDevice {
         .then_some((gu, dw));
         // FP8 experts on cuBLAS's path only where an expert's gate|up product averages a GEMM
         // of its own (few large experts: Mixtral's prefill): cuBLASLt's FP8 GEMM an expert.
-        let own_tiles = |rows: usize| (2 * i).div_ceil(128) * rows.div_ceil(128);
-        let cublas_fits =
-            !fp8 || own_tiles(n * k / e.min(n * k)) >= self.options.moe_gemm_own_tiles;
+        let cublas_fits = !fp8
+            || moe_cublas::own_gemm_tiles(2 * i, n * k / e.min(n * k))
+                >= self.options.moe_gemm_own_tiles;
         match grouped {
             // cuBLAS's grouped GEMM takes its shapes on the host: never inside a capture.
             Some((gu, dw))
@@ -697,21 +697,8 @@ impl Device for CudaDevice {
             None => {
                 self.timed("moe expert gemv", || {
                     let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-                    self.launch_moe_gate_up(
-                        w.gate_up.weight("moe")?,
-                        xs,
-                        &ids,
-                        &mut act,
-                        (n, k, i, h),
-                    )?;
-                    self.launch_moe_down(
-                        w.down.weight("moe")?,
-                        &act,
-                        &ids,
-                        &weights,
-                        &mut y,
-                        (n, k, i, h),
-                    )
+                    self.launch_moe_gate_up(gu, xs, &ids, &mut act, (n, k, i, h))?;
+                    self.launch_moe_down(dw, &act, &ids, &weights, &mut y, (n, k, i, h))
                 })?;
             }
         }

@@ -29,6 +29,12 @@ pub(crate) struct ExpertRuns {
     pub runs: Vec<(usize, usize, usize)>,
 }
 
+/// 128 × 128 output tiles of an expert's `rows` × `m` product: from
+/// [`super::CudaOptions::moe_gemm_own_tiles`] of them it gets a GEMM of its own.
+pub(super) fn own_gemm_tiles(m: usize, rows: usize) -> usize {
+    m.div_ceil(128) * rows.div_ceil(128)
+}
+
 /// A stable counting sort of the pairs by expert (`ids[p] < e`, checked).
 pub(crate) fn expert_runs(ids: &[i32], e: usize) -> Result<ExpertRuns, String> {
     let mut count = vec![0usize; e];
@@ -128,7 +134,7 @@ impl CudaDevice {
         let at = |base: u64, elems: usize| base + 2 * elems as u64;
         let own_tiles = self.options.moe_gemm_own_tiles;
         let (own, runs): (Vec<_>, Vec<_>) = runs.iter().partition(|&&(_, _, c)| {
-            matches!(w, WeightRef::E4m3 { .. }) || m.div_ceil(128) * c.div_ceil(128) >= own_tiles
+            matches!(w, WeightRef::E4m3 { .. }) || own_gemm_tiles(m, c) >= own_tiles
         });
         // out[s.., m] = a[s.., kk] · Wᵀ for c rows from s, W at device address wp.
         let gemm_at = |wp: u64, s: usize, c: usize| {
@@ -225,9 +231,7 @@ impl CudaDevice {
         }
         Ok(())
     }
-}
 
-impl CudaDevice {
     /// FP8 experts' runs through cuBLASLt's FP8 GEMM: the sorted rows quantized per token (as
     /// the dense FP8 GEMMs quantize theirs), each run's codes times its expert's codes on a
     /// padded row count (a few dozen plans per weight shape), all into one bf16 product, then
