@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use cachet_backend::engine::EngineConfig;
 use cachet_backend::generate::{generate, GenerateParams};
 use cachet_backend::request::FinishReason;
-use cachet_backend::sampler::SamplingParams;
+use cachet_backend::sampler::{RowLogprobs, SamplingParams};
 use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
 use cachet_backend::tokenizer::ChatMessage;
 use cachet_backend::EngineError;
@@ -928,23 +928,50 @@ device_test! {
     }
 }
 
+/// Where output token `step` of a request seeded `seed` lands in its candidate distribution as
+/// rebuilt from the row's top log-probabilities (every candidate when `top_k` ≤ their number):
+/// the token the sampler draws there and the distance of the draw from the nearest boundary
+/// between two candidates' shares — how far rounding would have to move the distribution to
+/// change the token.
+fn seeded_draw(lp: &RowLogprobs, p: &SamplingParams, seed: u64, step: u64) -> (u32, f32) {
+    use cachet_backend::sampler::{distribution, sample, uniform};
+    let vocab = lp.top.iter().map(|t| t.0).max().unwrap() as usize + 1;
+    let mut row = vec![f32::NEG_INFINITY; vocab];
+    lp.top.iter().for_each(|&(id, l)| row[id as usize] = l);
+    let mut dist = distribution(&row, p);
+    dist.sort_unstable_by_key(|x| x.0);
+    let u = uniform(seed, step);
+    let mut acc = 0.0f32;
+    let mut margin = f32::INFINITY;
+    for &(_, pr) in &dist[..dist.len() - 1] {
+        acc += pr;
+        margin = margin.min((acc - u).abs());
+    }
+    (sample(&row, p, seed, step), margin)
+}
+
 device_test! {
     fn a_seeded_request_reproduces_whatever_shares_its_batch(dev) {
         let m = smollm2();
         let prompts = prompts();
         let e = engine(dev, m, 256, EngineConfig::default());
         let h = e.handle();
+        // top_k 20 keeps every candidate inside the 20 log-probabilities a token reports, so a
+        // draw can be rebuilt on the host (`seeded_draw`).
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 20,
+            top_p: 0.95,
+            seed: Some(11),
+            logprobs: Some(20),
+            ..Default::default()
+        };
         let req = || {
             let mut r = greedy_request(prompts[4].clone(), 24);
-            r.sampling = SamplingParams {
-                temperature: 1.0,
-                top_p: 0.95,
-                seed: Some(11),
-                ..Default::default()
-            };
+            r.sampling = params.clone();
             r
         };
-        let alone = collect(h.submit(req()).unwrap()).tokens;
+        let alone = collect(h.submit(req()).unwrap());
         let others: Vec<_> = (0..6)
             .map(|i| {
                 let mut r = greedy_request(prompts[i].clone(), 10 + 3 * i);
@@ -952,17 +979,44 @@ device_test! {
                 h.submit(r).unwrap()
             })
             .collect();
-        let crowded = collect(h.submit(req()).unwrap()).tokens;
+        let crowded = collect(h.submit(req()).unwrap());
         others.into_iter().for_each(|s| {
             collect(s);
         });
+        assert_eq!(alone.logprobs.len(), 24);
+        assert_eq!(crowded.logprobs.len(), 24);
+        // Each token is the draw the seed makes from its own row, whatever else ran.
+        for c in [&alone, &crowded] {
+            for (i, (lp, &t)) in c.logprobs.iter().zip(&c.tokens).enumerate() {
+                let (want, margin) = seeded_draw(lp, &params, 11, i as u64);
+                assert!(want == t || margin < 1e-3, "token {i}: drew {t}, the row gives {want}");
+            }
+        }
         if dev == DeviceKind::Cpu {
-            assert_eq!(alone, crowded);
-        } else {
-            // bf16 matmuls of other batch shapes move logits by rounding: a draw that lands
-            // within that of a boundary may go the other way, and the text diverges from there.
-            let same = alone.iter().zip(&crowded).take_while(|(a, b)| a == b).count();
-            assert!(same >= 8, "{alone:?} vs {crowded:?}");
+            assert_eq!(alone.tokens, crowded.tokens);
+            assert_eq!(alone.logprobs, crowded.logprobs);
+            return;
+        }
+        // bf16 products of other batch shapes move the rows by rounding only, and a draw that
+        // lands within that of a boundary between two candidates may go the other way; the
+        // texts part there, and only there.
+        let same = alone.tokens.iter().zip(&crowded.tokens).take_while(|(a, b)| a == b).count();
+        for i in 0..same {
+            let (a, b) = (&alone.logprobs[i], &crowded.logprobs[i]);
+            assert!((a.logprob - b.logprob).abs() < 0.1, "token {i}: {a:?} vs {b:?}");
+        }
+        if same < alone.tokens.len() {
+            let step = same as u64;
+            let (_, ma) = seeded_draw(&alone.logprobs[same], &params, 11, step);
+            let (_, mb) = seeded_draw(&crowded.logprobs[same], &params, 11, step);
+            eprintln!("parted at token {same}: the draw was {ma:.2e} / {mb:.2e} from a boundary");
+            assert!(
+                ma.min(mb) < 0.02,
+                "parted at token {same} with the draw {ma:.3} / {mb:.3} from any boundary: \
+                 {:?} vs {:?}",
+                alone.tokens,
+                crowded.tokens
+            );
         }
     }
 }

@@ -8,9 +8,10 @@
 //! and warm (after a warm-up pass), one after the other on the same device:
 //!
 //! - **baseline**: no prefix cache, no normalization, no chunked prefill, FCFS, no CUDA graphs,
-//!   no speculation, bf16 KV;
+//!   no speculation, bf16 weights and KV;
 //! - **all-on**: every optimization;
-//! - with `--ablation`, each optimization alone on top of the baseline.
+//! - with `--ablation`, each optimization alone on top of the baseline; `-<optimization>` runs
+//!   all-on without it (what it adds beside the others).
 //!
 //! Per request it records the client's TTFT and end-to-end time, and the server's split of it
 //! (`x-cachet-timings`: prepare = parse + template + normalize + tokenize, queue, prefill), then
@@ -71,9 +72,15 @@ pub struct TtftArgs {
     /// Requests of the warm-up pass of a warm run.
     #[arg(long, default_value_t = 16)]
     pub warmup: usize,
-    /// Configurations: baseline, all-on, or +prefix-cache, +normalization, +chunked-prefill,
-    /// +shortest-first, +cuda-graphs, +speculation, +fp8-kv (one optimization on the baseline).
-    #[arg(long, value_delimiter = ',', default_value = "baseline,all-on")]
+    /// Configurations: baseline, all-on, +<optimization> (it alone on the baseline) or
+    /// -<optimization> (all-on without it). Optimizations: prefix-cache, normalization,
+    /// chunked-prefill, shortest-first, cuda-graphs, speculation, fp8-kv, fp8-weights.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "baseline,all-on",
+        allow_hyphen_values = true
+    )]
     pub configs: Vec<String>,
     /// Also run each optimization alone.
     #[arg(long)]
@@ -89,7 +96,7 @@ pub struct TtftArgs {
     pub serve_args: Option<String>,
 }
 
-const OPTIMIZATIONS: [&str; 7] = [
+const OPTIMIZATIONS: [&str; 8] = [
     "prefix-cache",
     "normalization",
     "chunked-prefill",
@@ -97,21 +104,24 @@ const OPTIMIZATIONS: [&str; 7] = [
     "cuda-graphs",
     "speculation",
     "fp8-kv",
+    "fp8-weights",
 ];
 
 /// The optimizations a configuration name turns on.
 fn optimizations(name: &str) -> anyhow::Result<Vec<&'static str>> {
+    let find = |o: &str| OPTIMIZATIONS.iter().copied().find(|&x| x == o);
     match name {
         "baseline" => Ok(vec![]),
         "all-on" => Ok(OPTIMIZATIONS.to_vec()),
-        n => match n
-            .strip_prefix('+')
-            .and_then(|o| OPTIMIZATIONS.iter().find(|&&x| x == o))
-        {
-            Some(o) => Ok(vec![*o]),
-            None => bail!(
-                "unknown configuration `{n}`: use baseline, all-on or +{}",
-                OPTIMIZATIONS.join(", +")
+        n => match (n.split_at_checked(1), n.get(1..).and_then(find)) {
+            (Some(("+", _)), Some(o)) => Ok(vec![o]),
+            (Some(("-", _)), Some(o)) => {
+                Ok(OPTIMIZATIONS.into_iter().filter(|&x| x != o).collect())
+            }
+            _ => bail!(
+                "unknown configuration `{n}`: use baseline, all-on, +<optimization> (it alone) or \
+                 -<optimization> (all-on without it), where an optimization is one of {}",
+                OPTIMIZATIONS.join(", ")
             ),
         },
     }
@@ -350,6 +360,9 @@ fn run_one(
     }
     if has("fp8-kv") {
         args.extend(["--kv-cache-dtype".into(), "fp8".into()]);
+    }
+    if has("fp8-weights") {
+        args.extend(["--quantization".into(), "fp8".into()]);
     }
     if has("speculation") {
         args.extend([
@@ -651,4 +664,26 @@ fn report(a: &TtftArgs, results: &[RunResult]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_names_say_what_runs() {
+        assert!(optimizations("baseline").unwrap().is_empty());
+        assert_eq!(optimizations("all-on").unwrap(), OPTIMIZATIONS.to_vec());
+        assert_eq!(optimizations("+fp8-weights").unwrap(), vec!["fp8-weights"]);
+        let without = optimizations("-prefix-cache").unwrap();
+        assert_eq!(without.len(), OPTIMIZATIONS.len() - 1);
+        assert!(!without.contains(&"prefix-cache") && without.contains(&"normalization"));
+        for bad in ["+", "-", "+fp16", "-all-on", "everything", ""] {
+            let e = optimizations(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("`{bad}`")) && e.contains("fp8-weights"),
+                "{e}"
+            );
+        }
+    }
 }
