@@ -662,6 +662,33 @@ fn report(a: &TtftArgs, results: &[RunResult]) -> String {
                 thr(o) / thr(b)
             ));
         }
+        // Leave-one-out runs: what each optimization adds beside the others, most first.
+        let Some(o) = find("all-on", m) else {
+            continue;
+        };
+        let po = pct(&o.col(|x| x.ttft_ms), 95.0);
+        let mut without: Vec<(&str, f64)> = results
+            .iter()
+            .filter(|r| &r.mode == m)
+            .filter_map(|r| {
+                Some((
+                    r.config.strip_prefix('-')?,
+                    pct(&r.col(|x| x.ttft_ms), 95.0),
+                ))
+            })
+            .collect();
+        if without.is_empty() {
+            continue;
+        }
+        without.sort_by(|x, y| y.1.total_cmp(&x.1));
+        let parts: Vec<String> = without
+            .iter()
+            .map(|(opt, p)| format!("{opt} {p:.0} ms ({:+.0})", p - po))
+            .collect();
+        s.push_str(&format!(
+            "All on without each optimization, {m}: P95 TTFT {} — against {po:.0} ms with all of them.\n",
+            parts.join(", ")
+        ));
     }
     s
 }
@@ -669,6 +696,42 @@ fn report(a: &TtftArgs, results: &[RunResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_report_says_what_each_optimization_adds_beside_the_others() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: TtftArgs,
+        }
+        let a = <Cli as clap::Parser>::parse_from(["ttft", "--modes", "warm"]).a;
+        // A run of 100 requests whose TTFTs are 1..=p95·100/95 ms: its P95 is about `p95`.
+        let run = |config: &str, p95: f64| RunResult {
+            config: config.into(),
+            mode: "warm".into(),
+            records: (1..=100)
+                .map(|i| Record {
+                    ttft_ms: i as f64 * p95 / 95.0,
+                    ..Default::default()
+                })
+                .collect(),
+            wall_s: 1.0,
+        };
+        let results = [
+            run("baseline", 100.0),
+            run("all-on", 16.0),
+            run("-fp8-kv", 15.0),
+            run("-prefix-cache", 36.0),
+        ];
+        let r = report(&a, &results);
+        assert!(r.contains("**84% cut**"), "{r}");
+        assert!(
+            r.contains("All on without each optimization, warm: P95 TTFT prefix-cache 36 ms (+20), fp8-kv 15 ms (-1) — against 16 ms with all of them."),
+            "{r}"
+        );
+        // No leave-one-out runs, no such line.
+        assert!(!report(&a, &results[..2]).contains("without each"));
+    }
 
     #[test]
     fn configuration_names_say_what_runs() {
