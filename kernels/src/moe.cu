@@ -208,7 +208,8 @@ MOE_DOWN_KERNEL(moe_down_e4m3, true)
 // f32 accumulate): a tile's rows are gathered from the input as they are copied to shared
 // memory (cp.async, three k-steps in flight), and the products are written back to each pair's
 // own row. So every touched expert's weights are read once per row tile, not once per token.
-// FP8 experts (e4m3 codes, a scale a row) are read as codes and widened in shared memory.
+// FP8 experts (e4m3 codes, a scale a row) are read as codes and widened in shared memory
+// (gemv.cu's e4m3x16_bf16).
 
 #define MOE_BN 128
 #define MOE_BK 32
@@ -241,28 +242,6 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int* __restrict
     }
     __syncthreads();
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
-}
-
-// Two e4m3 codes (low byte first) → bf16x2, exactly (every e4m3 value is a bf16 value): through
-// f16x2 in hardware on sm_89+ (attention_mma.cu), integer decoding before.
-__device__ __forceinline__ unsigned e4m3x2_bf16x2(unsigned two) {
-#if __CUDA_ARCH__ >= 890
-    const unsigned h2 = e4m3x2_f16x2(two);
-    unsigned r;
-    asm("{\n"
-        ".reg .b16 lo, hi;\n"
-        ".reg .f32 f0, f1;\n"
-        "mov.b32 {lo, hi}, %1;\n"
-        "cvt.f32.f16 f0, lo;\n"
-        "cvt.f32.f16 f1, hi;\n"
-        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
-        "}"
-        : "=r"(r)
-        : "r"(h2));
-    return r;
-#else
-    return pack_bf16(e4m3f(two & 0xffu), e4m3f((two >> 8) & 0xffu));
-#endif
 }
 
 // out[pair, j] = a[pair / a_div, :] · W[e·N + j, :] for every pair of every BM-row tile (e its
@@ -359,17 +338,8 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
 #pragma unroll
             for (int c = 0; c < MOE_BN * 2 / THREADS; ++c) {
                 const int idx = tid + c * THREADS, r = idx >> 1, ch = idx & 1;
-                const uint4 q = *reinterpret_cast<const uint4*>(Q + r * MOE_BK + ch * 16);
-                const unsigned words[4] = {q.x, q.y, q.z, q.w};
-                unsigned o[8];
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    o[2 * w] = e4m3x2_bf16x2(words[w] & 0xffffu);
-                    o[2 * w + 1] = e4m3x2_bf16x2(words[w] >> 16);
-                }
-                uint4* dst = reinterpret_cast<uint4*>(sb + r * MOE_SK + ch * 16);
-                dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-                dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+                e4m3x16_bf16(*reinterpret_cast<const uint4*>(Q + r * MOE_BK + ch * 16), 1.f,
+                             reinterpret_cast<uint4*>(sb + r * MOE_SK + ch * 16));
             }
             __syncthreads();
         }

@@ -184,8 +184,7 @@ pub struct Kernels {
     pub moe_gate_up: [CudaFunction; 2],
     pub moe_down: [CudaFunction; 2],
     pub moe_sort: CudaFunction,
-    /// The grouped GEMM by tile rows (64, 128).
-    /// `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
+    /// The grouped GEMM, `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
     pub moe_gemm: [[CudaFunction; 3]; 2],
     pub moe_combine: CudaFunction,
 }
