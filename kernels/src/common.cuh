@@ -84,10 +84,14 @@ __device__ __forceinline__ float residual_at(const float* __restrict__ rr, const
 // trip to memory, which is what a decode step's few-row launch waits on): v[c] = the new residual
 // value at i = threadIdx.x + c * blockDim.x (0 past the row), wv[c] = norm_w[i]. Returns
 // 1 / rms (eps inside) of the new row.
+// With dws, the delta row is an FP8 product of the codes whose scales are still to apply (the
+// next norm applies them, not a launch of their own): its element i is bf16(dr[i] · dws[i] · dxs)
+// — fp8_scale_bf16_bf16's arithmetic (gemv.cu), so the residual gets the same bits.
 template <int PT>
 __device__ __forceinline__ float residual_row_regs(const float* __restrict__ rr, const bf16* __restrict__ dr,
                                                    const bf16* __restrict__ dw, const bf16* __restrict__ norm_w,
-                                                   int cols, float eps, float (&v)[PT], float (&wv)[PT]) {
+                                                   int cols, float eps, float (&v)[PT], float (&wv)[PT],
+                                                   const float* __restrict__ dws = nullptr, float dxs = 1.f) {
     float d[PT], dwv[PT];
     float sd = 0.f;
 #pragma unroll
@@ -96,6 +100,7 @@ __device__ __forceinline__ float residual_row_regs(const float* __restrict__ rr,
         const bool in = i < cols;
         v[c] = in ? rr[i] : 0.f;
         d[c] = in && dr ? bf2f(dr[i]) : 0.f;
+        if (dws && in && dr) d[c] = bf2f(f2bf(d[c] * dws[i] * dxs));
         dwv[c] = in && dw ? bf2f(dw[i]) : 0.f;
         wv[c] = in ? bf2f(norm_w[i]) : 0.f;
         sd += d[c] * d[c];

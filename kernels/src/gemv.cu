@@ -458,15 +458,19 @@ extern "C" __global__ void __launch_bounds__(ACT_Q_THREADS) quantize_act_rows_e4
 // block per row, norm_config's threads.
 //   residual : device, f32 [rows, cols];  delta : bf16 [rows, cols] or null;  delta_w, w : bf16 [cols]
 //   codes : device, e4m3 [rows, cols];  scale : device, f32 [rows]
+//   delta_ws : f32 [cols] or null;  delta_xs : f32 [rows] — an FP8 product's scales, applied to
+//              delta here (as add_rms_norm_bf16 does)
 extern "C" __global__ void rms_norm_e4m3(float* __restrict__ residual, const bf16* __restrict__ delta,
                                          const bf16* __restrict__ delta_w, const bf16* __restrict__ w,
-                                         fp8* __restrict__ codes, float* __restrict__ scale, int cols, float eps) {
+                                         fp8* __restrict__ codes, float* __restrict__ scale, int cols, float eps,
+                                         const float* __restrict__ delta_ws, const float* __restrict__ delta_xs) {
     wait_for_prior_kernels();
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;
     const bf16* dr = delta ? delta + row * cols : nullptr;
     float v[RMS_PER_THREAD], wv[RMS_PER_THREAD], y[RMS_PER_THREAD];
-    const float inv = residual_row_regs<RMS_PER_THREAD>(rr, dr, delta_w, w, cols, eps, v, wv);
+    const float xs = dr && delta_ws ? delta_xs[row] : 1.f;
+    const float inv = residual_row_regs<RMS_PER_THREAD>(rr, dr, delta_w, w, cols, eps, v, wv, dr ? delta_ws : nullptr, xs);
     float m = 0.f;
 #pragma unroll
     for (int k = 0; k < RMS_PER_THREAD; ++k) {

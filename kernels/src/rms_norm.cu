@@ -43,16 +43,21 @@ extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const bf16
 //   delta_w  : device, bf16 [cols], or null
 //   w        : device, bf16 [cols]
 //   out      : device, bf16 [rows, cols]
+//   delta_ws : device, f32 [cols], or null; delta_xs : device, f32 [rows] — given, delta is an FP8
+//              product whose weight-row and token scales this kernel applies (residual_row_regs);
+//              the host gives them only for rows the registers hold (cols ≤ RMS_PER_THREAD · 1024)
 extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const bf16* __restrict__ delta,
                                              const bf16* __restrict__ delta_w, const bf16* __restrict__ w,
-                                             bf16* __restrict__ out, int cols, float eps) {
+                                             bf16* __restrict__ out, int cols, float eps,
+                                             const float* __restrict__ delta_ws, const float* __restrict__ delta_xs) {
     wait_for_prior_kernels();
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;
     const bf16* dr = delta + row * cols;
     if (cols <= RMS_PER_THREAD * (int)blockDim.x) {
         float v[RMS_PER_THREAD], wv[RMS_PER_THREAD];
-        const float inv = residual_row_regs<RMS_PER_THREAD>(rr, dr, delta_w, w, cols, eps, v, wv);
+        const float xs = delta_ws ? delta_xs[row] : 1.f;
+        const float inv = residual_row_regs<RMS_PER_THREAD>(rr, dr, delta_w, w, cols, eps, v, wv, delta_ws, xs);
 #pragma unroll
         for (int k = 0; k < RMS_PER_THREAD; ++k) {
             const int i = threadIdx.x + k * blockDim.x;

@@ -395,6 +395,84 @@ gpu_test! {
     }
 }
 
+gpu_test! {
+    /// An FP8 sub-layer output whose scales the next norm applies (`linear_delta`,
+    /// `CACHET_FP8_OUT_SCALES=norm`) leaves the residual and the next projection's output bit
+    /// for bit where the scales' own launch (`separate`) leaves them — into an FP8 projection
+    /// (the norm into codes), a gated one, a plain norm (a mixture's, the final one), with and
+    /// without Gemma's norm of the delta — and one scales launch fewer; read back whole, the
+    /// unscaled product gives the scaled values. Rows the GEMV takes are the same either way.
+    fn fp8_output_scales_applied_by_the_next_norm_equal_their_own_launch() {
+        use cachet_backend::config::Activation;
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::{Delta, Device};
+        use cachet_backend::tensor::HostTensor;
+        let in_norm = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
+        let separate =
+            CudaDevice::new(0, 16, CudaOptions { fp8_scales_in_norm: false, ..Default::default() }).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(17);
+        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
+            let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();
+            HostTensor::new(vec![rows, cols], data)
+        };
+        for (k, h, m) in [(64, 96, 128), (4096, 4096, 1024)] {
+            let wo = rows(h, k, 0.0, (k as f64).powf(-0.5));
+            let w2 = rows(m, h, 0.0, (h as f64).powf(-0.5));
+            let norm = rows(1, h, 1.0, 0.1);
+            let delta_norm = rows(1, h, 1.0, 0.1);
+            for n in [3, 5, 40, 300] {
+                let x = rows(n, k, 0.0, 1.0);
+                let res0 = rows(n, h, 0.0, 1.0);
+                for post in [false, true] {
+                    for next in ["linear", "glu", "norm"] {
+                        let mut outs = Vec::new();
+                        let mut scale_launches = Vec::new();
+                        for dev in [&in_norm, &separate] {
+                            let (woq, w2q) = (
+                                dev.quantize_fp8(dev.upload(&wo).unwrap()).unwrap(),
+                                dev.quantize_fp8(dev.upload(&w2).unwrap()).unwrap(),
+                            );
+                            let (nw, dn) = (dev.upload(&norm).unwrap(), dev.upload(&delta_norm).unwrap());
+                            let xd = dev.upload(&x).unwrap();
+                            let mut residual = dev.upload_table(&res0).unwrap();
+                            dev.set_profiling(true);
+                            let o = dev.linear_delta(&xd, &woq).unwrap();
+                            let delta = Some(Delta { x: &o, norm: post.then_some(&dn) });
+                            let y = match next {
+                                "linear" => dev.norm_linear(&mut residual, delta, &nw, 1e-5, &w2q),
+                                "glu" => dev.norm_glu(&mut residual, delta, &nw, 1e-5, &w2q, Activation::Silu),
+                                _ => dev.norm(&mut residual, delta, &nw, 1e-5),
+                            }
+                            .unwrap();
+                            let ops = dev.take_profile().unwrap();
+                            dev.set_profiling(false);
+                            scale_launches.push(
+                                ops.iter().filter(|(op, _, _)| op == "↳ fp8: scales").map(|(_, _, c)| *c).sum::<usize>(),
+                            );
+                            let (got, res, o_host) =
+                                (dev.to_host(&y).unwrap(), dev.to_host(&residual).unwrap(), dev.to_host(&o).unwrap());
+                            assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
+                            outs.push((got, res, o_host));
+                        }
+                        let what = format!("{n}×{k} → {h} → {next} ({m}), its norm {post}");
+                        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                        let differ = (
+                            bits(&outs[0].0, &outs[1].0),
+                            bits(&outs[0].1, &outs[1].1),
+                            bits(&outs[0].2, &outs[1].2),
+                        );
+                        eprintln!("{what}: {differ:?} outputs / residual / delta values differ; scales launches {scale_launches:?}");
+                        assert_eq!(differ, (0, 0, 0), "{what}: the scales in the norm differ");
+                        // The GEMV takes up to 4 rows with neither path's scales launch.
+                        let saved = if n <= 4 { 0 } else { 1 };
+                        assert_eq!(scale_launches[0] + saved, scale_launches[1], "{what}: launches {scale_launches:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 device_test! {
     fn tiny_families_greedy_64_tokens_like_transformers_with_caching_chunking_batching(dev) {
         for (name, _) in FAMILIES {

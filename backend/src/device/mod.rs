@@ -422,6 +422,17 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x · wᵀ`: x `[n, k]`, w `[m, k]` → `[n, m]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
+    /// [`Device::linear`] for a sub-layer's output (o_proj, a dense MLP's down projection), used
+    /// only as the next norm's [`Delta`] — after [`Device::all_reduce_sum`] under tensor
+    /// parallelism — so a device may leave part of the work to that norm (CUDA: an FP8
+    /// product's scales).
+    fn linear_delta(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+    ) -> Result<Self::Tensor, DeviceError> {
+        self.linear(x, w)
+    }
     /// Tensor parallelism: `t` summed over the ranks of this device's group, in place (the
     /// row-parallel projections' partial sums). A device that is no rank has nothing to add.
     fn all_reduce_sum(&self, _t: &mut Self::Tensor) -> Result<(), DeviceError> {

@@ -446,7 +446,7 @@ impl<D: Device> Decoder<D> {
             };
             let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
             // Row-parallel under tensor parallelism: each rank's product is a partial sum.
-            let mut o = dev.linear(&attn, &layer.o_proj)?;
+            let mut o = dev.linear_delta(&attn, &layer.o_proj)?;
             dev.all_reduce_sum(&mut o)?;
             let (post_attn, post_mlp) = match &layer.post_norms {
                 Some((a, m)) => (Some(a), Some(m)),
@@ -484,7 +484,7 @@ impl<D: Device> Decoder<D> {
                         &layer.gate_up,
                         self.config.hidden_act,
                     )?;
-                    dev.linear(&act, &layer.down)?
+                    dev.linear_delta(&act, &layer.down)?
                 }
             };
             dev.all_reduce_sum(&mut down)?;

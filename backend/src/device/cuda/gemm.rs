@@ -82,7 +82,7 @@ impl CudaDevice {
         let xs = x.bf16("linear")?;
         if let CudaBuf::E4m3 { codes, scales } = &w.buf {
             let x = Fp8Input::Bf16(xs);
-            if let Some(out) = self.gemm_fp8(x, (codes, scales), (m, n, k), out_f32, None)? {
+            if let Some(out) = self.gemm_fp8(x, (codes, scales), (m, n, k), out_f32, None, false)? {
                 return Ok(out);
             }
         }
@@ -187,15 +187,19 @@ impl CudaDevice {
     /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, the e4m3 product in
     /// bf16 (in f32 for an f32 result, or with `CACHET_FP8_PRODUCT=f32`), then both scale
     /// vectors applied — with `glu`, on a gate|up product, in the same pass as the gated
-    /// activation (bf16 product only: [`Self::fp8_glu_fused`]), the result then [n, m / 2].
+    /// activation (bf16 product only: [`Self::fp8_glu_fused`]), the result then [n, m / 2]; with
+    /// `unscaled` (a bf16 product, no `glu`), not at all: the result is the product with its
+    /// scales ([`CudaBuf::Fp8Unscaled`]), for the next norm to apply.
     /// `None` when there is no cuBLASLt or no algorithm for the shape.
+    #[allow(clippy::too_many_arguments)]
     fn gemm_fp8(
         &self,
         x: Fp8Input<'_>,
-        (codes, w_scale): (&CudaSlice<u8>, &CudaSlice<f32>),
+        (codes, w_scale): (&CudaSlice<u8>, &Arc<CudaSlice<f32>>),
         (m, n, k): (usize, usize, usize),
         out_f32: bool,
         glu: Option<Activation>,
+        unscaled: bool,
     ) -> Result<Option<CudaTensor>, DeviceError> {
         let Some(Some(lt)) = self.fp8_gemm.get() else {
             return Ok(None);
@@ -236,7 +240,15 @@ impl CudaDevice {
                 })
             }
         };
-        let scales = (w_scale, &x_scale);
+        if unscaled && (out_f32 || glu.is_some() || !self.options.fp8_bf16_product) {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "fp8 gemm",
+                msg: "only a bf16 product with no activation leaves its scales to the next norm"
+                    .into(),
+            });
+        }
+        let scales = (&**w_scale, &x_scale);
         // The scales applied on the way to the result.
         let scaled = |product: Fp8Product| -> Result<CudaBuf, DeviceError> {
             if let (Some(act), Fp8Product::Bf16(d)) = (glu, &product) {
@@ -281,13 +293,87 @@ impl CudaDevice {
             if !product(Fp8Out::Bf16(&mut raw))? {
                 return Ok(None);
             }
-            scaled(Fp8Product::Bf16(&raw))?
+            if unscaled {
+                CudaBuf::Fp8Unscaled {
+                    product: raw,
+                    w_scale: w_scale.clone(),
+                    x_scale,
+                }
+            } else {
+                scaled(Fp8Product::Bf16(&raw))?
+            }
         };
         Ok(Some(CudaTensor {
             rows: n,
             cols: if glu.is_some() { m / 2 } else { m },
             buf,
         }))
+    }
+
+    /// `t` with its scales applied where it is an unscaled FP8 product ([`CudaBuf::Fp8Unscaled`]:
+    /// into a bf16 buffer of its own, by the scales' launch it skipped); anything else as it is.
+    pub(super) fn settle(&self, t: &mut CudaTensor) -> Result<(), DeviceError> {
+        if t.is_unscaled() {
+            t.buf = CudaBuf::Bf16(self.scaled_copy(t)?);
+        }
+        Ok(())
+    }
+
+    /// The bf16 values of an unscaled FP8 product (`fp8_scale_bf16_bf16`).
+    pub(super) fn scaled_copy(&self, t: &CudaTensor) -> Result<CudaSlice<u16>, DeviceError> {
+        let CudaBuf::Fp8Unscaled {
+            product,
+            w_scale,
+            x_scale,
+        } = &t.buf
+        else {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "fp8 scales",
+                msg: "not an unscaled FP8 product".into(),
+            });
+        };
+        self.timed("↳ fp8: scales", || {
+            let mut o = self.alloc_bf16(t.rows * t.cols, "linear")?;
+            self.launch_fp8_scale_out(
+                Fp8Product::Bf16(product),
+                (w_scale, x_scale),
+                Fp8Out::Bf16(&mut o),
+                (t.rows, t.cols),
+            )?;
+            Ok(o)
+        })
+    }
+
+    /// [`crate::device::Device::linear_delta`]: an FP8 projection of more rows than the GEMV
+    /// takes leaves its scales to the next norm (`CACHET_FP8_OUT_SCALES=norm`, the default) —
+    /// where that norm holds a row in registers and cuBLASLt has the product — else
+    /// [`crate::device::Device::linear`].
+    pub(super) fn linear_unscaled(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+    ) -> Result<CudaTensor, DeviceError> {
+        use crate::device::Device;
+        if let CudaBuf::E4m3 { codes, scales } = &w.buf {
+            let (n, k, m) = (x.rows, x.cols, w.rows);
+            let applies = self.options.fp8_scales_in_norm
+                && self.options.fp8_bf16_product
+                && n > 0
+                && k == w.cols
+                && m <= FP8_NORM_MAX_COLS
+                && self.gemv_variant(n, k, &w.weight("linear")?).is_none();
+            if applies {
+                let xs = Fp8Input::Bf16(x.bf16("linear")?);
+                let out = self.timed("gemm", || {
+                    self.gemm_fp8(xs, (codes, scales), (m, n, k), false, None, true)
+                })?;
+                if let Some(out) = out {
+                    return Ok(out);
+                }
+            }
+        }
+        self.linear(x, w)
     }
 
     /// The sub-layer's norm straight into the FP8 GEMM's input codes ([`Fp8Input::Codes`], the
@@ -333,7 +419,7 @@ impl CudaDevice {
         };
         self.timed(op, || {
             self.timed("↳ fp8: norm into codes", || {
-                let delta = super::gemv::delta_slices(delta.as_ref(), "add_rms_norm")?;
+                let delta = super::gemv::delta_slices(delta.as_ref(), "add_rms_norm", true)?;
                 let wv = norm.bf16("rms_norm")?;
                 let r = residual.f32_mut("rms_norm")?;
                 self.launch_rms_norm_e4m3(r, delta, wv, &mut x_codes, &mut x_scale, (n, k), eps)
@@ -346,6 +432,7 @@ impl CudaDevice {
                 (m, n, k),
                 false,
                 glu,
+                false,
             )
         })?
         .map(Some)
@@ -406,6 +493,7 @@ impl CudaDevice {
                         (w.rows, x.rows, x.cols),
                         false,
                         Some(act),
+                        false,
                     )
                 })?
             }

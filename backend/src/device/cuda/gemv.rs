@@ -12,23 +12,45 @@ use crate::config::Activation;
 use crate::device::{Delta, Device};
 use crate::error::DeviceError;
 
-/// A sub-layer's delta as the norm kernels take it: its rows, and its own norm's weights where it
-/// has one (Gemma's output norms).
-pub(super) type DeltaSlices<'a> = Option<(&'a CudaSlice<u16>, Option<&'a CudaSlice<u16>>)>;
+/// A sub-layer's delta as the norm kernels take it: its rows, its own norm's weights where it
+/// has one (Gemma's output norms), and for an FP8 product whose scales are still to apply
+/// ([`CudaBuf::Fp8Unscaled`]) the weight rows' and the tokens' scales.
+#[derive(Clone, Copy)]
+pub(super) struct DeltaSlices<'a> {
+    pub x: &'a CudaSlice<u16>,
+    pub norm: Option<&'a CudaSlice<u16>>,
+    pub scales: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
+}
 
-/// [`DeltaSlices`] of `delta` (`op` names the caller in a wrong-dtype error).
+/// [`DeltaSlices`] of `delta` (`op` names the caller in a wrong-dtype error). An unscaled FP8
+/// product is refused unless `unscaled` says the caller's kernel applies its scales.
 pub(super) fn delta_slices<'a>(
     delta: Option<&Delta<'a, CudaTensor>>,
     op: &'static str,
+    unscaled: bool,
+) -> Result<Option<DeltaSlices<'a>>, DeviceError> {
+    delta.map(|d| delta_slice(d, op, unscaled)).transpose()
+}
+
+/// [`delta_slices`] of a delta that is there.
+pub(super) fn delta_slice<'a>(
+    d: &Delta<'a, CudaTensor>,
+    op: &'static str,
+    unscaled: bool,
 ) -> Result<DeltaSlices<'a>, DeviceError> {
-    let Some(d) = delta else {
-        return Ok(None);
-    };
     let norm = match d.norm {
         Some(nw) => Some(nw.bf16(op)?),
         None => None,
     };
-    Ok(Some((d.x.bf16(op)?, norm)))
+    let (x, scales) = match &d.x.buf {
+        CudaBuf::Fp8Unscaled {
+            product,
+            w_scale,
+            x_scale,
+        } if unscaled => (product, Some((&**w_scale, x_scale))),
+        _ => (d.x.bf16(op)?, None),
+    };
+    Ok(DeltaSlices { x, norm, scales })
 }
 
 impl CudaDevice {
@@ -91,7 +113,13 @@ impl CudaDevice {
         w: &CudaTensor,
         glu: Option<Activation>,
     ) -> Result<CudaTensor, DeviceError> {
-        let Some(v) = self.gemv_norm_variant(residual, w, glu.is_some()) else {
+        // An unscaled FP8 delta (never at the GEMV's few rows, unless the sub-layers' weights
+        // differ in format) takes the norm kernels, which apply its scales.
+        let unscaled = delta.as_ref().is_some_and(|d| d.x.is_unscaled());
+        let fused = self
+            .gemv_norm_variant(residual, w, glu.is_some())
+            .filter(|_| !unscaled);
+        let Some(v) = fused else {
             if let Some(y) = self.norm_fp8_projection(residual, delta, norm, eps, w, glu)? {
                 return Ok(y);
             }
@@ -121,7 +149,7 @@ impl CudaDevice {
                 Some(_) => Some(self.alloc_f32(rows * k, "gemv")?),
                 None => None,
             };
-            let delta = delta_slices(delta.as_ref(), "gemv")?;
+            let delta = delta_slices(delta.as_ref(), "gemv", false)?;
             self.launch_gemv_norm(
                 v,
                 glu,

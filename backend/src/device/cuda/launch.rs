@@ -281,29 +281,55 @@ impl CudaDevice {
     }
 
     /// `add_rms_norm_bf16(f32 residual[rows, cols] (in/out), bf16 delta[rows, cols], bf16
-    /// delta_w[cols] or null, bf16 w[cols], bf16 out[rows, cols], int cols, float eps)`.
-    #[allow(clippy::too_many_arguments)]
+    /// delta_w[cols] or null, bf16 w[cols], bf16 out[rows, cols], int cols, float eps, f32
+    /// delta_ws[cols] or null, f32 delta_xs[rows] or null)`; an unscaled FP8 delta's scales only
+    /// for rows the kernel holds in registers (cols ≤ [`super::gemm::FP8_NORM_MAX_COLS`]).
     pub(super) fn launch_add_rms_norm(
         &self,
         residual: &mut CudaSlice<f32>,
-        delta: &CudaSlice<u16>,
-        delta_w: Option<&CudaSlice<u16>>,
+        delta: super::gemv::DeltaSlices<'_>,
         w: &CudaSlice<u16>,
         out: &mut CudaSlice<u16>,
         (rows, cols): (usize, usize),
         eps: f32,
     ) -> Result<(), DeviceError> {
+        let short = residual.len() < rows * cols
+            || delta.x.len() < rows * cols
+            || delta.norm.is_some_and(|n| n.len() < cols)
+            || delta
+                .scales
+                .is_some_and(|(ws, xs)| ws.len() < cols || xs.len() < rows)
+            || w.len() < cols
+            || out.len() < rows * cols;
+        if short {
+            return Err(short_buffers("add_rms_norm", rows, cols));
+        }
+        if delta.scales.is_some() && cols > super::gemm::FP8_NORM_MAX_COLS {
+            return Err(DeviceError::Op {
+                device: super::DEV,
+                op: "add_rms_norm",
+                msg: format!(
+                    "an unscaled FP8 delta of {cols} columns (at most {})",
+                    super::gemm::FP8_NORM_MAX_COLS
+                ),
+            });
+        }
         let c = cols as i32;
         let null = 0u64;
         let mut l = self.stream.launch_builder(&self.k.add_rms_norm);
-        l.arg(residual).arg(delta);
-        match delta_w {
+        l.arg(residual).arg(delta.x);
+        match delta.norm {
             Some(dw) => l.arg(dw),
             None => l.arg(&null),
         };
         l.arg(w).arg(out).arg(&c).arg(&eps);
-        // SAFETY: residual, delta and out hold rows × cols elements, delta_w (when given) and w
-        // cols; each block reads and writes only its own row of the residual.
+        match delta.scales {
+            Some((ws, xs)) => l.arg(ws).arg(xs),
+            None => l.arg(&null).arg(&null),
+        };
+        // SAFETY: the buffers hold what the kernel reads and writes (checked above); each block
+        // reads and writes only its own row of the residual; scales only where norm_config's
+        // threads hold a row in registers.
         unsafe { self.enqueue(&mut l, norm_config(rows, cols)) }.map_err(op_err("add_rms_norm"))?;
         Ok(())
     }
@@ -1076,7 +1102,7 @@ impl CudaDevice {
     pub(super) fn launch_rms_norm_e4m3(
         &self,
         residual: &mut CudaSlice<f32>,
-        delta: super::gemv::DeltaSlices<'_>,
+        delta: Option<super::gemv::DeltaSlices<'_>>,
         w: &CudaSlice<u16>,
         codes: &mut CudaSlice<u8>,
         scale: &mut CudaSlice<f32>,
@@ -1084,8 +1110,12 @@ impl CudaDevice {
         eps: f32,
     ) -> Result<(), DeviceError> {
         let short = residual.len() < rows * cols
-            || delta
-                .is_some_and(|(d, dw)| d.len() < rows * cols || dw.is_some_and(|n| n.len() < cols))
+            || delta.is_some_and(|d| {
+                d.x.len() < rows * cols
+                    || d.norm.is_some_and(|n| n.len() < cols)
+                    || d.scales
+                        .is_some_and(|(ws, xs)| ws.len() < cols || xs.len() < rows)
+            })
             || w.len() < cols
             || codes.len() < rows * cols
             || scale.len() < rows;
@@ -1097,9 +1127,9 @@ impl CudaDevice {
         let mut l = self.stream.launch_builder(&self.k.rms_norm_e4m3);
         l.arg(residual);
         match delta {
-            Some((d, dw)) => {
-                l.arg(d);
-                match dw {
+            Some(d) => {
+                l.arg(d.x);
+                match d.norm {
                     Some(n) => l.arg(n),
                     None => l.arg(&null),
                 };
@@ -1109,6 +1139,10 @@ impl CudaDevice {
             }
         }
         l.arg(w).arg(codes).arg(scale).arg(&c).arg(&eps);
+        match delta.and_then(|d| d.scales) {
+            Some((ws, xs)) => l.arg(ws).arg(xs),
+            None => l.arg(&null).arg(&null),
+        };
         // SAFETY: the buffers hold what the kernel reads and writes (checked above); each block
         // reads and writes its own row; cols ≤ 8 · 1024, so norm_config's threads hold a row in
         // registers.
@@ -1270,7 +1304,7 @@ impl CudaDevice {
         v: usize,
         glu: Option<Activation>,
         residual: &CudaSlice<f32>,
-        delta: super::gemv::DeltaSlices<'_>,
+        delta: Option<super::gemv::DeltaSlices<'_>>,
         residual_out: Option<&mut CudaSlice<f32>>,
         norm: &CudaSlice<u16>,
         w: WeightRef<'_>,
@@ -1282,6 +1316,13 @@ impl CudaDevice {
         if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) || smem > GEMV_SMEM_MAX {
             return Err(unfit("gemv + norm", rows, GEMV_ROWS[v], k));
         }
+        if delta.is_some_and(|d| d.scales.is_some()) {
+            return Err(DeviceError::Op {
+                device: super::DEV,
+                op: "gemv + norm",
+                msg: "the delta is an FP8 product whose scales this kernel does not apply".into(),
+            });
+        }
         let null = 0u64;
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
         let func = match glu {
@@ -1290,7 +1331,7 @@ impl CudaDevice {
         };
         let mut l = self.stream.launch_builder(func);
         l.arg(residual);
-        match delta {
+        match delta.map(|d| (d.x, d.norm)) {
             Some((d, Some(dw))) => l.arg(d).arg(dw),
             Some((d, None)) => l.arg(d).arg(&null),
             None => l.arg(&null).arg(&null),

@@ -419,13 +419,10 @@ impl Device for CudaDevice {
             let (rows, cols) = (residual.rows, residual.cols);
             let mut out = self.alloc_bf16(rows * cols, "add_rms_norm")?;
             if rows > 0 {
-                let (d, wv) = (delta.x.bf16("add_rms_norm")?, w.bf16("add_rms_norm")?);
-                let dw = match delta.norm {
-                    Some(nw) => Some(nw.bf16("add_rms_norm")?),
-                    None => None,
-                };
+                let d = gemv::delta_slice(&delta, "add_rms_norm", true)?;
+                let wv = w.bf16("add_rms_norm")?;
                 let r = residual.f32_mut("add_rms_norm")?;
-                self.launch_add_rms_norm(r, d, dw, wv, &mut out, (rows, cols), eps)?;
+                self.launch_add_rms_norm(r, d, wv, &mut out, (rows, cols), eps)?;
             }
             Ok(CudaTensor::new_bf16(rows, cols, out))
         })
@@ -446,6 +443,10 @@ impl Device for CudaDevice {
                 self.gemm(x, w, false)
             }),
         }
+    }
+
+    fn linear_delta(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, DeviceError> {
+        self.linear_unscaled(x, w)
     }
 
     fn quantize_fp8(&self, w: CudaTensor) -> Result<CudaTensor, DeviceError> {
@@ -469,7 +470,10 @@ impl Device for CudaDevice {
         Ok(CudaTensor {
             rows: n,
             cols: k,
-            buf: CudaBuf::E4m3 { codes, scales },
+            buf: CudaBuf::E4m3 {
+                codes,
+                scales: Arc::new(scales),
+            },
         })
     }
 
@@ -718,6 +722,10 @@ impl Device for CudaDevice {
 
     fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>, DeviceError> {
         let n = t.rows * t.cols;
+        if t.is_unscaled() {
+            let b = CudaTensor::new_bf16(t.rows, t.cols, self.scaled_copy(t)?);
+            return self.to_host(&b);
+        }
         match &t.buf {
             CudaBuf::F32(b) => {
                 let mut v = self.stream.clone_dtoh(b).map_err(op_err("download"))?;
@@ -731,9 +739,13 @@ impl Device for CudaDevice {
                     .map(|x| half::bf16::from_bits(x).to_f32())
                     .collect())
             }
+            CudaBuf::Fp8Unscaled { .. } => unreachable!("settled above"),
             CudaBuf::E4m3 { codes, scales } => {
                 let c = self.stream.clone_dtoh(codes).map_err(op_err("download"))?;
-                let s = self.stream.clone_dtoh(scales).map_err(op_err("download"))?;
+                let s = self
+                    .stream
+                    .clone_dtoh(&**scales)
+                    .map_err(op_err("download"))?;
                 Ok(c.into_iter()
                     .take(n)
                     .enumerate()

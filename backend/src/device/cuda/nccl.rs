@@ -298,6 +298,8 @@ impl super::CudaDevice {
         if t.rows * t.cols == 0 {
             return Ok(());
         }
+        // The ranks' partial sums must be whole values before they add up.
+        self.settle(t)?;
         self.timed("all_reduce", || {
             self.ctx.bind_to_thread().map_err(op_err("bind context"))?;
             let stream = self.stream.cu_stream() as *mut c_void;
@@ -311,7 +313,7 @@ impl super::CudaDevice {
                     let (p, g) = b.device_ptr_mut(&self.stream);
                     (p, DataType::Float32, g)
                 }
-                CudaBuf::E4m3 { .. } => {
+                CudaBuf::E4m3 { .. } | CudaBuf::Fp8Unscaled { .. } => {
                     return Err(DeviceError::Op {
                         device: DEV,
                         op: "all-reduce",

@@ -238,6 +238,11 @@ pub struct CudaOptions {
     /// rather than bf16 rows the quantization reads back (`CACHET_FP8_NORM=fused|separate`;
     /// batch-64 FP8 decode −1.7%, batch 256 −0.8% on the H200, BENCHMARKS.md §12c).
     pub fp8_fused_norm: bool,
+    /// An FP8 o_proj's and down projection's scales applied by the next norm as it adds the
+    /// product to the residual (`add_rms_norm_bf16` / `rms_norm_e4m3` read the unscaled product
+    /// and both scale vectors: the scales' launch's values bit for bit) rather than by a launch
+    /// of their own (`CACHET_FP8_OUT_SCALES=norm|separate`).
+    pub fp8_scales_in_norm: bool,
     /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
     /// the cache — together, rather than one kv head of every sequence first.
@@ -279,6 +284,7 @@ impl Default for CudaOptions {
             fp8_exact_activations: false,
             fp8_fused_glu: true,
             fp8_fused_norm: true,
+            fp8_scales_in_norm: true,
             attention_heads_first: true,
             attention_decode_transposed: true,
             attention_decode_transposed_bf16: true,
@@ -415,6 +421,7 @@ impl CudaOptions {
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
         o.fp8_fused_glu = !switch("CACHET_FP8_GLU", "fused", "separate")?;
         o.fp8_fused_norm = !switch("CACHET_FP8_NORM", "fused", "separate")?;
+        o.fp8_scales_in_norm = !switch("CACHET_FP8_OUT_SCALES", "norm", "separate")?;
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         o.attention_decode_transposed_bf16 =
             !switch("CACHET_DECODE_ATTENTION_BF16", "transposed", "rows")?;
@@ -599,6 +606,13 @@ mod tests {
                 .unwrap()
                 .fp8_fused_norm
         );
+        assert!(parse(&[]).unwrap().fp8_scales_in_norm);
+        assert!(
+            !parse(&[("CACHET_FP8_OUT_SCALES", "separate")])
+                .unwrap()
+                .fp8_scales_in_norm
+        );
+        assert!(parse(&[("CACHET_FP8_OUT_SCALES", "later")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(

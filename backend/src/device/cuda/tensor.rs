@@ -19,10 +19,22 @@ pub enum CudaBuf {
     Bf16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
     /// A projection's weights in FP8 (`--quantization fp8`): e4m3fn codes `[rows, cols]` and one
-    /// f32 scale per row (`w[j, :] ≈ e4m3(codes[j, :]) · scales[j]`).
+    /// f32 scale per row (`w[j, :] ≈ e4m3(codes[j, :]) · scales[j]`; shared with the
+    /// [`CudaBuf::Fp8Unscaled`] products of the weight).
     E4m3 {
         codes: CudaSlice<u8>,
-        scales: CudaSlice<f32>,
+        scales: Arc<CudaSlice<f32>>,
+    },
+    /// A bf16 activation still to be scaled: cuBLASLt's bf16 product of an FP8 weight's codes and
+    /// the rows' codes (`product`, its rows padded as the product ran), whose value is
+    /// `bf16(product[t, j] · w_scale[j] · x_scale[t])` — `fp8_scale_bf16_bf16`'s arithmetic. A
+    /// sub-layer's output (o_proj, down) stays so until the next norm adds it to the residual
+    /// and applies the scales on the way ([`crate::device::Device::linear_delta`]), which saves
+    /// the scales' launch; anything else settles it first ([`CudaDevice::settled`]).
+    Fp8Unscaled {
+        product: CudaSlice<u16>,
+        w_scale: Arc<CudaSlice<f32>>,
+        x_scale: CudaSlice<f32>,
     },
 }
 
@@ -89,7 +101,7 @@ impl CudaTensor {
         match &self.buf {
             CudaBuf::Bf16(b) => Ok(WeightRef::Bf16(b)),
             CudaBuf::E4m3 { codes, scales } => Ok(WeightRef::E4m3 { codes, scales }),
-            CudaBuf::F32(_) => Err(wrong_type(op, "bf16 or FP8")),
+            CudaBuf::F32(_) | CudaBuf::Fp8Unscaled { .. } => Err(wrong_type(op, "bf16 or FP8")),
         }
     }
     pub fn new_bf16(rows: usize, cols: usize, buf: CudaSlice<u16>) -> Self {
@@ -113,6 +125,13 @@ fn wrong_type(op: &'static str, want: &str) -> DeviceError {
         device: DEV,
         op,
         msg: format!("expected a {want} tensor"),
+    }
+}
+
+impl CudaTensor {
+    /// An FP8 product whose scales are still to apply ([`CudaBuf::Fp8Unscaled`]).
+    pub fn is_unscaled(&self) -> bool {
+        matches!(self.buf, CudaBuf::Fp8Unscaled { .. })
     }
 }
 

@@ -96,7 +96,8 @@ impl BenchModelArgs {
                 path
             };
             fetch_known(tokenizer)?;
-            let t = loader::load(tokenizer, true)
+            // Its tokenizer only (a tokenizer-only GGUF will do: no weights are read).
+            let t = loader::load_meta(tokenizer)
                 .with_context(|| format!("loading the tokenizer of {tokenizer}"))?;
             let tok = t.tokenizer.context("that model has no tokenizer")?;
             let config = ModelConfig::from_hf_json(&cfg)
