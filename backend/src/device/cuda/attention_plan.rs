@@ -137,7 +137,16 @@ impl AttentionPlan {
         } else {
             caps.split.prompt_waves
         };
-        let want = (caps.sms * per_sm * waves / busy.max(1)).max(1);
+        // A decode-like step whose unsplit blocks already fill `fill_percent` of a wave streams
+        // the cache as it is: splits would only add their partials and the merge.
+        let fills = decode_like
+            && caps.split.fill_percent > 0
+            && busy * 100 >= caps.sms * per_sm * caps.split.fill_percent;
+        let want = if fills {
+            1
+        } else {
+            (caps.sms * per_sm * waves / busy.max(1)).max(1)
+        };
         let max_splits = shape.max_ctx.div_ceil(caps.split.min_keys).max(1);
         let splits = want.clamp(1, max_splits.min(caps.split.max_splits));
         // The CUDA-core kernel needs whole key tiles per split; the tensor-core one masks any
@@ -239,6 +248,24 @@ mod tests {
             "{} splits for {want} block slots",
             p.splits
         );
+    }
+
+    #[test]
+    fn a_decode_batch_filling_half_a_wave_is_not_split() {
+        // 32 sequences × 8 KV heads = 256 blocks of 396 slots: no splits (three before the
+        // rule); 24 sequences (192 blocks, 48%) still take 4; with the rule off, 32 take 3.
+        assert_eq!(plan(&[1; 32], 1280, &h200()).splits, 1);
+        assert_eq!(plan(&[1; 32], 4096, &h200()).splits, 1);
+        assert_eq!(plan(&[5; 32], 4096, &h200()).splits, 1);
+        assert_eq!(plan(&[1; 24], 1280, &h200()).splits, 4);
+        assert_eq!(plan(&[1; 16], 4096, &h200()).splits, 6);
+        let mut caps = h200();
+        caps.split.fill_percent = 0;
+        assert_eq!(plan(&[1; 32], 1280, &caps).splits, 3);
+        // A prompt's units are not decode-like: the rule leaves them to their one wave (8 tiles
+        // of 32 tokens, 128 blocks: 3 splits either way).
+        assert_eq!(plan(&[32; 8], 4096, &h200()).splits, 3);
+        assert_eq!(plan(&[32; 8], 4096, &caps).splits, 3);
     }
 
     #[test]

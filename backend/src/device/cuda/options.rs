@@ -34,9 +34,11 @@ pub const MAX_SPLITS: usize = 64;
 /// and shorter splits pay even as a partial second wave. Decode and verification steps only: a
 /// 512-token prefill split three ways took 23 ms against 14 unsplit.
 pub const SPLIT_WAVES: usize = 2;
+/// [`SplitOptions::fill_percent`]'s default: half a wave.
+pub const SPLIT_FILL_PERCENT: usize = 50;
 
 /// How long key ranges are split over blocks
-/// (`CACHET_ATTENTION_SPLIT=keys,n[,waves[,step[,prompt_waves]]]`).
+/// (`CACHET_ATTENTION_SPLIT=keys,n[,waves[,step[,prompt_waves[,fill_percent]]]]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitOptions {
     /// Shortest key range of a split.
@@ -53,6 +55,14 @@ pub struct SplitOptions {
     /// Llama-3-8B shapes took 37 and 23 ms with two waves, 23 and 14 ms with one; 2048 and
     /// 8192 tokens were even (`benchmarks/results/families-h200/fused-norms/prompt-splits.txt`).
     pub prompt_waves: usize,
+    /// A decode-like step whose unsplit blocks already fill this percent of one wave is not
+    /// split at all (0: the waves rule alone). Measured on the H200 (8B shape, both caches,
+    /// BENCHMARKS.md §12c): batch 32 split three ways took 5.11–5.15 ms (FP8) and 7.37–7.42
+    /// (bf16) at ctx 1280, 6.73–6.77 and 10.02–10.05 at ctx 4096; unsplit 4.50–4.53, 6.49–6.51,
+    /// 6.15–6.19 and 9.40–9.43 — 256 blocks of two an SM already stream the cache, and the
+    /// splits' partials and merge only add; batches of 16 and fewer still gain from splits at
+    /// long contexts.
+    pub fill_percent: usize,
 }
 
 impl Default for SplitOptions {
@@ -63,6 +73,7 @@ impl Default for SplitOptions {
             waves: SPLIT_WAVES,
             step: ATT_TK,
             prompt_waves: 1,
+            fill_percent: SPLIT_FILL_PERCENT,
         }
     }
 }
@@ -100,6 +111,15 @@ impl std::str::FromStr for SplitOptions {
                 waves: w,
                 step: t,
                 prompt_waves: p,
+                ..d
+            },
+            [k, s, w, t, p, f] => SplitOptions {
+                min_keys: k,
+                max_splits: s,
+                waves: w,
+                step: t,
+                prompt_waves: p,
+                fill_percent: f,
             },
             _ => SplitOptions { min_keys: 0, ..d },
         };
@@ -110,7 +130,7 @@ impl std::str::FromStr for SplitOptions {
             || o.prompt_waves == 0
         {
             return Err(format!(
-                "`{v}`: expected `min_keys,max_splits[,waves[,step[,prompt_waves]]]` of positive numbers, e.g. `128,32` or `64,64,2`"
+                "`{v}`: expected `min_keys,max_splits[,waves[,step[,prompt_waves[,fill_percent]]]]` of positive numbers (fill_percent may be 0), e.g. `128,32` or `64,64,2`"
             ));
         }
         Ok(o)
@@ -479,6 +499,7 @@ mod tests {
                 waves: 2,
                 step: 16,
                 prompt_waves: 1,
+                fill_percent: 50,
             }
         );
         // The fifth number: waves for prompts' causal triangles.
@@ -489,6 +510,11 @@ mod tests {
                 .prompt_waves,
             2
         );
+        // The sixth: the fill from which a decode step is left unsplit; 0 turns that rule off.
+        let split = parse(&[("CACHET_ATTENTION_SPLIT", "64,64,2,64,1,0")])
+            .unwrap()
+            .split;
+        assert_eq!((split.prompt_waves, split.fill_percent), (1, 0));
         assert_eq!(o.gemv_max_rows, 0);
         assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);
         assert_eq!(parse(&[]).unwrap().moe_gemm_min_rows, 8);
