@@ -54,13 +54,13 @@ pub(super) fn delta_slice<'a>(
 }
 
 impl CudaDevice {
-    /// Which GEMV instantiation serves `rows` input rows of `k` features by `w`, if any. FP8
-    /// weights take the GEMV up to its largest instantiation (4 rows) whatever CACHET_GEMV says;
-    /// more rows go to cuBLASLt's FP8 GEMM (or, without one, are dequantized for cuBLAS).
+    /// Which GEMV instantiation serves `rows` input rows of `k` features by `w`, if any (up to
+    /// `CACHET_GEMV`'s rows for bf16 weights, `CACHET_GEMV_FP8`'s for FP8); FP8 steps of more
+    /// rows go to cuBLASLt's FP8 GEMM (or, without one, are dequantized for cuBLAS).
     pub(super) fn gemv_variant(&self, rows: usize, k: usize, w: &WeightRef<'_>) -> Option<usize> {
         let max_rows = match w {
             WeightRef::Bf16(_) => self.options.gemv_max_rows,
-            WeightRef::E4m3 { .. } => GEMV_ROWS[GEMV_ROWS.len() - 1],
+            WeightRef::E4m3 { .. } => self.options.gemv_max_rows_fp8,
         };
         if rows == 0
             || rows > max_rows

@@ -52,6 +52,8 @@ pub const GEMV_ROWS: [usize; 3] = [1, 2, 4];
 /// but 4 rows 5.33 vs 5.04 ms (cuBLAS hardly slows from 1 to 4 rows; the GEMV's arithmetic
 /// per weight grows with the rows).
 pub const GEMV_DEFAULT_ROWS: usize = 2;
+/// The same for FP8 weights (`CACHET_GEMV_FP8`), whose GEMV streams half the bytes: up to four.
+pub const GEMV_FP8_DEFAULT_ROWS: usize = 4;
 /// Threads of a GEMV block (GEMV_THREADS in gemv.cu); one block per SM.
 pub const GEMV_THREADS: u32 = 512;
 /// Most experts the routing and sorting kernels take (MOE_MAX_EXPERTS in moe.cu).

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use super::graph_pool::GraphMemory;
-use super::kernels::{ATT_TK, GEMV_DEFAULT_ROWS, GEMV_ROWS};
+use super::kernels::{ATT_TK, GEMV_DEFAULT_ROWS, GEMV_FP8_DEFAULT_ROWS, GEMV_ROWS};
 use super::programmatic::Pdl;
 use crate::error::DeviceError;
 
@@ -186,6 +186,9 @@ pub struct CudaOptions {
     /// Projections of at most this many rows go through gemv.cu with norms and SwiGLU fused in
     /// (`CACHET_GEMV=off|1|2|4`).
     pub gemv_max_rows: usize,
+    /// The same for FP8 weights, whose larger steps take cuBLASLt's FP8 GEMM
+    /// (`CACHET_GEMV_FP8=off|1|2|4`; off or 0: cuBLASLt from one row).
+    pub gemv_max_rows_fp8: usize,
     /// Rows from which a mixture-of-experts step takes the grouped GEMMs (pairs sorted by
     /// expert) instead of the expert GEMVs (`CACHET_MOE_GEMM=off|rows`; off: always the
     /// GEMVs).
@@ -287,6 +290,7 @@ impl Default for CudaOptions {
             fused_rope: true,
             split: SplitOptions::default(),
             gemv_max_rows: GEMV_DEFAULT_ROWS,
+            gemv_max_rows_fp8: GEMV_FP8_DEFAULT_ROWS,
             moe_gemm_min_rows: MOE_GEMM_DEFAULT_ROWS,
             moe_gemm_min_rows_fp8: MOE_GEMM_FP8_DEFAULT_ROWS,
             moe_router: MoeRouter::Gemv,
@@ -365,6 +369,18 @@ impl CudaOptions {
                 "off" => 0,
                 _ => v.parse::<usize>().map_err(|_| {
                     bad("CACHET_GEMV", format!("`{v}`: expected off or a row count"))
+                })?,
+            }
+            .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
+        }
+        if let Some(v) = var("CACHET_GEMV_FP8") {
+            o.gemv_max_rows_fp8 = match v.as_str() {
+                "off" => 0,
+                _ => v.parse::<usize>().map_err(|_| {
+                    bad(
+                        "CACHET_GEMV_FP8",
+                        format!("`{v}`: expected off or a row count"),
+                    )
                 })?,
             }
             .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
@@ -517,6 +533,19 @@ mod tests {
         assert_eq!((split.prompt_waves, split.fill_percent), (1, 0));
         assert_eq!(o.gemv_max_rows, 0);
         assert_eq!(parse(&[("CACHET_GEMV", "9")]).unwrap().gemv_max_rows, 4);
+        assert_eq!(
+            parse(&[("CACHET_GEMV_FP8", "2")])
+                .unwrap()
+                .gemv_max_rows_fp8,
+            2
+        );
+        assert_eq!(
+            parse(&[("CACHET_GEMV_FP8", "off")])
+                .unwrap()
+                .gemv_max_rows_fp8,
+            0
+        );
+        assert!(parse(&[("CACHET_GEMV_FP8", "two")]).is_err());
         assert_eq!(parse(&[]).unwrap().moe_gemm_min_rows, 8);
         assert_eq!(
             parse(&[("CACHET_MOE_GEMM_FP8", "24")])
