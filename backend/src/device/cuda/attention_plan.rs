@@ -138,8 +138,12 @@ impl AttentionPlan {
             caps.split.prompt_waves
         };
         // A decode-like step whose unsplit blocks already fill `fill_percent` of a wave streams
-        // the cache as it is: splits would only add their partials and the merge.
+        // the cache as it is: splits would only add their partials and the merge. Measured for
+        // the tensor-core kernels of head_dim ≤ 128 (several blocks an SM); head_dim 256 (one
+        // block an SM) and the CUDA-core kernel keep the waves rule alone.
         let fills = decode_like
+            && mma
+            && d <= ATT_MAXD
             && caps.split.fill_percent > 0
             && busy * 100 >= caps.sms * per_sm * caps.split.fill_percent;
         let want = if fills {
@@ -266,6 +270,26 @@ mod tests {
         // of 32 tokens, 128 blocks: 3 splits either way).
         assert_eq!(plan(&[32; 8], 4096, &h200()).splits, 3);
         assert_eq!(plan(&[32; 8], 4096, &caps).splits, 3);
+        // Nor does it touch the CUDA-core kernel (one q head a block): 32 × 32 blocks = 1,024 of
+        // 264 slots is past two waves already, 8 × 32 = 256 still split as before.
+        let mut simt = h200();
+        simt.tensor_cores = false;
+        let mut simt_off = simt;
+        simt_off.split.fill_percent = 0;
+        assert_eq!(plan(&[1; 8], 4096, &simt), plan(&[1; 8], 4096, &simt_off));
+        assert!(plan(&[1; 8], 4096, &simt).splits > 1);
+        // Nor head_dim 256 (one block an SM): 32 sequences × 8 KV heads keep their split.
+        let d256 = |caps: &Capabilities| {
+            let shape = StepShape {
+                tile_lens: &[1; 32],
+                max_ctx: 4096,
+                num_heads: 16,
+                num_kv_heads: 8,
+                head_dim: 256,
+            };
+            AttentionPlan::choose(&shape, caps).unwrap()
+        };
+        assert_eq!(d256(&h200()), d256(&caps));
     }
 
     #[test]
