@@ -55,8 +55,8 @@ pub struct SplitOptions {
     /// Llama-3-8B shapes took 37 and 23 ms with two waves, 23 and 14 ms with one; 2048 and
     /// 8192 tokens were even (`benchmarks/results/families-h200/fused-norms/prompt-splits.txt`).
     pub prompt_waves: usize,
-    /// A decode-like step whose unsplit blocks already fill this percent of one wave is not
-    /// split at all (0: the waves rule alone). Measured on the H200 (8B shape, both caches,
+    /// A decode-like step on the tensor-core kernels (head_dim ≤ 128) whose unsplit blocks
+    /// already fill this percent of one wave is not split at all (0: the waves rule alone). Measured on the H200 (8B shape, both caches,
     /// BENCHMARKS.md §12c): batch 32 split three ways took 5.11–5.15 ms (FP8) and 7.37–7.42
     /// (bf16) at ctx 1280, 6.73–6.77 and 10.02–10.05 at ctx 4096; unsplit 4.50–4.53, 6.49–6.51,
     /// 6.15–6.19 and 9.40–9.43 — 256 blocks of two an SM already stream the cache, and the
