@@ -22,6 +22,17 @@ pub(super) struct DeltaSlices<'a> {
     pub scales: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
 }
 
+impl DeltaSlices<'_> {
+    /// Whether the buffers are too short for `rows` rows of `cols`.
+    pub fn short(&self, rows: usize, cols: usize) -> bool {
+        self.x.len() < rows * cols
+            || self.norm.is_some_and(|n| n.len() < cols)
+            || self
+                .scales
+                .is_some_and(|(ws, xs)| ws.len() < cols || xs.len() < rows)
+    }
+}
+
 /// [`DeltaSlices`] of `delta` (`op` names the caller in a wrong-dtype error). An unscaled FP8
 /// product is refused unless `unscaled` says the caller's kernel applies its scales.
 pub(super) fn delta_slices<'a>(

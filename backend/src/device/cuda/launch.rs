@@ -294,11 +294,7 @@ impl CudaDevice {
         eps: f32,
     ) -> Result<(), DeviceError> {
         let short = residual.len() < rows * cols
-            || delta.x.len() < rows * cols
-            || delta.norm.is_some_and(|n| n.len() < cols)
-            || delta
-                .scales
-                .is_some_and(|(ws, xs)| ws.len() < cols || xs.len() < rows)
+            || delta.short(rows, cols)
             || w.len() < cols
             || out.len() < rows * cols;
         if short {
@@ -1110,12 +1106,7 @@ impl CudaDevice {
         eps: f32,
     ) -> Result<(), DeviceError> {
         let short = residual.len() < rows * cols
-            || delta.is_some_and(|d| {
-                d.x.len() < rows * cols
-                    || d.norm.is_some_and(|n| n.len() < cols)
-                    || d.scales
-                        .is_some_and(|(ws, xs)| ws.len() < cols || xs.len() < rows)
-            })
+            || delta.is_some_and(|d| d.short(rows, cols))
             || w.len() < cols
             || codes.len() < rows * cols
             || scale.len() < rows;

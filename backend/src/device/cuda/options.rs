@@ -364,26 +364,22 @@ impl CudaOptions {
         if let Some(v) = var("CACHET_ATTENTION_SPLIT") {
             o.split = v.parse().map_err(|m| bad("CACHET_ATTENTION_SPLIT", m))?;
         }
-        if let Some(v) = var("CACHET_GEMV") {
-            o.gemv_max_rows = match v.as_str() {
+        // The most rows a GEMV instantiation takes, or off (0), capped at the largest.
+        let gemv_rows = |name: &'static str| -> Result<Option<usize>, DeviceError> {
+            let Some(v) = var(name) else { return Ok(None) };
+            let rows = match v.as_str() {
                 "off" => 0,
-                _ => v.parse::<usize>().map_err(|_| {
-                    bad("CACHET_GEMV", format!("`{v}`: expected off or a row count"))
-                })?,
-            }
-            .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
+                _ => v
+                    .parse::<usize>()
+                    .map_err(|_| bad(name, format!("`{v}`: expected off or a row count")))?,
+            };
+            Ok(Some(rows.min(GEMV_ROWS[GEMV_ROWS.len() - 1])))
+        };
+        if let Some(r) = gemv_rows("CACHET_GEMV")? {
+            o.gemv_max_rows = r;
         }
-        if let Some(v) = var("CACHET_GEMV_FP8") {
-            o.gemv_max_rows_fp8 = match v.as_str() {
-                "off" => 0,
-                _ => v.parse::<usize>().map_err(|_| {
-                    bad(
-                        "CACHET_GEMV_FP8",
-                        format!("`{v}`: expected off or a row count"),
-                    )
-                })?,
-            }
-            .min(GEMV_ROWS[GEMV_ROWS.len() - 1]);
+        if let Some(r) = gemv_rows("CACHET_GEMV_FP8")? {
+            o.gemv_max_rows_fp8 = r;
         }
         // A count (rows, tiles), or off (never).
         let count_or_off = |name: &'static str| -> Result<Option<usize>, DeviceError> {
