@@ -270,9 +270,16 @@ impl CudaDevice {
                 })
             })
         };
-        // cuBLASLt's product of the codes; false: no algorithm for the shape.
-        let product = |raw: Fp8Out| {
-            self.timed("↳ fp8: cuBLASLt product", || {
+        // The product of the codes — steps of 16–64 padded rows on the warpgroup kernel where it
+        // is on and applies, else cuBLASLt's; false: no algorithm for the shape.
+        let product = |raw: Fp8Out| match raw {
+            Fp8Out::Bf16(r) if self.wgmma_fp8_applies(m, n_pad, k) => {
+                self.timed("↳ fp8: wgmma product", || {
+                    self.launch_wgmma_fp8(codes, &x_codes, r, (m, n_pad, k))
+                        .map(|()| true)
+                })
+            }
+            raw => self.timed("↳ fp8: cuBLASLt product", || {
                 lt.matmul(
                     &self.stream,
                     (codes, &x_codes),
@@ -280,7 +287,7 @@ impl CudaDevice {
                     raw,
                     self.capturing.get(),
                 )
-            })
+            }),
         };
         let buf = if out_f32 || !self.options.fp8_bf16_product {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;

@@ -1056,6 +1056,78 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Whether [`Self::launch_wgmma_fp8`] takes an FP8 product of `f` weight rows, `k` columns
+    /// and `n` padded token rows: on (`CACHET_FP8_WGMMA`), kernels for sm_90a, n one of its
+    /// [`super::kernels::WGMMA_FP8_NS`], whole 128-row and 128-column tiles.
+    pub(super) fn wgmma_fp8_applies(&self, f: usize, n: usize, k: usize) -> bool {
+        use super::kernels::{WGMMA_FP8_BK, WGMMA_FP8_BM, WGMMA_FP8_MAX_TILES, WGMMA_FP8_NS};
+        self.options.fp8_wgmma
+            && self.wgmma_counters.is_some()
+            && WGMMA_FP8_NS.contains(&n)
+            && f > 0
+            && f.is_multiple_of(WGMMA_FP8_BM)
+            && f / WGMMA_FP8_BM <= WGMMA_FP8_MAX_TILES
+            && k > 0
+            && k.is_multiple_of(WGMMA_FP8_BK)
+    }
+
+    /// `wgmma_fp8_n{n}(e4m3 w[f, k], e4m3 x[n, k], bf16 out[n, f], f32 partial[splits, n, f] or
+    /// null, u32 counters[f / 128], int f, int k)`: `out = x · wᵀ` over the codes, summed in f32
+    /// and rounded to bf16 (what cuBLASLt's bf16 FP8 product gives), on Hopper's warpgroup tensor
+    /// cores; k split as [`super::kernels::wgmma_fp8_splits`] says. The caller checked
+    /// [`Self::wgmma_fp8_applies`].
+    pub(super) fn launch_wgmma_fp8(
+        &self,
+        w: &CudaSlice<u8>,
+        x: &CudaSlice<u8>,
+        out: &mut CudaSlice<u16>,
+        (f, n, k): (usize, usize, usize),
+    ) -> Result<(), DeviceError> {
+        use super::kernels::{
+            wgmma_fp8_smem_bytes, wgmma_fp8_splits, WGMMA_FP8_BM, WGMMA_FP8_NS, WGMMA_FP8_THREADS,
+        };
+        let (Some(counters), Some(v)) = (
+            self.wgmma_counters.as_ref(),
+            WGMMA_FP8_NS.iter().position(|&x| x == n),
+        ) else {
+            return Err(DeviceError::Op {
+                device: super::DEV,
+                op: "wgmma_fp8",
+                msg: format!("no warpgroup FP8 product for {n} rows here (sm_90a, 16/32/48/64 rows)"),
+            });
+        };
+        if w.len() < f * k || x.len() < n * k || out.len() < n * f {
+            return Err(short_buffers("wgmma_fp8", n, k));
+        }
+        let splits = wgmma_fp8_splits(f, k, n, self.sms);
+        let partial = if splits > 1 {
+            Some(self.alloc_f32(splits * n * f, "wgmma partial sums")?)
+        } else {
+            None
+        };
+        let (fi, ki) = (f as i32, k as i32);
+        let null = 0u64;
+        let mut l = self.stream.launch_builder(&self.k.wgmma_fp8[v]);
+        l.arg(w).arg(x).arg(out);
+        match &partial {
+            Some(p) => l.arg(p),
+            None => l.arg(&null),
+        };
+        l.arg(counters).arg(&fi).arg(&ki);
+        let cfg = LaunchConfig {
+            grid_dim: ((f / WGMMA_FP8_BM) as u32, splits as u32, 1),
+            block_dim: (WGMMA_FP8_THREADS, 1, 1),
+            shared_mem_bytes: wgmma_fp8_smem_bytes(n),
+        };
+        // SAFETY: f and k whole tiles and n one of the kernel's (wgmma_fp8_applies, checked by
+        // the caller; the position above), buffer sizes checked here; the partial sums hold
+        // splits · n · f f32 where splits > 1 (≤ k / 128: wgmma_fp8_splits); the counters cover
+        // f / 128 ≤ WGMMA_FP8_MAX_TILES tiles and are zero between launches (the last block of
+        // each tile resets its own).
+        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("wgmma_fp8"))?;
+        Ok(())
+    }
+
     /// `quantize_rows_e4m3` / `quantize_act_rows_e4m3(bf16 w[n, k], e4m3 codes[n, k], f32
     /// scale[n], int n, int k)`, one block per row: `exact` (weights, the CPU's arithmetic) or
     /// a GEMM's input rows, each read once (k a multiple of 8).
