@@ -18,8 +18,8 @@
 //
 // With more than one split, each block writes its f32 partial sums to `partial` [splits, N, F],
 // and the last block of a row tile to arrive (a counter per tile, left at zero again) adds the
-// splits in split order — the same sums in the same order whichever block finishes last — and
-// writes bf16. With one split the block writes bf16 directly.
+// splits — in groups whose loads are all in flight together, in the same order whichever block
+// finishes last — and writes bf16. With one split the block writes bf16 directly.
 //
 // Requirements (checked by the host): compiled for sm_90a (elsewhere the kernels trap), F % 128
 // == 0, K % 128 == 0, x holding N rows of K codes, w and x 16-byte aligned, blockDim.x ==
@@ -28,8 +28,6 @@
 #include "common.cuh"
 
 #define SK_BM 128
-#define SK_BK 128
-#define SK_STAGES 4
 #define SK_THREADS 256
 
 __device__ __forceinline__ unsigned sk_smem(const void* p) {
@@ -40,9 +38,9 @@ __device__ __forceinline__ unsigned sk_smem(const void* p) {
 
 // An f32 read from L2 (not L1: the other blocks' partial sums were written after this SM could
 // have cached anything there).
-__device__ __forceinline__ float sk_ld_l2(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+__device__ __forceinline__ float4 sk_ld4_l2(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
     return v;
 }
 
@@ -51,10 +49,10 @@ __device__ __forceinline__ void sk_cp16(unsigned dst, const void* src) {
 }
 
 // A no-swizzle K-major descriptor: start address, leading byte offset 128 (the next core matrix
-// along k), stride byte offset 1,024 (the next 8 rows).
-__device__ __forceinline__ unsigned long long sk_desc(unsigned addr) {
+// along k), stride byte offset BK / 16 core matrices (the next 8 rows).
+template <int BK> __device__ __forceinline__ unsigned long long sk_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3ffff) >> 4) | ((unsigned long long)(128 >> 4) << 16) |
-           ((unsigned long long)(1024 >> 4) << 32);
+           ((unsigned long long)((BK / 16 * 128) >> 4) << 32);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -98,37 +96,40 @@ template <> __device__ __forceinline__ void sk_wgmma<64>(float (&d)[32], unsigne
 }
 #endif
 
-// One stage: the block's 128 W rows and the N token rows, 128 bytes of k each, at k-tile `kt`.
-template <int N>
+// One stage: the block's 128 W rows and the N token rows, BK bytes of k each, at k-tile `kt`.
+// Copy i of a thread: lane i % 8 of a quarter-warp takes row i % 8 of core matrix (rg, kc), so
+// a warp reads 64 contiguous bytes of 8 rows and the block a row's BK bytes together.
+template <int N, int BK>
 __device__ __forceinline__ void sk_load_stage(unsigned stage, const unsigned char* __restrict__ w,
                                               const unsigned char* __restrict__ x, int row0, int K, int kt) {
+    constexpr int KC = BK / 16;
     const int tid = threadIdx.x;
-    const size_t k0 = (size_t)kt * SK_BK;
+    const size_t k0 = (size_t)kt * BK;
 #pragma unroll
-    for (int i = 0; i < SK_BM * 8 / SK_THREADS; ++i) {
-        const int idx = tid + i * SK_THREADS, r8 = idx & 7, kc = (idx >> 3) & 7, rg = idx >> 6;
-        sk_cp16(stage + (rg * 8 + kc) * 128 + r8 * 16, w + (size_t)(row0 + rg * 8 + r8) * K + k0 + kc * 16);
+    for (int i = 0; i < SK_BM * KC / SK_THREADS; ++i) {
+        const int idx = tid + i * SK_THREADS, r8 = idx & 7, kc = (idx >> 3) % KC, rg = idx / (8 * KC);
+        sk_cp16(stage + (rg * KC + kc) * 128 + r8 * 16, w + (size_t)(row0 + rg * 8 + r8) * K + k0 + kc * 16);
     }
-    const unsigned xs = stage + SK_BM * SK_BK;
+    const unsigned xs = stage + SK_BM * BK;
 #pragma unroll
-    for (int i = 0; i < (N * 8 + SK_THREADS - 1) / SK_THREADS; ++i) {
+    for (int i = 0; i < (N * KC + SK_THREADS - 1) / SK_THREADS; ++i) {
         const int idx = tid + i * SK_THREADS;
-        if (idx < N * 8) {
-            const int r8 = idx & 7, kc = (idx >> 3) & 7, rg = idx >> 6;
-            sk_cp16(xs + (rg * 8 + kc) * 128 + r8 * 16, x + (size_t)(rg * 8 + r8) * K + k0 + kc * 16);
+        if (idx < N * KC) {
+            const int r8 = idx & 7, kc = (idx >> 3) % KC, rg = idx / (8 * KC);
+            sk_cp16(xs + (rg * KC + kc) * 128 + r8 * 16, x + (size_t)(rg * 8 + r8) * K + k0 + kc * 16);
         }
     }
 }
 
-template <int N>
+template <int N, int BK, int STAGES>
 __device__ __forceinline__ void wgmma_fp8_body(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x,
                                                bf16* __restrict__ out, float* __restrict__ partial,
                                                unsigned* __restrict__ counters, int F, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char sk_shared[];
-    constexpr int STAGE = SK_BM * SK_BK + N * SK_BK;
+    constexpr int STAGE = SK_BM * BK + N * BK;
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    const int row0 = tile * SK_BM, kts = K / SK_BK;
+    const int row0 = tile * SK_BM, kts = K / BK;
     const int kt0 = (int)((long long)split * kts / splits), kt1 = (int)((long long)(split + 1) * kts / splits);
     const int nk = kt1 - kt0;
     const unsigned base = sk_smem(sk_shared);
@@ -139,26 +140,26 @@ __device__ __forceinline__ void wgmma_fp8_body(const unsigned char* __restrict__
     for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
 
 #pragma unroll
-    for (int s = 0; s < SK_STAGES - 1; ++s) {
-        if (s < nk) sk_load_stage<N>(base + s * STAGE, w, x, row0, K, kt0 + s);
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nk) sk_load_stage<N, BK>(base + s * STAGE, w, x, row0, K, kt0 + s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int it = 0; it < nk; ++it) {
         // Stage `it` has landed for this thread; the fence hands the copies (generic proxy) to
         // the tensor cores (async proxy); the barrier makes that every thread's, and means both
         // warpgroups finished the products of stage it - 1, whose buffer the next copy reuses.
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(SK_STAGES - 2));
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        const int next = it + SK_STAGES - 1;
-        if (next < nk) sk_load_stage<N>(base + (next % SK_STAGES) * STAGE, w, x, row0, K, kt0 + next);
+        const int next = it + STAGES - 1;
+        if (next < nk) sk_load_stage<N, BK>(base + (next % STAGES) * STAGE, w, x, row0, K, kt0 + next);
         asm volatile("cp.async.commit_group;\n" ::);
 
-        const unsigned stage = base + (it % SK_STAGES) * STAGE;
-        const unsigned a0 = stage + wg * 8 * 1024, b0 = stage + SK_BM * SK_BK;
+        const unsigned stage = base + (it % STAGES) * STAGE;
+        const unsigned a0 = stage + wg * 8 * BK * 8, b0 = stage + SK_BM * BK;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int j = 0; j < SK_BK / 32; ++j) sk_wgmma<N>(d, sk_desc(a0 + j * 256), sk_desc(b0 + j * 256));
+        for (int j = 0; j < BK / 32; ++j) sk_wgmma<N>(d, sk_desc<BK>(a0 + j * 256), sk_desc<BK>(b0 + j * 256));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         // The sums are read only after the wait (nothing moves their reads above it).
@@ -190,30 +191,62 @@ __device__ __forceinline__ void wgmma_fp8_body(const unsigned char* __restrict__
     __syncthreads();
     if (!sk_last) return;
     __threadfence();
+    // The tile's sums, 4 features a chunk (chunk c: token c / 32, features 4 · (c % 32)), each
+    // thread N / 8 chunks, the splits taken G at a time with all their loads in flight before
+    // any add: a fixed order of additions whichever block got here.
+    constexpr int CH = N / 8, G = N <= 32 ? 4 : 2;
+    float4 acc[CH];
 #pragma unroll
-    for (int j = 0; j < N / 8; ++j)
+    for (int c = 0; c < CH; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int p0 = 0; p0 < splits; p0 += G) {
+        float4 v[CH][G];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const size_t at = (size_t)(8 * j + t0 + (r & 1)) * F + f0 + 8 * (r >> 1);
-            float s = 0.f;
-            for (int p = 0; p < splits; ++p) s += sk_ld_l2(partial + (size_t)p * N * F + at);
-            out[at] = f2bf(s);
+        for (int q = 0; q < G; ++q)
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+                const int chunk = threadIdx.x + c * SK_THREADS;
+                v[c][q] = p0 + q < splits ? sk_ld4_l2(partial + ((size_t)(p0 + q) * N + (chunk >> 5)) * F + row0 + 4 * (chunk & 31))
+                                          : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            float4 t = v[c][0];
+#pragma unroll
+            for (int q = 1; q < G; ++q) t = make_float4(t.x + v[c][q].x, t.y + v[c][q].y, t.z + v[c][q].z, t.w + v[c][q].w);
+            acc[c] = make_float4(acc[c].x + t.x, acc[c].y + t.y, acc[c].z + t.z, acc[c].w + t.w);
         }
+    }
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        const int chunk = threadIdx.x + c * SK_THREADS;
+        const unsigned lo = (unsigned)f2bf(acc[c].x) | ((unsigned)f2bf(acc[c].y) << 16);
+        const unsigned hi = (unsigned)f2bf(acc[c].z) | ((unsigned)f2bf(acc[c].w) << 16);
+        *(uint2*)(out + (size_t)(chunk >> 5) * F + row0 + 4 * (chunk & 31)) = make_uint2(lo, hi);
+    }
     if (threadIdx.x == 0) counters[tile] = 0;
 #else
     __trap();
 #endif
 }
 
-#define WGMMA_FP8_KERNEL(name, N)                                                                           \
+#define WGMMA_FP8_KERNEL(name, N, BK, STAGES)                                                               \
     extern "C" __global__ void __launch_bounds__(SK_THREADS) name(                                          \
         const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, bf16* __restrict__ out,   \
         float* __restrict__ partial, unsigned* __restrict__ counters, int F, int K) {                       \
         wait_for_prior_kernels();                                                                           \
-        wgmma_fp8_body<N>(w, x, out, partial, counters, F, K);                                              \
+        wgmma_fp8_body<N, BK, STAGES>(w, x, out, partial, counters, F, K);                                  \
     }
 
-WGMMA_FP8_KERNEL(wgmma_fp8_n16, 16)
-WGMMA_FP8_KERNEL(wgmma_fp8_n32, 32)
-WGMMA_FP8_KERNEL(wgmma_fp8_n48, 48)
-WGMMA_FP8_KERNEL(wgmma_fp8_n64, 64)
+// Stage widths 128, 256 and 512 bytes of k (4, 4 and 2 stages; host: wgmma_fp8_stages).
+WGMMA_FP8_KERNEL(wgmma_fp8_n16_k128, 16, 128, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n32_k128, 32, 128, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n48_k128, 48, 128, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n64_k128, 64, 128, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n16_k256, 16, 256, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n32_k256, 32, 256, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n48_k256, 48, 256, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n64_k256, 64, 256, 4)
+WGMMA_FP8_KERNEL(wgmma_fp8_n16_k512, 16, 512, 2)
+WGMMA_FP8_KERNEL(wgmma_fp8_n32_k512, 32, 512, 2)
+WGMMA_FP8_KERNEL(wgmma_fp8_n48_k512, 48, 512, 2)
+WGMMA_FP8_KERNEL(wgmma_fp8_n64_k512, 64, 512, 2)

@@ -680,8 +680,8 @@ gpu_test! {
 }
 
 gpu_test! {
-    /// The same with FP8 projection weights (`--quantization fp8`): steps of up to four rows go
-    /// through the FP8 GEMV, larger ones (5 → 8 and 9 → 16 rows in the graphs) through cuBLASLt's
+    /// The same with FP8 projection weights (`--quantization fp8`): steps of up to two rows go
+    /// through the FP8 GEMV, larger ones (3 → 4, 5 → 8 and 9 → 16 rows in the graphs) through cuBLASLt's
     /// FP8 product with its activation quantization and scale launches — all inside the graphs.
     fn decode_steps_with_fp8_weights_replayed_from_cuda_graphs_match_eager_steps() {
         let q = cachet_backend::device::WeightQuantization::Fp8;
