@@ -5,20 +5,19 @@
 # on the Llama-3-8B shape with FP8 weights + FP8 KV at ctx 1280 (batches 8-64; batch 1 at ctx 512),
 # the two alternated over ROUNDS, and an eager profile of batch 64 under each.
 # Carry .carry/cachet.xz, .carry/families-tests.xz, .carry/engine-tests.xz.
-#   OUT=... [ROUNDS=2] [BATCHES=8,16,32,48,64] [VARIANTS="off 128 256 512"] [PROFILE="off 256"] scripts/gpu_fp8_wgmma.sh
+#   OUT=... [ROUNDS=2] [BATCHES=8,16,32,48,64] [VARIANTS="off on"] [PROFILE="off on"] scripts/gpu_fp8_wgmma.sh
 source "$(dirname "$0")/gpu_common.sh"
 echo "== CUDA test: warpgroup products against cuBLASLt's"
 /tmp/families-tests --ignored --test-threads 1 --nocapture fp8_products_on_the_warpgroup 2>&1 \
   | tee "$out/families-wgmma.txt" | grep -E "^test |test result|panicked|vs cuBLASLt" | tail -60
 for v in off on; do
-  CACHET_FP8_WGMMA=$v CACHET_FP8_WGMMA_BK=${GRAPH_BK:-128} /tmp/engine-tests --ignored --test-threads 1 random_fp8_model 2>&1 \
+  CACHET_FP8_WGMMA=$v /tmp/engine-tests --ignored --test-threads 1 random_fp8_model 2>&1 \
     | tee "$out/engine-random-fp8-$v.txt" | grep -E "^test |test result|panicked"
 done
 m=(--model examples/configs/llama3-8b.json --load-format dummy --device cuda --quantization fp8 --kv-cache-dtype fp8
    --decode-contexts 512 --decode-context 1280 --prefill 256 --cached-prefix none --sampling-batches 1 --graph-batches 1)
-# VARIANTS: off (cuBLASLt) or a stage width in bytes (the warpgroup kernel with CACHET_FP8_WGMMA_BK).
-wg() { if [ "$1" = off ]; then echo "CACHET_FP8_WGMMA=off"; else echo "CACHET_FP8_WGMMA=on CACHET_FP8_WGMMA_BK=$1"; fi; }
-for r in $(seq 1 ${ROUNDS:-2}); do for v in ${VARIANTS:-off 128}; do
+wg() { echo "CACHET_FP8_WGMMA=$1"; }
+for r in $(seq 1 ${ROUNDS:-2}); do for v in ${VARIANTS:-off on}; do
   env $(wg $v) /tmp/cachet bench forward "${m[@]}" --decode-batches ${BATCHES:-8,16,32,48,64} 2>&1 \
     | grep -v " INFO " > "$out/wgmma-$v-r$r.txt"
   echo "wgmma $v, round $r: $(grep -E '^\| decode batch [0-9]+,' "$out/wgmma-$v-r$r.txt" | awk -F'|' '{print $3}' | tr '\n' ' ')"

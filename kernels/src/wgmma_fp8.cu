@@ -10,11 +10,12 @@
 // tensor cores take the current one: `wgmma.mma_async` m64nNk32 e4m3·e4m3 → f32, both operands from
 // shared memory, N = the padded rows (16, 32, 48 or 64), four k32 steps a 128-byte stage.
 //
-// Shared memory layout (wgmma's K-major layout without swizzle): a core matrix is 8 rows × 16
-// bytes, 128 contiguous bytes; core matrix (row group rg, k chunk kc) of a stage sits at
-// (rg · 8 + kc) · 128, so neighbours along k are 128 bytes apart (the descriptor's leading byte
-// offset) and along the rows 1,024 (its stride byte offset). Copies: lane i of 8 takes row i of a
-// core matrix, so each quarter-warp writes one core matrix's 128 contiguous bytes.
+// Shared memory layout: wgmma's K-major layout with the 128-byte swizzle. A stage holds each row's
+// 128 bytes of k as one 128-byte line, its 16-byte chunk c at chunk c ^ (row % 8), so the eight
+// lanes copying one row's line from global memory (a whole 128-byte line a request: L2 serves
+// whole lines, not the half lines an unswizzled core-matrix copy asks for) write one line of
+// shared memory without bank conflicts. The descriptor: 8-row groups 1,024 bytes apart, each k32
+// step 32 bytes further along the line (the hardware applies the swizzle to the address).
 //
 // With more than one split, each block writes its f32 partial sums to `partial` [splits, N, F],
 // and the last block of a row tile to arrive (a counter per tile, left at zero again) adds the
@@ -23,11 +24,13 @@
 //
 // Requirements (checked by the host): compiled for sm_90a (elsewhere the kernels trap), F % 128
 // == 0, K % 128 == 0, x holding N rows of K codes, w and x 16-byte aligned, blockDim.x ==
-// SK_THREADS, dynamic shared memory wgmma_fp8_smem_bytes(N), gridDim = (F / 128, splits) with
-// splits ≤ K / 128, counters ≥ F / 128 zeros.
+// SK_THREADS, dynamic shared memory wgmma_fp8_smem_bytes(N) (its stages and 1 KB to align them
+// to 1,024 bytes), gridDim = (F / 128, splits) with splits ≤ K / 128, counters ≥ F / 128 zeros.
 #include "common.cuh"
 
 #define SK_BM 128
+#define SK_BK 128
+#define SK_STAGES 4
 #define SK_THREADS 256
 
 __device__ __forceinline__ unsigned sk_smem(const void* p) {
@@ -48,11 +51,11 @@ __device__ __forceinline__ void sk_cp16(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// A no-swizzle K-major descriptor: start address, leading byte offset 128 (the next core matrix
-// along k), stride byte offset BK / 16 core matrices (the next 8 rows).
-template <int BK> __device__ __forceinline__ unsigned long long sk_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3ffff) >> 4) | ((unsigned long long)(128 >> 4) << 16) |
-           ((unsigned long long)((BK / 16 * 128) >> 4) << 32);
+// A K-major descriptor with the 128-byte swizzle: start address, leading byte offset unused (1),
+// stride byte offset 1,024 (the next 8 rows), layout type 1 (128-byte swizzle).
+__device__ __forceinline__ unsigned long long sk_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3ffff) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -96,43 +99,42 @@ template <> __device__ __forceinline__ void sk_wgmma<64>(float (&d)[32], unsigne
 }
 #endif
 
-// One stage: the block's 128 W rows and the N token rows, BK bytes of k each, at k-tile `kt`.
-// Copy i of a thread: lane i % 8 of a quarter-warp takes row i % 8 of core matrix (rg, kc), so
-// a warp reads 64 contiguous bytes of 8 rows and the block a row's BK bytes together.
-template <int N, int BK>
+// One stage: the block's 128 W rows and the N token rows, 128 bytes of k each, at k-tile `kt`.
+// Copy i of a thread: chunk i % 8 of row i / 8, so eight lanes copy one row's whole line.
+template <int N>
 __device__ __forceinline__ void sk_load_stage(unsigned stage, const unsigned char* __restrict__ w,
                                               const unsigned char* __restrict__ x, int row0, int K, int kt) {
-    constexpr int KC = BK / 16;
     const int tid = threadIdx.x;
-    const size_t k0 = (size_t)kt * BK;
+    const size_t k0 = (size_t)kt * SK_BK;
 #pragma unroll
-    for (int i = 0; i < SK_BM * KC / SK_THREADS; ++i) {
-        const int idx = tid + i * SK_THREADS, r8 = idx & 7, kc = (idx >> 3) % KC, rg = idx / (8 * KC);
-        sk_cp16(stage + (rg * KC + kc) * 128 + r8 * 16, w + (size_t)(row0 + rg * 8 + r8) * K + k0 + kc * 16);
+    for (int i = 0; i < SK_BM * 8 / SK_THREADS; ++i) {
+        const int idx = tid + i * SK_THREADS, c = idx & 7, r = idx >> 3;
+        sk_cp16(stage + r * 128 + ((c ^ (r & 7)) << 4), w + (size_t)(row0 + r) * K + k0 + c * 16);
     }
-    const unsigned xs = stage + SK_BM * BK;
+    const unsigned xs = stage + SK_BM * SK_BK;
 #pragma unroll
-    for (int i = 0; i < (N * KC + SK_THREADS - 1) / SK_THREADS; ++i) {
+    for (int i = 0; i < (N * 8 + SK_THREADS - 1) / SK_THREADS; ++i) {
         const int idx = tid + i * SK_THREADS;
-        if (idx < N * KC) {
-            const int r8 = idx & 7, kc = (idx >> 3) % KC, rg = idx / (8 * KC);
-            sk_cp16(xs + (rg * KC + kc) * 128 + r8 * 16, x + (size_t)(rg * 8 + r8) * K + k0 + kc * 16);
+        if (idx < N * 8) {
+            const int c = idx & 7, r = idx >> 3;
+            sk_cp16(xs + r * 128 + ((c ^ (r & 7)) << 4), x + (size_t)r * K + k0 + c * 16);
         }
     }
 }
 
-template <int N, int BK, int STAGES>
+template <int N>
 __device__ __forceinline__ void wgmma_fp8_body(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x,
                                                bf16* __restrict__ out, float* __restrict__ partial,
                                                unsigned* __restrict__ counters, int F, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char sk_shared[];
-    constexpr int STAGE = SK_BM * BK + N * BK;
+    constexpr int STAGE = SK_BM * SK_BK + N * SK_BK;  // a multiple of 1,024 (N % 16 == 0)
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    const int row0 = tile * SK_BM, kts = K / BK;
+    const int row0 = tile * SK_BM, kts = K / SK_BK;
     const int kt0 = (int)((long long)split * kts / splits), kt1 = (int)((long long)(split + 1) * kts / splits);
     const int nk = kt1 - kt0;
-    const unsigned base = sk_smem(sk_shared);
+    // The swizzle is a function of the address: stages start on 1,024-byte boundaries.
+    const unsigned base = (sk_smem(sk_shared) + 1023u) & ~1023u;
     const int wg = threadIdx.x >> 7;
 
     float d[N / 2];
@@ -140,26 +142,26 @@ __device__ __forceinline__ void wgmma_fp8_body(const unsigned char* __restrict__
     for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
 
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < nk) sk_load_stage<N, BK>(base + s * STAGE, w, x, row0, K, kt0 + s);
+    for (int s = 0; s < SK_STAGES - 1; ++s) {
+        if (s < nk) sk_load_stage<N>(base + s * STAGE, w, x, row0, K, kt0 + s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int it = 0; it < nk; ++it) {
         // Stage `it` has landed for this thread; the fence hands the copies (generic proxy) to
         // the tensor cores (async proxy); the barrier makes that every thread's, and means both
         // warpgroups finished the products of stage it - 1, whose buffer the next copy reuses.
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(SK_STAGES - 2));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        const int next = it + STAGES - 1;
-        if (next < nk) sk_load_stage<N, BK>(base + (next % STAGES) * STAGE, w, x, row0, K, kt0 + next);
+        const int next = it + SK_STAGES - 1;
+        if (next < nk) sk_load_stage<N>(base + (next % SK_STAGES) * STAGE, w, x, row0, K, kt0 + next);
         asm volatile("cp.async.commit_group;\n" ::);
 
-        const unsigned stage = base + (it % STAGES) * STAGE;
-        const unsigned a0 = stage + wg * 8 * BK * 8, b0 = stage + SK_BM * BK;
+        const unsigned stage = base + (it % SK_STAGES) * STAGE;
+        const unsigned a0 = stage + wg * 64 * SK_BK, b0 = stage + SK_BM * SK_BK;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int j = 0; j < BK / 32; ++j) sk_wgmma<N>(d, sk_desc<BK>(a0 + j * 256), sk_desc<BK>(b0 + j * 256));
+        for (int j = 0; j < SK_BK / 32; ++j) sk_wgmma<N>(d, sk_desc(a0 + j * 32), sk_desc(b0 + j * 32));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         // The sums are read only after the wait (nothing moves their reads above it).
@@ -229,24 +231,15 @@ __device__ __forceinline__ void wgmma_fp8_body(const unsigned char* __restrict__
 #endif
 }
 
-#define WGMMA_FP8_KERNEL(name, N, BK, STAGES)                                                               \
+#define WGMMA_FP8_KERNEL(name, N)                                                                           \
     extern "C" __global__ void __launch_bounds__(SK_THREADS) name(                                          \
         const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, bf16* __restrict__ out,   \
         float* __restrict__ partial, unsigned* __restrict__ counters, int F, int K) {                       \
         wait_for_prior_kernels();                                                                           \
-        wgmma_fp8_body<N, BK, STAGES>(w, x, out, partial, counters, F, K);                                  \
+        wgmma_fp8_body<N>(w, x, out, partial, counters, F, K);                                              \
     }
 
-// Stage widths 128, 256 and 512 bytes of k (4, 4 and 2 stages; host: wgmma_fp8_stages).
-WGMMA_FP8_KERNEL(wgmma_fp8_n16_k128, 16, 128, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n32_k128, 32, 128, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n48_k128, 48, 128, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n64_k128, 64, 128, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n16_k256, 16, 256, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n32_k256, 32, 256, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n48_k256, 48, 256, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n64_k256, 64, 256, 4)
-WGMMA_FP8_KERNEL(wgmma_fp8_n16_k512, 16, 512, 2)
-WGMMA_FP8_KERNEL(wgmma_fp8_n32_k512, 32, 512, 2)
-WGMMA_FP8_KERNEL(wgmma_fp8_n48_k512, 48, 512, 2)
-WGMMA_FP8_KERNEL(wgmma_fp8_n64_k512, 64, 512, 2)
+WGMMA_FP8_KERNEL(wgmma_fp8_n16, 16)
+WGMMA_FP8_KERNEL(wgmma_fp8_n32, 32)
+WGMMA_FP8_KERNEL(wgmma_fp8_n48, 48)
+WGMMA_FP8_KERNEL(wgmma_fp8_n64, 64)

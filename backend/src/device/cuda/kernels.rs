@@ -117,41 +117,31 @@ pub fn mma_fp8_dec_smem_bytes(d: usize) -> u32 {
 /// Rows of the tokens' padded count the warpgroup FP8 product takes (wgmma_fp8.cu's
 /// `wgmma_fp8_n{N}`, N = its wgmma's n).
 pub const WGMMA_FP8_NS: [usize; 4] = [16, 32, 48, 64];
-/// Weight rows a block of the warpgroup FP8 product owns (two warpgroups of 64): weights must
-/// come in whole tiles of them, and of the stage width.
+/// Weight rows a block of the warpgroup FP8 product owns (two warpgroups of 64), and the k
+/// bytes a stage holds: weights must come in whole tiles of both.
 pub const WGMMA_FP8_BM: usize = 128;
-/// Stage widths (bytes of k a stage holds of each row) the kernels are built for.
-pub const WGMMA_FP8_BKS: [usize; 3] = [128, 256, 512];
+pub const WGMMA_FP8_BK: usize = 128;
 pub const WGMMA_FP8_THREADS: u32 = 256;
 /// Row tiles its counters cover (weights of up to 131,072 rows).
 pub const WGMMA_FP8_MAX_TILES: usize = 1024;
 
-/// Stages of shared memory `wgmma_fp8_n*_k{bk}` cycles through (its source's instantiations).
-pub fn wgmma_fp8_stages(bk: usize) -> usize {
-    if bk >= 512 {
-        2
-    } else {
-        4
-    }
-}
-
-/// Shared memory of `wgmma_fp8_n{n}_k{bk}`: its stages of 128 weight rows and n token rows, bk
-/// bytes of k each.
-pub fn wgmma_fp8_smem_bytes(n: usize, bk: usize) -> u32 {
-    (wgmma_fp8_stages(bk) * (WGMMA_FP8_BM + n) * bk) as u32
+/// Shared memory of `wgmma_fp8_n{n}`: SK_STAGES (4) stages of 128 weight rows and n token rows,
+/// 128 bytes of k each, and 1 KB to start them on a 1,024-byte boundary (the swizzle's).
+pub fn wgmma_fp8_smem_bytes(n: usize) -> u32 {
+    (4 * (WGMMA_FP8_BM + n) * WGMMA_FP8_BK + 1024) as u32
 }
 
 /// Splits of k for a warpgroup FP8 product of `f` weight rows, `k` columns and `n` padded rows
-/// with stages `bk` bytes wide on `sms` SMs. Its blocks are all the same size and each streams its share of the weight once,
+/// on `sms` SMs. Its blocks are all the same size and each streams its share of the weight once,
 /// so a partial last wave leaves bandwidth idle: the weight's time is taken as its bytes over the
 /// waves' fill. Each split past the first writes and reads back its f32 partial sums (n · f · 8
 /// bytes, counted at half weight: they mostly stay in L2). The count with the least of the two.
-pub fn wgmma_fp8_splits(f: usize, k: usize, n: usize, bk: usize, sms: usize) -> usize {
+pub fn wgmma_fp8_splits(f: usize, k: usize, n: usize, sms: usize) -> usize {
     let tiles = f / WGMMA_FP8_BM;
-    let kts = k / bk;
+    let kts = k / WGMMA_FP8_BK;
     // 227 KB of shared memory an SM for blocks, each with 1 KB of its own (static) and 1 KB the
     // system reserves.
-    let per_sm = ((227 << 10) / (wgmma_fp8_smem_bytes(n, bk) as usize + 2048)).max(1);
+    let per_sm = ((227 << 10) / (wgmma_fp8_smem_bytes(n) as usize + 2048)).max(1);
     let slots = (sms * per_sm).max(1);
     let weight = (f * k) as f64;
     let mut best = (f64::INFINITY, 1usize);
@@ -245,9 +235,8 @@ pub struct Kernels {
     /// The grouped GEMM, `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
     pub moe_gemm: [[CudaFunction; 3]; 2],
     pub moe_combine: CudaFunction,
-    /// `wgmma_fp8_n{N}_k{BK}` for BK in [`WGMMA_FP8_BKS`], N in [`WGMMA_FP8_NS`] (they trap
-    /// unless compiled for sm_90a).
-    pub wgmma_fp8: [[CudaFunction; 4]; 3],
+    /// `wgmma_fp8_n{N}` for N in [`WGMMA_FP8_NS`] (they trap unless compiled for sm_90a).
+    pub wgmma_fp8: [CudaFunction; 4],
 }
 
 /// What loading the kernels found.
@@ -278,19 +267,6 @@ fn gemv_set(
         f(&format!("{kind}_{fmt}_r1"))?,
         f(&format!("{kind}_{fmt}_r2"))?,
         f(&format!("{kind}_{fmt}_r4"))?,
-    ])
-}
-
-/// wgmma_fp8.cu's `wgmma_fp8_n{N}_k{bk}` for every N of WGMMA_FP8_NS.
-fn wgmma_set(
-    f: &impl Fn(&str) -> Result<CudaFunction, DeviceError>,
-    bk: usize,
-) -> Result<[CudaFunction; 4], DeviceError> {
-    Ok([
-        f(&format!("wgmma_fp8_n16_k{bk}"))?,
-        f(&format!("wgmma_fp8_n32_k{bk}"))?,
-        f(&format!("wgmma_fp8_n48_k{bk}"))?,
-        f(&format!("wgmma_fp8_n64_k{bk}"))?,
     ])
 }
 
@@ -409,18 +385,17 @@ impl Kernels {
             ],
             moe_combine: f("moe_combine_bf16")?,
             wgmma_fp8: [
-                wgmma_set(&f, 128)?,
-                wgmma_set(&f, 256)?,
-                wgmma_set(&f, 512)?,
+                f("wgmma_fp8_n16")?,
+                f("wgmma_fp8_n32")?,
+                f("wgmma_fp8_n48")?,
+                f("wgmma_fp8_n64")?,
             ],
         };
-        for (funcs, bk) in k.wgmma_fp8.iter().zip(WGMMA_FP8_BKS) {
-            for (func, n) in funcs.iter().zip(WGMMA_FP8_NS) {
-                smem(func, wgmma_fp8_smem_bytes(n, bk))?;
-                // As many blocks an SM as its shared memory allows.
-                func.set_attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-                    .map_err(op_err("kernel shared memory carveout"))?;
-            }
+        for (func, n) in k.wgmma_fp8.iter().zip(WGMMA_FP8_NS) {
+            smem(func, wgmma_fp8_smem_bytes(n))?;
+            // As many blocks an SM as its shared memory allows.
+            func.set_attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+                .map_err(op_err("kernel shared memory carveout"))?;
         }
         for func in [&k.attention, &k.attention_fp8, &k.attention_int8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
@@ -471,7 +446,7 @@ mod tests {
     #[test]
     fn wgmma_splits_fill_the_gpu_without_drowning_in_partial_sums() {
         // Llama-3-8B's projections on an H200 (132 SMs).
-        let splits = |f, k, n| wgmma_fp8_splits(f, k, n, 128, 132);
+        let splits = |f, k, n| wgmma_fp8_splits(f, k, n, 132);
         // o_proj at 64 rows: 32 row tiles, two blocks an SM: 8 splits fill 256 of 264 slots.
         assert_eq!(splits(4096, 4096, 64), 8);
         // gate|up at 64 rows: 224 row tiles already fill 85% of a wave.
@@ -483,10 +458,8 @@ mod tests {
         assert_eq!(splits(128, 128, 16), 1);
         for (f, k) in [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)] {
             for n in WGMMA_FP8_NS {
-                for bk in WGMMA_FP8_BKS {
-                    let s = wgmma_fp8_splits(f, k, n, bk, 132);
-                    assert!((1..=16).contains(&s) && s <= k / bk, "{f}×{k}, {n} rows, {bk}: {s}");
-                }
+                let s = splits(f, k, n);
+                assert!((1..=16).contains(&s) && s <= k / WGMMA_FP8_BK, "{f}×{k}, {n} rows: {s}");
             }
         }
     }

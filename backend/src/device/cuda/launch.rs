@@ -1058,10 +1058,9 @@ impl CudaDevice {
 
     /// Whether [`Self::launch_wgmma_fp8`] takes an FP8 product of `f` weight rows, `k` columns
     /// and `n` padded token rows: on (`CACHET_FP8_WGMMA`), kernels for sm_90a, n one of its
-    /// [`super::kernels::WGMMA_FP8_NS`], whole 128-row tiles and stages
-    /// (`CACHET_FP8_WGMMA_BK` bytes of k).
+    /// [`super::kernels::WGMMA_FP8_NS`], whole 128-row and 128-column tiles.
     pub(super) fn wgmma_fp8_applies(&self, f: usize, n: usize, k: usize) -> bool {
-        use super::kernels::{WGMMA_FP8_BM, WGMMA_FP8_MAX_TILES, WGMMA_FP8_NS};
+        use super::kernels::{WGMMA_FP8_BK, WGMMA_FP8_BM, WGMMA_FP8_MAX_TILES, WGMMA_FP8_NS};
         self.options.fp8_wgmma
             && self.wgmma_counters.is_some()
             && WGMMA_FP8_NS.contains(&n)
@@ -1069,7 +1068,7 @@ impl CudaDevice {
             && f.is_multiple_of(WGMMA_FP8_BM)
             && f / WGMMA_FP8_BM <= WGMMA_FP8_MAX_TILES
             && k > 0
-            && k.is_multiple_of(self.options.fp8_wgmma_bk)
+            && k.is_multiple_of(WGMMA_FP8_BK)
     }
 
     /// `wgmma_fp8_n{n}(e4m3 w[f, k], e4m3 x[n, k], bf16 out[n, f], f32 partial[splits, n, f] or
@@ -1085,14 +1084,11 @@ impl CudaDevice {
         (f, n, k): (usize, usize, usize),
     ) -> Result<(), DeviceError> {
         use super::kernels::{
-            wgmma_fp8_smem_bytes, wgmma_fp8_splits, WGMMA_FP8_BKS, WGMMA_FP8_BM, WGMMA_FP8_NS,
-            WGMMA_FP8_THREADS,
+            wgmma_fp8_smem_bytes, wgmma_fp8_splits, WGMMA_FP8_BM, WGMMA_FP8_NS, WGMMA_FP8_THREADS,
         };
-        let bk = self.options.fp8_wgmma_bk;
-        let (Some(counters), Some(v), Some(b)) = (
+        let (Some(counters), Some(v)) = (
             self.wgmma_counters.as_ref(),
             WGMMA_FP8_NS.iter().position(|&x| x == n),
-            WGMMA_FP8_BKS.iter().position(|&x| x == bk),
         ) else {
             return Err(DeviceError::Op {
                 device: super::DEV,
@@ -1103,7 +1099,7 @@ impl CudaDevice {
         if w.len() < f * k || x.len() < n * k || out.len() < n * f {
             return Err(short_buffers("wgmma_fp8", n, k));
         }
-        let splits = wgmma_fp8_splits(f, k, n, bk, self.sms);
+        let splits = wgmma_fp8_splits(f, k, n, self.sms);
         let partial = if splits > 1 {
             Some(self.alloc_f32(splits * n * f, "wgmma partial sums")?)
         } else {
@@ -1111,7 +1107,7 @@ impl CudaDevice {
         };
         let (fi, ki) = (f as i32, k as i32);
         let null = 0u64;
-        let mut l = self.stream.launch_builder(&self.k.wgmma_fp8[b][v]);
+        let mut l = self.stream.launch_builder(&self.k.wgmma_fp8[v]);
         l.arg(w).arg(x).arg(out);
         match &partial {
             Some(p) => l.arg(p),
@@ -1121,11 +1117,11 @@ impl CudaDevice {
         let cfg = LaunchConfig {
             grid_dim: ((f / WGMMA_FP8_BM) as u32, splits as u32, 1),
             block_dim: (WGMMA_FP8_THREADS, 1, 1),
-            shared_mem_bytes: wgmma_fp8_smem_bytes(n, bk),
+            shared_mem_bytes: wgmma_fp8_smem_bytes(n),
         };
         // SAFETY: f and k whole tiles and n one of the kernel's (wgmma_fp8_applies, checked by
-        // the caller; the positions above), buffer sizes checked here; the partial sums hold
-        // splits · n · f f32 where splits > 1 (≤ k / bk: wgmma_fp8_splits); the counters cover
+        // the caller; the position above), buffer sizes checked here; the partial sums hold
+        // splits · n · f f32 where splits > 1 (≤ k / 128: wgmma_fp8_splits); the counters cover
         // f / 128 ≤ WGMMA_FP8_MAX_TILES tiles and are zero between launches (the last block of
         // each tile resets its own).
         unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("wgmma_fp8"))?;

@@ -270,9 +270,6 @@ pub struct CudaOptions {
     /// cuBLASLt's (`CACHET_FP8_WGMMA=on|off`; sm_90a only, weights of whole 128-row and
     /// 128-column tiles, a bf16 product).
     pub fp8_wgmma: bool,
-    /// Bytes of k each of its shared-memory stages holds of a weight row
-    /// (`CACHET_FP8_WGMMA_BK=128|256|512`): each row is read that many contiguous bytes at a time.
-    pub fp8_wgmma_bk: usize,
     /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
     /// the cache — together, rather than one kv head of every sequence first.
@@ -317,7 +314,6 @@ impl Default for CudaOptions {
             fp8_fused_norm: true,
             fp8_scales_in_norm: true,
             fp8_wgmma: false,
-            fp8_wgmma_bk: 128,
             attention_heads_first: true,
             attention_decode_transposed: true,
             attention_decode_transposed_bf16: true,
@@ -464,21 +460,6 @@ impl CudaOptions {
         o.fp8_fused_norm = !switch("CACHET_FP8_NORM", "fused", "separate")?;
         o.fp8_scales_in_norm = !switch("CACHET_FP8_OUT_SCALES", "norm", "separate")?;
         o.fp8_wgmma = switch("CACHET_FP8_WGMMA", "off", "on")?;
-        match var("CACHET_FP8_WGMMA_BK").as_deref() {
-            None | Some("") => {}
-            Some(v) => match v.parse::<usize>() {
-                Ok(bk) if super::kernels::WGMMA_FP8_BKS.contains(&bk) => o.fp8_wgmma_bk = bk,
-                _ => {
-                    return Err(bad(
-                        "CACHET_FP8_WGMMA_BK",
-                        format!("`{v}`: expected 128, 256 or 512 (bytes of k a stage holds)"),
-                    ))
-                }
-            },
-        }
-        o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
-        o.attention_decode_transposed_bf16 =
-            !switch("CACHET_DECODE_ATTENTION_BF16", "transposed", "rows")?;
         Ok(o)
     }
 }
@@ -689,8 +670,6 @@ mod tests {
         assert!(!parse(&[]).unwrap().fp8_wgmma);
         assert!(parse(&[("CACHET_FP8_WGMMA", "on")]).unwrap().fp8_wgmma);
         assert!(parse(&[("CACHET_FP8_WGMMA", "yes")]).is_err());
-        assert_eq!(parse(&[("CACHET_FP8_WGMMA_BK", "512")]).unwrap().fp8_wgmma_bk, 512);
-        assert!(parse(&[("CACHET_FP8_WGMMA_BK", "64")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
