@@ -14,6 +14,8 @@ use crate::error::DeviceError;
 pub struct Profiler {
     on: Cell<bool>,
     events: RefCell<Vec<(&'static str, CudaEvent, CudaEvent)>>,
+    /// Labels made at run time ([`CudaDevice::label`]), each made once.
+    labels: RefCell<std::collections::HashMap<String, &'static str>>,
 }
 
 impl CudaDevice {
@@ -32,6 +34,17 @@ impl CudaDevice {
         let end = self.stream.record_event(flags).map_err(op_err("event"))?;
         self.profiler.events.borrow_mut().push((op, start, end));
         Ok(out)
+    }
+
+    /// A profile label made at run time (an operation's shape), kept for the process: each
+    /// distinct label is allocated once, and only while profiling.
+    pub(super) fn label(&self, text: String) -> &'static str {
+        *self
+            .profiler
+            .labels
+            .borrow_mut()
+            .entry(text)
+            .or_insert_with_key(|k| Box::leak(k.clone().into_boxed_str()))
     }
 
     pub(super) fn profiling_on(&self) -> bool {
