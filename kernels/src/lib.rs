@@ -138,16 +138,6 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
-        name: "wgmma_fp8.cu",
-        code: include_str!("wgmma_fp8.cu"),
-        symbols: &[
-            "wgmma_fp8_n16",
-            "wgmma_fp8_n32",
-            "wgmma_fp8_n48",
-            "wgmma_fp8_n64",
-        ],
-    },
-    KernelSource {
         name: "sampling.cu",
         code: include_str!("sampling.cu"),
         symbols: &[

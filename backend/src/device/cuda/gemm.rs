@@ -270,41 +270,25 @@ impl CudaDevice {
                 })
             })
         };
-        // The product of the codes — steps of 16–64 padded rows on the warpgroup kernel where it
-        // is on and applies, else cuBLASLt's; false: no algorithm for the shape.
-        // The profile also times each product by its shape (`↳↳` rows: a part of the line above).
-        let by_shape = |path: &str| {
-            let text = format!("↳↳ {path} {m}×{k}, {n_pad} rows");
-            self.profiling_on().then(|| self.label(text))
-        };
-        let product = |raw: Fp8Out| match raw {
-            Fp8Out::Bf16(r) if self.wgmma_fp8_applies(m, n_pad, k) => {
-                let mut launch = || {
-                    self.launch_wgmma_fp8(codes, &x_codes, r, (m, n_pad, k))
-                        .map(|()| true)
-                };
-                let label = by_shape("wgmma");
-                self.timed("↳ fp8: wgmma product", move || match label {
-                    Some(label) => self.timed(label, launch),
-                    None => launch(),
-                })
-            }
-            raw => {
-                let launch = || {
-                    lt.matmul(
-                        &self.stream,
-                        (codes, &x_codes),
-                        (m, n_pad, k),
-                        raw,
-                        self.capturing.get(),
-                    )
-                };
-                let label = by_shape("cuBLASLt");
-                self.timed("↳ fp8: cuBLASLt product", move || match label {
-                    Some(label) => self.timed(label, launch),
-                    None => launch(),
-                })
-            }
+        // cuBLASLt's product of the codes; false: no algorithm for the shape. The profile also
+        // times each product by its shape (a `↳↳` row: a part of the line above).
+        let product = |raw: Fp8Out| {
+            let launch = || {
+                lt.matmul(
+                    &self.stream,
+                    (codes, &x_codes),
+                    (m, n_pad, k),
+                    raw,
+                    self.capturing.get(),
+                )
+            };
+            let label = self
+                .profiling_on()
+                .then(|| self.label(format!("↳↳ cuBLASLt {m}×{k}, {n_pad} rows")));
+            self.timed("↳ fp8: cuBLASLt product", move || match label {
+                Some(label) => self.timed(label, launch),
+                None => launch(),
+            })
         };
         let buf = if out_f32 || !self.options.fp8_bf16_product {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;

@@ -114,49 +114,6 @@ pub fn mma_fp8_dec_smem_bytes(d: usize) -> u32 {
     stages.max(q).max(merge) as u32
 }
 
-/// Rows of the tokens' padded count the warpgroup FP8 product takes (wgmma_fp8.cu's
-/// `wgmma_fp8_n{N}`, N = its wgmma's n).
-pub const WGMMA_FP8_NS: [usize; 4] = [16, 32, 48, 64];
-/// Weight rows a block of the warpgroup FP8 product owns (two warpgroups of 64), and the k
-/// bytes a stage holds: weights must come in whole tiles of both.
-pub const WGMMA_FP8_BM: usize = 128;
-pub const WGMMA_FP8_BK: usize = 128;
-pub const WGMMA_FP8_THREADS: u32 = 256;
-/// Row tiles its counters cover (weights of up to 131,072 rows).
-pub const WGMMA_FP8_MAX_TILES: usize = 1024;
-
-/// Shared memory of `wgmma_fp8_n{n}`: SK_STAGES (4) stages of 128 weight rows and n token rows,
-/// 128 bytes of k each, and 1 KB to start them on a 1,024-byte boundary (the swizzle's).
-pub fn wgmma_fp8_smem_bytes(n: usize) -> u32 {
-    (4 * (WGMMA_FP8_BM + n) * WGMMA_FP8_BK + 1024) as u32
-}
-
-/// Splits of k for a warpgroup FP8 product of `f` weight rows, `k` columns and `n` padded rows
-/// on `sms` SMs. Its blocks are all the same size and each streams its share of the weight once,
-/// so a partial last wave leaves bandwidth idle: the weight's time is taken as its bytes over the
-/// waves' fill. Each split past the first writes and reads back its f32 partial sums (n · f · 8
-/// bytes, counted at half weight: they mostly stay in L2). The count with the least of the two.
-pub fn wgmma_fp8_splits(f: usize, k: usize, n: usize, sms: usize) -> usize {
-    let tiles = f / WGMMA_FP8_BM;
-    let kts = k / WGMMA_FP8_BK;
-    // 227 KB of shared memory an SM for blocks, each with 1 KB of its own (static) and 1 KB the
-    // system reserves.
-    let per_sm = ((227 << 10) / (wgmma_fp8_smem_bytes(n) as usize + 2048)).max(1);
-    let slots = (sms * per_sm).max(1);
-    let weight = (f * k) as f64;
-    let mut best = (f64::INFINITY, 1usize);
-    for s in 1..=kts.clamp(1, 16) {
-        let blocks = tiles * s;
-        let fill = blocks as f64 / (blocks.div_ceil(slots) * slots) as f64;
-        let partials = if s > 1 { (s * n * f * 8) as f64 * 0.5 } else { 0.0 };
-        let cost = weight / fill + partials;
-        if cost < best.0 {
-            best = (cost, s);
-        }
-    }
-    best.1
-}
-
 /// Shared memory of the CUDA-core attention kernel (attention.cu).
 pub fn attention_smem_bytes(d: usize) -> u32 {
     ((ATT_TQ * (d + 1) + 2 * ATT_TK * (d + 1) + ATT_TQ * ATT_TK) * 4) as u32
@@ -235,8 +192,6 @@ pub struct Kernels {
     /// The grouped GEMM, `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
     pub moe_gemm: [[CudaFunction; 3]; 2],
     pub moe_combine: CudaFunction,
-    /// `wgmma_fp8_n{N}` for N in [`WGMMA_FP8_NS`] (they trap unless compiled for sm_90a).
-    pub wgmma_fp8: [CudaFunction; 4],
 }
 
 /// What loading the kernels found.
@@ -244,17 +199,6 @@ pub struct Loaded {
     pub kernels: Kernels,
     /// Whether the CUBIN came from the disk cache.
     pub from_cache: bool,
-}
-
-/// The architecture the kernels are compiled for: `sm_90a` on compute capability 9.0 (H100,
-/// H200: the arch-specific target, so that wgmma_fp8.cu's warpgroup products are in the CUBIN; the
-/// other kernels' code is the same as for `sm_90`), `sm_{major}{minor}` elsewhere.
-pub fn arch_of(major: i32, minor: i32) -> String {
-    if (major, minor) == (9, 0) {
-        "sm_90a".into()
-    } else {
-        format!("sm_{major}{minor}")
-    }
 }
 
 /// gemv.cu's `{kind}_{fmt}_r{R}` for every R of GEMV_ROWS.
@@ -384,19 +328,7 @@ impl Kernels {
                 ],
             ],
             moe_combine: f("moe_combine_bf16")?,
-            wgmma_fp8: [
-                f("wgmma_fp8_n16")?,
-                f("wgmma_fp8_n32")?,
-                f("wgmma_fp8_n48")?,
-                f("wgmma_fp8_n64")?,
-            ],
         };
-        for (func, n) in k.wgmma_fp8.iter().zip(WGMMA_FP8_NS) {
-            smem(func, wgmma_fp8_smem_bytes(n))?;
-            // As many blocks an SM as its shared memory allows.
-            func.set_attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-                .map_err(op_err("kernel shared memory carveout"))?;
-        }
         for func in [&k.attention, &k.attention_fp8, &k.attention_int8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
         }
@@ -436,31 +368,5 @@ impl Kernels {
             kernels: k,
             from_cache: compiled.from_cache,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wgmma_splits_fill_the_gpu_without_drowning_in_partial_sums() {
-        // Llama-3-8B's projections on an H200 (132 SMs).
-        let splits = |f, k, n| wgmma_fp8_splits(f, k, n, 132);
-        // o_proj at 64 rows: 32 row tiles, two blocks an SM: 8 splits fill 256 of 264 slots.
-        assert_eq!(splits(4096, 4096, 64), 8);
-        // gate|up at 64 rows: 224 row tiles already fill 85% of a wave.
-        assert_eq!(splits(28672, 4096, 64), 1);
-        // At 16 rows three blocks fit an SM; gate|up's 224 tiles are one unfull wave, and
-        // its partial sums are small enough to split.
-        assert!(splits(28672, 4096, 16) > 1);
-        // Never more splits than 128-byte k tiles.
-        assert_eq!(splits(128, 128, 16), 1);
-        for (f, k) in [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)] {
-            for n in WGMMA_FP8_NS {
-                let s = splits(f, k, n);
-                assert!((1..=16).contains(&s) && s <= k / WGMMA_FP8_BK, "{f}×{k}, {n} rows: {s}");
-            }
-        }
     }
 }

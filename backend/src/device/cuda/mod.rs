@@ -128,9 +128,6 @@ pub struct CudaDevice {
     capturing: std::cell::Cell<bool>,
     /// The fused MoE router's ticket (moe.cu's `moe_router_route_r*`: zero between launches).
     moe_done: CudaSlice<u32>,
-    /// The warpgroup FP8 product's per-tile counters (wgmma_fp8.cu: zero between launches);
-    /// `None` where the kernels are not compiled for sm_90a.
-    wgmma_counters: Option<CudaSlice<u32>>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
     /// Whether the last kernel enqueued in a capture put a block on every SM (`Pdl::Mixed`
@@ -172,7 +169,7 @@ impl CudaDevice {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(op_err("compute capability"))?;
-        let arch = kernels::arch_of(major, minor);
+        let arch = format!("sm_{major}{minor}");
         let sms = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -195,15 +192,6 @@ impl CudaDevice {
         let moe_done = stream
             .alloc_zeros::<u32>(1)
             .map_err(op_err("MoE router ticket"))?;
-        let wgmma_counters = if arch.ends_with('a') && arch.starts_with("sm_90") {
-            Some(
-                stream
-                    .alloc_zeros::<u32>(kernels::WGMMA_FP8_MAX_TILES)
-                    .map_err(op_err("wgmma counters"))?,
-            )
-        } else {
-            None
-        };
         let graph_pool = match options.graph_memory {
             graph_pool::GraphMemory::Pool => {
                 Some(graph_pool::GraphPool::new(&ctx).map_err(op_err("graph memory pool"))?)
@@ -230,7 +218,6 @@ impl CudaDevice {
             last_filled: Default::default(),
             graph_pool,
             moe_done,
-            wgmma_counters,
             options,
             tp: None,
             profiler: Default::default(),

@@ -266,10 +266,6 @@ pub struct CudaOptions {
     /// and both scale vectors: the scales' launch's values bit for bit) rather than by a launch
     /// of their own (`CACHET_FP8_OUT_SCALES=norm|separate`).
     pub fp8_scales_in_norm: bool,
-    /// FP8 products of 16–64 padded rows on wgmma_fp8.cu's warpgroup kernel rather than
-    /// cuBLASLt's (`CACHET_FP8_WGMMA=on|off`; sm_90a only, weights of whole 128-row and
-    /// 128-column tiles, a bf16 product).
-    pub fp8_wgmma: bool,
     /// The tensor-core attention kernel's grid takes a sequence's kv heads as consecutive blocks
     /// (`CACHET_ATTENTION_ORDER=heads|units`), so they read the same keys' rows — adjacent in
     /// the cache — together, rather than one kv head of every sequence first.
@@ -313,7 +309,6 @@ impl Default for CudaOptions {
             fp8_fused_glu: true,
             fp8_fused_norm: true,
             fp8_scales_in_norm: true,
-            fp8_wgmma: false,
             attention_heads_first: true,
             attention_decode_transposed: true,
             attention_decode_transposed_bf16: true,
@@ -459,7 +454,9 @@ impl CudaOptions {
         o.fp8_fused_glu = !switch("CACHET_FP8_GLU", "fused", "separate")?;
         o.fp8_fused_norm = !switch("CACHET_FP8_NORM", "fused", "separate")?;
         o.fp8_scales_in_norm = !switch("CACHET_FP8_OUT_SCALES", "norm", "separate")?;
-        o.fp8_wgmma = switch("CACHET_FP8_WGMMA", "off", "on")?;
+        o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
+        o.attention_decode_transposed_bf16 =
+            !switch("CACHET_DECODE_ATTENTION_BF16", "transposed", "rows")?;
         Ok(o)
     }
 }
@@ -667,9 +664,6 @@ mod tests {
                 .fp8_scales_in_norm
         );
         assert!(parse(&[("CACHET_FP8_OUT_SCALES", "later")]).is_err());
-        assert!(!parse(&[]).unwrap().fp8_wgmma);
-        assert!(parse(&[("CACHET_FP8_WGMMA", "on")]).unwrap().fp8_wgmma);
-        assert!(parse(&[("CACHET_FP8_WGMMA", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_FAST_ACCUM", "yes")]).is_err());
         assert!(parse(&[("CACHET_FP8_PRODUCT", "fp16")]).is_err());
         assert_eq!(
