@@ -12,7 +12,8 @@
 # outside its vocabulary, so give a range inside it: ID_RANGE=3,299 for tiny-mixtral's 300).
 # BIN names another server binary (default /tmp/cachet) and TAG is added to each run's file names,
 # for binaries side by side; each run also keeps the engine's step and gap counters from /metrics.
-#   OUT=... [N=1000] [RUNS="defaults fp8"] [TOKENIZER=smollm2] [ID_RANGE=1000,10000] [BIN=/tmp/cachet-x TAG=x] scripts/gpu_serve_bench.sh
+# CONC sets the requests in flight (default 256).
+#   OUT=... [N=1000] [CONC=256] [RUNS="defaults fp8"] [TOKENIZER=smollm2] [ID_RANGE=1000,10000] [BIN=/tmp/cachet-x TAG=x] scripts/gpu_serve_bench.sh
 source "$(dirname "$0")/gpu_common.sh"
 key=sk-bench
 printf '[[tenant]]\nid = "bench"\napi_key_sha256 = ["%s"]\n' "$(printf $key | sha256sum | cut -d' ' -f1)" > /tmp/tenants.toml
@@ -28,7 +29,7 @@ run() {  # name, then server flags
   serve "$name" --model examples/configs/llama3-8b.json --load-format dummy --tokenizer ${TOKENIZER:-smollm2} "$@" && {
     grep -o 'step limits.*' "$out/serve-$name.log" | sed 's/\x1b\[[0-9;]*m//g'
     timeout ${T:-260} /tmp/cachet bench serve --base-url http://127.0.0.1:18100 --api-key $key \
-      --dataset random --input-len 750 --output-len 1000 --num-prompts ${N:-1000} --max-concurrency 256 \
+      --dataset random --input-len 750 --output-len 1000 --num-prompts ${N:-1000} --max-concurrency ${CONC:-256} \
       --ignore-eos --id-range ${ID_RANGE:-1000,10000} --json-out "$out/bench-serve-$name.json" 2>&1 | tee "$out/bench-serve-$name.txt"
     curl -s localhost:18100/metrics | grep -E "^cachet_engine_step" | tee "$out/steps-$name.txt"
     kill %1; wait
