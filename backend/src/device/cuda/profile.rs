@@ -39,8 +39,7 @@ impl CudaDevice {
     /// A profile label made at run time (an operation's shape), kept for the process: each
     /// distinct label is allocated once, and only while profiling.
     pub(super) fn label(&self, text: String) -> &'static str {
-        *self
-            .profiler
+        self.profiler
             .labels
             .borrow_mut()
             .entry(text)
