@@ -56,8 +56,8 @@ pub struct SplitOptions {
     /// 8192 tokens were even (`benchmarks/results/families-h200/fused-norms/prompt-splits.txt`).
     pub prompt_waves: usize,
     /// A decode-like step on the tensor-core kernels (head_dim ≤ 128) whose unsplit blocks
-    /// already fill this percent of one wave is not split at all (0: the waves rule alone). Measured on the H200 (8B shape, both caches,
-    /// BENCHMARKS.md §12c): batch 32 split three ways took 5.11–5.15 ms (FP8) and 7.37–7.42
+    /// already fill this percent of one wave is not split at all (0: the waves rule alone).
+    /// Measured on the H200 (8B shape, both caches, BENCHMARKS.md §12c): batch 32 split three ways took 5.11–5.15 ms (FP8) and 7.37–7.42
     /// (bf16) at ctx 1280, 6.73–6.77 and 10.02–10.05 at ctx 4096; unsplit 4.50–4.53, 6.49–6.51,
     /// 6.15–6.19 and 9.40–9.43 — 256 blocks of two an SM already stream the cache, and the
     /// splits' partials and merge only add; batches of 16 and fewer still gain from splits at
@@ -81,49 +81,35 @@ impl Default for SplitOptions {
 impl std::str::FromStr for SplitOptions {
     type Err = String;
     fn from_str(v: &str) -> Result<Self, String> {
-        let n: Vec<usize> = v
-            .split(',')
-            .map(|x| x.trim().parse().unwrap_or(0))
-            .collect();
+        // Numbers given replace the defaults from the left; anything not a number is an error.
+        let n: Option<Vec<usize>> = v.split(',').map(|x| x.trim().parse().ok()).collect();
         let d = SplitOptions::default();
-        let o = match n[..] {
-            [k, s] => SplitOptions {
-                min_keys: k,
-                max_splits: s,
-                ..d
-            },
-            [k, s, w] => SplitOptions {
-                min_keys: k,
-                max_splits: s,
-                waves: w,
-                ..d
-            },
-            [k, s, w, t] => SplitOptions {
-                min_keys: k,
-                max_splits: s,
-                waves: w,
-                step: t,
-                ..d
-            },
-            [k, s, w, t, p] => SplitOptions {
-                min_keys: k,
-                max_splits: s,
-                waves: w,
-                step: t,
-                prompt_waves: p,
-                ..d
-            },
-            [k, s, w, t, p, f] => SplitOptions {
-                min_keys: k,
-                max_splits: s,
-                waves: w,
-                step: t,
-                prompt_waves: p,
-                fill_percent: f,
-            },
-            _ => SplitOptions { min_keys: 0, ..d },
+        let mut f = [
+            d.min_keys,
+            d.max_splits,
+            d.waves,
+            d.step,
+            d.prompt_waves,
+            d.fill_percent,
+        ];
+        let given = match n {
+            Some(n) if (2..=f.len()).contains(&n.len()) => {
+                f[..n.len()].copy_from_slice(&n);
+                true
+            }
+            _ => false,
         };
-        if o.min_keys == 0
+        let [min_keys, max_splits, waves, step, prompt_waves, fill_percent] = f;
+        let o = SplitOptions {
+            min_keys,
+            max_splits,
+            waves,
+            step,
+            prompt_waves,
+            fill_percent,
+        };
+        if !given
+            || o.min_keys == 0
             || o.max_splits == 0
             || o.waves == 0
             || o.step == 0
@@ -697,6 +683,17 @@ mod tests {
         for (k, v, want) in [
             ("CACHET_ATTENTION_SPLIT", "64", "min_keys,max_splits"),
             ("CACHET_ATTENTION_SPLIT", "64,0", "min_keys,max_splits"),
+            // Not a number where the fill percent goes: refused, not read as 0 (off).
+            (
+                "CACHET_ATTENTION_SPLIT",
+                "64,64,2,64,1,half",
+                "min_keys,max_splits",
+            ),
+            (
+                "CACHET_ATTENTION_SPLIT",
+                "64,64,2,64,1,50,7",
+                "min_keys,max_splits",
+            ),
             ("CACHET_GEMV", "two", "off or a row count"),
             ("CACHET_MOE_GEMM", "0", "off or a count"),
             ("CACHET_MOE_OWN_GEMM", "many", "off or a count"),

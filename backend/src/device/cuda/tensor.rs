@@ -30,7 +30,7 @@ pub enum CudaBuf {
     /// `bf16(product[t, j] · w_scale[j] · x_scale[t])` — `fp8_scale_bf16_bf16`'s arithmetic. A
     /// sub-layer's output (o_proj, down) stays so until the next norm adds it to the residual
     /// and applies the scales on the way ([`crate::device::Device::linear_delta`]), which saves
-    /// the scales' launch; anything else settles it first ([`CudaDevice::settled`]).
+    /// the scales' launch; anything else settles it first (`CudaDevice::settle`).
     Fp8Unscaled {
         product: CudaSlice<u16>,
         w_scale: Arc<CudaSlice<f32>>,
