@@ -116,6 +116,16 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        name: "decode_layers.cu",
+        code: include_str!("decode_layers.cu"),
+        symbols: &[
+            "decode_layers_bf16_d64",
+            "decode_layers_bf16_d128",
+            "decode_layers_e4m3_d64",
+            "decode_layers_e4m3_d128",
+        ],
+    },
+    KernelSource {
         name: "moe.cu",
         code: include_str!("moe.cu"),
         symbols: &[

@@ -9,10 +9,11 @@ use std::ops::Range;
 
 use super::rope;
 use super::tensor_parallel::{Shard, ShardPlan};
+use crate::config::Activation;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{
-    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, MoeParams,
-    MoeWeights, Part, WeightQuantization,
+    AttnParams, Delta, DenseLayer, DenseStep, Device, ForwardBatch, GraphReport, GraphShapes,
+    HeadNorm, MoeParams, MoeWeights, Part, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostLayer, HostTensor, HostWeights, WeightReader};
@@ -98,6 +99,9 @@ pub struct Decoder<D: Device> {
     /// Per layer.
     attn: Vec<AttnParams>,
     max_positions: usize,
+    /// Every layer has the plain Llama structure a device's whole-step decode pass takes
+    /// ([`Device::decode_layers`]).
+    dense: bool,
 }
 
 /// Logits of the batch's `logit_rows`: `rows × vocab`, row-major.
@@ -194,6 +198,17 @@ impl<D: Device> Decoder<D> {
         max_positions: usize,
     ) -> Result<Self, EngineError> {
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
+        let attn = attn_params_all(config);
+        let dense = config.moe.is_none()
+            && config.hidden_act == Activation::Silu
+            && rope_local.is_none()
+            && attn.iter().all(|p| p.window.is_none())
+            && layers.iter().all(|l| {
+                l.qkv_bias.is_none()
+                    && l.qk_norm.is_none()
+                    && l.post_norms.is_none()
+                    && l.router.is_none()
+            });
         Ok(Decoder {
             config: config.clone(),
             embed,
@@ -202,8 +217,9 @@ impl<D: Device> Decoder<D> {
             lm_head,
             rope,
             rope_local,
-            attn: attn_params_all(config),
+            attn,
             max_positions,
+            dense,
         })
     }
 
@@ -368,6 +384,24 @@ impl<D: Device> Decoder<D> {
         self.max_positions
     }
 
+    /// The layers as a whole-step decode pass takes them, for a model that has only the plain
+    /// structure.
+    fn dense_layers(&self) -> Option<Vec<DenseLayer<'_, D::Tensor>>> {
+        self.dense.then(|| {
+            self.layers
+                .iter()
+                .map(|l| DenseLayer {
+                    attn_norm: &l.attn_norm,
+                    qkv: &l.qkv,
+                    o_proj: &l.o_proj,
+                    mlp_norm: &l.mlp_norm,
+                    gate_up: &l.gate_up,
+                    down: &l.down,
+                })
+                .collect()
+        })
+    }
+
     /// Runs one varlen batch: writes every new token's K/V into `kv` and returns the logits of
     /// the batch's `logit_rows`.
     pub fn forward(
@@ -405,6 +439,9 @@ impl<D: Device> Decoder<D> {
         kv: &mut D::Kv,
         shapes: &GraphShapes,
     ) -> Result<Option<GraphReport>, EngineError> {
+        if let Some(layers) = self.dense_layers() {
+            dev.prepare_decode_layers(&layers, kv)?;
+        }
         dev.capture_decode_graphs(
             kv,
             shapes,
@@ -427,68 +464,82 @@ impl<D: Device> Decoder<D> {
         // normalisation (fused with its projection where the device can), after the output
         // norm of models that have one (Gemma's post-norms, fused into the same pass).
         let mut pending: Option<(D::Tensor, Option<&D::Tensor>)> = None;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let mut qkv = dev.norm_linear(
-                &mut residual,
-                as_delta(&pending),
-                &layer.attn_norm,
+        // A one-token step of a plain model may run every layer in one pass on the device.
+        if let Some(layers) = self.dense_layers() {
+            let step = DenseStep {
+                attn: self.attn[0],
+                rope: &self.rope,
                 eps,
-                &layer.qkv,
-            )?;
-            if let Some(bias) = &layer.qkv_bias {
-                dev.add_bias(&mut qkv, bias)?;
+                intermediate: self.config.intermediate_size,
+            };
+            if let Some(down) = dev.decode_layers(&mut residual, &layers, kv, b, &step)? {
+                pending = Some((down, None));
             }
-            let p = &self.attn[l];
-            let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| HeadNorm { q, k, eps });
-            let rope = match (&self.rope_local, p.window) {
-                (Some(local), Some(_)) => local,
-                _ => &self.rope,
-            };
-            let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
-            // Row-parallel under tensor parallelism: each rank's product is a partial sum.
-            let mut o = dev.linear_delta(&attn, &layer.o_proj)?;
-            dev.all_reduce_sum(&mut o)?;
-            let (post_attn, post_mlp) = match &layer.post_norms {
-                Some((a, m)) => (Some(a), Some(m)),
-                None => (None, None),
-            };
-            let delta = Some(Delta {
-                x: &o,
-                norm: post_attn,
-            });
-            let mut down = match (&layer.router, &self.config.moe) {
-                (Some(router), Some(m)) => {
-                    let x = dev.norm(&mut residual, delta, &layer.mlp_norm, eps)?;
-                    let p = MoeParams {
-                        num_experts: m.num_experts,
-                        top_k: m.top_k,
-                        // Under tensor parallelism a rank's config has its share of each
-                        // expert's columns.
-                        inter: m.expert_intermediate_size,
-                        norm_topk_prob: m.norm_topk_prob,
-                        act: self.config.hidden_act,
-                    };
-                    let w = MoeWeights {
-                        router,
-                        gate_up: &layer.gate_up,
-                        down: &layer.down,
-                    };
-                    dev.moe(&x, w, &p)?
+        }
+        if pending.is_none() {
+            for (l, layer) in self.layers.iter().enumerate() {
+                let mut qkv = dev.norm_linear(
+                    &mut residual,
+                    as_delta(&pending),
+                    &layer.attn_norm,
+                    eps,
+                    &layer.qkv,
+                )?;
+                if let Some(bias) = &layer.qkv_bias {
+                    dev.add_bias(&mut qkv, bias)?;
                 }
-                _ => {
-                    let act = dev.norm_glu(
-                        &mut residual,
-                        delta,
-                        &layer.mlp_norm,
-                        eps,
-                        &layer.gate_up,
-                        self.config.hidden_act,
-                    )?;
-                    dev.linear_delta(&act, &layer.down)?
-                }
-            };
-            dev.all_reduce_sum(&mut down)?;
-            pending = Some((down, post_mlp));
+                let p = &self.attn[l];
+                let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| HeadNorm { q, k, eps });
+                let rope = match (&self.rope_local, p.window) {
+                    (Some(local), Some(_)) => local,
+                    _ => &self.rope,
+                };
+                let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
+                // Row-parallel under tensor parallelism: each rank's product is a partial sum.
+                let mut o = dev.linear_delta(&attn, &layer.o_proj)?;
+                dev.all_reduce_sum(&mut o)?;
+                let (post_attn, post_mlp) = match &layer.post_norms {
+                    Some((a, m)) => (Some(a), Some(m)),
+                    None => (None, None),
+                };
+                let delta = Some(Delta {
+                    x: &o,
+                    norm: post_attn,
+                });
+                let mut down = match (&layer.router, &self.config.moe) {
+                    (Some(router), Some(m)) => {
+                        let x = dev.norm(&mut residual, delta, &layer.mlp_norm, eps)?;
+                        let p = MoeParams {
+                            num_experts: m.num_experts,
+                            top_k: m.top_k,
+                            // Under tensor parallelism a rank's config has its share of each
+                            // expert's columns.
+                            inter: m.expert_intermediate_size,
+                            norm_topk_prob: m.norm_topk_prob,
+                            act: self.config.hidden_act,
+                        };
+                        let w = MoeWeights {
+                            router,
+                            gate_up: &layer.gate_up,
+                            down: &layer.down,
+                        };
+                        dev.moe(&x, w, &p)?
+                    }
+                    _ => {
+                        let act = dev.norm_glu(
+                            &mut residual,
+                            delta,
+                            &layer.mlp_norm,
+                            eps,
+                            &layer.gate_up,
+                            self.config.hidden_act,
+                        )?;
+                        dev.linear_delta(&act, &layer.down)?
+                    }
+                };
+                dev.all_reduce_sum(&mut down)?;
+                pending = Some((down, post_mlp));
+            }
         }
         let x = dev.norm(&mut residual, as_delta(&pending), &self.final_norm, eps)?;
         let rows = dev.gather_logit_rows(&x, b)?;

@@ -91,6 +91,26 @@ pub fn moe_gemm_smem_bytes(bm: usize, fp8: bool) -> u32 {
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
 
+/// Threads of a block of the persistent decode kernel (DL_THREADS in decode_layers.cu): sixteen
+/// warps, one block an SM.
+pub const DL_THREADS: u32 = 512;
+/// Its dynamic shared memory: the phases' inputs (the widest of hidden, q heads × head_dim and the
+/// MLP's width, in bf16) or the attention's q and warp partials, and more than half an SM's so
+/// that no SM gets a second block (every block must be resident at once for the grid barriers).
+pub const DL_SMEM: usize = 120 << 10;
+/// Most q heads a kv head serves in it (DL_MAX_GROUP), most elements a thread normalises
+/// (DL_NORM_PT · DL_THREADS: the widest hidden state), and its kv heads' tickets.
+pub const DL_MAX_GROUP: usize = 8;
+pub const DL_MAX_HIDDEN: usize = 16 * DL_THREADS as usize;
+pub const DL_MAX_KV_HEADS: usize = 256;
+
+/// Shared memory the persistent decode kernel's attention phase takes for head_dim `d`: q (f32,
+/// a whole group), then each warp's (m, l) and output per q head.
+pub fn dl_attention_smem_bytes(d: usize) -> usize {
+    let warps = DL_THREADS as usize / 32;
+    (DL_MAX_GROUP * d + 2 * warps * DL_MAX_GROUP + warps * DL_MAX_GROUP * d) * 4
+}
+
 /// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
 /// bf16 (Q is staged in the second before the loop; at d = 256 it keeps a region of its own).
 pub fn mma_smem_bytes(d: usize) -> u32 {
@@ -192,6 +212,10 @@ pub struct Kernels {
     /// The grouped GEMM, `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
     pub moe_gemm: [[CudaFunction; 3]; 2],
     pub moe_combine: CudaFunction,
+    /// The persistent decode kernel (decode_layers.cu) by weight format (bf16, e4m3), then
+    /// head_dim (64, 128); `None` where its shared memory cannot be had (GPUs with less than
+    /// [`DL_SMEM`] a block).
+    pub decode_layers: Option<[[CudaFunction; 2]; 2]>,
 }
 
 /// What loading the kernels found.
@@ -241,7 +265,7 @@ impl Kernels {
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
             .map_err(op_err("load kernels"))?;
         let f = |name: &str| module.load_function(name).map_err(op_err("load kernel"));
-        let k = Kernels {
+        let mut k = Kernels {
             rms_norm: f("rms_norm_bf16")?,
             add_rms_norm: f("add_rms_norm_bf16")?,
             add_bias: f("add_bias_bf16")?,
@@ -328,7 +352,21 @@ impl Kernels {
                 ],
             ],
             moe_combine: f("moe_combine_bf16")?,
+            decode_layers: Some([
+                [f("decode_layers_bf16_d64")?, f("decode_layers_bf16_d128")?],
+                [f("decode_layers_e4m3_d64")?, f("decode_layers_e4m3_d128")?],
+            ]),
         };
+        // A GPU that cannot give a block DL_SMEM serves decode steps layer by layer.
+        let dl_ok = k
+            .decode_layers
+            .iter()
+            .flatten()
+            .flatten()
+            .all(|func| smem(func, DL_SMEM as u32).is_ok());
+        if !dl_ok {
+            k.decode_layers = None;
+        }
         for func in [&k.attention, &k.attention_fp8, &k.attention_int8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
         }

@@ -190,7 +190,7 @@ impl CudaDevice {
     ///
     /// # Safety
     /// As `LaunchArgs::launch`: the arguments match the kernel's parameters.
-    unsafe fn enqueue(
+    pub(super) unsafe fn enqueue(
         &self,
         l: &mut LaunchArgs<'_>,
         cfg: LaunchConfig,

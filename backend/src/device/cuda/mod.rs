@@ -19,6 +19,7 @@ mod attention;
 pub mod attention_plan;
 mod batch;
 mod calibrate;
+mod decode_layers;
 mod gemm;
 mod gemm_fp8;
 mod gemv;
@@ -39,7 +40,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
 pub use options::{
-    CudaOptions, MoeRouter, MoeSmallTiles, SplitOptions, MOE_GEMM_DEFAULT_ROWS,
+    CudaOptions, DecodeLayers, MoeRouter, MoeSmallTiles, SplitOptions, MOE_GEMM_DEFAULT_ROWS,
     MOE_GEMM_FP8_DEFAULT_ROWS,
 };
 pub use programmatic::Pdl;
@@ -128,6 +129,9 @@ pub struct CudaDevice {
     capturing: std::cell::Cell<bool>,
     /// The fused MoE router's ticket (moe.cu's `moe_router_route_r*`: zero between launches).
     moe_done: CudaSlice<u32>,
+    /// The persistent decode kernel's grid barrier and its kv heads' tickets
+    /// (decode_layers.cu: zero between launches).
+    dl_sync: CudaSlice<u32>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
     /// Whether the last kernel enqueued in a capture put a block on every SM (`Pdl::Mixed`
@@ -192,6 +196,9 @@ impl CudaDevice {
         let moe_done = stream
             .alloc_zeros::<u32>(1)
             .map_err(op_err("MoE router ticket"))?;
+        let dl_sync = stream
+            .alloc_zeros::<u32>(2 + kernels::DL_MAX_KV_HEADS)
+            .map_err(op_err("decode barrier"))?;
         let graph_pool = match options.graph_memory {
             graph_pool::GraphMemory::Pool => {
                 Some(graph_pool::GraphPool::new(&ctx).map_err(op_err("graph memory pool"))?)
@@ -218,6 +225,7 @@ impl CudaDevice {
             last_filled: Default::default(),
             graph_pool,
             moe_done,
+            dl_sync,
             options,
             tp: None,
             profiler: Default::default(),
@@ -903,6 +911,25 @@ impl Device for CudaDevice {
             Some(_) => self.measure_all_reduce(elems, count).map(Some),
             None => Ok(None),
         }
+    }
+
+    fn decode_layers(
+        &self,
+        residual: &mut CudaTensor,
+        layers: &[super::DenseLayer<'_, CudaTensor>],
+        kv: &mut CudaKv,
+        b: &CudaBatch,
+        step: &super::DenseStep<'_, CudaTensor>,
+    ) -> Result<Option<CudaTensor>, DeviceError> {
+        self.run_decode_layers(residual, layers, kv, b, step)
+    }
+
+    fn prepare_decode_layers(
+        &self,
+        layers: &[super::DenseLayer<'_, CudaTensor>],
+        kv: &mut CudaKv,
+    ) -> Result<(), DeviceError> {
+        self.prepare_layers_table(layers, kv)
     }
 
     fn capture_decode_graphs(

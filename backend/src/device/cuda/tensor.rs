@@ -148,6 +148,9 @@ pub struct CudaKv {
     pub(super) int8_table: Vec<CudaSlice<f32>>,
     /// Decode graphs captured over this cache.
     pub(super) graphs: Option<DecodeGraphs>,
+    /// The persistent decode kernel's table of every layer's weights and cache (decode_layers.rs):
+    /// the pointers as written, and the device copy its launches (and graphs) read.
+    pub(super) layer_table: Option<(Vec<u64>, CudaSlice<u64>)>,
 }
 
 /// bf16 bits of a host tensor.
@@ -240,6 +243,7 @@ impl CudaDevice {
             v_scale: Vec::with_capacity(layout.num_layers),
             int8_table: Vec::with_capacity(layout.num_layers),
             graphs: None,
+            layer_table: None,
         };
         for layer in 0..layout.num_layers {
             kv.k.push(zeros(&self.stream, bytes)?);
