@@ -4,7 +4,7 @@
 # Llama-3-8B shape (FP8 and bf16 weights, bf16 KV, ctx 512 and 4096, CUDA graphs) and its thin
 # twin (the same layers over next to no weight bytes: what the structure alone costs), one binary,
 # the switch per process, two rounds for the FP8 8B. Carry .carry/cachet.xz and engine-tests.xz.
-#   OUT=... bash scripts/gpu_decode_layers.sh
+#   OUT=... [MODES="separate fused"] [BF16=0] [ROUNDS="1 2"] bash scripts/gpu_decode_layers.sh
 source "$(dirname "$0")/gpu_common.sh"
 t0=$(date +%s)
 timeout 240 /tmp/engine-tests --ignored --exact --nocapture --test-threads=1 \
@@ -20,10 +20,10 @@ run() {  # tag, config, mode, extra flags
   echo "$tag $mode: $(grep -E '^\| decode batch 1, ctx' "$out/$tag-$mode.txt" | awk -F'|' '{print $2 $3 $5}' | tr '\n' ' ')"
 }
 for r in ${ROUNDS:-1 2}; do
-  for mode in separate fused prefetch; do
+  for mode in ${MODES:-separate fused prefetch}; do
     run llama-fp8-r$r llama3-8b $mode --quantization fp8
-    [ $r = 1 ] && run llama-bf16-r$r llama3-8b $mode
-    [ $r = 1 ] && run thin-fp8-r$r llama3-8b-thin $mode --quantization fp8
+    [ $r = 1 ] && [ "${BF16:-1}" = 1 ] && run llama-bf16-r$r llama3-8b $mode
+    run thin-fp8-r$r llama3-8b-thin $mode --quantization fp8
   done
 done
 echo "done in $(( $(date +%s) - t0 )) s"

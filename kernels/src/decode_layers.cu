@@ -90,24 +90,28 @@ __device__ __forceinline__ unsigned dl_ld_acquire(const unsigned* p) {
     return v;
 }
 
-// Every block of the grid waits here for the others. bar[0] counts arrivals, bar[1] is the
-// generation; the last block to arrive resets the count and moves the generation on. Both are
-// zero between launches. A block that waits far longer than any phase takes (a block that could
-// not become resident) stops the kernel with a trap instead of hanging the device.
-__device__ __forceinline__ void dl_grid_sync(unsigned* bar) {
+__device__ __forceinline__ unsigned long long dl_ld_acquire64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Every block of the grid waits here for the others: one atomic and one poll of the same word.
+// The arrivals count up for good (64 bits); every launch makes the same number of barriers
+// (DlArgs::barriers), so a launch starts at a multiple of barriers · gridDim.x and barrier k of
+// it is passed once the count reaches that base + k · gridDim.x. (A block reading the count at
+// its start may see the arrivals of blocks at the first barrier already, fewer than gridDim.x:
+// rounding down to the multiple finds the base.) A block that waits far longer than any phase
+// takes stops the kernel with a trap instead of hanging the device.
+__device__ __forceinline__ void dl_grid_sync(unsigned long long* count, unsigned long long& target) {
+    target += gridDim.x;
     __syncthreads();
     if (threadIdx.x == 0) {
-        const unsigned gen = dl_ld_acquire(bar + 1);
         __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            unsigned spins = 0;
-            while (dl_ld_acquire(bar + 1) == gen)
-                if (++spins > (1u << 24)) __trap();
-        }
+        atomicAdd(count, 1ull);
+        unsigned spins = 0;
+        while ((long long)(dl_ld_acquire64(count) - target) < 0)
+            if (++spins > (1u << 24)) __trap();
         __threadfence();
     }
     __syncthreads();
@@ -358,7 +362,8 @@ __device__ __forceinline__ void dl_attention(const bf16* qkv, const float* __res
 // layer's down output in down_out, for the final norm to add.
 //   layers : device, n_layers DlLayer;  res_a, res_b : f32 [hidden];  scratch, all bf16: qkv
 //   [(n_heads + 2 n_kv) · D], attn [n_heads · D], o_out [hidden], act [inter], down_out [hidden];
-//   part : f32 [n_heads · (gridDim.x / n_kv) · (D + 2)];  sync : u32 [2 + n_kv], zero between launches
+//   part : f32 [n_heads · (gridDim.x / n_kv) · (D + 2)];  sync : u32 [2 + n_kv]: the barrier's
+//   arrival count (u64, zero before the first launch), then the tickets (zero between launches)
 //   rope : f32 [max_pos, D];  pos, slot : u32 [1];  table : u32 [max_blocks] (the sequence's)
 // The launch's arguments, kept in shared memory and read where each phase uses them: held in
 // registers through the layer loop they would take the registers the GEMV phases stream with.
@@ -370,7 +375,7 @@ struct DlArgs {
     unsigned* sync;
     const float* rope;
     const unsigned* table;
-    int n_layers, hidden, inter, n_heads, n_kv, block_size, prefetch;
+    int n_layers, hidden, inter, n_heads, n_kv, block_size, prefetch, barriers;
     unsigned pos, slot;
     float scale, eps;
 };
@@ -382,6 +387,14 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
     const int wb = F8 ? 1 : 2;  // bytes a weight
     float *res = a.res_a, *res_next = a.res_b;
     bool delta = false;
+    // sync[0..2): the barrier's arrivals (64 bits), then the kv heads' tickets.
+    unsigned long long* count = reinterpret_cast<unsigned long long*>(a.sync);
+    const unsigned long long per_launch = (unsigned long long)a.barriers * gridDim.x;
+    unsigned long long target = 0;
+    if (threadIdx.x == 0) {
+        const unsigned long long c = dl_ld_acquire64(count);
+        target = c - c % per_launch;
+    }
     for (int li = 0; li < a.n_layers; ++li) {
         // Each pointer read where it is used (the table stays in L1), not held in registers
         // through the layer.
@@ -395,11 +408,11 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
         }
         dl_rows<F8>(L->qkv, L->qkv_s, xs, a.qkv, qkv_n, hidden);
         if (a.prefetch) dl_prefetch(L->o, hidden, a.n_heads * D * wb);
-        dl_grid_sync(a.sync);
+        dl_grid_sync(count, target);
         // B: attention.
         dl_attention<D>(a.qkv, a.rope, a.pos, a.slot, a.table, a.block_size, L->k_cache, L->v_cache, a.n_heads,
                         a.n_kv, a.scale, a.part, a.sync + 2, a.attn, reinterpret_cast<float*>(dl_smem));
-        dl_grid_sync(a.sync);
+        dl_grid_sync(count, target);
         // C: o_proj.
         dl_stage(a.attn, xs, a.n_heads * D);
         dl_rows<F8>(L->o, L->o_s, xs, a.o_out, a.hidden, a.n_heads * D);
@@ -408,7 +421,7 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
             dl_prefetch(L->gate_up, a.inter, a.hidden * wb);
             dl_prefetch(static_cast<const unsigned char*>(L->gate_up) + half, a.inter, a.hidden * wb);
         }
-        dl_grid_sync(a.sync);
+        dl_grid_sync(count, target);
         // D: norm + gate|up + SwiGLU.
         dl_norm(res, a.o_out, res_next, L->mlp_norm, xs, a.hidden, a.eps);
         {
@@ -417,13 +430,13 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
         }
         dl_glu_rows<F8>(L->gate_up, L->gate_up_s, xs, a.act, a.inter, a.hidden);
         if (a.prefetch) dl_prefetch(L->down, a.hidden, a.inter * wb);
-        dl_grid_sync(a.sync);
+        dl_grid_sync(count, target);
         // E: down.
         dl_stage(a.act, xs, a.inter);
         dl_rows<F8>(L->down, L->down_s, xs, a.down_out, a.hidden, a.inter);
         if (li + 1 == a.n_layers) break;
         if (a.prefetch) dl_prefetch(a.layers[li + 1].qkv, (a.n_heads + 2 * a.n_kv) * D, a.hidden * wb);
-        dl_grid_sync(a.sync);
+        dl_grid_sync(count, target);
         delta = true;
     }
 }
@@ -439,7 +452,8 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
         __shared__ DlArgs a;                                                                                     \
         if (threadIdx.x == 0)                                                                                    \
             a = DlArgs{layers, res_a, res_b, qkv, attn, o_out, act, down_out, part, sync, rope, table,          \
-                       n_layers, hidden, inter, n_heads, n_kv, block_size, prefetch, pos[0], slot[0], scale, eps}; \
+                       n_layers, hidden, inter, n_heads, n_kv, block_size, prefetch, 5 * n_layers - 1, pos[0],     \
+                       slot[0], scale, eps};                                                            \
         __syncthreads();                                                                                         \
         decode_layers<F8, D>(a);                                                                                 \
     }

@@ -129,8 +129,8 @@ pub struct CudaDevice {
     capturing: std::cell::Cell<bool>,
     /// The fused MoE router's ticket (moe.cu's `moe_router_route_r*`: zero between launches).
     moe_done: CudaSlice<u32>,
-    /// The persistent decode kernel's grid barrier and its kv heads' tickets
-    /// (decode_layers.cu: zero between launches).
+    /// The persistent decode kernel's grid barrier (a 64-bit arrival count, zero at first) and
+    /// its kv heads' tickets (zero between launches) (decode_layers.cu).
     dl_sync: CudaSlice<u32>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
