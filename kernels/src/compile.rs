@@ -174,11 +174,12 @@ fn compile_source(arch: &str, source: &str) -> Result<Compiled, CompileError> {
 /// the persistent decode kernels (`decode_layers.cu`) run five phases a layer in one body —
 /// attention (~110 registers in place) and the GEMVs' streaming loops (~116) — under the 128
 /// registers of 512 threads an SM, and ptxas keeps a few values that live across the phases (the
-/// residual buffers, the layer, loop bounds) on the stack: 40–164 bytes of stores and 56–372 of
-/// loads on NVRTC 13.0, most at the phases' boundaries (read with cuobjdump). Whether they
-/// cost anything is the H200 A/B's to say (BENCHMARKS.md §13b); past the budget a kernel still
-/// fails.
-pub const SPILL_BUDGET: &[(&str, u64)] = &[("decode_layers_", 400)];
+/// residual buffers, the layer, loop bounds) on the stack: 40–172 bytes of stores and 56–424 of
+/// loads on NVRTC 13.0 (the most with the next phase's weights held across the barriers, a
+/// variant under measurement), most at the phases' boundaries (read with cuobjdump). Whether
+/// they cost anything is the H200 A/B's to say (BENCHMARKS.md §13b); past the budget a kernel
+/// still fails.
+pub const SPILL_BUDGET: &[(&str, u64)] = &[("decode_layers_", 512)];
 
 /// Fails on any `N bytes spill stores/loads` with N > 0 in a ptxas report (N past the
 /// [`SPILL_BUDGET`] for the kernels named there).
@@ -226,7 +227,7 @@ mod tests {
         // The persistent decode kernels have a budget; past it they fail like any other.
         let budgeted = "ptxas info    : Function properties for decode_layers_e4m3_d128\n    96 bytes stack frame, 100 bytes spill stores, 200 bytes spill loads\n";
         assert!(check_spills(budgeted).is_ok());
-        let over = budgeted.replace("200 bytes spill loads", "500 bytes spill loads");
+        let over = budgeted.replace("200 bytes spill loads", "600 bytes spill loads");
         assert!(matches!(
             check_spills(&over),
             Err(CompileError::Spill { .. })

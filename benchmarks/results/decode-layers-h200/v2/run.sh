@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Where the persistent decode kernel's time goes: the built-in kernel (one-hop barrier) checked by
+# the CUDA test, then `bench forward` at batch 1 on the thin 8B twin (structure only) and the FP8 8B
+# with kernel variants swapped in through CACHET_KERNEL_DIR (variants/<variant>/decode_layers.cu beside this script):
+# v0 as built, v1 a back-off in the barrier's poll, and three that skip work (timing only, their
+# logits are wrong): v2 no attention, v3 no grid barriers, v4 no GEMV rows; and v5, each warp's
+# first weights of the next phase loaded into registers before the barrier (checked by the same
+# test, its kernel swapped in). Run from the repo root.
+here=$(cd "$(dirname "$0")" && pwd)
+source scripts/gpu_common.sh
+t0=$(date +%s)
+timeout 200 /tmp/engine-tests --ignored --exact --nocapture --test-threads=1 \
+  decode_layers_in_one_launch_match_the_layers_one_by_one > "$out/tests.txt" 2>&1
+echo "tests: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$out/tests.txt")"
+grep -E "panicked|FAILED" "$out/tests.txt" | head
+CACHET_KERNEL_DIR=$here/variants/v5-preload timeout 200 /tmp/engine-tests --ignored --exact --nocapture --test-threads=1 \
+  decode_layers_in_one_launch_match_the_layers_one_by_one > "$out/tests-v5.txt" 2>&1
+echo "tests, v5: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$out/tests-v5.txt")"
+b() {  # tag, mode, variant dir or "", config, flags
+  local tag=$1 mode=$2 dir=$3 cfg=$4; shift 4
+  CACHET_KERNEL_DIR=$dir CACHET_DECODE_LAYERS=$mode timeout 150 /tmp/cachet bench forward --model examples/configs/$cfg.json \
+    --load-format dummy --device cuda --decode-contexts 512,4096 --decode-batches 1 --decode-context 512 \
+    --prefill 256 --cached-prefix none --sampling-batches 1 --graph-batches 1 "$@" 2>&1 | grep -v " INFO " > "$out/$tag.txt"
+  echo "$tag: $(grep -E '^\| decode batch 1, ctx [0-9]+ \| [0-9.]+ ms/token' "$out/$tag.txt" | awk -F'|' '{print $3}' | tr '\n' ' ')"
+}
+for r in 1 2; do
+  b thin-separate-r$r separate "" llama3-8b-thin --quantization fp8
+  for v in v0-base v1-backoff v2-no-attention v3-no-barriers v4-no-gemv v5-preload; do
+    b thin-$v-r$r fused $here/variants/$v llama3-8b-thin --quantization fp8
+  done
+done
+b full-separate separate "" llama3-8b --quantization fp8
+b full-v0-base fused $here/variants/v0-base llama3-8b --quantization fp8
+b full-v1-backoff fused $here/variants/v1-backoff llama3-8b --quantization fp8
+b full-v3-no-barriers fused $here/variants/v3-no-barriers llama3-8b --quantization fp8
+b full-v5-preload fused $here/variants/v5-preload llama3-8b --quantization fp8
+b full-v5-preload-bf16 fused $here/variants/v5-preload llama3-8b
+b full-separate-bf16 separate "" llama3-8b
+echo "done in $(( $(date +%s) - t0 )) s"
