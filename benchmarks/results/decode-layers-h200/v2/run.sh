@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Where the persistent decode kernel's time goes: the built-in kernel (one-hop barrier) checked by
 # the CUDA test, then `bench forward` at batch 1 on the thin 8B twin (structure only) and the FP8 8B
-# with kernel variants swapped in through CACHET_KERNEL_DIR (variants/<variant>/decode_layers.cu beside this script):
-# v0 as built, v1 a back-off in the barrier's poll, and three that skip work (timing only, their
+# with kernel variants swapped in through CACHET_KERNEL_DIR: v0 as built, v1 a back-off in the barrier's poll, and three that skip work (timing only, their
 # logits are wrong): v2 no attention, v3 no grid barriers, v4 no GEMV rows; and v5, each warp's
 # first weights of the next phase loaded into registers before the barrier (checked by the same
 # test, its kernel swapped in). Run from the repo root.
 here=$(cd "$(dirname "$0")" && pwd)
 source scripts/gpu_common.sh
 t0=$(date +%s)
+# Each variant: kernels/src/decode_layers.cu with variants/<name>.patch applied, in a directory of
+# its own for CACHET_KERNEL_DIR (v0-base: the built-in source).
+for p in "$here"/variants/*.patch; do
+  v=$(basename "$p" .patch); mkdir -p /tmp/dlv/$v
+  patch -s -o /tmp/dlv/$v/decode_layers.cu kernels/src/decode_layers.cu < "$p" || echo "variant $v: the patch did not apply"
+done
+mkdir -p /tmp/dlv/v0-base && cp kernels/src/decode_layers.cu /tmp/dlv/v0-base/
 timeout 200 /tmp/engine-tests --ignored --exact --nocapture --test-threads=1 \
   decode_layers_in_one_launch_match_the_layers_one_by_one > "$out/tests.txt" 2>&1
 echo "tests: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$out/tests.txt")"
 grep -E "panicked|FAILED" "$out/tests.txt" | head
-CACHET_KERNEL_DIR=$here/variants/v5-preload timeout 200 /tmp/engine-tests --ignored --exact --nocapture --test-threads=1 \
+CACHET_KERNEL_DIR=/tmp/dlv/v5-preload timeout 200 /tmp/engine-tests --ignored --exact --nocapture --test-threads=1 \
   decode_layers_in_one_launch_match_the_layers_one_by_one > "$out/tests-v5.txt" 2>&1
 echo "tests, v5: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$out/tests-v5.txt")"
 b() {  # tag, mode, variant dir or "", config, flags
@@ -26,14 +32,14 @@ b() {  # tag, mode, variant dir or "", config, flags
 for r in 1 2; do
   b thin-separate-r$r separate "" llama3-8b-thin --quantization fp8
   for v in v0-base v1-backoff v2-no-attention v3-no-barriers v4-no-gemv v5-preload; do
-    b thin-$v-r$r fused $here/variants/$v llama3-8b-thin --quantization fp8
+    b thin-$v-r$r fused /tmp/dlv/$v llama3-8b-thin --quantization fp8
   done
 done
 b full-separate separate "" llama3-8b --quantization fp8
-b full-v0-base fused $here/variants/v0-base llama3-8b --quantization fp8
-b full-v1-backoff fused $here/variants/v1-backoff llama3-8b --quantization fp8
-b full-v3-no-barriers fused $here/variants/v3-no-barriers llama3-8b --quantization fp8
-b full-v5-preload fused $here/variants/v5-preload llama3-8b --quantization fp8
-b full-v5-preload-bf16 fused $here/variants/v5-preload llama3-8b
+b full-v0-base fused /tmp/dlv/v0-base llama3-8b --quantization fp8
+b full-v1-backoff fused /tmp/dlv/v1-backoff llama3-8b --quantization fp8
+b full-v3-no-barriers fused /tmp/dlv/v3-no-barriers llama3-8b --quantization fp8
+b full-v5-preload fused /tmp/dlv/v5-preload llama3-8b --quantization fp8
+b full-v5-preload-bf16 fused /tmp/dlv/v5-preload llama3-8b
 b full-separate-bf16 separate "" llama3-8b
 echo "done in $(( $(date +%s) - t0 )) s"
