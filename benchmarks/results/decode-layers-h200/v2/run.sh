@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Where the persistent decode kernel's time goes: the built-in kernel (one-hop barrier) checked by
-# the CUDA test, then `bench forward` at batch 1 on the thin 8B twin (structure only) and the FP8 8B
-# with kernel variants swapped in through CACHET_KERNEL_DIR: v0 as built, v1 a back-off in the barrier's poll, and three that skip work (timing only, their
-# logits are wrong): v2 no attention, v3 no grid barriers, v4 no GEMV rows; and v5, each warp's
-# first weights of the next phase loaded into registers before the barrier (checked by the same
-# test, its kernel swapped in). Run from the repo root.
+# Where the persistent decode kernel's time goes. The built-in kernel (one-hop barrier) is checked
+# by the CUDA test first; then `bench forward` at batch 1 on the thin 8B twin (structure only) and
+# on the FP8 8B, with kernel variants swapped in through CACHET_KERNEL_DIR:
+#   v0 as built; v1 a back-off in the barrier's poll;
+#   v2 no attention, v3 no grid barriers, v4 no GEMV rows (timing only: their logits are wrong);
+#   v5 each warp's first weights of the next phase loaded into registers before the barrier
+#      (checked by the same test, its kernel swapped in).
+# Run from the repo root.
 here=$(cd "$(dirname "$0")" && pwd)
 source scripts/gpu_common.sh
 t0=$(date +%s)
