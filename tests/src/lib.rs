@@ -303,9 +303,10 @@ pub fn cuda_runner_with_options(
         quantization,
         ..runner_options(DeviceKind::Cuda, num_blocks, None)
     };
-    let mut cuda =
-        cachet_backend::device::cuda::CudaOptions::from_env(Some(fetch::cache_dir().join("kernels")))
-            .unwrap();
+    let mut cuda = cachet_backend::device::cuda::CudaOptions::from_env(Some(
+        fetch::cache_dir().join("kernels"),
+    ))
+    .unwrap();
     edit(&mut cuda);
     let dev = cachet_backend::device::cuda::CudaDevice::new(0, opts.block_size, cuda).unwrap();
     Box::new(

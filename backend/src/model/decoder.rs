@@ -463,83 +463,87 @@ impl<D: Device> Decoder<D> {
         // Each sub-layer's output is added into the residual stream by the next one's
         // normalisation (fused with its projection where the device can), after the output
         // norm of models that have one (Gemma's post-norms, fused into the same pass).
-        let mut pending: Option<(D::Tensor, Option<&D::Tensor>)> = None;
         // A one-token step of a plain model may run every layer in one pass on the device.
-        if let Some(layers) = self.dense_layers() {
-            let step = DenseStep {
-                attn: self.attn[0],
-                rope: &self.rope,
-                eps,
-                intermediate: self.config.intermediate_size,
-            };
-            if let Some(down) = dev.decode_layers(&mut residual, &layers, kv, b, &step)? {
-                pending = Some((down, None));
-            }
-        }
-        if pending.is_none() {
-            for (l, layer) in self.layers.iter().enumerate() {
-                let mut qkv = dev.norm_linear(
-                    &mut residual,
-                    as_delta(&pending),
-                    &layer.attn_norm,
+        let whole = match self.dense_layers() {
+            Some(layers) => {
+                let step = DenseStep {
+                    attn: self.attn[0],
+                    rope: &self.rope,
                     eps,
-                    &layer.qkv,
-                )?;
-                if let Some(bias) = &layer.qkv_bias {
-                    dev.add_bias(&mut qkv, bias)?;
-                }
-                let p = &self.attn[l];
-                let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| HeadNorm { q, k, eps });
-                let rope = match (&self.rope_local, p.window) {
-                    (Some(local), Some(_)) => local,
-                    _ => &self.rope,
+                    intermediate: self.config.intermediate_size,
                 };
-                let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
-                // Row-parallel under tensor parallelism: each rank's product is a partial sum.
-                let mut o = dev.linear_delta(&attn, &layer.o_proj)?;
-                dev.all_reduce_sum(&mut o)?;
-                let (post_attn, post_mlp) = match &layer.post_norms {
-                    Some((a, m)) => (Some(a), Some(m)),
-                    None => (None, None),
-                };
-                let delta = Some(Delta {
-                    x: &o,
-                    norm: post_attn,
-                });
-                let mut down = match (&layer.router, &self.config.moe) {
-                    (Some(router), Some(m)) => {
-                        let x = dev.norm(&mut residual, delta, &layer.mlp_norm, eps)?;
-                        let p = MoeParams {
-                            num_experts: m.num_experts,
-                            top_k: m.top_k,
-                            // Under tensor parallelism a rank's config has its share of each
-                            // expert's columns.
-                            inter: m.expert_intermediate_size,
-                            norm_topk_prob: m.norm_topk_prob,
-                            act: self.config.hidden_act,
-                        };
-                        let w = MoeWeights {
-                            router,
-                            gate_up: &layer.gate_up,
-                            down: &layer.down,
-                        };
-                        dev.moe(&x, w, &p)?
-                    }
-                    _ => {
-                        let act = dev.norm_glu(
-                            &mut residual,
-                            delta,
-                            &layer.mlp_norm,
-                            eps,
-                            &layer.gate_up,
-                            self.config.hidden_act,
-                        )?;
-                        dev.linear_delta(&act, &layer.down)?
-                    }
-                };
-                dev.all_reduce_sum(&mut down)?;
-                pending = Some((down, post_mlp));
+                dev.decode_layers(&mut residual, &layers, kv, b, &step)?
             }
+            None => None,
+        };
+        let one_by_one = if whole.is_some() {
+            &self.layers[..0]
+        } else {
+            &self.layers[..]
+        };
+        let mut pending: Option<(D::Tensor, Option<&D::Tensor>)> = whole.map(|down| (down, None));
+        for (l, layer) in one_by_one.iter().enumerate() {
+            let mut qkv = dev.norm_linear(
+                &mut residual,
+                as_delta(&pending),
+                &layer.attn_norm,
+                eps,
+                &layer.qkv,
+            )?;
+            if let Some(bias) = &layer.qkv_bias {
+                dev.add_bias(&mut qkv, bias)?;
+            }
+            let p = &self.attn[l];
+            let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| HeadNorm { q, k, eps });
+            let rope = match (&self.rope_local, p.window) {
+                (Some(local), Some(_)) => local,
+                _ => &self.rope,
+            };
+            let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
+            // Row-parallel under tensor parallelism: each rank's product is a partial sum.
+            let mut o = dev.linear_delta(&attn, &layer.o_proj)?;
+            dev.all_reduce_sum(&mut o)?;
+            let (post_attn, post_mlp) = match &layer.post_norms {
+                Some((a, m)) => (Some(a), Some(m)),
+                None => (None, None),
+            };
+            let delta = Some(Delta {
+                x: &o,
+                norm: post_attn,
+            });
+            let mut down = match (&layer.router, &self.config.moe) {
+                (Some(router), Some(m)) => {
+                    let x = dev.norm(&mut residual, delta, &layer.mlp_norm, eps)?;
+                    let p = MoeParams {
+                        num_experts: m.num_experts,
+                        top_k: m.top_k,
+                        // Under tensor parallelism a rank's config has its share of each
+                        // expert's columns.
+                        inter: m.expert_intermediate_size,
+                        norm_topk_prob: m.norm_topk_prob,
+                        act: self.config.hidden_act,
+                    };
+                    let w = MoeWeights {
+                        router,
+                        gate_up: &layer.gate_up,
+                        down: &layer.down,
+                    };
+                    dev.moe(&x, w, &p)?
+                }
+                _ => {
+                    let act = dev.norm_glu(
+                        &mut residual,
+                        delta,
+                        &layer.mlp_norm,
+                        eps,
+                        &layer.gate_up,
+                        self.config.hidden_act,
+                    )?;
+                    dev.linear_delta(&act, &layer.down)?
+                }
+            };
+            dev.all_reduce_sum(&mut down)?;
+            pending = Some((down, post_mlp));
         }
         let x = dev.norm(&mut residual, as_delta(&pending), &self.final_norm, eps)?;
         let rows = dev.gather_logit_rows(&x, b)?;
