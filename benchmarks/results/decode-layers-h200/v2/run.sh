@@ -5,7 +5,8 @@
 #   v0 as built; v1 a back-off in the barrier's poll;
 #   v2 no attention, v3 no grid barriers, v4 no GEMV rows (timing only: their logits are wrong);
 #   v5 each warp's first weights of the next phase loaded into registers before the barrier
-#      (checked by the same test, its kernel swapped in).
+#      (checked by the same test, its kernel swapped in);
+#   v6 eight keys' K and V in flight a lane in the attention phase instead of four.
 # Run from the repo root.
 here=$(cd "$(dirname "$0")" && pwd)
 source scripts/gpu_common.sh
@@ -33,7 +34,10 @@ b() {  # tag, mode, variant dir or "", config, flags
 }
 for r in 1 2; do
   b thin-separate-r$r separate "" llama3-8b-thin --quantization fp8
-  for v in v0-base v1-backoff v2-no-attention v3-no-barriers v4-no-gemv v5-preload; do
+  # The timing-only variants once; the others twice.
+  vs="v0-base v1-backoff v5-preload v6-attention-8-keys"
+  [ $r = 1 ] && vs="$vs v2-no-attention v3-no-barriers v4-no-gemv"
+  for v in $vs; do
     b thin-$v-r$r fused /tmp/dlv/$v llama3-8b-thin --quantization fp8
   done
 done
@@ -42,6 +46,7 @@ b full-v0-base fused /tmp/dlv/v0-base llama3-8b --quantization fp8
 b full-v1-backoff fused /tmp/dlv/v1-backoff llama3-8b --quantization fp8
 b full-v3-no-barriers fused /tmp/dlv/v3-no-barriers llama3-8b --quantization fp8
 b full-v5-preload fused /tmp/dlv/v5-preload llama3-8b --quantization fp8
+b full-v6-attention-8-keys fused /tmp/dlv/v6-attention-8-keys llama3-8b --quantization fp8
 b full-v5-preload-bf16 fused /tmp/dlv/v5-preload llama3-8b
 b full-separate-bf16 separate "" llama3-8b
 echo "done in $(( $(date +%s) - t0 )) s"
