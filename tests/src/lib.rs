@@ -238,7 +238,7 @@ fn cuda_group(
     ))
 }
 
-/// `m` over `ranks` GPUs through NCCL ([`cuda_group`]), cut from the loaded weights.
+/// `m` over `ranks` GPUs through NCCL (`cuda_group`), cut from the loaded weights.
 pub fn cuda_tp_runner(
     m: &LoadedModel,
     num_blocks: usize,

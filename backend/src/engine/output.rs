@@ -2,7 +2,7 @@
 //! could still grow into a stop string is held back; a stop string found ends the request with
 //! the text before it; a stop token's own text is never shown.
 //!
-//! The hand-out runs on a thread of its own ([`Handout`]): the engine thread passes each step's
+//! The hand-out runs on a thread of its own (`Handout`): the engine thread passes each step's
 //! tokens and each request's end over one channel, in order, and goes on scheduling and queuing
 //! the next step while this thread detokenizes and sends (on the H200 the hand-out was 74% of the
 //! host's time between steps, 5.7 µs a token). Every event of a stream goes through here, so a

@@ -110,7 +110,7 @@ impl Activity {
     }
 }
 
-/// A request in flight on its connection. Dropped before [`InFlight::answered`] (the request's
+/// A request in flight on its connection. Dropped before `InFlight::answered` (the request's
 /// handler dropped, or its response body dropped before its end), the request counts as
 /// cancelled by the client. A stream reset as soon as it is opened — the flood — is answered by
 /// the handler, but its response is dropped unsent: cancelled too.

@@ -200,7 +200,7 @@ impl Connections {
 const RESERVED_FILES: u64 = 64;
 
 /// Raises this process's soft limit on open files to its hard limit (as Go's runtime does), and
-/// returns how many connections fit in it with [`RESERVED_FILES`] kept back (`None` where the
+/// returns how many connections fit in it with `RESERVED_FILES` kept back (`None` where the
 /// limit cannot be read). A connection cap above it turns a flood into EMFILE at `accept`.
 pub fn connections_that_fit() -> Option<usize> {
     #[cfg(unix)]

@@ -343,7 +343,7 @@ pub fn parse_request(chat: bool, body: &[u8], unknown: UnknownFields) -> Result<
 }
 
 /// A body of `api`: a JSON object whose every key is checked against the table
-/// ([`check_fields`]), typed as `T`; with the unknown fields let through.
+/// (`check_fields`), typed as `T`; with the unknown fields let through.
 pub fn checked<T: serde::de::DeserializeOwned>(
     api: Api,
     body: &[u8],

@@ -109,7 +109,7 @@ async fn lookup(resolver: &TokioResolver, name: &DnsName) -> Option<Vec<IpAddr>>
 }
 
 /// Keeps `pool`'s members of `name` in step with its DNS records, for ever (spawn it). `start`
-/// makes the member of one URL (a [`super::Worker`], polling and following as it starts).
+/// makes the member of one URL (a [`super::worker::Worker`], polling and following as it starts).
 pub async fn follow(
     pool: Arc<Pool>,
     name: DnsName,

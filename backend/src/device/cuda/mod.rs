@@ -4,12 +4,13 @@
 //!
 //! One file per concern:
 //! - [`options`]: every switch, parsed once ([`CudaOptions`]);
-//! - [`kernels`]: the kernel table and the constants shared with the `.cu` sources;
-//! - [`tensor`]: tensors, the paged KV cache, allocation; [`batch`]: a step's metadata;
-//! - [`launch`]: one typed launch function per kernel — the only unsafe launches;
-//! - [`gemm`] (cuBLAS), [`gemv`] (few-row projections with fused norms);
-//! - [`attention_plan`] (which kernel, how many splits: pure, unit-tested) and [`attention`];
-//! - [`graphs`] (CUDA graphs of decode and verification steps), [`profile`], [`calibrate`].
+//! - `kernels.rs`: the kernel table and the constants shared with the `.cu` sources;
+//! - `tensor.rs`: tensors, the paged KV cache, allocation; `batch.rs`: a step's metadata;
+//! - `launch.rs`: one typed launch function per kernel — the only unsafe launches;
+//! - `gemm.rs` (cuBLAS), `gemv.rs` (few-row projections with fused norms), `gemm_fp8.rs`
+//!   (cuBLASLt's FP8 products), `decode_layers.rs` (a one-token step's layers in one launch);
+//! - [`attention_plan`] (which kernel, how many splits: pure, unit-tested) and `attention.rs`;
+//! - `graphs.rs` (CUDA graphs of decode and verification steps), `profile.rs`, `calibrate.rs`.
 //!
 //! cudarc loads libcuda / libnvrtc / libcublas at run time and panics if one is missing, so
 //! [`available`] probes for them first and [`CudaDevice::new`] fails with a clear error instead.

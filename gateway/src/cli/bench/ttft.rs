@@ -72,8 +72,8 @@ pub struct TtftArgs {
     /// Requests of the warm-up pass of a warm run.
     #[arg(long, default_value_t = 16)]
     pub warmup: usize,
-    /// Configurations: baseline, all-on, +<optimization> (it alone on the baseline) or
-    /// -<optimization> (all-on without it). Optimizations: prefix-cache, normalization,
+    /// Configurations: baseline, all-on, +OPTIMIZATION (it alone on the baseline) or
+    /// -OPTIMIZATION (all-on without it). Optimizations: prefix-cache, normalization,
     /// chunked-prefill, shortest-first, cuda-graphs, speculation, fp8-kv, fp8-weights.
     #[arg(
         long,
