@@ -7,9 +7,11 @@
 // each costs ~4-5 µs end to end even inside a CUDA graph with programmatic launches — the
 // launch, the first loads' round trip, the drain of the last blocks (BENCHMARKS.md §13b: 27 µs a
 // layer of pure structure for the 8B, against the 29 µs its FP8 weights take to stream). A grid
-// barrier is one atomic and one poll per block, and before it each warp can already ask L2 for
-// the first weight row of its next phase (the weights do not depend on the activations), so the
-// memory pipe does not run dry between phases.
+// barrier is one atomic and one poll per block; with `prefetch` each warp asks L2 for its first
+// weight row of the next phase before it (the weights do not depend on the activations).
+// Measured on the H200 (BENCHMARKS.md §13b, with the earlier two-word barrier): correct, but
+// slower than the launches it replaces — the thin 8B twin 34 µs a layer against 29, and the L2
+// prefetch slower still — so it is off by default.
 //
 // Phases of layer l (blocks × 16 warps; a warp per output row, rows dealt round-robin as in
 // gemv.cu, whose row_dot / row_dot2 stream the weights):
@@ -29,7 +31,7 @@
 // (L2, coherent after the barrier's fences), never through the read-only path; the weights, norms,
 // RoPE table, positions and block table are constant for the launch.
 //
-// Requirements (checked by the host, backend/src/device/cuda/fused_decode.rs): blockDim.x ==
+// Requirements (checked by the host, backend/src/device/cuda/decode_layers.rs): blockDim.x ==
 // DL_THREADS, gridDim.x ≤ the SMs and one block an SM (the dynamic shared memory keeps a second
 // out), gridDim.x ≥ n_kv; hidden ≤ DL_NORM_PT · DL_THREADS; hidden, n_heads · D multiples of 16;
 // n_heads / n_kv ≤ DL_MAX_GROUP; a bf16 KV cache; one sequence of one new token.
@@ -40,7 +42,7 @@
 #define DL_MAX_GROUP 8
 #define DL_NORM_PT 16
 
-// One layer's tensors (backend/src/device/cuda/fused_decode.rs writes them, 12 pointers each).
+// One layer's tensors (backend/src/device/cuda/decode_layers.rs writes them, 12 pointers each).
 struct DlLayer {
     const bf16* attn_norm;
     const void* qkv;
