@@ -557,3 +557,40 @@ impl<D: Device> Decoder<D> {
 fn as_delta<'a, T>(pending: &'a Option<(T, Option<&'a T>)>) -> Option<Delta<'a, T>> {
     pending.as_ref().map(|(x, norm)| Delta { x, norm: *norm })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::CpuDevice;
+
+    /// Only models of the plain Llama structure are offered to a device's whole-step decode pass
+    /// ([`Device::decode_layers`], which computes nothing else): biases (Qwen2), head norms
+    /// (Qwen3, Gemma 3), output norms and GeGLU (Gemma 3), windows (Mistral), experts
+    /// (Qwen3-MoE, Mixtral) each keep the layers one by one.
+    #[test]
+    fn only_plain_llama_layers_take_the_whole_step_decode_pass() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let cases = [
+            ("examples/configs/small-gqa-d128.json", true),
+            ("examples/configs/small-gqa-d64.json", true),
+            ("tests/fixtures/tiny-mha-tied/config.json", true),
+            ("tests/fixtures/tiny-gqa-llama3/config.json", true),
+            ("examples/configs/small-window-d128.json", false),
+            ("tests/fixtures/tiny-mistral-window/config.json", false),
+            ("tests/fixtures/tiny-qwen2/config.json", false),
+            ("tests/fixtures/tiny-qwen3/config.json", false),
+            ("tests/fixtures/tiny-gemma3/config.json", false),
+            ("tests/fixtures/tiny-qwen3-moe/config.json", false),
+            ("tests/fixtures/tiny-mixtral/config.json", false),
+        ];
+        let dev = CpuDevice::new();
+        for (path, plain) in cases {
+            let config = ModelConfig::from_hf_json(&root.join(path)).unwrap();
+            let d = Decoder::random(&dev, &config, 1, 64, WeightQuantization::None, None).unwrap();
+            assert_eq!(d.dense_layers().is_some(), plain, "{path}");
+            if let Some(layers) = d.dense_layers() {
+                assert_eq!(layers.len(), config.num_hidden_layers, "{path}");
+            }
+        }
+    }
+}
