@@ -20,7 +20,7 @@ run() {  # tag, config, mode, extra flags
   echo "$tag $mode: $(grep -E '^\| decode batch 1, ctx' "$out/$tag-$mode.txt" | awk -F'|' '{print $2 $3 $5}' | tr '\n' ' ')"
 }
 for r in ${ROUNDS:-1 2}; do
-  for mode in ${MODES:-separate fused prefetch}; do
+  for mode in ${MODES:-separate fused}; do
     run llama-fp8-r$r llama3-8b $mode --quantization fp8
     [ $r = 1 ] && [ "${BF16:-1}" = 1 ] && run llama-bf16-r$r llama3-8b $mode
     run thin-fp8-r$r llama3-8b-thin $mode --quantization fp8

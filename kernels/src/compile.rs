@@ -174,7 +174,7 @@ fn compile_source(arch: &str, source: &str) -> Result<Compiled, CompileError> {
 /// the persistent decode kernels (`decode_layers.cu`) run five phases a layer in one body —
 /// attention (~110 registers in place) and the GEMVs' streaming loops (~116) — under the 128
 /// registers of 512 threads an SM, and ptxas keeps a few values that live across the phases (the
-/// residual buffers, the layer, loop bounds) on the stack: 40–172 bytes of stores and 56–424 of
+/// residual buffers, the layer, loop bounds) on the stack: 40–256 bytes of stores and 56–424 of
 /// loads on NVRTC 13.0 (the most with the next phase's weights held across the barriers, a
 /// variant under measurement), most at the phases' boundaries (read with cuobjdump). Whether
 /// they cost anything is the H200 A/B's to say (BENCHMARKS.md §13b); past the budget a kernel

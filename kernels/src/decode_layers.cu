@@ -7,11 +7,10 @@
 // each costs ~4-5 µs end to end even inside a CUDA graph with programmatic launches — the
 // launch, the first loads' round trip, the drain of the last blocks (BENCHMARKS.md §13b: 27 µs a
 // layer of pure structure for the 8B, against the 29 µs its FP8 weights take to stream). A grid
-// barrier is one atomic and one poll per block; with `prefetch` each warp asks L2 for its first
-// weight row of the next phase before it (the weights do not depend on the activations).
-// Measured on the H200 (BENCHMARKS.md §13b, with the earlier two-word barrier): correct, but
-// slower than the launches it replaces — the thin 8B twin 34 µs a layer against 29, and the L2
-// prefetch slower still — so it is off by default.
+// barrier is one atomic and one poll per block. Measured on the H200 (BENCHMARKS.md §13b, with
+// the earlier two-word barrier): correct, but slower than the launches it replaces — the thin 8B
+// twin 34 µs a layer against 29 — so it is off by default. (Each warp asking L2 for its next
+// phase's first weight row before the barrier was slower still, and is gone.)
 //
 // Phases of layer l (blocks × 16 warps; a warp per output row, rows dealt round-robin as in
 // gemv.cu, whose row_dot / row_dot2 stream the weights):
@@ -184,16 +183,6 @@ __device__ __forceinline__ void dl_glu_rows(const void* __restrict__ w, const fl
         const float gs = bf2f(f2bf(warp_sum(g[0]) * gsc)), us = bf2f(f2bf(warp_sum(u[0]) * usc));
         if ((threadIdx.x & 31) == 0) act[j] = f2bf(silu(gs) * us);
     }
-}
-
-// Asks L2 for this warp's first row of the next phase's weight (rows of row_bytes), so the
-// stream is under way while the barrier resolves.
-__device__ __forceinline__ void dl_prefetch(const void* w, int n, int row_bytes) {
-    const int row = blockIdx.x * DL_WARPS + (threadIdx.x >> 5);
-    if (row >= n) return;
-    const unsigned char* wr = static_cast<const unsigned char*>(w) + (size_t)row * row_bytes;
-    for (int e = (threadIdx.x & 31) * 128; e < row_bytes; e += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + e));
 }
 
 // The K or V bits of one key that lane `lane` holds (D / 32 bf16: 8 or 4 bytes), kept raw until
@@ -377,7 +366,7 @@ struct DlArgs {
     unsigned* sync;
     const float* rope;
     const unsigned* table;
-    int n_layers, hidden, inter, n_heads, n_kv, block_size, prefetch, barriers;
+    int n_layers, hidden, inter, n_heads, n_kv, block_size, barriers;
     unsigned pos, slot;
     float scale, eps;
 };
@@ -386,7 +375,6 @@ template <bool F8, int D>
 __device__ __forceinline__ void decode_layers(const DlArgs& a) {
     extern __shared__ uint4 dl_smem[];
     bf16* xs = reinterpret_cast<bf16*>(dl_smem);
-    const int wb = F8 ? 1 : 2;  // bytes a weight
     float *res = a.res_a, *res_next = a.res_b;
     bool delta = false;
     // sync[0..2): the barrier's arrivals (64 bits), then the kv heads' tickets.
@@ -409,7 +397,6 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
             res = res_next, res_next = t;
         }
         dl_rows<F8>(L->qkv, L->qkv_s, xs, a.qkv, qkv_n, hidden);
-        if (a.prefetch) dl_prefetch(L->o, hidden, a.n_heads * D * wb);
         dl_grid_sync(count, target);
         // B: attention.
         dl_attention<D>(a.qkv, a.rope, a.pos, a.slot, a.table, a.block_size, L->k_cache, L->v_cache, a.n_heads,
@@ -418,11 +405,6 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
         // C: o_proj.
         dl_stage(a.attn, xs, a.n_heads * D);
         dl_rows<F8>(L->o, L->o_s, xs, a.o_out, a.hidden, a.n_heads * D);
-        if (a.prefetch) {
-            const size_t half = (size_t)a.inter * a.hidden * wb;
-            dl_prefetch(L->gate_up, a.inter, a.hidden * wb);
-            dl_prefetch(static_cast<const unsigned char*>(L->gate_up) + half, a.inter, a.hidden * wb);
-        }
         dl_grid_sync(count, target);
         // D: norm + gate|up + SwiGLU.
         dl_norm(res, a.o_out, res_next, L->mlp_norm, xs, a.hidden, a.eps);
@@ -431,13 +413,11 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
             res = res_next, res_next = t;
         }
         dl_glu_rows<F8>(L->gate_up, L->gate_up_s, xs, a.act, a.inter, a.hidden);
-        if (a.prefetch) dl_prefetch(L->down, a.hidden, a.inter * wb);
         dl_grid_sync(count, target);
         // E: down.
         dl_stage(a.act, xs, a.inter);
         dl_rows<F8>(L->down, L->down_s, xs, a.down_out, a.hidden, a.inter);
         if (li + 1 == a.n_layers) break;
-        if (a.prefetch) dl_prefetch(a.layers[li + 1].qkv, (a.n_heads + 2 * a.n_kv) * D, a.hidden * wb);
         dl_grid_sync(count, target);
         delta = true;
     }
@@ -449,13 +429,13 @@ __device__ __forceinline__ void decode_layers(const DlArgs& a) {
              float* res_a, float* res_b, bf16* qkv, bf16* attn, bf16* o_out, bf16* act, bf16* down_out,         \
              float* part, unsigned* sync, const float* __restrict__ rope, const unsigned* __restrict__ pos,      \
              const unsigned* __restrict__ slot, const unsigned* __restrict__ table, int block_size, float scale, \
-             float eps, int prefetch) {                                                                          \
+             float eps) {                                                                                        \
         wait_for_prior_kernels();                                                                                \
         __shared__ DlArgs a;                                                                                     \
         if (threadIdx.x == 0)                                                                                    \
             a = DlArgs{layers, res_a, res_b, qkv, attn, o_out, act, down_out, part, sync, rope, table,          \
-                       n_layers, hidden, inter, n_heads, n_kv, block_size, prefetch, 5 * n_layers - 1, pos[0],     \
-                       slot[0], scale, eps};                                                            \
+                       n_layers, hidden, inter, n_heads, n_kv, block_size, 5 * n_layers - 1, pos[0],               \
+                       slot[0], scale, eps};                                                                     \
         __syncthreads();                                                                                         \
         decode_layers<F8, D>(a);                                                                                 \
     }

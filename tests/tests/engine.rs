@@ -722,7 +722,7 @@ gpu_test! {
 }
 
 gpu_test! {
-    /// `CACHET_DECODE_LAYERS=fused|prefetch`: a one-token decode step runs every layer in one
+    /// `CACHET_DECODE_LAYERS=fused`: a one-token decode step runs every layer in one
     /// persistent launch (decode_layers.cu). On random models of the plain structure — head_dim
     /// 128 and 64, GQA groups of 4 and 8 (the group's q heads in two passes), bf16 and FP8
     /// weights — each of its steps gives the layer-by-layer device's logits within bf16 error
@@ -732,21 +732,20 @@ gpu_test! {
     /// ran (so the comparison is not the fallback against itself). Batches of more rows fall
     /// back to the layers one by one.
     fn decode_layers_in_one_launch_match_the_layers_one_by_one() {
-        use cachet_backend::device::cuda::DecodeLayers;
         use cachet_backend::device::{ForwardBatch, WeightQuantization};
         use cachet_backend::kv::SimpleAllocator;
         let cases = [
-            ("small-gqa-d128", WeightQuantization::None, DecodeLayers::Fused),
-            ("small-gqa-d128", WeightQuantization::Fp8, DecodeLayers::Prefetch),
-            ("small-gqa-d64", WeightQuantization::Fp8, DecodeLayers::Fused),
-            ("small-gqa-d64", WeightQuantization::None, DecodeLayers::Prefetch),
-            ("small-gqa8-d128", WeightQuantization::Fp8, DecodeLayers::Fused),
+            ("small-gqa-d128", WeightQuantization::None),
+            ("small-gqa-d128", WeightQuantization::Fp8),
+            ("small-gqa-d64", WeightQuantization::Fp8),
+            ("small-gqa-d64", WeightQuantization::None),
+            ("small-gqa8-d128", WeightQuantization::Fp8),
         ];
-        for (name, q, mode) in cases {
+        for (name, q) in cases {
             let m = random_model(name, 21);
-            let what = format!("{name}, {q:?} weights, {mode:?}");
-            let mut sep = cuda_runner_with_options(&m, 512, q, |o| o.decode_layers = DecodeLayers::Separate);
-            let mut one = cuda_runner_with_options(&m, 512, q, |o| o.decode_layers = mode);
+            let what = format!("{name}, {q:?} weights");
+            let mut sep = cuda_runner_with_options(&m, 512, q, |o| o.decode_layers_fused = false);
+            let mut one = cuda_runner_with_options(&m, 512, q, |o| o.decode_layers_fused = true);
             let bs = one.kv_layout().block_size;
             let mut alloc = SimpleAllocator::new(one.kv_layout().num_blocks, bs);
             let lens = [1, 17, 40, 300, 1100, 2900];

@@ -14,10 +14,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::batch::CudaBatch;
-use super::kernels::{
-    dl_attention_smem_bytes, DL_MAX_GROUP, DL_MAX_HIDDEN, DL_MAX_KV_HEADS, DL_SMEM, DL_THREADS,
-};
-use super::options::DecodeLayers;
+use super::kernels::{DL_MAX_GROUP, DL_MAX_HIDDEN, DL_MAX_KV_HEADS, DL_SMEM, DL_THREADS};
 use super::tensor::{CudaBuf, CudaKv, CudaTensor, WeightRef};
 use super::{op_err, CudaDevice};
 use crate::device::{DenseLayer, DenseStep, KvCacheDtype};
@@ -33,12 +30,20 @@ impl CudaDevice {
         p
     }
 
-    /// A weight's codes (or bf16 values) and row scales (0: none), and its format (0 bf16, 1 e4m3).
+    /// A weight's codes (or bf16 values) and row scales (0: none), and its
+    /// [`WeightRef::format`].
     fn weight_addrs(&self, w: &CudaTensor) -> Option<(u64, u64, usize)> {
-        match w.weight("decode layers").ok()? {
-            WeightRef::Bf16(b) => Some((self.addr(b), 0, 0)),
-            WeightRef::E4m3 { codes, scales } => Some((self.addr(codes), self.addr(scales), 1)),
-        }
+        let w = w.weight("decode layers").ok()?;
+        let (values, scales) = match w {
+            WeightRef::Bf16(b) => (self.addr(b), 0),
+            WeightRef::E4m3 { codes, scales } => (self.addr(codes), self.addr(scales)),
+        };
+        Some((values, scales, w.format()))
+    }
+
+    /// Whether the persistent kernel is on and loaded (its shared memory could be had).
+    fn decode_layers_on(&self) -> bool {
+        self.options.decode_layers_fused && self.k.decode_layers.is_some()
     }
 
     /// The kernel's table of `layers` over `kv` (DlLayer: 12 pointers a layer) and the weights'
@@ -111,14 +116,13 @@ impl CudaDevice {
         kv: &CudaKv,
         b: &CudaBatch,
         step: &DenseStep<'_, CudaTensor>,
-        hidden: usize,
     ) -> Option<usize> {
         let p = &step.attn;
+        let hidden = residual.cols;
         let (d, heads, kv_heads) = (p.head_dim, p.num_heads, p.num_kv_heads);
         let q_dim = heads * d;
         let widest = hidden.max(q_dim).max(step.intermediate);
-        let fits = self.options.decode_layers != DecodeLayers::Separate
-            && self.k.decode_layers.is_some()
+        let fits = self.decode_layers_on()
             && self.tp.is_none()
             && b.n == 1
             && b.num_tiles == 1
@@ -135,8 +139,7 @@ impl CudaDevice {
             && hidden.is_multiple_of(16)
             && q_dim.is_multiple_of(16)
             && step.intermediate.is_multiple_of(16)
-            && widest * 2 <= DL_SMEM
-            && dl_attention_smem_bytes(d) <= DL_SMEM;
+            && widest * 2 <= DL_SMEM;
         fits.then_some(self.sms)
     }
 
@@ -146,7 +149,7 @@ impl CudaDevice {
         layers: &[DenseLayer<'_, CudaTensor>],
         kv: &mut CudaKv,
     ) -> Result<(), DeviceError> {
-        if self.options.decode_layers == DecodeLayers::Separate || self.k.decode_layers.is_none() {
+        if !self.decode_layers_on() {
             return Ok(());
         }
         if let Some((table, _)) = self.layer_table(layers, kv) {
@@ -168,7 +171,7 @@ impl CudaDevice {
             return Ok(None);
         }
         let hidden = residual.cols;
-        let Some(grid) = self.decode_layers_grid(residual, kv, b, step, hidden) else {
+        let Some(grid) = self.decode_layers_grid(residual, kv, b, step) else {
             return Ok(None);
         };
         let Some((table, format)) = self.layer_table(layers, kv) else {
@@ -205,10 +208,7 @@ impl CudaDevice {
                 heads as i32,
                 kv_heads as i32,
             ];
-            let (bs, prefetch) = (
-                b.block_size as i32,
-                i32::from(self.options.decode_layers == DecodeLayers::Prefetch),
-            );
+            let bs = b.block_size as i32;
             let mut l = self.stream.launch_builder(func);
             l.arg(dev_table);
             for i in &ints {
@@ -229,8 +229,7 @@ impl CudaDevice {
                 .arg(&b.block_tables)
                 .arg(&bs)
                 .arg(&p.scale)
-                .arg(&step.eps)
-                .arg(&prefetch);
+                .arg(&step.eps);
             let cfg = LaunchConfig {
                 grid_dim: (grid as u32, 1, 1),
                 block_dim: (DL_THREADS, 1, 1),

@@ -106,10 +106,12 @@ pub const DL_MAX_KV_HEADS: usize = 256;
 
 /// Shared memory the persistent decode kernel's attention phase takes for head_dim `d`: q (f32,
 /// a whole group), then each warp's (m, l) and output per q head.
-pub fn dl_attention_smem_bytes(d: usize) -> usize {
+const fn dl_attention_smem_bytes(d: usize) -> usize {
     let warps = DL_THREADS as usize / 32;
     (DL_MAX_GROUP * d + 2 * warps * DL_MAX_GROUP + warps * DL_MAX_GROUP * d) * 4
 }
+// The attention phase fits DL_SMEM at the largest head_dim the kernel takes.
+const _: () = assert!(dl_attention_smem_bytes(128) <= DL_SMEM);
 
 /// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
 /// bf16 (Q is staged in the second before the loop; at d = 256 it keeps a region of its own).

@@ -41,7 +41,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
 pub use options::{
-    CudaOptions, DecodeLayers, MoeRouter, MoeSmallTiles, SplitOptions, MOE_GEMM_DEFAULT_ROWS,
+    CudaOptions, MoeRouter, MoeSmallTiles, SplitOptions, MOE_GEMM_DEFAULT_ROWS,
     MOE_GEMM_FP8_DEFAULT_ROWS,
 };
 pub use programmatic::Pdl;

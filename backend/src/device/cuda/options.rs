@@ -160,19 +160,6 @@ impl MoeSmallTiles {
     }
 }
 
-/// How a one-token decode step of a dense model runs its layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DecodeLayers {
-    /// A launch per operation, five or six a layer (in a CUDA graph, with programmatic edges).
-    Separate,
-    /// Every layer in one persistent launch (decode_layers.cu): the operations as phases of one
-    /// block an SM, separated by grid barriers.
-    Fused,
-    /// `Fused`, each warp asking L2 for its first row of the next phase's weights before the
-    /// barrier.
-    Prefetch,
-}
-
 /// The CUDA device's options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaOptions {
@@ -277,8 +264,11 @@ pub struct CudaOptions {
     /// rows: the 16-row kernel, where a decode block's four warps share one warp's query rows).
     /// Batch-256 bf16 decode −7.4%, batch 64 −9.0% on the H200 (BENCHMARKS.md §12c).
     pub attention_decode_transposed_bf16: bool,
-    /// How a one-token decode step of a dense model runs its layers (`CACHET_DECODE_LAYERS`).
-    pub decode_layers: DecodeLayers,
+    /// A one-token decode step of a dense model runs every layer in one persistent launch
+    /// (decode_layers.cu: the operations as phases of one block an SM, separated by grid
+    /// barriers) rather than a launch per operation (`CACHET_DECODE_LAYERS=fused|separate`;
+    /// slower so far on the H200, BENCHMARKS.md §13b).
+    pub decode_layers_fused: bool,
     /// The NCCL library tensor-parallel ranks load (`CACHET_NCCL_LIBRARY`, a path; unset:
     /// `libnccl.so.2`, then `libnccl.so`).
     pub nccl_library: Option<PathBuf>,
@@ -313,7 +303,7 @@ impl Default for CudaOptions {
             attention_heads_first: true,
             attention_decode_transposed: true,
             attention_decode_transposed_bf16: true,
-            decode_layers: DecodeLayers::Separate,
+            decode_layers_fused: false,
             nccl_library: None,
         }
     }
@@ -459,17 +449,7 @@ impl CudaOptions {
         o.attention_decode_transposed = !switch("CACHET_DECODE_ATTENTION", "transposed", "rows")?;
         o.attention_decode_transposed_bf16 =
             !switch("CACHET_DECODE_ATTENTION_BF16", "transposed", "rows")?;
-        o.decode_layers = match var("CACHET_DECODE_LAYERS").as_deref() {
-            None | Some("") | Some("separate") => DecodeLayers::Separate,
-            Some("fused") => DecodeLayers::Fused,
-            Some("prefetch") => DecodeLayers::Prefetch,
-            Some(v) => {
-                return Err(bad(
-                    "CACHET_DECODE_LAYERS",
-                    format!("`{v}`: expected `separate`, `fused` or `prefetch`"),
-                ))
-            }
-        };
+        o.decode_layers_fused = switch("CACHET_DECODE_LAYERS", "separate", "fused")?;
         Ok(o)
     }
 }
@@ -657,21 +637,13 @@ mod tests {
                 .unwrap()
                 .attention_decode_transposed_bf16
         );
-        assert_eq!(parse(&[]).unwrap().decode_layers, DecodeLayers::Separate);
-        for (v, want) in [
-            ("separate", DecodeLayers::Separate),
-            ("fused", DecodeLayers::Fused),
-            ("prefetch", DecodeLayers::Prefetch),
-        ] {
-            assert_eq!(
-                parse(&[("CACHET_DECODE_LAYERS", v)]).unwrap().decode_layers,
-                want
-            );
-        }
-        let err = parse(&[("CACHET_DECODE_LAYERS", "on")])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`separate`, `fused` or `prefetch`"), "{err}");
+        assert!(!parse(&[]).unwrap().decode_layers_fused);
+        assert!(
+            parse(&[("CACHET_DECODE_LAYERS", "fused")])
+                .unwrap()
+                .decode_layers_fused
+        );
+        assert!(parse(&[("CACHET_DECODE_LAYERS", "prefetch")]).is_err());
         assert!(parse(&[]).unwrap().fp8_fused_glu);
         assert!(
             !parse(&[("CACHET_FP8_GLU", "separate")])
