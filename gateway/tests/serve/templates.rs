@@ -38,7 +38,19 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
         key_hash("adm-other")
     );
     let dir_s = dir.to_str().unwrap().to_string();
-    let (server, base) = start_with(&config, &["--templates-dir", &dir_s]);
+    // A one-second budget: the default 50 ms is a production figure, and the first calls of a
+    // freshly uploaded template overran it on a 2-core machine busy compiling. Fuel enough for
+    // ~10 s of spinning, so that the looping template below is ended by the deadline (well
+    // inside its 5 s bound), not by its fuel.
+    let flags = [
+        "--templates-dir",
+        &dir_s,
+        "--template-deadline-ms",
+        "1000",
+        "--template-fuel",
+        "20000000000",
+    ];
+    let (server, base) = start_with(&config, &flags);
     let t = format!("{base}/v1/templates");
     // Upload: version 1, active at once.
     let (code, v) = http("PUT", &format!("{t}/support"), "adm-acme", Some(&support));
@@ -207,7 +219,7 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
     );
     // Templates survive a restart.
     drop(server);
-    let (_server, base) = start_with(&config, &["--templates-dir", &dir_s]);
+    let (_server, base) = start_with(&config, &flags);
     let (code, v) = http("GET", &format!("{base}/v1/templates"), "adm-acme", None);
     assert_eq!(code, 200);
     let names: Vec<_> = v["data"]
