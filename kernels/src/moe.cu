@@ -213,8 +213,26 @@ MOE_DOWN_KERNEL(moe_down_e4m3, true)
 
 #define MOE_BN 128
 #define MOE_BK 32
+#define MOE_BK8 64  // the FP8 × FP8 kernels' k step: 64 codes, the same 64 bytes a row as bf16's 32
 #define MOE_SK 40  // shared-memory row stride in bf16 (80 bytes: ldmatrix rows hit distinct banks)
 #define MOE_STAGES 3
+
+// D += A · B for one m16n8k32 tile with e4m3 inputs and f32 accumulators (sm_89+): A 16 × 32
+// row-major, B 32 × 8 column-major. A register holds four codes where the bf16 MMA's holds two
+// values, so ldmatrix's 8 × 8 b16 matrices (8 rows of 16 bytes) load the fragments unchanged:
+// lane l gets row l / 4, bytes 4·(l % 4) .. + 3 of each matrix, which is where m16n8k32 wants
+// A's and B's codes. The host takes this path only on sm_89+.
+__device__ __forceinline__ void mma_e4m3(float* c, const unsigned* a, const unsigned* b) {
+#if __CUDA_ARCH__ >= 890
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
+}
 
 // One block: count the pairs of each expert, lay the experts' runs out in whole tiles of `bm`
 // rows, scatter every pair into its expert's run.
@@ -249,17 +267,27 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int* __restrict
 // max(BM / 64, 1) × 4 of them (BM = 16: decode steps with a few pairs an expert, a quarter of
 // the tensor-core work and shared memory of 64-row tiles). MOE_STAGES k-steps in flight (cp.async), dynamic shared memory moe_gemm_smem_bytes.
 // Grid (max_tiles, ⌈N / MOE_BN⌉); tiles past num_tiles return.
-//   a : device, bf16 [rows, K];  w : device, bf16 or (F8) e4m3 codes [E·N, K];
-//   w_scale : device, f32 [E·N] (F8: W's row j is e4m3(codes[j]) · w_scale[j]; else unused);
+//   a : device, bf16 [rows, K] (MODE 2: e4m3 codes, a_scale f32 [rows]);  w : device, bf16 or e4m3 codes [E·N, K];
+//   w_scale : device, f32 [E·N] (e4m3: W's row j is e4m3(codes[j]) · w_scale[j]; else unused);
 //   out : device, bf16 [pairs, N]
-// K % MOE_BK == 0, N % 8 == 0 (checked by the host). F8: each k-step's codes are copied as they
-// are (half the bytes of bf16), widened to bf16 in shared memory by the block (exact), and the
-// row scales applied to the accumulators on the way out.
-template <int BM, bool F8>
-__device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void* __restrict__ wv,
-                                         const float* __restrict__ w_scale, const int* __restrict__ sorted,
-                                         const int* __restrict__ tile_expert, const int* __restrict__ num_tiles,
-                                         bf16* __restrict__ out, int N, int K, int a_div) {
+// K % MOE_BK == 0, N % 8 == 0 (checked by the host). MODE 0: bf16 weights. MODE 1 (e4m3
+// weights): each k-step's codes are copied as they are (half the bytes of bf16), widened to bf16
+// in shared memory by the block (exact), and the row scales applied to the accumulators on the
+// way out. MODE 2 (e4m3 weights and inputs: `a` holds e4m3 codes with a scale a row, a_scale,
+// as quantize_act_rows_e4m3 writes them; K % MOE_BK8 == 0, sm_89+): the codes of both go to
+// shared memory as they are, k-steps of MOE_BK8 codes (the same 64 bytes a row as bf16's k-step,
+// so the same layout, copies and ldmatrix addresses), multiplied by FP8 tensor-core MMAs
+// (mma_e4m3: twice the k of bf16's a instruction, nothing widened), both scales applied on the
+// way out.
+template <int BM, int MODE>
+__device__ __forceinline__ void moe_gemm(const void* __restrict__ av, const float* __restrict__ a_scale,
+                                         const void* __restrict__ wv, const float* __restrict__ w_scale,
+                                         const int* __restrict__ sorted, const int* __restrict__ tile_expert,
+                                         const int* __restrict__ num_tiles, bf16* __restrict__ out, int N, int K,
+                                         int a_div) {
+    constexpr bool F8 = MODE == 1, Q8 = MODE == 2;
+    constexpr int KSTEP = Q8 ? MOE_BK8 : MOE_BK;  // elements of a k-step (64 bytes a row of A)
+    const bf16* a = static_cast<const bf16*>(av);
     constexpr int WM = BM < 64 ? BM : 64;  // rows a warp covers
     constexpr int MI = WM / 16;            // its m16 tiles
     constexpr int THREADS = BM / WM * 4 * 32;
@@ -284,10 +312,25 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
             const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
             if (BM * 4 % THREADS != 0 && idx >= BM * 4) break;
             const int p = rows[r];
-            const bf16* src = a + (size_t)(p < 0 ? 0 : p / a_div) * K + k0 + ch * 8;
-            cp_async16(A + r * MOE_SK + ch * 8, src, p < 0 ? 0 : 16);
+            // Row p / a_div's 16-byte chunk ch of the k-step (eight bf16 or sixteen codes).
+            const size_t row = (size_t)(p < 0 ? 0 : p / a_div) * K + k0;
+            if constexpr (Q8)
+                cp_async16(A + r * MOE_SK + ch * 8, static_cast<const fp8*>(av) + row + ch * 16, p < 0 ? 0 : 16);
+            else
+                cp_async16(A + r * MOE_SK + ch * 8, a + row + ch * 8, p < 0 ? 0 : 16);
         }
-        if (F8) {
+        if (Q8) {
+            // The weights' codes straight into the stage, 64 bytes a row as bf16's.
+            const fp8* w = static_cast<const fp8*>(wv);
+            bf16* B = sb + stage * MOE_BN * MOE_SK;
+#pragma unroll
+            for (int c = 0; c < MOE_BN * 4 / THREADS; ++c) {
+                const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
+                const int n = n0 + r;
+                const fp8* src = w + ((size_t)e * N + (n < N ? n : 0)) * K + k0 + ch * 16;
+                cp_async16(B + r * MOE_SK + ch * 8, src, n < N ? 16 : 0);
+            }
+        } else if (F8) {
             const fp8* w = static_cast<const fp8*>(wv);
             unsigned char* Q = sq + stage * MOE_BN * MOE_BK;
 #pragma unroll
@@ -317,10 +360,10 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
-    const int steps = K / MOE_BK;
+    const int steps = K / KSTEP;
 #pragma unroll
     for (int s = 0; s < MOE_STAGES - 1; ++s) {
-        if (s < steps) load(s, s * MOE_BK);
+        if (s < steps) load(s, s * KSTEP);
         cp_async_commit();
     }
     for (int s = 0; s < steps; ++s) {
@@ -328,7 +371,7 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
         asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 2));
         __syncthreads();
         // Refill the stage every warp finished with (step s − 1's).
-        if (s + MOE_STAGES - 1 < steps) load((s + MOE_STAGES - 1) % MOE_STAGES, (s + MOE_STAGES - 1) * MOE_BK);
+        if (s + MOE_STAGES - 1 < steps) load((s + MOE_STAGES - 1) % MOE_STAGES, (s + MOE_STAGES - 1) * KSTEP);
         cp_async_commit();
         const bf16* A = sa + (s % MOE_STAGES) * BM * MOE_SK;
         const bf16* B = sb + (F8 ? 0 : (s % MOE_STAGES) * MOE_BN * MOE_SK);
@@ -343,6 +386,8 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
             }
             __syncthreads();
         }
+        // Two MMA k-steps of 32 bytes a row: 16 bf16 (m16n8k16) or 32 codes (m16n8k32); kk
+        // counts bf16-sized units of the shared rows either way.
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
             unsigned af[MI][4], bfr[4][2];
@@ -361,7 +406,12 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
 #pragma unroll
             for (int i = 0; i < MI; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], af[i], bfr[j]);
+                for (int j = 0; j < 4; ++j) {
+                    if constexpr (Q8)
+                        mma_e4m3(acc[i][j], af[i], bfr[j]);
+                    else
+                        mma_bf16(acc[i][j], af[i], bfr[j]);
+                }
         }
     }
     // C fragment: c0, c1 at (row lane / 4, columns 2·(lane % 4) + 0, 1), c2, c3 eight rows down.
@@ -369,7 +419,7 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int n = n0 + wn + j * 8 + 2 * (lane & 3);
-        const bool scaled = F8 && n < N;
+        const bool scaled = (F8 || Q8) && n < N;
         sc[j][0] = scaled ? w_scale[(size_t)e * N + n] : 1.f;
         sc[j][1] = scaled ? w_scale[(size_t)e * N + n + 1] : 1.f;
     }
@@ -379,30 +429,45 @@ __device__ __forceinline__ void moe_gemm(const bf16* __restrict__ a, const void*
         for (int half = 0; half < 2; ++half) {
             const int p = rows[wm + i * 16 + (lane >> 2) + half * 8];
             if (p < 0) continue;
+            const float as = Q8 ? a_scale[p / a_div] : 1.f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int n = n0 + wn + j * 8 + 2 * (lane & 3);
                 if (n < N)
                     *reinterpret_cast<unsigned*>(out + (size_t)p * N + n) =
-                        pack_bf16(acc[i][j][2 * half] * sc[j][0], acc[i][j][2 * half + 1] * sc[j][1]);
+                        pack_bf16(acc[i][j][2 * half] * sc[j][0] * as, acc[i][j][2 * half + 1] * sc[j][1] * as);
             }
         }
 }
 
-#define MOE_GEMM_KERNEL(name, BM, F8)                                                                 \
+#define MOE_GEMM_KERNEL(name, BM, MODE)                                                               \
     extern "C" __global__ void __launch_bounds__(BM < 64 ? 128 : BM / 64 * 128)                       \
         name(const bf16* __restrict__ a, const void* __restrict__ w, const float* __restrict__ w_scale, \
              const int* __restrict__ sorted, const int* __restrict__ tile_expert,                     \
              const int* __restrict__ num_tiles, bf16* __restrict__ out, int N, int K, int a_div) {     \
         wait_for_prior_kernels();                                                                     \
-        moe_gemm<BM, F8>(a, w, w_scale, sorted, tile_expert, num_tiles, out, N, K, a_div);            \
+        moe_gemm<BM, MODE>(a, nullptr, w, w_scale, sorted, tile_expert, num_tiles, out, N, K, a_div); \
     }
-MOE_GEMM_KERNEL(moe_gemm_bm16_bf16, 16, false)
-MOE_GEMM_KERNEL(moe_gemm_bm64_bf16, 64, false)
-MOE_GEMM_KERNEL(moe_gemm_bm128_bf16, 128, false)
-MOE_GEMM_KERNEL(moe_gemm_bm16_e4m3, 16, true)
-MOE_GEMM_KERNEL(moe_gemm_bm64_e4m3, 64, true)
-MOE_GEMM_KERNEL(moe_gemm_bm128_e4m3, 128, true)
+MOE_GEMM_KERNEL(moe_gemm_bm16_bf16, 16, 0)
+MOE_GEMM_KERNEL(moe_gemm_bm64_bf16, 64, 0)
+MOE_GEMM_KERNEL(moe_gemm_bm128_bf16, 128, 0)
+MOE_GEMM_KERNEL(moe_gemm_bm16_e4m3, 16, 1)
+MOE_GEMM_KERNEL(moe_gemm_bm64_e4m3, 64, 1)
+MOE_GEMM_KERNEL(moe_gemm_bm128_e4m3, 128, 1)
+
+// The FP8 × FP8 instantiations (MODE 2): `a` e4m3 codes [rows, K] with `a_scale` f32 [rows].
+#define MOE_GEMM_F8F8_KERNEL(name, BM)                                                                \
+    extern "C" __global__ void __launch_bounds__(BM < 64 ? 128 : BM / 64 * 128)                       \
+        name(const fp8* __restrict__ a, const float* __restrict__ a_scale, const void* __restrict__ w, \
+             const float* __restrict__ w_scale, const int* __restrict__ sorted,                       \
+             const int* __restrict__ tile_expert, const int* __restrict__ num_tiles,                  \
+             bf16* __restrict__ out, int N, int K, int a_div) {                                       \
+        wait_for_prior_kernels();                                                                     \
+        moe_gemm<BM, 2>(a, a_scale, w, w_scale, sorted, tile_expert, num_tiles, out, N, K, a_div);    \
+    }
+MOE_GEMM_F8F8_KERNEL(moe_gemm_bm16_f8f8, 16)
+MOE_GEMM_F8F8_KERNEL(moe_gemm_bm64_f8f8, 64)
+MOE_GEMM_F8F8_KERNEL(moe_gemm_bm128_f8f8, 128)
 
 // y[t, :] = Σ_s weights[t·k + s] · yp[t·k + s, :] in slot order (f32), into bf16: the weighted
 // sum of a token's expert outputs. Grid-stride over n · h.

@@ -325,7 +325,7 @@ gpu_test! {
     /// token by token: both paths (expert GEMVs below 8 rows, sorted grouped GEMMs from 8), 16-,
     /// 64- and 128-row tiles, normalised or not, bf16 and FP8 expert weights; bf16's grouped products
     /// through cuBLAS's grouped GEMM (the default) and moe.cu's kernel, FP8's through moe.cu's
-    /// FP8 kernel; both with a cuBLAS GEMM of its own for every expert (FP8: cuBLASLt's FP8 GEMM,
+    /// FP8 kernel (weights widened to bf16, or FP8 × FP8 on quantized inputs); both with a cuBLAS GEMM of its own for every expert (FP8: cuBLASLt's FP8 GEMM,
     /// or dequantized for cuBLAS). A token is compared
     /// wherever its router's k-th and next probability are not within 1e-4 (f32 logits on both:
     /// only such ties may route differently).
@@ -358,6 +358,10 @@ gpu_test! {
         // multiplied by cuBLASLt's FP8 GEMM.
         let own_dequant = cachet_backend::device::cuda::CudaOptions { moe_gemm_own_tiles: 1, moe_fp8_cublaslt: false, ..Default::default() };
         let cuda_own_dequant = CudaDevice::new(0, 16, own_dequant).unwrap();
+        // FP8 experts on moe.cu's FP8 × FP8 kernel (CACHET_MOE_FP8_MMA=fp8: inputs quantized
+        // per row, e4m3 MMAs), 16-row tiles as the default gives FP8 experts.
+        let f8f8 = cachet_backend::device::cuda::CudaOptions { moe_fp8_mma: true, ..Default::default() };
+        let cuda_f8f8 = CudaDevice::new(0, 16, f8f8).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(5);
         for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (16, 3, 128, 64, false), (128, 8, 256, 64, true)] {
@@ -441,6 +445,11 @@ gpu_test! {
                     // logits to 6e-2): up to ~6% a token seen on the H200 for one product pair.
                     const BAR_QUANTIZED_INPUTS: f64 = 1.2e-1;
                     check(&got, "", BAR);
+                    if fp8 && n >= from {
+                        let (got, ops) = layer_on(&cuda_f8f8, &x);
+                        assert!(ops.iter().any(|op| op == "↳ moe: FP8 × FP8 grouped GEMMs (ours)"), "{n} rows: the ops were {ops:?}");
+                        check(&got, ", moe.cu's FP8 × FP8 kernel", BAR_QUANTIZED_INPUTS);
+                    }
                     if !fp8 && n >= from {
                         let (got, ops) = layer_on(&cuda_ours, &x);
                         assert!(ops.iter().any(|op| op == "moe grouped gemm"), "{n} rows: the ops were {ops:?}");

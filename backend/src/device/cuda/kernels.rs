@@ -70,6 +70,8 @@ pub const MOE_THREADS: u32 = 256;
 pub const MOE_BMS: [usize; 3] = [16, 64, 128];
 pub const MOE_BN: usize = 128;
 pub const MOE_BK: usize = 32;
+/// The FP8 × FP8 grouped GEMM's k step (MOE_BK8): 64 codes, the same 64 bytes a row.
+pub const MOE_BK8: usize = 64;
 
 /// Threads of a grouped-GEMM block of `bm` rows: four warps per 64 rows (16-row tiles: four
 /// warps, each over the tile's rows).
@@ -213,6 +215,9 @@ pub struct Kernels {
     pub moe_sort: CudaFunction,
     /// The grouped GEMM, `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
     pub moe_gemm: [[CudaFunction; 3]; 2],
+    /// The grouped GEMM of e4m3 inputs and e4m3 weights on FP8 tensor cores (sm_89+), by tile
+    /// rows.
+    pub moe_gemm_f8f8: [CudaFunction; 3],
     pub moe_combine: CudaFunction,
     /// The persistent decode kernel (decode_layers.cu) by weight format (bf16, e4m3), then
     /// head_dim (64, 128); `None` where its shared memory cannot be had (GPUs with less than
@@ -353,6 +358,11 @@ impl Kernels {
                     f("moe_gemm_bm128_e4m3")?,
                 ],
             ],
+            moe_gemm_f8f8: [
+                f("moe_gemm_bm16_f8f8")?,
+                f("moe_gemm_bm64_f8f8")?,
+                f("moe_gemm_bm128_f8f8")?,
+            ],
             moe_combine: f("moe_combine_bf16")?,
             decode_layers: Some([
                 [f("decode_layers_bf16_d64")?, f("decode_layers_bf16_d128")?],
@@ -399,6 +409,10 @@ impl Kernels {
             for (func, bm) in funcs.iter().zip(MOE_BMS) {
                 smem(func, moe_gemm_smem_bytes(bm, fp8))?;
             }
+        }
+        // The FP8 × FP8 kernel's stages are bf16's, byte for byte.
+        for (func, bm) in k.moe_gemm_f8f8.iter().zip(MOE_BMS) {
+            smem(func, moe_gemm_smem_bytes(bm, false))?;
         }
         let norm_gemvs = k.gemv_norm.iter().flatten();
         for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {

@@ -10,7 +10,7 @@ use cudarc::driver::{
 
 use super::kernels::{
     mma_threads, ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX,
-    GEMV_THREADS, MOE_BK, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
+    GEMV_THREADS, MOE_BK, MOE_BK8, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
 };
 use super::programmatic::{self, Pdl};
 use super::tensor::WeightRef;
@@ -38,6 +38,16 @@ fn fp8_scale_config(n: usize, cols: usize) -> LaunchConfig {
 }
 
 /// The pairs of a step sorted by expert into tiles of `bm` rows (moe_sort's outputs).
+/// A grouped GEMM's input rows: bf16, or e4m3 codes with a scale a row (the FP8 × FP8 kernel).
+#[derive(Clone, Copy)]
+pub(super) enum MoeInput<'a> {
+    Bf16(&'a CudaSlice<u16>),
+    E4m3 {
+        codes: &'a CudaSlice<u8>,
+        scales: &'a CudaSlice<f32>,
+    },
+}
+
 pub(super) struct MoeGroups {
     pub bm: usize,
     pub sorted: CudaSlice<i32>,
@@ -972,23 +982,33 @@ impl CudaDevice {
 
     /// `moe_gemm_bm{16,64,128}_{bf16,e4m3}(bf16 a[rows, K], bf16 or e4m3 w[E·N, K], f32
     /// w_scale[E·N] or null, i32 sorted[cap], i32 tile_expert[..], i32 num_tiles[1], bf16
-    /// out[pairs, N], int N, int K, int a_div)`: grid (cap / bm, ⌈N / MOE_BN⌉) for the groups'
-    /// tile rows bm; pair p reads row p / a_div of `a`.
+    /// out[pairs, N], int N, int K, int a_div)`, or with e4m3 input rows
+    /// `moe_gemm_bm{16,64,128}_f8f8(e4m3 a[rows, K], f32 a_scale[rows], e4m3 w[E·N, K], f32
+    /// w_scale[E·N], …)` (e4m3 weights only, K a multiple of MOE_BK8): grid (cap / bm, ⌈N /
+    /// MOE_BN⌉) for the groups' tile rows bm; pair p reads row p / a_div of `a`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_moe_gemm(
         &self,
-        a: &CudaSlice<u16>,
+        a: MoeInput<'_>,
         w: WeightRef<'_>,
         groups: &MoeGroups,
         out: &mut CudaSlice<u16>,
         (pairs, e, n, k, a_div): (usize, usize, usize, usize, usize),
     ) -> Result<(), DeviceError> {
-        if !k.is_multiple_of(MOE_BK) || !n.is_multiple_of(8) || a_div == 0 {
-            return Err(DeviceError::Op {
-                device: super::DEV,
-                op: "moe_gemm",
-                msg: format!("K {k} must be a multiple of {MOE_BK} and N {n} of 8"),
-            });
+        let f8f8 = matches!(a, MoeInput::E4m3 { .. });
+        let k_step = if f8f8 { MOE_BK8 } else { MOE_BK };
+        let refuse = |msg: String| DeviceError::Op {
+            device: super::DEV,
+            op: "moe_gemm",
+            msg,
+        };
+        if !k.is_multiple_of(k_step) || !n.is_multiple_of(8) || a_div == 0 {
+            return Err(refuse(format!(
+                "K {k} must be a multiple of {k_step} and N {n} of 8"
+            )));
+        }
+        if f8f8 && !matches!(w, WeightRef::E4m3 { .. }) {
+            return Err(refuse("e4m3 input rows need e4m3 weights".into()));
         }
         let bm = groups.bm;
         let Some(v) = MOE_BMS.iter().position(|&b| b == bm) else {
@@ -999,13 +1019,25 @@ impl CudaDevice {
             WeightRef::Bf16(b) => b.len() >= e * n * k,
             WeightRef::E4m3 { codes, scales } => codes.len() >= e * n * k && scales.len() >= e * n,
         };
-        if a.len() < pairs.div_ceil(a_div) * k || !weights_fit || out.len() < pairs * n {
+        let a_rows = pairs.div_ceil(a_div);
+        let input_fits = match a {
+            MoeInput::Bf16(x) => x.len() >= a_rows * k,
+            MoeInput::E4m3 { codes, scales } => codes.len() >= a_rows * k && scales.len() >= a_rows,
+        };
+        if !input_fits || !weights_fit || out.len() < pairs * n {
             return Err(short_buffers("moe_gemm", pairs, n));
         }
         let (ni, ki, di) = (n as i32, k as i32, a_div as i32);
-        let mut l = self.stream.launch_builder(&self.k.moe_gemm[w.format()][v]);
+        let func = match f8f8 {
+            true => &self.k.moe_gemm_f8f8[v],
+            false => &self.k.moe_gemm[w.format()][v],
+        };
+        let mut l = self.stream.launch_builder(func);
         let null = 0u64;
-        l.arg(a);
+        match a {
+            MoeInput::Bf16(x) => l.arg(x),
+            MoeInput::E4m3 { codes, scales } => l.arg(codes).arg(scales),
+        };
         match w {
             WeightRef::Bf16(b) => l.arg(b).arg(&null),
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
@@ -1020,14 +1052,17 @@ impl CudaDevice {
         let cfg = LaunchConfig {
             grid_dim: (max_tiles as u32, n.div_ceil(MOE_BN) as u32, 1),
             block_dim: (super::kernels::moe_gemm_threads(bm), 1, 1),
+            // The FP8 × FP8 kernel's stages are bf16's (64 bytes a row), no widened tile.
             shared_mem_bytes: super::kernels::moe_gemm_smem_bytes(
                 bm,
-                matches!(w, WeightRef::E4m3 { .. }),
+                matches!(w, WeightRef::E4m3 { .. }) && !f8f8,
             ),
         };
         // SAFETY: K a multiple of the k step and N of 8 (whole 16-byte loads and 4-byte stores
-        // of whole allocations), buffer sizes checked above; the sort wrote every tile's expert
-        // (< E) and pairs (< pairs, or −1 skipped) for the tiles below num_tiles ≤ max_tiles.
+        // of whole allocations), buffer sizes checked above (an input's scales one a row); the
+        // FP8 × FP8 kernel is only loaded by a device that checked sm_89+ before taking this
+        // path (CudaDevice::new); the sort wrote every tile's expert (< E) and pairs (< pairs,
+        // or −1 skipped) for the tiles below num_tiles ≤ max_tiles.
         unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_gemm"))?;
         Ok(())
     }

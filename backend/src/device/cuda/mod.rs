@@ -175,6 +175,15 @@ impl CudaDevice {
             .compute_capability()
             .map_err(op_err("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
+        if options.moe_fp8_mma && (major, minor) < (8, 9) {
+            return Err(DeviceError::Op {
+                device: DEV,
+                op: "CACHET_MOE_FP8_MMA",
+                msg: format!(
+                    "`fp8` needs FP8 tensor cores (sm_89 or later); this GPU is {arch}: unset it"
+                ),
+            });
+        }
         let sms = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -674,6 +683,50 @@ impl Device for CudaDevice {
             }
             Some((gu, dw)) => {
                 let pairs = n * k;
+                // FP8 experts on the FP8 tensor cores (CACHET_MOE_FP8_MMA=fp8): each product's
+                // input rows quantized to e4m3 per row first; widths the kernel's 64-code k step
+                // does not divide widen as before.
+                let f8f8 = fp8
+                    && self.options.moe_fp8_mma
+                    && h.is_multiple_of(kernels::MOE_BK8)
+                    && i.is_multiple_of(kernels::MOE_BK8);
+                // A product over `rows` input rows of `cols`: its input as it is, or quantized.
+                let product = |input: &CudaSlice<u16>,
+                               rows: usize,
+                               cols: usize,
+                               w: WeightRef<'_>,
+                               groups: &launch::MoeGroups,
+                               out: &mut CudaSlice<u16>,
+                               (n_out, a_div): (usize, usize)| {
+                    if !f8f8 {
+                        return self.timed("↳ moe: grouped GEMMs (ours)", || {
+                            self.launch_moe_gemm(
+                                launch::MoeInput::Bf16(input),
+                                w,
+                                groups,
+                                out,
+                                (pairs, e, n_out, cols, a_div),
+                            )
+                        });
+                    }
+                    self.timed("↳ moe: FP8 × FP8 grouped GEMMs (ours)", || {
+                        let mut codes = self.alloc_out::<u8>(rows * cols, "moe FP8 activations")?;
+                        let mut scales = self.alloc_f32(rows, "moe FP8 activation scales")?;
+                        let exact = self.options.fp8_exact_activations;
+                        self.launch_quantize_rows_e4m3(
+                            exact,
+                            input,
+                            &mut codes,
+                            &mut scales,
+                            (rows, cols),
+                        )?;
+                        let a = launch::MoeInput::E4m3 {
+                            codes: &codes,
+                            scales: &scales,
+                        };
+                        self.launch_moe_gemm(a, w, groups, out, (pairs, e, n_out, cols, a_div))
+                    })
+                };
                 self.timed("moe grouped gemm", || {
                     // Tiles of 128 rows where the experts average that many pairs (prefill), 16
                     // where they average 16 or fewer (decode; FP8 experts unless
@@ -694,16 +747,12 @@ impl Device for CudaDevice {
                     };
                     self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
                     let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
-                    self.timed("↳ moe: grouped GEMMs (ours)", || {
-                        self.launch_moe_gemm(xs, gu, &groups, &mut gate_up, (pairs, e, 2 * i, h, k))
-                    })?;
+                    product(xs, n, h, gu, &groups, &mut gate_up, (2 * i, k))?;
                     let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
                     self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
                     drop(gate_up);
                     let mut down = self.alloc_bf16(pairs * h, "moe down")?;
-                    self.timed("↳ moe: grouped GEMMs (ours)", || {
-                        self.launch_moe_gemm(&act, dw, &groups, &mut down, (pairs, e, h, i, 1))
-                    })?;
+                    product(&act, pairs, i, dw, &groups, &mut down, (h, 1))?;
                     self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
                 })?;
             }

@@ -206,6 +206,13 @@ pub struct CudaOptions {
     /// fewer (decode steps), rather than 64 (`CACHET_MOE_SMALL_TILES=fp8|all|off`): see
     /// [`MoeSmallTiles`].
     pub moe_small_tiles: MoeSmallTiles,
+    /// FP8 experts on moe.cu's grouped kernel multiply e4m3 codes by e4m3 codes on the FP8
+    /// tensor cores (`moe_gemm_*_f8f8`: each product's input rows quantized per row first, as
+    /// for cuBLASLt's FP8 GEMMs) rather than widening the weights' codes to bf16 in shared
+    /// memory for bf16 MMAs (`CACHET_MOE_FP8_MMA=widen|fp8`; sm_89+). Off until measured on the
+    /// H200: it would take Qwen3-30B-A3B's FP8 prefill, the one place FP8 experts lose to bf16
+    /// (BENCHMARKS.md §13c), off bf16 MMAs at half the FP8 rate.
+    pub moe_fp8_mma: bool,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -289,6 +296,7 @@ impl Default for CudaOptions {
             moe_gemm_own_tiles: MOE_OWN_GEMM_DEFAULT_TILES,
             moe_fp8_cublaslt: true,
             moe_small_tiles: MoeSmallTiles::Fp8,
+            moe_fp8_mma: false,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -440,6 +448,7 @@ impl CudaOptions {
                 ))
             }
         };
+        o.moe_fp8_mma = switch("CACHET_MOE_FP8_MMA", "widen", "fp8")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -606,6 +615,9 @@ mod tests {
             MoeSmallTiles::All
         );
         assert!(parse(&[("CACHET_MOE_SMALL_TILES", "on")]).is_err());
+        assert!(!parse(&[]).unwrap().moe_fp8_mma);
+        assert!(parse(&[("CACHET_MOE_FP8_MMA", "fp8")]).unwrap().moe_fp8_mma);
+        assert!(parse(&[("CACHET_MOE_FP8_MMA", "on")]).is_err());
         assert!(
             !parse(&[("CACHET_MOE_FP8", "dequant")])
                 .unwrap()
