@@ -319,18 +319,7 @@ __device__ __forceinline__ void moe_gemm(const void* __restrict__ av, const floa
             else
                 cp_async16(A + r * MOE_SK + ch * 8, a + row + ch * 8, p < 0 ? 0 : 16);
         }
-        if (Q8) {
-            // The weights' codes straight into the stage, 64 bytes a row as bf16's.
-            const fp8* w = static_cast<const fp8*>(wv);
-            bf16* B = sb + stage * MOE_BN * MOE_SK;
-#pragma unroll
-            for (int c = 0; c < MOE_BN * 4 / THREADS; ++c) {
-                const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
-                const int n = n0 + r;
-                const fp8* src = w + ((size_t)e * N + (n < N ? n : 0)) * K + k0 + ch * 16;
-                cp_async16(B + r * MOE_SK + ch * 8, src, n < N ? 16 : 0);
-            }
-        } else if (F8) {
+        if (F8) {
             const fp8* w = static_cast<const fp8*>(wv);
             unsigned char* Q = sq + stage * MOE_BN * MOE_BK;
 #pragma unroll
@@ -341,14 +330,17 @@ __device__ __forceinline__ void moe_gemm(const void* __restrict__ av, const floa
                 cp_async16(Q + r * MOE_BK + ch * 16, src, n < N ? 16 : 0);
             }
         } else {
-            const bf16* w = static_cast<const bf16*>(wv);
+            // bf16 weights, or (Q8) the weights' codes straight into the stage: 64 bytes a row
+            // either way.
             bf16* B = sb + stage * MOE_BN * MOE_SK;
 #pragma unroll
             for (int c = 0; c < MOE_BN * 4 / THREADS; ++c) {
                 const int idx = tid + c * THREADS, r = idx >> 2, ch = idx & 3;
-                const int n = n0 + r;
-                const bf16* src = w + ((size_t)e * N + (n < N ? n : 0)) * K + k0 + ch * 8;
-                cp_async16(B + r * MOE_SK + ch * 8, src, n < N ? 16 : 0);
+                const size_t row = ((size_t)e * N + (n0 + r < N ? n0 + r : 0)) * K + k0;
+                if constexpr (Q8)
+                    cp_async16(B + r * MOE_SK + ch * 8, static_cast<const fp8*>(wv) + row + ch * 16, n0 + r < N ? 16 : 0);
+                else
+                    cp_async16(B + r * MOE_SK + ch * 8, static_cast<const bf16*>(wv) + row + ch * 8, n0 + r < N ? 16 : 0);
             }
         }
     };
