@@ -248,21 +248,26 @@ __device__ __forceinline__ void gemv_plain(const void* __restrict__ w, const flo
     }
 }
 
-// y[r, j] = rms_norm(residual[r] (+ delta'[r])) · W[j, :]; see norm_prologue.
+// y[r, j] = rms_norm(residual[r] (+ delta'[r])) · W[j, :]; see norm_prologue. Where xs_out is
+// given, block 0 also writes the normalised rows there, for a consumer after this launch (a MoE
+// layer's experts read the rows its router's GEMV normalised).
 //   residual : device, f32 [rows, k]; delta : device, bf16 [rows, k] or null;
 //   delta_w : device, bf16 [k] or null; residual_out : device, f32 [rows, k] or null;
 //   norm_w : device, bf16 [k]; w : device, bf16 or e4m3 [n, k]; w_scale : device, f32 [n]
-//   (e4m3) or null; y : device, bf16 [rows, n]
-template <int R, bool F8>
+//   (e4m3) or null; y : device, bf16 or f32 (Out) [rows, n]; xs_out : device, bf16 [rows, k]
+//   or null
+template <int R, bool F8, typename Out>
 __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, const bf16* __restrict__ delta,
                                           const bf16* __restrict__ delta_w, float* __restrict__ residual_out,
                                           const bf16* __restrict__ norm_w, const void* __restrict__ w,
-                                          const float* __restrict__ w_scale, bf16* __restrict__ y, int n, int k,
-                                          int rows, float eps) {
+                                          const float* __restrict__ w_scale, Out* __restrict__ y, int n, int k,
+                                          int rows, float eps, bf16* __restrict__ xs_out) {
     extern __shared__ uint4 gemv_xs[];
     prefetch_first(w, n, k * (F8 ? 1 : 2));
     norm_prologue<R>(residual, delta, delta_w, residual_out, norm_w, reinterpret_cast<bf16*>(gemv_xs), k, rows,
                      eps);
+    if (xs_out != nullptr && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < rows * (k >> 3); i += blockDim.x) reinterpret_cast<uint4*>(xs_out)[i] = gemv_xs[i];
     const int warps = gridDim.x * (blockDim.x >> 5);
     for (int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
         float acc[R];
@@ -273,7 +278,7 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ residual, co
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float s = warp_sum(acc[r]) * sc;
-            if ((threadIdx.x & 31) == 0 && r < rows) y[(size_t)r * n + j] = f2bf(s);
+            if ((threadIdx.x & 31) == 0 && r < rows) store_out(y, (size_t)r * n + j, s);
         }
     }
 }
@@ -323,8 +328,21 @@ __device__ __forceinline__ void gemv_norm_glu(const float* __restrict__ residual
              const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
              const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
              bf16* __restrict__ y, int n, int k, int rows, float eps) {                               \
-        wait_for_prior_kernels();                                                                         \
-        gemv_norm<R, F8>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps); \
+        wait_for_prior_kernels();                                                                     \
+        gemv_norm<R, F8, bf16>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, eps, \
+                               nullptr);                                                              \
+    }
+// The same with f32 products and the normalised rows written out (a MoE router's logits over the
+// layer's normalised input, which its experts then read from xs_out).
+#define GEMV_NORM_F32OUT_KERNEL(name, R)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
+        name(const float* __restrict__ residual, const bf16* __restrict__ delta,                      \
+             const bf16* __restrict__ delta_w, float* __restrict__ residual_out,                      \
+             const bf16* __restrict__ norm_w, const void* __restrict__ w, const float* __restrict__ w_scale, \
+             float* __restrict__ y, int n, int k, int rows, float eps, bf16* __restrict__ xs_out) {    \
+        wait_for_prior_kernels();                                                                     \
+        gemv_norm<R, false, float>(residual, delta, delta_w, residual_out, norm_w, w, w_scale, y, n, k, rows, \
+                                   eps, xs_out);                                                      \
     }
 #define GEMV_GLU_KERNEL(name, R, F8, ACT)                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
@@ -346,6 +364,9 @@ GEMV_PLAIN_KERNEL_OUT(gemv_f32out_bf16_r4, 4, false, float)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r1, 1, false)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r2, 2, false)
 GEMV_NORM_KERNEL(gemv_norm_bf16_r4, 4, false)
+GEMV_NORM_F32OUT_KERNEL(gemv_norm_f32out_bf16_r1, 1)
+GEMV_NORM_F32OUT_KERNEL(gemv_norm_f32out_bf16_r2, 2)
+GEMV_NORM_F32OUT_KERNEL(gemv_norm_f32out_bf16_r4, 4)
 GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r1, 1, false, silu)
 GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r2, 2, false, silu)
 GEMV_GLU_KERNEL(gemv_norm_swiglu_bf16_r4, 4, false, silu)

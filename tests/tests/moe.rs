@@ -475,3 +475,55 @@ gpu_test! {
         }
     }
 }
+
+gpu_test! {
+    /// The MoE layer's norm in its router's GEMV (`CACHET_MOE_NORM=fused`) gives what the
+    /// norm's launch and the layer's launches give, bit for bit — the new residual and the
+    /// layer's output — for the rows the router's GEMV takes (1 and 2 by default), with bf16 and
+    /// FP8 experts, and the profile shows the one launch ran; from 3 rows it runs the norm
+    /// first as before.
+    fn the_moe_norm_in_the_routers_gemv_gives_the_separate_launches_results() {
+        use cachet_backend::config::Activation;
+        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
+        use cachet_backend::device::{Delta, MoeParams, MoeWeights};
+        let separate = CudaDevice::new(0, 16, Default::default()).unwrap();
+        let fused = CudaDevice::new(0, 16, CudaOptions { moe_norm_fused: true, ..Default::default() }).unwrap();
+        let mut rng = cachet_backend::rng::Rng::new(11);
+        for (e, k, h, i, norm) in [(8, 2, 256, 128, true), (128, 8, 512, 64, true), (16, 3, 128, 64, false)] {
+            let router = bf16_exact(&mut rng, e, h, (h as f64).powf(-0.5));
+            let gate_up = bf16_exact(&mut rng, e * 2 * i, h, (h as f64).powf(-0.5));
+            let down = bf16_exact(&mut rng, e * h, i, (i as f64).powf(-0.5));
+            let mut norm_w = bf16_exact(&mut rng, 1, h, 0.1);
+            norm_w.data.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v + 1.0).to_f32());
+            let p = MoeParams { num_experts: e, top_k: k, inter: i, norm_topk_prob: norm, act: Activation::Silu };
+            for fp8 in [false, true] {
+                for n in [1, 2, 3] {
+                    let residual = bf16_exact(&mut rng, n, h, 1.0);
+                    let delta = bf16_exact(&mut rng, n, h, 0.5);
+                    // The layer on one device: its output, the new residual, the operations.
+                    let layer_on = |dev: &CudaDevice| {
+                        let (r, gu, dn) = (dev.upload(&router).unwrap(), dev.upload(&gate_up).unwrap(), dev.upload(&down).unwrap());
+                        let (gu, dn) = if fp8 { (dev.quantize_fp8(gu).unwrap(), dev.quantize_fp8(dn).unwrap()) } else { (gu, dn) };
+                        let (nw, d) = (dev.upload(&norm_w).unwrap(), dev.upload(&delta).unwrap());
+                        let mut res = dev.upload_table(&residual).unwrap();
+                        dev.set_profiling(true);
+                        let w = MoeWeights { router: &r, gate_up: &gu, down: &dn };
+                        let y = dev.norm_moe(&mut res, Some(Delta { x: &d, norm: None }), &nw, 1e-6, w, &p).unwrap();
+                        let got = (dev.to_host(&y).unwrap(), dev.to_host(&res).unwrap());
+                        let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
+                        dev.set_profiling(false);
+                        (got, ops)
+                    };
+                    let (want, ops) = layer_on(&separate);
+                    assert!(!ops.iter().any(|op| op == "moe norm + router"), "{ops:?}");
+                    let (got, ops) = layer_on(&fused);
+                    let what = format!("E {e}, k {k}, h {h}, inter {i}, FP8 {fp8}, {n} rows");
+                    assert_eq!(ops.iter().any(|op| op == "moe norm + router"), n <= 2, "{what}: the ops were {ops:?}");
+                    assert_eq!(got.1, want.1, "{what}: the new residual");
+                    assert_eq!(got.0, want.0, "{what}: the layer's output");
+                    assert!(want.0.iter().any(|&v| v != 0.0), "{what}: an all-zero output proves nothing");
+                }
+            }
+        }
+    }
+}

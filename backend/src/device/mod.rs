@@ -555,6 +555,21 @@ pub trait Device: Send {
         p: &MoeParams,
     ) -> Result<Self::Tensor, DeviceError>;
 
+    /// [`Device::norm`], then [`Device::moe`] over the normalised rows; the norm fused into the
+    /// router's pass where the device has one (decode steps).
+    fn norm_moe(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: Option<Delta<'_, Self::Tensor>>,
+        norm: &Self::Tensor,
+        eps: f32,
+        w: MoeWeights<'_, Self::Tensor>,
+        p: &MoeParams,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let x = self.norm(residual, delta, norm, eps)?;
+        self.moe(&x, w, p)
+    }
+
     /// Uploads a table that must keep f32 precision (RoPE cos/sin).
     fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {
         self.upload(t)

@@ -18,6 +18,13 @@ pub struct MoeWeights<'a, T> {
     pub down: &'a T,
 }
 
+impl<T> Clone for MoeWeights<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for MoeWeights<'_, T> {}
+
 /// The routing of one layer: how many experts, how many each token takes, their width (on
 /// this tensor-parallel rank: its share of every expert's columns) and whether the chosen
 /// probabilities are renormalised.

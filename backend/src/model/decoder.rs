@@ -513,7 +513,6 @@ impl<D: Device> Decoder<D> {
             });
             let mut down = match (&layer.router, &self.config.moe) {
                 (Some(router), Some(m)) => {
-                    let x = dev.norm(&mut residual, delta, &layer.mlp_norm, eps)?;
                     let p = MoeParams {
                         num_experts: m.num_experts,
                         top_k: m.top_k,
@@ -528,7 +527,7 @@ impl<D: Device> Decoder<D> {
                         gate_up: &layer.gate_up,
                         down: &layer.down,
                     };
-                    dev.moe(&x, w, &p)?
+                    dev.norm_moe(&mut residual, delta, &layer.mlp_norm, eps, w, &p)?
                 }
                 _ => {
                     let act = dev.norm_glu(

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# FP8 experts on moe.cu's FP8 × FP8 grouped kernel (CACHET_MOE_FP8_MMA=fp8: input rows quantized
+# Two prepared MoE switches, each against its default, one binary, the switch per process.
+# (1) FP8 experts on moe.cu's FP8 × FP8 grouped kernel (CACHET_MOE_FP8_MMA=fp8: input rows quantized
 # per row, e4m3 MMAs) against the default (weights' codes widened to bf16 for bf16 MMAs), one
 # binary, the switch per process, alternated twice. First the CUDA MoE test, which runs the new
 # path against the CPU reference (E 8 / 16 / 128, 64–1,600 rows: 16-, 64- and 128-row tiles).
 # Then `bench forward`: Qwen3-30B-A3B's FP8 prefill (the one place FP8 experts lost to bf16,
 # §13c) and batched decode in graphs (the grouped kernel from 24 rows), bf16 experts beside it;
 # Mixtral-8x7B's FP8 batched decode (its prefill takes cuBLASLt an expert either way).
+# (2) A MoE layer's norm in its router's GEMV (CACHET_MOE_NORM=fused: one launch fewer a layer
+# where the router is a GEMV, batch 1–2): batch-1 decode of Qwen3-30B-A3B (bf16 and FP8 experts)
+# and of its thin twin (the layer structure alone, §13b), alternated twice.
 # Carry .carry/{cachet,moe-tests}.xz; run from the repo root:  OUT=... [PARTS=...] bash <this file>
-# PARTS (default "test qwen"; then "mixtral profile" in a second call: ~10 min a call).
+# PARTS (default "test qwen"; then "norm mixtral" in a second call: ~9 min a call; "profile" last).
 source scripts/gpu_common.sh
 t0=$(date +%s)
 parts=" ${PARTS:-test qwen} "
-[[ $parts == *" test "* ]] && { timeout 240 /tmp/moe-tests --ignored --exact --nocapture --test-threads=1 \
-  moe_layers_on_cuda_match_the_cpu_reference_on_every_path > "$out/moe-test.txt" 2>&1
+[[ $parts == *" test "* ]] && { timeout 300 /tmp/moe-tests --ignored --nocapture --test-threads=1 \
+  moe_layers_on_cuda_match_the_cpu_reference_on_every_path \
+  the_moe_norm_in_the_routers_gemv_gives_the_separate_launches_results > "$out/moe-test.txt" 2>&1
 echo "moe test: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$out/moe-test.txt")"
 grep -E "panicked|FP8 × FP8" "$out/moe-test.txt" | head -30; }
-b() {  # tag, CACHET_MOE_FP8_MMA value, model, bench flags
+b() {  # tag, CACHET_MOE_FP8_MMA value, model, bench flags (CACHET_MOE_NORM from the caller)
   local tag=$1 mode=$2 model=$3; shift 3
   CACHET_MOE_FP8_MMA=$mode timeout 200 /tmp/cachet bench forward --model examples/configs/$model.json \
     --load-format dummy --device cuda --decode-context 2048 --cached-prefix none --sampling-batches 1 \
@@ -29,6 +34,14 @@ q=(--quantization fp8 --decode-contexts 2048 --decode-batches 64,256 --graph-bat
   b qwen-fp8-mma-r$r fp8 qwen3-30b-a3b "${q[@]}"
 done
 [[ $parts == *" qwen "* ]] && b qwen-bf16 widen qwen3-30b-a3b --decode-contexts 2048 --decode-batches 64,256 --graph-batches 64,256 --prefill 512,4096
+one=(--decode-contexts 512,4096 --decode-batches 1 --graph-batches 1 --prefill 256)
+[[ $parts == *" norm "* ]] && for r in 1 2; do
+  for norm in separate fused; do
+    CACHET_MOE_NORM=$norm b qwen-thin-b1-norm-$norm-r$r widen qwen3-30b-a3b-thin "${one[@]}"
+    CACHET_MOE_NORM=$norm b qwen-b1-norm-$norm-r$r widen qwen3-30b-a3b "${one[@]}"
+    [ $r = 1 ] && CACHET_MOE_NORM=$norm b qwen-fp8-b1-norm-$norm widen qwen3-30b-a3b --quantization fp8 "${one[@]}"
+  done
+done
 m=(--quantization fp8 --decode-contexts 2048 --decode-batches 32,64 --graph-batches 32,64 --prefill 256)
 [[ $parts == *" mixtral "* ]] && for r in 1 2; do
   b mixtral-fp8-widen-r$r widen mixtral-8x7b "${m[@]}"

@@ -169,7 +169,7 @@ impl CudaDevice {
                 res_out.as_mut(),
                 norm.bf16("gemv")?,
                 w.weight("gemv")?,
-                &mut out,
+                super::launch::NormGemvOut::Bf16(&mut out),
                 (rows, k, n),
                 eps,
             )?;

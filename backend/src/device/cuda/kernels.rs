@@ -185,6 +185,9 @@ pub struct Kernels {
     /// gemv.cu's bf16-weight GEMV into f32 (a MoE router's logits), one per entry of GEMV_ROWS.
     pub gemv_f32out: [CudaFunction; 3],
     pub gemv_norm: [[CudaFunction; 3]; 2],
+    /// The norm + GEMV into f32 that also writes the normalised rows out (a MoE router over the
+    /// layer's input, bf16 weights), one per entry of GEMV_ROWS.
+    pub gemv_norm_f32out: [CudaFunction; 3],
     /// The gated MLP variants by weight format, then [`crate::config::Activation`]: SwiGLU,
     /// then GeGLU.
     pub gemv_norm_glu: [[[CudaFunction; 3]; 2]; 2],
@@ -312,6 +315,7 @@ impl Kernels {
             logprobs: f("logprobs_f32")?,
             gemv: [gemv_set(&f, "gemv", "bf16")?, gemv_set(&f, "gemv", "e4m3")?],
             gemv_f32out: gemv_set(&f, "gemv_f32out", "bf16")?,
+            gemv_norm_f32out: gemv_set(&f, "gemv_norm_f32out", "bf16")?,
             gemv_norm: [
                 gemv_set(&f, "gemv_norm", "bf16")?,
                 gemv_set(&f, "gemv_norm", "e4m3")?,
@@ -414,7 +418,7 @@ impl Kernels {
         for (func, bm) in k.moe_gemm_f8f8.iter().zip(MOE_BMS) {
             smem(func, moe_gemm_smem_bytes(bm, false))?;
         }
-        let norm_gemvs = k.gemv_norm.iter().flatten();
+        let norm_gemvs = k.gemv_norm.iter().flatten().chain(&k.gemv_norm_f32out);
         for func in norm_gemvs.chain(k.gemv_norm_glu.iter().flatten().flatten()) {
             smem(func, GEMV_SMEM_MAX as u32)?;
         }

@@ -38,6 +38,16 @@ fn fp8_scale_config(n: usize, cols: usize) -> LaunchConfig {
 }
 
 /// The pairs of a step sorted by expert into tiles of `bm` rows (moe_sort's outputs).
+/// Where a fused norm + GEMV writes: bf16 products, or (a MoE router over the layer's input) f32
+/// logits and the normalised rows, which the experts then read.
+pub(super) enum NormGemvOut<'a> {
+    Bf16(&'a mut CudaSlice<u16>),
+    Router {
+        logits: &'a mut CudaSlice<f32>,
+        xs: &'a mut CudaSlice<u16>,
+    },
+}
+
 /// A grouped GEMM's input rows: bf16, or e4m3 codes with a scale a row (the FP8 × FP8 kernel).
 #[derive(Clone, Copy)]
 pub(super) enum MoeInput<'a> {
@@ -1323,7 +1333,8 @@ impl CudaDevice {
     /// or null, bf16 delta_w[k] or null, f32 residual_out[rows, k] or null, bf16 norm_w[k], w[n
     /// or 2n, k], f32 w_scale[n or 2n] or null, bf16 out[rows, n], int n, int k, int rows, float
     /// eps)` for the instantiation `v` (the gated variant of `glu`, if any) and the weights'
-    /// format.
+    /// format; for [`NormGemvOut::Router`] `gemv_norm_f32out_bf16_r{R}(…, f32 out[rows, n], int
+    /// n, int k, int rows, float eps, bf16 xs_out[rows, k])` (bf16 weights, no `glu`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_gemv_norm(
         &self,
@@ -1334,13 +1345,28 @@ impl CudaDevice {
         residual_out: Option<&mut CudaSlice<f32>>,
         norm: &CudaSlice<u16>,
         w: WeightRef<'_>,
-        out: &mut CudaSlice<u16>,
+        out: NormGemvOut<'_>,
         (rows, k, n): (usize, usize, usize),
         eps: f32,
     ) -> Result<(), DeviceError> {
         let smem = GEMV_ROWS[v] * k * 2;
         if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) || smem > GEMV_SMEM_MAX {
             return Err(unfit("gemv + norm", rows, GEMV_ROWS[v], k));
+        }
+        if let NormGemvOut::Router { logits, xs } = &out {
+            if glu.is_some()
+                || !matches!(w, WeightRef::Bf16(_))
+                || logits.len() < rows * n
+                || xs.len() < rows * k
+            {
+                return Err(DeviceError::Op {
+                    device: super::DEV,
+                    op: "gemv + norm",
+                    msg: format!(
+                        "a router's norm + GEMV takes bf16 weights, no activation, {rows}·{n} logits and {rows}·{k} rows out"
+                    ),
+                });
+            }
         }
         if delta.is_some_and(|d| d.scales.is_some()) {
             return Err(DeviceError::Op {
@@ -1351,9 +1377,10 @@ impl CudaDevice {
         }
         let null = 0u64;
         let (ni, ki, ri) = (n as i32, k as i32, rows as i32);
-        let func = match glu {
-            Some(act) => &self.k.gemv_norm_glu[w.format()][act as usize][v],
-            None => &self.k.gemv_norm[w.format()][v],
+        let func = match (&out, glu) {
+            (NormGemvOut::Router { .. }, _) => &self.k.gemv_norm_f32out[v],
+            (_, Some(act)) => &self.k.gemv_norm_glu[w.format()][act as usize][v],
+            (_, None) => &self.k.gemv_norm[w.format()][v],
         };
         let mut l = self.stream.launch_builder(func);
         l.arg(residual);
@@ -1371,10 +1398,17 @@ impl CudaDevice {
             WeightRef::Bf16(b) => l.arg(b).arg(&null),
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
-        l.arg(out).arg(&ni).arg(&ki).arg(&ri).arg(&eps);
+        match out {
+            NormGemvOut::Bf16(o) => l.arg(o).arg(&ni).arg(&ki).arg(&ri).arg(&eps),
+            NormGemvOut::Router { logits, xs } => {
+                l.arg(logits).arg(&ni).arg(&ki).arg(&ri).arg(&eps).arg(xs)
+            }
+        };
         // SAFETY: rows ≤ R, k a multiple of one load and R·k·2 bytes of dynamic shared memory within the
         // attribute set at load (checked above); residual_out is a fresh buffer, so no block
-        // reads what another writes; delta and residual_out are both given or both null.
+        // reads what another writes; delta and residual_out are both given or both null; a
+        // router's logits and rows out hold rows·n and rows·k elements (checked above; fresh
+        // buffers, 16-byte aligned for the rows' 16-byte stores).
         unsafe { self.enqueue(&mut l, self.gemv_config(smem)) }.map_err(op_err("gemv + norm"))?;
         Ok(())
     }

@@ -28,6 +28,7 @@ mod graph_pool;
 mod graphs;
 mod kernels;
 mod launch;
+mod moe;
 mod moe_cublas;
 pub mod nccl;
 pub mod options;
@@ -45,7 +46,6 @@ pub use options::{
     MOE_GEMM_FP8_DEFAULT_ROWS,
 };
 pub use programmatic::Pdl;
-use tensor::WeightRef;
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
 use super::{
@@ -581,25 +581,8 @@ impl Device for CudaDevice {
         w: MoeWeights<'_, CudaTensor>,
         p: &MoeParams,
     ) -> Result<CudaTensor, DeviceError> {
-        let (n, h, e, k, i) = (x.rows, x.cols, p.num_experts, p.top_k, p.inter);
-        let err = |msg: String| DeviceError::Op {
-            device: DEV,
-            op: "moe",
-            msg,
-        };
-        p.check_shapes(
-            h,
-            (w.router.rows, w.router.cols),
-            (w.gate_up.rows, w.gate_up.cols),
-            (w.down.rows, w.down.cols),
-        )
-        .map_err(err)?;
-        if p.act != Activation::Silu {
-            return Err(err(format!(
-                "{:?} experts: the CUDA expert kernels are SwiGLU's",
-                p.act
-            )));
-        }
+        let (n, h, e, k) = (x.rows, x.cols, p.num_experts, p.top_k);
+        moe::check(h, &w, p)?;
         if n == 0 {
             return Ok(CudaTensor::new_bf16(0, h, self.alloc_bf16(1, "moe")?));
         }
@@ -653,118 +636,24 @@ impl Device for CudaDevice {
                 })?;
             }
         }
-        let xs = x.bf16("moe")?;
-        let mut y = self.alloc_bf16(n * h, "moe")?;
-        // bf16 or FP8 experts (both projections alike) for the grouped products.
-        let (gu, dw) = (w.gate_up.weight("moe")?, w.down.weight("moe")?);
-        let fp8 = matches!(gu, WeightRef::E4m3 { .. });
-        let min_rows = match fp8 {
-            true => self.options.moe_gemm_min_rows_fp8,
-            false => self.options.moe_gemm_min_rows,
-        };
-        let grouped = (n >= min_rows
-            && gu.format() == dw.format()
-            && h.is_multiple_of(kernels::MOE_BK)
-            && i.is_multiple_of(kernels::MOE_BK))
-        .then_some((gu, dw));
-        // FP8 experts on cuBLAS's path only where an expert's gate|up product averages a GEMM
-        // of its own (few large experts: Mixtral's prefill): cuBLASLt's FP8 GEMM an expert.
-        let cublas_fits = !fp8
-            || moe_cublas::own_gemm_tiles(2 * i, n * k / e.min(n * k))
-                >= self.options.moe_gemm_own_tiles;
-        match grouped {
-            // cuBLAS's grouped GEMM takes its shapes on the host: never inside a capture.
-            Some((gu, dw))
-                if self.options.moe_grouped_cublas && !self.capturing.get() && cublas_fits =>
-            {
-                self.timed("moe grouped gemm (cuBLAS)", || {
-                    self.moe_grouped_cublas(xs, (gu, dw), &ids, &weights, &mut y, (n, k, e, h, i))
-                })?;
-            }
-            Some((gu, dw)) => {
-                let pairs = n * k;
-                // FP8 experts on the FP8 tensor cores (CACHET_MOE_FP8_MMA=fp8): each product's
-                // input rows quantized to e4m3 per row first; widths the kernel's 64-code k step
-                // does not divide widen as before.
-                let f8f8 = fp8
-                    && self.options.moe_fp8_mma
-                    && h.is_multiple_of(kernels::MOE_BK8)
-                    && i.is_multiple_of(kernels::MOE_BK8);
-                // A product over `rows` input rows of `cols`: its input as it is, or quantized.
-                let product = |input: &CudaSlice<u16>,
-                               rows: usize,
-                               cols: usize,
-                               w: WeightRef<'_>,
-                               groups: &launch::MoeGroups,
-                               out: &mut CudaSlice<u16>,
-                               (n_out, a_div): (usize, usize)| {
-                    if !f8f8 {
-                        return self.timed("↳ moe: grouped GEMMs (ours)", || {
-                            self.launch_moe_gemm(
-                                launch::MoeInput::Bf16(input),
-                                w,
-                                groups,
-                                out,
-                                (pairs, e, n_out, cols, a_div),
-                            )
-                        });
-                    }
-                    self.timed("↳ moe: FP8 × FP8 grouped GEMMs (ours)", || {
-                        let mut codes = self.alloc_out::<u8>(rows * cols, "moe FP8 activations")?;
-                        let mut scales = self.alloc_f32(rows, "moe FP8 activation scales")?;
-                        let exact = self.options.fp8_exact_activations;
-                        self.launch_quantize_rows_e4m3(
-                            exact,
-                            input,
-                            &mut codes,
-                            &mut scales,
-                            (rows, cols),
-                        )?;
-                        let a = launch::MoeInput::E4m3 {
-                            codes: &codes,
-                            scales: &scales,
-                        };
-                        self.launch_moe_gemm(a, w, groups, out, (pairs, e, n_out, cols, a_div))
-                    })
-                };
-                self.timed("moe grouped gemm", || {
-                    // Tiles of 128 rows where the experts average that many pairs (prefill), 16
-                    // where they average 16 or fewer (decode; FP8 experts unless
-                    // CACHET_MOE_SMALL_TILES says otherwise), else 64.
-                    let bm = if pairs >= 96 * e {
-                        128
-                    } else if pairs <= 16 * e && self.options.moe_small_tiles.apply(fp8) {
-                        16
-                    } else {
-                        64
-                    };
-                    let cap = launch::moe_sorted_capacity(pairs, e, bm);
-                    let mut groups = launch::MoeGroups {
-                        bm,
-                        sorted: self.alloc_out::<i32>(cap, "moe groups")?,
-                        tile_expert: self.alloc_out::<i32>(cap / bm, "moe groups")?,
-                        num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
-                    };
-                    self.launch_moe_sort(&ids, &mut groups, (pairs, e))?;
-                    let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
-                    product(xs, n, h, gu, &groups, &mut gate_up, (2 * i, k))?;
-                    let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
-                    self.launch_glu(Activation::Silu, &gate_up, &mut act, pairs, i)?;
-                    drop(gate_up);
-                    let mut down = self.alloc_bf16(pairs * h, "moe down")?;
-                    product(&act, pairs, i, dw, &groups, &mut down, (h, 1))?;
-                    self.launch_moe_combine(&down, &weights, &mut y, (n, k, h))
-                })?;
-            }
-            None => {
-                self.timed("moe expert gemv", || {
-                    let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-                    self.launch_moe_gate_up(gu, xs, &ids, &mut act, (n, k, i, h))?;
-                    self.launch_moe_down(dw, &act, &ids, &weights, &mut y, (n, k, i, h))
-                })?;
-            }
-        }
+        let y = self.moe_experts(x.bf16("moe")?, w, p, (&ids, &weights), n)?;
         Ok(CudaTensor::new_bf16(n, h, y))
+    }
+
+    fn norm_moe(
+        &self,
+        residual: &mut CudaTensor,
+        delta: Option<Delta<'_, CudaTensor>>,
+        norm: &CudaTensor,
+        eps: f32,
+        w: MoeWeights<'_, CudaTensor>,
+        p: &MoeParams,
+    ) -> Result<CudaTensor, DeviceError> {
+        if let Some(y) = self.norm_moe_fused(residual, delta, norm, eps, w, p)? {
+            return Ok(y);
+        }
+        let x = self.norm(residual, delta, norm, eps)?;
+        self.moe(&x, w, p)
     }
 
     fn gather_logit_rows(&self, x: &CudaTensor, b: &CudaBatch) -> Result<CudaTensor, DeviceError> {

@@ -213,6 +213,13 @@ pub struct CudaOptions {
     /// H200: it would take Qwen3-30B-A3B's FP8 prefill, the one place FP8 experts lose to bf16
     /// (BENCHMARKS.md §13c), off bf16 MMAs at half the FP8 rate.
     pub moe_fp8_mma: bool,
+    /// A MoE layer's norm (with its residual add) in its router's GEMV for the few rows the
+    /// GEMV takes (`gemv_norm_f32out_*`: the norm's output, the new residual and the logits
+    /// of the two launches bit for bit, the normalised rows written out for the experts)
+    /// rather than a norm launch of its own (`CACHET_MOE_NORM=separate|fused`): one launch
+    /// fewer a layer at batch 1, where the layer structure is what holds Qwen3-30B-A3B at 2.1×
+    /// its floor (BENCHMARKS.md §13b). Off until measured on the H200.
+    pub moe_norm_fused: bool,
     /// Programmatic dependent launch between the kernels of decode graphs (`CACHET_PDL=off|
     /// late|mixed|early`; Hopper and later only): see `programmatic.rs`.
     pub pdl: Pdl,
@@ -297,6 +304,7 @@ impl Default for CudaOptions {
             moe_fp8_cublaslt: true,
             moe_small_tiles: MoeSmallTiles::Fp8,
             moe_fp8_mma: false,
+            moe_norm_fused: false,
             pdl: Pdl::Early,
             graph_memory: GraphMemory::Nodes,
             kernel_cache: None,
@@ -449,6 +457,7 @@ impl CudaOptions {
             }
         };
         o.moe_fp8_mma = switch("CACHET_MOE_FP8_MMA", "widen", "fp8")?;
+        o.moe_norm_fused = switch("CACHET_MOE_NORM", "separate", "fused")?;
         o.fp8_bf16_product = !switch("CACHET_FP8_PRODUCT", "bf16", "f32")?;
         o.fp8_exact_activations = switch("CACHET_FP8_ACTIVATIONS", "fast", "exact")?;
         o.attention_heads_first = !switch("CACHET_ATTENTION_ORDER", "heads", "units")?;
@@ -618,6 +627,13 @@ mod tests {
         assert!(!parse(&[]).unwrap().moe_fp8_mma);
         assert!(parse(&[("CACHET_MOE_FP8_MMA", "fp8")]).unwrap().moe_fp8_mma);
         assert!(parse(&[("CACHET_MOE_FP8_MMA", "on")]).is_err());
+        assert!(!parse(&[]).unwrap().moe_norm_fused);
+        assert!(
+            parse(&[("CACHET_MOE_NORM", "fused")])
+                .unwrap()
+                .moe_norm_fused
+        );
+        assert!(parse(&[("CACHET_MOE_NORM", "router")]).is_err());
         assert!(
             !parse(&[("CACHET_MOE_FP8", "dequant")])
                 .unwrap()
