@@ -128,14 +128,14 @@ MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r4, 4)
 //   w : device, bf16 or e4m3 [E · 2 · inter, h];  w_scale : device, f32 [E · 2 · inter] (e4m3)
 //   or null;  x : device, bf16 [n, h];  ids : device, i32 [n · k];  act : device, bf16
 //   [n · k, inter]
+// moe_gate_up_expert is the block's part once its pair's expert e is known.
 template <bool F8>
-__device__ __forceinline__ void moe_gate_up(const void* __restrict__ w, const float* __restrict__ w_scale,
-                                            const bf16* __restrict__ x, const int* __restrict__ ids,
-                                            bf16* __restrict__ act, int inter, int h, int k) {
+__device__ __forceinline__ void moe_gate_up_expert(const void* __restrict__ w, const float* __restrict__ w_scale,
+                                                   const bf16* __restrict__ x, int e, bf16* __restrict__ act,
+                                                   int inter, int h, int k) {
     const int p = blockIdx.x;
     const int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (j >= inter) return;
-    const int e = ids[p];
     const size_t gate_row = (size_t)e * 2 * inter + j, up_row = gate_row + inter;
     const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(p / k) * h);
     float g[1] = {0.f}, u[1] = {0.f};
@@ -144,6 +144,30 @@ __device__ __forceinline__ void moe_gate_up(const void* __restrict__ w, const fl
     const float gsc = F8 ? w_scale[gate_row] : 1.f, usc = F8 ? w_scale[up_row] : 1.f;
     const float gs = bf2f(f2bf(warp_sum(g[0]) * gsc)), us = bf2f(f2bf(warp_sum(u[0]) * usc));
     if ((threadIdx.x & 31) == 0) act[(size_t)p * inter + j] = f2bf(silu(gs) * us);
+}
+
+// The same with the routing in it, for a decode step's few rows: warp 0 of every block routes
+// its token t = p / k from the router's f32 logits (route_token, into shared memory: the
+// routing kernel's ids and weights bit for bit), the block takes slot p % k's expert, and the
+// blocks of column 0 write the pair's expert and weight for the down projection. Saves the
+// routing's launch (each block routes its token again: E logits, one warp's work).
+//   logits : device, f32 [n, E];  ids, weights : device, [n · k], written
+// E ≤ MOE_MAX_EXPERTS, k ≤ MOE_MAX_K (checked by the host).
+template <bool F8>
+__device__ __forceinline__ void moe_route_gate_up(const void* __restrict__ w, const float* __restrict__ w_scale,
+                                                  const bf16* __restrict__ x, const float* __restrict__ logits,
+                                                  int* __restrict__ ids, float* __restrict__ weights,
+                                                  bf16* __restrict__ act, int inter, int h, int k, int E, int norm) {
+    __shared__ int s_ids[MOE_MAX_K];
+    __shared__ float s_weights[MOE_MAX_K];
+    const int p = blockIdx.x, t = p / k, s = p % k;
+    if (threadIdx.x < 32) route_token(logits + (size_t)t * E, s_ids, s_weights, 0, E, k, norm);
+    __syncthreads();
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+        ids[p] = s_ids[s];
+        weights[p] = s_weights[s];
+    }
+    moe_gate_up_expert<F8>(w, w_scale, x, s_ids[s], act, inter, h, k);
 }
 
 // y[t, j] = Σ_s weights[t·k + s] · bf16(act[t·k + s] · W[ids[t·k + s]·h + j, :]): the chosen
@@ -187,7 +211,15 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
                                     const bf16* __restrict__ x, const int* __restrict__ ids,          \
                                     bf16* __restrict__ act, int inter, int h, int k) {                \
         wait_for_prior_kernels();                                                                     \
-        moe_gate_up<F8>(w, w_scale, x, ids, act, inter, h, k);                                        \
+        moe_gate_up_expert<F8>(w, w_scale, x, ids[blockIdx.x], act, inter, h, k);                     \
+    }
+#define MOE_ROUTE_GATE_UP_KERNEL(name, F8)                                                            \
+    extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
+                                    const bf16* __restrict__ x, const float* __restrict__ logits,     \
+                                    int* __restrict__ ids, float* __restrict__ weights,               \
+                                    bf16* __restrict__ act, int inter, int h, int k, int E, int norm) { \
+        wait_for_prior_kernels();                                                                     \
+        moe_route_gate_up<F8>(w, w_scale, x, logits, ids, weights, act, inter, h, k, E, norm);        \
     }
 #define MOE_DOWN_KERNEL(name, F8)                                                                     \
     extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
@@ -199,6 +231,8 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_bf16, false)
 MOE_GATE_UP_KERNEL(moe_gate_up_e4m3, true)
+MOE_ROUTE_GATE_UP_KERNEL(moe_route_gate_up_bf16, false)
+MOE_ROUTE_GATE_UP_KERNEL(moe_route_gate_up_e4m3, true)
 MOE_DOWN_KERNEL(moe_down_bf16, false)
 MOE_DOWN_KERNEL(moe_down_e4m3, true)
 // ---- Grouped GEMMs for steps of many tokens (prefill, large decode batches) ----

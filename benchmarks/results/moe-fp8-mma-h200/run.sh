@@ -7,11 +7,12 @@
 # Then `bench forward`: Qwen3-30B-A3B's FP8 prefill (the one place FP8 experts lost to bf16,
 # §13c) and batched decode in graphs (the grouped kernel from 24 rows), bf16 experts beside it;
 # Mixtral-8x7B's FP8 batched decode (its prefill takes cuBLASLt an expert either way).
-# (2) A MoE layer's norm in its router's GEMV (CACHET_MOE_NORM=fused: one launch fewer a layer
-# where the router is a GEMV, batch 1–2): batch-1 decode of Qwen3-30B-A3B (bf16 and FP8 experts)
-# and of its thin twin (the layer structure alone, §13b), alternated twice.
+# (2) A MoE layer's norm in its router's GEMV (CACHET_MOE_NORM=fused) and its routing in the
+# expert GEMVs (CACHET_MOE_ROUTER=experts): a launch fewer a layer each at batch 1. Batch-1
+# decode of Qwen3-30B-A3B's thin twin (the layer structure alone, §13b) in all four forms, the
+# full model (bf16, FP8 experts) without and with both, alternated twice.
 # Carry .carry/{cachet,moe-tests}.xz; run from the repo root:  OUT=... [PARTS=...] bash <this file>
-# PARTS (default "test qwen"; then "norm mixtral" in a second call: ~9 min a call; "profile" last).
+# PARTS: "test qwen" (the default), then "norm", then "mixtral profile": a call each, ~8–10 min.
 source scripts/gpu_common.sh
 t0=$(date +%s)
 parts=" ${PARTS:-test qwen} "
@@ -35,11 +36,16 @@ q=(--quantization fp8 --decode-contexts 2048 --decode-batches 64,256 --graph-bat
 done
 [[ $parts == *" qwen "* ]] && b qwen-bf16 widen qwen3-30b-a3b --decode-contexts 2048 --decode-batches 64,256 --graph-batches 64,256 --prefill 512,4096
 one=(--decode-contexts 512,4096 --decode-batches 1 --graph-batches 1 --prefill 256)
+# The layer's launches at batch 1: separate (the default), the norm in the router's GEMV, the
+# routing in the expert GEMVs (CACHET_MOE_ROUTER=experts), both.
 [[ $parts == *" norm "* ]] && for r in 1 2; do
-  for norm in separate fused; do
-    CACHET_MOE_NORM=$norm b qwen-thin-b1-norm-$norm-r$r widen qwen3-30b-a3b-thin "${one[@]}"
-    CACHET_MOE_NORM=$norm b qwen-b1-norm-$norm-r$r widen qwen3-30b-a3b "${one[@]}"
-    [ $r = 1 ] && CACHET_MOE_NORM=$norm b qwen-fp8-b1-norm-$norm widen qwen3-30b-a3b --quantization fp8 "${one[@]}"
+  for v in separate,gemv fused,gemv separate,experts fused,experts; do
+    norm=${v%,*} router=${v#*,} tag=${v/,/-}
+    CACHET_MOE_NORM=$norm CACHET_MOE_ROUTER=$router b qwen-thin-b1-$tag-r$r widen qwen3-30b-a3b-thin "${one[@]}"
+    case $v in separate,gemv|fused,experts)
+      CACHET_MOE_NORM=$norm CACHET_MOE_ROUTER=$router b qwen-b1-$tag-r$r widen qwen3-30b-a3b "${one[@]}"
+      [ $r = 1 ] && CACHET_MOE_NORM=$norm CACHET_MOE_ROUTER=$router b qwen-fp8-b1-$tag widen qwen3-30b-a3b --quantization fp8 "${one[@]}";;
+    esac
   done
 done
 m=(--quantization fp8 --decode-contexts 2048 --decode-batches 32,64 --graph-batches 32,64 --prefill 256)

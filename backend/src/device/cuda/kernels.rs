@@ -214,6 +214,8 @@ pub struct Kernels {
     /// The router's GEMV and the routing in one launch, by GEMV_ROWS instantiation.
     pub moe_router_route: [CudaFunction; 3],
     pub moe_gate_up: [CudaFunction; 2],
+    /// The same with each block routing its token from the router's logits, by weight format.
+    pub moe_route_gate_up: [CudaFunction; 2],
     pub moe_down: [CudaFunction; 2],
     pub moe_sort: CudaFunction,
     /// The grouped GEMM, `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
@@ -348,6 +350,7 @@ impl Kernels {
                 f("moe_router_route_r4")?,
             ],
             moe_gate_up: [f("moe_gate_up_bf16")?, f("moe_gate_up_e4m3")?],
+            moe_route_gate_up: [f("moe_route_gate_up_bf16")?, f("moe_route_gate_up_e4m3")?],
             moe_down: [f("moe_down_bf16")?, f("moe_down_e4m3")?],
             moe_sort: f("moe_sort")?,
             moe_gemm: [

@@ -38,6 +38,20 @@ fn fp8_scale_config(n: usize, cols: usize) -> LaunchConfig {
 }
 
 /// The pairs of a step sorted by expert into tiles of `bm` rows (moe_sort's outputs).
+/// Where an expert gate|up GEMV finds each pair's expert: as the routing kernel wrote them, or
+/// in the router's f32 logits, each block routing its token (and writing the pairs' experts and
+/// weights for the down projection).
+pub(super) enum GateUpRouting<'a> {
+    Routed(&'a CudaSlice<i32>),
+    Logits {
+        logits: &'a CudaSlice<f32>,
+        ids: &'a mut CudaSlice<i32>,
+        weights: &'a mut CudaSlice<f32>,
+        e: usize,
+        norm: bool,
+    },
+}
+
 /// Where a fused norm + GEMV writes: bf16 products, or (a MoE router over the layer's input) f32
 /// logits and the normalised rows, which the experts then read.
 pub(super) enum NormGemvOut<'a> {
@@ -867,29 +881,73 @@ impl CudaDevice {
 
     /// `moe_gate_up_{fmt}(w[E·2·inter, h], f32 w_scale[E·2·inter] or null, bf16 x[n, h], i32
     /// ids[n·k], bf16 act[n·k, inter], int inter, int h, int k)`. Every id must be < E (the
-    /// routing kernel writes them).
+    /// routing kernel writes them). With [`GateUpRouting::Logits`],
+    /// `moe_route_gate_up_{fmt}(w, w_scale, x, f32 logits[n, E], i32 ids[n·k], f32
+    /// weights[n·k], act, inter, h, k, int E, int norm)`: each block routes its token and the
+    /// ids and weights are written.
     pub(super) fn launch_moe_gate_up(
         &self,
         w: WeightRef<'_>,
         x: &CudaSlice<u16>,
-        ids: &CudaSlice<i32>,
+        routing: GateUpRouting<'_>,
         act: &mut CudaSlice<u16>,
         (n, k, inter, h): (usize, usize, usize, usize),
     ) -> Result<(), DeviceError> {
         if !h.is_multiple_of(w.k_multiple()) {
             return Err(unfit("moe_gate_up", 1, 1, h));
         }
-        if x.len() < n * h || ids.len() < n * k || act.len() < n * k * inter {
+        let ids_len = match &routing {
+            GateUpRouting::Routed(ids) => ids.len(),
+            GateUpRouting::Logits {
+                logits,
+                ids,
+                weights,
+                e,
+                ..
+            } => {
+                routable(
+                    "moe_route_gate_up",
+                    (logits.len(), ids.len(), weights.len()),
+                    (n, *e, k),
+                )?;
+                if k > MOE_MAX_K {
+                    return Err(unfit("moe_route_gate_up", k, MOE_MAX_K, h));
+                }
+                ids.len()
+            }
+        };
+        if x.len() < n * h || ids_len < n * k || act.len() < n * k * inter {
             return Err(short_buffers("moe_gate_up", n * k, inter));
         }
         let (ii, hi, ki) = (inter as i32, h as i32, k as i32);
-        let mut l = self.stream.launch_builder(&self.k.moe_gate_up[w.format()]);
+        let func = match routing {
+            GateUpRouting::Routed(_) => &self.k.moe_gate_up[w.format()],
+            GateUpRouting::Logits { .. } => &self.k.moe_route_gate_up[w.format()],
+        };
+        let mut l = self.stream.launch_builder(func);
         let null = 0u64;
         match w {
             WeightRef::Bf16(b) => l.arg(b).arg(&null),
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
-        l.arg(x).arg(ids).arg(act).arg(&ii).arg(&hi).arg(&ki);
+        l.arg(x);
+        let (ei, normi);
+        match routing {
+            GateUpRouting::Routed(ids) => {
+                l.arg(ids).arg(act).arg(&ii).arg(&hi).arg(&ki);
+            }
+            GateUpRouting::Logits {
+                logits,
+                ids,
+                weights,
+                e,
+                norm,
+            } => {
+                (ei, normi) = (e as i32, i32::from(norm));
+                l.arg(logits).arg(ids).arg(weights).arg(act);
+                l.arg(&ii).arg(&hi).arg(&ki).arg(&ei).arg(&normi);
+            }
+        }
         let cfg = LaunchConfig {
             grid_dim: (
                 (n * k) as u32,
@@ -901,7 +959,9 @@ impl CudaDevice {
         };
         // SAFETY: h a multiple of one 16-byte load of the format, whole (16-byte aligned)
         // allocations, buffer sizes checked above; the expert rows read are those of ids < E,
-        // which the routing kernel wrote into a weight of E·2·inter rows (the caller checks it).
+        // which the routing (its kernel's, or each block's own from logits of E ≤
+        // MOE_MAX_EXPERTS columns with k ≤ MOE_MAX_K, checked by `routable`) wrote, into a
+        // weight of E·2·inter rows (the caller checks it).
         unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_gate_up"))?;
         Ok(())
     }

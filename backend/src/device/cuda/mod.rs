@@ -594,6 +594,8 @@ impl Device for CudaDevice {
                 .map(|v| (r, v)),
             _ => None,
         };
+        // CACHET_MOE_ROUTER=experts: the logits go to the experts, whose GEMVs route.
+        let mut pending_logits = None;
         match gemv {
             // A decode step's few rows, CACHET_MOE_ROUTER=fused: the router and the routing in
             // one launch.
@@ -626,17 +628,22 @@ impl Device for CudaDevice {
                     }
                     None => self.gemm(x, w.router, true),
                 })?;
-                self.timed("moe routing", || {
-                    self.launch_moe_route(
-                        logits.f32("moe")?,
-                        &mut ids,
-                        &mut weights,
-                        (n, e, k, p.norm_topk_prob),
-                    )
-                })?;
+                if self.options.moe_router == MoeRouter::Experts {
+                    pending_logits = Some(logits);
+                } else {
+                    self.timed("moe routing", || {
+                        self.launch_moe_route(
+                            logits.f32("moe")?,
+                            &mut ids,
+                            &mut weights,
+                            (n, e, k, p.norm_topk_prob),
+                        )
+                    })?;
+                }
             }
         }
-        let y = self.moe_experts(x.bf16("moe")?, w, p, (&ids, &weights), n)?;
+        let logits = pending_logits.as_ref().map(|l| l.f32("moe")).transpose()?;
+        let y = self.moe_experts(x.bf16("moe")?, w, p, (&mut ids, &mut weights), logits, n)?;
         Ok(CudaTensor::new_bf16(n, h, y))
     }
 

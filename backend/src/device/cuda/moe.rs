@@ -48,7 +48,8 @@ impl CudaDevice {
     /// the f32 logits in one launch), then the routing and the experts as in `Device::moe`.
     /// `None` (nothing done) where it does not apply: the switch off, more rows than the
     /// router's GEMV takes, a router that is not bf16, the routing fused into the router
-    /// (`CACHET_MOE_ROUTER=fused|gemm`), or a delta whose FP8 scales are still to apply.
+    /// (`CACHET_MOE_ROUTER=fused|gemm`), or a delta whose FP8 scales are still to apply. With
+    /// `CACHET_MOE_ROUTER=experts` the expert GEMVs route (no routing launch either).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn norm_moe_fused(
         &self,
@@ -60,8 +61,9 @@ impl CudaDevice {
         p: &MoeParams,
     ) -> Result<Option<CudaTensor>, DeviceError> {
         let (n, h, e, k) = (residual.rows, residual.cols, p.num_experts, p.top_k);
+        let in_experts = self.options.moe_router == MoeRouter::Experts;
         let applies = self.options.moe_norm_fused
-            && self.options.moe_router == MoeRouter::Gemv
+            && (self.options.moe_router == MoeRouter::Gemv || in_experts)
             && n > 0
             && matches!(w.router.buf, CudaBuf::Bf16(_))
             && matches!(residual.buf, CudaBuf::F32(_))
@@ -105,21 +107,28 @@ impl CudaDevice {
         }
         let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
         let mut weights = self.alloc_f32(n * k, "moe routing")?;
-        self.timed("moe routing", || {
-            self.launch_moe_route(&logits, &mut ids, &mut weights, (n, e, k, p.norm_topk_prob))
-        })?;
-        let y = self.moe_experts(&xs, w, p, (&ids, &weights), n)?;
+        if !in_experts {
+            self.timed("moe routing", || {
+                self.launch_moe_route(&logits, &mut ids, &mut weights, (n, e, k, p.norm_topk_prob))
+            })?;
+        }
+        let logits = in_experts.then_some(&logits);
+        let y = self.moe_experts(&xs, w, p, (&mut ids, &mut weights), logits, n)?;
         Ok(Some(CudaTensor::new_bf16(n, h, y)))
     }
 
     /// The experts of `n` normalised rows `xs` (`[n, h]`) routed to `ids` with `weights`
-    /// (`[n, k]` each), summed per row into bf16 `[n, h]`.
+    /// (`[n, k]` each), summed per row into bf16 `[n, h]`. With `logits` (the router's, f32
+    /// `[n, E]`) the routing is still to do, into `ids` and `weights`: inside the expert
+    /// GEMVs' blocks where the rows take them (`CACHET_MOE_ROUTER=experts`), else by the
+    /// routing kernel first.
     pub(super) fn moe_experts(
         &self,
         xs: &CudaSlice<u16>,
         w: MoeWeights<'_, CudaTensor>,
         p: &MoeParams,
-        (ids, weights): (&CudaSlice<i32>, &CudaSlice<f32>),
+        (ids, weights): (&mut CudaSlice<i32>, &mut CudaSlice<f32>),
+        logits: Option<&CudaSlice<f32>>,
         n: usize,
     ) -> Result<CudaSlice<u16>, DeviceError> {
         let (e, k, i) = (p.num_experts, p.top_k, p.inter);
@@ -142,13 +151,18 @@ impl CudaDevice {
         let cublas_fits = !fp8
             || moe_cublas::own_gemm_tiles(2 * i, n * k / e.min(n * k))
                 >= self.options.moe_gemm_own_tiles;
+        if let (Some(l), Some(_)) = (logits, grouped) {
+            self.timed("moe routing", || {
+                self.launch_moe_route(l, ids, weights, (n, e, k, p.norm_topk_prob))
+            })?;
+        }
         match grouped {
             // cuBLAS's grouped GEMM takes its shapes on the host: never inside a capture.
             Some((gu, dw))
                 if self.options.moe_grouped_cublas && !self.capturing.get() && cublas_fits =>
             {
                 self.timed("moe grouped gemm (cuBLAS)", || {
-                    self.moe_grouped_cublas(xs, (gu, dw), ids, weights, &mut y, (n, k, e, h, i))
+                    self.moe_grouped_cublas(xs, (gu, dw), &*ids, &*weights, &mut y, (n, k, e, h, i))
                 })?;
             }
             Some((gu, dw)) => {
@@ -215,7 +229,7 @@ impl CudaDevice {
                         tile_expert: self.alloc_out::<i32>(cap / bm, "moe groups")?,
                         num_tiles: self.alloc_out::<i32>(1, "moe groups")?,
                     };
-                    self.launch_moe_sort(ids, &mut groups, (pairs, e))?;
+                    self.launch_moe_sort(&*ids, &mut groups, (pairs, e))?;
                     let mut gate_up = self.alloc_bf16(pairs * 2 * i, "moe gate_up")?;
                     product(xs, n, h, gu, &groups, &mut gate_up, (2 * i, k))?;
                     let mut act = self.alloc_bf16(pairs * i, "moe activations")?;
@@ -223,14 +237,25 @@ impl CudaDevice {
                     drop(gate_up);
                     let mut down = self.alloc_bf16(pairs * h, "moe down")?;
                     product(&act, pairs, i, dw, &groups, &mut down, (h, 1))?;
-                    self.launch_moe_combine(&down, weights, &mut y, (n, k, h))
+                    self.launch_moe_combine(&down, &*weights, &mut y, (n, k, h))
                 })?;
             }
             None => {
                 self.timed("moe expert gemv", || {
                     let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-                    self.launch_moe_gate_up(gu, xs, ids, &mut act, (n, k, i, h))?;
-                    self.launch_moe_down(dw, &act, ids, weights, &mut y, (n, k, i, h))
+                    let routing = match logits {
+                        // Each block routes its token: the routing's launch saved.
+                        Some(logits) => launch::GateUpRouting::Logits {
+                            logits,
+                            ids: &mut *ids,
+                            weights: &mut *weights,
+                            e,
+                            norm: p.norm_topk_prob,
+                        },
+                        None => launch::GateUpRouting::Routed(&*ids),
+                    };
+                    self.launch_moe_gate_up(gu, xs, routing, &mut act, (n, k, i, h))?;
+                    self.launch_moe_down(dw, &act, &*ids, &*weights, &mut y, (n, k, i, h))
                 })?;
             }
         }

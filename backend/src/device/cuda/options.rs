@@ -134,6 +134,11 @@ pub enum MoeRouter {
     Fused,
     /// The f32-output GEMV, then the routing kernel (the default, measured).
     Gemv,
+    /// The f32-output GEMV, then, where the experts run as GEMVs (a decode step's few rows),
+    /// the routing inside their gate|up launch: every block routes its token again
+    /// (moe.cu's `moe_route_gate_up_*`: the routing kernel's choices bit for bit) and the
+    /// routing's launch is saved; elsewhere the routing kernel. Off until measured.
+    Experts,
     /// cuBLAS, then the routing kernel.
     Gemm,
 }
@@ -182,7 +187,7 @@ pub struct CudaOptions {
     /// The same for FP8 experts (`CACHET_MOE_GEMM_FP8=off|rows`): their GEMVs stream half the
     /// bytes, so they serve more rows before the grouped kernel pays.
     pub moe_gemm_min_rows_fp8: usize,
-    /// How a MoE router runs for the rows a GEMV takes (`CACHET_MOE_ROUTER=gemv|fused|gemm`,
+    /// How a MoE router runs for the rows a GEMV takes (`CACHET_MOE_ROUTER=gemv|fused|gemm|experts`,
     /// for side-by-side measurements): see [`MoeRouter`].
     pub moe_router: MoeRouter,
     /// A MoE step's grouped expert products through cuBLAS's grouped GEMM
@@ -415,10 +420,11 @@ impl CudaOptions {
             None | Some("") | Some("gemv") => {}
             Some("fused") => o.moe_router = MoeRouter::Fused,
             Some("gemm") => o.moe_router = MoeRouter::Gemm,
+            Some("experts") => o.moe_router = MoeRouter::Experts,
             Some(v) => {
                 return Err(bad(
                     "CACHET_MOE_ROUTER",
-                    format!("`{v}`: expected `fused`, `gemv` or `gemm`"),
+                    format!("`{v}`: expected `fused`, `gemv`, `gemm` or `experts`"),
                 ))
             }
         }
@@ -627,6 +633,12 @@ mod tests {
         assert!(!parse(&[]).unwrap().moe_fp8_mma);
         assert!(parse(&[("CACHET_MOE_FP8_MMA", "fp8")]).unwrap().moe_fp8_mma);
         assert!(parse(&[("CACHET_MOE_FP8_MMA", "on")]).is_err());
+        assert_eq!(
+            parse(&[("CACHET_MOE_ROUTER", "experts")])
+                .unwrap()
+                .moe_router,
+            MoeRouter::Experts
+        );
         assert!(!parse(&[]).unwrap().moe_norm_fused);
         assert!(
             parse(&[("CACHET_MOE_NORM", "fused")])
