@@ -68,9 +68,12 @@ impl CudaDevice {
             && matches!(w.router.buf, CudaBuf::Bf16(_))
             && matches!(residual.buf, CudaBuf::F32(_))
             && !delta.as_ref().is_some_and(|d| d.x.is_unscaled());
+        if !applies {
+            return Ok(None);
+        }
         let router = w.router.weight("moe")?;
         let v = match self.gemv_variant(n, h, &router) {
-            Some(v) if applies && GEMV_ROWS[v] * h * 2 <= GEMV_SMEM_MAX => v,
+            Some(v) if GEMV_ROWS[v] * h * 2 <= GEMV_SMEM_MAX => v,
             _ => return Ok(None),
         };
         check(h, &w, p)?;
