@@ -896,14 +896,15 @@ impl CudaDevice {
         if !h.is_multiple_of(w.k_multiple()) {
             return Err(unfit("moe_gate_up", 1, 1, h));
         }
-        let ids_len = match &routing {
-            GateUpRouting::Routed(ids) => ids.len(),
+        // The ids' length, and for in-block routing the kernel's E and norm arguments.
+        let (ids_len, route) = match &routing {
+            GateUpRouting::Routed(ids) => (ids.len(), None),
             GateUpRouting::Logits {
                 logits,
                 ids,
                 weights,
                 e,
-                ..
+                norm,
             } => {
                 routable(
                     "moe_route_gate_up",
@@ -913,17 +914,18 @@ impl CudaDevice {
                 if k > MOE_MAX_K {
                     return Err(unfit("moe_route_gate_up", k, MOE_MAX_K, h));
                 }
-                ids.len()
+                (ids.len(), Some((*e as i32, i32::from(*norm))))
             }
         };
         if x.len() < n * h || ids_len < n * k || act.len() < n * k * inter {
             return Err(short_buffers("moe_gate_up", n * k, inter));
         }
         let (ii, hi, ki) = (inter as i32, h as i32, k as i32);
-        let func = match routing {
-            GateUpRouting::Routed(_) => &self.k.moe_gate_up[w.format()],
-            GateUpRouting::Logits { .. } => &self.k.moe_route_gate_up[w.format()],
+        let func = match route {
+            None => &self.k.moe_gate_up[w.format()],
+            Some(_) => &self.k.moe_route_gate_up[w.format()],
         };
+        let (ei, normi) = route.unwrap_or_default();
         let mut l = self.stream.launch_builder(func);
         let null = 0u64;
         match w {
@@ -931,7 +933,6 @@ impl CudaDevice {
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
         l.arg(x);
-        let (ei, normi);
         match routing {
             GateUpRouting::Routed(ids) => {
                 l.arg(ids).arg(act).arg(&ii).arg(&hi).arg(&ki);
@@ -940,10 +941,8 @@ impl CudaDevice {
                 logits,
                 ids,
                 weights,
-                e,
-                norm,
+                ..
             } => {
-                (ei, normi) = (e as i32, i32::from(norm));
                 l.arg(logits).arg(ids).arg(weights).arg(act);
                 l.arg(&ii).arg(&hi).arg(&ki).arg(&ei).arg(&normi);
             }
