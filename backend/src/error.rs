@@ -115,6 +115,21 @@ pub enum EngineError {
         prompt: usize,
         limit: usize,
     },
+    #[error("structured outputs: all {limit} grammar compilers stayed busy for {waited_ms} ms; retry later")]
+    GrammarBusy { limit: usize, waited_ms: u64 },
     #[error("engine is shut down")]
     Shutdown,
+}
+
+impl EngineError {
+    /// Whether the engine refused for load (the same request may succeed later: 503 +
+    /// Retry-After), not for what the request is.
+    pub fn is_overload(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Overloaded { .. }
+                | EngineError::OverloadedTokens { .. }
+                | EngineError::GrammarBusy { .. }
+        )
+    }
 }

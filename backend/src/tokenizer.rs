@@ -762,7 +762,7 @@ const fn printable(b: u8) -> bool {
 }
 
 /// GPT-2's character for byte `b` ([`byte_of_char`]'s inverse).
-fn char_of_byte(b: u8) -> char {
+pub(crate) fn char_of_byte(b: u8) -> char {
     if printable(b) {
         return b as char;
     }

@@ -34,6 +34,7 @@ fn prices() -> Vec<Price> {
 
 fn exercise(url: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .unwrap();
     let now = now_ms();
@@ -117,6 +118,98 @@ fn postgres_keeps_records_and_spend_across_a_reopen() {
         return;
     };
     exercise(&pg.url);
+}
+
+/// The schema `main` wrote before the daily rollup: the records alone.
+const SCHEMA_WITHOUT_ROLLUP: &str = "CREATE TABLE usage_records (at_ms BIGINT NOT NULL, \
+    day TEXT NOT NULL, request_id TEXT NOT NULL, tenant TEXT NOT NULL, key_id TEXT NOT NULL, \
+    model TEXT NOT NULL, endpoint TEXT NOT NULL, status INTEGER NOT NULL, \
+    prompt_tokens BIGINT NOT NULL, cached_tokens BIGINT NOT NULL, \
+    completion_tokens BIGINT NOT NULL, ttft_ms DOUBLE PRECISION, e2e_ms DOUBLE PRECISION NOT NULL, \
+    route TEXT, cost_usd DOUBLE PRECISION NOT NULL)";
+
+/// Records as the earlier schema held them: (tenant, day, model) in a small pattern.
+fn old_rows(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            format!(
+                "({}, '2026-11-{:02}', 'r{i}', '{}', 'k', '{}', '/v1/chat/completions', 200, {}, 4, 7, 1.5, 9.0, 'embedded', {})",
+                1_700_000_000_000i64 + i as i64,
+                1 + i % 3,
+                ["a", "b"][i % 2],
+                ["m1", "m2"][(i / 2) % 2],
+                10 + i,
+                0.001 * i as f64
+            )
+        })
+        .collect()
+}
+
+/// A database written by the schema before the rollup opens with its records rolled up once:
+/// the summaries are the records' sums, and records written after add to them.
+fn upgrades(url: &str, exec: &dyn Fn(&str)) {
+    exec(SCHEMA_WITHOUT_ROLLUP);
+    exec(&format!(
+        "INSERT INTO usage_records VALUES {}",
+        old_rows(60).join(", ")
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let log = UsageLog::open(url, prices()).unwrap();
+    let rows = rt
+        .block_on(log.summary("a", "2026-11-01", "2026-11-03"))
+        .unwrap();
+    // Tenant a: even i; days by i % 3, models by (i / 2) % 2: six groups of five.
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for r in &rows {
+        let want: Vec<usize> = (0..60)
+            .filter(|i| i % 2 == 0)
+            .filter(|i| format!("2026-11-{:02}", 1 + i % 3) == r.day)
+            .filter(|i| ["m1", "m2"][(i / 2) % 2] == r.model)
+            .collect();
+        assert_eq!(r.requests, want.len() as u64, "{r:?}");
+        assert_eq!(
+            r.prompt_tokens,
+            want.iter().map(|i| 10 + *i as u64).sum::<u64>()
+        );
+        assert_eq!(
+            (r.cached_tokens, r.completion_tokens),
+            (4 * r.requests, 7 * r.requests)
+        );
+    }
+    // Opened again: rolled up once, not twice.
+    drop(log);
+    let log = UsageLog::open(url, prices()).unwrap();
+    assert_eq!(
+        rt.block_on(log.summary("a", "2026-11-01", "2026-11-03"))
+            .unwrap(),
+        rows
+    );
+}
+
+#[test]
+fn sqlite_written_before_the_rollup_is_rolled_up_once() {
+    let dir = std::env::temp_dir().join(format!("cachet-usage-up-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("usage.db");
+    let _ = std::fs::remove_file(&db);
+    let c = rusqlite::Connection::open(&db).unwrap();
+    upgrades(&format!("sqlite:{}", db.display()), &|q| {
+        c.execute_batch(q).unwrap()
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn postgres_written_before_the_rollup_is_rolled_up_once() {
+    let Some(pg) = cachet_tests::PgServer::start() else {
+        eprintln!("skipped: no PostgreSQL server binaries here (apt install postgresql)");
+        return;
+    };
+    let c = std::sync::Mutex::new(postgres::Client::connect(&pg.url, postgres::NoTls).unwrap());
+    upgrades(&pg.url, &|q| c.lock().unwrap().batch_execute(q).unwrap());
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Engine core on every device (`device_test!`: `::cpu` always, `::cuda` with `--ignored` on a
 //! GPU): batching, chunking, prefix caching and preemption never change greedy output;
-//! cached-token accounting; isolation between salts; cancellation; overload. CUDA graphs and the
+//! cached-token accounting; isolation between salts; cancellation. CUDA graphs and the
 //! few-row kernels against the CPU reference are `gpu_test!`s.
 
 use std::time::{Duration, Instant};
@@ -205,76 +205,6 @@ device_test! {
         }
         assert_eq!(h.stats().running, 0);
         assert_eq!(h.stats().kv.used, 0, "cancelled request's blocks are free");
-    }
-}
-
-device_test! {
-    fn a_full_queue_refuses_without_harming_running_requests(dev) {
-        let m = tiny("tiny-gqa-llama3");
-        let cfg = EngineConfig {
-            scheduler: SchedulerConfig {
-                max_num_seqs: 1,
-                ..Default::default()
-            },
-            max_waiting: 2,
-            ..Default::default()
-        };
-        let e = engine(dev, &m, 64, cfg);
-        let h = e.handle();
-        let mut running = h.submit(greedy_request((1..50).collect(), 400)).unwrap();
-        running.next_blocking().unwrap(); // it is running now
-        let w1 = h.submit(greedy_request((3..20).collect(), 5)).unwrap();
-        let w2 = h.submit(greedy_request((4..20).collect(), 5)).unwrap();
-        match h.submit(greedy_request((5..20).collect(), 5)) {
-            Err(EngineError::Overloaded {
-                waiting: 2,
-                limit: 2,
-            }) => {}
-            other => panic!("expected Overloaded, got {:?}", other.map(|s| s.id)),
-        }
-        let rest = collect(running);
-        assert_eq!(rest.tokens.len(), 399);
-        assert_eq!(rest.reason, FinishReason::Length);
-        assert_eq!(collect(w1).tokens.len(), 5);
-        assert_eq!(collect(w2).tokens.len(), 5);
-        // Once drained, requests are accepted again.
-        assert!(h.submit(greedy_request((5..20).collect(), 2)).is_ok());
-    }
-}
-
-device_test! {
-    fn the_waiting_queue_is_bounded_in_prompt_tokens_too(dev) {
-        let m = tiny("tiny-gqa-llama3");
-        let cfg = EngineConfig {
-            scheduler: SchedulerConfig {
-                max_num_seqs: 1,
-                ..Default::default()
-            },
-            max_waiting: 100,
-            max_waiting_tokens: 40,
-            ..Default::default()
-        };
-        let e = engine(dev, &m, 64, cfg);
-        let h = e.handle();
-        let mut running = h.submit(greedy_request((1..50).collect(), 400)).unwrap();
-        running.next_blocking().unwrap();
-        // 30 tokens wait; 30 more would make 60 > 40; 10 more fit exactly.
-        let w1 = h.submit(greedy_request((3..33).collect(), 3)).unwrap();
-        match h.submit(greedy_request((3..33).collect(), 3)) {
-            Err(EngineError::OverloadedTokens {
-                queued: 30,
-                prompt: 30,
-                limit: 40,
-            }) => {}
-            other => panic!("expected OverloadedTokens, got {:?}", other.map(|s| s.id)),
-        }
-        let w2 = h.submit(greedy_request((3..13).collect(), 3)).unwrap();
-        drop(running);
-        assert_eq!(collect(w1).tokens.len(), 3);
-        assert_eq!(collect(w2).tokens.len(), 3);
-        // With nothing waiting, a prompt larger than the bound alone is still taken.
-        let big = h.submit(greedy_request((1..60).collect(), 2)).unwrap();
-        assert_eq!(collect(big).tokens.len(), 2);
     }
 }
 

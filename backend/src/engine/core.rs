@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc as tmpsc};
 
 use super::output::{Ending, Handout, HandoutMsg};
-use super::{dequeue, Command, EngineStats, SharedQueue};
+use super::{Command, EngineStats, Ticket};
 use crate::block_hash::HashContext;
 use crate::device::RowMasks;
 use crate::grammar::Matcher;
@@ -27,10 +27,8 @@ use rayon::prelude::*;
 pub(super) struct StreamState {
     /// Whether the client is still there.
     tx: tmpsc::UnboundedSender<EngineEvent>,
-    started: bool,
-    prompt_len: usize,
-    /// The request's tenant (its place in the per-tenant queue counts).
-    tag: String,
+    /// The request's place in the queue, left at its first step (or its end).
+    ticket: Arc<Ticket>,
 }
 
 pub(super) struct EngineCore {
@@ -41,7 +39,6 @@ pub(super) struct EngineCore {
     pub(super) sampler: StepSampler,
     pub(super) streams: HashMap<RequestId, StreamState>,
     pub(super) cmd_rx: mpsc::Receiver<Command>,
-    pub(super) queued: SharedQueue,
     pub(super) stats: Arc<Mutex<EngineStats>>,
     pub(super) kv_events: broadcast::Sender<Vec<KvEvent>>,
     /// Block-hash context without the salt (each request brings its tenant's).
@@ -110,8 +107,13 @@ impl EngineCore {
                 req,
                 arrival,
                 tx,
+                ticket,
                 matcher,
             } => {
+                // A client gone before its request reached the engine: nothing to add.
+                if ticket.has_left() {
+                    return true;
+                }
                 if let Some(m) = matcher {
                     self.matchers.insert(id, m);
                 }
@@ -126,15 +128,7 @@ impl EngineCore {
                     stops: req.stop.clone(),
                     min_tokens: req.sampling.min_tokens,
                 });
-                self.streams.insert(
-                    id,
-                    StreamState {
-                        tx,
-                        started: false,
-                        prompt_len: req.prompt.len(),
-                        tag: req.tag.clone(),
-                    },
-                );
+                self.streams.insert(id, StreamState { tx, ticket });
                 self.sched.add(id, *req, hasher, arrival);
             }
             Command::Cancel(id) => self.finish(id, FinishReason::Cancelled, None),
@@ -179,11 +173,8 @@ impl EngineCore {
                 None => drafts.len(),
             });
         for sc in &out.scheduled {
-            if let Some(s) = self.streams.get_mut(&sc.id) {
-                if !s.started {
-                    s.started = true;
-                    dequeue(&self.queued, s.prompt_len, &s.tag);
-                }
+            if let Some(s) = self.streams.get(&sc.id) {
+                s.ticket.leave();
             }
         }
         if out.is_empty() {
@@ -301,11 +292,13 @@ impl EngineCore {
             slices.push(a);
             rest = b;
         }
-        let results: Vec<Result<(), EngineError>> = jobs
-            .par_iter_mut()
-            .zip(slices.par_iter_mut())
-            .map(|((_, _, drafts, m), out)| m.masks_through(drafts, out))
-            .collect();
+        // On the grammar threads, whose stacks are sized for the deepest grammar admitted.
+        let results: Vec<Result<(), EngineError>> = crate::grammar::mask_pool().install(|| {
+            jobs.par_iter_mut()
+                .zip(slices.par_iter_mut())
+                .map(|((_, _, drafts, m), out)| m.masks_through(drafts, out))
+                .collect()
+        });
         let mut failed = Vec::new();
         for ((id, ..), r) in jobs.iter().zip(&results) {
             if let Err(e) = r {
@@ -345,9 +338,7 @@ impl EngineCore {
         let Some(st) = self.streams.remove(&id) else {
             return;
         };
-        if !st.started {
-            dequeue(&self.queued, st.prompt_len, &st.tag);
-        }
+        st.ticket.leave();
         let now = Instant::now();
         let since = |a: Option<Instant>, b: Instant| {
             a.map(|a| a.saturating_duration_since(b))

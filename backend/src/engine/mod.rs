@@ -107,6 +107,7 @@ pub(crate) enum Command {
         req: Box<EngineRequest>,
         arrival: Instant,
         tx: tmpsc::UnboundedSender<EngineEvent>,
+        ticket: Arc<Ticket>,
         /// The request's grammar, compiled at submission.
         matcher: Option<Box<crate::grammar::Matcher>>,
     },
@@ -144,24 +145,49 @@ impl Queued {
 
 pub(crate) type SharedQueue = Arc<Mutex<Queued>>;
 
-pub(crate) fn dequeue(q: &SharedQueue, tokens: usize, tag: &str) {
-    let mut q = q.lock().expect("queue lock");
-    q.requests -= 1;
-    q.tokens -= tokens;
-    if let Some(x) = q.tenants.get_mut(tag) {
-        x.0 -= 1;
-        if x.0 == 0 {
-            q.tenants.remove(tag);
+/// A request's place in [`Queued`], given back exactly once: by the engine when the request
+/// takes its first step or ends, or by its [`RequestStream`] when the client leaves first — at
+/// once, not when the engine thread next reads its commands (a step can take a quarter of a
+/// second on the CPU, and clients cancelling requests as fast as they send them would otherwise
+/// fill the queue with requests already gone).
+pub(crate) struct Ticket {
+    queue: SharedQueue,
+    prompt_len: usize,
+    tag: String,
+    left: std::sync::atomic::AtomicBool,
+}
+
+impl Ticket {
+    /// Leaves the queue, unless it was left already.
+    pub(crate) fn leave(&self) {
+        if self.left.swap(true, Ordering::AcqRel) {
+            return;
         }
+        let mut q = self.queue.lock().expect("queue lock");
+        q.requests -= 1;
+        q.tokens -= self.prompt_len;
+        if let Some(x) = q.tenants.get_mut(&self.tag) {
+            x.0 -= 1;
+            if x.0 == 0 {
+                q.tenants.remove(&self.tag);
+            }
+        }
+    }
+
+    /// Whether the request has left the queue.
+    pub(crate) fn has_left(&self) -> bool {
+        self.left.load(Ordering::Acquire)
     }
 }
 
-/// The events of one request. Dropping it cancels the request.
+/// The events of one request. Dropping it cancels the request (and a request not yet started
+/// leaves the queue at once).
 pub struct RequestStream {
     pub id: RequestId,
     rx: tmpsc::UnboundedReceiver<EngineEvent>,
     cmd: mpsc::Sender<Command>,
     done: bool,
+    ticket: Arc<Ticket>,
 }
 
 impl RequestStream {
@@ -188,6 +214,7 @@ impl RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         if !self.done {
+            self.ticket.leave();
             let _ = self.cmd.send(Command::Cancel(self.id));
         }
     }
@@ -298,7 +325,6 @@ impl Engine {
             sampler: StepSampler::new(),
             streams: Default::default(),
             cmd_rx,
-            queued: handle.queued.clone(),
             stats,
             kv_events,
             hasher: limits.hasher.clone(),
@@ -307,6 +333,9 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("cachet-engine".into())
+            // The grammars follow each chosen token here (llguidance recurses over a
+            // grammar's structure): the compile threads' stack.
+            .stack_size(crate::grammar::STACK_BYTES)
             // `core` drops when `run` returns, and its hand-out drains first: every event queued
             // reaches its stream before the thread ends.
             .spawn(move || core.run())
@@ -423,7 +452,12 @@ impl EngineHandle {
             }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) as RequestId;
-        let tag = req.tag.clone();
+        let ticket = Arc::new(Ticket {
+            queue: self.queued.clone(),
+            prompt_len,
+            tag: req.tag.clone(),
+            left: Default::default(),
+        });
         let (tx, rx) = tmpsc::unbounded_channel();
         if self
             .cmd
@@ -432,11 +466,12 @@ impl EngineHandle {
                 req: Box::new(req),
                 arrival: Instant::now(),
                 tx,
+                ticket: ticket.clone(),
                 matcher,
             })
             .is_err()
         {
-            dequeue(&self.queued, prompt_len, &tag);
+            ticket.leave();
             return Err(EngineError::Shutdown);
         }
         Ok(RequestStream {
@@ -444,6 +479,7 @@ impl EngineHandle {
             rx,
             cmd: self.cmd.clone(),
             done: false,
+            ticket,
         })
     }
 

@@ -39,6 +39,12 @@ pub struct ConnectionArgs {
     /// stays far below it.
     #[arg(long, default_value_t = 200)]
     pub http2_max_cancels_per_second: u32,
+    /// Requests one client address may cancel before they are answered, within one second,
+    /// across all its connections; past it every connection of the address is closed (a
+    /// cancellation flood spread over many connections, each under its own limit). Behind a
+    /// load balancer that does not pass the client's address, raise it.
+    #[arg(long, default_value_t = 400)]
+    pub max_cancels_per_client: u32,
     /// Seconds a connection may sit with no request in flight and no traffic before it is closed.
     #[arg(long, default_value_t = 60)]
     pub idle_timeout: u64,
@@ -126,6 +132,7 @@ impl ConnectionArgs {
             max_connections_per_ip: self.max_connections_per_ip.max(1),
             max_concurrent_streams: self.http2_max_concurrent_streams.max(1),
             max_cancels_per_second: self.http2_max_cancels_per_second.max(1),
+            max_cancels_per_client: self.max_cancels_per_client.max(1),
             idle_timeout: s(self.idle_timeout),
             grace: Duration::from_secs(self.grace_period),
         }

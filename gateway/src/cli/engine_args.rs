@@ -60,8 +60,8 @@ pub struct EngineArgs {
     /// that arrives while a long prompt prefills waits at most about this long for the step in
     /// flight, and so do the tokens of everyone decoding beside it. Default: chosen for the
     /// device — 250 on the CPU (where a 2048-token step of even a 135M model takes seconds);
-    /// on a GPU 20 with --fair-share (a light tenant's request then waits for no flood's long
-    /// prefill step) and none without (its 8192-token steps take tens of milliseconds).
+    /// none on a GPU (its 8192-token steps take tens of milliseconds; a short target would
+    /// starve prefill behind a full batch's decode).
     #[arg(long, value_name = "MS")]
     pub max_step_ms: Option<u64>,
     /// Tokens per KV block.
@@ -81,8 +81,11 @@ pub struct EngineArgs {
     /// Token-fair sharing between tenants: a virtual token counter per tenant (weighted by its
     /// `share` in the config) decides which tenant's request runs next and which is preempted,
     /// and a tenant below its share of the queue is admitted when it is full. One tenant's
-    /// flood then does not become another's latency.
-    #[arg(long)]
+    /// flood then does not become another's latency. On by default: with it off, one tenant
+    /// sending many long requests (each `n` choice counts) can hold every sequence slot and the
+    /// whole queue (SECURITY.md). `--fair-share false`: first come, first served across tenants.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true", value_name = "BOOL")]
     pub fair_share: bool,
     /// With --fair-share: most prompt tokens per step for tenants holding more than their share
     /// of the sequence slots while another tenant has requests (0: no cap). Short steps while a
@@ -228,11 +231,6 @@ pub struct StepLimits {
 /// The CPU's step-time target: a request arriving during a prefill waits about this long at most.
 const CPU_MAX_STEP_MS: u64 = 250;
 
-/// A GPU's step-time target under fair sharing. Measured on the H200 (8B shape, tenant A at 5×
-/// capacity, B at 0.2×; BENCHMARKS §10): B's TTFT P95 1.29–1.34× of alone without a target,
-/// 0.93× with 20 ms, at 1.03× FCFS's throughput.
-const GPU_FAIR_MAX_STEP_MS: u64 = 20;
-
 /// KV tokens a sequence gets at least, on average, when the GPU default of `max_num_seqs` is
 /// sized down to the cache: past that, a full batch would be preempting, not decoding.
 const KV_TOKENS_PER_SEQ: usize = 512;
@@ -241,8 +239,11 @@ impl StepLimits {
     /// The defaults for a device: a GPU's decode step is bound by reading the weights, so it
     /// batches up to 256 sequences (vLLM uses 256–1024 on H100-class cards) and prefills in
     /// 8192-token steps, with no more sequences than leave each 512 tokens of the KV cache
-    /// (`kv_tokens`: known once the cache is sized), with a step-time target of 20 ms only under
-    /// fair sharing; a CPU's steps are bound by arithmetic, so it keeps 64 and 2048 with a
+    /// (`kv_tokens`: known once the cache is sized), with no step-time target: a target short
+    /// enough to matter (20 ms) starves prefill once a full batch's decode step alone takes
+    /// longer, and under fair sharing the prefill cap already keeps a light tenant's wait short
+    /// (H200, 8B shape, BENCHMARKS §10: B's TTFT P95 35 ms with the cap alone, 33 with a 20 ms
+    /// target as well); a CPU's steps are bound by arithmetic, so it keeps 64 and 2048 with a
     /// step-time target of 250 ms (those steps would take seconds). Flags override each.
     pub fn for_device(
         gpu: bool,
@@ -250,15 +251,9 @@ impl StepLimits {
         seqs_flag: Option<usize>,
         tokens_flag: Option<usize>,
         step_ms_flag: Option<u64>,
-        fair_share: bool,
     ) -> Self {
         let (seqs, tokens, step_ms) = if gpu {
-            let step_ms = if fair_share { GPU_FAIR_MAX_STEP_MS } else { 0 };
-            (
-                256.min((kv_tokens / KV_TOKENS_PER_SEQ).max(1)),
-                8192,
-                step_ms,
-            )
+            (256.min((kv_tokens / KV_TOKENS_PER_SEQ).max(1)), 8192, 0)
         } else {
             (64, 2048, CPU_MAX_STEP_MS)
         };
@@ -450,7 +445,6 @@ impl EngineArgs {
             a.max_num_seqs,
             a.max_num_batched_tokens,
             a.max_step_ms,
-            a.fair_share,
         );
         // Without chunked prefill a prompt goes into one step whole: a step must hold the
         // longest prompt the server accepts, or such a prompt would wait forever.
@@ -531,7 +525,7 @@ mod tests {
 
     #[test]
     fn step_limits_fit_the_device_and_flags_win() {
-        let l = |gpu, kv, s, t| StepLimits::for_device(gpu, kv, s, t, None, false);
+        let l = |gpu, kv, s, t| StepLimits::for_device(gpu, kv, s, t, None);
         // The CPU keeps small steps whatever its cache, and a step-time target.
         assert_eq!(
             l(false, 1 << 20, None, None),
@@ -564,22 +558,14 @@ mod tests {
         );
         assert_eq!(l(false, 0, None, Some(512)).max_num_batched_tokens, 512);
         assert_eq!(
-            StepLimits::for_device(false, 0, None, None, Some(0), false).max_step_ms,
+            StepLimits::for_device(false, 0, None, None, Some(0)).max_step_ms,
             0,
             "--max-step-ms 0 turns the CPU's target off"
         );
-        // Fair sharing on a GPU gets a 20 ms target (the flag still wins); the CPU keeps 250.
+        // A GPU takes a target only from the flag.
         assert_eq!(
-            StepLimits::for_device(true, 60_000 * 16, None, None, None, true).max_step_ms,
+            StepLimits::for_device(true, 60_000 * 16, None, None, Some(20)).max_step_ms,
             20
-        );
-        assert_eq!(
-            StepLimits::for_device(true, 60_000 * 16, None, None, Some(0), true).max_step_ms,
-            0
-        );
-        assert_eq!(
-            StepLimits::for_device(false, 0, None, None, None, true).max_step_ms,
-            250
         );
     }
 }

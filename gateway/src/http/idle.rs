@@ -9,7 +9,9 @@
 //! (an HTTP/2 RST_STREAM, or a dropped socket): a connection that cancels more than its limit
 //! within one second is flooding (CVE-2023-44487, "rapid reset": each opened and reset stream
 //! costs the server a request's work and the client nothing), and the accept loop closes it
-//! ([`Activity::cancelling_too_fast`]).
+//! ([`Activity::cancelling_too_fast`]). The same count is kept per client address across all
+//! its connections ([`ClientCancels`]): a flood spread over many connections, each under its own
+//! limit, trips its address's, and every connection of that address is closed.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -25,49 +27,123 @@ use tokio::sync::Notify;
 
 use super::Body as RespBody;
 
+/// Requests cancelled within the current second, against a limit.
+struct CancelCount {
+    start: Instant,
+    limit: u32,
+    /// The second (since `start`) being counted, and the requests cancelled in it.
+    now: Mutex<(u64, u32)>,
+}
+
+impl CancelCount {
+    fn new(limit: u32) -> Self {
+        CancelCount {
+            start: Instant::now(),
+            limit,
+            now: Mutex::new((0, 0)),
+        }
+    }
+
+    /// Counts one; the count within this second.
+    fn add(&self) -> u32 {
+        let second = self.start.elapsed().as_secs();
+        let mut c = self.now.lock().unwrap_or_else(|e| e.into_inner());
+        if c.0 != second {
+            *c = (second, 0);
+        }
+        c.1 += 1;
+        c.1
+    }
+}
+
+/// One client address's cancellations across all its connections: past the limit within a
+/// second, every connection of the address is told to close (and so is each one it opens while
+/// it keeps cancelling past the limit in that second).
+pub struct ClientCancels {
+    count: CancelCount,
+    trips: tokio::sync::watch::Sender<u64>,
+}
+
+impl ClientCancels {
+    pub fn new(cancels_per_second: u32) -> Arc<ClientCancels> {
+        Arc::new(ClientCancels {
+            count: CancelCount::new(cancels_per_second),
+            trips: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    fn cancelled(&self) {
+        if self.count.add() > self.count.limit {
+            self.trips.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The limit, for the log.
+    pub fn limit(&self) -> u32 {
+        self.count.limit
+    }
+}
+
 /// What one connection is doing.
 pub struct Activity {
     start: Instant,
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
-    /// Most requests the client may cancel within one second.
-    cancel_limit: u32,
-    /// The second (since `start`) being counted, and the requests cancelled in it.
-    cancels: Mutex<(u64, u32)>,
+    /// Requests this connection's client cancelled, against its per-connection limit.
+    cancels: CancelCount,
     too_many_cancels: Notify,
+    /// The same, for every connection of the client's address.
+    client: Option<Arc<ClientCancels>>,
+}
+
+/// Why a connection should close for its cancellations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelTrip {
+    /// This connection cancelled past its own limit.
+    Connection,
+    /// Its address's connections together did.
+    Client,
 }
 
 impl Activity {
     /// A connection's activity; more than `cancels_per_second` requests cancelled within one
-    /// second trips [`Activity::cancelling_too_fast`].
-    pub fn new(cancels_per_second: u32) -> Arc<Activity> {
+    /// second trips [`Activity::cancelling_too_fast`], as do the client's `client` counts
+    /// across its connections.
+    pub fn new(cancels_per_second: u32, client: Option<Arc<ClientCancels>>) -> Arc<Activity> {
         Arc::new(Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
-            cancel_limit: cancels_per_second,
-            cancels: Mutex::new((0, 0)),
+            cancels: CancelCount::new(cancels_per_second),
             too_many_cancels: Notify::new(),
+            client,
         })
     }
 
     /// Counts a request cancelled by the client.
     fn cancelled(&self) {
-        let second = self.start.elapsed().as_secs();
-        let mut c = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
-        if c.0 != second {
-            *c = (second, 0);
-        }
-        c.1 += 1;
-        if c.1 == self.cancel_limit.saturating_add(1) {
+        if self.cancels.add() == self.cancels.limit.saturating_add(1) {
             // Stores a permit if no one waits yet: the trip is never missed.
             self.too_many_cancels.notify_one();
         }
+        if let Some(c) = &self.client {
+            c.cancelled();
+        }
     }
 
-    /// Resolves once the client has cancelled more than its limit of requests within a second.
-    pub async fn cancelling_too_fast(&self) {
-        self.too_many_cancels.notified().await
+    /// Resolves once this connection has cancelled more than its limit of requests within a
+    /// second, or its address's connections together have (a trip after this is called).
+    pub async fn cancelling_too_fast(&self) -> CancelTrip {
+        let mut trips = self.client.as_ref().map(|c| c.trips.subscribe());
+        tokio::select! {
+            _ = self.too_many_cancels.notified() => CancelTrip::Connection,
+            _ = async {
+                match trips.as_mut() {
+                    Some(t) => { let _ = t.changed().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => CancelTrip::Client,
+        }
     }
 
     fn touch(&self) {

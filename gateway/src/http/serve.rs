@@ -59,6 +59,9 @@ pub struct Limits {
     /// Requests one connection may cancel (HTTP/2 RST_STREAM) before their answer within one
     /// second; past it the connection is closed.
     pub max_cancels_per_second: u32,
+    /// The same across all connections of one client address; past it every connection of
+    /// the address is closed.
+    pub max_cancels_per_client: u32,
     /// A connection with no request in flight and no traffic for this long is closed.
     pub idle_timeout: Duration,
     /// How long connections in flight get to finish after shutdown.
@@ -97,6 +100,7 @@ impl Default for Limits {
             max_connections_per_ip: 256,
             max_concurrent_streams: 128,
             max_cancels_per_second: 200,
+            max_cancels_per_client: 400,
             idle_timeout: Duration::from_secs(60),
             grace: Duration::from_secs(30),
         }
@@ -122,7 +126,8 @@ type Live = (Arc<idle::Activity>, Arc<Notify>);
 struct Connections {
     next: AtomicU64,
     live: Mutex<HashMap<u64, Live>>,
-    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    /// Each client address's connections, and its cancellations across them.
+    per_ip: Mutex<HashMap<IpAddr, (usize, Arc<idle::ClientCancels>)>>,
 }
 
 /// A connection's place in [`Connections`]; dropping it gives the place back.
@@ -140,7 +145,7 @@ impl Drop for Registered {
             .expect("connections lock")
             .remove(&self.id);
         let mut per_ip = self.conns.per_ip.lock().expect("connections lock");
-        if let Some(n) = per_ip.get_mut(&self.ip) {
+        if let Some((n, _)) = per_ip.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
                 per_ip.remove(&self.ip);
@@ -150,32 +155,40 @@ impl Drop for Registered {
 }
 
 impl Connections {
-    /// Registers a connection from `ip`, unless that IP already has `cap` of them.
+    /// Registers a connection from `ip`, unless that IP already has `cap` of them; its
+    /// activity counts cancellations against `limits` (per connection, and with the address's
+    /// other connections).
     fn register(
         self: &Arc<Self>,
         ip: IpAddr,
-        cap: usize,
-        activity: Arc<idle::Activity>,
+        limits: &Limits,
         shed: Arc<Notify>,
-    ) -> Option<Registered> {
-        {
+    ) -> Option<(Registered, Arc<idle::Activity>)> {
+        let client = {
             let mut per_ip = self.per_ip.lock().expect("connections lock");
-            let n = per_ip.entry(ip).or_default();
-            if *n >= cap.max(1) {
+            let (n, client) = per_ip
+                .entry(ip)
+                .or_insert_with(|| (0, idle::ClientCancels::new(limits.max_cancels_per_client)));
+            if *n >= limits.max_connections_per_ip.max(1) {
                 return None;
             }
             *n += 1;
-        }
+            client.clone()
+        };
+        let activity = idle::Activity::new(limits.max_cancels_per_second, Some(client));
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.live
             .lock()
             .expect("connections lock")
-            .insert(id, (activity, shed));
-        Some(Registered {
-            id,
-            ip,
-            conns: self.clone(),
-        })
+            .insert(id, (activity.clone(), shed));
+        Some((
+            Registered {
+                id,
+                ip,
+                conns: self.clone(),
+            },
+            activity,
+        ))
     }
 
     /// Asks up to `n` idle connections (no request in flight), longest idle first, to close.
@@ -339,9 +352,8 @@ where
                         continue;
                     }
                 };
-                let activity = idle::Activity::new(limits.max_cancels_per_second);
                 let shed = Arc::new(Notify::new());
-                let Some(place) = conns.register(peer.ip(), limits.max_connections_per_ip, activity.clone(), shed.clone()) else {
+                let Some((place, activity)) = conns.register(peer.ip(), &limits, shed.clone()) else {
                     if let Some(not_logged) = refused_ip.due() {
                         tracing::warn!(ip = %peer.ip(), cap = limits.max_connections_per_ip, not_logged, "connection refused: this IP holds its cap of connections");
                     }
@@ -449,16 +461,28 @@ impl Drop for InFlight {
 
 /// Logs a connection closed for cancelling too fast — at most once a second, with the number of
 /// others closed since (a client that reconnects and floods again must not flood the log).
-fn flood_warning(peer: SocketAddr, limit: u32) {
+fn flood_warning(peer: SocketAddr, trip: idle::CancelTrip, limits: &Limits) {
     static LOG: Mutex<EverySecond> = Mutex::new(EverySecond::new());
     let due = LOG.lock().unwrap_or_else(|e| e.into_inner()).due();
     if let Some(others) = due {
+        let (limit, who, flag) = match trip {
+            idle::CancelTrip::Connection => (
+                limits.max_cancels_per_second,
+                "this connection",
+                "--http2-max-cancels-per-second",
+            ),
+            idle::CancelTrip::Client => (
+                limits.max_cancels_per_client,
+                "this client address's connections together",
+                "--max-cancels-per-client",
+            ),
+        };
         tracing::warn!(
             %peer,
             limit,
             others_closed_since_last_warning = others,
-            "closed a connection that cancelled more than {limit} requests within a second \
-             (HTTP/2 rapid reset); --http2-max-cancels-per-second sets the limit"
+            "closed a connection: {who} cancelled more than {limit} requests within a second \
+             (a rapid-reset or cancellation flood); {flag} sets the limit"
         );
     }
 }
@@ -522,8 +546,8 @@ async fn connection<H, F>(
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
-                _ = activity.cancelling_too_fast() => {
-                    flood_warning(peer, limits.max_cancels_per_second);
+                trip = activity.cancelling_too_fast() => {
+                    flood_warning(peer, trip, &limits);
                     // GOAWAY, a moment for it to leave, and the connection is gone (with the
                     // flood's streams still in flight).
                     conn.as_mut().graceful_shutdown();
@@ -578,12 +602,15 @@ mod tests {
         let conns = Arc::new(Connections::default());
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let other: IpAddr = "10.0.0.2".parse().unwrap();
+        let limits = Limits {
+            max_connections_per_ip: 2,
+            ..Default::default()
+        };
         let reg = |ip| {
-            let a = idle::Activity::new(200);
             let n = Arc::new(Notify::new());
             conns
-                .register(ip, 2, a.clone(), n.clone())
-                .map(|r| (r, a, n))
+                .register(ip, &limits, n.clone())
+                .map(|(r, a)| (r, a, n))
         };
         let first = reg(ip).unwrap();
         let second = reg(ip).unwrap();
@@ -598,9 +625,59 @@ mod tests {
         assert_eq!(conns.shed_idle(10), 1);
     }
 
+    /// Connections of one address each under their own limit trip the address's together,
+    /// and every one of them is told; another address's are not.
+    #[tokio::test]
+    async fn an_address_trips_when_its_connections_together_cancel_past_its_limit() {
+        let conns = Arc::new(Connections::default());
+        let limits = Limits {
+            max_cancels_per_second: 10,
+            max_cancels_per_client: 12,
+            ..Default::default()
+        };
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let other: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut of_ip: Vec<_> = (0..4)
+            .map(|_| {
+                conns
+                    .register(ip, &limits, Arc::new(Notify::new()))
+                    .unwrap()
+            })
+            .collect();
+        let bystander = conns
+            .register(other, &limits, Arc::new(Notify::new()))
+            .unwrap();
+        let waits: Vec<_> = of_ip
+            .iter()
+            .chain([&bystander])
+            .map(|(_, a)| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    tokio::time::timeout(Duration::from_millis(200), a.cancelling_too_fast())
+                        .await
+                        .ok()
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        // Four cancels on each of four connections: 16 > 12, no connection past its 10.
+        for (_, a) in &of_ip {
+            for _ in 0..4 {
+                drop(a.begin());
+            }
+        }
+        let mut got = Vec::new();
+        for w in waits {
+            got.push(w.await.unwrap());
+        }
+        assert_eq!(got[..4], [Some(idle::CancelTrip::Client); 4]);
+        assert_eq!(got[4], None, "another address is left alone");
+        of_ip.clear();
+    }
+
     #[tokio::test]
     async fn a_connection_trips_when_it_cancels_past_its_limit_within_a_second() {
-        let a = idle::Activity::new(3);
+        let a = idle::Activity::new(3, None);
         let trip = |a: &Arc<idle::Activity>| {
             let a = a.clone();
             async move {

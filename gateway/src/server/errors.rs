@@ -104,9 +104,7 @@ impl From<UpstreamError> for ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. } => {
-                ApiError::overloaded(e.to_string(), Duration::from_secs(1))
-            }
+            e if e.is_overload() => ApiError::overloaded(e.to_string(), Duration::from_secs(1)),
             EngineError::InvalidRequest(m) => ApiError::bad_request(m, None),
             other => ApiError::internal(other.to_string()),
         }

@@ -416,6 +416,15 @@ fn validated(input: Input, ignored: Vec<String>, tools: Option<Tools>) -> Result
     })
 }
 
+/// `c` if it is within the grammar limits (a 400 naming `field` and the limit if not): checked
+/// before the request goes anywhere, so no schema or grammar reaches the grammar library (here
+/// or in a worker) past the bounds it was measured to run within.
+pub fn bounded(c: Constraint, field: &'static str) -> Result<Constraint, ApiError> {
+    c.check()
+        .map_err(|e| ApiError::bad_request(format!("{field}: {e}"), Some(field)))?;
+    Ok(c)
+}
+
 /// The constraint of a `response_format` (OpenAI's chat shape; `param` names the field for
 /// errors): `text` is none, `json_object` any object, `json_schema` its schema.
 pub fn response_format(
@@ -432,7 +441,7 @@ pub fn response_format(
             let holder = v.get("json_schema").unwrap_or(v);
             match holder.get("schema") {
                 Some(s) if s.is_object() || s.is_boolean() => {
-                    Ok(Some(Constraint::JsonSchema(s.clone())))
+                    Ok(Some(bounded(Constraint::JsonSchema(s.clone()), param)?))
                 }
                 Some(_) => Err(bad("`schema` must be a JSON Schema object")),
                 None => Err(bad("a json_schema format needs its `schema`")),
@@ -804,7 +813,12 @@ impl Common {
                 found[1].0,
             ));
         }
-        Ok(found.pop().and_then(|f| f.1))
+        match found.pop() {
+            // `response_format` was checked under its own name (also for the other shapes).
+            Some(("response_format", c)) => Ok(c),
+            Some((field, Some(c))) => Ok(Some(bounded(c, field)?)),
+            _ => Ok(None),
+        }
     }
 
     /// The routing session key: `prompt_cache_key`, else `user`.

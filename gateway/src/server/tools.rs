@@ -123,6 +123,13 @@ impl Tools {
                     names.tools,
                 ));
             }
+            // The schema becomes part of a grammar when a call is forced: bounded like any.
+            if let Err(e) = cachet_backend::grammar::limits::check_schema(&f.parameters) {
+                return Err(bad(
+                    format!("{}[{i}]: the parameters of `{}`: {e}", names.tools, f.name),
+                    names.tools,
+                ));
+            }
         }
         let choice = choice.unwrap_or(Choice::Auto);
         if let Choice::Named(n) = &choice {

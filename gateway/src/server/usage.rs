@@ -5,7 +5,7 @@ use hyper::{Request, Response, StatusCode};
 
 use super::AppState;
 use crate::http::{self, ApiError, Body};
-use crate::usage::{day_of, now_ms, parse_day, Period};
+use crate::usage::{day_of, now_ms, parse_day, Period, ReadError};
 
 /// Longest span one query covers.
 const MAX_DAYS: i64 = 366;
@@ -68,7 +68,18 @@ pub async fn usage(state: &AppState, req: &Request<Incoming>) -> Result<Response
     let rows = log
         .summary(tenant.id(), &from, &to)
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+        .map_err(|e| match e {
+            ReadError::Busy => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: Some("usage_busy"),
+                retry_after: Some(std::time::Duration::from_secs(1)),
+                ..ApiError::bad_request(e.to_string(), None)
+            },
+            ReadError::TimedOut(_) => {
+                ApiError::overloaded(e.to_string(), std::time::Duration::from_secs(1))
+            }
+            ReadError::Store(e) => ApiError::internal(e.to_string()),
+        })?;
     let total = |f: fn(&crate::usage::DayRow) -> u64| rows.iter().map(f).sum::<u64>();
     let budget = tenant.config.budget_usd.map(|usd| {
         log.budget(

@@ -111,9 +111,7 @@ impl Upstream for Embedded {
                         _tally: tally,
                     }) as Events)
                 }
-                Err(
-                    e @ (EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. }),
-                ) => Err(StartError::Busy(e.to_string())),
+                Err(e) if e.is_overload() => Err(StartError::Busy(e.to_string())),
                 Err(EngineError::InvalidRequest(m)) => Err(StartError::Invalid(m)),
                 Err(e) => Err(StartError::Failed(e.to_string())),
             }

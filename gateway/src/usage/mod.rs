@@ -6,8 +6,12 @@
 //! request path only hands the record to a channel; one writer thread owns the database
 //! connection and writes records in batches ([`MAX_BATCH`] records, or what came within
 //! [`BATCH_WINDOW`] of a batch's first), one transaction each — so a crash loses at most the
-//! batch being gathered. The same thread answers `GET /v1/usage`'s queries, after writing what
-//! it holds, so a tenant sees every request that ended before it asked.
+//! batch being gathered.
+//!
+//! `GET /v1/usage` reads the daily rollup (`store`) on connections of its own, never the
+//! writer's: each read first has the writer write what it holds (so a tenant sees every request
+//! that ended before it asked), a tenant has one read in flight at a time (another gets 429),
+//! at most [`READERS`] run at once, and each is stopped at [`READ_DEADLINE`] (503).
 //!
 //! Two stores, one schema ([`SCHEMA`]): SQLite (embedded, WAL journal; the default) and
 //! PostgreSQL (`postgres://…`).
@@ -35,6 +39,21 @@ pub const BATCH_WINDOW: Duration = Duration::from_millis(100);
 /// Records that may wait for the writer; beyond, new ones are dropped (and counted) rather than
 /// slow the request path.
 const QUEUE: usize = 65_536;
+/// Usage reads running at once (each on a connection of its own).
+pub const READERS: usize = 2;
+/// Longest a usage read may take, waiting for its turn included.
+pub const READ_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Why a usage read was not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("a usage read of this tenant is already running; retry when it ends")]
+    Busy,
+    #[error("the usage read did not finish within {0:?}; retry later or ask for fewer days")]
+    TimedOut(Duration),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// One request's usage.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -183,7 +202,7 @@ pub fn now_ms() -> i64 {
 }
 
 /// One row of a usage summary: a day and a model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DayRow {
     pub day: String,
     pub model: String,
@@ -198,13 +217,6 @@ enum Msg {
     Record(Box<Record>),
     /// Write what is held, then answer.
     Flush(mpsc::Sender<()>),
-    /// Days `from..=to` of a tenant, by day and model.
-    Summary {
-        tenant: String,
-        from_day: String,
-        to_day: String,
-        reply: tokio::sync::oneshot::Sender<Result<Vec<DayRow>, StoreError>>,
-    },
 }
 
 /// A tenant's spend in the current day and month.
@@ -220,6 +232,13 @@ pub struct UsageLog {
     prices: HashMap<String, Price>,
     spend: Mutex<HashMap<String, Spend>>,
     dropped: std::sync::atomic::AtomicU64,
+    /// Where the store is, for the readers' connections.
+    url: String,
+    /// Reader connections not in use (opened as needed, at most [`READERS`]).
+    readers: Mutex<Vec<Store>>,
+    read_turns: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Tenants with a read in flight.
+    reading: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for UsageLog {
@@ -253,6 +272,10 @@ impl UsageLog {
             prices: prices.into_iter().map(|p| (p.model.clone(), p)).collect(),
             spend: Mutex::new(spend),
             dropped: Default::default(),
+            url: url.to_string(),
+            readers: Mutex::new(Vec::new()),
+            read_turns: std::sync::Arc::new(tokio::sync::Semaphore::new(READERS)),
+            reading: Default::default(),
         })
     }
 
@@ -329,24 +352,80 @@ impl UsageLog {
     }
 
     /// A tenant's usage for days `from..=to` (`YYYY-MM-DD`), by day and model, including every
-    /// record made before the call.
+    /// record made before the call: one read of the tenant at a time, [`READERS`] at once,
+    /// within [`READ_DEADLINE`].
     pub async fn summary(
         &self,
         tenant: &str,
         from_day: &str,
         to_day: &str,
-    ) -> Result<Vec<DayRow>, StoreError> {
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        self.tx
-            .send(Msg::Summary {
+    ) -> Result<Vec<DayRow>, ReadError> {
+        let _turn = TenantRead::begin(&self.reading, tenant).ok_or(ReadError::Busy)?;
+        let deadline = Instant::now() + READ_DEADLINE;
+        let _permit = tokio::time::timeout_at(deadline.into(), self.read_turns.acquire())
+            .await
+            .map_err(|_| ReadError::TimedOut(READ_DEADLINE))?
+            .map_err(|_| StoreError("the usage readers stopped".into()))?;
+        let taken = self.readers.lock().expect("readers lock").pop();
+        let (url, tx) = (self.url.clone(), self.tx.clone());
+        let (tenant, from_day, to_day) =
+            (tenant.to_string(), from_day.to_string(), to_day.to_string());
+        let (store, rows) = tokio::task::spawn_blocking(move || {
+            // What the writer holds goes in first.
+            let (done, wait) = mpsc::channel();
+            if tx.send(Msg::Flush(done)).is_ok() {
+                let _ = wait.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+            }
+            let mut store = match taken {
+                Some(s) => s,
+                None => match Store::open_reader(&url) {
+                    Ok(s) => s,
+                    Err(e) => return (None, Err(e)),
+                },
+            };
+            let rows = store.summary(&tenant, &from_day, &to_day, deadline);
+            (Some(store), rows)
+        })
+        .await
+        .map_err(|e| StoreError(format!("the usage read failed: {e}")))?;
+        if let Some(s) = store {
+            self.readers.lock().expect("readers lock").push(s);
+        }
+        rows.map_err(|e| {
+            if Instant::now() >= deadline {
+                ReadError::TimedOut(READ_DEADLINE)
+            } else {
+                ReadError::Store(e)
+            }
+        })
+    }
+}
+
+/// A tenant's read in flight; dropping it ends the read.
+struct TenantRead<'a> {
+    reading: &'a Mutex<std::collections::HashSet<String>>,
+    tenant: String,
+}
+
+impl<'a> TenantRead<'a> {
+    fn begin(reading: &'a Mutex<std::collections::HashSet<String>>, tenant: &str) -> Option<Self> {
+        reading
+            .lock()
+            .expect("reading lock")
+            .insert(tenant.to_string())
+            .then(|| TenantRead {
+                reading,
                 tenant: tenant.to_string(),
-                from_day: from_day.to_string(),
-                to_day: to_day.to_string(),
-                reply,
             })
-            .map_err(|_| StoreError("the usage writer stopped".into()))?;
-        rx.await
-            .map_err(|_| StoreError("the usage writer stopped".into()))?
+    }
+}
+
+impl Drop for TenantRead<'_> {
+    fn drop(&mut self) {
+        self.reading
+            .lock()
+            .expect("reading lock")
+            .remove(&self.tenant);
     }
 }
 
@@ -416,16 +495,6 @@ fn writer(mut store: Store, rx: Receiver<Msg>) {
                 flush(&mut store, &mut batch);
                 first = None;
                 let _ = done.send(());
-            }
-            Msg::Summary {
-                tenant,
-                from_day,
-                to_day,
-                reply,
-            } => {
-                flush(&mut store, &mut batch);
-                first = None;
-                let _ = reply.send(store.summary(&tenant, &from_day, &to_day));
             }
         }
     }

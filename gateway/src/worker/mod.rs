@@ -208,19 +208,17 @@ async fn generate(state: &WorkerState, req: Request<Incoming>) -> Result<Respons
     trace.sent();
     let mut stream = crate::upstream::embedded::submit_engine(&state.engine, er)
         .await
-        .inspect_err(|_| trace.end(503))
         .map_err(|e| {
             use cachet_backend::EngineError;
             match e {
-                EngineError::Overloaded { .. } | EngineError::OverloadedTokens { .. } => {
-                    ApiError::overloaded(e.to_string(), Duration::from_secs(1))
-                }
+                e if e.is_overload() => ApiError::overloaded(e.to_string(), Duration::from_secs(1)),
                 EngineError::InvalidRequest(m) => {
                     error(StatusCode::BAD_REQUEST, "invalid_request", m)
                 }
                 e => ApiError::internal(e.to_string()),
             }
-        })?;
+        })
+        .inspect_err(|e| trace.end(e.status.as_u16()))?;
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         // Dropping `stream` when the client is gone cancels the request in the engine — at once,
