@@ -176,3 +176,43 @@ hdr = {"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
 h = json.dumps(hdr).encode()
 h += b" " * ((-len(h)) % 8)
 put("safetensors", "small.safetensors", struct.pack("<Q", len(h)) + h + struct.pack("<4f", 1, 2, 3, 4) + bytes(6) + bytes(2))
+
+
+# schema and lark: structured-output constraints (issue 58) — chains at and past the depth
+# limit (512), the shapes that overflowed a 2 MiB stack, wide alternations, recursion.
+def ref_chain(n, wide=False):
+    defs = {}
+    for i in range(n):
+        nxt = {"$ref": f"#/$defs/d{i + 1}"}
+        if i + 1 == n:
+            defs[f"d{i}"] = {"type": "string"}
+        elif wide:
+            defs[f"d{i}"] = {"anyOf": [nxt, {"type": "array", "items": nxt}]}
+        else:
+            defs[f"d{i}"] = nxt
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+put("schema", "ref-chain-510.json", json.dumps(ref_chain(510)))
+put("schema", "ref-chain-1000.json", json.dumps(ref_chain(1000)))
+put("schema", "ref-chain-wide-300.json", json.dumps(ref_chain(300, True)))
+put("schema", "any-of-3000.json", json.dumps({"anyOf": [{"const": i} for i in range(3000)]}))
+put("schema", "tree.json", json.dumps({"type": "object", "properties": {
+    "name": {"type": "string", "pattern": "^[a-z]+$"},
+    "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 3}},
+    "required": ["name"]}))
+put("schema", "person.json", json.dumps({"type": "object", "properties": {
+    "age": {"type": "integer", "minimum": 0}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}},
+    "email": {"type": "string", "format": "email"}}, "additionalProperties": False}))
+
+
+def rule_chain(n):
+    return "start: r0\n" + "".join(f"r{i}: \"x\" r{i + 1} | \"y\"\n" for i in range(n)) + f"r{n}: \"z\"\n"
+
+
+put("lark", "rule-chain-500.lark", rule_chain(500))
+put("lark", "rule-chain-1000.lark", rule_chain(1000))
+put("lark", "groups-100.lark", "start: " + "(" * 100 + "\"a\"" + ")*" * 100 + "\n")
+put("lark", "expr.lark", "start: expr\n?expr: term ((\"+\" | \"-\") term)*\n?term: NUMBER | \"(\" expr \")\"\nNUMBER: /[0-9]+/\n")
+put("lark", "json-block.lark", "start: \"<call>\" obj \"</call>\"\nobj: %json " + json.dumps(ref_chain(20)) + "\n")
+put("lark", "terminal-chain.lark", "start: T0\n" + "".join(f"T{i}: \"a\" T{i + 1}\n" for i in range(300)) + "T300: \"b\"\n")

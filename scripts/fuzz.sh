@@ -9,8 +9,8 @@
 #   scripts/fuzz.sh --asan ...           # build with AddressSanitizer (slower; the code under test
 #                                        # is safe Rust, so the default is Rust's own checks only)
 #
-# Targets: request, template_reply, template_module, normalizer, gguf, safetensors (see
-# fuzz/src/lib.rs). New corpus entries go to fuzz/work/<target>/ (ignored by git); an input a
+# Targets: request, template_reply, template_module, normalizer, gguf, safetensors, schema, lark
+# (see fuzz/src/lib.rs). New corpus entries go to fuzz/work/<target>/ (ignored by git); an input a
 # target fails on is written to fuzz/work/artifacts/<target>/ — commit it under
 # fuzz/corpus/<target>/crash-<what> once fixed, so CI replays it (fuzz/tests/corpus.rs).
 # Logs: fuzz/work/logs/<target>.log.
@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
         *) targets+=("$1"); shift ;;
     esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(request template_reply template_module normalizer gguf safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(request template_reply template_module normalizer gguf safetensors schema lark)
 
 if [ -z "$bin_dir" ]; then
     rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal

@@ -30,7 +30,68 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("normalizer", normalizer),
     ("gguf", gguf),
     ("safetensors", safetensors),
+    ("schema", schema),
+    ("lark", lark),
 ];
+
+/// A structured-output schema (the input as JSON; not JSON: nothing to do) checked, compiled and
+/// followed for a few tokens the way the engine does it: refused with a limit, refused as not
+/// compiling, or a grammar whose masks and steps work — never a panic, a hang or a stack
+/// overflow (which aborts the fuzzer). The seeds are chains of `$ref`s at and past the depth
+/// limit, wide alternations and recursive references (`make_seeds.py`).
+pub fn schema(data: &[u8]) {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    follow_constraint(cachet_backend::grammar::Constraint::JsonSchema(v), data);
+}
+
+/// A Lark grammar (the input as text), as [`schema`]: chains of rules, deep groups, wide
+/// alternations, `%json` blocks.
+pub fn lark(data: &[u8]) {
+    let text = String::from_utf8_lossy(data).into_owned();
+    follow_constraint(cachet_backend::grammar::Constraint::Lark(text), data);
+}
+
+/// Checks, compiles and follows `c` for up to 16 tokens picked by `data` among those allowed.
+fn follow_constraint(c: cachet_backend::grammar::Constraint, data: &[u8]) {
+    use cachet_backend::grammar::GrammarCompiler;
+    use cachet_backend::EngineError;
+    static COMPILER: OnceLock<GrammarCompiler> = OnceLock::new();
+    let tok = &tokenizers_for_fuzzing()[0];
+    let g = COMPILER.get_or_init(|| {
+        let eos = tok
+            .token_id("<|im_end|>")
+            .expect("the fuzzing vocabulary has <|im_end|>");
+        GrammarCompiler::new(tok.clone(), eos, tok.vocab_size())
+    });
+    let checked = c.check();
+    let mut m = match g.compile(&c) {
+        Ok(m) => m,
+        Err(EngineError::InvalidRequest(msg)) => {
+            assert!(!msg.is_empty());
+            return;
+        }
+        // Busy (the compile slots) or anything else a fuzzing run cannot cause: a failure.
+        Err(e) => panic!("a constraint compiled to {e}"),
+    };
+    assert!(checked.is_ok(), "compiled past the limits: {checked:?}");
+    let words = tok.vocab_size().div_ceil(32);
+    let mut mask = vec![0u32; words];
+    for &pick in data.iter().take(16) {
+        if m.is_stopped() || m.mask(&mut mask).is_err() {
+            return;
+        }
+        let allowed: Vec<u32> = (0..tok.vocab_size() as u32)
+            .filter(|t| mask[*t as usize / 32] >> (t % 32) & 1 == 1)
+            .collect();
+        let Some(&t) = allowed.get(pick as usize % allowed.len().max(1)) else {
+            return;
+        };
+        m.consume(t)
+            .expect("the grammar takes a token its mask allowed");
+    }
+}
 
 /// A request body (first byte: chat or text completion, unknown fields refused or let
 /// through) through the API's parsing and validation: a request within the API's limits, or a

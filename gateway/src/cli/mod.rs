@@ -61,6 +61,10 @@ pub enum Command {
     /// Tenant administration helpers.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// (Internal) Compile a template module from stdin to stdout: `cachet serve` runs its
+    /// tenants' uploads through this in a child process it can stop.
+    #[command(hide = true)]
+    CompileTemplate,
 }
 
 #[derive(Subcommand, Debug)]
@@ -102,6 +106,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logits(a) => generate::logits(a),
         Command::Model(c) => model::run(c),
         Command::Bench(c) => bench::run(c),
+        Command::CompileTemplate => cachet_gateway::sandbox::compile_child(),
         Command::Tenant(TenantCommand::HashKey { key }) => {
             println!(
                 "{}",

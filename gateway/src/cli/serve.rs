@@ -339,6 +339,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                     cache_bytes: a.template_cache_mib << 20,
                     max_functions: a.template_max_functions.max(1),
                     compile_deadline: Duration::from_secs(a.template_compile_timeout.max(1)),
+                    // In a child process it can stop at the deadline.
+                    compile_in: cachet_gateway::sandbox::CompileIn::Process(
+                        std::env::current_exe()
+                            .context("finding this program for template compiles")?,
+                    ),
                     ..Default::default()
                 })?;
             let store = cachet_gateway::sandbox::store::TemplateStore::open(dir, sandbox)

@@ -62,20 +62,37 @@ impl CancelCount {
 pub struct ClientCancels {
     count: CancelCount,
     trips: tokio::sync::watch::Sender<u64>,
+    /// When the address last went past its limit.
+    tripped_at: Mutex<Option<Instant>>,
 }
+
+/// How long an address that went past its cancellation limit is refused new connections.
+pub const CANCEL_COOLING: Duration = Duration::from_secs(1);
 
 impl ClientCancels {
     pub fn new(cancels_per_second: u32) -> Arc<ClientCancels> {
         Arc::new(ClientCancels {
             count: CancelCount::new(cancels_per_second),
             trips: tokio::sync::watch::channel(0).0,
+            tripped_at: Mutex::new(None),
         })
     }
 
     fn cancelled(&self) {
         if self.count.add() > self.count.limit {
+            *self.tripped_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             self.trips.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Whether the address went past its limit within [`CANCEL_COOLING`]: its new connections
+    /// are refused meanwhile (a flood that reconnects at once would otherwise cost a TCP and
+    /// HTTP/2 handshake per closed connection).
+    pub fn cooling(&self) -> bool {
+        self.tripped_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t.elapsed() < CANCEL_COOLING)
     }
 
     /// The limit, for the log.

@@ -130,6 +130,15 @@ struct Connections {
     per_ip: Mutex<HashMap<IpAddr, (usize, Arc<idle::ClientCancels>)>>,
 }
 
+/// Why a connection was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Its address holds its cap of connections.
+    OverCap,
+    /// Its address went past its cancellation limit less than a second ago.
+    Cancelling,
+}
+
 /// A connection's place in [`Connections`]; dropping it gives the place back.
 struct Registered {
     id: u64,
@@ -145,9 +154,10 @@ impl Drop for Registered {
             .expect("connections lock")
             .remove(&self.id);
         let mut per_ip = self.conns.per_ip.lock().expect("connections lock");
-        if let Some((n, _)) = per_ip.get_mut(&self.ip) {
+        if let Some((n, client)) = per_ip.get_mut(&self.ip) {
             *n -= 1;
-            if *n == 0 {
+            // An address cooling off after a cancellation flood is remembered until it cools.
+            if *n == 0 && !client.cooling() {
                 per_ip.remove(&self.ip);
             }
         }
@@ -163,14 +173,22 @@ impl Connections {
         ip: IpAddr,
         limits: &Limits,
         shed: Arc<Notify>,
-    ) -> Option<(Registered, Arc<idle::Activity>)> {
+    ) -> Result<(Registered, Arc<idle::Activity>), Refusal> {
         let client = {
             let mut per_ip = self.per_ip.lock().expect("connections lock");
+            // Addresses remembered only for cooling off leave once cooled (swept as the map
+            // doubles, so the sweep costs O(1) a registration).
+            if per_ip.len() >= 1024 && per_ip.len().is_power_of_two() {
+                per_ip.retain(|_, (n, c)| *n > 0 || c.cooling());
+            }
             let (n, client) = per_ip
                 .entry(ip)
                 .or_insert_with(|| (0, idle::ClientCancels::new(limits.max_cancels_per_client)));
+            if client.cooling() {
+                return Err(Refusal::Cancelling);
+            }
             if *n >= limits.max_connections_per_ip.max(1) {
-                return None;
+                return Err(Refusal::OverCap);
             }
             *n += 1;
             client.clone()
@@ -181,7 +199,7 @@ impl Connections {
             .lock()
             .expect("connections lock")
             .insert(id, (activity.clone(), shed));
-        Some((
+        Ok((
             Registered {
                 id,
                 ip,
@@ -353,19 +371,22 @@ where
                     }
                 };
                 let shed = Arc::new(Notify::new());
-                let Some((place, activity)) = conns.register(peer.ip(), &limits, shed.clone()) else {
-                    if let Some(not_logged) = refused_ip.due() {
-                        tracing::warn!(ip = %peer.ip(), cap = limits.max_connections_per_ip, not_logged, "connection refused: this IP holds its cap of connections");
+                let (place, activity) = match conns.register(peer.ip(), &limits, shed.clone()) {
+                    Ok(x) => x,
+                    Err(why) => {
+                        if let Some(not_logged) = refused_ip.due() {
+                            tracing::warn!(ip = %peer.ip(), ?why, cap = limits.max_connections_per_ip, not_logged, "connection refused");
+                        }
+                        // A plain-HTTP client learns why; the reply holds no connection slot.
+                        if let (None, Ok(turn)) = (&acceptor, replies.clone().try_acquire_owned()) {
+                            let message = refusal_message(why, &limits);
+                            tokio::spawn(async move {
+                                refuse_connection(stream, message).await;
+                                drop(turn);
+                            });
+                        }
+                        continue;
                     }
-                    // A plain-HTTP client learns why; the reply holds no connection slot.
-                    if let (None, Ok(turn)) = (&acceptor, replies.clone().try_acquire_owned()) {
-                        let cap = limits.max_connections_per_ip;
-                        tokio::spawn(async move {
-                            refuse_over_ip_cap(stream, cap).await;
-                            drop(turn);
-                        });
-                    }
-                    continue;
                 };
                 tune_accepted(&stream);
                 let handle = handle.clone();
@@ -398,24 +419,46 @@ where
     Ok(())
 }
 
-/// Connections over their IP's cap answered at once ([`refuse_over_ip_cap`]); more are closed
+/// Refused connections answered at once ([`refuse_connection`]); more are closed
 /// unanswered, so a flood from one address costs at most this many small tasks.
 const REFUSAL_REPLIES: usize = 64;
 
-/// The reply to a plain-HTTP connection over its IP's cap: 429 with `Retry-After` and the API's
-/// error body naming the cap and what to do, then the close — within a second. What the client
-/// sends meanwhile is read off until it closes (a request arriving after the close would reset
-/// the connection before the client reads the 429).
-async fn refuse_over_ip_cap(mut stream: tokio::net::TcpStream, cap: usize) {
+/// What a refused connection is told: its code and why.
+fn refusal_message(why: Refusal, limits: &Limits) -> (&'static str, String) {
+    match why {
+        Refusal::OverCap => (
+            "too_many_connections",
+            format!(
+                "this client address already holds {} connections, the server's cap \
+                 (--max-connections-per-ip): reuse connections (keep-alive) or open fewer at once",
+                limits.max_connections_per_ip
+            ),
+        ),
+        Refusal::Cancelling => (
+            "too_many_cancellations",
+            format!(
+                "this client address cancelled more than {} requests within a second \
+                 (--max-cancels-per-client); its new connections are refused for a second",
+                limits.max_cancels_per_client
+            ),
+        ),
+    }
+}
+
+/// The reply to a refused plain-HTTP connection: 429 with `Retry-After` and the API's error
+/// body saying why and what to do, then the close — within a second. What the client sends
+/// meanwhile is read off until it closes (a request arriving after the close would reset the
+/// connection before the client reads the 429).
+async fn refuse_connection(
+    mut stream: tokio::net::TcpStream,
+    (code, message): (&'static str, String),
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let e = super::error::ApiError {
         status: hyper::StatusCode::TOO_MANY_REQUESTS,
         kind: "rate_limit_error",
-        code: Some("too_many_connections"),
-        message: format!(
-            "this client address already holds {cap} connections, the server's cap \
-             (--max-connections-per-ip): reuse connections (keep-alive) or open fewer at once"
-        ),
+        code: Some(code),
+        message,
         param: None,
         retry_after: Some(Duration::from_secs(1)),
         source: super::error::Source::Client,
@@ -614,7 +657,11 @@ mod tests {
         };
         let first = reg(ip).unwrap();
         let second = reg(ip).unwrap();
-        assert!(reg(ip).is_none(), "a third from one IP is refused");
+        assert_eq!(
+            reg(ip).err(),
+            Some(Refusal::OverCap),
+            "a third from one IP is refused"
+        );
         let _third_elsewhere = reg(other).unwrap();
         drop(first);
         let again = reg(ip).unwrap();
@@ -672,7 +719,15 @@ mod tests {
         }
         assert_eq!(got[..4], [Some(idle::CancelTrip::Client); 4]);
         assert_eq!(got[4], None, "another address is left alone");
+        // Cooling off: the address's new connections are refused for a second, others' not.
+        assert_eq!(
+            conns.register(ip, &limits, Arc::new(Notify::new())).err(),
+            Some(Refusal::Cancelling)
+        );
         of_ip.clear();
+        assert!(conns
+            .register(other, &limits, Arc::new(Notify::new()))
+            .is_ok());
     }
 
     #[tokio::test]

@@ -148,15 +148,43 @@ impl Memo {
     }
 }
 
+/// Most `volatile_patterns` a tenant may have: each is run over every static segment of every
+/// request, and an operator's change compiles them all before it is written.
+pub const MAX_PATTERNS: usize = 64;
+/// Longest pattern, in bytes.
+pub const MAX_PATTERN_BYTES: usize = 1024;
+/// Most memory one compiled pattern may take (the regex crate's size limit).
+pub const MAX_PATTERN_PROGRAM: usize = 1 << 20;
+
 impl Rules {
-    /// Rules from a tenant's config values; an error says which pattern is wrong.
+    /// Rules from a tenant's config values; an error says which pattern is wrong, or which
+    /// limit the patterns are past (checked before any is compiled).
     pub fn new(mode: Option<&str>, patterns: &[String]) -> Result<Rules, String> {
         let mode = mode.map_or(Ok(Mode::Relocate), str::parse)?;
+        if patterns.len() > MAX_PATTERNS {
+            return Err(format!(
+                "volatile_patterns has {} patterns; the limit is {MAX_PATTERNS}",
+                patterns.len()
+            ));
+        }
+        if let Some(p) = patterns.iter().find(|p| p.len() > MAX_PATTERN_BYTES) {
+            return Err(format!(
+                "a volatile_patterns entry is {} bytes; the limit is {MAX_PATTERN_BYTES}",
+                p.len()
+            ));
+        }
         let patterns = patterns
             .iter()
             .map(|p| {
-                Regex::new(p)
-                    .map_err(|e| format!("volatile_patterns entry `{p}` is not a regex: {e}"))
+                regex::RegexBuilder::new(p)
+                    .size_limit(MAX_PATTERN_PROGRAM)
+                    .dfa_size_limit(MAX_PATTERN_PROGRAM)
+                    .build()
+                    .map_err(|e| {
+                        format!(
+                            "volatile_patterns entry `{p}` is not a regex within the limits: {e}"
+                        )
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Rules {

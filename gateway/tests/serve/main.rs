@@ -4,6 +4,7 @@ mod api_fields;
 mod bench;
 mod common;
 mod config_reload;
+mod hostile;
 mod openai_client;
 mod operator;
 mod otlp;

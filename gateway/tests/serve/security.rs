@@ -5,7 +5,7 @@
 //! that a legitimate client (`/health` from another address) keeps answering fast.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::common::*;
@@ -16,55 +16,6 @@ fn config(extra: &str) -> String {
         key_hash("sk-a"),
         key_hash("sk-b")
     )
-}
-
-/// A TCP connection to `base` from local address `from` (any 127.x address is this machine).
-fn connect_from(base: &str, from: &str) -> TcpStream {
-    let addr: SocketAddr = base.trim_start_matches("http://").parse().unwrap();
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    let local: IpAddr = from.parse().unwrap();
-    s.bind(&SocketAddr::new(local, 0).into()).unwrap();
-    s.connect(&addr.into()).unwrap();
-    let s: TcpStream = s.into();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s
-}
-
-/// `GET /health` from `from`: (status line, seconds it took).
-fn health_from(base: &str, from: &str) -> (String, f64) {
-    let t0 = Instant::now();
-    let mut s = connect_from(base, from);
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    (
-        out.lines().next().unwrap_or("").to_string(),
-        t0.elapsed().as_secs_f64(),
-    )
-}
-
-/// A short chat (two tokens, greedy) for tenant `b` from `from`: seconds to the whole answer.
-fn chat_secs(base: &str, from: &str) -> f64 {
-    let body = r#"{"model":"smollm2","messages":[{"role":"user","content":"Say hi."}],"max_tokens":2,"temperature":0}"#;
-    let t0 = Instant::now();
-    let out = chat_closing(connect_from(base, from), "sk-b", body);
-    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    t0.elapsed().as_secs_f64()
-}
-
-/// Sends a chat completion with `key` on `s`, asking the server to close the connection after
-/// it; returns the whole response.
-fn chat_closing(mut s: TcpStream, key: &str, body: &str) -> String {
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
 }
 
 /// The P99 (here: the slowest of twenty) of a short chat with the server otherwise idle, and the

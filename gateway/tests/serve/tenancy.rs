@@ -259,6 +259,7 @@ fn usage_is_recorded_budgets_refuse_and_records_survive_a_kill() {
     let answered = answered.into_inner();
     let today = cachet_gateway::usage::day_of(cachet_gateway::usage::now_ms());
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .unwrap();
     let log = cachet_gateway::usage::UsageLog::open(&db, vec![]).unwrap();
