@@ -195,6 +195,18 @@ fn no_schema_or_grammar_takes_down_the_gateway_or_its_workers() {
     // Embedded.
     let (mut server, base) = start(&tenants(""));
     battery_holds(&base, "embedded");
+    // A body nested 100,000 deep: JSON is parsed with a recursion limit (128), so no walk over
+    // a request's values goes deeper than that.
+    let deep = format!(
+        "{{\"model\":\"smollm2\",\"messages\":{}{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let addr = base.trim_start_matches("http://");
+    let mut s = post_raw(addr, "sk-a", "/v1/chat/completions", &deep);
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 400");
     assert!(
         server.0.try_wait().unwrap().is_none(),
         "the gateway is alive"
