@@ -23,22 +23,13 @@
 #define MMA_KGROUPS(D) ((D) > 128 ? 2 : 1)
 // Decode steps split each key tile over the warps (below) with the FP8 cache; the bf16 cache
 // keeps one warp per 16 query rows (its d128 variant spills with the split's registers).
-#ifndef MMA_DECODE_SPLIT_BF16
-#define MMA_DECODE_SPLIT_BF16 0
-#endif
-// 1 (the default): decode blocks of the FP8 cache run an instantiation of their own
-// (attention_mma's DECODE; the INT8 cache's would spill), so every choice between the decode and
-// the prompt path below is made at compile time — the copies' loops and addresses, the lookups
-// and the fragment paths — instead of at run time in one body holding both: 650 instructions a
-// tile loop instead of 833, a batch-256 FP8 decode step 5% faster (BENCHMARKS.md §12c). 0: one
-// body, `dec` decided per block at run time (what §9 and §12 ran), for side-by-side runs through
-// CACHET_KERNEL_DIR.
-#ifndef MMA_DECODE_SPECIALIZED
-#define MMA_DECODE_SPECIALIZED 1
-#endif
+// Decode blocks of the FP8 cache run an instantiation of their own (attention_mma's DECODE; the
+// INT8 cache's would spill), so every choice between the decode and the prompt path below is made
+// at compile time — the copies' loops and addresses, the lookups and the fragment paths — instead
+// of at run time in one body holding both: 650 instructions a tile loop instead of 833, a
+// batch-256 FP8 decode step 5% faster (BENCHMARKS.md §3).
 // Whether the kernel of head_dim D and cache MODE has a decode instantiation.
-#define MMA_SPECIALIZES(D, MODE) \
-    (MMA_DECODE_SPECIALIZED && ((MODE) == 1 || ((MODE) == 0 && MMA_DECODE_SPLIT_BF16)) && MMA_KGROUPS(D) == 1)
+#define MMA_SPECIALIZES(D, MODE) ((MODE) == 1 && MMA_KGROUPS(D) == 1)
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
     asm volatile(
@@ -441,7 +432,7 @@ __device__ __forceinline__ void attention_mma(const bf16* __restrict__ qkv, void
     // memory at the end — and each warp copies (and, FP8, converts) its own rows of every tile, so
     // the tile loop has no block-wide barrier: four warps at the tensor cores instead of one, and
     // none waiting for another's copies.
-    constexpr bool DEC = FP8 || MMA_DECODE_SPLIT_BF16;
+    constexpr bool DEC = FP8;
     static_assert(DECODE != 1 || MMA_SPECIALIZES(D, MODE), "a decode instantiation");
     // Specialized: the caller chose the instantiation by the same test (mma_decode_block).
     const bool dec = TR || (MMA_SPECIALIZES(D, MODE) ? DECODE != 0 : DEC && KG == 1 && ntok * group <= MMA_HK);

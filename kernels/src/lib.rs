@@ -116,23 +116,10 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
-        name: "decode_layers.cu",
-        code: include_str!("decode_layers.cu"),
-        symbols: &[
-            "decode_layers_bf16_d64",
-            "decode_layers_bf16_d128",
-            "decode_layers_e4m3_d64",
-            "decode_layers_e4m3_d128",
-        ],
-    },
-    KernelSource {
         name: "moe.cu",
         code: include_str!("moe.cu"),
         symbols: &[
             "moe_route_f32",
-            "moe_router_route_r1",
-            "moe_router_route_r2",
-            "moe_router_route_r4",
             "moe_gate_up_bf16",
             "moe_gate_up_e4m3",
             "moe_down_bf16",

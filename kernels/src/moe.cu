@@ -14,15 +14,14 @@
 
 // Token t's routing by one warp: softmax over its E router logits (f32: a bf16 product would
 // turn near ties into different experts than the model's), the k largest (ties to the lower
-// expert), weights renormalised over the k when `norm`. `logits` is read through `volatile`
-// loads: the fused router below reads logits other blocks of its grid wrote.
+// expert), weights renormalised over the k when `norm`.
 //   logits : device, f32 [n, E];  ids : device, i32 [n, k];  weights : device, f32 [n, k]
 // E ≤ MOE_MAX_EXPERTS, k ≤ E (checked by the host).
-__device__ __forceinline__ void route_token(const volatile float* logits, int* __restrict__ ids,
+__device__ __forceinline__ void route_token(const float* __restrict__ logits, int* __restrict__ ids,
                                             float* __restrict__ weights, int t, int E, int k, int norm) {
     const int lane = threadIdx.x & 31;
     constexpr int PER = MOE_MAX_EXPERTS / 32;
-    const volatile float* l = logits + (size_t)t * E;
+    const float* l = logits + (size_t)t * E;
     const float neg_inf = __int_as_float(0xff800000u);
     float p[PER];
     float m = neg_inf;
@@ -83,43 +82,6 @@ extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* 
     route_token(logits, ids, weights, t, E, k, norm);
 }
 
-// A decode step's router and routing in one launch: the blocks compute the E logit rows of the
-// few tokens (gemv.cu's plain GEMV, f32 out, a warp per expert row), and the last block to
-// finish — a ticket taken after a fence, the threadFenceReduction pattern — routes every token
-// (route_token, a warp each) and resets the ticket for the next launch. Saves the routing
-// launch of every MoE layer.
-//   w : device, bf16 [E, h];  x : device, bf16 [rows, h];  logits : device, f32 [rows, E]
-//   (scratch);  ids, weights : device, [rows, k];  done : device, u32 [1], zero between launches
-// rows ≤ R; h % 8 == 0; E ≤ MOE_MAX_EXPERTS, k ≤ E (checked by the host).
-template <int R>
-__device__ __forceinline__ void moe_router_route(const bf16* __restrict__ w, const bf16* __restrict__ x,
-                                                 float* __restrict__ logits, int* __restrict__ ids,
-                                                 float* __restrict__ weights, unsigned* __restrict__ done, int h,
-                                                 int rows, int E, int k, int norm) {
-    __shared__ unsigned ticket;
-    gemv_plain<R, false, float>(w, nullptr, x, logits, E, h, rows);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(done, 1u);
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
-    __threadfence();
-    for (int t = threadIdx.x >> 5; t < rows; t += blockDim.x >> 5) route_token(logits, ids, weights, t, E, k, norm);
-    if (threadIdx.x == 0) *done = 0u;
-}
-
-#define MOE_ROUTER_ROUTE_KERNEL(name, R)                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1)                                     \
-        name(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ logits,      \
-             int* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done, int h,  \
-             int rows, int E, int k, int norm) {                                                      \
-        wait_for_prior_kernels();                                                                     \
-        moe_router_route<R>(w, x, logits, ids, weights, done, h, rows, E, k, norm);                   \
-    }
-MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r1, 1)
-MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r2, 2)
-MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r4, 4)
-
 // ---- Few rows: expert GEMVs ----
 
 // act[p, j] = silu(g) · u for every (token, slot) pair p = t·k + s, with expert e = ids[p]:
@@ -128,7 +90,6 @@ MOE_ROUTER_ROUTE_KERNEL(moe_router_route_r4, 4)
 //   w : device, bf16 or e4m3 [E · 2 · inter, h];  w_scale : device, f32 [E · 2 · inter] (e4m3)
 //   or null;  x : device, bf16 [n, h];  ids : device, i32 [n · k];  act : device, bf16
 //   [n · k, inter]
-// moe_gate_up_expert is the block's part once its pair's expert e is known.
 template <bool F8>
 __device__ __forceinline__ void moe_gate_up_expert(const void* __restrict__ w, const float* __restrict__ w_scale,
                                                    const bf16* __restrict__ x, int e, bf16* __restrict__ act,
@@ -144,30 +105,6 @@ __device__ __forceinline__ void moe_gate_up_expert(const void* __restrict__ w, c
     const float gsc = F8 ? w_scale[gate_row] : 1.f, usc = F8 ? w_scale[up_row] : 1.f;
     const float gs = bf2f(f2bf(warp_sum(g[0]) * gsc)), us = bf2f(f2bf(warp_sum(u[0]) * usc));
     if ((threadIdx.x & 31) == 0) act[(size_t)p * inter + j] = f2bf(silu(gs) * us);
-}
-
-// The same with the routing in it, for a decode step's few rows: warp 0 of every block routes
-// its token t = p / k from the router's f32 logits (route_token, into shared memory: the
-// routing kernel's ids and weights bit for bit), the block takes slot p % k's expert, and the
-// blocks of column 0 write the pair's expert and weight for the down projection. Saves the
-// routing's launch (each block routes its token again: E logits, one warp's work).
-//   logits : device, f32 [n, E];  ids, weights : device, [n · k], written
-// E ≤ MOE_MAX_EXPERTS, k ≤ MOE_MAX_K (checked by the host).
-template <bool F8>
-__device__ __forceinline__ void moe_route_gate_up(const void* __restrict__ w, const float* __restrict__ w_scale,
-                                                  const bf16* __restrict__ x, const float* __restrict__ logits,
-                                                  int* __restrict__ ids, float* __restrict__ weights,
-                                                  bf16* __restrict__ act, int inter, int h, int k, int E, int norm) {
-    __shared__ int s_ids[MOE_MAX_K];
-    __shared__ float s_weights[MOE_MAX_K];
-    const int p = blockIdx.x, t = p / k, s = p % k;
-    if (threadIdx.x < 32) route_token(logits + (size_t)t * E, s_ids, s_weights, 0, E, k, norm);
-    __syncthreads();
-    if (blockIdx.y == 0 && threadIdx.x == 0) {
-        ids[p] = s_ids[s];
-        weights[p] = s_weights[s];
-    }
-    moe_gate_up_expert<F8>(w, w_scale, x, s_ids[s], act, inter, h, k);
 }
 
 // y[t, j] = Σ_s weights[t·k + s] · bf16(act[t·k + s] · W[ids[t·k + s]·h + j, :]): the chosen
@@ -213,14 +150,6 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
         wait_for_prior_kernels();                                                                     \
         moe_gate_up_expert<F8>(w, w_scale, x, ids[blockIdx.x], act, inter, h, k);                     \
     }
-#define MOE_ROUTE_GATE_UP_KERNEL(name, F8)                                                            \
-    extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
-                                    const bf16* __restrict__ x, const float* __restrict__ logits,     \
-                                    int* __restrict__ ids, float* __restrict__ weights,               \
-                                    bf16* __restrict__ act, int inter, int h, int k, int E, int norm) { \
-        wait_for_prior_kernels();                                                                     \
-        moe_route_gate_up<F8>(w, w_scale, x, logits, ids, weights, act, inter, h, k, E, norm);        \
-    }
 #define MOE_DOWN_KERNEL(name, F8)                                                                     \
     extern "C" __global__ void name(const void* __restrict__ w, const float* __restrict__ w_scale,    \
                                     const bf16* __restrict__ act, const int* __restrict__ ids,        \
@@ -231,8 +160,6 @@ __device__ __forceinline__ void moe_down(const void* __restrict__ w, const float
     }
 MOE_GATE_UP_KERNEL(moe_gate_up_bf16, false)
 MOE_GATE_UP_KERNEL(moe_gate_up_e4m3, true)
-MOE_ROUTE_GATE_UP_KERNEL(moe_route_gate_up_bf16, false)
-MOE_ROUTE_GATE_UP_KERNEL(moe_route_gate_up_e4m3, true)
 MOE_DOWN_KERNEL(moe_down_bf16, false)
 MOE_DOWN_KERNEL(moe_down_e4m3, true)
 // ---- Grouped GEMMs for steps of many tokens (prefill, large decode batches) ----
@@ -493,7 +420,6 @@ MOE_GEMM_KERNEL(moe_gemm_bm128_e4m3, 128, 1)
     }
 MOE_GEMM_F8F8_KERNEL(moe_gemm_bm16_f8f8, 16)
 MOE_GEMM_F8F8_KERNEL(moe_gemm_bm64_f8f8, 64)
-MOE_GEMM_F8F8_KERNEL(moe_gemm_bm128_f8f8, 128)
 
 // y[t, :] = Σ_s weights[t·k + s] · yp[t·k + s, :] in slot order (f32), into bf16: the weighted
 // sum of a token's expert outputs. Grid-stride over n · h.

@@ -291,35 +291,6 @@ pub fn device_runner_quantized(
     build_runner(&m.config, WeightSource::Host(&m.weights), &opts).unwrap()
 }
 
-/// A CUDA runner of `m` (`quantization` of its weights) whose device takes the environment's
-/// switches as `edit` leaves them — two such runners in one process compare two settings.
-pub fn cuda_runner_with_options(
-    m: &LoadedModel,
-    num_blocks: usize,
-    quantization: cachet_backend::device::WeightQuantization,
-    edit: impl FnOnce(&mut cachet_backend::device::cuda::CudaOptions),
-) -> Box<dyn Runner> {
-    let opts = RunnerOptions {
-        quantization,
-        ..runner_options(DeviceKind::Cuda, num_blocks, None)
-    };
-    let mut cuda = cachet_backend::device::cuda::CudaOptions::from_env(Some(
-        fetch::cache_dir().join("kernels"),
-    ))
-    .unwrap();
-    edit(&mut cuda);
-    let dev = cachet_backend::device::cuda::CudaDevice::new(0, opts.block_size, cuda).unwrap();
-    Box::new(
-        cachet_backend::model::runner::ModelRunner::new(
-            dev,
-            &m.config,
-            WeightSource::Host(&m.weights),
-            &opts,
-        )
-        .unwrap(),
-    )
-}
-
 /// The tests' runner options on `dev`: `num_blocks` blocks of 16 tokens, the device's own KV
 /// type and weights, one rank.
 fn runner_options(

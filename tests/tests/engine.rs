@@ -11,7 +11,6 @@ use cachet_backend::request::FinishReason;
 use cachet_backend::sampler::{RowLogprobs, SamplingParams};
 use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_backend::EngineError;
 use cachet_tests::*;
 
 const QUESTIONS: [&str; 8] = [
@@ -647,91 +646,6 @@ gpu_test! {
             // Random weights leave near ties among 1,000 tokens: a top token within 2e-2 of the
             // eager top passes (the graph's padded rows round the products as another row count).
             graph_matches_eager(r.as_mut(), &b, 2e-2, &format!("random FP8 model, decode batch {n}"));
-        }
-    }
-}
-
-gpu_test! {
-    /// `CACHET_DECODE_LAYERS=fused`: a one-token decode step runs every layer in one
-    /// persistent launch (decode_layers.cu). On random models of the plain structure — head_dim
-    /// 128 and 64, GQA groups of 4 and 8 (the group's q heads in two passes), bf16 and FP8
-    /// weights — each of its steps gives the layer-by-layer device's logits within bf16 error
-    /// and the same top token (or one within a near tie of it), at contexts from 1 key to
-    /// several blocks per block of the grid; a greedy run of 24 tokens continues alike; the
-    /// step replayed from a CUDA graph equals the eager one; and the profile shows the one launch
-    /// ran (so the comparison is not the fallback against itself). Batches of more rows fall
-    /// back to the layers one by one.
-    fn decode_layers_in_one_launch_match_the_layers_one_by_one() {
-        use cachet_backend::device::{ForwardBatch, WeightQuantization};
-        use cachet_backend::kv::SimpleAllocator;
-        let cases = [
-            ("small-gqa-d128", WeightQuantization::None),
-            ("small-gqa-d128", WeightQuantization::Fp8),
-            ("small-gqa-d64", WeightQuantization::Fp8),
-            ("small-gqa-d64", WeightQuantization::None),
-            ("small-gqa8-d128", WeightQuantization::Fp8),
-        ];
-        for (name, q) in cases {
-            let m = random_model(name, 21);
-            let what = format!("{name}, {q:?} weights");
-            let mut sep = cuda_runner_with_options(&m, 512, q, |o| o.decode_layers_fused = false);
-            let mut one = cuda_runner_with_options(&m, 512, q, |o| o.decode_layers_fused = true);
-            let bs = one.kv_layout().block_size;
-            let mut alloc = SimpleAllocator::new(one.kv_layout().num_blocks, bs);
-            let lens = [1, 17, 40, 300, 1100, 2900];
-            let seqs = prefilled_synthetic(&mut [sep.as_mut(), one.as_mut()], &mut alloc, m.config.vocab_size, &lens, 7);
-            sep.set_cuda_graphs(false);
-            one.set_cuda_graphs(false);
-            one.set_profiling(true);
-            for (len, table, next) in &seqs {
-                let mut b = ForwardBatch::default();
-                b.push_seq(&[*next], *len, table, bs, true);
-                let (want, got) = (sep.forward(&b).unwrap(), one.forward(&b).unwrap());
-                let (w, g) = (want.row(0), got.row(0));
-                let err = rel_err(g, w);
-                eprintln!("{what}, context {}: one launch vs layer by layer {err:.2e}", len + 1);
-                assert!(err < 1e-2, "{what}, context {}: {err:e}", len + 1);
-                assert!(w[argmax(g)] >= w[argmax(w)] - 2e-2, "{what}, context {}: top {} against {}", len + 1, argmax(g), argmax(w));
-            }
-            let profile = one.take_profile().unwrap();
-            one.set_profiling(false);
-            let launches = profile.iter().find(|(op, _, _)| op == "decode layers").map_or(0, |p| p.2);
-            assert_eq!(launches, lens.len(), "{what}: the one-launch pass ran {launches} times: {profile:?}");
-            // A greedy continuation of the longest context, each runner on its own tokens.
-            let (len, table, next) = &seqs[4];
-            let mut table = table.clone();
-            alloc.ensure(&mut table, len + 25).unwrap();
-            let table = &table;
-            let (mut t_sep, mut t_one) = (*next, *next);
-            for i in 0..24 {
-                let mut b = ForwardBatch::default();
-                b.push_seq(&[t_sep], len + i, table, bs, true);
-                let w = sep.forward(&b).unwrap();
-                let mut b = ForwardBatch::default();
-                b.push_seq(&[t_one], len + i, table, bs, true);
-                let g = one.forward(&b).unwrap();
-                let (w, g) = (w.row(0), g.row(0));
-                t_sep = argmax(w) as u32;
-                t_one = argmax(g) as u32;
-                let mut sorted = w.to_vec();
-                sorted.sort_by(|a, b| b.total_cmp(a));
-                if t_sep != t_one {
-                    assert!(sorted[0] - sorted[1] < 2e-2, "{what}: greedy token {i}: {t_one} against {t_sep}");
-                    break;
-                }
-            }
-            // The step from a graph equals the eager one; a batch of three falls back.
-            assert!(one.set_cuda_graphs(true), "{what}: no graphs");
-            let (len, table, next) = &seqs[3];
-            let mut b = ForwardBatch::default();
-            b.push_seq(&[*next], *len, table, bs, true);
-            graph_matches_eager(one.as_mut(), &b, 2e-2, &format!("{what}, from a graph"));
-            let mut b = ForwardBatch::default();
-            for (len, table, next) in &seqs[1..4] {
-                b.push_seq(&[*next], *len, table, bs, true);
-            }
-            let (want, got) = (sep.forward(&b).unwrap(), one.forward(&b).unwrap());
-            assert!(rel_err(&got.data, &want.data) < 1e-2, "{what}: batch of three");
         }
     }
 }

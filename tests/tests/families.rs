@@ -214,261 +214,32 @@ fn bf16_normal(
 }
 
 gpu_test! {
-    /// An FP8 GEMM's input rows are quantized by `quantize_act_rows_e4m3` (each row read once,
-    /// x · 448/amax) unless `CACHET_FP8_ACTIVATIONS=exact` keeps the weights' kernel (x /
-    /// scale): the products of the two agree to well within what the activations' quantization
-    /// itself costs, and both stay within that cost of the CPU (bf16 inputs, the same FP8
-    /// weights), for rows held in registers and rows read twice (k past 16,384).
-    fn fp8_activations_quantized_fast_give_the_exact_kernels_products() {
+    /// An FP8 GEMM's input rows quantized by `quantize_act_rows_e4m3` (each row read once,
+    /// x · 448/amax) give products within what the activations' quantization costs of the CPU's
+    /// (bf16 inputs, the same FP8 weights), for rows held in registers and rows read twice (k
+    /// past 16,384), with an outlier channel setting each row's scale.
+    fn fp8_products_stay_within_the_quantizations_cost_of_the_cpu() {
         use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
         use cachet_backend::device::cpu::CpuDevice;
         use cachet_backend::device::Device;
-        let fast = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
-        let exact = CudaDevice::new(0, 16, CudaOptions { fp8_exact_activations: true, ..Default::default() }).unwrap();
+        let cuda = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
         let cpu = CpuDevice::new();
         let mut rng = cachet_backend::rng::Rng::new(11);
         let mut bf16_rows = |rows: usize, cols: usize, std: f64| bf16_normal(&mut rng, rows, cols, 0.0, std);
         for (m, k) in [(64, 64), (256, 4096), (128, 14336), (64, 20480)] {
             let w = bf16_rows(m, k, (k as f64).powf(-0.5));
-            let (wf, we) = (fast.quantize_fp8(fast.upload(&w).unwrap()).unwrap(), exact.quantize_fp8(exact.upload(&w).unwrap()).unwrap());
+            let wq = cuda.quantize_fp8(cuda.upload(&w).unwrap()).unwrap();
             let wc = cpu.quantize_fp8(cpu.upload(&w).unwrap()).unwrap();
             for n in [5, 40, 300] {
                 let mut x = bf16_rows(n, k, 1.0);
-                // An outlier channel, as activations have: it sets each row's scale.
                 for t in 0..n {
                     x.data[t * k + 3] = 24.0;
                 }
-                let got = fast.to_host(&fast.linear(&fast.upload(&x).unwrap(), &wf).unwrap()).unwrap();
-                let want = exact.to_host(&exact.linear(&exact.upload(&x).unwrap(), &we).unwrap()).unwrap();
+                let got = cuda.to_host(&cuda.linear(&cuda.upload(&x).unwrap(), &wq).unwrap()).unwrap();
                 let reference = cpu.to_host(&cpu.linear(&cpu.upload(&x).unwrap(), &wc).unwrap()).unwrap();
-                let (between, fast_err, exact_err) =
-                    (rel_err(&got, &want), rel_err(&got, &reference), rel_err(&want, &reference));
-                eprintln!("{n}×{k} · ({m}×{k})ᵀ: fast vs exact {between:.2e}; vs the CPU fast {fast_err:.2e}, exact {exact_err:.2e}");
-                assert!(between < 2e-3, "{n}×{k}: fast and exact quantization {between:e} apart");
-                assert!(fast_err < 8e-2 && exact_err < 8e-2, "{n}×{k}: {fast_err:e} / {exact_err:e} off the CPU");
-                assert!(fast_err < exact_err * 1.1 + 1e-3, "{n}×{k}: fast {fast_err:e} against exact {exact_err:e}");
-            }
-        }
-    }
-}
-
-gpu_test! {
-    /// `CACHET_FP8_GEMM_TUNE=timed`: an FP8 product's algorithm is the fastest of cuBLASLt's
-    /// candidates, timed on the shape's first product. Whatever it picks computes the same
-    /// product: within accumulation-order rounding of the heuristic's pick (split-K sums in
-    /// another order), and the same bits on every later product of the shape (the choice is
-    /// kept) — for the 8B shape's projections at decode and prefill row counts.
-    fn fp8_gemms_with_timed_algorithms_give_the_heuristics_products() {
-        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
-        use cachet_backend::device::Device;
-        let heuristic = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
-        let timed = CudaDevice::new(0, 16, CudaOptions { fp8_gemm_tune: true, ..Default::default() }).unwrap();
-        let mut rng = cachet_backend::rng::Rng::new(13);
-        let mut bf16_rows = |rows: usize, cols: usize, std: f64| bf16_normal(&mut rng, rows, cols, 0.0, std);
-        for (m, k) in [(6144, 4096), (4096, 4096), (4096, 14336)] {
-            let w = bf16_rows(m, k, (k as f64).powf(-0.5));
-            let (wh, wt) = (heuristic.quantize_fp8(heuristic.upload(&w).unwrap()).unwrap(), timed.quantize_fp8(timed.upload(&w).unwrap()).unwrap());
-            for n in [40, 256, 2048] {
-                let x = bf16_rows(n, k, 1.0);
-                let want = heuristic.to_host(&heuristic.linear(&heuristic.upload(&x).unwrap(), &wh).unwrap()).unwrap();
-                let xt = timed.upload(&x).unwrap();
-                let first = timed.to_host(&timed.linear(&xt, &wt).unwrap()).unwrap();
-                let again = timed.to_host(&timed.linear(&xt, &wt).unwrap()).unwrap();
-                let err = rel_err(&first, &want);
-                let differ = first.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                eprintln!("{n}×{k} · ({m}×{k})ᵀ: timed vs heuristic {err:.2e}; {differ} values differ between two timed products");
-                assert!(err < 5e-3, "{n}×{k} · ({m}×{k})ᵀ: the timed algorithm's product is {err:e} off the heuristic's");
-                assert_eq!(differ, 0, "{n}×{k} · ({m}×{k})ᵀ: the timed product changed between calls");
-            }
-        }
-    }
-}
-
-gpu_test! {
-    /// An FP8 gate|up product's scales and gated activation in one pass
-    /// (`fp8_scale_{silu|gelu_tanh}_bf16`) give the two launches' result bit for bit
-    /// (`CACHET_FP8_GLU=separate`: the scales' launch, then the activation's), SwiGLU and GeGLU,
-    /// for steps of the rows that reach cuBLASLt; the profile shows which path each took.
-    fn fp8_gate_up_scaled_and_gated_in_one_pass_equal_the_two_launches() {
-        use cachet_backend::config::Activation;
-        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
-        use cachet_backend::device::Device;
-        use cachet_backend::tensor::HostTensor;
-        let fused = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
-        let separate =
-            CudaDevice::new(0, 16, CudaOptions { fp8_fused_glu: false, ..Default::default() }).unwrap();
-        let mut rng = cachet_backend::rng::Rng::new(12);
-        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
-            let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();
-            HostTensor::new(vec![rows, cols], data)
-        };
-        for (k, inter) in [(64, 64), (2048, 5632)] {
-            let w = rows(2 * inter, k, 0.0, (k as f64).powf(-0.5));
-            let norm = rows(1, k, 1.0, 0.1);
-            for n in [5, 40, 300] {
-                let x = rows(n, k, 0.0, 1.0);
-                for act in [Activation::Silu, Activation::GeluTanh] {
-                    let mut outs = Vec::new();
-                    for (dev, label) in [(&fused, "fused"), (&separate, "separate")] {
-                        let wq = dev.quantize_fp8(dev.upload(&w).unwrap()).unwrap();
-                        let nw = dev.upload(&norm).unwrap();
-                        let mut residual = dev.upload_table(&x).unwrap();
-                        dev.set_profiling(true);
-                        let y = dev.norm_glu(&mut residual, None, &nw, 1e-5, &wq, act).unwrap();
-                        let got = dev.to_host(&y).unwrap();
-                        let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
-                        dev.set_profiling(false);
-                        let one_pass = ops.iter().any(|op| op == "↳ fp8: scales + gated activation");
-                        assert_eq!(one_pass, label == "fused", "{label}, {n} rows: the ops were {ops:?}");
-                        assert_eq!(got.len(), n * inter);
-                        assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
-                        outs.push(got);
-                    }
-                    let differ = outs[0].iter().zip(&outs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                    eprintln!("{n}×{k} → {inter}, {act:?}: {differ} of {} values differ", outs[0].len());
-                    assert_eq!(differ, 0, "{n}×{k} → {inter}, {act:?}: one pass and two launches differ");
-                }
-            }
-        }
-    }
-}
-
-gpu_test! {
-    /// A sub-layer's norm straight into the FP8 GEMM's input codes (`rms_norm_e4m3`,
-    /// `CACHET_FP8_NORM=fused`) gives what the norm's launch then the quantization's give, bit
-    /// for bit — the projection's output and the residual it leaves — with and without a delta to
-    /// add (and Gemma's norm of that delta), for a plain projection and a gated gate|up one, at
-    /// the rows that reach cuBLASLt; the profile shows which path each took.
-    fn fp8_norm_into_codes_equals_the_norm_then_the_quantization() {
-        use cachet_backend::config::Activation;
-        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
-        use cachet_backend::device::{Delta, Device};
-        use cachet_backend::tensor::HostTensor;
-        let fused = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
-        let separate =
-            CudaDevice::new(0, 16, CudaOptions { fp8_fused_norm: false, ..Default::default() }).unwrap();
-        let mut rng = cachet_backend::rng::Rng::new(13);
-        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
-            let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();
-            HostTensor::new(vec![rows, cols], data)
-        };
-        for (k, m) in [(64, 96), (4096, 1024)] {
-            let w = rows(m, k, 0.0, (k as f64).powf(-0.5));
-            let norm = rows(1, k, 1.0, 0.1);
-            let delta_norm = rows(1, k, 1.0, 0.1);
-            for n in [5, 40, 300] {
-                let x = rows(n, k, 0.0, 1.0);
-                let d = rows(n, k, 0.0, 0.5);
-                for (delta, post) in [(false, false), (true, false), (true, true)] {
-                    for glu in [None, Some(Activation::Silu)] {
-                        let mut outs = Vec::new();
-                        for (dev, label) in [(&fused, "fused"), (&separate, "separate")] {
-                            let wq = dev.quantize_fp8(dev.upload(&w).unwrap()).unwrap();
-                            let nw = dev.upload(&norm).unwrap();
-                            let (dx, dn) = (dev.upload(&d).unwrap(), dev.upload(&delta_norm).unwrap());
-                            let delta = delta.then(|| Delta { x: &dx, norm: post.then_some(&dn) });
-                            let mut residual = dev.upload_table(&x).unwrap();
-                            dev.set_profiling(true);
-                            let y = match glu {
-                                Some(act) => dev.norm_glu(&mut residual, delta, &nw, 1e-5, &wq, act),
-                                None => dev.norm_linear(&mut residual, delta, &nw, 1e-5, &wq),
-                            }
-                            .unwrap();
-                            let (got, res) = (dev.to_host(&y).unwrap(), dev.to_host(&residual).unwrap());
-                            let ops: Vec<String> = dev.take_profile().unwrap().into_iter().map(|(op, _, _)| op).collect();
-                            dev.set_profiling(false);
-                            let one_pass = ops.iter().any(|op| op == "↳ fp8: norm into codes");
-                            assert_eq!(one_pass, label == "fused", "{label}, {n} rows: the ops were {ops:?}");
-                            assert_eq!(got.len(), n * if glu.is_some() { m / 2 } else { m });
-                            assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
-                            outs.push((got, res));
-                        }
-                        let what = format!("{n}×{k} → {m}, delta {delta}, its norm {post}, {glu:?}");
-                        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-                        let (differ, res_differ) = (bits(&outs[0].0, &outs[1].0), bits(&outs[0].1, &outs[1].1));
-                        eprintln!("{what}: {differ} outputs and {res_differ} residual values differ");
-                        assert_eq!((differ, res_differ), (0, 0), "{what}: the fused norm differs");
-                    }
-                }
-            }
-        }
-    }
-}
-
-gpu_test! {
-    /// An FP8 sub-layer output whose scales the next norm applies (`linear_delta`,
-    /// `CACHET_FP8_OUT_SCALES=norm`) leaves the residual and the next projection's output bit
-    /// for bit where the scales' own launch (`separate`) leaves them — into an FP8 projection
-    /// (the norm into codes), a gated one, a plain norm (a mixture's, the final one), with and
-    /// without Gemma's norm of the delta — and one scales launch fewer; read back whole, the
-    /// unscaled product gives the scaled values. Rows the GEMV takes are the same either way.
-    fn fp8_output_scales_applied_by_the_next_norm_equal_their_own_launch() {
-        use cachet_backend::config::Activation;
-        use cachet_backend::device::cuda::{CudaDevice, CudaOptions};
-        use cachet_backend::device::{Delta, Device};
-        use cachet_backend::tensor::HostTensor;
-        let in_norm = CudaDevice::new(0, 16, CudaOptions::default()).unwrap();
-        let separate =
-            CudaDevice::new(0, 16, CudaOptions { fp8_scales_in_norm: false, ..Default::default() }).unwrap();
-        let mut rng = cachet_backend::rng::Rng::new(17);
-        let mut rows = |rows: usize, cols: usize, mean: f64, std: f64| {
-            let data = (0..rows * cols).map(|_| (mean + rng.normal() * std) as f32).collect();
-            HostTensor::new(vec![rows, cols], data)
-        };
-        for (k, h, m) in [(64, 96, 128), (4096, 4096, 1024)] {
-            let wo = rows(h, k, 0.0, (k as f64).powf(-0.5));
-            let w2 = rows(m, h, 0.0, (h as f64).powf(-0.5));
-            let norm = rows(1, h, 1.0, 0.1);
-            let delta_norm = rows(1, h, 1.0, 0.1);
-            for n in [3, 5, 40, 300] {
-                let x = rows(n, k, 0.0, 1.0);
-                let res0 = rows(n, h, 0.0, 1.0);
-                for post in [false, true] {
-                    for next in ["linear", "glu", "norm"] {
-                        let mut outs = Vec::new();
-                        let mut scale_launches = Vec::new();
-                        for dev in [&in_norm, &separate] {
-                            let (woq, w2q) = (
-                                dev.quantize_fp8(dev.upload(&wo).unwrap()).unwrap(),
-                                dev.quantize_fp8(dev.upload(&w2).unwrap()).unwrap(),
-                            );
-                            let (nw, dn) = (dev.upload(&norm).unwrap(), dev.upload(&delta_norm).unwrap());
-                            let xd = dev.upload(&x).unwrap();
-                            let mut residual = dev.upload_table(&res0).unwrap();
-                            dev.set_profiling(true);
-                            let o = dev.linear_delta(&xd, &woq).unwrap();
-                            let delta = Some(Delta { x: &o, norm: post.then_some(&dn) });
-                            let y = match next {
-                                "linear" => dev.norm_linear(&mut residual, delta, &nw, 1e-5, &w2q),
-                                "glu" => dev.norm_glu(&mut residual, delta, &nw, 1e-5, &w2q, Activation::Silu),
-                                _ => dev.norm(&mut residual, delta, &nw, 1e-5),
-                            }
-                            .unwrap();
-                            let ops = dev.take_profile().unwrap();
-                            dev.set_profiling(false);
-                            scale_launches.push(
-                                ops.iter().filter(|(op, _, _)| op == "↳ fp8: scales").map(|(_, _, c)| *c).sum::<usize>(),
-                            );
-                            let (got, res, o_host) =
-                                (dev.to_host(&y).unwrap(), dev.to_host(&residual).unwrap(), dev.to_host(&o).unwrap());
-                            assert!(got.iter().any(|v| *v != 0.0) && got.iter().all(|v| v.is_finite()));
-                            outs.push((got, res, o_host));
-                        }
-                        let what = format!("{n}×{k} → {h} → {next} ({m}), its norm {post}");
-                        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-                        let differ = (
-                            bits(&outs[0].0, &outs[1].0),
-                            bits(&outs[0].1, &outs[1].1),
-                            bits(&outs[0].2, &outs[1].2),
-                        );
-                        eprintln!("{what}: {differ:?} outputs / residual / delta values differ; scales launches {scale_launches:?}");
-                        assert_eq!(differ, (0, 0, 0), "{what}: the scales in the norm differ");
-                        // The GEMV takes up to 2 rows (CACHET_GEMV_FP8's default) with neither
-                        // path's scales launch.
-                        let saved = if n <= 2 { 0 } else { 1 };
-                        assert_eq!(scale_launches[0] + saved, scale_launches[1], "{what}: launches {scale_launches:?}");
-                    }
-                }
+                let err = rel_err(&got, &reference);
+                eprintln!("{n}×{k} · ({m}×{k})ᵀ: {err:.2e} off the CPU");
+                assert!(err < 8e-2, "{n}×{k}: {err:e} off the CPU");
             }
         }
     }

@@ -346,27 +346,6 @@ impl<T> Clone for Delta<'_, T> {
 }
 impl<T> Copy for Delta<'_, T> {}
 
-/// One layer of a dense model as a device's whole-step decode pass takes it
-/// ([`Device::decode_layers`]): a layer with nothing but the Llama structure (no biases, head
-/// norms, output norms or window; a SwiGLU MLP).
-pub struct DenseLayer<'a, T> {
-    pub attn_norm: &'a T,
-    pub qkv: &'a T,
-    pub o_proj: &'a T,
-    pub mlp_norm: &'a T,
-    pub gate_up: &'a T,
-    pub down: &'a T,
-}
-
-/// What a whole-step decode pass needs besides the layers: the attention's shape (every layer's
-/// the same), the RoPE table, the norms' epsilon and the MLP's width.
-pub struct DenseStep<'a, T> {
-    pub attn: AttnParams,
-    pub rope: &'a T,
-    pub eps: f32,
-    pub intermediate: usize,
-}
-
 /// The RMSNorm of each q head (weight `q`, `[head_dim]`) and each k head (`k`) before RoPE
 /// (Qwen3's and Gemma 3's q/k norm); v untouched.
 pub struct HeadNorm<'a, T> {
@@ -684,30 +663,6 @@ pub trait Device: Send {
     ) -> Result<Option<Self::Tensor>, EngineError> {
         Ok(None)
     }
-    /// Every layer of a one-token decode step in one pass, where the device has one for this
-    /// model and batch (the CUDA device's persistent kernel, `CACHET_DECODE_LAYERS`): `residual`
-    /// (the embedding's rows) becomes the residual stream after the last layer, and the return
-    /// is the last layer's down output, the final norm's delta. `None`: not taken (the caller
-    /// runs the layers one by one); nothing was written.
-    fn decode_layers(
-        &self,
-        _residual: &mut Self::Tensor,
-        _layers: &[DenseLayer<'_, Self::Tensor>],
-        _kv: &mut Self::Kv,
-        _b: &Self::Batch,
-        _step: &DenseStep<'_, Self::Tensor>,
-    ) -> Result<Option<Self::Tensor>, DeviceError> {
-        Ok(None)
-    }
-    /// Makes ready what [`Device::decode_layers`] needs and a graph capture cannot make (its
-    /// table of the layers' tensors over `kv`); called before decode graphs are captured.
-    fn prepare_decode_layers(
-        &self,
-        _layers: &[DenseLayer<'_, Self::Tensor>],
-        _kv: &mut Self::Kv,
-    ) -> Result<(), DeviceError> {
-        Ok(())
-    }
     /// Turns replaying captured graphs on or off (they stay captured); whether any exist.
     fn set_graphs_enabled(&self, _kv: &mut Self::Kv, _on: bool) -> bool {
         false
@@ -751,8 +706,7 @@ pub struct GraphReport {
     /// Device memory the graphs hold (their activations and static buffers).
     pub bytes: usize,
     pub capture_ms: f64,
-    /// Kernel-to-kernel edges launched programmatically (Hopper: `CACHET_PDL`), over all
-    /// graphs.
+    /// Kernel-to-kernel edges launched programmatically (Hopper and later), over all graphs.
     pub programmatic_edges: usize,
 }
 

@@ -9,10 +9,9 @@ use std::ops::Range;
 
 use super::rope;
 use super::tensor_parallel::{Shard, ShardPlan};
-use crate::config::Activation;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{
-    AttnParams, Delta, DenseLayer, DenseStep, Device, ForwardBatch, GraphReport, GraphShapes,
+    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes,
     HeadNorm, MoeParams, MoeWeights, Part, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
@@ -99,9 +98,6 @@ pub struct Decoder<D: Device> {
     /// Per layer.
     attn: Vec<AttnParams>,
     max_positions: usize,
-    /// Every layer has the plain Llama structure a device's whole-step decode pass takes
-    /// ([`Device::decode_layers`]).
-    dense: bool,
 }
 
 /// Logits of the batch's `logit_rows`: `rows × vocab`, row-major.
@@ -199,16 +195,6 @@ impl<D: Device> Decoder<D> {
     ) -> Result<Self, EngineError> {
         let (rope, rope_local) = rope_tables(dev, config, max_positions)?;
         let attn = attn_params_all(config);
-        let dense = config.moe.is_none()
-            && config.hidden_act == Activation::Silu
-            && rope_local.is_none()
-            && attn.iter().all(|p| p.window.is_none())
-            && layers.iter().all(|l| {
-                l.qkv_bias.is_none()
-                    && l.qk_norm.is_none()
-                    && l.post_norms.is_none()
-                    && l.router.is_none()
-            });
         Ok(Decoder {
             config: config.clone(),
             embed,
@@ -219,7 +205,6 @@ impl<D: Device> Decoder<D> {
             rope_local,
             attn,
             max_positions,
-            dense,
         })
     }
 
@@ -384,24 +369,6 @@ impl<D: Device> Decoder<D> {
         self.max_positions
     }
 
-    /// The layers as a whole-step decode pass takes them, for a model that has only the plain
-    /// structure.
-    fn dense_layers(&self) -> Option<Vec<DenseLayer<'_, D::Tensor>>> {
-        self.dense.then(|| {
-            self.layers
-                .iter()
-                .map(|l| DenseLayer {
-                    attn_norm: &l.attn_norm,
-                    qkv: &l.qkv,
-                    o_proj: &l.o_proj,
-                    mlp_norm: &l.mlp_norm,
-                    gate_up: &l.gate_up,
-                    down: &l.down,
-                })
-                .collect()
-        })
-    }
-
     /// Runs one varlen batch: writes every new token's K/V into `kv` and returns the logits of
     /// the batch's `logit_rows`.
     pub fn forward(
@@ -439,9 +406,6 @@ impl<D: Device> Decoder<D> {
         kv: &mut D::Kv,
         shapes: &GraphShapes,
     ) -> Result<Option<GraphReport>, EngineError> {
-        if let Some(layers) = self.dense_layers() {
-            dev.prepare_decode_layers(&layers, kv)?;
-        }
         dev.capture_decode_graphs(
             kv,
             shapes,
@@ -463,26 +427,8 @@ impl<D: Device> Decoder<D> {
         // Each sub-layer's output is added into the residual stream by the next one's
         // normalisation (fused with its projection where the device can), after the output
         // norm of models that have one (Gemma's post-norms, fused into the same pass).
-        // A one-token step of a plain model may run every layer in one pass on the device.
-        let whole = match self.dense_layers() {
-            Some(layers) => {
-                let step = DenseStep {
-                    attn: self.attn[0],
-                    rope: &self.rope,
-                    eps,
-                    intermediate: self.config.intermediate_size,
-                };
-                dev.decode_layers(&mut residual, &layers, kv, b, &step)?
-            }
-            None => None,
-        };
-        let one_by_one = if whole.is_some() {
-            &self.layers[..0]
-        } else {
-            &self.layers[..]
-        };
-        let mut pending: Option<(D::Tensor, Option<&D::Tensor>)> = whole.map(|down| (down, None));
-        for (l, layer) in one_by_one.iter().enumerate() {
+        let mut pending: Option<(D::Tensor, Option<&D::Tensor>)> = None;
+        for (l, layer) in self.layers.iter().enumerate() {
             let mut qkv = dev.norm_linear(
                 &mut residual,
                 as_delta(&pending),
@@ -562,34 +508,4 @@ mod tests {
     use super::*;
     use crate::device::cpu::CpuDevice;
 
-    /// Only models of the plain Llama structure are offered to a device's whole-step decode pass
-    /// ([`Device::decode_layers`], which computes nothing else): biases (Qwen2), head norms
-    /// (Qwen3, Gemma 3), output norms and GeGLU (Gemma 3), windows (Mistral), experts
-    /// (Qwen3-MoE, Mixtral) each keep the layers one by one.
-    #[test]
-    fn only_plain_llama_layers_take_the_whole_step_decode_pass() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cases = [
-            ("examples/configs/small-gqa-d128.json", true),
-            ("examples/configs/small-gqa-d64.json", true),
-            ("tests/fixtures/tiny-mha-tied/config.json", true),
-            ("tests/fixtures/tiny-gqa-llama3/config.json", true),
-            ("examples/configs/small-window-d128.json", false),
-            ("tests/fixtures/tiny-mistral-window/config.json", false),
-            ("tests/fixtures/tiny-qwen2/config.json", false),
-            ("tests/fixtures/tiny-qwen3/config.json", false),
-            ("tests/fixtures/tiny-gemma3/config.json", false),
-            ("tests/fixtures/tiny-qwen3-moe/config.json", false),
-            ("tests/fixtures/tiny-mixtral/config.json", false),
-        ];
-        let dev = CpuDevice::new();
-        for (path, plain) in cases {
-            let config = ModelConfig::from_hf_json(&root.join(path)).unwrap();
-            let d = Decoder::random(&dev, &config, 1, 64, WeightQuantization::None, None).unwrap();
-            assert_eq!(d.dense_layers().is_some(), plain, "{path}");
-            if let Some(layers) = d.dense_layers() {
-                assert_eq!(layers.len(), config.num_hidden_layers, "{path}");
-            }
-        }
-    }
 }

@@ -26,12 +26,10 @@ fn layer_kv(kv: &mut CudaKv, layer: usize) -> LayerKv<'_> {
 
 impl CudaDevice {
     /// The tensor-core attention kernel for head_dim `d` and the cache's dtype, with its shared
-    /// memory, if there is one (and `CACHET_ATTENTION=simt` does not ask for the CUDA-core
-    /// kernel).
+    /// memory, if there is one (else the CUDA-core kernel runs).
     fn mma_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<(&CudaFunction, u32)> {
         use KvCacheDtype::*;
         let f = match (d, dtype) {
-            _ if self.options.simt_attention => return None,
             (64, Auto) => &self.k.attention_mma_d64,
             (128, Auto) => &self.k.attention_mma_d128,
             (256, Auto) => &self.k.attention_mma_d256,
@@ -49,9 +47,10 @@ impl CudaDevice {
         Some((f, smem))
     }
 
-    /// The transposed decode kernel (steps of at most 8 query rows a block) for head_dim `d` and
-    /// the cache's dtype, with its shared memory, where it exists and is on
-    /// (`CACHET_DECODE_ATTENTION`, `CACHET_DECODE_ATTENTION_BF16`).
+    /// The transposed decode kernel (steps of at most 8 query rows a block: keys on the MMAs' 16
+    /// rows, queries on their 8 columns) for head_dim `d` and the cache's dtype, with its shared
+    /// memory, where it exists. Measured on the H200 against the 16-row kernel (BENCHMARKS.md
+    /// §3): FP8 and bf16 decode steps 7–9% faster at batch 64 and 256.
     fn mma_decode_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<(&CudaFunction, u32)> {
         let i = match d {
             64 => 0,
@@ -59,12 +58,10 @@ impl CudaDevice {
             _ => return None,
         };
         match dtype {
-            KvCacheDtype::Fp8E4m3 if self.options.attention_decode_transposed => {
+            KvCacheDtype::Fp8E4m3 => {
                 Some((&self.k.attention_mma_fp8_dec[i], mma_fp8_dec_smem_bytes(d)))
             }
-            KvCacheDtype::Auto if self.options.attention_decode_transposed_bf16 => {
-                Some((&self.k.attention_mma_bf16_dec[i], mma_smem_bytes(d)))
-            }
+            KvCacheDtype::Auto => Some((&self.k.attention_mma_bf16_dec[i], mma_smem_bytes(d))),
             _ => None,
         }
     }
@@ -88,7 +85,7 @@ impl CudaDevice {
                 sms: self.sms,
                 tensor_cores: self.mma_attention(p.head_dim, dtype).is_some(),
                 // The fused rope + cache write is not built for the INT8 cache.
-                fused_rope: self.options.fused_rope && dtype != KvCacheDtype::Int8,
+                fused_rope: dtype != KvCacheDtype::Int8,
                 split: self.options.split,
             },
         )
@@ -165,11 +162,10 @@ impl CudaDevice {
             let mut part_ml =
                 self.alloc_f32(if split { rows * 2 } else { 1 }, "attention splits")?;
             let mma = self.mma_attention(d, dtype);
-            // The tensor-core kernel may take its kv heads on the grid's x (`fused` bit 1); y
-            // holds at most 65,535 units.
-            let heads_first = mma.is_some()
-                && self.options.attention_heads_first
-                && plan.units <= u16::MAX as usize;
+            // The tensor-core kernel takes a sequence's kv heads as consecutive blocks on the
+            // grid's x (`fused` bit 1), so they read the same keys' rows — adjacent in the cache —
+            // together; y holds at most 65,535 units.
+            let heads_first = mma.is_some() && plan.units <= u16::MAX as usize;
             // A decode step with at most 8 query rows a block (a unit's rows are its tokens ×
             // the group) runs the transposed kernel of its cache, where there is one.
             let mma = match mma {

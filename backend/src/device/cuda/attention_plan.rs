@@ -36,7 +36,7 @@ pub struct Capabilities {
     pub sms: usize,
     /// A tensor-core kernel exists for this head_dim and KV dtype (and is not switched off).
     pub tensor_cores: bool,
-    /// The tensor-core kernel may rotate q/k and write K/V itself (`CudaOptions::fused_rope`).
+    /// The tensor-core kernel may rotate q/k and write K/V itself (not built for the INT8 cache).
     pub fused_rope: bool,
     pub split: SplitOptions,
 }

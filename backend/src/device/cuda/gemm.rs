@@ -185,7 +185,7 @@ impl CudaDevice {
     }
 
     /// `x · wᵀ` for FP8 weights through cuBLASLt: x quantized per token, the e4m3 product in
-    /// bf16 (in f32 for an f32 result, or with `CACHET_FP8_PRODUCT=f32`), then both scale
+    /// bf16 (in f32 for an f32 result), then both scale
     /// vectors applied — with `glu`, on a gate|up product, in the same pass as the gated
     /// activation (bf16 product only: [`Self::fp8_glu_fused`]), the result then [n, m / 2]; with
     /// `unscaled` (a bf16 product, no `glu`), not at all: the result is the product with its
@@ -224,8 +224,7 @@ impl CudaDevice {
                 // The parts are timed under `gemm` too (`↳`: the profile counts them once, in
                 // `gemm`).
                 self.timed("↳ fp8: quantize activations", || {
-                    let exact = self.options.fp8_exact_activations;
-                    self.launch_quantize_rows_e4m3(exact, xs, &mut x_codes, &mut x_scale, (n, k))
+                    self.launch_quantize_rows_e4m3(false, xs, &mut x_codes, &mut x_scale, (n, k))
                 })?;
                 (x_codes, x_scale)
             }
@@ -240,7 +239,7 @@ impl CudaDevice {
                 })
             }
         };
-        if unscaled && (out_f32 || glu.is_some() || !self.options.fp8_bf16_product) {
+        if unscaled && (out_f32 || glu.is_some()) {
             return Err(DeviceError::Op {
                 device: DEV,
                 op: "fp8 gemm",
@@ -279,7 +278,7 @@ impl CudaDevice {
                     (codes, &x_codes),
                     (m, n_pad, k),
                     raw,
-                    self.capturing.get(),
+                    
                 )
             };
             let label = self
@@ -290,7 +289,10 @@ impl CudaDevice {
                 None => launch(),
             })
         };
-        let buf = if out_f32 || !self.options.fp8_bf16_product {
+        // A bf16 result's product is written by cuBLASLt in bf16 (4 bytes an element through
+        // the epilogue, not 10 through an f32 product): prefill 2.5–4% faster on the H200, the
+        // logits' error the same (BENCHMARKS.md §3).
+        let buf = if out_f32 {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
             if !product(Fp8Out::F32(&mut raw))? {
                 return Ok(None);
@@ -354,9 +356,9 @@ impl CudaDevice {
     }
 
     /// [`crate::device::Device::linear_delta`]: an FP8 projection of more rows than the GEMV
-    /// takes leaves its scales to the next norm (`CACHET_FP8_OUT_SCALES=norm`, the default) —
-    /// where that norm holds a row in registers and cuBLASLt has the product — else
-    /// [`crate::device::Device::linear`].
+    /// takes leaves its scales to the next norm (`add_rms_norm_bf16` / `rms_norm_e4m3` read the
+    /// unscaled product and both scale vectors) where that norm holds a row in registers and
+    /// cuBLASLt has the product, else [`crate::device::Device::linear`].
     pub(super) fn linear_unscaled(
         &self,
         x: &CudaTensor,
@@ -365,9 +367,7 @@ impl CudaDevice {
         use crate::device::Device;
         if let CudaBuf::E4m3 { codes, scales } = &w.buf {
             let (n, k, m) = (x.rows, x.cols, w.rows);
-            let applies = self.options.fp8_scales_in_norm
-                && self.options.fp8_bf16_product
-                && n > 0
+            let applies = n > 0
                 && k == w.cols
                 && m <= FP8_NORM_MAX_COLS
                 && self.gemv_variant(n, k, &w.weight("linear")?).is_none();
@@ -386,10 +386,10 @@ impl CudaDevice {
 
     /// The sub-layer's norm straight into the FP8 GEMM's input codes ([`Fp8Input::Codes`], the
     /// `rms_norm_e4m3` kernel: the separate launches' codes bit for bit), then the product — with
-    /// `glu`, gated in the scales' pass as [`Self::linear_glu`] does. `None` (nothing done, the
-    /// residual untouched) where that path does not apply: off (`CACHET_FP8_NORM`), weights not
-    /// FP8, a step the GEMV takes, the exact activation kernel, rows wider than
-    /// [`FP8_NORM_MAX_COLS`], or no cuBLASLt algorithm for the shape.
+    /// `glu`, gated in the scales' pass as [`Self::linear_glu`] does (batch-64 FP8 decode −1.7%,
+    /// batch 256 −0.8% on the H200 against the two launches). `None` (nothing done, the residual
+    /// untouched) where that path does not apply: weights not FP8, a step the GEMV takes, rows
+    /// wider than [`FP8_NORM_MAX_COLS`], or no cuBLASLt algorithm for the shape.
     pub(super) fn norm_fp8_projection(
         &self,
         residual: &mut CudaTensor,
@@ -406,16 +406,14 @@ impl CudaDevice {
         let Some(Some(lt)) = self.fp8_gemm.get() else {
             return Ok(None);
         };
-        let applies = self.options.fp8_fused_norm
-            && !self.options.fp8_exact_activations
-            && n > 0
+        let applies = n > 0
             && k == w.cols
             && k <= FP8_NORM_MAX_COLS
             && k.is_multiple_of(16)
             && m.is_multiple_of(16)
             && self.gemv_variant(n, k, &w.weight("linear")?).is_none()
             && glu.is_none_or(|_| self.fp8_glu_fused(n, m, false))
-            && lt.supports((m, fp8_padded_rows(n), k, self.options.fp8_bf16_product))?;
+            && lt.supports((m, fp8_padded_rows(n), k, true))?;
         if !applies {
             return Ok(None);
         }
@@ -467,9 +465,7 @@ impl CudaDevice {
     /// the scales' pass (`fp8_scale_{silu|gelu_tanh}_bf16`): a bf16 product, half its columns a
     /// multiple of 8, at most 65,535 rows.
     pub(super) fn fp8_glu_fused(&self, n: usize, m: usize, out_f32: bool) -> bool {
-        self.options.fp8_fused_glu
-            && self.options.fp8_bf16_product
-            && !out_f32
+        !out_f32
             && (m / 2).is_multiple_of(8)
             && n <= 65535
     }

@@ -2,8 +2,8 @@
 //! prefill): the activations are quantized to e4m3 with one scale per token (a launch of
 //! `quantize_act_rows_e4m3`; the weights were quantized at load by the exact
 //! `quantize_rows_e4m3`), cuBLASLt multiplies the e4m3 codes on the
-//! tensor cores with unit scales into bf16 (f32 where the result is f32, or with
-//! `CACHET_FP8_PRODUCT=f32`), and `fp8_scale_out` applies the weight row's and the token's scale
+//! tensor cores with unit scales into bf16 (f32 where the result is f32), and `fp8_scale_out`
+//! applies the weight row's and the token's scale
 //! on the way to the result. No bf16 copy of the weights is ever made, so a step reads
 //! each weight byte once. (cuBLASLt's own per-row scaling, `OUTER_VEC_32F`, is refused on the
 //! H200's library — CUBLAS_STATUS_INVALID_VALUE from the heuristic for every shape — so the
@@ -15,13 +15,10 @@
 //! few. Where cuBLASLt offers no algorithm, the plan says so once in the log and
 //! the caller falls back to dequantizing the weights for cuBLAS.
 //!
-//! With `CACHET_FP8_GEMM_TUNE=timed` a plan keeps up to [`TUNE_CANDIDATES`] of the heuristic's
-//! algorithms, and the shape's first product outside a graph capture times each on the live
-//! operands (L2 cleared before each timed launch, as a step finds it) and keeps the fastest
-//! (TensorRT-LLM's tactic selection, in small). Decode graphs are captured after an eager
-//! warm-up step of each size when tuning (`graphs.rs`), so their products use the tuned
-//! algorithms too. Measured on the H200 the best candidate is within 0–8% of the heuristic's
-//! pick (batch 64 −2 to −3%, batch 256 unchanged: BENCHMARKS.md §12c), so it is opt-in.
+//! The heuristic's first algorithm is used as it comes: timing up to a dozen candidates per
+//! shape found the best within 0–8% of it (batch 256 unchanged, batch 64 −2 to −3% on the H200),
+//! and accumulating in the tensor cores' fast mode made prefill 2–5% faster with no batched
+//! decode gain; both were measured and dropped (BENCHMARKS-HISTORY.md).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -35,16 +32,6 @@ use crate::error::DeviceError;
 
 /// cuBLASLt workspace (what NVIDIA recommends for Hopper).
 const LT_WORKSPACE: usize = 32 << 20;
-
-/// Algorithms of the heuristic timed per shape when tuning.
-pub const TUNE_CANDIDATES: usize = 12;
-
-/// Timed launches of each candidate (after one untimed).
-const TUNE_REPS: usize = 5;
-
-/// Bytes written between timed launches so that each finds its operands in DRAM, as a step
-/// does (the H200's L2 is 50 MB; a weight matrix of the 8B shape is 16–58 MB).
-const TUNE_FLUSH: usize = 128 << 20;
 
 fn lt_err(op: &'static str, status: lt::cublasStatus_t) -> DeviceError {
     DeviceError::Op {
@@ -71,10 +58,6 @@ struct Plan {
     b: lt::cublasLtMatrixLayout_t,
     d: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
-    /// The heuristic's algorithms, best guess first (one unless tuning).
-    candidates: Vec<lt::cublasLtMatmulAlgo_t>,
-    /// `algo` is the fastest of `candidates`, timed (or there was nothing to choose).
-    tuned: bool,
 }
 
 impl Drop for Plan {
@@ -97,13 +80,7 @@ impl Drop for Plan {
 /// A cuBLASLt handle with its workspace and the plans made so far (`None`: no algorithm).
 pub struct Fp8Gemm {
     handle: lt::cublasLtHandle_t,
-    /// Accumulate in the tensor cores' fast mode ([`super::CudaOptions::fp8_fast_accum`]).
-    fast_accum: bool,
-    /// Time the heuristic's candidates per shape ([`super::CudaOptions::fp8_gemm_tune`]).
-    tune: bool,
     workspace: CudaSlice<u8>,
-    /// Cleared between timed launches when tuning (one byte otherwise).
-    flush: RefCell<CudaSlice<u8>>,
     plans: RefCell<HashMap<Shape, Option<Plan>>>,
 }
 
@@ -129,11 +106,7 @@ pub enum Fp8Product<'a> {
 
 impl Fp8Gemm {
     /// `None` when libcublasLt cannot be loaded (the dequantizing path serves then).
-    pub fn new(
-        stream: &Arc<CudaStream>,
-        fast_accum: bool,
-        tune: bool,
-    ) -> Result<Option<Self>, DeviceError> {
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>, DeviceError> {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { lt::is_culib_present() } {
             tracing::warn!("libcublasLt not found: FP8 weights are dequantized for steps of more than a few rows");
@@ -145,14 +118,8 @@ impl Fp8Gemm {
         // SAFETY: u8 has no invalid bit patterns and cuBLASLt only writes its workspace.
         let workspace =
             unsafe { stream.alloc::<u8>(LT_WORKSPACE) }.map_err(op_err("cublasLt workspace"))?;
-        let flush = stream
-            .alloc_zeros::<u8>(if tune { TUNE_FLUSH } else { 1 })
-            .map_err(op_err("cublasLt tuning flush"))?;
         Ok(Some(Fp8Gemm {
             handle,
-            fast_accum,
-            tune,
-            flush: RefCell::new(flush),
             workspace,
             plans: RefCell::new(HashMap::new()),
         }))
@@ -174,8 +141,6 @@ impl Fp8Gemm {
             d: std::ptr::null_mut(),
             // SAFETY: a plain C struct of integers; overwritten by the heuristic's pick below.
             algo: unsafe { std::mem::zeroed() },
-            candidates: Vec::new(),
-            tuned: !self.tune,
         };
         // SAFETY: valid out-pointer; the enums are the library's own.
         check("cublasLtMatmulDescCreate", unsafe {
@@ -213,16 +178,6 @@ impl Fp8Gemm {
             lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
             &OP_T,
         )?;
-        let fast = self.fast_accum as i8;
-        // SAFETY: the attribute is an int8_t.
-        check("cublasLtMatmulDescSetAttribute", unsafe {
-            lt::cublasLtMatmulDescSetAttribute(
-                desc,
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                (&fast as *const i8).cast(),
-                std::mem::size_of::<i8>(),
-            )
-        })?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         check("cublasLtMatmulPreferenceCreate", unsafe {
@@ -238,7 +193,7 @@ impl Fp8Gemm {
                 std::mem::size_of::<u64>(),
             )
         };
-        let wanted = if self.tune { TUNE_CANDIDATES } else { 1 };
+        let wanted = 1;
         // SAFETY: an all-zero heuristic result is a valid value of this C struct.
         let mut found: Vec<lt::cublasLtMatmulHeuristicResult_t> =
             (0..wanted).map(|_| unsafe { std::mem::zeroed() }).collect();
@@ -266,12 +221,11 @@ impl Fp8Gemm {
         } else {
             0
         };
-        plan.candidates = found[..returned]
+        let Some(first) = found[..returned]
             .iter()
-            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .find(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
             .map(|r| r.algo)
-            .collect();
-        let Some(&first) = plan.candidates.first() else {
+        else {
             tracing::warn!(
                 m, n, k, ?status, state = ?found[0].state,
                 "cuBLASLt has no FP8 algorithm for this shape; its weights are dequantized for cuBLAS"
@@ -279,7 +233,6 @@ impl Fp8Gemm {
             return Ok(None);
         };
         plan.algo = first;
-        plan.tuned |= plan.candidates.len() < 2;
         Ok(Some(plan))
     }
 
@@ -301,16 +254,13 @@ impl Fp8Gemm {
     }
 
     /// `raw = x · wᵀ` over the codes (unit scales), f32 or bf16 `[n, m]`; `Ok(false)` when
-    /// cuBLASLt has no algorithm for the shape (nothing was launched). `capturing`: the stream
-    /// is recording a CUDA graph (nothing may be timed or waited for, so an untuned shape keeps
-    /// the heuristic's pick for now).
+    /// cuBLASLt has no algorithm for the shape (nothing was launched).
     pub fn matmul(
         &self,
         stream: &Arc<CudaStream>,
         (w, x): (&CudaSlice<u8>, &CudaSlice<u8>),
         (m, n, k): (usize, usize, usize),
         raw: Fp8Out<'_>,
-        capturing: bool,
     ) -> Result<bool, DeviceError> {
         let (raw_len, bf16) = match &raw {
             Fp8Out::F32(r) => (r.len(), false),
@@ -331,7 +281,7 @@ impl Fp8Gemm {
         };
         // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the shape's
         // type (checked above), all on this stream, borrowed until the product is enqueued.
-        unsafe { self.matmul_at(stream, (wp, xp, dp), (m, n, k, bf16), capturing) }
+        unsafe { self.matmul_at(stream, (wp, xp, dp), (m, n, k, bf16)) }
     }
 
     /// [`Self::matmul`] on device addresses: `raw[n, m] = x[n, k] · w[m, k]ᵀ` over the codes,
@@ -345,21 +295,17 @@ impl Fp8Gemm {
         stream: &Arc<CudaStream>,
         (wp, xp, dp): (u64, u64, u64),
         shape: Shape,
-        capturing: bool,
     ) -> Result<bool, DeviceError> {
         let mut plans = self.plans.borrow_mut();
-        let Some(plan) = self.planned(&mut plans, shape)?.as_mut() else {
+        let Some(plan) = self.planned(&mut plans, shape)?.as_ref() else {
             return Ok(false);
         };
-        let (m, n, k, _) = shape;
         let (wkp, _g3) = self.workspace.device_ptr(stream);
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let launch = |plan: &Plan, algo: &lt::cublasLtMatmulAlgo_t| {
-            // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the plan's
-            // type (the caller's contract), all on this stream; the workspace is LT_WORKSPACE
-            // bytes; alpha/beta outlive the call; `algo` is one the heuristic returned for this
-            // plan.
-            unsafe {
+        // SAFETY: the operands hold m·k and n·k codes and the output n·m values of the plan's type
+        // (the caller's contract), all on this stream; the workspace is LT_WORKSPACE bytes;
+        // alpha/beta outlive the call; the algorithm is the heuristic's for this plan.
+        let status = unsafe {
                 lt::cublasLtMatmul(
                     self.handle,
                     plan.desc,
@@ -373,66 +319,13 @@ impl Fp8Gemm {
                     plan.d,
                     dp as *mut _,
                     plan.d,
-                    algo,
+                    &plan.algo,
                     wkp as *mut _,
                     LT_WORKSPACE,
                     stream.cu_stream() as lt::cudaStream_t,
                 )
-            }
         };
-        if !plan.tuned && !capturing {
-            // Each candidate on the live operands (the product below overwrites what they wrote).
-            let mut times = Vec::with_capacity(plan.candidates.len());
-            for algo in &plan.candidates {
-                let ok = |st| st == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
-                if !ok(launch(plan, algo)) {
-                    times.push(f32::INFINITY);
-                    continue;
-                }
-                let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let mut events = Vec::with_capacity(TUNE_REPS);
-                let mut all_ok = true;
-                for _ in 0..TUNE_REPS {
-                    stream
-                        .memset_zeros(&mut *self.flush.borrow_mut())
-                        .map_err(op_err("cublasLt tuning flush"))?;
-                    let start = stream.record_event(flags).map_err(op_err("event"))?;
-                    all_ok &= ok(launch(plan, algo));
-                    let end = stream.record_event(flags).map_err(op_err("event"))?;
-                    events.push((start, end));
-                }
-                stream.synchronize().map_err(op_err("synchronize"))?;
-                let mut ms = 0.0;
-                for (start, end) in &events {
-                    ms += start.elapsed_ms(end).map_err(op_err("event timing"))?;
-                }
-                times.push(if all_ok {
-                    ms / TUNE_REPS as f32
-                } else {
-                    f32::INFINITY
-                });
-            }
-            let (best, &best_ms) = times
-                .iter()
-                .enumerate()
-                .min_by(|a, b| a.1.total_cmp(b.1))
-                .expect("a plan has at least one candidate");
-            if best_ms.is_finite() {
-                plan.algo = plan.candidates[best];
-                tracing::debug!(
-                    m,
-                    n,
-                    k,
-                    candidates = times.len(),
-                    best,
-                    best_us = best_ms * 1e3,
-                    heuristic_us = times[0] * 1e3,
-                    "FP8 GEMM tuned"
-                );
-            }
-            plan.tuned = true;
-        }
-        check("cublasLtMatmul", launch(plan, &plan.algo))?;
+        check("cublasLtMatmul", status)?;
         Ok(true)
     }
 }

@@ -29,7 +29,6 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
-use super::programmatic::Pdl;
 use super::{op_err, CudaBatch, CudaBuf, CudaDevice, CudaKv, CudaTensor, DEV};
 use crate::device::{Device, ForwardBatch, ForwardBody, GraphReport, GraphShapes};
 use crate::error::{DeviceError, EngineError};
@@ -190,12 +189,6 @@ impl CudaDevice {
         } else {
             Vec::new()
         };
-        if self.graph_pool.is_some() && self.capture_pool().is_none() {
-            tracing::warn!(
-                "CACHET_GRAPH_MEMORY=pool is not used with FP8 weights (a replay can fault: \
-                 graph_pool.rs); their decode graphs hold allocation nodes"
-            );
-        }
         let t0 = Instant::now();
         self.synchronize()?;
         let free0 = self.ctx.mem_get_info().map_err(op_err("memory info"))?.0;
@@ -223,18 +216,6 @@ impl CudaDevice {
             .map(|&s| (1, s))
             .chain(verify_sizes.iter().map(|&s| (q, s)))
             .collect();
-        // Tuned FP8 GEMMs (CACHET_FP8_GEMM_TUNE=timed) time a product shape on its first use,
-        // which a capture cannot: one eager step of each shape first. Its logits go unused; its
-        // KV writes land in block 0 of the zeroed tables, which holds no sequence's keys yet (a
-        // sequence writes every position it reads).
-        if self.fp8_gemm_tuning() {
-            let bucket = g.buckets()[0];
-            for &(tokens, size) in &shapes {
-                let batch = g.step_batch(tokens, size, bucket)?;
-                body(kv, batch)?;
-            }
-            self.synchronize()?;
-        }
         for (tokens, size) in shapes {
             for bucket in g.buckets() {
                 let graph = self.capture(&mut g, kv, tokens, size, bucket, body)?;
@@ -269,16 +250,8 @@ impl CudaDevice {
         let rows = size * tokens;
         let batch = g.step_batch(tokens, size, bucket)?;
         let was_profiling = self.pause_profiling();
-        // The pool allocates on its side stream during the capture, which the thread-local
-        // mode refuses (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, measured); everything else
-        // enqueued here goes to the captured stream.
-        let mode = if self.capture_pool().is_some() {
-            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
-        } else {
-            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        };
         self.stream
-            .begin_capture(mode)
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(op_err("begin graph capture"))?;
         // Our kernels' launches make their edges programmatic while this is set (launch.rs).
         let edges0 = self.pdl_edges.get();
@@ -310,7 +283,7 @@ impl CudaDevice {
         let graph = match graph {
             Err(e) if edges > 0 => {
                 tracing::warn!(error = %e, "a decode graph with programmatic edges did not instantiate; plain edges from now on");
-                self.pdl.set(Pdl::Off);
+                self.pdl.set(false);
                 return self.capture(g, kv, tokens, size, bucket, body);
             }
             graph => graph?.ok_or(DeviceError::Op {

@@ -93,28 +93,6 @@ pub fn moe_gemm_smem_bytes(bm: usize, fp8: bool) -> u32 {
 /// Most shared memory a fused-norm GEMV may take for its normalised inputs (R · k bf16).
 pub const GEMV_SMEM_MAX: usize = 96 << 10;
 
-/// Threads of a block of the persistent decode kernel (DL_THREADS in decode_layers.cu): sixteen
-/// warps, one block an SM.
-pub const DL_THREADS: u32 = 512;
-/// Its dynamic shared memory: the phases' inputs (the widest of hidden, q heads × head_dim and the
-/// MLP's width, in bf16) or the attention's q and warp partials, and more than half an SM's so
-/// that no SM gets a second block (every block must be resident at once for the grid barriers).
-pub const DL_SMEM: usize = 120 << 10;
-/// Most q heads a kv head serves in it (DL_MAX_GROUP), most elements a thread normalises
-/// (DL_NORM_PT · DL_THREADS: the widest hidden state), and its kv heads' tickets.
-pub const DL_MAX_GROUP: usize = 8;
-pub const DL_MAX_HIDDEN: usize = 16 * DL_THREADS as usize;
-pub const DL_MAX_KV_HEADS: usize = 256;
-
-/// Shared memory the persistent decode kernel's attention phase takes for head_dim `d`: q (f32,
-/// a whole group), then each warp's (m, l) and output per q head.
-const fn dl_attention_smem_bytes(d: usize) -> usize {
-    let warps = DL_THREADS as usize / 32;
-    (DL_MAX_GROUP * d + 2 * warps * DL_MAX_GROUP + warps * DL_MAX_GROUP * d) * 4
-}
-// The attention phase fits DL_SMEM at the largest head_dim the kernel takes.
-const _: () = assert!(dl_attention_smem_bytes(128) <= DL_SMEM);
-
 /// Shared memory of the tensor-core kernel (attention_mma.cu): two stages of K and V tiles in
 /// bf16 (Q is staged in the second before the loop; at d = 256 it keeps a region of its own).
 pub fn mma_smem_bytes(d: usize) -> u32 {
@@ -170,7 +148,7 @@ pub struct Kernels {
     pub attention_mma_d128_fp8: CudaFunction,
     /// The FP8 cache's transposed decode (steps of at most 8 query rows a block), d = 64, 128.
     pub attention_mma_fp8_dec: [CudaFunction; 2],
-    /// The same for the bf16 cache (`CACHET_DECODE_ATTENTION_BF16=transposed`), d = 64, 128.
+    /// The same for the bf16 cache, d = 64, 128.
     pub attention_mma_bf16_dec: [CudaFunction; 2],
     pub attention_mma_d64_int8: CudaFunction,
     pub attention_mma_d128_int8: CudaFunction,
@@ -211,23 +189,15 @@ pub struct Kernels {
     /// down by weight format (bf16, e4m3); the many-row path's sort by expert, grouped GEMM and
     /// weighted combine.
     pub moe_route: CudaFunction,
-    /// The router's GEMV and the routing in one launch, by GEMV_ROWS instantiation.
-    pub moe_router_route: [CudaFunction; 3],
     pub moe_gate_up: [CudaFunction; 2],
-    /// The same with each block routing its token from the router's logits, by weight format.
-    pub moe_route_gate_up: [CudaFunction; 2],
     pub moe_down: [CudaFunction; 2],
     pub moe_sort: CudaFunction,
     /// The grouped GEMM, `[weight format (bf16, e4m3)][tile rows (MOE_BMS)]`.
     pub moe_gemm: [[CudaFunction; 3]; 2],
-    /// The grouped GEMM of e4m3 inputs and e4m3 weights on FP8 tensor cores (sm_89+), by tile
-    /// rows.
-    pub moe_gemm_f8f8: [CudaFunction; 3],
+    /// The grouped GEMM of e4m3 inputs and e4m3 weights on FP8 tensor cores (sm_89+), for the
+    /// 16- and 64-row tiles (128-row tiles widen the weights: moe.rs says why).
+    pub moe_gemm_f8f8: [CudaFunction; 2],
     pub moe_combine: CudaFunction,
-    /// The persistent decode kernel (decode_layers.cu) by weight format (bf16, e4m3), then
-    /// head_dim (64, 128); `None` where its shared memory cannot be had (GPUs with less than
-    /// [`DL_SMEM`] a block).
-    pub decode_layers: Option<[[CudaFunction; 2]; 2]>,
 }
 
 /// What loading the kernels found.
@@ -277,7 +247,7 @@ impl Kernels {
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
             .map_err(op_err("load kernels"))?;
         let f = |name: &str| module.load_function(name).map_err(op_err("load kernel"));
-        let mut k = Kernels {
+        let k = Kernels {
             rms_norm: f("rms_norm_bf16")?,
             add_rms_norm: f("add_rms_norm_bf16")?,
             add_bias: f("add_bias_bf16")?,
@@ -344,13 +314,7 @@ impl Kernels {
             fp8_scale_rows: f("fp8_scale_bf16_bf16_rows")?,
             fp8_scale_glu: [f("fp8_scale_silu_bf16")?, f("fp8_scale_gelu_tanh_bf16")?],
             moe_route: f("moe_route_f32")?,
-            moe_router_route: [
-                f("moe_router_route_r1")?,
-                f("moe_router_route_r2")?,
-                f("moe_router_route_r4")?,
-            ],
             moe_gate_up: [f("moe_gate_up_bf16")?, f("moe_gate_up_e4m3")?],
-            moe_route_gate_up: [f("moe_route_gate_up_bf16")?, f("moe_route_gate_up_e4m3")?],
             moe_down: [f("moe_down_bf16")?, f("moe_down_e4m3")?],
             moe_sort: f("moe_sort")?,
             moe_gemm: [
@@ -368,24 +332,9 @@ impl Kernels {
             moe_gemm_f8f8: [
                 f("moe_gemm_bm16_f8f8")?,
                 f("moe_gemm_bm64_f8f8")?,
-                f("moe_gemm_bm128_f8f8")?,
             ],
             moe_combine: f("moe_combine_bf16")?,
-            decode_layers: Some([
-                [f("decode_layers_bf16_d64")?, f("decode_layers_bf16_d128")?],
-                [f("decode_layers_e4m3_d64")?, f("decode_layers_e4m3_d128")?],
-            ]),
         };
-        // A GPU that cannot give a block DL_SMEM serves decode steps layer by layer.
-        let dl_ok = k
-            .decode_layers
-            .iter()
-            .flatten()
-            .flatten()
-            .all(|func| smem(func, DL_SMEM as u32).is_ok());
-        if !dl_ok {
-            k.decode_layers = None;
-        }
         for func in [&k.attention, &k.attention_fp8, &k.attention_int8] {
             smem(func, attention_smem_bytes(ATT_MAXD))?;
         }

@@ -12,7 +12,7 @@ use super::kernels::{
     mma_threads, ATT_THREADS, COMBINE_ELEMS, COMBINE_THREADS, GEMV_ROWS, GEMV_SMEM_MAX,
     GEMV_THREADS, MOE_BK, MOE_BK8, MOE_BMS, MOE_BN, MOE_MAX_EXPERTS, MOE_MAX_K, MOE_THREADS,
 };
-use super::programmatic::{self, Pdl};
+use super::programmatic;
 use super::tensor::WeightRef;
 use super::{op_err, CudaDevice};
 use crate::config::Activation;
@@ -38,20 +38,6 @@ fn fp8_scale_config(n: usize, cols: usize) -> LaunchConfig {
 }
 
 /// The pairs of a step sorted by expert into tiles of `bm` rows (moe_sort's outputs).
-/// Where an expert gate|up GEMV finds each pair's expert: as the routing kernel wrote them, or
-/// in the router's f32 logits, each block routing its token (and writing the pairs' experts and
-/// weights for the down projection).
-pub(super) enum GateUpRouting<'a> {
-    Routed(&'a CudaSlice<i32>),
-    Logits {
-        logits: &'a CudaSlice<f32>,
-        ids: &'a mut CudaSlice<i32>,
-        weights: &'a mut CudaSlice<f32>,
-        e: usize,
-        norm: bool,
-    },
-}
-
 /// Where a fused norm + GEMV writes: bf16 products, or (a MoE router over the layer's input) f32
 /// logits and the normalised rows, which the experts then read.
 pub(super) enum NormGemvOut<'a> {
@@ -230,24 +216,14 @@ impl CudaDevice {
         cfg: LaunchConfig,
     ) -> Result<Option<(CudaEvent, CudaEvent)>, DriverError> {
         // Edges exist only in a capture; eager launches skip all of it.
-        let mode = if self.capturing.get() {
-            let fills = cfg.grid_dim.0 as usize >= self.sms && cfg.block_dim.0 >= GEMV_THREADS;
-            self.pdl
-                .get()
-                .into_kernel(fills, self.last_filled.replace(fills))
-        } else {
-            Pdl::Off
-        };
-        if mode != Pdl::Off {
+        if self.capturing.get() && self.pdl.get() {
             // SAFETY: our stream; every kernel of ours starts with wait_for_prior_kernels()
             // (kernels/src/lib.rs tests it).
-            match unsafe {
-                programmatic::programmatic_edge(self.stream.cu_stream(), self.ours, mode)
-            } {
+            match unsafe { programmatic::programmatic_edge(self.stream.cu_stream(), self.ours) } {
                 Ok(made) => self.pdl_edges.set(self.pdl_edges.get() + made as usize),
                 Err(e) => {
                     tracing::warn!(error = %e, "programmatic graph edges refused; plain edges from now on");
-                    self.pdl.set(Pdl::Off);
+                    self.pdl.set(false);
                 }
             }
         }
@@ -837,116 +813,31 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// moe.cu's `moe_router_route_r{R}` (instantiation `v`): the router's f32 logits of `rows`
-    /// tokens (`logits`, scratch [rows, e]) and their routing (`ids`, `weights` [rows, k]) in one
-    /// launch, for bf16 router weights `w` [e, h].
-    pub(super) fn launch_moe_router_route(
-        &self,
-        v: usize,
-        w: &CudaSlice<u16>,
-        x: &CudaSlice<u16>,
-        logits: &mut CudaSlice<f32>,
-        (ids, weights): (&mut CudaSlice<i32>, &mut CudaSlice<f32>),
-        (rows, h, e, k, norm): (usize, usize, usize, usize, bool),
-    ) -> Result<(), DeviceError> {
-        let op = "moe_router_route";
-        gemv_f32out_fits(op, v, (w.len(), x.len(), logits.len()), (rows, h, e))?;
-        routable(op, (logits.len(), ids.len(), weights.len()), (rows, e, k))?;
-        let (hi, ri, ei, ki, normi) = (h as i32, rows as i32, e as i32, k as i32, i32::from(norm));
-        let mut l = self.stream.launch_builder(&self.k.moe_router_route[v]);
-        l.arg(w)
-            .arg(x)
-            .arg(logits)
-            .arg(ids)
-            .arg(weights)
-            .arg(&self.moe_done)
-            .arg(&hi)
-            .arg(&ri)
-            .arg(&ei)
-            .arg(&ki)
-            .arg(&normi);
-        // A warp per expert row: as many blocks as the rows fill, at most one per SM.
-        let warps = (GEMV_THREADS / 32) as usize;
-        let cfg = LaunchConfig {
-            grid_dim: (e.div_ceil(warps).clamp(1, self.sms) as u32, 1, 1),
-            block_dim: (GEMV_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: rows ≤ R, h a multiple of 8, fresh 16-byte-aligned allocations; E ≤
-        // MOE_MAX_EXPERTS, 1 ≤ k ≤ E; buffers of the checked sizes; the ticket is zero between
-        // launches (made zeroed, reset by each launch's last block, launches serialized).
-        unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_router_route"))?;
-        Ok(())
-    }
-
     /// `moe_gate_up_{fmt}(w[E·2·inter, h], f32 w_scale[E·2·inter] or null, bf16 x[n, h], i32
     /// ids[n·k], bf16 act[n·k, inter], int inter, int h, int k)`. Every id must be < E (the
-    /// routing kernel writes them). With [`GateUpRouting::Logits`],
-    /// `moe_route_gate_up_{fmt}(w, w_scale, x, f32 logits[n, E], i32 ids[n·k], f32
-    /// weights[n·k], act, inter, h, k, int E, int norm)`: each block routes its token and the
-    /// ids and weights are written.
+    /// routing kernel writes them).
     pub(super) fn launch_moe_gate_up(
         &self,
         w: WeightRef<'_>,
         x: &CudaSlice<u16>,
-        routing: GateUpRouting<'_>,
+        ids: &CudaSlice<i32>,
         act: &mut CudaSlice<u16>,
         (n, k, inter, h): (usize, usize, usize, usize),
     ) -> Result<(), DeviceError> {
         if !h.is_multiple_of(w.k_multiple()) {
             return Err(unfit("moe_gate_up", 1, 1, h));
         }
-        // The ids' length, and for in-block routing the kernel's E and norm arguments.
-        let (ids_len, route) = match &routing {
-            GateUpRouting::Routed(ids) => (ids.len(), None),
-            GateUpRouting::Logits {
-                logits,
-                ids,
-                weights,
-                e,
-                norm,
-            } => {
-                routable(
-                    "moe_route_gate_up",
-                    (logits.len(), ids.len(), weights.len()),
-                    (n, *e, k),
-                )?;
-                if k > MOE_MAX_K {
-                    return Err(unfit("moe_route_gate_up", k, MOE_MAX_K, h));
-                }
-                (ids.len(), Some((*e as i32, i32::from(*norm))))
-            }
-        };
-        if x.len() < n * h || ids_len < n * k || act.len() < n * k * inter {
+        if x.len() < n * h || ids.len() < n * k || act.len() < n * k * inter {
             return Err(short_buffers("moe_gate_up", n * k, inter));
         }
         let (ii, hi, ki) = (inter as i32, h as i32, k as i32);
-        let func = match route {
-            None => &self.k.moe_gate_up[w.format()],
-            Some(_) => &self.k.moe_route_gate_up[w.format()],
-        };
-        let (ei, normi) = route.unwrap_or_default();
-        let mut l = self.stream.launch_builder(func);
+        let mut l = self.stream.launch_builder(&self.k.moe_gate_up[w.format()]);
         let null = 0u64;
         match w {
             WeightRef::Bf16(b) => l.arg(b).arg(&null),
             WeightRef::E4m3 { codes, scales } => l.arg(codes).arg(scales),
         };
-        l.arg(x);
-        match routing {
-            GateUpRouting::Routed(ids) => {
-                l.arg(ids).arg(act).arg(&ii).arg(&hi).arg(&ki);
-            }
-            GateUpRouting::Logits {
-                logits,
-                ids,
-                weights,
-                ..
-            } => {
-                l.arg(logits).arg(ids).arg(weights).arg(act);
-                l.arg(&ii).arg(&hi).arg(&ki).arg(&ei).arg(&normi);
-            }
-        }
+        l.arg(x).arg(ids).arg(act).arg(&ii).arg(&hi).arg(&ki);
         let cfg = LaunchConfig {
             grid_dim: (
                 (n * k) as u32,
@@ -958,9 +849,7 @@ impl CudaDevice {
         };
         // SAFETY: h a multiple of one 16-byte load of the format, whole (16-byte aligned)
         // allocations, buffer sizes checked above; the expert rows read are those of ids < E,
-        // which the routing (its kernel's, or each block's own from logits of E ≤
-        // MOE_MAX_EXPERTS columns with k ≤ MOE_MAX_K, checked by `routable`) wrote, into a
-        // weight of E·2·inter rows (the caller checks it).
+        // which the routing kernel wrote, into a weight of E·2·inter rows (the caller checks it).
         unsafe { self.enqueue(&mut l, cfg) }.map_err(op_err("moe_gate_up"))?;
         Ok(())
     }
@@ -1098,7 +987,11 @@ impl CudaDevice {
         }
         let (ni, ki, di) = (n as i32, k as i32, a_div as i32);
         let func = match f8f8 {
-            true => &self.k.moe_gemm_f8f8[v],
+            true => self
+                .k
+                .moe_gemm_f8f8
+                .get(v)
+                .ok_or_else(|| unfit("moe_gemm_f8f8", bm, 64, k))?,
             false => &self.k.moe_gemm[w.format()][v],
         };
         let mut l = self.stream.launch_builder(func);

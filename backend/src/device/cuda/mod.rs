@@ -8,7 +8,7 @@
 //! - `tensor.rs`: tensors, the paged KV cache, allocation; `batch.rs`: a step's metadata;
 //! - `launch.rs`: one typed launch function per kernel — the only unsafe launches;
 //! - `gemm.rs` (cuBLAS), `gemv.rs` (few-row projections with fused norms), `gemm_fp8.rs`
-//!   (cuBLASLt's FP8 products), `decode_layers.rs` (a one-token step's layers in one launch);
+//!   (cuBLASLt's FP8 products);
 //! - [`attention_plan`] (which kernel, how many splits: pure, unit-tested) and `attention.rs`;
 //! - `graphs.rs` (CUDA graphs of decode and verification steps), `profile.rs`, `calibrate.rs`.
 //!
@@ -20,11 +20,9 @@ mod attention;
 pub mod attention_plan;
 mod batch;
 mod calibrate;
-mod decode_layers;
 mod gemm;
 mod gemm_fp8;
 mod gemv;
-mod graph_pool;
 mod graphs;
 mod kernels;
 mod launch;
@@ -42,10 +40,8 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
 pub use options::{
-    CudaOptions, MoeRouter, MoeSmallTiles, SplitOptions, MOE_GEMM_DEFAULT_ROWS,
-    MOE_GEMM_FP8_DEFAULT_ROWS,
+    CudaOptions, SplitOptions, MOE_GEMM_DEFAULT_ROWS, MOE_GEMM_FP8_DEFAULT_ROWS,
 };
-pub use programmatic::Pdl;
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
 use super::{
@@ -121,26 +117,15 @@ pub struct CudaDevice {
     /// Streaming multiprocessors (sizes the attention split).
     sms: usize,
     options: CudaOptions,
-    /// How decode graphs launch our kernels: the option on Hopper and later, else off (set
-    /// off for good if the driver refuses programmatic edges).
-    pdl: std::cell::Cell<programmatic::Pdl>,
+    /// Decode graphs join our kernels by programmatic edges (Hopper and later, with the
+    /// driver's capture calls; off for good if the driver refuses one): programmatic.rs.
+    pdl: std::cell::Cell<bool>,
     /// The module of our kernels (programmatic edges join two of them only).
     ours: cudarc::driver::sys::CUmodule,
     /// A decode graph is being captured (launches then make their edges programmatic).
     capturing: std::cell::Cell<bool>,
-    /// The fused MoE router's ticket (moe.cu's `moe_router_route_r*`: zero between launches).
-    moe_done: CudaSlice<u32>,
-    /// The persistent decode kernel's grid barrier (a 64-bit arrival count, zero at first) and
-    /// its kv heads' tickets (zero between launches) (decode_layers.cu).
-    dl_sync: CudaSlice<u32>,
     /// Programmatic edges made so far.
     pdl_edges: std::cell::Cell<usize>,
-    /// Whether the last kernel enqueued in a capture put a block on every SM (`Pdl::Mixed`
-    /// reads it).
-    last_filled: std::cell::Cell<bool>,
-    /// Where captured decode graphs take their activations (`CACHET_GRAPH_MEMORY=pool`; none:
-    /// allocation nodes in the graph).
-    graph_pool: Option<graph_pool::GraphPool>,
     /// This device's rank of a tensor-parallel group (none: the model is whole here).
     tp: Option<nccl::NcclRank>,
     profiler: profile::Profiler,
@@ -151,11 +136,6 @@ pub struct CudaDevice {
 unsafe impl Send for CudaDevice {}
 
 impl CudaDevice {
-    /// FP8 GEMMs are in use and tune their algorithms per shape on first use.
-    pub(super) fn fp8_gemm_tuning(&self) -> bool {
-        self.options.fp8_gemm_tune && matches!(self.fp8_gemm.get(), Some(Some(_)))
-    }
-
     /// Opens GPU `ordinal` with `options`, compiles (or loads cached) kernels for its
     /// architecture.
     pub fn new(
@@ -175,15 +155,6 @@ impl CudaDevice {
             .compute_capability()
             .map_err(op_err("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
-        if options.moe_fp8_mma && (major, minor) < (8, 9) {
-            return Err(DeviceError::Op {
-                device: DEV,
-                op: "CACHET_MOE_FP8_MMA",
-                msg: format!(
-                    "`fp8` needs FP8 tensor cores (sm_89 or later); this GPU is {arch}: unset it"
-                ),
-            });
-        }
         let sms = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -196,25 +167,9 @@ impl CudaDevice {
             options.kernel_dir.as_deref(),
         )?;
         // Programmatic dependent launch needs Hopper and the driver's capture calls.
-        let pdl = if major >= 9 && programmatic::supported(stream.cu_stream()) {
-            options.pdl
-        } else {
-            programmatic::Pdl::Off
-        };
+        let pdl = major >= 9 && programmatic::supported(stream.cu_stream());
         let ours =
             programmatic::module_of(&loaded.kernels.rms_norm).map_err(op_err("kernel module"))?;
-        let moe_done = stream
-            .alloc_zeros::<u32>(1)
-            .map_err(op_err("MoE router ticket"))?;
-        let dl_sync = stream
-            .alloc_zeros::<u32>(2 + kernels::DL_MAX_KV_HEADS)
-            .map_err(op_err("decode barrier"))?;
-        let graph_pool = match options.graph_memory {
-            graph_pool::GraphMemory::Pool => {
-                Some(graph_pool::GraphPool::new(&ctx).map_err(op_err("graph memory pool"))?)
-            }
-            graph_pool::GraphMemory::Nodes => None,
-        };
         let blas = gemm::Blas::new(&stream)?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA GPU".into());
         tracing::info!(gpu = %name, %arch, kernels_cached = loaded.from_cache, ?options, ?pdl, "CUDA device ready");
@@ -232,10 +187,6 @@ impl CudaDevice {
             ours,
             capturing: Default::default(),
             pdl_edges: Default::default(),
-            last_filled: Default::default(),
-            graph_pool,
-            moe_done,
-            dl_sync,
             options,
             tp: None,
             profiler: Default::default(),
@@ -469,11 +420,7 @@ impl Device for CudaDevice {
 
     fn quantize_fp8(&self, w: CudaTensor) -> Result<CudaTensor, DeviceError> {
         if self.fp8_gemm.get().is_none() {
-            let _ = self.fp8_gemm.set(gemm_fp8::Fp8Gemm::new(
-                &self.stream,
-                self.options.fp8_fast_accum,
-                self.options.fp8_gemm_tune,
-            )?);
+            let _ = self.fp8_gemm.set(gemm_fp8::Fp8Gemm::new(&self.stream)?);
         }
         let (n, k) = (w.rows, w.cols);
         let mut codes = self.alloc_out::<u8>(n * k, "FP8 weights")?;
@@ -572,9 +519,9 @@ impl Device for CudaDevice {
     /// for a few rows, the chosen experts' rows only (gate|up + SwiGLU per (token, slot) pair
     /// and the weighted down per token, moe.cu's GEMVs), or for many rows two grouped GEMMs
     /// around the activation, then the weighted sum: outside a capture cuBLAS's grouped GEMM
-    /// (the routing read back to the host: `moe_cublas.rs`), inside one (or with
-    /// `CACHET_MOE_GROUPED=ours`) moe.cu's, over the pairs sorted by expert on the device, with
-    /// no host round trip, so decode graphs capture it.
+    /// (the routing read back to the host: `moe_cublas.rs`; measured faster than moe.cu's on
+    /// prefills), inside one moe.cu's, over the pairs sorted by expert on the device, with no
+    /// host round trip, so decode graphs capture it.
     fn moe(
         &self,
         x: &CudaTensor,
@@ -589,61 +536,36 @@ impl Device for CudaDevice {
         let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
         let mut weights = self.alloc_f32(n * k, "moe routing")?;
         let gemv = match &w.router.buf {
-            CudaBuf::Bf16(r) if self.options.moe_router != MoeRouter::Gemm => self
+            CudaBuf::Bf16(r) => self
                 .gemv_variant(n, h, &w.router.weight("moe")?)
                 .map(|v| (r, v)),
             _ => None,
         };
-        // CACHET_MOE_ROUTER=experts: the logits go to the experts, whose GEMVs route.
-        let mut pending_logits = None;
-        match gemv {
-            // A decode step's few rows, CACHET_MOE_ROUTER=fused: the router and the routing in
-            // one launch.
-            Some((r, v)) if self.options.moe_router == MoeRouter::Fused => {
-                self.timed("moe router + routing", || {
-                    let mut logits = self.alloc_f32(n * e, "moe router")?;
-                    self.launch_moe_router_route(
-                        v,
-                        r,
-                        x.bf16("moe")?,
-                        &mut logits,
-                        (&mut ids, &mut weights),
-                        (n, h, e, k, p.norm_topk_prob),
-                    )
-                })?;
+        // f32 logits: bf16 ones turn near ties into other experts than the model's. A few rows
+        // (decode) through the GEMV, which reads the router's rows once at the copy rate; more
+        // through cuBLAS. (The router and the routing in one launch, and the routing inside the
+        // expert GEMVs, each saved a launch and measured no faster: BENCHMARKS-HISTORY.md.)
+        let logits = self.timed("moe router", || match gemv {
+            Some((r, v)) => {
+                let mut out = self.alloc_f32(n * e, "moe router")?;
+                self.launch_gemv_f32out(v, r, x.bf16("moe")?, &mut out, (n, h, e))?;
+                Ok(CudaTensor {
+                    rows: n,
+                    cols: e,
+                    buf: CudaBuf::F32(out),
+                })
             }
-            _ => {
-                // f32 logits: bf16 ones turn near ties into other experts than the model's. A
-                // few rows (decode) through the GEMV, which reads the router's rows once at the
-                // copy rate; more through cuBLAS.
-                let logits = self.timed("moe router", || match gemv {
-                    Some((r, v)) => {
-                        let mut out = self.alloc_f32(n * e, "moe router")?;
-                        self.launch_gemv_f32out(v, r, x.bf16("moe")?, &mut out, (n, h, e))?;
-                        Ok(CudaTensor {
-                            rows: n,
-                            cols: e,
-                            buf: CudaBuf::F32(out),
-                        })
-                    }
-                    None => self.gemm(x, w.router, true),
-                })?;
-                if self.options.moe_router == MoeRouter::Experts {
-                    pending_logits = Some(logits);
-                } else {
-                    self.timed("moe routing", || {
-                        self.launch_moe_route(
-                            logits.f32("moe")?,
-                            &mut ids,
-                            &mut weights,
-                            (n, e, k, p.norm_topk_prob),
-                        )
-                    })?;
-                }
-            }
-        }
-        let logits = pending_logits.as_ref().map(|l| l.f32("moe")).transpose()?;
-        let y = self.moe_experts(x.bf16("moe")?, w, p, (&mut ids, &mut weights), logits, n)?;
+            None => self.gemm(x, w.router, true),
+        })?;
+        self.timed("moe routing", || {
+            self.launch_moe_route(
+                logits.f32("moe")?,
+                &mut ids,
+                &mut weights,
+                (n, e, k, p.norm_topk_prob),
+            )
+        })?;
+        let y = self.moe_experts(x.bf16("moe")?, w, p, (&mut ids, &mut weights), n)?;
         Ok(CudaTensor::new_bf16(n, h, y))
     }
 
@@ -857,25 +779,6 @@ impl Device for CudaDevice {
             Some(_) => self.measure_all_reduce(elems, count).map(Some),
             None => Ok(None),
         }
-    }
-
-    fn decode_layers(
-        &self,
-        residual: &mut CudaTensor,
-        layers: &[super::DenseLayer<'_, CudaTensor>],
-        kv: &mut CudaKv,
-        b: &CudaBatch,
-        step: &super::DenseStep<'_, CudaTensor>,
-    ) -> Result<Option<CudaTensor>, DeviceError> {
-        self.run_decode_layers(residual, layers, kv, b, step)
-    }
-
-    fn prepare_decode_layers(
-        &self,
-        layers: &[super::DenseLayer<'_, CudaTensor>],
-        kv: &mut CudaKv,
-    ) -> Result<(), DeviceError> {
-        self.prepare_layers_table(layers, kv)
     }
 
     fn capture_decode_graphs(

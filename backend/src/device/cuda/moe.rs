@@ -9,7 +9,7 @@ use super::kernels::{self, GEMV_ROWS, GEMV_SMEM_MAX};
 use super::launch;
 use super::moe_cublas;
 use super::tensor::{CudaBuf, CudaTensor, WeightRef};
-use super::{CudaDevice, MoeRouter, DEV};
+use super::{CudaDevice, DEV};
 use crate::config::Activation;
 use crate::device::{Delta, MoeParams, MoeWeights};
 use crate::error::DeviceError;
@@ -43,13 +43,13 @@ pub(super) fn check(
 }
 
 impl CudaDevice {
-    /// [`Device::norm_moe`] with the norm in the router's GEMV (`CACHET_MOE_NORM=fused`:
-    /// `gemv_norm_f32out_*` writes the new residual, the normalised rows for the experts and
-    /// the f32 logits in one launch), then the routing and the experts as in `Device::moe`.
-    /// `None` (nothing done) where it does not apply: the switch off, more rows than the
-    /// router's GEMV takes, a router that is not bf16, the routing fused into the router
-    /// (`CACHET_MOE_ROUTER=fused|gemm`), or a delta whose FP8 scales are still to apply. With
-    /// `CACHET_MOE_ROUTER=experts` the expert GEMVs route (no routing launch either).
+    /// [`Device::norm_moe`] with the norm in the router's GEMV (`gemv_norm_f32out_*` writes the
+    /// new residual, the normalised rows for the experts and the f32 logits in one launch), then
+    /// the routing and the experts as in `Device::moe`: a launch fewer a layer, measured on an
+    /// H100 at batch 1 (BENCHMARKS.md §13): Qwen3-30B-A3B 3.60–3.61 ms a step against 3.63–3.68,
+    /// its thin twin 1.61 against 1.71–1.72. `None` (nothing done) where it does not apply: more
+    /// rows than the router's GEMV takes, a router that is not bf16, or a delta whose FP8 scales
+    /// are still to apply.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn norm_moe_fused(
         &self,
@@ -61,10 +61,7 @@ impl CudaDevice {
         p: &MoeParams,
     ) -> Result<Option<CudaTensor>, DeviceError> {
         let (n, h, e, k) = (residual.rows, residual.cols, p.num_experts, p.top_k);
-        let in_experts = self.options.moe_router == MoeRouter::Experts;
-        let applies = self.options.moe_norm_fused
-            && (self.options.moe_router == MoeRouter::Gemv || in_experts)
-            && n > 0
+        let applies = n > 0
             && matches!(w.router.buf, CudaBuf::Bf16(_))
             && matches!(residual.buf, CudaBuf::F32(_))
             && !delta.as_ref().is_some_and(|d| d.x.is_unscaled());
@@ -110,28 +107,21 @@ impl CudaDevice {
         }
         let mut ids = self.alloc_out::<i32>(n * k, "moe routing")?;
         let mut weights = self.alloc_f32(n * k, "moe routing")?;
-        if !in_experts {
-            self.timed("moe routing", || {
-                self.launch_moe_route(&logits, &mut ids, &mut weights, (n, e, k, p.norm_topk_prob))
-            })?;
-        }
-        let logits = in_experts.then_some(&logits);
-        let y = self.moe_experts(&xs, w, p, (&mut ids, &mut weights), logits, n)?;
+        self.timed("moe routing", || {
+            self.launch_moe_route(&logits, &mut ids, &mut weights, (n, e, k, p.norm_topk_prob))
+        })?;
+        let y = self.moe_experts(&xs, w, p, (&mut ids, &mut weights), n)?;
         Ok(Some(CudaTensor::new_bf16(n, h, y)))
     }
 
     /// The experts of `n` normalised rows `xs` (`[n, h]`) routed to `ids` with `weights`
-    /// (`[n, k]` each), summed per row into bf16 `[n, h]`. With `logits` (the router's, f32
-    /// `[n, E]`) the routing is still to do, into `ids` and `weights`: inside the expert
-    /// GEMVs' blocks where the rows take them (`CACHET_MOE_ROUTER=experts`), else by the
-    /// routing kernel first.
+    /// (`[n, k]` each), summed per row into bf16 `[n, h]`.
     pub(super) fn moe_experts(
         &self,
         xs: &CudaSlice<u16>,
         w: MoeWeights<'_, CudaTensor>,
         p: &MoeParams,
         (ids, weights): (&mut CudaSlice<i32>, &mut CudaSlice<f32>),
-        logits: Option<&CudaSlice<f32>>,
         n: usize,
     ) -> Result<CudaSlice<u16>, DeviceError> {
         let (e, k, i) = (p.num_experts, p.top_k, p.inter);
@@ -154,29 +144,30 @@ impl CudaDevice {
         let cublas_fits = !fp8
             || moe_cublas::own_gemm_tiles(2 * i, n * k / e.min(n * k))
                 >= self.options.moe_gemm_own_tiles;
-        if let (Some(l), Some(_)) = (logits, grouped) {
-            self.timed("moe routing", || {
-                self.launch_moe_route(l, ids, weights, (n, e, k, p.norm_topk_prob))
-            })?;
-        }
         match grouped {
             // cuBLAS's grouped GEMM takes its shapes on the host: never inside a capture.
-            Some((gu, dw))
-                if self.options.moe_grouped_cublas && !self.capturing.get() && cublas_fits =>
-            {
+            // Outside one it beat moe.cu's on the H200's prefills: 512 / 4,096 tokens 23.5–24.9
+            // / 137.7–139.0 ms against 27.1–27.4 / 150.0–152.3 (Qwen3-30B-A3B), 63.8–65.6 /
+            // 425.7–429.0 against 89.7–90.4 / 523.2–525.7 (Mixtral-8x7B).
+            Some((gu, dw)) if !self.capturing.get() && cublas_fits => {
                 self.timed("moe grouped gemm (cuBLAS)", || {
                     self.moe_grouped_cublas(xs, (gu, dw), &*ids, &*weights, &mut y, (n, k, e, h, i))
                 })?;
             }
             Some((gu, dw)) => {
                 let pairs = n * k;
-                // FP8 experts on the FP8 tensor cores (CACHET_MOE_FP8_MMA=fp8): each product's
-                // input rows quantized to e4m3 per row first; widths the kernel's 64-code k step
-                // does not divide widen as before.
-                let f8f8 = fp8
-                    && self.options.moe_fp8_mma
-                    && h.is_multiple_of(kernels::MOE_BK8)
-                    && i.is_multiple_of(kernels::MOE_BK8);
+                // FP8 experts on the FP8 tensor cores in 16- and 64-row tiles: each product's
+                // input rows quantized to e4m3 per row first. Measured on an H100 against the
+                // weights widened to bf16 (Qwen3-30B-A3B, FP8 experts, three rounds): decode
+                // batch 64 21.3–21.5 against 22.1–22.2 ms, batch 256 28.3–28.4 against 29.0,
+                // prefill 512 26.6–26.9 against 27.0–27.2; but prefill 4,096 (128-row tiles)
+                // 171 against 152, so those keep widening. Widths the kernel's 64-code k step
+                // does not divide widen too.
+                let f8f8 = |bm: usize| {
+                    fp8 && bm < 128
+                        && h.is_multiple_of(kernels::MOE_BK8)
+                        && i.is_multiple_of(kernels::MOE_BK8)
+                };
                 // A product over `rows` input rows of `cols`: its input as it is, or quantized.
                 let product = |input: &CudaSlice<u16>,
                                rows: usize,
@@ -185,7 +176,7 @@ impl CudaDevice {
                                groups: &launch::MoeGroups,
                                out: &mut CudaSlice<u16>,
                                (n_out, a_div): (usize, usize)| {
-                    if !f8f8 {
+                    if !f8f8(groups.bm) {
                         return self.timed("↳ moe: grouped GEMMs (ours)", || {
                             self.launch_moe_gemm(
                                 launch::MoeInput::Bf16(input),
@@ -199,9 +190,8 @@ impl CudaDevice {
                     self.timed("↳ moe: FP8 × FP8 grouped GEMMs (ours)", || {
                         let mut codes = self.alloc_out::<u8>(rows * cols, "moe FP8 activations")?;
                         let mut scales = self.alloc_f32(rows, "moe FP8 activation scales")?;
-                        let exact = self.options.fp8_exact_activations;
                         self.launch_quantize_rows_e4m3(
-                            exact,
+                            false,
                             input,
                             &mut codes,
                             &mut scales,
@@ -216,11 +206,11 @@ impl CudaDevice {
                 };
                 self.timed("moe grouped gemm", || {
                     // Tiles of 128 rows where the experts average that many pairs (prefill), 16
-                    // where they average 16 or fewer (decode; FP8 experts unless
-                    // CACHET_MOE_SMALL_TILES says otherwise), else 64.
+                    // where FP8 experts average 16 or fewer (decode: steps 8–13% faster at batch
+                    // 64 and 3–4% at 256 on the H200; bf16's within ±3% either way), else 64.
                     let bm = if pairs >= 96 * e {
                         128
-                    } else if pairs <= 16 * e && self.options.moe_small_tiles.apply(fp8) {
+                    } else if pairs <= 16 * e && fp8 {
                         16
                     } else {
                         64
@@ -246,18 +236,7 @@ impl CudaDevice {
             None => {
                 self.timed("moe expert gemv", || {
                     let mut act = self.alloc_bf16(n * k * i, "moe activations")?;
-                    let routing = match logits {
-                        // Each block routes its token: the routing's launch saved.
-                        Some(logits) => launch::GateUpRouting::Logits {
-                            logits,
-                            ids: &mut *ids,
-                            weights: &mut *weights,
-                            e,
-                            norm: p.norm_topk_prob,
-                        },
-                        None => launch::GateUpRouting::Routed(&*ids),
-                    };
-                    self.launch_moe_gate_up(gu, xs, routing, &mut act, (n, k, i, h))?;
+                    self.launch_moe_gate_up(gu, xs, &*ids, &mut act, (n, k, i, h))?;
                     self.launch_moe_down(dw, &act, &*ids, &*weights, &mut y, (n, k, i, h))
                 })?;
             }

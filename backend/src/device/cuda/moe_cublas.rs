@@ -1,14 +1,13 @@
 //! A mixture-of-experts step's expert products through cuBLAS's grouped GEMM
-//! (`cublasGemmGroupedBatchedEx`, CUDA 12.5+), the default outside graph captures
-//! (`CACHET_MOE_GROUPED=cublas|ours`): on the H200 it made prefill 10–29% faster than moe.cu's
-//! grouped kernel (BENCHMARKS.md §13). cuBLAS takes each problem's shape on the host, so the
+//! (`cublasGemmGroupedBatchedEx`, CUDA 12.5+), what steps outside graph captures take: on the
+//! H200 it made prefill 10–29% faster than moe.cu's grouped kernel (BENCHMARKS.md §13). cuBLAS takes each problem's shape on the host, so the
 //! routing's choices come back to the host (one synchronisation a layer), the pairs are sorted
 //! by expert there, the tokens' rows gathered into that order on the device, and each touched
 //! expert is one problem of its own shape: `[c_e, h] · W_eᵀ`. An expert whose product fills the
 //! GPU on its own ([`super::CudaOptions::moe_gemm_own_tiles`]: Mixtral's prefill) gets a plain
 //! cuBLAS GEMM instead of a group; FP8 experts (taken here only then) go through cuBLASLt's FP8
-//! GEMM an expert (`CACHET_MOE_FP8=cublaslt`, the default), or are dequantized an expert at a
-//! time into one bf16 buffer for cuBLAS (`dequant`). Never inside a graph capture (the
+//! GEMM an expert, or — where cuBLASLt has no algorithm for a shape — are dequantized an expert
+//! at a time into one bf16 buffer for cuBLAS. Never inside a graph capture (the
 //! caller keeps moe.cu's kernel there): the host must see the routing first.
 
 use cudarc::cublas::sys as blas_sys;
@@ -236,8 +235,8 @@ impl CudaDevice {
     /// the dense FP8 GEMMs quantize theirs), each run's codes times its expert's codes on a
     /// padded row count (a few dozen plans per weight shape), all into one bf16 product, then
     /// every row scaled by its expert's weight scales and its own in one launch. `Ok(false)`
-    /// (nothing done) where this does not apply: switched off (`CACHET_MOE_FP8=dequant`), no
-    /// cuBLASLt, shapes not multiples of 16, or no algorithm for a run's shape.
+    /// (nothing done) where this does not apply: no cuBLASLt, shapes not multiples of 16, or no
+    /// algorithm for a run's shape.
     fn moe_fp8_cublaslt(
         &self,
         (codes, w_scale, m): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
@@ -249,8 +248,7 @@ impl CudaDevice {
             return Ok(false);
         };
         let rows: usize = runs.iter().map(|&(_, _, c)| c).sum();
-        if !self.options.moe_fp8_cublaslt
-            || rows == 0
+        if rows == 0
             || rows > 65535
             || !m.is_multiple_of(16)
             || !kk.is_multiple_of(16)
@@ -272,8 +270,7 @@ impl CudaDevice {
         let mut x_codes = self.alloc_out::<u8>(end * kk, "moe FP8 activations")?;
         let mut x_scale = self.alloc_f32(rows, "moe FP8 activation scales")?;
         self.timed("↳ fp8: quantize activations", || {
-            let exact = self.options.fp8_exact_activations;
-            self.launch_quantize_rows_e4m3(exact, a, &mut x_codes, &mut x_scale, (rows, kk))
+            self.launch_quantize_rows_e4m3(false, a, &mut x_codes, &mut x_scale, (rows, kk))
         })?;
         let mut raw = self.alloc_bf16(end * m, "moe FP8 product")?;
         self.timed("↳ fp8: cuBLASLt product", || {
@@ -293,7 +290,7 @@ impl CudaDevice {
                 // enqueued on this stream. A run's padding rows land on the next run's first
                 // rows, which that run's product (issued after it on the stream) rewrites.
                 let done = unsafe {
-                    lt.matmul_at(&self.stream, addr, (m, fp8_padded_rows(c), kk, true), false)
+                    lt.matmul_at(&self.stream, addr, (m, fp8_padded_rows(c), kk, true))
                 }?;
                 if !done {
                     return Err(DeviceError::Op {

@@ -13,24 +13,17 @@
 //! ([`programmatic_edge`], called by every launch in launch.rs): when the capture's one pending
 //! dependency is another of our kernels (a function of the module compiled from `kernels/`;
 //! cuBLAS's kernels, copies and the capture's allocations keep plain edges), the edge the launch
-//! will get is made programmatic — from the upstream kernel's launch-order port (the dependent may
-//! launch once every block of the upstream has started: [`Pdl::Early`]) or its programmatic port
-//! (once every block has exited, as our kernels never trigger early: [`Pdl::Late`]). Edges
-//! cannot be rewritten after the capture: the driver refuses to remove dependencies from a
-//! graph holding allocation nodes (`CUDA_ERROR_NOT_SUPPORTED`, measured; scripts/pdl_probe
-//! shows the same rewrite accepted in a graph without them).
+//! will get is made programmatic from the upstream kernel's launch-order port: the dependent may
+//! launch once every block of the upstream has started. Edges cannot be rewritten after the
+//! capture: the driver refuses to remove dependencies from a graph holding allocation nodes
+//! (`CUDA_ERROR_NOT_SUPPORTED`, measured).
 //!
-//! What it reaches, measured on the H200 (BENCHMARKS.md §13): with the capture's own
-//! allocations (`CACHET_GRAPH_MEMORY=nodes`, the default), each op allocates its output and
-//! frees its inputs inside the capture, so allocation and free nodes stand between most pairs
-//! of kernels and only ~20% of the edges can be programmatic: Qwen3-30B-A3B batch-1 decode 3.30
-//! → 3.22 ms, the 8B and SmolLM2 within noise. With the activations from a pool of their own
-//! (`CACHET_GRAPH_MEMORY=pool`, graph_pool.rs) the step is a chain of kernels and ~75% of its
-//! edges are programmatic: early edges everywhere take SmolLM2 0.80 → 0.70 ms and Qwen 3.19 →
-//! 3.06 ms but the 8B 4.37 → 4.80 ms — a GEMV's one-block-per-SM grid launched early behind a
-//! kernel of few blocks lands two blocks on some SMs; [`Pdl::Mixed`] (late edges exactly there)
-//! keeps most of the gain without the loss (0.72, 3.12, 4.31 ms). Steering the allocation nodes
-//! beside the chain instead (78% programmatic) made every model slower (`pdl-h200/steered/`).
+//! What it reaches, measured on the H200 (BENCHMARKS.md §3): with the capture's own allocations,
+//! allocation and free nodes stand between most pairs of kernels and only ~20% of the edges can
+//! be programmatic: Qwen3-30B-A3B batch-1 decode 3.30 → 3.22 ms, the 8B and SmolLM2 within
+//! noise. Launching from the upstream's programmatic port instead (once its blocks exit), a
+//! pool of graph memory of our own (a chain of kernels, ~75% programmatic: the 8B slower), and
+//! a rule mixing both were measured and dropped (BENCHMARKS-HISTORY.md).
 
 use std::ptr;
 
@@ -39,44 +32,6 @@ use cudarc::driver::sys::{
     CUDA_KERNEL_NODE_PARAMS,
 };
 use cudarc::driver::{CudaFunction, DriverError};
-
-/// How decode graphs launch our kernels (`CACHET_PDL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pdl {
-    /// Plain edges: each kernel launched when the one before it has finished.
-    Off,
-    /// Launched once every block of the kernel before it has exited (before its completion is
-    /// processed and the next launch would start).
-    Late,
-    /// Launched once every block of the kernel before it has started; its blocks wait on the
-    /// device.
-    Early,
-    /// Early, except a kernel whose grid puts a block on every SM (the GEMVs) after one that
-    /// does not (attention of a short context, a norm) is launched late: launched early, its
-    /// blocks would be placed wherever the kernel before it leaves room, two to some SMs and
-    /// none to others.
-    Mixed,
-}
-
-impl Pdl {
-    /// The edge into a kernel that puts a block on every SM (`fills`) or not, after one that
-    /// did (`after_filling`) or not.
-    pub(super) fn into_kernel(self, fills: bool, after_filling: bool) -> Pdl {
-        match self {
-            Pdl::Mixed if fills && !after_filling => Pdl::Late,
-            Pdl::Mixed => Pdl::Early,
-            m => m,
-        }
-    }
-
-    fn port(self) -> Option<u8> {
-        match self {
-            Pdl::Off => None,
-            Pdl::Late => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8),
-            Pdl::Early | Pdl::Mixed => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8),
-        }
-    }
-}
 
 /// Whether this driver has the capture calls [`programmatic_edge`] makes (CUDA 12.3 and
 /// later): each is called once on `stream` while it is not capturing, where it changes
@@ -168,7 +123,8 @@ impl Named for sys::CUresult {
 
 /// Right before one of our kernels is enqueued on `stream`: if the stream is capturing and its
 /// one pending dependency is a kernel of `ours` joined by a plain edge, makes that edge
-/// programmatic as `mode` says. Returns whether it did.
+/// programmatic from the upstream's launch-order port (the dependent launches once every block
+/// of the upstream has started). Returns whether it did.
 ///
 /// # Safety
 /// `stream` is a live stream of the current context, and the kernel about to be launched on
@@ -176,11 +132,8 @@ impl Named for sys::CUresult {
 pub(super) unsafe fn programmatic_edge(
     stream: sys::CUstream,
     ours: CUmodule,
-    mode: Pdl,
 ) -> Result<bool, Failed> {
-    let Some(port) = mode.port() else {
-        return Ok(false);
-    };
+    let port = sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8;
     // SAFETY: the caller's stream; the returned arrays are read before the next call on it.
     unsafe {
         let c = capture_info(stream).map_err(|e| Failed("cuStreamGetCaptureInfo_v3", e))?;
@@ -248,27 +201,5 @@ unsafe fn is_ours(node: CUgraphNode, ours: CUmodule) -> Result<bool, Failed> {
         let mut m: CUmodule = ptr::null_mut();
         sys::cuFuncGetModule(&mut m, p.func).named("cuFuncGetModule")?;
         Ok(m == ours)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Pdl;
-
-    #[test]
-    fn mixed_launches_late_only_into_a_device_filling_kernel_after_one_that_was_not() {
-        assert_eq!(Pdl::Mixed.into_kernel(true, false), Pdl::Late);
-        assert_eq!(Pdl::Mixed.into_kernel(true, true), Pdl::Early);
-        assert_eq!(Pdl::Mixed.into_kernel(false, false), Pdl::Early);
-        assert_eq!(Pdl::Mixed.into_kernel(false, true), Pdl::Early);
-        for m in [Pdl::Off, Pdl::Late, Pdl::Early] {
-            for (f, a) in [(true, false), (false, true)] {
-                assert_eq!(m.into_kernel(f, a), m);
-            }
-        }
-        // Mixed edges use the launch-order port where they are early.
-        assert_eq!(Pdl::Mixed.port(), Pdl::Early.port());
-        assert_ne!(Pdl::Late.port(), Pdl::Early.port());
-        assert_eq!(Pdl::Off.port(), None);
     }
 }

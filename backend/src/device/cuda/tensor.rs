@@ -148,9 +148,6 @@ pub struct CudaKv {
     pub(super) int8_table: Vec<CudaSlice<f32>>,
     /// Decode graphs captured over this cache.
     pub(super) graphs: Option<DecodeGraphs>,
-    /// The persistent decode kernel's table of every layer's weights and cache (decode_layers.rs):
-    /// the pointers as written, and the device copy its launches (and graphs) read.
-    pub(super) layer_table: Option<(Vec<u64>, CudaSlice<u64>)>,
 }
 
 /// bf16 bits of a host tensor.
@@ -182,14 +179,9 @@ impl CudaDevice {
         n: usize,
         what: &str,
     ) -> Result<CudaSlice<T>, DeviceError> {
-        let buf = match self.capture_pool() {
-            // SAFETY: capturing; the callers fully write the buffer before reading it and
-            // drop it before the capture ends (graphs.rs copies the logits out inside it).
-            Some(pool) if self.capturing.get() => unsafe { pool.alloc::<T>(n) },
-            // SAFETY: T is a plain number type (ValidAsZeroBits: no invalid bit patterns);
-            // callers fully write the buffer before reading it.
-            _ => unsafe { self.stream.alloc::<T>(n.max(1)) },
-        };
+        // SAFETY: T is a plain number type (ValidAsZeroBits: no invalid bit patterns); callers
+        // fully write the buffer before reading it.
+        let buf = unsafe { self.stream.alloc::<T>(n.max(1)) };
         buf.map_err(|e| DeviceError::OutOfMemory {
             device: DEV,
             bytes: n * std::mem::size_of::<T>(),
@@ -243,7 +235,6 @@ impl CudaDevice {
             v_scale: Vec::with_capacity(layout.num_layers),
             int8_table: Vec::with_capacity(layout.num_layers),
             graphs: None,
-            layer_table: None,
         };
         for layer in 0..layout.num_layers {
             kv.k.push(zeros(&self.stream, bytes)?);
