@@ -18,7 +18,7 @@ Per model and format: the mean KL divergence of the next-token distribution from
 top-1 agreement, and the largest logit difference, over every position of the evaluation texts.
 The calibration text is not among them.
 
-  python scripts/kv_int8_fidelity.py --out benchmarks/results/kv-int8-fidelity [--tokens 320]
+  python scripts/kv_int8_fidelity.py --out target/cachet-bench/kv-int8-fidelity [--tokens 320]
 """
 
 import argparse

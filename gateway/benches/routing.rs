@@ -336,7 +336,7 @@ fn main() {
         ..cfg.clone()
     });
     let ws = working_set_blocks(&tok, &plain);
-    let out_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benchmarks/results/routing");
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("routing");
     std::fs::create_dir_all(&out_dir).unwrap();
     println!("workload: {} requests at {} req/s, {} tenants, {} prefix groups (Zipf {}), sessions up to {} turns; working set {ws} blocks of {BLOCK} tokens", cfg.num_requests, cfg.rate, cfg.tenants, cfg.groups, cfg.zipf, cfg.max_turns);
     let mut raw = Vec::new();

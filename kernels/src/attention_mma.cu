@@ -27,7 +27,7 @@
 // INT8 cache's would spill), so every choice between the decode and the prompt path below is made
 // at compile time — the copies' loops and addresses, the lookups and the fragment paths — instead
 // of at run time in one body holding both: 650 instructions a tile loop instead of 833, a
-// batch-256 FP8 decode step 5% faster (BENCHMARKS.md §3).
+// batch-256 FP8 decode step 5% faster (BENCHMARKS-HISTORY.md).
 // Whether the kernel of head_dim D and cache MODE has a decode instantiation.
 #define MMA_SPECIALIZES(D, MODE) ((MODE) == 1 && MMA_KGROUPS(D) == 1)
 

@@ -167,7 +167,7 @@ device_test! {
     /// (the compressed-tensors fixture's reference) — on the CPU within f32 rounding; on CUDA
     /// through the FP8 GEMV (the 1-token case: weights only) within bf16 tolerance, and through
     /// cuBLASLt's FP8 GEMM (7 and 40 tokens), whose inputs are quantized to e4m3 per token as
-    /// well, within the error that adds (4.6e-2 and 4.0e-2 on the H200, BENCHMARKS §9b).
+    /// well, within the error that adds (4.6e-2 and 4.0e-2 on the H200, BENCHMARKS §5).
     fn fp8_weights_quantized_at_load_match_torch_per_channel_e4m3(dev) {
         let m = tiny("tiny-qwen3");
         let reference = read_json("tiny-qwen3-fp8-channel_reference.json");

@@ -1,7 +1,7 @@
 //! The INT8 KV cache (`--kv-cache-dtype int8`, `backend/src/device/kv_int8.rs`): FP8's bytes,
 //! scales calibrated at load, and — the reason it exists — closer to the full-precision cache
 //! than FP8 on a model where FP8 hurts (Qwen2.5, whose q/k/v biases put a few key channels far
-//! above the others), as the transformers emulation found (BENCHMARKS §9c). The runner tests are
+//! above the others), as the transformers emulation found (BENCHMARKS §4). The runner tests are
 //! `device_test!`s: on CUDA, the INT8 write and attention kernels against the bf16 cache.
 
 use cachet_backend::device::{kv_int8, KvCacheDtype};

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 use cachet_backend::config::{Arch, MoeConfig};
 use cachet_backend::device::cpu::CpuDevice;
-use cachet_backend::device::{Device, ForwardBatch, KvCacheDtype, KvLayout, WeightQuantization};
+use cachet_backend::device::{Device, ForwardBatch, Instruments, KvCacheDtype, KvLayout, WeightQuantization};
 use cachet_backend::loader;
 use cachet_backend::model::Decoder;
 use cachet_backend::tensor::HostTensor;
@@ -178,7 +178,7 @@ fn router_choices_equal_transformers_where_not_tied() {
     }
 }
 
-/// The thin twins of the batch-1 structure benchmark (BENCHMARKS §13b) are their models with only
+/// The thin twins of the batch-1 structure benchmark (BENCHMARKS §8) are their models with only
 /// the widths changed — hidden state, MLP and expert widths, vocabulary and its special ids — so
 /// the same kernels run in the same order over next to no weight bytes.
 #[test]

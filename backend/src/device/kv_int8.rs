@@ -1,7 +1,7 @@
 //! The INT8 KV cache (`--kv-cache-dtype int8`): the seed's format — INT8 codes with a static
 //! scale per (layer, KV head, channel) found by a calibration pass at load, and each head's
 //! [`OUTLIERS`] channels of largest magnitude kept in bf16. It takes FP8's bytes (`d + 4` per
-//! token-head) and, measured on four real models (BENCHMARKS §9c), stays closer to the
+//! token-head) and, measured on four real models (BENCHMARKS §4), stays closer to the
 //! unquantized cache than FP8 does.
 //!
 //! Layout, per token-head (the same allocation as the FP8 cache): `d` code bytes and a 4-byte

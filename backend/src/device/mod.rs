@@ -611,6 +611,13 @@ pub trait Device: Send {
     fn samples_on_device(&self) -> bool {
         false
     }
+}
+
+/// What a device tells about its own work, and the replayable graphs of its decode steps:
+/// per-operation profiles, timed collectives and GEMMs, measured ceilings, CUDA graphs. Kept off
+/// [`Device`], whose methods are the model's arithmetic; a device without them (the CPU
+/// reference: no graphs, nothing to calibrate) takes the defaults — none.
+pub trait Instruments: Device {
     /// Turns per-operation timing (device events around each operation) on or off.
     fn set_profiling(&self, _on: bool) {}
     /// Time per operation since the last call: (operation, total ms, calls), largest first.
@@ -668,7 +675,6 @@ pub trait Device: Send {
         false
     }
 }
-
 /// The forward pass from a prepared batch to logits, as graphs capture it.
 pub type ForwardBody<'a, D> = dyn FnMut(
         &mut <D as Device>::Kv,

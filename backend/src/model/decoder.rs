@@ -11,8 +11,8 @@ use super::rope;
 use super::tensor_parallel::{Shard, ShardPlan};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{
-    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes,
-    HeadNorm, MoeParams, MoeWeights, Part, WeightQuantization,
+    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, Instruments,
+    MoeParams, MoeWeights, Part, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostLayer, HostTensor, HostWeights, WeightReader};
@@ -163,7 +163,7 @@ fn upload_layer<D: Device>(
     })
 }
 
-impl<D: Device> Decoder<D> {
+impl<D: Instruments> Decoder<D> {
     /// Uploads `weights` — each owned tensor handed to the device as it goes, so the host holds
     /// at most one copy of the model; positions up to `max_positions` get RoPE tables.
     pub fn new(
@@ -507,5 +507,4 @@ fn as_delta<'a, T>(pending: &'a Option<(T, Option<&'a T>)>) -> Option<Delta<'a, 
 mod tests {
     use super::*;
     use crate::device::cpu::CpuDevice;
-
 }

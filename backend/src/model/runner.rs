@@ -11,8 +11,8 @@ use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::{self, CudaDevice, CudaOptions};
 use crate::device::{
-    kv_int8, Device, DeviceSample, ForwardBatch, GraphReport, GraphShapes, KvCacheDtype, KvLayout,
-    StepPlan, WeightQuantization,
+    kv_int8, DeviceSample, ForwardBatch, GraphReport, GraphShapes, Instruments, KvCacheDtype,
+    KvLayout, StepPlan, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostWeights, WeightReader};
@@ -193,7 +193,7 @@ pub const DEFAULT_CUDA_GRAPH_SIZES: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 2
 /// Activations, cuBLAS workspace and the allocator's slack are kept out of the KV pool.
 const DEVICE_RESERVE: usize = 2 << 30;
 
-pub struct ModelRunner<D: Device> {
+pub struct ModelRunner<D: Instruments> {
     dev: D,
     model: Decoder<D>,
     kv: D::Kv,
@@ -203,7 +203,7 @@ pub struct ModelRunner<D: Device> {
     pending: Option<(D::Tensor, usize)>,
 }
 
-impl<D: Device> ModelRunner<D> {
+impl<D: Instruments> ModelRunner<D> {
     pub fn new(
         dev: D,
         config: &ModelConfig,
@@ -357,7 +357,7 @@ impl<D: Device> ModelRunner<D> {
 /// unquantized cache of its own, then each layer's per-channel bounds — V's largest magnitudes,
 /// K's largest norms of each rotated pair ([`kv_int8::fold_pair_amax`]: a bound at positions past
 /// the text's too) — into [`kv_int8::KvInt8Table::from_amax`].
-fn calibrate_int8<D: Device>(
+fn calibrate_int8<D: Instruments>(
     dev: &D,
     model: &Decoder<D>,
     layout: &KvLayout,
@@ -408,7 +408,7 @@ fn calibrate_int8<D: Device>(
     Ok(t)
 }
 
-impl<D: Device> ModelRunner<D> {
+impl<D: Instruments> ModelRunner<D> {
     pub(crate) fn check(&self, batch: &ForwardBatch) -> Result<(), EngineError> {
         batch.validate(&self.layout, self.model.config.vocab_size)?;
         if let Some(&p) = batch.positions.iter().max() {
@@ -423,7 +423,7 @@ impl<D: Device> ModelRunner<D> {
     }
 }
 
-impl<D: Device> Runner for ModelRunner<D> {
+impl<D: Instruments> Runner for ModelRunner<D> {
     fn device_name(&self) -> &'static str {
         self.dev.name()
     }

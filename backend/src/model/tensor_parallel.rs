@@ -34,7 +34,7 @@ use crate::config::ModelConfig;
 use crate::device::cpu::{CpuComm, CpuDevice};
 use crate::device::cuda::nccl::{NcclGroup, NcclRank};
 use crate::device::cuda::{CudaDevice, CudaOptions};
-use crate::device::{Device, ForwardBatch, GraphReport, KvLayout, Part, StepPlan};
+use crate::device::{ForwardBatch, GraphReport, Instruments, KvLayout, Part, StepPlan};
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostLayer, HostWeights};
 use crate::tensor::HostTensor;
@@ -298,7 +298,7 @@ impl Group {
 
 /// A model over N ranks behind the [`Runner`] interface: rank 0 answers, the others follow on
 /// one thread each.
-pub struct TpRunner<D: Device> {
+pub struct TpRunner<D: Instruments> {
     /// The whole model's config (each rank's has its share of the heads and the MLP).
     config: ModelConfig,
     rank0: ModelRunner<D>,
@@ -401,7 +401,7 @@ impl TpRunner<CudaDevice> {
     }
 }
 
-impl<D: Device + 'static> TpRunner<D> {
+impl<D: Instruments + 'static> TpRunner<D> {
     /// Builds rank r's model on `devices[r]`, all at once (loading a model runs collectives —
     /// an INT8 cache's calibration pass, the CUDA graphs' capture — which need every rank in
     /// them), then starts the other ranks' threads. A rank that fails aborts the group, so the
@@ -561,7 +561,7 @@ impl<D: Device + 'static> TpRunner<D> {
     }
 }
 
-impl<D: Device> Drop for TpRunner<D> {
+impl<D: Instruments> Drop for TpRunner<D> {
     fn drop(&mut self) {
         for Rank {
             commands, thread, ..
@@ -573,7 +573,7 @@ impl<D: Device> Drop for TpRunner<D> {
     }
 }
 
-impl<D: Device + 'static> Runner for TpRunner<D> {
+impl<D: Instruments + 'static> Runner for TpRunner<D> {
     fn device_name(&self) -> &'static str {
         self.rank0.device_name()
     }

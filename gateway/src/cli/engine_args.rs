@@ -120,7 +120,7 @@ pub struct EngineArgs {
     /// (the same bytes: a static scale per channel calibrated on a text at load, each head's 4
     /// largest channels kept in bf16). FP8's loss depends on the model: SmolLM2 keeps 95–97% of
     /// its top-1 choices, models where a few key channels dwarf the others far fewer (Qwen2.5:
-    /// 77–92%), which int8 keeps (BENCHMARKS §9c); on CUDA int8 runs on the CUDA-core attention
+    /// 77–92%), which int8 keeps (BENCHMARKS §4); on CUDA int8 runs on the CUDA-core attention
     /// kernel (no tensor-core one yet). Measure yours with `cachet bench kv-fp8 [--compare
     /// kv-int8]`.
     #[arg(long, default_value = "auto")]
@@ -209,11 +209,11 @@ pub struct Started {
 }
 
 /// What to tell a host who asks for the FP8 KV cache on a model it measurably hurts: models with
-/// q/k/v biases (Qwen2.5) lose 8–23% of their top-1 choices with it (BENCHMARKS §9c).
+/// q/k/v biases (Qwen2.5) lose 8–23% of their top-1 choices with it (BENCHMARKS §4).
 fn fp8_kv_warning(config: &ModelConfig, dtype: KvCacheDtype) -> Option<String> {
     (dtype == KvCacheDtype::Fp8E4m3 && config.attention_bias).then(|| {
         "--kv-cache-dtype fp8 on a model with q/k/v biases: on Qwen2.5 it changed 8-23% of the \
-         top-1 tokens (BENCHMARKS §9c); check this model with `cachet bench kv-fp8`, or use \
+         top-1 tokens (BENCHMARKS §4); check this model with `cachet bench kv-fp8`, or use \
          --kv-cache-dtype int8 (the same bytes) or the default cache"
             .to_string()
     })
@@ -242,7 +242,7 @@ impl StepLimits {
     /// (`kv_tokens`: known once the cache is sized), with no step-time target: a target short
     /// enough to matter (20 ms) starves prefill once a full batch's decode step alone takes
     /// longer, and under fair sharing the prefill cap already keeps a light tenant's wait short
-    /// (H200, 8B shape, BENCHMARKS §10: B's TTFT P95 35 ms with the cap alone, 33 with a 20 ms
+    /// (H200, 8B shape, BENCHMARKS §11: B's TTFT P95 35 ms with the cap alone, 33 with a 20 ms
     /// target as well); a CPU's steps are bound by arithmetic, so it keeps 64 and 2048 with a
     /// step-time target of 250 ms (those steps would take seconds). Flags override each.
     pub fn for_device(

@@ -389,19 +389,6 @@ impl Device for CpuDevice {
         }
     }
 
-    fn time_all_reduce(&self, elems: usize, count: usize) -> Result<Option<f64>, DeviceError> {
-        let Some(CpuRank { comm, rank, .. }) = &self.tp else {
-            return Ok(None);
-        };
-        let mut v = vec![1.0f32; elems];
-        comm.all_reduce_sum(*rank, &mut v)?; // every rank arrived: the clock starts together
-        let t = std::time::Instant::now();
-        for _ in 0..count {
-            comm.all_reduce_sum(*rank, &mut v)?;
-        }
-        Ok(Some(t.elapsed().as_secs_f64()))
-    }
-
     fn all_gather_cols(&self, t: CpuTensor) -> Result<CpuTensor, DeviceError> {
         match &self.tp {
             Some(tp) => {
@@ -705,4 +692,19 @@ fn rope_and_cache(
         kv.write(layer, slot, k_src, v_src);
     }
     Ok(())
+}
+
+impl super::Instruments for CpuDevice {
+    fn time_all_reduce(&self, elems: usize, count: usize) -> Result<Option<f64>, DeviceError> {
+        let Some(CpuRank { comm, rank, .. }) = &self.tp else {
+            return Ok(None);
+        };
+        let mut v = vec![1.0f32; elems];
+        comm.all_reduce_sum(*rank, &mut v)?; // every rank arrived: the clock starts together
+        let t = std::time::Instant::now();
+        for _ in 0..count {
+            comm.all_reduce_sum(*rank, &mut v)?;
+        }
+        Ok(Some(t.elapsed().as_secs_f64()))
+    }
 }

@@ -49,8 +49,8 @@ impl CudaDevice {
 
     /// The transposed decode kernel (steps of at most 8 query rows a block: keys on the MMAs' 16
     /// rows, queries on their 8 columns) for head_dim `d` and the cache's dtype, with its shared
-    /// memory, where it exists. Measured on the H200 against the 16-row kernel (BENCHMARKS.md
-    /// §3): FP8 and bf16 decode steps 7–9% faster at batch 64 and 256.
+    /// memory, where it exists. Measured on the H200 against the 16-row kernel: FP8 and bf16
+    /// decode steps 7–9% faster at batch 64 and 256 (BENCHMARKS-HISTORY.md).
     fn mma_decode_attention(&self, d: usize, dtype: KvCacheDtype) -> Option<(&CudaFunction, u32)> {
         let i = match d {
             64 => 0,

@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn batch_one_decode_fills_two_waves_with_whole_tile_splits() {
         // A graph replay in the 8192 bucket (ctx 4096 + 1 rounds up there): 8 units of work
-        // want 2 · 396 / 8 = 99 splits, capped at 64 of 128 keys (BENCHMARKS §3).
+        // want 2 · 396 / 8 = 99 splits, capped at 64 of 128 keys (BENCHMARKS §1).
         let p = plan(&[1], 8192, &h200());
         assert_eq!(
             (p.sub_tokens, p.units, p.grid_y, p.splits, p.split_len),

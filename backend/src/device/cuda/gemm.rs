@@ -272,15 +272,7 @@ impl CudaDevice {
         // cuBLASLt's product of the codes; false: no algorithm for the shape. The profile also
         // times each product by its shape (a `↳↳` row: a part of the line above).
         let product = |raw: Fp8Out| {
-            let launch = || {
-                lt.matmul(
-                    &self.stream,
-                    (codes, &x_codes),
-                    (m, n_pad, k),
-                    raw,
-                    
-                )
-            };
+            let launch = || lt.matmul(&self.stream, (codes, &x_codes), (m, n_pad, k), raw);
             let label = self
                 .profiling_on()
                 .then(|| self.label(format!("↳↳ cuBLASLt {m}×{k}, {n_pad} rows")));
@@ -291,7 +283,7 @@ impl CudaDevice {
         };
         // A bf16 result's product is written by cuBLASLt in bf16 (4 bytes an element through
         // the epilogue, not 10 through an f32 product): prefill 2.5–4% faster on the H200, the
-        // logits' error the same (BENCHMARKS.md §3).
+        // logits' error the same (BENCHMARKS-HISTORY.md).
         let buf = if out_f32 {
             let mut raw = self.alloc_f32(n_pad * m, "FP8 product")?;
             if !product(Fp8Out::F32(&mut raw))? {
@@ -465,9 +457,7 @@ impl CudaDevice {
     /// the scales' pass (`fp8_scale_{silu|gelu_tanh}_bf16`): a bf16 product, half its columns a
     /// multiple of 8, at most 65,535 rows.
     pub(super) fn fp8_glu_fused(&self, n: usize, m: usize, out_f32: bool) -> bool {
-        !out_f32
-            && (m / 2).is_multiple_of(8)
-            && n <= 65535
+        !out_f32 && (m / 2).is_multiple_of(8) && n <= 65535
     }
 
     /// `act(x · gateᵀ) ⊙ (x · upᵀ)` for a gate|up weight `w` ([gate rows; up rows]): for FP8

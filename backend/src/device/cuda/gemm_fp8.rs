@@ -306,24 +306,24 @@ impl Fp8Gemm {
         // (the caller's contract), all on this stream; the workspace is LT_WORKSPACE bytes;
         // alpha/beta outlive the call; the algorithm is the heuristic's for this plan.
         let status = unsafe {
-                lt::cublasLtMatmul(
-                    self.handle,
-                    plan.desc,
-                    (&alpha as *const f32).cast(),
-                    wp as *const _,
-                    plan.a,
-                    xp as *const _,
-                    plan.b,
-                    (&beta as *const f32).cast(),
-                    dp as *const _,
-                    plan.d,
-                    dp as *mut _,
-                    plan.d,
-                    &plan.algo,
-                    wkp as *mut _,
-                    LT_WORKSPACE,
-                    stream.cu_stream() as lt::cudaStream_t,
-                )
+            lt::cublasLtMatmul(
+                self.handle,
+                plan.desc,
+                (&alpha as *const f32).cast(),
+                wp as *const _,
+                plan.a,
+                xp as *const _,
+                plan.b,
+                (&beta as *const f32).cast(),
+                dp as *const _,
+                plan.d,
+                dp as *mut _,
+                plan.d,
+                &plan.algo,
+                wkp as *mut _,
+                LT_WORKSPACE,
+                stream.cu_stream() as lt::cudaStream_t,
+            )
         };
         check("cublasLtMatmul", status)?;
         Ok(true)

@@ -53,7 +53,7 @@ pub const GEMV_ROWS: [usize; 3] = [1, 2, 4];
 /// per weight grows with the rows).
 pub const GEMV_DEFAULT_ROWS: usize = 2;
 /// The same for FP8 weights (`CACHET_GEMV_FP8`): up to two as well. Measured on the H200 (8B
-/// shape, FP8 weights + FP8 KV, ctx 1280, CUDA graphs, BENCHMARKS.md §12c): 3 and 4 rows take
+/// shape, FP8 weights + FP8 KV, ctx 1280, CUDA graphs, BENCHMARKS.md §1): 3 and 4 rows take
 /// 5.01–5.05 ms a step on the GEMV against 3.74–3.77 on cuBLASLt's FP8 product; 2 rows 3.45
 /// either way.
 pub const GEMV_FP8_DEFAULT_ROWS: usize = 2;
@@ -329,10 +329,7 @@ impl Kernels {
                     f("moe_gemm_bm128_e4m3")?,
                 ],
             ],
-            moe_gemm_f8f8: [
-                f("moe_gemm_bm16_f8f8")?,
-                f("moe_gemm_bm64_f8f8")?,
-            ],
+            moe_gemm_f8f8: [f("moe_gemm_bm16_f8f8")?, f("moe_gemm_bm64_f8f8")?],
             moe_combine: f("moe_combine_bf16")?,
         };
         for func in [&k.attention, &k.attention_fp8, &k.attention_int8] {

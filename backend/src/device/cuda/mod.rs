@@ -39,9 +39,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use batch::CudaBatch;
-pub use options::{
-    CudaOptions, SplitOptions, MOE_GEMM_DEFAULT_ROWS, MOE_GEMM_FP8_DEFAULT_ROWS,
-};
+pub use options::{CudaOptions, SplitOptions, MOE_GEMM_DEFAULT_ROWS, MOE_GEMM_FP8_DEFAULT_ROWS};
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
 use super::{
@@ -746,20 +744,22 @@ impl Device for CudaDevice {
         true
     }
 
-    fn set_profiling(&self, on: bool) {
-        self.profiling(on)
-    }
-
-    fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, DeviceError> {
-        self.profile()
-    }
-
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.ctx.mem_get_info().ok()
     }
 
     fn synchronize(&self) -> Result<(), DeviceError> {
         self.stream.synchronize().map_err(op_err("synchronize"))
+    }
+}
+
+impl super::Instruments for CudaDevice {
+    fn set_profiling(&self, on: bool) {
+        self.profiling(on)
+    }
+
+    fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, DeviceError> {
+        self.profile()
     }
 
     fn calibrate(&self) -> Result<Option<super::Calibration>, DeviceError> {

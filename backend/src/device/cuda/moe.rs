@@ -46,7 +46,7 @@ impl CudaDevice {
     /// [`Device::norm_moe`] with the norm in the router's GEMV (`gemv_norm_f32out_*` writes the
     /// new residual, the normalised rows for the experts and the f32 logits in one launch), then
     /// the routing and the experts as in `Device::moe`: a launch fewer a layer, measured on an
-    /// H100 at batch 1 (BENCHMARKS.md §13): Qwen3-30B-A3B 3.60–3.61 ms a step against 3.63–3.68,
+    /// H100 at batch 1 (BENCHMARKS.md §8): Qwen3-30B-A3B 3.60–3.61 ms a step against 3.63–3.68,
     /// its thin twin 1.61 against 1.71–1.72. `None` (nothing done) where it does not apply: more
     /// rows than the router's GEMV takes, a router that is not bf16, or a delta whose FP8 scales
     /// are still to apply.

@@ -1,6 +1,6 @@
 //! A mixture-of-experts step's expert products through cuBLAS's grouped GEMM
 //! (`cublasGemmGroupedBatchedEx`, CUDA 12.5+), what steps outside graph captures take: on the
-//! H200 it made prefill 10–29% faster than moe.cu's grouped kernel (BENCHMARKS.md §13). cuBLAS takes each problem's shape on the host, so the
+//! H200 it made prefill 10–29% faster than moe.cu's grouped kernel (BENCHMARKS.md §8). cuBLAS takes each problem's shape on the host, so the
 //! routing's choices come back to the host (one synchronisation a layer), the pairs are sorted
 //! by expert there, the tokens' rows gathered into that order on the device, and each touched
 //! expert is one problem of its own shape: `[c_e, h] · W_eᵀ`. An expert whose product fills the
@@ -248,11 +248,7 @@ impl CudaDevice {
             return Ok(false);
         };
         let rows: usize = runs.iter().map(|&(_, _, c)| c).sum();
-        if rows == 0
-            || rows > 65535
-            || !m.is_multiple_of(16)
-            || !kk.is_multiple_of(16)
-        {
+        if rows == 0 || rows > 65535 || !m.is_multiple_of(16) || !kk.is_multiple_of(16) {
             return Ok(false);
         }
         for &(_, _, c) in runs {
@@ -289,9 +285,8 @@ impl CudaDevice {
                 // is 16-byte aligned; the guards keep all three live until the launches are
                 // enqueued on this stream. A run's padding rows land on the next run's first
                 // rows, which that run's product (issued after it on the stream) rewrites.
-                let done = unsafe {
-                    lt.matmul_at(&self.stream, addr, (m, fp8_padded_rows(c), kk, true))
-                }?;
+                let done =
+                    unsafe { lt.matmul_at(&self.stream, addr, (m, fp8_padded_rows(c), kk, true)) }?;
                 if !done {
                     return Err(DeviceError::Op {
                         device: DEV,

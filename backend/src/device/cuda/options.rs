@@ -13,7 +13,7 @@
 //! | `CACHET_MOE_GEMM`, `CACHET_MOE_GEMM_FP8` | rows from which MoE experts run as grouped GEMMs | measured thresholds |
 //! | `CACHET_MOE_OWN_GEMM` | output tiles from which an expert gets a cuBLAS GEMM of its own | measured threshold |
 //!
-//! The thresholds' defaults are the H200 measurements' (BENCHMARKS.md §3, §13); another card
+//! The thresholds' defaults are the H200 measurements' (BENCHMARKS.md §1, §8); another card
 //! may measure others. Everything else the device does is decided: the A/B switches of earlier
 //! studies lost their losing sides (BENCHMARKS-HISTORY.md).
 
@@ -30,11 +30,11 @@ pub const MIN_SPLIT: usize = 64;
 pub const MOE_GEMM_DEFAULT_ROWS: usize = 8;
 /// The same for FP8 experts: on the H200 their GEMVs took decode batch 16 faster than moe.cu's
 /// FP8 grouped kernel (Qwen3-30B-A3B 13.9 vs 17.1 ms, Mixtral 31.6 vs 35.6) and batch 24 slower
-/// (24.1 vs 21.3, 62.0 vs 37.2; BENCHMARKS.md §13c).
+/// (24.1 vs 21.3, 62.0 vs 37.2; BENCHMARKS.md §8).
 pub const MOE_GEMM_FP8_DEFAULT_ROWS: usize = 24;
 /// Output tiles (128 × 128) from which an expert's product on cuBLAS's MoE path gets a GEMM of
 /// its own rather than a group of the grouped GEMM: half a wave of the H200's 132 SMs. Measured
-/// against 132, 264 and none (BENCHMARKS.md §13c): Mixtral-8x7B's prefill 512 / 4096 took 42 /
+/// against 132, 264 and none (BENCHMARKS.md §8): Mixtral-8x7B's prefill 512 / 4096 took 42 /
 /// 203 ms against 65 / 421 with none, Qwen3-30B-A3B's 23 / 120 against 24 / 134.
 pub const MOE_OWN_GEMM_DEFAULT_TILES: usize = 66;
 /// Most blocks a key range is split over.
@@ -64,11 +64,11 @@ pub struct SplitOptions {
     /// Waves of blocks the splits of a prompt's causal triangles may fill. More than one lost
     /// on the H200 at every head_dim measured: 512-token prefills of the Gemma-3-12B and
     /// Llama-3-8B shapes took 37 and 23 ms with two waves, 23 and 14 ms with one; 2048 and
-    /// 8192 tokens were even (`benchmarks/results/families-h200/fused-norms/prompt-splits.txt`).
+    /// 8192 tokens were even (`git show 47b836f:benchmarks/results/families-h200/fused-norms/prompt-splits.txt`).
     pub prompt_waves: usize,
     /// A decode-like step on the tensor-core kernels (head_dim ≤ 128) whose unsplit blocks
     /// already fill this percent of one wave is not split at all (0: the waves rule alone).
-    /// Measured on the H200 (8B shape, both caches, BENCHMARKS.md §12c): batch 32 split three ways took 5.11–5.15 ms (FP8) and 7.37–7.42
+    /// Measured on the H200 (8B shape, both caches, BENCHMARKS.md §1): batch 32 split three ways took 5.11–5.15 ms (FP8) and 7.37–7.42
     /// (bf16) at ctx 1280, 6.73–6.77 and 10.02–10.05 at ctx 4096; unsplit 4.50–4.53, 6.49–6.51,
     /// 6.15–6.19 and 9.40–9.43 — 256 blocks of two an SM already stream the cache, and the
     /// splits' partials and merge only add; batches of 16 and fewer still gain from splits at

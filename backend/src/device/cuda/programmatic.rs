@@ -18,7 +18,7 @@
 //! capture: the driver refuses to remove dependencies from a graph holding allocation nodes
 //! (`CUDA_ERROR_NOT_SUPPORTED`, measured).
 //!
-//! What it reaches, measured on the H200 (BENCHMARKS.md §3): with the capture's own allocations,
+//! What it reaches, measured on the H200 (BENCHMARKS-HISTORY.md): with the capture's own allocations,
 //! allocation and free nodes stand between most pairs of kernels and only ~20% of the edges can
 //! be programmatic: Qwen3-30B-A3B batch-1 decode 3.30 → 3.22 ms, the 8B and SmolLM2 within
 //! noise. Launching from the upstream's programmatic port instead (once its blocks exit), a

@@ -43,7 +43,7 @@ pub struct FairArgs {
     #[arg(long, default_value_t = 0.2)]
     pub load_b: f64,
     /// Where the results and the report go.
-    #[arg(long, default_value = "benchmarks/results/fair")]
+    #[arg(long, default_value = "target/cachet-bench/fair")]
     pub out: PathBuf,
 }
 
@@ -408,7 +408,7 @@ pub struct CacheShareArgs {
     /// Seconds per run.
     #[arg(long, default_value_t = 30.0)]
     pub duration: f64,
-    #[arg(long, default_value = "benchmarks/results/cache-share")]
+    #[arg(long, default_value = "target/cachet-bench/cache-share")]
     pub out: PathBuf,
 }
 

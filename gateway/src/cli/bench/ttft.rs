@@ -89,7 +89,7 @@ pub struct TtftArgs {
     #[arg(long, value_delimiter = ',', default_value = "cold,warm")]
     pub modes: Vec<String>,
     /// Where results, report and plots go.
-    #[arg(long, default_value = "benchmarks/results/ttft")]
+    #[arg(long, default_value = "target/cachet-bench/ttft")]
     pub out: PathBuf,
     /// More `cachet serve` arguments for every run (e.g. "--max-num-seqs 128").
     #[arg(long, allow_hyphen_values = true)]
