@@ -47,7 +47,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "rope_kv.cu",
         code: include_str!("rope_kv.cu"),
-        symbols: &["rope_kv_bf16", "rope_kv_fp8"],
+        symbols: &["rope_kv_bf16", "rope_kv_fp8", "rope_kv_int8"],
     },
     KernelSource {
         name: "attention.cu",
@@ -55,8 +55,10 @@ pub const SOURCES: &[KernelSource] = &[
         symbols: &[
             "paged_attention_bf16",
             "paged_attention_fp8",
+            "paged_attention_int8",
             "paged_attention_d256_bf16",
             "paged_attention_d256_fp8",
+            "paged_attention_d256_int8",
             "attention_combine_bf16",
         ],
     },
@@ -68,6 +70,8 @@ pub const SOURCES: &[KernelSource] = &[
             "paged_attention_mma_d64_bf16",
             "paged_attention_mma_d128_fp8",
             "paged_attention_mma_d64_fp8",
+            "paged_attention_mma_d128_int8",
+            "paged_attention_mma_d64_int8",
             "paged_attention_mma_d128_fp8_dec",
             "paged_attention_mma_d64_fp8_dec",
             "paged_attention_mma_d128_bf16_dec",
@@ -82,6 +86,12 @@ pub const SOURCES: &[KernelSource] = &[
             "gemv_bf16_r1",
             "gemv_bf16_r2",
             "gemv_bf16_r4",
+            "gemv_f32out_bf16_r1",
+            "gemv_f32out_bf16_r2",
+            "gemv_f32out_bf16_r4",
+            "gemv_norm_f32out_bf16_r1",
+            "gemv_norm_f32out_bf16_r2",
+            "gemv_norm_f32out_bf16_r4",
             "gemv_norm_bf16_r1",
             "gemv_norm_bf16_r2",
             "gemv_norm_bf16_r4",
@@ -131,6 +141,8 @@ pub const SOURCES: &[KernelSource] = &[
             "moe_gemm_bm16_e4m3",
             "moe_gemm_bm64_e4m3",
             "moe_gemm_bm128_e4m3",
+            "moe_gemm_bm16_f8f8",
+            "moe_gemm_bm64_f8f8",
             "moe_combine_bf16",
         ],
     },
@@ -228,10 +240,12 @@ mod tests {
     fn every_symbol_is_defined_in_its_source() {
         for s in SOURCES {
             for sym in s.symbols {
-                // Written out, or through a unit's kernel-defining macro (`MMA_KERNEL(name, ...)`).
+                // Written out, or through a unit's kernel-defining macro (`MMA_KERNEL(name, ...)`,
+                // `GEMV_PLAIN_KERNEL_OUT(name, ...)`).
                 let defined = s.code.contains(&format!("void {sym}("))
                     || s.code.contains(&format!(") {sym}("))
-                    || s.code.contains(&format!("_KERNEL({sym},"));
+                    || s.code.contains(&format!("_KERNEL({sym},"))
+                    || s.code.contains(&format!("_KERNEL_OUT({sym},"));
                 assert!(defined, "{} lacks {sym}", s.name);
             }
         }

@@ -9,7 +9,9 @@ use std::borrow::Cow;
 
 use cachet_backend::config::{Arch, MoeConfig};
 use cachet_backend::device::cpu::CpuDevice;
-use cachet_backend::device::{Device, ForwardBatch, Instruments, KvCacheDtype, KvLayout, WeightQuantization};
+use cachet_backend::device::{
+    Device, ForwardBatch, Instruments, KvCacheDtype, KvLayout, WeightQuantization,
+};
 use cachet_backend::loader;
 use cachet_backend::model::Decoder;
 use cachet_backend::tensor::HostTensor;
