@@ -11,7 +11,14 @@
 //!   [`EPOCH_TICK`]), a memory cap enforced by a [`ResourceLimiter`], and an output cap. Every
 //!   failure is a typed [`TemplateError`] for that request alone.
 
+pub mod compile;
+mod error;
 pub mod store;
+
+pub use error::TemplateError;
+
+pub use compile::{compile_child, CompileIn, COMPILE_MEMORY};
+use compile::{compile_in_child, wasm_config};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use cachet_guest_sdk::{Rendered, Request, ABI_VERSION};
 use wasmtime::{
-    Caller, Config, Engine, ExternType, InstanceAllocationStrategy, InstancePre, Linker, Module,
+    Caller, Engine, ExternType, InstanceAllocationStrategy, InstancePre, Linker, Module,
     PoolingAllocationConfig, ResourceLimiter, Store, Trap, ValType,
 };
 
@@ -54,21 +61,6 @@ pub struct SandboxConfig {
     pub compile_in: CompileIn,
 }
 
-/// Where a template module is compiled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CompileIn {
-    /// On a thread of this process: a compile past its deadline is answered with 422 but runs
-    /// on to its end (Cranelift cannot be stopped midway). For tools and tests.
-    Thread,
-    /// In a child process, this program (`cachet compile-template`, [`compile_child`]) under
-    /// an address-space limit of [`COMPILE_MEMORY`]: a compile past its deadline is killed,
-    /// and one that needs more memory fails alone. What `cachet serve` uses.
-    Process(std::path::PathBuf),
-}
-
-/// Address space a child compile may use.
-pub const COMPILE_MEMORY: u64 = 2 << 30;
-
 impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
@@ -94,114 +86,6 @@ pub struct Budget {
     pub deadline: Duration,
     pub fuel: u64,
     pub memory_bytes: usize,
-}
-
-/// Why a template could not be stored or run.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum TemplateError {
-    #[error("the upload is not a WebAssembly module: {0}")]
-    NotWasm(String),
-    #[error("the module is {size} bytes; the limit is {limit}")]
-    ModuleTooLarge { size: usize, limit: usize },
-    #[error("the module must export {what}")]
-    MissingExport { what: String },
-    #[error("the module imports `{module}.{name}`; templates may import only `cachet.log` (i32, i32) -> ()")]
-    ForbiddenImport { module: String, name: String },
-    #[error("the module speaks template ABI version {found}; this gateway speaks {expected}")]
-    AbiVersion { found: i64, expected: u32 },
-    #[error("template `{0}` not found")]
-    NotFound(String),
-    #[error("template `{name}` has no version {version}")]
-    NoSuchVersion { name: String, version: u32 },
-    #[error("version {version} of `{name}` is active; activate another version first")]
-    VersionActive { name: String, version: u32 },
-    #[error("template names are 1-64 characters of a-z, 0-9, `-` and `_`; got `{0}`")]
-    BadName(String),
-    #[error("the template ran past its {0:?} deadline")]
-    Timeout(Duration),
-    #[error("the template used up its fuel ({0} units)")]
-    OutOfFuel(u64),
-    #[error("the template went over its memory limit of {limit} bytes")]
-    OutOfMemory { limit: usize },
-    #[error("the template trapped: {0}")]
-    Trap(String),
-    #[error("the template's reply is {size} bytes; the limit is {limit}")]
-    OutputTooLarge { size: usize, limit: usize },
-    #[error("the template's reply is malformed: {0}")]
-    BadOutput(String),
-    #[error("the template refused the request: {0}")]
-    Refused(String),
-    #[error("all template sandboxes are busy; retry shortly")]
-    Busy,
-    #[error("template storage: {0}")]
-    Storage(String),
-    #[error("the module has {found} {what}; the limit is {limit}")]
-    TooComplex {
-        what: &'static str,
-        found: u64,
-        limit: u64,
-    },
-    #[error("compiling the module took longer than {0:?}")]
-    CompileTimeout(Duration),
-    #[error("the tenant's template storage is full: {0}")]
-    QuotaExceeded(String),
-}
-
-impl TemplateError {
-    /// Machine-readable code for API errors and metrics.
-    pub fn code(&self) -> &'static str {
-        use TemplateError::*;
-        match self {
-            NotWasm(_) => "template_not_wasm",
-            ModuleTooLarge { .. } => "template_too_large",
-            MissingExport { .. } => "template_missing_export",
-            ForbiddenImport { .. } => "template_forbidden_import",
-            AbiVersion { .. } => "template_abi_version",
-            NotFound(_) | NoSuchVersion { .. } => "template_not_found",
-            VersionActive { .. } => "template_version_active",
-            BadName(_) => "template_bad_name",
-            Timeout(_) => "template_timeout",
-            OutOfFuel(_) => "template_out_of_fuel",
-            OutOfMemory { .. } => "template_out_of_memory",
-            Trap(_) => "template_trap",
-            OutputTooLarge { .. } => "template_output_too_large",
-            BadOutput(_) => "template_bad_output",
-            Refused(_) => "template_refused",
-            Busy => "template_busy",
-            Storage(_) => "template_storage",
-            TooComplex { .. } => "template_too_complex",
-            CompileTimeout(_) => "template_compile_timeout",
-            QuotaExceeded(_) => "template_quota_exceeded",
-        }
-    }
-
-    /// HTTP status: 400 for a bad upload, 404 unknown, 409 conflict, 422 for a template that
-    /// failed on this request (the tenant's code, not the gateway), 503 when the pool is full.
-    pub fn status(&self) -> u16 {
-        use TemplateError::*;
-        match self {
-            NotWasm(_)
-            | MissingExport { .. }
-            | ForbiddenImport { .. }
-            | AbiVersion { .. }
-            | BadName(_)
-            | TooComplex { .. } => 400,
-            CompileTimeout(_) => 422,
-            QuotaExceeded(_) => 409,
-            ModuleTooLarge { .. } => 413,
-            NotFound(_) | NoSuchVersion { .. } => 404,
-            VersionActive { .. } => 409,
-            Timeout(_)
-            | OutOfFuel(_)
-            | OutOfMemory { .. }
-            | Trap(_)
-            | OutputTooLarge { .. }
-            | BadOutput(_)
-            | Refused(_) => 422,
-            Busy => 503,
-            Storage(_) => 500,
-        }
-    }
 }
 
 /// Per-call host state.
@@ -290,115 +174,6 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-/// The engine settings compiled code depends on, shared by the sandbox and its child compiles
-/// (the pooling allocator is the sandbox's alone: it changes where instances live, not code).
-fn wasm_config() -> Config {
-    let mut wc = Config::new();
-    wc.epoch_interruption(true)
-        .consume_fuel(true)
-        // One upload compiles on one core (its slot's), never on all of them.
-        .parallel_compilation(false);
-    wc
-}
-
-/// The child's side of [`CompileIn::Process`]: a module's bytes on stdin, its compiled code on
-/// stdout (`cachet compile-template`). A failure is the error on stderr and a non-zero exit.
-pub fn compile_child() -> anyhow::Result<()> {
-    use std::io::{Read, Write};
-    let mut bytes = Vec::new();
-    std::io::stdin().read_to_end(&mut bytes)?;
-    let engine = Engine::new(&wasm_config())?;
-    let code = engine.precompile_module(&bytes)?;
-    std::io::stdout().write_all(&code)?;
-    Ok(())
-}
-
-/// Compiles `bytes` in a child process of `exe` (limited to [`COMPILE_MEMORY`] of address
-/// space), killed at `deadline`.
-fn compile_in_child(
-    exe: &std::path::Path,
-    bytes: &[u8],
-    deadline: Duration,
-) -> Result<Vec<u8>, TemplateError> {
-    use std::io::{Read, Write};
-    use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
-    let t0 = Instant::now();
-    let mut cmd = Command::new(exe);
-    cmd.arg("compile-template")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls are
-    // allowed; setrlimit is one, and the closure touches nothing else of this process.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: COMPILE_MEMORY,
-                rlim_max: COMPILE_MEMORY,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let storage = |what: &str, e: std::io::Error| {
-        TemplateError::Storage(format!("compiling in a child process: {what}: {e}"))
-    };
-    let mut child = cmd.spawn().map_err(|e| storage("starting it", e))?;
-    let mut stdin = child.stdin.take().expect("piped");
-    let input = bytes.to_vec();
-    let feed = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let mut stdout = child.stdout.take().expect("piped");
-    let out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        stdout.read_to_end(&mut v).map(|_| v)
-    });
-    let mut stderr = child.stderr.take().expect("piped");
-    let err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stderr.read_to_end(&mut v);
-        v
-    });
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) if t0.elapsed() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            Ok(None) => {
-                // Stopped, not left running: its CPU and memory are given back now.
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(TemplateError::CompileTimeout(deadline));
-            }
-            Err(e) => return Err(storage("waiting for it", e)),
-        }
-    };
-    let _ = feed.join();
-    let code = out
-        .join()
-        .expect("reader thread")
-        .map_err(|e| storage("reading its output", e))?;
-    let msg = String::from_utf8_lossy(&err.join().expect("reader thread")).into_owned();
-    if !status.success() {
-        let msg = msg.trim().trim_start_matches("error: ");
-        return Err(
-            if msg.contains("memory allocation") || msg.contains("out of memory") {
-                TemplateError::TooComplex {
-                    what: "bytes of memory needed to compile",
-                    found: COMPILE_MEMORY + 1,
-                    limit: COMPILE_MEMORY,
-                }
-            } else {
-                TemplateError::NotWasm(msg.to_string())
-            },
-        );
-    }
-    Ok(code)
 }
 
 impl Sandbox {
