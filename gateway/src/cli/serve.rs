@@ -1,4 +1,7 @@
-//! `cachet serve`: the gateway, over its embedded engine, a pool of upstreams, or both.
+//! `cachet serve`: the gateway, over its embedded engine, a pool of upstreams, or both. The
+//! command's flags and its order of work; each phase's detail is in [`phases`].
+
+mod phases;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,20 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use cachet_backend::block_hash::HashContext;
 use cachet_gateway::config::{ConfigFile, UpstreamConfig};
 use cachet_gateway::http::tls;
 use cachet_gateway::normalize::public::PublicPrefixes;
-use cachet_gateway::operator::Operator;
 use cachet_gateway::server::fields::UnknownFields;
-use cachet_gateway::server::operator::OperatorState;
 use cachet_gateway::server::tools::Format;
 use cachet_gateway::server::{self, AppState};
-use cachet_gateway::tenants::shared::SharedLimits;
-use cachet_gateway::tenants::TenantRegistry;
-use cachet_gateway::upstream::{
-    self, embedded::Embedded, openai::OpenAi, worker::Worker, Upstream,
-};
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -161,90 +156,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", a.config.display()))?;
     let in_config = || format!("in {}", a.config.display());
     let file = ConfigFile::parse(&text).with_context(in_config)?;
-    // Limits shared with other replicas through Redis, if the config says so (connected on
-    // first use: a replica starts while Redis is down, and admits as `on_error` says).
-    let shared_limits = match file.shared_limits {
-        Some(cfg) => {
-            tracing::info!(redis = %cfg.redis_url, replicas = cfg.replicas, on_error = ?cfg.on_error,
-                "tenant limits shared through Redis");
-            Some(
-                SharedLimits::new(cfg)
-                    .map_err(anyhow::Error::msg)
-                    .with_context(in_config)?,
-            )
-        }
-        None => None,
-    };
-    // With [operator], tenants live in its database (the file's are imported on the database's
-    // first start); otherwise they are the file's.
-    let operator = match file.operator.clone() {
-        Some(cfg) => {
-            // The file's tenants are checked as they would load before any is imported.
-            TenantRegistry::from_configs(file.tenant.clone(), &key, std::time::Instant::now())
-                .with_context(in_config)?;
-            let store = Operator::open(cfg)
-                .map_err(anyhow::Error::msg)
-                .with_context(in_config)?;
-            if store.bootstrap(&file.tenant)? {
-                tracing::info!(
-                    tenants = file.tenant.len(),
-                    "operator store created: the config's tenants imported"
-                );
-            } else if !file.tenant.is_empty() {
-                tracing::info!("tenants come from the operator store; the config's [[tenant]] tables were imported on its first start only");
-            }
-            Some(Arc::new(OperatorState {
-                store,
-                deployment_key: key,
-            }))
-        }
-        None => None,
-    };
-    let (tenants, snapshot) = match &operator {
-        Some(op) => {
-            let snap = op.store.snapshot()?;
-            let reg = TenantRegistry::from_store(
-                snap.tenants.clone(),
-                &key,
-                std::time::Instant::now(),
-                None,
-                shared_limits,
-            )
-            .context("the operator store's tenants")?;
-            tracing::info!(
-                revision = snap.revision,
-                tenants = reg.tenants().len(),
-                "tenants from the operator store"
-            );
-            (reg, Some(snap))
-        }
-        None => {
-            let reg = TenantRegistry::with_shared_limits(
-                file.tenant,
-                &key,
-                std::time::Instant::now(),
-                shared_limits,
-            )
-            .with_context(in_config)?;
-            (reg, None)
-        }
-    };
-    // The pool: the config's [[upstream]]s, then each --worker; alone, the embedded engine.
-    for url in &a.workers {
-        cachet_gateway::config::check_upstream_url(url, a.worker_ca_file.as_deref())
-            .context("--worker")?;
-    }
     let discovery = file.discovery.clone();
-    let mut members = file.upstream;
-    members.extend(a.workers.iter().map(|url| UpstreamConfig::Cachet {
-        url: url.clone(),
-        ca_file: a.worker_ca_file.clone(),
-        dns: false,
-        dns_refresh_secs: None,
-    }));
-    if members.is_empty() {
-        members.push(UpstreamConfig::Embedded {});
-    }
+    let (tenants, snapshot, operator) = phases::tenants(&file, &key).with_context(in_config)?;
+    let members = phases::pool_members(&a, file.upstream.clone())?;
     let embedded = members
         .iter()
         .any(|m| matches!(m, UpstreamConfig::Embedded {}));
@@ -267,37 +181,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)
             .with_context(in_config)?;
     }
-    let usage = match a.usage_db.as_str() {
-        "off" => {
-            if let Some(t) = tenants
-                .tenants()
-                .iter()
-                .find(|t| t.config.budget_usd.is_some())
-            {
-                anyhow::bail!(
-                    "tenant `{}` has a budget, which needs usage records: give --usage-db (not off)",
-                    t.id()
-                );
-            }
-            None
-        }
-        url => {
-            let log = cachet_gateway::usage::UsageLog::open(url, file.price.clone())
-                .with_context(|| format!("--usage-db {url}"))?;
-            if let Some(t) = tenants
-                .tenants()
-                .iter()
-                .find(|t| t.config.budget_usd.is_some() && log.price(&model_id).is_none())
-            {
-                anyhow::bail!(
-                    "tenant `{}` has a budget, but the config prices no model `{model_id}`: add a [[price]] with model = \"{model_id}\"",
-                    t.id()
-                );
-            }
-            tracing::info!(store = %url.split('@').next_back().unwrap_or(url), "usage records");
-            Some(Arc::new(log))
-        }
-    };
+    let usage = phases::usage(&a.usage_db, &file, &tenants, &model_id)?;
     let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
         .map_err(anyhow::Error::msg)
         .with_context(in_config)?;
@@ -326,147 +210,20 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         (Some(c), Some(k)) => Some(tls::ReloadingCert::new(c, k)?),
         _ => None,
     };
-    let templates = match &a.templates_dir {
-        Some(dir) => {
-            let sandbox =
-                cachet_gateway::sandbox::Sandbox::new(cachet_gateway::sandbox::SandboxConfig {
-                    deadline: Duration::from_millis(a.template_deadline_ms.max(1)),
-                    fuel: a.template_fuel,
-                    memory_bytes: a.template_memory_mib << 20,
-                    output_bytes: a.template_output_kib << 10,
-                    module_bytes: a.template_module_mib << 20,
-                    instances: a.template_instances.max(1),
-                    cache_bytes: a.template_cache_mib << 20,
-                    max_functions: a.template_max_functions.max(1),
-                    compile_deadline: Duration::from_secs(a.template_compile_timeout.max(1)),
-                    // In a child process it can stop at the deadline.
-                    compile_in: cachet_gateway::sandbox::CompileIn::Process(
-                        std::env::current_exe()
-                            .context("finding this program for template compiles")?,
-                    ),
-                    ..Default::default()
-                })?;
-            let store = cachet_gateway::sandbox::store::TemplateStore::open(dir, sandbox)
-                .with_context(|| format!("opening the templates directory {}", dir.display()))?
-                .with_quota(cachet_gateway::sandbox::store::Quota {
-                    versions: a.template_max_versions.max(1),
-                    bytes: a.template_storage_mib << 20,
-                });
-            Some(Arc::new(store))
-        }
-        None => None,
-    };
-    let policy = cachet_gateway::route::by_name(&a.routing).map_err(anyhow::Error::msg)?;
-    let timeouts = upstream::Timeouts {
-        connect: Duration::from_secs(a.upstream_connect_timeout.max(1)),
-        response: Duration::from_secs(a.upstream_response_timeout.max(1)),
-        first_event: Duration::from_secs(a.upstream_first_event_timeout.max(1)),
-        idle: Duration::from_secs(a.upstream_idle_timeout.max(1)),
-    };
+    let templates = phases::templates(&a)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     // The serving threads first: the upstream clients made below keep a pool for each.
     let lanes = a.conn.lanes()?;
-    // Each remote upstream's client: TLS roots of its own where it names a CA file.
-    let upstream_client = |ca: &Option<std::path::PathBuf>| {
-        cachet_gateway::http::client::client_with_ca(timeouts.connect, ca.as_deref())
-            .map_err(anyhow::Error::msg)
-    };
-    // Workers' clients present the gateway's certificate where the flags give one.
-    let identity = match (&a.worker_client_cert, &a.worker_client_key) {
-        (Some(cert), Some(key)) => Some(cachet_gateway::http::client::ClientIdentity {
-            cert: cert.clone(),
-            key: key.clone(),
-        }),
-        _ => None,
-    };
-    let worker_client = |ca: &Option<std::path::PathBuf>| {
-        cachet_gateway::http::client::client_with_identity(
-            timeouts.connect,
-            ca.as_deref(),
-            identity.as_ref(),
-        )
-        .map_err(anyhow::Error::msg)
-        .context("--worker-client-cert / --worker-client-key")
-    };
     let state = rt.block_on(async {
-        let key_id = cachet_gateway::protocol::key_id(&key);
-        // Workers named by DNS join the pool as they are found (below); the others start now.
-        let (by_dns, listed): (Vec<&UpstreamConfig>, Vec<&UpstreamConfig>) = members
-            .iter()
-            .partition(|m| matches!(m, UpstreamConfig::Cachet { dns: true, .. }));
-        let upstreams: Vec<Arc<dyn Upstream>> = listed
-            .into_iter()
-            .map(|m| -> anyhow::Result<Arc<dyn Upstream>> {
-                Ok(match m {
-                    UpstreamConfig::Embedded {} => {
-                        Embedded::start(handle.clone().expect("started above"))
-                    }
-                    UpstreamConfig::Cachet { url, ca_file, .. } => Worker::start(
-                        url,
-                        a.worker_token.clone(),
-                        key_id.clone(),
-                        timeouts,
-                        worker_client(ca_file)?,
-                    ),
-                    UpstreamConfig::Openai {
-                        url,
-                        model,
-                        api_key_env,
-                        history_blocks,
-                        cache_salt,
-                        ca_file,
-                    } => OpenAi::start(
-                        url,
-                        upstream::openai::Options {
-                            model: model.clone().unwrap_or_else(|| model_id.clone()),
-                            api_key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
-                            history_blocks: history_blocks.unwrap_or(1 << 16),
-                            send_cache_salt: cache_salt.unwrap_or(true),
-                        },
-                        timeouts,
-                        upstream_client(ca_file)?,
-                    ),
-                })
-            })
-            .collect::<anyhow::Result<_>>()?;
-        tracing::info!(upstreams = upstreams.len(), routing = %a.routing, "routing pool");
-        let pool = upstream::Pool::new(
-            upstreams,
-            policy,
-            HashContext::new(key, [0; 32], &model_id, a.engine.block_size),
-        );
-        let pool = Arc::new(pool);
-        if !by_dns.is_empty() {
-            let resolver = upstream::discovery::resolver(discovery.as_ref())
-                .map_err(anyhow::Error::msg)?;
-            for m in by_dns {
-                let UpstreamConfig::Cachet {
-                    url,
-                    ca_file,
-                    dns_refresh_secs,
-                    ..
-                } = m
-                else {
-                    unreachable!("partitioned above")
-                };
-                let name = upstream::discovery::DnsName::parse(url).map_err(anyhow::Error::msg)?;
-                let refresh = Duration::from_secs(dns_refresh_secs.unwrap_or(10));
-                tracing::info!(host = %name.host, port = name.port, ?refresh, "workers found by DNS");
-                let (token, key_id, client) =
-                    (a.worker_token.clone(), key_id.clone(), worker_client(ca_file)?);
-                tokio::spawn(upstream::discovery::follow(
-                    pool.clone(),
-                    name,
-                    refresh,
-                    resolver.clone(),
-                    move |u: &str| -> Arc<dyn Upstream> {
-                        Worker::start(u, token.clone(), key_id.clone(), timeouts, client.clone())
-                    },
-                ));
-            }
+        let pool = phases::Pool {
+            args: &a,
+            key,
+            model_id: &model_id,
+            embedded: handle.clone(),
         }
+        .start(&members, discovery.as_ref())?;
         let mut state = AppState::new(
             pool,
             handle.clone(),
@@ -492,87 +249,21 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", a.listen))?;
         tracing::info!(addr = %listener.local_addr()?, "serving");
-        let (tx, rx) = tokio::sync::watch::channel(false);
         if let (Some(op), Some(snap)) = (&operator, snapshot) {
             // Changes made on other replicas (or on this one) come from the store.
             let (st, o) = (state.clone(), op.clone());
-            op.store.follow(snap, move |s| server::operator::install(&st, &o, s));
+            op.store
+                .follow(snap, move |s| server::operator::install(&st, &o, s));
         }
-        {
-            // SIGHUP re-reads the tenants config; a config that does not parse is refused and the
-            // previous one stays.
-            let (state, path) = (state.clone(), a.config.clone());
-            let block_size = a.engine.block_size;
-            tokio::spawn(async move {
-                use tokio::signal::unix::{signal, SignalKind};
-                let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
-                while hup.recv().await.is_some() {
-                    // The tenants' live state (requests in flight, bucket levels) carries over.
-                    let previous = state.tenants();
-                    let loaded = std::fs::read_to_string(&path)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| ConfigFile::parse(&t).map_err(|e| e.to_string()))
-                        .and_then(|f| {
-                            if f.shared_limits.as_ref() != previous.shared_limits().map(|s| &s.config) {
-                                tracing::warn!("[shared_limits] changed: the Redis connection is made at start-up, so the change takes effect on restart");
-                            }
-                            let prefixes = PublicPrefixes::new(&f.public_prefix, &state.tokenizer, block_size)?;
-                            if state.operator.is_some() {
-                                // Tenants come from the operator store; the file's public
-                                // prefixes still reload.
-                                return Ok((None, prefixes));
-                            }
-                            TenantRegistry::reloaded(f.tenant, &key, std::time::Instant::now(), Some(&previous))
-                                .map(|reg| (Some(reg), prefixes))
-                                .map_err(|e| e.to_string())
-                        });
-                    match loaded {
-                        Ok((reg, prefixes)) => {
-                            tracing::info!(
-                                tenants = reg.as_ref().map(|r| r.tenants().len()),
-                                public_prefixes = prefixes.prefixes().len(),
-                                "tenants config reloaded"
-                            );
-                            if let Some(reg) = reg {
-                                state.set_tenants(reg);
-                            }
-                            state.set_public_prefixes(prefixes);
-                        }
-                        Err(e) => tracing::warn!(error = %e, "tenants config reload refused; keeping the previous one"),
-                    }
-                }
-            });
-        }
-        let tls_config = match &tls {
-            Some(cert) => {
-                let cert = cert.clone();
-                // Reload on file change (polled) and on SIGHUP.
-                tokio::spawn(async move {
-                    use tokio::signal::unix::{signal, SignalKind};
-                    let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
-                    let mut tick = tokio::time::interval(Duration::from_secs(2));
-                    loop {
-                        tokio::select! {
-                            _ = hup.recv() => cert.reload(true),
-                            _ = tick.tick() => cert.reload(false),
-                        }
-                    }
-                });
-                Some(tls::server_config(tls.clone().expect("checked"))?)
-            }
+        phases::reload_config_on_sighup(state.clone(), a.config.clone(), key, a.engine.block_size);
+        let tls_config = match tls {
+            Some(cert) => Some(phases::reloading_tls(cert)?),
             None => None,
         };
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            tracing::info!("shutdown signal: draining");
-            let _ = tx.send(true);
-        });
+        let stop = phases::stop_on_signal();
         let usage = state.usage.clone();
         let traces = state.tracing.clone();
-        server::serve(listener, state, tls_config, rx, a.conn.limits(), lanes).await?;
+        server::serve(listener, state, tls_config, stop, a.conn.limits(), lanes).await?;
         // Drained: every request's record is made; write them before stopping.
         if let Some(u) = usage {
             tokio::task::spawn_blocking(move || u.flush()).await?;
