@@ -420,10 +420,46 @@ impl Scheduler {
         valid_drafts: &mut dyn FnMut(RequestId, &[u32]) -> usize,
     ) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
-        let cap = self.step_token_cap();
-        let mut budget = cap;
-        // Decodes first (in their order), then unfinished prefills by policy, so a short prompt
-        // is not stuck behind a long prompt's chunks under shortest-first.
+        self.order_running(now);
+        let speculate = self.speculating();
+        // Each tenant's share of the slots, once per step (fair sharing only).
+        let (held, over) = if self.config.fair_share {
+            let shares = self.slot_shares();
+            (self.held_prefills(now, &shares), Self::over_share(&shares))
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let mut room = StepRoom::new(self, &over, &held);
+        // 1. Running requests, in order: decodes and unfinished prefill chunks.
+        self.schedule_running(&mut room, &mut out, speculate, valid_drafts);
+        // Budget spent on requests that were preempted later in the loop comes back.
+        room.budget = room.cap.saturating_sub(out.num_new_tokens());
+        // What the running requests got is charged once the step's set is final.
+        if self.config.fair_share {
+            let running = std::mem::take(&mut self.running);
+            let at: HashMap<RequestId, usize> =
+                running.iter().enumerate().map(|(k, s)| (s.id, k)).collect();
+            for sc in &out.scheduled {
+                if let Some(&k) = at.get(&sc.id) {
+                    self.charge(sc, &running[k]);
+                }
+            }
+            self.running = running;
+        }
+        // 2. Waiting requests, by policy, unless this step had to preempt.
+        if out.preempted.is_empty() {
+            self.schedule_waiting(now, &mut room, &mut out);
+        }
+        out.num_batched_tokens = out.num_new_tokens();
+        if !out.is_empty() {
+            self.counters.steps += 1;
+        }
+        out
+    }
+
+    /// Decodes first (in their order), then unfinished prefills by policy, so a short prompt is
+    /// not stuck behind a long prompt's chunks under shortest-first.
+    fn order_running(&mut self, now: Instant) {
         let mut running = std::mem::take(&mut self.running);
         let (mut decoding, mut prefilling): (Vec<Seq>, Vec<Seq>) = running
             .drain(..)
@@ -445,9 +481,11 @@ impl Scheduler {
         }
         decoding.append(&mut prefilling);
         self.running = decoding;
+    }
 
-        // Speculation stands down when many requests decode: verifying drafts then costs
-        // compute a small, memory-bound batch gets for free.
+    /// Whether this step speculates: speculation stands down when many requests decode
+    /// (verifying drafts then costs compute a small, memory-bound batch gets for free).
+    fn speculating(&mut self) -> bool {
         let decoding = self
             .running
             .iter()
@@ -458,88 +496,32 @@ impl Scheduler {
             .as_ref()
             .is_some_and(|c| decoding <= c.disable_by_batch_size);
         self.counters.spec_active = speculate as u64;
+        speculate
+    }
 
-        // Each tenant's share of the slots, once per step (fair sharing only).
-        let (held, over) = if self.config.fair_share {
-            let shares = self.slot_shares();
-            (self.held_prefills(now, &shares), Self::over_share(&shares))
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        // With a prefill cap, the tenants over their share prefill at most the cap a step.
-        let capped: &[String] =
-            if self.config.fair_prefill_cap > 0 && self.config.enable_chunked_prefill {
-                &over
-            } else {
-                &[]
-            };
-        let mut cap_left = self.config.fair_prefill_cap;
-        // Past a step-time target, the prompt of a tenant within its share still goes in one
-        // step beside a tenant over its own: the tokens between the target's budget and
-        // max_num_batched_tokens are that prefill's (the flood's decodes pay the longer step).
-        let mut extra = if over.is_empty() {
-            0
-        } else {
-            self.config.max_num_batched_tokens - cap
-        };
-        // Prompt tokens a request of `tag` may take now: the step's budget, and the extra for a
-        // prefill of a tenant not over its share.
-        let room = |budget: usize, extra: usize, tag: &str, prefill: bool| {
-            if prefill && !over.iter().any(|t| t == tag) {
-                budget + extra
-            } else {
-                budget
-            }
-        };
-
-        // 1. Running requests, in order: decodes and unfinished prefill chunks.
+    /// The running requests' share of the step, in order: drafts for a decode where speculation
+    /// runs (only into free blocks), else the tokens the room grants, preempting by policy when
+    /// the KV cache is full.
+    fn schedule_running(
+        &mut self,
+        room: &mut StepRoom<'_>,
+        out: &mut SchedulerOutput,
+        speculate: bool,
+        valid_drafts: &mut dyn FnMut(RequestId, &[u32]) -> usize,
+    ) {
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && room.budget > 0 {
             let (id, num_computed, want) = {
                 let s = &self.running[i];
                 (s.id, s.num_computed, s.tokens.len() - s.num_computed)
             };
-            let mut drafts = if speculate && want == 1 {
-                self.propose_drafts(i, budget)
-            } else {
-                Vec::new()
-            };
-            if !drafts.is_empty() {
-                let keep = valid_drafts(id, &drafts);
-                drafts.truncate(keep);
-            }
-            // Drafts only take blocks that are free: they never preempt anyone.
-            if !drafts.is_empty()
-                && !self.kv.allocate_slots(
-                    id,
-                    &ComputedBlocks::default(),
-                    num_computed,
-                    1 + drafts.len(),
-                    &self.running[i].block_hashes,
-                )
-            {
-                drafts.clear();
-            }
-            if !drafts.is_empty() {
-                budget -= 1 + drafts.len();
-                let s = &self.running[i];
-                // The last known token, then the drafts; logits at every one of them.
-                let mut toks = vec![s.tokens[num_computed]];
-                toks.extend_from_slice(&drafts);
-                out.scheduled
-                    .push(self.entry(s, num_computed, toks, true, drafts));
+            if speculate && want == 1 && self.schedule_drafts(i, room, out, valid_drafts) {
                 i += 1;
                 continue;
             }
-            let is_capped = want > 1 && capped.contains(&self.running[i].req.tag);
-            let room = room(budget, extra, &self.running[i].req.tag, want > 1);
-            let num_new = if is_capped {
-                want.min(room).min(cap_left)
-            } else {
-                want.min(room)
-            };
-            let wait = want > 1 && held.contains(&self.running[i].req.tag);
-            if num_new == 0 || wait {
+            let tag = &self.running[i].req.tag;
+            let num_new = room.grant(tag, want, want > 1);
+            if num_new == 0 || (want > 1 && room.held.contains(tag)) {
                 i += 1;
                 continue;
             }
@@ -557,7 +539,7 @@ impl Scheduler {
                 }
                 let v = policy::victim(&self.config, &self.running, &self.fair);
                 let victim_id = self.running[v].id;
-                self.preempt(v, &mut out);
+                self.preempt(v, out);
                 if victim_id == id {
                     scheduled = false;
                     break;
@@ -573,110 +555,120 @@ impl Scheduler {
             let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
             out.scheduled
                 .push(self.entry(s, num_computed, toks, num_new == want, Vec::new()));
-            take(&mut budget, &mut extra, num_new);
-            if is_capped {
-                cap_left -= num_new;
-            }
+            room.take(&self.running[i].req.tag, want > 1, num_new);
             i += 1;
         }
-        // Budget spent on requests that were preempted later in the loop comes back.
-        budget = cap.saturating_sub(out.scheduled.iter().map(|s| s.num_new()).sum::<usize>());
-        // What the running requests got is charged once the step's set is final.
-        if self.config.fair_share {
-            let running = std::mem::take(&mut self.running);
-            let at: HashMap<RequestId, usize> =
-                running.iter().enumerate().map(|(k, s)| (s.id, k)).collect();
-            for sc in &out.scheduled {
-                if let Some(&k) = at.get(&sc.id) {
-                    self.charge(sc, &running[k]);
+    }
+
+    /// Schedules running request `i`'s decode with drafts, if any are proposed, allowed by
+    /// `valid_drafts` and fit in free blocks (drafts never preempt anyone); whether it did.
+    fn schedule_drafts(
+        &mut self,
+        i: usize,
+        room: &mut StepRoom<'_>,
+        out: &mut SchedulerOutput,
+        valid_drafts: &mut dyn FnMut(RequestId, &[u32]) -> usize,
+    ) -> bool {
+        let (id, num_computed) = (self.running[i].id, self.running[i].num_computed);
+        let mut drafts = self.propose_drafts(i, room.budget);
+        if !drafts.is_empty() {
+            let keep = valid_drafts(id, &drafts);
+            drafts.truncate(keep);
+        }
+        if drafts.is_empty()
+            || !self.kv.allocate_slots(
+                id,
+                &ComputedBlocks::default(),
+                num_computed,
+                1 + drafts.len(),
+                &self.running[i].block_hashes,
+            )
+        {
+            return false;
+        }
+        room.budget -= 1 + drafts.len();
+        let s = &self.running[i];
+        // The last known token, then the drafts; logits at every one of them.
+        let mut toks = vec![s.tokens[num_computed]];
+        toks.extend_from_slice(&drafts);
+        out.scheduled
+            .push(self.entry(s, num_computed, toks, true, drafts));
+        true
+    }
+
+    /// Waiting requests admitted by policy while the step has room: a full batch makes room
+    /// only for a tenant below its share (fair sharing), a prompt takes what the room grants
+    /// (whole, without chunked prefill), and the first that does not fit ends the admissions.
+    fn schedule_waiting(
+        &mut self,
+        now: Instant,
+        room: &mut StepRoom<'_>,
+        out: &mut SchedulerOutput,
+    ) {
+        let mut admitted_prompt = false;
+        while room.budget + room.extra > 0 && !self.waiting.is_empty() {
+            let best = self.next_waiting(now).expect("non-empty");
+            if room.held.contains(&self.waiting[best].req.tag) {
+                break; // a tenant under its share prefills this step
+            }
+            if let Some(d) = self.waiting[best].req.deadline {
+                if d <= now {
+                    break; // the engine reaps expired requests
                 }
             }
-            self.running = running;
-        }
-
-        // 2. Waiting requests, by policy, unless this step had to preempt.
-        if out.preempted.is_empty() {
-            let mut admitted_prompt = false;
-            while budget + extra > 0 && !self.waiting.is_empty() {
-                let best = self.next_waiting(now).expect("non-empty");
-                if held.contains(&self.waiting[best].req.tag) {
-                    break; // a tenant under its share prefills this step
-                }
-                if let Some(d) = self.waiting[best].req.deadline {
-                    if d <= now {
-                        break; // the engine reaps expired requests
-                    }
-                }
-                if self.running.len() >= self.config.max_num_seqs {
-                    // Full. Under fair sharing a tenant below its share does not wait for a
-                    // slot of the tenant furthest over it: that tenant's newest request makes
-                    // room (preempted by recompute; its cached blocks stay cached).
-                    let Some(v) = self.displaceable(best) else {
-                        break;
-                    };
-                    self.preempt(v, &mut out);
-                    budget = cap
-                        .saturating_sub(out.scheduled.iter().map(|s| s.num_new()).sum::<usize>());
-                    continue;
-                }
-                let s = &self.waiting[best];
-                let hit = self.kv.computed_blocks(&s.block_hashes, s.tokens.len());
-                let num_computed = hit.num_tokens;
-                let want = s.tokens.len() - num_computed;
-                let mut room = room(budget, extra, &s.req.tag, true);
-                if !self.config.enable_chunked_prefill && want > room {
-                    // Unchunked, a prompt goes whole or waits. The step-time target must not
-                    // hold the queue's head back for good (its budget can sit below a whole
-                    // prompt, and with no step run the fit never changes): the step's first
-                    // prompt goes past the target when the token limit holds it.
-                    let used: usize = out.scheduled.iter().map(|e| e.num_new()).sum();
-                    if admitted_prompt || used + want > self.config.max_num_batched_tokens {
-                        break;
-                    }
-                    budget += want - room;
-                    room = want;
-                }
-                let is_capped = capped.contains(&s.req.tag);
-                let num_new = if is_capped {
-                    want.min(room).min(cap_left)
-                } else {
-                    want.min(room)
+            if self.running.len() >= self.config.max_num_seqs {
+                // Full. Under fair sharing a tenant below its share does not wait for a slot of
+                // the tenant furthest over it: that tenant's newest request makes room (preempted
+                // by recompute; its cached blocks stay cached).
+                let Some(v) = self.displaceable(best) else {
+                    break;
                 };
-                if num_new == 0 {
-                    break; // the capped tenant's prompt tokens for this step are spent
-                }
-                if !self
-                    .kv
-                    .allocate_slots(s.id, &hit, num_computed, num_new, &s.block_hashes)
-                {
+                self.preempt(v, out);
+                room.budget = room.cap.saturating_sub(out.num_new_tokens());
+                continue;
+            }
+            let s = &self.waiting[best];
+            let hit = self.kv.computed_blocks(&s.block_hashes, s.tokens.len());
+            let num_computed = hit.num_tokens;
+            let want = s.tokens.len() - num_computed;
+            if !self.config.enable_chunked_prefill && want > room.room(&s.req.tag, true) {
+                // Unchunked, a prompt goes whole or waits. The step-time target must not hold the
+                // queue's head back for good (its budget can sit below a whole prompt, and with no
+                // step run the fit never changes): the step's first prompt goes past the target
+                // when the token limit holds it.
+                let used = out.num_new_tokens();
+                if admitted_prompt || used + want > self.config.max_num_batched_tokens {
                     break;
                 }
-                let mut s = self.waiting.remove(best);
-                if s.cached_tokens.is_none() {
-                    s.cached_tokens = Some(num_computed.min(s.prompt_len));
-                    self.counters.prefix_queried_tokens += s.prompt_len as u64;
-                    self.counters.prefix_hit_tokens += num_computed.min(s.prompt_len) as u64;
-                }
-                s.first_scheduled.get_or_insert(now);
-                s.num_computed = num_computed;
-                s.status = Status::Running;
-                let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
-                let entry = self.entry(&s, num_computed, toks, num_new == want, Vec::new());
-                self.charge(&entry, &s);
-                out.scheduled.push(entry);
-                take(&mut budget, &mut extra, num_new);
-                if is_capped {
-                    cap_left -= num_new;
-                }
-                admitted_prompt = true;
-                self.running.push(s);
+                room.budget += want - room.room(&s.req.tag, true);
             }
+            let num_new = room.grant(&s.req.tag, want, true);
+            if num_new == 0 {
+                break; // the capped tenant's prompt tokens for this step are spent
+            }
+            if !self
+                .kv
+                .allocate_slots(s.id, &hit, num_computed, num_new, &s.block_hashes)
+            {
+                break;
+            }
+            let mut s = self.waiting.remove(best);
+            if s.cached_tokens.is_none() {
+                s.cached_tokens = Some(num_computed.min(s.prompt_len));
+                self.counters.prefix_queried_tokens += s.prompt_len as u64;
+                self.counters.prefix_hit_tokens += num_computed.min(s.prompt_len) as u64;
+            }
+            s.first_scheduled.get_or_insert(now);
+            s.num_computed = num_computed;
+            s.status = Status::Running;
+            let toks = s.tokens[num_computed..num_computed + num_new].to_vec();
+            let entry = self.entry(&s, num_computed, toks, num_new == want, Vec::new());
+            self.charge(&entry, &s);
+            out.scheduled.push(entry);
+            room.take(&s.req.tag, true, num_new);
+            admitted_prompt = true;
+            self.running.push(s);
         }
-        out.num_batched_tokens = out.scheduled.iter().map(|s| s.num_new()).sum();
-        if !out.is_empty() {
-            self.counters.steps += 1;
-        }
-        out
     }
 
     /// Records how long the forward pass of `out` took, for speculation's cost model: decode-only
@@ -810,7 +802,75 @@ fn append_tokens(
 
 /// `n` scheduled tokens spent from the step's budget first, then from the extra a tenant within
 /// its share may take past a step-time target.
-fn take(budget: &mut usize, extra: &mut usize, n: usize) {
-    *extra -= n.saturating_sub(*budget);
-    *budget = budget.saturating_sub(n);
+/// What one step may still take, and the fair-sharing rules it applies.
+struct StepRoom<'a> {
+    /// The step's token cap ([`Scheduler::step_token_cap`]).
+    cap: usize,
+    /// Tokens left under the cap.
+    budget: usize,
+    /// Past a step-time target, the prompt of a tenant within its share still goes in one step
+    /// beside a tenant over its own: the tokens between the target's budget and
+    /// `max_num_batched_tokens` are that prefill's (the flood's decodes pay the longer step).
+    extra: usize,
+    /// With a prefill cap, the tenants over their share prefill at most `cap_left` more tokens
+    /// this step.
+    capped: &'a [String],
+    cap_left: usize,
+    /// The tenants over their share of the slots, and those whose prefill waits this step.
+    over: &'a [String],
+    held: &'a [String],
+}
+
+impl<'a> StepRoom<'a> {
+    fn new(sched: &Scheduler, over: &'a [String], held: &'a [String]) -> Self {
+        let cap = sched.step_token_cap();
+        let c = &sched.config;
+        StepRoom {
+            cap,
+            budget: cap,
+            extra: if over.is_empty() {
+                0
+            } else {
+                c.max_num_batched_tokens - cap
+            },
+            capped: if c.fair_prefill_cap > 0 && c.enable_chunked_prefill {
+                over
+            } else {
+                &[]
+            },
+            cap_left: c.fair_prefill_cap,
+            over,
+            held,
+        }
+    }
+
+    /// Tokens a request of `tag` may take now: the step's budget, and the extra for a prefill of
+    /// a tenant not over its share.
+    fn room(&self, tag: &str, prefill: bool) -> usize {
+        if prefill && !self.over.iter().any(|t| t == tag) {
+            self.budget + self.extra
+        } else {
+            self.budget
+        }
+    }
+
+    /// What a request of `tag` that wants `want` tokens gets now (a capped tenant's prefill at
+    /// most what its cap has left).
+    fn grant(&self, tag: &str, want: usize, prefill: bool) -> usize {
+        let n = want.min(self.room(tag, prefill));
+        if prefill && self.capped.iter().any(|t| t == tag) {
+            n.min(self.cap_left)
+        } else {
+            n
+        }
+    }
+
+    /// Takes `n` tokens from the budget (then the extra), and from the cap of a capped prefill.
+    fn take(&mut self, tag: &str, prefill: bool, n: usize) {
+        self.extra -= n.saturating_sub(self.budget);
+        self.budget = self.budget.saturating_sub(n);
+        if prefill && self.capped.iter().any(|t| t == tag) {
+            self.cap_left -= n;
+        }
+    }
 }

@@ -60,6 +60,11 @@ impl SchedulerOutput {
     pub fn is_empty(&self) -> bool {
         self.scheduled.is_empty()
     }
+
+    /// New tokens of every scheduled entry, drafts included.
+    pub fn num_new_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.num_new()).sum()
+    }
 }
 
 /// What sampling made of one scheduled entry, in `scheduled` order.
