@@ -502,9 +502,3 @@ impl<D: Instruments> Decoder<D> {
 fn as_delta<'a, T>(pending: &'a Option<(T, Option<&'a T>)>) -> Option<Delta<'a, T>> {
     pending.as_ref().map(|(x, norm)| Delta { x, norm: *norm })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::device::cpu::CpuDevice;
-}
