@@ -21,6 +21,7 @@ pub mod request;
 pub mod rng;
 pub mod sampler;
 pub mod scheduler;
+pub mod shard;
 pub mod spec;
 pub mod tensor;
 pub mod tokenizer;

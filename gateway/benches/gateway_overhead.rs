@@ -21,7 +21,7 @@ use cachet_backend::request::{EngineEvent, EngineRequest};
 use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
 use cachet_bench::workload::percentile;
 use cachet_gateway::server::{self, AppState, Limits};
-use cachet_gateway::tenants::{hash_key, hex, TenantRegistry};
+use cachet_gateway::tenants::{hash_key, hex};
 use http_body_util::{BodyExt, Full};
 
 const N: usize = 60;
@@ -142,7 +142,7 @@ async fn measure(setup: &Setup, tok: &TextTokenizer) {
         "smollm2".into(),
         2048,
         Duration::from_secs(600),
-        TenantRegistry::from_toml(&cfg, &[0; 32], Instant::now()).unwrap(),
+        cachet_gateway::config::tenant_registry(&cfg, &[0; 32], Instant::now()).unwrap(),
         None,
     ));
     let question = "What is the capital of France?";

@@ -7,8 +7,8 @@
 use cachet_backend::device::ForwardBatch;
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::kv::SimpleAllocator;
-use cachet_backend::model::tensor_parallel::split;
 use cachet_backend::scheduler::SchedulerConfig;
+use cachet_backend::shard::split;
 use cachet_tests::*;
 
 /// Each tiny fixture and the rank counts its heads, KV heads and MLP split over (KV heads fewer
@@ -293,7 +293,7 @@ fn the_70b_example_shape_has_its_published_size_and_splits() {
     let p = c.num_parameters() as f64;
     assert!((p / 70.6e9 - 1.0).abs() < 0.01, "{p:e} parameters");
     for n in [2, 4, 8] {
-        cachet_backend::model::tensor_parallel::check(&c, n).unwrap();
+        cachet_backend::shard::check(&c, n).unwrap();
     }
 }
 

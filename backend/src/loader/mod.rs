@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::config::{Activation, Arch, ModelConfig, RopeScaling};
 use crate::device::Part as Slice;
 use crate::error::LoadError;
-use crate::model::tensor_parallel::ShardPlan;
+use crate::shard::ShardPlan;
 use crate::tokenizer::TextTokenizer;
 
 pub use crate::tensor::HostTensor;

@@ -8,7 +8,6 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use super::rope;
-use super::tensor_parallel::{Shard, ShardPlan};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{
     AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, Instruments,
@@ -16,6 +15,7 @@ use crate::device::{
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostLayer, HostTensor, HostWeights, WeightReader};
+use crate::shard::{Shard, ShardPlan};
 
 /// A model's tensors on a device: embedding, layers, final norm, LM head (none: tied).
 type DeviceTensors<D> = (

@@ -140,7 +140,7 @@ pub enum WeightSource<'a> {
     /// model (made on the rank's device).
     DummyShard {
         seed: u64,
-        shard: super::tensor_parallel::Shard<'a>,
+        shard: crate::shard::Shard<'a>,
     },
 }
 
@@ -528,7 +528,7 @@ pub fn build_runner(
         },
     };
     if opts.tensor_parallel_size != 1 {
-        super::tensor_parallel::check(config, opts.tensor_parallel_size)
+        crate::shard::check(config, opts.tensor_parallel_size)
             .map_err(EngineError::InvalidRequest)?;
         return Ok(if use_cuda {
             let cuda =

@@ -117,7 +117,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tenant(TenantCommand::Check { path }) => {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let reg = cachet_gateway::tenants::TenantRegistry::from_toml(
+            let reg = cachet_gateway::config::tenant_registry(
                 &text,
                 &[0; 32],
                 std::time::Instant::now(),

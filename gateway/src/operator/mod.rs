@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::TenantConfig;
+use crate::tenants::TenantConfig;
 use db::{Conn, DbError, Tx};
 
 /// `[operator]` in the config file.

@@ -37,7 +37,7 @@ pub struct OperatorState {
 
 impl OperatorState {
     /// Whether `tenants` would load (the check every change passes before it is written).
-    pub fn validate(&self, tenants: Vec<crate::config::TenantConfig>) -> Result<(), String> {
+    pub fn validate(&self, tenants: Vec<crate::tenants::TenantConfig>) -> Result<(), String> {
         TenantRegistry::from_store(tenants, &self.deployment_key, Instant::now(), None, None)
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -7,6 +7,7 @@
 //! deployment key and the tenant id (or its `cache_share_group`): never taken from a client.
 //! With `[shared_limits]` the limits live in Redis, shared by every replica ([`shared`]).
 
+pub mod config;
 pub mod rate_limit;
 pub mod shared;
 
@@ -21,7 +22,7 @@ use sha2::{Digest, Sha256};
 use rate_limit::{Refusal, TokenBucket};
 use shared::{spawn_detached, OnError, SharedLimits};
 
-pub use crate::config::{ConfigError, TenantConfig};
+pub use config::{InvalidTenant, TenantConfig};
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -301,22 +302,12 @@ pub fn hash_key(api_key: &str) -> [u8; 32] {
 pub use crate::protocol::{hex, parse_hex32};
 
 impl TenantRegistry {
-    /// Parses and validates a config document's tenants.
-    pub fn from_toml(
-        text: &str,
-        deployment_key: &[u8; 32],
-        now: Instant,
-    ) -> Result<Self, ConfigError> {
-        let file = crate::config::ConfigFile::parse(text)?;
-        Self::from_configs(file.tenant, deployment_key, now)
-    }
-
     /// The registry of `tenants` (a config file's `[[tenant]]` tables), validated.
     pub fn from_configs(
         tenants: Vec<TenantConfig>,
         deployment_key: &[u8; 32],
         now: Instant,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidTenant> {
         Self::build(tenants, deployment_key, now, None, None, true)
     }
 
@@ -327,7 +318,7 @@ impl TenantRegistry {
         deployment_key: &[u8; 32],
         now: Instant,
         shared: Option<Arc<SharedLimits>>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidTenant> {
         Self::build(tenants, deployment_key, now, None, shared, true)
     }
 
@@ -340,7 +331,7 @@ impl TenantRegistry {
         deployment_key: &[u8; 32],
         now: Instant,
         previous: Option<&TenantRegistry>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidTenant> {
         let shared = previous.and_then(|p| p.shared.clone());
         Self::build(tenants, deployment_key, now, previous, shared, true)
     }
@@ -354,7 +345,7 @@ impl TenantRegistry {
         now: Instant,
         previous: Option<&TenantRegistry>,
         shared: Option<Arc<SharedLimits>>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidTenant> {
         let shared = previous.and_then(|p| p.shared.clone()).or(shared);
         Self::build(tenants, deployment_key, now, previous, shared, false)
     }
@@ -371,7 +362,7 @@ impl TenantRegistry {
         previous: Option<&TenantRegistry>,
         shared: Option<Arc<SharedLimits>>,
         require_keys: bool,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidTenant> {
         // With shared limits, this replica's share of each (used while Redis is down).
         let replicas = shared.as_ref().map_or(1, |s| s.config.replicas.max(1));
         let share = |n: u64| n.div_ceil(replicas as u64);
@@ -381,7 +372,7 @@ impl TenantRegistry {
         };
         let mut ids = std::collections::HashSet::new();
         for cfg in tenants {
-            let bad = |msg: String| ConfigError::Invalid {
+            let bad = |msg: String| InvalidTenant {
                 tenant: cfg.id.clone(),
                 msg,
             };

@@ -1,7 +1,5 @@
 use std::time::{Duration, Instant};
 
-use crate::config::{upstreams_from_toml, UpstreamConfig};
-
 use super::*;
 
 const KEY: [u8; 32] = [5; 32];
@@ -20,7 +18,7 @@ fn admit(t: &Arc<Tenant>, prompt_tokens: u64, now: Instant) -> Result<Permit, De
 
 fn example() -> TenantRegistry {
     let text = include_str!("../../../examples/cachet.toml");
-    TenantRegistry::from_toml(text, &KEY, Instant::now()).unwrap()
+    crate::config::tenant_registry(text, &KEY, Instant::now()).unwrap()
 }
 
 #[test]
@@ -49,14 +47,14 @@ fn salts_isolate_tenants_unless_they_share_a_group() {
         include_str!("../../../examples/cachet.toml"),
         hex(&hash_key("k3"))
     );
-    let reg = TenantRegistry::from_toml(&text, &KEY, Instant::now()).unwrap();
+    let reg = crate::config::tenant_registry(&text, &KEY, Instant::now()).unwrap();
     let acme = reg.authenticate("sk-acme-example-key").unwrap();
     let free = reg.authenticate("sk-free-example-key").unwrap();
     let other = reg.authenticate("k3").unwrap();
     assert_ne!(acme.salt, free.salt);
     assert_eq!(free.salt, other.salt, "same cache_share_group, same salt");
     // A different deployment key gives different salts.
-    let reg2 = TenantRegistry::from_toml(
+    let reg2 = crate::config::tenant_registry(
         include_str!("../../../examples/cachet.toml"),
         &[6; 32],
         Instant::now(),
@@ -105,7 +103,7 @@ fn requests_and_tokens_per_minute_with_retry_after() {
         hex(&hash_key("k"))
     );
     let t0 = Instant::now();
-    let reg = TenantRegistry::from_toml(&text, &KEY, t0).unwrap();
+    let reg = crate::config::tenant_registry(&text, &KEY, t0).unwrap();
     let t = reg.authenticate("k").unwrap();
     drop(admit(&t, 100, t0).unwrap());
     drop(admit(&t, 100, t0).unwrap());
@@ -142,7 +140,7 @@ fn requests_and_tokens_per_minute_with_retry_after() {
 #[test]
 fn bad_configs_say_what_to_fix() {
     let err = |text: &str| {
-        TenantRegistry::from_toml(text, &KEY, Instant::now())
+        crate::config::tenant_registry(text, &KEY, Instant::now())
             .unwrap_err()
             .to_string()
     };
@@ -180,80 +178,6 @@ fn bad_configs_say_what_to_fix() {
         "[[tenant]]\nid = \"(public)\"\napi_key_sha256 = [\"{h}\"]\n"
     ))
     .contains("public prefix's share"));
-}
-
-#[test]
-fn upstreams_are_read_from_the_config_and_bad_ones_refused() {
-    let ok = r#"
-[[tenant]]
-id = "a"
-api_key_sha256 = ["0000000000000000000000000000000000000000000000000000000000000000"]
-
-[[upstream]]
-kind = "embedded"
-
-[[upstream]]
-kind = "cachet"
-url = "http://10.0.0.2:9000/"
-"#;
-    assert_eq!(
-        upstreams_from_toml(ok).unwrap(),
-        vec![
-            UpstreamConfig::Embedded {},
-            UpstreamConfig::Cachet {
-                url: "http://10.0.0.2:9000/".into(),
-                ca_file: None,
-                dns: false,
-                dns_refresh_secs: None,
-            }
-        ]
-    );
-    assert!(upstreams_from_toml("").unwrap().is_empty());
-    let err = |t: &str| upstreams_from_toml(t).unwrap_err().to_string();
-    assert!(err("[[upstream]]\nkind = \"vllm\"\n").contains("unknown variant `vllm`"));
-    assert!(err("[[upstream]]\nkind = \"cachet\"\n").contains("missing field `url`"));
-    assert!(err("[[upstream]]\nkind = \"cachet\"\nurl = \"10.0.0.2\"\n").contains("not an http"));
-    // Every remote kind takes https:// (the system's roots), with a CA file of its own if named:
-    // only for https://, and one that reads as PEM certificates — checked at load.
-    let ca = std::env::temp_dir().join(format!("cachet-ca-{}.pem", std::process::id()));
-    std::fs::write(&ca, "not a certificate\n").unwrap();
-    for kind in ["cachet", "openai"] {
-        let up = |url: &str, extra: &str| {
-            format!("[[upstream]]\nkind = \"{kind}\"\nurl = \"{url}\"\n{extra}")
-        };
-        assert!(
-            upstreams_from_toml(&up("https://10.0.0.2:9000", "")).is_ok(),
-            "{kind}"
-        );
-        let e = err(&up(
-            "http://10.0.0.2:9000",
-            "ca_file = \"/etc/ssl/x.pem\"\n",
-        ));
-        assert!(
-            e.contains("ca_file") && e.contains("plain HTTP"),
-            "{kind}: {e}"
-        );
-        let e = err(&up(
-            "https://10.0.0.2:9000",
-            "ca_file = \"/no/such/ca.pem\"\n",
-        ));
-        assert!(e.contains("/no/such/ca.pem"), "{kind}: {e}");
-        let e = err(&up(
-            "https://10.0.0.2:9000",
-            &format!("ca_file = \"{}\"\n", ca.display()),
-        ));
-        assert!(e.contains("no CERTIFICATE"), "{kind}: {e}");
-    }
-    std::fs::remove_file(&ca).unwrap();
-    assert!(
-        err("[[upstream]]\nkind = \"embedded\"\n[[upstream]]\nkind = \"embedded\"\n")
-            .contains("listed twice")
-    );
-    assert!(
-        err("[[upstream]]\nkind = \"embedded\"\nurl = \"http://x\"\n").contains("unknown field")
-    );
-    // And the tenants part still parses the same file.
-    TenantRegistry::from_toml(ok, &[0; 32], std::time::Instant::now()).unwrap();
 }
 
 fn one_tenant(limits: &str) -> Vec<TenantConfig> {
@@ -546,20 +470,4 @@ async fn without_redis_a_replica_admits_its_share_or_refuses_as_configured() {
         .admit_request(Instant::now())
         .await
         .is_ok());
-}
-
-#[test]
-fn shared_limits_config_is_checked_by_field() {
-    let bad = |extra: &str| {
-        let text = format!("[shared_limits]\n{extra}");
-        crate::config::ConfigFile::parse(&text)
-            .unwrap_err()
-            .to_string()
-    };
-    assert!(bad("redis_url = \"http://x\"").contains("shared_limits.redis_url"));
-    assert!(bad("redis_url = \"redis://x\"\nreplicas = 0").contains("replicas"));
-    assert!(bad("redis_url = \"redis://x\"\ntimeout_ms = 0").contains("timeout_ms"));
-    assert!(bad("redis_url = \"redis://x\"\non_error = \"maybe\"").contains("on_error"));
-    assert!(bad("redis_url = \"redis://x\"\nkey_prefix = \"{a}\"").contains("key_prefix"));
-    assert!(bad("redis_url = \"redis://x\"\nlease_secs = 0").contains("lease_secs"));
 }

@@ -15,8 +15,8 @@ use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfi
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::{Resolver, TokioResolver};
 
+use super::config::DiscoveryConfig;
 use super::{Pool, Upstream};
-use crate::config::DiscoveryConfig;
 
 /// How often a pending member's health is looked at before it joins.
 const PENDING_POLL: Duration = Duration::from_millis(250);

@@ -11,6 +11,7 @@
 //! routes through a pool, a pool of one when it serves alone.
 
 pub mod blocks;
+pub mod config;
 pub mod discovery;
 pub mod embedded;
 pub mod openai;

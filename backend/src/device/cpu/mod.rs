@@ -321,12 +321,7 @@ impl Device for CpuDevice {
         // A tensor-parallel rank holding its part of the vocabulary looks up the ids it holds,
         // and the ranks' rows are summed (each id's row is on exactly one rank).
         let part = match &self.tp {
-            Some(tp) => crate::model::tensor_parallel::vocab_part(
-                &tp.vocab_widths,
-                tp.rank,
-                table.rows,
-                "cpu",
-            )?,
+            Some(tp) => crate::shard::vocab_part(&tp.vocab_widths, tp.rank, table.rows, "cpu")?,
             None => None,
         };
         let first = part.as_ref().map_or(0, |p| p.start);

@@ -330,12 +330,7 @@ impl Device for CudaDevice {
         // A tensor-parallel rank holding its part of the vocabulary looks up the ids it holds,
         // and the ranks' rows are summed (each id's row is on exactly one rank).
         let part = match &self.tp {
-            Some(tp) => crate::model::tensor_parallel::vocab_part(
-                &tp.gather_widths,
-                tp.rank,
-                table.rows,
-                DEV,
-            )?,
+            Some(tp) => crate::shard::vocab_part(&tp.gather_widths, tp.rank, table.rows, DEV)?,
             None => None,
         };
         let mut out = self.timed("embed", || {
