@@ -14,6 +14,9 @@ pub mod cuda;
 pub mod fp8;
 pub mod kv_int8;
 pub mod moe;
+mod step;
+
+pub use step::{DeviceSample, LogitEdits, RowMasks, RowSampling, StepPlan};
 
 use crate::config::Activation;
 use crate::error::{DeviceError, EngineError};
@@ -426,13 +429,8 @@ pub trait Device: Send {
     /// only as the next norm's [`Delta`] — after [`Device::all_reduce_sum`] under tensor
     /// parallelism — so a device may leave part of the work to that norm (CUDA: an FP8
     /// product's scales).
-    fn linear_delta(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Tensor,
-    ) -> Result<Self::Tensor, DeviceError> {
-        self.linear(x, w)
-    }
+    fn linear_delta(&self, x: &Self::Tensor, w: &Self::Tensor)
+        -> Result<Self::Tensor, DeviceError>;
     /// Tensor parallelism: `t` summed over the ranks of this device's group, in place (the
     /// row-parallel projections' partial sums). A device that is no rank has nothing to add.
     fn all_reduce_sum(&self, _t: &mut Self::Tensor) -> Result<(), DeviceError> {
@@ -503,10 +501,7 @@ pub trait Device: Send {
         norm: &Self::Tensor,
         eps: f32,
         w: &Self::Tensor,
-    ) -> Result<Self::Tensor, DeviceError> {
-        let x = self.norm(residual, delta, norm, eps)?;
-        self.linear(&x, w)
-    }
+    ) -> Result<Self::Tensor, DeviceError>;
 
     /// [`Device::norm`], the fused gate|up projection, then [`Device::glu`]; one fused pass
     /// where the device has one (decode steps).
@@ -518,11 +513,7 @@ pub trait Device: Send {
         eps: f32,
         gate_up: &Self::Tensor,
         act: Activation,
-    ) -> Result<Self::Tensor, DeviceError> {
-        let x = self.norm(residual, delta, norm, eps)?;
-        let gu = self.linear(&x, gate_up)?;
-        self.glu(&gu, act)
-    }
+    ) -> Result<Self::Tensor, DeviceError>;
 
     /// A mixture-of-experts MLP over normalised rows `x` (`[n, hidden]`): each row routed
     /// ([`moe::route`]) and its experts' SwiGLU outputs summed with their weights: `[n, hidden]`
@@ -544,19 +535,12 @@ pub trait Device: Send {
         eps: f32,
         w: MoeWeights<'_, Self::Tensor>,
         p: &MoeParams,
-    ) -> Result<Self::Tensor, DeviceError> {
-        let x = self.norm(residual, delta, norm, eps)?;
-        self.moe(&x, w, p)
-    }
+    ) -> Result<Self::Tensor, DeviceError>;
 
     /// Uploads a table that must keep f32 precision (RoPE cos/sin).
-    fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {
-        self.upload(t)
-    }
+    fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError>;
     /// The LM head: like [`Device::linear`], but the logits keep full precision.
-    fn lm_head(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError> {
-        self.linear(x, w)
-    }
+    fn lm_head(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError>;
     /// A weight of `shape` drawn from N(mean, std²) by a counter-based generator (`--load-format
     /// dummy`): made where it lives, never on the host.
     fn random(
@@ -568,8 +552,7 @@ pub trait Device: Send {
     ) -> Result<Self::Tensor, DeviceError>;
     /// `part` of the weight [`Device::random`] makes of `shape` with `seed`: the same values
     /// the whole tensor has there (a tensor-parallel rank's slice of a dummy model is the slice
-    /// of the unsplit model's). Generic: the whole tensor made, read back and cut; a device
-    /// whose generator is counter-based makes only the part.
+    /// of the unsplit model's).
     fn random_part(
         &self,
         shape: &[usize],
@@ -577,11 +560,7 @@ pub trait Device: Send {
         seed: u64,
         mean: f32,
         std: f32,
-    ) -> Result<Self::Tensor, DeviceError> {
-        let whole = self.random(shape, seed, mean, std)?;
-        let host = HostTensor::new(shape.to_vec(), self.to_host(&whole)?);
-        self.upload(&part.cut(&host))
-    }
+    ) -> Result<Self::Tensor, DeviceError>;
     /// (free, total) device memory in bytes, where the device has its own.
     fn memory_info(&self) -> Option<(usize, usize)> {
         None
@@ -604,13 +583,9 @@ pub trait Device: Send {
         _logits: &Self::Tensor,
         _rows: &[RowSampling],
         _logprobs: &[i32],
-    ) -> Result<Option<DeviceSample>, DeviceError> {
-        Ok(None)
-    }
+    ) -> Result<Option<DeviceSample>, DeviceError>;
     /// Whether [`Device::sample`] picks tokens here (then the host sees no probabilities).
-    fn samples_on_device(&self) -> bool {
-        false
-    }
+    fn samples_on_device(&self) -> bool;
 }
 
 /// What a device tells about its own work, and the replayable graphs of its decode steps:
@@ -714,179 +689,6 @@ pub struct GraphReport {
     pub capture_ms: f64,
     /// Kernel-to-kernel edges launched programmatically (Hopper and later), over all graphs.
     pub programmatic_edges: usize,
-}
-
-/// How to pick one row's token on the device (layout shared with `sampling.cu`'s `RowParams`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RowSampling {
-    /// 0 (or `top_k == 1`) means greedy.
-    pub temperature: f32,
-    pub top_k: i32,
-    pub top_p: f32,
-    /// 0 means off.
-    pub min_p: f32,
-    pub seed: u64,
-    /// The request's output index: with the seed, it fixes the random draw.
-    pub step: u64,
-}
-
-impl RowSampling {
-    /// Greedy selection (argmax), as a decode step of a benchmark uses.
-    pub fn greedy() -> Self {
-        RowSampling {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: 0,
-            step: 0,
-        }
-    }
-
-    /// Row sampling for output token `step` of a request sampling with `p`, seeded `seed`.
-    pub fn new(p: &crate::sampler::SamplingParams, seed: u64, step: u64) -> Self {
-        RowSampling {
-            temperature: p.temperature,
-            top_k: p.top_k.min(i32::MAX as usize) as i32,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            seed,
-            step,
-        }
-    }
-
-    fn words(&self) -> [u32; 8] {
-        [
-            self.temperature.to_bits(),
-            self.top_k as u32,
-            self.top_p.to_bits(),
-            self.min_p.to_bits(),
-            self.seed as u32,
-            (self.seed >> 32) as u32,
-            self.step as u32,
-            (self.step >> 32) as u32,
-        ]
-    }
-    /// The rows as the 32-bit words the device kernel reads.
-    pub fn to_words(rows: &[RowSampling]) -> Vec<u32> {
-        rows.iter().flat_map(|r| r.words()).collect()
-    }
-}
-
-/// The processors' edits of a step's logits, flattened: entry `i` sets `x ← (x > 0 ? x ·
-/// pos[i] : x · neg[i]) + add[i]` at `(row[i], token[i])`; a (row, token) appears at most once.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LogitEdits {
-    pub row: Vec<u32>,
-    pub token: Vec<u32>,
-    pub pos: Vec<f32>,
-    pub neg: Vec<f32>,
-    pub add: Vec<f32>,
-}
-
-impl LogitEdits {
-    pub fn len(&self) -> usize {
-        self.row.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.row.is_empty()
-    }
-    pub fn push_row(&mut self, row: usize, edits: &[crate::sampler::TokenEdit]) {
-        for e in edits {
-            self.row.push(row as u32);
-            self.token.push(e.token);
-            self.pos.push(e.pos);
-            self.neg.push(e.neg);
-            self.add.push(e.add);
-        }
-    }
-    /// Checks rows and tokens against a `[rows, vocab]` logits tensor.
-    pub fn validate(&self, rows: usize, vocab: usize) -> Result<(), EngineError> {
-        let n = self.row.len();
-        if [
-            self.token.len(),
-            self.pos.len(),
-            self.neg.len(),
-            self.add.len(),
-        ] != [n; 4]
-        {
-            return Err(EngineError::InvalidBatch("ragged logit edits".into()));
-        }
-        if self.row.iter().any(|&r| r as usize >= rows)
-            || self.token.iter().any(|&t| t as usize >= vocab)
-        {
-            return Err(EngineError::InvalidBatch(format!(
-                "a logit edit outside the {rows} × {vocab} logits"
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Grammar masks of some of a step's logits rows (see [`Device::mask_logits`]).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RowMasks {
-    pub rows: Vec<u32>,
-    pub words: usize,
-    /// `rows.len() × words`.
-    pub bits: Vec<u32>,
-}
-
-impl RowMasks {
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-    /// Checks the shape against `[rows, vocab]` logits.
-    pub fn validate(&self, rows: usize, vocab: usize) -> Result<(), EngineError> {
-        if self.is_empty() {
-            return Ok(());
-        }
-        if self.words != vocab.div_ceil(32)
-            || self.bits.len() != self.rows.len() * self.words
-            || self.rows.iter().any(|&r| r as usize >= rows)
-        {
-            return Err(EngineError::InvalidBatch(format!(
-                "grammar masks of {} words for {} rows do not fit {rows} × {vocab} logits",
-                self.words,
-                self.rows.len()
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// What a step does with its logits rows: how each picks its token, the processors' edits, the
-/// grammar masks, and how many top alternatives each row's log-probabilities carry (-1: none
-/// wanted).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct StepPlan {
-    pub rows: Vec<RowSampling>,
-    pub edits: LogitEdits,
-    pub masks: RowMasks,
-    pub logprobs: Vec<i32>,
-}
-
-impl StepPlan {
-    /// Greedy rows, no edits, no log-probabilities (benchmarks' steps).
-    pub fn greedy(rows: usize) -> Self {
-        StepPlan {
-            rows: vec![RowSampling::greedy(); rows],
-            edits: LogitEdits::default(),
-            masks: RowMasks::default(),
-            logprobs: vec![-1; rows],
-        }
-    }
-    pub fn wants_logprobs(&self) -> bool {
-        self.logprobs.iter().any(|&n| n >= 0)
-    }
-}
-
-/// Tokens chosen on the device, one per row, and the log-probabilities asked for.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct DeviceSample {
-    pub ids: Vec<u32>,
-    pub logprobs: Vec<Option<crate::sampler::RowLogprobs>>,
 }
 
 /// Ceilings measured on the device in the same run as a benchmark.

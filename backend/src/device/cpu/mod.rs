@@ -10,8 +10,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::{
-    fp8, kv_int8, AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout,
-    MoeParams, MoeWeights,
+    fp8, kv_int8, AttnParams, Delta, Device, DeviceSample, ForwardBatch, HeadNorm, KvCacheDtype,
+    KvLayout, MoeParams, MoeWeights, Part, RowSampling,
 };
 use crate::config::Activation;
 use crate::error::DeviceError;
@@ -629,6 +629,91 @@ impl Device for CpuDevice {
             .map(|_| mean + std * rng.normal() as f32)
             .collect();
         Ok(CpuTensor { rows, cols, data })
+    }
+
+    // The fused operations of other devices: here, their composition.
+    fn linear_delta(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+    ) -> Result<Self::Tensor, DeviceError> {
+        self.linear(x, w)
+    }
+
+    fn norm_linear(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: Option<Delta<'_, Self::Tensor>>,
+        norm: &Self::Tensor,
+        eps: f32,
+        w: &Self::Tensor,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let x = self.norm(residual, delta, norm, eps)?;
+        self.linear(&x, w)
+    }
+
+    fn norm_glu(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: Option<Delta<'_, Self::Tensor>>,
+        norm: &Self::Tensor,
+        eps: f32,
+        gate_up: &Self::Tensor,
+        act: Activation,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let x = self.norm(residual, delta, norm, eps)?;
+        let gu = self.linear(&x, gate_up)?;
+        self.glu(&gu, act)
+    }
+
+    fn norm_moe(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: Option<Delta<'_, Self::Tensor>>,
+        norm: &Self::Tensor,
+        eps: f32,
+        w: MoeWeights<'_, Self::Tensor>,
+        p: &MoeParams,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let x = self.norm(residual, delta, norm, eps)?;
+        self.moe(&x, w, p)
+    }
+
+    fn upload_table(&self, t: &HostTensor) -> Result<Self::Tensor, DeviceError> {
+        self.upload(t)
+    }
+
+    fn lm_head(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, DeviceError> {
+        self.linear(x, w)
+    }
+
+    /// The whole tensor made, read back and cut (CUDA's counter-based generator makes only
+    /// the part).
+    fn random_part(
+        &self,
+        shape: &[usize],
+        part: &Part<'_>,
+        seed: u64,
+        mean: f32,
+        std: f32,
+    ) -> Result<Self::Tensor, DeviceError> {
+        let whole = self.random(shape, seed, mean, std)?;
+        let host = HostTensor::new(shape.to_vec(), self.to_host(&whole)?);
+        self.upload(&part.cut(&host))
+    }
+
+    /// Tokens are picked on the host ([`crate::sampler`]).
+    fn sample(
+        &self,
+        _logits: &Self::Tensor,
+        _rows: &[RowSampling],
+        _logprobs: &[i32],
+    ) -> Result<Option<DeviceSample>, DeviceError> {
+        Ok(None)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        false
     }
 }
 
