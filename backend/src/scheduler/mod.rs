@@ -19,6 +19,7 @@
 pub mod fair;
 pub mod output;
 pub mod policy;
+mod room;
 pub mod seq;
 pub mod step_time;
 #[cfg(test)]
@@ -28,6 +29,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use room::StepRoom;
 
 pub use output::{RequestId, SampledSeq, ScheduledSeq, SchedulerOutput, StepToken};
 pub use policy::{SchedulerConfig, SchedulingPolicy};
@@ -278,99 +281,6 @@ impl Scheduler {
         }
     }
 
-    /// Each tenant's share of the sequence slots (`max_num_seqs` split by the shares of the
-    /// tenants with requests) and the slots it holds.
-    fn slot_shares(&self) -> HashMap<&str, (f64, f64)> {
-        let mut shares: HashMap<&str, (f64, f64)> = HashMap::new();
-        for x in self.waiting.iter() {
-            shares
-                .entry(&x.req.tag)
-                .or_insert((x.req.share.max(1e-3) as f64, 0.0));
-        }
-        for x in self.running.iter() {
-            shares
-                .entry(&x.req.tag)
-                .or_insert((x.req.share.max(1e-3) as f64, 0.0))
-                .1 += 1.0;
-        }
-        let total: f64 = shares.values().map(|x| x.0).sum();
-        for x in shares.values_mut() {
-            x.0 = self.config.max_num_seqs as f64 * x.0 / total;
-        }
-        shares
-    }
-
-    /// Under fair sharing, the running request to preempt so that waiting request `w` can run
-    /// when every sequence slot is taken: one of the tenant furthest over its share (the largest
-    /// counter), when that tenant keeps at least its share of the slots without it and `w`'s
-    /// tenant stays within its share with one more, and `w`'s tenant is not above it. The move
-    /// cannot be undone by another.
-    fn displaceable(&self, w: usize) -> Option<usize> {
-        if !self.config.fair_share || self.running.is_empty() {
-            return None;
-        }
-        let v = policy::victim(&self.config, &self.running, &self.fair);
-        let (wt, vt) = (&self.waiting[w].req.tag, &self.running[v].req.tag);
-        if wt == vt || self.counter_of(&self.waiting[w]) > self.counter_of(&self.running[v]) {
-            return None;
-        }
-        let shares = self.slot_shares();
-        let (wf, ws) = shares[wt.as_str()];
-        let (vf, vs) = shares[vt.as_str()];
-        (ws + 1.0 <= wf && vs - 1.0 >= vf).then_some(v)
-    }
-
-    /// Under fair sharing, the tenants whose prefill chunks wait this step: those holding more
-    /// sequence slots than their share, when a tenant holding fewer than its share (and not
-    /// above them) has the next prefill that can run — a running one, or the waiting request
-    /// next in line when it can get a slot. Its first token then does not wait on their long
-    /// prompts; their decodes still run. Empty when no tenant is under its share.
-    fn held_prefills(&self, now: Instant, shares: &HashMap<&str, (f64, f64)>) -> Vec<String> {
-        let under = |t: &str| shares[t].1 < shares[t].0;
-        let mut best: Option<(f64, &str)> = None;
-        for s in self
-            .running
-            .iter()
-            .filter(|s| s.tokens.len() - s.num_computed > 1)
-        {
-            let c = self.counter_of(s);
-            if under(&s.req.tag) && best.is_none_or(|b| c < b.0) {
-                best = Some((c, &s.req.tag));
-            }
-        }
-        if let Some(w) = self.next_waiting(now) {
-            let s = &self.waiting[w];
-            let c = self.counter_of(s);
-            let can_run =
-                self.running.len() < self.config.max_num_seqs || self.displaceable(w).is_some();
-            if can_run && under(&s.req.tag) && best.is_none_or(|b| c < b.0) {
-                best = Some((c, &s.req.tag));
-            }
-        }
-        let Some((c, t)) = best else {
-            return Vec::new();
-        };
-        shares
-            .iter()
-            .filter(|(u, (fair, held))| **u != t && held > fair && self.fair.counter(u) >= c)
-            .map(|(u, _)| u.to_string())
-            .collect()
-    }
-
-    /// Under fair sharing, the tenants holding more sequence slots than their share while
-    /// another tenant has requests: their prompt chunks keep to the prefill cap and to a
-    /// step-time target's budget.
-    fn over_share(shares: &HashMap<&str, (f64, f64)>) -> Vec<String> {
-        if shares.len() < 2 {
-            return Vec::new();
-        }
-        shares
-            .iter()
-            .filter(|(_, (fair, held))| held > fair)
-            .map(|(t, _)| t.to_string())
-            .collect()
-    }
-
     /// The waiting request next in line: under fair sharing the tenant furthest below its
     /// share, then the policy inside it.
     fn next_waiting(&self, now: Instant) -> Option<usize> {
@@ -384,26 +294,6 @@ impl Scheduler {
         } else {
             (0..self.waiting.len()).min_by_key(|&j| key(j))
         }
-    }
-
-    /// Tokens this step may hold: `max_num_batched_tokens`, or under a step-time target what
-    /// the fit says finishes within it — but never fewer than the running decodes plus one KV
-    /// block of prompt tokens, so decodes always run and prompts always advance (without
-    /// chunked prefill the step's first prompt goes whole past it: `schedule_with`).
-    fn step_token_cap(&self) -> usize {
-        let max = self.config.max_num_batched_tokens;
-        if self.config.max_step_secs <= 0.0 {
-            return max;
-        }
-        let Some(fit) = self.step_time.budget(self.config.max_step_secs) else {
-            return max;
-        };
-        let decodes = self
-            .running
-            .iter()
-            .filter(|s| s.num_computed + 1 >= s.tokens.len())
-            .count();
-        fit.max(decodes + self.kv.block_size()).min(max)
     }
 
     /// One scheduling decision.
@@ -798,79 +688,4 @@ fn append_tokens(
         }
     }
     tokens.len()
-}
-
-/// `n` scheduled tokens spent from the step's budget first, then from the extra a tenant within
-/// its share may take past a step-time target.
-/// What one step may still take, and the fair-sharing rules it applies.
-struct StepRoom<'a> {
-    /// The step's token cap ([`Scheduler::step_token_cap`]).
-    cap: usize,
-    /// Tokens left under the cap.
-    budget: usize,
-    /// Past a step-time target, the prompt of a tenant within its share still goes in one step
-    /// beside a tenant over its own: the tokens between the target's budget and
-    /// `max_num_batched_tokens` are that prefill's (the flood's decodes pay the longer step).
-    extra: usize,
-    /// With a prefill cap, the tenants over their share prefill at most `cap_left` more tokens
-    /// this step.
-    capped: &'a [String],
-    cap_left: usize,
-    /// The tenants over their share of the slots, and those whose prefill waits this step.
-    over: &'a [String],
-    held: &'a [String],
-}
-
-impl<'a> StepRoom<'a> {
-    fn new(sched: &Scheduler, over: &'a [String], held: &'a [String]) -> Self {
-        let cap = sched.step_token_cap();
-        let c = &sched.config;
-        StepRoom {
-            cap,
-            budget: cap,
-            extra: if over.is_empty() {
-                0
-            } else {
-                c.max_num_batched_tokens - cap
-            },
-            capped: if c.fair_prefill_cap > 0 && c.enable_chunked_prefill {
-                over
-            } else {
-                &[]
-            },
-            cap_left: c.fair_prefill_cap,
-            over,
-            held,
-        }
-    }
-
-    /// Tokens a request of `tag` may take now: the step's budget, and the extra for a prefill of
-    /// a tenant not over its share.
-    fn room(&self, tag: &str, prefill: bool) -> usize {
-        if prefill && !self.over.iter().any(|t| t == tag) {
-            self.budget + self.extra
-        } else {
-            self.budget
-        }
-    }
-
-    /// What a request of `tag` that wants `want` tokens gets now (a capped tenant's prefill at
-    /// most what its cap has left).
-    fn grant(&self, tag: &str, want: usize, prefill: bool) -> usize {
-        let n = want.min(self.room(tag, prefill));
-        if prefill && self.capped.iter().any(|t| t == tag) {
-            n.min(self.cap_left)
-        } else {
-            n
-        }
-    }
-
-    /// Takes `n` tokens from the budget (then the extra), and from the cap of a capped prefill.
-    fn take(&mut self, tag: &str, prefill: bool, n: usize) {
-        self.extra -= n.saturating_sub(self.budget);
-        self.budget = self.budget.saturating_sub(n);
-        if prefill && self.capped.iter().any(|t| t == tag) {
-            self.cap_left -= n;
-        }
-    }
 }
