@@ -24,6 +24,7 @@ mod gemm;
 mod gemm_fp8;
 mod gemv;
 mod graphs;
+mod instruments;
 mod kernels;
 mod launch;
 mod moe;
@@ -745,64 +746,5 @@ impl Device for CudaDevice {
 
     fn synchronize(&self) -> Result<(), DeviceError> {
         self.stream.synchronize().map_err(op_err("synchronize"))
-    }
-}
-
-impl super::Instruments for CudaDevice {
-    fn set_profiling(&self, on: bool) {
-        self.profiling(on)
-    }
-
-    fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, DeviceError> {
-        self.profile()
-    }
-
-    fn calibrate(&self) -> Result<Option<super::Calibration>, DeviceError> {
-        self.measure().map(Some)
-    }
-
-    fn time_gemms(
-        &self,
-        shapes: &[(usize, usize, usize)],
-        repeat: usize,
-    ) -> Result<Option<f64>, DeviceError> {
-        self.measure_gemm_sequence(shapes, repeat).map(Some)
-    }
-
-    fn time_all_reduce(&self, elems: usize, count: usize) -> Result<Option<f64>, DeviceError> {
-        match &self.tp {
-            Some(_) => self.measure_all_reduce(elems, count).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn capture_decode_graphs(
-        &self,
-        kv: &mut CudaKv,
-        shapes: &super::GraphShapes,
-        max_len: usize,
-        vocab: usize,
-        body: &mut super::ForwardBody<'_, Self>,
-    ) -> Result<Option<super::GraphReport>, crate::error::EngineError> {
-        self.capture_all(kv, shapes, max_len, vocab, body)
-    }
-
-    fn forward_graphed(
-        &self,
-        kv: &mut CudaKv,
-        batch: &ForwardBatch,
-        body: &mut super::ForwardBody<'_, Self>,
-    ) -> Result<Option<CudaTensor>, crate::error::EngineError> {
-        self.replay(kv, batch, body)
-    }
-
-    fn set_graphs_enabled(&self, kv: &mut CudaKv, on: bool) -> bool {
-        match &mut kv.graphs {
-            Some(g) => {
-                g.enabled = on;
-                true
-            }
-            None => false,
-        }
     }
 }
