@@ -8,9 +8,11 @@
 //! - [`route`]: routing policies; [`upstream`]: where requests run (the embedded engine,
 //!   `cachet worker`s, OpenAI-compatible servers) and the pool over them;
 //! - [`worker`]: the `cachet worker` server; [`protocol`]: its wire format;
-//! - [`config`]: the config file.
+//! - [`config`]: the config file; [`db`]: SQLite and PostgreSQL for the operator store and
+//!   the usage records.
 
 pub mod config;
+pub mod db;
 pub mod http;
 pub mod normalize;
 pub mod operator;

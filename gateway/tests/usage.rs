@@ -1,6 +1,7 @@
 //! The usage log against its two stores — an SQLite file and a real PostgreSQL server (Debian's,
 //! started here) — through the same checks: records written in batches off the caller's
-//! thread, summaries by day and model, spend that survives a reopen.
+//! thread, summaries by day and model, spend that survives a reopen; PostgreSQL over TLS as its
+//! URL's `sslmode` says.
 
 use cachet_gateway::usage::{day_of, now_ms, Period, Price, Record, Store, UsageLog};
 
@@ -222,4 +223,149 @@ fn bad_store_urls_say_what_to_give() {
         let e = UsageLog::open(url, vec![]).unwrap_err().to_string();
         assert!(e.contains(want), "{url}: {e}");
     }
+}
+
+/// A CA, a server certificate for `localhost` only (not for 127.0.0.1) and a client certificate
+/// for the user `cachet_cert`, in `dir`: (the server's TLS, the CA file, the client cert, its key).
+fn pg_certs(dir: &std::path::Path) -> (cachet_tests::PgTls, String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "cachet test PostgreSQL CA");
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cachet_cert");
+    let client = client.signed_by(&client_key, &issuer).unwrap();
+    let path = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let tls = cachet_tests::PgTls {
+        cert_pem: server.pem(),
+        key_pem: key.serialize_pem(),
+        client_ca_pem: ca_cert.pem(),
+        cert_user: "cachet_cert".into(),
+    };
+    (
+        tls,
+        path("ca.pem", ca_cert.pem()),
+        path("client.pem", client.pem()),
+        path("client.key", client_key.serialize_pem()),
+    )
+}
+
+/// PostgreSQL over TLS as libpq reads the URL, against a real server that takes TLS only: each
+/// `sslmode` checks what it says (the chain, the host name, nothing), a client certificate logs
+/// in where the server asks for one, and the usage store runs over `verify-full`.
+#[test]
+fn postgres_over_tls_honours_sslmode_and_its_certificates() {
+    use cachet_gateway::db::Conn;
+    let dir = std::env::temp_dir().join(format!("cachet-pg-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tls, ca, client_cert, client_key) = pg_certs(&dir);
+    let Some(pg) = cachet_tests::PgServer::start_tls(&tls) else {
+        eprintln!("skipped: no PostgreSQL server binaries here (apt install postgresql)");
+        return;
+    };
+    let port = pg
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let url = |user: &str, host: &str, query: &str| {
+        format!("postgres://{user}@{host}:{port}/postgres?{query}")
+    };
+    // The session's TLS version as the server sees it ("off" for a plain one).
+    let tls_of = |u: &str| -> Result<String, String> {
+        let mut c = Conn::open(u).map_err(|e| e.to_string())?;
+        let rows = c
+            .query(
+                "SELECT CASE WHEN ssl THEN version ELSE 'off' END FROM pg_stat_ssl \
+                 WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(rows[0][0].text().to_string())
+    };
+    let root = format!("sslrootcert={ca}");
+    let ok = |u: String| {
+        let v = tls_of(&u).unwrap_or_else(|e| panic!("{u}: {e}"));
+        assert!(v.starts_with("TLSv1."), "{u}: {v}");
+    };
+    let refused = |u: String, want: &str| {
+        let e = tls_of(&u).expect_err(&u);
+        assert!(e.to_lowercase().contains(want), "{u}: {e}");
+    };
+    ok(url(
+        "cachet",
+        "localhost",
+        &format!("sslmode=verify-full&{root}"),
+    ));
+    // The certificate names localhost, not 127.0.0.1: verify-full refuses, verify-ca (the chain
+    // only) takes it.
+    refused(
+        url(
+            "cachet",
+            "127.0.0.1",
+            &format!("sslmode=verify-full&{root}"),
+        ),
+        "not valid for name",
+    );
+    ok(url(
+        "cachet",
+        "127.0.0.1",
+        &format!("sslmode=verify-ca&{root}"),
+    ));
+    // Without the CA the chain does not verify; require and prefer (the default) only encrypt.
+    refused(url("cachet", "localhost", "sslmode=verify-full"), "issuer");
+    refused(url("cachet", "localhost", "sslmode=verify-ca"), "issuer");
+    ok(url("cachet", "127.0.0.1", "sslmode=require"));
+    ok(url("cachet", "127.0.0.1", ""));
+    // disable sends no TLS: this server refuses plain connections.
+    refused(
+        url("cachet", "127.0.0.1", "sslmode=disable"),
+        "no encryption",
+    );
+    // A user that logs in by certificate: with sslcert/sslkey, and not without.
+    Conn::open(&url(
+        "cachet",
+        "localhost",
+        &format!("sslmode=verify-full&{root}"),
+    ))
+    .unwrap()
+    .transaction(|tx| tx.batch("CREATE ROLE cachet_cert LOGIN"))
+    .unwrap();
+    let cert = format!("sslmode=verify-full&{root}&sslcert={client_cert}&sslkey={client_key}");
+    ok(url("cachet_cert", "localhost", &cert));
+    refused(
+        url(
+            "cachet_cert",
+            "localhost",
+            &format!("sslmode=verify-full&{root}"),
+        ),
+        "certificate",
+    );
+    // The usage store over verify-full, as a deployment would run it.
+    exercise(&url(
+        "cachet",
+        "localhost",
+        &format!("sslmode=verify-full&{root}"),
+    ));
+    drop(pg);
+    let _ = std::fs::remove_dir_all(&dir);
 }

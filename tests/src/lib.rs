@@ -1,7 +1,7 @@
 //! Shared helpers for Cachet's cross-crate tests: fixture paths, the SmolLM2 model (fetched once
 //! through `cachet model fetch`'s code path), relative-error checks.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cachet_backend::device::ForwardBatch;
@@ -764,6 +764,17 @@ impl PgServer {
     /// Starts one, or says why not: `None` where the machine has no PostgreSQL server binaries
     /// (`apt install postgresql`; CI installs them).
     pub fn start() -> Option<PgServer> {
+        Self::start_with(None)
+    }
+
+    /// As [`PgServer::start`], serving TLS with `tls`'s certificate and refusing connections
+    /// without it (`hostnossl … reject`); a client certificate signed by its `client_ca` logs in
+    /// as the user of its common name where `cert_user` is that user (`hostssl … cert`).
+    pub fn start_tls(tls: &PgTls) -> Option<PgServer> {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&PgTls>) -> Option<PgServer> {
         let bin = pg_bindir()?;
         let root = std::process::Command::new("id")
             .arg("-u")
@@ -801,10 +812,14 @@ impl PgServer {
             ],
         );
         assert!(ok, "initdb failed");
-        let opts = format!(
+        let mut opts = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -F",
             pg.dir.display()
         );
+        if let Some(tls) = tls {
+            pg.write_tls(&data, tls);
+            opts.push_str(" -c ssl=on -c ssl_ca_file=client-ca.pem");
+        }
         let log = pg.dir.join("log");
         let ok = pg.run(
             "pg_ctl",
@@ -825,6 +840,39 @@ impl PgServer {
             std::fs::read_to_string(&log).unwrap_or_default()
         );
         Some(pg)
+    }
+
+    /// The server's certificate, its key and the client CA in `data`; `pg_hba.conf` that takes
+    /// TLS connections only.
+    fn write_tls(&self, data: &Path, tls: &PgTls) {
+        let files = [
+            ("server.crt", tls.cert_pem.as_str()),
+            ("server.key", tls.key_pem.as_str()),
+            ("client-ca.pem", tls.client_ca_pem.as_str()),
+            (
+                "pg_hba.conf",
+                &format!(
+                    "local all all trust\n\
+                     hostssl all {} 127.0.0.1/32 cert\n\
+                     hostssl all all 127.0.0.1/32 trust\n\
+                     hostnossl all all 127.0.0.1/32 reject\n",
+                    tls.cert_user
+                ),
+            ),
+        ];
+        for (name, text) in files {
+            let path = data.join(name);
+            std::fs::write(&path, text).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if self.root {
+                assert!(std::process::Command::new("chown")
+                    .args(["postgres:postgres", path.to_str().unwrap()])
+                    .status()
+                    .unwrap()
+                    .success());
+            }
+        }
     }
 
     fn run(&self, tool: &str, args: &[&str]) -> bool {
@@ -852,6 +900,15 @@ impl Drop for PgServer {
         );
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// What a [`PgServer::start_tls`] serves: its certificate and key (PEM), the CA its clients'
+/// certificates are checked against, and the user that logs in by certificate.
+pub struct PgTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub client_ca_pem: String,
+    pub cert_user: String,
 }
 
 /// Where the PostgreSQL server binaries are (Debian: /usr/lib/postgresql/<version>/bin).

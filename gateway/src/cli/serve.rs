@@ -139,9 +139,10 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub otlp: OtlpArgs,
     /// Where every request's usage record goes (tenant, key id, tokens, timings, status, route,
-    /// cost): `sqlite:PATH` (embedded, WAL; created if missing), `postgres://USER@HOST/DB`, or
-    /// `off` (no records, no budgets, no /v1/usage). Written in batches off the request path; a
-    /// crash loses at most the last 100 ms of records.
+    /// cost): `sqlite:PATH` (embedded, WAL; created if missing), `postgres://USER@HOST/DB`
+    /// (TLS as libpq's `sslmode`: add `?sslmode=verify-full&sslrootcert=CA.pem` off this host),
+    /// or `off` (no records, no budgets, no /v1/usage). Written in batches off the request path;
+    /// a crash loses at most the last 100 ms of records.
     #[arg(
         long,
         env = "CACHET_USAGE_DB",

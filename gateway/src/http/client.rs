@@ -206,7 +206,7 @@ pub enum ClientError {
 }
 
 /// The system's trusted roots (read once; a certificate the store cannot parse is skipped).
-fn system_roots() -> &'static [rustls_pki_types::CertificateDer<'static>] {
+pub fn system_roots() -> &'static [rustls_pki_types::CertificateDer<'static>] {
     static ROOTS: OnceLock<Vec<rustls_pki_types::CertificateDer<'static>>> = OnceLock::new();
     ROOTS.get_or_init(|| {
         let found = rustls_native_certs::load_native_certs();

@@ -16,8 +16,6 @@
 //! - The config file's `[[tenant]]` tables are imported on the database's first start (audited as
 //!   `bootstrap`); from then on the database is the tenants' source.
 
-pub mod db;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,8 +23,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::db::{Conn, DbError, Tx};
 use crate::tenants::TenantConfig;
-use db::{Conn, DbError, Tx};
 
 /// `[operator]` in the config file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -150,7 +148,7 @@ CREATE TABLE IF NOT EXISTS cachet_audit (
 /// Why an operator request was refused.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum OpError {
-    #[error("{0}")]
+    #[error("operator store: {0}")]
     Store(#[from] DbError),
     #[error("no tenant `{0}`")]
     NoTenant(String),
@@ -461,17 +459,17 @@ fn check_label(label: &str) -> Result<(), OpError> {
 impl Operator {
     /// Opens the store and creates its tables (once, under a lock, when replicas start
     /// together).
-    pub fn open(config: OperatorConfig) -> Result<Operator, String> {
-        config.validate()?;
-        let url = config.url()?;
-        let mut conn = Conn::open(&url).map_err(|e| e.to_string())?;
+    pub fn open(config: OperatorConfig) -> Result<Operator, OpError> {
+        let invalid = |msg| OpError::Invalid { msg, field: None };
+        config.validate().map_err(invalid)?;
+        let url = config.url().map_err(invalid)?;
+        let mut conn = Conn::open(&url)?;
         conn.transaction(|tx| {
             if tx.is_postgres() {
                 tx.exec("SELECT pg_advisory_xact_lock(734001)", &[])?;
             }
             tx.batch(SCHEMA)
-        })
-        .map_err(|e: DbError| e.to_string())?;
+        })?;
         Ok(Operator {
             config,
             url,

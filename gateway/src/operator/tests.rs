@@ -48,7 +48,7 @@ fn obj(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
 
 /// Every text column of every table (a key must never be in any).
 fn all_text(url: &str) -> String {
-    let mut c = db::Conn::open(url).unwrap();
+    let mut c = crate::db::Conn::open(url).unwrap();
     let mut out = String::new();
     for t in ["cachet_tenants", "cachet_keys", "cachet_audit"] {
         for row in c.query(&format!("SELECT * FROM {t}"), &[]).unwrap() {
@@ -367,6 +367,7 @@ fn config_refusals_say_what_to_give() {
     assert!(Operator::open(c)
         .err()
         .unwrap()
+        .to_string()
         .contains("sqlite:PATH or postgres://"));
     let c = config("sqlite:x.db");
     assert_eq!(c.operator_of("op-key"), Some("alice"));

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-pub use store::{Store, StoreError, SCHEMA};
+use crate::db::DbError;
+pub use store::{Store, SCHEMA};
 
 /// Most records written in one transaction.
 pub const MAX_BATCH: usize = 256;
@@ -51,8 +52,8 @@ pub enum ReadError {
     Busy,
     #[error("the usage read did not finish within {0:?}; retry later or ask for fewer days")]
     TimedOut(Duration),
-    #[error(transparent)]
-    Store(#[from] StoreError),
+    #[error("usage store: {0}")]
+    Store(#[from] DbError),
 }
 
 /// One request's usage.
@@ -250,7 +251,7 @@ impl std::fmt::Debug for UsageLog {
 impl UsageLog {
     /// Opens the store at `url` (`sqlite:PATH` or `postgres://…`), creates the schema, loads
     /// this day's and month's spend per tenant, and starts the writer thread.
-    pub fn open(url: &str, prices: Vec<Price>) -> Result<UsageLog, StoreError> {
+    pub fn open(url: &str, prices: Vec<Price>) -> Result<UsageLog, DbError> {
         let mut store = Store::open(url)?;
         let now = now_ms();
         let (day0, _) = Period::Day.bounds(now);
@@ -266,7 +267,7 @@ impl UsageLog {
         std::thread::Builder::new()
             .name("cachet-usage".into())
             .spawn(move || writer(store, rx))
-            .map_err(|e| StoreError(format!("starting the usage writer: {e}")))?;
+            .map_err(|e| DbError(format!("starting the usage writer: {e}")))?;
         Ok(UsageLog {
             tx,
             prices: prices.into_iter().map(|p| (p.model.clone(), p)).collect(),
@@ -365,7 +366,7 @@ impl UsageLog {
         let _permit = tokio::time::timeout_at(deadline.into(), self.read_turns.acquire())
             .await
             .map_err(|_| ReadError::TimedOut(READ_DEADLINE))?
-            .map_err(|_| StoreError("the usage readers stopped".into()))?;
+            .map_err(|_| DbError("the usage readers stopped".into()))?;
         let taken = self.readers.lock().expect("readers lock").pop();
         let (url, tx) = (self.url.clone(), self.tx.clone());
         let (tenant, from_day, to_day) =
@@ -387,7 +388,7 @@ impl UsageLog {
             (Some(store), rows)
         })
         .await
-        .map_err(|e| StoreError(format!("the usage read failed: {e}")))?;
+        .map_err(|e| DbError(format!("the usage read failed: {e}")))?;
         if let Some(s) = store {
             self.readers.lock().expect("readers lock").push(s);
         }

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use super::{day_of, DayRow, Record};
+use crate::db::{Conn, DbError};
 
 /// The tables and indexes, as both stores create them.
 pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS usage_records (
@@ -70,107 +71,65 @@ const SUMMARY: &str = "SELECT day, model, requests, prompt_tokens, cached_tokens
 
 const SPENT: &str = "SELECT tenant, SUM(cost_usd) FROM usage_daily WHERE day >= $1 GROUP BY tenant";
 
-/// A store failure, with what failed.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("usage store: {0}")]
-pub struct StoreError(pub String);
-
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        StoreError(e.to_string())
-    }
-}
-
-impl From<postgres::Error> for StoreError {
-    fn from(e: postgres::Error) -> Self {
-        StoreError(e.to_string())
-    }
-}
-
-/// An open store.
-pub enum Store {
-    Sqlite(rusqlite::Connection),
-    Postgres(Box<postgres::Client>),
-}
+/// An open store: a connection of [`crate::db`].
+pub struct Store(Conn);
 
 impl Store {
-    /// Opens `sqlite:PATH` (created if missing; WAL journal) or `postgres://…` / `postgresql://…`
-    /// and creates the schema.
-    pub fn open(url: &str) -> Result<Store, StoreError> {
-        if let Some(path) = url.strip_prefix("sqlite:") {
-            if path.is_empty() {
-                return Err(StoreError(
-                    "`sqlite:` needs a file path, e.g. sqlite:usage.db".into(),
-                ));
+    /// Opens the store at `url` ([`Conn::open`]: `sqlite:PATH` or a PostgreSQL URL, TLS as its
+    /// `sslmode` says), creates the schema and, on its first start, fills the daily rollup.
+    pub fn open(url: &str) -> Result<Store, DbError> {
+        let mut conn = Conn::open(url)?;
+        match &mut conn {
+            Conn::Sqlite(c) => {
+                // WAL: readers never block the writer; `synchronous = NORMAL` syncs at
+                // checkpoints, so a process crash loses nothing committed (a power cut may lose
+                // the last transactions).
+                c.pragma_update(None, "synchronous", "NORMAL")?;
+                c.execute_batch(SCHEMA)?;
+                // One writer at a time (IMMEDIATE): no other process rolls up meanwhile.
+                c.execute_batch("BEGIN IMMEDIATE")?;
+                let empty: i64 =
+                    c.query_row("SELECT COUNT(*) FROM usage_daily", [], |r| r.get(0))?;
+                if empty == 0 {
+                    c.execute_batch(BACKFILL)?;
+                }
+                c.execute_batch("COMMIT")?;
             }
-            let c = rusqlite::Connection::open(path)
-                .map_err(|e| StoreError(format!("opening {path}: {e}")))?;
-            // WAL: readers never block the writer; `synchronous = NORMAL` syncs at checkpoints,
-            // so a process crash loses nothing committed (a power cut may lose the last
-            // transactions).
-            c.pragma_update(None, "journal_mode", "WAL")?;
-            c.pragma_update(None, "synchronous", "NORMAL")?;
-            c.busy_timeout(std::time::Duration::from_secs(5))?;
-            c.execute_batch(SCHEMA)?;
-            // One writer at a time (IMMEDIATE): no other process rolls up meanwhile.
-            c.execute_batch("BEGIN IMMEDIATE")?;
-            let empty: i64 = c.query_row("SELECT COUNT(*) FROM usage_daily", [], |r| r.get(0))?;
-            if empty == 0 {
-                c.execute_batch(BACKFILL)?;
+            Conn::Postgres(c) => {
+                c.batch_execute(SCHEMA)?;
+                // Replicas starting together: one rolls up, the others find it done.
+                let mut tx = c.transaction()?;
+                tx.batch_execute("LOCK TABLE usage_daily IN SHARE ROW EXCLUSIVE MODE")?;
+                let n: i64 = tx
+                    .query_one("SELECT COUNT(*) FROM usage_daily", &[])?
+                    .get(0);
+                if n == 0 {
+                    tx.batch_execute(BACKFILL)?;
+                }
+                tx.commit()?;
             }
-            c.execute_batch("COMMIT")?;
-            Ok(Store::Sqlite(c))
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let mut c = postgres::Client::connect(url, postgres::NoTls)
-                .map_err(|e| StoreError(format!("connecting to PostgreSQL: {e}")))?;
-            c.batch_execute(SCHEMA)?;
-            // Replicas starting together: one rolls up, the others find it done.
-            let mut tx = c.transaction()?;
-            tx.batch_execute("LOCK TABLE usage_daily IN SHARE ROW EXCLUSIVE MODE")?;
-            let n: i64 = tx
-                .query_one("SELECT COUNT(*) FROM usage_daily", &[])?
-                .get(0);
-            if n == 0 {
-                tx.batch_execute(BACKFILL)?;
-            }
-            tx.commit()?;
-            Ok(Store::Postgres(Box::new(c)))
-        } else {
-            Err(StoreError(format!(
-                "`{url}`: give sqlite:PATH or postgres://USER@HOST/DB"
-            )))
         }
+        Ok(Store(conn))
     }
 
-    /// Another connection to the store at `url`, for reads: each of its statements is stopped
-    /// at the deadline given with it ([`Store::summary`]).
-    pub fn open_reader(url: &str) -> Result<Store, StoreError> {
-        if let Some(path) = url.strip_prefix("sqlite:") {
-            let c = rusqlite::Connection::open_with_flags(
-                path,
-                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
-                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(|e| StoreError(format!("opening {path}: {e}")))?;
-            c.busy_timeout(std::time::Duration::from_secs(5))?;
-            Ok(Store::Sqlite(c))
-        } else {
-            let mut s = Store::open(url)?;
-            if let Store::Postgres(c) = &mut s {
-                c.batch_execute(&format!(
-                    "SET statement_timeout = {}",
-                    super::READ_DEADLINE.as_millis()
-                ))?;
-            }
-            Ok(s)
+    /// Another connection to the store at `url`, for reads ([`Conn::open_reader`]): each of its
+    /// statements is stopped at the deadline given with it ([`Store::summary`]).
+    pub fn open_reader(url: &str) -> Result<Store, DbError> {
+        let mut conn = Conn::open_reader(url)?;
+        if let Conn::Postgres(c) = &mut conn {
+            c.batch_execute(&format!(
+                "SET statement_timeout = {}",
+                super::READ_DEADLINE.as_millis()
+            ))?;
         }
+        Ok(Store(conn))
     }
 
     /// Writes `records` in one transaction, with their sums added to the daily rollup.
-    pub fn write(&mut self, records: &[Record]) -> Result<(), StoreError> {
+    pub fn write(&mut self, records: &[Record]) -> Result<(), DbError> {
         let sums = daily_sums(records);
-        match self {
-            Store::Sqlite(c) => {
+        match &mut self.0 {
+            Conn::Sqlite(c) => {
                 let tx = c.transaction()?;
                 {
                     let mut up = tx.prepare_cached(ROLL_UP)?;
@@ -209,7 +168,7 @@ impl Store {
                 }
                 tx.commit()?;
             }
-            Store::Postgres(c) => {
+            Conn::Postgres(c) => {
                 let mut tx = c.transaction()?;
                 let up = tx.prepare(ROLL_UP)?;
                 for ((tenant, day, model), d) in &sums {
@@ -264,9 +223,9 @@ impl Store {
         from: &str,
         to: &str,
         deadline: std::time::Instant,
-    ) -> Result<Vec<DayRow>, StoreError> {
-        match self {
-            Store::Sqlite(c) => {
+    ) -> Result<Vec<DayRow>, DbError> {
+        match &mut self.0 {
+            Conn::Sqlite(c) => {
                 c.progress_handler(10_000, Some(move || std::time::Instant::now() > deadline));
                 let mut st = c.prepare_cached(SUMMARY)?;
                 let rows = st.query_map(rusqlite::params![tenant, from, to], |r| {
@@ -282,7 +241,7 @@ impl Store {
                 })?;
                 Ok(rows.collect::<Result<_, _>>()?)
             }
-            Store::Postgres(c) => {
+            Conn::Postgres(c) => {
                 let rows = c.query(SUMMARY, &[&tenant, &from, &to])?;
                 Ok(rows
                     .iter()
@@ -302,15 +261,15 @@ impl Store {
 
     /// Each tenant's spend from the UTC day holding `ms` (Unix milliseconds) on; periods begin
     /// at midnight UTC, so from a period's start this is its spend.
-    pub fn spent_since(&mut self, ms: i64) -> Result<Vec<(String, f64)>, StoreError> {
+    pub fn spent_since(&mut self, ms: i64) -> Result<Vec<(String, f64)>, DbError> {
         let day = day_of(ms);
-        match self {
-            Store::Sqlite(c) => {
+        match &mut self.0 {
+            Conn::Sqlite(c) => {
                 let mut st = c.prepare_cached(SPENT)?;
                 let rows = st.query_map([&day], |r| Ok((r.get(0)?, r.get(1)?)))?;
                 Ok(rows.collect::<Result<_, _>>()?)
             }
-            Store::Postgres(c) => Ok(c
+            Conn::Postgres(c) => Ok(c
                 .query(SPENT, &[&day])?
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
@@ -319,11 +278,11 @@ impl Store {
     }
 
     /// Records in the store.
-    pub fn count(&mut self) -> Result<u64, StoreError> {
+    pub fn count(&mut self) -> Result<u64, DbError> {
         let q = "SELECT COUNT(*) FROM usage_records";
-        Ok(match self {
-            Store::Sqlite(c) => c.query_row(q, [], |r| r.get::<_, i64>(0))? as u64,
-            Store::Postgres(c) => c.query_one(q, &[])?.get::<_, i64>(0) as u64,
+        Ok(match &mut self.0 {
+            Conn::Sqlite(c) => c.query_row(q, [], |r| r.get::<_, i64>(0))? as u64,
+            Conn::Postgres(c) => c.query_one(q, &[])?.get::<_, i64>(0) as u64,
         })
     }
 }

@@ -52,7 +52,7 @@ pub fn tenants(
     };
     // The file's tenants are checked as they would load before any is imported.
     TenantRegistry::from_configs(file.tenant.clone(), key, std::time::Instant::now())?;
-    let store = Operator::open(cfg).map_err(anyhow::Error::msg)?;
+    let store = Operator::open(cfg)?;
     if store.bootstrap(&file.tenant)? {
         tracing::info!(
             tenants = file.tenant.len(),

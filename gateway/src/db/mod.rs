@@ -1,7 +1,10 @@
-//! The operator store's connection: SQLite (embedded, one node) or PostgreSQL (every replica),
-//! the same statements on both through a few typed values.
+//! The gateway's one database layer, for the operator store and the usage records: SQLite
+//! (embedded, one node) or PostgreSQL (every replica; TLS as its URL's `sslmode` says,
+//! [`postgres`]), the same statements on both through a few typed values.
 
 use std::time::Duration;
+
+pub mod postgres;
 
 /// A statement's parameter or a column's value.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,40 +57,57 @@ impl From<Option<i64>> for Val {
 
 /// A store failure, with what failed.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("operator store: {0}")]
+#[error("{0}")]
 pub struct DbError(pub String);
 
 impl From<rusqlite::Error> for DbError {
     fn from(e: rusqlite::Error) -> Self {
-        DbError(e.to_string())
+        DbError(with_causes(&e))
     }
 }
 
-impl From<postgres::Error> for DbError {
-    fn from(e: postgres::Error) -> Self {
-        DbError(e.to_string())
+impl From<::postgres::Error> for DbError {
+    fn from(e: ::postgres::Error) -> Self {
+        DbError(with_causes(&e))
     }
+}
+
+/// `e` and each of its causes, joined by ": " (a driver's top error, as "db error", alone does
+/// not say what failed).
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let c_msg = c.to_string();
+        if !msg.ends_with(&c_msg) {
+            msg.push_str(": ");
+            msg.push_str(&c_msg);
+        }
+        cause = c.source();
+    }
+    msg
 }
 
 /// An open connection.
 pub enum Conn {
     Sqlite(rusqlite::Connection),
-    Postgres(Box<postgres::Client>),
+    Postgres(Box<::postgres::Client>),
 }
 
 /// A transaction on either store.
 pub enum Tx<'a> {
     Sqlite(rusqlite::Transaction<'a>),
-    Postgres(postgres::Transaction<'a>),
+    Postgres(::postgres::Transaction<'a>),
 }
 
 impl Conn {
-    /// Opens `sqlite:PATH` (created if missing; WAL journal) or `postgres://…`.
+    /// Opens `sqlite:PATH` (created if missing; WAL journal, a 5 s wait for the write lock) or
+    /// `postgres://…` / `postgresql://…` ([`postgres::connect`]).
     pub fn open(url: &str) -> Result<Conn, DbError> {
         if let Some(path) = url.strip_prefix("sqlite:") {
             if path.is_empty() {
                 return Err(DbError(
-                    "`sqlite:` needs a file path, e.g. sqlite:operator.db".into(),
+                    "`sqlite:` needs a file path, e.g. sqlite:cachet.db".into(),
                 ));
             }
             let c = rusqlite::Connection::open(path)
@@ -96,13 +116,29 @@ impl Conn {
             c.busy_timeout(Duration::from_secs(5))?;
             Ok(Conn::Sqlite(c))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let c = postgres::Client::connect(url, postgres::NoTls)
-                .map_err(|e| DbError(format!("connecting to PostgreSQL: {e}")))?;
-            Ok(Conn::Postgres(Box::new(c)))
+            Ok(Conn::Postgres(Box::new(postgres::connect(url)?)))
         } else {
             Err(DbError(format!(
                 "`{url}`: give sqlite:PATH or postgres://USER@HOST/DB"
             )))
+        }
+    }
+
+    /// Another connection for reads only: SQLite's opened read-only (it never takes the write
+    /// lock); PostgreSQL's as [`Conn::open`].
+    pub fn open_reader(url: &str) -> Result<Conn, DbError> {
+        match url.strip_prefix("sqlite:") {
+            Some(path) => {
+                let c = rusqlite::Connection::open_with_flags(
+                    path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )
+                .map_err(|e| DbError(format!("opening {path}: {e}")))?;
+                c.busy_timeout(Duration::from_secs(5))?;
+                Ok(Conn::Sqlite(c))
+            }
+            None => Conn::open(url),
         }
     }
 
@@ -210,7 +246,7 @@ impl Tx<'_> {
                     .map(|r| {
                         (0..r.len())
                             .map(|i| {
-                                use postgres::types::Type;
+                                use ::postgres::types::Type;
                                 let ty = r.columns()[i].type_().clone();
                                 if ty == Type::INT8 {
                                     r.get::<_, Option<i64>>(i).into()
@@ -240,10 +276,10 @@ fn sqlite(v: &Val) -> rusqlite::types::Value {
     }
 }
 
-fn pg_params(params: &[Val]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
+fn pg_params(params: &[Val]) -> Vec<Box<dyn ::postgres::types::ToSql + Sync>> {
     params
         .iter()
-        .map(|v| -> Box<dyn postgres::types::ToSql + Sync> {
+        .map(|v| -> Box<dyn ::postgres::types::ToSql + Sync> {
             match v {
                 Val::Null => Box::new(None::<i64>),
                 Val::I64(i) => Box::new(*i),
