@@ -166,209 +166,225 @@ impl Metrics {
             engine_step_gap_seconds: Gauge::default(),
             registry: Registry::default(),
         };
-        registry.register(
-            "time_to_first_token_seconds",
-            "Time to first token",
-            m.ttft.clone(),
-        );
-        registry.register(
-            "inter_token_latency_seconds",
-            "Mean time between output tokens, per request",
-            m.itl.clone(),
-        );
-        registry.register(
-            "e2e_request_latency_seconds",
-            "Arrival to finish",
-            m.e2e.clone(),
-        );
-        registry.register(
-            "request_queue_time_seconds",
-            "Arrival to first scheduled",
-            m.queue.clone(),
-        );
-        registry.register(
-            "requests",
-            "Requests by tenant and HTTP status",
-            m.requests.clone(),
-        );
-        registry.register(
-            "prompt_tokens",
-            "Prompt tokens by tenant",
-            m.prompt_tokens.clone(),
-        );
-        registry.register(
-            "generation_tokens",
-            "Generated tokens by tenant",
-            m.generation_tokens.clone(),
-        );
-        registry.register(
-            "template_calls",
-            "Tenant template calls by outcome (ok or the error code)",
-            m.template_calls.clone(),
-        );
-        registry.register(
-            "template_call_seconds",
-            "Time of a template call, fresh instance included",
-            m.template_seconds.clone(),
-        );
-        registry.register(
-            "stable_prefix_tokens",
-            "Tokens of a chat prompt's request-independent prefix, after normalization",
-            m.stable_prefix_tokens.clone(),
-        );
-        registry.register(
-            "normalizer_relocated_spans",
-            "Volatile spans moved out of static prompt segments, by tenant",
-            m.relocated_spans.clone(),
-        );
-        registry.register(
-            "public_prefix_blocks",
-            "Prompt blocks inside a declared public prefix (shared by every tenant), by prefix",
-            m.public_prefix_blocks.clone(),
-        );
-        registry.register(
-            "routing_decisions",
-            "Routing decisions by policy and reason (prefix_hit, no_overlap, failover, ...)",
-            m.routing_decisions.clone(),
-        );
-        registry.register(
-            "routed_requests",
-            "Requests sent to each worker",
-            m.routed_requests.clone(),
-        );
-        registry.register(
-            "worker_inflight_requests",
-            "Requests the gateway has in flight on each worker",
-            m.worker_inflight.clone(),
-        );
-        registry.register(
-            "worker_cached_blocks",
-            "KV blocks each worker holds, as the gateway knows from its KV events",
-            m.worker_cached_blocks.clone(),
-        );
-        registry.register(
-            "routing_predicted_cached_tokens",
-            "Prompt tokens the router expected the chosen worker to hold",
-            m.predicted_cached_tokens.clone(),
-        );
-        registry.register(
-            "prompt_cached_tokens",
-            "Prompt tokens served from a prefix cache (as the engine or worker reported)",
-            m.cached_tokens.clone(),
-        );
-        registry.register(
-            "shared_limit_errors",
-            "Calls to the Redis holding tenants' shared limits that failed or timed out",
-            m.shared_limit_errors.clone(),
-        );
-        registry.register(
-            "shared_limit_fallbacks",
-            "Admissions decided without Redis (this replica's share of the limits, or refused), per shared_limits.on_error",
-            m.shared_limit_fallbacks.clone(),
-        );
-        registry.register(
-            "shared_limits_up",
-            "1 while the Redis holding tenants' shared limits answers (0 while it does not; absent limits: 0)",
-            m.shared_limits_up.clone(),
-        );
-        registry.register(
-            "operator_revision",
-            "The operator store's revision this replica's tenants come from (0 without [operator])",
-            m.operator_revision.clone(),
-        );
-        registry.register(
-            "operator_store_up",
-            "1 while the operator store answers this replica's follower (0 while it does not, or without [operator])",
-            m.operator_store_up.clone(),
-        );
+        m.register_requests(&mut registry);
+        m.register_prompts_and_routing(&mut registry);
         if engine {
-            registry.register(
-                "num_requests_running",
-                "Requests in the engine's running set",
-                m.running.clone(),
-            );
-            registry.register(
-                "num_requests_waiting",
-                "Requests waiting for the engine",
-                m.waiting.clone(),
-            );
-            registry.register(
-                "kv_cache_usage_ratio",
-                "Share of KV blocks held by requests",
-                m.kv_usage.clone(),
-            );
-            registry.register(
-                "kv_blocks_cached_idle",
-                "Free KV blocks that hold a cached prefix",
-                m.kv_blocks_cached.clone(),
-            );
-            registry.register(
-                "kv_blocks_cached_idle_by_tenant",
-                "Free KV blocks that hold a cached prefix, by the tenant whose request computed them",
-                m.kv_blocks_cached_by_tenant.clone(),
-            );
-            registry.register(
-                "kv_blocks_free",
-                "Empty KV blocks",
-                m.kv_blocks_free.clone(),
-            );
-            registry.register(
-                "prefix_cache_queried_tokens",
-                "Prompt tokens looked up in the prefix cache",
-                m.prefix_queried.clone(),
-            );
-            registry.register(
-                "prefix_cache_hit_tokens",
-                "Prompt tokens found in the prefix cache",
-                m.prefix_hits.clone(),
-            );
-            registry.register(
-                "preemptions",
-                "Requests preempted by recompute",
-                m.preemptions.clone(),
-            );
-            registry.register(
-                "engine_steps",
-                "Forward steps the engine has run",
-                m.engine_steps.clone(),
-            );
-            registry.register(
-                "engine_step_seconds",
-                "Seconds in forward steps, from queuing a step on the device to its results on the host, in total",
-                m.engine_step_seconds.clone(),
-            );
-            registry.register(
-                "engine_step_gap_seconds",
-                "Seconds between a step's results and the next step's queuing while requests were in the engine (sampling, streaming, scheduling): the device waiting on the host, in total",
-                m.engine_step_gap_seconds.clone(),
-            );
-            registry.register(
-                "spec_draft_tokens",
-                "Draft tokens proposed by n-gram speculative decoding",
-                m.spec_drafts.clone(),
-            );
-            registry.register(
-                "spec_accepted_tokens",
-                "Draft tokens the model accepted",
-                m.spec_accepted.clone(),
-            );
-            registry.register(
-                "spec_active",
-                "1 when the last engine step could speculate, 0 when speculation is off or stood down under load",
-                m.spec_active.clone(),
-            );
-            registry.register(
-                "spec_cost_ratio",
-                "Measured time of a speculative verification step over a plain decode step (what drafts must pay for)",
-                m.spec_cost_ratio.clone(),
-            );
-            registry.register(
-                "spec_verifications",
-                "Speculative verifications by the number of drafts accepted (the acceptance-length histogram)",
-                m.spec_verifications.clone(),
-            );
+            m.register_engine(&mut registry);
         }
         Metrics { registry, ..m }
+    }
+
+    /// Latency histograms and per-tenant request, token and template counts.
+    fn register_requests(&self, r: &mut Registry) {
+        r.register(
+            "time_to_first_token_seconds",
+            "Time to first token",
+            self.ttft.clone(),
+        );
+        r.register(
+            "inter_token_latency_seconds",
+            "Mean time between output tokens, per request",
+            self.itl.clone(),
+        );
+        r.register(
+            "e2e_request_latency_seconds",
+            "Arrival to finish",
+            self.e2e.clone(),
+        );
+        r.register(
+            "request_queue_time_seconds",
+            "Arrival to first scheduled",
+            self.queue.clone(),
+        );
+        r.register(
+            "requests",
+            "Requests by tenant and HTTP status",
+            self.requests.clone(),
+        );
+        r.register(
+            "prompt_tokens",
+            "Prompt tokens by tenant",
+            self.prompt_tokens.clone(),
+        );
+        r.register(
+            "generation_tokens",
+            "Generated tokens by tenant",
+            self.generation_tokens.clone(),
+        );
+        r.register(
+            "template_calls",
+            "Tenant template calls by outcome (ok or the error code)",
+            self.template_calls.clone(),
+        );
+        r.register(
+            "template_call_seconds",
+            "Time of a template call, fresh instance included",
+            self.template_seconds.clone(),
+        );
+    }
+
+    /// What normalization and routing did; the workers as the router sees them; the shared
+    /// limits' Redis and the operator store.
+    fn register_prompts_and_routing(&self, r: &mut Registry) {
+        r.register(
+            "stable_prefix_tokens",
+            "Tokens of a chat prompt's request-independent prefix, after normalization",
+            self.stable_prefix_tokens.clone(),
+        );
+        r.register(
+            "normalizer_relocated_spans",
+            "Volatile spans moved out of static prompt segments, by tenant",
+            self.relocated_spans.clone(),
+        );
+        r.register(
+            "public_prefix_blocks",
+            "Prompt blocks inside a declared public prefix (shared by every tenant), by prefix",
+            self.public_prefix_blocks.clone(),
+        );
+        r.register(
+            "routing_decisions",
+            "Routing decisions by policy and reason (prefix_hit, no_overlap, failover, ...)",
+            self.routing_decisions.clone(),
+        );
+        r.register(
+            "routed_requests",
+            "Requests sent to each worker",
+            self.routed_requests.clone(),
+        );
+        r.register(
+            "worker_inflight_requests",
+            "Requests the gateway has in flight on each worker",
+            self.worker_inflight.clone(),
+        );
+        r.register(
+            "worker_cached_blocks",
+            "KV blocks each worker holds, as the gateway knows from its KV events",
+            self.worker_cached_blocks.clone(),
+        );
+        r.register(
+            "routing_predicted_cached_tokens",
+            "Prompt tokens the router expected the chosen worker to hold",
+            self.predicted_cached_tokens.clone(),
+        );
+        r.register(
+            "prompt_cached_tokens",
+            "Prompt tokens served from a prefix cache (as the engine or worker reported)",
+            self.cached_tokens.clone(),
+        );
+        r.register(
+            "shared_limit_errors",
+            "Calls to the Redis holding tenants' shared limits that failed or timed out",
+            self.shared_limit_errors.clone(),
+        );
+        r.register(
+            "shared_limit_fallbacks",
+            "Admissions decided without Redis (this replica's share of the limits, or refused), per shared_limits.on_error",
+            self.shared_limit_fallbacks.clone(),
+        );
+        r.register(
+            "shared_limits_up",
+            "1 while the Redis holding tenants' shared limits answers (0 while it does not; absent limits: 0)",
+            self.shared_limits_up.clone(),
+        );
+        r.register(
+            "operator_revision",
+            "The operator store's revision this replica's tenants come from (0 without [operator])",
+            self.operator_revision.clone(),
+        );
+        r.register(
+            "operator_store_up",
+            "1 while the operator store answers this replica's follower (0 while it does not, or without [operator])",
+            self.operator_store_up.clone(),
+        );
+    }
+
+    /// The embedded engine's gauges: its queues, KV blocks, prefix cache, steps, speculation.
+    fn register_engine(&self, r: &mut Registry) {
+        r.register(
+            "num_requests_running",
+            "Requests in the engine's running set",
+            self.running.clone(),
+        );
+        r.register(
+            "num_requests_waiting",
+            "Requests waiting for the engine",
+            self.waiting.clone(),
+        );
+        r.register(
+            "kv_cache_usage_ratio",
+            "Share of KV blocks held by requests",
+            self.kv_usage.clone(),
+        );
+        r.register(
+            "kv_blocks_cached_idle",
+            "Free KV blocks that hold a cached prefix",
+            self.kv_blocks_cached.clone(),
+        );
+        r.register(
+            "kv_blocks_cached_idle_by_tenant",
+            "Free KV blocks that hold a cached prefix, by the tenant whose request computed them",
+            self.kv_blocks_cached_by_tenant.clone(),
+        );
+        r.register(
+            "kv_blocks_free",
+            "Empty KV blocks",
+            self.kv_blocks_free.clone(),
+        );
+        r.register(
+            "prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            self.prefix_queried.clone(),
+        );
+        r.register(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens found in the prefix cache",
+            self.prefix_hits.clone(),
+        );
+        r.register(
+            "preemptions",
+            "Requests preempted by recompute",
+            self.preemptions.clone(),
+        );
+        r.register(
+            "engine_steps",
+            "Forward steps the engine has run",
+            self.engine_steps.clone(),
+        );
+        r.register(
+            "engine_step_seconds",
+            "Seconds in forward steps, from queuing a step on the device to its results on the host, in total",
+            self.engine_step_seconds.clone(),
+        );
+        r.register(
+            "engine_step_gap_seconds",
+            "Seconds between a step's results and the next step's queuing while requests were in the engine (sampling, streaming, scheduling): the device waiting on the host, in total",
+            self.engine_step_gap_seconds.clone(),
+        );
+        r.register(
+            "spec_draft_tokens",
+            "Draft tokens proposed by n-gram speculative decoding",
+            self.spec_drafts.clone(),
+        );
+        r.register(
+            "spec_accepted_tokens",
+            "Draft tokens the model accepted",
+            self.spec_accepted.clone(),
+        );
+        r.register(
+            "spec_active",
+            "1 when the last engine step could speculate, 0 when speculation is off or stood down under load",
+            self.spec_active.clone(),
+        );
+        r.register(
+            "spec_cost_ratio",
+            "Measured time of a speculative verification step over a plain decode step (what drafts must pay for)",
+            self.spec_cost_ratio.clone(),
+        );
+        r.register(
+            "spec_verifications",
+            "Speculative verifications by the number of drafts accepted (the acceptance-length histogram)",
+            self.spec_verifications.clone(),
+        );
     }
 
     /// Records a finished request.
