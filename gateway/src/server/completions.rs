@@ -229,14 +229,93 @@ pub async fn run(
     let chat = matches!(input, Input::Chat(..));
     check_model(&state, &tenant, &input.common().model)?;
     check_budget(&state, &tenant)?;
+    let (template_tools, calls) = tool_plan(&state, tools.as_ref(), &mut constraint)?;
+    // The tenant's concurrency and requests/min, before any work is done for the request (its
+    // template included); the tokens/min budget once the prompt is known.
+    let mut permit = tenant.admit_request(Instant::now()).await?;
+    // 3. Template, normalization, tokenization: each prompt as token ids (engines) and as text
+    // (OpenAI-compatible upstreams).
+    let Prompts {
+        common,
+        prompts,
+        hints,
+        fill,
+    } = prompts_of(&state, &tenant, input, template_tools, &trace).await?;
+    let max_tokens = output_budget(
+        &state, &prompts, chat, max_tokens, hints, &mut stop, &sampling,
+    )?;
+    // 4. Admission of the prompts' tokens (each prompt once, whatever `n`); only an admitted
+    // request's prefix tokens are cached.
+    let prompt_tokens: usize = prompts.iter().map(|p| p.0.len()).sum();
+    permit.charge_prompt(prompt_tokens as u64, Instant::now())?;
+    if let Some(f) = fill {
+        state.prefix_tokens.fill(f);
+    }
+    // 5. The engine requests — `n` per prompt, routed together to one upstream, where the
+    // prefix cache shares the prompt's blocks: the first choice's full blocks are registered
+    // when its prefill is scheduled, so the others compute only the last partial block.
+    let template = EngineRequest {
+        sampling,
+        stop,
+        stop_token_ids,
+        salt: common.salt(&tenant.salt),
+        priority: tenant.config.priority,
+        share: tenant.config.share,
+        tag: tenant.id().to_string(),
+        ignore_eos: common.ignore_eos,
+        deadline: Some(arrived + state.request_timeout),
+        constraint,
+        trace_parent: trace.traceparent().map(str::to_string),
+        ..EngineRequest::new(Vec::new(), max_tokens as usize)
+    };
+    let streams = submit(&state, &common, prompts, n, &template, &trace, ticket).await?;
+    let meta = Meta {
+        id,
+        created: respond::now_unix(),
+        model: state.model_id.clone(),
+        prepare: want_timings.then(|| arrived.elapsed()),
+        n,
+        ignored,
+        calls,
+        reasoning: chat && state.reasoning.is_some(),
+        trace: Some(trace),
+    };
+    if common.stream {
+        Ok(respond::sse(
+            streams,
+            meta,
+            render,
+            permit,
+            ticket.take(),
+            state.clone(),
+        ))
+    } else {
+        respond::whole(streams, meta, render, permit, ticket.take(), &state).await
+    }
+}
+
+/// What the request's tools ask of the template and of the output: the tools the template
+/// renders, the format and number of calls the output is parsed for, and (`required` or a named
+/// function) the grammar the output follows.
+fn tool_plan(
+    state: &AppState,
+    tools: Option<&super::tools::Tools>,
+    constraint: &mut Option<cachet_backend::grammar::Constraint>,
+) -> Result<
+    (
+        Option<serde_json::Value>,
+        Option<(super::tools::Format, usize)>,
+    ),
+    ApiError,
+> {
     // Tools: the model must have a way to see them and to call, and `required` or a named
     // function is a grammar on the output.
-    let template_tools = tools.as_ref().and_then(|t| t.template_tools());
+    let template_tools = tools.and_then(|t| t.template_tools());
     if let Some(v) = &template_tools {
         super::tools::check_markup(v, &state.tokenizer, openai::CHAT_TOOLS)?;
     }
     let mut calls = None;
-    if let Some(t) = &tools {
+    if let Some(t) = tools {
         if t.parses() {
             let Some(format) = state.tool_format else {
                 return Err(ApiError::bad_request(
@@ -248,30 +327,42 @@ pub async fn run(
                 ));
             };
             if let Some(c) = t.constraint(format, &state.tokenizer) {
-                constraint = Some(c);
+                *constraint = Some(c);
             }
             calls = Some((format, t.call_limit()));
         }
     }
-    // The tenant's concurrency and requests/min, before any work is done for the request (its
-    // template included); the tokens/min budget once the prompt is known.
-    let mut permit = tenant.admit_request(Instant::now()).await?;
-    // 3. Template, normalization, tokenization: each prompt as token ids (engines) and as text
-    // (OpenAI-compatible upstreams).
+    Ok((template_tools, calls))
+}
+
+/// A request's prompts, ready for the engine: its common fields, each prompt as token ids
+/// (engines) and text (OpenAI-compatible upstreams), the template's hints (stop strings, an
+/// output cap) and the prefix tokens to cache once admitted.
+struct Prompts {
+    common: openai::Common,
+    prompts: Vec<(Vec<u32>, String)>,
+    hints: Option<(Vec<String>, Option<u32>)>,
+    fill: Option<([u8; 32], Arc<Vec<u32>>)>,
+}
+
+/// The tenant's template (or the model's), normalization and tokenization of `input`.
+async fn prompts_of(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    input: Input,
+    template_tools: Option<serde_json::Value>,
+    trace: &RequestTrace,
+) -> Result<Prompts, ApiError> {
     let mut hints = None;
     let mut fill = None;
     let (common, prompts) = match input {
         Input::Chat(r, msgs) => {
-            let segments = match templates::template_for(&tenant, &r) {
+            let segments = match templates::template_for(tenant, &r) {
                 Some(name) => {
                     let t0 = Instant::now();
-                    let applied = templates::apply(
-                        &state,
-                        &tenant,
-                        &name,
-                        templates::input(&tenant, &r, msgs),
-                    )
-                    .await?;
+                    let applied =
+                        templates::apply(state, tenant, &name, templates::input(tenant, &r, msgs))
+                            .await?;
                     trace.phase("template", t0, Instant::now());
                     hints = Some((applied.rendered.stop, applied.rendered.max_tokens));
                     applied.rendered.segments
@@ -280,13 +371,13 @@ pub async fn run(
             };
             let kwargs = r.template_kwargs()?;
             let p = prepare_owned(
-                &state,
-                &tenant,
+                state,
+                tenant,
                 r.common.salt(&tenant.salt),
                 segments,
                 template_tools,
                 kwargs,
-                &trace,
+                trace,
             )
             .await?;
             fill = p.fill;
@@ -303,7 +394,7 @@ pub async fn run(
                 .sum();
             let t0 = Instant::now();
             let prompts = if size <= PREPARE_INLINE_BYTES {
-                text_prompts(&state, ps)?
+                text_prompts(state, ps)?
             } else {
                 let s = state.clone();
                 tokio::task::spawn_blocking(move || text_prompts(&s, ps))
@@ -316,6 +407,26 @@ pub async fn run(
             (r.common, prompts)
         }
     };
+    Ok(Prompts {
+        common,
+        prompts,
+        hints,
+        fill,
+    })
+}
+
+/// The tokens this request may generate: `max_tokens` (or all the room left, at most 1024)
+/// under the template's cap, checked against the model's length after the longest prompt;
+/// the template's stop strings added to `stop`. Refused with the field to fix.
+fn output_budget(
+    state: &AppState,
+    prompts: &[(Vec<u32>, String)],
+    chat: bool,
+    max_tokens: Option<u64>,
+    hints: Option<(Vec<String>, Option<u32>)>,
+    stop: &mut Vec<String>,
+    sampling: &cachet_backend::sampler::SamplingParams,
+) -> Result<u64, ApiError> {
     if let Some(&(t, _)) = sampling
         .logit_bias
         .iter()
@@ -373,17 +484,20 @@ pub async fn run(
             Some("min_tokens"),
         ));
     }
-    // 4. Admission of the prompts' tokens (each prompt once, whatever `n`); only an admitted
-    // request's prefix tokens are cached.
-    let prompt_tokens: usize = prompts.iter().map(|p| p.0.len()).sum();
-    permit.charge_prompt(prompt_tokens as u64, Instant::now())?;
-    if let Some(f) = fill {
-        state.prefix_tokens.fill(f);
-    }
-    // 5. The engine requests — `n` per prompt, routed together to one upstream, where the
-    // prefix cache shares the prompt's blocks: the first choice's full blocks are registered
-    // when its prefill is scheduled, so the others compute only the last partial block.
-    let salt = common.salt(&tenant.salt);
+    Ok(max_tokens)
+}
+
+/// The engine requests of each prompt — `n` copies of `template` — routed as one group and
+/// handed to the chosen engine or worker; their event streams, in order.
+async fn submit(
+    state: &Arc<AppState>,
+    common: &openai::Common,
+    prompts: Vec<(Vec<u32>, String)>,
+    n: usize,
+    template: &EngineRequest,
+    trace: &RequestTrace,
+    ticket: &mut Option<respond::Ticket>,
+) -> Result<Vec<crate::upstream::Events>, ApiError> {
     // A client that sent its own `cache_salt` asked to share with no one: no public blocks.
     let public = state.public_prefixes();
     let mut streams = Vec::with_capacity(prompts.len() * n);
@@ -397,20 +511,10 @@ pub async fn run(
         };
         let ers: Vec<EngineRequest> = (0..n)
             .map(|j| {
-                let mut er = EngineRequest::new(ids.clone(), max_tokens as usize);
-                er.sampling = sampling.clone();
-                er.sampling.seed = sampling.seed.map(|s| choice_seed(s, j));
-                er.stop = stop.clone();
-                er.stop_token_ids = stop_token_ids.clone();
-                er.salt = salt;
+                let mut er = template.clone();
+                er.prompt = ids.clone();
+                er.sampling.seed = template.sampling.seed.map(|s| choice_seed(s, j));
                 er.public_blocks = public_blocks;
-                er.priority = tenant.config.priority;
-                er.share = tenant.config.share;
-                er.tag = tenant.id().to_string();
-                er.ignore_eos = common.ignore_eos;
-                er.deadline = Some(arrived + state.request_timeout);
-                er.constraint = constraint.clone();
-                er.trace_parent = trace.traceparent().map(str::to_string);
                 er
             })
             .collect();
@@ -440,29 +544,7 @@ pub async fn run(
         }
         streams.extend(evs);
     }
-    let meta = Meta {
-        id,
-        created: respond::now_unix(),
-        model: state.model_id.clone(),
-        prepare: want_timings.then(|| arrived.elapsed()),
-        n,
-        ignored,
-        calls,
-        reasoning: chat && state.reasoning.is_some(),
-        trace: Some(trace),
-    };
-    if common.stream {
-        Ok(respond::sse(
-            streams,
-            meta,
-            render,
-            permit,
-            ticket.take(),
-            state.clone(),
-        ))
-    } else {
-        respond::whole(streams, meta, render, permit, ticket.take(), &state).await
-    }
+    Ok(streams)
 }
 
 /// The seed of choice `j` of a request seeded `seed`: choice 0 keeps it (so it equals the
