@@ -294,6 +294,12 @@ pub async fn run(
     }
 }
 
+/// The tools the template renders, and the format and count of the calls parsed out.
+type ToolPlan = (
+    Option<serde_json::Value>,
+    Option<(super::tools::Format, usize)>,
+);
+
 /// What the request's tools ask of the template and of the output: the tools the template
 /// renders, the format and number of calls the output is parsed for, and (`required` or a named
 /// function) the grammar the output follows.
@@ -301,13 +307,7 @@ fn tool_plan(
     state: &AppState,
     tools: Option<&super::tools::Tools>,
     constraint: &mut Option<cachet_backend::grammar::Constraint>,
-) -> Result<
-    (
-        Option<serde_json::Value>,
-        Option<(super::tools::Format, usize)>,
-    ),
-    ApiError,
-> {
+) -> Result<ToolPlan, ApiError> {
     // Tools: the model must have a way to see them and to call, and `required` or a named
     // function is a grammar on the output.
     let template_tools = tools.and_then(|t| t.template_tools());
