@@ -134,9 +134,9 @@ pub struct Echo {
     user: Option<String>,
 }
 
-/// Parses and validates a Responses body into the request every shape runs as.
-pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiError> {
-    let (r, ignored): (ResponsesRequest, _) = openai::checked(Api::Responses, body, unknown)?;
+/// The chat messages of a Responses request: `instructions` as the system message, then
+/// `input` (a string, or message, function_call and function_call_output items).
+fn messages_of(r: &ResponsesRequest) -> Result<Vec<Value>, ApiError> {
     let mut msgs = Vec::new();
     if let Some(i) = &r.instructions {
         msgs.push(serde_json::json!({"role": "system", "content": i}));
@@ -147,68 +147,7 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
         }
         Value::Array(items) if !items.is_empty() => {
             for (i, it) in items.iter().enumerate() {
-                let ty = it.get("type").and_then(Value::as_str).unwrap_or("message");
-                let only = |keys: &[&str]| match it
-                    .as_object()
-                    .and_then(|o| o.keys().find(|k| !keys.contains(&k.as_str())))
-                {
-                    Some(k) => Err(ApiError::bad_field(
-                        format!("input[{i}].{k} is not supported on a `{ty}` item"),
-                        format!("input[{i}].{k}"),
-                    )),
-                    None => Ok(()),
-                };
-                let text_field = |k: &str| {
-                    it.get(k).and_then(Value::as_str).ok_or_else(|| {
-                        ApiError::bad_field(
-                            format!("input[{i}]: a `{ty}` item needs `{k}` (a string)"),
-                            format!("input[{i}].{k}"),
-                        )
-                    })
-                };
-                match ty {
-                    "function_call" => {
-                        only(&["type", "call_id", "name", "arguments", "id", "status"])?;
-                        let call = serde_json::json!({"id": text_field("call_id")?, "type": "function",
-                            "function": {"name": text_field("name")?, "arguments": text_field("arguments")?}});
-                        // Calls in a row are one assistant turn.
-                        match msgs.last_mut() {
-                            Some(m) if m["role"] == "assistant" && m.get("tool_calls").is_some() => {
-                                m["tool_calls"].as_array_mut().expect("a list").push(call)
-                            }
-                            Some(m) if m["role"] == "assistant" => m["tool_calls"] = serde_json::json!([call]),
-                            _ => msgs.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [call]})),
-                        }
-                        continue;
-                    }
-                    "function_call_output" => {
-                        only(&["type", "call_id", "output", "id", "status"])?;
-                        let output = match it.get("output") {
-                            Some(o @ Value::Array(_)) => content_text(o, &format!("input[{i}].output"))?,
-                            _ => text_field("output")?.to_string(),
-                        };
-                        msgs.push(serde_json::json!({"role": "tool", "tool_call_id": text_field("call_id")?, "content": output}));
-                        continue;
-                    }
-                    "message" => {}
-                    _ => {
-                        return Err(ApiError::bad_field(
-                            format!("input[{i}]: items of type `{ty}` are not supported (message, function_call and function_call_output items)"),
-                            format!("input[{i}].type"),
-                        ))
-                    }
-                }
-                let role = it.get("role").and_then(Value::as_str).unwrap_or("");
-                if !["user", "assistant", "system", "developer"].contains(&role) {
-                    return Err(ApiError::bad_field(
-                        format!("input[{i}].role must be user, assistant, system or developer, got `{role}`"),
-                        format!("input[{i}].role"),
-                    ));
-                }
-                only(&["type", "role", "content", "id", "status"])?;
-                let content = it.get("content").unwrap_or(&Value::Null);
-                let text = content_text(content, &format!("input[{i}].content"))?;
-                msgs.push(serde_json::json!({"role": role, "content": text}));
+                item_message(&mut msgs, i, it)?;
             }
         }
         _ => {
@@ -218,6 +157,107 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
             ))
         }
     }
+    Ok(msgs)
+}
+
+/// Input item `i` as chat messages, appended to `msgs` (calls in a row join one assistant turn).
+fn item_message(msgs: &mut Vec<Value>, i: usize, it: &Value) -> Result<(), ApiError> {
+    let ty = it.get("type").and_then(Value::as_str).unwrap_or("message");
+    let only = |keys: &[&str]| match it
+        .as_object()
+        .and_then(|o| o.keys().find(|k| !keys.contains(&k.as_str())))
+    {
+        Some(k) => Err(ApiError::bad_field(
+            format!("input[{i}].{k} is not supported on a `{ty}` item"),
+            format!("input[{i}].{k}"),
+        )),
+        None => Ok(()),
+    };
+    let text_field = |k: &str| {
+        it.get(k).and_then(Value::as_str).ok_or_else(|| {
+            ApiError::bad_field(
+                format!("input[{i}]: a `{ty}` item needs `{k}` (a string)"),
+                format!("input[{i}].{k}"),
+            )
+        })
+    };
+    match ty {
+        "function_call" => {
+            only(&["type", "call_id", "name", "arguments", "id", "status"])?;
+            let call = serde_json::json!({"id": text_field("call_id")?, "type": "function",
+                "function": {"name": text_field("name")?, "arguments": text_field("arguments")?}});
+            // Calls in a row are one assistant turn.
+            match msgs.last_mut() {
+                Some(m) if m["role"] == "assistant" && m.get("tool_calls").is_some() => {
+                    m["tool_calls"].as_array_mut().expect("a list").push(call)
+                }
+                Some(m) if m["role"] == "assistant" => m["tool_calls"] = serde_json::json!([call]),
+                _ => msgs.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+            }
+            return Ok(());
+        }
+        "function_call_output" => {
+            only(&["type", "call_id", "output", "id", "status"])?;
+            let output = match it.get("output") {
+                Some(o @ Value::Array(_)) => content_text(o, &format!("input[{i}].output"))?,
+                _ => text_field("output")?.to_string(),
+            };
+            msgs.push(serde_json::json!({"role": "tool", "tool_call_id": text_field("call_id")?, "content": output}));
+            return Ok(());
+        }
+        "message" => {}
+        _ => {
+            return Err(ApiError::bad_field(
+                format!("input[{i}]: items of type `{ty}` are not supported (message, function_call and function_call_output items)"),
+                format!("input[{i}].type"),
+            ))
+        }
+    }
+    let role = it.get("role").and_then(Value::as_str).unwrap_or("");
+    if !["user", "assistant", "system", "developer"].contains(&role) {
+        return Err(ApiError::bad_field(
+            format!("input[{i}].role must be user, assistant, system or developer, got `{role}`"),
+            format!("input[{i}].role"),
+        ));
+    }
+    only(&["type", "role", "content", "id", "status"])?;
+    let content = it.get("content").unwrap_or(&Value::Null);
+    let text = content_text(content, &format!("input[{i}].content"))?;
+    msgs.push(serde_json::json!({"role": role, "content": text}));
+    Ok(())
+}
+
+/// A Responses `tool_choice` in the chat shape (`{"type": "function", "name": …}` becomes
+/// `{"type": "function", "function": {"name": …}}`).
+fn tool_choice_of(c: &Value) -> Result<Value, ApiError> {
+    Ok(match c {
+        Value::String(_) => c.clone(),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            match o.get("name").and_then(Value::as_str) {
+                Some(n) if o.len() == 2 => {
+                    serde_json::json!({"type": "function", "function": {"name": n}})
+                }
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "tool_choice names a function as {\"type\": \"function\", \"name\": …}",
+                        Some("tool_choice"),
+                    ))
+                }
+            }
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "tool_choice is none, auto, required, or {\"type\": \"function\", \"name\": …} (hosted tools are not served)",
+                Some("tool_choice"),
+            ))
+        }
+    })
+}
+
+/// Parses and validates a Responses body into the request every shape runs as.
+pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiError> {
+    let (r, ignored): (ResponsesRequest, _) = openai::checked(Api::Responses, body, unknown)?;
+    let msgs = messages_of(&r)?;
     if r.max_output_tokens == Some(0) {
         return Err(ApiError::bad_request(
             "max_output_tokens must be at least 1",
@@ -255,28 +295,7 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
         chat["tools"] = tools.clone().into();
     }
     if let Some(c) = r.tool_choice.as_ref().filter(|c| !c.is_null()) {
-        chat["tool_choice"] = match c {
-            Value::String(_) => c.clone(),
-            Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-                match o.get("name").and_then(Value::as_str) {
-                    Some(n) if o.len() == 2 => {
-                        serde_json::json!({"type": "function", "function": {"name": n}})
-                    }
-                    _ => {
-                        return Err(ApiError::bad_request(
-                            "tool_choice names a function as {\"type\": \"function\", \"name\": …}",
-                            Some("tool_choice"),
-                        ))
-                    }
-                }
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "tool_choice is none, auto, required, or {\"type\": \"function\", \"name\": …} (hosted tools are not served)",
-                    Some("tool_choice"),
-                ))
-            }
-        };
+        chat["tool_choice"] = tool_choice_of(c)?;
     }
     if let Some(p) = r.parallel_tool_calls {
         chat["parallel_tool_calls"] = p.into();
