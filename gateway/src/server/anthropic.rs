@@ -311,92 +311,11 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
             Some("messages"),
         ));
     }
-    let mut msgs = Vec::with_capacity(r.messages.len() + 1);
-    if let Some(s) = &r.system {
-        msgs.push(serde_json::json!({"role": "system", "content": text_of(s, "system")?}));
-    }
-    for (i, m) in r.messages.iter().enumerate() {
-        if m.role != "user" && m.role != "assistant" {
-            return Err(ApiError::bad_field(
-                format!("messages[{i}].role must be `user` or `assistant`, got `{}` (the system prompt goes in `system`)", m.role),
-                format!("messages[{i}].role"),
-            ));
-        }
-        if let Some(k) = m.other.keys().next() {
-            return Err(ApiError::bad_field(
-                format!("messages[{i}].{k} is not supported: a message has `role` and `content`"),
-                format!("messages[{i}].{k}"),
-            ));
-        }
-        msgs.extend(chat_messages(&m.role, &m.content, i)?);
-    }
+    let msgs = messages_of(&r)?;
     let (tools, tool_choice, parallel) = tools_of(r.tools.as_ref(), r.tool_choice.as_ref())?;
-    let mut user = None;
-    if let Some(md) = &r.metadata {
-        for (k, v) in md {
-            match (k.as_str(), v) {
-                ("user_id", Value::String(u)) if u.len() <= MAX_KEY_BYTES => user = Some(u.clone()),
-                ("user_id", Value::Null) => {}
-                ("user_id", _) => {
-                    return Err(ApiError::bad_field(
-                        format!("metadata.user_id is a string of at most {MAX_KEY_BYTES} bytes"),
-                        "metadata.user_id",
-                    ))
-                }
-                _ => {
-                    return Err(ApiError::bad_field(
-                        format!("metadata.{k} is not supported: metadata takes `user_id`"),
-                        format!("metadata.{k}"),
-                    ))
-                }
-            }
-        }
-    }
-    if r.service_tier
-        .as_deref()
-        .is_some_and(|t| t != "auto" && t != "standard_only")
-    {
-        return Err(ApiError::bad_request(
-            "service_tier: there is one tier here; send `auto`, `standard_only` or leave it out",
-            Some("service_tier"),
-        ));
-    }
-    if r.speed.as_deref().is_some_and(|s| s != "standard") {
-        return Err(ApiError::bad_request(
-            "speed: there is one speed here; send `standard` or leave it out",
-            Some("speed"),
-        ));
-    }
-    if let Some(c) = &r.cache_control {
-        if !c.is_null() && !is_cache_control(c) {
-            return Err(ApiError::bad_request(
-                "cache_control is {\"type\": \"ephemeral\"} with an optional ttl",
-                Some("cache_control"),
-            ));
-        }
-    }
-    let mut format = None;
-    if let Some(oc) = r.output_config.as_ref().filter(|v| !v.is_null()) {
-        let Some(o) = oc.as_object() else {
-            return Err(ApiError::bad_request(
-                "output_config is an object",
-                Some("output_config"),
-            ));
-        };
-        for (k, v) in o {
-            match k.as_str() {
-                "format" if !v.is_null() => format = openai::response_format(v, "output_config")?,
-                "format" => {}
-                "effort" if v.is_null() => {}
-                _ => {
-                    return Err(ApiError::bad_field(
-                        format!("output_config.{k} is not supported (the served model has no effort levels)"),
-                        format!("output_config.{k}"),
-                    ))
-                }
-            }
-        }
-    }
+    let user = user_of(r.metadata.as_ref())?;
+    check_options(&r)?;
+    let format = output_format(r.output_config.as_ref())?;
     let enable_thinking = thinking_switch(r.thinking.as_ref())?;
     let stops = r.stop_sequences.unwrap_or_default();
     {
@@ -448,6 +367,113 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<Parsed, ApiError> {
     }
     // Anthropic's names where the shared checks name OpenAI's.
     openai::parse_as_chat(chat, ignored, ("stop", "stop_sequences"))
+}
+
+/// The chat messages of a Messages request: `system`, then each message's blocks.
+fn messages_of(r: &MessagesRequest) -> Result<Vec<Value>, ApiError> {
+    let mut msgs = Vec::with_capacity(r.messages.len() + 1);
+    if let Some(s) = &r.system {
+        msgs.push(serde_json::json!({"role": "system", "content": text_of(s, "system")?}));
+    }
+    for (i, m) in r.messages.iter().enumerate() {
+        if m.role != "user" && m.role != "assistant" {
+            return Err(ApiError::bad_field(
+                format!("messages[{i}].role must be `user` or `assistant`, got `{}` (the system prompt goes in `system`)", m.role),
+                format!("messages[{i}].role"),
+            ));
+        }
+        if let Some(k) = m.other.keys().next() {
+            return Err(ApiError::bad_field(
+                format!("messages[{i}].{k} is not supported: a message has `role` and `content`"),
+                format!("messages[{i}].{k}"),
+            ));
+        }
+        msgs.extend(chat_messages(&m.role, &m.content, i)?);
+    }
+    Ok(msgs)
+}
+
+/// `metadata.user_id`, the one metadata key served.
+fn user_of(metadata: Option<&BTreeMap<String, Value>>) -> Result<Option<String>, ApiError> {
+    let mut user = None;
+    if let Some(md) = metadata {
+        for (k, v) in md {
+            match (k.as_str(), v) {
+                ("user_id", Value::String(u)) if u.len() <= MAX_KEY_BYTES => user = Some(u.clone()),
+                ("user_id", Value::Null) => {}
+                ("user_id", _) => {
+                    return Err(ApiError::bad_field(
+                        format!("metadata.user_id is a string of at most {MAX_KEY_BYTES} bytes"),
+                        "metadata.user_id",
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::bad_field(
+                        format!("metadata.{k} is not supported: metadata takes `user_id`"),
+                        format!("metadata.{k}"),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(user)
+}
+
+/// `service_tier`, `speed` and `cache_control`: accepted where they ask for what is served.
+fn check_options(r: &MessagesRequest) -> Result<(), ApiError> {
+    if r.service_tier
+        .as_deref()
+        .is_some_and(|t| t != "auto" && t != "standard_only")
+    {
+        return Err(ApiError::bad_request(
+            "service_tier: there is one tier here; send `auto`, `standard_only` or leave it out",
+            Some("service_tier"),
+        ));
+    }
+    if r.speed.as_deref().is_some_and(|s| s != "standard") {
+        return Err(ApiError::bad_request(
+            "speed: there is one speed here; send `standard` or leave it out",
+            Some("speed"),
+        ));
+    }
+    if let Some(c) = &r.cache_control {
+        if !c.is_null() && !is_cache_control(c) {
+            return Err(ApiError::bad_request(
+                "cache_control is {\"type\": \"ephemeral\"} with an optional ttl",
+                Some("cache_control"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `output_config.format` as a constraint on the output (`effort` is not served).
+fn output_format(
+    output_config: Option<&Value>,
+) -> Result<Option<cachet_backend::grammar::Constraint>, ApiError> {
+    let mut format = None;
+    if let Some(oc) = output_config.filter(|v| !v.is_null()) {
+        let Some(o) = oc.as_object() else {
+            return Err(ApiError::bad_request(
+                "output_config is an object",
+                Some("output_config"),
+            ));
+        };
+        for (k, v) in o {
+            match k.as_str() {
+                "format" if !v.is_null() => format = openai::response_format(v, "output_config")?,
+                "format" => {}
+                "effort" if v.is_null() => {}
+                _ => {
+                    return Err(ApiError::bad_field(
+                        format!("output_config.{k} is not supported (the served model has no effort levels)"),
+                        format!("output_config.{k}"),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(format)
 }
 
 /// Anthropic's `thinking` as the chat template's `enable_thinking` switch (Qwen3-style templates;
