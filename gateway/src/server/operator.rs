@@ -162,6 +162,75 @@ async fn read<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
+/// `POST /operator/v1/tenants`: a tenant from its settings (and its first key's label).
+async fn create_tenant(
+    state: &Arc<AppState>,
+    op: &Arc<OperatorState>,
+    actor: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let mut settings: serde_json::Map<String, serde_json::Value> =
+        http::read_json(req, MAX_BODY_BYTES).await?;
+    let key_label = match settings.remove("key_label") {
+        None => String::new(),
+        Some(serde_json::Value::String(s)) => s,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "key_label must be a string",
+                Some("key_label"),
+            ))
+        }
+    };
+    let a = change(
+        state,
+        op,
+        actor,
+        Change::Create {
+            settings,
+            key_label,
+        },
+    )
+    .await?;
+    http::ok_json(
+        StatusCode::CREATED,
+        serde_json::json!({"revision": a.revision, "tenant": a.tenant, "api_key": a.key}),
+    )
+}
+
+/// `GET /operator/v1/audit?tenant=…&limit=…`: the newest audit entries first.
+async fn audit(
+    op: &Arc<OperatorState>,
+    query: Vec<(String, String)>,
+) -> Result<Response<Body>, ApiError> {
+    let mut tenant = None;
+    let mut limit = 100usize;
+    for (k, v) in query {
+        match k.as_str() {
+            "tenant" => tenant = Some(v),
+            "limit" => {
+                limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=10_000).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request("limit must be 1 to 10000", Some("limit"))
+                    })?
+            }
+            other => {
+                return Err(ApiError::bad_field(
+                    format!("unknown query parameter `{other}` (tenant, limit)"),
+                    other.to_string(),
+                ))
+            }
+        }
+    }
+    let entries = read(op, move |o| Ok(o.audit(tenant.as_deref(), limit)?)).await?;
+    http::ok_json(
+        StatusCode::OK,
+        serde_json::json!({"object": "list", "data": entries}),
+    )
+}
+
 /// Routes one `/operator/…` request.
 pub async fn handle(
     state: Arc<AppState>,
@@ -202,34 +271,7 @@ pub async fn handle(
                 serde_json::json!({"object": "list", "data": records}),
             )
         }
-        (&Method::POST, ["tenants"]) => {
-            let mut settings: serde_json::Map<String, serde_json::Value> =
-                http::read_json(req, MAX_BODY_BYTES).await?;
-            let key_label = match settings.remove("key_label") {
-                None => String::new(),
-                Some(serde_json::Value::String(s)) => s,
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "key_label must be a string",
-                        Some("key_label"),
-                    ))
-                }
-            };
-            let a = change(
-                &state,
-                &op,
-                &actor,
-                Change::Create {
-                    settings,
-                    key_label,
-                },
-            )
-            .await?;
-            http::ok_json(
-                StatusCode::CREATED,
-                serde_json::json!({"revision": a.revision, "tenant": a.tenant, "api_key": a.key}),
-            )
-        }
+        (&Method::POST, ["tenants"]) => create_tenant(&state, &op, &actor, req).await,
         (&Method::GET, ["tenants", id]) => {
             let id = id.to_string();
             let t = read(&op, move |o| {
@@ -317,35 +359,7 @@ pub async fn handle(
                 serde_json::json!({"revision": a.revision, "revoked": key_id}),
             )
         }
-        (&Method::GET, ["audit"]) => {
-            let mut tenant = None;
-            let mut limit = 100usize;
-            for (k, v) in query {
-                match k.as_str() {
-                    "tenant" => tenant = Some(v),
-                    "limit" => {
-                        limit = v
-                            .parse()
-                            .ok()
-                            .filter(|n| (1..=10_000).contains(n))
-                            .ok_or_else(|| {
-                                ApiError::bad_request("limit must be 1 to 10000", Some("limit"))
-                            })?
-                    }
-                    other => {
-                        return Err(ApiError::bad_field(
-                            format!("unknown query parameter `{other}` (tenant, limit)"),
-                            other.to_string(),
-                        ))
-                    }
-                }
-            }
-            let entries = read(&op, move |o| Ok(o.audit(tenant.as_deref(), limit)?)).await?;
-            http::ok_json(
-                StatusCode::OK,
-                serde_json::json!({"object": "list", "data": entries}),
-            )
-        }
+        (&Method::GET, ["audit"]) => audit(&op, query).await,
         _ => Err(ApiError::not_found(
             format!("no operator route {method} {path} (see docs/OPERATOR.md)"),
             "not_found",
