@@ -158,29 +158,7 @@ impl<'a> Analysis<'a> {
                 // A string's (or a list of strings') attributes are undefined whatever the text.
                 t
             }
-            Expr::GetItem(g) => {
-                let base = self.expr(&g.expr);
-                if self.expr(&g.subscript_expr).any() {
-                    self.refuse(|| "a subscript computed from a message or a content".into());
-                }
-                if base.c {
-                    self.refuse(|| "a subscript of a content (a character of its text)".into());
-                }
-                if !base.m {
-                    return Taint::FREE;
-                }
-                match &g.subscript_expr {
-                    Expr::Const(k) => match k.value.as_str() {
-                        Some("content") => Taint::C,
-                        Some("previtem" | "nextitem") => Taint::M,
-                        Some(_) => Taint::FREE,
-                        // A position in the message list: a message.
-                        None => Taint::M,
-                    },
-                    // Either a message (a list index) or any field of one, the content too.
-                    _ => Taint::M.or(Taint::C),
-                }
-            }
+            Expr::GetItem(g) => self.get_item(g),
             Expr::Slice(s) => {
                 let base = self.expr(&s.expr);
                 for p in [&s.start, &s.stop, &s.step].into_iter().flatten() {
@@ -206,35 +184,7 @@ impl<'a> Analysis<'a> {
                     }
                 }
             }
-            Expr::BinOp(b) => {
-                let (l, r) = (self.expr(&b.left), self.expr(&b.right));
-                let both = l.or(r);
-                use ast::BinOpKind::*;
-                match b.op {
-                    // Concatenation carries contents along; a list concatenated is refused.
-                    Add | Concat => {
-                        if both.m {
-                            self.refuse(|| "a message or the message list concatenated".into());
-                        }
-                        if both.c {
-                            Taint::C
-                        } else {
-                            Taint::FREE
-                        }
-                    }
-                    // `a and b` / `a or b` give one of their operands.
-                    ScAnd | ScOr => both,
-                    Eq | Ne | Lt | Lte | Gt | Gte | In | Sub | Mul | Div | FloorDiv | Rem | Pow => {
-                        if both.any() {
-                            self.refuse(|| {
-                                "a comparison, `in` or arithmetic with a message or a content"
-                                    .into()
-                            });
-                        }
-                        Taint::FREE
-                    }
-                }
-            }
+            Expr::BinOp(b) => self.bin_op(b),
             Expr::Compare(c) => {
                 let mut any = self.expr(&c.expr).any();
                 for op in &c.ops {
@@ -253,24 +203,7 @@ impl<'a> Analysis<'a> {
                     None => t,
                 }
             }
-            Expr::Filter(f) => {
-                let input = f.expr.as_ref().map_or(Taint::FREE, |e| self.expr(e));
-                self.args(&f.args, "a filter");
-                if input.c {
-                    let name = f.name;
-                    self.refuse(|| format!("the `{name}` filter on a content"));
-                }
-                if input.m {
-                    match f.name {
-                        "length" | "count" => return Taint::FREE,
-                        "first" | "last" | "reverse" | "list" => return Taint::M,
-                        name => self.refuse(|| {
-                            format!("the `{name}` filter on a message or the message list")
-                        }),
-                    }
-                }
-                Taint::FREE
-            }
+            Expr::Filter(f) => self.filter(f),
             Expr::Test(t) => {
                 let input = self.expr(&t.expr);
                 self.args(&t.args, "a test");
@@ -296,6 +229,81 @@ impl<'a> Analysis<'a> {
                 Taint::FREE
             }
         }
+    }
+
+    /// `x[k]`: a message's field by name, a message by position; no subscript from a content.
+    fn get_item(&mut self, g: &ast::GetItem<'a>) -> Taint {
+        let base = self.expr(&g.expr);
+        if self.expr(&g.subscript_expr).any() {
+            self.refuse(|| "a subscript computed from a message or a content".into());
+        }
+        if base.c {
+            self.refuse(|| "a subscript of a content (a character of its text)".into());
+        }
+        if !base.m {
+            return Taint::FREE;
+        }
+        match &g.subscript_expr {
+            Expr::Const(k) => match k.value.as_str() {
+                Some("content") => Taint::C,
+                Some("previtem" | "nextitem") => Taint::M,
+                Some(_) => Taint::FREE,
+                // A position in the message list: a message.
+                None => Taint::M,
+            },
+            // Either a message (a list index) or any field of one, the content too.
+            _ => Taint::M.or(Taint::C),
+        }
+    }
+
+    /// `a op b`: concatenation carries a content along; comparisons and arithmetic are refused.
+    fn bin_op(&mut self, b: &ast::BinOp<'a>) -> Taint {
+        let (l, r) = (self.expr(&b.left), self.expr(&b.right));
+        let both = l.or(r);
+        use ast::BinOpKind::*;
+        match b.op {
+            // Concatenation carries contents along; a list concatenated is refused.
+            Add | Concat => {
+                if both.m {
+                    self.refuse(|| "a message or the message list concatenated".into());
+                }
+                if both.c {
+                    Taint::C
+                } else {
+                    Taint::FREE
+                }
+            }
+            // `a and b` / `a or b` give one of their operands.
+            ScAnd | ScOr => both,
+            Eq | Ne | Lt | Lte | Gt | Gte | In | Sub | Mul | Div | FloorDiv | Rem | Pow => {
+                if both.any() {
+                    self.refuse(|| {
+                        "a comparison, `in` or arithmetic with a message or a content".into()
+                    });
+                }
+                Taint::FREE
+            }
+        }
+    }
+
+    /// `x | f(...)`: what a filter on a message, the list or a content gives.
+    fn filter(&mut self, f: &ast::Filter<'a>) -> Taint {
+        let input = f.expr.as_ref().map_or(Taint::FREE, |e| self.expr(e));
+        self.args(&f.args, "a filter");
+        if input.c {
+            let name = f.name;
+            self.refuse(|| format!("the `{name}` filter on a content"));
+        }
+        if input.m {
+            match f.name {
+                "length" | "count" => return Taint::FREE,
+                "first" | "last" | "reverse" | "list" => return Taint::M,
+                name => {
+                    self.refuse(|| format!("the `{name}` filter on a message or the message list"))
+                }
+            }
+        }
+        Taint::FREE
     }
 
     /// A call: its arguments may hold no message or content; what it gives back.
