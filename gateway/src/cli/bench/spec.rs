@@ -187,23 +187,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             cost_ratio: stats.spec_cost_ratio,
         })
     };
-    println!(
-        "model {} ({}), device {:?}, {} tokens per request, speculation {}, verification steps {}\n",
-        a.m.model,
-        if dummy {
-            "dummy weights"
-        } else {
-            "real weights"
-        },
-        a.m.device,
-        a.max_tokens,
-        a.speculative_config,
-        if a.eager_verification {
-            "eager"
-        } else {
-            "from CUDA graphs where the device has them"
-        }
-    );
+    print_setup(&a, dummy);
     // A throwaway run first, so neither configuration pays for a cold start.
     measure(&[encode(COPY_HEAVY[0])?], None, 1)?;
     println!("| workload | batch | tokens / forward off → on | decode tok/s off → on | on / off | drafts accepted | greedy output identical |");
@@ -235,76 +219,110 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
                 }
                 found
             };
-            let parted = off
-                .outputs
-                .iter()
-                .zip(&on.outputs)
-                .filter(|(x, y)| x != y)
-                .count();
-            let agreement = if identical {
-                "yes".to_string()
-            } else {
-                let gap = divergences.iter().map(|d| d.gap()).fold(0.0f32, f32::max);
-                format!(
-                    "{parted} of {} part (largest logit gap there {gap:.3})",
-                    on.outputs.len()
-                )
-            };
-            // Batch 1: per-request decode speed (time after the first token); high batch:
-            // all tokens over the wall time.
-            let (r_off, r_on) = if batch == 1 {
-                (
-                    off.decode_tokens as f64 / off.decode_secs,
-                    on.decode_tokens as f64 / on.decode_secs,
-                )
-            } else {
-                (
-                    off.generated as f64 / off.wall_secs,
-                    on.generated as f64 / on.wall_secs,
-                )
-            };
-            let per_fwd = |r: &Run| {
-                if batch == 1 {
-                    format!(
-                        "{:.2}",
-                        r.decode_tokens as f64 / r.decode_steps.max(1) as f64
-                    )
-                } else {
-                    "-".into()
-                }
-            };
-            let acc = if on.drafts > 0 {
-                format!(
-                    "{:.0}% of {} (verify step {:.2}× a plain one)",
-                    100.0 * on.accepted as f64 / on.drafts as f64,
-                    on.drafts,
-                    on.cost_ratio
-                )
-            } else {
-                "none proposed".into()
-            };
-            println!(
-                "| {name} | {batch} | {} → {} | {:.1} → {:.1} | **{:.2}×** | {acc} | {} |",
-                per_fwd(&off),
-                per_fwd(&on),
-                r_off,
-                r_on,
-                r_on / r_off,
-                agreement
-            );
-            rows.push(serde_json::json!({
-                "workload": name, "batch": batch,
-                "tok_per_s_off": r_off, "tok_per_s_on": r_on, "ratio": r_on / r_off,
-                "decode_steps_off": off.decode_steps, "decode_steps_on": on.decode_steps,
-                "decode_tokens": on.decode_tokens,
-                "drafts": on.drafts, "accepted": on.accepted, "identical": identical,
-                "verify_cost_ratio": on.cost_ratio,
-                "divergences": divergences,
-            }));
+            rows.push(report(name, batch, &off, &on, divergences));
         }
     }
     if let Some(p) = &a.json_out {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)?;
     }
     Ok(())
+}
+
+/// What is measured: the model, its weights, the device, the lengths and the speculation.
+fn print_setup(a: &SpecArgs, dummy: bool) {
+    println!(
+        "model {} ({}), device {:?}, {} tokens per request, speculation {}, verification steps {}\n",
+        a.m.model,
+        if dummy {
+            "dummy weights"
+        } else {
+            "real weights"
+        },
+        a.m.device,
+        a.max_tokens,
+        a.speculative_config,
+        if a.eager_verification {
+            "eager"
+        } else {
+            "from CUDA graphs where the device has them"
+        }
+    );
+}
+
+/// One row of the table (printed) and of the JSON output: workload `name` at `batch`, without
+/// speculation (`off`) and with it (`on`); `divergences`: where their greedy outputs part.
+fn report(
+    name: &str,
+    batch: usize,
+    off: &Run,
+    on: &Run,
+    divergences: Vec<fidelity::Divergence>,
+) -> serde_json::Value {
+    let identical = off.outputs == on.outputs;
+    let parted = off
+        .outputs
+        .iter()
+        .zip(&on.outputs)
+        .filter(|(x, y)| x != y)
+        .count();
+    let agreement = if identical {
+        "yes".to_string()
+    } else {
+        let gap = divergences.iter().map(|d| d.gap()).fold(0.0f32, f32::max);
+        format!(
+            "{parted} of {} part (largest logit gap there {gap:.3})",
+            on.outputs.len()
+        )
+    };
+    // Batch 1: per-request decode speed (time after the first token); high batch:
+    // all tokens over the wall time.
+    let (r_off, r_on) = if batch == 1 {
+        (
+            off.decode_tokens as f64 / off.decode_secs,
+            on.decode_tokens as f64 / on.decode_secs,
+        )
+    } else {
+        (
+            off.generated as f64 / off.wall_secs,
+            on.generated as f64 / on.wall_secs,
+        )
+    };
+    let per_fwd = |r: &Run| {
+        if batch == 1 {
+            format!(
+                "{:.2}",
+                r.decode_tokens as f64 / r.decode_steps.max(1) as f64
+            )
+        } else {
+            "-".into()
+        }
+    };
+    let acc = if on.drafts > 0 {
+        format!(
+            "{:.0}% of {} (verify step {:.2}× a plain one)",
+            100.0 * on.accepted as f64 / on.drafts as f64,
+            on.drafts,
+            on.cost_ratio
+        )
+    } else {
+        "none proposed".into()
+    };
+    println!(
+        "| {name} | {batch} | {} → {} | {:.1} → {:.1} | **{:.2}×** | {acc} | {} |",
+        per_fwd(off),
+        per_fwd(on),
+        r_off,
+        r_on,
+        r_on / r_off,
+        agreement
+    );
+    serde_json::json!({
+        "workload": name, "batch": batch,
+        "tok_per_s_off": r_off, "tok_per_s_on": r_on, "ratio": r_on / r_off,
+        "decode_steps_off": off.decode_steps, "decode_steps_on": on.decode_steps,
+        "decode_tokens": on.decode_tokens,
+        "drafts": on.drafts, "accepted": on.accepted, "identical": identical,
+        "verify_cost_ratio": on.cost_ratio,
+        "divergences": divergences,
+    })
 }
