@@ -474,36 +474,7 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     if let Some(f) = a.load {
-        anyhow::ensure!(
-            f > 0.0,
-            "--load must be positive (a share of the capacity, e.g. 0.9)"
-        );
-        let burst: Vec<WorkItem> = seed_workload(&SeedWorkloadConfig {
-            num_requests: a.requests.min(400),
-            seed: a.seed + 2000,
-            ..wl.clone()
-        })
-        .into_iter()
-        .map(|mut it| {
-            it.at = Duration::ZERO;
-            it
-        })
-        .collect();
-        eprintln!(
-            "measuring the baseline's capacity: a burst of {} requests ...",
-            burst.len()
-        );
-        let r = run_one(&a, &tenants, "baseline", "capacity", &burst, &[], &rt)?;
-        let done = r.records.iter().filter(|x| x.error.is_none()).count();
-        anyhow::ensure!(
-            done > 0,
-            "no request of the capacity burst completed (server log: {})",
-            a.out.join("logs/baseline-capacity.log").display()
-        );
-        let cap = done as f64 / r.wall_s;
-        a.capacity = Some(cap);
-        a.rate = (f * cap * 10.0).round() / 10.0;
-        eprintln!("baseline capacity {cap:.1} req/s: rate {} req/s", a.rate);
+        measure_capacity(&mut a, f, &tenants, &wl, &rt)?;
     }
     let wl = SeedWorkloadConfig { rate: a.rate, ..wl };
     let items = seed_workload(&wl);
@@ -546,6 +517,54 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
     let report = report(&a, &results);
     print!("{report}");
     std::fs::write(a.out.join("report.md"), &report)?;
+    write_plots(&a, &results)?;
+    eprintln!("results, report and plots in {}", a.out.display());
+    Ok(())
+}
+
+/// `--load`: the baseline's capacity from a burst of requests, and the rate that is `f` of it.
+fn measure_capacity(
+    a: &mut TtftArgs,
+    f: f64,
+    tenants: &std::path::Path,
+    wl: &SeedWorkloadConfig,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        f > 0.0,
+        "--load must be positive (a share of the capacity, e.g. 0.9)"
+    );
+    let burst: Vec<WorkItem> = seed_workload(&SeedWorkloadConfig {
+        num_requests: a.requests.min(400),
+        seed: a.seed + 2000,
+        ..wl.clone()
+    })
+    .into_iter()
+    .map(|mut it| {
+        it.at = Duration::ZERO;
+        it
+    })
+    .collect();
+    eprintln!(
+        "measuring the baseline's capacity: a burst of {} requests ...",
+        burst.len()
+    );
+    let r = run_one(a, tenants, "baseline", "capacity", &burst, &[], rt)?;
+    let done = r.records.iter().filter(|x| x.error.is_none()).count();
+    anyhow::ensure!(
+        done > 0,
+        "no request of the capacity burst completed (server log: {})",
+        a.out.join("logs/baseline-capacity.log").display()
+    );
+    let cap = done as f64 / r.wall_s;
+    a.capacity = Some(cap);
+    a.rate = (f * cap * 10.0).round() / 10.0;
+    eprintln!("baseline capacity {cap:.1} req/s: rate {} req/s", a.rate);
+    Ok(())
+}
+
+/// The TTFT CDF of each mode and the median TTFT's parts, as SVG plots in `--out`.
+fn write_plots(a: &TtftArgs, results: &[RunResult]) -> anyhow::Result<()> {
     for mode in &a.modes {
         let series: Vec<(String, Vec<f64>)> = results
             .iter()
@@ -587,7 +606,6 @@ pub fn run(mut a: TtftArgs) -> anyhow::Result<()> {
             "milliseconds",
         ),
     )?;
-    eprintln!("results, report and plots in {}", a.out.display());
     Ok(())
 }
 
