@@ -191,7 +191,12 @@ fn main() {
         );
     }
 
-    // Shortest-first vs FCFS on a long/short mix with no shared prefix (caching off for both).
+    policy_mix(&m, n, rate);
+}
+
+/// Shortest-first against FCFS, chunked prefill off and on, on a long/short mix of `n` prompts
+/// with no shared prefix (prefix caching off): queue time and TTFT, short prompts apart.
+fn policy_mix(m: &LoadedModel, n: usize, rate: f64) {
     let mix_cfg = SeedWorkloadConfig {
         num_requests: n,
         rate: rate * 1.5,
@@ -224,7 +229,7 @@ fn main() {
             },
             ..Default::default()
         };
-        let e = start(&m, cfg);
+        let e = start(m, cfg);
         let run = replay(&e.handle(), &mix_prompts, &mix);
         let q: Vec<f64> = run.timings.iter().map(|t| ms(t.queue)).collect();
         let short_q: Vec<f64> = run
