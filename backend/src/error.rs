@@ -82,11 +82,20 @@ pub enum DeviceError {
         bytes: usize,
         what: String,
     },
+    /// An operation refused or failed for a reason of this crate's own (a shape, a limit).
     #[error("{device}: {op}: {msg}")]
     Op {
         device: &'static str,
         op: &'static str,
         msg: String,
+    },
+    /// A call into the device's driver or a library that failed; its error kept as the cause.
+    #[error("{device}: {op}: {source}")]
+    Driver {
+        device: &'static str,
+        op: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("device `{0}` is not available: {1}")]
     Unavailable(String, String),

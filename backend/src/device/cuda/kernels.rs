@@ -237,10 +237,10 @@ impl Kernels {
         source_dir: Option<&Path>,
     ) -> Result<Loaded, DeviceError> {
         let compiled = cachet_kernels::compile::compile(arch, cache, source_dir).map_err(|e| {
-            DeviceError::Op {
+            DeviceError::Driver {
                 device: DEV,
                 op: "compile kernels",
-                msg: e.to_string(),
+                source: Box::new(e),
             }
         })?;
         let module = ctx

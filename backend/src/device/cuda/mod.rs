@@ -54,10 +54,10 @@ use crate::tensor::HostTensor;
 const DEV: &str = "cuda";
 
 fn op_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DeviceError {
-    move |e| DeviceError::Op {
+    move |e| DeviceError::Driver {
         device: DEV,
         op,
-        msg: format!("{e:?}"),
+        source: Box::new(e),
     }
 }
 
