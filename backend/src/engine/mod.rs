@@ -10,6 +10,7 @@
 //! - Stats (running/waiting, KV blocks, prefix-cache tokens, preemptions) are published after each
 //!   step; KV events (blocks stored/removed) go to subscribers for exact routing.
 
+pub mod builder;
 mod core;
 pub mod output;
 

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use cachet_backend::config::ModelConfig;
-use cachet_backend::device::{KvCacheDtype, WeightQuantization};
+use cachet_backend::device::WeightQuantization;
+pub use cachet_backend::engine::builder::StepLimits;
+use cachet_backend::engine::builder::{Built, EngineBuild, Weights};
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::loader;
-use cachet_backend::model::runner::{
-    build_runner, KvBudget, RunnerOptions, VerifyGraphs, WeightSource,
-};
+use cachet_backend::model::runner::{KvBudget, RunnerOptions, VerifyGraphs};
 use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
 use cachet_backend::tokenizer::TextTokenizer;
 use clap::Args;
@@ -208,63 +208,6 @@ pub struct Started {
     pub limits: StepLimits,
 }
 
-/// What to tell a host who asks for the FP8 KV cache on a model it measurably hurts: models with
-/// q/k/v biases (Qwen2.5) lose 8–23% of their top-1 choices with it (BENCHMARKS §4).
-fn fp8_kv_warning(config: &ModelConfig, dtype: KvCacheDtype) -> Option<String> {
-    (dtype == KvCacheDtype::Fp8E4m3 && config.attention_bias).then(|| {
-        "--kv-cache-dtype fp8 on a model with q/k/v biases: on Qwen2.5 it changed 8-23% of the \
-         top-1 tokens (BENCHMARKS §4); check this model with `cachet bench kv-fp8`, or use \
-         --kv-cache-dtype int8 (the same bytes) or the default cache"
-            .to_string()
-    })
-}
-
-/// How much one engine step may hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepLimits {
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    /// Target milliseconds per step (0: none).
-    pub max_step_ms: u64,
-}
-
-/// The CPU's step-time target: a request arriving during a prefill waits about this long at most.
-const CPU_MAX_STEP_MS: u64 = 250;
-
-/// KV tokens a sequence gets at least, on average, when the GPU default of `max_num_seqs` is
-/// sized down to the cache: past that, a full batch would be preempting, not decoding.
-const KV_TOKENS_PER_SEQ: usize = 512;
-
-impl StepLimits {
-    /// The defaults for a device: a GPU's decode step is bound by reading the weights, so it
-    /// batches up to 256 sequences (vLLM uses 256–1024 on H100-class cards) and prefills in
-    /// 8192-token steps, with no more sequences than leave each 512 tokens of the KV cache
-    /// (`kv_tokens`: known once the cache is sized), with no step-time target: a target short
-    /// enough to matter (20 ms) starves prefill once a full batch's decode step alone takes
-    /// longer, and under fair sharing the prefill cap already keeps a light tenant's wait short
-    /// (H200, 8B shape, BENCHMARKS §11: B's TTFT P95 35 ms with the cap alone, 33 with a 20 ms
-    /// target as well); a CPU's steps are bound by arithmetic, so it keeps 64 and 2048 with a
-    /// step-time target of 250 ms (those steps would take seconds). Flags override each.
-    pub fn for_device(
-        gpu: bool,
-        kv_tokens: usize,
-        seqs_flag: Option<usize>,
-        tokens_flag: Option<usize>,
-        step_ms_flag: Option<u64>,
-    ) -> Self {
-        let (seqs, tokens, step_ms) = if gpu {
-            (256.min((kv_tokens / KV_TOKENS_PER_SEQ).max(1)), 8192, 0)
-        } else {
-            (64, 2048, CPU_MAX_STEP_MS)
-        };
-        StepLimits {
-            max_num_seqs: seqs_flag.unwrap_or(seqs),
-            max_num_batched_tokens: tokens_flag.unwrap_or(tokens),
-            max_step_ms: step_ms_flag.unwrap_or(step_ms),
-        }
-    }
-}
-
 impl EngineArgs {
     /// The deployment key: from `--hash-key-file`, or random.
     pub fn hash_key(&self) -> anyhow::Result<[u8; 32]> {
@@ -395,177 +338,60 @@ impl EngineArgs {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
         let tokenizer = a.with_chat_template(tokenizer)?;
-        let opts = RunnerOptions {
-            device: a.device.into(),
-            block_size: a.block_size,
-            max_model_len: a.max_model_len,
-            kv: match a.num_gpu_blocks_override {
-                Some(n) => KvBudget::Blocks(n),
-                None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
-            },
-            // Decode graphs up to the most sequences any default or flag allows; sizes past
-            // the limit chosen below are never replayed.
-            cuda_graph_sizes: self.graphs.sizes(a.max_num_seqs.unwrap_or(256)),
-            cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
-            kv_cache_dtype: a.kv_cache_dtype,
-            quantization: {
-                let config = match &dummy_config {
-                    Some((c, _)) => c,
-                    None => &model.config,
-                };
-                let q = WeightQuantization::for_checkpoint(a.quantization, config);
-                if a.quantization.is_none() && q != WeightQuantization::None {
-                    tracing::info!(quantization = %q, "an FP8 checkpoint scaled per channel: its weights stay FP8 (--quantization none dequantizes them)");
-                }
-                q
-            },
-            tensor_parallel_size: a.tensor_parallel_size,
-            kv_calibration: match a.kv_cache_dtype {
-                KvCacheDtype::Int8 => {
-                    cachet_backend::device::kv_int8::calibration_tokens(&tokenizer)?
-                }
-                _ => Vec::new(),
-            },
-        };
-        if let Some(w) = fp8_kv_warning(
-            dummy_config.as_ref().map_or(&model.config, |(c, _)| c),
-            a.kv_cache_dtype,
-        ) {
-            tracing::warn!("{w}");
-        }
         let model_id = a.model_id(dummy_config.as_ref(), &model.name);
-        let runner = match &dummy_config {
-            Some((config, _)) => build_runner(config, WeightSource::Dummy { seed: 0 }, &opts)?,
-            None => build_runner(&model.config, WeightSource::Files(name), &opts)?,
+        let (config, weights) = match &dummy_config {
+            Some((c, _)) => (c, Weights::Dummy),
+            None => (&model.config, Weights::Files(name)),
         };
-        let layout = runner.kv_layout();
-        let mut limits = StepLimits::for_device(
-            runner.device_name() != "cpu",
-            layout.num_blocks * layout.block_size,
-            a.max_num_seqs,
-            a.max_num_batched_tokens,
-            a.max_step_ms,
-        );
-        // Without chunked prefill a prompt goes into one step whole: a step must hold the
-        // longest prompt the server accepts, or such a prompt would wait forever.
-        if !a.enable_chunked_prefill && limits.max_num_batched_tokens < a.max_model_len {
-            anyhow::ensure!(
-                a.max_num_batched_tokens.is_none(),
-                "--max-num-batched-tokens {} is below --max-model-len {}: with \
-                 --enable-chunked-prefill false a prompt is prefilled in one step, so a longer \
-                 one could never run; raise --max-num-batched-tokens to {} or more, lower \
-                 --max-model-len, or enable chunked prefill",
-                limits.max_num_batched_tokens,
-                a.max_model_len,
-                a.max_model_len
-            );
-            limits.max_num_batched_tokens = a.max_model_len;
-        }
-        tracing::info!(
-            device = runner.device_name(),
-            max_num_seqs = limits.max_num_seqs,
-            max_num_batched_tokens = limits.max_num_batched_tokens,
-            max_step_ms = limits.max_step_ms,
-            kv_tokens = layout.num_blocks * layout.block_size,
-            from_flags = a.max_num_seqs.is_some()
-                || a.max_num_batched_tokens.is_some()
-                || a.max_step_ms.is_some(),
-            "step limits"
-        );
-        let cfg = EngineConfig {
-            scheduler: SchedulerConfig {
-                max_num_seqs: limits.max_num_seqs,
-                max_num_batched_tokens: limits.max_num_batched_tokens,
-                enable_chunked_prefill: a.enable_chunked_prefill,
-                policy,
+        let build = EngineBuild {
+            config,
+            weights,
+            tokenizer: tokenizer.clone(),
+            runner: RunnerOptions {
+                device: a.device.into(),
+                block_size: a.block_size,
                 max_model_len: a.max_model_len,
-                fair_share: a.fair_share,
-                fair_prefill_cap: a.fair_prefill_cap,
-                max_step_secs: limits.max_step_ms as f64 / 1000.0,
+                kv: match a.num_gpu_blocks_override {
+                    Some(n) => KvBudget::Blocks(n),
+                    None => KvBudget::MemoryFraction(a.gpu_memory_utilization),
+                },
+                // Decode graphs up to the most sequences any default or flag allows; sizes past
+                // the limit the builder chooses are never replayed.
+                cuda_graph_sizes: self.graphs.sizes(a.max_num_seqs.unwrap_or(256)),
+                cuda_graph_verify: speculative.as_ref().map(VerifyGraphs::for_spec),
+                kv_cache_dtype: a.kv_cache_dtype,
+                quantization: WeightQuantization::None,
+                tensor_parallel_size: a.tensor_parallel_size,
+                kv_calibration: Vec::new(),
+            },
+            quantization: a.quantization,
+            max_num_seqs: a.max_num_seqs,
+            max_num_batched_tokens: a.max_num_batched_tokens,
+            max_step_ms: a.max_step_ms,
+            engine: EngineConfig {
+                scheduler: SchedulerConfig {
+                    enable_chunked_prefill: a.enable_chunked_prefill,
+                    policy,
+                    fair_share: a.fair_share,
+                    fair_prefill_cap: a.fair_prefill_cap,
+                    ..Default::default()
+                },
+                enable_prefix_caching: a.enable_prefix_caching,
+                max_waiting: a.max_waiting,
+                max_waiting_tokens: a.max_waiting_tokens,
+                model_id: model_id.clone(),
+                hash_key: key,
+                speculative,
+                cache_shares: a.cache_shares,
                 ..Default::default()
             },
-            enable_prefix_caching: a.enable_prefix_caching,
-            max_waiting: a.max_waiting,
-            max_waiting_tokens: a.max_waiting_tokens,
-            model_id: model_id.clone(),
-            hash_key: key,
-            speculative,
-            cache_shares: a.cache_shares,
-            ..Default::default()
         };
-        let engine = Engine::start(runner, Some(tokenizer.clone()), cfg);
+        let Built { engine, limits } = build.start()?;
         Ok(Started {
             engine,
             tokenizer,
             model_id,
             limits,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_fp8_cache_on_a_model_with_qkv_biases_is_warned_about() {
-        let config = |name: &str| {
-            let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../examples/configs")
-                .join(name);
-            ModelConfig::from_hf_json(&p).unwrap()
-        };
-        let (qwen, llama) = (config("qwen2.5-7b.json"), config("llama3-8b.json"));
-        assert!(qwen.attention_bias && !llama.attention_bias);
-        let w = fp8_kv_warning(&qwen, KvCacheDtype::Fp8E4m3).unwrap();
-        assert!(w.contains("bench kv-fp8"), "{w}");
-        assert_eq!(fp8_kv_warning(&qwen, KvCacheDtype::Auto), None);
-        assert_eq!(fp8_kv_warning(&llama, KvCacheDtype::Fp8E4m3), None);
-    }
-
-    #[test]
-    fn step_limits_fit_the_device_and_flags_win() {
-        let l = |gpu, kv, s, t| StepLimits::for_device(gpu, kv, s, t, None);
-        // The CPU keeps small steps whatever its cache, and a step-time target.
-        assert_eq!(
-            l(false, 1 << 20, None, None),
-            StepLimits {
-                max_num_seqs: 64,
-                max_num_batched_tokens: 2048,
-                max_step_ms: 250
-            }
-        );
-        // An H200's 8B cache (~60k blocks of 16): 256 sequences, 8192-token steps, no target.
-        assert_eq!(
-            l(true, 60_000 * 16, None, None),
-            StepLimits {
-                max_num_seqs: 256,
-                max_num_batched_tokens: 8192,
-                max_step_ms: 0
-            }
-        );
-        // A small GPU cache: 512 KV tokens a sequence at least.
-        assert_eq!(l(true, 32 * 1024, None, None).max_num_seqs, 64);
-        assert_eq!(l(true, 100, None, None).max_num_seqs, 1);
-        // Flags override each default on its own.
-        assert_eq!(
-            l(true, 60_000 * 16, Some(64), None),
-            StepLimits {
-                max_num_seqs: 64,
-                max_num_batched_tokens: 8192,
-                max_step_ms: 0
-            }
-        );
-        assert_eq!(l(false, 0, None, Some(512)).max_num_batched_tokens, 512);
-        assert_eq!(
-            StepLimits::for_device(false, 0, None, None, Some(0)).max_step_ms,
-            0,
-            "--max-step-ms 0 turns the CPU's target off"
-        );
-        // A GPU takes a target only from the flag.
-        assert_eq!(
-            StepLimits::for_device(true, 60_000 * 16, None, None, Some(20)).max_step_ms,
-            20
-        );
     }
 }

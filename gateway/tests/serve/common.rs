@@ -272,10 +272,14 @@ pub fn http(
     let out = c.arg(url).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (json, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (
-        code.trim().parse().unwrap_or(0),
-        serde_json::from_str(json).unwrap_or(serde_json::Value::Null),
-    )
+    let code = code.trim().parse().unwrap_or(0);
+    let body = match serde_json::from_str(json) {
+        Ok(v) => v,
+        // No answer: what curl says went wrong, for the assertion's message.
+        Err(_) if code == 0 => serde_json::json!({"curl": String::from_utf8_lossy(&out.stderr)}),
+        Err(_) => serde_json::Value::Null,
+    };
+    (code, body)
 }
 
 pub fn http_json(
