@@ -141,9 +141,7 @@ async fn measure(setup: &Setup, tok: &TextTokenizer) {
         tok.clone(),
         "smollm2".into(),
         2048,
-        Duration::from_secs(600),
         cachet_gateway::config::tenant_registry(&cfg, &[0; 32], Instant::now()).unwrap(),
-        None,
     ));
     let question = "What is the capital of France?";
     let prompt = tok

@@ -364,6 +364,22 @@ impl<T> Clone for HeadNorm<'_, T> {
 }
 impl<T> Copy for HeadNorm<'_, T> {}
 
+/// What one layer's attention takes besides its inputs and the cache: the q/k head norms (where
+/// the model has them), the RoPE table, the layer's index and its shape.
+pub struct AttnLayer<'a, T> {
+    pub qk_norm: Option<HeadNorm<'a, T>>,
+    pub rope: &'a T,
+    pub layer: usize,
+    pub p: &'a AttnParams,
+}
+
+impl<T> Clone for AttnLayer<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for AttnLayer<'_, T> {}
+
 /// A device: tensors, a paged KV cache, and the fused operations the decoder forward needs.
 /// Activations are 2-D row-major `[tokens, features]`.
 pub trait Device: Send {
@@ -453,16 +469,12 @@ pub trait Device: Send {
     /// of each new token over its sequence's cached keys/values (which include this step's):
     /// `[n, h·d]`. One call, so a device may fuse the norm, the rotation and the cache write into
     /// the attention itself; `qkv` is scratch afterwards.
-    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         qkv: &mut Self::Tensor,
-        qk_norm: Option<HeadNorm<'_, Self::Tensor>>,
-        rope: &Self::Tensor,
         kv: &mut Self::Kv,
-        layer: usize,
         batch: &Self::Batch,
-        p: &AttnParams,
+        l: AttnLayer<'_, Self::Tensor>,
     ) -> Result<Self::Tensor, DeviceError>;
     /// `x[r, :] += bias` for every row (the q|k|v biases of Qwen2).
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> Result<(), DeviceError>;

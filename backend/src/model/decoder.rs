@@ -10,8 +10,8 @@ use std::ops::Range;
 use super::rope;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::device::{
-    AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm, Instruments,
-    MoeParams, MoeWeights, Part, WeightQuantization,
+    AttnLayer, AttnParams, Delta, Device, ForwardBatch, GraphReport, GraphShapes, HeadNorm,
+    Instruments, MoeParams, MoeWeights, Part, WeightQuantization,
 };
 use crate::error::{DeviceError, EngineError};
 use crate::loader::{HostLayer, HostTensor, HostWeights, WeightReader};
@@ -445,7 +445,13 @@ impl<D: Instruments> Decoder<D> {
                 (Some(local), Some(_)) => local,
                 _ => &self.rope,
             };
-            let attn = dev.attention(&mut qkv, qk_norm, rope, kv, l, b, p)?;
+            let at = AttnLayer {
+                qk_norm,
+                rope,
+                layer: l,
+                p,
+            };
+            let attn = dev.attention(&mut qkv, kv, b, at)?;
             // Row-parallel under tensor parallelism: each rank's product is a partial sum.
             let mut o = dev.linear_delta(&attn, &layer.o_proj)?;
             dev.all_reduce_sum(&mut o)?;

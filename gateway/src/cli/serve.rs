@@ -231,10 +231,10 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             tokenizer,
             model_id.clone(),
             max_model_len,
-            Duration::from_secs(a.request_timeout.max(1)),
             tenants,
-            templates,
         );
+        state.request_timeout = Duration::from_secs(a.request_timeout.max(1));
+        state.templates = templates;
         state.metrics_token = a.metrics_token.clone();
         state.unknown_fields = a.unknown_fields;
         state.tool_format = tool_format;

@@ -396,7 +396,15 @@ where
                 let live = InFlight::enter(&active, &conn_tx);
                 let serve = move |stream| async move {
                     let _held = (slot, place, live);
-                    connection(stream, peer, handle, acceptor, stop, limits, activity, shed).await;
+                    let cx = ConnContext {
+                        peer,
+                        acceptor,
+                        stop,
+                        limits,
+                        activity,
+                        shed,
+                    };
+                    connection(stream, handle, cx).await;
                 };
                 match &lanes {
                     Some(l) => l.spawn_connection(stream, serve),
@@ -530,21 +538,31 @@ fn flood_warning(peer: SocketAddr, trip: idle::CancelTrip, limits: &Limits) {
     }
 }
 
-/// Serves one accepted connection to its end (or shutdown, idleness, or a request to make room).
-#[allow(clippy::too_many_arguments)]
-async fn connection<H, F>(
-    stream: tokio::net::TcpStream,
+/// What one accepted connection is served with: where it came from, the server's TLS, limits
+/// and shutdown signal, its activity, and the signal that asks it to make room.
+struct ConnContext {
     peer: SocketAddr,
-    handle: H,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     limits: Limits,
     activity: Arc<idle::Activity>,
     shed: Arc<Notify>,
-) where
+}
+
+/// Serves one accepted connection to its end (or shutdown, idleness, or a request to make room).
+async fn connection<H, F>(stream: tokio::net::TcpStream, handle: H, cx: ConnContext)
+where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
+    let ConnContext {
+        peer,
+        acceptor,
+        mut stop,
+        limits,
+        activity,
+        shed,
+    } = cx;
     let stream = idle::Watched::new(stream, activity.clone());
     let act = activity.clone();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {

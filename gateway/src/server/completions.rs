@@ -647,7 +647,6 @@ fn json_len(v: &serde_json::Value) -> usize {
 
 /// [`prepare`] for a request that owns its inputs: inline when they are small, on the blocking
 /// pool when they are not ([`PREPARE_INLINE_BYTES`]).
-#[allow(clippy::too_many_arguments)]
 async fn prepare_owned(
     state: &Arc<AppState>,
     tenant: &Arc<Tenant>,

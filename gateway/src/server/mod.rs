@@ -90,17 +90,19 @@ pub struct AppState {
     next_id: AtomicU64,
 }
 
+/// How long a request may take at most, unless `--request-timeout` says otherwise.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
 impl AppState {
-    #[allow(clippy::too_many_arguments)]
+    /// The state of a gateway serving `model_id` through `pool`, with the defaults of every
+    /// setting the caller then sets from its flags (`request_timeout`, `templates`, …).
     pub fn new(
         pool: Arc<Pool>,
         engine: Option<EngineHandle>,
         tokenizer: TextTokenizer,
         model_id: String,
         max_model_len: usize,
-        request_timeout: Duration,
         tenants: TenantRegistry,
-        templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
     ) -> Self {
         let tokenizer_vocab = tokenizer.vocab_size();
         let tool_format = tokenizer.chat_template().and_then(tools::Format::detect);
@@ -124,14 +126,14 @@ impl AppState {
             engine,
             tokenizer,
             max_model_len,
-            request_timeout,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             tenants: std::sync::RwLock::new(Arc::new(tenants)),
             model_id,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            templates,
+            templates: None,
             metrics_token: None,
             unknown_fields: fields::UnknownFields::Reject,
             vocab: tokenizer_vocab,

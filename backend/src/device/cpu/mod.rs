@@ -10,8 +10,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::{
-    fp8, kv_int8, AttnParams, Delta, Device, DeviceSample, ForwardBatch, HeadNorm, KvCacheDtype,
-    KvLayout, MoeParams, MoeWeights, Part, RowSampling,
+    fp8, kv_int8, AttnLayer, AttnParams, Delta, Device, DeviceSample, ForwardBatch, HeadNorm,
+    KvCacheDtype, KvLayout, MoeParams, MoeWeights, Part, RowSampling,
 };
 use crate::config::Activation;
 use crate::error::DeviceError;
@@ -417,13 +417,16 @@ impl Device for CpuDevice {
     fn attention(
         &self,
         qkv: &mut CpuTensor,
-        qk_norm: Option<HeadNorm<'_, CpuTensor>>,
-        rope: &CpuTensor,
         kv: &mut CpuKv,
-        layer: usize,
         b: &CpuBatch,
-        p: &AttnParams,
+        l: AttnLayer<'_, CpuTensor>,
     ) -> Result<CpuTensor, DeviceError> {
+        let AttnLayer {
+            qk_norm,
+            rope,
+            layer,
+            p,
+        } = l;
         if let Some(n) = qk_norm {
             head_norm(qkv, n, p);
         }

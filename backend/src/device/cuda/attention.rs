@@ -11,7 +11,7 @@ use super::kernels::{
 use super::launch::{AttentionArgs, CombineArgs, LayerKv, QkNorm};
 use super::tensor::{CudaKv, CudaTensor};
 use super::CudaDevice;
-use crate::device::{AttnParams, HeadNorm, KvCacheDtype};
+use crate::device::{AttnLayer, AttnParams, KvCacheDtype};
 use crate::error::DeviceError;
 
 fn layer_kv(kv: &mut CudaKv, layer: usize) -> LayerKv<'_> {
@@ -93,17 +93,15 @@ impl CudaDevice {
 
     /// RoPE on the q and k heads of `qkv`, in place, and the K/V write into the cache of `layer`
     /// (rope_kv.cu): the step before the attention kernel, unless that kernel does it itself.
-    #[allow(clippy::too_many_arguments)]
     fn rope_and_cache(
         &self,
         qkv: &mut CudaTensor,
         qk_norm: QkNorm<'_>,
-        rope: &CudaTensor,
         kv: &mut CudaKv,
-        layer: usize,
         b: &CudaBatch,
-        p: &AttnParams,
+        l: AttnLayer<'_, CudaTensor>,
     ) -> Result<(), DeviceError> {
+        let AttnLayer { rope, layer, p, .. } = l;
         self.timed("rope+kv_write", || {
             if b.n == 0 {
                 return Ok(());
@@ -116,29 +114,28 @@ impl CudaDevice {
             self.launch_rope_kv(
                 func,
                 qkv.bf16_mut("rope")?,
-                rope.f32("rope")?,
-                &b.pos,
-                &b.slots,
+                (rope.f32("rope")?, &b.pos, &b.slots),
                 layer_kv(kv, layer),
-                b.n,
-                (p.num_heads, p.num_kv_heads, p.head_dim),
+                (b.n, p.num_heads, p.num_kv_heads, p.head_dim),
                 qk_norm,
             )
         })
     }
 
     /// [`crate::device::Device::attention`] on this device.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn paged_attention(
         &self,
         qkv: &mut CudaTensor,
-        qk_norm: Option<HeadNorm<'_, CudaTensor>>,
-        rope: &CudaTensor,
         kv: &mut CudaKv,
-        layer: usize,
         b: &CudaBatch,
-        p: &AttnParams,
+        l: AttnLayer<'_, CudaTensor>,
     ) -> Result<CudaTensor, DeviceError> {
+        let AttnLayer {
+            qk_norm,
+            rope,
+            layer,
+            p,
+        } = l;
         let dtype = kv.layout.dtype;
         let d = p.head_dim;
         if b.n == 0 {
@@ -151,7 +148,7 @@ impl CudaDevice {
             None => None,
         };
         if !plan.fused_rope {
-            self.rope_and_cache(qkv, qk_norm, rope, kv, layer, b, p)?;
+            self.rope_and_cache(qkv, qk_norm, kv, b, l)?;
         }
         self.timed("attention", || {
             let mut out = self.alloc_bf16(b.n * p.num_heads * d, "attention")?;

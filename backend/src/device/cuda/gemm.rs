@@ -191,7 +191,6 @@ impl CudaDevice {
     /// `unscaled` (a bf16 product, no `glu`), not at all: the result is the product with its
     /// scales ([`CudaBuf::Fp8Unscaled`]), for the next norm to apply.
     /// `None` when there is no cuBLASLt or no algorithm for the shape.
-    #[allow(clippy::too_many_arguments)]
     fn gemm_fp8(
         &self,
         x: Fp8Input<'_>,
@@ -420,7 +419,7 @@ impl CudaDevice {
                 let delta = super::gemv::delta_slices(delta.as_ref(), "add_rms_norm", true)?;
                 let wv = norm.bf16("rms_norm")?;
                 let r = residual.f32_mut("rms_norm")?;
-                self.launch_rms_norm_e4m3(r, delta, wv, &mut x_codes, &mut x_scale, (n, k), eps)
+                self.launch_rms_norm_e4m3(r, delta, wv, (&mut x_codes, &mut x_scale), (n, k), eps)
             })
         })?;
         self.timed("gemm", || {

@@ -161,17 +161,19 @@ impl CudaDevice {
                 None => None,
             };
             let delta = delta_slices(delta.as_ref(), "gemv", false)?;
-            self.launch_gemv_norm(
-                v,
-                glu,
-                res,
+            let input = super::launch::NormIn {
+                residual: res,
                 delta,
-                res_out.as_mut(),
-                norm.bf16("gemv")?,
+                residual_out: res_out.as_mut(),
+                norm: norm.bf16("gemv")?,
+                eps,
+            };
+            self.launch_gemv_norm(
+                (v, glu),
+                input,
                 w.weight("gemv")?,
                 super::launch::NormGemvOut::Bf16(&mut out),
                 (rows, k, n),
-                eps,
             )?;
             if let Some(r) = res_out {
                 residual.buf = CudaBuf::F32(r);

@@ -19,7 +19,7 @@ mod fp8;
 mod gemv;
 mod moe;
 
-pub(super) use gemv::NormGemvOut;
+pub(super) use gemv::{NormGemvOut, NormIn};
 pub(super) use moe::{moe_sorted_capacity, MoeGroups, MoeInput};
 
 /// Threads of a token-selection block (`SAMPLE_THREADS` / `LOGPROB_THREADS` in sampling.cu).
@@ -267,17 +267,13 @@ impl CudaDevice {
     /// k_cache[slots, nkv, d], v_cache[slots, nkv, d], f32 k_scale[slots, nkv], f32
     /// v_scale[slots, nkv], int nh, int nkv, int d, bf16 q_norm[d] or null, bf16 k_norm[d] or
     /// null, float eps)`: `func` is the kernel for the cache's dtype.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_rope_kv(
         &self,
         func: &CudaFunction,
         qkv: &mut CudaSlice<u16>,
-        rope: &CudaSlice<f32>,
-        pos: &CudaSlice<u32>,
-        slots: &CudaSlice<u32>,
+        (rope, pos, slots): (&CudaSlice<f32>, &CudaSlice<u32>, &CudaSlice<u32>),
         kv: LayerKv<'_>,
-        n: usize,
-        (nh, nkv, d): (usize, usize, usize),
+        (n, nh, nkv, d): (usize, usize, usize, usize),
         qk_norm: QkNorm<'_>,
     ) -> Result<(), DeviceError> {
         let (nhi, nkvi, di) = (nh as i32, nkv as i32, d as i32);

@@ -44,8 +44,7 @@ pub use options::{CudaOptions, SplitOptions, MOE_GEMM_DEFAULT_ROWS, MOE_GEMM_FP8
 pub use tensor::{CudaBuf, CudaKv, CudaTensor};
 
 use super::{
-    AttnParams, Delta, Device, ForwardBatch, HeadNorm, KvCacheDtype, KvLayout, MoeParams,
-    MoeWeights, Part,
+    AttnLayer, Delta, Device, ForwardBatch, KvCacheDtype, KvLayout, MoeParams, MoeWeights, Part,
 };
 use crate::config::Activation;
 use crate::error::DeviceError;
@@ -466,14 +465,11 @@ impl Device for CudaDevice {
     fn attention(
         &self,
         qkv: &mut CudaTensor,
-        qk_norm: Option<HeadNorm<'_, CudaTensor>>,
-        rope: &CudaTensor,
         kv: &mut CudaKv,
-        layer: usize,
         b: &CudaBatch,
-        p: &AttnParams,
+        l: AttnLayer<'_, CudaTensor>,
     ) -> Result<CudaTensor, DeviceError> {
-        self.paged_attention(qkv, qk_norm, rope, kv, layer, b, p)
+        self.paged_attention(qkv, kv, b, l)
     }
 
     fn add_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<(), DeviceError> {

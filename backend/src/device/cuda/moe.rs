@@ -50,7 +50,6 @@ impl CudaDevice {
     /// its thin twin 1.61 against 1.71–1.72. `None` (nothing done) where it does not apply: more
     /// rows than the router's GEMV takes, a router that is not bf16, or a delta whose FP8 scales
     /// are still to apply.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn norm_moe_fused(
         &self,
         residual: &mut CudaTensor,
@@ -89,18 +88,14 @@ impl CudaDevice {
                 logits: &mut logits,
                 xs: &mut xs,
             };
-            self.launch_gemv_norm(
-                v,
-                None,
-                res,
-                d,
-                res_out.as_mut(),
-                norm.bf16("moe")?,
-                router,
-                out,
-                (n, h, e),
+            let input = launch::NormIn {
+                residual: res,
+                delta: d,
+                residual_out: res_out.as_mut(),
+                norm: norm.bf16("moe")?,
                 eps,
-            )
+            };
+            self.launch_gemv_norm((v, None), input, router, out, (n, h, e))
         })?;
         if let Some(r) = res_out {
             residual.buf = CudaBuf::F32(r);

@@ -134,19 +134,31 @@ async fn one(
     }
 }
 
-/// Poisson arrivals of `rate` per second for `duration`, each request a fresh random prompt.
-#[allow(clippy::too_many_arguments)]
-async fn arrivals(
-    h: EngineHandle,
+/// One tenant's traffic: its tag, its Poisson rate per second, the seed of its prompts and
+/// arrivals, and where its requests' timings go.
+struct Traffic {
     tag: &'static str,
     rate: f64,
-    a: &FairArgs,
     seed: u64,
-    vocab: u32,
     stats: Arc<Mutex<Tenant>>,
+}
+
+/// `t`'s arrivals for `--duration` from `start`, each request a fresh random prompt of `vocab`
+/// ids; every token streamed inside the window counted in `tokens`.
+async fn arrivals(
+    h: EngineHandle,
+    t: Traffic,
+    a: &FairArgs,
+    vocab: u32,
     tokens: Arc<Mutex<u64>>,
     start: Instant,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let Traffic {
+        tag,
+        rate,
+        seed,
+        stats,
+    } = t;
     let mut rng = Rng::new(seed);
     let end = start + Duration::from_secs_f64(a.duration);
     let mut at = start;
@@ -205,25 +217,25 @@ fn run_one(
     let tokens = Arc::new(Mutex::new(0u64));
     rt.block_on(async {
         let start = Instant::now() + Duration::from_millis(100);
+        let traffic = |tag, rate, seed, stats: &Arc<Mutex<Tenant>>| Traffic {
+            tag,
+            rate,
+            seed,
+            stats: stats.clone(),
+        };
         let fa = arrivals(
             h.clone(),
-            "a",
-            load_a * capacity,
+            traffic("a", load_a * capacity, 11, &sa),
             a,
-            11,
             vocab,
-            sa.clone(),
             tokens.clone(),
             start,
         );
         let fb = arrivals(
             h.clone(),
-            "b",
-            a.load_b * capacity,
+            traffic("b", a.load_b * capacity, 22, &sb),
             a,
-            22,
             vocab,
-            sb.clone(),
             tokens.clone(),
             start,
         );

@@ -95,14 +95,12 @@ impl CudaDevice {
     /// sub-layer's norm (adding `delta` into the residual when given) into the FP8 GEMM's input.
     /// Rows of at most 8 · 1024 columns (held in registers: the caller checks
     /// [`crate::device::cuda::gemm::FP8_NORM_MAX_COLS`]).
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::device::cuda) fn launch_rms_norm_e4m3(
         &self,
         residual: &mut CudaSlice<f32>,
         delta: Option<crate::device::cuda::gemv::DeltaSlices<'_>>,
         w: &CudaSlice<u16>,
-        codes: &mut CudaSlice<u8>,
-        scale: &mut CudaSlice<f32>,
+        (codes, scale): (&mut CudaSlice<u8>, &mut CudaSlice<f32>),
         (rows, cols): (usize, usize),
         eps: f32,
     ) -> Result<(), DeviceError> {

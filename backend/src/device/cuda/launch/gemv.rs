@@ -37,6 +37,16 @@ fn gemv_f32out_fits(
     Ok(())
 }
 
+/// A sub-layer's input as the fused norm + GEMV kernels take it: the residual (with `delta`
+/// added first, when given, written to `residual_out`), the norm's weight and its epsilon.
+pub(in crate::device::cuda) struct NormIn<'a> {
+    pub residual: &'a CudaSlice<f32>,
+    pub delta: Option<crate::device::cuda::gemv::DeltaSlices<'a>>,
+    pub residual_out: Option<&'a mut CudaSlice<f32>>,
+    pub norm: &'a CudaSlice<u16>,
+    pub eps: f32,
+}
+
 impl CudaDevice {
     fn gemv_config(&self, smem: usize) -> LaunchConfig {
         LaunchConfig {
@@ -102,20 +112,21 @@ impl CudaDevice {
     /// eps)` for the instantiation `v` (the gated variant of `glu`, if any) and the weights'
     /// format; for [`NormGemvOut::Router`] `gemv_norm_f32out_bf16_r{R}(…, f32 out[rows, n], int
     /// n, int k, int rows, float eps, bf16 xs_out[rows, k])` (bf16 weights, no `glu`).
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::device::cuda) fn launch_gemv_norm(
         &self,
-        v: usize,
-        glu: Option<Activation>,
-        residual: &CudaSlice<f32>,
-        delta: Option<crate::device::cuda::gemv::DeltaSlices<'_>>,
-        residual_out: Option<&mut CudaSlice<f32>>,
-        norm: &CudaSlice<u16>,
+        (v, glu): (usize, Option<Activation>),
+        input: NormIn<'_>,
         w: WeightRef<'_>,
         out: NormGemvOut<'_>,
         (rows, k, n): (usize, usize, usize),
-        eps: f32,
     ) -> Result<(), DeviceError> {
+        let NormIn {
+            residual,
+            delta,
+            residual_out,
+            norm,
+            eps,
+        } = input;
         let smem = GEMV_ROWS[v] * k * 2;
         if rows > GEMV_ROWS[v] || !k.is_multiple_of(w.k_multiple()) || smem > GEMV_SMEM_MAX {
             return Err(unfit("gemv + norm", rows, GEMV_ROWS[v], k));

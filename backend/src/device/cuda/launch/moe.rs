@@ -218,7 +218,6 @@ impl CudaDevice {
     /// `moe_gemm_bm{16,64,128}_f8f8(e4m3 a[rows, K], f32 a_scale[rows], e4m3 w[E·N, K], f32
     /// w_scale[E·N], …)` (e4m3 weights only, K a multiple of MOE_BK8): grid (cap / bm, ⌈N /
     /// MOE_BN⌉) for the groups' tile rows bm; pair p reads row p / a_div of `a`.
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::device::cuda) fn launch_moe_gemm(
         &self,
         a: MoeInput<'_>,
