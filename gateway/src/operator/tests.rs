@@ -104,8 +104,14 @@ fn exercise(url: &str) {
     let reg = registry(&op);
     let t = reg.authenticate(&key.key).unwrap();
     assert_eq!((t.id(), t.config.share), ("acme", 2.0));
+    refusals(&op);
+    update_and_suspend(&op, &key);
+    let admin = admin_and_rotated_keys(&op, &key);
+    audit_and_reopen(op, url, &admin);
+}
 
-    // Refusals name the field and write nothing.
+/// Refused changes name the field and write nothing.
+fn refusals(op: &Operator) {
     let refuse = |c: Change| op.apply("alice", c, &validate).unwrap_err();
     let e = refuse(Change::Update {
         id: "acme".into(),
@@ -143,8 +149,11 @@ fn exercise(url: &str) {
         OpError::NoTenant(_)
     ));
     assert_eq!(op.revision().unwrap(), 2, "refusals leave no revision");
+}
 
-    // An update; null returns a field to its default.
+/// An update (null returns a field to its default); a suspension refuses both kinds of key and
+/// resuming restores them.
+fn update_and_suspend(op: &Operator, key: &NewKey) {
     op.apply(
         "alice",
         Change::Update {
@@ -154,7 +163,7 @@ fn exercise(url: &str) {
         &validate,
     )
     .unwrap();
-    let t = registry(&op).authenticate(&key.key).unwrap();
+    let t = registry(op).authenticate(&key.key).unwrap();
     assert_eq!(
         (
             t.config.requests_per_minute,
@@ -176,7 +185,7 @@ fn exercise(url: &str) {
     )
     .unwrap();
     assert_eq!(
-        registry(&op).authenticate(&key.key).unwrap_err(),
+        registry(op).authenticate(&key.key).unwrap_err(),
         Denied::Suspended {
             tenant: "acme".into()
         }
@@ -191,9 +200,12 @@ fn exercise(url: &str) {
         &validate,
     )
     .unwrap();
-    assert!(registry(&op).authenticate(&key.key).is_ok());
+    assert!(registry(op).authenticate(&key.key).is_ok());
+}
 
-    // An admin key; a rotation with a grace period (both keys work until it ends); a revocation.
+/// An admin key; a rotation with a grace period (both keys work until it ends); a revocation.
+fn admin_and_rotated_keys(op: &Operator, key: &NewKey) -> NewKey {
+    let refuse = |c: Change| op.apply("alice", c, &validate).unwrap_err();
     let admin = op
         .apply(
             "alice",
@@ -208,11 +220,11 @@ fn exercise(url: &str) {
         .key
         .unwrap();
     assert_eq!(
-        registry(&op).authenticate_admin(&admin.key).unwrap().id(),
+        registry(op).authenticate_admin(&admin.key).unwrap().id(),
         "acme"
     );
     assert!(
-        registry(&op).authenticate(&admin.key).is_err(),
+        registry(op).authenticate(&admin.key).is_err(),
         "an admin key is not an API key"
     );
     let rotated = op
@@ -229,7 +241,7 @@ fn exercise(url: &str) {
         .unwrap()
         .key
         .unwrap();
-    let reg = registry(&op);
+    let reg = registry(op);
     assert!(reg.authenticate(&key.key).is_ok() && reg.authenticate(&rotated.key).is_ok());
     let snap = op.snapshot().unwrap();
     let ends = snap.next_expiry_ms.unwrap();
@@ -249,7 +261,7 @@ fn exercise(url: &str) {
     )
     .unwrap();
     assert_eq!(
-        registry(&op).authenticate(&rotated.key).unwrap_err(),
+        registry(op).authenticate(&rotated.key).unwrap_err(),
         Denied::BadKey
     );
     op.apply(
@@ -262,7 +274,7 @@ fn exercise(url: &str) {
     )
     .unwrap();
     assert_eq!(
-        registry(&op).authenticate(&key.key).unwrap_err(),
+        registry(op).authenticate(&key.key).unwrap_err(),
         Denied::BadKey
     );
     assert!(matches!(
@@ -279,8 +291,12 @@ fn exercise(url: &str) {
         }),
         OpError::NoKey { .. }
     ));
+    admin
+}
 
-    // The audit log: who, what, when, newest first; the tenant's own view.
+/// The audit log (who, what, when, newest first; the tenant's own view), then the store
+/// reopened as a restart or another replica finds it.
+fn audit_and_reopen(op: Operator, url: &str, admin: &NewKey) {
     let audit = op.audit(None, 100).unwrap();
     let actions: Vec<_> = audit.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(
