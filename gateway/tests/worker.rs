@@ -155,7 +155,16 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
             Err(_) => panic!("missing stored blocks; got {stored:?}"),
         }
     }
-    // A new subscriber's snapshot holds them too.
+    a_new_subscribers_snapshot_holds(&base, auth, &want);
+    bad_input_gets_clear_errors(&base, auth, req);
+}
+
+/// A new subscriber to the worker's KV events gets a snapshot holding `want`.
+fn a_new_subscribers_snapshot_holds(
+    base: &str,
+    auth: &str,
+    want: &[cachet_backend::block_hash::BlockHash],
+) {
     let (code, snap) = curl_status(&[
         "-H",
         auth,
@@ -167,13 +176,16 @@ fn a_worker_generates_the_engines_tokens_and_reports_its_blocks_exactly() {
     let first: KvWire = serde_json::from_str(snap.lines().next().unwrap()).unwrap();
     match first {
         KvWire::Snapshot { blocks, .. } => {
-            for h in &want {
+            for h in want {
                 assert!(blocks.contains(&h.to_hex()));
             }
         }
         other => panic!("{other:?}"),
     }
-    // Bad input: clear errors.
+}
+
+/// Bad input to `/v1/generate` gets a 400 that names what to fix; `req` is a good request.
+fn bad_input_gets_clear_errors(base: &str, auth: &str, req: GenerateRequest) {
     let (code, out) = curl_status(&[
         "-H",
         auth,

@@ -66,17 +66,7 @@ fn operator_changes_reach_every_replica_within_a_second() {
     assert_eq!(models_status(&base_a, "sk-boot"), 200);
     assert_eq!(models_status(&base_b, "sk-boot"), 200);
 
-    // Only operator keys open the API.
-    for key in ["", "sk-boot", "op-secret-alicE"] {
-        let (status, body) = http_json(
-            "GET",
-            &format!("{base_a}/operator/v1/tenants"),
-            key,
-            &serde_json::json!({}),
-        );
-        assert_eq!(status, 401, "{key}: {body}");
-        assert_eq!(body["error"]["code"], "invalid_operator_key");
-    }
+    only_operator_keys_open_the_api(&base_a);
 
     // A tenant made on A: its key, shown once, works on B within a second.
     let (status, made) = op(
@@ -177,7 +167,55 @@ fn operator_changes_reach_every_replica_within_a_second() {
         "{limited}"
     );
 
-    // Bad changes are refused by field and change nothing.
+    bad_changes_are_refused_and_audited(&base_a, &base_b);
+
+    // A restarted replica: everything where it was; the file's tenant was imported once only.
+    drop(a);
+    let (_a2, base_a2) = start(&config);
+    wait_health(&base_a2);
+    assert_eq!(models_status(&base_a2, &new_key), 200);
+    assert_eq!(models_status(&base_a2, &key), 401);
+    assert_eq!(models_status(&base_a2, "sk-boot"), 200);
+    let (_, all) = op(
+        "GET",
+        &format!("{base_b}/operator/v1/audit"),
+        serde_json::json!({}),
+    );
+    let imports = all["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "tenant.import")
+        .count();
+    assert_eq!(imports, 1);
+
+    for d in &delays {
+        assert!(
+            *d < Duration::from_secs(1),
+            "a change took {d:?} to reach the other replica"
+        );
+    }
+    println!("changes reached the other replica after {delays:?}");
+}
+
+/// Only operator keys open the operator API.
+fn only_operator_keys_open_the_api(base_a: &str) {
+    for key in ["", "sk-boot", "op-secret-alicE"] {
+        let (status, body) = http_json(
+            "GET",
+            &format!("{base_a}/operator/v1/tenants"),
+            key,
+            &serde_json::json!({}),
+        );
+        assert_eq!(status, 401, "{key}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_operator_key");
+    }
+}
+
+/// Bad changes are refused by field and change nothing; the audit log, read on B, has who did
+/// what, when, newest first; both replicas' /metrics say the store answers and each is at the
+/// newest revision.
+fn bad_changes_are_refused_and_audited(base_a: &str, base_b: &str) {
     let (status, bad) = op(
         "PATCH",
         &format!("{base_a}/operator/v1/tenants/acme"),
@@ -257,32 +295,4 @@ fn operator_changes_reach_every_replica_within_a_second() {
             "{base}: not at revision {newest}"
         );
     }
-
-    // A restarted replica: everything where it was; the file's tenant was imported once only.
-    drop(a);
-    let (_a2, base_a2) = start(&config);
-    wait_health(&base_a2);
-    assert_eq!(models_status(&base_a2, &new_key), 200);
-    assert_eq!(models_status(&base_a2, &key), 401);
-    assert_eq!(models_status(&base_a2, "sk-boot"), 200);
-    let (_, all) = op(
-        "GET",
-        &format!("{base_b}/operator/v1/audit"),
-        serde_json::json!({}),
-    );
-    let imports = all["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["action"] == "tenant.import")
-        .count();
-    assert_eq!(imports, 1);
-
-    for d in &delays {
-        assert!(
-            *d < Duration::from_secs(1),
-            "a change took {d:?} to reach the other replica"
-        );
-    }
-    println!("changes reached the other replica after {delays:?}");
 }

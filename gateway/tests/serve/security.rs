@@ -460,8 +460,14 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
         "short chats took {chats:?} s (median bound {chat_bound} s) during the reset flood"
     );
 
-    // Answers read to their end are not cancellations: 300 requests on one HTTP/1 and one
-    // HTTP/2 connection, as fast as they go, keep their connections (the limit is 50).
+    answers_read_to_their_end_keep_their_connections(&rt, &addr);
+    cancelled_generations_end_the_connection(&rt, &addr);
+}
+
+/// Answers read to their end are not cancellations: 300 requests on one HTTP/1 and one HTTP/2
+/// connection, as fast as they go, keep their connections (the limit is 50).
+fn answers_read_to_their_end_keep_their_connections(rt: &tokio::runtime::Runtime, addr: &str) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
     rt.block_on(async {
         use http_body_util::BodyExt;
         let health = || {
@@ -500,10 +506,12 @@ fn http2_streams_that_stall_get_408_and_rapid_resets_do_not_starve_anyone() {
             t0.elapsed().as_secs_f64()
         );
     });
+}
 
-    // Generations started and cancelled as soon as their answer begins (streams accepted, so
-    // h2's limit never sees them): Cachet's limit (50 a second here) ends the connection with
-    // GOAWAY (NO_ERROR) just past it.
+/// Generations started and cancelled as soon as their answer begins (streams accepted, so h2's
+/// limit never sees them): Cachet's limit (50 a second here) ends the connection with GOAWAY
+/// (NO_ERROR) just past it.
+fn cancelled_generations_end_the_connection(rt: &tokio::runtime::Runtime, addr: &str) {
     let (cancelled, ended) = rt.block_on(async {
         let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
         let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();

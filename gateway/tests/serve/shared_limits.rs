@@ -95,8 +95,11 @@ fn two_replicas_behind_a_tcp_balancer_admit_one_limit_between_them() {
         return;
     };
     const RPM: u64 = 60;
+    // The load below keeps both cores busy; a 2 s Redis timeout (default 100 ms) keeps a slow
+    // moment of a loaded CI machine from counting as Redis being down. The kill below is
+    // refused at once, so the fallback is still seen without waiting.
     let config = format!(
-        "[[tenant]]\nid = \"capped\"\napi_key_sha256 = [\"{}\"]\nrequests_per_minute = {RPM}\n\n[shared_limits]\nredis_url = \"{}\"\nreplicas = 2\n",
+        "[[tenant]]\nid = \"capped\"\napi_key_sha256 = [\"{}\"]\nrequests_per_minute = {RPM}\n\n[shared_limits]\nredis_url = \"{}\"\nreplicas = 2\ntimeout_ms = 2000\n",
         key_hash("sk-capped"),
         redis.url
     );

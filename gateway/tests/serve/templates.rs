@@ -85,10 +85,6 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
         "{v}"
     );
     // Dry run: the prompt the model will see.
-    let chat = |q: &str, template: &str| {
-        serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": q}],
-            "template": template, "max_tokens": 4, "temperature": 0, "user": "user-7"})
-    };
     let (code, dry) = http_json(
         "POST",
         &format!("{t}/support/render"),
@@ -130,8 +126,54 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
         (404, Some("template_not_found")),
         "{r}"
     );
-    // Version 2 (the clock template), activated atomically.
-    let (code, v) = http("PUT", &format!("{t}/support"), "adm-acme", Some(&clock));
+    version_two_relocates_volatile_values(&base, &t, &clock);
+    a_hostile_template_fails_only_its_own_request(&base, &t, &looping);
+    // Templates survive a restart.
+    drop(server);
+    let (_server, base) = start_with(&config, &flags);
+    let (code, v) = http("GET", &format!("{base}/v1/templates"), "adm-acme", None);
+    assert_eq!(code, 200);
+    let names: Vec<_> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["active"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("loop".to_string(), Some(1)),
+            ("support".to_string(), Some(2))
+        ],
+        "{v}"
+    );
+    let (code, _) = http_json(
+        "POST",
+        &format!("{base}/v1/chat/completions"),
+        "sk-acme",
+        &chat("After the restart?", "support"),
+    );
+    assert_eq!(code, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A chat request of one user question through `template`.
+fn chat(q: &str, template: &str) -> serde_json::Value {
+    serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": q}],
+        "template": template, "max_tokens": 4, "temperature": 0, "user": "user-7"})
+}
+
+/// Version 2 (the clock template), activated atomically: the clock and the user id move out of
+/// the system prompt, so another user at another time hits the cached system prompt; the active
+/// version cannot be deleted, the old one can.
+fn version_two_relocates_volatile_values(base: &str, t: &str, clock: &std::path::Path) {
+    let url = format!("{base}/v1/chat/completions");
+    let (code, v) = http("PUT", &format!("{t}/support"), "adm-acme", Some(clock));
     assert_eq!(
         (
             code,
@@ -192,8 +234,12 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
         None,
     );
     assert_eq!(code, 200);
-    // A hostile template fails only its own request, with a clear status, and is counted.
-    let (code, _) = http("PUT", &format!("{t}/loop"), "adm-acme", Some(&looping));
+}
+
+/// A hostile template fails only its own request, with a clear status, and is counted.
+fn a_hostile_template_fails_only_its_own_request(base: &str, t: &str, looping: &std::path::Path) {
+    let url = format!("{base}/v1/chat/completions");
+    let (code, _) = http("PUT", &format!("{t}/loop"), "adm-acme", Some(looping));
     assert_eq!(code, 201);
     let t0 = Instant::now();
     let (code, r) = http_json("POST", &url, "sk-acme", &chat("hi", "loop"));
@@ -217,38 +263,6 @@ fn tenants_upload_activate_and_use_their_templates_through_cachet_serve() {
             .contains(r#"cachet_template_calls_total{tenant="acme",outcome="template_timeout"} 1"#),
         "{metrics}"
     );
-    // Templates survive a restart.
-    drop(server);
-    let (_server, base) = start_with(&config, &flags);
-    let (code, v) = http("GET", &format!("{base}/v1/templates"), "adm-acme", None);
-    assert_eq!(code, 200);
-    let names: Vec<_> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["name"].as_str().unwrap().to_string(),
-                e["active"].as_u64(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        names,
-        [
-            ("loop".to_string(), Some(1)),
-            ("support".to_string(), Some(2))
-        ],
-        "{v}"
-    );
-    let (code, _) = http_json(
-        "POST",
-        &format!("{base}/v1/chat/completions"),
-        "sk-acme",
-        &chat("After the restart?", "support"),
-    );
-    assert_eq!(code, 200);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A tenant's template runs count in its concurrency and come after its rate limit: a template
