@@ -142,3 +142,31 @@ impl EngineError {
         )
     }
 }
+
+/// A setting's value (a flag, a config entry) that is not one of its choices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadValue {
+    #[error("unknown {what} `{got}` ({choices})")]
+    Unknown {
+        what: &'static str,
+        got: String,
+        choices: &'static str,
+    },
+    #[error("{what} `{got}` is not supported: {instead}")]
+    Unsupported {
+        what: &'static str,
+        got: String,
+        instead: &'static str,
+    },
+}
+
+impl BadValue {
+    /// `got` is not one of `choices`, the values `what` takes.
+    pub fn unknown(what: &'static str, got: &str, choices: &'static str) -> Self {
+        BadValue::Unknown {
+            what,
+            got: got.to_string(),
+            choices,
+        }
+    }
+}

@@ -27,4 +27,4 @@ pub mod tensor;
 pub mod tokenizer;
 
 pub use config::ModelConfig;
-pub use error::{DeviceError, EngineError, LoadError};
+pub use error::{BadValue, DeviceError, EngineError, LoadError};

@@ -43,10 +43,10 @@ impl ConfigFile {
         let file: ConfigFile = toml::from_str(text)?;
         crate::upstream::config::validate(&file.upstream)?;
         if let Some(s) = &file.shared_limits {
-            s.validate().map_err(ConfigError::Section)?;
+            s.validate()?;
         }
         if let Some(o) = &file.operator {
-            o.validate().map_err(ConfigError::Section)?;
+            o.validate()?;
         }
         Ok(file)
     }
@@ -79,9 +79,10 @@ pub enum ConfigError {
     Tenant(#[from] InvalidTenant),
     #[error("upstream: {0}")]
     Upstream(#[from] BadUpstream),
-    #[error("{0}")]
-    /// A section of its own (`[shared_limits]`, `[operator]`) that is wrong.
-    Section(String),
+    #[error(transparent)]
+    SharedLimits(#[from] crate::tenants::shared::InvalidSharedLimits),
+    #[error(transparent)]
+    Operator(#[from] crate::operator::InvalidOperatorConfig),
 }
 
 #[cfg(test)]

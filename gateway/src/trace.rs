@@ -38,20 +38,29 @@ impl std::fmt::Debug for Tracing {
     }
 }
 
+/// Why spans cannot be exported.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error(
+        "--otlp-endpoint `{0}`: an http:// or https:// URL (a collector's OTLP/HTTP port, 4318)"
+    )]
+    NotHttp(String),
+    #[error("OTLP exporter")]
+    Exporter(#[source] opentelemetry_otlp::ExporterBuildError),
+}
+
 impl Tracing {
     /// Spans of `service` exported to the OTLP/HTTP endpoint at `base` (its `/v1/traces`, as
     /// OTEL_EXPORTER_OTLP_ENDPOINT means).
-    pub fn new(base: &str, service: &str) -> Result<Self, String> {
+    pub fn new(base: &str, service: &str) -> Result<Self, TraceError> {
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(format!(
-                "--otlp-endpoint `{base}`: an http:// or https:// URL (a collector's OTLP/HTTP port, 4318)"
-            ));
+            return Err(TraceError::NotHttp(base.to_string()));
         }
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')))
             .build()
-            .map_err(|e| format!("OTLP exporter: {e}"))?;
+            .map_err(TraceError::Exporter)?;
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
             .with_resource(

@@ -364,7 +364,9 @@ fn a_prompt_shares_whole_blocks_of_the_declared_public_prefix_and_nothing_else()
             "at most 64",
         ),
     ] {
-        let e = PublicPrefixes::new(&configs, &tok, 16).unwrap_err();
+        let e = PublicPrefixes::new(&configs, &tok, 16)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(want), "{e}");
     }
     // The example config's declaration and prices load.

@@ -19,7 +19,8 @@ fn int8_is_a_kv_cache_dtype() {
     assert!("int4"
         .parse::<KvCacheDtype>()
         .unwrap_err()
-        .contains("auto, fp8 or int8"));
+        .to_string()
+        .contains("`int4` (auto, fp8, int8)"));
 }
 
 device_test! {

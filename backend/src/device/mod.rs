@@ -38,17 +38,21 @@ pub enum KvCacheDtype {
 }
 
 impl std::str::FromStr for KvCacheDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
         match s {
             "auto" | "bf16" => Ok(KvCacheDtype::Auto),
             "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8E4m3),
             "int8" => Ok(KvCacheDtype::Int8),
-            "fp8_e5m2" => {
-                Err("fp8_e5m2 is not supported: use fp8 (e4m3 with per-token scales)".into())
-            }
-            other => Err(format!(
-                "unknown KV cache dtype {other:?}: use auto, fp8 or int8"
+            "fp8_e5m2" => Err(crate::BadValue::Unsupported {
+                what: "KV cache dtype",
+                got: s.to_string(),
+                instead: "use fp8 (e4m3 with per-token scales)",
+            }),
+            other => Err(crate::BadValue::unknown(
+                "KV cache dtype",
+                other,
+                "auto, fp8, int8",
             )),
         }
     }
@@ -76,13 +80,15 @@ pub enum WeightQuantization {
 }
 
 impl std::str::FromStr for WeightQuantization {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
         match s {
             "none" => Ok(WeightQuantization::None),
             "fp8" => Ok(WeightQuantization::Fp8),
-            other => Err(format!(
-                "unknown quantization {other:?}: use none or fp8 (FP8 weights, quantized at load)"
+            other => Err(crate::BadValue::unknown(
+                "quantization",
+                other,
+                "none, fp8: FP8 weights, quantized at load",
             )),
         }
     }

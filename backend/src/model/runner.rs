@@ -95,13 +95,13 @@ pub enum DeviceKind {
 }
 
 impl FromStr for DeviceKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
         match s {
             "auto" => Ok(Self::Auto),
             "cpu" => Ok(Self::Cpu),
             "cuda" | "gpu" => Ok(Self::Cuda),
-            o => Err(format!("unknown device `{o}` (auto, cpu, cuda)")),
+            o => Err(crate::BadValue::unknown("device", o, "auto, cpu, cuda")),
         }
     }
 }

@@ -21,14 +21,16 @@ pub enum SchedulingPolicy {
 }
 
 impl std::str::FromStr for SchedulingPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
         match s {
             "fcfs" => Ok(Self::Fcfs),
             "priority" => Ok(Self::Priority),
             "shortest-first" | "shortest_first" | "sjf" => Ok(Self::ShortestFirst),
-            o => Err(format!(
-                "unknown scheduling policy `{o}` (fcfs, priority, shortest-first)"
+            o => Err(crate::BadValue::unknown(
+                "scheduling policy",
+                o,
+                "fcfs, priority, shortest-first",
             )),
         }
     }

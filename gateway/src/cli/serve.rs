@@ -178,13 +178,10 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         (None, tokenizer, model_id)
     };
     for p in &file.price {
-        p.validate()
-            .map_err(anyhow::Error::msg)
-            .with_context(in_config)?;
+        p.validate().with_context(in_config)?;
     }
     let usage = phases::usage(&a.usage_db, &file, &tenants, &model_id)?;
     let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
-        .map_err(anyhow::Error::msg)
         .with_context(in_config)?;
     let tool_format = forced.unwrap_or_else(|| tokenizer.chat_template().and_then(Format::detect));
     match (tool_format, tokenizer.chat_template()) {
@@ -311,8 +308,7 @@ impl OtlpArgs {
         let (u, n) = (url.clone(), name.clone());
         let t = std::thread::spawn(move || cachet_gateway::trace::Tracing::new(&u, &n))
             .join()
-            .map_err(|_| anyhow::anyhow!("the OTLP exporter's set-up panicked"))?
-            .map_err(anyhow::Error::msg)?;
+            .map_err(|_| anyhow::anyhow!("the OTLP exporter's set-up panicked"))??;
         tracing::info!(endpoint = %url, service = name, "exporting request traces over OTLP");
         Ok(Some(t))
     }

@@ -62,30 +62,14 @@ pub struct DbError(pub String);
 
 impl From<rusqlite::Error> for DbError {
     fn from(e: rusqlite::Error) -> Self {
-        DbError(with_causes(&e))
+        DbError(crate::error::with_causes(&e))
     }
 }
 
 impl From<::postgres::Error> for DbError {
     fn from(e: ::postgres::Error) -> Self {
-        DbError(with_causes(&e))
+        DbError(crate::error::with_causes(&e))
     }
-}
-
-/// `e` and each of its causes, joined by ": " (a driver's top error, as "db error", alone does
-/// not say what failed).
-pub fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let c_msg = c.to_string();
-        if !msg.ends_with(&c_msg) {
-            msg.push_str(": ");
-            msg.push_str(&c_msg);
-        }
-        cause = c.source();
-    }
-    msg
 }
 
 /// An open connection.

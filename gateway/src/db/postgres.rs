@@ -145,7 +145,7 @@ pub fn connect(url: &str) -> Result<postgres::Client, DbError> {
     let failed = |e: postgres::Error| {
         DbError(format!(
             "connecting to PostgreSQL: {}",
-            super::with_causes(&e)
+            crate::error::with_causes(&e)
         ))
     };
     if u.mode == SslMode::Disable {
@@ -168,7 +168,7 @@ fn client_config(u: &PgUrl) -> Result<rustls::ClientConfig, DbError> {
     roots.add_parsable_certificates(crate::http::client::system_roots().iter().cloned());
     if let Some(path) = &u.root_cert {
         for cert in crate::http::client::read_ca_file(path)
-            .map_err(|e| DbError(format!("sslrootcert {e}")))?
+            .map_err(|e| DbError(format!("sslrootcert {}", crate::error::with_causes(&e))))?
         {
             roots
                 .add(cert)
@@ -203,7 +203,7 @@ fn client_config(u: &PgUrl) -> Result<rustls::ClientConfig, DbError> {
         Some((cert, key)) => {
             use rustls::pki_types::pem::PemObject;
             let chain = crate::http::client::read_ca_file(cert)
-                .map_err(|e| DbError(format!("sslcert {e}")))?;
+                .map_err(|e| DbError(format!("sslcert {}", crate::error::with_causes(&e))))?;
             let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
                 .map_err(|e| DbError(format!("sslkey {}: {e}", key.display())))?;
             builder

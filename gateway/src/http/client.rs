@@ -219,15 +219,48 @@ pub fn system_roots() -> &'static [rustls_pki_types::CertificateDer<'static>] {
 
 /// The PEM certificates of a CA file, each a root to trust (an upstream's own CA); an error
 /// that names the file and what is wrong with it.
-pub fn read_ca_file(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+pub fn read_ca_file(
+    path: &Path,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, PemError> {
     use rustls_pki_types::pem::PemObject;
     let certs: Vec<_> = rustls_pki_types::CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|source| PemError::Read {
+            path: path.into(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!("{}: no CERTIFICATE in the file", path.display()));
+        return Err(PemError::NoCertificate(path.into()));
     }
     Ok(certs)
+}
+
+/// A PEM file that gave no certificate (or key).
+#[derive(Debug, thiserror::Error)]
+pub enum PemError {
+    #[error("{}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("{}: no CERTIFICATE in the file", .0.display())]
+    NoCertificate(std::path::PathBuf),
+}
+
+/// What kept an outbound client's TLS from being set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientTlsError {
+    #[error(transparent)]
+    Pem(#[from] PemError),
+    #[error("{}", path.display())]
+    Refused {
+        path: std::path::PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("TLS protocol versions")]
+    Protocols(#[source] rustls::Error),
 }
 
 /// A client with `connect_timeout` for new connections that trusts the system's roots.
@@ -244,7 +277,10 @@ pub struct ClientIdentity {
 
 /// A client with `connect_timeout` for new connections; `https://` URLs are verified against
 /// the system's roots and, when given, the certificates of `ca_file` (PEM).
-pub fn client_with_ca(connect_timeout: Duration, ca_file: Option<&Path>) -> Result<Client, String> {
+pub fn client_with_ca(
+    connect_timeout: Duration,
+    ca_file: Option<&Path>,
+) -> Result<Client, ClientTlsError> {
     client_with_identity(connect_timeout, ca_file, None)
 }
 
@@ -253,31 +289,40 @@ pub fn client_with_identity(
     connect_timeout: Duration,
     ca_file: Option<&Path>,
     identity: Option<&ClientIdentity>,
-) -> Result<Client, String> {
+) -> Result<Client, ClientTlsError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add_parsable_certificates(system_roots().iter().cloned());
     if let Some(path) = ca_file {
         for cert in read_ca_file(path)? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            roots.add(cert).map_err(|source| ClientTlsError::Refused {
+                path: path.into(),
+                source,
+            })?;
         }
     }
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
+    .map_err(ClientTlsError::Protocols)?
     .with_root_certificates(roots);
     let tls = match identity {
         None => tls.with_no_client_auth(),
         Some(id) => {
             use rustls_pki_types::pem::PemObject;
             let chain = read_ca_file(&id.cert)?;
-            let key = rustls_pki_types::PrivateKeyDer::from_pem_file(&id.key)
-                .map_err(|e| format!("{}: {e}", id.key.display()))?;
+            let key =
+                rustls_pki_types::PrivateKeyDer::from_pem_file(&id.key).map_err(|source| {
+                    PemError::Read {
+                        path: id.key.clone(),
+                        source,
+                    }
+                })?;
             tls.with_client_auth_cert(chain, key)
-                .map_err(|e| format!("{}: {e}", id.cert.display()))?
+                .map_err(|source| ClientTlsError::Refused {
+                    path: id.cert.clone(),
+                    source,
+                })?
         }
     };
     let mut conn = hyper_util::client::legacy::connect::HttpConnector::new();

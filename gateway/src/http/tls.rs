@@ -17,6 +17,8 @@ pub enum TlsError {
     File { path: PathBuf, msg: String },
     #[error("TLS setup: {0}")]
     Rustls(#[from] rustls::Error),
+    #[error(transparent)]
+    Pem(#[from] crate::http::client::PemError),
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -105,10 +107,7 @@ pub fn server_config_with_clients(
         None => builder.with_no_client_auth(),
         Some(path) => {
             let mut roots = rustls::RootCertStore::empty();
-            for c in crate::http::client::read_ca_file(path).map_err(|msg| TlsError::File {
-                path: path.into(),
-                msg,
-            })? {
+            for c in crate::http::client::read_ca_file(path)? {
                 roots.add(c)?;
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(

@@ -41,17 +41,32 @@ pub enum Mode {
 }
 
 impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = InvalidRules;
+    fn from_str(s: &str) -> Result<Self, InvalidRules> {
         match s {
             "off" => Ok(Mode::Off),
             "relocate" => Ok(Mode::Relocate),
             "relocate-after" => Ok(Mode::RelocateAfter),
-            other => Err(format!(
-                "normalize must be \"off\", \"relocate\" or \"relocate-after\", not \"{other}\""
-            )),
+            other => Err(InvalidRules::Mode(other.to_string())),
         }
     }
+}
+
+/// What is wrong with a tenant's normalization settings.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRules {
+    #[error("normalize must be \"off\", \"relocate\" or \"relocate-after\", not \"{0}\"")]
+    Mode(String),
+    #[error("volatile_patterns has {0} patterns; the limit is {MAX_PATTERNS}")]
+    TooMany(usize),
+    #[error("a volatile_patterns entry is {0} bytes; the limit is {MAX_PATTERN_BYTES}")]
+    TooLong(usize),
+    #[error("volatile_patterns entry `{pattern}` is not a regex within the limits")]
+    Pattern {
+        pattern: String,
+        #[source]
+        source: regex::Error,
+    },
 }
 
 /// A tenant's normalization rules.
@@ -159,19 +174,13 @@ pub const MAX_PATTERN_PROGRAM: usize = 1 << 20;
 impl Rules {
     /// Rules from a tenant's config values; an error says which pattern is wrong, or which
     /// limit the patterns are past (checked before any is compiled).
-    pub fn new(mode: Option<&str>, patterns: &[String]) -> Result<Rules, String> {
+    pub fn new(mode: Option<&str>, patterns: &[String]) -> Result<Rules, InvalidRules> {
         let mode = mode.map_or(Ok(Mode::Relocate), str::parse)?;
         if patterns.len() > MAX_PATTERNS {
-            return Err(format!(
-                "volatile_patterns has {} patterns; the limit is {MAX_PATTERNS}",
-                patterns.len()
-            ));
+            return Err(InvalidRules::TooMany(patterns.len()));
         }
         if let Some(p) = patterns.iter().find(|p| p.len() > MAX_PATTERN_BYTES) {
-            return Err(format!(
-                "a volatile_patterns entry is {} bytes; the limit is {MAX_PATTERN_BYTES}",
-                p.len()
-            ));
+            return Err(InvalidRules::TooLong(p.len()));
         }
         let patterns = patterns
             .iter()
@@ -180,10 +189,9 @@ impl Rules {
                     .size_limit(MAX_PATTERN_PROGRAM)
                     .dfa_size_limit(MAX_PATTERN_PROGRAM)
                     .build()
-                    .map_err(|e| {
-                        format!(
-                            "volatile_patterns entry `{p}` is not a regex within the limits: {e}"
-                        )
+                    .map_err(|source| InvalidRules::Pattern {
+                        pattern: p.clone(),
+                        source,
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -50,6 +50,29 @@ pub struct PublicPart<'a> {
     pub blocks: usize,
 }
 
+/// A `[[public_prefix]]` declaration that cannot share a block.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidPublicPrefix {
+    #[error("{0} public prefixes declared; at most {MAX_PUBLIC_PREFIXES}")]
+    TooMany(usize),
+    #[error("public prefix `{0}`: names must be unique and non-empty")]
+    Name(String),
+    #[error("public prefix `{0}`: give exactly one of `system` and `text`")]
+    OneOf(String),
+    #[error("public prefix `{name}`: {tokens} tokens, fewer than one KV block ({block_size}): nothing to share")]
+    Short {
+        name: String,
+        tokens: usize,
+        block_size: usize,
+    },
+    #[error("public prefix `{name}`")]
+    Tokens {
+        name: String,
+        #[source]
+        source: cachet_backend::EngineError,
+    },
+}
+
 /// Most public prefixes a deployment declares (each request is compared with every one).
 pub const MAX_PUBLIC_PREFIXES: usize = 64;
 
@@ -59,18 +82,20 @@ impl PublicPrefixes {
         configs: &[PublicPrefixConfig],
         tok: &TextTokenizer,
         block_size: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, InvalidPublicPrefix> {
+        use InvalidPublicPrefix as E;
         if configs.len() > MAX_PUBLIC_PREFIXES {
-            return Err(format!(
-                "{} public prefixes declared; at most {MAX_PUBLIC_PREFIXES}",
-                configs.len()
-            ));
+            return Err(E::TooMany(configs.len()));
         }
         let mut prefixes: Vec<PublicPrefix> = Vec::with_capacity(configs.len());
         for c in configs {
-            let bad = |m: String| format!("public prefix `{}`: {m}", c.name);
+            let name = || c.name.clone();
+            let tokens_err = |source| E::Tokens {
+                name: name(),
+                source,
+            };
             if c.name.is_empty() || prefixes.iter().any(|p| p.name == c.name) {
-                return Err(bad("names must be unique and non-empty".into()));
+                return Err(E::Name(name()));
             }
             let tokens = match (&c.system, &c.text) {
                 (Some(system), None) => {
@@ -82,20 +107,20 @@ impl PublicPrefixes {
                         None,
                         None,
                     )
-                    .map_err(|e| bad(e.to_string()))?;
+                    .map_err(tokens_err)?;
                     let mut ids = Vec::new();
-                    tokens::tokenize(tok, &r.text, &r.pieces, &mut ids)
-                        .map_err(|e| bad(e.to_string()))?;
+                    tokens::tokenize(tok, &r.text, &r.pieces, &mut ids).map_err(tokens_err)?;
                     ids
                 }
-                (None, Some(text)) => tok.encode(text).map_err(|e| bad(e.to_string()))?,
-                _ => return Err(bad("give exactly one of `system` and `text`".into())),
+                (None, Some(text)) => tok.encode(text).map_err(tokens_err)?,
+                _ => return Err(E::OneOf(name())),
             };
             if tokens.len() < block_size {
-                return Err(bad(format!(
-                    "{} tokens, fewer than one KV block ({block_size}): nothing to share",
-                    tokens.len()
-                )));
+                return Err(E::Short {
+                    name: name(),
+                    tokens: tokens.len(),
+                    block_size,
+                });
             }
             prefixes.push(PublicPrefix {
                 name: c.name.clone(),

@@ -388,10 +388,13 @@ fn a_tool_conversation_is_request_data_and_keeps_its_messages_apart() {
 fn bad_rules_say_what_to_fix() {
     assert!(Rules::new(Some("sometimes"), &[])
         .unwrap_err()
+        .to_string()
         .contains("\"off\", \"relocate\" or \"relocate-after\""));
-    assert!(Rules::new(None, &["(unclosed".into()])
-        .unwrap_err()
-        .contains("(unclosed"));
+    let unclosed = Rules::new(None, &["(unclosed".into()]).unwrap_err();
+    assert!(unclosed.to_string().contains("(unclosed"));
+    // The regex crate's own words stay as the cause.
+    let cause = std::error::Error::source(&unclosed).unwrap().to_string();
+    assert!(cause.contains("unclosed group"), "{cause}");
     assert_eq!(Rules::new(None, &[]).unwrap().mode, Mode::Relocate);
 }
 

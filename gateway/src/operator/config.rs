@@ -27,52 +27,44 @@ pub struct OperatorKey {
 }
 
 impl OperatorConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidOperatorConfig> {
+        use InvalidOperatorConfig as E;
         match (&self.database, &self.database_env) {
-            (Some(_), Some(_)) => {
-                return Err("[operator]: give database or database_env, not both".into())
-            }
-            (None, None) => {
-                return Err(
-                    "[operator] needs database (sqlite:PATH or postgres://…) or database_env"
-                        .into(),
-                )
-            }
+            (Some(_), Some(_)) => return Err(E::BothDatabases),
+            (None, None) => return Err(E::NoDatabase),
             _ => {}
         }
         if self.key.is_empty() {
-            return Err("[operator] needs at least one [[operator.key]] (name and sha256): the operator API answers only its keys".into());
+            return Err(E::NoKeys);
         }
         let mut names = std::collections::HashSet::new();
         for k in &self.key {
             if k.name.is_empty() || !names.insert(&k.name) {
-                return Err(format!(
-                    "[[operator.key]] names must be unique and non-empty (`{}`)",
-                    k.name
-                ));
+                return Err(E::KeyName(k.name.clone()));
             }
             if crate::tenants::parse_hex32(&k.sha256).is_none() {
-                return Err(format!(
-                    "[[operator.key]] `{}`: sha256 `{}` is not 64 hex digits",
-                    k.name, k.sha256
-                ));
+                return Err(E::KeyHash {
+                    name: k.name.clone(),
+                    sha256: k.sha256.clone(),
+                });
             }
         }
         if let Some(p) = self.poll_ms {
             if !(50..=1000).contains(&p) {
-                return Err(format!("[operator] poll_ms must be 50 to 1000, got {p}"));
+                return Err(E::PollMs(p));
             }
         }
         Ok(())
     }
 
     /// The database URL (from `database_env` when that is given).
-    pub fn url(&self) -> Result<String, String> {
+    pub fn url(&self) -> Result<String, InvalidOperatorConfig> {
         match (&self.database, &self.database_env) {
             (Some(u), _) => Ok(u.clone()),
-            (None, Some(v)) => std::env::var(v)
-                .map_err(|_| format!("[operator] database_env names `{v}`, which is not set")),
-            (None, None) => Err("[operator] has no database".into()),
+            (None, Some(v)) => {
+                std::env::var(v).map_err(|_| InvalidOperatorConfig::EnvUnset(v.clone()))
+            }
+            (None, None) => Err(InvalidOperatorConfig::NoDatabase),
         }
     }
 
@@ -88,4 +80,23 @@ impl OperatorConfig {
             .find(|k| crate::tenants::parse_hex32(&k.sha256).is_some_and(|s| s == h))
             .map(|k| k.name.as_str())
     }
+}
+
+/// What is wrong with `[operator]`.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidOperatorConfig {
+    #[error("[operator]: give database or database_env, not both")]
+    BothDatabases,
+    #[error("[operator] needs database (sqlite:PATH or postgres://…) or database_env")]
+    NoDatabase,
+    #[error("[operator] needs at least one [[operator.key]] (name and sha256): the operator API answers only its keys")]
+    NoKeys,
+    #[error("[[operator.key]] names must be unique and non-empty (`{0}`)")]
+    KeyName(String),
+    #[error("[[operator.key]] `{name}`: sha256 `{sha256}` is not 64 hex digits")]
+    KeyHash { name: String, sha256: String },
+    #[error("[operator] poll_ms must be 50 to 1000, got {0}")]
+    PollMs(u64),
+    #[error("[operator] database_env names `{0}`, which is not set")]
+    EnvUnset(String),
 }

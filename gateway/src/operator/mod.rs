@@ -24,10 +24,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::db::{Conn, DbError, Tx};
-use crate::tenants::TenantConfig;
+use crate::tenants::{InvalidTenant, TenantConfig};
 
 mod config;
-pub use config::{OperatorConfig, OperatorKey};
+pub use config::{InvalidOperatorConfig, OperatorConfig, OperatorKey};
 
 const SCHEMA: &str =
     "CREATE TABLE IF NOT EXISTS cachet_revision (id BIGINT PRIMARY KEY, n BIGINT NOT NULL);
@@ -376,7 +376,7 @@ impl Operator {
     /// Opens the store and creates its tables (once, under a lock, when replicas start
     /// together).
     pub fn open(config: OperatorConfig) -> Result<Operator, OpError> {
-        let invalid = |msg| OpError::Invalid { msg, field: None };
+        let invalid = |e: InvalidOperatorConfig| OpError::invalid(e.to_string(), None);
         config.validate().map_err(invalid)?;
         let url = config.url().map_err(invalid)?;
         let mut conn = Conn::open(&url)?;
@@ -477,7 +477,7 @@ impl Operator {
         &self,
         actor: &str,
         change: Change,
-        validate: &dyn Fn(Vec<TenantConfig>) -> Result<(), String>,
+        validate: &dyn Fn(Vec<TenantConfig>) -> Result<(), InvalidTenant>,
     ) -> Result<Applied, OpError> {
         let now = now_ms();
         self.conn().transaction(|tx| {
@@ -600,7 +600,7 @@ impl Operator {
             };
             let after = load_records(tx)?;
             let snapshot = Snapshot::of(rev, &after, now)?;
-            validate(snapshot.tenants.clone()).map_err(|msg| OpError::invalid(msg, None))?;
+            validate(snapshot.tenants.clone()).map_err(|e| OpError::invalid(e.to_string(), None))?;
             tx.exec("UPDATE cachet_revision SET n = $1 WHERE id = 1", &[rev.into()])?;
             tx.exec(
                 "INSERT INTO cachet_audit (revision, n, at_ms, actor, action, tenant, detail) VALUES ($1, 0, $2, $3, $4, $5, $6)",

@@ -25,10 +25,8 @@ fn file_tenants() -> Vec<TenantConfig> {
     crate::config::ConfigFile::parse(&text).unwrap().tenant
 }
 
-fn validate(t: Vec<TenantConfig>) -> Result<(), String> {
-    TenantRegistry::from_store(t, &DEPLOYMENT, Instant::now(), None, None)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+fn validate(t: Vec<TenantConfig>) -> Result<(), crate::tenants::InvalidTenant> {
+    TenantRegistry::from_store(t, &DEPLOYMENT, Instant::now(), None, None).map(|_| ())
 }
 
 fn registry(op: &Operator) -> TenantRegistry {
@@ -366,19 +364,25 @@ fn config_refusals_say_what_to_give() {
     assert!(c
         .validate()
         .unwrap_err()
+        .to_string()
         .contains("at least one [[operator.key]]"));
     let mut c = config("sqlite:x.db");
     c.database_env = Some("X".into());
-    assert!(c.validate().unwrap_err().contains("not both"));
+    assert!(c.validate().unwrap_err().to_string().contains("not both"));
     let mut c = config("sqlite:x.db");
     c.poll_ms = Some(5000);
     assert!(c
         .validate()
         .unwrap_err()
+        .to_string()
         .contains("poll_ms must be 50 to 1000"));
     let mut c = config("sqlite:x.db");
     c.key[0].sha256 = "abc".into();
-    assert!(c.validate().unwrap_err().contains("not 64 hex digits"));
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("not 64 hex digits"));
     let c = config("mysql://x");
     assert!(Operator::open(c)
         .err()

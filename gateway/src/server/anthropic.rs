@@ -244,7 +244,7 @@ fn tools_of(
             return Err(bad(format!("tools[{i}] needs its `input_schema`")));
         }
         super::openai::function_of(&f, &format!("tools[{i}]"), "parameters")
-            .map_err(|m| bad(m.replace(".parameters", ".input_schema")))?;
+            .map_err(|e| bad(e.to_string().replace(".parameters", ".input_schema")))?;
         out.push(serde_json::json!({"type": "function", "function": f}));
     }
     let mut parallel = true;

@@ -37,10 +37,12 @@ pub struct OperatorState {
 
 impl OperatorState {
     /// Whether `tenants` would load (the check every change passes before it is written).
-    pub fn validate(&self, tenants: Vec<crate::tenants::TenantConfig>) -> Result<(), String> {
+    pub fn validate(
+        &self,
+        tenants: Vec<crate::tenants::TenantConfig>,
+    ) -> Result<(), crate::tenants::InvalidTenant> {
         TenantRegistry::from_store(tenants, &self.deployment_key, Instant::now(), None, None)
             .map(|_| ())
-            .map_err(|e| e.to_string())
     }
 }
 

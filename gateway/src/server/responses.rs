@@ -112,7 +112,8 @@ fn tools_of(tools: Option<&Value>) -> Result<Vec<Value>, ApiError> {
                     )))
                 }
             }
-            openai::function_of(o, &format!("tools[{i}]"), "parameters").map_err(bad)?;
+            openai::function_of(o, &format!("tools[{i}]"), "parameters")
+                .map_err(|e| bad(e.to_string()))?;
             let mut f = o.clone();
             f.remove("type");
             Ok(serde_json::json!({"type": "function", "function": f}))

@@ -317,14 +317,16 @@ impl fmt::Display for Format {
 }
 
 impl std::str::FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = cachet_backend::BadValue;
+    fn from_str(s: &str) -> Result<Self, cachet_backend::BadValue> {
         match s {
             "hermes" | "qwen" => Ok(Format::Hermes),
             "llama3_json" | "llama3" => Ok(Format::Llama3Json),
             "mistral" => Ok(Format::Mistral),
-            _ => Err(format!(
-                "unknown tool-call format `{s}` (hermes, llama3_json, mistral, auto, none)"
+            _ => Err(cachet_backend::BadValue::unknown(
+                "tool-call format",
+                s,
+                "hermes, llama3_json, mistral, auto, none",
             )),
         }
     }

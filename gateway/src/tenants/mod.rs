@@ -426,7 +426,7 @@ impl TenantRegistry {
             );
             let rules =
                 crate::normalize::Rules::new(cfg.normalize.as_deref(), &cfg.volatile_patterns)
-                    .map_err(bad)?;
+                    .map_err(|e| bad(crate::error::with_causes(&e)))?;
             let old = previous.and_then(|p| p.tenants.iter().find(|t| t.id() == cfg.id));
             let bucket = |per_minute: Option<u64>,
                           old: Option<&Arc<Mutex<TokenBucket>>>,

@@ -73,28 +73,44 @@ fn default_lease_secs() -> u64 {
     900
 }
 
+/// What is wrong with `[shared_limits]`.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidSharedLimits {
+    #[error("shared_limits.redis_url `{url}`")]
+    RedisUrl {
+        url: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("shared_limits.replicas must be at least 1")]
+    NoReplicas,
+    #[error("shared_limits.timeout_ms must be 1 to 60000, got {0}")]
+    TimeoutMs(u64),
+    #[error("shared_limits.lease_secs must be at least 1")]
+    NoLease,
+    #[error("shared_limits.key_prefix `{0}` must be non-empty, without braces")]
+    KeyPrefix(String),
+}
+
 impl SharedLimitsConfig {
     /// Checks the values a typo would make wrong (the URL is parsed here, not connected to).
-    pub fn validate(&self) -> Result<(), String> {
-        redis::Client::open(self.redis_url.as_str())
-            .map_err(|e| format!("shared_limits.redis_url `{}`: {e}", self.redis_url))?;
+    pub fn validate(&self) -> Result<(), InvalidSharedLimits> {
+        use InvalidSharedLimits as E;
+        redis::Client::open(self.redis_url.as_str()).map_err(|source| E::RedisUrl {
+            url: self.redis_url.clone(),
+            source,
+        })?;
         if self.replicas == 0 {
-            return Err("shared_limits.replicas must be at least 1".into());
+            return Err(E::NoReplicas);
         }
         if !(1..=60_000).contains(&self.timeout_ms) {
-            return Err(format!(
-                "shared_limits.timeout_ms must be 1 to 60000, got {}",
-                self.timeout_ms
-            ));
+            return Err(E::TimeoutMs(self.timeout_ms));
         }
         if self.lease_secs == 0 {
-            return Err("shared_limits.lease_secs must be at least 1".into());
+            return Err(E::NoLease);
         }
         if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
-            return Err(format!(
-                "shared_limits.key_prefix `{}` must be non-empty, without braces",
-                self.key_prefix
-            ));
+            return Err(E::KeyPrefix(self.key_prefix.clone()));
         }
         Ok(())
     }
@@ -193,9 +209,14 @@ impl std::fmt::Debug for SharedLimits {
 impl SharedLimits {
     /// The store of `config` (validated); connects on first use, so a replica starts while
     /// Redis is down (and falls back as `on_error` says).
-    pub fn new(config: SharedLimitsConfig) -> Result<Arc<Self>, String> {
+    pub fn new(config: SharedLimitsConfig) -> Result<Arc<Self>, InvalidSharedLimits> {
         config.validate()?;
-        let client = redis::Client::open(config.redis_url.as_str()).map_err(|e| e.to_string())?;
+        let client = redis::Client::open(config.redis_url.as_str()).map_err(|source| {
+            InvalidSharedLimits::RedisUrl {
+                url: config.redis_url.clone(),
+                source,
+            }
+        })?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()

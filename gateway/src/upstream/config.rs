@@ -67,8 +67,12 @@ pub fn check_upstream_url(url: &str, ca_file: Option<&std::path::Path>) -> Resul
                 ca.display()
             )));
         }
-        crate::http::client::read_ca_file(ca)
-            .map_err(|e| BadUpstream(format!("`{url}`: ca_file {e}")))?;
+        crate::http::client::read_ca_file(ca).map_err(|e| {
+            BadUpstream(format!(
+                "`{url}`: ca_file {}",
+                crate::error::with_causes(&e)
+            ))
+        })?;
     }
     Ok(())
 }

@@ -31,10 +31,8 @@ pub struct DnsName {
 
 impl DnsName {
     /// The parts of `url`, or what is wrong with it for discovery.
-    pub fn parse(url: &str) -> Result<Self, String> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| {
-            "dns = true needs an http:// URL (TLS certificates name hosts, not the addresses found; keep workers on a private network, or list each by name with https://)".to_string()
-        })?;
+    pub fn parse(url: &str) -> Result<Self, DiscoveryError> {
+        let rest = url.strip_prefix("http://").ok_or(DiscoveryError::NotHttp)?;
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
@@ -43,14 +41,12 @@ impl DnsName {
             Some((h, p)) => (
                 h,
                 p.parse::<u16>()
-                    .map_err(|_| format!("`{p}` is not a port number"))?,
+                    .map_err(|_| DiscoveryError::BadPort(p.to_string()))?,
             ),
             None => (authority, 80),
         };
         if host.is_empty() || host.parse::<IpAddr>().is_ok() || host.starts_with('[') {
-            return Err(format!(
-                "dns = true needs a host name to resolve, not `{host}`"
-            ));
+            return Err(DiscoveryError::NotAName(host.to_string()));
         }
         Ok(DnsName {
             host: host.to_string(),
@@ -68,9 +64,24 @@ impl DnsName {
     }
 }
 
+/// What keeps a pool's members from being discovered.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("dns = true needs an http:// URL (TLS certificates name hosts, not the addresses found; keep workers on a private network, or list each by name with https://)")]
+    NotHttp,
+    #[error("`{0}` is not a port number")]
+    BadPort(String),
+    #[error("dns = true needs a host name to resolve, not `{0}`")]
+    NotAName(String),
+    #[error("reading the system's DNS configuration")]
+    SystemConfig(#[source] hickory_resolver::net::NetError),
+    #[error("DNS resolver")]
+    Resolver(#[source] hickory_resolver::net::NetError),
+}
+
 /// The resolver of `cfg`: its name server, or the system's (/etc/resolv.conf). Answers are not
 /// cached here: each refresh asks again.
-pub fn resolver(cfg: Option<&DiscoveryConfig>) -> Result<TokioResolver, String> {
+pub fn resolver(cfg: Option<&DiscoveryConfig>) -> Result<TokioResolver, DiscoveryError> {
     let mut builder = match cfg.and_then(|c| c.nameserver) {
         Some(addr) => {
             let mut udp = ConnectionConfig::udp();
@@ -83,11 +94,10 @@ pub fn resolver(cfg: Option<&DiscoveryConfig>) -> Result<TokioResolver, String> 
                 TokioRuntimeProvider::default(),
             )
         }
-        None => TokioResolver::builder_tokio()
-            .map_err(|e| format!("reading the system's DNS configuration: {e}"))?,
+        None => TokioResolver::builder_tokio().map_err(DiscoveryError::SystemConfig)?,
     };
     builder.options_mut().cache_size = 0;
-    builder.build().map_err(|e| format!("DNS resolver: {e}"))
+    builder.build().map_err(DiscoveryError::Resolver)
 }
 
 /// The addresses `name` resolves to now: `None` when the lookup failed (no answer, a network
@@ -195,14 +205,9 @@ mod tests {
                 .url_for("10.0.0.1".parse().unwrap()),
             "http://10.0.0.1:80/api"
         );
-        assert!(DnsName::parse("https://w:9001")
-            .unwrap_err()
-            .contains("http://"));
-        assert!(DnsName::parse("http://10.0.0.2:9001")
-            .unwrap_err()
-            .contains("host name"));
-        assert!(DnsName::parse("http://w:port")
-            .unwrap_err()
-            .contains("port"));
+        let err = |url| DnsName::parse(url).unwrap_err().to_string();
+        assert!(err("https://w:9001").contains("http://"));
+        assert!(err("http://10.0.0.2:9001").contains("host name"));
+        assert!(err("http://w:port").contains("port"));
     }
 }

@@ -91,17 +91,19 @@ pub struct Price {
     pub output_per_mtok: f64,
 }
 
+/// A `[[price]]` whose prices are negative or not numbers.
+#[derive(Debug, thiserror::Error)]
+#[error("price of `{0}`: prices must be finite and not negative (USD per million tokens)")]
+pub struct InvalidPrice(pub String);
+
 impl Price {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidPrice> {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
         if !(ok(self.input_per_mtok)
             && ok(self.output_per_mtok)
             && self.cached_input_per_mtok.is_none_or(ok))
         {
-            return Err(format!(
-                "price of `{}`: prices must be finite and not negative (USD per million tokens)",
-                self.model
-            ));
+            return Err(InvalidPrice(self.model.clone()));
         }
         Ok(())
     }
@@ -543,6 +545,10 @@ mod tests {
             input_per_mtok: -1.0,
             ..p
         };
-        assert!(bad.validate().unwrap_err().contains("not negative"));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not negative"));
     }
 }

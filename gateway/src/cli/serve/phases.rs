@@ -37,7 +37,7 @@ pub fn tenants(
         Some(cfg) => {
             tracing::info!(redis = %cfg.redis_url, replicas = cfg.replicas, on_error = ?cfg.on_error,
                 "tenant limits shared through Redis");
-            Some(SharedLimits::new(cfg).map_err(anyhow::Error::msg)?)
+            Some(SharedLimits::new(cfg)?)
         }
         None => None,
     };
@@ -208,7 +208,6 @@ impl Pool<'_> {
             ca.as_deref(),
             identity.as_ref(),
         )
-        .map_err(anyhow::Error::msg)
         .context("--worker-client-cert / --worker-client-key")
     }
 
@@ -243,8 +242,7 @@ impl Pool<'_> {
                     send_cache_salt: cache_salt.unwrap_or(true),
                 },
                 timeouts,
-                cachet_gateway::http::client::client_with_ca(timeouts.connect, ca_file.as_deref())
-                    .map_err(anyhow::Error::msg)?,
+                cachet_gateway::http::client::client_with_ca(timeouts.connect, ca_file.as_deref())?,
             ),
         })
     }
@@ -274,7 +272,7 @@ impl Pool<'_> {
         if by_dns.is_empty() {
             return Ok(pool);
         }
-        let resolver = upstream::discovery::resolver(discovery).map_err(anyhow::Error::msg)?;
+        let resolver = upstream::discovery::resolver(discovery)?;
         let timeouts = self.timeouts();
         for m in by_dns {
             let UpstreamConfig::Cachet {
@@ -286,7 +284,7 @@ impl Pool<'_> {
             else {
                 unreachable!("partitioned above")
             };
-            let name = upstream::discovery::DnsName::parse(url).map_err(anyhow::Error::msg)?;
+            let name = upstream::discovery::DnsName::parse(url)?;
             let refresh = Duration::from_secs(dns_refresh_secs.unwrap_or(10));
             tracing::info!(host = %name.host, port = name.port, ?refresh, "workers found by DNS");
             let (token, key_id, client) = (
@@ -329,7 +327,8 @@ pub fn reload_config_on_sighup(
                         tracing::warn!("[shared_limits] changed: the Redis connection is made at start-up, so the change takes effect on restart");
                     }
                     let prefixes =
-                        PublicPrefixes::new(&f.public_prefix, &state.tokenizer, block_size)?;
+                        PublicPrefixes::new(&f.public_prefix, &state.tokenizer, block_size)
+                            .map_err(|e| cachet_gateway::error::with_causes(&e))?;
                     if state.operator.is_some() {
                         // Tenants come from the operator store; the file's public prefixes still
                         // reload.

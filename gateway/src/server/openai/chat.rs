@@ -67,8 +67,10 @@ impl ChatRequest {
                     "tools[{i}].function is an object with the function's `name`"
                 )));
             };
-            functions
-                .push(function_of(f, &format!("tools[{i}].function"), "parameters").map_err(&bad)?);
+            functions.push(
+                function_of(f, &format!("tools[{i}].function"), "parameters")
+                    .map_err(|e| bad(e.to_string()))?,
+            );
         }
         let choice = match &self.tool_choice {
             None | Some(Value::Null) => None,
@@ -218,7 +220,7 @@ pub fn function_of(
     f: &serde_json::Map<String, serde_json::Value>,
     at: &str,
     params: &str,
-) -> Result<Function, String> {
+) -> Result<Function, BadFunction> {
     use serde_json::Value;
     let mut func = Function {
         name: String::new(),
@@ -237,20 +239,34 @@ pub fn function_of(
             ("strict", Value::Null) => {}
             ("type", Value::String(t)) if t == "function" => {}
             ("name" | "description" | "strict", _) => {
-                return Err(format!("{at}.{k} has the wrong type"))
+                return Err(BadFunction::WrongType(format!("{at}.{k}")))
             }
-            (p, _) if p == params => return Err(format!("{at}.{p} is a JSON Schema object")),
+            (p, _) if p == params => return Err(BadFunction::NotASchema(format!("{at}.{p}"))),
             _ => {
-                return Err(format!(
-                    "{at}.{k} is not supported (name, description, {params}, strict)"
-                ))
+                return Err(BadFunction::Unsupported {
+                    field: format!("{at}.{k}"),
+                    params: params.to_string(),
+                })
             }
         }
     }
     if func.name.is_empty() {
-        return Err(format!("{at} needs a `name`"));
+        return Err(BadFunction::NoName(at.to_string()));
     }
     Ok(func)
+}
+
+/// A tool's function definition that cannot be served; each names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum BadFunction {
+    #[error("{0} has the wrong type")]
+    WrongType(String),
+    #[error("{0} is a JSON Schema object")]
+    NotASchema(String),
+    #[error("{field} is not supported (name, description, {params}, strict)")]
+    Unsupported { field: String, params: String },
+    #[error("{0} needs a `name`")]
+    NoName(String),
 }
 
 /// An assistant message's `tool_calls`: `{"id", "type": "function", "function": {"name",
