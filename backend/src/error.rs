@@ -116,6 +116,10 @@ pub enum EngineError {
     KvCacheFull { needed: usize, free: usize },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The model's chat template failed (not a refusal of the conversation through
+    /// `raise_exception`, which is [`EngineError::InvalidRequest`]).
+    #[error("the model's chat template failed: {0}")]
+    Template(String),
     #[error("engine overloaded: {waiting} requests already waiting (limit {limit}); retry later")]
     Overloaded { waiting: usize, limit: usize },
     #[error("engine overloaded: {queued} prompt tokens already waiting, this prompt has {prompt} (limit {limit}); retry later")]

@@ -9,34 +9,40 @@ use crate::config::ModelConfig;
 use crate::error::DeviceError;
 
 /// Whether `config` splits over `n` ranks; what does not divide where it does not.
-pub fn check(config: &ModelConfig, n: usize) -> Result<(), String> {
+pub fn check(config: &ModelConfig, n: usize) -> Result<(), BadSplit> {
     let (h, kvh, i) = (
         config.num_attention_heads,
         config.num_key_value_heads,
         config.intermediate_size,
     );
     if n == 0 {
-        return Err("--tensor-parallel-size must be at least 1".into());
+        return Err(BadSplit::NoRanks);
     }
     if !h.is_multiple_of(n) {
-        return Err(format!(
-            "--tensor-parallel-size {n} does not divide the model's {h} attention heads"
-        ));
+        return Err(BadSplit::Heads { n, heads: h });
     }
     // A mixture of experts splits every expert's columns.
     let i = config.moe.map_or(i, |m| m.expert_intermediate_size);
     if !i.is_multiple_of(n) {
-        return Err(format!(
-            "--tensor-parallel-size {n} does not divide the MLP's {i} hidden units"
-        ));
+        return Err(BadSplit::Hidden { n, units: i });
     }
     if !kvh.is_multiple_of(n) && !n.is_multiple_of(kvh) {
-        return Err(format!(
-            "--tensor-parallel-size {n} neither divides the model's {kvh} KV heads nor is a \
-             multiple of them"
-        ));
+        return Err(BadSplit::KvHeads { n, kv_heads: kvh });
     }
     Ok(())
+}
+
+/// Why a model does not split over `n` ranks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadSplit {
+    #[error("--tensor-parallel-size must be at least 1")]
+    NoRanks,
+    #[error("--tensor-parallel-size {n} does not divide the model's {heads} attention heads")]
+    Heads { n: usize, heads: usize },
+    #[error("--tensor-parallel-size {n} does not divide the MLP's {units} hidden units")]
+    Hidden { n: usize, units: usize },
+    #[error("--tensor-parallel-size {n} neither divides the model's {kv_heads} KV heads nor is a multiple of them")]
+    KvHeads { n: usize, kv_heads: usize },
 }
 
 /// A rank's view of the model: its heads, KV heads and MLP width (the vocabulary stays whole:
@@ -211,10 +217,16 @@ mod tests {
         c.num_attention_heads = 6;
         c.num_key_value_heads = 2;
         c.intermediate_size = 96;
-        assert!(check(&c, 3).unwrap_err().contains("2 KV heads"));
-        assert!(check(&c, 4).unwrap_err().contains("6 attention heads"));
+        assert!(check(&c, 3).unwrap_err().to_string().contains("2 KV heads"));
+        assert!(check(&c, 4)
+            .unwrap_err()
+            .to_string()
+            .contains("6 attention heads"));
         c.intermediate_size = 63;
-        assert!(check(&c, 2).unwrap_err().contains("63 hidden units"));
+        assert!(check(&c, 2)
+            .unwrap_err()
+            .to_string()
+            .contains("63 hidden units"));
         c.intermediate_size = 96;
         assert!(check(&c, 2).is_ok());
         assert!(

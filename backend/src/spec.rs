@@ -60,44 +60,47 @@ impl Default for SpecConfig {
     }
 }
 
+/// A speculative decoding setting out of its range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidSpec {
+    #[error("speculative method `{0}` is not supported: use \"ngram\"")]
+    Method(String),
+    #[error("num_speculative_tokens must be 1..={MAX_SPECULATIVE_TOKENS}, got {0}")]
+    Tokens(usize),
+    #[error("need 1 <= prompt_lookup_min <= prompt_lookup_max, got {0} and {1}")]
+    LookupRange(usize, usize),
+    #[error("prompt_lookup_max must be at most 32, got {0}")]
+    LookupMax(usize),
+    #[error("min_acceptance_rate must be in [0, 1], got {0}")]
+    AcceptanceRate(f64),
+    #[error("min_speedup must be in [0, 4], got {0}")]
+    Speedup(f64),
+}
+
 impl SpecConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSpec> {
+        use InvalidSpec as E;
         if self.method != "ngram" {
-            return Err(format!(
-                "speculative method `{}` is not supported: use \"ngram\"",
-                self.method
-            ));
+            return Err(E::Method(self.method.clone()));
         }
         if self.num_speculative_tokens == 0 || self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS
         {
-            return Err(format!(
-                "num_speculative_tokens must be 1..={MAX_SPECULATIVE_TOKENS}, got {}",
-                self.num_speculative_tokens
-            ));
+            return Err(E::Tokens(self.num_speculative_tokens));
         }
         if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
-            return Err(format!(
-                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got {} and {}",
-                self.prompt_lookup_min, self.prompt_lookup_max
+            return Err(E::LookupRange(
+                self.prompt_lookup_min,
+                self.prompt_lookup_max,
             ));
         }
         if self.prompt_lookup_max > 32 {
-            return Err(format!(
-                "prompt_lookup_max must be at most 32, got {}",
-                self.prompt_lookup_max
-            ));
+            return Err(E::LookupMax(self.prompt_lookup_max));
         }
         if !(0.0..=1.0).contains(&self.min_acceptance_rate) {
-            return Err(format!(
-                "min_acceptance_rate must be in [0, 1], got {}",
-                self.min_acceptance_rate
-            ));
+            return Err(E::AcceptanceRate(self.min_acceptance_rate));
         }
         if !(0.0..=4.0).contains(&self.min_speedup) {
-            return Err(format!(
-                "min_speedup must be in [0, 4], got {}",
-                self.min_speedup
-            ));
+            return Err(E::Speedup(self.min_speedup));
         }
         Ok(())
     }
@@ -382,7 +385,7 @@ mod tests {
         let bad = |f: fn(&mut SpecConfig)| {
             let mut c = SpecConfig::default();
             f(&mut c);
-            c.validate().unwrap_err()
+            c.validate().unwrap_err().to_string()
         };
         assert!(bad(|c| c.method = "eagle".into()).contains("ngram"));
         assert!(bad(|c| c.num_speculative_tokens = 0).contains("num_speculative_tokens"));

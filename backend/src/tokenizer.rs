@@ -6,8 +6,10 @@ use crate::error::{EngineError, LoadError};
 
 mod ascii;
 pub(crate) use ascii::{LLAMA3_SPLIT, QWEN2_SPLIT};
+mod jinja;
 mod layout;
 mod pyjson;
+mod pystr;
 
 /// One chat message, as in the OpenAI API: the template ABI's message, so one shape carries a
 /// message from the gateway's API through a tenant's template to the chat template.
@@ -34,7 +36,11 @@ pub struct TextTokenizer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     /// The chat template compiled once (rendering runs per request), or why it does not compile.
-    compiled: std::sync::Arc<std::sync::OnceLock<Result<Compiled, String>>>,
+    compiled: std::sync::Arc<std::sync::OnceLock<Result<Compiled, BadTemplate>>>,
+    /// A model's named `tool_use` template (Hermes, Command R): used instead of the default when
+    /// a request has tools, as transformers chooses; compiled apart.
+    tool_template: Option<String>,
+    compiled_tools: std::sync::Arc<std::sync::OnceLock<Result<Compiled, BadTemplate>>>,
     /// See [`TextTokenizer::for_dummy_model`]: the model's vocabulary size, and the ids of this
     /// tokenizer that decode on their own to visible text.
     wrap_ids: Option<(u32, std::sync::Arc<Vec<u32>>)>,
@@ -65,6 +71,8 @@ impl TextTokenizer {
             bos_token,
             eos_token,
             compiled: Default::default(),
+            tool_template: None,
+            compiled_tools: Default::default(),
             wrap_ids: None,
         }
     }
@@ -75,7 +83,7 @@ impl TextTokenizer {
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
         let cfg_path = dir.join("tokenizer_config.json");
-        let (mut chat_template, mut bos, mut eos) = (None, None, None);
+        let (mut chat_template, mut tool_template, mut bos, mut eos) = (None, None, None, None);
         if cfg_path.exists() {
             let text =
                 std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::io(&cfg_path, e))?;
@@ -84,10 +92,7 @@ impl TextTokenizer {
                     path: cfg_path.clone(),
                     source,
                 })?;
-            chat_template = v
-                .get("chat_template")
-                .and_then(|t| t.as_str())
-                .map(String::from);
+            (chat_template, tool_template) = named_templates(&cfg_path, v.get("chat_template"))?;
             let tok = |k: &str| {
                 v.get(k).and_then(|t| {
                     t.as_str()
@@ -103,7 +108,7 @@ impl TextTokenizer {
             chat_template =
                 Some(std::fs::read_to_string(&jinja).map_err(|e| LoadError::io(&jinja, e))?);
         }
-        Ok(TextTokenizer::new(inner, chat_template, bos, eos))
+        Ok(TextTokenizer::new(inner, chat_template, bos, eos).with_tool_template(tool_template))
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -117,6 +122,21 @@ impl TextTokenizer {
     }
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// The template a request with tools renders with: the model's `tool_use` template when
+    /// it has one, else the chat template (for telling its tool-call format).
+    pub fn tools_template(&self) -> Option<&str> {
+        self.tool_template
+            .as_deref()
+            .or(self.chat_template.as_deref())
+    }
+
+    /// With `template` as the named `tool_use` template (None: the chat template serves tools).
+    pub fn with_tool_template(mut self, template: Option<String>) -> Self {
+        self.tool_template = template;
+        self.compiled_tools = Default::default();
+        self
     }
 
     /// Encodes `text`; special tokens written in the text (e.g. `<|im_start|>`) become their ids.
@@ -266,7 +286,38 @@ impl TextTokenizer {
     pub fn with_chat_template(mut self, template: String) -> Self {
         self.chat_template = Some(template);
         self.compiled = Default::default();
-        self
+        // A template given in place of the model's serves every request.
+        self.with_tool_template(None)
+    }
+
+    /// Renders a plain conversation (a system message and a user's, with the generation
+    /// prompt; a template that takes no system message, the user's alone): `Ok` when the model
+    /// has no chat template or its template renders, else why not — for refusing a template
+    /// at start rather than on every request.
+    pub fn probe_chat_template(&self) -> Result<(), EngineError> {
+        if self.chat_template.is_none() {
+            return Ok(());
+        }
+        let user = ChatMessage::new("user", "Hello!");
+        let with_system = [ChatMessage::new("system", "You are helpful."), user.clone()];
+        let probe = |tools: Option<&serde_json::Value>| {
+            match self.render_chat_direct(&with_system, tools, None, true) {
+                Ok(_) => Ok(()),
+                // Some templates refuse a system message (Gemma 2): the user's alone must render.
+                Err(EngineError::InvalidRequest(_)) => self
+                    .render_chat_direct(std::slice::from_ref(&user), tools, None, true)
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            }
+        };
+        probe(None)?;
+        if self.tool_template.is_some() {
+            let tool = serde_json::json!([{"type": "function", "function": {
+                "name": "probe", "description": "A tool.",
+                "parameters": {"type": "object", "properties": {}}}}]);
+            probe(Some(&tool))?;
+        }
+        Ok(())
     }
 
     /// The texts of the special (control) tokens: text that must not reach the template's
@@ -320,7 +371,7 @@ impl TextTokenizer {
         kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        let compiled = self.compiled()?;
+        let compiled = self.compiled(tools.is_some())?;
         self.check_kwargs(kwargs)?;
         // A template that only copies contents (`layout`): one rendering per layout, contents
         // spliced in.
@@ -364,7 +415,7 @@ impl TextTokenizer {
         kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        let compiled = self.compiled()?;
+        let compiled = self.compiled(tools.is_some())?;
         self.check_kwargs(kwargs)?;
         self.render_engine(
             &compiled.env,
@@ -377,41 +428,40 @@ impl TextTokenizer {
 
     /// Whether chat prompts are rendered once per layout (the template only copies message
     /// contents), or why not — for the serving log.
-    pub fn chat_layouts(&self) -> Result<(), String> {
-        let compiled = self.compiled().map_err(|e| e.to_string())?;
-        compiled.layouts.as_ref().map(|_| ()).map_err(Clone::clone)
+    pub fn chat_layouts(&self) -> Result<(), layout::NotReusable> {
+        match self.compile(false) {
+            None => Err(layout::NotReusable::NoTemplate),
+            Some(Err(e)) => Err(layout::NotReusable::Parse(e.0.clone())),
+            Some(Ok(c)) => c.layouts.as_ref().map(|_| ()).map_err(Clone::clone),
+        }
     }
 
-    fn compiled(&self) -> Result<&Compiled, EngineError> {
-        let template = self.chat_template.as_deref().ok_or_else(|| {
-            EngineError::InvalidRequest(
+    fn compiled(&self, tools: bool) -> Result<&Compiled, EngineError> {
+        match self.compile(tools) {
+            None => Err(EngineError::InvalidRequest(
                 "this model has no chat template; send a plain completion instead".into(),
-            )
-        })?;
-        self.compiled
-            .get_or_init(|| {
-                let mut env = minijinja::Environment::new();
-                env.set_trim_blocks(true);
-                env.set_lstrip_blocks(true);
-                env.add_function(
-                    "raise_exception",
-                    |msg: String| -> Result<String, minijinja::Error> {
-                        Err(minijinja::Error::new(
-                            minijinja::ErrorKind::InvalidOperation,
-                            msg,
-                        ))
-                    },
-                );
-                env.add_filter("tojson", pyjson::tojson);
-                env.add_template_owned("chat", template.to_string())
-                    .map_err(|e| format!("chat template does not parse: {e}"))?;
-                Ok(Compiled {
-                    env,
-                    layouts: layout::opacity(template).map(|()| layout::Layouts::new()),
-                })
+            )),
+            Some(c) => c
+                .as_ref()
+                .map_err(|e| EngineError::Template(format!("{e}: {}", e.0))),
+        }
+    }
+
+    /// The template for a request with `tools` or without compiled (once), or `None` without
+    /// one.
+    fn compile(&self, tools: bool) -> Option<&Result<Compiled, BadTemplate>> {
+        let (template, cell) = match (&self.tool_template, tools) {
+            (Some(t), true) => (t.as_str(), &self.compiled_tools),
+            _ => (self.chat_template.as_deref()?, &self.compiled),
+        };
+        Some(cell.get_or_init(|| {
+            let env =
+                jinja::environment(template).map_err(|e| BadTemplate(std::sync::Arc::new(e)))?;
+            Ok(Compiled {
+                env,
+                layouts: layout::opacity(template).map(|()| layout::Layouts::new()),
             })
-            .as_ref()
-            .map_err(|e| EngineError::InvalidRequest(e.clone()))
+        }))
     }
 
     fn check_kwargs(
@@ -451,8 +501,49 @@ impl TextTokenizer {
             Some(k) => minijinja::context! { ..base, ..minijinja::Value::from_serialize(k) },
             None => base,
         };
-        tmpl.render(ctx)
-            .map_err(|e| EngineError::InvalidRequest(format!("chat template failed: {e}")))
+        tmpl.render(ctx).map_err(|e| match jinja::raised(&e) {
+            // The template refusing the conversation: the client's to fix.
+            Some(msg) => EngineError::InvalidRequest(format!("{}: {msg}", jinja::RAISED)),
+            None => EngineError::Template(e.to_string()),
+        })
+    }
+}
+
+/// `tokenizer_config.json`'s `chat_template`: one template, or a list of named ones
+/// (`[{"name": "default", "template": …}, {"name": "tool_use", …}]`), of which the `default` and
+/// `tool_use` ones are served (transformers' choice: `tool_use` when a request has tools).
+fn named_templates(
+    path: &Path,
+    v: Option<&serde_json::Value>,
+) -> Result<(Option<String>, Option<String>), LoadError> {
+    use serde_json::Value;
+    match v {
+        None | Some(Value::Null) => Ok((None, None)),
+        Some(Value::String(t)) => Ok((Some(t.clone()), None)),
+        Some(Value::Array(list)) => {
+            let named = |name: &str| {
+                list.iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some(name))
+                    .and_then(|t| t.get("template").and_then(Value::as_str))
+                    .map(String::from)
+            };
+            let (default, tools) = (named("default"), named("tool_use"));
+            if default.is_none() && tools.is_none() {
+                let names: Vec<&str> = list
+                    .iter()
+                    .filter_map(|t| t.get("name").and_then(Value::as_str))
+                    .collect();
+                return Err(LoadError::format(
+                    path,
+                    format!("chat_template names {names:?}: none is `default` or `tool_use`"),
+                ));
+            }
+            Ok((default, tools))
+        }
+        Some(_) => Err(LoadError::format(
+            path,
+            "chat_template is a string or a list of {name, template}",
+        )),
     }
 }
 
@@ -461,8 +552,13 @@ impl TextTokenizer {
 struct Compiled {
     env: minijinja::Environment<'static>,
     /// Why not, when the template does more with a content than copy it.
-    layouts: Result<layout::Layouts, String>,
+    layouts: Result<layout::Layouts, layout::NotReusable>,
 }
+
+/// A chat template that does not compile.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("chat template does not parse")]
+struct BadTemplate(#[source] std::sync::Arc<minijinja::Error>);
 
 /// The partition, then what a conversation's rendering depends on besides its contents' text: each message's role,
 /// whether its content is empty, its tool calls and tool call id; the tools; the template

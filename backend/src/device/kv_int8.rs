@@ -68,6 +68,20 @@ pub struct KvInt8Table {
     pub data: Vec<f32>,
 }
 
+/// Calibration maxima a table cannot be made from.
+#[derive(Debug, thiserror::Error)]
+pub enum BadCalibration {
+    #[error("the int8 KV cache needs head_dim ≥ {OUTLIERS} (got {0})")]
+    HeadDim(usize),
+    #[error("layer {layer}: {got} calibration maxima for {heads} heads of {head_dim}")]
+    Maxima {
+        layer: usize,
+        got: usize,
+        heads: usize,
+        head_dim: usize,
+    },
+}
+
 impl KvInt8Table {
     /// f32 values one layer's table takes.
     pub fn layer_len(num_kv_heads: usize, head_dim: usize) -> usize {
@@ -82,12 +96,10 @@ impl KvInt8Table {
         amax: &[[Vec<f32>; 2]],
         num_kv_heads: usize,
         head_dim: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BadCalibration> {
         let d = head_dim;
         if d < OUTLIERS {
-            return Err(format!(
-                "the int8 KV cache needs head_dim ≥ {OUTLIERS} (got {d})"
-            ));
+            return Err(BadCalibration::HeadDim(d));
         }
         let per = Self::layer_len(num_kv_heads, d);
         let mut data = vec![0f32; amax.len() * per];
@@ -96,10 +108,12 @@ impl KvInt8Table {
             let (scales, outliers) = t.split_at_mut(2 * num_kv_heads * d);
             for (w, a) in layer.iter().enumerate() {
                 if a.len() != num_kv_heads * d {
-                    return Err(format!(
-                        "layer {l}: {} calibration maxima for {num_kv_heads} heads of {d}",
-                        a.len()
-                    ));
+                    return Err(BadCalibration::Maxima {
+                        layer: l,
+                        got: a.len(),
+                        heads: num_kv_heads,
+                        head_dim: d,
+                    });
                 }
                 for h in 0..num_kv_heads {
                     let head = &a[h * d..(h + 1) * d];
@@ -301,6 +315,7 @@ mod tests {
         assert!(
             KvInt8Table::from_amax(&[[vec![1.0; 3], vec![1.0; 3]]], 1, 3)
                 .unwrap_err()
+                .to_string()
                 .contains("head_dim")
         );
     }

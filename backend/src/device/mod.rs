@@ -38,18 +38,18 @@ pub enum KvCacheDtype {
 }
 
 impl std::str::FromStr for KvCacheDtype {
-    type Err = crate::BadValue;
-    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
+    type Err = crate::error::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::error::BadValue> {
         match s {
             "auto" | "bf16" => Ok(KvCacheDtype::Auto),
             "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8E4m3),
             "int8" => Ok(KvCacheDtype::Int8),
-            "fp8_e5m2" => Err(crate::BadValue::Unsupported {
+            "fp8_e5m2" => Err(crate::error::BadValue::Unsupported {
                 what: "KV cache dtype",
                 got: s.to_string(),
                 instead: "use fp8 (e4m3 with per-token scales)",
             }),
-            other => Err(crate::BadValue::unknown(
+            other => Err(crate::error::BadValue::unknown(
                 "KV cache dtype",
                 other,
                 "auto, fp8, int8",
@@ -80,12 +80,12 @@ pub enum WeightQuantization {
 }
 
 impl std::str::FromStr for WeightQuantization {
-    type Err = crate::BadValue;
-    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
+    type Err = crate::error::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::error::BadValue> {
         match s {
             "none" => Ok(WeightQuantization::None),
             "fp8" => Ok(WeightQuantization::Fp8),
-            other => Err(crate::BadValue::unknown(
+            other => Err(crate::error::BadValue::unknown(
                 "quantization",
                 other,
                 "none, fp8: FP8 weights, quantized at load",
@@ -386,6 +386,13 @@ impl<T> Clone for AttnLayer<'_, T> {
 }
 impl<T> Copy for AttnLayer<'_, T> {}
 
+/// A model shape a device does not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsupported {
+    #[error("head_dim {got} is above the {max} the attention kernels take")]
+    HeadDim { got: usize, max: usize },
+}
+
 /// A device: tensors, a paged KV cache, and the fused operations the decoder forward needs.
 /// Activations are 2-D row-major `[tokens, features]`.
 pub trait Device: Send {
@@ -396,7 +403,7 @@ pub trait Device: Send {
 
     fn name(&self) -> &'static str;
     /// Whether this device runs a model of `config`'s shape; the reason where it does not.
-    fn supports(&self, _config: &crate::config::ModelConfig) -> Result<(), String> {
+    fn supports(&self, _config: &crate::config::ModelConfig) -> Result<(), Unsupported> {
         Ok(())
     }
     /// Copies a host f32 tensor to the device, converting to the device's weight format.

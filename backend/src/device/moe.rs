@@ -47,16 +47,32 @@ impl MoeParams {
         router: (usize, usize),
         gate_up: (usize, usize),
         down: (usize, usize),
-    ) -> Result<(), String> {
+    ) -> Result<(), WrongShapes> {
         let (e, i) = (self.num_experts, self.inter);
         if router == (e, h) && gate_up == (e * 2 * i, h) && down == (e * h, i) {
             return Ok(());
         }
-        Err(format!(
-            "{e} experts of width {i} over hidden {h}: router {}x{}, gate_up {}x{}, down {}x{}",
-            router.0, router.1, gate_up.0, gate_up.1, down.0, down.1
-        ))
+        Err(WrongShapes {
+            experts: e,
+            inter: i,
+            hidden: h,
+            router,
+            gate_up,
+            down,
+        })
     }
+}
+
+/// A mixture-of-experts layer whose weights are not its routing's shapes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{experts} experts of width {inter} over hidden {hidden}: router {}x{}, gate_up {}x{}, down {}x{}", router.0, router.1, gate_up.0, gate_up.1, down.0, down.1)]
+pub struct WrongShapes {
+    pub experts: usize,
+    pub inter: usize,
+    pub hidden: usize,
+    pub router: (usize, usize),
+    pub gate_up: (usize, usize),
+    pub down: (usize, usize),
 }
 
 /// The experts one token goes to and their weights, largest first: softmax of `logits` (one

@@ -188,13 +188,19 @@ impl Drop for Slot {
     }
 }
 
+/// llguidance's reason a vocabulary's parser factory could not be made, kept for every later
+/// request.
+#[derive(Debug, Clone)]
+struct FactoryError(Arc<dyn std::error::Error + Send + Sync>);
+
 /// Compiles constraints against one model's vocabulary (built on first use: indexing a
 /// vocabulary takes a moment).
 pub struct GrammarCompiler {
     tokenizer: TextTokenizer,
     eos: u32,
     model_vocab: usize,
-    factory: OnceLock<Result<Arc<ParserFactory>, String>>,
+    /// The factory, or llguidance's reason it could not be made (kept for every later request).
+    factory: OnceLock<Result<Arc<ParserFactory>, FactoryError>>,
     slots: Arc<Slots>,
     max_slots: usize,
 }
@@ -240,13 +246,23 @@ impl GrammarCompiler {
                 let info = TokRxInfo::new(n as u32, self.eos);
                 let trie = TokTrie::from(&info, &words);
                 let env: Arc<dyn TokenizerEnv + Sync> = Arc::new(ApproximateTokEnv::new(trie));
-                let mut f = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+                let mut f = ParserFactory::new_simple(&env).map_err(|e| {
+                    FactoryError(Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(
+                        e,
+                    )))
+                })?;
                 f.quiet();
                 Ok(Arc::new(f))
             })
             .as_ref()
             .map_err(|e| {
-                EngineError::InvalidRequest(format!("structured outputs are unavailable: {e}"))
+                let mut msg = format!("structured outputs are unavailable: {}", e.0);
+                let mut cause = e.0.source();
+                while let Some(c) = cause {
+                    msg.push_str(&format!(": {c}"));
+                    cause = c.source();
+                }
+                EngineError::InvalidRequest(msg)
             })
     }
 

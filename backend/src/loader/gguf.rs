@@ -97,9 +97,14 @@ const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_
 /// Elements of a K-quant super-block.
 const QK_K: usize = 256;
 
+/// A ggml tensor type this loader does not read: `Q2_K`…`Q5_K`'s ids are named, others numbered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{}", match .0 { 10..=15 => format!("Q{}_K", .0 - 8), id => format!("ggml type {id}") })]
+pub struct UnsupportedGgmlType(pub u32);
+
 impl GgmlType {
-    /// The type of ggml id `id`, or the name of an unsupported one.
-    pub fn from_id(id: u32) -> Result<Self, String> {
+    /// The type of ggml id `id`, or the unsupported one it names.
+    pub fn from_id(id: u32) -> Result<Self, UnsupportedGgmlType> {
         Ok(match id {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
@@ -112,8 +117,7 @@ impl GgmlType {
             13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
             30 => GgmlType::BF16,
-            10..=15 => return Err(format!("Q{}_K", id - 8)),
-            other => return Err(format!("ggml type {other}")),
+            other => return Err(UnsupportedGgmlType(other)),
         })
     }
     /// (elements per block, bytes per block)
@@ -139,7 +143,7 @@ impl GgmlType {
 pub struct GgufTensorInfo {
     pub name: String,
     pub dims: Vec<u64>,
-    pub dtype: Result<GgmlType, String>,
+    pub dtype: Result<GgmlType, UnsupportedGgmlType>,
     pub offset: u64,
 }
 
@@ -394,15 +398,12 @@ impl GgufFile {
     /// Reads one tensor, dequantised to f32, with its row-major shape.
     pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), LoadError> {
         let info = self.tensor_info(name)?;
-        let dtype = info
-            .dtype
-            .clone()
-            .map_err(|dtype| LoadError::UnsupportedDtype {
-                path: self.path.clone(),
-                tensor: name.into(),
-                dtype,
-                supported: SUPPORTED,
-            })?;
+        let dtype = info.dtype.map_err(|dtype| LoadError::UnsupportedDtype {
+            path: self.path.clone(),
+            tensor: name.into(),
+            dtype: dtype.to_string(),
+            supported: SUPPORTED,
+        })?;
         let n = info.num_elements();
         let (per_block, block_bytes) = dtype.block();
         if n % per_block as u64 != 0 {
@@ -455,7 +456,7 @@ impl GgufFile {
                 expected: expected.to_vec(),
             });
         }
-        let Ok(dtype) = info.dtype.clone() else {
+        let Ok(dtype) = info.dtype else {
             return Ok(None);
         };
         let [rows, cols] = shape[..] else {

@@ -19,8 +19,15 @@ fn byte_level(use_regex: bool) -> Value {
     json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
 }
 
+/// A `tokenizer.ggml.pre` name with no pre-tokenizer here.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "pre-tokenizer `{0}` is not supported (supported: smollm, starcoder, llama-bpe, qwen2, gpt2)"
+)]
+struct UnsupportedPreTokenizer(String);
+
 /// The pre-tokenizer for llama.cpp's `tokenizer.ggml.pre` name.
-fn pre_tokenizer(pre: &str) -> Result<Value, String> {
+fn pre_tokenizer(pre: &str) -> Result<Value, UnsupportedPreTokenizer> {
     Ok(match pre {
         // GPT-2 regex after splitting every digit on its own (SmolLM, StarCoder, …).
         "smollm" | "starcoder" | "refact" | "codeshell" | "command-r" => json!({
@@ -42,7 +49,7 @@ fn pre_tokenizer(pre: &str) -> Result<Value, String> {
             ],
         }),
         "default" | "gpt2" | "gpt-2" => byte_level(true),
-        other => return Err(format!("pre-tokenizer `{other}` is not supported (supported: smollm, starcoder, llama-bpe, qwen2, gpt2)")),
+        other => return Err(UnsupportedPreTokenizer(other.to_string())),
     })
 }
 
@@ -140,12 +147,18 @@ pub fn from_gguf(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
             .and_then(|id| strings.get(id as usize))
             .map(|t| t.to_string())
     };
+    // llama.cpp's named templates: `tokenizer.chat_template.<name>`.
+    let tool_template = file
+        .get("tokenizer.chat_template.tool_use")
+        .and_then(|v| v.as_str())
+        .map(String::from);
     Ok(TextTokenizer::new(
         inner,
         chat_template,
         name_of("tokenizer.ggml.bos_token_id"),
         name_of("tokenizer.ggml.eos_token_id"),
-    ))
+    )
+    .with_tool_template(tool_template))
 }
 
 /// Byte-level BPE with the file's merges; the pre-tokenizer follows `tokenizer.ggml.pre`.

@@ -95,13 +95,17 @@ pub enum DeviceKind {
 }
 
 impl FromStr for DeviceKind {
-    type Err = crate::BadValue;
-    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
+    type Err = crate::error::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::error::BadValue> {
         match s {
             "auto" => Ok(Self::Auto),
             "cpu" => Ok(Self::Cpu),
             "cuda" | "gpu" => Ok(Self::Cuda),
-            o => Err(crate::BadValue::unknown("device", o, "auto, cpu, cuda")),
+            o => Err(crate::error::BadValue::unknown(
+                "device",
+                o,
+                "auto, cpu, cuda",
+            )),
         }
     }
 }
@@ -397,7 +401,7 @@ fn calibrate_int8<D: Instruments>(
         amax.push([ka, va]);
     }
     let t = kv_int8::KvInt8Table::from_amax(&amax, layout.num_kv_heads, layout.head_dim)
-        .map_err(EngineError::InvalidRequest)?;
+        .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
     tracing::info!(
         device = dev.name(),
         tokens = n,
@@ -529,7 +533,7 @@ pub fn build_runner(
     };
     if opts.tensor_parallel_size != 1 {
         crate::shard::check(config, opts.tensor_parallel_size)
-            .map_err(EngineError::InvalidRequest)?;
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         return Ok(if use_cuda {
             let cuda =
                 CudaOptions::from_env(Some(crate::loader::fetch::cache_dir().join("kernels")))?;

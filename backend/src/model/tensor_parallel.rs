@@ -193,7 +193,7 @@ impl TpRunner<CpuDevice> {
         opts: &RunnerOptions,
     ) -> Result<Self, EngineError> {
         let n = opts.tensor_parallel_size;
-        check(config, n).map_err(EngineError::InvalidRequest)?;
+        check(config, n).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let comm = CpuComm::new(n);
         let widths = vocab_widths(config.vocab_size, n);
         let devices = (0..n)
@@ -215,7 +215,7 @@ impl TpRunner<CudaDevice> {
         cuda: &CudaOptions,
     ) -> Result<Self, EngineError> {
         let n = opts.tensor_parallel_size;
-        check(config, n).map_err(EngineError::InvalidRequest)?;
+        check(config, n).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let visible = crate::device::cuda::gpu_count()?;
         if visible < n {
             return Err(EngineError::InvalidRequest(format!(

@@ -21,13 +21,13 @@ pub enum SchedulingPolicy {
 }
 
 impl std::str::FromStr for SchedulingPolicy {
-    type Err = crate::BadValue;
-    fn from_str(s: &str) -> Result<Self, crate::BadValue> {
+    type Err = crate::error::BadValue;
+    fn from_str(s: &str) -> Result<Self, crate::error::BadValue> {
         match s {
             "fcfs" => Ok(Self::Fcfs),
             "priority" => Ok(Self::Priority),
             "shortest-first" | "shortest_first" | "sjf" => Ok(Self::ShortestFirst),
-            o => Err(crate::BadValue::unknown(
+            o => Err(crate::error::BadValue::unknown(
                 "scheduling policy",
                 o,
                 "fcfs, priority, shortest-first",

@@ -454,9 +454,9 @@ impl<'a> Analysis<'a> {
 /// Whether the chat template `source` only copies message contents (see the module's
 /// documentation): `Ok` when a layout's rendering can be reused with other contents spliced
 /// in, or what in the template prevents it.
-pub fn opacity(source: &str) -> Result<(), String> {
+pub fn opacity(source: &str) -> Result<(), NotReusable> {
     let tree = minijinja::machinery::parse(source, "chat", Default::default(), Default::default())
-        .map_err(|e| format!("the template does not parse: {e}"))?;
+        .map_err(|e| NotReusable::Parse(std::sync::Arc::new(e)))?;
     let mut a = Analysis {
         vars: HashMap::new(),
         macros: Vec::new(),
@@ -471,15 +471,29 @@ pub fn opacity(source: &str) -> Result<(), String> {
         a.stmt(&tree);
         rounds += 1;
         if rounds > 64 {
-            return Err("the template's variables did not settle".into());
+            return Err(NotReusable::Unsettled);
         }
     }
     a.checking = true;
     a.stmt(&tree);
     match a.refused {
-        Some(why) => Err(why),
+        Some(why) => Err(NotReusable::Uses(why)),
         None => Ok(()),
     }
+}
+
+/// Why a chat template's renderings cannot be reused with other contents spliced in.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NotReusable {
+    #[error("the template does not parse")]
+    Parse(#[source] std::sync::Arc<minijinja::Error>),
+    #[error("the template's variables did not settle")]
+    Unsettled,
+    #[error("the model has no chat template")]
+    NoTemplate,
+    /// What in the template does more with a content than copy it.
+    #[error("{0}")]
+    Uses(String),
 }
 
 /// One piece of a layout: template text, or where message `i`'s content goes.

@@ -284,20 +284,25 @@ impl EngineArgs {
         }
     }
 
-    /// `tokenizer` with `--chat-template`'s template, if one was given (it must parse).
+    /// `tokenizer` with `--chat-template`'s template, if one was given; the template in use
+    /// (that one or the model's) is probed now: one that does not parse or fails on a plain
+    /// conversation is refused at start, not on every request.
     fn with_chat_template(&self, tokenizer: TextTokenizer) -> anyhow::Result<TextTokenizer> {
-        let Some(path) = &self.chat_template else {
-            return Ok(tokenizer);
+        let tokenizer = match &self.chat_template {
+            None => tokenizer,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the chat template {}", path.display()))?;
+                tokenizer.with_chat_template(text)
+            }
         };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the chat template {}", path.display()))?;
-        let tokenizer = tokenizer.with_chat_template(text);
-        // A template that does not parse is refused now, not on the first request.
-        if let Err(e) = tokenizer.render_chat(
-            &[cachet_backend::tokenizer::ChatMessage::new("user", "hi")],
-            true,
-        ) {
-            anyhow::bail!("the chat template {}: {e}", path.display());
+        if let Err(e) = tokenizer.probe_chat_template() {
+            match &self.chat_template {
+                Some(path) => anyhow::bail!("the chat template {}: {e}", path.display()),
+                None => anyhow::bail!(
+                    "the model's chat template: {e} (give one that works with --chat-template)"
+                ),
+            }
         }
         Ok(tokenizer)
     }

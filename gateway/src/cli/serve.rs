@@ -183,7 +183,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let usage = phases::usage(&a.usage_db, &file, &tenants, &model_id)?;
     let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
         .with_context(in_config)?;
-    let tool_format = forced.unwrap_or_else(|| tokenizer.chat_template().and_then(Format::detect));
+    let tool_format = forced.unwrap_or_else(|| tokenizer.tools_template().and_then(Format::detect));
     match (tool_format, tokenizer.chat_template()) {
         (Some(f), _) => tracing::info!(format = %f, "tool calls"),
         (None, Some(_)) => tracing::info!(
@@ -195,7 +195,6 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         &a.reasoning_parser,
         tokenizer.chat_template(),
     )
-    .map_err(anyhow::Error::msg)
     .context("--reasoning-parser")?;
     if reasoning.is_some() {
         tracing::info!("reasoning: <think>…</think> split out as reasoning_content");

@@ -58,15 +58,17 @@ pub trait Policy: Send + Sync {
 }
 
 /// Builds a policy by name.
-pub fn by_name(name: &str) -> Result<Box<dyn Policy>, String> {
+pub fn by_name(name: &str) -> Result<Box<dyn Policy>, cachet_backend::BadValue> {
     Ok(match name {
         "round_robin" => Box::new(round_robin::RoundRobin::default()),
         "least_load" => Box::new(least_load::LeastLoad),
         "prefix" => Box::new(prefix::Prefix::default()),
         "session" => Box::new(session::Session),
         other => {
-            return Err(format!(
-                "unknown routing policy `{other}`: use round_robin, least_load, prefix or session"
+            return Err(cachet_backend::BadValue::unknown(
+                "routing policy",
+                other,
+                "round_robin, least_load, prefix, session",
             ))
         }
     })

@@ -179,5 +179,9 @@ fn policies_by_name() {
     for n in ["round_robin", "least_load", "prefix", "session"] {
         assert_eq!(by_name(n).unwrap().name(), n);
     }
-    assert!(by_name("random").err().unwrap().contains("round_robin"));
+    assert!(by_name("random")
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("round_robin"));
 }

@@ -106,6 +106,13 @@ impl From<EngineError> for ApiError {
         match e {
             e if e.is_overload() => ApiError::overloaded(e.to_string(), Duration::from_secs(1)),
             EngineError::InvalidRequest(m) => ApiError::bad_request(m, None),
+            e @ EngineError::Template(_) => {
+                tracing::error!(error = %e, "chat template");
+                ApiError {
+                    code: Some("chat_template_error"),
+                    ..ApiError::internal(e.to_string())
+                }
+            }
             other => ApiError::internal(other.to_string()),
         }
     }

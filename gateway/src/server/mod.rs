@@ -105,7 +105,7 @@ impl AppState {
         tenants: TenantRegistry,
     ) -> Self {
         let tokenizer_vocab = tokenizer.vocab_size();
-        let tool_format = tokenizer.chat_template().and_then(tools::Format::detect);
+        let tool_format = tokenizer.tools_template().and_then(tools::Format::detect);
         let reasoning = reasoning::ReasoningParser::from_flag("auto", tokenizer.chat_template())
             .expect("auto is a parser name");
         if tokenizer.chat_template().is_some() {

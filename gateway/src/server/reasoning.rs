@@ -19,15 +19,20 @@ pub enum ReasoningParser {
 impl ReasoningParser {
     /// The parser for `--reasoning-parser NAME` (`auto`: `think` when the chat template writes
     /// `</think>`, else none).
-    pub fn from_flag(name: &str, chat_template: Option<&str>) -> Result<Option<Self>, String> {
+    pub fn from_flag(
+        name: &str,
+        chat_template: Option<&str>,
+    ) -> Result<Option<Self>, cachet_backend::BadValue> {
         match name {
             "auto" => Ok(chat_template
                 .is_some_and(|t| t.contains(CLOSE))
                 .then_some(ReasoningParser::Think)),
             "think" | "qwen3" | "deepseek_r1" => Ok(Some(ReasoningParser::Think)),
             "none" => Ok(None),
-            other => Err(format!(
-                "unknown reasoning parser `{other}`: use auto, qwen3 (or think, deepseek_r1) or none"
+            other => Err(cachet_backend::BadValue::unknown(
+                "reasoning parser",
+                other,
+                "auto, qwen3 (or think, deepseek_r1), none",
             )),
         }
     }
@@ -263,6 +268,7 @@ mod tests {
         );
         assert!(ReasoningParser::from_flag("r1", None)
             .unwrap_err()
+            .to_string()
             .contains("qwen3"));
     }
 }

@@ -488,10 +488,10 @@ impl Device for CpuDevice {
             (w.gate_up.rows, w.gate_up.cols),
             (w.down.rows, w.down.cols),
         )
-        .map_err(|msg| DeviceError::Op {
+        .map_err(|e| DeviceError::Op {
             device: "cpu",
             op: "moe",
-            msg,
+            msg: e.to_string(),
         })?;
         let logits = gemm::matmul_t(&x.data, &w.router.data, n, h, e);
         let routes: Vec<Vec<(usize, f32)>> = logits

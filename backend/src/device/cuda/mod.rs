@@ -269,13 +269,15 @@ impl Device for CudaDevice {
         Ok(CudaTensor::new_bf16(rows, cols, buf))
     }
 
-    fn supports(&self, config: &crate::config::ModelConfig) -> Result<(), String> {
+    fn supports(
+        &self,
+        config: &crate::config::ModelConfig,
+    ) -> Result<(), crate::device::Unsupported> {
         if config.head_dim > kernels::ATT_MAXD_WIDE {
-            return Err(format!(
-                "head_dim {} is above the {} the attention kernels take",
-                config.head_dim,
-                kernels::ATT_MAXD_WIDE
-            ));
+            return Err(crate::device::Unsupported::HeadDim {
+                got: config.head_dim,
+                max: kernels::ATT_MAXD_WIDE,
+            });
         }
         Ok(())
     }

@@ -32,7 +32,7 @@ pub(super) fn check(
         (w.gate_up.rows, w.gate_up.cols),
         (w.down.rows, w.down.cols),
     )
-    .map_err(err)?;
+    .map_err(|e| err(e.to_string()))?;
     if p.act != Activation::Silu {
         return Err(err(format!(
             "{:?} experts: the CUDA expert kernels are SwiGLU's",

@@ -34,14 +34,24 @@ pub(super) fn own_gemm_tiles(m: usize, rows: usize) -> usize {
     m.div_ceil(128) * rows.div_ceil(128)
 }
 
+/// A routing pair whose expert is not one of the layer's.
+#[derive(Debug, thiserror::Error)]
+#[error("pair {pair} routed to expert {expert} of {experts}")]
+pub(crate) struct BadRoute {
+    pair: usize,
+    expert: i32,
+    experts: usize,
+}
+
 /// A stable counting sort of the pairs by expert (`ids[p] < e`, checked).
-pub(crate) fn expert_runs(ids: &[i32], e: usize) -> Result<ExpertRuns, String> {
+pub(crate) fn expert_runs(ids: &[i32], e: usize) -> Result<ExpertRuns, BadRoute> {
     let mut count = vec![0usize; e];
     for (p, &x) in ids.iter().enumerate() {
-        let x = usize::try_from(x)
-            .ok()
-            .filter(|&x| x < e)
-            .ok_or_else(|| format!("pair {p} routed to expert {x} of {e}"))?;
+        let x = usize::try_from(x).ok().filter(|&x| x < e).ok_or(BadRoute {
+            pair: p,
+            expert: x,
+            experts: e,
+        })?;
         count[x] += 1;
     }
     let mut next = vec![0usize; e];
@@ -80,10 +90,10 @@ impl CudaDevice {
         let pairs = n * k;
         let mut ids_h = self.stream.clone_dtoh(ids).map_err(op_err("moe routing"))?;
         ids_h.truncate(pairs);
-        let r = expert_runs(&ids_h, e).map_err(|msg| DeviceError::Op {
+        let r = expert_runs(&ids_h, e).map_err(|e| DeviceError::Op {
             device: DEV,
             op: "moe",
-            msg,
+            msg: e.to_string(),
         })?;
         let token_rows: Vec<u32> = r.order.iter().map(|&p| p / k as u32).collect();
         let token_rows = self.htod_u32(&token_rows)?;
@@ -323,6 +333,7 @@ mod tests {
         }
         assert!(expert_runs(&[0, 5], 5)
             .unwrap_err()
+            .to_string()
             .contains("expert 5 of 5"));
         assert!(expert_runs(&[-1], 5).is_err());
         assert_eq!(expert_runs(&[], 3).unwrap().runs, vec![]);

@@ -65,13 +65,23 @@ fn unavailable(msg: String) -> DeviceError {
 
 /// The loaded library, or why it could not be loaded (tried once per process).
 fn api(path: Option<&Path>) -> Result<&'static Api, DeviceError> {
-    static API: OnceLock<Result<Api, String>> = OnceLock::new();
+    static API: OnceLock<Result<Api, NcclMissing>> = OnceLock::new();
     API.get_or_init(|| load(path))
         .as_ref()
-        .map_err(|e| unavailable(e.clone()))
+        .map_err(|e| unavailable(e.to_string()))
 }
 
-fn load(path: Option<&Path>) -> Result<Api, String> {
+/// Why NCCL could not be loaded: no library (each name tried, with the loader's words), or one
+/// without a function this needs.
+#[derive(Debug, thiserror::Error)]
+enum NcclMissing {
+    #[error("tensor parallelism on CUDA needs NCCL and it was not found ({}); install it (libnccl2) or point CACHET_NCCL_LIBRARY at libnccl.so.2", tried.join("; "))]
+    Library { tried: Vec<String> },
+    #[error("NCCL has no {name}: {reason} (NCCL 2.13 or later is needed)")]
+    Symbol { name: &'static str, reason: String },
+}
+
+fn load(path: Option<&Path>) -> Result<Api, NcclMissing> {
     let names: Vec<String> = match path {
         Some(p) => vec![p.display().to_string()],
         None => vec!["libnccl.so.2".into(), "libnccl.so".into()],
@@ -89,21 +99,19 @@ fn load(path: Option<&Path>) -> Result<Api, String> {
                 }
             }
         })
-        .ok_or_else(|| {
-            format!(
-                "tensor parallelism on CUDA needs NCCL and it was not found ({}); install it \
-                 (libnccl2) or point CACHET_NCCL_LIBRARY at libnccl.so.2",
-                tried.join("; ")
-            )
+        .ok_or_else(|| NcclMissing::Library {
+            tried: tried.clone(),
         })?;
     // SAFETY: each symbol is NCCL's exported function of that name, whose C signature (nccl.h,
     // stable since NCCL 2.0; ncclGetLastError since 2.13) is the field's type.
     unsafe {
         macro_rules! sym {
             ($name:literal) => {
-                *lib.get(concat!($name, "\0").as_bytes()).map_err(|e| {
-                    format!("NCCL has no {}: {e} (NCCL 2.13 or later is needed)", $name)
-                })?
+                *lib.get(concat!($name, "\0").as_bytes())
+                    .map_err(|e| NcclMissing::Symbol {
+                        name: $name,
+                        reason: e.to_string(),
+                    })?
             };
         }
         Ok(Api {

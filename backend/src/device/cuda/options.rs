@@ -90,8 +90,8 @@ impl Default for SplitOptions {
 }
 
 impl std::str::FromStr for SplitOptions {
-    type Err = crate::BadValue;
-    fn from_str(v: &str) -> Result<Self, crate::BadValue> {
+    type Err = crate::error::BadValue;
+    fn from_str(v: &str) -> Result<Self, crate::error::BadValue> {
         // Numbers given replace the defaults from the left; anything not a number is an error.
         let n: Option<Vec<usize>> = v.split(',').map(|x| x.trim().parse().ok()).collect();
         let d = SplitOptions::default();
@@ -126,7 +126,7 @@ impl std::str::FromStr for SplitOptions {
             || o.step == 0
             || o.prompt_waves == 0
         {
-            return Err(crate::BadValue::unknown(
+            return Err(crate::error::BadValue::unknown(
                 "split setting",
                 v,
                 "expected `min_keys,max_splits[,waves[,step[,prompt_waves[,fill_percent]]]]` of positive numbers (fill_percent may be 0), e.g. `128,32` or `64,64,2`",
@@ -209,9 +209,9 @@ impl CudaOptions {
             ..Default::default()
         };
         if let Some(v) = var("CACHET_ATTENTION_SPLIT") {
-            o.split = v
-                .parse()
-                .map_err(|e: crate::BadValue| bad("CACHET_ATTENTION_SPLIT", e.to_string()))?;
+            o.split = v.parse().map_err(|e: crate::error::BadValue| {
+                bad("CACHET_ATTENTION_SPLIT", e.to_string())
+            })?;
         }
         // The most rows a GEMV instantiation takes, or off (0), capped at the largest.
         let gemv_rows = |name: &'static str| -> Result<Option<usize>, DeviceError> {

@@ -24,7 +24,7 @@ fn templates_that_only_copy_contents_are_recognised() {
         ("a set block around contents", "{% set all %}{% for m in messages %}{{ m.content }}{% endfor %}{% endset %}{{ all }}"),
         ("the list's length and slices", "{{ messages|length }}{% for m in messages[1:] %}{{ m.content }}{% endfor %}{{ messages[0].content }}"),
     ] {
-        assert_eq!(opacity(t), Ok(()), "{name}");
+        assert!(opacity(t).is_ok(), "{name}: {:?}", opacity(t));
     }
 }
 
@@ -56,7 +56,7 @@ fn templates_that_look_inside_or_lose_track_of_a_content_are_refused() {
         ("{{ debug() }}", "does not know"),
         ("{% for m in messages %}{% set a, b = m.content %}{% endfor %}", "unpacks"),
     ] {
-        let got = opacity(t).expect_err(t);
+        let got = opacity(t).expect_err(t).to_string();
         assert!(got.contains(why), "{t}: {got}");
     }
 }
@@ -151,7 +151,7 @@ fn layouts_render_what_the_template_engine_renders() {
                 }
             }
         }
-        let compiled = tok.compiled().unwrap();
+        let compiled = tok.compiled(false).unwrap();
         match &compiled.layouts {
             Ok(l) => {
                 // Fewer layouts than renderings: the contents vary, layouts repeat.
@@ -179,17 +179,26 @@ fn one_layout_serves_every_content() {
             format!("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
         );
     }
-    assert_eq!(tok.compiled().unwrap().layouts.as_ref().unwrap().len(), 1);
+    assert_eq!(
+        tok.compiled(false).unwrap().layouts.as_ref().unwrap().len(),
+        1
+    );
     // An empty content is another layout (templates test it).
     let msgs = [
         ChatMessage::new("system", ""),
         ChatMessage::new("user", "Hi"),
     ];
     tok.render_chat_with(&msgs, None, None, true).unwrap();
-    assert_eq!(tok.compiled().unwrap().layouts.as_ref().unwrap().len(), 2);
+    assert_eq!(
+        tok.compiled(false).unwrap().layouts.as_ref().unwrap().len(),
+        2
+    );
     // Partitions (tenants) do not share layouts.
     for p in [&b"tenant a"[..], b"tenant b", b"tenant a"] {
         tok.render_chat_in(p, &msgs, None, None, true).unwrap();
     }
-    assert_eq!(tok.compiled().unwrap().layouts.as_ref().unwrap().len(), 4);
+    assert_eq!(
+        tok.compiled(false).unwrap().layouts.as_ref().unwrap().len(),
+        4
+    );
 }

@@ -263,7 +263,7 @@ impl Pool<'_> {
             .map(|m| self.member(m))
             .collect::<anyhow::Result<_>>()?;
         tracing::info!(upstreams = upstreams.len(), routing = %a.routing, "routing pool");
-        let policy = cachet_gateway::route::by_name(&a.routing).map_err(anyhow::Error::msg)?;
+        let policy = cachet_gateway::route::by_name(&a.routing)?;
         let pool = Arc::new(upstream::Pool::new(
             upstreams,
             policy,
