@@ -234,7 +234,13 @@ pub fn normalizer(data: &[u8]) {
         return;
     }
     let tok = &tokenizers_for_fuzzing()[(flags as usize / 3) % 2];
-    let rendered = match tokens::render(tok, &[], &messages, None, None, first_dynamic) {
+    let rendered = match tokens::render(
+        tok,
+        &[],
+        &messages,
+        tokens::TemplateArgs::PLAIN,
+        first_dynamic,
+    ) {
         Ok(r) => r,
         Err(e) => {
             assert!(

@@ -57,8 +57,7 @@ fn main() {
                 &tok,
                 &[],
                 std::hint::black_box(&msgs),
-                None,
-                None,
+                cachet_gateway::normalize::tokens::TemplateArgs::PLAIN,
                 Some((1, 0)),
             )
             .unwrap()

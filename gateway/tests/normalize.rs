@@ -4,7 +4,7 @@
 //! and text that spells control tokens never yields them.
 
 use cachet_backend::tokenizer::ChatMessage;
-use cachet_gateway::normalize::tokens::{render, PrefixTokens};
+use cachet_gateway::normalize::tokens::{render, PrefixTokens, TemplateArgs};
 use cachet_gateway::normalize::{chat_segments, normalize, to_messages, Rules};
 use cachet_guest_sdk::Segment;
 
@@ -53,7 +53,7 @@ fn split_tokenization_equals_whole_tokenization() {
                 for segs in [plain, shared] {
                     let n = normalize(&segs, &rules);
                     let (messages, first) = to_messages(&n.segments);
-                    let r = render(&tok, &[], &messages, None, None, first).unwrap();
+                    let r = render(&tok, &[], &messages, TemplateArgs::PLAIN, first).unwrap();
                     let prompt = &r.text;
                     assert_eq!(*prompt, tok.render_chat(&messages, true).unwrap());
                     let enc = cache.encode(&tok, &r, &salt).unwrap();
@@ -107,7 +107,7 @@ fn requests_differing_only_in_volatile_values_share_the_cached_prefix_tokens() {
         let enc = cache
             .encode(
                 &tok,
-                &render(&tok, &[], &messages, None, None, first).unwrap(),
+                &render(&tok, &[], &messages, TemplateArgs::PLAIN, first).unwrap(),
                 &salt,
             )
             .unwrap();
@@ -157,7 +157,7 @@ fn prefix_tokens_are_cached_per_tenant_and_only_for_admitted_requests() {
     ];
     let n = normalize(&segs, &Rules::default());
     let (messages, first) = to_messages(&n.segments);
-    let r = render(&tok, &[], &messages, None, None, first).unwrap();
+    let r = render(&tok, &[], &messages, TemplateArgs::PLAIN, first).unwrap();
     let (a, b) = ([1u8; 32], [2u8; 32]);
     let refused = cache.encode(&tok, &r, &a).unwrap();
     assert!(!refused.hit && refused.fill.is_some());
@@ -185,7 +185,7 @@ fn a_template_that_changes_text_lengths_keeps_the_boundary_on_a_character() {
     );
     let messages = vec![ChatMessage::new("user", "ıé and more")];
     // The dynamic text starts after `ı` (byte 2); upper-cased, byte 2 is inside `É`.
-    let r = render(&tok, &[], &messages, None, None, Some((0, 2))).unwrap();
+    let r = render(&tok, &[], &messages, TemplateArgs::PLAIN, Some((0, 2))).unwrap();
     assert!(r.text.is_char_boundary(r.boundary), "{}", r.boundary);
     assert!(r.text.contains("IÉ AND MORE"), "{}", r.text);
     let enc = PrefixTokens::new(1 << 20)
@@ -228,7 +228,11 @@ fn tool_conversations_render_whole_and_keep_control_tokens_out_of_the_markup() {
     ];
     let (msgs, first) = to_messages(&chat_segments(&messages));
     assert_eq!(first, Some((2, 0)));
-    let r = render(&tok, &[], &msgs, Some(&tools), None, first).unwrap();
+    let args = TemplateArgs {
+        tools: Some(&tools),
+        ..TemplateArgs::PLAIN
+    };
+    let r = render(&tok, &[], &msgs, args, first).unwrap();
     assert_eq!(
         r.text,
         tok.render_chat_with(&messages, Some(&tools), None, true)
@@ -262,8 +266,7 @@ fn tool_conversations_render_whole_and_keep_control_tokens_out_of_the_markup() {
         &tok,
         &[],
         &[ChatMessage::new("user", "Time?"), bad],
-        None,
-        None,
+        TemplateArgs::PLAIN,
         None,
     )
     .unwrap_err();
@@ -296,7 +299,7 @@ fn a_prompt_shares_whole_blocks_of_the_declared_public_prefix_and_nothing_else()
         ]);
         let n = normalize(&segs, &rules);
         let (messages, first) = to_messages(&n.segments);
-        let r = render(&tok, &[], &messages, None, None, first).unwrap();
+        let r = render(&tok, &[], &messages, TemplateArgs::PLAIN, first).unwrap();
         PrefixTokens::new(1 << 20)
             .encode(&tok, &r, &[1; 32])
             .unwrap()

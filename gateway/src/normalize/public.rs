@@ -103,8 +103,7 @@ impl PublicPrefixes {
                         tok,
                         &[],
                         &[ChatMessage::new("system", system)],
-                        None,
-                        None,
+                        tokens::TemplateArgs::PLAIN,
                         None,
                     )
                     .map_err(tokens_err)?;

@@ -49,6 +49,27 @@ pub struct Rendered {
     pub boundary: usize,
 }
 
+/// What a chat template gets besides the messages.
+#[derive(Debug, Clone, Copy)]
+pub struct TemplateArgs<'a> {
+    /// OpenAI's function tools, as HF templates take them.
+    pub tools: Option<&'a serde_json::Value>,
+    /// `chat_template_kwargs`.
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// Whether the rendering ends with the assistant's turn opened: every prompt sent to the
+    /// model; `/tokenize` may ask without.
+    pub generation_prompt: bool,
+}
+
+impl TemplateArgs<'_> {
+    /// No tools, no variables, the generation prompt.
+    pub const PLAIN: TemplateArgs<'static> = TemplateArgs {
+        tools: None,
+        kwargs: None,
+        generation_prompt: true,
+    };
+}
+
 /// Renders `messages` (and `tools`, OpenAI's function tools) with the chat template and the
 /// generation prompt, reusing only layouts rendered under `partition` (the tenant's cache salt). `first_dynamic` is where the first request-dependent text is: byte
 /// `offset` of message `index`'s content.
@@ -60,10 +81,14 @@ pub fn render(
     tok: &TextTokenizer,
     partition: &[u8],
     messages: &[ChatMessage],
-    tools: Option<&serde_json::Value>,
-    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    args: TemplateArgs<'_>,
     first_dynamic: Option<(usize, usize)>,
 ) -> Result<Rendered, EngineError> {
+    let TemplateArgs {
+        tools,
+        kwargs,
+        generation_prompt,
+    } = args;
     let reserved = |t: &str| has_reserved(t);
     if messages.iter().any(|m| {
         reserved(&m.content)
@@ -97,7 +122,7 @@ pub fn render(
     let marked = cachet_backend::tokenizer::with_contents(messages, |i, c| {
         format!("{OPEN}{i}{SEP}{c}{CLOSE}")
     });
-    let rendered = tok.render_chat_in(partition, &marked, tools, kwargs, true)?;
+    let rendered = tok.render_chat_in(partition, &marked, tools, kwargs, generation_prompt)?;
     let mut text = String::with_capacity(rendered.len());
     let mut pieces = Vec::new();
     let mut boundary = None;

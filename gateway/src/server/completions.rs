@@ -21,6 +21,7 @@ use super::openai::{self, Input, Parsed, PromptIn};
 use super::respond::{self, Meta};
 use super::{templates, AppState};
 use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
+use crate::normalize::tokens::TemplateArgs;
 use crate::tenants::Tenant;
 use crate::trace::RequestTrace;
 
@@ -181,7 +182,7 @@ fn check_budget(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
 }
 
 /// The model exists here and the tenant may use it.
-fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
+pub(super) fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
     if model != state.model_id {
         return Err(ApiError::not_found(
             format!("model `{model}` does not exist; GET /v1/models lists them"),
@@ -303,7 +304,7 @@ type ToolPlan = (
 /// What the request's tools ask of the template and of the output: the tools the template
 /// renders, the format and number of calls the output is parsed for, and (`required` or a named
 /// function) the grammar the output follows.
-fn tool_plan(
+pub(super) fn tool_plan(
     state: &AppState,
     tools: Option<&super::tools::Tools>,
     constraint: &mut Option<cachet_backend::grammar::Constraint>,
@@ -338,15 +339,15 @@ fn tool_plan(
 /// A request's prompts, ready for the engine: its common fields, each prompt as token ids
 /// (engines) and text (OpenAI-compatible upstreams), the template's hints (stop strings, an
 /// output cap) and the prefix tokens to cache once admitted.
-struct Prompts {
+pub(super) struct Prompts {
     common: openai::Common,
-    prompts: Vec<(Vec<u32>, String)>,
+    pub(super) prompts: Vec<(Vec<u32>, String)>,
     hints: Option<(Vec<String>, Option<u32>)>,
     fill: Option<([u8; 32], Arc<Vec<u32>>)>,
 }
 
 /// The tenant's template (or the model's), normalization and tokenization of `input`.
-async fn prompts_of(
+pub(super) async fn prompts_of(
     state: &Arc<AppState>,
     tenant: &Arc<Tenant>,
     input: Input,
@@ -369,14 +370,17 @@ async fn prompts_of(
                 }
                 None => crate::normalize::chat_segments(&msgs),
             };
-            let kwargs = r.template_kwargs()?;
+            let args = OwnedArgs {
+                tools: template_tools,
+                kwargs: r.template_kwargs()?,
+                generation_prompt: r.generation_prompt.unwrap_or(true),
+            };
             let p = prepare_owned(
                 state,
                 tenant,
                 r.common.salt(&tenant.salt),
                 segments,
-                template_tools,
-                kwargs,
+                args,
                 trace,
             )
             .await?;
@@ -560,6 +564,23 @@ pub fn choice_seed(seed: u64, j: usize) -> u64 {
     u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
+/// [`TemplateArgs`] owned, for the blocking pool.
+struct OwnedArgs {
+    tools: Option<serde_json::Value>,
+    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    generation_prompt: bool,
+}
+
+impl OwnedArgs {
+    fn borrow(&self) -> TemplateArgs<'_> {
+        TemplateArgs {
+            tools: self.tools.as_ref(),
+            kwargs: self.kwargs.as_ref(),
+            generation_prompt: self.generation_prompt,
+        }
+    }
+}
+
 /// A chat prompt ready for the engine: normalized, rendered, tokenized.
 pub struct Prepared {
     pub segments: Vec<cachet_guest_sdk::Segment>,
@@ -580,11 +601,10 @@ pub fn prepare(
     tenant: &Tenant,
     salt: &[u8; 32],
     segments: &[cachet_guest_sdk::Segment],
-    tools: Option<&serde_json::Value>,
-    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    args: TemplateArgs<'_>,
     trace: Option<&RequestTrace>,
 ) -> Result<Prepared, ApiError> {
-    let (p, times) = prepare_timed(state, tenant, salt, segments, tools, kwargs)?;
+    let (p, times) = prepare_timed(state, tenant, salt, segments, args)?;
     if let Some(t) = trace {
         trace_prepare(t, times);
     }
@@ -652,33 +672,17 @@ async fn prepare_owned(
     tenant: &Arc<Tenant>,
     salt: [u8; 32],
     segments: Vec<cachet_guest_sdk::Segment>,
-    tools: Option<serde_json::Value>,
-    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    args: OwnedArgs,
     trace: &RequestTrace,
 ) -> Result<Prepared, ApiError> {
     let text: usize = segments.iter().map(|s| s.text.len()).sum();
-    let tools_len = tools.as_ref().map_or(0, json_len);
+    let tools_len = args.tools.as_ref().map_or(0, json_len);
     if text + tools_len <= PREPARE_INLINE_BYTES {
-        return prepare(
-            state,
-            tenant,
-            &salt,
-            &segments,
-            tools.as_ref(),
-            kwargs.as_ref(),
-            Some(trace),
-        );
+        return prepare(state, tenant, &salt, &segments, args.borrow(), Some(trace));
     }
     let (state, tenant) = (state.clone(), tenant.clone());
     let (p, times) = tokio::task::spawn_blocking(move || {
-        prepare_timed(
-            &state,
-            &tenant,
-            &salt,
-            &segments,
-            tools.as_ref(),
-            kwargs.as_ref(),
-        )
+        prepare_timed(&state, &tenant, &salt, &segments, args.borrow())
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
@@ -692,9 +696,9 @@ fn prepare_timed(
     tenant: &Tenant,
     salt: &[u8; 32],
     segments: &[cachet_guest_sdk::Segment],
-    tools: Option<&serde_json::Value>,
-    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    args: TemplateArgs<'_>,
 ) -> Result<(Prepared, [Instant; 3]), ApiError> {
+    let kwargs = args.kwargs;
     // Template variables render as markup (control tokens recognised): none may carry one.
     if let Some(k) = kwargs {
         let v = serde_json::Value::Object(k.clone());
@@ -710,14 +714,8 @@ fn prepare_timed(
     let t0 = Instant::now();
     let n = crate::normalize::normalize(segments, &tenant.rules);
     let (messages, first_dynamic) = crate::normalize::to_messages(&n.segments);
-    let r = crate::normalize::tokens::render(
-        &state.tokenizer,
-        salt,
-        &messages,
-        tools,
-        kwargs,
-        first_dynamic,
-    )?;
+    let r =
+        crate::normalize::tokens::render(&state.tokenizer, salt, &messages, args, first_dynamic)?;
     let t1 = Instant::now();
     let enc = state.prefix_tokens.encode(&state.tokenizer, &r, salt)?;
     let t2 = Instant::now();

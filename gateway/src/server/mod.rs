@@ -23,6 +23,7 @@ pub mod reasoning;
 pub mod respond;
 pub mod responses;
 pub mod templates;
+pub mod tokenize;
 pub mod tools;
 pub mod usage;
 
@@ -214,6 +215,8 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         (&Method::POST, "/v1/responses") => {
             completions::counted(&state, responses::responses(state.clone(), req).await)
         }
+        (&Method::POST, "/tokenize") => Box::pin(tokenize::tokenize(state.clone(), req)).await,
+        (&Method::POST, "/detokenize") => tokenize::detokenize(state.clone(), req).await,
         (&Method::POST, "/v1/messages") => {
             return completions::counted(&state, anthropic::messages(state.clone(), req).await)
                 .unwrap_or_else(|e| e.anthropic_response());
@@ -232,6 +235,8 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             | "/v1/completions"
             | "/v1/messages"
             | "/v1/responses"
+            | "/tokenize"
+            | "/detokenize"
             | "/v1/models"
             | "/v1/usage"
             | "/health"
@@ -276,7 +281,8 @@ fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<Body>, A
     let data: Vec<serde_json::Value> = [&state.model_id]
         .iter()
         .filter(|m| tenant.allows_model(m))
-        .map(|m| serde_json::json!({"id": m, "object": "model", "created": state.created, "owned_by": "cachet"}))
+        // vLLM's model card adds the model's length, which clients size requests by.
+        .map(|m| serde_json::json!({"id": m, "object": "model", "created": state.created, "owned_by": "cachet", "max_model_len": state.max_model_len}))
         .collect();
     Ok(http::json(
         StatusCode::OK,

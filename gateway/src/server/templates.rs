@@ -210,8 +210,11 @@ pub async fn admin(
                 &tenant,
                 &tenant.salt,
                 &applied.rendered.segments,
-                tools.as_ref(),
-                kwargs.as_ref(),
+                crate::normalize::tokens::TemplateArgs {
+                    tools: tools.as_ref(),
+                    kwargs: kwargs.as_ref(),
+                    generation_prompt: true,
+                },
                 None,
             )?;
             http::ok_json(

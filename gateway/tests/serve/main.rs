@@ -15,3 +15,4 @@ mod shared_limits;
 mod templates;
 mod tenancy;
 mod tls;
+mod tokenize;

@@ -1,0 +1,225 @@
+//! vLLM's `POST /tokenize` and `POST /detokenize`, behind the tenant's key: what a prompt
+//! becomes before the engine sees it, so clients can count tokens and operators can see what a
+//! template rendered.
+//!
+//! `/tokenize` takes a `prompt` (tokenized as `/v1/completions` tokenizes it; with
+//! `add_special_tokens`, the default, what the tokenizer adds around a sequence) or `messages`
+//! (a chat request's body: the tenant's template, normalization, the model's chat template and
+//! tokenization, exactly as `/v1/chat/completions` runs them; `add_generation_prompt`, default
+//! true; `tools`, `chat_template_kwargs`), with `return_token_strs` for each token's text. The
+//! reply: `count`, `max_model_len`, `tokens`, `token_strs` (null unless asked).
+//! `/detokenize` takes `tokens` and answers the `prompt` they decode to.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use serde_json::{Map, Value};
+
+use super::completions::{check_model, prompts_of, tool_plan};
+use super::openai::{self, Input};
+use super::AppState;
+use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
+use crate::tenants::Tenant;
+use crate::trace::RequestTrace;
+
+/// The body as a JSON object.
+fn object(body: &[u8], what: &str) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request(
+            format!("the body is a JSON object: {what}"),
+            None,
+        )),
+        Err(e) => Err(ApiError::bad_request(
+            format!("the body is not JSON ({e}): {what}"),
+            None,
+        )),
+    }
+}
+
+/// Member `key` taken out of `m` as a boolean, if given.
+fn flag(m: &mut Map<String, Value>, key: &'static str) -> Result<Option<bool>, ApiError> {
+    match m.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(b)),
+        Some(_) => Err(ApiError::bad_field(
+            format!("`{key}` is true or false"),
+            key,
+        )),
+    }
+}
+
+/// The model the body names (the served one when it names none), checked for the tenant.
+fn model_of(state: &AppState, tenant: &Tenant, m: &mut Map<String, Value>) -> Result<(), ApiError> {
+    match m.remove("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(name)) => check_model(state, tenant, &name),
+        Some(_) => Err(ApiError::bad_field("`model` is a string", "model")),
+    }
+}
+
+/// Refuses members nobody read.
+fn no_more(m: &Map<String, Value>, known: &str) -> Result<(), ApiError> {
+    match m.keys().next() {
+        None => Ok(()),
+        Some(k) => Err(ApiError::bad_field(
+            format!("unknown field `{k}` (this endpoint takes {known})"),
+            k.clone(),
+        )),
+    }
+}
+
+pub async fn tokenize(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let arrived = Instant::now();
+    let trace = RequestTrace::start(
+        state.tracing.as_deref(),
+        req.headers(),
+        req.uri().path(),
+        arrived,
+    );
+    let tenant = state
+        .tenants()
+        .authenticate(http::api_key(&req).unwrap_or(""))?;
+    let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let mut m = object(&body, "{\"prompt\": …} or {\"messages\": […]}")?;
+    drop(body);
+    let return_strs = flag(&mut m, "return_token_strs")?.unwrap_or(false);
+    let generation = flag(&mut m, "add_generation_prompt")?;
+    let special = flag(&mut m, "add_special_tokens")?;
+    if flag(&mut m, "continue_final_message")? == Some(true) {
+        return Err(ApiError::bad_field(
+            "continue_final_message is not supported: chat prompts end with the assistant's turn opened (add_generation_prompt) or after the last message",
+            "continue_final_message",
+        ));
+    }
+    // A tokenization's work is the tenant's like any request's.
+    let _permit = tenant.admit_request(Instant::now()).await?;
+    let ids = if m.contains_key("messages") {
+        if special == Some(true) {
+            return Err(ApiError::bad_field(
+                "a chat's special tokens are its template's (it writes the BOS): leave add_special_tokens out or false",
+                "add_special_tokens",
+            ));
+        }
+        // What shapes a chat's prompt; sampling and output fields have no tokens to show.
+        const CHAT: &[&str] = &[
+            "model",
+            "messages",
+            "tools",
+            "tool_choice",
+            "chat_template_kwargs",
+            "template",
+            "template_variables",
+        ];
+        if let Some(k) = m.keys().find(|k| !CHAT.contains(&k.as_str())) {
+            return Err(ApiError::bad_field(
+                format!(
+                    "`{k}` does not shape a chat's prompt (this endpoint takes {}, add_generation_prompt, return_token_strs)",
+                    CHAT.join(", ")
+                ),
+                k.clone(),
+            ));
+        }
+        m.entry("model")
+            .or_insert_with(|| Value::from(state.model_id.as_str()));
+        let bytes = serde_json::to_vec(&Value::Object(m)).expect("a JSON object writes");
+        let mut parsed = openai::parse_request(true, &bytes, state.unknown_fields)?;
+        check_model(&state, &tenant, &parsed.input.common().model)?;
+        if let Input::Chat(r, _) = &mut parsed.input {
+            r.generation_prompt = Some(generation.unwrap_or(true));
+        }
+        let mut constraint = parsed.constraint.take();
+        let (template_tools, _) = tool_plan(&state, parsed.tools.as_ref(), &mut constraint)?;
+        let p = prompts_of(&state, &tenant, parsed.input, template_tools, &trace).await?;
+        p.prompts
+            .into_iter()
+            .next()
+            .map(|p| p.0)
+            .unwrap_or_default()
+    } else {
+        if generation.is_some() {
+            return Err(ApiError::bad_field(
+                "add_generation_prompt is for `messages`; a prompt is tokenized as it is",
+                "add_generation_prompt",
+            ));
+        }
+        model_of(&state, &tenant, &mut m)?;
+        let text = match m.remove("prompt") {
+            Some(Value::String(t)) => t,
+            _ => {
+                return Err(ApiError::bad_field(
+                    "give `prompt` (a string) or `messages` (a chat)",
+                    "prompt",
+                ))
+            }
+        };
+        no_more(
+            &m,
+            "model, prompt, add_special_tokens, return_token_strs; or a chat's messages",
+        )?;
+        if special.unwrap_or(true) {
+            state.tokenizer.encode_prompt(&text)?
+        } else {
+            state.tokenizer.encode(&text)?
+        }
+    };
+    let strs = return_strs.then(|| {
+        ids.iter()
+            .map(|&i| state.tokenizer.inner().id_to_token(i).unwrap_or_default())
+            .collect::<Vec<_>>()
+    });
+    trace.end(200);
+    Ok(http::json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "count": ids.len(),
+            "max_model_len": state.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }),
+    ))
+}
+
+pub async fn detokenize(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let tenant = state
+        .tenants()
+        .authenticate(http::api_key(&req).unwrap_or(""))?;
+    let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let mut m = object(&body, "{\"tokens\": [ids]}")?;
+    drop(body);
+    model_of(&state, &tenant, &mut m)?;
+    let ids: Vec<u32> = match m.remove("tokens") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().and_then(|i| u32::try_from(i).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::bad_field("`tokens` is a list of token ids", "tokens"))?,
+        _ => {
+            return Err(ApiError::bad_field(
+                "give `tokens`: a list of token ids",
+                "tokens",
+            ))
+        }
+    };
+    no_more(&m, "model, tokens")?;
+    if let Some(&t) = ids.iter().find(|&&t| t as usize >= state.vocab) {
+        return Err(ApiError::bad_field(
+            format!("token id {t} is outside the vocabulary of {}", state.vocab),
+            "tokens",
+        ));
+    }
+    let _permit = tenant.admit_request(Instant::now()).await?;
+    let text = state.tokenizer.decode(&ids, false)?;
+    Ok(http::json(
+        StatusCode::OK,
+        &serde_json::json!({"prompt": text}),
+    ))
+}
