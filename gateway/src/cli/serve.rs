@@ -24,6 +24,12 @@ pub struct ServeArgs {
     /// Tenants config (TOML); see examples/cachet.toml.
     #[arg(long, short)]
     pub config: PathBuf,
+    /// Names clients use for the model: `model` in requests, `/v1/models`, `[[price]]` and
+    /// tenants' `allowed_models` (e.g. `--served-model-name Qwen/Qwen3-8B qwen3`). The first is
+    /// the name responses and usage records carry. Default: the model's own name (a known
+    /// model's, or its files').
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// Address to listen on (plain HTTP/1.1 and HTTP/2).
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
@@ -180,7 +186,8 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     for p in &file.price {
         p.validate().with_context(in_config)?;
     }
-    let usage = phases::usage(&a.usage_db, &file, &tenants, &model_id)?;
+    let served = served_names(&a.served_model_name, &model_id)?;
+    let usage = phases::usage(&a.usage_db, &file, &tenants, &served)?;
     let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
         .with_context(in_config)?;
     let tool_format = forced.unwrap_or_else(|| tokenizer.tools_template().and_then(Format::detect));
@@ -225,10 +232,11 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             pool,
             handle.clone(),
             tokenizer,
-            model_id.clone(),
+            served[0].clone(),
             max_model_len,
             tenants,
         );
+        state.served_names = served.clone();
         state.request_timeout = Duration::from_secs(a.request_timeout.max(1));
         state.templates = templates;
         state.metrics_token = a.metrics_token.clone();
@@ -311,4 +319,22 @@ impl OtlpArgs {
         tracing::info!(endpoint = %url, service = name, "exporting request traces over OTLP");
         Ok(Some(t))
     }
+}
+
+/// `--served-model-name`'s names (the model's own name without it): non-empty, no spaces, each
+/// once.
+fn served_names(given: &[String], model_id: &str) -> anyhow::Result<Vec<String>> {
+    if given.is_empty() {
+        return Ok(vec![model_id.to_string()]);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for n in given {
+        if n.is_empty() || n.chars().any(char::is_whitespace) {
+            anyhow::bail!("--served-model-name `{n}`: a name is non-empty, without spaces");
+        }
+        if !seen.insert(n) {
+            anyhow::bail!("--served-model-name `{n}` is given twice");
+        }
+    }
+    Ok(given.to_vec())
 }

@@ -183,13 +183,14 @@ fn check_budget(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
 
 /// The model exists here and the tenant may use it.
 pub(super) fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
-    if model != state.model_id {
+    if !state.served_names.iter().any(|n| n == model) {
         return Err(ApiError::not_found(
             format!("model `{model}` does not exist; GET /v1/models lists them"),
             "model_not_found",
         ));
     }
-    if !tenant.allows_model(model) {
+    // A tenant allowed the model under any of its names may use it by any.
+    if !state.served_names.iter().any(|n| tenant.allows_model(n)) {
         return Err(crate::tenants::Denied::ModelNotAllowed {
             tenant: tenant.id().into(),
             model: model.to_string(),

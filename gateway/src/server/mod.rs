@@ -60,8 +60,11 @@ pub struct AppState {
     /// Swapped whole on reload (SIGHUP, or a change in the operator store); requests in flight
     /// keep the tenant they authenticated as.
     pub tenants: std::sync::RwLock<Arc<TenantRegistry>>,
-    /// The model name clients send (`model`).
+    /// The model's name: what responses and usage records carry (the first served name).
     pub model_id: String,
+    /// Every name clients may send as `model` (`--served-model-name`; `model_id` first): each
+    /// is listed by `/v1/models`, may be priced and may be in a tenant's `allowed_models`.
+    pub served_names: Vec<String>,
     pub created: u64,
     pub metrics: metrics::Metrics,
     /// Tenants' prompt templates (`--templates-dir`); `None` disables them.
@@ -129,6 +132,7 @@ impl AppState {
             max_model_len,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             tenants: std::sync::RwLock::new(Arc::new(tenants)),
+            served_names: vec![model_id.clone()],
             model_id,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -278,9 +282,11 @@ fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<Body>, A
     let tenant = state
         .tenants()
         .authenticate(http::bearer(req).unwrap_or(""))?;
-    let data: Vec<serde_json::Value> = [&state.model_id]
+    let allowed = state.served_names.iter().any(|m| tenant.allows_model(m));
+    let data: Vec<serde_json::Value> = state
+        .served_names
         .iter()
-        .filter(|m| tenant.allows_model(m))
+        .filter(|_| allowed)
         // vLLM's model card adds the model's length, which clients size requests by.
         .map(|m| serde_json::json!({"id": m, "object": "model", "created": state.created, "owned_by": "cachet", "max_model_len": state.max_model_len}))
         .collect();

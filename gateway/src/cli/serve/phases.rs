@@ -109,8 +109,9 @@ pub fn usage(
     url: &str,
     file: &ConfigFile,
     tenants: &TenantRegistry,
-    model_id: &str,
+    served: &[String],
 ) -> anyhow::Result<Option<Arc<UsageLog>>> {
+    let model_id = &served[0];
     let budgeted = || {
         tenants
             .tenants()
@@ -126,8 +127,16 @@ pub fn usage(
         }
         return Ok(None);
     }
-    let log =
-        UsageLog::open(url, file.price.clone()).with_context(|| format!("--usage-db {url}"))?;
+    // A price may name any served name; records carry the first.
+    let mut prices = file.price.clone();
+    if !prices.iter().any(|p| &p.model == model_id) {
+        if let Some(p) = prices.iter().find(|p| served.contains(&p.model)) {
+            let mut p = p.clone();
+            p.model = model_id.clone();
+            prices.push(p);
+        }
+    }
+    let log = UsageLog::open(url, prices).with_context(|| format!("--usage-db {url}"))?;
     if let Some(t) = budgeted().filter(|_| log.price(model_id).is_none()) {
         anyhow::bail!(
             "tenant `{}` has a budget, but the config prices no model `{model_id}`: add a [[price]] with model = \"{model_id}\"",
