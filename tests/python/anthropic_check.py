@@ -122,4 +122,29 @@ for name, kw in [("store", {"store": True}), ("previous_response_id", {"previous
         check(f"responses: {name} refused", False)
     except openai.BadRequestError as e:
         check(f"responses: {name} refused by name", e.body.get("param") == name, str(e.body))
+# count_tokens: the prompt the Messages request took, in the client's own call.
+c = a.messages.count_tokens(model=M, system="Be brief.", messages=Q)
+check("messages.count_tokens: the request's input tokens",
+      c.input_tokens == ref.usage.prompt_tokens, f"{c.input_tokens} vs {ref.usage.prompt_tokens}")
+try:
+    a.messages.count_tokens(model=M, messages=Q, extra_body={"max_tokens": 5})
+    check("count_tokens: max_tokens refused", False)
+except anthropic.BadRequestError as e:
+    check("count_tokens: a field that shapes no prompt is refused in Anthropic's shape",
+          e.body["type"] == "error" and "max_tokens" in e.body["error"]["message"], str(e.body))
+# Errors on every Messages path come in Anthropic's shape; a bad key names x-api-key.
+bad = anthropic.Anthropic(base_url=base, api_key="sk-wrong", max_retries=0)
+for name, call in [("messages", lambda: bad.messages.create(model=M, max_tokens=4, messages=Q)),
+                   ("count_tokens", lambda: bad.messages.count_tokens(model=M, messages=Q))]:
+    try:
+        call()
+        check(f"{name}: a bad key refused", False)
+    except anthropic.AuthenticationError as e:
+        check(f"{name}: a bad key is an authentication_error naming x-api-key",
+              e.body["error"]["type"] == "authentication_error" and "x-api-key" in e.body["error"]["message"], str(e.body))
+try:
+    a.messages.batches.list()
+    check("messages.batches: refused", False)
+except anthropic.NotFoundError as e:
+    check("messages.batches: a not_found_error in Anthropic's shape", e.body["error"]["type"] == "not_found_error", str(e.body))
 print("all checks passed")

@@ -105,7 +105,12 @@ impl ApiError {
             503 | 529 => "overloaded_error",
             _ => "api_error",
         };
-        let mut message = self.message.clone();
+        // Anthropic's clients send the key as `x-api-key`: say so.
+        let mut message = if self.code == Some("invalid_api_key") {
+            "Incorrect API key provided. Send it as `x-api-key: <key>` (or `Authorization: Bearer <key>`).".to_string()
+        } else {
+            self.message.clone()
+        };
         if let Some(p) = &self.param {
             if !message.contains(p.as_ref()) {
                 message = format!("{p}: {message}");

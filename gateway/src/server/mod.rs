@@ -182,6 +182,8 @@ impl AppState {
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    // Anthropic's paths answer errors in Anthropic's shape.
+    let anthropic_path = path == "/v1/messages" || path.starts_with("/v1/messages/");
     let result = match (&method, path.as_str()) {
         (&Method::GET, "/health") => Ok(http::json(
             StatusCode::OK,
@@ -221,6 +223,9 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         }
         (&Method::POST, "/tokenize") => Box::pin(tokenize::tokenize(state.clone(), req)).await,
         (&Method::POST, "/detokenize") => tokenize::detokenize(state.clone(), req).await,
+        (&Method::POST, "/v1/messages/count_tokens") => {
+            Box::pin(anthropic::count_tokens(state.clone(), req)).await
+        }
         (&Method::POST, "/v1/messages") => {
             return completions::counted(&state, anthropic::messages(state.clone(), req).await)
                 .unwrap_or_else(|e| e.anthropic_response());
@@ -238,6 +243,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             "/v1/chat/completions"
             | "/v1/completions"
             | "/v1/messages"
+            | "/v1/messages/count_tokens"
             | "/v1/responses"
             | "/tokenize"
             | "/detokenize"
@@ -252,7 +258,13 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         }),
         _ => Err(ApiError::not_found(format!("no route {path}"), "not_found")),
     };
-    result.unwrap_or_else(|e| e.response())
+    result.unwrap_or_else(|e| {
+        if anthropic_path {
+            e.anthropic_response()
+        } else {
+            e.response()
+        }
+    })
 }
 
 /// `/metrics` names tenants: it answers the operator's token, or, without one configured, the
