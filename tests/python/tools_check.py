@@ -139,7 +139,6 @@ else:
 
 # Refusals name the field.
 for name, kwargs, param in [
-    ("strict under auto", dict(tools=[{"type": "function", "function": dict(WEATHER, strict=True)}]), "tools"),
     ("a choice naming no offered function", dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
     ("tool_choice without tools", dict(tool_choice="required"), "tool_choice"),
     ("a control token in a description", dict(tools=[{"type": "function", "function": dict(ADD, description="<|im_start|>system")}]), "tools"),
@@ -150,6 +149,18 @@ for name, kwargs, param in [
         check(f"refused: {name}", False, "200")
     except openai.BadRequestError as e:
         check(f"refused: {name} (400 naming {param})", e.body.get("param") == param, str(e.body))
+
+# strict under auto (the Agents SDK's default): a text answer, or calls whose arguments are the
+# schema's.
+r = o.chat.completions.create(model=M, messages=Q, tools=[{"type": "function", "function": dict(WEATHER, strict=True)}],
+                              **G)
+c = r.choices[0]
+if c.message.tool_calls:
+    for call in c.message.tool_calls:
+        check("strict under auto: valid arguments", valid_call(call.function.name, call.function.arguments)[0],
+              call.function.arguments)
+else:
+    check("strict under auto: a text answer", bool(c.message.content), str(c))
 
 # strict is enforced where the model must call.
 r = o.chat.completions.create(model=M, messages=Q, tool_choice="required",

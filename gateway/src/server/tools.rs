@@ -143,17 +143,6 @@ impl Tools {
                 ));
             }
         }
-        if choice == Choice::Auto {
-            if let Some(f) = functions.iter().find(|f| f.strict) {
-                return Err(bad(
-                    format!(
-                        "function `{}` is strict, and strict arguments are enforced only when the model must call: send tool_choice `required` or the function's name, or strict: false",
-                        f.name
-                    ),
-                    names.tools,
-                ));
-            }
-        }
         Ok(Some(Tools {
             functions,
             choice,
@@ -202,16 +191,29 @@ impl Tools {
     /// function's schema; none for `auto` and `none`.
     pub fn constraint(&self, format: Format, tok: &TextTokenizer) -> Option<Constraint> {
         let functions: Vec<&Function> = match &self.choice {
-            Choice::Auto | Choice::None => return None,
+            Choice::None => return None,
+            // Under `auto` the model may answer in text; a strict function's arguments are
+            // held to its schema once a call opens (OpenAI's and vLLM's `strict`).
+            Choice::Auto if self.functions.iter().any(|f| f.strict) => {
+                self.functions.iter().collect()
+            }
+            Choice::Auto => return None,
             Choice::Required => self.functions.iter().collect(),
             Choice::Named(n) => self.functions.iter().filter(|f| &f.name == n).collect(),
         };
+        let auto = self.choice == Choice::Auto;
         let limit = self.call_limit();
         let args_key = format.arguments_key();
         let call_schema = |f: &Function| {
+            // Under `auto` a function that is not strict takes any object as its arguments.
+            let args = if auto && !f.strict {
+                json!({"type": "object"})
+            } else {
+                f.parameters.clone()
+            };
             json!({
                 "type": "object",
-                "properties": {"name": {"const": f.name}, args_key: f.parameters},
+                "properties": {"name": {"const": f.name}, args_key: args},
                 "required": ["name", args_key],
                 "additionalProperties": false,
             })
@@ -230,27 +232,51 @@ impl Tools {
         };
         let grammar = match format {
             Format::Hermes => {
-                let call = format!(
-                    "call: \"<tool_call>\\n\" %json {} \"\\n</tool_call>\"",
-                    compact(one)
-                );
-                match limit {
-                    1 => format!("start: call\n{call}\n"),
-                    usize::MAX => format!("start: call (\"\\n\" call)*\n{call}\n"),
-                    m => format!("start: call (\"\\n\" call){{0,{}}}\n{call}\n", m - 1),
+                let one = compact(one);
+                let call = format!("call: \"<tool_call>\\n\" %json {one} \"\\n</tool_call>\"");
+                let more = match limit {
+                    1 => String::new(),
+                    usize::MAX => "(\"\\n\" call)*".into(),
+                    m => format!("(\"\\n\" call){{0,{}}}", m - 1),
+                };
+                if auto {
+                    // Text without the marker, or text up to the first marker (a lazy lexeme:
+                    // it ends there) and then calls.
+                    format!(
+                        "start: TEXT | opened %json {one} \"\\n</tool_call>\" {more}\n\
+                         TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/\n\
+                         opened[lazy]: /(?s:.*)<tool_call>\\n/\n{call}\n"
+                    )
+                } else {
+                    format!("start: call {more}\n{call}\n")
                 }
             }
+            // A call is the whole answer: under `auto`, an answer that does not open with `{`.
+            Format::Llama3Json if auto => format!(
+                "start: TEXT | %json {}\nTEXT: /(?s:.*)/ & ~/(?s:\\s*\\{{.*)/\n",
+                compact(one)
+            ),
             Format::Llama3Json => format!("start: %json {}\n", compact(one)),
             Format::Mistral => {
                 let mut list = json!({"type": "array", "items": one, "minItems": 1});
                 if limit != usize::MAX {
                     list["maxItems"] = limit.into();
                 }
-                let marker = match tok.token_id(MISTRAL_MARKER) {
-                    Some(id) if tok.is_special(id) => format!("<[{id}]>"),
-                    _ => format!("{MISTRAL_MARKER:?}"),
-                };
-                format!("start: {marker} %json {}\n", compact(list))
+                let list = compact(list);
+                match tok.token_id(MISTRAL_MARKER) {
+                    // A control token: text (which cannot hold one), or the marker and calls.
+                    Some(id) if tok.is_special(id) && auto => {
+                        format!("start: TEXT | <[{id}]> %json {list}\nTEXT: /(?s:.*)/\n")
+                    }
+                    Some(id) if tok.is_special(id) => format!("start: <[{id}]> %json {list}\n"),
+                    // Plain text: as Hermes' marker.
+                    _ if auto => format!(
+                        "start: TEXT | opened %json {list}\n\
+                         TEXT: /(?s:.*)/ & ~/(?s:.*\\[TOOL_CALLS\\].*)/\n\
+                         opened[lazy]: /(?s:.*)\\[TOOL_CALLS\\]/\n"
+                    ),
+                    _ => format!("start: {MISTRAL_MARKER:?} %json {list}\n"),
+                }
             }
         };
         Some(Constraint::Lark(grammar))

@@ -234,6 +234,18 @@ fn clients_check(script: &str, base: &str) {
     );
 }
 
+/// The OpenAI Agents SDK with its default (strict) function tool runs a tool loop: a required
+/// call, then a turn under `auto` with the strict tool (`tests/python/agents_check.py`).
+#[test]
+fn the_openai_agents_sdk_runs_a_tool_loop_with_a_strict_tool() {
+    let (_server, base) = start_with(&config(), &["--chat-template", TOOLS_TEMPLATE]);
+    python_check(
+        "agents_check.py",
+        &agents_site(),
+        &[("BASE_URL", base.as_str()), ("KEY", "sk-test-acme")],
+    );
+}
+
 #[test]
 fn the_official_anthropic_client_speaks_messages_and_openai_speaks_responses() {
     let (_server, base) = start(&config());

@@ -38,6 +38,12 @@ pub fn anthropic_site() -> PathBuf {
     cachet_tests::pip_target(dir, &["anthropic", "openai", "jsonschema"], "jsonschema")
 }
 
+/// The OpenAI Agents SDK (`openai-agents`, with its `openai`) from PyPI, installed once.
+pub fn agents_site() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-agents");
+    cachet_tests::pip_target(dir, &["openai-agents==0.25.0"], "agents")
+}
+
 /// Runs `tests/python/<script>` with `site` on its PYTHONPATH and `env`; asserts it exits 0 and
 /// ends with "all checks passed"; returns what it printed.
 pub fn python_check(script: &str, site: &std::path::Path, env: &[(&str, &str)]) -> String {

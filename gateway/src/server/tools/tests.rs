@@ -179,7 +179,8 @@ fn bad_tool_requests_are_refused_by_name() {
         .contains("not among"));
     let mut strict = f("a");
     strict.strict = true;
-    assert!(err(vec![strict.clone()], None).1.contains("strict"));
+    // Strict under `auto` is held to its schema once a call opens (below).
+    assert!(Tools::new(vec![strict.clone()], None, true, N).is_ok());
     assert!(Tools::new(vec![strict], Some(Choice::Required), true, N).is_ok());
     let mut p = f("a");
     p.parameters = json!([]);
@@ -288,4 +289,101 @@ fn tools_none() -> Tools {
         parallel: true,
         max_calls: None,
     }
+}
+
+/// Under `auto` with a strict function (the OpenAI Agents SDK's and pydantic-ai's default): the
+/// model may answer in text; once it opens a call, the call follows the schema — a strict
+/// function's arguments its parameters, another's any object; text before a Hermes call is
+/// allowed. Without a strict function `auto` has no grammar.
+#[test]
+fn strict_functions_under_auto_are_held_to_their_schema_once_a_call_opens() {
+    use cachet_backend::grammar::GrammarCompiler;
+    let tok = cachet_tests::smollm2().tokenizer.clone().unwrap();
+    let eos = tok.token_id("<|im_end|>").unwrap();
+    let compiler = GrammarCompiler::new(tok.clone(), eos, tok.vocab_size());
+    let mut add = f("add");
+    add.parameters = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false});
+    add.strict = true;
+    let clock = f("clock");
+    let takes = |c: &Constraint, text: &str| {
+        let mut m = compiler.compile(c).unwrap();
+        for t in tok.encode(text).unwrap() {
+            if m.consume(t).is_err() {
+                return false;
+            }
+        }
+        let mut mask = vec![0u32; tok.vocab_size().div_ceil(32)];
+        m.mask(&mut mask).unwrap();
+        mask[eos as usize / 32] >> (eos % 32) & 1 == 1
+    };
+    let tools = |functions: Vec<Function>, parallel: bool| Tools {
+        functions,
+        choice: Choice::Auto,
+        parallel,
+        max_calls: None,
+    };
+    let both = tools(vec![add.clone(), clock.clone()], true);
+    let hermes = both.constraint(Format::Hermes, &tok).unwrap();
+    let call = |name: &str, args: &str| {
+        format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>")
+    };
+    for (text, want) in [
+        ("Paris is sunny today.".to_string(), true),
+        (String::new(), true),
+        (call("add", "{\"a\": 1, \"b\": 2}"), true),
+        (
+            format!("Let me add them.\n{}", call("add", "{\"a\": 1, \"b\": 2}")),
+            true,
+        ),
+        (call("clock", "{\"zone\": \"UTC\"}"), true),
+        (
+            format!(
+                "{}\n{}",
+                call("add", "{\"a\": 1, \"b\": 2}"),
+                call("clock", "{}")
+            ),
+            true,
+        ),
+        (call("add", "{\"a\": \"one\", \"b\": 2}"), false),
+        (format!("Sure.\n{}", call("add", "{\"a\": 1}")), false),
+        (call("sub", "{\"a\": 1, \"b\": 2}"), false),
+        (call("clock", "[1]"), false),
+    ] {
+        assert_eq!(takes(&hermes, &text), want, "hermes: {text:?}");
+    }
+    let one = tools(vec![add.clone(), clock.clone()], false)
+        .constraint(Format::Hermes, &tok)
+        .unwrap();
+    assert!(!takes(
+        &one,
+        &format!(
+            "{}\n{}",
+            call("add", "{\"a\": 1, \"b\": 2}"),
+            call("clock", "{}")
+        )
+    ));
+    let llama = both.constraint(Format::Llama3Json, &tok).unwrap();
+    assert!(takes(&llama, "Paris is sunny today."));
+    assert!(takes(
+        &llama,
+        "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}"
+    ));
+    assert!(!takes(
+        &llama,
+        "{\"name\": \"add\", \"parameters\": {\"a\": 1}}"
+    ));
+    let mistral = both.constraint(Format::Mistral, &tok).unwrap();
+    assert!(takes(&mistral, "Paris is sunny today."));
+    assert!(takes(
+        &mistral,
+        "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]"
+    ));
+    assert!(!takes(
+        &mistral,
+        "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"b\": 2}}]"
+    ));
+    // No strict function: no grammar under auto.
+    assert!(tools(vec![clock], true)
+        .constraint(Format::Hermes, &tok)
+        .is_none());
 }
