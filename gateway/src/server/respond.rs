@@ -469,7 +469,11 @@ async fn whole_into(
         for c in &mut out {
             let mut p = Parser::new(format, limit);
             let mut outs = p.feed(&std::mem::take(&mut c.text));
-            outs.extend(p.finish());
+            outs.extend(if c.reason == FinishReason::Length {
+                p.finish_cut()
+            } else {
+                p.finish()
+            });
             for o in outs {
                 match o {
                     Out::Text(t) => c.text.push_str(&t),
@@ -590,7 +594,11 @@ pub fn sse(
                         Some(p) => {
                             let made = p.calls();
                             let mut outs = p.feed(&text);
-                            outs.extend(p.finish());
+                            outs.extend(if reason == FinishReason::Length {
+                                p.finish_cut()
+                            } else {
+                                p.finish()
+                            });
                             let f =
                                 parsed(&mut render, &meta, i, made, outs, None, &state.tokenizer);
                             (f, String::new())

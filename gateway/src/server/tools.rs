@@ -451,6 +451,16 @@ impl Parser {
 
     /// The output has ended: whatever was held comes out.
     pub fn finish(&mut self) -> Vec<Out> {
+        self.finish_ended(false)
+    }
+
+    /// The output was cut off (`max_tokens`): a call it was writing that does not parse is
+    /// dropped, not returned as text (the client asked for calls, and half of one is neither).
+    pub fn finish_cut(&mut self) -> Vec<Out> {
+        self.finish_ended(true)
+    }
+
+    fn finish_ended(&mut self, cut: bool) -> Vec<Out> {
         let mut out = Vec::new();
         self.step(&mut out, true);
         match self.state {
@@ -459,6 +469,7 @@ impl Parser {
                 let body = std::mem::take(&mut self.buf);
                 match self.call(&body) {
                     Some(c) => self.push_call(&mut out, c),
+                    None if cut => {}
                     None => self.text(&mut out, format!("{HERMES_OPEN}{body}")),
                 }
             }
@@ -466,6 +477,7 @@ impl Parser {
                 let body = std::mem::take(&mut self.buf);
                 match self.rest_calls(&body) {
                     Some(calls) => calls.into_iter().for_each(|c| self.push_call(&mut out, c)),
+                    None if cut => {}
                     None => self.text(&mut out, body),
                 }
             }

@@ -387,3 +387,34 @@ fn strict_functions_under_auto_are_held_to_their_schema_once_a_call_opens() {
         .constraint(Format::Hermes, &tok)
         .is_none());
 }
+
+/// A call cut off by `max_tokens` is dropped, not returned as text: the text before it stays;
+/// a call that parses still comes out; an output that ended on its own keeps the unparsed
+/// remainder as text (the model chose to write it).
+#[test]
+fn a_call_cut_off_by_max_tokens_is_not_text() {
+    let ended = |format: Format, text: &str, cut: bool| {
+        let mut p = Parser::new(format, usize::MAX);
+        let mut outs = p.feed(text);
+        outs.extend(if cut { p.finish_cut() } else { p.finish() });
+        let texts: String = outs
+            .iter()
+            .filter_map(|o| match o {
+                Out::Text(t) => Some(t.as_str()),
+                Out::Call(_) => None,
+            })
+            .collect();
+        let calls = outs.iter().filter(|o| matches!(o, Out::Call(_))).count();
+        (texts, calls)
+    };
+    let half = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"argum";
+    let (text, calls) = ended(Format::Hermes, half, true);
+    assert_eq!((text.trim_end(), calls), ("Let me check.", 0));
+    let (text, _) = ended(Format::Hermes, half, false);
+    assert!(text.contains("<tool_call>"), "{text}");
+    let whole = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}";
+    assert_eq!(ended(Format::Hermes, whole, true), (String::new(), 1));
+    let llama = "{\"name\": \"add\", \"parameters\": {\"a\": 1";
+    assert_eq!(ended(Format::Llama3Json, llama, true), (String::new(), 0));
+    assert_eq!(ended(Format::Llama3Json, llama, false).0, llama);
+}
