@@ -113,6 +113,9 @@ rj = o.responses.create(model=M, input="What is the capital of France? Answer as
                         text={"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA, "strict": True}})
 jsonschema.validate(json.loads(rj.output_text), SCHEMA)
 check("responses: text.format json_schema validates", rj.status == "completed", rj.output_text)
+check("responses: text.format echoed as sent", rj.text.format.type == "json_schema" and rj.text.format.name == "answer"
+      and rj.text.format.schema_ == SCHEMA and rj.text.format.strict is True, str(rj.text))
+check("responses: plain text echoed without a format", r.text.format.type == "text", str(r.text))
 ri = o.responses.create(model=M, input="Count to fifty.", max_output_tokens=3, temperature=0)
 check("responses: max_output_tokens ends incomplete", ri.status == "incomplete" and ri.incomplete_details.reason == "max_output_tokens")
 for name, kw in [("store", {"store": True}), ("previous_response_id", {"previous_response_id": "resp_1"}),

@@ -124,6 +124,8 @@ fn tools_of(tools: Option<&Value>) -> Result<Vec<Value>, ApiError> {
 /// What the response object echoes of the request.
 #[derive(Debug, Clone, Default)]
 pub struct Echo {
+    /// `text` as sent (its `format`), or plain text.
+    text: Value,
     tools: Vec<Value>,
     tool_choice: Value,
     parallel_tool_calls: bool,
@@ -327,6 +329,11 @@ pub fn parse(body: &[u8], unknown: UnknownFields) -> Result<(Parsed, Echo), ApiE
         t.max_calls = Some(m as usize);
     }
     let echo = Echo {
+        text: r
+            .text
+            .clone()
+            .filter(|t| t.get("format").is_some())
+            .unwrap_or_else(|| serde_json::json!({"format": {"type": "text"}})),
         tools: tools
             .iter()
             .map(|t| {
@@ -489,7 +496,7 @@ impl ResponsesRender {
             "previous_response_id": null,
             "store": false,
             "temperature": self.echo.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": self.echo.text,
             "tool_choice": self.echo.tool_choice,
             "tools": self.echo.tools,
             "top_p": self.echo.top_p,
