@@ -382,5 +382,6 @@ pub fn gguf_meta(file: &gguf::GgufFile, path: &Path) -> Result<ModelMeta, LoadEr
         source: path.into(),
         config,
         tokenizer: Some(tokenizer),
+        generation: Default::default(),
     })
 }

@@ -111,7 +111,14 @@ pub fn load_hf(dir: &Path, progress: bool) -> Result<LoadedModel, LoadError> {
 
 /// An HF directory's name, config and tokenizer.
 pub(super) fn hf_meta(dir: &Path) -> Result<ModelMeta, LoadError> {
-    let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let mut config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let generation = super::generation::GenerationConfig::of_dir(dir)?;
+    // Every id that ends a turn: config.json's first, then generation_config.json's others.
+    for &id in &generation.eos_token_ids {
+        if !config.eos_token_ids.contains(&id) {
+            config.eos_token_ids.push(id);
+        }
+    }
     let tokenizer = if dir.join("tokenizer.json").exists() {
         Some(TextTokenizer::from_hf_dir(dir)?)
     } else {
@@ -126,5 +133,6 @@ pub(super) fn hf_meta(dir: &Path) -> Result<ModelMeta, LoadError> {
         source: dir.into(),
         config,
         tokenizer,
+        generation,
     })
 }

@@ -5,6 +5,7 @@
 //! uploads them in its own format (f32 on the CPU, bf16 on CUDA).
 
 pub mod fetch;
+pub mod generation;
 pub mod gguf;
 mod gguf_model;
 pub mod gguf_tokenizer;
@@ -648,6 +649,9 @@ pub struct ModelMeta {
     pub source: PathBuf,
     pub config: ModelConfig,
     pub tokenizer: Option<TextTokenizer>,
+    /// `generation_config.json` (HF directories; empty otherwise). Its end-of-turn ids are in
+    /// `config` already; its sampling values are defaults for requests.
+    pub generation: generation::GenerationConfig,
 }
 
 impl ModelMeta {

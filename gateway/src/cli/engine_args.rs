@@ -206,6 +206,8 @@ pub struct Started {
     pub model_id: String,
     /// The step limits in force (flags, or the device's defaults).
     pub limits: StepLimits,
+    /// The model's `generation_config.json` (its sampling values are request defaults).
+    pub generation: loader::generation::GenerationConfig,
 }
 
 impl EngineArgs {
@@ -309,7 +311,9 @@ impl EngineArgs {
 
     /// The model's tokenizer and id without its weights, for a gateway whose upstreams run the
     /// model (fetches a known model first: its tokenizer lives in its file).
-    pub fn text_only(&self) -> anyhow::Result<(TextTokenizer, String)> {
+    pub fn text_only(
+        &self,
+    ) -> anyhow::Result<(TextTokenizer, String, loader::generation::GenerationConfig)> {
         let dummy = self.dummy_config()?;
         let name = self.tokenizer_source()?;
         fetch_known(name)?;
@@ -320,7 +324,17 @@ impl EngineArgs {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
         let tokenizer = self.with_chat_template(tokenizer)?;
-        Ok((tokenizer, self.model_id(dummy.as_ref(), &meta.name)))
+        // A dummy model's weights are random: its tokenizer's model recommends nothing for it.
+        let generation = if dummy.is_some() {
+            Default::default()
+        } else {
+            meta.generation.clone()
+        };
+        Ok((
+            tokenizer,
+            self.model_id(dummy.as_ref(), &meta.name),
+            generation,
+        ))
     }
 
     /// Loads the model (fetching a known one), builds the runner and starts the engine thread.
@@ -397,6 +411,11 @@ impl EngineArgs {
             tokenizer,
             model_id,
             limits,
+            generation: if dummy_config.is_some() {
+                Default::default()
+            } else {
+                model.generation.clone()
+            },
         })
     }
 }

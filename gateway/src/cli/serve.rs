@@ -175,14 +175,24 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         "none" => Some(None),
         f => Some(Some(f.parse().map_err(anyhow::Error::msg)?)),
     };
-    let (engine, tokenizer, model_id) = if embedded {
+    let (engine, tokenizer, model_id, generation) = if embedded {
         let s = a.engine.start(key)?;
-        (Some(s.engine), s.tokenizer, s.model_id)
+        (Some(s.engine), s.tokenizer, s.model_id, s.generation)
     } else {
-        let (tokenizer, model_id) = a.engine.text_only()?;
+        let (tokenizer, model_id, generation) = a.engine.text_only()?;
         tracing::info!(model = %model_id, "remote upstreams only: no weights loaded");
-        (None, tokenizer, model_id)
+        (None, tokenizer, model_id, generation)
     };
+    if generation.has_sampling() {
+        tracing::info!(
+            temperature = ?generation.temperature,
+            top_p = ?generation.top_p,
+            top_k = ?generation.top_k,
+            min_p = ?generation.min_p,
+            repetition_penalty = ?generation.repetition_penalty,
+            "sampling defaults from the model's generation_config.json (a request's own values win)"
+        );
+    }
     for p in &file.price {
         p.validate().with_context(in_config)?;
     }
@@ -237,6 +247,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             tenants,
         );
         state.served_names = served.clone();
+        state.sampling_defaults = generation;
         state.request_timeout = Duration::from_secs(a.request_timeout.max(1));
         state.templates = templates;
         state.metrics_token = a.metrics_token.clone();

@@ -181,6 +181,31 @@ fn check_budget(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
     .into())
 }
 
+/// The model's recommended sampling (`generation_config.json`) for what the request left unset.
+pub(super) fn model_defaults(
+    g: &cachet_backend::loader::generation::GenerationConfig,
+    c: &openai::Common,
+    s: &mut cachet_backend::sampler::SamplingParams,
+) {
+    if let (None, Some(t)) = (c.temperature, g.temperature) {
+        s.temperature = t.max(0.0);
+    }
+    if let (None, Some(p)) = (c.top_p, g.top_p) {
+        s.top_p = p.clamp(0.0, 1.0);
+    }
+    if let (None, Some(k)) = (c.top_k, g.top_k) {
+        s.top_k = usize::try_from(k).unwrap_or(0);
+    }
+    if let (None, Some(p)) = (c.min_p, g.min_p) {
+        s.min_p = p.clamp(0.0, 1.0);
+    }
+    if let (None, Some(r)) = (c.repetition_penalty, g.repetition_penalty) {
+        if r > 0.0 {
+            s.repetition_penalty = r;
+        }
+    }
+}
+
 /// The model exists here and the tenant may use it.
 pub(super) fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
     if !state.served_names.iter().any(|n| n == model) {
@@ -221,7 +246,7 @@ pub async fn run(
         input,
         max_tokens,
         mut stop,
-        sampling,
+        mut sampling,
         stop_token_ids,
         n,
         ignored,
@@ -230,6 +255,7 @@ pub async fn run(
     } = parsed;
     let chat = matches!(input, Input::Chat(..));
     check_model(&state, &tenant, &input.common().model)?;
+    model_defaults(&state.sampling_defaults, input.common(), &mut sampling);
     check_budget(&state, &tenant)?;
     let (template_tools, calls) = tool_plan(&state, tools.as_ref(), &mut constraint)?;
     // The tenant's concurrency and requests/min, before any work is done for the request (its
@@ -738,6 +764,38 @@ fn prepare_timed(
 
 #[cfg(test)]
 mod tests {
+    /// The model's recommended values fill what a request left unset; a request's own values
+    /// win; without a generation config nothing changes.
+    #[test]
+    fn generation_config_values_are_defaults_a_request_overrides() {
+        use cachet_backend::loader::generation::GenerationConfig;
+        use cachet_backend::sampler::SamplingParams;
+        let g = GenerationConfig {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: Some(20),
+            repetition_penalty: Some(1.05),
+            ..Default::default()
+        };
+        let common = super::openai::Common {
+            temperature: Some(0.0),
+            ..Default::default()
+        };
+        let mut s = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        super::model_defaults(&g, &common, &mut s);
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.repetition_penalty),
+            (0.0, 0.95, 20, 1.05)
+        );
+        let before = SamplingParams::default();
+        let mut s = before.clone();
+        super::model_defaults(&GenerationConfig::default(), &common, &mut s);
+        assert_eq!(s, before);
+    }
+
     #[test]
     fn json_len_counts_what_to_string_would_write() {
         let v = serde_json::json!([{"type": "function", "function": {"name": "f\"x", "parameters": {"a": [1, 2.5, null]}}}]);

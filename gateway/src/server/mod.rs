@@ -65,6 +65,9 @@ pub struct AppState {
     /// Every name clients may send as `model` (`--served-model-name`; `model_id` first): each
     /// is listed by `/v1/models`, may be priced and may be in a tenant's `allowed_models`.
     pub served_names: Vec<String>,
+    /// The model's recommended sampling (`generation_config.json`), for requests that set no
+    /// value of their own.
+    pub sampling_defaults: cachet_backend::loader::generation::GenerationConfig,
     pub created: u64,
     pub metrics: metrics::Metrics,
     /// Tenants' prompt templates (`--templates-dir`); `None` disables them.
@@ -133,6 +136,7 @@ impl AppState {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             tenants: std::sync::RwLock::new(Arc::new(tenants)),
             served_names: vec![model_id.clone()],
+            sampling_defaults: Default::default(),
             model_id,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
