@@ -19,6 +19,25 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
+/// A chat message as transformers takes it (`role`, `content`, `tool_calls` with arguments as
+/// objects, `tool_call_id`), as a client sends it to Cachet (the arguments as JSON text).
+pub fn chat_message(m: &serde_json::Value) -> cachet_backend::tokenizer::ChatMessage {
+    use cachet_backend::tokenizer::{ChatMessage, ToolCall};
+    let mut msg = ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
+    msg.tool_call_id = m["tool_call_id"].as_str().map(str::to_owned);
+    if let Some(calls) = m["tool_calls"].as_array() {
+        msg.tool_calls = calls
+            .iter()
+            .map(|c| ToolCall {
+                id: c["id"].as_str().unwrap().into(),
+                name: c["function"]["name"].as_str().unwrap().into(),
+                arguments: c["function"]["arguments"].to_string(),
+            })
+            .collect();
+    }
+    msg
+}
+
 pub fn read_json(name: &str) -> serde_json::Value {
     let p = fixtures().join(name);
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use cachet_backend::tokenizer::{ChatMessage, TextTokenizer, ToolCall};
+use cachet_backend::tokenizer::{ChatMessage, TextTokenizer};
 use serde_json::{json, Value};
 
 const SDIST: &str = "llama-cpp-python==0.3.36";
@@ -161,23 +161,6 @@ fn cases() -> Vec<Value> {
     ]
 }
 
-fn message(m: &Value) -> ChatMessage {
-    let mut msg = ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
-    msg.tool_call_id = m["tool_call_id"].as_str().map(str::to_owned);
-    if let Some(calls) = m["tool_calls"].as_array() {
-        msg.tool_calls = calls
-            .iter()
-            .map(|c| ToolCall {
-                id: c["id"].as_str().unwrap().into(),
-                name: c["function"]["name"].as_str().unwrap().into(),
-                // As a client sends them: JSON text.
-                arguments: c["function"]["arguments"].to_string(),
-            })
-            .collect();
-    }
-    msg
-}
-
 /// transformers' renderings of every template on every case.
 fn reference(templates: &[(String, String)], cases: &[Value]) -> Value {
     let site = cachet_tests::pip_target(
@@ -269,7 +252,7 @@ fn every_corpus_template_renders_as_transformers_renders_it() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(message)
+                .map(cachet_tests::chat_message)
                 .collect();
             let tools = Some(&case["tools"]).filter(|t| !t.is_null());
             let kwargs = case["kwargs"].as_object();

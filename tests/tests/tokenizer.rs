@@ -74,7 +74,7 @@ fn a_dummy_models_every_generated_token_streams_as_text_at_once() {
 /// definitions through `tojson`, an assistant's calls with their arguments, tool results.
 #[test]
 fn tool_conversations_render_as_transformers_renders_them() {
-    use cachet_backend::tokenizer::{ChatMessage, ToolCall};
+    use cachet_backend::tokenizer::ChatMessage;
     let reference = read_json("chat_template_reference.json");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let base = smollm2().tokenizer.clone().unwrap();
@@ -92,23 +92,7 @@ fn tool_conversations_render_as_transformers_renders_them() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| {
-                let mut msg =
-                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
-                msg.tool_call_id = m["tool_call_id"].as_str().map(str::to_owned);
-                if let Some(calls) = m["tool_calls"].as_array() {
-                    msg.tool_calls = calls
-                        .iter()
-                        .map(|c| ToolCall {
-                            id: c["id"].as_str().unwrap().into(),
-                            name: c["function"]["name"].as_str().unwrap().into(),
-                            // As a client sends them: JSON text.
-                            arguments: c["function"]["arguments"].to_string(),
-                        })
-                        .collect();
-                }
-                msg
-            })
+            .map(cachet_tests::chat_message)
             .collect();
         let tools = Some(&case["tools"]).filter(|t| !t.is_null());
         let got = tok

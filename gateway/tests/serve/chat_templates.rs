@@ -5,8 +5,6 @@
 //! that fails on a request answers 500 naming the template's error (and logs it), while its
 //! own `raise_exception` is the client's 400.
 
-use cachet_tests::curl_status;
-
 use super::common::*;
 
 fn config() -> String {
@@ -17,19 +15,7 @@ fn config() -> String {
 }
 
 fn chat(base: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let b = body.to_string();
-    let url = format!("{base}/v1/chat/completions");
-    let (code, text) = curl_status(&[
-        "-H",
-        "Authorization: Bearer sk-test-acme",
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        &b,
-        &url,
-    ]);
-    let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{code}: {text}"));
-    (code, v)
+    post_json(base, "/v1/chat/completions", "sk-test-acme", &body)
 }
 
 fn weather() -> serde_json::Value {

@@ -64,6 +64,31 @@ pub fn python_check(script: &str, site: &std::path::Path, env: &[(&str, &str)]) 
     text
 }
 
+/// POSTs JSON `body` to `base` + `path` with `key` as the bearer token; (status, JSON reply).
+pub fn post_json(
+    base: &str,
+    path: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let (b, auth, url) = (
+        body.to_string(),
+        format!("Authorization: Bearer {key}"),
+        format!("{base}{path}"),
+    );
+    let (code, text) = cachet_tests::curl_status(&[
+        "-H",
+        &auth,
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &b,
+        &url,
+    ]);
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{code}: {text}"));
+    (code, v)
+}
+
 pub fn key_hash(key: &str) -> String {
     cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
 }

@@ -15,19 +15,7 @@ fn config() -> String {
 }
 
 fn post(base: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let b = body.to_string();
-    let url = format!("{base}{path}");
-    let (code, text) = curl_status(&[
-        "-H",
-        "Authorization: Bearer sk-test-acme",
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        &b,
-        &url,
-    ]);
-    let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{code}: {text}"));
-    (code, v)
+    post_json(base, path, "sk-test-acme", &body)
 }
 
 #[test]

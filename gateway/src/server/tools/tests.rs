@@ -200,6 +200,25 @@ fn bad_tool_requests_are_refused_by_name() {
     assert!(err(vec![big], None).1.contains("bytes; at most"));
 }
 
+/// Whether `c` takes `text` (tokenized) whole and then allows the end (`eos`).
+fn grammar_takes(
+    compiler: &cachet_backend::grammar::GrammarCompiler,
+    tok: &cachet_backend::tokenizer::TextTokenizer,
+    eos: u32,
+    c: &Constraint,
+    text: &str,
+) -> bool {
+    let mut m = compiler.compile(c).unwrap();
+    for t in tok.encode(text).unwrap() {
+        if m.consume(t).is_err() {
+            return false;
+        }
+    }
+    let mut mask = vec![0u32; tok.vocab_size().div_ceil(32)];
+    m.mask(&mut mask).unwrap();
+    mask[eos as usize / 32] >> (eos % 32) & 1 == 1
+}
+
 /// Each format's grammar, compiled against SmolLM2's vocabulary, takes a valid call
 /// token by token and then allows the end; it refuses a function that was not offered (or
 /// not named) and arguments outside the schema; what it takes parses back as the call.
@@ -221,18 +240,7 @@ fn forced_calls_follow_each_formats_grammar() {
         parameters: json!({"type": "object", "properties": {}}),
         strict: false,
     };
-    // Whether the grammar takes `text` whole and then allows the end.
-    let takes = |c: &Constraint, text: &str| {
-        let mut m = compiler.compile(c).unwrap();
-        for t in tok.encode(text).unwrap() {
-            if m.consume(t).is_err() {
-                return false;
-            }
-        }
-        let mut mask = vec![0u32; tok.vocab_size().div_ceil(32)];
-        m.mask(&mut mask).unwrap();
-        mask[eos as usize / 32] >> (eos % 32) & 1 == 1
-    };
+    let takes = |c: &Constraint, text: &str| grammar_takes(&compiler, &tok, eos, c, text);
     for (format, ok, two, wrong_name, wrong_args) in [
         (
             Format::Hermes,
@@ -305,17 +313,7 @@ fn strict_functions_under_auto_are_held_to_their_schema_once_a_call_opens() {
     add.parameters = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false});
     add.strict = true;
     let clock = f("clock");
-    let takes = |c: &Constraint, text: &str| {
-        let mut m = compiler.compile(c).unwrap();
-        for t in tok.encode(text).unwrap() {
-            if m.consume(t).is_err() {
-                return false;
-            }
-        }
-        let mut mask = vec![0u32; tok.vocab_size().div_ceil(32)];
-        m.mask(&mut mask).unwrap();
-        mask[eos as usize / 32] >> (eos % 32) & 1 == 1
-    };
+    let takes = |c: &Constraint, text: &str| grammar_takes(&compiler, &tok, eos, c, text);
     let tools = |functions: Vec<Function>, parallel: bool| Tools {
         functions,
         choice: Choice::Auto,
