@@ -436,6 +436,12 @@ impl TextTokenizer {
         }
     }
 
+    /// Whether the template a request with `tools` (or without) renders with only copies
+    /// message contents (its renderings are reused with other contents spliced in).
+    pub fn reuses_layouts(&self, tools: bool) -> bool {
+        matches!(self.compile(tools), Some(Ok(c)) if c.layouts.is_ok())
+    }
+
     fn compiled(&self, tools: bool) -> Result<&Compiled, EngineError> {
         match self.compile(tools) {
             None => Err(EngineError::InvalidRequest(

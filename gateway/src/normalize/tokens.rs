@@ -185,10 +185,57 @@ pub fn render(
         Some(_) => boundary.unwrap_or(before_dynamic),
         None => text.len(),
     };
-    Ok(Rendered {
+    let marked = Rendered {
         text,
         pieces,
         boundary,
+    };
+    // A template that does more with a content than copy it may test its value
+    // (`content.startswith('<tool_response>')`, Qwen3's): there the markers could change what
+    // it renders. Rendered without them too; where the two differ, the model gets the true one.
+    if tok.reuses_layouts(tools.is_some()) {
+        return Ok(marked);
+    }
+    let truth = tok.render_chat_in(partition, messages, tools, kwargs, generation_prompt)?;
+    if truth == marked.text {
+        return Ok(marked);
+    }
+    unmarked(truth, &marked, messages, specials)
+}
+
+/// The rendering without markers, for a template that rendered differently with them: one
+/// markup piece (tokenized as transformers tokenizes a rendering), so no message may hold a
+/// control token's text (it could not be kept apart as plain text); the static prefix ends
+/// where the marked one did, at most where the two renderings part.
+fn unmarked(
+    truth: String,
+    marked: &Rendered,
+    messages: &[ChatMessage],
+    specials: &[String],
+) -> Result<Rendered, EngineError> {
+    for m in messages {
+        if let Some(s) = specials.iter().find(|s| m.content.contains(s.as_str())) {
+            return Err(EngineError::InvalidRequest(format!(
+                "a message contains the model's control token `{s}`, and this model's chat template reads message text (so it cannot be kept apart as plain text); take it out"
+            )));
+        }
+    }
+    let same = truth
+        .bytes()
+        .zip(marked.text.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut boundary = marked.boundary.min(same);
+    while !truth.is_char_boundary(boundary) {
+        boundary -= 1;
+    }
+    Ok(Rendered {
+        pieces: vec![Piece {
+            range: 0..truth.len(),
+            content: false,
+        }],
+        boundary,
+        text: truth,
     })
 }
 
