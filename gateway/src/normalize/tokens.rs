@@ -11,8 +11,10 @@
 //! recognized) and *content* pieces (tokenized with them as text). Pieces are tokenized one by
 //! one, so a prompt's tokens are the concatenation of its pieces' tokens, and the static prefix —
 //! every piece before the first dynamic text, that piece cut there — has the same tokens in every
-//! request that shares it. (A template that transforms content, e.g. `| trim`, gets the content as
-//! sent: the markers keep it whole.)
+//! request that shares it. A template that reads or transforms content (`| trim`,
+//! `.startswith(…)`) is rendered without markers too; where that rendering differs, the model
+//! gets it, tokenized whole, unless a message holds a control token's text (then the marked
+//! rendering, its contents as sent, keeps that text plain).
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -200,25 +202,25 @@ pub fn render(
     if truth == marked.text {
         return Ok(marked);
     }
-    unmarked(truth, &marked, messages, specials)
+    Ok(unmarked(truth, marked, messages, specials))
 }
 
 /// The rendering without markers, for a template that rendered differently with them: one
-/// markup piece (tokenized as transformers tokenizes a rendering), so no message may hold a
-/// control token's text (it could not be kept apart as plain text); the static prefix ends
-/// where the marked one did, at most where the two renderings part.
+/// markup piece (tokenized whole, as transformers tokenizes a rendering); the static prefix ends
+/// where the marked one did, at most where the two renderings part. Where a message holds a
+/// control token's text, which one markup piece could not keep as plain text, the marked
+/// rendering stays (its contents as sent, in content pieces).
 fn unmarked(
     truth: String,
-    marked: &Rendered,
+    marked: Rendered,
     messages: &[ChatMessage],
     specials: &[String],
-) -> Result<Rendered, EngineError> {
-    for m in messages {
-        if let Some(s) = specials.iter().find(|s| m.content.contains(s.as_str())) {
-            return Err(EngineError::InvalidRequest(format!(
-                "a message contains the model's control token `{s}`, and this model's chat template reads message text (so it cannot be kept apart as plain text); take it out"
-            )));
-        }
+) -> Rendered {
+    if messages
+        .iter()
+        .any(|m| specials.iter().any(|s| m.content.contains(s.as_str())))
+    {
+        return marked;
     }
     let same = truth
         .bytes()
@@ -229,14 +231,14 @@ fn unmarked(
     while !truth.is_char_boundary(boundary) {
         boundary -= 1;
     }
-    Ok(Rendered {
+    Rendered {
         pieces: vec![Piece {
             range: 0..truth.len(),
             content: false,
         }],
         boundary,
         text: truth,
-    })
+    }
 }
 
 fn bad_template(what: &str) -> EngineError {
