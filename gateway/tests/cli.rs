@@ -178,6 +178,22 @@ fn bad_input_gets_a_clear_error() {
     let out = cachet(&["model", "fetch", "gpt-17"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown model"));
+    // --tokenizer with a real model is refused, not ignored.
+    let out = cachet(&[
+        "worker",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokenizer",
+        "smollm2",
+        "--device",
+        "cpu",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tokenizer smollm2 is for --load-format dummy"),
+        "{err}"
+    );
     // A bad --speculative-config is refused before any model is loaded, saying what to fix.
     for (cfg, says) in [
         ("{\"method\": \"eagle\"}", "use \"ngram\""),

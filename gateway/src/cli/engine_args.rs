@@ -36,7 +36,8 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
     /// Whose tokenizer and chat template serve a `--load-format dummy` model (a model name or
-    /// path); generated ids are shown modulo its vocabulary.
+    /// path); generated ids are shown modulo its vocabulary. Refused with a real model, whose
+    /// tokenizer comes with it.
     #[arg(long)]
     pub tokenizer: Option<String>,
     /// A Jinja chat template file to render prompts with instead of the model's own (HF's
@@ -260,12 +261,16 @@ impl EngineArgs {
 
     /// The tokenizer's model with `--load-format dummy` (its text), else the model itself.
     fn tokenizer_source(&self) -> anyhow::Result<&str> {
-        if self.load_format == LoadFormat::Dummy {
-            self.tokenizer
-                .as_deref()
-                .context("--load-format dummy needs --tokenizer (e.g. smollm2) for its text")
-        } else {
-            Ok(&self.model)
+        match (self.load_format == LoadFormat::Dummy, &self.tokenizer) {
+            (true, Some(t)) => Ok(t),
+            (true, None) => {
+                anyhow::bail!("--load-format dummy needs --tokenizer (e.g. smollm2) for its text")
+            }
+            (false, None) => Ok(&self.model),
+            // Not silently ignored: a real model's tokenizer and chat template come with it.
+            (false, Some(t)) => anyhow::bail!(
+                "--tokenizer {t} is for --load-format dummy; a real model's tokenizer comes with it (give a different chat template with --chat-template)"
+            ),
         }
     }
 
