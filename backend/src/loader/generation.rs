@@ -6,6 +6,17 @@
 use std::path::Path;
 
 use crate::error::LoadError;
+use crate::sampler::SamplingParams;
+
+/// Which sampling values a request set itself (those keep the request's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Given {
+    pub temperature: bool,
+    pub top_p: bool,
+    pub top_k: bool,
+    pub min_p: bool,
+    pub repetition_penalty: bool,
+}
 
 /// What `generation_config.json` says (everything optional; no file: nothing).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -64,6 +75,27 @@ impl GenerationConfig {
         })
     }
 
+    /// Its values in `s` where the request gave none of its own (`given`).
+    pub fn fill(&self, s: &mut SamplingParams, given: Given) {
+        if let (false, Some(t)) = (given.temperature, self.temperature) {
+            s.temperature = t.max(0.0);
+        }
+        if let (false, Some(p)) = (given.top_p, self.top_p) {
+            s.top_p = p.clamp(0.0, 1.0);
+        }
+        if let (false, Some(k)) = (given.top_k, self.top_k) {
+            s.top_k = usize::try_from(k).unwrap_or(0);
+        }
+        if let (false, Some(p)) = (given.min_p, self.min_p) {
+            s.min_p = p.clamp(0.0, 1.0);
+        }
+        if let (false, Some(r)) = (given.repetition_penalty, self.repetition_penalty) {
+            if r > 0.0 {
+                s.repetition_penalty = r;
+            }
+        }
+    }
+
     /// Whether it recommends any sampling value.
     pub fn has_sampling(&self) -> bool {
         self.temperature.is_some()
@@ -113,6 +145,36 @@ mod tests {
         let e = GenerationConfig::of_dir(&dir).unwrap_err().to_string();
         assert!(e.contains("eos_token_id"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The model's recommended values fill what a request left unset; a request's own values
+    /// win; without a generation config nothing changes.
+    #[test]
+    fn generation_config_values_are_defaults_a_request_overrides() {
+        let g = GenerationConfig {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: Some(20),
+            repetition_penalty: Some(1.05),
+            ..Default::default()
+        };
+        let given = Given {
+            temperature: true,
+            ..Default::default()
+        };
+        let mut s = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        g.fill(&mut s, given);
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.repetition_penalty),
+            (0.0, 0.95, 20, 1.05)
+        );
+        let before = SamplingParams::default();
+        let mut s = before.clone();
+        GenerationConfig::default().fill(&mut s, given);
+        assert_eq!(s, before);
     }
 
     /// An HF directory's end-of-turn ids are config.json's and generation_config.json's.

@@ -200,6 +200,19 @@ fn fetch_known(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The model's `generation_config.json`; none for a dummy model, whose weights are random
+/// (what its tokenizer's model recommends is not for it).
+fn generation_of(
+    g: loader::generation::GenerationConfig,
+    dummy: bool,
+) -> loader::generation::GenerationConfig {
+    if dummy {
+        Default::default()
+    } else {
+        g
+    }
+}
+
 /// A started engine.
 pub struct Started {
     pub engine: Engine,
@@ -329,16 +342,11 @@ impl EngineArgs {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
         let tokenizer = self.with_chat_template(tokenizer)?;
-        // A dummy model's weights are random: its tokenizer's model recommends nothing for it.
-        let generation = if dummy.is_some() {
-            Default::default()
-        } else {
-            meta.generation.clone()
-        };
+        let id = self.model_id(dummy.as_ref(), &meta.name);
         Ok((
             tokenizer,
-            self.model_id(dummy.as_ref(), &meta.name),
-            generation,
+            id,
+            generation_of(meta.generation, dummy.is_some()),
         ))
     }
 
@@ -416,11 +424,7 @@ impl EngineArgs {
             tokenizer,
             model_id,
             limits,
-            generation: if dummy_config.is_some() {
-                Default::default()
-            } else {
-                model.generation.clone()
-            },
+            generation: generation_of(model.generation, dummy_config.is_some()),
         })
     }
 }

@@ -535,69 +535,6 @@ pub async fn messages(
     .await
 }
 
-/// `POST /v1/messages/count_tokens`: the tokens a Messages request's prompt takes — `model`,
-/// `messages`, `system`, `tools`, `tool_choice`, `thinking` through the tenant's template,
-/// normalization, the chat template and tokenization, as `/v1/messages` runs them:
-/// `{"input_tokens": n}`. Fields that do not shape the prompt are refused by name.
-pub async fn count_tokens(
-    state: Arc<AppState>,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, ApiError> {
-    const PROMPT: &[&str] = &[
-        "model",
-        "messages",
-        "system",
-        "tools",
-        "tool_choice",
-        "thinking",
-    ];
-    let trace = crate::trace::RequestTrace::start(
-        state.tracing.as_deref(),
-        req.headers(),
-        req.uri().path(),
-        std::time::Instant::now(),
-    );
-    let tenant = state
-        .tenants()
-        .authenticate(crate::http::api_key(&req).unwrap_or(""))?;
-    let body = crate::http::read_body(req, crate::http::MAX_BODY_BYTES).await?;
-    let mut m = match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(m)) => m,
-        _ => {
-            return Err(ApiError::bad_request(
-                "the body is a JSON object: {\"model\", \"messages\", …}",
-                None,
-            ))
-        }
-    };
-    drop(body);
-    if let Some(k) = m.keys().find(|k| !PROMPT.contains(&k.as_str())) {
-        return Err(ApiError::bad_field(
-            format!(
-                "`{k}` does not shape the prompt (count_tokens takes {})",
-                PROMPT.join(", ")
-            ),
-            k.clone(),
-        ));
-    }
-    // A Messages request needs its output's limit; the count does not read it.
-    m.insert("max_tokens".into(), Value::from(1));
-    let bytes = serde_json::to_vec(&Value::Object(m)).expect("a JSON object writes");
-    let mut parsed = parse(&bytes, state.unknown_fields)?;
-    completions::check_model(&state, &tenant, &parsed.input.common().model)?;
-    let _permit = tenant.admit_request(std::time::Instant::now()).await?;
-    let mut constraint = parsed.constraint.take();
-    let (template_tools, _) =
-        completions::tool_plan(&state, parsed.tools.as_ref(), &mut constraint)?;
-    let p = completions::prompts_of(&state, &tenant, parsed.input, template_tools, &trace).await?;
-    let n = p.prompts.first().map_or(0, |p| p.0.len());
-    trace.end(200);
-    Ok(crate::http::json(
-        hyper::StatusCode::OK,
-        &serde_json::json!({"input_tokens": n}),
-    ))
-}
-
 /// Anthropic's `stop_reason`.
 fn stop_reason(reason: FinishReason, stop: Option<&str>, calls: bool) -> &'static str {
     match (reason, stop) {

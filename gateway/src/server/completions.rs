@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use cachet_backend::loader::generation::Given;
 use cachet_backend::request::EngineRequest;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -181,31 +182,6 @@ fn check_budget(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
     .into())
 }
 
-/// The model's recommended sampling (`generation_config.json`) for what the request left unset.
-pub(super) fn model_defaults(
-    g: &cachet_backend::loader::generation::GenerationConfig,
-    c: &openai::Common,
-    s: &mut cachet_backend::sampler::SamplingParams,
-) {
-    if let (None, Some(t)) = (c.temperature, g.temperature) {
-        s.temperature = t.max(0.0);
-    }
-    if let (None, Some(p)) = (c.top_p, g.top_p) {
-        s.top_p = p.clamp(0.0, 1.0);
-    }
-    if let (None, Some(k)) = (c.top_k, g.top_k) {
-        s.top_k = usize::try_from(k).unwrap_or(0);
-    }
-    if let (None, Some(p)) = (c.min_p, g.min_p) {
-        s.min_p = p.clamp(0.0, 1.0);
-    }
-    if let (None, Some(r)) = (c.repetition_penalty, g.repetition_penalty) {
-        if r > 0.0 {
-            s.repetition_penalty = r;
-        }
-    }
-}
-
 /// The model exists here and the tenant may use it.
 pub(super) fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
     if !state.served_names.iter().any(|n| n == model) {
@@ -255,7 +231,17 @@ pub async fn run(
     } = parsed;
     let chat = matches!(input, Input::Chat(..));
     check_model(&state, &tenant, &input.common().model)?;
-    model_defaults(&state.sampling_defaults, input.common(), &mut sampling);
+    let c = input.common();
+    state.sampling_defaults.fill(
+        &mut sampling,
+        Given {
+            temperature: c.temperature.is_some(),
+            top_p: c.top_p.is_some(),
+            top_k: c.top_k.is_some(),
+            min_p: c.min_p.is_some(),
+            repetition_penalty: c.repetition_penalty.is_some(),
+        },
+    );
     check_budget(&state, &tenant)?;
     let (template_tools, calls) = tool_plan(&state, tools.as_ref(), &mut constraint)?;
     // The tenant's concurrency and requests/min, before any work is done for the request (its
@@ -268,7 +254,7 @@ pub async fn run(
         prompts,
         hints,
         fill,
-    } = prompts_of(&state, &tenant, input, template_tools, &trace).await?;
+    } = prompts_of(&state, &tenant, input, template_tools, true, &trace).await?;
     let max_tokens = output_budget(
         &state, &prompts, chat, max_tokens, hints, &mut stop, &sampling,
     )?;
@@ -379,6 +365,7 @@ pub(super) async fn prompts_of(
     tenant: &Arc<Tenant>,
     input: Input,
     template_tools: Option<serde_json::Value>,
+    generation_prompt: bool,
     trace: &RequestTrace,
 ) -> Result<Prompts, ApiError> {
     let mut hints = None;
@@ -400,7 +387,7 @@ pub(super) async fn prompts_of(
             let args = OwnedArgs {
                 tools: template_tools,
                 kwargs: r.template_kwargs()?,
-                generation_prompt: r.generation_prompt.unwrap_or(true),
+                generation_prompt,
             };
             let p = prepare_owned(
                 state,
@@ -764,38 +751,6 @@ fn prepare_timed(
 
 #[cfg(test)]
 mod tests {
-    /// The model's recommended values fill what a request left unset; a request's own values
-    /// win; without a generation config nothing changes.
-    #[test]
-    fn generation_config_values_are_defaults_a_request_overrides() {
-        use cachet_backend::loader::generation::GenerationConfig;
-        use cachet_backend::sampler::SamplingParams;
-        let g = GenerationConfig {
-            temperature: Some(0.6),
-            top_p: Some(0.95),
-            top_k: Some(20),
-            repetition_penalty: Some(1.05),
-            ..Default::default()
-        };
-        let common = super::openai::Common {
-            temperature: Some(0.0),
-            ..Default::default()
-        };
-        let mut s = SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        };
-        super::model_defaults(&g, &common, &mut s);
-        assert_eq!(
-            (s.temperature, s.top_p, s.top_k, s.repetition_penalty),
-            (0.0, 0.95, 20, 1.05)
-        );
-        let before = SamplingParams::default();
-        let mut s = before.clone();
-        super::model_defaults(&GenerationConfig::default(), &common, &mut s);
-        assert_eq!(s, before);
-    }
-
     #[test]
     fn json_len_counts_what_to_string_would_write() {
         let v = serde_json::json!([{"type": "function", "function": {"name": "f\"x", "parameters": {"a": [1, 2.5, null]}}}]);

@@ -228,7 +228,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         (&Method::POST, "/tokenize") => Box::pin(tokenize::tokenize(state.clone(), req)).await,
         (&Method::POST, "/detokenize") => tokenize::detokenize(state.clone(), req).await,
         (&Method::POST, "/v1/messages/count_tokens") => {
-            Box::pin(anthropic::count_tokens(state.clone(), req)).await
+            Box::pin(tokenize::count_tokens(state.clone(), req)).await
         }
         (&Method::POST, "/v1/messages") => {
             return completions::counted(&state, anthropic::messages(state.clone(), req).await)

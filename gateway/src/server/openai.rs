@@ -154,10 +154,6 @@ pub struct ChatRequest {
     /// Typed from the same members (see [`ChatRequest::of`]).
     #[serde(skip)]
     pub common: Common,
-    /// Whether the rendering ends with the assistant's turn opened (`None`: yes). Not a field
-    /// of a completion's body: `/tokenize` sets it from its `add_generation_prompt`.
-    #[serde(skip)]
-    pub generation_prompt: Option<bool>,
 }
 
 impl ChatRequest {

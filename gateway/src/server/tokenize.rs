@@ -8,7 +8,8 @@
 //! tokenization, exactly as `/v1/chat/completions` runs them; `add_generation_prompt`, default
 //! true; `tools`, `chat_template_kwargs`), with `return_token_strs` for each token's text. The
 //! reply: `count`, `max_model_len`, `tokens`, `token_strs` (null unless asked).
-//! `/detokenize` takes `tokens` and answers the `prompt` they decode to.
+//! `/detokenize` takes `tokens` and answers the `prompt` they decode to. Anthropic's
+//! `POST /v1/messages/count_tokens` counts a Messages request's prompt the same way.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +19,7 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{Map, Value};
 
 use super::completions::{check_model, prompts_of, tool_plan};
-use super::openai::{self, Input};
+use super::openai::{self, Parsed};
 use super::AppState;
 use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
 use crate::tenants::Tenant;
@@ -58,6 +59,49 @@ fn model_of(state: &AppState, tenant: &Tenant, m: &mut Map<String, Value>) -> Re
         Some(Value::String(name)) => check_model(state, tenant, &name),
         Some(_) => Err(ApiError::bad_field("`model` is a string", "model")),
     }
+}
+
+/// Refuses a member outside `allowed` (what shapes the prompt), naming what `endpoint` takes.
+fn only(m: &Map<String, Value>, allowed: &[&str], endpoint: &str) -> Result<(), ApiError> {
+    match m.keys().find(|k| !allowed.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => Err(ApiError::bad_field(
+            format!(
+                "`{k}` does not shape the prompt ({endpoint} takes {})",
+                allowed.join(", ")
+            ),
+            k.clone(),
+        )),
+    }
+}
+
+/// The token ids a parsed chat request's prompt becomes: the model checked, its tools, the
+/// tenant's template, normalization, the chat template (with the generation prompt or not)
+/// and tokenization, as the completion path runs them.
+async fn chat_ids(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    mut parsed: Parsed,
+    generation_prompt: bool,
+    trace: &RequestTrace,
+) -> Result<Vec<u32>, ApiError> {
+    check_model(state, tenant, &parsed.input.common().model)?;
+    let mut constraint = parsed.constraint.take();
+    let (template_tools, _) = tool_plan(state, parsed.tools.as_ref(), &mut constraint)?;
+    let p = prompts_of(
+        state,
+        tenant,
+        parsed.input,
+        template_tools,
+        generation_prompt,
+        trace,
+    )
+    .await?;
+    Ok(p.prompts
+        .into_iter()
+        .next()
+        .map(|p| p.0)
+        .unwrap_or_default())
 }
 
 /// Refuses members nobody read.
@@ -107,40 +151,24 @@ pub async fn tokenize(
             ));
         }
         // What shapes a chat's prompt; sampling and output fields have no tokens to show.
-        const CHAT: &[&str] = &[
-            "model",
-            "messages",
-            "tools",
-            "tool_choice",
-            "chat_template_kwargs",
-            "template",
-            "template_variables",
-        ];
-        if let Some(k) = m.keys().find(|k| !CHAT.contains(&k.as_str())) {
-            return Err(ApiError::bad_field(
-                format!(
-                    "`{k}` does not shape a chat's prompt (this endpoint takes {}, add_generation_prompt, return_token_strs)",
-                    CHAT.join(", ")
-                ),
-                k.clone(),
-            ));
-        }
+        only(
+            &m,
+            &[
+                "model",
+                "messages",
+                "tools",
+                "tool_choice",
+                "chat_template_kwargs",
+                "template",
+                "template_variables",
+            ],
+            "/tokenize (with add_generation_prompt, return_token_strs)",
+        )?;
         m.entry("model")
             .or_insert_with(|| Value::from(state.model_id.as_str()));
         let bytes = serde_json::to_vec(&Value::Object(m)).expect("a JSON object writes");
-        let mut parsed = openai::parse_request(true, &bytes, state.unknown_fields)?;
-        check_model(&state, &tenant, &parsed.input.common().model)?;
-        if let Input::Chat(r, _) = &mut parsed.input {
-            r.generation_prompt = Some(generation.unwrap_or(true));
-        }
-        let mut constraint = parsed.constraint.take();
-        let (template_tools, _) = tool_plan(&state, parsed.tools.as_ref(), &mut constraint)?;
-        let p = prompts_of(&state, &tenant, parsed.input, template_tools, &trace).await?;
-        p.prompts
-            .into_iter()
-            .next()
-            .map(|p| p.0)
-            .unwrap_or_default()
+        let parsed = openai::parse_request(true, &bytes, state.unknown_fields)?;
+        chat_ids(&state, &tenant, parsed, generation.unwrap_or(true), &trace).await?
     } else {
         if generation.is_some() {
             return Err(ApiError::bad_field(
@@ -221,5 +249,49 @@ pub async fn detokenize(
     Ok(http::json(
         StatusCode::OK,
         &serde_json::json!({"prompt": text}),
+    ))
+}
+
+/// Anthropic's `POST /v1/messages/count_tokens`: the tokens a Messages request's prompt takes
+/// (`model`, `messages`, `system`, `tools`, `tool_choice`, `thinking`), as `/v1/messages` runs
+/// it: `{"input_tokens": n}`. Fields that do not shape the prompt are refused by name.
+pub async fn count_tokens(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let trace = RequestTrace::start(
+        state.tracing.as_deref(),
+        req.headers(),
+        req.uri().path(),
+        Instant::now(),
+    );
+    let tenant = state
+        .tenants()
+        .authenticate(http::api_key(&req).unwrap_or(""))?;
+    let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let mut m = object(&body, "{\"model\", \"messages\", …}")?;
+    drop(body);
+    only(
+        &m,
+        &[
+            "model",
+            "messages",
+            "system",
+            "tools",
+            "tool_choice",
+            "thinking",
+        ],
+        "count_tokens",
+    )?;
+    // A Messages request needs its output's limit; the count does not read it.
+    m.insert("max_tokens".into(), Value::from(1));
+    let bytes = serde_json::to_vec(&Value::Object(m)).expect("a JSON object writes");
+    let parsed = super::anthropic::parse(&bytes, state.unknown_fields)?;
+    let _permit = tenant.admit_request(Instant::now()).await?;
+    let n = chat_ids(&state, &tenant, parsed, true, &trace).await?.len();
+    trace.end(200);
+    Ok(http::json(
+        StatusCode::OK,
+        &serde_json::json!({"input_tokens": n}),
     ))
 }
