@@ -52,6 +52,14 @@ pub enum LoadError {
     Tokenizer(String),
     #[error("fetching {model}: {msg}")]
     Fetch { model: String, msg: String },
+    #[error(transparent)]
+    Hub(Box<crate::loader::hub::HubError>),
+}
+
+impl From<crate::loader::hub::HubError> for LoadError {
+    fn from(e: crate::loader::hub::HubError) -> Self {
+        LoadError::Hub(Box::new(e))
+    }
 }
 
 impl LoadError {

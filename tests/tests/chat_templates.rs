@@ -3,7 +3,7 @@
 //! Qwen2.5/Qwen3, Llama 3.x, DeepSeek R1/V3, Mistral, Gemma, Phi, Command R, …) on fixed
 //! conversations — system, multi-turn, tools, a tool round trip, reasoning in the history,
 //! `enable_thinking`, the generation prompt on and off — byte for byte against transformers'
-//! own `render_jinja_template` (jinja2) run by `tests/py/chat_template_corpus.py`.
+//! own `render_jinja_template` (jinja2) run by `tests/python/chat_template_corpus.py`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -168,7 +168,7 @@ fn reference(templates: &[(String, String)], cases: &[Value]) -> Value {
         &["transformers==5.25.0", "jinja2==3.1.6"],
         "transformers",
     );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/chat_template_corpus.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/chat_template_corpus.py");
     let job = json!({
         "templates": templates
             .iter()

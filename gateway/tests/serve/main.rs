@@ -6,6 +6,7 @@ mod chat_templates;
 mod common;
 mod config_reload;
 mod hostile;
+mod hub;
 mod names;
 mod openai_client;
 mod operator;

@@ -162,7 +162,9 @@ fn load(a: &ForwardArgs) -> anyhow::Result<(ModelConfig, Box<dyn Runner>)> {
     let mut kv_calibration = Vec::new();
     let weights = match a.load_format {
         LoadFormat::Dummy => {
-            let path = PathBuf::from(&a.model);
+            let path = PathBuf::from(
+                loader::fetch_model(&a.model, None, loader::hub::Want::Config, true)?.spec,
+            );
             let cfg_path = if path.is_dir() {
                 path.join("config.json")
             } else {
@@ -175,10 +177,8 @@ fn load(a: &ForwardArgs) -> anyhow::Result<(ModelConfig, Box<dyn Runner>)> {
             WeightSource::Dummy { seed: 0 }
         }
         LoadFormat::Auto => {
-            if let Some(k) = loader::fetch::known_model(&a.model) {
-                loader::fetch::fetch(k, true)?;
-            }
-            host = loader::load(&a.model, true).with_context(|| format!("loading {}", a.model))?;
+            let model = loader::fetch_model(&a.model, None, loader::hub::Want::Model, true)?.spec;
+            host = loader::load(&model, true).with_context(|| format!("loading {}", a.model))?;
             config = host.config.clone();
             if a.kv_cache_dtype == KvCacheDtype::Int8 {
                 kv_calibration = kv_int8::calibration_tokens(host.tokenizer.as_ref().context(

@@ -81,21 +81,20 @@ impl BenchModelArgs {
     pub fn load(
         &self,
     ) -> anyhow::Result<(ModelConfig, Option<loader::LoadedModel>, TextTokenizer)> {
-        let fetch_known = |name: &str| -> anyhow::Result<()> {
-            if let Some(k) = loader::fetch::known_model(name) {
-                loader::fetch::fetch(k, true)?;
-            }
-            Ok(())
+        use loader::hub::Want;
+        let local = |name: &str, want: Want| -> anyhow::Result<String> {
+            Ok(loader::fetch_model(name, None, want, true)
+                .with_context(|| format!("fetching `{name}`"))?
+                .spec)
         };
-        let (model, tokenizer) = (&self.model, &self.tokenizer);
         if self.load_format == LoadFormat::Dummy {
-            let path = PathBuf::from(model);
+            let path = PathBuf::from(local(&self.model, Want::Config)?);
             let cfg = if path.is_dir() {
                 path.join("config.json")
             } else {
                 path
             };
-            fetch_known(tokenizer)?;
+            let tokenizer = &local(&self.tokenizer, Want::Text)?;
             // Its tokenizer only (a tokenizer-only GGUF will do: no weights are read).
             let t = loader::load_meta(tokenizer)
                 .with_context(|| format!("loading the tokenizer of {tokenizer}"))?;
@@ -104,7 +103,7 @@ impl BenchModelArgs {
                 .with_context(|| format!("reading {}", cfg.display()))?;
             Ok((config, None, tok))
         } else {
-            fetch_known(model)?;
+            let model = &local(&self.model, Want::Model)?;
             let m = loader::load(model, true).with_context(|| format!("loading {model}"))?;
             let tok = m.tokenizer.clone().context("the model has no tokenizer")?;
             Ok((m.config.clone(), Some(m), tok))
