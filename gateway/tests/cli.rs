@@ -16,13 +16,14 @@ fn help_explains_every_subcommand() {
     let out = cachet(&["--help"]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for sub in ["generate", "logits", "model"] {
+    for sub in ["generate", "logits", "model", "kernels"] {
         assert!(text.contains(sub), "{text}");
     }
     for sub in [
         &["generate", "--help"][..],
         &["logits", "--help"],
         &["model", "fetch", "--help"],
+        &["kernels", "build", "--help"],
     ] {
         let out = cachet(sub);
         assert!(out.status.success(), "{sub:?}");
@@ -456,4 +457,49 @@ fn bench_forward_runs_a_model_split_over_ranks() {
     ] {
         assert!(text.contains(row), "{row}: {text}");
     }
+}
+
+/// `cachet kernels build` compiles into the cache a start reads (NVRTC from PyPI, no GPU), and
+/// finds them there the next time; a malformed architecture is refused.
+#[test]
+fn kernels_build_fills_the_kernel_cache_ahead_of_a_start() {
+    let site = cachet_tests::pip_target(
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nvrtc-pip"),
+        &["nvidia-cuda-nvrtc==13.0.*"],
+        "nvidia/cu13/lib/libnvrtc.so.13",
+    );
+    let cache = std::env::temp_dir().join(format!("cachet-kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let build = |arch: &str| {
+        Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .args(["kernels", "build", "--arch", arch])
+            .env("CACHET_CACHE_DIR", &cache)
+            .env("LD_LIBRARY_PATH", site.join("nvidia/cu13/lib"))
+            .output()
+            .unwrap()
+    };
+    let out = build("sm_90");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success() && text.contains("sm_90: compiled in"),
+        "{text}"
+    );
+    let cubins: Vec<String> = std::fs::read_dir(cache.join("kernels"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        cubins.len() == 1 && cubins[0].contains("-sm_90-") && cubins[0].ends_with(".cubin"),
+        "{cubins:?}"
+    );
+    let out = build("sm_90");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success() && text.contains("sm_90: already in"),
+        "{text}"
+    );
+    let out = build("90");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("e.g. sm_90"));
+    let _ = std::fs::remove_dir_all(&cache);
 }

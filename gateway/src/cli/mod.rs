@@ -4,6 +4,7 @@ mod bench;
 mod connection_args;
 mod engine_args;
 mod generate;
+mod kernels;
 mod model;
 mod serve;
 mod worker;
@@ -54,6 +55,9 @@ pub enum Command {
     /// Fetch, list and create models.
     #[command(subcommand)]
     Model(model::ModelCommand),
+    /// Compile the CUDA kernels ahead of a start (for images).
+    #[command(subcommand)]
+    Kernels(kernels::KernelsCommand),
     /// Benchmarks: the forward pass against the device's ceilings, speculative decoding off vs on,
     /// and the TTFT experiment through the gateway.
     #[command(subcommand)]
@@ -105,6 +109,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => generate::generate(a),
         Command::Logits(a) => generate::logits(a),
         Command::Model(c) => model::run(c),
+        Command::Kernels(c) => kernels::run(c),
         Command::Bench(c) => bench::run(c),
         Command::CompileTemplate => cachet_gateway::sandbox::compile_child(),
         Command::Tenant(TenantCommand::HashKey { key }) => {

@@ -101,6 +101,42 @@ pub fn gpu_count() -> Result<usize, DeviceError> {
         .map_err(op_err("device count"))
 }
 
+/// Where compiled kernels are cached: `kernels/` of the model cache, across restarts.
+pub fn kernel_cache_dir() -> std::path::PathBuf {
+    crate::loader::fetch::cache_dir().join("kernels")
+}
+
+/// The architectures (`sm_XY`) of the GPUs visible here, one per GPU.
+pub fn gpu_archs() -> Result<Vec<String>, DeviceError> {
+    (0..gpu_count()?)
+        .map(|i| {
+            let ctx = CudaContext::new(i).map_err(op_err("open device"))?;
+            let (major, minor) = ctx
+                .compute_capability()
+                .map_err(op_err("compute capability"))?;
+            Ok(format!("sm_{major}{minor}"))
+        })
+        .collect()
+}
+
+/// Compiles the kernels for `arch` into the kernel cache a start reads (`CACHET_KERNEL_DIR`'s
+/// sources where set, as a start would), unless they are there; whether they were. Needs
+/// NVRTC, not a GPU.
+pub fn build_kernels(arch: &str) -> Result<bool, DeviceError> {
+    let options = CudaOptions::from_env(Some(kernel_cache_dir()))?;
+    let compiled = cachet_kernels::compile::compile(
+        arch,
+        options.kernel_cache.as_deref(),
+        options.kernel_dir.as_deref(),
+    )
+    .map_err(|e| DeviceError::Driver {
+        device: DEV,
+        op: "compile kernels",
+        source: Box::new(e),
+    })?;
+    Ok(compiled.from_cache)
+}
+
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
