@@ -1,6 +1,6 @@
 //! The config file (TOML, see `examples/cachet.toml`): `[[tenant]]` tables (read by
-//! [`crate::tenants`]) and `[[upstream]]` tables — where the gateway sends requests, read at
-//! start-up.
+//! [`crate::tenants`]), `[[upstream]]` tables — where the gateway sends requests for `--model`,
+//! read at start-up — and `[[model]]` tables: further models, each with its own upstreams.
 
 use serde::Deserialize;
 
@@ -17,6 +17,9 @@ pub struct ConfigFile {
     pub tenant: Vec<TenantConfig>,
     #[serde(default)]
     pub upstream: Vec<UpstreamConfig>,
+    /// Models served beside `--model`, each by its own upstreams.
+    #[serde(default)]
+    pub model: Vec<ModelEntry>,
     /// Prompt starts whose cached blocks every tenant shares (see
     /// [`crate::normalize::public`]).
     #[serde(default)]
@@ -42,6 +45,17 @@ impl ConfigFile {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let file: ConfigFile = toml::from_str(text)?;
         crate::upstream::config::validate(&file.upstream)?;
+        for m in &file.model {
+            m.validate()?;
+        }
+        // A worker serves one model: the same upstream under two models is a mistake.
+        let all: Vec<UpstreamConfig> = file
+            .upstream
+            .iter()
+            .chain(file.model.iter().flat_map(|m| &m.upstream))
+            .cloned()
+            .collect();
+        crate::upstream::config::validate(&all)?;
         if let Some(s) = &file.shared_limits {
             s.validate()?;
         }
@@ -49,6 +63,56 @@ impl ConfigFile {
             o.validate()?;
         }
         Ok(file)
+    }
+}
+
+/// A `[[model]]`: a further model the gateway serves (`--model` is the first), by requests'
+/// `model` naming one of its served names. Its text side (tokenizer, chat template, generation
+/// defaults, length) is read from `model` (no weights); its requests run on its own
+/// `[[model.upstream]]`s: `cachet` workers or OpenAI-compatible servers running it (the
+/// process's one engine serves `--model`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// A Hugging Face id, a built-in name, an HF directory or a .gguf file.
+    pub model: String,
+    /// The Hub revision of a model given by id.
+    pub revision: Option<String>,
+    /// The names clients send (default: the model's id).
+    #[serde(default)]
+    pub served_model_name: Vec<String>,
+    /// A Jinja chat template file instead of the model's own.
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Longest prompt + output admitted (default: the model's own context length).
+    pub max_model_len: Option<usize>,
+    #[serde(default)]
+    pub upstream: Vec<UpstreamConfig>,
+}
+
+impl ModelEntry {
+    fn validate(&self) -> Result<(), BadUpstream> {
+        let what = format!("[[model]] `{}`", self.model);
+        if self.upstream.is_empty() {
+            return Err(BadUpstream(format!(
+                "{what} has no [[model.upstream]]: give the `cachet` workers or OpenAI-compatible servers that run it"
+            )));
+        }
+        if self
+            .upstream
+            .iter()
+            .any(|u| matches!(u, UpstreamConfig::Embedded {}))
+        {
+            return Err(BadUpstream(format!(
+                "{what}: the embedded engine serves --model (one engine per process); run this model in a `cachet worker` and list it as kind = \"cachet\""
+            )));
+        }
+        if self.max_model_len == Some(0) {
+            return Err(BadUpstream(format!(
+                "{what}: max_model_len must be at least 1"
+            )));
+        }
+        crate::upstream::config::validate(&self.upstream)
+            .map_err(|e| BadUpstream(format!("{what}: {e}")))
     }
 }
 
@@ -88,6 +152,31 @@ pub enum ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn models_are_read_with_their_upstreams_and_bad_ones_refused() {
+        let ok = r#"
+            [[model]]
+            model = "Qwen/Qwen3-8B"
+            served_model_name = ["qwen"]
+            [[model.upstream]]
+            kind = "cachet"
+            url = "http://10.0.0.5:9000"
+        "#;
+        let f = ConfigFile::parse(ok).unwrap();
+        assert_eq!(f.model[0].served_model_name, ["qwen"]);
+        assert_eq!(f.model[0].upstream.len(), 1);
+        let err = |t: &str| ConfigFile::parse(t).unwrap_err().to_string();
+        assert!(err("[[model]]\nmodel = \"m\"\n").contains("has no [[model.upstream]]"));
+        assert!(
+            err("[[model]]\nmodel = \"m\"\n[[model.upstream]]\nkind = \"embedded\"\n")
+                .contains("one engine per process")
+        );
+        assert!(err("[[model]]\nmodel = \"m\"\nsize = 3\n").contains("unknown field `size`"));
+        let twice =
+            format!("[[upstream]]\nkind = \"cachet\"\nurl = \"http://10.0.0.5:9000\"\n{ok}");
+        assert!(err(&twice).contains("listed twice"), "{}", err(&twice));
+    }
 
     #[test]
     fn upstreams_are_read_from_the_config_and_bad_ones_refused() {

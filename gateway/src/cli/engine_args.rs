@@ -211,6 +211,72 @@ fn generation_of(
     }
 }
 
+/// `tokenizer` with the template of the file `path`, if one is given; the template in use (that
+/// one or the model's) is probed now: one that does not parse or fails on a plain conversation
+/// is refused at start, not on every request. `flag` names where `path` came from.
+fn with_chat_template(
+    tokenizer: TextTokenizer,
+    path: Option<&std::path::Path>,
+    flag: &str,
+) -> anyhow::Result<TextTokenizer> {
+    let tokenizer = match path {
+        None => tokenizer,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the chat template {}", path.display()))?;
+            tokenizer.with_chat_template(text)
+        }
+    };
+    if let Err(e) = tokenizer.probe_chat_template() {
+        match path {
+            Some(path) => anyhow::bail!("the chat template {}: {e}", path.display()),
+            None => {
+                anyhow::bail!("the model's chat template: {e} (give one that works with {flag})")
+            }
+        }
+    }
+    Ok(tokenizer)
+}
+
+/// A model's text side without its weights, for a model whose upstreams run it.
+pub struct ModelText {
+    pub tokenizer: TextTokenizer,
+    /// The name clients know it by (its Hub id, built-in name or files' name).
+    pub id: String,
+    pub generation: loader::generation::GenerationConfig,
+    /// The model's own context length (`max_position_embeddings`).
+    pub context: usize,
+}
+
+/// The text side of the model `spec` (a Hub id at `revision`, a built-in name, a path), with the
+/// chat template of the file `chat_template` if given; `what` names it in errors.
+pub fn model_text(
+    spec: &str,
+    revision: Option<&str>,
+    chat_template: Option<&std::path::Path>,
+    what: &str,
+) -> anyhow::Result<ModelText> {
+    let local = loader::fetch_model(spec, revision, Want::Text, true)
+        .with_context(|| format!("{what}: fetching `{spec}`"))?;
+    let meta = loader::load_meta(&local.spec)
+        .with_context(|| format!("{what}: reading the tokenizer of `{}`", local.spec))?;
+    let tokenizer = meta
+        .tokenizer
+        .with_context(|| format!("{what}: the model has no tokenizer"))?;
+    let tokenizer = with_chat_template(tokenizer, chat_template, "chat_template")
+        .with_context(|| what.to_string())?;
+    let id = local
+        .hub_id
+        .or_else(|| loader::fetch::known_model(spec).map(|k| k.name.to_string()))
+        .unwrap_or(meta.name);
+    Ok(ModelText {
+        tokenizer,
+        id,
+        generation: meta.generation,
+        context: meta.config.max_position_embeddings,
+    })
+}
+
 /// A started engine.
 pub struct Started {
     pub engine: Engine,
@@ -325,27 +391,9 @@ impl EngineArgs {
         }
     }
 
-    /// `tokenizer` with `--chat-template`'s template, if one was given; the template in use
-    /// (that one or the model's) is probed now: one that does not parse or fails on a plain
-    /// conversation is refused at start, not on every request.
+    /// `tokenizer` with `--chat-template`'s template (see [`with_chat_template`]).
     fn with_chat_template(&self, tokenizer: TextTokenizer) -> anyhow::Result<TextTokenizer> {
-        let tokenizer = match &self.chat_template {
-            None => tokenizer,
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading the chat template {}", path.display()))?;
-                tokenizer.with_chat_template(text)
-            }
-        };
-        if let Err(e) = tokenizer.probe_chat_template() {
-            match &self.chat_template {
-                Some(path) => anyhow::bail!("the chat template {}: {e}", path.display()),
-                None => anyhow::bail!(
-                    "the model's chat template: {e} (give one that works with --chat-template)"
-                ),
-            }
-        }
-        Ok(tokenizer)
+        with_chat_template(tokenizer, self.chat_template.as_deref(), "--chat-template")
     }
 
     /// The model's tokenizer and id without its weights, for a gateway whose upstreams run the

@@ -197,7 +197,27 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         p.validate().with_context(in_config)?;
     }
     let served = served_names(&a.served_model_name, &model_id)?;
-    let usage = phases::usage(&a.usage_db, &file, &tenants, &served)?;
+    // The config's further models: each one's text side, its names.
+    let mut others = Vec::new();
+    for entry in &file.model {
+        let what = format!("[[model]] `{}`", entry.model);
+        let text = super::engine_args::model_text(
+            &entry.model,
+            entry.revision.as_deref(),
+            entry.chat_template.as_deref(),
+            &what,
+        )?;
+        let names = served_names(&entry.served_model_name, &text.id).context(what)?;
+        others.push((entry, text, names));
+    }
+    let all_names: Vec<Vec<String>> = std::iter::once(served.clone())
+        .chain(others.iter().map(|o| o.2.clone()))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    if let Some(n) = all_names.iter().flatten().find(|n| !seen.insert(*n)) {
+        anyhow::bail!("the served name `{n}` is given to two models: each name is one model's");
+    }
+    let usage = phases::usage(&a.usage_db, &file, &tenants, &all_names)?;
     let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
         .with_context(in_config)?;
     let tool_format = forced.unwrap_or_else(|| tokenizer.tools_template().and_then(Format::detect));
@@ -258,8 +278,33 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         state.usage = usage;
         state.tracing = a.otlp.tracing("cachet-gateway")?.map(Arc::new);
         state.operator = operator.clone();
-        anyhow::Ok(Arc::new(state))
+        let front = Arc::new(state);
+        let mut states = vec![front.clone()];
+        for (entry, text, names) in others {
+            let pool = phases::Pool {
+                args: &a,
+                key,
+                model_id: &text.id,
+                embedded: None,
+            }
+            .start(&entry.upstream, discovery.as_ref())?;
+            let max_model_len = entry.max_model_len.unwrap_or(text.context);
+            let mut m = front.sibling(pool, None, text.tokenizer, names[0].clone(), max_model_len);
+            m.served_names = names;
+            m.sampling_defaults = text.generation;
+            let what = format!("[[model]] `{}`", entry.model);
+            m.set_public_prefixes(
+                PublicPrefixes::new(&file.public_prefix, &m.tokenizer, a.engine.block_size)
+                    .with_context(|| what.clone())?,
+            );
+            tracing::info!(model = %m.model_id, names = ?m.served_names, max_model_len,
+                upstreams = entry.upstream.len(), "serving a further model by its upstreams");
+            states.push(Arc::new(m));
+        }
+        AppState::join(&states);
+        anyhow::Ok((front, states))
     })?;
+    let (state, _models) = state;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(a.listen)
             .await

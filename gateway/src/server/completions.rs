@@ -93,10 +93,10 @@ pub async fn shaped<R: respond::Render>(
     })?;
     trace.phase("auth", arrived, Instant::now());
     trace.attributes(|| {
-        [
-            opentelemetry::KeyValue::new("cachet.tenant", tenant.id().to_string()),
-            opentelemetry::KeyValue::new("gen_ai.request.model", state.model_id.clone()),
-        ]
+        [opentelemetry::KeyValue::new(
+            "cachet.tenant",
+            tenant.id().to_string(),
+        )]
     });
     let name = tenant.id().to_string();
     // The request's usage record, written when it ends (also if the client leaves).
@@ -182,25 +182,6 @@ fn check_budget(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
     .into())
 }
 
-/// The model exists here and the tenant may use it.
-pub(super) fn check_model(state: &AppState, tenant: &Tenant, model: &str) -> Result<(), ApiError> {
-    if !state.served_names.iter().any(|n| n == model) {
-        return Err(ApiError::not_found(
-            format!("model `{model}` does not exist; GET /v1/models lists them"),
-            "model_not_found",
-        ));
-    }
-    // A tenant allowed the model under any of its names may use it by any.
-    if !state.served_names.iter().any(|n| tenant.allows_model(n)) {
-        return Err(crate::tenants::Denied::ModelNotAllowed {
-            tenant: tenant.id().into(),
-            model: model.to_string(),
-        }
-        .into());
-    }
-    Ok(())
-}
-
 /// A validated request of any API shape, from the tenant's admission to its response: the
 /// same template, normalization, tokenization, admission, routing and accounting whatever
 /// shape it came in and goes out in (`render`).
@@ -230,7 +211,17 @@ pub async fn run(
         tools,
     } = parsed;
     let chat = matches!(input, Input::Chat(..));
-    check_model(&state, &tenant, &input.common().model)?;
+    // From here on, the state of the model the request names.
+    let state = state.serving(&input.common().model, &tenant)?;
+    trace.attributes(|| {
+        [opentelemetry::KeyValue::new(
+            "gen_ai.request.model",
+            state.model_id.clone(),
+        )]
+    });
+    if let Some(t) = ticket.as_mut() {
+        t.record.model = state.model_id.clone();
+    }
     let c = input.common();
     state.sampling_defaults.fill(
         &mut sampling,

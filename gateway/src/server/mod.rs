@@ -46,7 +46,10 @@ use crate::upstream::Pool;
 /// Bytes of token ids the static-prefix tokenization cache holds (LRU beyond).
 pub const PREFIX_TOKEN_CACHE_BYTES: usize = 64 << 20;
 
-/// What every request handler shares.
+/// What a request handler works with: the model it serves (its names, text side and pool) and
+/// what every model of the gateway shares (tenants, metrics, usage records, traces, templates,
+/// the operator store) — one `AppState` per model, the shared parts behind `Arc`s, so a request
+/// runs on [`AppState::serving`]'s state for the model it names.
 pub struct AppState {
     /// Where requests run.
     pub pool: Arc<Pool>,
@@ -58,8 +61,8 @@ pub struct AppState {
     /// How long a request may take end to end: the deadline it carries to the engine.
     pub request_timeout: Duration,
     /// Swapped whole on reload (SIGHUP, or a change in the operator store); requests in flight
-    /// keep the tenant they authenticated as.
-    pub tenants: std::sync::RwLock<Arc<TenantRegistry>>,
+    /// keep the tenant they authenticated as. Shared by every model.
+    tenants: Arc<std::sync::RwLock<Arc<TenantRegistry>>>,
     /// The model's name: what responses and usage records carry (the first served name).
     pub model_id: String,
     /// Every name clients may send as `model` (`--served-model-name`; `model_id` first): each
@@ -69,7 +72,8 @@ pub struct AppState {
     /// value of their own.
     pub sampling_defaults: cachet_backend::loader::generation::GenerationConfig,
     pub created: u64,
-    pub metrics: metrics::Metrics,
+    /// Shared by every model.
+    pub metrics: Arc<metrics::Metrics>,
     /// Tenants' prompt templates (`--templates-dir`); `None` disables them.
     pub templates: Option<Arc<crate::sandbox::store::TemplateStore>>,
     /// Tokens of recent static prompt prefixes.
@@ -94,7 +98,10 @@ pub struct AppState {
     pub tracing: Option<Arc<crate::trace::Tracing>>,
     /// The operator store (`[operator]`): tenants changed live through `/operator/v1`.
     pub operator: Option<Arc<operator::OperatorState>>,
-    next_id: AtomicU64,
+    next_id: Arc<AtomicU64>,
+    /// Every model of the gateway, this one among them (set once they are all made; none: this
+    /// is the only one).
+    models: Arc<std::sync::OnceLock<Vec<std::sync::Weak<AppState>>>>,
 }
 
 /// How long a request may take at most, unless `--request-timeout` says otherwise.
@@ -110,6 +117,18 @@ impl AppState {
         model_id: String,
         max_model_len: usize,
         tenants: TenantRegistry,
+    ) -> Self {
+        let tenants = Arc::new(std::sync::RwLock::new(Arc::new(tenants)));
+        Self::with_tenants(pool, engine, tokenizer, model_id, max_model_len, tenants)
+    }
+
+    fn with_tenants(
+        pool: Arc<Pool>,
+        engine: Option<EngineHandle>,
+        tokenizer: TextTokenizer,
+        model_id: String,
+        max_model_len: usize,
+        tenants: Arc<std::sync::RwLock<Arc<TenantRegistry>>>,
     ) -> Self {
         let tokenizer_vocab = tokenizer.vocab_size();
         let tool_format = tokenizer.tools_template().and_then(tools::Format::detect);
@@ -128,13 +147,13 @@ impl AppState {
         }
         AppState {
             prefix_tokens: crate::normalize::tokens::PrefixTokens::new(PREFIX_TOKEN_CACHE_BYTES),
-            metrics: metrics::Metrics::new(engine.is_some()),
+            metrics: Arc::new(metrics::Metrics::new(engine.is_some())),
             pool,
             engine,
             tokenizer,
             max_model_len,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            tenants: std::sync::RwLock::new(Arc::new(tenants)),
+            tenants,
             served_names: vec![model_id.clone()],
             sampling_defaults: Default::default(),
             model_id,
@@ -152,8 +171,85 @@ impl AppState {
             usage: None,
             tracing: None,
             operator: None,
-            next_id: AtomicU64::new(1),
+            next_id: Arc::new(AtomicU64::new(1)),
+            models: Default::default(),
         }
+    }
+
+    /// The state of another model of the same gateway: its own pool, engine, tokenizer, name
+    /// and length (the text side read from its tokenizer, as [`AppState::new`] does), this
+    /// one's tenants, metrics, usage records, traces, templates and settings.
+    pub fn sibling(
+        &self,
+        pool: Arc<Pool>,
+        engine: Option<EngineHandle>,
+        tokenizer: TextTokenizer,
+        model_id: String,
+        max_model_len: usize,
+    ) -> Self {
+        let mut s = AppState::with_tenants(
+            pool,
+            engine,
+            tokenizer,
+            model_id,
+            max_model_len,
+            self.tenants.clone(),
+        );
+        s.metrics = self.metrics.clone();
+        s.next_id = self.next_id.clone();
+        s.models = self.models.clone();
+        s.created = self.created;
+        s.request_timeout = self.request_timeout;
+        s.templates = self.templates.clone();
+        s.metrics_token = self.metrics_token.clone();
+        s.unknown_fields = self.unknown_fields;
+        s.usage = self.usage.clone();
+        s.tracing = self.tracing.clone();
+        s.operator = self.operator.clone();
+        s
+    }
+
+    /// Makes `states` (siblings, the first the gateway's front) the gateway's models.
+    pub fn join(states: &[Arc<AppState>]) {
+        let weak = states.iter().map(Arc::downgrade).collect();
+        if states[0].models.set(weak).is_err() {
+            panic!("the gateway's models are joined once");
+        }
+    }
+
+    /// Every model of the gateway, in the order given to [`AppState::join`].
+    pub fn models(self: &Arc<Self>) -> Vec<Arc<AppState>> {
+        match self.models.get() {
+            Some(all) => all.iter().filter_map(std::sync::Weak::upgrade).collect(),
+            None => vec![self.clone()],
+        }
+    }
+
+    /// The state of the model a request names, if it is served here under that name and the
+    /// tenant may use it (under any of its names).
+    pub fn serving(
+        self: &Arc<Self>,
+        model: &str,
+        tenant: &crate::tenants::Tenant,
+    ) -> Result<Arc<AppState>, ApiError> {
+        let Some(m) = self
+            .models()
+            .into_iter()
+            .find(|m| m.served_names.iter().any(|n| n == model))
+        else {
+            return Err(ApiError::not_found(
+                format!("model `{model}` does not exist; GET /v1/models lists them"),
+                "model_not_found",
+            ));
+        };
+        if !m.served_names.iter().any(|n| tenant.allows_model(n)) {
+            return Err(crate::tenants::Denied::ModelNotAllowed {
+                tenant: tenant.id().into(),
+                model: model.to_string(),
+            }
+            .into());
+        }
+        Ok(m)
     }
 
     /// The current tenant registry.
@@ -195,12 +291,14 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         )),
         (&Method::GET, "/ready") => Ok(http::json(
             StatusCode::OK,
-            &serde_json::json!({"status": "ready", "model": state.model_id}),
+            &serde_json::json!({"status": "ready", "model": state.model_id,
+                "models": state.models().iter().map(|m| m.model_id.clone()).collect::<Vec<_>>()}),
         )),
         (&Method::GET, "/v1/models") => models(&state, &req),
         (&Method::GET, "/v1/usage") => usage::usage(&state, &req).await,
         (&Method::GET, "/metrics") => metrics_allowed(&state, &req).map(|()| {
-            state.metrics.worker_load(&state.pool.load());
+            let load: Vec<_> = state.models().iter().flat_map(|m| m.pool.load()).collect();
+            state.metrics.worker_load(&load);
             if let Some(s) = state.tenants().shared_limits() {
                 state.metrics.shared_limits(s);
             }
@@ -294,18 +392,19 @@ fn metrics_allowed(state: &AppState, req: &Request<Incoming>) -> Result<(), ApiE
     })
 }
 
-fn models(state: &AppState, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {
+/// Every name of every model the tenant may use.
+fn models(state: &Arc<AppState>, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let tenant = state
         .tenants()
         .authenticate(http::bearer(req).unwrap_or(""))?;
-    let allowed = state.served_names.iter().any(|m| tenant.allows_model(m));
-    let data: Vec<serde_json::Value> = state
-        .served_names
-        .iter()
-        .filter(|_| allowed)
+    let mut data: Vec<serde_json::Value> = Vec::new();
+    for model in state.models() {
+        if !model.served_names.iter().any(|m| tenant.allows_model(m)) {
+            continue;
+        }
         // vLLM's model card adds the model's length, which clients size requests by.
-        .map(|m| serde_json::json!({"id": m, "object": "model", "created": state.created, "owned_by": "cachet", "max_model_len": state.max_model_len}))
-        .collect();
+        data.extend(model.served_names.iter().map(|m| serde_json::json!({"id": m, "object": "model", "created": model.created, "owned_by": "cachet", "max_model_len": model.max_model_len})));
+    }
     Ok(http::json(
         StatusCode::OK,
         &serde_json::json!({"object": "list", "data": data}),

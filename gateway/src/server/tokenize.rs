@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde_json::{Map, Value};
 
-use super::completions::{check_model, prompts_of, tool_plan};
+use super::completions::{prompts_of, tool_plan};
 use super::openai::{self, Parsed};
 use super::AppState;
 use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
@@ -53,10 +53,14 @@ fn flag(m: &mut Map<String, Value>, key: &'static str) -> Result<Option<bool>, A
 }
 
 /// The model the body names (the served one when it names none), checked for the tenant.
-fn model_of(state: &AppState, tenant: &Tenant, m: &mut Map<String, Value>) -> Result<(), ApiError> {
+fn model_of(
+    state: &Arc<AppState>,
+    tenant: &Tenant,
+    m: &mut Map<String, Value>,
+) -> Result<Arc<AppState>, ApiError> {
     match m.remove("model") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(name)) => check_model(state, tenant, &name),
+        None | Some(Value::Null) => Ok(state.clone()),
+        Some(Value::String(name)) => state.serving(&name, tenant),
         Some(_) => Err(ApiError::bad_field("`model` is a string", "model")),
     }
 }
@@ -75,17 +79,18 @@ fn only(m: &Map<String, Value>, allowed: &[&str], endpoint: &str) -> Result<(), 
     }
 }
 
-/// The token ids a parsed chat request's prompt becomes: the model checked, its tools, the
-/// tenant's template, normalization, the chat template (with the generation prompt or not)
-/// and tokenization, as the completion path runs them.
+/// The token ids a parsed chat request's prompt becomes, and the state of the model it names:
+/// the model checked, its tools, the tenant's template, normalization, the chat template (with
+/// the generation prompt or not) and tokenization, as the completion path runs them.
 async fn chat_ids(
     state: &Arc<AppState>,
     tenant: &Arc<Tenant>,
     mut parsed: Parsed,
     generation_prompt: bool,
     trace: &RequestTrace,
-) -> Result<Vec<u32>, ApiError> {
-    check_model(state, tenant, &parsed.input.common().model)?;
+) -> Result<(Vec<u32>, Arc<AppState>), ApiError> {
+    let model = state.serving(&parsed.input.common().model, tenant)?;
+    let state = &model;
     let mut constraint = parsed.constraint.take();
     let (template_tools, _) = tool_plan(state, parsed.tools.as_ref(), &mut constraint)?;
     let p = prompts_of(
@@ -97,11 +102,13 @@ async fn chat_ids(
         trace,
     )
     .await?;
-    Ok(p.prompts
+    let ids = p
+        .prompts
         .into_iter()
         .next()
         .map(|p| p.0)
-        .unwrap_or_default())
+        .unwrap_or_default();
+    Ok((ids, model))
 }
 
 /// Refuses members nobody read.
@@ -143,7 +150,7 @@ pub async fn tokenize(
     }
     // A tokenization's work is the tenant's like any request's.
     let _permit = tenant.admit_request(Instant::now()).await?;
-    let ids = if m.contains_key("messages") {
+    let (ids, model) = if m.contains_key("messages") {
         if special == Some(true) {
             return Err(ApiError::bad_field(
                 "a chat's special tokens are its template's (it writes the BOS): leave add_special_tokens out or false",
@@ -176,7 +183,7 @@ pub async fn tokenize(
                 "add_generation_prompt",
             ));
         }
-        model_of(&state, &tenant, &mut m)?;
+        let model = model_of(&state, &tenant, &mut m)?;
         let text = match m.remove("prompt") {
             Some(Value::String(t)) => t,
             _ => {
@@ -190,12 +197,14 @@ pub async fn tokenize(
             &m,
             "model, prompt, add_special_tokens, return_token_strs; or a chat's messages",
         )?;
-        if special.unwrap_or(true) {
-            state.tokenizer.encode_prompt(&text)?
+        let ids = if special.unwrap_or(true) {
+            model.tokenizer.encode_prompt(&text)?
         } else {
-            state.tokenizer.encode(&text)?
-        }
+            model.tokenizer.encode(&text)?
+        };
+        (ids, model)
     };
+    let state = model;
     let strs = return_strs.then(|| {
         ids.iter()
             .map(|&i| state.tokenizer.inner().id_to_token(i).unwrap_or_default())
@@ -223,7 +232,7 @@ pub async fn detokenize(
     let body = http::read_body(req, MAX_BODY_BYTES).await?;
     let mut m = object(&body, "{\"tokens\": [ids]}")?;
     drop(body);
-    model_of(&state, &tenant, &mut m)?;
+    let state = model_of(&state, &tenant, &mut m)?;
     let ids: Vec<u32> = match m.remove("tokens") {
         Some(Value::Array(a)) => a
             .iter()
@@ -288,7 +297,10 @@ pub async fn count_tokens(
     let bytes = serde_json::to_vec(&Value::Object(m)).expect("a JSON object writes");
     let parsed = super::anthropic::parse(&bytes, state.unknown_fields)?;
     let _permit = tenant.admit_request(Instant::now()).await?;
-    let n = chat_ids(&state, &tenant, parsed, true, &trace).await?.len();
+    let n = chat_ids(&state, &tenant, parsed, true, &trace)
+        .await?
+        .0
+        .len();
     trace.end(200);
     Ok(http::json(
         StatusCode::OK,

@@ -93,6 +93,16 @@ pub fn key_hash(key: &str) -> String {
     cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
 }
 
+/// A child process, killed when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `cachet serve` and waits for its port.
 pub fn start(config: &str) -> (Server, String) {
     start_with(config, &[])

@@ -285,16 +285,6 @@ fn a_gated_model_by_id_is_downloaded_resumed_and_served_by_its_name() {
     assert!(snapshot.starts_with(cache.to_str().unwrap()), "{snapshot}");
 }
 
-/// Kills a child process when dropped.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn downloads_are_checked_named_exactly_and_shared_with_huggingface_hub() {
     let layout = smollm2_layout();

@@ -105,13 +105,13 @@ pub fn pool_members(
 }
 
 /// The usage store (`--usage-db`), or none (`off`, refused where a tenant has a budget).
+/// `models`: each model's served names, its id (what records carry) first.
 pub fn usage(
     url: &str,
     file: &ConfigFile,
     tenants: &TenantRegistry,
-    served: &[String],
+    models: &[Vec<String>],
 ) -> anyhow::Result<Option<Arc<UsageLog>>> {
-    let model_id = &served[0];
     let budgeted = || {
         tenants
             .tenants()
@@ -127,21 +127,26 @@ pub fn usage(
         }
         return Ok(None);
     }
-    // A price may name any served name; records carry the first.
+    // A price may name any of a model's served names; records carry the first.
     let mut prices = file.price.clone();
-    if !prices.iter().any(|p| &p.model == model_id) {
-        if let Some(p) = prices.iter().find(|p| served.contains(&p.model)) {
-            let mut p = p.clone();
-            p.model = model_id.clone();
-            prices.push(p);
+    for served in models {
+        let model_id = &served[0];
+        if !prices.iter().any(|p| &p.model == model_id) {
+            if let Some(p) = prices.iter().find(|p| served.contains(&p.model)) {
+                let mut p = p.clone();
+                p.model = model_id.clone();
+                prices.push(p);
+            }
         }
     }
     let log = UsageLog::open(url, prices).with_context(|| format!("--usage-db {url}"))?;
-    if let Some(t) = budgeted().filter(|_| log.price(model_id).is_none()) {
-        anyhow::bail!(
-            "tenant `{}` has a budget, but the config prices no model `{model_id}`: add a [[price]] with model = \"{model_id}\"",
-            t.id()
-        );
+    for model_id in models.iter().map(|s| &s[0]) {
+        if let Some(t) = budgeted().filter(|_| log.price(model_id).is_none()) {
+            anyhow::bail!(
+                "tenant `{}` has a budget, but the config prices no model `{model_id}`: add a [[price]] with model = \"{model_id}\"",
+                t.id()
+            );
+        }
     }
     tracing::info!(store = %url.split('@').next_back().unwrap_or(url), "usage records");
     Ok(Some(Arc::new(log)))
@@ -335,9 +340,16 @@ pub fn reload_config_on_sighup(
                     if f.shared_limits.as_ref() != previous.shared_limits().map(|s| &s.config) {
                         tracing::warn!("[shared_limits] changed: the Redis connection is made at start-up, so the change takes effect on restart");
                     }
-                    let prefixes =
-                        PublicPrefixes::new(&f.public_prefix, &state.tokenizer, block_size)
-                            .map_err(|e| cachet_gateway::error::with_causes(&e))?;
+                    // Each model's tokens of the public prefixes.
+                    let prefixes = state
+                        .models()
+                        .into_iter()
+                        .map(|m| {
+                            PublicPrefixes::new(&f.public_prefix, &m.tokenizer, block_size)
+                                .map(|p| (m, p))
+                                .map_err(|e| cachet_gateway::error::with_causes(&e))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
                     if state.operator.is_some() {
                         // Tenants come from the operator store; the file's public prefixes still
                         // reload.
@@ -356,13 +368,15 @@ pub fn reload_config_on_sighup(
                 Ok((reg, prefixes)) => {
                     tracing::info!(
                         tenants = reg.as_ref().map(|r| r.tenants().len()),
-                        public_prefixes = prefixes.prefixes().len(),
+                        public_prefixes = prefixes[0].1.prefixes().len(),
                         "tenants config reloaded"
                     );
                     if let Some(reg) = reg {
                         state.set_tenants(reg);
                     }
-                    state.set_public_prefixes(prefixes);
+                    for (m, p) in prefixes {
+                        m.set_public_prefixes(p);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "tenants config reload refused; keeping the previous one")
