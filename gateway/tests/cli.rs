@@ -178,7 +178,11 @@ fn bad_input_gets_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
     let out = cachet(&["model", "fetch", "gpt-17"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown model"));
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        text.contains("neither a Hugging Face id") && text.contains("smollm2"),
+        "{text}"
+    );
     // --tokenizer with a real model is refused, not ignored.
     let out = cachet(&[
         "worker",
