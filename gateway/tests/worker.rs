@@ -223,7 +223,7 @@ fn bad_input_gets_clear_errors(base: &str, auth: &str, req: GenerateRequest) {
     bad.max_tokens = usize::MAX;
     let (code, out) = send(&bad);
     assert!(
-        code == 400 && out.contains("exceeds the model's maximum length"),
+        code == 400 && out.contains("exceeds max_model_len"),
         "{code} {out}"
     );
     let mut bad = req.clone();

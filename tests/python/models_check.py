@@ -24,7 +24,7 @@ def check(name, cond, detail=""):
 models = {m.id: m for m in client.models.list().data}
 check("both models listed", sorted(models) == ["qwen", "smollm2"], str(sorted(models)))
 lens = {k: m.model_extra.get("max_model_len") for k, m in models.items()}
-check("each with its own length", lens["qwen"] == 1024 and lens["smollm2"] == 4096, str(lens))
+check("each with its own length", lens["qwen"] == 1024 and lens["smollm2"] == 8192, str(lens))
 only = [m.id for m in smol_only.models.list().data]
 check("a tenant sees the models it may use", only == ["smollm2"], str(only))
 
@@ -52,7 +52,7 @@ def tokenize(model):
 
 a, b = tokenize("smollm2"), tokenize("qwen")
 check("each model tokenizes with its own tokenizer", a["tokens"] != b["tokens"]
-      and a["max_model_len"] == 4096 and b["max_model_len"] == 1024, f"{a} {b}")
+      and a["max_model_len"] == 8192 and b["max_model_len"] == 1024, f"{a} {b}")
 
 try:
     client.chat.completions.create(model="llama", messages=MSG, max_tokens=4)

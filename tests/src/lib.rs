@@ -324,6 +324,7 @@ fn runner_options(
         device: dev,
         block_size: 16,
         max_model_len: 4096,
+        fit_max_model_len: false,
         kv: KvBudget::Blocks(num_blocks),
         // Decode steps replay CUDA graphs on the GPU, as served.
         cuda_graph_sizes: vec![1, 2, 4, 8, 16],

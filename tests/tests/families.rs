@@ -444,6 +444,7 @@ gpu_test! {
             device: DeviceKind::Cuda,
             block_size: 16,
             max_model_len: 1024,
+            fit_max_model_len: false,
             kv: cachet_backend::model::runner::KvBudget::Blocks(16),
             cuda_graph_sizes: vec![],
             cuda_graph_verify: None,

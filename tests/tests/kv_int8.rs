@@ -88,6 +88,7 @@ fn the_int8_cache_refuses_to_start_uncalibrated_and_calibrates_over_tensor_paral
         device: DeviceKind::Cpu,
         block_size: 16,
         max_model_len: 1024,
+        fit_max_model_len: false,
         kv: KvBudget::Blocks(12),
         cuda_graph_sizes: vec![],
         cuda_graph_verify: None,

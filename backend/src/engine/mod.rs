@@ -407,7 +407,7 @@ impl EngineHandle {
         let total = req.prompt.len().saturating_add(req.max_tokens);
         if total > l.max_model_len {
             return Err(EngineError::InvalidRequest(format!(
-                "prompt ({} tokens) + max_tokens ({}) = {total} exceeds the model's maximum length of {}",
+                "prompt ({} tokens) + max_tokens ({}) = {total} exceeds max_model_len {} (the engine's --max-model-len)",
                 req.prompt.len(),
                 req.max_tokens,
                 l.max_model_len

@@ -369,6 +369,12 @@ impl<D: Instruments> Decoder<D> {
         self.max_positions
     }
 
+    /// Lowers the longest sequence to `n` positions (where fewer fit in the KV cache than the
+    /// tables were made for; the tables keep their rows past it).
+    pub fn limit_positions(&mut self, n: usize) {
+        self.max_positions = self.max_positions.min(n);
+    }
+
     /// Runs one varlen batch: writes every new token's K/V into `kv` and returns the logits of
     /// the batch's `logit_rows`.
     pub fn forward(

@@ -153,6 +153,9 @@ pub struct RunnerOptions {
     pub device: DeviceKind,
     pub block_size: usize,
     pub max_model_len: usize,
+    /// Lower `max_model_len` to the tokens the KV cache holds where it holds fewer (said at
+    /// start): for a length that defaulted to the model's own context rather than being asked.
+    pub fit_max_model_len: bool,
     pub kv: KvBudget,
     /// Decode batch sizes to capture CUDA graphs for (a step of `n` sequences replays the
     /// smallest size ≥ n; larger steps run eagerly); empty: always eager (vLLM's
@@ -221,7 +224,7 @@ impl<D: Instruments> ModelRunner<D> {
                 dev.name()
             ))
         })?;
-        let model = match weights {
+        let mut model = match weights {
             WeightSource::Host(w) => Decoder::new(
                 &dev,
                 config,
@@ -305,6 +308,16 @@ impl<D: Instruments> ModelRunner<D> {
                 what: "not even one KV block fits after the weights".into(),
             }
             .into());
+        }
+        let holds = layout.num_blocks * layout.block_size;
+        if opts.fit_max_model_len && model.max_positions() > holds {
+            tracing::warn!(
+                model_context = model.max_positions(),
+                kv_cache_tokens = holds,
+                "max_model_len lowered from the model's context to what the KV cache holds \
+                 (raise --gpu-memory-utilization, or set --max-model-len)"
+            );
+            model.limit_positions(holds);
         }
         // Calibrated before the pool is allocated: the pass runs on a small cache of its own.
         let int8_table = match layout.dtype {
@@ -568,6 +581,7 @@ pub fn cpu_runner(
         device: DeviceKind::Cpu,
         block_size,
         max_model_len,
+        fit_max_model_len: false,
         kv: KvBudget::Blocks(num_blocks),
         cuda_graph_sizes: Vec::new(),
         cuda_graph_verify: None,

@@ -108,9 +108,11 @@ pub struct EngineArgs {
     /// Share of device memory for weights + KV cache (on the CPU: of 4 GiB).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
-    /// Longest prompt + output.
-    #[arg(long, default_value_t = 4096)]
-    pub max_model_len: usize,
+    /// Longest prompt + output. Default: the model's own context length (config.json's
+    /// max_position_embeddings), lowered at start to the tokens the KV cache holds where it
+    /// holds fewer (said in the log).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
     /// Requests that may wait for the engine before new ones get 503 + Retry-After.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
@@ -398,9 +400,7 @@ impl EngineArgs {
 
     /// The model's tokenizer and id without its weights, for a gateway whose upstreams run the
     /// model (fetches a known model first: its tokenizer lives in its file).
-    pub fn text_only(
-        &self,
-    ) -> anyhow::Result<(TextTokenizer, String, loader::generation::GenerationConfig)> {
+    pub fn text_only(&self) -> anyhow::Result<ModelText> {
         let dummy = self.dummy_config()?;
         let local = self.text_model(Want::Text)?;
         let meta = loader::load_meta(&local.spec)
@@ -411,11 +411,13 @@ impl EngineArgs {
         }
         let tokenizer = self.with_chat_template(tokenizer)?;
         let id = self.model_id(dummy.as_ref(), &local, &meta.name);
-        Ok((
+        let config = dummy.as_ref().map_or(&meta.config, |(c, _)| c);
+        Ok(ModelText {
             tokenizer,
             id,
-            generation_of(meta.generation, dummy.is_some()),
-        ))
+            generation: generation_of(meta.generation, dummy.is_some()),
+            context: self.max_model_len.unwrap_or(config.max_position_embeddings),
+        })
     }
 
     /// Loads the model (fetching a known one), builds the runner and starts the engine thread.
@@ -453,7 +455,9 @@ impl EngineArgs {
             runner: RunnerOptions {
                 device: a.device.into(),
                 block_size: a.block_size,
-                max_model_len: a.max_model_len,
+                // The model's own context unless the flag says otherwise.
+                max_model_len: a.max_model_len.unwrap_or(config.max_position_embeddings),
+                fit_max_model_len: a.max_model_len.is_none(),
                 kv: match a.num_gpu_blocks_override {
                     Some(n) => KvBudget::Blocks(n),
                     None => KvBudget::MemoryFraction(a.gpu_memory_utilization),

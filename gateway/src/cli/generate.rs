@@ -189,6 +189,7 @@ fn runner_for(
         device: args.device.into(),
         block_size: args.block_size,
         max_model_len: max_len,
+        fit_max_model_len: false,
         kv: KvBudget::Blocks(tokens.div_ceil(args.block_size) + 1),
         // One sequence: its decode steps replay one graph.
         cuda_graph_sizes: if args.enforce_eager { vec![] } else { vec![1] },

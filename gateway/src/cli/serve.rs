@@ -175,13 +175,13 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         "none" => Some(None),
         f => Some(Some(f.parse().map_err(anyhow::Error::msg)?)),
     };
-    let (engine, tokenizer, model_id, generation) = if embedded {
+    let (engine, tokenizer, model_id, generation, remote_len) = if embedded {
         let s = a.engine.start(key)?;
-        (Some(s.engine), s.tokenizer, s.model_id, s.generation)
+        (Some(s.engine), s.tokenizer, s.model_id, s.generation, 0)
     } else {
-        let (tokenizer, model_id, generation) = a.engine.text_only()?;
-        tracing::info!(model = %model_id, "remote upstreams only: no weights loaded");
-        (None, tokenizer, model_id, generation)
+        let t = a.engine.text_only()?;
+        tracing::info!(model = %t.id, max_model_len = t.context, "remote upstreams only: no weights loaded");
+        (None, t.tokenizer, t.id, t.generation, t.context)
     };
     if generation.has_sampling() {
         tracing::info!(
@@ -237,9 +237,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("reasoning: <think>…</think> split out as reasoning_content");
     }
     let handle = engine.as_ref().map(|e| e.handle());
-    let max_model_len = handle
-        .as_ref()
-        .map_or(a.engine.max_model_len, |h| h.max_model_len());
+    let max_model_len = handle.as_ref().map_or(remote_len, |h| h.max_model_len());
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(c), Some(k)) => Some(tls::ReloadingCert::new(c, k)?),
         _ => None,

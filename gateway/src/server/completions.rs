@@ -467,8 +467,8 @@ fn output_budget(
     if room == 0 {
         return Err(ApiError::bad_request(
             format!(
-                "the prompt has {longest} tokens, the model's limit is {}",
-                state.max_model_len
+                "the prompt has {longest} tokens; `{}` takes at most {} (its max_model_len, listed by GET /v1/models)",
+                state.model_id, state.max_model_len
             ),
             Some(field),
         ));
@@ -476,8 +476,8 @@ fn output_budget(
     if let Some(m) = max_tokens.filter(|&m| m > room) {
         return Err(ApiError::bad_request(
             format!(
-                "max_tokens is {m}, but the prompt has {longest} tokens of the model's {}: at most {room} can be generated",
-                state.max_model_len
+                "max_tokens is {m}, but the prompt has {longest} tokens of the {} `{}` takes (its max_model_len): at most {room} can be generated",
+                state.max_model_len, state.model_id
             ),
             Some("max_tokens"),
         ));

@@ -236,6 +236,8 @@ fn a_gated_model_by_id_is_downloaded_resumed_and_served_by_its_name() {
     assert_eq!(code, 200, "{models}");
     let models: Value = serde_json::from_str(&models).unwrap();
     assert_eq!(models["data"][0]["id"], "smol", "{models}");
+    // Its own length: the config.json's max_position_embeddings.
+    assert_eq!(models["data"][0]["max_model_len"], 8192, "{models}");
     let question = "What is the capital of France?";
     let (code, reply) = post_json(
         &base,

@@ -90,3 +90,47 @@ fn clients_use_the_served_names() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Without --max-model-len the model's own context serves (SmolLM2's 8192), lowered to what the
+/// KV cache holds where it holds less — said in the log; a given length is kept.
+#[test]
+fn the_length_defaults_to_the_models_own_within_the_cache() {
+    let config = format!(
+        "[[tenant]]\nid = \"acme\"\napi_key_sha256 = [\"{}\"]\n",
+        key_hash("sk-len")
+    );
+    let length = |extra: &[&str]| {
+        let dir = std::env::temp_dir().join(format!("cachet-len-{}", free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("serve.log");
+        let (server, base) = start_under(&config, extra, None, Some(&log));
+        let (code, models) = curl_status(&[
+            "-H",
+            "Authorization: Bearer sk-len",
+            &format!("{base}/v1/models"),
+        ]);
+        assert_eq!(code, 200, "{models}");
+        let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+        drop(server);
+        // The log's text, its colours taken out.
+        let mut log = std::fs::read_to_string(&log).unwrap();
+        while let Some(at) = log.find('\x1b') {
+            let end = log[at..].find('m').map_or(log.len(), |e| at + e + 1);
+            log.replace_range(at..end, "");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        (models["data"][0]["max_model_len"].as_u64().unwrap(), log)
+    };
+    let (own, log) = length(&[]);
+    assert_eq!(own, 8192, "SmolLM2's max_position_embeddings");
+    assert!(!log.contains("max_model_len lowered"), "{log}");
+    // 40 blocks of 16 tokens hold 640.
+    let (held, log) = length(&["--num-gpu-blocks-override", "40"]);
+    assert_eq!(held, 640);
+    assert!(
+        log.contains("max_model_len lowered") && log.contains("kv_cache_tokens=640"),
+        "{log}"
+    );
+    let (given, _) = length(&["--num-gpu-blocks-override", "40", "--max-model-len", "512"]);
+    assert_eq!(given, 512);
+}

@@ -182,7 +182,8 @@ fn absurd_limits_are_refused_with_the_limit_named() {
     let msg = serde_json::json!([{"role": "user", "content": "hi"}]);
     for (field, value) in [
         ("max_tokens", serde_json::json!(u64::MAX)),
-        ("max_tokens", serde_json::json!(5000)),
+        // SmolLM2's own context: 8192 tokens (its max_model_len by default).
+        ("max_tokens", serde_json::json!(9000)),
         ("max_completion_tokens", serde_json::json!(1u64 << 40)),
     ] {
         let mut body = serde_json::json!({"model": "smollm2", "messages": msg});
@@ -190,7 +191,7 @@ fn absurd_limits_are_refused_with_the_limit_named() {
         let (code, r) = http_json("POST", &url, "sk-a", &body);
         assert_eq!(code, 400, "{field}: {r}");
         let m = r["error"]["message"].as_str().unwrap();
-        assert!(m.contains("at most") && m.contains("4096"), "{m}");
+        assert!(m.contains("at most") && m.contains("8192"), "{m}");
         assert_eq!(r["error"]["param"], "max_tokens");
     }
     // Stop strings: more than four, or absurdly long, are refused by name.

@@ -192,6 +192,7 @@ fn load(a: &ForwardArgs) -> anyhow::Result<(ModelConfig, Box<dyn Runner>)> {
         device: a.device.into(),
         block_size: 16,
         max_model_len: a.max_model_len,
+        fit_max_model_len: false,
         kv: KvBudget::MemoryFraction(a.gpu_memory_utilization),
         cuda_graph_sizes: a.graphs.sizes(usize::MAX),
         cuda_graph_verify: None,

@@ -79,6 +79,7 @@ pub fn run(a: KvFp8Args) -> anyhow::Result<()> {
             device: a.m.device.into(),
             block_size: 16,
             max_model_len: max_len,
+            fit_max_model_len: false,
             kv: KvBudget::Blocks(blocks),
             cuda_graph_sizes: vec![1],
             cuda_graph_verify: None,

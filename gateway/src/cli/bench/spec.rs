@@ -109,6 +109,7 @@ pub fn run(a: SpecArgs) -> anyhow::Result<()> {
             device: a.m.device.into(),
             block_size: 16,
             max_model_len: a.max_model_len,
+            fit_max_model_len: false,
             kv,
             cuda_graph_sizes,
             cuda_graph_verify: verify,
