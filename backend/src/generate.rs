@@ -63,6 +63,7 @@ pub fn prefill(
         let mut batch = ForwardBatch::default();
         batch.push_seq(&prompt[done..end], done, table, bs, end == prompt.len());
         let logits = runner.forward(&batch)?;
+        tracing::debug!(from = done, to = end, "prefill pass");
         done = end;
         if done == prompt.len() {
             return Ok(logits);

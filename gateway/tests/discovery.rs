@@ -141,7 +141,7 @@ fn workers_named_by_dns_join_after_their_health_check_and_leave_when_gone() {
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .env("CACHET_USAGE_DB", "off")
             .args(["serve", "--config", cfg.to_str().unwrap()])
-            .args(cachet_tests::SMOLLM2_CPU)
+            .args(cachet_tests::SMOLLM2_GATEWAY)
             .args(["--listen", &format!("127.0.0.1:{gport}")])
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&glog).unwrap()))

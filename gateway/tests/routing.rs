@@ -22,12 +22,18 @@ fn route_tenant(dir: &std::path::Path) -> std::path::PathBuf {
     cfg
 }
 
+/// `cachet ARGS` on SmolLM2: a gateway given `--worker`s runs no engine of its own.
 fn cachet(args: &[&str]) -> Proc {
+    let model = if args[0] == "serve" && args.contains(&"--worker") {
+        cachet_tests::SMOLLM2_GATEWAY
+    } else {
+        cachet_tests::SMOLLM2_CPU
+    };
     Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .env("CACHET_USAGE_DB", "off")
             .args(args)
-            .args(cachet_tests::SMOLLM2_CPU)
+            .args(model)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -404,15 +410,7 @@ fn openai_compatible_upstreams_are_routed_to_from_request_history() {
             .env("CACHET_USAGE_DB", "off")
             .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
             .arg(format!("127.0.0.1:{pa}"))
-            .args([
-                "--routing",
-                "prefix",
-                "--model",
-                "smollm2",
-                "--device",
-                "cpu",
-            ])
-            .args(["--gpu-memory-utilization", "0.1"])
+            .args(["--routing", "prefix", "--model", "smollm2"])
             .env("CACHET_TEST_UPSTREAM_KEY", "sk-up")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -582,7 +580,7 @@ fn the_tenant_salt_reaches_openai_compatible_upstreams_as_cache_salt() {
                 .env("CACHET_USAGE_DB", "off")
                 .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
                 .arg(format!("127.0.0.1:{port}"))
-                .args(cachet_tests::SMOLLM2_CPU)
+                .args(cachet_tests::SMOLLM2_GATEWAY)
                 .env("CACHET_TEST_UPSTREAM_KEY", "sk-up")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

@@ -547,6 +547,10 @@ pub const SMOLLM2_CPU: &[&str] = &[
     "0.1",
 ];
 
+/// SmolLM2 for a gateway whose upstreams run it: its tokenizer and template, no engine (the
+/// engine's flags, such as `--device`, are refused there).
+pub const SMOLLM2_GATEWAY: &[&str] = &["--model", "smollm2"];
+
 /// Waits up to two minutes until `ip:port` accepts connections (`what` started).
 pub fn wait_listening(ip: &str, port: u16, what: &str) {
     let t0 = std::time::Instant::now();

@@ -179,6 +179,23 @@ impl EngineBuild<'_> {
         s.max_num_batched_tokens = limits.max_num_batched_tokens;
         s.max_model_len = runner.max_model_len;
         s.max_step_secs = limits.max_step_ms as f64 / 1000.0;
+        // What the engine runs with, read from the config it is given (every engine flag's
+        // value in force shows here or in the step-limit and KV-cache lines).
+        tracing::info!(
+            max_model_len = s.max_model_len,
+            enable_chunked_prefill = s.enable_chunked_prefill,
+            policy = ?s.policy,
+            fair_share = s.fair_share,
+            fair_prefill_cap = s.fair_prefill_cap,
+            enable_prefix_caching = engine.enable_prefix_caching,
+            cache_shares = engine.cache_shares,
+            max_waiting = engine.max_waiting,
+            max_waiting_tokens = engine.max_waiting_tokens,
+            speculative = ?engine.speculative.as_ref().map(|c| (c.method.clone(), c.num_speculative_tokens)),
+            quantization = %runner.quantization,
+            tensor_parallel_size = runner.tensor_parallel_size,
+            "engine settings"
+        );
         let engine = Engine::start(built, Some(tokenizer), engine);
         Ok(Built { engine, limits })
     }

@@ -211,7 +211,15 @@ fn runner_for(
     Ok(runner)
 }
 
-pub fn generate(mut a: GenerateArgs) -> anyhow::Result<()> {
+pub fn generate(mut a: GenerateArgs, given: &super::flags::Given) -> anyhow::Result<()> {
+    super::flags::device_flags(given, a.model.device)?;
+    if a.temperature == 0.0 {
+        given.refuse(
+            &["top_p", "top_k", "seed"],
+            "for sampling",
+            "--temperature 0 picks the likeliest token every time",
+        )?;
+    }
     let ModelMeta {
         config, tokenizer, ..
     } = load(&mut a.model)?;
@@ -273,6 +281,7 @@ pub fn generate(mut a: GenerateArgs) -> anyhow::Result<()> {
         let doc = serde_json::json!({"prompt_ids": prompt, "output_ids": out.tokens, "device": runner.device_name()});
         std::fs::write(path, doc.to_string())
             .with_context(|| format!("writing {}", path.display()))?;
+        tracing::info!(path = %path.display(), "ids written");
     }
     if let Some(e) = write_err {
         if e.kind() != std::io::ErrorKind::BrokenPipe {

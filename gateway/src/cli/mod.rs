@@ -3,6 +3,7 @@
 mod bench;
 mod connection_args;
 mod engine_args;
+pub mod flags;
 mod generate;
 mod kernels;
 mod model;
@@ -93,20 +94,27 @@ pub fn init_logging(format: LogFormat, verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only on a terminal (and never with NO_COLOR): a log file or collector gets plain
+    // text.
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+    tracing::debug!(verbose, "debug logging on (-v; RUST_LOG overrides)");
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; `given`: the flags given to it (see [`flags`]).
+pub fn run(cli: Cli, given: flags::Given) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(a) => serve::serve(a),
-        Command::Worker(a) => worker::worker(a),
-        Command::Generate(a) => generate::generate(a),
+        Command::Serve(a) => serve::serve(a, &given),
+        Command::Worker(a) => worker::worker(a, &given),
+        Command::Generate(a) => generate::generate(a, &given),
         Command::Logits(a) => generate::logits(a),
         Command::Model(c) => model::run(c),
         Command::Kernels(c) => kernels::run(c),

@@ -157,7 +157,7 @@ pub struct ServeArgs {
     pub usage_db: String,
 }
 
-pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
+pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
     let key = a.engine.hash_key()?;
     let text = std::fs::read_to_string(&a.config)
         .with_context(|| format!("reading {}", a.config.display()))?;
@@ -169,6 +169,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let embedded = members
         .iter()
         .any(|m| matches!(m, UpstreamConfig::Embedded {}));
+    unused_flags(&a, given, &members, &file, embedded)?;
     // The tool-call format, checked before the model loads.
     let forced: Option<Option<Format>> = match a.tool_parser.as_str() {
         "auto" => None,
@@ -243,6 +244,15 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let templates = phases::templates(&a)?;
+    tracing::info!(
+        request_timeout_s = a.request_timeout.max(1),
+        unknown_fields = ?a.unknown_fields,
+        routing = %a.routing,
+        upstream_timeouts_s = ?[a.upstream_connect_timeout, a.upstream_response_timeout,
+            a.upstream_first_event_timeout, a.upstream_idle_timeout],
+        templates = a.templates_dir.is_some(),
+        "gateway settings"
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -377,6 +387,68 @@ impl OtlpArgs {
 
 /// `--served-model-name`'s names (the model's own name without it): non-empty, no spaces, each
 /// once.
+/// Refuses the flags this gateway's mode has no use for (see [`super::flags`]).
+fn unused_flags(
+    a: &ServeArgs,
+    given: &super::flags::Given,
+    members: &[UpstreamConfig],
+    file: &ConfigFile,
+    embedded: bool,
+) -> anyhow::Result<()> {
+    use super::flags::{self, flag};
+    if embedded {
+        flags::device_flags(given, a.engine.device)?;
+    } else {
+        given.refuse(
+            flags::ENGINE_ONLY,
+            "for the embedded engine",
+            "this gateway runs none: its upstreams run the model",
+        )?;
+    }
+    if a.templates_dir.is_none() {
+        given.refuse(
+            flags::TEMPLATES,
+            "a limit of tenants' templates",
+            "templates are off without --templates-dir",
+        )?;
+    }
+    let upstreams: Vec<&UpstreamConfig> = members
+        .iter()
+        .chain(file.model.iter().flat_map(|m| &m.upstream))
+        .collect();
+    if upstreams
+        .iter()
+        .all(|u| matches!(u, UpstreamConfig::Embedded {}))
+    {
+        given.refuse(
+            flags::UPSTREAM_TIMEOUTS,
+            "for remote upstreams",
+            "the embedded engine is this gateway's only one",
+        )?;
+    }
+    if !upstreams
+        .iter()
+        .any(|u| matches!(u, UpstreamConfig::Cachet { .. }))
+    {
+        given.refuse(
+            flags::WORKER_CLIENT,
+            "for `cachet worker` upstreams",
+            "none is listed (--worker, or kind = \"cachet\" in the config)",
+        )?;
+    }
+    if a.workers.is_empty() {
+        given.refuse(
+            &["worker_ca_file"],
+            "for --worker URLs",
+            &format!(
+                "none is given (a config [[upstream]] names its own ca_file; {} is not --worker)",
+                flag("worker_ca_file")
+            ),
+        )?;
+    }
+    flags::otlp_flags(given, a.otlp.otlp_endpoint.is_some())
+}
+
 fn served_names(given: &[String], model_id: &str) -> anyhow::Result<Vec<String>> {
     if given.is_empty() {
         return Ok(vec![model_id.to_string()]);

@@ -35,7 +35,9 @@ pub struct WorkerArgs {
     pub otlp: super::serve::OtlpArgs,
 }
 
-pub fn worker(a: WorkerArgs) -> anyhow::Result<()> {
+pub fn worker(a: WorkerArgs, given: &super::flags::Given) -> anyhow::Result<()> {
+    super::flags::device_flags(given, a.engine.device)?;
+    super::flags::otlp_flags(given, a.otlp.otlp_endpoint.is_some())?;
     // Anyone who reaches a worker can run the engine with any tenant's salt and read its KV
     // events: off loopback it needs a token.
     if !a.listen.ip().is_loopback() && a.auth_token.is_none() && a.tls_client_ca.is_none() {

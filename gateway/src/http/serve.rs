@@ -335,6 +335,7 @@ where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
+    tracing::info!(?limits, "connection limits");
     let (conn_tx, mut conn_rx) = watch::channel(0usize);
     let active = Arc::new(AtomicUsize::new(0));
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);

@@ -215,7 +215,7 @@ fn a_worker_requiring_client_certificates_serves_only_the_gateway_that_has_one()
             .args(["--listen", &format!("127.0.0.1:{port}"), "--worker", &wurl])
             .arg("--worker-ca-file")
             .arg(&ca)
-            .args(cachet_tests::SMOLLM2_CPU)
+            .args(cachet_tests::SMOLLM2_GATEWAY)
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
         if with_cert {

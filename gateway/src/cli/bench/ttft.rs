@@ -355,7 +355,9 @@ fn run_one(
             a.tokenizer.clone(),
         ]);
     }
-    if !has("cuda-graphs") {
+    // Off, graphs are turned off on a GPU; the CPU runs every step eagerly anyway (and
+    // refuses the flag).
+    if !has("cuda-graphs") && a.device != super::super::generate::DeviceKind::Cpu {
         args.push("--enforce-eager".into());
     }
     if has("fp8-kv") {
@@ -374,7 +376,7 @@ fn run_one(
         args.extend(extra.split_whitespace().map(String::from));
     }
     let log = std::fs::File::create(a.out.join("logs").join(format!("{config}-{mode}.log")))?;
-    let _server = Server(
+    let mut server = Server(
         Command::new(exe)
             .args(&args)
             .stdout(Stdio::null())
@@ -394,6 +396,9 @@ fn run_one(
         loop {
             if let Ok((200, _)) = get(&client, &format!("{base}/health"), key).await {
                 break;
+            }
+            if let Ok(Some(status)) = server.0.try_wait() {
+                bail!("cachet serve exited ({status}) before it was ready (see logs/{config}-{mode}.log)");
             }
             if t0.elapsed() > Duration::from_secs(900) {
                 bail!("cachet serve did not come up in 15 minutes (see logs/{config}-{mode}.log)");

@@ -159,7 +159,7 @@ pub fn templates(a: &ServeArgs) -> anyhow::Result<Option<Arc<TemplateStore>>> {
         return Ok(None);
     };
     use cachet_gateway::sandbox::{CompileIn, Sandbox, SandboxConfig};
-    let sandbox = Sandbox::new(SandboxConfig {
+    let config = SandboxConfig {
         deadline: Duration::from_millis(a.template_deadline_ms.max(1)),
         fuel: a.template_fuel,
         memory_bytes: a.template_memory_mib << 20,
@@ -173,13 +173,16 @@ pub fn templates(a: &ServeArgs) -> anyhow::Result<Option<Arc<TemplateStore>>> {
             std::env::current_exe().context("finding this program for template compiles")?,
         ),
         ..Default::default()
-    })?;
+    };
+    let quota = cachet_gateway::sandbox::store::Quota {
+        versions: a.template_max_versions.max(1),
+        bytes: a.template_storage_mib << 20,
+    };
+    tracing::info!(?config, ?quota, "template sandbox");
+    let sandbox = Sandbox::new(config)?;
     let store = TemplateStore::open(dir, sandbox)
         .with_context(|| format!("opening the templates directory {}", dir.display()))?
-        .with_quota(cachet_gateway::sandbox::store::Quota {
-            versions: a.template_max_versions.max(1),
-            bytes: a.template_storage_mib << 20,
-        });
+        .with_quota(quota);
     Ok(Some(Arc::new(store)))
 }
 
