@@ -53,13 +53,74 @@ pub enum LoadError {
     #[error("fetching {model}: {msg}")]
     Fetch { model: String, msg: String },
     #[error(transparent)]
-    Hub(Box<crate::loader::hub::HubError>),
+    Hub(Box<HubError>),
 }
 
-impl From<crate::loader::hub::HubError> for LoadError {
-    fn from(e: crate::loader::hub::HubError) -> Self {
+impl From<HubError> for LoadError {
+    fn from(e: HubError) -> Self {
         LoadError::Hub(Box::new(e))
     }
+}
+
+/// Why a model could not be had from the Hub.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("{repo} is gated or private on {endpoint}: set HF_TOKEN to a token that has access (request access on the model's page first)")]
+    NeedsToken { repo: String, endpoint: String },
+    #[error("the token from {token_from} has no access to {repo} on {endpoint}: request access on the model's page, or use a token that has it")]
+    NoAccess {
+        repo: String,
+        endpoint: String,
+        token_from: String,
+    },
+    #[error("no model {repo} at revision `{revision}` on {endpoint}: check the id and --revision")]
+    NotFound {
+        repo: String,
+        revision: String,
+        endpoint: String,
+    },
+    #[error("{repo} (revision `{revision}`) is not in the Hugging Face cache {cache} and HF_HUB_OFFLINE is set: download it once with the Hub reachable")]
+    NotCached {
+        repo: String,
+        revision: String,
+        cache: PathBuf,
+    },
+    #[error("{repo} has no `{file}` (its files: {listing})")]
+    NoFile {
+        repo: String,
+        file: String,
+        listing: String,
+    },
+    #[error(
+        "{repo} ships no safetensors or GGUF weights (its files: {listing}); Cachet reads those"
+    )]
+    NoWeights { repo: String, listing: String },
+    #[error("{repo} holds several GGUF files ({files}): name one, as `{repo}/FILE.gguf`")]
+    WhichGguf { repo: String, files: String },
+    #[error("{repo}: {file} as downloaded has {algorithm} {got}, but the Hub names it {expected}: the download was corrupted and is deleted; run again to fetch it anew")]
+    HashMismatch {
+        repo: String,
+        file: String,
+        algorithm: &'static str,
+        expected: String,
+        got: String,
+    },
+    #[error("{repo}: {what} from {endpoint}: {source}")]
+    Request {
+        repo: String,
+        what: String,
+        endpoint: String,
+        #[source]
+        source: Box<hf_hub::api::sync::ApiError>,
+    },
+    #[error("--revision {revision} is for a model by Hugging Face id (org/name); `{spec}` is a local path or a built-in model")]
+    RevisionOfLocal { spec: String, revision: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl LoadError {

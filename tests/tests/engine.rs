@@ -434,7 +434,7 @@ device_test! {
         assert!(err(greedy_request(vec![], 4)).contains("no tokens"));
         assert!(err(greedy_request(vec![1, 5000], 4)).contains("outside the vocabulary"));
         assert!(err(greedy_request(vec![1; 100], 200)).contains("KV blocks"));
-        assert!(err(greedy_request(vec![1; 10], 5000)).contains("maximum length"));
+        assert!(err(greedy_request(vec![1; 10], 5000)).contains("exceeds max_model_len"));
     }
 }
 

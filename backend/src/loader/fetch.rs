@@ -146,6 +146,11 @@ pub fn cache_dir() -> PathBuf {
     home.join(".cache").join("cachet")
 }
 
+/// Where compiled CUDA kernels are cached across restarts: `kernels/` of the cache.
+pub fn kernel_cache_dir() -> PathBuf {
+    cache_dir().join("kernels")
+}
+
 /// Where `model` lives once fetched.
 pub fn cached_path(model: &KnownModel) -> PathBuf {
     cache_dir()

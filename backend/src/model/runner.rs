@@ -548,7 +548,7 @@ pub fn build_runner(
         crate::shard::check(config, opts.tensor_parallel_size)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         return Ok(if use_cuda {
-            let cuda = CudaOptions::from_env(Some(crate::device::cuda::kernel_cache_dir()))?;
+            let cuda = CudaOptions::from_env(Some(crate::loader::fetch::kernel_cache_dir()))?;
             Box::new(TpRunner::cuda(config, weights, opts, &cuda)?)
         } else {
             Box::new(TpRunner::new(config, weights, opts)?)
@@ -556,7 +556,7 @@ pub fn build_runner(
     }
     if use_cuda {
         // The switches are read here, once; the kernel cache lives with the model cache.
-        let cuda = CudaOptions::from_env(Some(crate::device::cuda::kernel_cache_dir()))?;
+        let cuda = CudaOptions::from_env(Some(crate::loader::fetch::kernel_cache_dir()))?;
         let dev = CudaDevice::new(0, opts.block_size, cuda)?;
         Ok(Box::new(ModelRunner::new(dev, config, weights, opts)?))
     } else {

@@ -46,10 +46,10 @@ pub fn run(cmd: KernelsCommand) -> anyhow::Result<()> {
         )?;
         arch.dedup();
     }
-    let dir = cuda::kernel_cache_dir();
+    let dir = cachet_backend::loader::fetch::kernel_cache_dir();
     for a in &arch {
         let t0 = Instant::now();
-        let cached = cuda::build_kernels(a).with_context(|| format!("compiling for {a}"))?;
+        let cached = cuda::build_kernels(a, &dir).with_context(|| format!("compiling for {a}"))?;
         let secs = t0.elapsed().as_secs_f64();
         if cached {
             eprintln!("{a}: already in {}", dir.display());

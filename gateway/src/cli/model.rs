@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use cachet_backend::config::{Activation, Arch, ModelConfig, RopeScaling};
 use cachet_backend::loader::{self, fetch, random};
 use clap::Subcommand;
@@ -86,38 +85,28 @@ pub fn tiny_config() -> ModelConfig {
 
 pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
     match cmd {
-        ModelCommand::Fetch { name, revision } if fetch::known_model(&name).is_none() => {
-            if loader::hub::HubModel::parse(&name).is_none() {
-                anyhow::bail!(
-                    "`{name}` is neither a Hugging Face id (org/name) nor a built-in model ({})",
-                    fetch::KNOWN
-                        .iter()
-                        .map(|k| k.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-            let local =
-                loader::fetch_model(&name, revision.as_deref(), loader::hub::Want::Model, true)?;
-            println!("{}", local.spec);
-            Ok(())
-        }
         ModelCommand::Fetch { name, revision } => {
+            let Some(known) = fetch::known_model(&name) else {
+                if loader::hub::HubModel::parse(&name).is_none() {
+                    anyhow::bail!(
+                        "`{name}` is neither a Hugging Face id (org/name) nor a built-in model ({})",
+                        fetch::KNOWN
+                            .iter()
+                            .map(|k| k.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+                let want = loader::hub::Want::Model;
+                let local = loader::fetch_model(&name, revision.as_deref(), want, true)?;
+                println!("{}", local.spec);
+                return Ok(());
+            };
             if let Some(r) = revision {
                 anyhow::bail!(
                     "--revision {r} is for a Hugging Face id; `{name}` is a built-in model"
                 );
             }
-            let known = fetch::known_model(&name).with_context(|| {
-                format!(
-                    "unknown model `{name}`; known: {}",
-                    fetch::KNOWN
-                        .iter()
-                        .map(|k| k.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })?;
             let was_there = fetch::cached_path(known).exists();
             let path = fetch::fetch(known, true)?;
             if was_there {

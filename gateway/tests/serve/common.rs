@@ -135,7 +135,8 @@ pub fn start_under(
     log: Option<&std::path::Path>,
 ) -> (Server, String) {
     cachet_tests::smollm2_path();
-    start_model(config, cachet_tests::SMOLLM2_CPU, extra, open_files, log)
+    let model = cachet_tests::smollm2_serving(config, extra);
+    start_model(config, model, extra, open_files, log)
 }
 
 /// Starts `cachet serve` on the model `model_args` name (`--model …` and its device flags).

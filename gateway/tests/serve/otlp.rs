@@ -27,10 +27,20 @@ fn cachet_proc(
         "cachet-otlp-{}-{service}-{port}.log",
         std::process::id()
     ));
+    // A gateway's flags follow its config (no engine flags where its upstreams run the model).
+    let config = args
+        .iter()
+        .position(|a| *a == "--config")
+        .map(|i| std::fs::read_to_string(args[i + 1]).unwrap())
+        .unwrap_or_default();
+    let model = match args[0] {
+        "serve" => cachet_tests::smollm2_serving(&config, args),
+        _ => cachet_tests::SMOLLM2_CPU,
+    };
     let mut p = cachet_tests::Proc(
         Command::new(env!("CARGO_BIN_EXE_cachet"))
             .args(args)
-            .args(cachet_tests::SMOLLM2_CPU)
+            .args(model)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--otlp-endpoint", otlp, "--otlp-service-name", service])
             .env("CACHET_USAGE_DB", "off")

@@ -106,7 +106,7 @@ fn an_https_upstream_is_trusted_through_its_ca_file_and_not_without() {
                 .env("CACHET_TEST_TLS_UPSTREAM_KEY", "sk-up")
                 .args(["serve", "--config", cfg.to_str().unwrap(), "--listen"])
                 .arg(format!("127.0.0.1:{port}"))
-                .args(cachet_tests::SMOLLM2_CPU)
+                .args(cachet_tests::SMOLLM2_GATEWAY)
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
                 .spawn()

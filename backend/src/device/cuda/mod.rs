@@ -101,11 +101,6 @@ pub fn gpu_count() -> Result<usize, DeviceError> {
         .map_err(op_err("device count"))
 }
 
-/// Where compiled kernels are cached: `kernels/` of the model cache, across restarts.
-pub fn kernel_cache_dir() -> std::path::PathBuf {
-    crate::loader::fetch::cache_dir().join("kernels")
-}
-
 /// The architectures (`sm_XY`) of the GPUs visible here, one per GPU.
 pub fn gpu_archs() -> Result<Vec<String>, DeviceError> {
     (0..gpu_count()?)
@@ -119,11 +114,11 @@ pub fn gpu_archs() -> Result<Vec<String>, DeviceError> {
         .collect()
 }
 
-/// Compiles the kernels for `arch` into the kernel cache a start reads (`CACHET_KERNEL_DIR`'s
-/// sources where set, as a start would), unless they are there; whether they were. Needs
-/// NVRTC, not a GPU.
-pub fn build_kernels(arch: &str) -> Result<bool, DeviceError> {
-    let options = CudaOptions::from_env(Some(kernel_cache_dir()))?;
+/// Compiles the kernels for `arch` into the kernel cache `cache` a start reads
+/// (`loader::fetch::kernel_cache_dir`; `CACHET_KERNEL_DIR`'s sources where set, as a start
+/// would), unless they are there; whether they were. Needs NVRTC, not a GPU.
+pub fn build_kernels(arch: &str, cache: &std::path::Path) -> Result<bool, DeviceError> {
+    let options = CudaOptions::from_env(Some(cache.to_path_buf()))?;
     let compiled = cachet_kernels::compile::compile(
         arch,
         options.kernel_cache.as_deref(),
