@@ -30,6 +30,9 @@ pub struct EngineRequest {
     /// The W3C `traceparent` of the request's trace, passed on to remote engines (workers,
     /// OpenAI-compatible servers) as a header; the local engine does not read it.
     pub trace_parent: Option<String>,
+    /// The gateway's id of the request (`x-request-id`), passed on to remote engines as that
+    /// header; the local engine does not read it.
+    pub request_id: Option<String>,
     /// The tenant (or another label) the request belongs to: carried into logs and events, and
     /// the group fair sharing counts tokens by.
     pub tag: String,
@@ -55,6 +58,7 @@ impl EngineRequest {
             priority: 0,
             deadline: None,
             trace_parent: None,
+            request_id: None,
             tag: String::new(),
             share: 1.0,
             constraint: None,

@@ -441,10 +441,12 @@ impl Endpoint {
         body: Bytes,
         timeout: Duration,
     ) -> Result<hyper::Response<Incoming>, ClientError> {
-        self.send_traced(method, path, body, timeout, None).await
+        self.send_traced(method, path, body, timeout, None, None)
+            .await
     }
 
-    /// As [`Endpoint::send`], with the request's W3C `traceparent` (if it has a trace).
+    /// As [`Endpoint::send`], with the request's W3C `traceparent` (if it has a trace) and its
+    /// `x-request-id` (if the gateway gave it one).
     pub async fn send_traced(
         &self,
         method: &str,
@@ -452,6 +454,7 @@ impl Endpoint {
         body: Bytes,
         timeout: Duration,
         traceparent: Option<&str>,
+        request_id: Option<&str>,
     ) -> Result<hyper::Response<Incoming>, ClientError> {
         let mut req = request(
             method,
@@ -461,6 +464,9 @@ impl Endpoint {
         );
         if let Some(v) = traceparent.and_then(|t| hyper::header::HeaderValue::from_str(t).ok()) {
             req.headers_mut().insert("traceparent", v);
+        }
+        if let Some(v) = request_id.and_then(|t| hyper::header::HeaderValue::from_str(t).ok()) {
+            req.headers_mut().insert("x-request-id", v);
         }
         send(&self.client, req, timeout).await
     }

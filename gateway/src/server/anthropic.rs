@@ -529,7 +529,7 @@ pub async fn messages(
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
     completions::shaped(state, req, |state, body| {
         let parsed = parse(body, state.unknown_fields)?;
-        let id = format!("msg_{:024x}", state.next_id());
+        let id = format!("msg_{:024x}", state.new_id());
         Ok((parsed, AnthropicRender::default(), id))
     })
     .await

@@ -60,9 +60,9 @@ pub async fn completion(
             c.service_tier.is_some(),
         );
         let id = format!(
-            "{}-{}",
+            "{}-{:024x}",
             if chat { "chatcmpl" } else { "cmpl" },
-            state.next_id()
+            state.new_id()
         );
         Ok((parsed, render, id))
     })
@@ -112,6 +112,12 @@ pub async fn shaped<R: respond::Render>(
     });
     // `x-cachet-timings: 1` asks for the server-side split of the request's time in its usage.
     let want_timings = req.headers().contains_key("x-cachet-timings");
+    // Set by the router from the client's, or made there.
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let result = async {
         let body = http::read_body(req, MAX_BODY_BYTES).await?;
         let (parsed, render, id) = prepare(&state, &body)?;
@@ -130,6 +136,7 @@ pub async fn shaped<R: respond::Render>(
                 at: arrived,
                 want_timings,
                 trace: trace.clone(),
+                request_id,
             },
             &mut ticket,
         ))
@@ -156,6 +163,8 @@ pub struct Arrival {
     pub want_timings: bool,
     /// The request's trace (its span, and the context passed on to upstreams).
     pub trace: Arc<RequestTrace>,
+    /// Its `x-request-id`, passed on to upstreams.
+    pub request_id: Option<String>,
 }
 
 /// The tenant has budget left this period (requests already admitted run to their end).
@@ -198,6 +207,7 @@ pub async fn run(
         at: arrived,
         want_timings,
         trace,
+        request_id,
     } = arrival;
     let Parsed {
         input,
@@ -271,6 +281,7 @@ pub async fn run(
         deadline: Some(arrived + state.request_timeout),
         constraint,
         trace_parent: trace.traceparent().map(str::to_string),
+        request_id,
         ..EngineRequest::new(Vec::new(), max_tokens as usize)
     };
     let streams = submit(&state, &common, prompts, n, &template, &trace, ticket).await?;

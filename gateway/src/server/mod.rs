@@ -27,7 +27,6 @@ pub mod tokenize;
 pub mod tools;
 pub mod usage;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -98,7 +97,6 @@ pub struct AppState {
     pub tracing: Option<Arc<crate::trace::Tracing>>,
     /// The operator store (`[operator]`): tenants changed live through `/operator/v1`.
     pub operator: Option<Arc<operator::OperatorState>>,
-    next_id: Arc<AtomicU64>,
     /// Every model of the gateway, this one among them (set once they are all made; none: this
     /// is the only one).
     models: Arc<std::sync::OnceLock<Vec<std::sync::Weak<AppState>>>>,
@@ -171,7 +169,6 @@ impl AppState {
             usage: None,
             tracing: None,
             operator: None,
-            next_id: Arc::new(AtomicU64::new(1)),
             models: Default::default(),
         }
     }
@@ -196,7 +193,6 @@ impl AppState {
             self.tenants.clone(),
         );
         s.metrics = self.metrics.clone();
-        s.next_id = self.next_id.clone();
         s.models = self.models.clone();
         s.created = self.created;
         s.request_timeout = self.request_timeout;
@@ -272,14 +268,44 @@ impl AppState {
         *self.public_prefixes.write().expect("prefixes lock") = Arc::new(p);
     }
 
-    /// A fresh number for a response id.
-    pub fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+    /// A fresh random number for a response's id (96 bits: unique across restarts and replicas
+    /// sharing a usage database, and telling no tenant how busy the gateway is).
+    pub fn new_id(&self) -> u128 {
+        let mut b = [0u8; 16];
+        getrandom::fill(&mut b[..12]).expect("the system's random source");
+        u128::from_le_bytes(b)
+    }
+}
+
+/// Answers one request (its id on the response, see [`request_id`]).
+pub async fn handle(state: Arc<AppState>, mut req: Request<Incoming>) -> Response<Body> {
+    // The request's id: the client's `x-request-id` where it is a usable one, else a fresh
+    // random one; handlers read it from the request, and the response carries it back.
+    let request_id = request_id(&state, &req);
+    req.headers_mut().insert("x-request-id", request_id.clone());
+    let mut response = route(state, req).await;
+    response.headers_mut().insert("x-request-id", request_id);
+    response
+}
+
+/// The client's `x-request-id` if it is 1 to 128 characters of `A-Z a-z 0-9 - _ . :`, else
+/// `req_` and 24 random hex digits.
+fn request_id(state: &AppState, req: &Request<Incoming>) -> hyper::header::HeaderValue {
+    let ok = |v: &&hyper::header::HeaderValue| {
+        let b = v.as_bytes();
+        (1..=128).contains(&b.len())
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(c))
+    };
+    match req.headers().get("x-request-id").filter(ok) {
+        Some(v) => v.clone(),
+        None => hyper::header::HeaderValue::from_str(&format!("req_{:024x}", state.new_id()))
+            .expect("hex is a header value"),
     }
 }
 
 /// Routes one request.
-pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
+async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     // Anthropic's paths answer errors in Anthropic's shape.

@@ -366,7 +366,7 @@ pub async fn responses(
 ) -> Result<(Response<Body>, String), (ApiError, String)> {
     completions::shaped(state, req, |state, body| {
         let (parsed, echo) = parse(body, state.unknown_fields)?;
-        let n = state.next_id();
+        let n = state.new_id();
         let render = ResponsesRender {
             echo,
             item_id: format!("msg_{n:024x}"),

@@ -633,6 +633,7 @@ impl Upstream for OpenAi {
                     body,
                     head,
                     er.trace_parent.as_deref(),
+                    er.request_id.as_deref(),
                 )
                 .await
                 .map_err(|e| StartError::Failed(e.to_string()))?;

@@ -7,6 +7,7 @@ mod common;
 mod config_reload;
 mod hostile;
 mod hub;
+mod ids;
 mod models;
 mod names;
 mod openai_client;
