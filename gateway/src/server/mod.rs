@@ -315,11 +315,7 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
             StatusCode::OK,
             &serde_json::json!({"status": "ok"}),
         )),
-        (&Method::GET, "/ready") => Ok(http::json(
-            StatusCode::OK,
-            &serde_json::json!({"status": "ready", "model": state.model_id,
-                "models": state.models().iter().map(|m| m.model_id.clone()).collect::<Vec<_>>()}),
-        )),
+        (&Method::GET, "/ready") => Ok(ready(&state)),
         (&Method::GET, "/v1/models") => models(&state, &req),
         (&Method::GET, "/v1/usage") => usage::usage(&state, &req).await,
         (&Method::GET, "/metrics") => metrics_allowed(&state, &req).map(|()| {
@@ -393,6 +389,43 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
             e.response()
         }
     })
+}
+
+/// `/ready`: 200 when every model served here has a healthy upstream (its loaded engine, a
+/// worker whose health check answers, a server whose circuit is closed), else 503 naming the
+/// models that have none — what a load balancer's readiness probe should see.
+fn ready(state: &Arc<AppState>) -> Response<Body> {
+    let models: Vec<(String, usize, usize)> = state
+        .models()
+        .iter()
+        .map(|m| {
+            let (healthy, total) = m.pool.healthy_members();
+            (m.model_id.clone(), healthy, total)
+        })
+        .collect();
+    let down: Vec<&str> = models
+        .iter()
+        .filter(|(_, healthy, _)| *healthy == 0)
+        .map(|(m, _, _)| m.as_str())
+        .collect();
+    let upstreams: Vec<serde_json::Value> = models
+        .iter()
+        .map(|(m, h, t)| serde_json::json!({"model": m, "healthy": h, "upstreams": t}))
+        .collect();
+    let names: Vec<&str> = models.iter().map(|(m, _, _)| m.as_str()).collect();
+    if down.is_empty() {
+        http::json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "ready", "model": state.model_id, "models": names,
+                "upstreams": upstreams}),
+        )
+    } else {
+        http::json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "not ready", "models_without_upstream": down,
+                "upstreams": upstreams}),
+        )
+    }
 }
 
 /// `/metrics` names tenants: it answers the operator's token, or, without one configured, the

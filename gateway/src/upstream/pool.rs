@@ -175,6 +175,14 @@ impl Pool {
         self.members().is_empty()
     }
 
+    /// How many members are healthy now (their health checks answer, their circuit is closed),
+    /// and how many there are.
+    pub fn healthy_members(&self) -> (usize, usize) {
+        let members = self.members();
+        let healthy = members.iter().filter(|m| m.view(&[]).healthy).count();
+        (healthy, members.len())
+    }
+
     /// Waits until at least `n` members are healthy, or `timeout`.
     pub async fn wait_healthy(&self, n: usize, timeout: Duration) -> bool {
         let t0 = Instant::now();

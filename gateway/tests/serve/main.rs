@@ -13,6 +13,7 @@ mod names;
 mod openai_client;
 mod operator;
 mod otlp;
+mod ready;
 mod reliability;
 mod security;
 mod shared_limits;
