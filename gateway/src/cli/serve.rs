@@ -114,6 +114,10 @@ pub struct ServeArgs {
     /// through and names the ignored fields in the `x-cachet-warning` response header.
     #[arg(long, value_enum, default_value_t = UnknownFields::Reject)]
     pub unknown_fields: UnknownFields,
+    /// Largest request body of the API (chat and text completions, responses, messages,
+    /// tokenize), in KiB; a larger one is refused with 413 before it is parsed.
+    #[arg(long, default_value_t = 1024, value_name = "KIB")]
+    pub max_body_kib: usize,
     /// How the model writes tool calls, for requests with `tools`: `auto` tells it from the
     /// chat template (`<tool_call>`: hermes; `[TOOL_CALLS]`: mistral; ipython: llama3_json);
     /// `hermes` (Hermes, Qwen), `llama3_json`, `mistral`; `none` refuses tools.
@@ -280,6 +284,7 @@ pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
         state.templates = templates;
         state.metrics_token = a.metrics_token.clone();
         state.unknown_fields = a.unknown_fields;
+        state.max_body_bytes = a.max_body_kib.max(1) << 10;
         state.tool_format = tool_format;
         state.reasoning = reasoning;
         state.set_public_prefixes(public_prefixes);

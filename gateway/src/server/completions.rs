@@ -21,7 +21,7 @@ use hyper::{Request, Response};
 use super::openai::{self, Input, Parsed, PromptIn};
 use super::respond::{self, Meta};
 use super::{templates, AppState};
-use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
+use crate::http::{self, ApiError, Body};
 use crate::normalize::tokens::TemplateArgs;
 use crate::tenants::Tenant;
 use crate::trace::RequestTrace;
@@ -119,7 +119,7 @@ pub async fn shaped<R: respond::Render>(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let result = async {
-        let body = http::read_body(req, MAX_BODY_BYTES).await?;
+        let body = http::read_body(req, state.max_body_bytes).await?;
         let (parsed, render, id) = prepare(&state, &body)?;
         drop(body);
         if let Some(t) = &mut ticket {

@@ -80,6 +80,8 @@ pub struct AppState {
     /// The operator's token for `/metrics` (which names tenants); without one, `/metrics`
     /// answers loopback clients only.
     pub metrics_token: Option<String>,
+    /// Largest API request body (`--max-body-kib`); a larger one is 413.
+    pub max_body_bytes: usize,
     /// What request fields outside the API's table get (`--unknown-fields`).
     pub unknown_fields: fields::UnknownFields,
     /// The model's vocabulary size (token-id prompts and `logit_bias` are checked against it).
@@ -162,6 +164,7 @@ impl AppState {
             templates: None,
             metrics_token: None,
             unknown_fields: fields::UnknownFields::Reject,
+            max_body_bytes: http::MAX_BODY_BYTES,
             vocab: tokenizer_vocab,
             tool_format,
             reasoning,
@@ -199,6 +202,7 @@ impl AppState {
         s.templates = self.templates.clone();
         s.metrics_token = self.metrics_token.clone();
         s.unknown_fields = self.unknown_fields;
+        s.max_body_bytes = self.max_body_bytes;
         s.usage = self.usage.clone();
         s.tracing = self.tracing.clone();
         s.operator = self.operator.clone();

@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 use super::completions::{prompts_of, tool_plan};
 use super::openai::{self, Parsed};
 use super::AppState;
-use crate::http::{self, ApiError, Body, MAX_BODY_BYTES};
+use crate::http::{self, ApiError, Body};
 use crate::tenants::Tenant;
 use crate::trace::RequestTrace;
 
@@ -136,7 +136,7 @@ pub async fn tokenize(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
-    let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"prompt\": …} or {\"messages\": […]}")?;
     drop(body);
     let return_strs = flag(&mut m, "return_token_strs")?.unwrap_or(false);
@@ -229,7 +229,7 @@ pub async fn detokenize(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
-    let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"tokens\": [ids]}")?;
     drop(body);
     let state = model_of(&state, &tenant, &mut m)?;
@@ -277,7 +277,7 @@ pub async fn count_tokens(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
-    let body = http::read_body(req, MAX_BODY_BYTES).await?;
+    let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"model\", \"messages\", …}")?;
     drop(body);
     only(

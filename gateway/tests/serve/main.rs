@@ -2,6 +2,7 @@
 
 mod api_fields;
 mod bench;
+mod body;
 mod chat_templates;
 mod common;
 mod config_reload;
