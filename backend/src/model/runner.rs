@@ -88,7 +88,8 @@ pub enum StepOutput {
 /// Which device to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
-    /// CUDA when a GPU is usable, else the CPU.
+    /// CUDA when a GPU is usable, else the CPU (refused where a GPU is present but CUDA cannot
+    /// use it: give --device cpu for the CPU there).
     Auto,
     Cpu,
     Cuda,
@@ -524,6 +525,38 @@ impl<D: Instruments> Runner for ModelRunner<D> {
     }
 }
 
+/// A GPU's device node or driver entry on this machine, if there is one.
+fn gpu_node() -> Option<std::path::PathBuf> {
+    ["/dev/nvidia0", "/proc/driver/nvidia/gpus"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// Whether `--device auto` takes CUDA: yes where it is usable; the CPU where no GPU is here (or
+/// `CUDA_VISIBLE_DEVICES` hides them all); refused where a GPU is present (`node`) but CUDA is
+/// not usable — a broken driver or missing libraries must not become a slow CPU server that
+/// reports ready.
+fn auto_uses_cuda(
+    usable: Result<(), DeviceError>,
+    node: Option<std::path::PathBuf>,
+    visible: Option<&str>,
+) -> Result<bool, EngineError> {
+    let hidden = visible.is_some_and(|v| v.trim().is_empty() || v.trim() == "-1");
+    match (usable, node) {
+        (Ok(()), _) => Ok(true),
+        (Err(e), Some(node)) if !hidden => Err(EngineError::InvalidRequest(format!(
+            "a GPU is present ({}) but CUDA cannot be used: {e}; fix the driver or libraries, \
+             or give --device cpu to run on the CPU",
+            node.display()
+        ))),
+        (Err(e), _) => {
+            tracing::info!("using the CPU device: {e}");
+            Ok(false)
+        }
+    }
+}
+
 /// Builds a runner on the requested device.
 pub fn build_runner(
     config: &ModelConfig,
@@ -536,13 +569,11 @@ pub fn build_runner(
             cuda::available()?;
             true
         }
-        DeviceKind::Auto => match cuda::available() {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::info!("using the CPU device: {e}");
-                false
-            }
-        },
+        DeviceKind::Auto => auto_uses_cuda(
+            cuda::available(),
+            gpu_node(),
+            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+        )?,
     };
     if opts.tensor_parallel_size != 1 {
         crate::shard::check(config, opts.tensor_parallel_size)
@@ -596,4 +627,37 @@ pub fn cpu_runner(
         WeightSource::Host(weights),
         &opts,
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_refuses_a_present_gpu_that_cuda_cannot_use() {
+        let broken = || {
+            Err(DeviceError::Unavailable(
+                "cuda".into(),
+                "libcuda was not found".into(),
+            ))
+        };
+        let node = || Some(std::path::PathBuf::from("/dev/nvidia0"));
+        assert!(auto_uses_cuda(Ok(()), node(), None).unwrap());
+        // No GPU here: the CPU.
+        assert!(!auto_uses_cuda(broken(), None, None).unwrap());
+        // A GPU here that CUDA cannot open: refused, naming both ways out.
+        let e = auto_uses_cuda(broken(), node(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/dev/nvidia0")
+                && e.contains("libcuda was not found")
+                && e.contains("--device cpu"),
+            "{e}"
+        );
+        // Every GPU hidden on purpose: the CPU.
+        assert!(!auto_uses_cuda(broken(), node(), Some("")).unwrap());
+        assert!(!auto_uses_cuda(broken(), node(), Some("-1")).unwrap());
+        assert!(auto_uses_cuda(broken(), node(), Some("0")).is_err());
+    }
 }

@@ -16,7 +16,8 @@ use clap::{Args, ValueEnum};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DeviceKind {
-    /// CUDA when a GPU is usable, else the CPU.
+    /// CUDA when a GPU is usable, else the CPU (refused where a GPU is present but CUDA cannot
+    /// use it: give --device cpu for the CPU there).
     Auto,
     /// The f32 CPU reference.
     Cpu,
