@@ -551,18 +551,6 @@ pub const SMOLLM2_CPU: &[&str] = &[
 /// engine's flags, such as `--device`, are refused there).
 pub const SMOLLM2_GATEWAY: &[&str] = &["--model", "smollm2"];
 
-/// SmolLM2's flags for `cachet serve` with `config` (its text) and `extra` flags: a gateway with
-/// upstreams and no embedded engine among them gets [`SMOLLM2_GATEWAY`], others
-/// [`SMOLLM2_CPU`].
-pub fn smollm2_serving(config: &str, extra: &[&str]) -> &'static [&'static str] {
-    let remote = extra.contains(&"--worker") || config.contains("[[upstream]]");
-    if remote && !config.contains("\"embedded\"") {
-        SMOLLM2_GATEWAY
-    } else {
-        SMOLLM2_CPU
-    }
-}
-
 /// Waits up to two minutes until `ip:port` accepts connections (`what` started).
 pub fn wait_listening(ip: &str, port: u16, what: &str) {
     let t0 = std::time::Instant::now();

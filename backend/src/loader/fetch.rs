@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 use crate::error::LoadError;
 
@@ -319,13 +319,33 @@ pub(crate) fn bytes_bar(show: bool, len: u64, msg: &'static str) -> indicatif::P
 
 /// Hex sha256 of a file.
 pub fn sha256_file(path: &Path, progress: bool) -> Result<String, LoadError> {
-    let mut f = std::fs::File::open(path).map_err(|e| LoadError::io(path, e))?;
+    digest_file::<Sha256>(path, None, progress)
+        .map(|d| hex(&d))
+        .map_err(|e| LoadError::io(path, e))
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The `D` digest of `prefix` then a file's bytes, read in 1 MiB pieces (a bar on stderr with
+/// `progress`).
+pub(crate) fn digest_file<D: sha2::Digest>(
+    path: &Path,
+    prefix: Option<&[u8]>,
+    progress: bool,
+) -> std::io::Result<Vec<u8>> {
+    let mut f = std::fs::File::open(path)?;
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let bar = bytes_bar(progress, len, "checking");
-    let mut h = Sha256::new();
+    let mut h = D::new();
+    if let Some(p) = prefix {
+        h.update(p);
+    }
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(|e| LoadError::io(path, e))?;
+        let n = f.read(&mut buf)?;
         if n == 0 {
             break;
         }
@@ -333,5 +353,5 @@ pub fn sha256_file(path: &Path, progress: bool) -> Result<String, LoadError> {
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(h.finalize().to_vec())
 }

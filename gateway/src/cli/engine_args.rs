@@ -251,11 +251,13 @@ pub struct ModelText {
 }
 
 /// The text side of the model `spec` (a Hub id at `revision`, a built-in name, a path), with the
-/// chat template of the file `chat_template` if given; `what` names it in errors.
+/// chat template of the file `chat_template` if given (by the setting `flag`); `what` names the
+/// model in errors.
 pub fn model_text(
     spec: &str,
     revision: Option<&str>,
     chat_template: Option<&std::path::Path>,
+    flag: &str,
     what: &str,
 ) -> anyhow::Result<ModelText> {
     let local = loader::fetch_model(spec, revision, Want::Text, true)
@@ -265,12 +267,9 @@ pub fn model_text(
     let tokenizer = meta
         .tokenizer
         .with_context(|| format!("{what}: the model has no tokenizer"))?;
-    let tokenizer = with_chat_template(tokenizer, chat_template, "chat_template")
-        .with_context(|| what.to_string())?;
-    let id = local
-        .hub_id
-        .or_else(|| loader::fetch::known_model(spec).map(|k| k.name.to_string()))
-        .unwrap_or(meta.name);
+    let tokenizer =
+        with_chat_template(tokenizer, chat_template, flag).with_context(|| what.to_string())?;
+    let id = local.name.unwrap_or(meta.name);
     Ok(ModelText {
         tokenizer,
         id,
@@ -337,7 +336,7 @@ impl EngineArgs {
         };
         let config = ModelConfig::from_hf_json(&cfg)
             .with_context(|| format!("reading {}", cfg.display()))?;
-        let name = local.hub_id.unwrap_or_else(|| {
+        let name = local.name.unwrap_or_else(|| {
             cfg.parent()
                 .filter(|_| cfg.file_name().is_some_and(|f| f == "config.json"))
                 .and_then(|d| d.file_name())
@@ -351,23 +350,20 @@ impl EngineArgs {
     /// The model whose tokenizer and chat template serve (`--tokenizer` with `--load-format
     /// dummy`, else the model itself), made local: `want` of a Hub model's files.
     fn text_model(&self, want: Want) -> anyhow::Result<loader::LocalModel> {
-        let (name, revision) = match self.tokenizer_source()? {
-            Some(t) => (t, None),
-            None => (self.model.as_str(), self.revision.as_deref()),
-        };
+        let (name, revision) = self.text_source()?;
         loader::fetch_model(name, revision, want, true)
             .with_context(|| format!("fetching the model `{name}`"))
     }
 
-    /// The tokenizer's model with `--load-format dummy` (its text); none for a real model,
-    /// whose own serves.
-    fn tokenizer_source(&self) -> anyhow::Result<Option<&str>> {
+    /// The model whose text serves and its revision: `--tokenizer`'s with `--load-format dummy`,
+    /// else the model itself at `--revision`.
+    fn text_source(&self) -> anyhow::Result<(&str, Option<&str>)> {
         match (self.load_format == LoadFormat::Dummy, &self.tokenizer) {
-            (true, Some(t)) => Ok(Some(t)),
+            (true, Some(t)) => Ok((t, None)),
             (true, None) => {
                 anyhow::bail!("--load-format dummy needs --tokenizer (e.g. smollm2) for its text")
             }
-            (false, None) => Ok(None),
+            (false, None) => Ok((&self.model, self.revision.as_deref())),
             // Not silently ignored: a real model's tokenizer and chat template come with it.
             (false, Some(t)) => anyhow::bail!(
                 "--tokenizer {t} is for --load-format dummy; a real model's tokenizer comes with it (give a different chat template with --chat-template)"
@@ -375,21 +371,16 @@ impl EngineArgs {
         }
     }
 
-    /// The name clients use for the model: a dummy model's (see [`Self::dummy_config`]), a Hub
-    /// model's id, a built-in model's name, or the name the model's files give.
+    /// The name clients use for the model: a dummy model's (see [`Self::dummy_config`]), the
+    /// spec's own (a Hub id, a built-in's name), or the name the model's files give.
     fn model_id(
-        &self,
         dummy: Option<&(ModelConfig, String)>,
         local: &loader::LocalModel,
         file_name: &str,
     ) -> String {
-        match dummy {
-            Some((_, name)) => name.clone(),
-            None => local
-                .hub_id
-                .clone()
-                .or_else(|| loader::fetch::known_model(&self.model).map(|k| k.name.to_string()))
-                .unwrap_or_else(|| file_name.to_string()),
+        match (dummy, &local.name) {
+            (Some((_, name)), _) | (None, Some(name)) => name.clone(),
+            (None, None) => file_name.to_string(),
         }
     }
 
@@ -402,22 +393,17 @@ impl EngineArgs {
     /// model (fetches a known model first: its tokenizer lives in its file).
     pub fn text_only(&self) -> anyhow::Result<ModelText> {
         let dummy = self.dummy_config()?;
-        let local = self.text_model(Want::Text)?;
-        let meta = loader::load_meta(&local.spec)
-            .with_context(|| format!("reading the tokenizer of `{}`", local.spec))?;
-        let mut tokenizer = meta.tokenizer.context("the model has no tokenizer")?;
-        if let Some((config, _)) = &dummy {
-            tokenizer = tokenizer.for_dummy_model(config.vocab_size);
+        let (spec, revision) = self.text_source()?;
+        let template = self.chat_template.as_deref();
+        let mut t = model_text(spec, revision, template, "--chat-template", "--model")?;
+        if let Some((config, name)) = dummy {
+            t.tokenizer = t.tokenizer.for_dummy_model(config.vocab_size);
+            t.id = name;
+            t.generation = generation_of(t.generation, true);
+            t.context = config.max_position_embeddings;
         }
-        let tokenizer = self.with_chat_template(tokenizer)?;
-        let id = self.model_id(dummy.as_ref(), &local, &meta.name);
-        let config = dummy.as_ref().map_or(&meta.config, |(c, _)| c);
-        Ok(ModelText {
-            tokenizer,
-            id,
-            generation: generation_of(meta.generation, dummy.is_some()),
-            context: self.max_model_len.unwrap_or(config.max_position_embeddings),
-        })
+        t.context = self.max_model_len.unwrap_or(t.context);
+        Ok(t)
     }
 
     /// Loads the model (fetching a known one), builds the runner and starts the engine thread.
@@ -443,7 +429,7 @@ impl EngineArgs {
             tokenizer = tokenizer.for_dummy_model(config.vocab_size);
         }
         let tokenizer = a.with_chat_template(tokenizer)?;
-        let model_id = a.model_id(dummy_config.as_ref(), &local, &model.name);
+        let model_id = Self::model_id(dummy_config.as_ref(), &local, &model.name);
         let (config, weights) = match &dummy_config {
             Some((c, _)) => (c, Weights::Dummy),
             None => (&model.config, Weights::Files(name)),

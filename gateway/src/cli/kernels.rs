@@ -44,6 +44,7 @@ pub fn run(cmd: KernelsCommand) -> anyhow::Result<()> {
         arch = cuda::gpu_archs().context(
             "no GPU is usable here to take the architecture from: name it with --arch (sm_90 for H100 and H200)",
         )?;
+        arch.sort();
         arch.dedup();
     }
     let dir = cachet_backend::loader::fetch::kernel_cache_dir();

@@ -210,6 +210,7 @@ pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
             &entry.model,
             entry.revision.as_deref(),
             entry.chat_template.as_deref(),
+            "chat_template",
             &what,
         )?;
         let names = served_names(&entry.served_model_name, &text.id).context(what)?;

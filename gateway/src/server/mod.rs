@@ -232,11 +232,16 @@ impl AppState {
         model: &str,
         tenant: &crate::tenants::Tenant,
     ) -> Result<Arc<AppState>, ApiError> {
-        let Some(m) = self
-            .models()
-            .into_iter()
-            .find(|m| m.served_names.iter().any(|n| n == model))
-        else {
+        // Every request asks: the one-model gateway answers from itself, no list made.
+        let names = |m: &AppState| m.served_names.iter().any(|n| n == model);
+        let found = match self.models.get() {
+            None => names(self).then(|| self.clone()),
+            Some(all) => all
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .find(|m| names(m)),
+        };
+        let Some(m) = found else {
             return Err(ApiError::not_found(
                 format!("model `{model}` does not exist; GET /v1/models lists them"),
                 "model_not_found",

@@ -93,6 +93,18 @@ pub fn key_hash(key: &str) -> String {
     cachet_gateway::tenants::hex(&cachet_gateway::tenants::hash_key(key))
 }
 
+/// SmolLM2's flags for `cachet serve` with `config` (its text) and `extra` flags: a gateway with
+/// upstreams and no embedded engine among them gets [`cachet_tests::SMOLLM2_GATEWAY`], others
+/// [`cachet_tests::SMOLLM2_CPU`].
+pub fn smollm2_serving(config: &str, extra: &[&str]) -> &'static [&'static str] {
+    let remote = extra.contains(&"--worker") || config.contains("[[upstream]]");
+    if remote && !config.contains("\"embedded\"") {
+        cachet_tests::SMOLLM2_GATEWAY
+    } else {
+        cachet_tests::SMOLLM2_CPU
+    }
+}
+
 /// A child process, killed when dropped.
 pub struct KillOnDrop(pub Child);
 
@@ -135,7 +147,7 @@ pub fn start_under(
     log: Option<&std::path::Path>,
 ) -> (Server, String) {
     cachet_tests::smollm2_path();
-    let model = cachet_tests::smollm2_serving(config, extra);
+    let model = smollm2_serving(config, extra);
     start_model(config, model, extra, open_files, log)
 }
 

@@ -34,7 +34,7 @@ fn cachet_proc(
         .map(|i| std::fs::read_to_string(args[i + 1]).unwrap())
         .unwrap_or_default();
     let model = match args[0] {
-        "serve" => cachet_tests::smollm2_serving(&config, args),
+        "serve" => smollm2_serving(&config, args),
         _ => cachet_tests::SMOLLM2_CPU,
     };
     let mut p = cachet_tests::Proc(

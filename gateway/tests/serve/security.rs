@@ -182,8 +182,7 @@ fn absurd_limits_are_refused_with_the_limit_named() {
     let msg = serde_json::json!([{"role": "user", "content": "hi"}]);
     for (field, value) in [
         ("max_tokens", serde_json::json!(u64::MAX)),
-        // SmolLM2's own context: 8192 tokens (its max_model_len by default).
-        ("max_tokens", serde_json::json!(9000)),
+        ("max_tokens", serde_json::json!(9000)), // over SmolLM2's own 8192
         ("max_completion_tokens", serde_json::json!(1u64 << 40)),
     ] {
         let mut body = serde_json::json!({"model": "smollm2", "messages": msg});
