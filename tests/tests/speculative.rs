@@ -67,33 +67,39 @@ fn run(
     (out, h.stats())
 }
 
-/// As [`run`], and also the engine's stats taken once every stream has produced `k` tokens: the
-/// last step before that snapshot had every request decoding (each had its first token, and
-/// none ends before its `max_tokens` > `k`), whatever steps their prefills and endings took.
+/// As [`run`], and also the engine's stats twice: once every stream has its first token, and
+/// once every stream has produced `k` tokens. Every step between the two snapshots had every
+/// request decoding (none ends before its `max_tokens` > `k`), whatever steps their prefills
+/// took: requests are submitted one by one to a running engine, so on a fast device the first
+/// may decode alone for a step or two before the others arrive.
 fn run_midway(
     dev: DeviceKind,
     m: &cachet_backend::loader::LoadedModel,
     speculative: Option<SpecConfig>,
     requests: Vec<cachet_backend::request::EngineRequest>,
     k: usize,
-) -> (Vec<Collected>, EngineStats) {
+) -> (Vec<Collected>, EngineStats, EngineStats) {
     assert!(requests.iter().all(|r| r.max_tokens > k));
     let e = spec_engine(dev, m, speculative);
     let h = e.handle();
     let mut streams: Vec<_> = requests.into_iter().map(|r| h.submit(r).unwrap()).collect();
-    let mut first: Vec<(Vec<u32>, String)> = Vec::new();
-    for s in &mut streams {
-        let (mut ids, mut text) = (Vec::new(), String::new());
-        while ids.len() < k {
-            match s.next_blocking() {
-                Some(cachet_backend::request::EngineEvent::Token { id, text: t, .. }) => {
-                    ids.push(id);
-                    text.push_str(&t);
+    let mut first: Vec<(Vec<u32>, String)> = vec![(Vec::new(), String::new()); streams.len()];
+    let mut all_decoding = None;
+    for until in [1, k] {
+        for (s, (ids, text)) in streams.iter_mut().zip(&mut first) {
+            while ids.len() < until {
+                match s.next_blocking() {
+                    Some(cachet_backend::request::EngineEvent::Token { id, text: t, .. }) => {
+                        ids.push(id);
+                        text.push_str(&t);
+                    }
+                    other => panic!("the stream ended before {until} tokens: {other:?}"),
                 }
-                other => panic!("the stream ended before {k} tokens: {other:?}"),
             }
         }
-        first.push((ids, text));
+        if until == 1 {
+            all_decoding = Some(h.stats());
+        }
     }
     let midway = h.stats();
     let out = streams
@@ -106,7 +112,7 @@ fn run_midway(
             c
         })
         .collect();
-    (out, midway)
+    (out, all_decoding.unwrap(), midway)
 }
 
 device_test! {
@@ -353,9 +359,9 @@ device_test! {
         let eager_checks = verifications(&s.counters);
         assert!(eager >= 10 && eager_checks >= 4, "{:?}", s.counters);
         // With more decoding requests than disable_by_batch_size, no drafts while they all
-        // decode (the gauge says so in the middle of the run; a request left alone at the very
-        // end may speculate again), same output.
-        let (loaded, s) = run_midway(
+        // decode (the counters between the two snapshots and the gauge in the middle of the run
+        // say so; a request alone at the very start or end may speculate), same output.
+        let (loaded, start, s) = run_midway(
             dev,
             &m,
             spec(|c| {
@@ -363,9 +369,10 @@ device_test! {
                 c.disable_by_batch_size = 2;
             }),
             reqs(3),
-            4,
+            8,
         );
-        assert_eq!(s.counters.spec_draft_tokens, 0, "{:?}", s.counters);
+        assert!(s.counters.steps >= start.counters.steps + 6, "{:?} then {:?}", start.counters, s.counters);
+        assert_eq!(s.counters.spec_draft_tokens, start.counters.spec_draft_tokens, "{:?}", s.counters);
         assert_eq!(s.counters.spec_active, 0, "{:?}", s.counters);
         for r in &loaded {
             assert_greedy_agrees(dev, &m, &prompt, &base[0].tokens, &r.tokens, "under load");
