@@ -23,7 +23,9 @@ use clap::{Parser, Subcommand, ValueEnum};
                   Quick start:\n  cachet model fetch smollm2\n  cachet generate --model smollm2 --chat --prompt \"What is the capital of France?\""
 )]
 pub struct Cli {
-    /// Log format on stderr.
+    /// Log format on stderr. Every request gets one access line when its response has been
+    /// sent (target `cachet::access`: method, path, status, tenant, model, client, request id,
+    /// bytes, milliseconds); `RUST_LOG=info,cachet::access=off` leaves them out.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "CACHET_LOG_FORMAT")]
     pub log_format: LogFormat,
     /// More logging (-v: debug, -vv: trace). RUST_LOG overrides.

@@ -25,6 +25,8 @@ pub struct ApiError {
     pub param: Option<std::borrow::Cow<'static, str>>,
     pub retry_after: Option<Duration>,
     pub source: Source,
+    /// More headers for the response (a refused tenant's `x-ratelimit-*`).
+    pub headers: Box<[(&'static str, String)]>,
 }
 
 impl ApiError {
@@ -37,6 +39,7 @@ impl ApiError {
             param: param.map(std::borrow::Cow::Borrowed),
             retry_after: None,
             source: Source::Client,
+            headers: Box::default(),
         }
     }
     /// A 400 naming a field known only at run time (`messages[2].content`, an unknown key).
@@ -62,6 +65,7 @@ impl ApiError {
             param: None,
             retry_after: Some(retry_after),
             source: Source::Upstream,
+            headers: Box::default(),
         }
     }
     pub fn internal(message: impl Into<String>) -> Self {
@@ -73,6 +77,7 @@ impl ApiError {
             param: None,
             retry_after: None,
             source: Source::Internal,
+            headers: Box::default(),
         }
     }
 
@@ -80,14 +85,15 @@ impl ApiError {
         serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
     }
 
-    /// The error as a response: its status, its JSON body, and `Retry-After` (whole seconds,
-    /// at least one) when the client should retry.
+    /// The error as a response: its status, its JSON body, `Retry-After` (whole seconds, at
+    /// least one) when the client should retry, and its other headers.
     pub fn response(&self) -> Response<super::Body> {
         let mut r = super::json(self.status, &self.body());
         if let Some(d) = self.retry_after {
             let secs = d.as_secs_f64().ceil().max(1.0) as u64;
             r.headers_mut().insert(header::RETRY_AFTER, secs.into());
         }
+        super::add_headers(&mut r, &self.headers);
         r
     }
 

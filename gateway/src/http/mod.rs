@@ -43,6 +43,16 @@ pub fn to_json(v: &impl serde::Serialize) -> Vec<u8> {
     serde_json::to_vec(v).expect("the server's own values write as JSON")
 }
 
+/// Adds `headers` (names lowercase and static, values the server's own ASCII) to `r`.
+pub fn add_headers<B>(r: &mut Response<B>, headers: &[(&'static str, String)]) {
+    for (name, value) in headers {
+        if let Ok(v) = hyper::header::HeaderValue::from_str(value) {
+            r.headers_mut()
+                .insert(hyper::header::HeaderName::from_static(name), v);
+        }
+    }
+}
+
 /// A JSON response of a body already written.
 pub fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     Response::builder()

@@ -471,6 +471,7 @@ async fn refuse_connection(
         param: None,
         retry_after: Some(Duration::from_secs(1)),
         source: super::error::Source::Client,
+        headers: Box::default(),
     };
     let body = e.body().to_string();
     let reply = format!(

@@ -92,6 +92,10 @@ pub async fn shaped<R: respond::Render>(
         (e, "-".to_string())
     })?;
     trace.phase("auth", arrived, Instant::now());
+    let seen = super::access::Seen::of(&req);
+    if let Some(s) = &seen {
+        s.tenant(tenant.id());
+    }
     trace.attributes(|| {
         [opentelemetry::KeyValue::new(
             "cachet.tenant",
@@ -137,6 +141,7 @@ pub async fn shaped<R: respond::Render>(
                 want_timings,
                 trace: trace.clone(),
                 request_id,
+                seen,
             },
             &mut ticket,
         ))
@@ -165,6 +170,8 @@ pub struct Arrival {
     pub trace: Arc<RequestTrace>,
     /// Its `x-request-id`, passed on to upstreams.
     pub request_id: Option<String>,
+    /// What its access line says of it.
+    pub seen: Option<Arc<super::access::Seen>>,
 }
 
 /// The tenant has budget left this period (requests already admitted run to their end).
@@ -208,6 +215,7 @@ pub async fn run(
         want_timings,
         trace,
         request_id,
+        seen,
     } = arrival;
     let Parsed {
         input,
@@ -223,6 +231,9 @@ pub async fn run(
     let chat = matches!(input, Input::Chat(..));
     // From here on, the state of the model the request names.
     let state = state.serving(&input.common().model, &tenant)?;
+    if let Some(s) = &seen {
+        s.model(&state.model_id);
+    }
     trace.attributes(|| {
         [opentelemetry::KeyValue::new(
             "gen_ai.request.model",
@@ -247,7 +258,10 @@ pub async fn run(
     let (template_tools, calls) = tool_plan(&state, tools.as_ref(), &mut constraint)?;
     // The tenant's concurrency and requests/min, before any work is done for the request (its
     // template included); the tokens/min budget once the prompt is known.
-    let mut permit = tenant.admit_request(Instant::now()).await?;
+    let mut permit = tenant
+        .admit_request(Instant::now())
+        .await
+        .map_err(|d| limited(tenant.refused_limits(&d, Instant::now()), d))?;
     // 3. Template, normalization, tokenization: each prompt as token ids (engines) and as text
     // (OpenAI-compatible upstreams).
     let Prompts {
@@ -262,7 +276,11 @@ pub async fn run(
     // 4. Admission of the prompts' tokens (each prompt once, whatever `n`); only an admitted
     // request's prefix tokens are cached.
     let prompt_tokens: usize = prompts.iter().map(|p| p.0.len()).sum();
-    permit.charge_prompt(prompt_tokens as u64, Instant::now())?;
+    permit
+        .charge_prompt(prompt_tokens as u64, Instant::now())
+        .map_err(|d| limited(permit.rate_limits(Instant::now()), d))?;
+    // What the response reports of the tenant's buckets (OpenAI's `x-ratelimit-*`).
+    let limits = permit.rate_limits(Instant::now()).headers();
     if let Some(f) = fill {
         state.prefix_tokens.fill(f);
     }
@@ -296,17 +314,20 @@ pub async fn run(
         reasoning: chat && state.reasoning.is_some(),
         trace: Some(trace),
     };
-    if common.stream {
-        Ok(respond::sse(
-            streams,
-            meta,
-            render,
-            permit,
-            ticket.take(),
-            state.clone(),
-        ))
+    let mut response = if common.stream {
+        respond::sse(streams, meta, render, permit, ticket.take(), state.clone())
     } else {
-        respond::whole(streams, meta, render, permit, ticket.take(), &state).await
+        respond::whole(streams, meta, render, permit, ticket.take(), &state).await?
+    };
+    http::add_headers(&mut response, &limits);
+    Ok(response)
+}
+
+/// A refusal by the tenant's limits, with what its buckets hold (`x-ratelimit-*`).
+fn limited(limits: crate::tenants::rate_limit::RateLimits, d: crate::tenants::Denied) -> ApiError {
+    ApiError {
+        headers: limits.headers().into(),
+        ..d.into()
     }
 }
 

@@ -42,6 +42,7 @@ impl From<Denied> for ApiError {
                 param: None,
                 retry_after: Some(retry_after),
                 source: Source::Client,
+                headers: Box::default(),
             },
             Denied::OverBudget { retry_after, .. } => ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
@@ -51,6 +52,7 @@ impl From<Denied> for ApiError {
                 param: None,
                 retry_after: Some(retry_after),
                 source: Source::Client,
+                headers: Box::default(),
             },
             Denied::LimitsUnavailable { .. } => ApiError {
                 code: Some("rate_limits_unavailable"),
@@ -84,6 +86,7 @@ impl From<TemplateError> for ApiError {
             } else {
                 Source::Client
             },
+            headers: Box::default(),
         }
     }
 }

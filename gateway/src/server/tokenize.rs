@@ -136,6 +136,7 @@ pub async fn tokenize(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
+    super::access::tenant(&req, tenant.id());
     let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"prompt\": …} or {\"messages\": […]}")?;
     drop(body);
@@ -229,6 +230,7 @@ pub async fn detokenize(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
+    super::access::tenant(&req, tenant.id());
     let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"tokens\": [ids]}")?;
     drop(body);
@@ -277,6 +279,7 @@ pub async fn count_tokens(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
+    super::access::tenant(&req, tenant.id());
     let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"model\", \"messages\", …}")?;
     drop(body);

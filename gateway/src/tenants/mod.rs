@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use cachet_backend::block_hash::tenant_salt;
 use sha2::{Digest, Sha256};
 
-use rate_limit::{Refusal, TokenBucket};
+use rate_limit::{LimitState, RateLimits, Refusal, TokenBucket};
 use shared::{spawn_detached, OnError, SharedLimits};
 
 pub use config::{InvalidTenant, TenantConfig};
@@ -82,13 +82,35 @@ pub struct Permit {
     tenant: Arc<Tenant>,
     /// Whether a requests/min unit was taken (given back if the prompt is refused).
     took_request: bool,
-    /// Admitted through Redis: the concurrency lease to give back and the tokens level read.
+    /// Admitted through Redis: the concurrency lease to give back and the buckets' levels read.
     lease: Option<shared::Lease>,
+    /// The prompt's tokens charged (through Redis: taken from the level the admission read).
+    prompt_charged: f64,
 }
 
 impl Permit {
     pub fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
+    }
+
+    /// The tenant's buckets as this request's response reports them: as Redis had them at
+    /// admission (less this request's prompt) when admitted there, else this process's now.
+    pub fn rate_limits(&self, now: Instant) -> RateLimits {
+        let (t, Some(lease)) = (&self.tenant, &self.lease) else {
+            return self.tenant.local_limits(now);
+        };
+        let of = |per_minute: Option<u64>, level: Option<f64>| {
+            per_minute
+                .zip(level)
+                .map(|(n, l)| LimitState::of(n as f64, l))
+        };
+        RateLimits {
+            requests: of(t.config.requests_per_minute, lease.requests_level),
+            tokens: of(
+                t.config.tokens_per_minute,
+                lease.tokens_level.map(|l| l - self.prompt_charged),
+            ),
+        }
     }
 }
 
@@ -152,6 +174,7 @@ impl Permit {
             return Err(d);
         }
         t.charge_tokens(prompt_tokens, now);
+        self.prompt_charged = prompt_tokens as f64;
         Ok(())
     }
 }
@@ -222,6 +245,7 @@ impl Tenant {
                         tenant: self.clone(),
                         took_request: true,
                         lease: Some(lease),
+                        prompt_charged: 0.0,
                     });
                 }
                 Ok(Err(denied)) => return Err(denied),
@@ -248,6 +272,7 @@ impl Tenant {
             tenant: self.clone(),
             took_request: false,
             lease: None,
+            prompt_charged: 0.0,
         };
         if self.local_max_concurrent.is_some_and(|max| before >= max) {
             return Err(Denied::RateLimited {
@@ -268,6 +293,47 @@ impl Tenant {
             permit.took_request = true;
         }
         Ok(permit)
+    }
+
+    /// This process's buckets now.
+    fn local_limits(&self, now: Instant) -> RateLimits {
+        let state = |b: &Option<Arc<Mutex<TokenBucket>>>| {
+            b.as_ref()
+                .map(|b| b.lock().expect("bucket lock").state(now))
+        };
+        RateLimits {
+            requests: state(&self.requests),
+            tokens: state(&self.tokens),
+        }
+    }
+
+    /// What the response to a request refused at admission (`denied`) reports of the buckets:
+    /// this process's, or where Redis decided (the levels are its own) the refused requests/min
+    /// bucket, whose level the retry time gives.
+    pub fn refused_limits(&self, denied: &Denied, now: Instant) -> RateLimits {
+        if self.shared.as_ref().is_none_or(|s| s.is_down()) {
+            return self.local_limits(now);
+        }
+        match (denied, self.config.requests_per_minute) {
+            (
+                Denied::RateLimited {
+                    limit: "requests-per-minute",
+                    retry_after,
+                    ..
+                },
+                Some(n),
+            ) => {
+                let n = n as f64;
+                RateLimits {
+                    requests: Some(LimitState::of(
+                        n,
+                        1.0 - retry_after.as_secs_f64() * n / 60.0,
+                    )),
+                    tokens: None,
+                }
+            }
+            _ => RateLimits::default(),
+        }
     }
 
     /// Charges generated tokens once they are known (to Redis too, without waiting, when the

@@ -1,4 +1,5 @@
-//! A token bucket: `per_minute` units a minute, bursting up to one minute's worth.
+//! A token bucket: `per_minute` units a minute, bursting up to one minute's worth; and what a
+//! response reports of a tenant's buckets (OpenAI's `x-ratelimit-*` headers).
 //!
 //! O(1) per call; time is passed in, so tests need no clock.
 
@@ -89,6 +90,99 @@ impl TokenBucket {
         self.refill(now);
         self.level
     }
+
+    /// The bucket as a response reports it now.
+    pub fn state(&mut self, now: Instant) -> LimitState {
+        self.refill(now);
+        LimitState::of(self.capacity, self.level)
+    }
+}
+
+/// One bucket as OpenAI's `x-ratelimit-*` headers report it: its size (a minute's worth), the
+/// whole units left, and how long until it is full again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitState {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: Duration,
+}
+
+impl LimitState {
+    /// A bucket of `per_minute` units holding `level` (negative: in debt).
+    pub fn of(per_minute: f64, level: f64) -> Self {
+        let missing = (per_minute - level).max(0.0);
+        LimitState {
+            limit: per_minute as u64,
+            remaining: level.clamp(0.0, per_minute).floor() as u64,
+            reset: Duration::from_secs_f64(missing * 60.0 / per_minute.max(1.0)),
+        }
+    }
+}
+
+/// A tenant's requests/min and tokens/min buckets as a response reports them (each `None` where
+/// the tenant has no such limit, or where its level is not known here).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RateLimits {
+    pub requests: Option<LimitState>,
+    pub tokens: Option<LimitState>,
+}
+
+impl RateLimits {
+    /// OpenAI's headers: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, each reset a
+    /// Go duration as OpenAI writes them (`20ms`, `1.5s`, `6m0s`).
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut h = Vec::new();
+        for (state, names) in [
+            (
+                self.requests,
+                [
+                    "x-ratelimit-limit-requests",
+                    "x-ratelimit-remaining-requests",
+                    "x-ratelimit-reset-requests",
+                ],
+            ),
+            (
+                self.tokens,
+                [
+                    "x-ratelimit-limit-tokens",
+                    "x-ratelimit-remaining-tokens",
+                    "x-ratelimit-reset-tokens",
+                ],
+            ),
+        ] {
+            if let Some(s) = state {
+                h.push((names[0], s.limit.to_string()));
+                h.push((names[1], s.remaining.to_string()));
+                h.push((names[2], go_duration(s.reset)));
+            }
+        }
+        h
+    }
+}
+
+/// `d` to the millisecond as Go's `time.Duration` prints it: `0s`, `20ms`, `1.5s`, `6m0s`,
+/// `1h2m3.25s`.
+pub fn go_duration(d: Duration) -> String {
+    let ms = (d.as_secs_f64() * 1000.0).round() as u64;
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (h, m, s_ms) = (ms / 3_600_000, ms / 60_000 % 60, ms % 60_000);
+    let mut secs = format!("{}.{:03}", s_ms / 1000, s_ms % 1000);
+    while secs.ends_with('0') {
+        secs.pop();
+    }
+    if secs.ends_with('.') {
+        secs.pop();
+    }
+    match (h, m) {
+        (0, 0) => format!("{secs}s"),
+        (0, m) => format!("{m}m{secs}s"),
+        (h, m) => format!("{h}h{m}m{secs}s"),
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +211,54 @@ mod tests {
             b.try_take(61.0, t2),
             Err(Refusal::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_bucket_reports_what_is_left_and_when_it_is_full_again() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::per_minute(600, t0);
+        assert_eq!(
+            b.state(t0),
+            LimitState {
+                limit: 600,
+                remaining: 600,
+                reset: Duration::ZERO
+            }
+        );
+        b.charge(750.5, t0);
+        // 150.5 in debt: none left, full again in 750.5 / 10 per second.
+        let s = b.state(t0);
+        assert_eq!((s.limit, s.remaining), (600, 0));
+        assert_eq!(go_duration(s.reset), "1m15.05s");
+        let h = RateLimits {
+            requests: Some(LimitState::of(60.0, 59.0)),
+            tokens: None,
+        }
+        .headers();
+        assert_eq!(
+            h,
+            [
+                ("x-ratelimit-limit-requests", "60".to_string()),
+                ("x-ratelimit-remaining-requests", "59".to_string()),
+                ("x-ratelimit-reset-requests", "1s".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn durations_are_written_as_go_writes_them() {
+        let ms = Duration::from_millis;
+        for (d, s) in [
+            (ms(0), "0s"),
+            (Duration::from_micros(400), "0s"),
+            (ms(20), "20ms"),
+            (ms(1000), "1s"),
+            (ms(1500), "1.5s"),
+            (ms(360_000), "6m0s"),
+            (ms(3_723_250), "1h2m3.25s"),
+        ] {
+            assert_eq!(go_duration(d), s, "{d:?}");
+        }
     }
 
     #[test]

@@ -118,9 +118,10 @@ impl SharedLimitsConfig {
 
 // Admission. KEYS: the tenant's leases (sorted set: member → expiry, ms), requests bucket,
 // tokens bucket (hashes: l = level, t = when, ms). ARGV: max concurrent (0: none), requests/min
-// (0: none), tokens/min (0: none), the lease's member, lease ms. Returns {0, 0, tokens level}
-// when admitted (level -1: no tokens limit), {1, retry ms, 0} over the concurrency cap,
-// {2, retry ms, 0} over requests/min. The level is a string: Lua numbers come back as integers.
+// (0: none), tokens/min (0: none), the lease's member, lease ms. Returns {0, 0, tokens level,
+// requests level} when admitted (the requests level after its unit is taken; -1: no such
+// limit), {1, retry ms, 0, 0} over the concurrency cap, {2, retry ms, 0, 0} over requests/min.
+// Levels are strings: Lua numbers come back as integers.
 const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -128,7 +129,7 @@ local maxc, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[5])
 if maxc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  if redis.call('ZCARD', KEYS[1]) >= maxc then return {1, 1000, '0'} end
+  if redis.call('ZCARD', KEYS[1]) >= maxc then return {1, 1000, '0', '0'} end
 end
 local function level(key, per_min)
   local h = redis.call('HMGET', key, 'l', 't')
@@ -136,19 +137,20 @@ local function level(key, per_min)
   if l == nil then return per_min end
   return math.min(per_min, l + math.max(0, now - at) * per_min / 60000)
 end
-local tokens = -1
+local tokens, requests = -1, -1
 if tpm > 0 then tokens = level(KEYS[3], tpm) end
 if rpm > 0 then
   local l = level(KEYS[2], rpm)
-  if l < 1 then return {2, math.ceil((1 - l) * 60000 / rpm), '0'} end
-  redis.call('HSET', KEYS[2], 'l', tostring(l - 1), 't', now)
+  if l < 1 then return {2, math.ceil((1 - l) * 60000 / rpm), '0', '0'} end
+  requests = l - 1
+  redis.call('HSET', KEYS[2], 'l', tostring(requests), 't', now)
   redis.call('PEXPIRE', KEYS[2], 120000)
 end
 if maxc > 0 then
   redis.call('ZADD', KEYS[1], now + lease_ms, ARGV[4])
   redis.call('PEXPIRE', KEYS[1], lease_ms)
 end
-return {0, 0, tostring(tokens)}
+return {0, 0, tostring(tokens), tostring(requests)}
 ";
 
 // A charge (n > 0, may leave the level negative: usage measured after the fact) or a refund
@@ -174,6 +176,9 @@ pub struct Lease {
     pub member: Option<String>,
     /// The tokens bucket's level at admission (when the tenant has a tokens/min limit).
     pub tokens_level: Option<f64>,
+    /// The requests bucket's level once this request's unit was taken (when the tenant has a
+    /// requests/min limit).
+    pub requests_level: Option<f64>,
 }
 
 /// The outcome of a Redis call that did not answer.
@@ -311,7 +316,7 @@ impl SharedLimits {
             )
         });
         let lease_ms = self.config.lease_secs.saturating_mul(1000);
-        let (code, retry_ms, level): (i64, i64, String) = self
+        let (code, retry_ms, level, requests): (i64, i64, String, String) = self
             .call("admission", |mut c| {
                 let mut inv = self.admit.prepare_invoke();
                 inv.key(self.key(&cfg.id, "inflight"))
@@ -330,6 +335,9 @@ impl SharedLimits {
             0 => Ok(Lease {
                 member,
                 tokens_level: cfg.tokens_per_minute.map(|_| level.parse().unwrap_or(0.0)),
+                requests_level: cfg
+                    .requests_per_minute
+                    .map(|_| requests.parse().unwrap_or(0.0)),
             }),
             1 => Err(Denied::RateLimited {
                 tenant: cfg.id.clone(),
