@@ -567,7 +567,7 @@ struct Compiled {
 struct BadTemplate(#[source] std::sync::Arc<minijinja::Error>);
 
 /// The partition, then what a conversation's rendering depends on besides its contents' text: each message's role,
-/// whether its content is empty, its tool calls and tool call id; the tools; the template
+/// whether its content is empty, its tool calls, tool call id, name and thinking; the tools; the template
 /// variables; the generation prompt. Text fields are length-prefixed, JSON written whole (no two
 /// layouts share a key).
 /// JSON of either shape a layout key hashes.
@@ -594,7 +594,7 @@ fn layout_key(
         h.update(&(b.len() as u64).to_le_bytes());
         h.update(b);
     };
-    h.update(b"cachet chat layout 1");
+    h.update(b"cachet chat layout 2");
     field(&mut h, partition);
     h.update(&[add_generation_prompt as u8]);
     // JSON values end where they end: written straight into the hash, unprefixed.
@@ -620,6 +620,19 @@ fn layout_key(
             }
             None => {
                 h.update(&[0]);
+            }
+        }
+        // Names and thinking are rendered as they are, not as placeholders: all of their text
+        // is the layout's.
+        for text in [&m.name, &m.reasoning_content] {
+            match text {
+                Some(t) => {
+                    h.update(&[1]);
+                    field(&mut h, t.as_bytes());
+                }
+                None => {
+                    h.update(&[0]);
+                }
             }
         }
         h.update(&(m.tool_calls.len() as u64).to_le_bytes());
@@ -653,7 +666,7 @@ pub fn with_contents(
 
 /// A message as HF chat templates read it: `role`, `content`, and where there are some,
 /// `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments
-/// an object, as transformers passes them) or `tool_call_id`. Built as the template engine's own
+/// an object, as transformers passes them), `tool_call_id`, `name` and `reasoning_content`. Built as the template engine's own
 /// values (a map keeping this key order), without a JSON tree in between.
 fn template_message(m: &ChatMessage) -> minijinja::Value {
     use minijinja::Value;
@@ -682,6 +695,12 @@ fn template_message(m: &ChatMessage) -> minijinja::Value {
     }
     if let Some(id) = &m.tool_call_id {
         fields.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(name) = &m.name {
+        fields.push(("name", Value::from(name.as_str())));
+    }
+    if let Some(r) = &m.reasoning_content {
+        fields.push(("reasoning_content", Value::from(r.as_str())));
     }
     Value::from_iter(fields)
 }

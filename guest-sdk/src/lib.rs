@@ -87,6 +87,14 @@ pub struct Segment {
     /// its own (never joined with its neighbours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The participant's name of the message it belongs to (OpenAI's `name`): segments join
+    /// into one message only where their names are the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// On the first `assistant` segment of a message: its thinking (`reasoning_content`). A
+    /// segment with it starts a message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Segment {
@@ -98,6 +106,8 @@ impl Segment {
             cache: Cache::Static,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            name: None,
+            reasoning_content: None,
         }
     }
     /// A dynamic segment: text of this request only.
@@ -108,6 +118,8 @@ impl Segment {
             cache: Cache::Dynamic,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            name: None,
+            reasoning_content: None,
         }
     }
 }
@@ -146,6 +158,13 @@ pub struct Message {
     /// On a `tool` message: the id of the call whose result it carries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The participant's name (OpenAI's `name`), for templates that render it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// On an `assistant` message of the history: its thinking, apart from its answer
+    /// (`reasoning_content`), for templates that render it (Qwen3, DeepSeek R1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -156,6 +175,8 @@ impl Message {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            name: None,
+            reasoning_content: None,
         }
     }
 }

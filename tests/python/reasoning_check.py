@@ -108,7 +108,7 @@ def prompt_tokens(u):  # Anthropic counts cache reads apart from input_tokens
     return u.input_tokens + u.cache_read_input_tokens
 
 
-check("messages: a thinking block sent back is taken and left out of the prompt",
+check("messages: a thinking block sent back is taken; this template leaves it out of the prompt",
       prompt_tokens(back.usage) == prompt_tokens(same.usage), f"{back.usage} vs {same.usage}")
 plain = a.messages.create(model=MODEL, messages=Q, max_tokens=2, extra_body=G)
 on = a.messages.create(model=MODEL, messages=Q, max_tokens=2, extra_body=G, thinking={"type": "adaptive"})

@@ -25,6 +25,8 @@ pub fn chat_message(m: &serde_json::Value) -> cachet_backend::tokenizer::ChatMes
     use cachet_backend::tokenizer::{ChatMessage, ToolCall};
     let mut msg = ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
     msg.tool_call_id = m["tool_call_id"].as_str().map(str::to_owned);
+    msg.name = m["name"].as_str().map(str::to_owned);
+    msg.reasoning_content = m["reasoning_content"].as_str().map(str::to_owned);
     if let Some(calls) = m["tool_calls"].as_array() {
         msg.tool_calls = calls
             .iter()

@@ -1,8 +1,9 @@
 //! The chat templates real models ship, rendered by Cachet as transformers renders them: every
 //! template of llama.cpp's `models/templates/` (from the `llama-cpp-python` sdist on PyPI:
 //! Qwen2.5/Qwen3, Llama 3.x, DeepSeek R1/V3, Mistral, Gemma, Phi, Command R, …) on fixed
-//! conversations — system, multi-turn, tools, a tool round trip, reasoning in the history,
-//! `enable_thinking`, the generation prompt on and off — byte for byte against transformers'
+//! conversations — system, multi-turn, tools, a tool round trip, reasoning in the history (in the
+//! content and as `reasoning_content`), participant names, `enable_thinking`, the generation
+//! prompt on and off — byte for byte against transformers'
 //! own `render_jinja_template` (jinja2) run by `tests/python/chat_template_corpus.py`.
 
 use std::path::{Path, PathBuf};
@@ -152,6 +153,29 @@ fn cases() -> Vec<Value> {
             &date,
         ),
         case(
+            "reasoning_field",
+            json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "reasoning_content": "The user wants Paris; call the tool.",
+             "tool_calls": call},
+            {"role": "tool", "content": "{\"temp\": 21}", "tool_call_id": "call_1"},
+            {"role": "assistant", "content": "21 °C.", "reasoning_content": "\nThe tool said 21.\n"},
+            {"role": "user", "content": "Thanks!"}]),
+            json!([weather()]),
+            true,
+            &date,
+        ),
+        case(
+            "named_participants",
+            json!([
+            {"role": "system", "content": "Two people talk to you."},
+            {"role": "user", "name": "alice", "content": "I'm Alice."},
+            {"role": "user", "name": "bob", "content": "I'm Bob. Who spoke first?"}]),
+            Value::Null,
+            true,
+            &date,
+        ),
+        case(
             "thinking_off",
             json!([{"role": "user", "content": "Hi"}]),
             Value::Null,
@@ -204,12 +228,14 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "jinja2's `map` yields a generator its `tojson` cannot write: transformers fails, Cachet (and llama.cpp) render the tools",
     ),
     ("llama-cpp-deepseek-r1", "tool_round_trip", "as above"),
+    ("llama-cpp-deepseek-r1", "reasoning_field", "as above"),
     (
         "meetkai-functionary-medium-v3.1",
         "tools",
         "`'…'|safe + x|tojson` makes jinja2 HTML-escape the JSON (Markup concatenation): Cachet writes the JSON as written",
     ),
     ("meetkai-functionary-medium-v3.1", "tool_round_trip", "as above"),
+    ("meetkai-functionary-medium-v3.1", "reasoning_field", "as above"),
 ];
 
 #[test]

@@ -228,6 +228,8 @@ pub fn chat_segments(messages: &[ChatMessage]) -> Vec<Segment> {
             },
             tool_calls: m.tool_calls.clone(),
             tool_call_id: m.tool_call_id.clone(),
+            name: m.name.clone(),
+            reasoning_content: m.reasoning_content.clone(),
         })
         .collect()
 }
@@ -240,12 +242,15 @@ pub fn to_messages(segments: &[Segment]) -> (Vec<ChatMessage>, Option<(usize, us
     for s in segments {
         let n = messages.len();
         match messages.last_mut() {
-            // A tool result is a message of its own, and a message's calls come after its text.
+            // A tool result is a message of its own, a message's calls come after its text,
+            // its thinking before it, and one participant's text is not joined to another's.
             Some(m)
                 if m.role == s.role
                     && m.tool_call_id.is_none()
                     && s.tool_call_id.is_none()
-                    && m.tool_calls.is_empty() =>
+                    && m.tool_calls.is_empty()
+                    && m.name == s.name
+                    && s.reasoning_content.is_none() =>
             {
                 if s.cache == Cache::Dynamic && first_dynamic.is_none() {
                     first_dynamic = Some((n - 1, m.content.len()));
@@ -260,6 +265,8 @@ pub fn to_messages(segments: &[Segment]) -> (Vec<ChatMessage>, Option<(usize, us
                 let mut m = ChatMessage::new(s.role.clone(), s.text.clone());
                 m.tool_calls = s.tool_calls.clone();
                 m.tool_call_id = s.tool_call_id.clone();
+                m.name = s.name.clone();
+                m.reasoning_content = s.reasoning_content.clone();
                 messages.push(m);
             }
         }
@@ -321,8 +328,14 @@ pub fn normalize(segments: &[Segment], rules: &Rules) -> Normalized {
         format!("{values}\n\n")
     };
     match out.iter().position(|s| s.cache == Cache::Dynamic) {
-        // A tool message stays one message (with its id): the values go into its text.
-        Some(i) if out[i].tool_call_id.is_some() || !out[i].tool_calls.is_empty() => {
+        // A tool message stays one message (with its id), as does a named or thinking one:
+        // the values go into its text.
+        Some(i)
+            if out[i].tool_call_id.is_some()
+                || !out[i].tool_calls.is_empty()
+                || out[i].name.is_some()
+                || out[i].reasoning_content.is_some() =>
+        {
             let text = &mut out[i].text;
             if after {
                 text.push_str(&block);

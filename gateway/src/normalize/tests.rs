@@ -385,6 +385,34 @@ fn a_tool_conversation_is_request_data_and_keeps_its_messages_apart() {
 }
 
 #[test]
+fn names_and_thinking_keep_their_messages_apart_through_normalization() {
+    let named = |name: &str, text: &str| {
+        let mut m = ChatMessage::new("user", text);
+        m.name = Some(name.into());
+        m
+    };
+    let mut answer = ChatMessage::new("assistant", "Paris.");
+    answer.reasoning_content = Some("Easy.".into());
+    let msgs = [
+        ChatMessage::new("system", "Be brief. Session id: 8812"),
+        named("alice", "I'm Alice."),
+        named("bob", "Capital of France?"),
+        answer,
+        named("bob", "Thanks"),
+    ];
+    let n = normalize(&chat_segments(&msgs), &rules());
+    let (back, _) = to_messages(&n.segments);
+    // The session id moved into the first dynamic message (bob's last), which keeps its name.
+    assert_eq!(back.len(), 5, "{back:?}");
+    assert_eq!(back[0].content, "Be brief.");
+    for (b, m) in back.iter().zip(&msgs).skip(1) {
+        assert_eq!((&b.role, &b.name), (&m.role, &m.name));
+        assert_eq!(b.reasoning_content, m.reasoning_content);
+    }
+    assert_eq!(back[4].content, "Session id: 8812\n\nThanks");
+}
+
+#[test]
 fn bad_rules_say_what_to_fix() {
     assert!(Rules::new(Some("sometimes"), &[])
         .unwrap_err()

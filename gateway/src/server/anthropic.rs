@@ -111,6 +111,7 @@ fn chat_messages(role: &str, content: &Value, i: usize) -> Result<Vec<Value>, Ap
     let mut text = Vec::new();
     let mut calls = Vec::new();
     let mut results = Vec::new();
+    let mut thinking = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
         let here = format!("{at}[{j}]");
         let field = |k: &str| b.get(k).filter(|v| !v.is_null());
@@ -174,10 +175,15 @@ fn chat_messages(role: &str, content: &Value, i: usize) -> Result<Vec<Value>, Ap
                     here,
                 ))
             }
-            // An earlier answer's thinking, sent back as the API returned it: left out of the
-            // prompt, as Anthropic leaves earlier turns' thinking out of the context (and as
-            // thinking chat templates drop it).
-            (Some("thinking"), "assistant") => only(&["type", "thinking", "signature"])?,
+            // An earlier answer's thinking, sent back as the API returned it: the message's
+            // `reasoning_content`, which the chat template keeps or drops (Qwen3 keeps it for
+            // the turns after the last user message, a tool loop's, as Anthropic does).
+            (Some("thinking"), "assistant") => {
+                only(&["type", "thinking", "signature"])?;
+                if let Some(t) = field("thinking").and_then(Value::as_str) {
+                    thinking.push(t);
+                }
+            }
             (Some("redacted_thinking"), "assistant") => only(&["type", "data"])?,
             (Some("thinking" | "redacted_thinking"), _) => {
                 return Err(ApiError::bad_field(
@@ -192,8 +198,13 @@ fn chat_messages(role: &str, content: &Value, i: usize) -> Result<Vec<Value>, Ap
     let mut out = results;
     if !calls.is_empty() {
         out.push(serde_json::json!({"role": role, "content": text, "tool_calls": calls}));
-    } else if !text.is_empty() || out.is_empty() {
+    } else if !text.is_empty() || !thinking.is_empty() || out.is_empty() {
         out.push(serde_json::json!({"role": role, "content": text}));
+    }
+    if !thinking.is_empty() {
+        if let Some(m) = out.last_mut() {
+            m["reasoning_content"] = Value::from(thinking.concat());
+        }
     }
     Ok(out)
 }

@@ -97,7 +97,7 @@ use Status::{Refused, Works};
 /// The table, in the order of the docs.
 pub const FIELDS: &[Field] = &[
     f("model", BOTH, Works, "openai", "Must name the served model (`GET /v1/models`); 404 otherwise, 403 when the tenant may not use it.", r#""smollm2""#),
-    f("messages", CHAT, Works, "openai", "Roles `system`, `developer` (as system), `user`, `assistant` (with `tool_calls`, content null or text), `tool` (with `tool_call_id`); content a string or `text` parts. Other roles, part types and message fields are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
+    f("messages", CHAT, Works, "openai", "Roles `system`, `developer` (as system), `user`, `assistant` (with `tool_calls` and `reasoning_content`, content null or text), `tool` (with `tool_call_id`); `name` on any; content a string or `text` parts. Names and thinking go to the chat template, which renders or drops them. Other roles, part types and message fields are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
     f("prompt", COMPLETIONS, Works, "openai", "A string, a list of strings (a batch), a list of token ids, or a list of token-id lists (a batch); up to 64 prompts.", r#"[[1, 2, 3]]"#),
     f("max_tokens", BOTH, Works, "openai", "At least 1; at most what the model's length leaves after the prompt (400 names both).", "3"),
     f("max_completion_tokens", CHAT, Works, "openai", "As `max_tokens` (wins when both are sent).", "3"),
@@ -149,7 +149,7 @@ pub const FIELDS: &[Field] = &[
     f("ignore_eos", BOTH, Works, "vllm", "Generate `max_tokens` whatever the model says (benchmarks).", "true"),
     f("cache_salt", BOTH, Works, "vllm", "1 to 256 bytes: requests share cached prefixes only with the same tenant and the same salt.", r#""s1""#),
     f("model", MESSAGES, Works, "anthropic", "Must name the served model; 404 otherwise, 403 when the tenant may not use it.", r#""smollm2""#),
-    f("messages", MESSAGES, Works, "anthropic", "Roles `user` and `assistant`; content a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user; `is_error` results are shown to the model as `Error: …`). `thinking` / `redacted_thinking` (assistant; left out of the prompt, as Anthropic leaves earlier turns' thinking out). Image and document blocks are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
+    f("messages", MESSAGES, Works, "anthropic", "Roles `user` and `assistant`; content a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user; `is_error` results are shown to the model as `Error: …`). `thinking` (assistant; the message's `reasoning_content`, which the chat template keeps or drops) and `redacted_thinking` (assistant; left out). Image and document blocks are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
     f("max_tokens", MESSAGES, Works, "anthropic", "Required, as Anthropic requires it: at least 1, at most what the model's length leaves after the prompt.", "3"),
     f("system", MESSAGES, Works, "anthropic", "A string or `text` blocks: the system message.", r#""Be brief.""#),
     f("stop_sequences", MESSAGES, Works, "anthropic", "Up to 4 strings of at most 256 bytes; `stop_reason: stop_sequence` and `stop_sequence` name the one found.", r#"["\n\n"]"#),

@@ -3,7 +3,8 @@
 //! plain chat, chat with tools and a tool round trip, reasoning in the history and
 //! `enable_thinking`; a template that fails on a plain conversation is refused at start; one
 //! that fails on a request answers 500 naming the template's error (and logs it), while its
-//! own `raise_exception` is the client's 400.
+//! own `raise_exception` is the client's 400; thinking sent back (`reasoning_content`, Messages'
+//! `thinking` blocks) and participants' names reach the template.
 
 use super::common::*;
 
@@ -168,4 +169,98 @@ fn a_failing_template_is_refused_at_start_and_a_failing_request_is_the_servers_5
         "{logged}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An assistant's thinking sent back reaches the model's template: as `reasoning_content` on a
+/// chat, as a `thinking` block on Messages — the same prompt either way. Qwen3's template
+/// keeps the thinking of a tool loop's turns (after the last user message), so the prompt
+/// holds it; a participant's `name` is passed to the template too.
+#[test]
+fn thinking_sent_back_reaches_the_template_on_chat_and_messages() {
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/qwen3-chat-template.jinja"
+    );
+    let (_server, base) = start_with(&config(), &["--chat-template", template]);
+    let thought = "The user wants Paris; call the tool.";
+    let chat_messages = |thinking: bool| {
+        let mut call = serde_json::json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "toolu_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]});
+        if thinking {
+            call["reasoning_content"] = thought.into();
+        }
+        serde_json::json!([{"role": "user", "content": "Weather in Paris?"}, call,
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "{\"temp\": 21}"}])
+    };
+    let tokenize = |messages: serde_json::Value| {
+        let (code, t) = post_json(
+            &base,
+            "/tokenize",
+            "sk-test-acme",
+            &serde_json::json!({"model": "smollm2", "messages": messages, "tools": [weather()]}),
+        );
+        assert_eq!(code, 200, "{t}");
+        let (code, d) = post_json(
+            &base,
+            "/detokenize",
+            "sk-test-acme",
+            &serde_json::json!({"tokens": t["tokens"]}),
+        );
+        assert_eq!(code, 200, "{d}");
+        (
+            t["count"].as_u64().unwrap(),
+            d["prompt"].as_str().unwrap().to_string(),
+        )
+    };
+    let (with, prompt) = tokenize(chat_messages(true));
+    assert!(
+        prompt.contains(&format!("<think>\n{thought}\n</think>")),
+        "{prompt}"
+    );
+    let (without, _) = tokenize(chat_messages(false));
+    assert!(with > without, "{with} vs {without}");
+    // Messages: the same turn as Anthropic's clients send it back.
+    let count = |thinking: bool| {
+        let mut blocks = vec![serde_json::json!({"type": "tool_use", "id": "toolu_1",
+            "name": "get_weather", "input": {"city": "Paris"}})];
+        if thinking {
+            blocks.insert(
+                0,
+                serde_json::json!({"type": "thinking", "thinking": thought, "signature": ""}),
+            );
+        }
+        let (code, c) = post_json(
+            &base,
+            "/v1/messages/count_tokens",
+            "sk-test-acme",
+            &serde_json::json!({"model": "smollm2",
+                "tools": [{"name": "get_weather", "description": "Current weather of a city.",
+                    "input_schema": weather()["function"]["parameters"]}],
+                "messages": [{"role": "user", "content": "Weather in Paris?"},
+                    {"role": "assistant", "content": blocks},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                        "content": "{\"temp\": 21}"}]}]}),
+        );
+        assert_eq!(code, 200, "{c}");
+        c["input_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(count(true), with);
+    assert_eq!(count(false), without);
+    // Names: each participant's, in the template's hands (Qwen3's leaves them out), and a name
+    // that is no text is refused by its field.
+    let named = serde_json::json!([{"role": "user", "name": "alice", "content": "I'm Alice."},
+        {"role": "user", "name": "bob", "content": "Who spoke first?"}]);
+    let (code, v) = chat(
+        &base,
+        serde_json::json!({"model": "smollm2", "messages": named, "max_tokens": 2}),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = chat(
+        &base,
+        serde_json::json!({"model": "smollm2", "max_tokens": 2,
+            "messages": [{"role": "user", "name": 7, "content": "Hi"}]}),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["param"], "messages[0].name", "{v}");
 }

@@ -130,9 +130,14 @@ impl ChatRequest {
                 }
                 let mut calls = Vec::new();
                 let mut call_id = None;
+                let (mut name, mut reasoning) = (None, None);
                 for (k, v) in &m.other {
                     match (k.as_str(), m.role.as_str()) {
                         ("tool_calls", "assistant") => calls = tool_calls_of(v, i)?,
+                        ("name", _) => name = Some(text_member(v, i, k, MAX_KEY_BYTES)?),
+                        ("reasoning_content", "assistant") => {
+                            reasoning = Some(text_member(v, i, k, usize::MAX)?)
+                        }
                         ("tool_call_id", "tool") => match v.as_str() {
                             Some(id) if !id.is_empty() && id.len() <= MAX_KEY_BYTES => {
                                 call_id = Some(id.to_string())
@@ -152,8 +157,9 @@ impl ChatRequest {
                                         "tool_calls" => "only an assistant message carries tool calls",
                                         "tool_call_id" => "only a tool message answers a call",
                                         "function_call" => "deprecated by OpenAI: send `tool_calls`",
-                                        "name" => "the chat template has no place for participant names; put the name in the content",
-                                        _ => "a message has `role`, `content`, and `tool_calls` (assistant) or `tool_call_id` (tool)",
+                                        "reasoning_content" => "only an assistant message carries thinking",
+                                        "reasoning" => "send an assistant's thinking as `reasoning_content`",
+                                        _ => "a message has `role`, `content` and `name`, and `tool_calls` and `reasoning_content` (assistant) or `tool_call_id` (tool)",
                                     }
                                 ),
                                 at(&format!(".{k}")),
@@ -208,9 +214,26 @@ impl ChatRequest {
                 );
                 msg.tool_calls = calls;
                 msg.tool_call_id = call_id;
+                msg.name = name;
+                msg.reasoning_content = reasoning;
                 Ok(msg)
             })
             .collect()
+    }
+}
+
+/// `messages[i].k` as text of 1 to `max` bytes (`name`; `reasoning_content` may be empty).
+fn text_member(v: &serde_json::Value, i: usize, k: &str, max: usize) -> Result<String, ApiError> {
+    match v.as_str() {
+        Some(t) if t.len() <= max && (k != "name" || !t.is_empty()) => Ok(t.to_string()),
+        _ => Err(ApiError::bad_field(
+            if k == "name" {
+                format!("messages[{i}].name is the participant's name: text of 1 to {max} bytes")
+            } else {
+                format!("messages[{i}].{k} is text")
+            },
+            format!("messages[{i}].{k}"),
+        )),
     }
 }
 
