@@ -143,4 +143,15 @@ def items(resp):  # (type, status, each content part's type and text); ids diffe
 
 check("responses streamed: the final response's items equal the whole one's", items(fin) == items(r),
       str(fin.output))
+# An earlier response's output sent back as input, its reasoning item included (as the Agents
+# SDK replays it): taken as the assistant turn's thinking, which this template leaves out.
+again = [{"role": "user", "content": "Again."}]
+first = [{"role": "user", "content": "Say hello."}]
+dumped = [o.model_dump(exclude_none=True) for o in r.output]
+back = client.responses.create(model=MODEL, instructions=SYS, input=first + dumped + again,
+                               max_output_tokens=2, temperature=0)
+plain = client.responses.create(model=MODEL, instructions=SYS, max_output_tokens=2, temperature=0,
+                                input=first + [{"role": "assistant", "content": answer}] + again)
+check("responses: a reasoning item sent back is taken; this template leaves it out of the prompt",
+      back.usage.input_tokens == plain.usage.input_tokens, f"{back.usage} vs {plain.usage}")
 print("all checks passed")

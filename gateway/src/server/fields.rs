@@ -173,7 +173,7 @@ pub const FIELDS: &[Field] = &[
     f("mcp_servers", MESSAGES, Refused, "anthropic", "Cachet connects to no MCP servers.", r#"[{"type":"url","url":"http://x","name":"x"}]"#),
     f("context_management", MESSAGES, Refused, "anthropic", "Context editing is not served.", "{}"),
     f("model", RESPONSES, Works, "openai", "Must name the served model; 404 otherwise, 403 when the tenant may not use it.", r#""smollm2""#),
-    f("input", RESPONSES, Works, "openai", "A string, or items: messages (`role` user, assistant, system or developer; content a string or `input_text` / `output_text` parts), `function_call` and `function_call_output`. Other item and part types are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
+    f("input", RESPONSES, Works, "openai", "A string, or items: messages (`role` user, assistant, system or developer; content a string or `input_text` / `output_text` parts), `function_call`, `function_call_output`, and `reasoning` (an earlier output's, sent back: the next assistant turn's thinking, which the chat template keeps or drops). Other item and part types are refused by name.", r#"[{"role":"user","content":"Hi"}]"#),
     f("instructions", RESPONSES, Works, "openai", "The system message.", r#""Be brief.""#),
     f("max_output_tokens", RESPONSES, Works, "openai", "At least 1; at most what the model's length leaves after the prompt.", "3"),
     f("temperature", RESPONSES, Works, "openai", "0 to 2; default 1.", "0.5"),

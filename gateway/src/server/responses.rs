@@ -208,10 +208,35 @@ fn item_message(msgs: &mut Vec<Value>, i: usize, it: &Value) -> Result<(), ApiEr
             msgs.push(serde_json::json!({"role": "tool", "tool_call_id": text_field("call_id")?, "content": output}));
             return Ok(());
         }
+        "reasoning" => {
+            // An earlier output's reasoning item sent back: the thinking of the assistant turn
+            // it precedes (its calls or its message), which the chat template keeps or drops.
+            only(&["type", "id", "summary", "content", "status", "encrypted_content"])?;
+            if it.get("encrypted_content").is_some_and(|e| !e.is_null()) {
+                return Err(ApiError::bad_field(
+                    format!("input[{i}].encrypted_content: this server's reasoning items carry their text in `content`; it has nothing to decrypt"),
+                    format!("input[{i}].encrypted_content"),
+                ));
+            }
+            let mut text = String::new();
+            for (j, part) in it.get("content").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("reasoning_text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::bad_field(
+                            format!("input[{i}].content[{j}] is a `reasoning_text` part with its `text`"),
+                            format!("input[{i}].content[{j}]"),
+                        ))
+                    }
+                }
+            }
+            msgs.push(serde_json::json!({"role": "assistant", "content": "", "reasoning_content": text}));
+            return Ok(());
+        }
         "message" => {}
         _ => {
             return Err(ApiError::bad_field(
-                format!("input[{i}]: items of type `{ty}` are not supported (message, function_call and function_call_output items)"),
+                format!("input[{i}]: items of type `{ty}` are not supported (message, reasoning, function_call and function_call_output items)"),
                 format!("input[{i}].type"),
             ))
         }
@@ -226,7 +251,19 @@ fn item_message(msgs: &mut Vec<Value>, i: usize, it: &Value) -> Result<(), ApiEr
     only(&["type", "role", "content", "id", "status"])?;
     let content = it.get("content").unwrap_or(&Value::Null);
     let text = content_text(content, &format!("input[{i}].content"))?;
-    msgs.push(serde_json::json!({"role": role, "content": text}));
+    match msgs.last_mut() {
+        // The answer a reasoning item preceded.
+        Some(m)
+            if role == "assistant"
+                && m["role"] == "assistant"
+                && m["content"] == ""
+                && m.get("reasoning_content").is_some()
+                && m.get("tool_calls").is_none() =>
+        {
+            m["content"] = Value::from(text)
+        }
+        _ => msgs.push(serde_json::json!({"role": role, "content": text})),
+    }
     Ok(())
 }
 
