@@ -344,3 +344,50 @@ fn hf_directory_tokenizer_and_chat_template_load() {
         gguf_tok.render_chat(&msgs, true).unwrap()
     );
 }
+
+/// A bf16 checkpoint as `cachet model random --dtype bf16` writes it (streamed, every tensor in
+/// bf16) reads as a real one: read whole and streamed onto the device layer by layer (the
+/// reader running ahead of the uploads) the model gives the same logits, and the load reports
+/// its bf16 bytes. A file missing a layer stops the stream with that tensor's name.
+#[test]
+fn a_bf16_checkpoint_streams_onto_the_device_and_a_missing_layer_is_named() {
+    let dir = scratch("bf16");
+    let cfg =
+        cachet_backend::ModelConfig::from_hf_json(&fixtures().join("tiny-gqa-llama3/config.json"))
+            .unwrap();
+    random::save_random_hf_dir_bf16(&dir, &cfg, 5).unwrap();
+    let spec = dir.to_str().unwrap();
+    let m = loader::load(spec, false).unwrap();
+    let embed = &m.weights.embed.data;
+    assert!(
+        embed
+            .iter()
+            .all(|&x| x.is_finite() && half::bf16::from_f32(x).to_f32() == x),
+        "every weight is a bf16 value"
+    );
+    let mut whole = runner(&m, 16);
+    let mut streamed = files_tp_runner(spec, &m.config, 16, 1).unwrap();
+    let load = streamed.weights_load().expect("loaded from files");
+    assert_eq!(load.bytes, 2 * cfg.num_parameters() as u64);
+    let ids: Vec<u32> = (0..24u32)
+        .map(|t| (t * 31 + 7) % cfg.vocab_size as u32)
+        .collect();
+    let (a, b) = (
+        all_logits(whole.as_mut(), &ids),
+        all_logits(streamed.as_mut(), &ids),
+    );
+    assert_eq!(a.data, b.data);
+    // One layer more in the config than in the file.
+    let mut longer = cfg.clone();
+    longer.num_hidden_layers += 1;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string(&longer.to_hf_json()).unwrap(),
+    )
+    .unwrap();
+    let missing = format!("model.layers.{}.", cfg.num_hidden_layers);
+    match files_tp_runner(spec, &longer, 16, 1) {
+        Ok(_) => panic!("a model missing layer {} loaded", cfg.num_hidden_layers),
+        Err(e) => assert!(e.to_string().contains(&missing), "{e}"),
+    }
+}

@@ -239,26 +239,42 @@ fn read_values(path: &Path, bytes: &[u8], name: &str) -> Result<(HostTensor, boo
 }
 
 /// `bytes` of `dtype` as f32 (e4m3 codes without their scale); `None` for another dtype.
+/// Converted in chunks on rayon's threads: reading a mapped file from the page cache (or the
+/// disk) and widening it is the load's work on the host, and one core does not keep up with a
+/// GPU's upload.
 fn decode(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
-    Some(match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::F8_E4M3 => bytes
-            .iter()
-            .map(|&c| crate::device::fp8::decode_e4m3(c))
-            .collect(),
+    use rayon::prelude::*;
+    let width = match dtype {
+        Dtype::F32 => 4,
+        Dtype::F16 | Dtype::BF16 => 2,
+        Dtype::F8_E4M3 => 1,
         _ => return None,
-    })
+    };
+    let convert = |b: &[u8], out: &mut [f32]| match dtype {
+        Dtype::F32 => out
+            .iter_mut()
+            .zip(b.chunks_exact(4))
+            .for_each(|(o, b)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::F16 => out
+            .iter_mut()
+            .zip(b.chunks_exact(2))
+            .for_each(|(o, b)| *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        Dtype::BF16 => out.iter_mut().zip(b.chunks_exact(2)).for_each(|(o, b)| {
+            *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+        }),
+        _ => out
+            .iter_mut()
+            .zip(b)
+            .for_each(|(o, &c)| *o = crate::device::fp8::decode_e4m3(c)),
+    };
+    let mut out = vec![0f32; bytes.len() / width];
+    // 1 MiB of output a task: large enough to amortise the task, small enough to spread a
+    // projection over every core.
+    const CHUNK: usize = 1 << 18;
+    out.par_chunks_mut(CHUNK)
+        .zip(bytes.par_chunks(CHUNK * width))
+        .for_each(|(o, b)| convert(b, o));
+    Some(out)
 }
 
 fn unsupported(path: &Path, name: &str, dtype: String) -> LoadError {

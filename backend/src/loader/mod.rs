@@ -247,7 +247,7 @@ pub fn load(spec: &str, progress: bool) -> Result<LoadedModel, LoadError> {
 }
 
 /// Names of one layer's tensors in some file format.
-trait TensorSource {
+trait TensorSource: Send + Sync {
     fn path(&self) -> &Path;
     fn has(&self, name: &str) -> bool;
     fn get(&self, name: &str) -> Result<HostTensor, LoadError>;
@@ -279,7 +279,7 @@ struct WeightNames {
     embed: &'static str,
     final_norm: &'static str,
     lm_head: &'static str,
-    layer: Box<dyn Fn(usize, Part) -> String>,
+    layer: Box<dyn Fn(usize, Part) -> String + Send + Sync>,
 }
 
 #[derive(Clone, Copy)]

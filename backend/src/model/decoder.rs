@@ -114,6 +114,14 @@ impl Logits {
     }
 }
 
+/// What loading a model's weights from its files took: their bytes at bf16 (two a weight,
+/// whatever the file stores) and the seconds from the first read to the last upload's end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WeightsLoad {
+    pub bytes: u64,
+    pub secs: f64,
+}
+
 /// `w` as [`WeightQuantization`] stores projections.
 fn quantized<D: Device>(
     dev: &D,
@@ -208,9 +216,10 @@ impl<D: Instruments> Decoder<D> {
         })
     }
 
-    /// Reads the weights from `reader` and uploads each tensor as it is read, so the host holds
-    /// one layer at a time (a tensor-parallel rank: its slices of one layer); `config` is the
-    /// model's on this device (a rank's share).
+    /// Reads the weights from `reader` and uploads each tensor as it is read: the next layers
+    /// are read (and converted, on rayon's threads) while one is uploaded, so the host holds at
+    /// most three layers at a time (a tensor-parallel rank: its slices of them); `config` is the
+    /// model's on this device (a rank's share). Says how long it took.
     pub fn from_reader(
         dev: &D,
         config: &ModelConfig,
@@ -218,27 +227,72 @@ impl<D: Instruments> Decoder<D> {
         max_positions: usize,
         quantization: WeightQuantization,
         progress: bool,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<(Self, WeightsLoad), EngineError> {
+        let t0 = std::time::Instant::now();
         let n = config.num_hidden_layers;
         let bar = crate::loader::progress_bar(progress, n as u64 + 2, "loading weights");
-        let embed = dev.upload_owned(reader.embed()?)?;
-        bar.inc(1);
-        let mut layers = Vec::with_capacity(n);
-        for l in 0..n {
-            let layer = reader.layer(l)?.map(&mut Cow::Owned);
-            layers.push(upload_layer(dev, layer, quantization)?);
+        let mut elements = 0u64;
+        let mut count = |t: &HostTensor| {
+            elements += t.data.len() as u64;
+        };
+        let (embed, layers) = std::thread::scope(|s| -> Result<_, EngineError> {
+            // The reader runs ahead: a layer queued while the one before it is uploaded.
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            s.spawn(move || {
+                for l in 0..n {
+                    let layer = reader.layer(l);
+                    let failed = layer.is_err();
+                    if tx.send(layer).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            let e = reader.embed()?;
+            count(&e);
+            let embed = dev.upload_owned(e)?;
             bar.inc(1);
-        }
-        let final_norm = dev.upload_owned(reader.final_norm()?)?;
-        let lm_head = reader.lm_head()?.map(|t| dev.upload_owned(t)).transpose()?;
+            let mut layers = Vec::with_capacity(n);
+            for layer in rx.iter().take(n) {
+                let layer = layer?.map(&mut |t: HostTensor| {
+                    count(&t);
+                    Cow::Owned(t)
+                });
+                layers.push(upload_layer(dev, layer, quantization)?);
+                bar.inc(1);
+            }
+            Ok((embed, layers))
+        })?;
+        let f = reader.final_norm()?;
+        count(&f);
+        let final_norm = dev.upload_owned(f)?;
+        let lm_head = match reader.lm_head()? {
+            Some(t) => {
+                count(&t);
+                Some(dev.upload_owned(t)?)
+            }
+            None => None,
+        };
+        dev.synchronize()?;
         bar.inc(1);
         bar.finish_and_clear();
-        Self::with_tensors(
+        let load = WeightsLoad {
+            bytes: elements * 2,
+            secs: t0.elapsed().as_secs_f64(),
+        };
+        tracing::info!(
+            device = dev.name(),
+            gib = format!("{:.2}", load.bytes as f64 / (1u64 << 30) as f64),
+            secs = format!("{:.2}", load.secs),
+            gib_per_s = format!("{:.2}", load.bytes as f64 / (1u64 << 30) as f64 / load.secs),
+            "weights loaded (bf16 bytes)"
+        );
+        let model = Self::with_tensors(
             dev,
             config,
             (embed, layers, final_norm, lm_head),
             max_positions,
-        )
+        )?;
+        Ok((model, load))
     }
 
     /// Random weights made on the device (`--load-format dummy`): real shapes for performance

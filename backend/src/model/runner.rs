@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::str::FromStr;
 
-use super::decoder::{Decoder, Logits};
+use super::decoder::{Decoder, Logits, WeightsLoad};
 use super::tensor_parallel::TpRunner;
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
@@ -70,6 +70,10 @@ pub trait Runner: Send {
     fn set_cuda_graphs(&mut self, on: bool) -> bool;
     /// What capturing the decode graphs took, if the runner has them.
     fn cuda_graphs(&self) -> Option<GraphReport>;
+    /// What loading the weights from their files took (none for weights made or given).
+    fn weights_load(&self) -> Option<WeightsLoad> {
+        None
+    }
     /// Per-operation device timing (see [`Device::set_profiling`]).
     fn set_profiling(&self, on: bool);
     fn take_profile(&self) -> Result<Vec<(String, f64, usize)>, EngineError>;
@@ -207,6 +211,8 @@ pub struct ModelRunner<D: Instruments> {
     kv: D::Kv,
     layout: KvLayout,
     graphs: Option<GraphReport>,
+    /// What loading the weights from files took.
+    weights_load: Option<WeightsLoad>,
     /// The logits of a forward pass begun and not yet finished.
     pending: Option<(D::Tensor, usize)>,
 }
@@ -225,6 +231,7 @@ impl<D: Instruments> ModelRunner<D> {
                 dev.name()
             ))
         })?;
+        let mut weights_load = None;
         let mut model = match weights {
             WeightSource::Host(w) => Decoder::new(
                 &dev,
@@ -240,22 +247,30 @@ impl<D: Instruments> ModelRunner<D> {
                 opts.max_model_len,
                 opts.quantization,
             )?,
-            WeightSource::Files(spec) => Decoder::from_reader(
-                &dev,
-                config,
-                &WeightReader::open(spec, None)?,
-                opts.max_model_len,
-                opts.quantization,
-                true,
-            )?,
-            WeightSource::FilesShard { spec, rank, ranks } => Decoder::from_reader(
-                &dev,
-                config,
-                &WeightReader::open(spec, Some((rank, ranks)))?,
-                opts.max_model_len,
-                opts.quantization,
-                rank == 0,
-            )?,
+            WeightSource::Files(spec) => {
+                let (m, load) = Decoder::from_reader(
+                    &dev,
+                    config,
+                    &WeightReader::open(spec, None)?,
+                    opts.max_model_len,
+                    opts.quantization,
+                    true,
+                )?;
+                weights_load = Some(load);
+                m
+            }
+            WeightSource::FilesShard { spec, rank, ranks } => {
+                let (m, load) = Decoder::from_reader(
+                    &dev,
+                    config,
+                    &WeightReader::open(spec, Some((rank, ranks)))?,
+                    opts.max_model_len,
+                    opts.quantization,
+                    rank == 0,
+                )?;
+                weights_load = Some(load);
+                m
+            }
             WeightSource::Dummy { seed } => Decoder::random(
                 &dev,
                 config,
@@ -366,6 +381,7 @@ impl<D: Instruments> ModelRunner<D> {
             kv,
             layout,
             graphs,
+            weights_load,
             pending: None,
         })
     }
@@ -516,6 +532,9 @@ impl<D: Instruments> Runner for ModelRunner<D> {
     }
     fn set_cuda_graphs(&mut self, on: bool) -> bool {
         self.dev.set_graphs_enabled(&mut self.kv, on)
+    }
+    fn weights_load(&self) -> Option<WeightsLoad> {
+        self.weights_load
     }
     fn cuda_graphs(&self) -> Option<GraphReport> {
         self.graphs

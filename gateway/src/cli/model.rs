@@ -43,7 +43,19 @@ pub enum ModelCommand {
         /// Seed of the weights.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// How the weights are stored: f32 (the tests' reference models), or bf16 as real
+        /// checkpoints are (drawn on every core and streamed to the file: any size, e.g. an 8B
+        /// for `bench load`; other values than f32's for the same seed).
+        #[arg(long, value_enum, default_value_t = RandomDtype::F32)]
+        dtype: RandomDtype,
     },
+}
+
+/// The storage type of `cachet model random`'s weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RandomDtype {
+    F32,
+    Bf16,
 }
 
 /// The default tiny shape: odd sizes, GQA, llama3 rope scaling.
@@ -132,12 +144,20 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        ModelCommand::Random { out, config, seed } => {
+        ModelCommand::Random {
+            out,
+            config,
+            seed,
+            dtype,
+        } => {
             let cfg = match config {
                 Some(p) => ModelConfig::from_hf_json(&p)?,
                 None => tiny_config(),
             };
-            random::save_random_hf_dir(&out, &cfg, seed)?;
+            match dtype {
+                RandomDtype::F32 => random::save_random_hf_dir(&out, &cfg, seed)?,
+                RandomDtype::Bf16 => random::save_random_hf_dir_bf16(&out, &cfg, seed)?,
+            }
             eprintln!(
                 "wrote {} parameters to {}",
                 cfg.num_parameters(),

@@ -152,8 +152,11 @@ pub struct CudaKv {
 
 /// bf16 bits of a host tensor.
 pub fn host_bf16(t: &HostTensor) -> Vec<u16> {
+    use rayon::prelude::*;
+    // On rayon's threads: a model's weights go through here as they load.
     t.data
-        .iter()
+        .par_iter()
+        .with_min_len(1 << 16)
         .map(|&x| bf16::from_f32(x).to_bits())
         .collect()
 }

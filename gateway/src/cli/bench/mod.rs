@@ -5,6 +5,7 @@
 mod fair;
 mod forward;
 mod kv_fp8;
+mod load;
 mod serve;
 mod spec;
 mod ttft;
@@ -41,6 +42,9 @@ pub enum BenchCommand {
     /// Cache shares: a tenant scanning unique long prompts against another's hot prefix, with one
     /// LRU for everyone and with --cache-shares; the hot tenant's hit rate against alone.
     CacheShare(fair::CacheShareArgs),
+    /// Weight loading: a model's files onto the device as `serve` loads them, timed (bf16 GiB
+    /// a second, and the time to ready), several rounds in a row.
+    Load(load::LoadArgs),
     /// Load any OpenAI-compatible server (ours, vLLM, SGLang): random, shared-prefix or
     /// ShareGPT-like requests, all at once or at a Poisson rate, a concurrency cap; throughput
     /// and TTFT / TPOT / ITL / end-to-end percentiles in vLLM's `bench serve` layout, JSON out.
@@ -57,6 +61,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fair(a) => fair::run(a),
         BenchCommand::CacheShare(a) => fair::run_cache_share(a),
         BenchCommand::Serve(a) => serve::run(a),
+        BenchCommand::Load(a) => load::run(a),
     }
 }
 
