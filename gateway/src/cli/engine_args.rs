@@ -151,7 +151,7 @@ pub struct EngineArgs {
     pub tensor_parallel_size: usize,
     /// File holding the 32-byte deployment key of the block hashes, as 64 hex digits. The gateway
     /// and its `cachet worker`s must share it (exact prefix routing compares their hashes); without
-    /// it a random key is drawn at start-up.
+    /// it `serve` keeps one in its --state-dir (`hash-key`) and a worker draws a random one.
     #[arg(long, env = "CACHET_HASH_KEY_FILE")]
     pub hash_key_file: Option<PathBuf>,
     /// N-gram (prompt-lookup) speculative decoding, as vLLM's JSON, e.g.

@@ -2,6 +2,7 @@
 //! command's flags and its order of work; each phase's detail is in [`phases`].
 
 mod phases;
+mod state;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -152,21 +153,30 @@ pub struct ServeArgs {
     /// cost): `sqlite:PATH` (embedded, WAL; created if missing), `postgres://USER@HOST/DB`
     /// (TLS as libpq's `sslmode`: add `?sslmode=verify-full&sslrootcert=CA.pem` off this host),
     /// or `off` (no records, no budgets, no /v1/usage). Written in batches off the request path;
-    /// a crash loses at most the last 100 ms of records.
-    #[arg(
-        long,
-        env = "CACHET_USAGE_DB",
-        default_value = "sqlite:cachet-usage.db"
-    )]
-    pub usage_db: String,
+    /// a crash loses at most the last 100 ms of records. Default: `sqlite:<state dir>/usage.db`.
+    /// Replicas sharing limits ([shared_limits] replicas > 1) must share this too (PostgreSQL).
+    #[arg(long, env = "CACHET_USAGE_DB")]
+    pub usage_db: Option<String>,
+    /// Where the gateway keeps what must outlive a restart: the usage database when --usage-db
+    /// is not given (`usage.db`), the deployment key when --hash-key-file is not (`hash-key`,
+    /// made on the first start, readable by this user only; give it to the workers). Default
+    /// `$XDG_STATE_HOME/cachet`, else `~/.local/state/cachet`; the image sets /var/lib/cachet.
+    #[arg(long, env = "CACHET_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
-    let key = a.engine.hash_key()?;
+    let state_dir = state::dir(a.state_dir.as_deref())?;
+    let key = match a.engine.hash_key_file {
+        Some(_) => a.engine.hash_key()?,
+        None => state::deployment_key(&state_dir)?,
+    };
     let text = std::fs::read_to_string(&a.config)
         .with_context(|| format!("reading {}", a.config.display()))?;
     let in_config = || format!("in {}", a.config.display());
     let file = ConfigFile::parse(&text).with_context(in_config)?;
+    let usage_db = state::usage_url(a.usage_db.as_deref(), &state_dir);
+    state::check_shared(file.shared_limits.as_ref().map(|s| s.replicas), &usage_db)?;
     let discovery = file.discovery.clone();
     let (tenants, snapshot, operator) = phases::tenants(&file, &key).with_context(in_config)?;
     let members = phases::pool_members(&a, file.upstream.clone())?;
@@ -223,7 +233,7 @@ pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
     if let Some(n) = all_names.iter().flatten().find(|n| !seen.insert(*n)) {
         anyhow::bail!("the served name `{n}` is given to two models: each name is one model's");
     }
-    let usage = phases::usage(&a.usage_db, &file, &tenants, &all_names)?;
+    let usage = phases::usage(&usage_db, &file, &tenants, &all_names)?;
     let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
         .with_context(in_config)?;
     let tool_format = forced.unwrap_or_else(|| tokenizer.tools_template().and_then(Format::detect));

@@ -185,8 +185,9 @@ pub fn start_model(
     // Its log goes where the test asked, else beside its config: shown if it fails to start.
     let log = log.map_or_else(|| dir.join("serve.log"), PathBuf::from);
     cmd.stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
-    // Each server keeps its usage records in its own directory, unless the test names a store.
-    if !extra.contains(&"--usage-db") {
+    // Each server keeps its usage records in its own directory, unless the test names a store
+    // (or a state directory, where the default store is).
+    if !extra.contains(&"--usage-db") && !extra.contains(&"--state-dir") {
         cmd.arg("--usage-db")
             .arg(format!("sqlite:{}", dir.join("usage.db").display()));
     }

@@ -18,6 +18,7 @@ mod ready;
 mod reliability;
 mod security;
 mod shared_limits;
+mod state;
 mod templates;
 mod tenancy;
 mod tls;

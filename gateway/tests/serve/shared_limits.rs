@@ -103,8 +103,9 @@ fn two_replicas_behind_a_tcp_balancer_admit_one_limit_between_them() {
         key_hash("sk-capped"),
         redis.url
     );
-    let (_a, base_a) = start(&config);
-    let (_b, base_b) = start(&config);
+    // No usage records: replicas sharing limits would need one shared store (PostgreSQL).
+    let (_a, base_a) = start_with(&config, &["--usage-db", "off"]);
+    let (_b, base_b) = start_with(&config, &["--usage-db", "off"]);
     let port = |b: &str| b.rsplit(':').next().unwrap().parse::<u16>().unwrap();
     let dir = std::env::temp_dir().join(format!("cachet-shared-limits-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
