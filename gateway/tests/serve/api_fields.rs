@@ -110,8 +110,12 @@ fn every_field_of_the_table_works_or_is_refused_by_name() {
     // A message field and a content part the engine cannot use are named too.
     for (msg, param) in [
         (
-            serde_json::json!({"role": "user", "content": "Hi", "name": "bob"}),
+            serde_json::json!({"role": "user", "content": "Hi", "name": 7}),
             "messages[0].name",
+        ),
+        (
+            serde_json::json!({"role": "user", "content": "Hi", "reasoning_content": "hm"}),
+            "messages[0].reasoning_content",
         ),
         (
             serde_json::json!({"role": "user", "content": "42", "tool_call_id": "c1"}),
