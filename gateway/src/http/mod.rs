@@ -5,6 +5,7 @@
 //! upstreams with ([`client`]). Nothing here knows tenants,
 //! engines or routes.
 
+pub mod access;
 pub mod client;
 pub mod error;
 pub mod idle;

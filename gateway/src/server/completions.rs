@@ -92,7 +92,7 @@ pub async fn shaped<R: respond::Render>(
         (e, "-".to_string())
     })?;
     trace.phase("auth", arrived, Instant::now());
-    let seen = super::access::Seen::of(&req);
+    let seen = crate::http::access::Seen::of(&req);
     if let Some(s) = &seen {
         s.tenant(tenant.id());
     }
@@ -171,7 +171,7 @@ pub struct Arrival {
     /// Its `x-request-id`, passed on to upstreams.
     pub request_id: Option<String>,
     /// What its access line says of it.
-    pub seen: Option<Arc<super::access::Seen>>,
+    pub seen: Option<Arc<crate::http::access::Seen>>,
 }
 
 /// The tenant has budget left this period (requests already admitted run to their end).

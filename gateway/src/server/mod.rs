@@ -12,7 +12,6 @@
 //! A client that goes away drops its response body; the task feeding it then drops the upstream
 //! stream, which cancels the request where it runs and frees its KV blocks.
 
-pub mod access;
 pub mod anthropic;
 pub mod completions;
 pub mod errors;
@@ -288,13 +287,13 @@ impl AppState {
 }
 
 /// Answers one request (its id on the response, see [`request_id`]; its access line, see
-/// [`access`]).
+/// [`http::access`]).
 pub async fn handle(state: Arc<AppState>, mut req: Request<Incoming>) -> Response<Body> {
     // The request's id: the client's `x-request-id` where it is a usable one, else a fresh
     // random one; handlers read it from the request, and the response carries it back.
     let request_id = request_id(&state, &req);
     req.headers_mut().insert("x-request-id", request_id.clone());
-    let line = access::begin(&mut req, &request_id);
+    let line = http::access::begin(&mut req, &request_id);
     let mut response = route(state, req).await;
     response.headers_mut().insert("x-request-id", request_id);
     line.finish(response)
@@ -468,7 +467,7 @@ fn models(state: &Arc<AppState>, req: &Request<Incoming>) -> Result<Response<Bod
     let tenant = state
         .tenants()
         .authenticate(http::bearer(req).unwrap_or(""))?;
-    access::tenant(req, tenant.id());
+    http::access::tenant(req, tenant.id());
     let mut data: Vec<serde_json::Value> = Vec::new();
     for model in state.models() {
         if !model.served_names.iter().any(|m| tenant.allows_model(m)) {

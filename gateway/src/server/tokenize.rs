@@ -136,7 +136,7 @@ pub async fn tokenize(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
-    super::access::tenant(&req, tenant.id());
+    crate::http::access::tenant(&req, tenant.id());
     let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"prompt\": …} or {\"messages\": […]}")?;
     drop(body);
@@ -230,7 +230,7 @@ pub async fn detokenize(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
-    super::access::tenant(&req, tenant.id());
+    crate::http::access::tenant(&req, tenant.id());
     let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"tokens\": [ids]}")?;
     drop(body);
@@ -279,7 +279,7 @@ pub async fn count_tokens(
     let tenant = state
         .tenants()
         .authenticate(http::api_key(&req).unwrap_or(""))?;
-    super::access::tenant(&req, tenant.id());
+    crate::http::access::tenant(&req, tenant.id());
     let body = http::read_body(req, state.max_body_bytes).await?;
     let mut m = object(&body, "{\"model\", \"messages\", …}")?;
     drop(body);

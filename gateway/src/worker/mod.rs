@@ -57,9 +57,9 @@ pub async fn handle(state: Arc<WorkerState>, mut req: Request<Incoming>) -> Resp
         .get("x-request-id")
         .cloned()
         .unwrap_or(hyper::header::HeaderValue::from_static("-"));
-    let line = crate::server::access::begin(&mut req, &id);
+    let line = crate::http::access::begin(&mut req, &id);
     if req.uri().path() == "/v1/generate" {
-        if let Some(s) = crate::server::access::Seen::of(&req) {
+        if let Some(s) = crate::http::access::Seen::of(&req) {
             s.model(&state.model_id);
         }
     }
