@@ -44,113 +44,7 @@ use Place::*;
 
 /// The flags the walk checks itself, by command.
 fn places() -> BTreeMap<(&'static str, &'static str), Vec<Place>> {
-    let engine: Vec<(&str, Vec<Place>)> = vec![
-        (
-            "--max-step-ms",
-            vec![Shown(Worker, &["--max-step-ms", "77"], "max_step_ms=77")],
-        ),
-        (
-            "--block-size",
-            vec![Shown(Worker, &["--block-size", "32"], "block_size=32")],
-        ),
-        (
-            "--enable-prefix-caching",
-            vec![Shown(
-                Worker,
-                &["--enable-prefix-caching", "false"],
-                "enable_prefix_caching=false",
-            )],
-        ),
-        (
-            "--scheduling-policy",
-            vec![Shown(
-                Worker,
-                &["--scheduling-policy", "shortest-first"],
-                "policy=ShortestFirst",
-            )],
-        ),
-        (
-            "--fair-prefill-cap",
-            vec![Shown(
-                Worker,
-                &["--fair-prefill-cap", "99"],
-                "fair_prefill_cap=99",
-            )],
-        ),
-        (
-            "--cache-shares",
-            vec![Shown(
-                Worker,
-                &["--cache-shares", "false"],
-                "cache_shares=false",
-            )],
-        ),
-        (
-            "--max-waiting-tokens",
-            vec![Shown(
-                Worker,
-                &["--max-waiting-tokens", "12345"],
-                "max_waiting_tokens=12345",
-            )],
-        ),
-        (
-            "--kv-cache-dtype",
-            vec![Shown(Worker, &["--kv-cache-dtype", "fp8"], "dtype=fp8")],
-        ),
-        (
-            "--quantization",
-            vec![Shown(
-                Worker,
-                &["--quantization", "fp8"],
-                "quantization=fp8",
-            )],
-        ),
-        (
-            "--enforce-eager",
-            vec![Refused(Worker, &["--enforce-eager"])],
-        ),
-        (
-            "--cuda-graph-sizes",
-            vec![Refused(Worker, &["--cuda-graph-sizes", "1,2"])],
-        ),
-        (
-            "--max-cancels-per-client",
-            vec![Shown(
-                Worker,
-                &["--max-cancels-per-client", "7"],
-                "max_cancels_per_client: 7",
-            )],
-        ),
-        (
-            "--grace-period",
-            vec![Shown(Worker, &["--grace-period", "7"], "grace: 7s")],
-        ),
-        (
-            "--otlp-endpoint",
-            vec![Shown(
-                Worker,
-                &["--otlp-endpoint", "http://127.0.0.1:9"],
-                "exporting request traces over OTLP",
-            )],
-        ),
-        (
-            "--otlp-service-name",
-            vec![
-                Refused(Worker, &["--otlp-service-name", "w"]),
-                Shown(
-                    Worker,
-                    &[
-                        "--otlp-endpoint",
-                        "http://127.0.0.1:9",
-                        "--otlp-service-name",
-                        "w7",
-                    ],
-                    "service=\"w7\"",
-                ),
-            ],
-        ),
-        ("--verbose", vec![Shown(Worker, &["-v"], "DEBUG")]),
-    ];
+    let engine = engine_places();
     let mut m = BTreeMap::new();
     for cmd in ["serve", "worker"] {
         for (f, p) in &engine {
@@ -266,7 +160,128 @@ fn places() -> BTreeMap<(&'static str, &'static str), Vec<Place>> {
             .or_insert_with(Vec::new)
             .push(Refused(Remote, args));
     }
-    let generate: Vec<(&str, Vec<Place>)> = vec![
+    let generate = generate_places();
+    for (f, p) in generate {
+        m.insert(("generate", f), p);
+    }
+    m
+}
+
+/// The engine flags `serve` and `worker` share (placed for the worker; the same on `serve`'s
+/// own engine).
+fn engine_places() -> Vec<(&'static str, Vec<Place>)> {
+    vec![
+        (
+            "--max-step-ms",
+            vec![Shown(Worker, &["--max-step-ms", "77"], "max_step_ms=77")],
+        ),
+        (
+            "--block-size",
+            vec![Shown(Worker, &["--block-size", "32"], "block_size=32")],
+        ),
+        (
+            "--enable-prefix-caching",
+            vec![Shown(
+                Worker,
+                &["--enable-prefix-caching", "false"],
+                "enable_prefix_caching=false",
+            )],
+        ),
+        (
+            "--scheduling-policy",
+            vec![Shown(
+                Worker,
+                &["--scheduling-policy", "shortest-first"],
+                "policy=ShortestFirst",
+            )],
+        ),
+        (
+            "--fair-prefill-cap",
+            vec![Shown(
+                Worker,
+                &["--fair-prefill-cap", "99"],
+                "fair_prefill_cap=99",
+            )],
+        ),
+        (
+            "--cache-shares",
+            vec![Shown(
+                Worker,
+                &["--cache-shares", "false"],
+                "cache_shares=false",
+            )],
+        ),
+        (
+            "--max-waiting-tokens",
+            vec![Shown(
+                Worker,
+                &["--max-waiting-tokens", "12345"],
+                "max_waiting_tokens=12345",
+            )],
+        ),
+        (
+            "--kv-cache-dtype",
+            vec![Shown(Worker, &["--kv-cache-dtype", "fp8"], "dtype=fp8")],
+        ),
+        (
+            "--quantization",
+            vec![Shown(
+                Worker,
+                &["--quantization", "fp8"],
+                "quantization=fp8",
+            )],
+        ),
+        (
+            "--enforce-eager",
+            vec![Refused(Worker, &["--enforce-eager"])],
+        ),
+        (
+            "--cuda-graph-sizes",
+            vec![Refused(Worker, &["--cuda-graph-sizes", "1,2"])],
+        ),
+        (
+            "--max-cancels-per-client",
+            vec![Shown(
+                Worker,
+                &["--max-cancels-per-client", "7"],
+                "max_cancels_per_client: 7",
+            )],
+        ),
+        (
+            "--grace-period",
+            vec![Shown(Worker, &["--grace-period", "7"], "grace: 7s")],
+        ),
+        (
+            "--otlp-endpoint",
+            vec![Shown(
+                Worker,
+                &["--otlp-endpoint", "http://127.0.0.1:9"],
+                "exporting request traces over OTLP",
+            )],
+        ),
+        (
+            "--otlp-service-name",
+            vec![
+                Refused(Worker, &["--otlp-service-name", "w"]),
+                Shown(
+                    Worker,
+                    &[
+                        "--otlp-endpoint",
+                        "http://127.0.0.1:9",
+                        "--otlp-service-name",
+                        "w7",
+                    ],
+                    "service=\"w7\"",
+                ),
+            ],
+        ),
+        ("--verbose", vec![Shown(Worker, &["-v"], "DEBUG")]),
+    ]
+}
+
+/// `generate`'s flags.
+fn generate_places() -> Vec<(&'static str, Vec<Place>)> {
+    vec![
         (
             "--block-size",
             vec![Shown(Generate, &["--block-size", "32"], "block_size=32")],
@@ -325,11 +340,7 @@ fn places() -> BTreeMap<(&'static str, &'static str), Vec<Place>> {
             vec![Shown(Generate, &["--ids-out", "/dev/null"], "ids written")],
         ),
         ("--verbose", vec![Shown(Generate, &["-v"], "DEBUG")]),
-    ];
-    for (f, p) in generate {
-        m.insert(("generate", f), p);
-    }
-    m
+    ]
 }
 
 /// The flags `cachet CMD --help` lists.

@@ -218,6 +218,73 @@ pub struct ModelRunner<D: Instruments> {
 }
 
 impl<D: Instruments> ModelRunner<D> {
+    /// The model's weights on `dev` from `weights`, and what reading them from files took.
+    fn load(
+        dev: &D,
+        config: &ModelConfig,
+        weights: WeightSource<'_>,
+        opts: &RunnerOptions,
+    ) -> Result<(Decoder<D>, Option<WeightsLoad>), EngineError> {
+        let mut weights_load = None;
+        let model = match weights {
+            WeightSource::Host(w) => Decoder::new(
+                dev,
+                config,
+                w.as_refs().map(Cow::Borrowed),
+                opts.max_model_len,
+                opts.quantization,
+            )?,
+            WeightSource::Owned(w) => Decoder::new(
+                dev,
+                config,
+                w.map(Cow::Owned),
+                opts.max_model_len,
+                opts.quantization,
+            )?,
+            WeightSource::Files(spec) => {
+                let (m, load) = Decoder::from_reader(
+                    dev,
+                    config,
+                    &WeightReader::open(spec, None)?,
+                    opts.max_model_len,
+                    opts.quantization,
+                    true,
+                )?;
+                weights_load = Some(load);
+                m
+            }
+            WeightSource::FilesShard { spec, rank, ranks } => {
+                let (m, load) = Decoder::from_reader(
+                    dev,
+                    config,
+                    &WeightReader::open(spec, Some((rank, ranks)))?,
+                    opts.max_model_len,
+                    opts.quantization,
+                    rank == 0,
+                )?;
+                weights_load = Some(load);
+                m
+            }
+            WeightSource::Dummy { seed } => Decoder::random(
+                dev,
+                config,
+                seed,
+                opts.max_model_len,
+                opts.quantization,
+                None,
+            )?,
+            WeightSource::DummyShard { seed, shard } => Decoder::random(
+                dev,
+                config,
+                seed,
+                opts.max_model_len,
+                opts.quantization,
+                Some(&shard),
+            )?,
+        };
+        Ok((model, weights_load))
+    }
+
     pub fn new(
         dev: D,
         config: &ModelConfig,
@@ -231,63 +298,7 @@ impl<D: Instruments> ModelRunner<D> {
                 dev.name()
             ))
         })?;
-        let mut weights_load = None;
-        let mut model = match weights {
-            WeightSource::Host(w) => Decoder::new(
-                &dev,
-                config,
-                w.as_refs().map(Cow::Borrowed),
-                opts.max_model_len,
-                opts.quantization,
-            )?,
-            WeightSource::Owned(w) => Decoder::new(
-                &dev,
-                config,
-                w.map(Cow::Owned),
-                opts.max_model_len,
-                opts.quantization,
-            )?,
-            WeightSource::Files(spec) => {
-                let (m, load) = Decoder::from_reader(
-                    &dev,
-                    config,
-                    &WeightReader::open(spec, None)?,
-                    opts.max_model_len,
-                    opts.quantization,
-                    true,
-                )?;
-                weights_load = Some(load);
-                m
-            }
-            WeightSource::FilesShard { spec, rank, ranks } => {
-                let (m, load) = Decoder::from_reader(
-                    &dev,
-                    config,
-                    &WeightReader::open(spec, Some((rank, ranks)))?,
-                    opts.max_model_len,
-                    opts.quantization,
-                    rank == 0,
-                )?;
-                weights_load = Some(load);
-                m
-            }
-            WeightSource::Dummy { seed } => Decoder::random(
-                &dev,
-                config,
-                seed,
-                opts.max_model_len,
-                opts.quantization,
-                None,
-            )?,
-            WeightSource::DummyShard { seed, shard } => Decoder::random(
-                &dev,
-                config,
-                seed,
-                opts.max_model_len,
-                opts.quantization,
-                Some(&shard),
-            )?,
-        };
+        let (mut model, weights_load) = Self::load(&dev, config, weights, opts)?;
         if opts.quantization == WeightQuantization::Fp8 {
             tracing::info!(
                 device = dev.name(),

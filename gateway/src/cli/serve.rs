@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use cachet_gateway::config::{ConfigFile, UpstreamConfig};
+use cachet_gateway::config::{ConfigFile, ModelEntry, UpstreamConfig};
 use cachet_gateway::http::tls;
 use cachet_gateway::normalize::public::PublicPrefixes;
 use cachet_gateway::server::fields::UnknownFields;
@@ -198,60 +198,16 @@ pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
         tracing::info!(model = %t.id, max_model_len = t.context, "remote upstreams only: no weights loaded");
         (None, t.tokenizer, t.id, t.generation, t.context)
     };
-    if generation.has_sampling() {
-        tracing::info!(
-            temperature = ?generation.temperature,
-            top_p = ?generation.top_p,
-            top_k = ?generation.top_k,
-            min_p = ?generation.min_p,
-            repetition_penalty = ?generation.repetition_penalty,
-            "sampling defaults from the model's generation_config.json (a request's own values win)"
-        );
-    }
+    phases::say_sampling_defaults(&generation);
     for p in &file.price {
         p.validate().with_context(in_config)?;
     }
     let served = served_names(&a.served_model_name, &model_id)?;
-    // The config's further models: each one's text side, its names.
-    let mut others = Vec::new();
-    for entry in &file.model {
-        let what = format!("[[model]] `{}`", entry.model);
-        let text = super::engine_args::model_text(
-            &entry.model,
-            entry.revision.as_deref(),
-            entry.chat_template.as_deref(),
-            "chat_template",
-            &what,
-        )?;
-        let names = served_names(&entry.served_model_name, &text.id).context(what)?;
-        others.push((entry, text, names));
-    }
-    let all_names: Vec<Vec<String>> = std::iter::once(served.clone())
-        .chain(others.iter().map(|o| o.2.clone()))
-        .collect();
-    let mut seen = std::collections::HashSet::new();
-    if let Some(n) = all_names.iter().flatten().find(|n| !seen.insert(*n)) {
-        anyhow::bail!("the served name `{n}` is given to two models: each name is one model's");
-    }
+    let (others, all_names) = further_models(&file, &served)?;
     let usage = phases::usage(&usage_db, &file, &tenants, &all_names)?;
     let public_prefixes = PublicPrefixes::new(&file.public_prefix, &tokenizer, a.engine.block_size)
         .with_context(in_config)?;
-    let tool_format = forced.unwrap_or_else(|| tokenizer.tools_template().and_then(Format::detect));
-    match (tool_format, tokenizer.chat_template()) {
-        (Some(f), _) => tracing::info!(format = %f, "tool calls"),
-        (None, Some(_)) => tracing::info!(
-            "tool calls: off (the chat template renders no tools; --chat-template or --tool-parser)"
-        ),
-        (None, None) => {}
-    }
-    let reasoning = cachet_gateway::server::reasoning::ReasoningParser::from_flag(
-        &a.reasoning_parser,
-        tokenizer.chat_template(),
-    )
-    .context("--reasoning-parser")?;
-    if reasoning.is_some() {
-        tracing::info!("reasoning: <think>…</think> split out as reasoning_content");
-    }
+    let (tool_format, reasoning) = chat_parsers(&a, forced, &tokenizer)?;
     let handle = engine.as_ref().map(|e| e.handle());
     let max_model_len = handle.as_ref().map_or(remote_len, |h| h.max_model_len());
     let tls = match (&a.tls_cert, &a.tls_key) {
@@ -259,15 +215,7 @@ pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
         _ => None,
     };
     let templates = phases::templates(&a)?;
-    tracing::info!(
-        request_timeout_s = a.request_timeout.max(1),
-        unknown_fields = ?a.unknown_fields,
-        routing = %a.routing,
-        upstream_timeouts_s = ?[a.upstream_connect_timeout, a.upstream_response_timeout,
-            a.upstream_first_event_timeout, a.upstream_idle_timeout],
-        templates = a.templates_dir.is_some(),
-        "gateway settings"
-    );
+    phases::say_settings(&a);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -361,6 +309,67 @@ pub fn serve(a: ServeArgs, given: &super::flags::Given) -> anyhow::Result<()> {
     drop(engine);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A further model of the config: its entry, its text side, its served names.
+type FurtherModel<'f> = (&'f ModelEntry, super::engine_args::ModelText, Vec<String>);
+
+/// The served model's further models (`[[model]]`): each one's text side and names, and every
+/// model's names (the served model's first), no name given to two models.
+fn further_models<'f>(
+    file: &'f ConfigFile,
+    served: &[String],
+) -> anyhow::Result<(Vec<FurtherModel<'f>>, Vec<Vec<String>>)> {
+    let mut others = Vec::new();
+    for entry in &file.model {
+        let what = format!("[[model]] `{}`", entry.model);
+        let text = super::engine_args::model_text(
+            &entry.model,
+            entry.revision.as_deref(),
+            entry.chat_template.as_deref(),
+            "chat_template",
+            &what,
+        )?;
+        let names = served_names(&entry.served_model_name, &text.id).context(what)?;
+        others.push((entry, text, names));
+    }
+    let all_names: Vec<Vec<String>> = std::iter::once(served.to_vec())
+        .chain(others.iter().map(|o| o.2.clone()))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    if let Some(n) = all_names.iter().flatten().find(|n| !seen.insert(*n)) {
+        anyhow::bail!("the served name `{n}` is given to two models: each name is one model's");
+    }
+    Ok((others, all_names))
+}
+
+/// The chat answers' parsers: the tool-call format (`forced` by --tool-parser, else the
+/// template's) and the reasoning parser (--reasoning-parser), each said at start.
+fn chat_parsers(
+    a: &ServeArgs,
+    forced: Option<Option<Format>>,
+    tokenizer: &cachet_backend::tokenizer::TextTokenizer,
+) -> anyhow::Result<(
+    Option<Format>,
+    Option<cachet_gateway::server::reasoning::ReasoningParser>,
+)> {
+    let tool_format = forced.unwrap_or_else(|| tokenizer.tools_template().and_then(Format::detect));
+    match (tool_format, tokenizer.chat_template()) {
+        (Some(f), _) => tracing::info!(format = %f, "tool calls"),
+        (None, Some(_)) => tracing::info!(
+            "tool calls: off (the chat template renders no tools; --chat-template or --tool-parser)"
+        ),
+        (None, None) => {}
+    }
+    let reasoning = cachet_gateway::server::reasoning::ReasoningParser::from_flag(
+        &a.reasoning_parser,
+        tokenizer.chat_template(),
+    )
+    .context("--reasoning-parser")?;
+    if reasoning.is_some() {
+        tracing::info!("reasoning: <think>…</think> split out as reasoning_content");
+    }
+    Ok((tool_format, reasoning))
 }
 
 /// Request traces over OTLP (`cachet serve`, `cachet worker`).

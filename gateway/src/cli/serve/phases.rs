@@ -419,3 +419,30 @@ pub fn stop_on_signal() -> tokio::sync::watch::Receiver<bool> {
     });
     rx
 }
+
+/// The sampling defaults the model's generation_config.json gives, where it gives any.
+pub fn say_sampling_defaults(generation: &cachet_backend::loader::generation::GenerationConfig) {
+    if generation.has_sampling() {
+        tracing::info!(
+            temperature = ?generation.temperature,
+            top_p = ?generation.top_p,
+            top_k = ?generation.top_k,
+            min_p = ?generation.min_p,
+            repetition_penalty = ?generation.repetition_penalty,
+            "sampling defaults from the model's generation_config.json (a request's own values win)"
+        );
+    }
+}
+
+/// The gateway's own settings in force (the flag walk reads them here).
+pub fn say_settings(a: &ServeArgs) {
+    tracing::info!(
+        request_timeout_s = a.request_timeout.max(1),
+        unknown_fields = ?a.unknown_fields,
+        routing = %a.routing,
+        upstream_timeouts_s = ?[a.upstream_connect_timeout, a.upstream_response_timeout,
+            a.upstream_first_event_timeout, a.upstream_idle_timeout],
+        templates = a.templates_dir.is_some(),
+        "gateway settings"
+    );
+}
