@@ -192,4 +192,28 @@ fn the_image_runs_cachet_as_an_unprivileged_user() {
     // The ports the manifests use are exposed, and the build copies the binary the tests run.
     assert!(last.contains("EXPOSE 8000 9001"));
     assert!(text.contains("cargo build --release -p cachet-gateway --bin cachet"));
+    // The gateway's state has a home that is not the working directory, on a volume.
+    assert!(last.contains("CACHET_STATE_DIR=/var/lib/cachet"));
+    assert!(last.contains("VOLUME [\"/models\", \"/var/lib/cachet\"]"));
+}
+
+/// The LICENSE file is the license `Cargo.toml` declares, whole (its terms and the appendix).
+#[test]
+fn the_license_file_is_the_one_cargo_declares() {
+    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains("license = \"Apache-2.0\""),
+        "the workspace's license changed"
+    );
+    let text = std::fs::read_to_string(root().join("LICENSE")).unwrap();
+    let head: Vec<&str> = text.lines().take(2).map(str::trim).collect();
+    assert_eq!(head, ["Apache License", "Version 2.0, January 2004"]);
+    for part in [
+        "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION",
+        "9. Accepting Warranty or Additional Liability.",
+        "END OF TERMS AND CONDITIONS",
+        "http://www.apache.org/licenses/LICENSE-2.0",
+    ] {
+        assert!(text.contains(part), "LICENSE lacks `{part}`");
+    }
 }
