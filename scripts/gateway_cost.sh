@@ -31,7 +31,9 @@ nginx_conf proxy "upstream mock { server 127.0.0.1:$mock; keepalive 64; }
 key=sk-cost-bench
 cachet_config "$bin" "$key" "$mock" > "$dir/cachet.toml"
 for mode in auto:$gw shared:$gws; do
-  CACHET_USAGE_DB=off "$bin" serve --model smollm2 --config "$dir/cachet.toml" --io-threads "${mode%%:*}" \
+  # Access lines off, as nginx's are here (access_log off): each costs ~13% of the rate on
+  # 2 cores (BENCHMARKS.md §12).
+  RUST_LOG=${RUST_LOG:-info,cachet::access=off} CACHET_USAGE_DB=off "$bin" serve --model smollm2 --config "$dir/cachet.toml" --io-threads "${mode%%:*}" \
     --listen "127.0.0.1:${mode#*:}" --log-format json 2> "$out/cachet-${mode%%:*}.log" &
 done
 for p in $mock $proxy $gw $gws; do
