@@ -289,16 +289,19 @@ pub struct Started {
     pub generation: loader::generation::GenerationConfig,
 }
 
+/// The deployment key a file holds: 64 hex digits.
+pub fn read_hash_key(p: &std::path::Path) -> anyhow::Result<[u8; 32]> {
+    let text = std::fs::read_to_string(p)
+        .with_context(|| format!("reading the hash key file {}", p.display()))?;
+    cachet_gateway::tenants::parse_hex32(text.trim())
+        .with_context(|| format!("{} must hold 64 hex digits (32 bytes)", p.display()))
+}
+
 impl EngineArgs {
     /// The deployment key: from `--hash-key-file`, or random.
     pub fn hash_key(&self) -> anyhow::Result<[u8; 32]> {
         match &self.hash_key_file {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("reading the hash key file {}", p.display()))?;
-                cachet_gateway::tenants::parse_hex32(text.trim())
-                    .with_context(|| format!("{} must hold 64 hex digits (32 bytes)", p.display()))
-            }
+            Some(p) => read_hash_key(p),
             None => {
                 let mut key = [0u8; 32];
                 use std::io::Read;

@@ -1,19 +1,16 @@
-//! One access line per request (target `cachet::access`, INFO; JSON in `--log-format json`),
-//! written when its response has been sent or the client has gone: method, path, status, the
-//! tenant and model where the request got that far, the client's address, bytes sent and the
-//! whole time taken (a stream's included). `RUST_LOG=info,cachet::access=off` turns them off.
+//! One access line per request of either server (target `cachet::access`, INFO; JSON in
+//! `--log-format json`), begun by the accept loop's connection as the request arrives and
+//! written when its response body has been sent or the client has gone ([`super::idle`]'s
+//! guarded body carries it): method, path, status, the tenant and model where the request got
+//! that far, the client's address, the request id, bytes sent and the whole time taken (a
+//! stream's included). `RUST_LOG=info,cachet::access=off` turns them off.
 
-use std::pin::Pin;
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::{Body as _, Frame, Incoming};
+use hyper::body::Incoming;
 use hyper::{Request, Response};
-
-use crate::http::Body;
 
 /// What the request path learns of a request for its access line (in the request's
 /// extensions): the tenant once authenticated, the model once chosen.
@@ -24,7 +21,7 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// The `Seen` of `req` (a request not served through [`begin`] has none).
+    /// The `Seen` of `req` (a request not served through [`Line::begin`] has none).
     pub fn of(req: &Request<Incoming>) -> Option<Arc<Seen>> {
         req.extensions().get::<Arc<Seen>>().cloned()
     }
@@ -49,104 +46,66 @@ pub fn tenant(req: &Request<Incoming>, id: &str) {
 pub struct Line {
     method: hyper::Method,
     path: String,
-    peer: Option<std::net::SocketAddr>,
-    request_id: String,
+    peer: SocketAddr,
+    /// The response's `x-request-id` (the gateway's), else the request's (a worker's caller's).
+    request_id: Option<String>,
+    status: u16,
     at: Instant,
     seen: Arc<Seen>,
 }
 
-/// Begins `req`'s line (its [`Seen`] put in its extensions).
-pub fn begin(req: &mut Request<Incoming>, request_id: &hyper::header::HeaderValue) -> Line {
-    let seen = Arc::new(Seen::default());
-    req.extensions_mut().insert(seen.clone());
-    Line {
-        method: req.method().clone(),
-        path: req.uri().path().to_string(),
-        peer: req
-            .extensions()
-            .get::<crate::http::serve::Peer>()
-            .map(|p| p.0),
-        request_id: request_id.to_str().unwrap_or("-").to_string(),
-        at: Instant::now(),
-        seen,
-    }
-}
-
 impl Line {
-    /// `response`, its body written to the line as it is sent; the line is logged when the body
-    /// ends or is dropped.
-    pub fn finish(self, response: Response<Body>) -> Response<Body> {
-        let status = response.status().as_u16();
-        response.map(|inner| {
-            Logged {
-                inner,
-                line: self,
-                status,
-                bytes: 0,
-                ended: false,
-            }
-            .boxed()
-        })
-    }
-}
-
-/// A response body that logs its request's line when dropped.
-struct Logged {
-    inner: Body,
-    line: Line,
-    status: u16,
-    bytes: u64,
-    ended: bool,
-}
-
-impl hyper::body::Body for Logged {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        match &r {
-            Poll::Ready(Some(Ok(f))) => {
-                if let Some(d) = f.data_ref() {
-                    self.bytes += d.len() as u64;
-                }
-            }
-            Poll::Ready(None) => self.ended = true,
-            _ => {}
+    /// Begins `req`'s line from `peer` (its [`Seen`] put in its extensions).
+    pub fn begin(req: &mut Request<Incoming>, peer: SocketAddr) -> Line {
+        let seen = Arc::new(Seen::default());
+        req.extensions_mut().insert(seen.clone());
+        Line {
+            method: req.method().clone(),
+            path: req.uri().path().to_string(),
+            peer,
+            request_id: id_of(req.headers()),
+            status: 0,
+            at: Instant::now(),
+            seen,
         }
-        r
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+    /// `response` on its way out, its body guarded by `guard` and carrying this line.
+    pub fn finish(
+        mut self,
+        response: Response<super::Body>,
+        guard: super::idle::InFlight,
+    ) -> Response<super::Body> {
+        self.status = response.status().as_u16();
+        if let Some(id) = id_of(response.headers()) {
+            self.request_id = Some(id);
+        }
+        response.map(|b| super::idle::guard_body(b, guard, Some(self)))
     }
 
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        let l = &self.line;
-        let complete = self.ended || self.inner.is_end_stream();
+    /// Writes the line: `bytes` of body sent, `complete` if all of it.
+    pub fn log(&self, bytes: u64, complete: bool) {
         let dash = || "-".to_string();
         tracing::info!(
             target: "cachet::access",
-            method = %l.method,
-            path = %l.path,
+            method = %self.method,
+            path = %self.path,
             status = self.status,
-            tenant = %l.seen.tenant.get().cloned().unwrap_or_else(dash),
-            model = %l.seen.model.get().cloned().unwrap_or_else(dash),
-            client = %l.peer.map_or_else(dash, |p| p.ip().to_string()),
-            request_id = %l.request_id,
-            bytes = self.bytes,
-            ms = (l.at.elapsed().as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
+            tenant = %self.seen.tenant.get().cloned().unwrap_or_else(dash),
+            model = %self.seen.model.get().cloned().unwrap_or_else(dash),
+            client = %self.peer.ip(),
+            request_id = %self.request_id.as_deref().unwrap_or("-"),
+            bytes,
+            ms = (self.at.elapsed().as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
             complete,
             "request"
         );
     }
+}
+
+fn id_of(headers: &hyper::HeaderMap) -> Option<String> {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }

@@ -229,11 +229,22 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request counted as in flight until it is dropped, and marks
-/// it answered when it reaches its end.
+/// A response body that keeps its request counted as in flight until it is dropped, marks it
+/// answered when it reaches its end, and then writes its access line.
 struct Guarded {
     inner: RespBody,
     guard: InFlight,
+    line: Option<super::access::Line>,
+    bytes: u64,
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        if let Some(line) = &self.line {
+            let complete = *self.guard.answered.get_mut() || self.inner.is_end_stream();
+            line.log(self.bytes, complete);
+        }
+    }
 }
 
 impl Body for Guarded {
@@ -244,6 +255,9 @@ impl Body for Guarded {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &r {
+            self.bytes += f.data_ref().map_or(0, |d| d.len() as u64);
+        }
         if matches!(r, Poll::Ready(None)) || self.inner.is_end_stream() {
             self.guard.answered();
         }
@@ -261,9 +275,15 @@ impl Body for Guarded {
     }
 }
 
-/// Ties `body` to the request's in-flight guard.
-pub fn guard_body(body: RespBody, guard: InFlight) -> RespBody {
-    Guarded { inner: body, guard }.boxed()
+/// Ties `body` to the request's in-flight guard (and its access line, where it has one).
+pub fn guard_body(body: RespBody, guard: InFlight, line: Option<super::access::Line>) -> RespBody {
+    Guarded {
+        inner: body,
+        guard,
+        line,
+        bytes: 0,
+    }
+    .boxed()
 }
 
 /// A socket that stamps its connection's [`Activity`] on every read and write.

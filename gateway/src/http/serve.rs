@@ -571,13 +571,11 @@ where
         let guard = act.begin();
         req.extensions_mut().insert(limits.body);
         req.extensions_mut().insert(Peer(peer));
+        let line = super::access::Line::begin(&mut req, peer);
         // Boxed: the handler's future is kilobytes (every route's state machine), and hyper
         // moves what `call` returns into its dispatcher; a box moves as a pointer.
         let fut = Box::pin(handle(req));
-        async move {
-            let resp = fut.await;
-            Ok::<_, Infallible>(resp.map(|b| idle::guard_body(b, guard)))
-        }
+        async move { Ok::<_, Infallible>(line.finish(fut.await, guard)) }
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -764,14 +762,14 @@ mod tests {
         // Requests answered to the end of their bodies are not cancellations.
         for _ in 0..10 {
             let resp = super::super::json(hyper::StatusCode::OK, &serde_json::json!({}));
-            let mut body = idle::guard_body(resp.into_body(), a.begin());
+            let mut body = idle::guard_body(resp.into_body(), a.begin(), None);
             while http_body_util::BodyExt::frame(&mut body).await.is_some() {}
         }
         // Cancelled: a handler dropped before its answer, and answers dropped unread.
         drop(a.begin());
         for _ in 0..2 {
             let resp = super::super::json(hyper::StatusCode::OK, &serde_json::json!({}));
-            drop(idle::guard_body(resp.into_body(), a.begin()));
+            drop(idle::guard_body(resp.into_body(), a.begin(), None));
         }
         assert!(
             !trip(&a).await,

@@ -286,17 +286,15 @@ impl AppState {
     }
 }
 
-/// Answers one request (its id on the response, see [`request_id`]; its access line, see
-/// [`http::access`]).
+/// Answers one request (its id on the response, see [`request_id`]).
 pub async fn handle(state: Arc<AppState>, mut req: Request<Incoming>) -> Response<Body> {
     // The request's id: the client's `x-request-id` where it is a usable one, else a fresh
     // random one; handlers read it from the request, and the response carries it back.
     let request_id = request_id(&state, &req);
     req.headers_mut().insert("x-request-id", request_id.clone());
-    let line = http::access::begin(&mut req, &request_id);
     let mut response = route(state, req).await;
     response.headers_mut().insert("x-request-id", request_id);
-    line.finish(response)
+    response
 }
 
 /// The client's `x-request-id` if it is 1 to 128 characters of `A-Z a-z 0-9 - _ . :`, else

@@ -50,24 +50,13 @@ fn error(status: StatusCode, code: &'static str, message: impl std::fmt::Display
     }
 }
 
-/// Answers one request, with its access line (the gateway's `x-request-id` in it).
-pub async fn handle(state: Arc<WorkerState>, mut req: Request<Incoming>) -> Response<Body> {
-    let id = req
-        .headers()
-        .get("x-request-id")
-        .cloned()
-        .unwrap_or(hyper::header::HeaderValue::from_static("-"));
-    let line = crate::http::access::begin(&mut req, &id);
+/// Routes one request (a generation's access line names the model).
+pub async fn handle(state: Arc<WorkerState>, req: Request<Incoming>) -> Response<Body> {
     if req.uri().path() == "/v1/generate" {
         if let Some(s) = crate::http::access::Seen::of(&req) {
             s.model(&state.model_id);
         }
     }
-    line.finish(route(state, req).await)
-}
-
-/// Routes one request.
-async fn route(state: Arc<WorkerState>, req: Request<Incoming>) -> Response<Body> {
     if let Some(token) = &state.auth_token {
         if !http::token_matches(http::bearer(&req), token) && req.uri().path() != "/health" {
             return error(

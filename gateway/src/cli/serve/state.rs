@@ -46,9 +46,8 @@ pub fn usage_url(given: Option<&str>, state: &Path) -> String {
 /// restarts.
 pub fn deployment_key(state: &Path) -> anyhow::Result<[u8; 32]> {
     let path = state.join("hash-key");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => cachet_gateway::tenants::parse_hex32(text.trim())
-            .with_context(|| format!("{} must hold 64 hex digits (32 bytes)", path.display())),
+    match std::fs::metadata(&path) {
+        Ok(_) => super::super::engine_args::read_hash_key(&path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut key = [0u8; 32];
             getrandom::fill(&mut key).context("drawing a deployment key")?;
